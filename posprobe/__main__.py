@@ -1,0 +1,3 @@
+from posprobe.cli import main
+
+main()

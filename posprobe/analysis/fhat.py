@@ -1,0 +1,90 @@
+"""F_hat_P: the average positional contribution to each head's pre-softmax scores (SPEC §3).
+
+Shapes: n positions, e embedding width, d hidden width, H heads, d_h = d / H. Weights use torch's
+Linear layout (out, in): q = x @ Wq.T + bq. Head h owns output features h*d_h .. (h+1)*d_h - 1.
+Row i is the query position, column j the key position (offset k = j - i).
+
+paper mode     F_h = (e_w Wq_h Wk_h^T E_P^T + E_P Wq_h Wk_h^T e_w^T + E_P Wq_h Wk_h^T E_P^T) / sqrt(d_h)
+faithful mode  F_h = (X Wq_h^T + bq_h)(X Wk_h^T + bk_h)^T / sqrt(d_h), X = the real layer input with the
+               average word at every position (token type 0, embedding LayerNorm, projection, pre-LN).
+
+Factorised embeddings: the projection x -> x M^T + m is affine; in paper mode its linear part maps the
+position rows (E_P M^T) and the constant part goes with the word (e_w M^T + m), so that the two still add
+up to the projected input exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MODES = ("paper", "faithful")
+
+
+@dataclass(frozen=True)
+class LayerInput:
+    """First-layer inputs in the hidden width d: `positions` (n, d) and `word` (d,) (paper mode), or
+    `full` (n, d) = the complete input rows (faithful mode; then `positions`/`word` are None)."""
+
+    positions: np.ndarray | None = None
+    word: np.ndarray | None = None
+    full: np.ndarray | None = None
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    """LayerNorm over the last axis (biased variance, as torch)."""
+    mean = x.mean(axis=-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
+def paper_input(positions: np.ndarray, word_mean: np.ndarray,
+                projection: tuple[np.ndarray, np.ndarray] | None = None) -> LayerInput:
+    """Paper-mode inputs: E_P (n, e) and e_w (e,), projected to the hidden width if factorised."""
+    if projection is None:
+        return LayerInput(positions=positions, word=word_mean)
+    w, b = projection
+    return LayerInput(positions=positions @ w.T, word=word_mean @ w.T + b)
+
+
+def faithful_input(positions: np.ndarray, word_mean: np.ndarray, token_type0: np.ndarray | None,
+                   layernorm: tuple[np.ndarray, np.ndarray, float] | None,
+                   projection: tuple[np.ndarray, np.ndarray] | None,
+                   pre_layernorm: tuple[np.ndarray, np.ndarray, float] | None = None) -> LayerInput:
+    """The real input rows for a sequence made of the average word: (n, d)."""
+    x = positions + word_mean[None, :]
+    if token_type0 is not None:
+        x = x + token_type0[None, :]
+    if layernorm is not None:
+        x = layer_norm(x, *layernorm)
+    if projection is not None:
+        x = x @ projection[0].T + projection[1]
+    if pre_layernorm is not None:
+        x = layer_norm(x, *pre_layernorm)
+    return LayerInput(full=x)
+
+
+def fhat_matrices(layer_input: LayerInput, wq: np.ndarray, wk: np.ndarray, n_heads: int,
+                  bq: np.ndarray | None = None, bk: np.ndarray | None = None) -> np.ndarray:
+    """F_hat_P for every head: (H, n, n). Paper mode ignores the biases, faithful mode uses them."""
+    d = wq.shape[0]
+    if d % n_heads:
+        raise ValueError(f"hidden size {d} is not divisible by {n_heads} heads")
+    dh = d // n_heads
+    scale = 1.0 / np.sqrt(dh)
+
+    def per_head(x: np.ndarray) -> np.ndarray:  # (..., d) -> (H, ..., d_h)
+        return np.moveaxis(x.reshape(*x.shape[:-1], n_heads, dh), -2, 0)
+
+    if layer_input.full is not None:
+        q = per_head(layer_input.full @ wq.T + (0 if bq is None else bq))  # (H, n, d_h)
+        k = per_head(layer_input.full @ wk.T + (0 if bk is None else bk))
+        return np.einsum("hid,hjd->hij", q, k) * scale
+    qp = per_head(layer_input.positions @ wq.T)  # (H, n, d_h)
+    kp = per_head(layer_input.positions @ wk.T)
+    qw = per_head(layer_input.word @ wq.T)  # (H, d_h)
+    kw = per_head(layer_input.word @ wk.T)
+    word_to_pos = np.einsum("hd,hjd->hj", qw, kp)[:, None, :]  # varies with key j only
+    pos_to_word = np.einsum("hid,hd->hi", qp, kw)[:, :, None]  # varies with query i only
+    return (word_to_pos + pos_to_word + np.einsum("hid,hjd->hij", qp, kp)) * scale

@@ -1,0 +1,98 @@
+"""Toeplitz structure of square matrices: diagonal means, the least-squares Toeplitz fit, and its R^2.
+
+Offsets follow posprobe's convention k = j - i (row i, column j); a vector over k for an n x n matrix
+has length 2n - 1 and index `k + n - 1` (k increasing from -(n-1) to n-1).
+All functions accept a single matrix (n, n) or a batch (..., n, n) and work on every matrix at once
+with one weighted bincount (a scatter-add), never a Python loop over diagonals.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def offsets(n: int) -> np.ndarray:
+    """Relative offsets k = -(n-1) .. n-1, shape (2n - 1,)."""
+    return np.arange(-(n - 1), n)
+
+
+def _offset_index(n: int) -> np.ndarray:
+    """(n, n) integer array: entry (i, j) holds j - i + n - 1, the diagonal's slot in a length-2n-1 vector."""
+    idx = np.arange(n)
+    return idx[None, :] - idx[:, None] + (n - 1)
+
+
+def diagonal_means(a: np.ndarray) -> np.ndarray:
+    """Mean of each diagonal k = j - i of `a` (..., n, n) -> (..., 2n - 1), k increasing."""
+    a = np.asarray(a, dtype=np.float64)
+    n = _check_square(a)
+    batch = a.shape[:-2]
+    flat = a.reshape(-1, n * n)
+    m = flat.shape[0]
+    width = 2 * n - 1
+    slots = (_offset_index(n).ravel()[None, :] + width * np.arange(m)[:, None]).ravel()
+    sums = np.bincount(slots, weights=flat.ravel(), minlength=m * width).reshape(m, width)
+    counts = n - np.abs(offsets(n))
+    return (sums / counts).reshape(*batch, width)
+
+
+def toeplitz_from_diagonals(diagonals: np.ndarray) -> np.ndarray:
+    """Inverse of `diagonal_means` for Toeplitz matrices: (..., 2n - 1) -> (..., n, n) with T[i, j] = v[j - i]."""
+    diagonals = np.asarray(diagonals, dtype=np.float64)
+    width = diagonals.shape[-1]
+    if width % 2 != 1:
+        raise ValueError(f"a diagonal vector has odd length 2n - 1, got {width}")
+    n = (width + 1) // 2
+    return diagonals[..., _offset_index(n)]
+
+
+def toeplitz_fit(a: np.ndarray) -> np.ndarray:
+    """The least-squares Toeplitz approximation of `a` (..., n, n): each diagonal replaced by its mean."""
+    return toeplitz_from_diagonals(diagonal_means(a))
+
+
+def toeplitz_r2(a: np.ndarray) -> np.ndarray | float:
+    """Fraction of the variance of the entries of `a` explained by its best Toeplitz fit.
+
+    R^2 = 1 - RSS / TSS with RSS = sum (A - A_T)^2 and TSS = sum (A - mean(A))^2 over all n^2 entries.
+    Returns a float for one matrix, an array (...) for a batch. A constant matrix (TSS = 0) is exactly
+    Toeplitz and gets R^2 = 1.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    _check_square(a)
+    residual = a - toeplitz_fit(a)
+    rss = np.sum(residual**2, axis=(-2, -1))
+    centred = a - a.mean(axis=(-2, -1), keepdims=True)
+    tss = np.sum(centred**2, axis=(-2, -1))
+    scale = np.maximum(tss, np.finfo(np.float64).tiny)
+    r2 = np.where(tss > 0, 1.0 - rss / scale, 1.0)
+    return float(r2) if r2.ndim == 0 else r2
+
+
+def block_r2(a: np.ndarray, block: int) -> np.ndarray | float:
+    """Toeplitz R^2 of the leading `block` x `block` sub-matrix (e.g. BERT's first 128 positions)."""
+    n = _check_square(np.asarray(a))
+    if not 1 <= block <= n:
+        raise ValueError(f"block {block} is outside 1..{n}")
+    return toeplitz_r2(np.asarray(a)[..., :block, :block])
+
+
+def sections(a: np.ndarray, rows: list[int] | np.ndarray, window: int) -> np.ndarray:
+    """Rows `i` of `a` (..., n, n) re-indexed by k = j - i for k in -window..window -> (..., len(rows), 2w+1).
+
+    Entries whose column j = i + k falls outside 0..n-1 are NaN (a row near the edge has no such key).
+    """
+    a = np.asarray(a, dtype=np.float64)
+    n = _check_square(a)
+    rows = np.asarray(rows, dtype=int)
+    ks = np.arange(-window, window + 1)
+    cols = rows[:, None] + ks[None, :]
+    valid = (cols >= 0) & (cols < n)
+    picked = a[..., rows[:, None], np.clip(cols, 0, n - 1)]
+    return np.where(valid, picked, np.nan)
+
+
+def _check_square(a: np.ndarray) -> int:
+    if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
+        raise ValueError(f"expected square matrices (..., n, n), got shape {a.shape}")
+    return a.shape[-1]

@@ -1,0 +1,257 @@
+"""Where each model family keeps the tensors the position analyses need.
+
+Conventions of the returned arrays (all float64, row-vector convention):
+- position table `(n, e)` with reserved leading rows already dropped (RoBERTa family),
+- `e` = embedding width; `d` = hidden width; they differ for factorised embeddings (ALBERT, ELECTRA-small),
+- Q/K weights in torch `Linear` layout `(out=d, in=d)`, so `q = x @ W.T + b`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from posprobe.checkpoint.resolve import ModelSource
+from posprobe.checkpoint.weights import WeightReader
+from posprobe.errors import PosprobeError
+
+SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "albert", "electra", "distilbert", "gpt2")
+
+# Families without a learned absolute position table, and what they use instead.
+_OTHER_MECHANISMS = {
+    "t5": "relative position buckets (T5 bias)", "mt5": "relative position buckets (T5 bias)",
+    "umt5": "relative position buckets (T5 bias)", "longt5": "relative position buckets (T5 bias)",
+    "deberta": "disentangled relative positions", "deberta-v2": "disentangled relative positions",
+    "llama": "rotary embeddings (RoPE)", "mistral": "rotary embeddings (RoPE)", "qwen2": "rotary embeddings (RoPE)",
+    "qwen3": "rotary embeddings (RoPE)", "gemma": "rotary embeddings (RoPE)", "gemma2": "rotary embeddings (RoPE)",
+    "phi": "rotary embeddings (RoPE)", "phi3": "rotary embeddings (RoPE)", "gpt_neox": "rotary embeddings (RoPE)",
+    "gptj": "rotary embeddings (RoPE)", "roformer": "rotary embeddings (RoPE)", "modernbert": "rotary embeddings (RoPE)",
+    "falcon": "rotary embeddings or ALiBi", "bloom": "ALiBi attention biases", "mpt": "ALiBi attention biases",
+    "transfo-xl": "sinusoidal relative positions", "xlnet": "sinusoidal relative positions",
+    "funnel": "relative attention", "reformer": "axial position embeddings",
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """Tensor-name suffixes of one model family (looked up by suffix, so task-head prefixes don't matter)."""
+
+    position: str
+    word: str
+    token_type: str | None
+    layernorm: str | None  # embedding LayerNorm prefix ('.weight'/'.bias' appended)
+    projection: str | None  # factorised-embedding projection prefix
+    query: str  # per-layer format string with {l}
+    key: str
+    fused_qkv: bool = False  # GPT-2 Conv1D c_attn: weight (d, 3d), x @ W
+    pre_attention_layernorm: str | None = None  # GPT-2 ln_1 (pre-LN)
+    shared_layers: bool = False
+
+
+_BERT = Family("embeddings.position_embeddings.weight", "embeddings.word_embeddings.weight",
+               "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm", None,
+               "encoder.layer.{l}.attention.self.query", "encoder.layer.{l}.attention.self.key")
+_FAMILIES = {
+    "bert": _BERT, "roberta": _BERT, "xlm-roberta": _BERT, "camembert": _BERT,
+    "electra": Family(_BERT.position, _BERT.word, _BERT.token_type, _BERT.layernorm, "embeddings_project",
+                      _BERT.query, _BERT.key),
+    "albert": Family(_BERT.position, _BERT.word, _BERT.token_type, _BERT.layernorm,
+                     "encoder.embedding_hidden_mapping_in",
+                     "encoder.albert_layer_groups.0.albert_layers.0.attention.query",
+                     "encoder.albert_layer_groups.0.albert_layers.0.attention.key", shared_layers=True),
+    "distilbert": Family(_BERT.position, _BERT.word, None, _BERT.layernorm, None,
+                         "transformer.layer.{l}.attention.q_lin", "transformer.layer.{l}.attention.k_lin"),
+    "gpt2": Family("wpe.weight", "wte.weight", None, None, None, "h.{l}.attn.c_attn", "h.{l}.attn.c_attn",
+                   fused_qkv=True, pre_attention_layernorm="h.{l}.ln_1"),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Sizes read from config.json: heads H, layers L, hidden d, head size d_h = d / H."""
+
+    model_type: str
+    n_heads: int
+    n_layers: int
+    hidden: int
+    layernorm_eps: float
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+
+@dataclass(frozen=True)
+class PositionTable:
+    """Learned absolute position embeddings `table` (n, e); `dropped_rows` reserved rows were removed."""
+
+    model: str
+    model_type: str
+    table: np.ndarray
+    dropped_rows: int
+
+    @property
+    def n_positions(self) -> int:
+        return self.table.shape[0]
+
+
+@dataclass(frozen=True)
+class EmbeddingInputs:
+    """What enters the first layer, split into its parts (all in the embedding width e).
+
+    `positions` (n, e); `word_mean` (e,) = vocabulary-average word embedding; `token_type0` (e,) or None;
+    `layernorm` (weight, bias, eps) or None; `projection` (W (d, e), b (d,)) or None.
+    """
+
+    positions: PositionTable
+    word_mean: np.ndarray
+    token_type0: np.ndarray | None
+    layernorm: tuple[np.ndarray, np.ndarray, float] | None
+    projection: tuple[np.ndarray, np.ndarray] | None
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    """Q/K projections of one layer, torch Linear layout: `wq`, `wk` (d, d); `bq`, `bk` (d,).
+
+    `pre_layernorm` (weight, bias, eps) is the pre-LN applied to the layer input (GPT-2), else None.
+    `weights_layer` is the stored layer the weights came from (0 for every depth of ALBERT).
+    """
+
+    layer: int
+    weights_layer: int
+    shape: ModelShape
+    wq: np.ndarray
+    bq: np.ndarray
+    wk: np.ndarray
+    bk: np.ndarray
+    pre_layernorm: tuple[np.ndarray, np.ndarray, float] | None
+
+
+def model_shape(source: ModelSource) -> ModelShape:
+    """Heads, layers and widths from config.json, whatever the family calls them."""
+    cfg = source.config
+    family_of(source)
+    try:
+        n_heads = int(_first(cfg, "num_attention_heads", "n_head", "n_heads"))
+        n_layers = int(_first(cfg, "num_hidden_layers", "n_layer", "n_layers"))
+        hidden = int(_first(cfg, "hidden_size", "n_embd", "dim"))
+    except (KeyError, TypeError, ValueError) as err:
+        raise PosprobeError(f"config.json of '{source.name}' lacks head/layer/width sizes ({err})",
+                            "re-save the checkpoint with `save_pretrained`") from err
+    if n_heads <= 0 or hidden % n_heads:
+        raise PosprobeError(f"config.json of '{source.name}' has hidden size {hidden} not divisible by {n_heads} heads",
+                            "the config is malformed; re-save the checkpoint")
+    eps = float(cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon", 1e-12 if source.model_type != "gpt2" else 1e-5)))
+    return ModelShape(source.model_type, n_heads, n_layers, hidden, eps)
+
+
+def family_of(source: ModelSource) -> Family:
+    """The tensor layout of `source`, or a clear error for families without a learned position table."""
+    model_type = source.model_type
+    cfg = source.config
+    if model_type in _OTHER_MECHANISMS:
+        raise PosprobeError(
+            f"'{source.name}' ({model_type}) has no learned absolute position embeddings; it uses "
+            f"{_OTHER_MECHANISMS[model_type]}",
+            f"posprobe analyses learned position tables: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if model_type not in _FAMILIES:
+        raise PosprobeError(f"'{source.name}' has unsupported architecture '{model_type}'",
+                            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    pos_type = cfg.get("position_embedding_type", "absolute")
+    if pos_type not in (None, "absolute"):
+        raise PosprobeError(f"'{source.name}' uses position_embedding_type='{pos_type}', not a learned absolute table",
+                            "posprobe analyses models with position_embedding_type='absolute'")
+    return _FAMILIES[model_type]
+
+
+def read_position_table(source: ModelSource, reader: WeightReader | None = None) -> PositionTable:
+    """The learned position table `(n, e)`; RoBERTa-family reserved rows (padding_idx + 1) dropped."""
+    family = family_of(source)
+    reader = reader or WeightReader(source.path, source.weight_format)
+    table = reader.get(_require(reader, family.position, source))
+    if table.ndim != 2:
+        raise PosprobeError(f"position table of '{source.name}' has shape {table.shape}, expected 2-D",
+                            "the checkpoint is malformed")
+    dropped = 0
+    if source.model_type in ("roberta", "xlm-roberta", "camembert"):
+        dropped = int(source.config.get("pad_token_id", 1)) + 1
+        table = table[dropped:]
+    return PositionTable(source.name, source.model_type, table, dropped)
+
+
+def read_embedding_inputs(source: ModelSource, reader: WeightReader | None = None) -> EmbeddingInputs:
+    """Position table plus everything else that shapes the first layer's input."""
+    family = family_of(source)
+    reader = reader or WeightReader(source.path, source.weight_format)
+    positions = read_position_table(source, reader)
+    word_mean = reader.get(_require(reader, family.word, source)).mean(axis=0)
+    token_type0 = None
+    if family.token_type and (key := reader.find_suffix(family.token_type)):
+        token_type0 = reader.get(key)[0]
+    eps = model_shape(source).layernorm_eps
+    layernorm = _layernorm(reader, family.layernorm, eps, source) if family.layernorm else None
+    projection = None
+    if family.projection and (key := reader.find_suffix(family.projection + ".weight")):
+        projection = (reader.get(key), reader.get(_require(reader, family.projection + ".bias", source)))
+    e = positions.table.shape[1]
+    if word_mean.shape != (e,):
+        raise PosprobeError(f"word and position embeddings of '{source.name}' have different widths",
+                            "the checkpoint is malformed")
+    return EmbeddingInputs(positions, word_mean, token_type0, layernorm, projection)
+
+
+def read_attention_weights(source: ModelSource, layer: int, reader: WeightReader | None = None) -> AttentionWeights:
+    """Q/K weights and biases of `layer` (ALBERT: its one shared layer, for every depth)."""
+    family = family_of(source)
+    shape = model_shape(source)
+    if not 0 <= layer < shape.n_layers:
+        raise PosprobeError(f"layer {layer} does not exist; '{source.name}' has layers 0..{shape.n_layers - 1}",
+                            "pick a layer with --layer")
+    reader = reader or WeightReader(source.path, source.weight_format)
+    stored = 0 if family.shared_layers else layer
+    d = shape.hidden
+    if family.fused_qkv:  # GPT-2 Conv1D: y = x @ W + b, W (d, 3d) = [q | k | v]
+        w = reader.get(_require(reader, family.query.format(l=stored) + ".weight", source))
+        b = reader.get(_require(reader, family.query.format(l=stored) + ".bias", source))
+        wq, wk = w[:, :d].T, w[:, d:2 * d].T
+        bq, bk = b[:d], b[d:2 * d]
+    else:
+        wq = reader.get(_require(reader, family.query.format(l=stored) + ".weight", source))
+        wk = reader.get(_require(reader, family.key.format(l=stored) + ".weight", source))
+        bq = _bias_or_zero(reader, family.query.format(l=stored) + ".bias", d)
+        bk = _bias_or_zero(reader, family.key.format(l=stored) + ".bias", d)
+    pre_ln = None
+    if family.pre_attention_layernorm:
+        pre_ln = _layernorm(reader, family.pre_attention_layernorm.format(l=stored), shape.layernorm_eps, source)
+    if wq.shape != (d, wq.shape[1]) or wk.shape != wq.shape:
+        raise PosprobeError(f"query/key weights of '{source.name}' layer {layer} have unexpected shapes",
+                            "the checkpoint is malformed")
+    return AttentionWeights(layer, stored, shape, wq, bq, wk, bk, pre_ln)
+
+
+def _layernorm(reader: WeightReader, prefix: str, eps: float, source: ModelSource):
+    weight = reader.get(_require(reader, prefix + ".weight", source))
+    bias = reader.get(_require(reader, prefix + ".bias", source))
+    return weight, bias, eps
+
+
+def _bias_or_zero(reader: WeightReader, suffix: str, d: int) -> np.ndarray:
+    key = reader.find_suffix(suffix)
+    return reader.get(key) if key else np.zeros(d)
+
+
+def _require(reader: WeightReader, suffix: str, source: ModelSource) -> str:
+    key = reader.find_suffix(suffix)
+    if key is None:
+        raise PosprobeError(f"checkpoint '{source.name}' has no tensor named '*{suffix}' for a {source.model_type} model",
+                            "the weights do not match config.json; re-save the checkpoint")
+    return key
+
+
+def _first(cfg: dict, *names: str):
+    for name in names:
+        if name in cfg:
+            return cfg[name]
+    raise KeyError(names[0])

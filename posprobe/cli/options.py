@@ -1,0 +1,58 @@
+"""Option types shared by every command, defined once."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+class FigureFormat(str, Enum):
+    png = "png"
+    pdf = "pdf"
+    svg = "svg"
+
+
+class Mode(str, Enum):
+    paper = "paper"
+    faithful = "faithful"
+
+
+ModelArg = Annotated[
+    Optional[str],
+    typer.Argument(help="Hub model id or local folder; default: the packaged all-MiniLM-L6-v2.", show_default=False),
+]
+OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: figures/<command>/<model>).")]
+FormatOpt = Annotated[FigureFormat, typer.Option("--format", help="Figure file format.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout (for scripts).")]
+AllowPickleOpt = Annotated[
+    bool, typer.Option("--allow-pickle", help="Allow pickle (.bin) weights from a source you trust.")
+]
+ModeOpt = Annotated[
+    Mode,
+    typer.Option("--mode", help="paper: SPEC §3 formula; faithful: real first-layer input (LayerNorm, biases)."),
+]
+
+
+def default_out(command: str, model_name: str) -> Path:
+    from posprobe.outputs import slug
+
+    return Path("figures") / command / slug(model_name)
+
+
+def parse_int_list(text: str | None, what: str, allow_all: bool = True) -> list[int] | None:
+    """'0,1,5' -> [0, 1, 5]; 'all' or None -> None (meaning every one). Bad text -> PosprobeError."""
+    from posprobe.errors import PosprobeError
+
+    if text is None or (allow_all and text.strip().lower() == "all"):
+        return None
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as err:
+        raise PosprobeError(f"--{what} '{text}' is not a comma-separated list of integers",
+                            f"write e.g. --{what} 0,1,5" + (" or --" + what + " all" if allow_all else "")) from err
+    if not values:
+        raise PosprobeError(f"--{what} is empty", f"write e.g. --{what} 0,1,5")
+    return values

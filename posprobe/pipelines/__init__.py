@@ -1,0 +1,1 @@
+"""Pipelines: join model access, pure analysis and output. One function per CLI command."""

@@ -1,0 +1,77 @@
+"""Shared fixtures: tiny random checkpoints of every supported family, written with save_pretrained.
+
+Nothing here touches the network: the hub is switched off for the whole test session.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, vocab_size=99,
+            max_position_embeddings=64)
+
+
+def build_tiny(family: str, **overrides):
+    """A tiny random model of `family` (float32, eval mode)."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if family == "bert":
+        model = tf.BertModel(tf.BertConfig(**{**TINY, **overrides}))
+    elif family == "roberta":
+        model = tf.RobertaModel(tf.RobertaConfig(**{**TINY, "max_position_embeddings": 66, **overrides}))
+    elif family == "xlm-roberta":
+        model = tf.XLMRobertaModel(tf.XLMRobertaConfig(**{**TINY, "max_position_embeddings": 66, **overrides}))
+    elif family == "albert":
+        model = tf.AlbertModel(tf.AlbertConfig(**{**TINY, "embedding_size": 16, **overrides}))
+    elif family == "electra":
+        model = tf.ElectraForPreTraining(tf.ElectraConfig(**{**TINY, "embedding_size": 16, **overrides}))
+    elif family == "distilbert":
+        model = tf.DistilBertModel(tf.DistilBertConfig(vocab_size=99, max_position_embeddings=64, dim=32, n_heads=4,
+                                                       n_layers=2, hidden_dim=37, **overrides))
+    elif family == "gpt2":
+        model = tf.GPT2Model(tf.GPT2Config(vocab_size=99, n_positions=64, n_embd=32, n_head=4, n_layer=2,
+                                           bos_token_id=0, eos_token_id=0, **overrides))
+    else:
+        raise ValueError(family)
+    # Non-trivial LayerNorm and biases, so that faithful mode is really exercised.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or "ln_" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+FAMILIES = ["bert", "roberta", "xlm-roberta", "albert", "electra", "distilbert", "gpt2"]
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """{family: folder} of tiny saved checkpoints, built once per session."""
+    root = tmp_path_factory.mktemp("tiny")
+    folders = {}
+    for family in FAMILIES:
+        model = build_tiny(family)
+        folder = root / family
+        model.save_pretrained(folder)
+        folders[family] = folder
+    return folders
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_checkpoints):
+    """{family: loaded torch model} matching `tiny_checkpoints` (for parity tests)."""
+    import transformers as tf
+
+    classes = {"bert": tf.BertModel, "roberta": tf.RobertaModel, "xlm-roberta": tf.XLMRobertaModel,
+               "albert": tf.AlbertModel, "electra": tf.ElectraForPreTraining, "distilbert": tf.DistilBertModel,
+               "gpt2": tf.GPT2Model}
+    return {f: classes[f].from_pretrained(p, attn_implementation="eager").eval() for f, p in tiny_checkpoints.items()}
