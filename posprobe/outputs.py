@@ -61,14 +61,9 @@ def write_json(path: str | Path, obj: Any) -> Path:
 
 
 def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
-    """Save a matplotlib Figure atomically (format from the suffix) and close it."""
-    import matplotlib.pyplot as plt
-
+    """Save a matplotlib Figure atomically (format from the file suffix: png, pdf or svg)."""
     fmt = Path(path).suffix.lstrip(".")
-    try:
-        return atomic_write(path, lambda p: fig.savefig(p, format=fmt, dpi=dpi, bbox_inches="tight"))
-    finally:
-        plt.close(fig)
+    return atomic_write(path, lambda p: fig.savefig(p, format=fmt, dpi=dpi))
 
 
 def save_npz(path: str | Path, metadata: dict, **arrays) -> Path:

@@ -1,5 +1,10 @@
 """Figures for the position analyses. Every function takes results and returns a matplotlib Figure;
-only the output layer saves them. matplotlib is imported lazily (Agg backend, no screen needed)."""
+only the output layer saves them.
+
+matplotlib is imported lazily and without pyplot (no global figure state, no GUI backend). Matrices are
+coloured once into 8-bit RGBA, block-averaged to about the panel's pixel size first, which keeps memory and
+time low for 512 x 512 (or larger) matrices; numbers printed by posprobe always use the full matrix.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +12,13 @@ import math
 
 import numpy as np
 
+PANEL_PIXELS = 300  # display resolution of one grid panel; larger matrices are block-averaged to about this
 
-def _plt():
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
 
-    return plt
+    return Figure(figsize=(width, height))  # fixed margins: a layout engine would cost a second draw
 
 
 def _grid(count: int) -> tuple[int, int]:
@@ -24,43 +28,67 @@ def _grid(count: int) -> tuple[int, int]:
 
 def _robust_limits(matrix: np.ndarray) -> tuple[float, float]:
     """Colour limits at the 1st and 99th percentiles, so one outlying entry (often position 0) does not
-    wash out the whole image; the numbers printed by posprobe always use the full matrix."""
+    wash out the whole image."""
     lo, hi = np.percentile(matrix, [1, 99])
     return (float(lo), float(hi)) if hi > lo else (float(matrix.min()), float(matrix.max()) + 1e-12)
 
 
-def heatmap(result, ax=None):
-    """P = E_P E_P^T as an image (row i down, column j right), title with the Toeplitz R^2."""
-    plt = _plt()
-    fig = ax.figure if ax is not None else plt.figure(figsize=(5.2, 4.6))
-    ax = ax or fig.add_subplot()
-    lo, hi = _robust_limits(result.matrix)
-    image = ax.imshow(result.matrix, cmap="Reds", interpolation="nearest", vmin=lo, vmax=hi)
+def _pool(matrix: np.ndarray, pixels: int = PANEL_PIXELS) -> np.ndarray:
+    """Block-average an (n, n) matrix by the smallest integer factor that brings it to at most `pixels` wide."""
+    factor = max(1, math.ceil(matrix.shape[0] / pixels))
+    if factor == 1:
+        return matrix
+    n = (matrix.shape[0] // factor) * factor
+    m = matrix[:n, :n]
+    return m.reshape(n // factor, factor, n // factor, factor).mean(axis=(1, 3))
+
+
+def _matrix_panel(fig, ax, matrix: np.ndarray, cmap_name: str, colorbar: bool = False,
+                  pixels: int = PANEL_PIXELS) -> None:
+    """Draw `matrix` (row i down, column j right) with robust colour limits."""
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    lo, hi = _robust_limits(matrix)
+    norm, cmap = Normalize(lo, hi), colormaps[cmap_name]
+    n = matrix.shape[0]
+    rgba = cmap(norm(_pool(matrix, pixels).astype(np.float32)), bytes=True)
+    ax.imshow(rgba, interpolation="nearest", extent=(-0.5, n - 0.5, n - 0.5, -0.5))
+    if colorbar:
+        fig.colorbar(ScalarMappable(norm, cmap), ax=ax, fraction=0.046, pad=0.04)
+
+
+def heatmap(result):
+    """P = E_P E_P^T as an image, title with the Toeplitz R^2 (whole and leading blocks)."""
+    fig = _figure(5.4, 4.8)
+    ax = fig.add_subplot()
+    fig.subplots_adjust(left=0.12, right=0.95, top=0.88, bottom=0.1)
+    _matrix_panel(fig, ax, result.matrix, "Reds", colorbar=True, pixels=600)
     kind = "cosine" if result.cosine else "inner product"
     blocks = "".join(f", first {b}: {r:.3f}" for b, r in result.blocks.items())
-    ax.set_title(f"{result.model}\nP = E_P E_P^T ({kind}); Toeplitz R² = {result.toeplitz_r2:.3f}{blocks}", fontsize=9)
+    ax.set_title(f"{result.model}\nP = E_P E_Pᵀ ({kind}); Toeplitz R² = {result.toeplitz_r2:.3f}{blocks}", fontsize=9)
     ax.set_xlabel("position j")
     ax.set_ylabel("position i")
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     return fig
 
 
 def fhat_grid(result):
     """One F_hat_P image per head of a layer (paper Fig. 8), R^2 in each title."""
-    plt = _plt()
     rows, cols = _grid(result.n_heads)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols, 2.9 * rows + 0.6), squeeze=False)
+    fig = _figure(2.6 * cols, 2.55 * rows + 0.5)
+    axes = fig.subplots(rows, cols, squeeze=False,
+                        gridspec_kw=dict(left=0.01, right=0.99, bottom=0.01, top=1 - 0.55 / fig.get_figheight(),
+                                         wspace=0.06, hspace=0.3))
     for h, ax in enumerate(axes.flat):
         if h >= result.n_heads:
             ax.axis("off")
             continue
-        lo, hi = _robust_limits(result.matrices[h])
-        ax.imshow(result.matrices[h], cmap="viridis", interpolation="nearest", vmin=lo, vmax=hi)
+        _matrix_panel(fig, ax, result.matrices[h], "viridis")
         ax.set_title(f"head {h}: R² = {result.toeplitz_r2[h]:.3f}", fontsize=8)
         ax.set_xticks([]), ax.set_yticks([])
     fig.suptitle(f"{result.model}: F̂_P, layer {result.layer}, {result.mode} mode (row i = query, column j = key)",
                  fontsize=10)
-    fig.tight_layout()
     return fig
 
 
@@ -69,12 +97,14 @@ def profile_grid(result, layer_index: int = 0):
 
     Paper Figs. 3, 6 and 7: when F_hat_P is near-Toeplitz the sections coincide with the profile.
     """
-    plt = _plt()
     w = result.window
     ks = np.arange(-w, w + 1)
     centre = result.n_positions - 1
     rows, cols = _grid(result.n_heads)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.8 * cols, 2.2 * rows + 0.6), squeeze=False)
+    fig = _figure(2.8 * cols, 2.2 * rows + 0.6)
+    axes = fig.subplots(rows, cols, squeeze=False,
+                        gridspec_kw=dict(left=0.04, right=0.99, bottom=0.35 / fig.get_figheight(),
+                                         top=1 - 0.55 / fig.get_figheight(), wspace=0.3, hspace=0.45))
     for h, ax in enumerate(axes.flat):
         if h >= result.n_heads:
             ax.axis("off")
@@ -89,19 +119,16 @@ def profile_grid(result, layer_index: int = 0):
     layer = result.layers[layer_index]
     fig.suptitle(f"{result.model}: positional profiles, layer {layer}, {result.mode} mode "
                  f"(x: k = j − i, positive = later key)", fontsize=10)
-    fig.supxlabel("k = j − i", fontsize=8)
-    fig.tight_layout()
     return fig
 
 
 def compare_heatmaps(rows):
     """Side-by-side P heatmaps of several models (paper Fig. 1)."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(rows), figsize=(3.6 * len(rows), 3.8), squeeze=False)
+    fig = _figure(3.6 * len(rows), 3.9)
+    axes = fig.subplots(1, len(rows), squeeze=False,
+                        gridspec_kw=dict(left=0.02, right=0.98, bottom=0.02, top=0.85, wspace=0.08))
     for row, ax in zip(rows, axes.flat):
-        lo, hi = _robust_limits(row.matrix)
-        ax.imshow(row.matrix, cmap="Reds", interpolation="nearest", vmin=lo, vmax=hi)
+        _matrix_panel(fig, ax, row.matrix, "Reds")
         ax.set_title(f"{row.model}\nR² = {row.toeplitz_r2:.3f}", fontsize=9)
         ax.set_xticks([]), ax.set_yticks([])
-    fig.tight_layout()
     return fig

@@ -74,17 +74,21 @@ def fhat_matrices(layer_input: LayerInput, wq: np.ndarray, wk: np.ndarray, n_hea
     dh = d // n_heads
     scale = 1.0 / np.sqrt(dh)
 
-    def per_head(x: np.ndarray) -> np.ndarray:  # (..., d) -> (H, ..., d_h)
-        return np.moveaxis(x.reshape(*x.shape[:-1], n_heads, dh), -2, 0)
+    def per_head(x: np.ndarray) -> np.ndarray:  # (..., d) -> (H, ..., d_h), contiguous so matmul uses BLAS
+        return np.ascontiguousarray(np.moveaxis(x.reshape(*x.shape[:-1], n_heads, dh), -2, 0))
 
     if layer_input.full is not None:
         q = per_head(layer_input.full @ wq.T + (0 if bq is None else bq))  # (H, n, d_h)
         k = per_head(layer_input.full @ wk.T + (0 if bk is None else bk))
-        return np.einsum("hid,hjd->hij", q, k) * scale
+        scores = q @ np.ascontiguousarray(k.transpose(0, 2, 1))
+        scores *= scale
+        return scores
     qp = per_head(layer_input.positions @ wq.T)  # (H, n, d_h)
     kp = per_head(layer_input.positions @ wk.T)
     qw = per_head(layer_input.word @ wq.T)  # (H, d_h)
     kw = per_head(layer_input.word @ wk.T)
-    word_to_pos = np.einsum("hd,hjd->hj", qw, kp)[:, None, :]  # varies with key j only
-    pos_to_word = np.einsum("hid,hd->hi", qp, kw)[:, :, None]  # varies with query i only
-    return (word_to_pos + pos_to_word + np.einsum("hid,hjd->hij", qp, kp)) * scale
+    scores = qp @ np.ascontiguousarray(kp.transpose(0, 2, 1))  # (H, n, n), built in place below
+    scores += np.einsum("hd,hjd->hj", qw, kp)[:, None, :]  # word-to-position: varies with key j only
+    scores += np.einsum("hid,hd->hi", qp, kw)[:, :, None]  # position-to-word: varies with query i only
+    scores *= scale
+    return scores

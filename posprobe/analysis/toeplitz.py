@@ -56,16 +56,20 @@ def toeplitz_r2(a: np.ndarray) -> np.ndarray | float:
 
     R^2 = 1 - RSS / TSS with RSS = sum (A - A_T)^2 and TSS = sum (A - mean(A))^2 over all n^2 entries.
     Returns a float for one matrix, an array (...) for a batch. A constant matrix (TSS = 0) is exactly
-    Toeplitz and gets R^2 = 1.
+    Toeplitz and gets R^2 = 1. The diagonal means of the whole batch come from one scatter-add; residuals
+    are then formed one matrix at a time, so a batch needs only one matrix of scratch memory.
     """
     a = np.asarray(a, dtype=np.float64)
-    _check_square(a)
-    residual = a - toeplitz_fit(a)
-    rss = np.sum(residual**2, axis=(-2, -1))
-    centred = a - a.mean(axis=(-2, -1), keepdims=True)
-    tss = np.sum(centred**2, axis=(-2, -1))
-    scale = np.maximum(tss, np.finfo(np.float64).tiny)
-    r2 = np.where(tss > 0, 1.0 - rss / scale, 1.0)
+    n = _check_square(a)
+    means = diagonal_means(a).reshape(-1, 2 * n - 1)
+    flat = a.reshape(-1, n, n)
+    index = _offset_index(n)
+    r2 = np.empty(flat.shape[0])
+    for b, (matrix, diag) in enumerate(zip(flat, means)):
+        rss = np.sum((matrix - diag[index]) ** 2)
+        tss = np.sum((matrix - matrix.mean()) ** 2)
+        r2[b] = 1.0 - rss / tss if tss > 0 else 1.0
+    r2 = r2.reshape(a.shape[:-2])
     return float(r2) if r2.ndim == 0 else r2
 
 

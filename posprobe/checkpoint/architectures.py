@@ -186,7 +186,7 @@ def read_embedding_inputs(source: ModelSource, reader: WeightReader | None = Non
     family = family_of(source)
     reader = reader or WeightReader(source.path, source.weight_format)
     positions = read_position_table(source, reader)
-    word_mean = reader.get(_require(reader, family.word, source)).mean(axis=0)
+    word_mean = reader.row_mean(_require(reader, family.word, source))
     token_type0 = None
     if family.token_type and (key := reader.find_suffix(family.token_type)):
         token_type0 = reader.get(key)[0]
