@@ -63,7 +63,8 @@ def write_json(path: str | Path, obj: Any) -> Path:
 def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
     """Save a matplotlib Figure atomically (format from the file suffix: png, pdf or svg)."""
     fmt = Path(path).suffix.lstrip(".")
-    return atomic_write(path, lambda p: fig.savefig(p, format=fmt, dpi=dpi))
+    extra = {"pil_kwargs": {"compress_level": 3}} if fmt == "png" else {}  # zlib level 3: half the time of 6, ~6% larger
+    return atomic_write(path, lambda p: fig.savefig(p, format=fmt, dpi=dpi, **extra))
 
 
 def save_npz(path: str | Path, metadata: dict, **arrays) -> Path:

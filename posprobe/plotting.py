@@ -63,8 +63,8 @@ def heatmap(result):
     """P = E_P E_P^T as an image, title with the Toeplitz R^2 (whole and leading blocks)."""
     fig = _figure(5.4, 4.8)
     ax = fig.add_subplot()
-    fig.subplots_adjust(left=0.12, right=0.95, top=0.88, bottom=0.1)
-    _matrix_panel(fig, ax, result.matrix, "Reds", colorbar=True, pixels=600)
+    fig.subplots_adjust(left=0.12, right=0.86, top=0.88, bottom=0.1)
+    _matrix_panel(fig, ax, result.matrix, "Reds", colorbar=True, pixels=PANEL_PIXELS)
     kind = "cosine" if result.cosine else "inner product"
     blocks = "".join(f", first {b}: {r:.3f}" for b, r in result.blocks.items())
     ax.set_title(f"{result.model}\nP = E_P E_Pᵀ ({kind}); Toeplitz R² = {result.toeplitz_r2:.3f}{blocks}", fontsize=9)

@@ -2,8 +2,8 @@
 
 Offsets follow posprobe's convention k = j - i (row i, column j); a vector over k for an n x n matrix
 has length 2n - 1 and index `k + n - 1` (k increasing from -(n-1) to n-1).
-All functions accept a single matrix (n, n) or a batch (..., n, n) and work on every matrix at once
-with one weighted bincount (a scatter-add), never a Python loop over diagonals.
+All functions accept a single matrix (n, n) or a batch (..., n, n); diagonal sums are weighted bincounts
+(scatter-adds), never a Python loop over diagonals.
 """
 
 from __future__ import annotations
@@ -23,17 +23,21 @@ def _offset_index(n: int) -> np.ndarray:
 
 
 def diagonal_means(a: np.ndarray) -> np.ndarray:
-    """Mean of each diagonal k = j - i of `a` (..., n, n) -> (..., 2n - 1), k increasing."""
+    """Mean of each diagonal k = j - i of `a` (..., n, n) -> (..., 2n - 1), k increasing.
+
+    One weighted bincount (a scatter-add) per matrix, all sharing one (n, n) slot index; a batch-wide
+    index would cost as much memory as the batch itself.
+    """
     a = np.asarray(a, dtype=np.float64)
     n = _check_square(a)
-    batch = a.shape[:-2]
-    flat = a.reshape(-1, n * n)
-    m = flat.shape[0]
     width = 2 * n - 1
-    slots = (_offset_index(n).ravel()[None, :] + width * np.arange(m)[:, None]).ravel()
-    sums = np.bincount(slots, weights=flat.ravel(), minlength=m * width).reshape(m, width)
+    slots = _offset_index(n).ravel()
     counts = n - np.abs(offsets(n))
-    return (sums / counts).reshape(*batch, width)
+    flat = a.reshape(-1, n * n)
+    sums = np.empty((flat.shape[0], width))
+    for b, matrix in enumerate(flat):
+        sums[b] = np.bincount(slots, weights=matrix, minlength=width)
+    return (sums / counts).reshape(*a.shape[:-2], width)
 
 
 def toeplitz_from_diagonals(diagonals: np.ndarray) -> np.ndarray:
@@ -56,8 +60,8 @@ def toeplitz_r2(a: np.ndarray) -> np.ndarray | float:
 
     R^2 = 1 - RSS / TSS with RSS = sum (A - A_T)^2 and TSS = sum (A - mean(A))^2 over all n^2 entries.
     Returns a float for one matrix, an array (...) for a batch. A constant matrix (TSS = 0) is exactly
-    Toeplitz and gets R^2 = 1. The diagonal means of the whole batch come from one scatter-add; residuals
-    are then formed one matrix at a time, so a batch needs only one matrix of scratch memory.
+    Toeplitz and gets R^2 = 1. Residuals are formed one matrix at a time, so a batch needs only one
+    matrix of scratch memory.
     """
     a = np.asarray(a, dtype=np.float64)
     n = _check_square(a)

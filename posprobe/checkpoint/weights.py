@@ -100,7 +100,7 @@ class WeightReader:
         entry = self._entries[key]
         return _finite(_read_rows(entry, 0, entry.shape[0] if entry.shape else 1), key, entry.file)
 
-    def row_mean(self, key: str, chunk_rows: int = 2048) -> np.ndarray:
+    def row_mean(self, key: str, chunk_rows: int = 1024) -> np.ndarray:
         """Mean over the rows of 2-D tensor `key` (float64), reading `chunk_rows` rows at a time."""
         if self._pickle_state is not None or key not in self._entries or len(self._entries[key].shape) != 2:
             return self.get(key).mean(axis=0)

@@ -1,0 +1,158 @@
+"""Commands `fit-tisa` (TISA kernels fitted to head profiles) and `params` (positional parameter counts).
+
+`fit-tisa --json` prints one object. Single S (``--kernels 5``)::
+
+    {"model", "model_type", "mode", "kernels": 5, "window", "seconds" (fitting only), "layers",
+     "n_heads", "shared_layers", "seed", "convention": "k = j - i", "function", "median_r2",
+     "kernels_file", "figure",
+     "heads": [{"layer", "head", "r2", "a": [S], "b": [S], "c": [S], "offset", "flags"}, ...]}
+
+Sweep (``--kernels 1,3,5``): the same top-level keys except that ``kernels`` is the list of S,
+``seconds`` the total fitting time, and the per-S parts move into
+``"fits": [{"kernels": S, "seconds", "median_r2", "kernels_file", "figure", "heads": [...]}, ...]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from posprobe.cli.console import console, emit_json
+from posprobe.cli.options import (AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, Mode, ModeOpt, ModelArg, OutOpt,
+                                  default_out)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fit-tisa")(fit_tisa)
+    app.command("params")(params)
+
+
+def _parse_kernels(text: str) -> list[int]:
+    from posprobe.errors import PosprobeError
+
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as err:
+        raise PosprobeError(f"--kernels '{text}' is not a comma-separated list of whole numbers",
+                            "write e.g. --kernels 5 or --kernels 1,3,5") from err
+    if not values:
+        raise PosprobeError("--kernels is empty", "write e.g. --kernels 5 or --kernels 1,3,5")
+    return values
+
+
+def _model_name(model: Optional[str]) -> str:
+    """The name used for the default output folder, known before any heavy work."""
+    from posprobe.checkpoint.resolve import DEFAULT_MODEL_NAME
+
+    if model is None or model == "":
+        return DEFAULT_MODEL_NAME
+    return Path(model).stem if model.endswith(".npz") else model
+
+
+def fit_tisa(
+    model: ModelArg = None,
+    kernels: Annotated[str, typer.Option("--kernels", help="Kernels per head S, or a sweep like '1,3,5'.")] = "5",
+    window: Annotated[Optional[int], typer.Option(
+        "--window", help="Fit k = -W..W (default 16, clipped to the model's offsets).")] = None,
+    layers: Annotated[Optional[str], typer.Option("--layers", help="Layers, e.g. '0,1,5' or 'all'.")] = "all",
+    mode: ModeOpt = Mode.paper,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random restarts.")] = 0,
+    out: OutOpt = None,
+    fmt: FormatOpt = FigureFormat.png,
+    json_out: JsonOpt = False,
+    allow_pickle: AllowPickleOpt = False,
+) -> None:
+    """Fit TISA scoring functions f(k) = Σ a·exp(−|b|(k−c)²), k = j − i, to every head's profile.
+
+    MODEL may also be a .npz written by `posprobe profiles`. Writes tisa_kernels_S<S>.safetensors
+    (a, b, c: layers × heads × S; offset: layers × heads) and a figure per S.
+    """
+    from posprobe.cli.options import parse_int_list
+    from posprobe.outputs import prepare_out_dir
+    from posprobe.pipelines.fitting import fit_tisa as run_fit
+
+    kernel_list = _parse_kernels(kernels)
+    layer_list = parse_int_list(layers, "layers")
+    out_dir = prepare_out_dir(out if out is not None else default_out("fit-tisa", _model_name(model)))
+    result = run_fit(model, kernel_list, window=window, layers=layer_list, mode=mode.value, seed=seed,
+                     allow_pickle=allow_pickle, out_dir=out_dir, fmt=fmt.value)
+    if json_out:
+        emit_json(result.to_json())
+        return
+    _print_fit(result)
+
+
+def _print_fit(result) -> None:
+    import numpy as np
+    from rich.table import Table
+
+    head = f"TISA fit — {result.model}, {result.mode} mode, k = j − i in ±{result.window}"
+    if len(result.fits) > 1:
+        table = Table(title=head + " (sweep)", title_justify="left")
+        for name in ("S", "parameters", "median R²", "min R²", "flagged", "seconds", "kernels file"):
+            table.add_column(name, justify="left" if name == "kernels file" else "right")
+        n_layers = len(result.layers)
+        for f in result.fits:
+            flagged = sum(bool(x) for row in f.flags for x in row)
+            table.add_row(str(f.n_kernels), f"{3 * f.n_kernels * result.n_heads * n_layers:,}",
+                          f"{f.median_r2:.4f}", f"{float(np.min(f.r2)):.4f}", str(flagged), f"{f.seconds:.2f}",
+                          str(f.kernels_file))
+        console.print(table)
+    else:
+        f = result.fits[0]
+        table = Table(title=head + f", S = {f.n_kernels}: R² per head", title_justify="left")
+        table.add_column("layer", justify="right")
+        for h in range(result.n_heads):
+            table.add_column(f"h{h}", justify="right")
+        for li, layer in enumerate(result.layers):
+            table.add_row(str(layer), *[f"{r:.3f}" for r in f.r2[li]])
+        console.print(table)
+        console.print(f"median R² {f.median_r2:.4f}, fitting {f.seconds:.2f} s")
+        console.print(f"kernels: {f.kernels_file}\nfigure:  {f.figure}")
+    if result.shared_layers:
+        console.print("[dim]shared layers (ALBERT): one layer fitted, replicated at every depth[/dim]")
+    notes = {(f.n_kernels, result.layers[li], h, note) for f in result.fits for li, row in enumerate(f.flags)
+             for h, note in enumerate(row) if note and not (result.shared_layers and li)}
+    for s, layer, h, note in sorted(notes)[:12]:
+        console.print(f"[yellow]S={s} layer {layer} head {h}: {note}[/yellow]")
+    if len(notes) > 12:
+        console.print(f"[yellow]... and {len(notes) - 12} more flagged heads (see --json)[/yellow]")
+
+
+def params(
+    model: ModelArg = None,
+    radius: Annotated[int, typer.Option("--radius", help="Clip radius r of the convolutions (kernel 2r+1).")] = 8,
+    json_out: JsonOpt = False,
+) -> None:
+    """Positional parameter counts of MODEL's architecture (paper Table 2 style), from its config."""
+    from posprobe.analysis.params import positional_parameter_counts
+    from posprobe.checkpoint import resolve_model
+
+    source = resolve_model(model)
+    counts = positional_parameter_counts(source.config, radius=radius)
+    if json_out:
+        emit_json({"model": source.name, **counts.to_json()})
+        return
+    from rich.table import Table
+
+    c = counts
+    table = Table(title=f"Positional parameters — {source.name} ({c.model_type}): n={c.n_positions}, "
+                        f"d={c.table_width}, H={c.n_heads}, L={c.n_layers}, d_h={c.head_dim}, r={c.radius}",
+                  title_justify="left")
+    table.add_column("method"), table.add_column("formula"), table.add_column("parameters", justify="right")
+    table.add_row("absolute learned", "n·d", f"{c.absolute:,}")
+    table.add_row("untied (Ke et al.)", "n·d + 2d²", f"{c.untied:,}")
+    for s, v in c.tisa.items():
+        table.add_row(f"TISA, S={s}", "3·S·H·L", f"{v:,}")
+    table.add_row("fixed lightweight conv", "H·(2r+1)·L", f"{c.fixed_conv:,}")
+    table.add_row("dynamic lightweight conv", "(2r+1)·d_h·L", f"{c.dynamic_conv:,}")
+    table.add_row("composite (fixed + dynamic)", "", f"{c.composite:,}")
+    console.print(table)
+    if c.reserved_rows:
+        console.print(f"[dim]{c.reserved_rows} reserved leading rows of the {c.model_type} position table "
+                      f"(padding_idx + 1) not counted[/dim]")
+    if c.table_width != c.hidden_size:
+        console.print(f"[dim]factorised embeddings: the position table is {c.table_width} wide "
+                      f"(hidden size {c.hidden_size})[/dim]")

@@ -1,0 +1,30 @@
+"""Composite attention (seed paper Eq. 6): self-attention + dynamic + fixed lightweight convolution."""
+
+from __future__ import annotations
+
+import torch
+
+from posprobe.mechanisms.base import LayerShape, PositionalMechanism, register
+from posprobe.mechanisms.dynamic import DynamicConvolution
+from posprobe.mechanisms.fixed import FixedConvolution
+
+
+@register
+class CompositeAttention(PositionalMechanism):
+    name = "composite"
+    summary = "dynamic + fixed lightweight convolution (Eq. 6), (2r+1)*(d_h + H) per layer"
+
+    def __init__(self, shape: LayerShape, *, radius: int = 8, kernels: int = 5):
+        super().__init__(shape, radius=radius, kernels=kernels)
+        self.dynamic = DynamicConvolution(shape, radius=radius)
+        self.fixed = FixedConvolution(shape, radius=radius)
+
+    def reset(self, init: str = "zero", generator: torch.Generator | None = None) -> None:
+        self.dynamic.reset(init, generator)
+        self.fixed.reset(init, generator)
+
+    def score_bias(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        return self.dynamic.score_bias(query, key) + self.fixed.score_bias(query, key)
+
+    def naive_score(self, h, i, j, q_i, k_j):
+        return self.dynamic.naive_score(h, i, j, q_i, k_j) + self.fixed.naive_score(h, i, j, q_i, k_j)

@@ -1,0 +1,56 @@
+"""Dynamic lightweight convolution = Shaw et al. relative keys (SPEC §5): `+ q_i . w[kc] / sqrt(d_h)`.
+
+Table `w` `(2r+1, d_h)` shared by the heads of a layer: `(2r+1)*d_h` parameters per depth. Efficient form
+(Shaw §3.3): `q @ w^T` once -> `(B, H, n_q, 2r+1)`, then a gather by `kc + r` -> `(B, H, n_q, n_k)`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from posprobe.mechanisms.base import (LayerShape, PositionalMechanism, clip, clipped_index, register,
+                                      relative_to_absolute)
+
+
+class RelativeTable(PositionalMechanism):
+    """Shared base of the query- and key-based tables: one `(2r+1, d_h)` parameter `w`."""
+
+    def __init__(self, shape: LayerShape, *, radius: int = 8, kernels: int = 5):
+        super().__init__(shape, radius=radius, kernels=kernels)
+        self.w = nn.Parameter(torch.zeros(2 * self.radius + 1, shape.head_dim))
+
+    def reset(self, init: str = "zero", generator: torch.Generator | None = None) -> None:
+        with torch.no_grad():
+            self.w.zero_()
+            if init == "random":
+                self.w.copy_(0.5 * torch.randn(self.w.shape, generator=generator))
+
+
+@register
+class DynamicConvolution(RelativeTable):
+    name = "dynamic"
+    summary = "query-based relative keys q_i . w[clip(j-i)] / sqrt(d_h) (Shaw), (2r+1)*d_h per layer"
+
+    def score_bias(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        rel = torch.matmul(query, self.w.t().to(query.dtype)) * query.shape[-1] ** -0.5  # (B, H, n_q, 2r+1)
+        index = clipped_index(query.shape[-2], key.shape[-2], self.radius, query.device)
+        return relative_to_absolute(rel, index)
+
+    def naive_score(self, h, i, j, q_i, k_j):
+        return q_i @ self.w[clip(j - i, self.radius) + self.radius] / self.shape.head_dim ** 0.5
+
+
+@register
+class KeyDynamicConvolution(RelativeTable):
+    name = "key-dynamic"
+    summary = "key-based relative queries k_j . u[clip(i-j)] / sqrt(d_h), (2r+1)*d_h per layer"
+
+    def score_bias(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        rel = torch.matmul(key, self.w.t().to(key.dtype)) * key.shape[-1] ** -0.5  # (B, H, n_k, 2r+1)
+        # row j, column i holds clip(i - j) + r: the offset index of the transposed problem
+        index = clipped_index(key.shape[-2], query.shape[-2], self.radius, key.device)
+        return relative_to_absolute(rel, index).transpose(-1, -2)  # (B, H, n_q, n_k)
+
+    def naive_score(self, h, i, j, q_i, k_j):
+        return k_j @ self.w[clip(i - j, self.radius) + self.radius] / self.shape.head_dim ** 0.5

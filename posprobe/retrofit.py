@@ -1,0 +1,477 @@
+"""Retrofit a positional mechanism into a pretrained encoder, through transformers' attention registry.
+
+No modeling code is copied. `retrofit` does four things to a loaded model, in place:
+
+1. registers one attention function, `"posprobe"`, in `transformers.AttentionInterface` (and the stock
+   boolean `sdpa_mask` under the same name in `AttentionMaskInterface`) and switches the model to it;
+2. attaches the mechanism modules to each self-attention module as `posprobe_mechanisms`
+   (an `nn.ModuleList`, one entry per depth at which that module runs), so their weights are ordinary
+   parameters saved in the safetensors next to the model's own;
+3. adds forward hooks: a pre-hook on every self-attention module that records the current depth slot and
+   the key-padding mask, and — only for mechanisms that need them — pre-hooks (CAT) or hooks (conv-qkv)
+   on the query/key/value `nn.Linear` projections;
+4. records the recipe in `model.config.posprobe` (saved in config.json) so `load_model` can rebuild it.
+
+Depth tracking. BERT, RoBERTa, XLM-R and ELECTRA have one self-attention module per layer, so each module
+holds exactly one mechanism and no state is needed. ALBERT shares one layer module across all depths
+(`num_hidden_groups` groups of `inner_group_num` layers), so each shared attention module holds one
+mechanism per depth at which it runs (TISA then has `3*S*H*L` parameters, as in the paper). A forward
+pre-hook on the encoder (`AlbertTransformer`) resets a call counter on each shared module; the module's
+own pre-hook takes the next slot. This requires that one encoder forward runs each layer once in order:
+gradient checkpointing, which re-runs layers during backward, is refused for ALBERT with several slots.
+
+Dropping position embeddings (TISA "replace", or relative-only models): every row of the learned position
+table is set to the average row (RoBERTa-family reserved rows excluded from the average), the table is
+frozen, and a pre-hook on the embeddings module passes `position_ids = first row` for every token. The
+model then runs on sequences of any length, including longer than `max_position_embeddings`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posprobe.errors import PosprobeError
+from posprobe.mechanisms import REGISTRY, ROLES, LayerShape, PositionalMechanism, get_mechanism
+
+ATTENTION_NAME = "posprobe"
+CONFIG_KEY = "posprobe"
+SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "albert", "electra")
+_ROBERTA_FAMILY = ("roberta", "xlm-roberta")
+_FORMAT_VERSION = 1
+# Score-bias mechanisms on CPU take the explicit softmax path (faster there than SDPA with a mask gradient);
+# tests switch this off to exercise the SDPA-with-bias path that accelerators use.
+EXPLICIT_ON_CPU = True
+
+
+# -- the attention function ---------------------------------------------------------------------------
+def _key_valid(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """`(B, n_k)` bool (True = real token) from a 2-D mask or a 4-D bidirectional padding mask."""
+    if mask is None:
+        return None
+    if mask.dim() == 4:
+        mask = mask[:, 0, 0, :]
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_floating_point():
+        return mask > torch.finfo(mask.dtype).min / 2
+    return mask != 0
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+    return mask.to(dtype)
+
+
+def active_mechanism(module: nn.Module) -> PositionalMechanism | None:
+    """The mechanism of `module` for the depth it is running at now (None if not retrofitted)."""
+    mechanisms = getattr(module, "posprobe_mechanisms", None)
+    if mechanisms is None:
+        return None
+    if len(mechanisms) == 1:
+        return mechanisms[0]
+    return mechanisms[module._posprobe_slot]
+
+
+def posprobe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                       **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention with the module's mechanism; same contract as transformers' attention functions.
+
+    query `(B, H, n_q, d_h)`, key/value `(B, H, n_k, d_h)`, attention_mask bool `(B, 1, n_q, n_k)` (True =
+    attend), additive float, or None. Returns `(B, n_q, H, d_h)` and the probabilities (explicit path only).
+
+    Path choice: mechanisms without a score bias or value term (cat, conv-qkv, depthwise) use torch's
+    `scaled_dot_product_attention` exactly like the stock "sdpa" path. With a score bias, accelerators use
+    SDPA with the bias as an additive mask; on CPU the explicit softmax(QK^T * scaling + bias) is faster
+    (SDPA's CPU kernels are slow at producing a gradient for the mask). Mechanisms that need the
+    probabilities (value terms) and `output_attentions` always take the explicit path.
+    """
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    mech = active_mechanism(module)
+    bias = mech.score_bias(query, key) if mech is not None else None
+    explicit = ((mech is not None and mech.needs_probabilities) or bool(kwargs.get("output_attentions"))
+                or (bias is not None and EXPLICIT_ON_CPU and query.device.type == "cpu"))
+    weights = None
+    if not explicit:
+        attn_mask = attention_mask
+        if bias is not None:
+            shape = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+            attn_mask = bias.expand(shape)  # a full-size mask gradient is much cheaper than a broadcast one
+            if attention_mask is not None:
+                attn_mask = attn_mask + _additive(attention_mask, bias.dtype)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout, scale=scaling)
+    else:
+        scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
+        if bias is not None:
+            scores = scores.add_(bias)
+        if attention_mask is not None:
+            scores = scores.add_(_additive(attention_mask, scores.dtype))
+        weights = torch.softmax(scores, dim=-1)
+        probs = F.dropout(weights, p=dropout, training=module.training)
+        out = torch.matmul(probs, value)
+        if mech is not None and mech.needs_probabilities:
+            out = out + mech.value_term(probs, value)
+    if mech is not None and mech.has_output_term:
+        out = out + mech.output_term(value, _key_valid(attention_mask))
+    return out.transpose(1, 2).contiguous(), weights
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, posprobe_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+# -- locating the attention modules ---------------------------------------------------------------------
+def model_type(model: nn.Module) -> str:
+    return str(getattr(getattr(model, "config", None), "model_type", "unknown"))
+
+
+def _check_supported(model: nn.Module) -> None:
+    kind = model_type(model)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        raise PosprobeError(f"cannot retrofit a '{kind}' model: only {', '.join(SUPPORTED_MODEL_TYPES)} are supported",
+                            "use a BERT, RoBERTa, XLM-R, ALBERT or ELECTRA checkpoint")
+
+
+def _encoder(model: nn.Module) -> nn.Module:
+    base = getattr(model, "base_model", model)
+    encoder = getattr(base, "encoder", None)
+    if encoder is None:
+        raise PosprobeError(f"model of type '{model_type(model)}' has no encoder module", "pass an encoder model")
+    return encoder
+
+
+def depth_slots(model: nn.Module) -> list[tuple[nn.Module, int]]:
+    """`(attention module, slot)` for each attention call of one forward pass, in depth order."""
+    encoder = _encoder(model)
+    if model_type(model) != "albert":
+        return [(layer.attention.self, 0) for layer in encoder.layer]
+    cfg = model.config
+    L, G = cfg.num_hidden_layers, cfg.num_hidden_groups
+    slots: list[tuple[nn.Module, int]] = []
+    counts: dict[int, int] = {}
+    for i in range(L):
+        group = encoder.albert_layer_groups[int(i / (L / G))]
+        for layer in group.albert_layers:
+            module = layer.attention
+            slots.append((module, counts.get(id(module), 0)))
+            counts[id(module)] = counts.get(id(module), 0) + 1
+    return slots
+
+
+def _layer_shape(module: nn.Module) -> LayerShape:
+    return LayerShape(num_heads=module.num_attention_heads, head_dim=module.attention_head_size,
+                      input_size=module.query.in_features)
+
+
+# -- hooks ------------------------------------------------------------------------------------------------
+def _attention_pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+    n_slots = len(module.posprobe_mechanisms)
+    if n_slots > 1:
+        slot = module._posprobe_calls
+        if slot >= n_slots:
+            raise PosprobeError("a shared (ALBERT) attention layer ran more often than the model has layers",
+                                "gradient checkpointing and calling layers outside the encoder are not supported "
+                                "for retrofitted ALBERT models")
+        module._posprobe_calls = slot + 1
+        module._posprobe_slot = slot
+    if module._posprobe_needs_padding:
+        mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
+        module._posprobe_key_valid = _key_valid(mask)
+
+
+def _make_encoder_pre_hook(shared: list[nn.Module]):
+    def hook(encoder: nn.Module, args: tuple) -> None:
+        for module in shared:
+            module._posprobe_calls = 0
+    return hook
+
+
+def _make_input_hook(attention: nn.Module, role: str):
+    def hook(linear: nn.Module, args: tuple):
+        mech = active_mechanism(attention)
+        return (mech.transform_inputs(role, args[0], attention._posprobe_key_valid),) + tuple(args[1:])
+    return hook
+
+
+def _make_projection_hook(attention: nn.Module, role: str):
+    def hook(linear: nn.Module, args: tuple, out: torch.Tensor):
+        mech = active_mechanism(attention)
+        return mech.transform_projection(role, args[0], out, attention._posprobe_key_valid)
+    return hook
+
+
+def _position_embedding(model: nn.Module) -> nn.Embedding:
+    embeddings = getattr(getattr(model, "base_model", model), "embeddings", None)
+    table = getattr(embeddings, "position_embeddings", None)
+    if not isinstance(table, nn.Embedding):
+        raise PosprobeError(f"model of type '{model_type(model)}' has no learned position table to drop",
+                            "drop --drop-position-embeddings")
+    return table
+
+
+def _first_real_row(model: nn.Module) -> int:
+    """RoBERTa-family tables reserve `padding_idx + 1` leading rows (SPEC §1)."""
+    if model_type(model) in _ROBERTA_FAMILY:
+        return int(model.config.pad_token_id) + 1
+    return 0
+
+
+def _make_constant_position_hook(row: int):
+    """Pre-hook for the embeddings module: every token (any sequence length) gets position id `row`."""
+
+    def hook(embeddings: nn.Module, args: tuple, kwargs: dict):
+        bound = inspect.signature(embeddings.forward).bind_partial(*args, **kwargs).arguments
+        ref = bound.get("input_ids")
+        ref = ref if ref is not None else bound.get("inputs_embeds")
+        bound["position_ids"] = torch.full((1, ref.shape[1]), row, dtype=torch.long, device=ref.device)
+        return (), dict(bound)
+    return hook
+
+
+def _average_position_table(model: nn.Module) -> None:
+    table = _position_embedding(model)
+    with torch.no_grad():
+        mean = table.weight[_first_real_row(model):].mean(dim=0)
+        table.weight.copy_(mean.expand_as(table.weight))
+
+
+# -- public API ---------------------------------------------------------------------------------------------
+def is_retrofitted(model: nn.Module) -> bool:
+    """True when mechanisms are installed (a config with a `posprobe` key alone is not enough)."""
+    return any(hasattr(m, "posprobe_mechanisms") for m in model.modules())
+
+
+def added_parameters(model: nn.Module) -> int:
+    """Number of parameters the retrofitted mechanism added (0 for a plain model)."""
+    seen: set[int] = set()
+    total = 0
+    for name, param in model.named_parameters(remove_duplicate=True):
+        if ".posprobe_mechanisms." in f".{name}" and id(param) not in seen:
+            seen.add(id(param))
+            total += param.numel()
+    return total
+
+
+def _parse_init(init: str) -> tuple[str, Path | None]:
+    if init in ("zero", "random"):
+        return init, None
+    if init.startswith("fit:") and len(init) > 4:
+        return "fit", Path(init[4:]).expanduser()
+    raise PosprobeError(f"unknown --init '{init}'", "use zero, random or fit:PATH (a file written by `posprobe fit-tisa`)")
+
+
+def _read_kernels(path: Path):
+    """`(a, b, c, metadata)` from a `posprobe fit-tisa` file; arrays of shape (L_file, H, S)."""
+    from posprobe.pipelines.fitting import load_tisa_kernels
+
+    return load_tisa_kernels(path)
+
+
+def _kernels_by_depth(arrays, metadata: dict, n_depths: int, n_heads: int, shared: bool) -> dict[int, tuple]:
+    """Map depth -> (a, b, c) `(H, S)` arrays. The file's `layers` metadata says which layers were fitted;
+    a single fitted layer of a weight-shared model (ALBERT) initialises every depth; depths that were not
+    fitted keep the zero init."""
+    a, b, c = arrays
+    if a.shape[1] != n_heads:
+        raise PosprobeError(f"kernels file has {a.shape[1]} heads per layer, the model has {n_heads}",
+                            "fit the kernels on the same model")
+    layers = [int(x) for x in metadata.get("layers") or range(a.shape[0])]
+    if len(layers) != a.shape[0]:
+        raise PosprobeError(f"kernels file lists {len(layers)} layers but holds {a.shape[0]}",
+                            "re-run `posprobe fit-tisa`")
+    if shared and len(layers) == 1:
+        return {d: (a[0], b[0], c[0]) for d in range(n_depths)}
+    if any(layer < 0 or layer >= n_depths for layer in layers):
+        raise PosprobeError(f"kernels file has layers {layers}, the model has {n_depths} layers",
+                            "fit the kernels on the same model")
+    return {layer: (a[t], b[t], c[t]) for t, layer in enumerate(layers)}
+
+
+def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
+    """Attach mechanisms and hooks as described by `spec` (no initialisation); returns the depth slots."""
+    _check_supported(model)
+    if is_retrofitted(model):
+        raise PosprobeError("this model is already retrofitted", "start from the original checkpoint")
+    cls = get_mechanism(spec["mechanism"])
+    slots = depth_slots(model)
+    per_module: dict[int, tuple[nn.Module, int]] = {}
+    for module, slot in slots:
+        per_module[id(module)] = (module, slot + 1)
+    shared = []
+    for module, count in per_module.values():
+        ref = module.query.weight
+        mechs = [cls(_layer_shape(module), radius=spec["radius"], kernels=spec["kernels"]) for _ in range(count)]
+        module.posprobe_mechanisms = nn.ModuleList(mechs).to(device=ref.device, dtype=ref.dtype)
+        module._posprobe_needs_padding = cls.transforms_inputs or cls.transforms_projections
+        module._posprobe_key_valid = None
+        module._posprobe_calls = 0
+        module._posprobe_slot = 0
+        module.register_forward_pre_hook(_attention_pre_hook, with_kwargs=True)
+        for role in ROLES:
+            if cls.transforms_inputs:
+                getattr(module, role).register_forward_pre_hook(_make_input_hook(module, role))
+            if cls.transforms_projections:
+                getattr(module, role).register_forward_hook(_make_projection_hook(module, role))
+        if count > 1:
+            shared.append(module)
+    if shared:
+        _encoder(model).register_forward_pre_hook(_make_encoder_pre_hook(shared))
+    if spec.get("drop_position_embeddings"):
+        table = _position_embedding(model)
+        table.weight.requires_grad_(False)
+        embeddings = getattr(model, "base_model", model).embeddings
+        embeddings.register_forward_pre_hook(_make_constant_position_hook(_first_real_row(model)), with_kwargs=True)
+    _register_attention()
+    model.set_attn_implementation(ATTENTION_NAME)
+    return slots
+
+
+def retrofit(model: nn.Module, mechanism: str, *, radius: int = 8, kernels: int = 5, init: str = "zero",
+             drop_position_embeddings: bool = False, seed: int = 0) -> nn.Module:
+    """Install `mechanism` (a `REGISTRY` name) into every self-attention layer of `model`, in place.
+
+    radius: clip radius r (kernel size 2r+1) of the convolution/relative mechanisms; kernels: TISA's S.
+    init: "zero" (outputs unchanged: zero biases, identity filters), "random" (seeded by `seed`), or
+    "fit:PATH" (TISA kernels `(L, H, S)` from `posprobe fit-tisa`; S is taken from the file, the fitted layers
+    from its metadata; a single layer fitted on ALBERT initialises every depth; unfitted depths stay zero).
+    drop_position_embeddings: replace every position embedding by the average one (TISA "replace" mode).
+    """
+    cls = get_mechanism(mechanism)
+    _check_supported(model)
+    if int(radius) < 1 or int(radius) > 4096:
+        raise PosprobeError(f"--radius must be between 1 and 4096, got {radius}", "the paper uses 8 (kernel size 17)")
+    if int(kernels) < 1 or int(kernels) > 256:
+        raise PosprobeError(f"--kernels must be between 1 and 256, got {kernels}", "the TISA paper uses 5")
+    kind, path = _parse_init(init)
+    kernel_arrays = None
+    if kind == "fit":
+        if not cls.supports_fit:
+            raise PosprobeError(f"--init fit: only applies to TISA, not '{mechanism}'", "use --init zero or random")
+        *kernel_arrays, kernel_meta = _read_kernels(path)
+        kernels = int(kernel_arrays[0].shape[-1])
+    spec = {"version": _FORMAT_VERSION, "mechanism": mechanism, "radius": int(radius), "kernels": int(kernels),
+            "drop_position_embeddings": bool(drop_position_embeddings), "init": init, "seed": int(seed)}
+    fitted: dict[int, tuple] = {}
+    if kernel_arrays is not None:
+        shared = model_type(model) == "albert" or bool(kernel_meta.get("shared_layers"))
+        slots = depth_slots(model)
+        fitted = _kernels_by_depth(kernel_arrays, kernel_meta, len(slots), slots[0][0].num_attention_heads, shared)
+    slots = _install(model, spec)
+    generator = torch.Generator().manual_seed(int(seed))
+    for depth, (module, slot) in enumerate(slots):
+        mech = module.posprobe_mechanisms[slot]
+        mech.reset("random" if kind == "random" else "zero", generator)
+        mech.attach(module)
+        if depth in fitted:
+            mech.load_kernels(*fitted[depth])
+    if drop_position_embeddings:
+        _average_position_table(model)
+    setattr(model.config, CONFIG_KEY, spec)
+    return model
+
+
+def mechanism_at(model: nn.Module, depth: int) -> PositionalMechanism:
+    """The mechanism that runs at attention depth `depth` (0-based, forward order)."""
+    module, slot = depth_slots(model)[depth]
+    return module.posprobe_mechanisms[slot]
+
+
+def save_retrofitted(model: nn.Module, out_dir: str | Path) -> Path:
+    """Write config.json (with the `posprobe` recipe) and model.safetensors (mechanism weights included)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    return out
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Silence the load report about the mechanism tensors that the stock model class does not know."""
+    from transformers.utils import logging as hf_logging
+
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(previous)
+
+
+def load_model(path_or_id: str | Path | None = None, model_class: Any = None, *, allow_pickle: bool = False,
+               **kwargs: Any) -> nn.Module:
+    """Load a plain or a retrofitted checkpoint (None = the packaged all-MiniLM-L6-v2).
+
+    model_class: a transformers auto/task class (default `AutoModel`), e.g. `AutoModelForSequenceClassification`;
+    extra `kwargs` go to its `from_pretrained`. A retrofitted checkpoint (config.json has a `posprobe` key) gets
+    its mechanism rebuilt and its mechanism weights loaded from the safetensors, so outputs match the saved model.
+    """
+    from posprobe.checkpoint import resolve_model
+
+    source = resolve_model(None if path_or_id is None else str(path_or_id), allow_pickle=allow_pickle,
+                           with_tokenizer=True)
+    if model_class is None:
+        from transformers import AutoModel
+
+        model_class = AutoModel
+    kwargs.setdefault("use_safetensors", source.weight_format == "safetensors")
+    spec = source.config.get(CONFIG_KEY)
+    if not spec:
+        return model_class.from_pretrained(str(source.path), **kwargs)
+    if source.weight_format != "safetensors":
+        raise PosprobeError(f"retrofitted checkpoint '{source.name}' has no safetensors weights",
+                            "re-save it with `posprobe retrofit` / save_retrofitted")
+    if spec.get("mechanism") not in REGISTRY:
+        raise PosprobeError(f"checkpoint '{source.name}' uses unknown mechanism {spec.get('mechanism')!r}",
+                            f"known: {', '.join(sorted(REGISTRY))}")
+    with _quiet_transformers():
+        model = model_class.from_pretrained(str(source.path), **kwargs)
+    _check_supported(model)
+    slots = _install(model, spec)
+    for module, slot in slots:
+        module.posprobe_mechanisms[slot].reset("zero")
+    _load_mechanism_weights(model, source.path)
+    setattr(model.config, CONFIG_KEY, dict(spec))
+    return model
+
+
+def _load_mechanism_weights(model: nn.Module, folder: Path) -> None:
+    from safetensors import safe_open
+
+    prefix = getattr(model, "base_model_prefix", "")
+
+    def strip(name: str) -> str:
+        return name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
+
+    wanted = {strip(n): p for n, p in model.named_parameters() if ".posprobe_mechanisms." in f".{n}"}
+    found: set[str] = set()
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in handle.keys():
+                name = strip(key)
+                if name in wanted:
+                    param = wanted[name]
+                    tensor = handle.get_tensor(key)
+                    if tuple(tensor.shape) != tuple(param.shape):
+                        raise PosprobeError(f"mechanism tensor '{key}' has shape {tuple(tensor.shape)}, "
+                                            f"expected {tuple(param.shape)}", "the checkpoint does not match its config")
+                    with torch.no_grad():
+                        param.copy_(tensor)
+                    found.add(name)
+    missing = sorted(set(wanted) - found)
+    if missing:
+        raise PosprobeError(f"retrofitted checkpoint in '{folder}' lacks {len(missing)} mechanism tensors "
+                            f"(e.g. '{missing[0]}')", "the weights file is incomplete; re-run `posprobe retrofit`")
+
