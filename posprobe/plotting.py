@@ -9,10 +9,12 @@ time low for 512 x 512 (or larger) matrices; numbers printed by posprobe always 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 PANEL_PIXELS = 300  # display resolution of one grid panel; larger matrices are block-averaged to about this
+FIGURE_DPI = 110  # the resolution posprobe.outputs.save_figure writes raster figures at
 
 
 def _figure(width: float, height: float):
@@ -73,23 +75,82 @@ def heatmap(result):
     return fig
 
 
-def fhat_grid(result):
-    """One F_hat_P image per head of a layer (paper Fig. 8), R^2 in each title."""
+@dataclass(frozen=True)
+class Mosaic:
+    """A grid of coloured matrix panels as one RGBA image, with a title and one label per panel.
+
+    `pixels` (height, width, 4) uint8; `labels` are (x, y, text) with (x, y) the pixel position of the
+    bottom centre of the text. Rendered to PNG by Pillow (fast: no axes, no resampling) or, for vector
+    formats, into a matplotlib Figure pixel for pixel.
+    """
+
+    pixels: np.ndarray
+    title: str
+    labels: tuple[tuple[float, float, str], ...]
+
+
+def fhat_grid(result) -> Mosaic:
+    """One F_hat_P image per head of a layer (paper Fig. 8), R^2 in each label; each head keeps its own
+    robust colour scale. A dozen matplotlib axes would cost more to build and draw than the analysis."""
+    from matplotlib import colormaps
+    from matplotlib.colors import Normalize
+
     rows, cols = _grid(result.n_heads)
-    fig = _figure(2.6 * cols, 2.55 * rows + 0.5)
-    axes = fig.subplots(rows, cols, squeeze=False,
-                        gridspec_kw=dict(left=0.01, right=0.99, bottom=0.01, top=1 - 0.55 / fig.get_figheight(),
-                                         wspace=0.06, hspace=0.3))
-    for h, ax in enumerate(axes.flat):
-        if h >= result.n_heads:
-            ax.axis("off")
-            continue
-        _matrix_panel(fig, ax, result.matrices[h], "viridis")
-        ax.set_title(f"head {h}: R² = {result.toeplitz_r2[h]:.3f}", fontsize=8)
-        ax.set_xticks([]), ax.set_yticks([])
-    fig.suptitle(f"{result.model}: F̂_P, layer {result.layer}, {result.mode} mode (row i = query, column j = key)",
-                 fontsize=10)
+    cmap = colormaps["viridis"]
+    tiles = []
+    for h in range(result.n_heads):
+        lo, hi = _robust_limits(result.matrices[h])
+        tiles.append(cmap(Normalize(lo, hi)(_pool(result.matrices[h]).astype(np.float32)), bytes=True))
+    size = tiles[0].shape[0]
+    gap, top, header = 16, 22, 40  # pixels: between panels, above each panel (its label), above the grid
+    pixels = np.full((rows * (size + top) + gap + header, cols * (size + gap) + gap, 4), 255, dtype=np.uint8)
+    labels = []
+    for h, tile in enumerate(tiles):
+        r, c = divmod(h, cols)
+        y, x = header + r * (size + top) + top, c * (size + gap) + gap
+        pixels[y:y + size, x:x + size] = tile
+        labels.append((x + size / 2, y - 4, f"head {h}: R² = {result.toeplitz_r2[h]:.3f}"))
+    title = f"{result.model}: F̂_P, layer {result.layer}, {result.mode} mode (row i = query, column j = key)"
+    return Mosaic(pixels, title, tuple(labels))
+
+
+def render_mosaic_png(mosaic: Mosaic, path) -> None:
+    """PNG through Pillow, with matplotlib's DejaVu Sans for the text (Pillow's own font if absent)."""
+    from PIL import Image, ImageDraw
+
+    image = Image.fromarray(mosaic.pixels, "RGBA")
+    draw = ImageDraw.Draw(image)
+    small, large = _font(11), _font(14)
+    for x, y, text in mosaic.labels:
+        draw.text((x, y), text, fill=(0, 0, 0, 255), font=small, anchor="mb")
+    draw.text((mosaic.pixels.shape[1] / 2, 10), mosaic.title, fill=(0, 0, 0, 255), font=large, anchor="mt")
+    image.convert("RGB").save(path, format="PNG", compress_level=3)
+
+
+def mosaic_figure(mosaic: Mosaic, dpi: int = FIGURE_DPI):
+    """The mosaic as a matplotlib Figure (for PDF/SVG), one image pixel per output pixel at `dpi`."""
+    height, width = mosaic.pixels.shape[:2]
+    fig = _figure(width / dpi, height / dpi)
+    fig.set_dpi(dpi)
+    fig.figimage(mosaic.pixels, xo=0, yo=0, origin="upper")
+    for x, y, text in mosaic.labels:
+        fig.text(x / width, 1 - y / height, text, ha="center", va="bottom", fontsize=8)
+    fig.suptitle(mosaic.title, fontsize=10, y=1 - 10 / height, va="top")
     return fig
+
+
+def _font(size: int):
+    import importlib.util
+    from pathlib import Path
+
+    from PIL import ImageFont
+
+    spec = importlib.util.find_spec("matplotlib")
+    if spec and spec.submodule_search_locations:
+        ttf = Path(list(spec.submodule_search_locations)[0]) / "mpl-data" / "fonts" / "ttf" / "DejaVuSans.ttf"
+        if ttf.is_file():
+            return ImageFont.truetype(str(ttf), size)
+    return ImageFont.load_default(size)
 
 
 def profile_grid(result, layer_index: int = 0):

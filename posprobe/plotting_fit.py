@@ -19,12 +19,8 @@ def tisa_fit_grid(offsets: np.ndarray, profiles: np.ndarray, a: np.ndarray, b: n
     of the plotted range k = -W..W. With `shared_layers` (ALBERT) only the first row is drawn, since
     every depth has the same fit. Returns a matplotlib Figure.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from posprobe.analysis.tisa_fit import tisa_function
+    from posprobe.plotting import _figure
 
     offsets = np.asarray(offsets)
     profiles = np.asarray(profiles, dtype=np.float64)
@@ -33,8 +29,9 @@ def tisa_fit_grid(offsets: np.ndarray, profiles: np.ndarray, a: np.ndarray, b: n
     keep = np.abs(offsets) <= window
     k = offsets[keep]
     fine = np.linspace(-window, window, 20 * window + 1)
-    fig, axes = plt.subplots(n_rows, n_heads, figsize=(1.9 * n_heads, 1.7 * n_rows + 0.6), squeeze=False,
-                             sharex=True)
+    height = 1.7 * n_rows + 0.8
+    fig = _figure(1.9 * n_heads, height)
+    axes = fig.subplots(n_rows, n_heads, squeeze=False, sharex=True)
     for row in range(n_rows):
         curves = tisa_function(fine, a[row], b[row], c[row]) + offset[row][:, None]  # (H, F)
         for h in range(n_heads):
@@ -48,8 +45,8 @@ def tisa_fit_grid(offsets: np.ndarray, profiles: np.ndarray, a: np.ndarray, b: n
                 ax.set_xlabel("k = j − i", fontsize=7)
     axes[0, 0].legend(fontsize=6, loc="best", frameon=False)
     note = " (one shared layer, replicated at every depth)" if shared_layers else ""
-    fig.suptitle((title or "TISA fit") + note, fontsize=9)
+    fig.suptitle((title or "TISA fit") + note, fontsize=9, y=1 - 0.08 / height, va="top")
     # fixed margins: tight_layout costs seconds on a 12 x 12 grid
-    fig.subplots_adjust(left=0.04, right=0.99, bottom=0.3 / (1.7 * n_rows + 0.6) + 0.03,
-                        top=1 - 0.45 / (1.7 * n_rows + 0.6), wspace=0.35, hspace=0.45)
+    fig.subplots_adjust(left=0.04, right=0.99, bottom=0.3 / height + 0.03,
+                        top=1 - 0.7 / height, wspace=0.35, hspace=0.45)
     return fig

@@ -43,14 +43,17 @@ def test_toeplitz_human_output(tiny_checkpoints, tmp_path):
     assert "Toeplitz R²" in result.output and (tmp_path / "P_cosine.png").is_file()
 
 
-@pytest.mark.parametrize("mode", ["paper", "faithful"])
-def test_fhat_json_contract(tiny_checkpoints, tmp_path, mode):
+@pytest.mark.parametrize("mode, fmt", [("paper", "png"), ("faithful", "svg"), ("paper", "pdf")])
+def test_fhat_json_contract(tiny_checkpoints, tmp_path, mode, fmt):
     record = run_json(["fhat", str(tiny_checkpoints["albert"]), "--layer", "1", "--mode", mode,
-                       "--out", str(tmp_path), "--json"])
+                       "--out", str(tmp_path), "--json", "--format", fmt])
     assert record["layer"] == 1 and record["mode"] == mode and record["weights_layer"] == 0
     assert [h["head"] for h in record["heads"]] == [0, 1, 2, 3]
     assert all(0 <= h["toeplitz_r2"] <= 1 for h in record["heads"])
-    assert (tmp_path / f"fhat_layer1_{mode}.png").is_file()
+    figure = tmp_path / f"fhat_layer1_{mode}.{fmt}"
+    assert figure.is_file() and record["figure"] == str(figure)
+    magic = {"png": b"\x89PNG", "svg": b"<?xml", "pdf": b"%PDF"}[fmt]
+    assert figure.read_bytes().startswith(magic)
 
 
 def test_profiles_npz_round_trip(tiny_checkpoints, tmp_path):

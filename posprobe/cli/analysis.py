@@ -81,14 +81,14 @@ def fhat(
 ) -> None:
     """F̂_P, the average positional contribution to every head's attention scores, and its Toeplitz R²."""
     from posprobe import plotting
-    from posprobe.outputs import save_figure, write_json
+    from posprobe.outputs import save_mosaic, write_json
     from posprobe.pipelines.analysis import fhat_analysis
 
     source = _resolve(model, allow_pickle)
     out_dir = _out_dir(out, "fhat", source.name)
     result = fhat_analysis(None, layer, mode.value, source=source)
     stem = f"fhat_layer{layer}_{mode.value}"
-    figure = save_figure(plotting.fhat_grid(result), out_dir / f"{stem}.{fmt.value}")
+    figure = save_mosaic(plotting.fhat_grid(result), out_dir / f"{stem}.{fmt.value}")
     record = result.to_json() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
     write_json(out_dir / f"{stem}.json", record)
     if json_out:
