@@ -184,3 +184,16 @@ def test_reader_lists_and_finds_suffixes(tiny_checkpoints):
     reader = WeightReader(tiny_checkpoints["electra"])
     assert reader.find_suffix("embeddings.position_embeddings.weight") == "electra.embeddings.position_embeddings.weight"
     assert reader.find_suffix("nothing.like.this") is None
+
+
+def test_profiles_refuse_missing_layers_even_when_shared(tiny_checkpoints):
+    from posprobe.pipelines.analysis import compute_profiles
+
+    with pytest.raises(PosprobeError, match="layer 99"):
+        compute_profiles(str(tiny_checkpoints["albert"]), layers=[0, 99])
+
+
+def test_albert_with_several_layer_groups_is_refused(tmp_path):
+    build_tiny("albert", num_hidden_groups=2).save_pretrained(tmp_path)
+    with pytest.raises(PosprobeError, match="layer groups"):
+        fhat_analysis(str(tmp_path))

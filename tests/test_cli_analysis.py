@@ -141,3 +141,11 @@ def test_toeplitz_does_not_import_torch(tiny_checkpoints, tmp_path):
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code, str(tiny_checkpoints["bert"]), str(tmp_path)], check=True,
                    capture_output=True)
+
+
+@pytest.mark.parametrize("args, words", [(["compare"], "Missing argument"), (["fhat", "--layer", "abc"], "--layer"),
+                                         (["no-such-command"], "No such command"),
+                                         (["toeplitz", "--format", "jpg"], "--format")])
+def test_usage_errors_exit_2_without_internal_error(args, words, capsys):
+    code, captured = run_main(args, capsys)
+    assert code == 2 and words in captured.err and "internal error" not in captured.err

@@ -15,15 +15,6 @@ from posprobe.pipelines.fitting import ProfileSet, fit_tisa, load_tisa_kernels
 
 runner = CliRunner()
 
-try:
-    import posprobe.pipelines.analysis  # noqa: F401
-
-    HAVE_ANALYSIS = True
-except ImportError:  # pragma: no cover - only while the analysis pipeline is being written
-    HAVE_ANALYSIS = False
-needs_analysis = pytest.mark.skipif(not HAVE_ANALYSIS, reason="posprobe.pipelines.analysis not available")
-
-
 def run_json(args):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -139,7 +130,6 @@ def test_pipeline_bad_input(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------- CLI
-@needs_analysis
 def test_fit_tisa_cli_json_contract(tiny_checkpoints, tmp_path):
     folder = str(tiny_checkpoints["bert"])
     record = run_json(["fit-tisa", folder, "--kernels", "3", "--window", "10", "--out", str(tmp_path), "--json"])
@@ -155,7 +145,6 @@ def test_fit_tisa_cli_json_contract(tiny_checkpoints, tmp_path):
     assert (tmp_path / "tisa_fit_S3.png").is_file()
 
 
-@needs_analysis
 def test_fit_tisa_cli_sweep_albert_and_human_output(tiny_checkpoints, tmp_path):
     record = run_json(["fit-tisa", str(tiny_checkpoints["albert"]), "--kernels", "1,2", "--layers", "0,1",
                        "--mode", "faithful", "--out", str(tmp_path), "--json"])
@@ -171,7 +160,6 @@ def test_fit_tisa_cli_sweep_albert_and_human_output(tiny_checkpoints, tmp_path):
     assert "sweep" in result.output and (tmp_path / "human" / "tisa_kernels_S2.safetensors").is_file()
 
 
-@needs_analysis
 @pytest.mark.parametrize("args,fragment", [
     (["--kernels", "0"], "kernels"),
     (["--kernels", "x"], "kernels"),

@@ -92,3 +92,21 @@ def test_cli_import_stays_light():
             "print(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_retrofit_keeps_the_task_head(tmp_path):
+    """A fine-tuned classifier keeps its head: the saved class comes from config.json `architectures`."""
+    import transformers as tf
+
+    from conftest import TINY
+
+    torch.manual_seed(0)
+    classifier = tf.BertForSequenceClassification(tf.BertConfig(**TINY, num_labels=3)).eval()
+    classifier.save_pretrained(tmp_path / "clf")
+    result = CliRunner().invoke(app, ["retrofit", str(tmp_path / "clf"), "-m", "composite",
+                                      "--out", str(tmp_path / "out"), "--json"])
+    assert result.exit_code == 0, result.output
+    again = load_model(tmp_path / "out", tf.AutoModelForSequenceClassification).eval()
+    ids = torch.randint(0, 99, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=ids).logits, classifier(input_ids=ids).logits)

@@ -159,6 +159,9 @@ def family_of(source: ModelSource) -> Family:
     if model_type not in _FAMILIES:
         raise PosprobeError(f"'{source.name}' has unsupported architecture '{model_type}'",
                             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if model_type == "albert" and int(cfg.get("num_hidden_groups", 1)) != 1:
+        raise PosprobeError(f"'{source.name}' is an ALBERT with {cfg.get('num_hidden_groups')} layer groups",
+                            "posprobe analyses ALBERT checkpoints with one shared layer group (all released ones)")
     pos_type = cfg.get("position_embedding_type", "absolute")
     if pos_type not in (None, "absolute"):
         raise PosprobeError(f"'{source.name}' uses position_embedding_type='{pos_type}', not a learned absolute table",

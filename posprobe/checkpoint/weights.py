@@ -73,6 +73,9 @@ class WeightReader:
         import torch
 
         file = self.folder / "pytorch_model.bin"
+        if not file.is_file():
+            raise PosprobeError(f"'{self.folder}' holds sharded pickle weights, which posprobe does not read",
+                                "convert the checkpoint to safetensors (load it and `save_pretrained` it)")
         try:
             state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
         except Exception as err:

@@ -46,17 +46,21 @@ def main(argv: list[str] | None = None) -> None:
         _fail("interrupted", 130)
     except SystemExit:
         raise
-    except Exception as err:  # click usage errors and genuine bugs
-        import click
-
-        if isinstance(err, click.exceptions.ClickException):
+    except Exception as err:  # usage errors (typer's bundled click) and genuine bugs
+        if _is_usage_error(err):
             err.show()
-            sys.exit(err.exit_code)
+            sys.exit(2)
         if os.environ.get("POSPROBE_DEBUG"):
             raise
         _fail(f"internal error: {type(err).__name__}: {err} (set POSPROBE_DEBUG=1 for a traceback)", 1)
     else:
         return
+
+
+def _is_usage_error(err: Exception) -> bool:
+    """A click-style usage error (missing argument, bad value, unknown command): it knows how to show
+    itself. typer bundles its own click, so match the interface rather than one class."""
+    return callable(getattr(err, "show", None)) and isinstance(getattr(err, "exit_code", None), int)
 
 
 def _fail(message: str, code: int) -> None:

@@ -125,12 +125,13 @@ def params(
     model: ModelArg = None,
     radius: Annotated[int, typer.Option("--radius", help="Clip radius r of the convolutions (kernel 2r+1).")] = 8,
     json_out: JsonOpt = False,
+    allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """Positional parameter counts of MODEL's architecture (paper Table 2 style), from its config."""
     from posprobe.analysis.params import positional_parameter_counts
     from posprobe.checkpoint import resolve_model
 
-    source = resolve_model(model)
+    source = resolve_model(model, allow_pickle=allow_pickle)
     counts = positional_parameter_counts(source.config, radius=radius)
     if json_out:
         emit_json({"model": source.name, **counts.to_json()})

@@ -105,7 +105,7 @@ def retrofit_command(
 
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
     with console.status(f"loading {source.name}"):
-        net = load_model(source.path, allow_pickle=allow_pickle)
+        net = load_model(source.path, _saved_class(source.config), allow_pickle=allow_pickle)
     retrofit(net, mechanism, radius=radius, kernels=kernels, init=init,
              drop_position_embeddings=drop_position_embeddings, seed=seed)
     count = added_parameters(net)
@@ -123,3 +123,13 @@ def retrofit_command(
 
 def register(app: typer.Typer) -> None:
     app.command("retrofit")(retrofit_command)
+
+
+def _saved_class(config: dict):
+    """The transformers class the checkpoint was saved from (config.json `architectures`), so that a task
+    head (e.g. a fine-tuned classifier) is kept; None (= AutoModel) when it names no transformers class."""
+    import transformers
+
+    names = config.get("architectures") or []
+    cls = getattr(transformers, str(names[0]), None) if names else None
+    return cls if isinstance(cls, type) and hasattr(cls, "from_pretrained") else None

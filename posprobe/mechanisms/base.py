@@ -172,7 +172,7 @@ def get_mechanism(name: str) -> type[PositionalMechanism]:
 
 
 # -- shared index helpers (cached by size; tiny long tensors, never B x H x n x n) -----------------------
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=8)
 def _offset_index(n_q: int, n_k: int, device_str: str) -> torch.Tensor:
     device = torch.device(device_str)
     return torch.arange(n_k, device=device)[None, :] - torch.arange(n_q, device=device)[:, None]
@@ -183,7 +183,7 @@ def offsets(n_q: int, n_k: int, device: torch.device) -> torch.Tensor:
     return _offset_index(n_q, n_k, str(device))
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=8)
 def _clipped(n_q: int, n_k: int, radius: int, device_str: str) -> torch.Tensor:
     return _offset_index(n_q, n_k, device_str).clamp(-radius, radius) + radius
 
@@ -206,7 +206,7 @@ def offset_range(n_q: int, n_k: int, device: torch.device) -> torch.Tensor:
     return _offset_range(n_q, n_k, str(device))
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=8)
 def _offset_range(n_q: int, n_k: int, device_str: str) -> torch.Tensor:
     return torch.arange(-(n_q - 1), n_k, device=torch.device(device_str))
 

@@ -178,7 +178,11 @@ def compute_profiles(model: str | None, layers: list[int] | None = None, mode: s
     source = source or resolve_model(model, allow_pickle=allow_pickle)
     computer = _FhatComputer(source, mode)
     shape = computer.shape
-    layers = list(range(shape.n_layers)) if layers is None else list(layers)
+    layers = list(range(shape.n_layers)) if layers is None else list(dict.fromkeys(layers))
+    for layer in layers:
+        if not 0 <= layer < shape.n_layers:
+            raise PosprobeError(f"layer {layer} does not exist; '{source.name}' has layers 0..{shape.n_layers - 1}",
+                                "pick layers with --layers")
     n = computer.embeddings.positions.n_positions
     if not 1 <= window <= n - 1:
         raise PosprobeError(f"window {window} does not fit {n} positions", f"use --window between 1 and {n - 1}")
