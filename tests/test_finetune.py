@@ -182,22 +182,8 @@ def test_mnli_reports_matched_and_mismatched(tiny_model, tmp_path):
 # kill and resume
 
 
-def _mechanisms_for_resume() -> list[str]:
-    names = ["none"]
-    try:
-        from posprobe.mechanisms import REGISTRY
-
-        import posprobe.retrofit  # noqa: F401
-
-        if "tisa" in REGISTRY:
-            names.append("tisa")
-    except Exception:
-        pass
-    return names
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("mechanism", _mechanisms_for_resume())
+@pytest.mark.parametrize("mechanism", ["none", "tisa"])
 def test_resume_after_kill_matches_uninterrupted(tiny_model, sst2_dir, tmp_path, mechanism):
     """Kill training after step 5 (last checkpoint: step 4), resume, and land on the same weights and metrics."""
     from transformers import TrainerCallback
@@ -270,16 +256,46 @@ def test_cli_bad_task_lists_valid_names(capsys):
     assert "unknown GLUE task 'colaa'" in stderr and "sst2" in stderr and "wnli" in stderr
 
 
-def test_unknown_mechanism_and_fit_without_file(tiny_model, sst2_dir, tmp_path):
+def test_unknown_mechanism_and_bad_init(tiny_model, sst2_dir, tmp_path):
     from posprobe.glue.train import finetune
 
-    if "tisa" in _mechanisms_for_resume():
-        with pytest.raises(PosprobeError, match="unknown mechanism 'nope'"):
-            finetune(_config(tiny_model, sst2_dir, tmp_path / "a", mechanism="nope"))
-    with pytest.raises(PosprobeError, match="--init fit needs a kernels file"):
-        finetune(_config(tiny_model, sst2_dir, tmp_path / "b", mechanism="tisa", init="fit"))
+    with pytest.raises(PosprobeError, match="unknown mechanism 'nope'"):
+        finetune(_config(tiny_model, sst2_dir, tmp_path / "a", mechanism="nope"))
+    with pytest.raises(PosprobeError, match="applies to --mechanism tisa only"):
+        finetune(_config(tiny_model, sst2_dir, tmp_path / "b", mechanism="composite", init="fit"))
+    for option in (dict(drop_position_embeddings=True), dict(init="random")):
+        with pytest.raises(PosprobeError, match="need a positional mechanism"):
+            finetune(_config(tiny_model, sst2_dir, tmp_path / "n", **option))
     with pytest.raises(PosprobeError, match="does not exist"):
         finetune(_config(tiny_model, sst2_dir, tmp_path / "c", mechanism="tisa", init=f"fit:{tmp_path}/none.st"))
+
+
+def test_init_fit_fits_the_models_own_profiles(tiny_model, sst2_dir, tmp_path):
+    """`--init fit` is the TISA paper's initialisation: kernels regressed onto the model's F̂_P profiles."""
+    from posprobe.glue.train import finetune
+    from posprobe.pipelines.fitting import load_tisa_kernels
+    from posprobe.retrofit import load_model
+
+    result = finetune(_config(tiny_model, sst2_dir, tmp_path / "fit", mechanism="tisa", init="fit", kernels=2,
+                              epochs=1))
+    a, b, c, meta = load_tisa_kernels(tmp_path / "fit" / "fit-tisa" / "tisa_kernels_S2.safetensors")
+    assert a.shape == (2, 4, 2) and meta["model"] == str(tiny_model)
+    assert result["mechanism"] == "tisa" and 0.0 <= result["metrics"][0]["accuracy"] <= 1.0
+    model = load_model(tmp_path / "fit" / "seed-0" / "model")
+    assert model.config.posprobe["mechanism"] == "tisa"
+
+
+def test_finetuning_a_retrofitted_checkpoint_keeps_its_mechanism(tiny_model, sst2_dir, tmp_path):
+    from posprobe.glue.train import finetune
+    from posprobe.retrofit import load_model, retrofit, save_retrofitted
+
+    save_retrofitted(retrofit(load_model(tiny_model), "composite", init="random"), tmp_path / "retro")
+    result = finetune(_config(tmp_path / "retro", sst2_dir, tmp_path / "run", epochs=1))
+    assert result["mechanism"] == "composite"
+    tuned = load_model(tmp_path / "run" / "seed-0" / "model")
+    assert tuned.config.posprobe["mechanism"] == "composite"
+    with pytest.raises(PosprobeError, match="already retrofitted"):
+        finetune(_config(tmp_path / "retro", sst2_dir, tmp_path / "again", mechanism="tisa"))
 
 
 def test_mechanism_without_retrofit_module(tiny_model, sst2_dir, tmp_path, monkeypatch):
@@ -313,3 +329,4 @@ def test_seed_list_and_aggregate():
     assert agg["stderr"]["f1"] == pytest.approx(0.2 / math.sqrt(3))
     one = aggregate([{"pearson": None}, {"pearson": 0.5}])
     assert one["mean"]["pearson"] == 0.5 and one["stderr"]["pearson"] is None
+    assert one["n"]["pearson"] == 1 and agg["n"]["f1"] == 3

@@ -44,7 +44,8 @@ def finetune_command(
                                                                  "packaged all-MiniLM-L6-v2.")] = None,
     mechanism: Annotated[str, typer.Option("--mechanism", help=_mechanism_help())] = "none",
     kernels: Annotated[int, typer.Option("--kernels", help="TISA kernels per head (S).")] = 5,
-    init: Annotated[str, typer.Option("--init", help="Init of new positional parameters: zero, random, or "
+    init: Annotated[str, typer.Option("--init", help="Init of new positional parameters: zero, random, fit "
+                                                     "(TISA: kernels fitted to the model's own profiles), or "
                                                      "fit:PATH (kernels file from `posprobe fit-tisa`).")] = "zero",
     drop_position_embeddings: Annotated[bool, typer.Option("--drop-position-embeddings",
                                                            help="Replace absolute position embeddings by their "

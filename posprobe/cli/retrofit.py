@@ -29,7 +29,7 @@ RetrofitOutOpt = Annotated[Path, typer.Option("--out", help="Folder to write (mu
                                               show_default=False)]
 RadiusOpt = Annotated[int, typer.Option("--radius", help="Clip radius r (kernel size 2r+1).")]
 KernelsOpt = Annotated[int, typer.Option("--kernels", help="TISA: number of Gaussian kernels S per head.")]
-InitOpt = Annotated[str, typer.Option("--init", help="zero (outputs unchanged), random, or fit:FILE (TISA kernels).")]
+InitOpt = Annotated[str, typer.Option("--init", help="zero (outputs unchanged), random, fit (TISA: fit kernels to this model's profiles), or fit:FILE.")]
 DropOpt = Annotated[bool, typer.Option("--drop-position-embeddings",
                                        help="Replace every position embedding by their average (TISA replace mode).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for --init random.")]
@@ -106,8 +106,14 @@ def retrofit_command(
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
     with console.status(f"loading {source.name}"):
         net = load_model(source.path, _saved_class(source.config), allow_pickle=allow_pickle)
-    retrofit(net, mechanism, radius=radius, kernels=kernels, init=init,
-             drop_position_embeddings=drop_position_embeddings, seed=seed)
+    with tempfile.TemporaryDirectory(prefix="posprobe-fit-") as tmp:
+        if init == "fit":  # the TISA paper's initialisation: kernels fitted to this model's own profiles
+            from posprobe.pipelines.fitting import fit_kernels_file
+
+            with console.status(f"fitting TISA kernels to {source.name}"):
+                init = f"fit:{fit_kernels_file(str(source.path), kernels, tmp, allow_pickle)}"
+        retrofit(net, mechanism, radius=radius, kernels=kernels, init=init,
+                 drop_position_embeddings=drop_position_embeddings, seed=seed)
     count = added_parameters(net)
     with console.status(f"writing {out}"):
         _write_atomically(net, source.path, out)

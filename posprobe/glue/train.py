@@ -41,7 +41,7 @@ RUN_FILE = "run.json"
 # settings that must match when a run is resumed (others, e.g. the seed list, may change)
 _RESUME_KEYS = ("task", "model", "mechanism", "kernels", "init", "drop_position_embeddings", "radius",
                 "epochs", "lr", "batch_size", "max_length", "max_train_samples", "max_steps", "warmup",
-                "weight_decay")
+                "weight_decay", "data_dir", "max_eval_samples")
 
 
 @dataclass
@@ -70,9 +70,16 @@ class FinetuneConfig:
     weight_decay: float = 0.01
     max_steps: int = -1  # > 0 overrides epochs (mostly for tests and smoke runs)
     save_steps: int | None = None  # None: a checkpoint at the end of every epoch
+    source_mechanism: str | None = None  # set when --model is a checkpoint written by `posprobe retrofit`
+    fitted_kernels: str | None = None  # the kernels file `--init fit` fitted for this run
     eval_batch_size: int = 64
     keep_checkpoints: bool = False
     progress: bool = True
+
+    @property
+    def installed_mechanism(self) -> str:
+        """The mechanism the fine-tuned model carries: the one retrofitted now, or the checkpoint's own."""
+        return self.mechanism if self.mechanism != "none" else (self.source_mechanism or "none")
 
     def settings(self) -> dict[str, Any]:
         """JSON-ready settings (for run.json and results.json)."""
@@ -111,11 +118,13 @@ def seed_list(seeds: int | None = None, seed: int | None = None) -> list[int]:
 
 
 def aggregate(per_seed: Sequence[dict[str, float]]) -> dict[str, dict[str, float | None]]:
-    """Median, mean and standard error (sample s.d. / sqrt(n); None for one seed) of every metric."""
+    """Median, mean and standard error (sample s.d. / sqrt(n); None for one seed) of every metric, over the
+    seeds where it is defined; `n` counts those seeds."""
     names = list(per_seed[0]) if per_seed else []
-    out: dict[str, dict[str, float | None]] = {"median": {}, "mean": {}, "stderr": {}}
+    out: dict[str, dict[str, float | None]] = {"median": {}, "mean": {}, "stderr": {}, "n": {}}
     for name in names:
         values = [float(m[name]) for m in per_seed if m.get(name) is not None and not _isnan(m[name])]
+        out["n"][name] = len(values)  # seeds whose metric was defined (a constant prediction has no correlation)
         if not values:
             out["median"][name] = out["mean"][name] = out["stderr"][name] = None
             continue
@@ -137,12 +146,18 @@ def _clean(metrics: dict[str, float]) -> dict[str, float | None]:
 
 def _check_mechanism(config: FinetuneConfig) -> None:
     """Validate mechanism-specific options before any expensive work."""
+    if config.save_steps is not None and config.save_steps < 1:
+        raise PosprobeError(f"--save-steps {config.save_steps} must be at least 1", "pass e.g. --save-steps 500")
     if config.mechanism == "none":
+        if config.drop_position_embeddings or config.init != "zero":
+            raise PosprobeError("--drop-position-embeddings and --init need a positional mechanism",
+                                "pass --mechanism tisa (or another one); with --mechanism none they would be ignored")
         return
+    if config.init.startswith("fit") and config.mechanism != "tisa":
+        raise PosprobeError(f"--init {config.init} applies to --mechanism tisa only", "use --init zero or random")
     if config.init == "fit":
-        raise PosprobeError("--init fit needs a kernels file",
-                            "run `posprobe fit-tisa` first and pass --init fit:PATH with the file it wrote")
-    if config.init.startswith("fit:"):
+        pass  # kernels are fitted to the model's own profiles once the model is resolved
+    elif config.init.startswith("fit:"):
         path = Path(config.init[4:]).expanduser()
         if not path.is_file():
             raise PosprobeError(f"TISA kernels file '{path}' does not exist",
@@ -221,17 +236,21 @@ def _label_kwargs(task: GlueTask) -> dict[str, Any]:
 
 
 def build_model(config: FinetuneConfig, task: GlueTask, model_path: Path, weight_format: str, seed: int):
-    """The model to fine-tune: a plain classifier (`none`) or one retrofitted with `config.mechanism`."""
+    """The model to fine-tune: a plain classifier (`none`), one retrofitted now with `config.mechanism`, or a
+    checkpoint retrofitted earlier (`posprobe retrofit`), whose mechanism is re-installed on loading."""
     from transformers import AutoModelForSequenceClassification
 
-    kwargs = _label_kwargs(task)
-    if config.mechanism == "none":
+    kwargs = {**_label_kwargs(task), "ignore_mismatched_sizes": True}
+    if config.mechanism == "none" and not config.source_mechanism:
         return AutoModelForSequenceClassification.from_pretrained(
-            str(model_path), trust_remote_code=False, use_safetensors=weight_format == "safetensors",
-            ignore_mismatched_sizes=True, **kwargs)
-    api = _retrofit_module(config.mechanism)
-    model = api.load_model(str(model_path), model_class=AutoModelForSequenceClassification, **kwargs)
-    return api.retrofit(model, config.mechanism, radius=config.radius, kernels=config.kernels, init=config.init,
+            str(model_path), trust_remote_code=False, use_safetensors=weight_format == "safetensors", **kwargs)
+    api = _retrofit_module(config.mechanism if config.mechanism != "none" else config.source_mechanism)
+    model = api.load_model(str(model_path), model_class=AutoModelForSequenceClassification,
+                           allow_pickle=config.allow_pickle, **kwargs)
+    if config.source_mechanism:  # already retrofitted: its mechanism came back with it
+        return model
+    init = f"fit:{config.fitted_kernels}" if config.init == "fit" else config.init
+    return api.retrofit(model, config.mechanism, radius=config.radius, kernels=config.kernels, init=init,
                         drop_position_embeddings=config.drop_position_embeddings, seed=seed)
 
 
@@ -308,8 +327,19 @@ def finetune(config: FinetuneConfig, *, callbacks: list | None = None,
         raise PosprobeError(f"--lr {config.lr} must be positive", "pass e.g. --lr 2e-5")
     _check_mechanism(config)
     source = resolve_model(config.model, allow_pickle=config.allow_pickle, with_tokenizer=True)
+    retrofitted = (source.config.get("posprobe") or {}).get("mechanism")
+    if retrofitted and config.mechanism != "none":
+        raise PosprobeError(f"'{source.name}' is already retrofitted with '{retrofitted}'",
+                            "fine-tune it with --mechanism none (its mechanism is kept), or start from a plain model")
+    config.source_mechanism = retrofitted or None
     out = prepare_out_dir(config.out)
     _check_run_folder(config, out)
+    if config.mechanism == "tisa" and config.init == "fit":
+        from posprobe.pipelines.fitting import fit_kernels_file
+
+        say(f"fitting S={config.kernels} TISA kernels to the head profiles of {source.name}")
+        config.fitted_kernels = str(fit_kernels_file(str(source.path), config.kernels, out / "fit-tisa",
+                                                     config.allow_pickle))
     splits = load_glue(task, config.data_dir, max_train_samples=config.max_train_samples,
                        max_eval_samples=config.max_eval_samples)
     for split, data in splits.items():
@@ -332,7 +362,7 @@ def finetune(config: FinetuneConfig, *, callbacks: list | None = None,
 
     result: dict[str, Any] = {
         "task": task.name,
-        "mechanism": config.mechanism,
+        "mechanism": config.installed_mechanism,
         "model": source.name,
         "seeds": list(config.seeds),
         "metrics": per_seed,
@@ -382,8 +412,12 @@ def _run_seed(config: FinetuneConfig, task: GlueTask, source, tokenizer, train_s
     done_file = seed_dir / "metrics.json"
     if config.resume and done_file.is_file():
         say(f"seed {seed}: already finished, reusing {done_file}")
-        saved = json.loads(done_file.read_text())
-        return dict(saved["metrics"]), float(saved.get("seconds", 0.0))
+        try:
+            saved = json.loads(done_file.read_text())
+            return dict(saved["metrics"]), float(saved.get("seconds", 0.0))
+        except (ValueError, KeyError, TypeError) as err:
+            raise PosprobeError(f"'{done_file}' is damaged ({err})",
+                                f"delete {seed_dir} to rerun seed {seed}, or rerun without --resume") from err
     last = get_last_checkpoint(str(seed_dir)) if config.resume and seed_dir.is_dir() else None
     if config.resume:
         say(f"seed {seed}: resuming from {last}" if last else f"seed {seed}: no checkpoint yet, starting fresh")
@@ -402,7 +436,7 @@ def _run_seed(config: FinetuneConfig, task: GlueTask, source, tokenizer, train_s
     model_dir = seed_dir / "model"
     _save_model(trainer, config, model_dir)
     if is_main_process():
-        meta = {"task": task.name, "mechanism": config.mechanism, "seed": seed, "base_model": source.name,
+        meta = {"task": task.name, "mechanism": config.installed_mechanism, "seed": seed, "base_model": source.name,
                 "max_length": config.max_length, "metrics": metrics}
         write_json(model_dir / META_FILE, meta)
         write_json(done_file, {"seed": seed, "metrics": metrics, "seconds": elapsed})
@@ -413,13 +447,13 @@ def _run_seed(config: FinetuneConfig, task: GlueTask, source, tokenizer, train_s
 
 
 def _save_model(trainer, config: FinetuneConfig, model_dir: Path) -> None:
-    if config.mechanism == "none":
+    if config.installed_mechanism == "none":
         trainer.save_model(str(model_dir))  # rank-aware; also saves the tokenizer
         if is_main_process():  # the Trainer adds its pickled arguments; the model folder needs no pickle
             (model_dir / "training_args.bin").unlink(missing_ok=True)
         return
     if is_main_process():
-        api = _retrofit_module(config.mechanism)
+        api = _retrofit_module(config.installed_mechanism)
         api.save_retrofitted(trainer.model, str(model_dir))
         trainer.processing_class.save_pretrained(str(model_dir))
 
@@ -553,7 +587,13 @@ def results_markdown(result: dict[str, Any]) -> str:
     lines.append("| median | " + " | ".join(_fmt(result["median"].get(n)) for n in names) + " | |")
     lines.append("| mean ± s.e. | " + " | ".join(
         f"{_fmt(result['mean'].get(n))} ± {_fmt(result['stderr'].get(n))}" for n in names) + " | |")
+    lines.append("| seeds counted | " + " | ".join(str(_counted(result, n)) for n in names) + " | |")
     return "\n".join(lines) + "\n"
+
+
+def _counted(result: dict[str, Any], name: str) -> int:
+    """Seeds whose `name` was defined (an undefined correlation, from constant predictions, is left out)."""
+    return int(result.get("n", {}).get(name, len(result["metrics"])))
 
 
 def results_table(result: dict[str, Any]):
@@ -570,4 +610,5 @@ def results_table(result: dict[str, Any]):
     table.add_row("median", *(_fmt(result["median"].get(n)) for n in names), style="bold")
     table.add_row("mean ± s.e.", *(f"{_fmt(result['mean'].get(n))} ± {_fmt(result['stderr'].get(n))}"
                                    for n in names))
+    table.add_row("seeds counted", *(str(_counted(result, n)) for n in names))
     return table

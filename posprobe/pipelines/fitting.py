@@ -153,6 +153,13 @@ def fit_tisa(model: str | None, kernels: int | Sequence[int] = (5,), window: int
     return result
 
 
+def fit_kernels_file(model: str | None, kernels: int, out_dir: str | Path, allow_pickle: bool = False) -> Path:
+    """Fit S = `kernels` kernels to every head of `model` (paper mode, default window; the TISA paper's
+    initialisation) and return the kernels file written into `out_dir` — what `--init fit` uses."""
+    result = fit_tisa(model, kernels=[kernels], allow_pickle=allow_pickle, out_dir=out_dir)
+    return Path(result.fits[0].kernels_file)
+
+
 def load_profiles(model: str | None, layers: list[int] | None = None, mode: str = "paper",
                   allow_pickle: bool = False) -> ProfileSet:
     """Profiles from a checkpoint (via the analysis pipeline) or from a `posprobe profiles` .npz file."""
