@@ -1,7 +1,8 @@
 """GLUE benchmark: the packaged MiniLM fine-tuned on CoLA and SST-2 with no / TISA / composite positions.
 
 For every task, seed and mechanism (seed-major order, so a run cut short still has the same seeds for every
-mechanism) this fine-tunes with `posprobe.glue.train.finetune`, then writes `benchmarks/RESULTS_glue.md`
+mechanism) this fine-tunes with `posprobe.glue.train.finetune`, then writes a Markdown report (default
+`runs/bench_glue/RESULTS_glue.md`; its tables are copied into `benchmarks/RESULTS.md` by hand)
 with dev metrics per seed, median, mean ± s.e. and wall time per run. The Markdown is rewritten after
 every run, so partial results survive an interruption; re-running the same command resumes (finished
 seeds are reused, an interrupted one continues from its last checkpoint).
@@ -48,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--radius", type=int, default=8)
     p.add_argument("--tisa-init", choices=("fit", "zero"), default="fit")
     p.add_argument("--runs", type=Path, default=ROOT / "runs" / "bench_glue", help="run folders (git-ignored)")
-    p.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "RESULTS_glue.md")
+    p.add_argument("--results", type=Path, default=ROOT / "runs" / "bench_glue" / "RESULTS_glue.md")
     return p.parse_args(argv)
 
 
@@ -109,7 +110,8 @@ def write_report(args, command, started, notes, tisa_init, tasks, mechanisms, ru
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores "
              f"(shared with other jobs), torch {torch.__version__}, {torch.get_num_threads()} threads, no GPU.", "",
              "Settings: " + ", ".join([
-                 f"train examples {args.max_train_samples or 'all'} (fixed random subset)",
+                 (f"train examples {args.max_train_samples} (fixed random subset)" if args.max_train_samples
+                  else "train examples all"),
                  f"dev examples {args.max_eval_samples or 'all'}", f"epochs {args.epochs:g}",
                  f"lr {args.lr:g} (linear, 10% warm-up)", f"batch {args.batch_size}",
                  f"max length {args.max_length}", f"TISA S={args.kernels} init `{tisa_init.split(':')[0]}`, "
