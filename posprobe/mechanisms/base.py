@@ -154,6 +154,19 @@ class PositionalMechanism(nn.Module):
         return f"H={self.shape.num_heads}, d_h={self.shape.head_dim}, r={self.radius}"
 
 
+def reset_parameter(param: nn.Parameter, init: str, generator: torch.Generator | None, scale: float,
+                    start: torch.Tensor | None = None) -> None:
+    """Set `param` to its no-change value `start` (zeros when None; broadcast to the parameter) and, for
+    init "random", add N(0, scale^2) noise drawn from `generator`."""
+    with torch.no_grad():
+        if start is None:
+            param.zero_()
+        else:
+            param.copy_(start.expand_as(param))
+        if init == "random":
+            param.add_(scale * torch.randn(param.shape, generator=generator))
+
+
 REGISTRY: dict[str, type[PositionalMechanism]] = {}
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from posprobe.mechanisms._sequence import depthwise_along_sequence, dirac, naive_filter, zero_padding
-from posprobe.mechanisms.base import ROLES, LayerShape, PositionalMechanism, register
+from posprobe.mechanisms.base import LayerShape, PositionalMechanism, ROLES, register, reset_parameter
 
 
 @register
@@ -26,10 +26,7 @@ class ConvolutionAugmentedAttention(PositionalMechanism):
         self.filters = nn.Parameter(torch.zeros(3, shape.input_size, 2 * self.radius + 1))
 
     def reset(self, init: str = "zero", generator: torch.Generator | None = None) -> None:
-        with torch.no_grad():
-            self.filters.copy_(dirac(self.shape.input_size, self.radius).expand_as(self.filters))
-            if init == "random":
-                self.filters.add_(0.1 * torch.randn(self.filters.shape, generator=generator))
+        reset_parameter(self.filters, init, generator, 0.1, dirac(self.shape.input_size, self.radius))
 
     def transform_inputs(self, role: str, x: torch.Tensor, key_valid: torch.Tensor | None) -> torch.Tensor:
         return depthwise_along_sequence(zero_padding(x, key_valid), self.filters[ROLES.index(role)])

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posprobe.mechanisms._sequence import depthwise_along_sequence, dirac, naive_filter, zero_padding
-from posprobe.mechanisms.base import ROLES, LayerShape, PositionalMechanism, register
+from posprobe.mechanisms.base import LayerShape, PositionalMechanism, ROLES, register, reset_parameter
 
 
 @register
@@ -31,10 +31,7 @@ class ConvolutionalQKV(PositionalMechanism):
         self.pointwise_bias = nn.Parameter(torch.zeros(3, self.m))
 
     def reset(self, init: str = "zero", generator: torch.Generator | None = None) -> None:
-        with torch.no_grad():
-            self.depthwise.copy_(dirac(self.shape.input_size, self.radius).expand_as(self.depthwise))
-            if init == "random":
-                self.depthwise.add_(0.1 * torch.randn(self.depthwise.shape, generator=generator))
+        reset_parameter(self.depthwise, init, generator, 0.1, dirac(self.shape.input_size, self.radius))
 
     def attach(self, attention: nn.Module) -> None:
         if self.m == 0:

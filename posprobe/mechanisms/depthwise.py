@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posprobe.mechanisms._sequence import depthwise_channels_first
-from posprobe.mechanisms.base import LayerShape, PositionalMechanism, clip, register
+from posprobe.mechanisms.base import LayerShape, PositionalMechanism, clip, register, reset_parameter
 
 
 @register
@@ -27,10 +27,7 @@ class DepthwiseConvolution(PositionalMechanism):
         self.beta = nn.Parameter(torch.zeros(2 * self.radius + 1, shape.inner_size))
 
     def reset(self, init: str = "zero", generator: torch.Generator | None = None) -> None:
-        with torch.no_grad():
-            self.beta.zero_()
-            if init == "random":
-                self.beta.copy_(0.1 * torch.randn(self.beta.shape, generator=generator))
+        reset_parameter(self.beta, init, generator, 0.1)
 
     def output_term(self, value: torch.Tensor, key_valid: torch.Tensor | None) -> torch.Tensor:
         B, H, n, dh = value.shape

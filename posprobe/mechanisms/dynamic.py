@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from posprobe.mechanisms.base import (LayerShape, PositionalMechanism, clip, clipped_index, register,
-                                      relative_to_absolute)
+                                      relative_to_absolute, reset_parameter)
 
 
 class RelativeTable(PositionalMechanism):
@@ -21,10 +21,7 @@ class RelativeTable(PositionalMechanism):
         self.w = nn.Parameter(torch.zeros(2 * self.radius + 1, shape.head_dim))
 
     def reset(self, init: str = "zero", generator: torch.Generator | None = None) -> None:
-        with torch.no_grad():
-            self.w.zero_()
-            if init == "random":
-                self.w.copy_(0.5 * torch.randn(self.w.shape, generator=generator))
+        reset_parameter(self.w, init, generator, 0.5)
 
 
 @register

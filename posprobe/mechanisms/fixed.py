@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posprobe.mechanisms.base import LayerShape, PositionalMechanism, clip, offset_range, register, toeplitz
+from posprobe.mechanisms.base import (LayerShape, PositionalMechanism, clip, offset_range, register, reset_parameter,
+                                      toeplitz)
 
 
 @register
@@ -22,10 +23,7 @@ class FixedConvolution(PositionalMechanism):
         self.beta = nn.Parameter(torch.zeros(shape.num_heads, 2 * self.radius + 1))
 
     def reset(self, init: str = "zero", generator: torch.Generator | None = None) -> None:
-        with torch.no_grad():
-            self.beta.zero_()
-            if init == "random":
-                self.beta.copy_(0.5 * torch.randn(self.beta.shape, generator=generator))
+        reset_parameter(self.beta, init, generator, 0.5)
 
     def score_bias(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         n_q, n_k = query.shape[-2], key.shape[-2]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posprobe.mechanisms.base import LayerShape, PositionalMechanism, clip, clipped_index, register
+from posprobe.mechanisms.base import LayerShape, PositionalMechanism, clip, clipped_index, register, reset_parameter
 
 
 @register
@@ -24,10 +24,7 @@ class ShawValues(PositionalMechanism):
         self.a_v = nn.Parameter(torch.zeros(2 * self.radius + 1, shape.head_dim))
 
     def reset(self, init: str = "zero", generator: torch.Generator | None = None) -> None:
-        with torch.no_grad():
-            self.a_v.zero_()
-            if init == "random":
-                self.a_v.copy_(0.5 * torch.randn(self.a_v.shape, generator=generator))
+        reset_parameter(self.a_v, init, generator, 0.5)
 
     def value_term(self, probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         n_q, n_k = probs.shape[-2:]
