@@ -18,23 +18,25 @@ def zero_padding(x: torch.Tensor, key_valid: torch.Tensor | None) -> torch.Tenso
     return x * key_valid[:, :, None].to(x.dtype)
 
 
-def depthwise_along_sequence(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def depthwise_along_sequence(x: torch.Tensor, weight: torch.Tensor, groups: int | None = None) -> torch.Tensor:
     """Centred depthwise filter: `y[b, i, c] = sum_k weight[c, k + r] * x[b, i + k, c]`.
 
-    x: `(B, n, d)`; weight: `(d, 2r+1)`; returns `(B, n, d)`.
+    x: `(B, n, d)`; weight: `(d, 2r+1)`; returns `(B, n, d)`. With `groups=d` and weight `(m*d, 2r+1)`,
+    input channel c feeds output channels m*c .. m*c + m - 1 (several filters per channel at once).
     """
-    return depthwise_channels_first(x.transpose(1, 2), weight).transpose(1, 2)
+    return depthwise_channels_first(x.transpose(1, 2), weight, groups).transpose(1, 2)
 
 
-def depthwise_channels_first(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Same filter on `x` `(B, d, n)` -> `(B, d, n)`.
+def depthwise_channels_first(x: torch.Tensor, weight: torch.Tensor, groups: int | None = None) -> torch.Tensor:
+    """Same filter on `x` `(B, d, n)` -> `(B, d_out, n)`.
 
     Runs as a grouped conv2d over a `(B, d, 1, n)` view: on CPU this takes oneDNN's fast depthwise kernels
     (about 8x faster forward+backward than grouped conv1d at B=32, n=128, d=384).
     """
-    d, size = weight.shape
+    d_out, size = weight.shape
     r = size // 2
-    y = F.conv2d(x[:, :, None, :], weight.to(x.dtype)[:, None, None, :], padding=(0, r), groups=d)
+    y = F.conv2d(x[:, :, None, :], weight.to(x.dtype)[:, None, None, :], padding=(0, r),
+                 groups=d_out if groups is None else groups)
     return y[:, :, 0, :]
 
 
