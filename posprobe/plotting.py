@@ -45,17 +45,23 @@ def _pool(matrix: np.ndarray, pixels: int = PANEL_PIXELS) -> np.ndarray:
     return m.reshape(n // factor, factor, n // factor, factor).mean(axis=(1, 3))
 
 
-def _matrix_panel(fig, ax, matrix: np.ndarray, cmap_name: str, colorbar: bool = False,
-                  pixels: int = PANEL_PIXELS) -> None:
-    """Draw `matrix` (row i down, column j right) with robust colour limits."""
+def _coloured(matrix: np.ndarray, cmap_name: str, pixels: int = PANEL_PIXELS):
+    """`matrix` pooled to about `pixels` wide and coloured with robust limits: (RGBA uint8, norm, cmap)."""
     from matplotlib import colormaps
-    from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
     lo, hi = _robust_limits(matrix)
     norm, cmap = Normalize(lo, hi), colormaps[cmap_name]
+    return cmap(norm(_pool(matrix, pixels).astype(np.float32)), bytes=True), norm, cmap
+
+
+def _matrix_panel(fig, ax, matrix: np.ndarray, cmap_name: str, colorbar: bool = False,
+                  pixels: int = PANEL_PIXELS) -> None:
+    """Draw `matrix` (row i down, column j right) with robust colour limits."""
+    from matplotlib.cm import ScalarMappable
+
+    rgba, norm, cmap = _coloured(matrix, cmap_name, pixels)
     n = matrix.shape[0]
-    rgba = cmap(norm(_pool(matrix, pixels).astype(np.float32)), bytes=True)
     ax.imshow(rgba, interpolation="nearest", extent=(-0.5, n - 0.5, n - 0.5, -0.5))
     if colorbar:
         fig.colorbar(ScalarMappable(norm, cmap), ax=ax, fraction=0.046, pad=0.04)
@@ -92,15 +98,8 @@ class Mosaic:
 def fhat_grid(result) -> Mosaic:
     """One F_hat_P image per head of a layer (paper Fig. 8), R^2 in each label; each head keeps its own
     robust colour scale. A dozen matplotlib axes would cost more to build and draw than the analysis."""
-    from matplotlib import colormaps
-    from matplotlib.colors import Normalize
-
     rows, cols = _grid(result.n_heads)
-    cmap = colormaps["viridis"]
-    tiles = []
-    for h in range(result.n_heads):
-        lo, hi = _robust_limits(result.matrices[h])
-        tiles.append(cmap(Normalize(lo, hi)(_pool(result.matrices[h]).astype(np.float32)), bytes=True))
+    tiles = [_coloured(result.matrices[h], "viridis")[0] for h in range(result.n_heads)]
     size = tiles[0].shape[0]
     gap, top, header = 16, 22, 40  # pixels: between panels, above each panel (its label), above the grid
     pixels = np.full((rows * (size + top) + gap + header, cols * (size + gap) + gap, 4), 255, dtype=np.uint8)
