@@ -1,4 +1,9 @@
-"""The one exception type posprobe raises for bad input; the CLI turns it into one line and exit code 2."""
+"""The exception types posprobe raises for bad input; the CLI turns each into one line and exit code 2.
+
+`PosprobeError` is the base. Bad arguments raise `ArgumentValueError` (also a `ValueError`) or
+`ArgumentTypeError` (also a `TypeError`); both carry the name of the library argument (`layer`), and
+their text may use `{arg}`, which the library renders as that name and the CLI as the flag (`--layer`).
+"""
 
 from __future__ import annotations
 
@@ -11,5 +16,32 @@ class PosprobeError(Exception):
         self.message = message
         self.hint = hint
 
-    def __str__(self) -> str:
+    def render(self, cli: bool = False) -> str:
+        """One line: message — hint (`cli` words argument names as command-line flags)."""
         return f"{self.message} — {self.hint}" if self.hint else self.message
+
+    def __str__(self) -> str:
+        return self.render(cli=False)
+
+
+class ArgumentError(PosprobeError):
+    """A bad value for argument `argument`. `{arg}` in message or hint is the argument's name in the library
+    and `flag` (default `--` + name with dashes) on the command line."""
+
+    def __init__(self, argument: str, message: str, hint: str | None = None, flag: str | None = None):
+        super().__init__(message, hint)
+        self.argument = argument
+        self.flag = flag or "--" + argument.replace("_", "-")
+
+    def render(self, cli: bool = False) -> str:
+        name = self.flag if cli else self.argument
+        text = self.message.replace("{arg}", name)
+        return f"{text} — {self.hint.replace('{arg}', name)}" if self.hint else text
+
+
+class ArgumentValueError(ArgumentError, ValueError):
+    """An argument of the right type with a value that cannot be used (out of range, unknown name)."""
+
+
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of the wrong type (`layer='2'`, `blocks=128` where a list is expected)."""

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, standalone_mode=False)
     except PosprobeError as err:
-        _fail(str(err), 2)
+        _fail(err.render(cli=True), 2)
     except typer.Abort:
         _fail("aborted", 130)
     except KeyboardInterrupt:
@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         if os.environ.get("POSPROBE_DEBUG"):
             raise
-        _fail(f"internal error: {type(err).__name__}: {err} (set POSPROBE_DEBUG=1 for a traceback)", 1)
+        _fail(f"internal error: {type(err).__name__}: {err} — this is a bug in posprobe; please report it "
+              "(POSPROBE_DEBUG=1 shows the traceback)", 1)
     else:
         return
 
