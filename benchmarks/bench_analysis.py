@@ -60,7 +60,8 @@ h = model.config.num_attention_heads
 d = wq.shape[0]; dh = d // h
 qp, kp = (ep @ wq.T).view(-1, h, dh).transpose(0, 1), (ep @ wk.T).view(-1, h, dh).transpose(0, 1)
 qw, kw = (ew @ wq.T).view(h, dh), (ew @ wk.T).view(h, dh)
-f = (qp @ kp.transpose(1, 2) + (qw[:, None, :] * kp).sum(-1)[:, None, :] + (qp * kw[:, None, :]).sum(-1)[:, :, None]) / dh ** 0.5
+f = qp @ kp.transpose(1, 2) + (qw[:, None, :] * kp).sum(-1)[:, None, :] + (qp * kw[:, None, :]).sum(-1)[:, :, None]
+f = f / dh**0.5
 n = f.shape[-1]
 idx = torch.arange(n)
 slot = (idx[None, :] - idx[:, None] + n - 1).reshape(-1)
@@ -75,8 +76,9 @@ print(r2)
 
 def measure(code: str, command: str, folder: str, out: str) -> tuple[float, float]:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code + CHILD_TAIL, command, folder, out],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code + CHILD_TAIL, command, folder, out], capture_output=True, text=True, check=True
+    )
     wall = time.perf_counter() - start
     peak_kb = int(next(line.split()[1] for line in proc.stdout.splitlines() if line.startswith("PEAK_KB")))
     return wall, peak_kb / 1024
@@ -90,8 +92,16 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp())
     base = tmp / "bert-base-random"
-    subprocess.run([sys.executable, "-c", "import sys, transformers as t; t.BertModel(t.BertConfig()).save_pretrained(sys.argv[1])",
-                    str(base)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, transformers as t; t.BertModel(t.BertConfig()).save_pretrained(sys.argv[1])",
+            str(base),
+        ],
+        check=True,
+        capture_output=True,
+    )
     models = {"all-MiniLM-L6-v2 (packaged)": str(default_model_dir()), "BERT-base random (110M)": str(base)}
     rows = []
     for label, folder in models.items():
@@ -103,8 +113,11 @@ def main() -> None:
             ow, om = statistics.median(w for w, _ in ours), statistics.median(m for _, m in ours)
             rw, rm = statistics.median(w for w, _ in ref), statistics.median(m for _, m in ref)
             rows.append((label, command, ow, rw, ow / rw, om, rm, om / rm))
-            print(f"{label:28s} {command:8s} wall {ow:6.2f}s vs {rw:6.2f}s ({ow / rw:.2f}x)  "
-                  f"peak {om:7.0f} MiB vs {rm:7.0f} MiB ({om / rm:.2f}x)", flush=True)
+            print(
+                f"{label:28s} {command:8s} wall {ow:6.2f}s vs {rw:6.2f}s ({ow / rw:.2f}x)  "
+                f"peak {om:7.0f} MiB vs {rm:7.0f} MiB ({om / rm:.2f}x)",
+                flush=True,
+            )
     help_times = []
     for _ in range(5):
         start = time.perf_counter()

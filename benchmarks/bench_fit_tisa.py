@@ -39,18 +39,29 @@ def bench_case(name: str, model: str | None, kernels: list[int]) -> list[dict]:
         t1, c1 = time.perf_counter(), time.process_time()
         slow = TisaKernelFitter(s, seed=0, exhaustive=True).fit(flat, prof.offsets)
         t2 = time.perf_counter()
-        row = {"case": name, "heads": flat.shape[0], "S": s, "window": fast.window_, "profile_s": profile_s,
-               "default_s": t1 - t0, "default_cpu_s": c1 - c0, "exhaustive_s": t2 - t1,
-               "default_median_r2": float(np.median(fast.r2_)),
-               "exhaustive_median_r2": float(np.median(slow.r2_)),
-               "worst_head_gap": float(np.max(slow.r2_ - fast.r2_))}
+        row = {
+            "case": name,
+            "heads": flat.shape[0],
+            "S": s,
+            "window": fast.window_,
+            "profile_s": profile_s,
+            "default_s": t1 - t0,
+            "default_cpu_s": c1 - c0,
+            "exhaustive_s": t2 - t1,
+            "default_median_r2": float(np.median(fast.r2_)),
+            "exhaustive_median_r2": float(np.median(slow.r2_)),
+            "worst_head_gap": float(np.max(slow.r2_ - fast.r2_)),
+        }
         row["median_gap"] = row["exhaustive_median_r2"] - row["default_median_r2"]
         rows.append(row)
-        print(f"{name:28s} heads={row['heads']:3d} S={s} default {row['default_s']:5.2f} s "
-              f"(cpu {row['default_cpu_s']:.2f}) median R2 {row['default_median_r2']:.4f} | "
-              f"exhaustive {row['exhaustive_s']:6.2f} s "
-              f"median R2 {row['exhaustive_median_r2']:.4f} | gap {row['median_gap']:+.4f} "
-              f"(worst head {row['worst_head_gap']:+.4f})", flush=True)
+        print(
+            f"{name:28s} heads={row['heads']:3d} S={s} default {row['default_s']:5.2f} s "
+            f"(cpu {row['default_cpu_s']:.2f}) median R2 {row['default_median_r2']:.4f} | "
+            f"exhaustive {row['exhaustive_s']:6.2f} s "
+            f"median R2 {row['exhaustive_median_r2']:.4f} | gap {row['median_gap']:+.4f} "
+            f"(worst head {row['worst_head_gap']:+.4f})",
+            flush=True,
+        )
     return rows
 
 
@@ -60,8 +71,10 @@ def main() -> None:
     parser.add_argument("--skip-bert", action="store_true")
     args = parser.parse_args()
     kernels = [int(x) for x in args.kernels.split(",")]
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}, "
-          f"load average at start {os.getloadavg()[0]:.1f}")
+    print(
+        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}, "
+        f"load average at start {os.getloadavg()[0]:.1f}"
+    )
     rows = bench_case("all-MiniLM-L6-v2 (packaged)", None, kernels)
     if not args.skip_bert:
         import torch
@@ -72,14 +85,18 @@ def main() -> None:
             tf.BertModel(tf.BertConfig()).save_pretrained(tmp)
             rows += bench_case("BERT-base random (12x12)", tmp, kernels)
     ok = all(r["default_s"] <= 5.0 and abs(r["median_gap"]) <= 0.01 for r in rows)
-    print("\n| case | heads | S | window | default s (wall) | default s (CPU) | default median R² | exhaustive s | "
-          "exhaustive median R² | gap | worst head gap |")
+    print(
+        "\n| case | heads | S | window | default s (wall) | default s (CPU) | default median R² | exhaustive s | "
+        "exhaustive median R² | gap | worst head gap |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['case']} | {r['heads']} | {r['S']} | {r['window']} | {r['default_s']:.2f} | "
-              f"{r['default_cpu_s']:.2f} | "
-              f"{r['default_median_r2']:.4f} | {r['exhaustive_s']:.1f} | {r['exhaustive_median_r2']:.4f} | "
-              f"{r['median_gap']:+.4f} | {r['worst_head_gap']:+.4f} |")
+        print(
+            f"| {r['case']} | {r['heads']} | {r['S']} | {r['window']} | {r['default_s']:.2f} | "
+            f"{r['default_cpu_s']:.2f} | "
+            f"{r['default_median_r2']:.4f} | {r['exhaustive_s']:.1f} | {r['exhaustive_median_r2']:.4f} | "
+            f"{r['median_gap']:+.4f} | {r['worst_head_gap']:+.4f} |"
+        )
     print(f"\nrequirement (default <= 5 s, |median gap| <= 0.01): {'met' if ok else 'NOT met'}")
 
 

@@ -18,7 +18,6 @@ Example (what fits on 2 busy CPU cores; the paper setting is the full train set 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shlex
@@ -65,8 +64,10 @@ def fit_kernels(args: argparse.Namespace, notes: list[str]) -> str:
         started = time.perf_counter()
         result = fit_tisa(None, [args.kernels], out_dir=out)
         path = result.fits[0].kernels_file
-        notes.append(f"TISA kernels: fitted with `posprobe fit-tisa --kernels {args.kernels}` on the packaged "
-                     f"model ({time.perf_counter() - started:.0f} s) -> `{_rel(path)}`.")
+        notes.append(
+            f"TISA kernels: fitted with `posprobe fit-tisa --kernels {args.kernels}` on the packaged "
+            f"model ({time.perf_counter() - started:.0f} s) -> `{_rel(path)}`."
+        )
         return f"fit:{path}"
     except (ImportError, PosprobeError, AttributeError) as err:
         notes.append(f"TISA kernels: zero init, because fitting failed ({type(err).__name__}: {err}).")
@@ -88,38 +89,71 @@ def main(argv: list[str] | None = None) -> None:
         for seed in range(args.seeds):
             for mech in mechanisms:
                 config = FinetuneConfig(
-                    task=task, out=args.runs / f"{task}-{mech}", mechanism=mech, kernels=args.kernels,
-                    init=tisa_init if mech == "tisa" else "zero", radius=args.radius, seeds=[seed],
-                    epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
-                    max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples,
-                    data_dir=args.data_dir, resume=True, progress=False)
+                    task=task,
+                    out=args.runs / f"{task}-{mech}",
+                    mechanism=mech,
+                    kernels=args.kernels,
+                    init=tisa_init if mech == "tisa" else "zero",
+                    radius=args.radius,
+                    seeds=[seed],
+                    epochs=args.epochs,
+                    lr=args.lr,
+                    batch_size=args.batch_size,
+                    max_length=args.max_length,
+                    max_train_samples=args.max_train_samples,
+                    max_eval_samples=args.max_eval_samples,
+                    data_dir=args.data_dir,
+                    resume=True,
+                    progress=False,
+                )
                 result = finetune(config, log=lambda msg: print(msg, file=sys.stderr, flush=True))
-                runs[(task, mech)].append({"seed": seed, "metrics": result["metrics"][0],
-                                           "seconds": result["seconds_per_seed"][0]})
+                runs[(task, mech)].append(
+                    {"seed": seed, "metrics": result["metrics"][0], "seconds": result["seconds_per_seed"][0]}
+                )
                 write_report(args, command, started, notes, tisa_init, tasks, mechanisms, runs, aggregate)
 
 
 def write_report(args, command, started, notes, tisa_init, tasks, mechanisms, runs, aggregate) -> None:
-    from posprobe.outputs import write_json, write_text
-
     import torch
 
-    lines = ["# GLUE benchmark: packaged all-MiniLM-L6-v2, positional mechanisms", "",
-             f"Command: `{command}`  ", f"Started {started}; last update "
-             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.  ",
-             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores "
-             f"(shared with other jobs), torch {torch.__version__}, {torch.get_num_threads()} threads, no GPU.", "",
-             "Settings: " + ", ".join([
-                 (f"train examples {args.max_train_samples} (fixed random subset)" if args.max_train_samples
-                  else "train examples all"),
-                 f"dev examples {args.max_eval_samples or 'all'}", f"epochs {args.epochs:g}",
-                 f"lr {args.lr:g} (linear, 10% warm-up)", f"batch {args.batch_size}",
-                 f"max length {args.max_length}", f"TISA S={args.kernels} init `{tisa_init.split(':')[0]}`, "
-                 "position embeddings kept (supplement)", f"composite radius {args.radius}, zero init"]) + ".", ""]
+    from posprobe.outputs import write_json, write_text
+
+    lines = [
+        "# GLUE benchmark: packaged all-MiniLM-L6-v2, positional mechanisms",
+        "",
+        f"Command: `{command}`  ",
+        f"Started {started}; last update {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.  ",
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores "
+        f"(shared with other jobs), torch {torch.__version__}, {torch.get_num_threads()} threads, no GPU.",
+        "",
+        "Settings: "
+        + ", ".join(
+            [
+                (
+                    f"train examples {args.max_train_samples} (fixed random subset)"
+                    if args.max_train_samples
+                    else "train examples all"
+                ),
+                f"dev examples {args.max_eval_samples or 'all'}",
+                f"epochs {args.epochs:g}",
+                f"lr {args.lr:g} (linear, 10% warm-up)",
+                f"batch {args.batch_size}",
+                f"max length {args.max_length}",
+                f"TISA S={args.kernels} init `{tisa_init.split(':')[0]}`, position embeddings kept (supplement)",
+                f"composite radius {args.radius}, zero init",
+            ]
+        )
+        + ".",
+        "",
+    ]
     lines += [f"- {n}" for n in notes] + [""]
-    lines += ["Metrics are fractions (CoLA: Matthews corr.; SST-2: accuracy). s/run = wall time of one "
-              "fine-tuning + dev evaluation.", "",
-              "| task | mechanism | metric | per seed | median | mean ± s.e. | s/run |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "Metrics are fractions (CoLA: Matthews corr.; SST-2: accuracy). s/run = wall time of one "
+        "fine-tuning + dev evaluation.",
+        "",
+        "| task | mechanism | metric | per seed | median | mean ± s.e. | s/run |",
+        "|---|---|---|---|---|---|---|",
+    ]
     summary = []
     for task in tasks:
         for mech in mechanisms:
@@ -131,8 +165,10 @@ def write_report(args, command, started, notes, tisa_init, tasks, mechanisms, ru
                 per = ", ".join(_f(r["metrics"][name]) for r in done)
                 se = agg["stderr"][name]
                 secs = sum(r["seconds"] for r in done) / len(done)
-                lines.append(f"| {task} | {mech} | {name} | {per} | {_f(agg['median'][name])} | "
-                             f"{_f(agg['mean'][name])} ± {_f(se)} | {secs:.0f} |")
+                lines.append(
+                    f"| {task} | {mech} | {name} | {per} | {_f(agg['median'][name])} | "
+                    f"{_f(agg['mean'][name])} ± {_f(se)} | {secs:.0f} |"
+                )
             summary.append({"task": task, "mechanism": mech, "runs": done, **agg})
     args.results.parent.mkdir(parents=True, exist_ok=True)
     write_text(args.results, "\n".join(lines) + "\n")

@@ -66,10 +66,18 @@ def worker(args: argparse.Namespace) -> None:
     measured = [step() for _ in range(args.steps)]
     times, cpu_times = [m[0] for m in measured], [m[1] for m in measured]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    print(json.dumps({"mechanism": args.mechanism, "times": times, "cpu_times": cpu_times,
-                      "peak_rss_mib": peak / 1024,
-                      "step_rss_growth_mib": max(0, peak - rss_before) / 1024,
-                      "added_parameters": added_parameters(model)}))
+    print(
+        json.dumps(
+            {
+                "mechanism": args.mechanism,
+                "times": times,
+                "cpu_times": cpu_times,
+                "peak_rss_mib": peak / 1024,
+                "step_rss_growth_mib": max(0, peak - rss_before) / 1024,
+                "added_parameters": added_parameters(model),
+            }
+        )
+    )
 
 
 def main() -> None:
@@ -91,13 +99,28 @@ def main() -> None:
     runs: dict[str, list[dict]] = {c: [] for c in configs}
     for rnd in range(args.rounds):
         for config in configs:
-            cmd = [sys.executable, __file__, "--worker", config, "--batch", str(args.batch), "--length",
-                   str(args.length), "--steps", str(args.steps), "--threads", str(args.threads)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                config,
+                "--batch",
+                str(args.batch),
+                "--length",
+                str(args.length),
+                "--steps",
+                str(args.steps),
+                "--threads",
+                str(args.threads),
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             record = json.loads(done.stdout.strip().splitlines()[-1])
             runs[config].append(record)
-            print(f"round {rnd + 1}/{args.rounds} {config:12s} "
-                  + " ".join(f"{t:.3f}" for t in record["times"]), file=sys.stderr, flush=True)
+            print(
+                f"round {rnd + 1}/{args.rounds} {config:12s} " + " ".join(f"{t:.3f}" for t in record["times"]),
+                file=sys.stderr,
+                flush=True,
+            )
 
     base = statistics.median(t for r in runs["none"] for t in r["times"])
     base_cpu = statistics.median(t for r in runs["none"] for t in r["cpu_times"])
@@ -110,14 +133,28 @@ def main() -> None:
         growth = statistics.median(r["step_rss_growth_mib"] for r in runs[config])
         peak = statistics.median(r["peak_rss_mib"] for r in runs[config])
         label = {"none": "unmodified (sdpa)", "eager": "unmodified (eager)"}.get(config, config)
-        rows.append({"mechanism": label, "added_parameters": runs[config][0]["added_parameters"],
-                     "median_step_s": round(median, 4), "time_ratio": round(median / base, 3),
-                     "median_cpu_s": round(cpu, 4), "cpu_ratio": round(cpu / base_cpu, 3),
-                     "peak_rss_mib": round(peak, 1), "peak_ratio": round(peak / base_peak, 3),
-                     "step_rss_growth_mib": round(growth, 1),
-                     "growth_ratio": round(growth / base_growth, 3) if base_growth else None})
-    result = {"batch": args.batch, "length": args.length, "rounds": args.rounds, "steps": args.steps,
-              "threads": args.threads, "rows": rows}
+        rows.append(
+            {
+                "mechanism": label,
+                "added_parameters": runs[config][0]["added_parameters"],
+                "median_step_s": round(median, 4),
+                "time_ratio": round(median / base, 3),
+                "median_cpu_s": round(cpu, 4),
+                "cpu_ratio": round(cpu / base_cpu, 3),
+                "peak_rss_mib": round(peak, 1),
+                "peak_ratio": round(peak / base_peak, 3),
+                "step_rss_growth_mib": round(growth, 1),
+                "growth_ratio": round(growth / base_growth, 3) if base_growth else None,
+            }
+        )
+    result = {
+        "batch": args.batch,
+        "length": args.length,
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "threads": args.threads,
+        "rows": rows,
+    }
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -55,8 +55,9 @@ def _coloured(matrix: np.ndarray, cmap_name: str, pixels: int = PANEL_PIXELS):
     return cmap(norm(_pool(matrix, pixels).astype(np.float32)), bytes=True), norm, cmap
 
 
-def _matrix_panel(fig, ax, matrix: np.ndarray, cmap_name: str, colorbar: bool = False,
-                  pixels: int = PANEL_PIXELS) -> None:
+def _matrix_panel(
+    fig, ax, matrix: np.ndarray, cmap_name: str, colorbar: bool = False, pixels: int = PANEL_PIXELS
+) -> None:
     """Draw `matrix` (row i down, column j right) with robust colour limits."""
     from matplotlib.cm import ScalarMappable
 
@@ -107,7 +108,7 @@ def fhat_grid(result) -> Mosaic:
     for h, tile in enumerate(tiles):
         r, c = divmod(h, cols)
         y, x = header + r * (size + top) + top, c * (size + gap) + gap
-        pixels[y:y + size, x:x + size] = tile
+        pixels[y : y + size, x : x + size] = tile
         labels.append((x + size / 2, y - 4, f"head {h}: R² = {result.toeplitz_r2[h]:.3f}"))
     title = f"{result.model}: F̂_P, layer {result.layer}, {result.mode} mode (row i = query, column j = key)"
     return Mosaic(pixels, title, tuple(labels))
@@ -162,31 +163,46 @@ def profile_grid(result, layer_index: int = 0):
     centre = result.n_positions - 1
     rows, cols = _grid(result.n_heads)
     fig = _figure(2.8 * cols, 2.2 * rows + 0.6)
-    axes = fig.subplots(rows, cols, squeeze=False,
-                        gridspec_kw=dict(left=0.04, right=0.99, bottom=0.35 / fig.get_figheight(),
-                                         top=1 - 0.55 / fig.get_figheight(), wspace=0.3, hspace=0.45))
+    axes = fig.subplots(
+        rows,
+        cols,
+        squeeze=False,
+        gridspec_kw=dict(
+            left=0.04,
+            right=0.99,
+            bottom=0.35 / fig.get_figheight(),
+            top=1 - 0.55 / fig.get_figheight(),
+            wspace=0.3,
+            hspace=0.45,
+        ),
+    )
     for h, ax in enumerate(axes.flat):
         if h >= result.n_heads:
             ax.axis("off")
             continue
         for s, row in enumerate(result.section_rows):
             ax.plot(ks, result.sections[layer_index, h, s], lw=0.8, alpha=0.6, label=f"i = {row}")
-        ax.plot(ks, result.profiles[layer_index, h, centre - w:centre + w + 1], color="black", lw=1.8, label="profile")
+        ax.plot(
+            ks, result.profiles[layer_index, h, centre - w : centre + w + 1], color="black", lw=1.8, label="profile"
+        )
         ax.axvline(0, color="grey", lw=0.5)
         ax.set_title(f"head {h}", fontsize=8)
         ax.tick_params(labelsize=6)
     axes.flat[0].legend(fontsize=5, loc="best")
     layer = result.layers[layer_index]
-    fig.suptitle(f"{result.model}: positional profiles, layer {layer}, {result.mode} mode "
-                 f"(x: k = j − i, positive = later key)", fontsize=10)
+    fig.suptitle(
+        f"{result.model}: positional profiles, layer {layer}, {result.mode} mode (x: k = j − i, positive = later key)",
+        fontsize=10,
+    )
     return fig
 
 
 def compare_heatmaps(rows):
     """Side-by-side P heatmaps of several models (paper Fig. 1)."""
     fig = _figure(3.6 * len(rows), 3.9)
-    axes = fig.subplots(1, len(rows), squeeze=False,
-                        gridspec_kw=dict(left=0.02, right=0.98, bottom=0.02, top=0.85, wspace=0.08))
+    axes = fig.subplots(
+        1, len(rows), squeeze=False, gridspec_kw=dict(left=0.02, right=0.98, bottom=0.02, top=0.85, wspace=0.08)
+    )
     for row, ax in zip(rows, axes.flat):
         _matrix_panel(fig, ax, row.matrix, "Reds")
         ax.set_title(f"{row.model}\nR² = {row.toeplitz_r2:.3f}", fontsize=9)

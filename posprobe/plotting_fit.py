@@ -9,9 +9,19 @@ from __future__ import annotations
 import numpy as np
 
 
-def tisa_fit_grid(offsets: np.ndarray, profiles: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray,
-                  offset: np.ndarray, r2: np.ndarray, layers: list[int], window: int, title: str = "",
-                  shared_layers: bool = False):
+def tisa_fit_grid(
+    offsets: np.ndarray,
+    profiles: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray,
+    offset: np.ndarray,
+    r2: np.ndarray,
+    layers: list[int],
+    window: int,
+    title: str = "",
+    shared_layers: bool = False,
+):
     """One panel per head, one row of panels per layer.
 
     `offsets` (K,) integer k = j - i increasing; `profiles` (L, H, K); `a`, `b`, `c` (L, H, S);
@@ -47,6 +57,7 @@ def tisa_fit_grid(offsets: np.ndarray, profiles: np.ndarray, a: np.ndarray, b: n
     note = " (one shared layer, replicated at every depth)" if shared_layers else ""
     fig.suptitle((title or "TISA fit") + note, fontsize=9, y=1 - 0.08 / height, va="top")
     # fixed margins: tight_layout costs seconds on a 12 x 12 grid
-    fig.subplots_adjust(left=0.04, right=0.99, bottom=0.3 / height + 0.03,
-                        top=1 - 0.7 / height, wspace=0.35, hspace=0.45)
+    fig.subplots_adjust(
+        left=0.04, right=0.99, bottom=0.3 / height + 0.03, top=1 - 0.7 / height, wspace=0.35, hspace=0.45
+    )
     return fig

@@ -80,9 +80,16 @@ def active_mechanism(module: nn.Module) -> PositionalMechanism | None:
     return mechanisms[module._posprobe_slot]
 
 
-def posprobe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                       **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+def posprobe_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention with the module's mechanism; same contract as transformers' attention functions.
 
     query `(B, H, n_q, d_h)`, key/value `(B, H, n_k, d_h)`, attention_mask bool `(B, 1, n_q, n_k)` (True =
@@ -98,8 +105,11 @@ def posprobe_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor
         scaling = query.shape[-1] ** -0.5
     mech = active_mechanism(module)
     bias = mech.score_bias(query, key) if mech is not None else None
-    explicit = ((mech is not None and mech.needs_probabilities) or bool(kwargs.get("output_attentions"))
-                or (bias is not None and EXPLICIT_ON_CPU and query.device.type == "cpu"))
+    explicit = (
+        (mech is not None and mech.needs_probabilities)
+        or bool(kwargs.get("output_attentions"))
+        or (bias is not None and EXPLICIT_ON_CPU and query.device.type == "cpu")
+    )
     weights = None
     if not explicit:
         attn_mask = attention_mask
@@ -141,8 +151,10 @@ def model_type(model: nn.Module) -> str:
 def _check_supported(model: nn.Module) -> None:
     kind = model_type(model)
     if kind not in SUPPORTED_MODEL_TYPES:
-        raise PosprobeError(f"cannot retrofit a '{kind}' model: only {', '.join(SUPPORTED_MODEL_TYPES)} are supported",
-                            "use a BERT, RoBERTa, XLM-R, ALBERT or ELECTRA checkpoint")
+        raise PosprobeError(
+            f"cannot retrofit a '{kind}' model: only {', '.join(SUPPORTED_MODEL_TYPES)} are supported",
+            "use a BERT, RoBERTa, XLM-R, ALBERT or ELECTRA checkpoint",
+        )
 
 
 def _encoder(model: nn.Module) -> nn.Module:
@@ -172,8 +184,9 @@ def depth_slots(model: nn.Module) -> list[tuple[nn.Module, int]]:
 
 
 def _layer_shape(module: nn.Module) -> LayerShape:
-    return LayerShape(num_heads=module.num_attention_heads, head_dim=module.attention_head_size,
-                      input_size=module.query.in_features)
+    return LayerShape(
+        num_heads=module.num_attention_heads, head_dim=module.attention_head_size, input_size=module.query.in_features
+    )
 
 
 # -- hooks ------------------------------------------------------------------------------------------------
@@ -182,9 +195,11 @@ def _attention_pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
     if n_slots > 1:
         slot = module._posprobe_calls
         if slot >= n_slots:
-            raise PosprobeError("a shared (ALBERT) attention layer ran more often than the model has layers",
-                                "gradient checkpointing and calling layers outside the encoder are not supported "
-                                "for retrofitted ALBERT models")
+            raise PosprobeError(
+                "a shared (ALBERT) attention layer ran more often than the model has layers",
+                "gradient checkpointing and calling layers outside the encoder are not supported "
+                "for retrofitted ALBERT models",
+            )
         module._posprobe_calls = slot + 1
         module._posprobe_slot = slot
     if module._posprobe_needs_padding:
@@ -196,6 +211,7 @@ def _make_encoder_pre_hook(shared: list[nn.Module]):
     def hook(encoder: nn.Module, args: tuple) -> None:
         for module in shared:
             module._posprobe_calls = 0
+
     return hook
 
 
@@ -203,6 +219,7 @@ def _make_input_hook(attention: nn.Module, role: str):
     def hook(linear: nn.Module, args: tuple):
         mech = active_mechanism(attention)
         return (mech.transform_inputs(role, args[0], attention._posprobe_key_valid),) + tuple(args[1:])
+
     return hook
 
 
@@ -210,6 +227,7 @@ def _make_projection_hook(attention: nn.Module, role: str):
     def hook(linear: nn.Module, args: tuple, out: torch.Tensor):
         mech = active_mechanism(attention)
         return mech.transform_projection(role, args[0], out, attention._posprobe_key_valid)
+
     return hook
 
 
@@ -217,8 +235,10 @@ def _position_embedding(model: nn.Module) -> nn.Embedding:
     embeddings = getattr(getattr(model, "base_model", model), "embeddings", None)
     table = getattr(embeddings, "position_embeddings", None)
     if not isinstance(table, nn.Embedding):
-        raise PosprobeError(f"model of type '{model_type(model)}' has no learned position table to drop",
-                            "drop --drop-position-embeddings")
+        raise PosprobeError(
+            f"model of type '{model_type(model)}' has no learned position table to drop",
+            "drop --drop-position-embeddings",
+        )
     return table
 
 
@@ -238,13 +258,14 @@ def _make_constant_position_hook(row: int):
         ref = ref if ref is not None else bound.get("inputs_embeds")
         bound["position_ids"] = torch.full((1, ref.shape[1]), row, dtype=torch.long, device=ref.device)
         return (), dict(bound)
+
     return hook
 
 
 def _average_position_table(model: nn.Module) -> None:
     table = _position_embedding(model)
     with torch.no_grad():
-        mean = table.weight[_first_real_row(model):].mean(dim=0)
+        mean = table.weight[_first_real_row(model) :].mean(dim=0)
         table.weight.copy_(mean.expand_as(table.weight))
 
 
@@ -270,7 +291,9 @@ def _parse_init(init: str) -> tuple[str, Path | None]:
         return init, None
     if init.startswith("fit:") and len(init) > 4:
         return "fit", Path(init[4:]).expanduser()
-    raise PosprobeError(f"unknown --init '{init}'", "use zero, random or fit:PATH (a file written by `posprobe fit-tisa`)")
+    raise PosprobeError(
+        f"unknown --init '{init}'", "use zero, random or fit:PATH (a file written by `posprobe fit-tisa`)"
+    )
 
 
 def _read_kernels(path: Path):
@@ -286,17 +309,21 @@ def _kernels_by_depth(arrays, metadata: dict, n_depths: int, n_heads: int, share
     fitted keep the zero init."""
     a, b, c = arrays
     if a.shape[1] != n_heads:
-        raise PosprobeError(f"kernels file has {a.shape[1]} heads per layer, the model has {n_heads}",
-                            "fit the kernels on the same model")
+        raise PosprobeError(
+            f"kernels file has {a.shape[1]} heads per layer, the model has {n_heads}",
+            "fit the kernels on the same model",
+        )
     layers = [int(x) for x in metadata.get("layers") or range(a.shape[0])]
     if len(layers) != a.shape[0]:
-        raise PosprobeError(f"kernels file lists {len(layers)} layers but holds {a.shape[0]}",
-                            "re-run `posprobe fit-tisa`")
+        raise PosprobeError(
+            f"kernels file lists {len(layers)} layers but holds {a.shape[0]}", "re-run `posprobe fit-tisa`"
+        )
     if shared and len(layers) == 1:
         return {d: (a[0], b[0], c[0]) for d in range(n_depths)}
     if any(layer < 0 or layer >= n_depths for layer in layers):
-        raise PosprobeError(f"kernels file has layers {layers}, the model has {n_depths} layers",
-                            "fit the kernels on the same model")
+        raise PosprobeError(
+            f"kernels file has layers {layers}, the model has {n_depths} layers", "fit the kernels on the same model"
+        )
     return {layer: (a[t], b[t], c[t]) for t, layer in enumerate(layers)}
 
 
@@ -339,8 +366,16 @@ def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
     return slots
 
 
-def retrofit(model: nn.Module, mechanism: str, *, radius: int = 8, kernels: int = 5, init: str = "zero",
-             drop_position_embeddings: bool = False, seed: int = 0) -> nn.Module:
+def retrofit(
+    model: nn.Module,
+    mechanism: str,
+    *,
+    radius: int = 8,
+    kernels: int = 5,
+    init: str = "zero",
+    drop_position_embeddings: bool = False,
+    seed: int = 0,
+) -> nn.Module:
     """Install `mechanism` (a `REGISTRY` name) into every self-attention layer of `model`, in place.
 
     radius: clip radius r (kernel size 2r+1) of the convolution/relative mechanisms; kernels: TISA's S.
@@ -362,8 +397,15 @@ def retrofit(model: nn.Module, mechanism: str, *, radius: int = 8, kernels: int 
             raise PosprobeError(f"--init fit: only applies to TISA, not '{mechanism}'", "use --init zero or random")
         *kernel_arrays, kernel_meta = _read_kernels(path)
         kernels = int(kernel_arrays[0].shape[-1])
-    spec = {"version": _FORMAT_VERSION, "mechanism": mechanism, "radius": int(radius), "kernels": int(kernels),
-            "drop_position_embeddings": bool(drop_position_embeddings), "init": init, "seed": int(seed)}
+    spec = {
+        "version": _FORMAT_VERSION,
+        "mechanism": mechanism,
+        "radius": int(radius),
+        "kernels": int(kernels),
+        "drop_position_embeddings": bool(drop_position_embeddings),
+        "init": init,
+        "seed": int(seed),
+    }
     fitted: dict[int, tuple] = {}
     if kernel_arrays is not None:
         shared = model_type(model) == "albert" or bool(kernel_meta.get("shared_layers"))
@@ -410,8 +452,9 @@ def _quiet_transformers():
         hf_logging.set_verbosity(previous)
 
 
-def load_model(path_or_id: str | Path | None = None, model_class: Any = None, *, allow_pickle: bool = False,
-               **kwargs: Any) -> nn.Module:
+def load_model(
+    path_or_id: str | Path | None = None, model_class: Any = None, *, allow_pickle: bool = False, **kwargs: Any
+) -> nn.Module:
     """Load a plain or a retrofitted checkpoint (None = the packaged all-MiniLM-L6-v2).
 
     model_class: a transformers auto/task class (default `AutoModel`), e.g. `AutoModelForSequenceClassification`;
@@ -420,8 +463,9 @@ def load_model(path_or_id: str | Path | None = None, model_class: Any = None, *,
     """
     from posprobe.checkpoint import resolve_model
 
-    source = resolve_model(None if path_or_id is None else str(path_or_id), allow_pickle=allow_pickle,
-                           with_tokenizer=True)
+    source = resolve_model(
+        None if path_or_id is None else str(path_or_id), allow_pickle=allow_pickle, with_tokenizer=True
+    )
     if model_class is None:
         from transformers import AutoModel
 
@@ -431,11 +475,15 @@ def load_model(path_or_id: str | Path | None = None, model_class: Any = None, *,
     if not spec:
         return model_class.from_pretrained(str(source.path), **kwargs)
     if source.weight_format != "safetensors":
-        raise PosprobeError(f"retrofitted checkpoint '{source.name}' has no safetensors weights",
-                            "re-save it with `posprobe retrofit` / save_retrofitted")
+        raise PosprobeError(
+            f"retrofitted checkpoint '{source.name}' has no safetensors weights",
+            "re-save it with `posprobe retrofit` / save_retrofitted",
+        )
     if spec.get("mechanism") not in REGISTRY:
-        raise PosprobeError(f"checkpoint '{source.name}' uses unknown mechanism {spec.get('mechanism')!r}",
-                            f"known: {', '.join(sorted(REGISTRY))}")
+        raise PosprobeError(
+            f"checkpoint '{source.name}' uses unknown mechanism {spec.get('mechanism')!r}",
+            f"known: {', '.join(sorted(REGISTRY))}",
+        )
     with _quiet_transformers():
         model = model_class.from_pretrained(str(source.path), **kwargs)
     _check_supported(model)
@@ -453,7 +501,7 @@ def _load_mechanism_weights(model: nn.Module, folder: Path) -> None:
     prefix = getattr(model, "base_model_prefix", "")
 
     def strip(name: str) -> str:
-        return name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
+        return name[len(prefix) + 1 :] if prefix and name.startswith(prefix + ".") else name
 
     wanted = {strip(n): p for n, p in model.named_parameters() if ".posprobe_mechanisms." in f".{n}"}
     found: set[str] = set()
@@ -465,13 +513,16 @@ def _load_mechanism_weights(model: nn.Module, folder: Path) -> None:
                     param = wanted[name]
                     tensor = handle.get_tensor(key)
                     if tuple(tensor.shape) != tuple(param.shape):
-                        raise PosprobeError(f"mechanism tensor '{key}' has shape {tuple(tensor.shape)}, "
-                                            f"expected {tuple(param.shape)}", "the checkpoint does not match its config")
+                        raise PosprobeError(
+                            f"mechanism tensor '{key}' has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}",
+                            "the checkpoint does not match its config",
+                        )
                     with torch.no_grad():
                         param.copy_(tensor)
                     found.add(name)
     missing = sorted(set(wanted) - found)
     if missing:
-        raise PosprobeError(f"retrofitted checkpoint in '{folder}' lacks {len(missing)} mechanism tensors "
-                            f"(e.g. '{missing[0]}')", "the weights file is incomplete; re-run `posprobe retrofit`")
-
+        raise PosprobeError(
+            f"retrofitted checkpoint in '{folder}' lacks {len(missing)} mechanism tensors (e.g. '{missing[0]}')",
+            "the weights file is incomplete; re-run `posprobe retrofit`",
+        )

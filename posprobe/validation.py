@@ -19,8 +19,7 @@ def _is_int(value) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
-def as_int(value, name: str, *, minimum: int | None = None, maximum: int | None = None,
-           hint: str | None = None) -> int:
+def as_int(value, name: str, *, minimum: int | None = None, maximum: int | None = None, hint: str | None = None) -> int:
     """`value` as an int within [minimum, maximum]; floats (even 2.0), strings and bools are refused."""
     if not _is_int(value):
         raise ArgumentTypeError(name, f"{{arg}} must be a whole number, got {value!r}", hint)
@@ -32,8 +31,15 @@ def as_int(value, name: str, *, minimum: int | None = None, maximum: int | None 
     return value
 
 
-def as_float(value, name: str, *, minimum: float | None = None, maximum: float | None = None,
-             positive: bool = False, hint: str | None = None) -> float:
+def as_float(
+    value,
+    name: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    positive: bool = False,
+    hint: str | None = None,
+) -> float:
     """`value` as a finite float (ints accepted); `positive` requires > 0."""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise ArgumentTypeError(name, f"{{arg}} must be a number, got {value!r}", hint)
@@ -66,8 +72,9 @@ def as_choice(value, name: str, choices: Iterable[str]) -> str:
     return value
 
 
-def as_int_list(value, name: str, *, minimum: int | None = None, maximum: int | None = None,
-                allow_none: bool = True) -> list[int] | None:
+def as_int_list(
+    value, name: str, *, minimum: int | None = None, maximum: int | None = None, allow_none: bool = True
+) -> list[int] | None:
     """A list of whole numbers (duplicates dropped, order kept). None stays None when `allow_none`.
 
     A bare int is refused with a hint to wrap it (`layers=[3]`), as is a string."""
@@ -76,8 +83,11 @@ def as_int_list(value, name: str, *, minimum: int | None = None, maximum: int | 
             return None
         raise ArgumentTypeError(name, "{arg} must be a list of whole numbers, got None")
     if _is_int(value) or isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise ArgumentTypeError(name, f"{{arg}} must be a list of whole numbers, got {value!r}",
-                                f"wrap a single value in a list, e.g. {name}=[{value!r}]" if _is_int(value) else None)
+        raise ArgumentTypeError(
+            name,
+            f"{{arg}} must be a list of whole numbers, got {value!r}",
+            f"wrap a single value in a list, e.g. {name}=[{value!r}]" if _is_int(value) else None,
+        )
     out: list[int] = []
     for item in value:
         item = as_int(item, name, minimum=minimum, maximum=maximum)
@@ -92,8 +102,9 @@ def as_index(value, name: str, count: int, *, what: str = "layer") -> int:
     """A Python-style index into `count` items: -1 is the last. Returns the non-negative index."""
     value = as_int(value, name)
     if not -count <= value < count:
-        raise ArgumentValueError(name, f"{what} {value} does not exist (valid: 0..{count - 1}, or -1 for the last)",
-                                 "pick one with {arg}")
+        raise ArgumentValueError(
+            name, f"{what} {value} does not exist (valid: 0..{count - 1}, or -1 for the last)", "pick one with {arg}"
+        )
     return value % count
 
 

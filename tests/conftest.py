@@ -14,8 +14,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, vocab_size=99,
-            max_position_embeddings=64)
+TINY = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    vocab_size=99,
+    max_position_embeddings=64,
+)
 
 
 def build_tiny(family: str, **overrides):
@@ -35,11 +41,24 @@ def build_tiny(family: str, **overrides):
     elif family == "electra":
         model = tf.ElectraForPreTraining(tf.ElectraConfig(**{**TINY, "embedding_size": 16, **overrides}))
     elif family == "distilbert":
-        model = tf.DistilBertModel(tf.DistilBertConfig(vocab_size=99, max_position_embeddings=64, dim=32, n_heads=4,
-                                                       n_layers=2, hidden_dim=37, **overrides))
+        model = tf.DistilBertModel(
+            tf.DistilBertConfig(
+                vocab_size=99, max_position_embeddings=64, dim=32, n_heads=4, n_layers=2, hidden_dim=37, **overrides
+            )
+        )
     elif family == "gpt2":
-        model = tf.GPT2Model(tf.GPT2Config(vocab_size=99, n_positions=64, n_embd=32, n_head=4, n_layer=2,
-                                           bos_token_id=0, eos_token_id=0, **overrides))
+        model = tf.GPT2Model(
+            tf.GPT2Config(
+                vocab_size=99,
+                n_positions=64,
+                n_embd=32,
+                n_head=4,
+                n_layer=2,
+                bos_token_id=0,
+                eos_token_id=0,
+                **overrides,
+            )
+        )
     else:
         raise ValueError(family)
     # Non-trivial LayerNorm and biases, so that faithful mode is really exercised.
@@ -71,7 +90,13 @@ def tiny_models(tiny_checkpoints):
     """{family: loaded torch model} matching `tiny_checkpoints` (for parity tests)."""
     import transformers as tf
 
-    classes = {"bert": tf.BertModel, "roberta": tf.RobertaModel, "xlm-roberta": tf.XLMRobertaModel,
-               "albert": tf.AlbertModel, "electra": tf.ElectraForPreTraining, "distilbert": tf.DistilBertModel,
-               "gpt2": tf.GPT2Model}
+    classes = {
+        "bert": tf.BertModel,
+        "roberta": tf.RobertaModel,
+        "xlm-roberta": tf.XLMRobertaModel,
+        "albert": tf.AlbertModel,
+        "electra": tf.ElectraForPreTraining,
+        "distilbert": tf.DistilBertModel,
+        "gpt2": tf.GPT2Model,
+    }
     return {f: classes[f].from_pretrained(p, attn_implementation="eager").eval() for f, p in tiny_checkpoints.items()}

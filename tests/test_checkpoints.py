@@ -5,13 +5,18 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import FAMILIES, build_tiny
 
-from posprobe.checkpoint import (WeightReader, default_model_dir, read_attention_weights, read_embedding_inputs,
-                                 read_position_table, resolve_model)
+from posprobe.checkpoint import (
+    WeightReader,
+    default_model_dir,
+    read_attention_weights,
+    read_embedding_inputs,
+    read_position_table,
+    resolve_model,
+)
 from posprobe.errors import PosprobeError
 from posprobe.pipelines.analysis import fhat_analysis, toeplitz_analysis
-
-from conftest import FAMILIES, build_tiny
 
 
 def _torch_position_table(model, family):
@@ -66,8 +71,8 @@ def test_sharded_and_bfloat16_checkpoints(tmp_path):
 
 def test_bert_subclass_prefix_is_found(tmp_path):
     import transformers as tf
-
     from conftest import TINY
+
     model = tf.BertForSequenceClassification(tf.BertConfig(**TINY))
     model.save_pretrained(tmp_path)
     assert toeplitz_analysis(str(tmp_path)).n_positions == 64
@@ -140,8 +145,11 @@ def test_pickle_weights_refused_unless_allowed(tiny_models, tmp_path):
         resolve_model(str(tmp_path))
     source = resolve_model(str(tmp_path), allow_pickle=True)
     assert source.weight_format == "pickle"
-    np.testing.assert_allclose(read_position_table(source).table,
-                               model.embeddings.position_embeddings.weight.detach().double().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(
+        read_position_table(source).table,
+        model.embeddings.position_embeddings.weight.detach().double().numpy(),
+        rtol=1e-6,
+    )
 
 
 def test_nan_weights_are_reported(tmp_path):
@@ -155,8 +163,10 @@ def test_nan_weights_are_reported(tmp_path):
         toeplitz_analysis(str(tmp_path))
 
 
-@pytest.mark.parametrize("model_type, words", [("t5", "relative position buckets"), ("llama", "rotary"),
-                                               ("bloom", "ALiBi"), ("whatever-new", "unsupported")])
+@pytest.mark.parametrize(
+    "model_type, words",
+    [("t5", "relative position buckets"), ("llama", "rotary"), ("bloom", "ALiBi"), ("whatever-new", "unsupported")],
+)
 def test_models_without_learned_positions(tmp_path, model_type, words):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     (tmp_path / "model.safetensors").write_bytes(b"")
@@ -182,7 +192,9 @@ def test_layer_out_of_range(tiny_checkpoints):
 
 def test_reader_lists_and_finds_suffixes(tiny_checkpoints):
     reader = WeightReader(tiny_checkpoints["electra"])
-    assert reader.find_suffix("embeddings.position_embeddings.weight") == "electra.embeddings.position_embeddings.weight"
+    assert (
+        reader.find_suffix("embeddings.position_embeddings.weight") == "electra.embeddings.position_embeddings.weight"
+    )
     assert reader.find_suffix("nothing.like.this") is None
 
 

@@ -28,13 +28,28 @@ def run_main(args, capsys):
 
 def test_toeplitz_json_contract(tiny_checkpoints, tmp_path):
     out = tmp_path / "out"
-    record = run_json(["toeplitz", str(tiny_checkpoints["roberta"]), "--block", "16", "--block", "32",
-                       "--out", str(out), "--json", "--format", "svg"])
+    record = run_json(
+        [
+            "toeplitz",
+            str(tiny_checkpoints["roberta"]),
+            "--block",
+            "16",
+            "--block",
+            "32",
+            "--out",
+            str(out),
+            "--json",
+            "--format",
+            "svg",
+        ]
+    )
     assert record["model"] == str(tiny_checkpoints["roberta"])
     assert record["n_positions"] == 64 and record["dropped_rows"] == 2
     assert 0 <= record["toeplitz_r2"] <= 1
     assert set(record["blocks"]) == {"16", "32"}
-    assert (out / "P.svg").is_file() and json.loads((out / "P.json").read_text())["toeplitz_r2"] == record["toeplitz_r2"]
+    assert (out / "P.svg").is_file() and json.loads((out / "P.json").read_text())["toeplitz_r2"] == record[
+        "toeplitz_r2"
+    ]
 
 
 def test_toeplitz_human_output(tiny_checkpoints, tmp_path):
@@ -45,8 +60,21 @@ def test_toeplitz_human_output(tiny_checkpoints, tmp_path):
 
 @pytest.mark.parametrize("mode, fmt", [("paper", "png"), ("faithful", "svg"), ("paper", "pdf")])
 def test_fhat_json_contract(tiny_checkpoints, tmp_path, mode, fmt):
-    record = run_json(["fhat", str(tiny_checkpoints["albert"]), "--layer", "1", "--mode", mode,
-                       "--out", str(tmp_path), "--json", "--format", fmt])
+    record = run_json(
+        [
+            "fhat",
+            str(tiny_checkpoints["albert"]),
+            "--layer",
+            "1",
+            "--mode",
+            mode,
+            "--out",
+            str(tmp_path),
+            "--json",
+            "--format",
+            fmt,
+        ]
+    )
     assert record["layer"] == 1 and record["mode"] == mode and record["weights_layer"] == 0
     assert [h["head"] for h in record["heads"]] == [0, 1, 2, 3]
     assert all(0 <= h["toeplitz_r2"] <= 1 for h in record["heads"])
@@ -68,8 +96,9 @@ def test_profiles_npz_round_trip(tiny_checkpoints, tmp_path):
 
 
 def test_compare_table(tiny_checkpoints, tmp_path):
-    record = run_json(["compare", str(tiny_checkpoints["bert"]), str(tiny_checkpoints["gpt2"]),
-                       "--out", str(tmp_path), "--json"])
+    record = run_json(
+        ["compare", str(tiny_checkpoints["bert"]), str(tiny_checkpoints["gpt2"]), "--out", str(tmp_path), "--json"]
+    )
     assert [m["n_positions"] for m in record["models"]] == [64, 64]
     assert record["models"][0]["r2_first_128"] is None  # table shorter than 128
     assert (tmp_path / "compare.png").is_file()
@@ -127,25 +156,36 @@ def test_unsupported_architecture_message(tmp_path, capsys):
 
 
 def test_help_does_not_import_torch():
-    code = ("import sys; from posprobe.cli import app; from typer.testing import CliRunner; "
-            "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0; "
-            "bad = [m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys; from posprobe.cli import app; from typer.testing import CliRunner; "
+        "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0; "
+        "bad = [m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_toeplitz_does_not_import_torch(tiny_checkpoints, tmp_path):
-    code = ("import sys; from posprobe.cli import main\n"
-            "try:\n    main(['toeplitz', sys.argv[1], '--out', sys.argv[2], '--json'])\n"
-            "except SystemExit as e:\n    assert not e.code, e.code\n"
-            "assert 'torch' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code, str(tiny_checkpoints["bert"]), str(tmp_path)], check=True,
-                   capture_output=True)
+    code = (
+        "import sys; from posprobe.cli import main\n"
+        "try:\n    main(['toeplitz', sys.argv[1], '--out', sys.argv[2], '--json'])\n"
+        "except SystemExit as e:\n    assert not e.code, e.code\n"
+        "assert 'torch' not in sys.modules"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(tiny_checkpoints["bert"]), str(tmp_path)], check=True, capture_output=True
+    )
 
 
-@pytest.mark.parametrize("args, words", [(["compare"], "Missing argument"), (["fhat", "--layer", "abc"], "--layer"),
-                                         (["no-such-command"], "No such command"),
-                                         (["toeplitz", "--format", "jpg"], "--format")])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["compare"], "Missing argument"),
+        (["fhat", "--layer", "abc"], "--layer"),
+        (["no-such-command"], "No such command"),
+        (["toeplitz", "--format", "jpg"], "--format"),
+    ],
+)
 def test_usage_errors_exit_2_without_internal_error(args, words, capsys):
     code, captured = run_main(args, capsys)
     assert code == 2 and words in captured.err and "internal error" not in captured.err

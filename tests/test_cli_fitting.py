@@ -15,6 +15,7 @@ from posprobe.pipelines.fitting import ProfileSet, fit_tisa, load_tisa_kernels
 
 runner = CliRunner()
 
+
 def run_json(args):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -82,9 +83,13 @@ def test_npz_profiles_input(tmp_path):
     from posprobe.outputs import save_npz
 
     data = synthetic(n_layers=3)
-    path = save_npz(tmp_path / "profiles_paper.npz", {"model": "tiny", "mode": "faithful", "n_layers": 3,
-                                                     "shared_layers": False},
-                    profiles=data.profiles, offsets=data.offsets, layers=np.arange(3))
+    path = save_npz(
+        tmp_path / "profiles_paper.npz",
+        {"model": "tiny", "mode": "faithful", "n_layers": 3, "shared_layers": False},
+        profiles=data.profiles,
+        offsets=data.offsets,
+        layers=np.arange(3),
+    )
     result = fit_tisa(str(path), kernels=1, layers=[2, 0])
     assert result.model == "tiny" and result.mode == "faithful" and result.layers == [2, 0]
     assert result.fits[0].a.shape == (2, 3, 1)
@@ -146,26 +151,43 @@ def test_fit_tisa_cli_json_contract(tiny_checkpoints, tmp_path):
 
 
 def test_fit_tisa_cli_sweep_albert_and_human_output(tiny_checkpoints, tmp_path):
-    record = run_json(["fit-tisa", str(tiny_checkpoints["albert"]), "--kernels", "1,2", "--layers", "0,1",
-                       "--mode", "faithful", "--out", str(tmp_path), "--json"])
+    record = run_json(
+        [
+            "fit-tisa",
+            str(tiny_checkpoints["albert"]),
+            "--kernels",
+            "1,2",
+            "--layers",
+            "0,1",
+            "--mode",
+            "faithful",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ]
+    )
     assert record["kernels"] == [1, 2] and record["shared_layers"] is True and record["mode"] == "faithful"
     for fit in record["fits"]:
         by_layer = {}
         for h in fit["heads"]:
             by_layer.setdefault(h["head"], []).append(h["c"])
         assert all(cs[0] == cs[1] for cs in by_layer.values())  # one shared layer, replicated
-    result = runner.invoke(app, ["fit-tisa", str(tiny_checkpoints["bert"]), "--kernels", "1,2", "--out",
-                                 str(tmp_path / "human")])
+    result = runner.invoke(
+        app, ["fit-tisa", str(tiny_checkpoints["bert"]), "--kernels", "1,2", "--out", str(tmp_path / "human")]
+    )
     assert result.exit_code == 0, result.output
     assert "sweep" in result.output and (tmp_path / "human" / "tisa_kernels_S2.safetensors").is_file()
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--kernels", "0"], "kernels"),
-    (["--kernels", "x"], "kernels"),
-    (["--window", "1000"], "window"),
-    (["--layers", "9"], ""),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--kernels", "0"], "kernels"),
+        (["--kernels", "x"], "kernels"),
+        (["--window", "1000"], "window"),
+        (["--layers", "9"], ""),
+    ],
+)
 def test_fit_tisa_cli_errors(tiny_checkpoints, tmp_path, capsys, args, fragment):
     with pytest.raises(SystemExit) as info:
         main(["fit-tisa", str(tiny_checkpoints["bert"]), "--out", str(tmp_path), *args])
@@ -188,6 +210,8 @@ def test_cli_module_import_is_light():
     import subprocess
     import sys
 
-    code = ("import sys, posprobe.cli.fitting; "
-            "bad = [m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules]; assert not bad, bad")
+    code = (
+        "import sys, posprobe.cli.fitting; "
+        "bad = [m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules]; assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -2,13 +2,12 @@
 
 import numpy as np
 import pytest
+from conftest import FAMILIES
 
 from posprobe.analysis.fhat import LayerInput, faithful_input, fhat_matrices, paper_input
 from posprobe.analysis.toeplitz import diagonal_means, offsets
 from posprobe.checkpoint import read_attention_weights, read_embedding_inputs, resolve_model
 from posprobe.pipelines.analysis import compute_profiles, fhat_analysis
-
-from conftest import FAMILIES
 
 
 def loop_paper_fhat(positions, word, wq, wk, n_heads):
@@ -21,7 +20,9 @@ def loop_paper_fhat(positions, word, wq, wk, n_heads):
         m = wq[sl].T @ wk[sl]  # W_Q,h W_K,h^T in row-vector convention (d, d)
         for i in range(n):
             for j in range(n):
-                out[h, i, j] = (word @ m @ positions[j] + positions[i] @ m @ word + positions[i] @ m @ positions[j]) / np.sqrt(dh)
+                out[h, i, j] = (
+                    word @ m @ positions[j] + positions[i] @ m @ word + positions[i] @ m @ positions[j]
+                ) / np.sqrt(dh)
     return out
 
 
@@ -44,7 +45,9 @@ def test_paper_mode_is_full_score_minus_word_word_constant():
     paper = fhat_matrices(LayerInput(positions=positions, word=word), wq, wk, heads)
     full = fhat_matrices(LayerInput(full=positions + word), wq, wk, heads)
     dh = d // heads
-    const = np.array([(word @ wq[h * dh:(h + 1) * dh].T) @ (word @ wk[h * dh:(h + 1) * dh].T) for h in range(heads)]) / np.sqrt(dh)
+    const = np.array(
+        [(word @ wq[h * dh : (h + 1) * dh].T) @ (word @ wk[h * dh : (h + 1) * dh].T) for h in range(heads)]
+    ) / np.sqrt(dh)
     np.testing.assert_allclose(full - const[:, None, None], paper, atol=1e-10)
 
 
@@ -85,10 +88,12 @@ def test_faithful_mode_matches_the_real_first_layer(tiny_checkpoints, tiny_model
         hook.remove()
     d = captured["q"].shape[-1] if k_mod is not None else captured["q"].shape[-1] // 3
     q = captured["q"][0, :, :d].numpy()
-    k = (captured["k"][0] if k_mod is not None else captured["q"][0, :, d:2 * d]).numpy()
+    k = (captured["k"][0] if k_mod is not None else captured["q"][0, :, d : 2 * d]).numpy()
     heads = model.config.num_attention_heads if hasattr(model.config, "num_attention_heads") else model.config.n_head
     dh = d // heads
-    expected = np.stack([q[:, h * dh:(h + 1) * dh] @ k[:, h * dh:(h + 1) * dh].T / np.sqrt(dh) for h in range(heads)])
+    expected = np.stack(
+        [q[:, h * dh : (h + 1) * dh] @ k[:, h * dh : (h + 1) * dh].T / np.sqrt(dh) for h in range(heads)]
+    )
     result = fhat_analysis(str(tiny_checkpoints[family]), 0, "faithful")
     np.testing.assert_allclose(result.matrices, expected, rtol=1e-9, atol=1e-10)
     assert result.mode == "faithful"
@@ -109,8 +114,14 @@ def _next_token_checkpoint(folder):
     import transformers as tf
 
     n, d, heads = 8, 32, 4
-    cfg = tf.BertConfig(hidden_size=d, num_hidden_layers=1, num_attention_heads=heads, intermediate_size=16,
-                        vocab_size=10, max_position_embeddings=n)
+    cfg = tf.BertConfig(
+        hidden_size=d,
+        num_hidden_layers=1,
+        num_attention_heads=heads,
+        intermediate_size=16,
+        vocab_size=10,
+        max_position_embeddings=n,
+    )
     model = tf.BertModel(cfg)
     with torch.no_grad():
         model.embeddings.word_embeddings.weight.zero_()

@@ -38,9 +38,16 @@ def tiny_model(tmp_path_factory) -> Path:
 
     folder = tmp_path_factory.mktemp("tiny-bert")
     BertTokenizer(vocab={w: i for i, w in enumerate(VOCAB)}).save_pretrained(folder)
-    config = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
-                        vocab_size=len(VOCAB), max_position_embeddings=64, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
+    config = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        vocab_size=len(VOCAB),
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     import torch
 
     torch.manual_seed(0)
@@ -66,16 +73,28 @@ def sst2_dir(tmp_path_factory) -> Path:
     rng = random.Random(0)
     for split, n in (("train", 64), ("validation", 32)):
         labels = [rng.randint(0, 1) for _ in range(n)]
-        _write_jsonl(root / "sst2" / f"{split}.jsonl",
-                     [{"sentence": _sentence(rng, y), "label": y, "idx": i} for i, y in enumerate(labels)])
+        _write_jsonl(
+            root / "sst2" / f"{split}.jsonl",
+            [{"sentence": _sentence(rng, y), "label": y, "idx": i} for i, y in enumerate(labels)],
+        )
     return root
 
 
 def _config(model: Path, data: Path, out: Path, **overrides):
     from posprobe.glue.train import FinetuneConfig
 
-    settings = dict(task="sst2", out=out, model=str(model), data_dir=data, epochs=2, lr=3e-3, warmup=0.0,
-                    batch_size=8, seeds=[0], progress=False)
+    settings = dict(
+        task="sst2",
+        out=out,
+        model=str(model),
+        data_dir=data,
+        epochs=2,
+        lr=3e-3,
+        warmup=0.0,
+        batch_size=8,
+        seeds=[0],
+        progress=False,
+    )
     settings.update(overrides)
     return FinetuneConfig(**settings)
 
@@ -110,9 +129,29 @@ def _run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
 
 def test_cli_finetune_json_results_and_evaluate(tiny_model, sst2_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    code, stdout, stderr = _run_cli(["finetune", "--task", "sst2", "--model", str(tiny_model), "--data-dir",
-                                     str(sst2_dir), "--seeds", "2", "--epochs", "6", "--lr", "3e-3",
-                                     "--batch-size", "8", "--out", str(out), "--json"], capsys)
+    code, stdout, stderr = _run_cli(
+        [
+            "finetune",
+            "--task",
+            "sst2",
+            "--model",
+            str(tiny_model),
+            "--data-dir",
+            str(sst2_dir),
+            "--seeds",
+            "2",
+            "--epochs",
+            "6",
+            "--lr",
+            "3e-3",
+            "--batch-size",
+            "8",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, stderr[-3000:]
     result = json.loads(stdout)  # exactly one JSON object on stdout (Trainer logs go to stderr)
     assert result["task"] == "sst2" and result["mechanism"] == "none" and result["seeds"] == [0, 1]
@@ -130,8 +169,9 @@ def test_cli_finetune_json_results_and_evaluate(tiny_model, sst2_dir, tmp_path, 
     assert (out / "seed-1" / "model" / "config.json").is_file()
     assert not list(out.glob("seed-*/checkpoint-*"))  # finished seeds keep only the final model
 
-    code, stdout, stderr = _run_cli(["evaluate", str(out), "--task", "sst2", "--data-dir", str(sst2_dir),
-                                     "--json"], capsys)
+    code, stdout, stderr = _run_cli(
+        ["evaluate", str(out), "--task", "sst2", "--data-dir", str(sst2_dir), "--json"], capsys
+    )
     assert code == 0, stderr[-3000:]
     again = json.loads(stdout)
     assert again["seeds"] == [0, 1]
@@ -142,8 +182,18 @@ def test_cli_finetune_json_results_and_evaluate(tiny_model, sst2_dir, tmp_path, 
 def test_pair_regression_from_tsv(tiny_model, tmp_path):
     from posprobe.glue.train import finetune
 
-    header = ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2",
-              "score"]
+    header = [
+        "index",
+        "genre",
+        "filename",
+        "year",
+        "old_index",
+        "source1",
+        "source2",
+        "sentence1",
+        "sentence2",
+        "score",
+    ]
     rng = random.Random(1)
     for name, n in (("train.tsv", 16), ("dev.tsv", 12)):
         lines = [header]
@@ -165,9 +215,13 @@ def test_mnli_reports_matched_and_mismatched(tiny_model, tmp_path):
 
     rng = random.Random(2)
     for split, n in (("train", 16), ("validation_matched", 9), ("validation_mismatched", 7)):
-        _write_jsonl(tmp_path / "glue" / "mnli" / f"{split}.jsonl",
-                     [{"premise": _sentence(rng, 1), "hypothesis": _sentence(rng, 0), "label": i % 3, "idx": i}
-                      for i in range(n)])
+        _write_jsonl(
+            tmp_path / "glue" / "mnli" / f"{split}.jsonl",
+            [
+                {"premise": _sentence(rng, 1), "hypothesis": _sentence(rng, 0), "label": i % 3, "idx": i}
+                for i in range(n)
+            ],
+        )
     result = finetune(_config(tiny_model, tmp_path / "glue", tmp_path / "run", task="mnli", max_steps=2))
     assert set(result["metrics"][0]) == {"accuracy", "accuracy_mismatched"}
     again = evaluate(tmp_path / "run" / "seed-0" / "model", "mnli", tmp_path / "glue")
@@ -232,9 +286,33 @@ def test_two_processes_match_one_process(tiny_model, sst2_dir, tmp_path):
 
     one = finetune(_config(tiny_model, sst2_dir, tmp_path / "one", epochs=3, warmup=0.1))  # the CLI's warm-up
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "posprobe",
-           "finetune", "--task", "sst2", "--model", str(tiny_model), "--data-dir", str(sst2_dir), "--seed", "0",
-           "--epochs", "3", "--lr", "3e-3", "--batch-size", "8", "--out", str(tmp_path / "two"), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "posprobe",
+        "finetune",
+        "--task",
+        "sst2",
+        "--model",
+        str(tiny_model),
+        "--data-dir",
+        str(sst2_dir),
+        "--seed",
+        "0",
+        "--epochs",
+        "3",
+        "--lr",
+        "3e-3",
+        "--batch-size",
+        "8",
+        "--out",
+        str(tmp_path / "two"),
+        "--json",
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
@@ -276,8 +354,9 @@ def test_init_fit_fits_the_models_own_profiles(tiny_model, sst2_dir, tmp_path):
     from posprobe.pipelines.fitting import load_tisa_kernels
     from posprobe.retrofit import load_model
 
-    result = finetune(_config(tiny_model, sst2_dir, tmp_path / "fit", mechanism="tisa", init="fit", kernels=2,
-                              epochs=1))
+    result = finetune(
+        _config(tiny_model, sst2_dir, tmp_path / "fit", mechanism="tisa", init="fit", kernels=2, epochs=1)
+    )
     a, b, c, meta = load_tisa_kernels(tmp_path / "fit" / "fit-tisa" / "tisa_kernels_S2.safetensors")
     assert a.shape == (2, 4, 2) and meta["model"] == str(tiny_model)
     assert result["mechanism"] == "tisa" and 0.0 <= result["metrics"][0]["accuracy"] <= 1.0

@@ -60,8 +60,10 @@ def test_bad_task_name_lists_valid_names():
 
 
 def test_hf_jsonl_single_sentence(tmp_path):
-    write_jsonl(tmp_path / "cola" / "train.jsonl", [{"sentence": "a b", "label": 1, "idx": 0},
-                                                    {"sentence": "b a", "label": 0, "idx": 1}])
+    write_jsonl(
+        tmp_path / "cola" / "train.jsonl",
+        [{"sentence": "a b", "label": 1, "idx": 0}, {"sentence": "b a", "label": 0, "idx": 1}],
+    )
     write_jsonl(tmp_path / "cola" / "validation.jsonl", [{"sentence": "c", "label": 1, "idx": 0}])
     data = load_glue("cola", tmp_path)
     assert list(data) == ["train", "validation"]
@@ -93,8 +95,10 @@ def test_hf_csv_json_parquet_and_regression(tmp_path):
     pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
 
-    pq.write_table(pa.table({"question1": ["q1", "q2"], "question2": ["r1", "r2"], "label": [0, 1],
-                             "idx": [0, 1]}), tmp_path / "train.parquet")
+    pq.write_table(
+        pa.table({"question1": ["q1", "q2"], "question2": ["r1", "r2"], "label": [0, 1], "idx": [0, 1]}),
+        tmp_path / "train.parquet",
+    )
     qqp = tmp_path / "qqp"
     qqp.mkdir()
     (tmp_path / "train.parquet").rename(qqp / "train.parquet")
@@ -121,9 +125,10 @@ def test_caps_take_a_fixed_subset(tmp_path):
 
 
 def test_tsv_cola_no_header_and_quotes(tmp_path):
-    write_tsv(tmp_path / "CoLA" / "train.tsv", [["gj04", "1", "", 'he said "hi" to me'],
-                                                 ["gj04", "0", "*", "me said he's"]])
-    write_tsv(tmp_path / "CoLA" / "dev.tsv", [["gj04", "1", "", "ok \"quote"]])
+    write_tsv(
+        tmp_path / "CoLA" / "train.tsv", [["gj04", "1", "", 'he said "hi" to me'], ["gj04", "0", "*", "me said he's"]]
+    )
+    write_tsv(tmp_path / "CoLA" / "dev.tsv", [["gj04", "1", "", 'ok "quote']])
     data = load_glue("cola", tmp_path)
     assert data["train"].texts == [('he said "hi" to me',), ("me said he's",)]
     assert data["train"].labels == [1, 0]
@@ -135,26 +140,51 @@ def test_tsv_sst2_mrpc_stsb_qqp(tmp_path):
     assert load_split("sst2", "train", tmp_path).texts == [("nice film",)]
     mrpc = tmp_path / "MRPC" / "train.tsv"
     mrpc.parent.mkdir()
-    mrpc.write_text("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t11\t12\tA b .\tA c .\n",
-                    encoding="utf-8")
+    mrpc.write_text("\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t11\t12\tA b .\tA c .\n", encoding="utf-8")
     got = load_split("mrpc", "train", tmp_path)
     assert got.texts == [("A b .", "A c .")] and got.labels == [1]
-    header = ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2",
-              "score"]
+    header = [
+        "index",
+        "genre",
+        "filename",
+        "year",
+        "old_index",
+        "source1",
+        "source2",
+        "sentence1",
+        "sentence2",
+        "score",
+    ]
     write_tsv(tmp_path / "STS-B" / "dev.tsv", [header, ["0", "g", "f", "2012", "1", "s", "s", "x y", "y x", "3.800"]])
     got = load_split("stsb", "validation", tmp_path)
     assert got.texts == [("x y", "y x")] and got.labels == [3.8]
-    write_tsv(tmp_path / "QQP" / "train.tsv", [["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
-                                                ["0", "1", "2", "why?", "how?", "0"]])
+    write_tsv(
+        tmp_path / "QQP" / "train.tsv",
+        [["id", "qid1", "qid2", "question1", "question2", "is_duplicate"], ["0", "1", "2", "why?", "how?", "0"]],
+    )
     assert load_split("qqp", "train", tmp_path).texts == [("why?", "how?")]
 
 
 def test_tsv_nli_label_strings(tmp_path):
-    header = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
-              "sentence1_parse", "sentence2_parse", "sentence1", "sentence2", "label1", "gold_label"]
+    header = [
+        "index",
+        "promptID",
+        "pairID",
+        "genre",
+        "sentence1_binary_parse",
+        "sentence2_binary_parse",
+        "sentence1_parse",
+        "sentence2_parse",
+        "sentence1",
+        "sentence2",
+        "label1",
+        "gold_label",
+    ]
     dev_header = header[:-1] + ["label2", "label3", "label4", "label5", "gold_label"]
-    rows = [["0", "1", "2", "g", "(", "(", "(", "(", "P.", "H.", "neutral", "neutral"],
-            ["1", "1", "2", "g", "(", "(", "(", "(", "P2", "H2", "entailment", "contradiction"]]
+    rows = [
+        ["0", "1", "2", "g", "(", "(", "(", "(", "P.", "H.", "neutral", "neutral"],
+        ["1", "1", "2", "g", "(", "(", "(", "(", "P2", "H2", "entailment", "contradiction"],
+    ]
     write_tsv(tmp_path / "MNLI" / "train.tsv", [header, *rows])
     dev_rows = [r[:-1] + ["x", "x", "x", "x", r[-1]] for r in rows]
     write_tsv(tmp_path / "MNLI" / "dev_matched.tsv", [dev_header, *dev_rows])
@@ -164,11 +194,18 @@ def test_tsv_nli_label_strings(tmp_path):
     assert data["train"].texts == [("P.", "H."), ("P2", "H2")]
     assert data["validation_matched"].labels == [1, 2]
     assert data["validation_mismatched"].labels == [1]
-    write_tsv(tmp_path / "QNLI" / "train.tsv", [["index", "question", "sentence", "label"],
-                                                 ["0", "q?", "s.", "not_entailment"], ["1", "q", "s", "entailment"]])
+    write_tsv(
+        tmp_path / "QNLI" / "train.tsv",
+        [
+            ["index", "question", "sentence", "label"],
+            ["0", "q?", "s.", "not_entailment"],
+            ["1", "q", "s", "entailment"],
+        ],
+    )
     assert load_split("qnli", "train", tmp_path).labels == [1, 0]
-    write_tsv(tmp_path / "RTE" / "train.tsv", [["index", "sentence1", "sentence2", "label"],
-                                                ["0", "a", "b", "entailment"]])
+    write_tsv(
+        tmp_path / "RTE" / "train.tsv", [["index", "sentence1", "sentence2", "label"], ["0", "a", "b", "entailment"]]
+    )
     assert load_split("rte", "train", tmp_path).labels == [0]
     write_tsv(tmp_path / "WNLI" / "train.tsv", [["index", "sentence1", "sentence2", "label"], ["0", "a", "b", "1"]])
     assert load_split("wnli", "train", tmp_path).labels == [1]
@@ -179,8 +216,9 @@ def test_tsv_nli_label_strings(tmp_path):
 
 
 def test_tsv_wrong_field_count_names_file_and_line(tmp_path):
-    path = write_tsv(tmp_path / "CoLA" / "train.tsv", [["s", "1", "", "ok"], ["s", "0", "*", "ok"],
-                                                        ["s", "1", "bad line"]])
+    path = write_tsv(
+        tmp_path / "CoLA" / "train.tsv", [["s", "1", "", "ok"], ["s", "0", "*", "ok"], ["s", "1", "bad line"]]
+    )
     with pytest.raises(PosprobeError) as err:
         load_split("cola", "train", tmp_path)
     assert str(path) in err.value.message and "line 3" in err.value.message
@@ -194,8 +232,10 @@ def test_tsv_missing_header_column(tmp_path):
 
 
 def test_tsv_unknown_label_string(tmp_path):
-    path = write_tsv(tmp_path / "RTE" / "train.tsv", [["index", "sentence1", "sentence2", "label"],
-                                                       ["0", "a", "b", "entailment"], ["1", "a", "b", "maybe"]])
+    path = write_tsv(
+        tmp_path / "RTE" / "train.tsv",
+        [["index", "sentence1", "sentence2", "label"], ["0", "a", "b", "entailment"], ["1", "a", "b", "maybe"]],
+    )
     with pytest.raises(PosprobeError) as err:
         load_split("rte", "train", tmp_path)
     assert f"{path}, line 3" in err.value.message and "'maybe'" in err.value.message
@@ -241,22 +281,42 @@ def test_missing_files_and_folder(tmp_path):
 
 
 def test_offline_without_data_dir_says_how_to_pass_data(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
-           "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}
-    code = ("from posprobe.glue.data import load_glue\n"
-            "from posprobe.errors import PosprobeError\n"
-            "try:\n    load_glue('rte')\nexcept PosprobeError as e:\n    print('ERR', e)\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[1])
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets"),
+    }
+    code = (
+        "from posprobe.glue.data import load_glue\n"
+        "from posprobe.errors import PosprobeError\n"
+        "try:\n    load_glue('rte')\nexcept PosprobeError as e:\n    print('ERR', e)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert proc.stdout.startswith("ERR could not load GLUE 'rte' from the Hugging Face hub"), proc.stderr[-2000:]
     assert "--data-dir" in proc.stdout and "rte/train.jsonl" in proc.stdout
 
 
 def test_glue_modules_import_without_torch():
-    code = ("import sys\nimport posprobe.glue, posprobe.glue.data, posprobe.glue.metrics, posprobe.glue.train\n"
-            "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\nprint(bad)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[1])
+    code = (
+        "import sys\nimport posprobe.glue, posprobe.glue.data, posprobe.glue.metrics, posprobe.glue.train\n"
+        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\nprint(bad)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert proc.stdout.strip() == "[]", proc.stderr[-2000:]
 
 
@@ -270,6 +330,8 @@ def test_shared_real_data_loads():
 
 def test_hf_files_win_over_tsv(tmp_path):
     write_jsonl(tmp_path / "rte" / "train.jsonl", [{"sentence1": "a", "sentence2": "b", "label": 1}])
-    write_tsv(tmp_path / "RTE" / "train.tsv", [["index", "sentence1", "sentence2", "label"], ["0", "x", "y", "entailment"]])
+    write_tsv(
+        tmp_path / "RTE" / "train.tsv", [["index", "sentence1", "sentence2", "label"], ["0", "x", "y", "entailment"]]
+    )
     got = load_split("rte", "train", tmp_path)
     assert got.texts == [("a", "b")] and got.source.endswith("train.jsonl")

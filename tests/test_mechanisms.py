@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import build_tiny
+
 from posprobe.cli.retrofit import KNOWN_MECHANISMS
 from posprobe.mechanisms import REGISTRY, ROLES
 from posprobe.retrofit import load_model, mechanism_at, retrofit, save_retrofitted
@@ -90,7 +90,7 @@ def test_padding_never_changes_real_tokens(name, family):
     with torch.no_grad():
         batch = _out(model, padded, mask)
         for b, length in enumerate(lengths):
-            alone = _out(model, ids[b:b + 1, :length])
+            alone = _out(model, ids[b : b + 1, :length])
             torch.testing.assert_close(batch[b, :length], alone[0], rtol=1e-10, atol=1e-10)
 
 
@@ -114,7 +114,7 @@ def test_relative_only_runs_beyond_max_positions(name):
     n = 2 * model.config.max_position_embeddings
     ids = _ids(2, n)
     mask = torch.ones_like(ids)
-    mask[1, n // 2:] = 0
+    mask[1, n // 2 :] = 0
     with torch.no_grad():
         out = _out(model, ids, mask)
     assert out.shape[:2] == (2, n) and torch.isfinite(out).all()

@@ -8,12 +8,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import build_tiny
 from safetensors.numpy import save_file
 
-from conftest import build_tiny
 from posprobe.errors import PosprobeError
-from posprobe.retrofit import (added_parameters, depth_slots, load_model, mechanism_at, retrofit,
-                               save_retrofitted)
+from posprobe.retrofit import added_parameters, depth_slots, load_model, mechanism_at, retrofit, save_retrofitted
 
 H, L, D = 4, 2, 32  # tiny models: 4 heads, 2 layers, hidden 32 -> d_h = 8
 
@@ -80,8 +79,9 @@ def test_tisa_kernels_for_some_layers_and_shared_albert(tmp_path):
     bert = retrofit(build_tiny("bert").double(), "tisa", init=f"fit:{tmp_path / 'k.safetensors'}")
     assert torch.equal(mechanism_at(bert, 0).a.detach(), torch.from_numpy(a[0]))
     assert mechanism_at(bert, 1).a.abs().sum() == 0  # not fitted: zero amplitude
-    albert = retrofit(build_tiny("albert", num_hidden_layers=3).double(), "tisa",
-                      init=f"fit:{tmp_path / 'k.safetensors'}")
+    albert = retrofit(
+        build_tiny("albert", num_hidden_layers=3).double(), "tisa", init=f"fit:{tmp_path / 'k.safetensors'}"
+    )
     for depth in range(3):  # one fitted (shared) layer initialises every depth
         assert torch.equal(mechanism_at(albert, depth).c.detach(), torch.from_numpy(c[0]))
 
@@ -90,8 +90,12 @@ def test_tisa_kernels_for_some_layers_and_shared_albert(tmp_path):
 def test_parameter_counts_follow_spec(family, layers):
     overrides = {"num_hidden_layers": layers} if family == "albert" else {}
     r, s, dh = 8, 5, D // H
-    expected = {"tisa": 3 * s * H * layers, "fixed": H * (2 * r + 1) * layers, "dynamic": (2 * r + 1) * dh * layers,
-                "composite": (H + dh) * (2 * r + 1) * layers}
+    expected = {
+        "tisa": 3 * s * H * layers,
+        "fixed": H * (2 * r + 1) * layers,
+        "dynamic": (2 * r + 1) * dh * layers,
+        "composite": (H + dh) * (2 * r + 1) * layers,
+    }
     for name, count in expected.items():
         model = retrofit(build_tiny(family, **overrides), name, radius=r, kernels=s)
         assert added_parameters(model) == count, name
@@ -169,8 +173,10 @@ def test_sdpa_and_explicit_paths_agree(name, monkeypatch):
     fused = model(ids, attention_mask=mask)[0]
     keep = mask.bool()
     torch.testing.assert_close(fused[keep], explicit[keep], rtol=1e-10, atol=1e-10)
-    grads = [torch.autograd.grad(out[keep].pow(2).sum(), list(model.parameters()), allow_unused=True)
-             for out in (explicit, fused)]
+    grads = [
+        torch.autograd.grad(out[keep].pow(2).sum(), list(model.parameters()), allow_unused=True)
+        for out in (explicit, fused)
+    ]
     for a, b in zip(*grads):
         if a is not None or b is not None:
             torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
@@ -207,14 +213,17 @@ def test_unsupported_architecture(family):
         retrofit(build_tiny(family), "tisa")
 
 
-@pytest.mark.parametrize("kwargs, pattern", [
-    ({"mechanism": "nope"}, "unknown mechanism"),
-    ({"mechanism": "fixed", "init": "fit:/no/such/file"}, "only applies to TISA"),
-    ({"mechanism": "tisa", "init": "fit:/no/such/file"}, "does not exist"),
-    ({"mechanism": "tisa", "init": "gaussian"}, "unknown --init"),
-    ({"mechanism": "fixed", "radius": 0}, "--radius"),
-    ({"mechanism": "tisa", "kernels": 0}, "--kernels"),
-])
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"mechanism": "nope"}, "unknown mechanism"),
+        ({"mechanism": "fixed", "init": "fit:/no/such/file"}, "only applies to TISA"),
+        ({"mechanism": "tisa", "init": "fit:/no/such/file"}, "does not exist"),
+        ({"mechanism": "tisa", "init": "gaussian"}, "unknown --init"),
+        ({"mechanism": "fixed", "radius": 0}, "--radius"),
+        ({"mechanism": "tisa", "kernels": 0}, "--kernels"),
+    ],
+)
 def test_bad_arguments(kwargs, pattern):
     with pytest.raises(PosprobeError, match=pattern):
         retrofit(build_tiny("bert"), **kwargs)
@@ -246,8 +255,12 @@ def test_packaged_minilm_zero_init_parity(name):
 def test_gradient_checkpointing_gives_the_same_gradients(name):
     grads = []
     for checkpointing in (False, True):
-        model = retrofit(build_tiny("bert", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).double(),
-                         name, radius=2, init="random")
+        model = retrofit(
+            build_tiny("bert", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).double(),
+            name,
+            radius=2,
+            init="random",
+        )
         if checkpointing:
             getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
         model.train()

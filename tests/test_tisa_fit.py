@@ -132,8 +132,8 @@ def test_r2_definition_and_local_optimality_against_scipy():
         r2 = 1 - np.sum((y[h] - model) ** 2) / np.sum((y[h] - y[h].mean()) ** 2)
         assert fit.r2_[h] == pytest.approx(r2, abs=1e-10)
 
-        def residual(p):
-            return tisa_function(k, p[:3], p[3:6], p[6:9]) + p[9] - y[h]
+        def residual(p, target=y[h]):
+            return tisa_function(k, p[:3], p[3:6], p[6:9]) + p[9] - target
 
         p0 = np.concatenate([fit.a_[h], fit.b_[h], fit.c_[h], [fit.offset_[h]]])
         best = least_squares(residual, p0, method="lm", max_nfev=4000)
@@ -152,10 +152,10 @@ def test_exhaustive_agrees_on_median():
 
 def test_window_default_and_clipping():
     small = np.arange(-3, 4)
-    fit = TisaKernelFitter(1).fit(np.exp(-small[None] ** 2.0), small)
+    fit = TisaKernelFitter(1).fit(np.exp(-(small[None] ** 2.0)), small)
     assert fit.window_ == 3 and list(fit.fit_offsets_) == list(small)
-    assert TisaKernelFitter(1).fit(np.exp(-OFFSETS[None] ** 2.0), OFFSETS).window_ == DEFAULT_WINDOW
-    fit = TisaKernelFitter(1, window=5).fit(np.exp(-OFFSETS[None] ** 2.0), OFFSETS)
+    assert TisaKernelFitter(1).fit(np.exp(-(OFFSETS[None] ** 2.0)), OFFSETS).window_ == DEFAULT_WINDOW
+    fit = TisaKernelFitter(1, window=5).fit(np.exp(-(OFFSETS[None] ** 2.0)), OFFSETS)
     assert fit.window_ == 5 and fit.fit_offsets_.min() == -5 and fit.fit_offsets_.max() == 5
 
 
@@ -175,18 +175,29 @@ def test_underdetermined_window_is_flagged_and_finite():
     assert np.all(np.isfinite(fit.a_)) and 0 <= fit.r2_[0] <= 1
 
 
-@pytest.mark.parametrize("kwargs", [dict(n_kernels=0), dict(n_kernels=-2), dict(n_kernels=2.5),
-                                    dict(n_kernels=True), dict(window=0), dict(window=N), dict(window=1000),
-                                    dict(restarts=0), dict(max_iter=0)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(n_kernels=0),
+        dict(n_kernels=-2),
+        dict(n_kernels=2.5),
+        dict(n_kernels=True),
+        dict(window=0),
+        dict(window=N),
+        dict(window=1000),
+        dict(restarts=0),
+        dict(max_iter=0),
+    ],
+)
 def test_bad_parameters_raise(kwargs):
     with pytest.raises(PosprobeError) as info:
-        TisaKernelFitter(**kwargs).fit(np.exp(-OFFSETS[None] ** 2.0), OFFSETS)
+        TisaKernelFitter(**kwargs).fit(np.exp(-(OFFSETS[None] ** 2.0)), OFFSETS)
     assert info.value.hint
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_non_finite_profiles_raise(bad):
-    profiles = np.exp(-OFFSETS[None] ** 2.0).repeat(3, axis=0)
+    profiles = np.exp(-(OFFSETS[None] ** 2.0)).repeat(3, axis=0)
     profiles[1, 5] = bad
     with pytest.raises(PosprobeError, match="NaN/inf"):
         TisaKernelFitter(3).fit(profiles, OFFSETS)
@@ -209,7 +220,9 @@ def test_module_stays_pure():
     import subprocess
     import sys
 
-    code = ("import sys, posprobe.analysis.tisa_fit, posprobe.analysis.params; "
-            "bad = [m for m in ('torch', 'typer', 'rich', 'matplotlib') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, posprobe.analysis.tisa_fit, posprobe.analysis.params; "
+        "bad = [m for m in ('torch', 'typer', 'rich', 'matplotlib') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

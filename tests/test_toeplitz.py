@@ -4,8 +4,15 @@ import numpy as np
 import pytest
 
 from posprobe.analysis.position_products import position_inner_products
-from posprobe.analysis.toeplitz import (block_r2, diagonal_means, offsets, sections, toeplitz_fit,
-                                        toeplitz_from_diagonals, toeplitz_r2)
+from posprobe.analysis.toeplitz import (
+    block_r2,
+    diagonal_means,
+    offsets,
+    sections,
+    toeplitz_fit,
+    toeplitz_from_diagonals,
+    toeplitz_r2,
+)
 
 
 def brute_force_toeplitz_projection(a: np.ndarray) -> np.ndarray:

@@ -39,8 +39,9 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) 
     return (x - mean) / np.sqrt(var + eps) * weight + bias
 
 
-def paper_input(positions: np.ndarray, word_mean: np.ndarray,
-                projection: tuple[np.ndarray, np.ndarray] | None = None) -> LayerInput:
+def paper_input(
+    positions: np.ndarray, word_mean: np.ndarray, projection: tuple[np.ndarray, np.ndarray] | None = None
+) -> LayerInput:
     """Paper-mode inputs: E_P (n, e) and e_w (e,), projected to the hidden width if factorised."""
     if projection is None:
         return LayerInput(positions=positions, word=word_mean)
@@ -48,10 +49,14 @@ def paper_input(positions: np.ndarray, word_mean: np.ndarray,
     return LayerInput(positions=positions @ w.T, word=word_mean @ w.T + b)
 
 
-def faithful_input(positions: np.ndarray, word_mean: np.ndarray, token_type0: np.ndarray | None,
-                   layernorm: tuple[np.ndarray, np.ndarray, float] | None,
-                   projection: tuple[np.ndarray, np.ndarray] | None,
-                   pre_layernorm: tuple[np.ndarray, np.ndarray, float] | None = None) -> LayerInput:
+def faithful_input(
+    positions: np.ndarray,
+    word_mean: np.ndarray,
+    token_type0: np.ndarray | None,
+    layernorm: tuple[np.ndarray, np.ndarray, float] | None,
+    projection: tuple[np.ndarray, np.ndarray] | None,
+    pre_layernorm: tuple[np.ndarray, np.ndarray, float] | None = None,
+) -> LayerInput:
     """The real input rows for a sequence made of the average word: (n, d)."""
     x = positions + word_mean[None, :]
     if token_type0 is not None:
@@ -65,8 +70,14 @@ def faithful_input(positions: np.ndarray, word_mean: np.ndarray, token_type0: np
     return LayerInput(full=x)
 
 
-def fhat_matrices(layer_input: LayerInput, wq: np.ndarray, wk: np.ndarray, n_heads: int,
-                  bq: np.ndarray | None = None, bk: np.ndarray | None = None) -> np.ndarray:
+def fhat_matrices(
+    layer_input: LayerInput,
+    wq: np.ndarray,
+    wk: np.ndarray,
+    n_heads: int,
+    bq: np.ndarray | None = None,
+    bk: np.ndarray | None = None,
+) -> np.ndarray:
     """F_hat_P for every head: (H, n, n). Paper mode ignores the biases, faithful mode uses them."""
     d = wq.shape[0]
     if d % n_heads:

@@ -56,9 +56,14 @@ class PositionalParams:
     def to_json(self) -> dict:
         out = asdict(self)
         out["tisa"] = {str(s): v for s, v in self.tisa.items()}
-        out["formulas"] = {"absolute": "n*d", "untied": "n*d + 2*d^2", "tisa": "3*S*H*L",
-                           "fixed_conv": "H*(2r+1)*L", "dynamic_conv": "(2r+1)*d_h*L",
-                           "composite": "fixed_conv + dynamic_conv"}
+        out["formulas"] = {
+            "absolute": "n*d",
+            "untied": "n*d + 2*d^2",
+            "tisa": "3*S*H*L",
+            "fixed_conv": "H*(2r+1)*L",
+            "dynamic_conv": "(2r+1)*d_h*L",
+            "composite": "fixed_conv + dynamic_conv",
+        }
         return out
 
 
@@ -67,25 +72,32 @@ def _get(config: dict, what: str) -> int:
         value = config.get(key)
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PosprobeError(f"config field '{key}' = {value!r} is not a positive whole number",
-                                    "check the model's config.json")
+                raise PosprobeError(
+                    f"config field '{key}' = {value!r} is not a positive whole number", "check the model's config.json"
+                )
             return value
-    raise PosprobeError(f"the config has no {what} field (looked for {', '.join(_KEYS[what])})",
-                        "pass a model whose config.json describes a transformer with learned positions")
+    raise PosprobeError(
+        f"the config has no {what} field (looked for {', '.join(_KEYS[what])})",
+        "pass a model whose config.json describes a transformer with learned positions",
+    )
 
 
-def positional_parameter_counts(config: dict, radius: int = DEFAULT_RADIUS,
-                                kernels: tuple[int, ...] | list[int] = DEFAULT_KERNELS) -> PositionalParams:
+def positional_parameter_counts(
+    config: dict, radius: int = DEFAULT_RADIUS, kernels: tuple[int, ...] | list[int] = DEFAULT_KERNELS
+) -> PositionalParams:
     """Table-2 style counts for the architecture described by `config` (a parsed config.json)."""
     if not isinstance(config, dict):
         raise PosprobeError("the model config must be a dict (parsed config.json)", "pass the parsed config")
     if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
-        raise PosprobeError(f"the convolution radius must be a whole number >= 0, got {radius!r}",
-                            "pass e.g. --radius 8 (kernel size 2r+1 = 17)")
+        raise PosprobeError(
+            f"the convolution radius must be a whole number >= 0, got {radius!r}",
+            "pass e.g. --radius 8 (kernel size 2r+1 = 17)",
+        )
     for s in kernels:
         if isinstance(s, bool) or not isinstance(s, int) or s < 1:
-            raise PosprobeError(f"the number of TISA kernels must be a whole number >= 1, got {s!r}",
-                                "pass e.g. 1, 3 or 5")
+            raise PosprobeError(
+                f"the number of TISA kernels must be a whole number >= 1, got {s!r}", "pass e.g. 1, 3 or 5"
+            )
     model_type = str(config.get("model_type", "unknown"))
     hidden = _get(config, "hidden")
     table_width = config.get("embedding_size") or hidden
@@ -98,8 +110,10 @@ def positional_parameter_counts(config: dict, radius: int = DEFAULT_RADIUS,
         reserved = (1 if pad is None else int(pad)) + 1
     n = n_table - reserved
     if n < 1:
-        raise PosprobeError(f"the position table has {n_table} rows but {reserved} are reserved",
-                            "check max_position_embeddings and pad_token_id in config.json")
+        raise PosprobeError(
+            f"the position table has {n_table} rows but {reserved} are reserved",
+            "check max_position_embeddings and pad_token_id in config.json",
+        )
     if hidden % heads:
         raise PosprobeError(f"hidden size {hidden} is not divisible by {heads} heads", "check config.json")
     head_dim = hidden // heads
@@ -108,8 +122,19 @@ def positional_parameter_counts(config: dict, radius: int = DEFAULT_RADIUS,
     fixed = heads * width * layers
     dynamic = width * head_dim * layers
     return PositionalParams(
-        model_type=model_type, n_positions=n, reserved_rows=reserved, table_width=table_width,
-        hidden_size=hidden, n_heads=heads, n_layers=layers, head_dim=head_dim, radius=radius,
-        absolute=absolute, untied=absolute + 2 * table_width**2,
+        model_type=model_type,
+        n_positions=n,
+        reserved_rows=reserved,
+        table_width=table_width,
+        hidden_size=hidden,
+        n_heads=heads,
+        n_layers=layers,
+        head_dim=head_dim,
+        radius=radius,
+        absolute=absolute,
+        untied=absolute + 2 * table_width**2,
         tisa={s: 3 * s * heads * layers for s in sorted(set(kernels))},
-        fixed_conv=fixed, dynamic_conv=dynamic, composite=fixed + dynamic)
+        fixed_conv=fixed,
+        dynamic_conv=dynamic,
+        composite=fixed + dynamic,
+    )

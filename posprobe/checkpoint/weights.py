@@ -19,8 +19,18 @@ import numpy as np
 from posprobe.errors import PosprobeError
 
 _CORRUPT_HINT = "the file is damaged or incomplete; re-download or re-save the checkpoint"
-_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
-           "I8": "i1", "U8": "u1", "BOOL": "?"}
+_DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "<u2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U8": "u1",
+    "BOOL": "?",
+}
 _MAX_HEADER = 100 * 1024 * 1024
 
 
@@ -74,8 +84,10 @@ class WeightReader:
 
         file = self.folder / "pytorch_model.bin"
         if not file.is_file():
-            raise PosprobeError(f"'{self.folder}' holds sharded pickle weights, which posprobe does not read",
-                                "convert the checkpoint to safetensors (load it and `save_pretrained` it)")
+            raise PosprobeError(
+                f"'{self.folder}' holds sharded pickle weights, which posprobe does not read",
+                "convert the checkpoint to safetensors (load it and `save_pretrained` it)",
+            )
         try:
             state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
         except Exception as err:
@@ -137,7 +149,9 @@ def _read_header(path: Path) -> dict[str, _Entry]:
             entries[name] = _Entry(path, dtype, shape, data_start + start, data_start + end)
         return entries
     except (ValueError, KeyError, TypeError, struct.error, UnicodeDecodeError) as err:
-        raise PosprobeError(f"cannot read '{path}': not a valid safetensors file ({_short(err)})", _CORRUPT_HINT) from err
+        raise PosprobeError(
+            f"cannot read '{path}': not a valid safetensors file ({_short(err)})", _CORRUPT_HINT
+        ) from err
 
 
 def _read_rows(entry: _Entry, start: int, stop: int) -> np.ndarray:
@@ -156,8 +170,9 @@ def _read_rows(entry: _Entry, start: int, stop: int) -> np.ndarray:
 
 def _finite(array: np.ndarray, key: str, where) -> np.ndarray:
     if not np.all(np.isfinite(array)):
-        raise PosprobeError(f"tensor '{key}' in '{where}' contains NaN or infinite values",
-                            "the checkpoint is broken; use another one")
+        raise PosprobeError(
+            f"tensor '{key}' in '{where}' contains NaN or infinite values", "the checkpoint is broken; use another one"
+        )
     return array
 
 

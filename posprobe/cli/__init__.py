@@ -25,7 +25,7 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from posprobe.cli import analysis, fitting, retrofit, finetune
+    from posprobe.cli import analysis, finetune, fitting, retrofit
 
     for module in (analysis, fitting, retrofit, finetune):
         module.register(app)
@@ -52,8 +52,11 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         if os.environ.get("POSPROBE_DEBUG"):
             raise
-        _fail(f"internal error: {type(err).__name__}: {err} — this is a bug in posprobe; please report it "
-              "(POSPROBE_DEBUG=1 shows the traceback)", 1)
+        _fail(
+            f"internal error: {type(err).__name__}: {err} — this is a bug in posprobe; please report it "
+            "(POSPROBE_DEBUG=1 shows the traceback)",
+            1,
+        )
     else:
         return
 

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import Annotated
 
 import typer
 
 from posprobe.cli.console import console, emit_json
-from posprobe.cli.options import (AllowPickleOpt, FormatOpt, FigureFormat, JsonOpt, Mode, ModeOpt, ModelArg,
-                                  OutOpt, default_out, parse_int_list)
+from posprobe.cli.options import (
+    AllowPickleOpt,
+    FigureFormat,
+    FormatOpt,
+    JsonOpt,
+    Mode,
+    ModelArg,
+    ModeOpt,
+    OutOpt,
+    default_out,
+    parse_int_list,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -19,13 +29,13 @@ def register(app: typer.Typer) -> None:
     app.command("compare")(compare)
 
 
-def _out_dir(out: Optional[Path], command: str, model_name: str) -> Path:
+def _out_dir(out: Path | None, command: str, model_name: str) -> Path:
     from posprobe.outputs import prepare_out_dir
 
     return prepare_out_dir(out if out is not None else default_out(command, model_name))
 
 
-def _resolve(model: Optional[str], allow_pickle: bool):
+def _resolve(model: str | None, allow_pickle: bool):
     from posprobe.checkpoint import resolve_model
 
     return resolve_model(model, allow_pickle=allow_pickle)
@@ -33,7 +43,12 @@ def _resolve(model: Optional[str], allow_pickle: bool):
 
 def toeplitz(
     model: ModelArg = None,
-    block: Annotated[Optional[List[int]], typer.Option("--block", help="Also report R² of the leading block×block sub-matrix (repeatable). Default: 128.")] = None,
+    block: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--block", help="Also report R² of the leading block×block sub-matrix (repeatable). Default: 128."
+        ),
+    ] = None,
     cosine: Annotated[bool, typer.Option("--cosine", help="Normalise rows first (cosine similarities).")] = False,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
@@ -58,15 +73,25 @@ def toeplitz(
     from rich.table import Table
 
     table = Table(title=f"Toeplitz R² of P = E_P E_Pᵀ{' (cosine)' if cosine else ''}", title_justify="left")
-    table.add_column("model"), table.add_column("positions", justify="right"), table.add_column("R² whole", justify="right")
+    (
+        table.add_column("model"),
+        table.add_column("positions", justify="right"),
+        table.add_column("R² whole", justify="right"),
+    )
     for b in result.blocks:
         table.add_column(f"R² first {b}", justify="right")
-    table.add_row(result.model, str(result.n_positions), f"{result.toeplitz_r2:.4f}",
-                  *[f"{r:.4f}" for r in result.blocks.values()])
+    table.add_row(
+        result.model,
+        str(result.n_positions),
+        f"{result.toeplitz_r2:.4f}",
+        *[f"{r:.4f}" for r in result.blocks.values()],
+    )
     console.print(table)
     if result.dropped_rows:
-        console.print(f"[dim]dropped {result.dropped_rows} reserved leading rows (padding_idx + 1) of the "
-                      f"{result.model_type} position table[/dim]")
+        console.print(
+            f"[dim]dropped {result.dropped_rows} reserved leading rows (padding_idx + 1) of the "
+            f"{result.model_type} position table[/dim]"
+        )
     console.print(f"heatmap: {figure}\nrecord:  {out_dir / f'{stem}.json'}")
 
 
@@ -107,7 +132,7 @@ def fhat(
 
 def profiles(
     model: ModelArg = None,
-    layers: Annotated[Optional[str], typer.Option("--layers", help="Layers, e.g. '0,3' or 'all'.")] = "all",
+    layers: Annotated[str | None, typer.Option("--layers", help="Layers, e.g. '0,3' or 'all'.")] = "all",
     window: Annotated[int, typer.Option("--window", help="Plot and summarise k = -K..K.")] = 20,
     mode: ModeOpt = Mode.paper,
     out: OutOpt = None,
@@ -123,31 +148,44 @@ def profiles(
     source = _resolve(model, allow_pickle)
     out_dir = _out_dir(out, "profiles", source.name)
     result = compute_profiles(None, parse_int_list(layers, "layers"), mode.value, window=window, source=source)
-    npz = save_npz(out_dir / f"profiles_{mode.value}.npz", result.metadata(), profiles=result.profiles,
-                   offsets=result.offsets, layers=np.asarray(result.layers), fhat_r2=result.fhat_r2,
-                   sections=result.sections, section_rows=np.asarray(result.section_rows))
-    figures = [save_figure(plotting.profile_grid(result, i), out_dir / f"profiles_layer{l}_{mode.value}.{fmt.value}")
-               for i, l in enumerate(result.layers)]
+    npz = save_npz(
+        out_dir / f"profiles_{mode.value}.npz",
+        result.metadata(),
+        profiles=result.profiles,
+        offsets=result.offsets,
+        layers=np.asarray(result.layers),
+        fhat_r2=result.fhat_r2,
+        sections=result.sections,
+        section_rows=np.asarray(result.section_rows),
+    )
+    figures = [
+        save_figure(plotting.profile_grid(result, i), out_dir / f"profiles_layer{l}_{mode.value}.{fmt.value}")
+        for i, l in enumerate(result.layers)
+    ]
     if json_out:
         emit_json(result.to_json(npz) | {"figures": [str(f) for f in figures]})
         return
     from rich.table import Table
 
-    table = Table(title=f"Head profiles — {result.model}, {mode.value} mode (peak k = j − i within ±{window})",
-                  title_justify="left")
+    table = Table(
+        title=f"Head profiles — {result.model}, {mode.value} mode (peak k = j − i within ±{window})",
+        title_justify="left",
+    )
     table.add_column("layer", justify="right")
     for h in range(result.n_heads):
         table.add_column(f"h{h}", justify="right")
     centre = result.n_positions - 1
     for li, l in enumerate(result.layers):
-        window_part = result.profiles[li, :, centre - window:centre + window + 1]
+        window_part = result.profiles[li, :, centre - window : centre + window + 1]
         table.add_row(str(l), *[f"{int(k):+d}" for k in np.argmax(window_part, axis=1) - window])
     console.print(table)
     console.print(f"arrays:  {npz}\nfigures: {out_dir}/profiles_layer*_{mode.value}.{fmt.value}")
 
 
 def compare(
-    models: Annotated[List[str], typer.Argument(help="Two or more hub ids or folders ('all-MiniLM-L6-v2' = packaged).")],
+    models: Annotated[
+        list[str], typer.Argument(help="Two or more hub ids or folders ('all-MiniLM-L6-v2' = packaged).")
+    ],
     mode: ModeOpt = Mode.paper,
     cosine: Annotated[bool, typer.Option("--cosine", help="Cosine similarities instead of inner products.")] = False,
     out: OutOpt = None,

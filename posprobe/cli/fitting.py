@@ -15,13 +15,22 @@ Sweep (``--kernels 1,3,5``): the same top-level keys except that ``kernels`` is 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from posprobe.cli.console import console, emit_json
-from posprobe.cli.options import (AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, Mode, ModeOpt, ModelArg, OutOpt,
-                                  default_out)
+from posprobe.cli.options import (
+    AllowPickleOpt,
+    FigureFormat,
+    FormatOpt,
+    JsonOpt,
+    Mode,
+    ModelArg,
+    ModeOpt,
+    OutOpt,
+    default_out,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -35,14 +44,16 @@ def _parse_kernels(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError as err:
-        raise PosprobeError(f"--kernels '{text}' is not a comma-separated list of whole numbers",
-                            "write e.g. --kernels 5 or --kernels 1,3,5") from err
+        raise PosprobeError(
+            f"--kernels '{text}' is not a comma-separated list of whole numbers",
+            "write e.g. --kernels 5 or --kernels 1,3,5",
+        ) from err
     if not values:
         raise PosprobeError("--kernels is empty", "write e.g. --kernels 5 or --kernels 1,3,5")
     return values
 
 
-def _model_name(model: Optional[str]) -> str:
+def _model_name(model: str | None) -> str:
     """The name used for the default output folder, known before any heavy work."""
     from posprobe.checkpoint.resolve import DEFAULT_MODEL_NAME
 
@@ -54,9 +65,10 @@ def _model_name(model: Optional[str]) -> str:
 def fit_tisa(
     model: ModelArg = None,
     kernels: Annotated[str, typer.Option("--kernels", help="Kernels per head S, or a sweep like '1,3,5'.")] = "5",
-    window: Annotated[Optional[int], typer.Option(
-        "--window", help="Fit k = -W..W (default 16, clipped to the model's offsets).")] = None,
-    layers: Annotated[Optional[str], typer.Option("--layers", help="Layers, e.g. '0,1,5' or 'all'.")] = "all",
+    window: Annotated[
+        int | None, typer.Option("--window", help="Fit k = -W..W (default 16, clipped to the model's offsets).")
+    ] = None,
+    layers: Annotated[str | None, typer.Option("--layers", help="Layers, e.g. '0,1,5' or 'all'.")] = "all",
     mode: ModeOpt = Mode.paper,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random restarts.")] = 0,
     out: OutOpt = None,
@@ -76,8 +88,17 @@ def fit_tisa(
     kernel_list = _parse_kernels(kernels)
     layer_list = parse_int_list(layers, "layers")
     out_dir = prepare_out_dir(out if out is not None else default_out("fit-tisa", _model_name(model)))
-    result = run_fit(model, kernel_list, window=window, layers=layer_list, mode=mode.value, seed=seed,
-                     allow_pickle=allow_pickle, out_dir=out_dir, fmt=fmt.value)
+    result = run_fit(
+        model,
+        kernel_list,
+        window=window,
+        layers=layer_list,
+        mode=mode.value,
+        seed=seed,
+        allow_pickle=allow_pickle,
+        out_dir=out_dir,
+        fmt=fmt.value,
+    )
     if json_out:
         emit_json(result.to_json())
         return
@@ -96,9 +117,15 @@ def _print_fit(result) -> None:
         n_layers = len(result.layers)
         for f in result.fits:
             flagged = sum(bool(x) for row in f.flags for x in row)
-            table.add_row(str(f.n_kernels), f"{3 * f.n_kernels * result.n_heads * n_layers:,}",
-                          f"{f.median_r2:.4f}", f"{float(np.min(f.r2)):.4f}", str(flagged), f"{f.seconds:.2f}",
-                          str(f.kernels_file))
+            table.add_row(
+                str(f.n_kernels),
+                f"{3 * f.n_kernels * result.n_heads * n_layers:,}",
+                f"{f.median_r2:.4f}",
+                f"{float(np.min(f.r2)):.4f}",
+                str(flagged),
+                f"{f.seconds:.2f}",
+                str(f.kernels_file),
+            )
         console.print(table)
     else:
         f = result.fits[0]
@@ -113,8 +140,13 @@ def _print_fit(result) -> None:
         console.print(f"kernels: {f.kernels_file}\nfigure:  {f.figure}")
     if result.shared_layers:
         console.print("[dim]shared layers (ALBERT): one layer fitted, replicated at every depth[/dim]")
-    notes = {(f.n_kernels, result.layers[li], h, note) for f in result.fits for li, row in enumerate(f.flags)
-             for h, note in enumerate(row) if note and not (result.shared_layers and li)}
+    notes = {
+        (f.n_kernels, result.layers[li], h, note)
+        for f in result.fits
+        for li, row in enumerate(f.flags)
+        for h, note in enumerate(row)
+        if note and not (result.shared_layers and li)
+    }
     for s, layer, h, note in sorted(notes)[:12]:
         console.print(f"[yellow]S={s} layer {layer} head {h}: {note}[/yellow]")
     if len(notes) > 12:
@@ -139,9 +171,11 @@ def params(
     from rich.table import Table
 
     c = counts
-    table = Table(title=f"Positional parameters — {source.name} ({c.model_type}): n={c.n_positions}, "
-                        f"d={c.table_width}, H={c.n_heads}, L={c.n_layers}, d_h={c.head_dim}, r={c.radius}",
-                  title_justify="left")
+    table = Table(
+        title=f"Positional parameters — {source.name} ({c.model_type}): n={c.n_positions}, "
+        f"d={c.table_width}, H={c.n_heads}, L={c.n_layers}, d_h={c.head_dim}, r={c.radius}",
+        title_justify="left",
+    )
     table.add_column("method"), table.add_column("formula"), table.add_column("parameters", justify="right")
     table.add_row("absolute learned", "n·d", f"{c.absolute:,}")
     table.add_row("untied (Ke et al.)", "n·d + 2d²", f"{c.untied:,}")
@@ -152,8 +186,12 @@ def params(
     table.add_row("composite (fixed + dynamic)", "", f"{c.composite:,}")
     console.print(table)
     if c.reserved_rows:
-        console.print(f"[dim]{c.reserved_rows} reserved leading rows of the {c.model_type} position table "
-                      f"(padding_idx + 1) not counted[/dim]")
+        console.print(
+            f"[dim]{c.reserved_rows} reserved leading rows of the {c.model_type} position table "
+            f"(padding_idx + 1) not counted[/dim]"
+        )
     if c.table_width != c.hidden_size:
-        console.print(f"[dim]factorised embeddings: the position table is {c.table_width} wide "
-                      f"(hidden size {c.hidden_size})[/dim]")
+        console.print(
+            f"[dim]factorised embeddings: the position table is {c.table_width} wide "
+            f"(hidden size {c.hidden_size})[/dim]"
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -21,10 +21,10 @@ class Mode(str, Enum):
 
 
 ModelArg = Annotated[
-    Optional[str],
+    str | None,
     typer.Argument(help="Hub model id or local folder; default: the packaged all-MiniLM-L6-v2.", show_default=False),
 ]
-OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Output folder (default: figures/<command>/<model>).")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Output folder (default: figures/<command>/<model>).")]
 FormatOpt = Annotated[FigureFormat, typer.Option("--format", help="Figure file format.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout (for scripts).")]
 AllowPickleOpt = Annotated[
@@ -51,8 +51,10 @@ def parse_int_list(text: str | None, what: str, allow_all: bool = True) -> list[
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError as err:
-        raise PosprobeError(f"--{what} '{text}' is not a comma-separated list of integers",
-                            f"write e.g. --{what} 0,1,5" + (" or --" + what + " all" if allow_all else "")) from err
+        raise PosprobeError(
+            f"--{what} '{text}' is not a comma-separated list of integers",
+            f"write e.g. --{what} 0,1,5" + (" or --" + what + " all" if allow_all else ""),
+        ) from err
     if not values:
         raise PosprobeError(f"--{what} is empty", f"write e.g. --{what} 0,1,5")
     return values

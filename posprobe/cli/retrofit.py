@@ -18,28 +18,59 @@ from posprobe.cli.console import console, emit_json
 from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg
 from posprobe.errors import PosprobeError
 
-KNOWN_MECHANISMS = ("tisa", "fixed", "dynamic", "composite", "key-dynamic", "shaw-values", "depthwise",
-                    "conv-qkv", "cat")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
-                    "special_tokens_map.json", "spiece.model", "sentencepiece.bpe.model")
+KNOWN_MECHANISMS = (
+    "tisa",
+    "fixed",
+    "dynamic",
+    "composite",
+    "key-dynamic",
+    "shaw-values",
+    "depthwise",
+    "conv-qkv",
+    "cat",
+)
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
-MechanismOpt = Annotated[str, typer.Option("--mechanism", "-m", help=f"One of: {', '.join(KNOWN_MECHANISMS)}.",
-                                           show_default=False)]
-RetrofitOutOpt = Annotated[Path, typer.Option("--out", help="Folder to write (must not exist or be empty).",
-                                              show_default=False)]
+MechanismOpt = Annotated[
+    str, typer.Option("--mechanism", "-m", help=f"One of: {', '.join(KNOWN_MECHANISMS)}.", show_default=False)
+]
+RetrofitOutOpt = Annotated[
+    Path, typer.Option("--out", help="Folder to write (must not exist or be empty).", show_default=False)
+]
 RadiusOpt = Annotated[int, typer.Option("--radius", help="Clip radius r (kernel size 2r+1).")]
 KernelsOpt = Annotated[int, typer.Option("--kernels", help="TISA: number of Gaussian kernels S per head.")]
-InitOpt = Annotated[str, typer.Option("--init", help="zero (outputs unchanged), random, fit (TISA: fit kernels to this model's profiles), or fit:FILE.")]
-DropOpt = Annotated[bool, typer.Option("--drop-position-embeddings",
-                                       help="Replace every position embedding by their average (TISA replace mode).")]
+InitOpt = Annotated[
+    str,
+    typer.Option(
+        "--init",
+        help="zero (outputs unchanged), random, fit (TISA: fit kernels to this model's profiles), or fit:FILE.",
+    ),
+]
+DropOpt = Annotated[
+    bool,
+    typer.Option(
+        "--drop-position-embeddings", help="Replace every position embedding by their average (TISA replace mode)."
+    ),
+]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for --init random.")]
 
 
 def _check_out(out: Path) -> Path:
     out = out.expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise PosprobeError(f"output '{out}' already exists and is not an empty folder",
-                            "choose a new --out folder (nothing is overwritten)")
+        raise PosprobeError(
+            f"output '{out}' already exists and is not an empty folder",
+            "choose a new --out folder (nothing is overwritten)",
+        )
     return out
 
 
@@ -65,7 +96,9 @@ def _write_atomically(model, source_path: Path, out: Path) -> None:
         os.replace(tmp, out)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise PosprobeError(f"cannot write '{out}' ({err.strerror or err})", "check free space and permissions") from err
+        raise PosprobeError(
+            f"cannot write '{out}' ({err.strerror or err})", "check free space and permissions"
+        ) from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -112,19 +145,34 @@ def retrofit_command(
 
             with console.status(f"fitting TISA kernels to {source.name}"):
                 init = f"fit:{fit_kernels_file(str(source.path), kernels, tmp, allow_pickle)}"
-        retrofit(net, mechanism, radius=radius, kernels=kernels, init=init,
-                 drop_position_embeddings=drop_position_embeddings, seed=seed)
+        retrofit(
+            net,
+            mechanism,
+            radius=radius,
+            kernels=kernels,
+            init=init,
+            drop_position_embeddings=drop_position_embeddings,
+            seed=seed,
+        )
     count = added_parameters(net)
     with console.status(f"writing {out}"):
         _write_atomically(net, source.path, out)
     spec = dict(net.config.posprobe)
     if json_output:
-        emit_json({"mechanism": mechanism, "added_parameters": count, "out": str(out), "model": source.name,
-                   "radius": spec["radius"], "kernels": spec["kernels"], "init": init,
-                   "drop_position_embeddings": drop_position_embeddings})
+        emit_json(
+            {
+                "mechanism": mechanism,
+                "added_parameters": count,
+                "out": str(out),
+                "model": source.name,
+                "radius": spec["radius"],
+                "kernels": spec["kernels"],
+                "init": init,
+                "drop_position_embeddings": drop_position_embeddings,
+            }
+        )
     else:
-        console.print(f"retrofitted [bold]{mechanism}[/bold] into {source.name}: "
-                      f"{count:,} added parameters -> {out}")
+        console.print(f"retrofitted [bold]{mechanism}[/bold] into {source.name}: {count:,} added parameters -> {out}")
 
 
 def register(app: typer.Typer) -> None:

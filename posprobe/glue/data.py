@@ -20,9 +20,10 @@ import csv
 import json
 import math
 import sys
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -48,31 +49,40 @@ class GlueSplit:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def subset(self, n: int | None, seed: int = SUBSAMPLE_SEED) -> "GlueSplit":
+    def subset(self, n: int | None, seed: int = SUBSAMPLE_SEED) -> GlueSplit:
         """At most `n` examples: a fixed random subset (same for every training seed), original order kept."""
         if n is None or n >= len(self):
             return self
         if n < 1:
             raise PosprobeError(f"sample cap {n} is below 1", "pass a positive number of examples")
         keep = np.sort(np.random.default_rng(seed).permutation(len(self))[:n])
-        return GlueSplit(self.task, self.split, [self.texts[i] for i in keep],
-                         [self.labels[i] for i in keep], f"{self.source} (subset of {n})")
+        return GlueSplit(
+            self.task,
+            self.split,
+            [self.texts[i] for i in keep],
+            [self.labels[i] for i in keep],
+            f"{self.source} (subset of {n})",
+        )
 
 
 # ----------------------------------------------------------------------------------------------------
 # public entry points
 
 
-def load_glue(task: str | GlueTask, data_dir: str | Path | None = None, *,
-              splits: Iterable[str] | None = None, max_train_samples: int | None = None,
-              max_eval_samples: int | None = None) -> dict[str, GlueSplit]:
+def load_glue(
+    task: str | GlueTask,
+    data_dir: str | Path | None = None,
+    *,
+    splits: Iterable[str] | None = None,
+    max_train_samples: int | None = None,
+    max_eval_samples: int | None = None,
+) -> dict[str, GlueSplit]:
     """Load `train` and every dev split of `task` (or only `splits`), capping sizes if asked."""
     task = get_task(task)
     wanted = list(splits) if splits is not None else list(task.splits)
     for split in wanted:
         if split not in task.splits:
-            raise PosprobeError(f"{task.name} has no labelled split '{split}'",
-                                f"use one of: {', '.join(task.splits)}")
+            raise PosprobeError(f"{task.name} has no labelled split '{split}'", f"use one of: {', '.join(task.splits)}")
     if data_dir is None:
         out = _load_from_hub(task, wanted)
     else:
@@ -87,8 +97,9 @@ def load_split(task: str | GlueTask, split: str, data_dir: str | Path) -> GlueSp
     task = get_task(task)
     root = Path(data_dir).expanduser()
     if not root.is_dir():
-        raise PosprobeError(f"data folder '{root}' does not exist",
-                            "pass --data-dir with the folder that holds the GLUE task folders")
+        raise PosprobeError(
+            f"data folder '{root}' does not exist", "pass --data-dir with the folder that holds the GLUE task folders"
+        )
     path = find_split_file(task, split, root)
     if path.suffix == ".tsv":
         return read_tsv(task, split, path)
@@ -105,10 +116,10 @@ def find_split_file(task: GlueTask, split: str, root: Path) -> Path:
             return path
     hf = f"{root}/{task.name}/{split}.jsonl"
     tsv = f"{root}/{task.tsv_dir}/{task.tsv_files[split]}"
-    raise PosprobeError(f"no {task.name} '{split}' data under '{root}' (looked for {hf} (or .json/.csv/"
-                        f".parquet) and {tsv})",
-                        "pass --data-dir with the folder holding <task>/<split>.jsonl files or the "
-                        "official GLUE TSV folders")
+    raise PosprobeError(
+        f"no {task.name} '{split}' data under '{root}' (looked for {hf} (or .json/.csv/.parquet) and {tsv})",
+        "pass --data-dir with the folder holding <task>/<split>.jsonl files or the official GLUE TSV folders",
+    )
 
 
 def _task_folders(task: GlueTask, root: Path) -> list[Path]:
@@ -129,11 +140,14 @@ def _parse_label(task: GlueTask, value: Any, where: str) -> int | float:
         try:
             score = float(value)
         except (TypeError, ValueError):
-            raise PosprobeError(f"{where}: label {value!r} is not a number",
-                                f"{task.name} labels must be similarity scores (0-5)") from None
+            raise PosprobeError(
+                f"{where}: label {value!r} is not a number", f"{task.name} labels must be similarity scores (0-5)"
+            ) from None
         if isinstance(value, bool) or not math.isfinite(score):
-            raise PosprobeError(f"{where}: label {value!r} is not a finite number",
-                                f"{task.name} labels must be similarity scores (0-5)")
+            raise PosprobeError(
+                f"{where}: label {value!r} is not a finite number",
+                f"{task.name} labels must be similarity scores (0-5)",
+            )
         return score
     if isinstance(value, str) and task.tsv_label_map and value.strip() in task.tsv_label_map:
         return task.tsv_label_map[value.strip()]
@@ -147,20 +161,26 @@ def _parse_label(task: GlueTask, value: Any, where: str) -> int | float:
             raise ValueError
         label = int(number)
     except (TypeError, ValueError):
-        raise PosprobeError(f"{where}: label {value!r} is not a class id of {task.name}",
-                            f"use integers 0..{task.num_labels - 1} or the names "
-                            f"{', '.join(task.label_names)}") from None
+        raise PosprobeError(
+            f"{where}: label {value!r} is not a class id of {task.name}",
+            f"use integers 0..{task.num_labels - 1} or the names {', '.join(task.label_names)}",
+        ) from None
     if not 0 <= label < task.num_labels:
-        hint = ("test splits have no labels (-1); use train / validation files"
-                if label == -1 else f"{task.name} labels are 0..{task.num_labels - 1}")
+        hint = (
+            "test splits have no labels (-1); use train / validation files"
+            if label == -1
+            else f"{task.name} labels are 0..{task.num_labels - 1}"
+        )
         raise PosprobeError(f"{where}: label {label} is out of range", hint)
     return label
 
 
 def _text(value: Any, column: str, where: str) -> str:
     if not isinstance(value, str):
-        raise PosprobeError(f"{where}: column '{column}' holds {type(value).__name__} {value!r}, not text",
-                            "every text column must hold a string")
+        raise PosprobeError(
+            f"{where}: column '{column}' holds {type(value).__name__} {value!r}, not text",
+            "every text column must hold a string",
+        )
     return value
 
 
@@ -183,9 +203,11 @@ def read_tsv(task: GlueTask, split: str, path: Path) -> GlueSplit:
             columns = {name: i for i, name in enumerate(header)}
             missing = [c for c in (*task.tsv_text_columns, task.tsv_label_column) if c not in columns]
             if missing:
-                raise PosprobeError(f"{path}, line 1: header lacks column(s) {', '.join(map(repr, missing))}",
-                                    f"a {task.tsv_dir} TSV needs columns "
-                                    f"{', '.join(map(str, (*task.tsv_text_columns, task.tsv_label_column)))}")
+                raise PosprobeError(
+                    f"{path}, line 1: header lacks column(s) {', '.join(map(repr, missing))}",
+                    f"a {task.tsv_dir} TSV needs columns "
+                    f"{', '.join(map(str, (*task.tsv_text_columns, task.tsv_label_column)))}",
+                )
             text_idx = [columns[c] for c in task.tsv_text_columns]
             label_idx = columns[task.tsv_label_column]
             n_fields = len(header)
@@ -198,8 +220,10 @@ def read_tsv(task: GlueTask, split: str, path: Path) -> GlueSplit:
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue
             if len(row) != n_fields:
-                raise PosprobeError(f"{where}: {len(row)} tab-separated fields, expected {n_fields}",
-                                    f"fix or remove the line (a {task.tsv_dir} TSV has {n_fields} fields)")
+                raise PosprobeError(
+                    f"{where}: {len(row)} tab-separated fields, expected {n_fields}",
+                    f"fix or remove the line (a {task.tsv_dir} TSV has {n_fields} fields)",
+                )
             texts.append(tuple(row[i] for i in text_idx))
             labels.append(_parse_label(task, row[label_idx], where))
     if not labels:
@@ -221,19 +245,26 @@ def _open_text(path: Path):
 def read_hf_file(task: GlueTask, split: str, path: Path) -> GlueSplit:
     """Read one split in the HF glue schema from .jsonl / .json / .csv / .parquet."""
     ext = path.suffix.lstrip(".").lower()
-    rows: Iterator[tuple[str, dict]] = {"jsonl": _jsonl_rows, "json": _json_rows, "csv": _csv_rows,
-                                        "parquet": _parquet_rows}[ext](path)
+    rows: Iterator[tuple[str, dict]] = {
+        "jsonl": _jsonl_rows,
+        "json": _json_rows,
+        "csv": _csv_rows,
+        "parquet": _parquet_rows,
+    }[ext](path)
     texts: list[tuple[str, ...]] = []
     labels: list = []
     for where, record in rows:
         if not isinstance(record, dict):
-            raise PosprobeError(f"{where}: expected an object with fields "
-                                f"{', '.join((*task.text_fields, 'label'))}", "one JSON object per example")
+            raise PosprobeError(
+                f"{where}: expected an object with fields {', '.join((*task.text_fields, 'label'))}",
+                "one JSON object per example",
+            )
         missing = [c for c in (*task.text_fields, "label") if c not in record]
         if missing:
-            raise PosprobeError(f"{where}: missing column(s) {', '.join(map(repr, missing))}",
-                                f"{task.name} rows need {', '.join((*task.text_fields, 'label'))} "
-                                "(the HF glue schema)")
+            raise PosprobeError(
+                f"{where}: missing column(s) {', '.join(map(repr, missing))}",
+                f"{task.name} rows need {', '.join((*task.text_fields, 'label'))} (the HF glue schema)",
+            )
         texts.append(tuple(_text(record[c], c, where) for c in task.text_fields))
         labels.append(_parse_label(task, record["label"], where))
     if not labels:
@@ -249,8 +280,9 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict]]:
             try:
                 record = json.loads(line)
             except ValueError as err:
-                raise PosprobeError(f"{path}, line {number}: not valid JSON ({err})",
-                                    "JSON lines files hold one JSON object per line") from None
+                raise PosprobeError(
+                    f"{path}, line {number}: not valid JSON ({err})", "JSON lines files hold one JSON object per line"
+                ) from None
             yield f"{path}, line {number}", record
 
 
@@ -267,13 +299,14 @@ def _json_rows(path: Path) -> Iterator[tuple[str, dict]]:
     if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
         lengths = {len(v) for v in data.values()}
         if len(lengths) != 1:
-            raise PosprobeError(f"{path}: columns have different lengths {sorted(lengths)}",
-                                "every column must hold one value per example")
+            raise PosprobeError(
+                f"{path}: columns have different lengths {sorted(lengths)}",
+                "every column must hold one value per example",
+            )
         keys = list(data)
         data = [dict(zip(keys, values)) for values in zip(*data.values())]
     if not isinstance(data, list):
-        raise PosprobeError(f"{path}: expected a list of objects (or JSON lines)",
-                            "write one object per example")
+        raise PosprobeError(f"{path}: expected a list of objects (or JSON lines)", "write one object per example")
     for number, record in enumerate(data, 1):
         yield f"{path}, record {number}", record
 
@@ -291,8 +324,10 @@ def _csv_rows(path: Path) -> Iterator[tuple[str, dict]]:
             if not row:
                 continue
             if len(row) != len(header):
-                raise PosprobeError(f"{where}: {len(row)} comma-separated fields, expected {len(header)}",
-                                    "quote fields that contain commas, or fix the line")
+                raise PosprobeError(
+                    f"{where}: {len(row)} comma-separated fields, expected {len(header)}",
+                    "quote fields that contain commas, or fix the line",
+                )
             yield where, dict(zip(header, row))
 
 
@@ -310,8 +345,10 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, dict]]:
         try:
             import datasets
         except ImportError:
-            raise PosprobeError(f"{path}: reading parquet needs pyarrow or datasets",
-                                "install one of them, or convert the split to .jsonl") from None
+            raise PosprobeError(
+                f"{path}: reading parquet needs pyarrow or datasets",
+                "install one of them, or convert the split to .jsonl",
+            ) from None
         records = list(datasets.Dataset.from_parquet(str(path)))
     for number, record in enumerate(records, 1):
         yield f"{path}, row {number}", record
@@ -322,9 +359,11 @@ def _parquet_rows(path: Path) -> Iterator[tuple[str, dict]]:
 
 
 def _load_from_hub(task: GlueTask, splits: list[str]) -> dict[str, GlueSplit]:
-    hint = (f"pass --data-dir DIR with DIR/{task.name}/train.jsonl and "
-            f"{', '.join(f'DIR/{task.name}/{s}.jsonl' for s in task.dev_splits)} (HF glue schema), "
-            f"or the official GLUE TSV folders (DIR/{task.tsv_dir}/train.tsv, ...)")
+    hint = (
+        f"pass --data-dir DIR with DIR/{task.name}/train.jsonl and "
+        f"{', '.join(f'DIR/{task.name}/{s}.jsonl' for s in task.dev_splits)} (HF glue schema), "
+        f"or the official GLUE TSV folders (DIR/{task.tsv_dir}/train.tsv, ...)"
+    )
     try:
         import datasets
     except ImportError:
@@ -333,15 +372,16 @@ def _load_from_hub(task: GlueTask, splits: list[str]) -> dict[str, GlueSplit]:
         loaded = datasets.load_dataset(HUB_DATASET, task.name)
     except Exception as err:  # offline, DNS, missing cache, hub errors: all mean "no data this way"
         reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
-        raise PosprobeError(f"could not load GLUE '{task.name}' from the Hugging Face hub ({reason})",
-                            hint) from err
+        raise PosprobeError(f"could not load GLUE '{task.name}' from the Hugging Face hub ({reason})", hint) from err
     out: dict[str, GlueSplit] = {}
     for split in splits:
         table = loaded[split]
         where_prefix = f"{HUB_DATASET}/{task.name} [{split}]"
         columns = {c: table[c] for c in (*task.text_fields, "label")}
-        texts = [tuple(_text(v, c, f"{where_prefix} row {i + 1}") for c, v in zip(task.text_fields, row))
-                 for i, row in enumerate(zip(*(columns[c] for c in task.text_fields)))]
+        texts = [
+            tuple(_text(v, c, f"{where_prefix} row {i + 1}") for c, v in zip(task.text_fields, row))
+            for i, row in enumerate(zip(*(columns[c] for c in task.text_fields)))
+        ]
         labels = [_parse_label(task, v, f"{where_prefix} row {i + 1}") for i, v in enumerate(columns["label"])]
         out[split] = GlueSplit(task.name, split, texts, labels, f"hub:{HUB_DATASET}/{task.name}")
     return out

@@ -10,7 +10,7 @@ constant (a correlation is undefined there).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -24,8 +24,7 @@ def _pair(predictions: ArrayLike, labels: ArrayLike) -> tuple[np.ndarray, np.nda
     p = np.asarray(predictions).reshape(-1) if np.ndim(predictions) != 0 else np.asarray([predictions])
     y = np.asarray(labels).reshape(-1) if np.ndim(labels) != 0 else np.asarray([labels])
     if p.shape != y.shape:
-        raise PosprobeError(f"{p.size} predictions but {y.size} labels",
-                            "pass one prediction per labelled example")
+        raise PosprobeError(f"{p.size} predictions but {y.size} labels", "pass one prediction per labelled example")
     if p.size == 0:
         raise PosprobeError("no examples to score", "evaluate on a non-empty dev split")
     return p, y
@@ -55,7 +54,7 @@ def matthews(predictions: ArrayLike, labels: ArrayLike) -> float:
     """
     p, y = _pair(predictions, labels)
     classes, inverse = np.unique(np.concatenate([p, y]), return_inverse=True)
-    pi, yi = inverse[: p.size], inverse[p.size:]
+    pi, yi = inverse[: p.size], inverse[p.size :]
     k = classes.size
     pred_counts = np.bincount(pi, minlength=k).astype(np.float64)
     true_counts = np.bincount(yi, minlength=k).astype(np.float64)
@@ -87,8 +86,7 @@ def spearman(predictions: ArrayLike, labels: ArrayLike) -> float:
     return pearson(rankdata(p.astype(np.float64)), rankdata(y.astype(np.float64)))
 
 
-METRIC_FUNCTIONS = {"accuracy": accuracy, "f1": f1, "matthews": matthews, "pearson": pearson,
-                    "spearman": spearman}
+METRIC_FUNCTIONS = {"accuracy": accuracy, "f1": f1, "matthews": matthews, "pearson": pearson, "spearman": spearman}
 
 
 def predictions_from_outputs(task: GlueTask | str, outputs: ArrayLike) -> np.ndarray:
@@ -105,8 +103,9 @@ def predictions_from_outputs(task: GlueTask | str, outputs: ArrayLike) -> np.nda
     return out.reshape(-1)
 
 
-def compute_metrics(task: GlueTask | str, predictions: ArrayLike, labels: ArrayLike,
-                    split: str | None = None) -> dict[str, float]:
+def compute_metrics(
+    task: GlueTask | str, predictions: ArrayLike, labels: ArrayLike, split: str | None = None
+) -> dict[str, float]:
     """All SPEC §7 metrics of `task` on one dev split, keyed by metric name.
 
     `predictions` may be logits (n x classes), class ids, or STS-B scores. `split` names the dev split
@@ -116,8 +115,7 @@ def compute_metrics(task: GlueTask | str, predictions: ArrayLike, labels: ArrayL
     task = get_task(task)
     split = split or next(iter(task.dev_splits))
     if split not in task.dev_splits:
-        raise PosprobeError(f"'{split}' is not a dev split of {task.name}",
-                            f"use one of: {', '.join(task.dev_splits)}")
+        raise PosprobeError(f"'{split}' is not a dev split of {task.name}", f"use one of: {', '.join(task.dev_splits)}")
     suffix = task.dev_splits[split]
     preds = predictions_from_outputs(task, predictions)
     return {name + suffix: METRIC_FUNCTIONS[name](preds, labels) for name in task.metrics}

@@ -26,9 +26,10 @@ import os
 import shutil
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from posprobe.errors import PosprobeError
 from posprobe.glue.data import GlueSplit, load_glue
@@ -39,9 +40,25 @@ from posprobe.outputs import prepare_out_dir, write_json, write_text
 META_FILE = "posprobe_glue.json"
 RUN_FILE = "run.json"
 # settings that must match when a run is resumed (others, e.g. the seed list, may change)
-_RESUME_KEYS = ("task", "model", "mechanism", "kernels", "init", "drop_position_embeddings", "radius",
-                "epochs", "lr", "batch_size", "max_length", "max_train_samples", "max_steps", "warmup",
-                "weight_decay", "data_dir", "max_eval_samples")
+_RESUME_KEYS = (
+    "task",
+    "model",
+    "mechanism",
+    "kernels",
+    "init",
+    "drop_position_embeddings",
+    "radius",
+    "epochs",
+    "lr",
+    "batch_size",
+    "max_length",
+    "max_train_samples",
+    "max_steps",
+    "warmup",
+    "weight_decay",
+    "data_dir",
+    "max_eval_samples",
+)
 
 
 @dataclass
@@ -130,8 +147,7 @@ def aggregate(per_seed: Sequence[dict[str, float]]) -> dict[str, dict[str, float
             continue
         out["median"][name] = float(statistics.median(values))
         out["mean"][name] = float(statistics.fmean(values))
-        out["stderr"][name] = (float(statistics.stdev(values) / math.sqrt(len(values)))
-                               if len(values) > 1 else None)
+        out["stderr"][name] = float(statistics.stdev(values) / math.sqrt(len(values))) if len(values) > 1 else None
     return out
 
 
@@ -150,8 +166,10 @@ def _check_mechanism(config: FinetuneConfig) -> None:
         raise PosprobeError(f"--save-steps {config.save_steps} must be at least 1", "pass e.g. --save-steps 500")
     if config.mechanism == "none":
         if config.drop_position_embeddings or config.init != "zero":
-            raise PosprobeError("--drop-position-embeddings and --init need a positional mechanism",
-                                "pass --mechanism tisa (or another one); with --mechanism none they would be ignored")
+            raise PosprobeError(
+                "--drop-position-embeddings and --init need a positional mechanism",
+                "pass --mechanism tisa (or another one); with --mechanism none they would be ignored",
+            )
         return
     if config.init.startswith("fit") and config.mechanism != "tisa":
         raise PosprobeError(f"--init {config.init} applies to --mechanism tisa only", "use --init zero or random")
@@ -160,8 +178,10 @@ def _check_mechanism(config: FinetuneConfig) -> None:
     elif config.init.startswith("fit:"):
         path = Path(config.init[4:]).expanduser()
         if not path.is_file():
-            raise PosprobeError(f"TISA kernels file '{path}' does not exist",
-                                "pass --init fit:PATH with the file written by `posprobe fit-tisa`")
+            raise PosprobeError(
+                f"TISA kernels file '{path}' does not exist",
+                "pass --init fit:PATH with the file written by `posprobe fit-tisa`",
+            )
     elif config.init not in ("zero", "random"):
         raise PosprobeError(f"unknown --init '{config.init}'", "use zero, random or fit:PATH")
     _retrofit_module(config.mechanism)
@@ -174,8 +194,10 @@ def _retrofit_module(mechanism: str):
     try:
         import posprobe.retrofit as retrofit_api
     except ImportError as err:
-        raise PosprobeError(f"mechanism '{mechanism}' needs posprobe.retrofit, which is not available ({err})",
-                            "use --mechanism none, or install a posprobe build with retrofitting") from err
+        raise PosprobeError(
+            f"mechanism '{mechanism}' needs posprobe.retrofit, which is not available ({err})",
+            "use --mechanism none, or install a posprobe build with retrofitting",
+        ) from err
     return retrofit_api
 
 
@@ -220,8 +242,10 @@ def load_tokenizer(path: Path):
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as err:
-        raise PosprobeError(f"no usable tokenizer in '{path}' ({type(err).__name__}: {str(err)[:120]})",
-                            "pass a model folder that also holds the tokenizer files (tokenizer.json / vocab.txt)") from err
+        raise PosprobeError(
+            f"no usable tokenizer in '{path}' ({type(err).__name__}: {str(err)[:120]})",
+            "pass a model folder that also holds the tokenizer files (tokenizer.json / vocab.txt)",
+        ) from err
 
 
 def _label_kwargs(task: GlueTask) -> dict[str, Any]:
@@ -243,15 +267,24 @@ def build_model(config: FinetuneConfig, task: GlueTask, model_path: Path, weight
     kwargs = {**_label_kwargs(task), "ignore_mismatched_sizes": True}
     if config.mechanism == "none" and not config.source_mechanism:
         return AutoModelForSequenceClassification.from_pretrained(
-            str(model_path), trust_remote_code=False, use_safetensors=weight_format == "safetensors", **kwargs)
+            str(model_path), trust_remote_code=False, use_safetensors=weight_format == "safetensors", **kwargs
+        )
     api = _retrofit_module(config.mechanism if config.mechanism != "none" else config.source_mechanism)
-    model = api.load_model(str(model_path), model_class=AutoModelForSequenceClassification,
-                           allow_pickle=config.allow_pickle, **kwargs)
+    model = api.load_model(
+        str(model_path), model_class=AutoModelForSequenceClassification, allow_pickle=config.allow_pickle, **kwargs
+    )
     if config.source_mechanism:  # already retrofitted: its mechanism came back with it
         return model
     init = f"fit:{config.fitted_kernels}" if config.init == "fit" else config.init
-    return api.retrofit(model, config.mechanism, radius=config.radius, kernels=config.kernels, init=init,
-                        drop_position_embeddings=config.drop_position_embeddings, seed=seed)
+    return api.retrofit(
+        model,
+        config.mechanism,
+        radius=config.radius,
+        kernels=config.kernels,
+        init=init,
+        drop_position_embeddings=config.drop_position_embeddings,
+        seed=seed,
+    )
 
 
 def _ddp_backend(cuda: bool) -> str | None:
@@ -265,11 +298,16 @@ def _training_args(config: FinetuneConfig, out_dir: Path, seed: int):
 
     n = world_size()
     if config.batch_size % n:
-        raise PosprobeError(f"--batch-size {config.batch_size} is not divisible by the {n} processes",
-                            f"use a multiple of {n} (it is the total batch size over all processes)")
+        raise PosprobeError(
+            f"--batch-size {config.batch_size} is not divisible by the {n} processes",
+            f"use a multiple of {n} (it is the total batch size over all processes)",
+        )
     cuda = torch.cuda.is_available()
-    save = {"save_strategy": "epoch"} if config.save_steps is None else {"save_strategy": "steps",
-                                                                        "save_steps": config.save_steps}
+    save = (
+        {"save_strategy": "epoch"}
+        if config.save_steps is None
+        else {"save_strategy": "steps", "save_steps": config.save_steps}
+    )
     return TrainingArguments(
         output_dir=str(out_dir),
         per_device_train_batch_size=config.batch_size // n,
@@ -302,8 +340,9 @@ def _training_args(config: FinetuneConfig, out_dir: Path, seed: int):
 # fine-tuning
 
 
-def finetune(config: FinetuneConfig, *, callbacks: list | None = None,
-             log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def finetune(
+    config: FinetuneConfig, *, callbacks: list | None = None, log: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Fine-tune `config.model` on `config.task` for every seed; returns (and on rank 0 writes) the results.
 
     The returned dict is the `--json` object: task, mechanism, model, seeds, metrics (one dict per seed),
@@ -329,8 +368,10 @@ def finetune(config: FinetuneConfig, *, callbacks: list | None = None,
     source = resolve_model(config.model, allow_pickle=config.allow_pickle, with_tokenizer=True)
     retrofitted = (source.config.get("posprobe") or {}).get("mechanism")
     if retrofitted and config.mechanism != "none":
-        raise PosprobeError(f"'{source.name}' is already retrofitted with '{retrofitted}'",
-                            "fine-tune it with --mechanism none (its mechanism is kept), or start from a plain model")
+        raise PosprobeError(
+            f"'{source.name}' is already retrofitted with '{retrofitted}'",
+            "fine-tune it with --mechanism none (its mechanism is kept), or start from a plain model",
+        )
     config.source_mechanism = retrofitted or None
     out = prepare_out_dir(config.out)
     _check_run_folder(config, out)
@@ -338,24 +379,26 @@ def finetune(config: FinetuneConfig, *, callbacks: list | None = None,
         from posprobe.pipelines.fitting import fit_kernels_file
 
         say(f"fitting S={config.kernels} TISA kernels to the head profiles of {source.name}")
-        config.fitted_kernels = str(fit_kernels_file(str(source.path), config.kernels, out / "fit-tisa",
-                                                     config.allow_pickle))
-    splits = load_glue(task, config.data_dir, max_train_samples=config.max_train_samples,
-                       max_eval_samples=config.max_eval_samples)
+        config.fitted_kernels = str(
+            fit_kernels_file(str(source.path), config.kernels, out / "fit-tisa", config.allow_pickle)
+        )
+    splits = load_glue(
+        task, config.data_dir, max_train_samples=config.max_train_samples, max_eval_samples=config.max_eval_samples
+    )
     for split, data in splits.items():
         say(f"{task.name} {split}: {len(data):,} examples from {data.source}")
     tokenizer = load_tokenizer(source.path)
     train_set = encode(tokenizer, splits["train"], config.max_length)
     dev_sets = {s: encode(tokenizer, splits[s], config.max_length) for s in task.dev_splits}
     if is_main_process():
-        write_json(out / RUN_FILE, {"posprobe_run": "glue-finetune", **config.settings(),
-                                    "model_path": str(source.path)})
+        write_json(
+            out / RUN_FILE, {"posprobe_run": "glue-finetune", **config.settings(), "model_path": str(source.path)}
+        )
 
     per_seed: list[dict[str, float | None]] = []
     seconds: list[float] = []
     for seed in config.seeds:
-        metrics, elapsed = _run_seed(config, task, source, tokenizer, train_set, dev_sets, seed, out,
-                                     callbacks, say)
+        metrics, elapsed = _run_seed(config, task, source, tokenizer, train_set, dev_sets, seed, out, callbacks, say)
         per_seed.append(metrics)
         seconds.append(elapsed)
         say(f"seed {seed}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
@@ -381,11 +424,14 @@ def finetune(config: FinetuneConfig, *, callbacks: list | None = None,
 
 def _check_run_folder(config: FinetuneConfig, out: Path) -> None:
     """Refuse to overwrite a previous run unless --resume; on --resume, insist on the same settings."""
-    previous = [p for p in out.glob("seed-*") if p.is_dir() and
-                (any(p.glob("checkpoint-*")) or (p / "metrics.json").exists())]
+    previous = [
+        p for p in out.glob("seed-*") if p.is_dir() and (any(p.glob("checkpoint-*")) or (p / "metrics.json").exists())
+    ]
     if previous and not config.resume:
-        raise PosprobeError(f"'{out}' already holds a fine-tuning run ({previous[0].name})",
-                            "pass --resume to continue it, or choose another --out")
+        raise PosprobeError(
+            f"'{out}' already holds a fine-tuning run ({previous[0].name})",
+            "pass --resume to continue it, or choose another --out",
+        )
     run_file = out / RUN_FILE
     if config.resume and run_file.is_file():
         try:
@@ -396,14 +442,24 @@ def _check_run_folder(config: FinetuneConfig, out: Path) -> None:
         changed = [k for k in _RESUME_KEYS if k in old and old[k] != new[k]]
         if changed:
             k = changed[0]
-            raise PosprobeError(f"--resume with different settings than the run in '{out}' "
-                                f"({k}: {old[k]!r} there, {new[k]!r} now)",
-                                "resume with the original options, or start a new run with another --out")
+            raise PosprobeError(
+                f"--resume with different settings than the run in '{out}' ({k}: {old[k]!r} there, {new[k]!r} now)",
+                "resume with the original options, or start a new run with another --out",
+            )
 
 
-def _run_seed(config: FinetuneConfig, task: GlueTask, source, tokenizer, train_set: EncodedSplit,
-              dev_sets: dict[str, EncodedSplit], seed: int, out: Path, callbacks: list | None,
-              say: Callable[[str], None]) -> tuple[dict[str, float | None], float]:
+def _run_seed(
+    config: FinetuneConfig,
+    task: GlueTask,
+    source,
+    tokenizer,
+    train_set: EncodedSplit,
+    dev_sets: dict[str, EncodedSplit],
+    seed: int,
+    out: Path,
+    callbacks: list | None,
+    say: Callable[[str], None],
+) -> tuple[dict[str, float | None], float]:
     """Train and evaluate one seed (or reuse its finished result on --resume): (metrics, seconds)."""
     from transformers import DataCollatorWithPadding, Trainer, set_seed
     from transformers.trainer_utils import get_last_checkpoint
@@ -416,8 +472,10 @@ def _run_seed(config: FinetuneConfig, task: GlueTask, source, tokenizer, train_s
             saved = json.loads(done_file.read_text())
             return dict(saved["metrics"]), float(saved.get("seconds", 0.0))
         except (ValueError, KeyError, TypeError) as err:
-            raise PosprobeError(f"'{done_file}' is damaged ({err})",
-                                f"delete {seed_dir} to rerun seed {seed}, or rerun without --resume") from err
+            raise PosprobeError(
+                f"'{done_file}' is damaged ({err})",
+                f"delete {seed_dir} to rerun seed {seed}, or rerun without --resume",
+            ) from err
     last = get_last_checkpoint(str(seed_dir)) if config.resume and seed_dir.is_dir() else None
     if config.resume:
         say(f"seed {seed}: resuming from {last}" if last else f"seed {seed}: no checkpoint yet, starting fresh")
@@ -426,9 +484,14 @@ def _run_seed(config: FinetuneConfig, task: GlueTask, source, tokenizer, train_s
     set_seed(seed)  # the classifier head (and retrofitted parameters) are initialised from this seed
     model = build_model(config, task, source.path, source.weight_format, seed)
     args = _training_args(config, seed_dir, seed)
-    trainer = Trainer(model=model, args=args, train_dataset=train_set,
-                      data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer,
-                      callbacks=list(callbacks or []))
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train_set,
+        data_collator=DataCollatorWithPadding(tokenizer),
+        processing_class=tokenizer,
+        callbacks=list(callbacks or []),
+    )
     trainer.train(resume_from_checkpoint=last)
     metrics = evaluate_trainer(trainer, task, dev_sets)
     elapsed = time.perf_counter() - started
@@ -436,8 +499,14 @@ def _run_seed(config: FinetuneConfig, task: GlueTask, source, tokenizer, train_s
     model_dir = seed_dir / "model"
     _save_model(trainer, config, model_dir)
     if is_main_process():
-        meta = {"task": task.name, "mechanism": config.installed_mechanism, "seed": seed, "base_model": source.name,
-                "max_length": config.max_length, "metrics": metrics}
+        meta = {
+            "task": task.name,
+            "mechanism": config.installed_mechanism,
+            "seed": seed,
+            "base_model": source.name,
+            "max_length": config.max_length,
+            "metrics": metrics,
+        }
         write_json(model_dir / META_FILE, meta)
         write_json(done_file, {"seed": seed, "metrics": metrics, "seconds": elapsed})
         if not config.keep_checkpoints:
@@ -472,9 +541,16 @@ def evaluate_trainer(trainer, task: GlueTask, dev_sets: dict[str, EncodedSplit])
 # re-evaluation of saved models
 
 
-def evaluate(model_dir: str | Path, task: str | GlueTask, data_dir: str | Path | None = None, *,
-             max_eval_samples: int | None = None, batch_size: int = 64, max_length: int | None = None,
-             log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def evaluate(
+    model_dir: str | Path,
+    task: str | GlueTask,
+    data_dir: str | Path | None = None,
+    *,
+    max_eval_samples: int | None = None,
+    batch_size: int = 64,
+    max_length: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Re-evaluate fine-tuned model(s) on the dev split(s) of `task`.
 
     `model_dir` is either one saved model (a folder with config.json, e.g. `<run>/seed-0/model`) or a
@@ -489,11 +565,14 @@ def evaluate(model_dir: str | Path, task: str | GlueTask, data_dir: str | Path |
     if (root / "config.json").is_file():
         folders = [root]
     else:
-        folders = sorted((p for p in root.glob("seed-*/model") if (p / "config.json").is_file()),
-                         key=lambda p: _seed_of(p.parent))
+        folders = sorted(
+            (p for p in root.glob("seed-*/model") if (p / "config.json").is_file()), key=lambda p: _seed_of(p.parent)
+        )
     if not folders:
-        raise PosprobeError(f"'{root}' holds no fine-tuned model (no config.json, no seed-*/model)",
-                            "pass a folder written by `posprobe finetune --out DIR` (or its seed-*/model)")
+        raise PosprobeError(
+            f"'{root}' holds no fine-tuned model (no config.json, no seed-*/model)",
+            "pass a folder written by `posprobe finetune --out DIR` (or its seed-*/model)",
+        )
     splits = load_glue(task, data_dir, splits=list(task.dev_splits), max_eval_samples=max_eval_samples)
     for split, data in splits.items():
         say(f"{task.name} {split}: {len(data):,} examples from {data.source}")
@@ -509,9 +588,16 @@ def evaluate(model_dir: str | Path, task: str | GlueTask, data_dir: str | Path |
         say(f"{folder}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in metrics.items()))
         per_model.append(metrics)
         seeds.append(meta.get("seed"))
-    return {"task": task.name, "mechanism": ",".join(sorted(mechanisms)), "model": str(root), "seeds": seeds,
-            "metrics": per_model, **aggregate(per_model), "seconds": time.perf_counter() - started,
-            "models": [str(f) for f in folders]}
+    return {
+        "task": task.name,
+        "mechanism": ",".join(sorted(mechanisms)),
+        "model": str(root),
+        "seeds": seeds,
+        "metrics": per_model,
+        **aggregate(per_model),
+        "seconds": time.perf_counter() - started,
+        "models": [str(f) for f in folders],
+    }
 
 
 def _seed_of(path: Path) -> int:
@@ -532,8 +618,14 @@ def _read_meta(folder: Path) -> dict[str, Any]:
         return {}
 
 
-def _evaluate_folder(folder: Path, task: GlueTask, splits: dict[str, GlueSplit], meta: dict[str, Any],
-                     batch_size: int, max_length: int | None) -> dict[str, float | None]:
+def _evaluate_folder(
+    folder: Path,
+    task: GlueTask,
+    splits: dict[str, GlueSplit],
+    meta: dict[str, Any],
+    batch_size: int,
+    max_length: int | None,
+) -> dict[str, float | None]:
     import tempfile
 
     import torch
@@ -542,25 +634,37 @@ def _evaluate_folder(folder: Path, task: GlueTask, splits: dict[str, GlueSplit],
     mechanism = str(meta.get("mechanism", "none"))
     if mechanism == "none":
         if not any(folder.glob("*.safetensors")):
-            raise PosprobeError(f"'{folder}' has no safetensors weights", "pass a folder written by `posprobe finetune`")
-        model = AutoModelForSequenceClassification.from_pretrained(str(folder), use_safetensors=True,
-                                                                   trust_remote_code=False)
+            raise PosprobeError(
+                f"'{folder}' has no safetensors weights", "pass a folder written by `posprobe finetune`"
+            )
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(folder), use_safetensors=True, trust_remote_code=False
+        )
     else:
         api = _retrofit_module(mechanism)
         model = api.load_model(str(folder), model_class=AutoModelForSequenceClassification)
     if model.config.num_labels != task.num_labels:
-        raise PosprobeError(f"'{folder}' has {model.config.num_labels} output(s) but {task.name} needs "
-                            f"{task.num_labels}", "evaluate on the task the model was fine-tuned on")
+        raise PosprobeError(
+            f"'{folder}' has {model.config.num_labels} output(s) but {task.name} needs {task.num_labels}",
+            "evaluate on the task the model was fine-tuned on",
+        )
     tokenizer = load_tokenizer(folder)
     length = max_length or int(meta.get("max_length", 128))
     dev_sets = {s: encode(tokenizer, splits[s], length) for s in task.dev_splits}
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory(prefix="posprobe-eval-") as tmp:
-        args = TrainingArguments(output_dir=tmp, per_device_eval_batch_size=max(1, batch_size // world_size()),
-                                 report_to=[], use_cpu=not cuda, ddp_backend=_ddp_backend(cuda),
-                                 dataloader_num_workers=0, disable_tqdm=True)
-        trainer = Trainer(model=model, args=args, data_collator=DataCollatorWithPadding(tokenizer),
-                          processing_class=tokenizer)
+        args = TrainingArguments(
+            output_dir=tmp,
+            per_device_eval_batch_size=max(1, batch_size // world_size()),
+            report_to=[],
+            use_cpu=not cuda,
+            ddp_backend=_ddp_backend(cuda),
+            dataloader_num_workers=0,
+            disable_tqdm=True,
+        )
+        trainer = Trainer(
+            model=model, args=args, data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer
+        )
         return evaluate_trainer(trainer, task, dev_sets)
 
 
@@ -575,18 +679,28 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 def results_markdown(result: dict[str, Any]) -> str:
     """A Markdown table: one row per seed, then median and mean ± s.e. (metrics as fractions)."""
     names = list(result["metrics"][0]) if result["metrics"] else []
-    lines = [f"# GLUE {result['task']} — mechanism `{result['mechanism']}`", "",
-             f"Model: `{result.get('model')}`; seeds: {', '.join(map(str, result['seeds']))}; "
-             f"wall time {result['seconds']:.1f} s. Metrics are fractions (x100 for the usual percentages).", "",
-             "| seed | " + " | ".join(names) + " | seconds |",
-             "|---|" + "---|" * len(names) + "---|"]
+    lines = [
+        f"# GLUE {result['task']} — mechanism `{result['mechanism']}`",
+        "",
+        f"Model: `{result.get('model')}`; seeds: {', '.join(map(str, result['seeds']))}; "
+        f"wall time {result['seconds']:.1f} s. Metrics are fractions (x100 for the usual percentages).",
+        "",
+        "| seed | " + " | ".join(names) + " | seconds |",
+        "|---|" + "---|" * len(names) + "---|",
+    ]
     times = result.get("seconds_per_seed") or [None] * len(result["seeds"])
     for seed, metrics, secs in zip(result["seeds"], result["metrics"], times):
-        lines.append(f"| {seed} | " + " | ".join(_fmt(metrics.get(n)) for n in names)
-                     + f" | {'' if secs is None else f'{secs:.1f}'} |")
+        lines.append(
+            f"| {seed} | "
+            + " | ".join(_fmt(metrics.get(n)) for n in names)
+            + f" | {'' if secs is None else f'{secs:.1f}'} |"
+        )
     lines.append("| median | " + " | ".join(_fmt(result["median"].get(n)) for n in names) + " | |")
-    lines.append("| mean ± s.e. | " + " | ".join(
-        f"{_fmt(result['mean'].get(n))} ± {_fmt(result['stderr'].get(n))}" for n in names) + " | |")
+    lines.append(
+        "| mean ± s.e. | "
+        + " | ".join(f"{_fmt(result['mean'].get(n))} ± {_fmt(result['stderr'].get(n))}" for n in names)
+        + " | |"
+    )
     lines.append("| seeds counted | " + " | ".join(str(_counted(result, n)) for n in names) + " | |")
     return "\n".join(lines) + "\n"
 
@@ -608,7 +722,6 @@ def results_table(result: dict[str, Any]):
     for seed, metrics in zip(result["seeds"], result["metrics"]):
         table.add_row(str(seed), *(_fmt(metrics.get(n)) for n in names))
     table.add_row("median", *(_fmt(result["median"].get(n)) for n in names), style="bold")
-    table.add_row("mean ± s.e.", *(f"{_fmt(result['mean'].get(n))} ± {_fmt(result['stderr'].get(n))}"
-                                   for n in names))
+    table.add_row("mean ± s.e.", *(f"{_fmt(result['mean'].get(n))} ± {_fmt(result['stderr'].get(n))}" for n in names))
     table.add_row("seeds counted", *(str(_counted(result, n)) for n in names))
     return table

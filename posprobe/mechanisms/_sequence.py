@@ -35,8 +35,12 @@ def depthwise_channels_first(x: torch.Tensor, weight: torch.Tensor, groups: int 
     """
     d_out, size = weight.shape
     r = size // 2
-    y = F.conv2d(x[:, :, None, :], weight.to(x.dtype)[:, None, None, :], padding=(0, r),
-                 groups=d_out if groups is None else groups)
+    y = F.conv2d(
+        x[:, :, None, :],
+        weight.to(x.dtype)[:, None, None, :],
+        padding=(0, r),
+        groups=d_out if groups is None else groups,
+    )
     return y[:, :, 0, :]
 
 

@@ -82,8 +82,9 @@ class PositionalMechanism(nn.Module):
         """New input `(B, n, d)` for the `role` projection."""
         return x
 
-    def transform_projection(self, role: str, x: torch.Tensor, out: torch.Tensor,
-                             key_valid: torch.Tensor | None) -> torch.Tensor:
+    def transform_projection(
+        self, role: str, x: torch.Tensor, out: torch.Tensor, key_valid: torch.Tensor | None
+    ) -> torch.Tensor:
         """New output `(B, n, H*d_h)` of the `role` projection given its input `x` `(B, n, d)`."""
         return out
 
@@ -99,8 +100,10 @@ class PositionalMechanism(nn.Module):
         raise NotImplementedError
 
     def load_kernels(self, a, b, c) -> None:
-        raise PosprobeError(f"mechanism '{self.name}' cannot be initialised from a TISA kernels file",
-                            "use --init zero or --init random, or --mechanism tisa")
+        raise PosprobeError(
+            f"mechanism '{self.name}' cannot be initialised from a TISA kernels file",
+            "use --init zero or --init random, or --mechanism tisa",
+        )
 
     # -- naive references (loops; for tests) ---------------------------------------------------------
     def naive_score(self, h: int, i: int, j: int, q_i: torch.Tensor, k_j: torch.Tensor) -> torch.Tensor | float:
@@ -123,8 +126,9 @@ class PositionalMechanism(nn.Module):
         """Per-position loop version of the projection (n, d) -> (n, H*d_h); bypasses the module's hooks."""
         return torch.nn.functional.linear(x, linear.weight, linear.bias)
 
-    def naive_self_attention(self, x: torch.Tensor, projections: dict[str, nn.Linear],
-                             key_valid: torch.Tensor) -> torch.Tensor:
+    def naive_self_attention(
+        self, x: torch.Tensor, projections: dict[str, nn.Linear], key_valid: torch.Tensor
+    ) -> torch.Tensor:
         """Reference self-attention output `(B, n, H*d_h)` written as loops over (b, h, i, j)."""
         B, n, _ = x.shape
         H, dh = self.shape.num_heads, self.shape.head_dim
@@ -140,22 +144,27 @@ class PositionalMechanism(nn.Module):
                 for i in range(n):
                     scores = []
                     for j in range(n):
-                        s = q[i, h] @ k[j, h] / dh ** 0.5 + self.naive_score(h, i, j, q[i, h], k[j, h])
+                        s = q[i, h] @ k[j, h] / dh**0.5 + self.naive_score(h, i, j, q[i, h], k[j, h])
                         scores.append(s if bool(valid[j]) else s - 1e30)
                     alpha = torch.softmax(torch.stack([torch.as_tensor(s, dtype=x.dtype) for s in scores]), 0)
                     z = torch.zeros(dh, dtype=x.dtype)
                     for j in range(n):
                         if bool(valid[j]):
-                            z = z + alpha[j] * (v[j, h] + self.naive_value(h, i, j)) + self.naive_output(h, i, j, v[j, h])
-                    out[b, i, h * dh:(h + 1) * dh] = z
+                            z = (
+                                z
+                                + alpha[j] * (v[j, h] + self.naive_value(h, i, j))
+                                + self.naive_output(h, i, j, v[j, h])
+                            )
+                    out[b, i, h * dh : (h + 1) * dh] = z
         return out
 
     def extra_repr(self) -> str:
         return f"H={self.shape.num_heads}, d_h={self.shape.head_dim}, r={self.radius}"
 
 
-def reset_parameter(param: nn.Parameter, init: str, generator: torch.Generator | None, scale: float,
-                    start: torch.Tensor | None = None) -> None:
+def reset_parameter(
+    param: nn.Parameter, init: str, generator: torch.Generator | None, scale: float, start: torch.Tensor | None = None
+) -> None:
     """Set `param` to its no-change value `start` (zeros when None; broadcast to the parameter) and, for
     init "random", add N(0, scale^2) noise drawn from `generator`."""
     with torch.no_grad():
@@ -234,4 +243,3 @@ def toeplitz(profile: torch.Tensor, n_q: int, n_k: int) -> torch.Tensor:
 
 def clip(k: int, radius: int) -> int:
     return max(-radius, min(radius, k))
-

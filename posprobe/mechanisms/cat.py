@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from posprobe.mechanisms._sequence import depthwise_along_sequence, dirac, naive_filter, zero_padding
-from posprobe.mechanisms.base import LayerShape, PositionalMechanism, ROLES, register, reset_parameter
+from posprobe.mechanisms.base import ROLES, LayerShape, PositionalMechanism, register, reset_parameter
 
 
 @register

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posprobe.mechanisms._sequence import depthwise_along_sequence, dirac, naive_filter, zero_padding
-from posprobe.mechanisms.base import LayerShape, PositionalMechanism, ROLES, register, reset_parameter
+from posprobe.mechanisms.base import ROLES, LayerShape, PositionalMechanism, register, reset_parameter
 
 
 @register
@@ -39,23 +39,24 @@ class ConvolutionalQKV(PositionalMechanism):
         with torch.no_grad():
             for r, role in enumerate(ROLES):
                 linear: nn.Linear = getattr(attention, role)
-                self.pointwise[r].copy_(linear.weight[-self.m:])
+                self.pointwise[r].copy_(linear.weight[-self.m :])
                 if linear.bias is not None:
-                    self.pointwise_bias[r].copy_(linear.bias[-self.m:])
+                    self.pointwise_bias[r].copy_(linear.bias[-self.m :])
 
-    def transform_projection(self, role: str, x: torch.Tensor, out: torch.Tensor,
-                             key_valid: torch.Tensor | None) -> torch.Tensor:
+    def transform_projection(
+        self, role: str, x: torch.Tensor, out: torch.Tensor, key_valid: torch.Tensor | None
+    ) -> torch.Tensor:
         if self.m == 0:
             return out
         r = ROLES.index(role)
         y = depthwise_along_sequence(zero_padding(x, key_valid), self.depthwise[r])
         conv = F.linear(y, self.pointwise[r].to(x.dtype), self.pointwise_bias[r].to(x.dtype))  # (B, n, m)
-        return torch.cat([out[..., :out.shape[-1] - self.m], conv], dim=-1)
+        return torch.cat([out[..., : out.shape[-1] - self.m], conv], dim=-1)
 
     def naive_projection(self, role, x, linear, valid):
         out = F.linear(x, linear.weight, linear.bias).clone()
         if self.m:
             r = ROLES.index(role)
             y = naive_filter(x, self.depthwise[r], valid)
-            out[:, -self.m:] = y @ self.pointwise[r].t() + self.pointwise_bias[r]
+            out[:, -self.m :] = y @ self.pointwise[r].t() + self.pointwise_bias[r]
         return out

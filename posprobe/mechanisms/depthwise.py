@@ -36,7 +36,7 @@ class DepthwiseConvolution(PositionalMechanism):
             value = value * key_valid[:, None, :, None].to(value.dtype)
         v = value.permute(0, 1, 3, 2).reshape(B, H * dh, n)  # (B, d, n), channel c = h*d_h + e
         beta = self.beta.to(value.dtype)
-        inner = depthwise_channels_first(v, beta[1:2 * r].t())  # |k| < r
+        inner = depthwise_channels_first(v, beta[1 : 2 * r].t())  # |k| < r
         prefix = v.cumsum(-1)  # sum_{j <= t}
         suffix = v.flip(-1).cumsum(-1).flip(-1)  # sum_{j >= t}
         left = F.pad(prefix, (r, 0))[..., :n]  # sum_{j <= i - r}
@@ -46,4 +46,4 @@ class DepthwiseConvolution(PositionalMechanism):
 
     def naive_output(self, h, i, j, v_j):
         dh = self.shape.head_dim
-        return self.beta[clip(j - i, self.radius) + self.radius, h * dh:(h + 1) * dh] * v_j
+        return self.beta[clip(j - i, self.radius) + self.radius, h * dh : (h + 1) * dh] * v_j

@@ -9,8 +9,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posprobe.mechanisms.base import (LayerShape, PositionalMechanism, clip, clipped_index, register,
-                                      relative_to_absolute, reset_parameter)
+from posprobe.mechanisms.base import (
+    LayerShape,
+    PositionalMechanism,
+    clip,
+    clipped_index,
+    register,
+    relative_to_absolute,
+    reset_parameter,
+)
 
 
 class RelativeTable(PositionalMechanism):
@@ -35,7 +42,7 @@ class DynamicConvolution(RelativeTable):
         return relative_to_absolute(rel, index)
 
     def naive_score(self, h, i, j, q_i, k_j):
-        return q_i @ self.w[clip(j - i, self.radius) + self.radius] / self.shape.head_dim ** 0.5
+        return q_i @ self.w[clip(j - i, self.radius) + self.radius] / self.shape.head_dim**0.5
 
 
 @register
@@ -50,4 +57,4 @@ class KeyDynamicConvolution(RelativeTable):
         return relative_to_absolute(rel, index).transpose(-1, -2)  # (B, H, n_q, n_k)
 
     def naive_score(self, h, i, j, q_i, k_j):
-        return k_j @ self.w[clip(i - j, self.radius) + self.radius] / self.shape.head_dim ** 0.5
+        return k_j @ self.w[clip(i - j, self.radius) + self.radius] / self.shape.head_dim**0.5

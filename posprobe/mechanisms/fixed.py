@@ -9,8 +9,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posprobe.mechanisms.base import (LayerShape, PositionalMechanism, clip, offset_range, register, reset_parameter,
-                                      toeplitz)
+from posprobe.mechanisms.base import (
+    LayerShape,
+    PositionalMechanism,
+    clip,
+    offset_range,
+    register,
+    reset_parameter,
+    toeplitz,
+)
 
 
 @register

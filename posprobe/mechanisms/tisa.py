@@ -55,8 +55,11 @@ class TISA(PositionalMechanism):
     def load_kernels(self, a, b, c) -> None:
         arrays = [np.asarray(t, dtype=np.float64) for t in (a, b, c)]
         if any(t.shape != tuple(self.a.shape) for t in arrays):
-            raise PosprobeError(f"kernels file has per-layer shape {arrays[0].shape}, the model needs {tuple(self.a.shape)} "
-                                "(heads, kernels)", "fit the kernels on the same model")
+            raise PosprobeError(
+                f"kernels file has per-layer shape {arrays[0].shape}, the model needs {tuple(self.a.shape)} "
+                "(heads, kernels)",
+                "fit the kernels on the same model",
+            )
         with torch.no_grad():
             for param, arr in zip((self.a, self.b, self.c), arrays):
                 param.copy_(torch.from_numpy(arr).to(param.dtype))

@@ -14,8 +14,14 @@ import numpy as np
 from posprobe.analysis.fhat import MODES, faithful_input, fhat_matrices, paper_input
 from posprobe.analysis.position_products import position_inner_products
 from posprobe.analysis.toeplitz import block_r2, diagonal_means, offsets, sections, toeplitz_r2
-from posprobe.checkpoint import (ModelSource, WeightReader, read_attention_weights, read_embedding_inputs,
-                                 read_position_table, resolve_model)
+from posprobe.checkpoint import (
+    ModelSource,
+    WeightReader,
+    read_attention_weights,
+    read_embedding_inputs,
+    read_position_table,
+    resolve_model,
+)
 from posprobe.checkpoint.architectures import family_of, model_shape
 from posprobe.errors import PosprobeError
 
@@ -38,21 +44,40 @@ class ToeplitzResult:
     blocks: dict[int, float]
 
     def to_json(self) -> dict:
-        return {"model": self.model, "model_type": self.model_type, "n_positions": self.n_positions,
-                "dropped_rows": self.dropped_rows, "cosine": self.cosine, "toeplitz_r2": self.toeplitz_r2,
-                "blocks": {str(b): r for b, r in self.blocks.items()}}
+        return {
+            "model": self.model,
+            "model_type": self.model_type,
+            "n_positions": self.n_positions,
+            "dropped_rows": self.dropped_rows,
+            "cosine": self.cosine,
+            "toeplitz_r2": self.toeplitz_r2,
+            "blocks": {str(b): r for b, r in self.blocks.items()},
+        }
 
 
-def toeplitz_analysis(model: str | None, blocks: list[int] | None = None, cosine: bool = False,
-                      allow_pickle: bool = False, source: ModelSource | None = None) -> ToeplitzResult:
+def toeplitz_analysis(
+    model: str | None,
+    blocks: list[int] | None = None,
+    cosine: bool = False,
+    allow_pickle: bool = False,
+    source: ModelSource | None = None,
+) -> ToeplitzResult:
     """P for `model` and its Toeplitz R^2; `blocks` None = [128] when the table is longer than 128."""
     source = source or resolve_model(model, allow_pickle=allow_pickle)
     table = read_position_table(source)
     n = table.n_positions
     blocks = _check_blocks(blocks, n, source.name)
     p = position_inner_products(table.table, cosine=cosine)
-    return ToeplitzResult(source.name, source.model_type, n, table.dropped_rows, cosine, p,
-                          toeplitz_r2(p), {b: float(block_r2(p, b)) for b in blocks})
+    return ToeplitzResult(
+        source.name,
+        source.model_type,
+        n,
+        table.dropped_rows,
+        cosine,
+        p,
+        toeplitz_r2(p),
+        {b: float(block_r2(p, b)) for b in blocks},
+    )
 
 
 def _check_blocks(blocks: list[int] | None, n: int, name: str) -> list[int]:
@@ -60,8 +85,9 @@ def _check_blocks(blocks: list[int] | None, n: int, name: str) -> list[int]:
         return [DEFAULT_BLOCK] if n > DEFAULT_BLOCK else []
     for b in blocks:
         if not 1 <= b <= n:
-            raise PosprobeError(f"block {b} does not fit '{name}', whose position table has {n} rows",
-                                f"use --block between 1 and {n}")
+            raise PosprobeError(
+                f"block {b} does not fit '{name}', whose position table has {n} rows", f"use --block between 1 and {n}"
+            )
     return sorted(set(blocks))
 
 
@@ -83,10 +109,16 @@ class FhatResult:
         return self.matrices.shape[0]
 
     def to_json(self) -> dict:
-        return {"model": self.model, "model_type": self.model_type, "layer": self.layer,
-                "weights_layer": self.weights_layer, "mode": self.mode, "n_positions": self.matrices.shape[-1],
-                "mean_toeplitz_r2": float(np.mean(self.toeplitz_r2)),
-                "heads": [{"head": h, "toeplitz_r2": float(r)} for h, r in enumerate(self.toeplitz_r2)]}
+        return {
+            "model": self.model,
+            "model_type": self.model_type,
+            "layer": self.layer,
+            "weights_layer": self.weights_layer,
+            "mode": self.mode,
+            "n_positions": self.matrices.shape[-1],
+            "mean_toeplitz_r2": float(np.mean(self.toeplitz_r2)),
+            "heads": [{"head": h, "toeplitz_r2": float(r)} for h, r in enumerate(self.toeplitz_r2)],
+        }
 
 
 class _FhatComputer:
@@ -111,15 +143,28 @@ class _FhatComputer:
             layer_input = self._paper
             f = fhat_matrices(layer_input, attn.wq, attn.wk, self.shape.n_heads)
         else:
-            layer_input = faithful_input(emb.positions.table, emb.word_mean, emb.token_type0, emb.layernorm,
-                                         emb.projection, attn.pre_layernorm)
+            layer_input = faithful_input(
+                emb.positions.table, emb.word_mean, emb.token_type0, emb.layernorm, emb.projection, attn.pre_layernorm
+            )
             f = fhat_matrices(layer_input, attn.wq, attn.wk, self.shape.n_heads, attn.bq, attn.bk)
-        return FhatResult(self.source.name, self.source.model_type, layer, attn.weights_layer, self.mode, f,
-                          np.asarray(toeplitz_r2(f)))
+        return FhatResult(
+            self.source.name,
+            self.source.model_type,
+            layer,
+            attn.weights_layer,
+            self.mode,
+            f,
+            np.asarray(toeplitz_r2(f)),
+        )
 
 
-def fhat_analysis(model: str | None, layer: int = 0, mode: str = "paper", allow_pickle: bool = False,
-                  source: ModelSource | None = None) -> FhatResult:
+def fhat_analysis(
+    model: str | None,
+    layer: int = 0,
+    mode: str = "paper",
+    allow_pickle: bool = False,
+    source: ModelSource | None = None,
+) -> FhatResult:
     """F_hat_P for every head of `layer` (SPEC §3), in `mode` 'paper' or 'faithful'."""
     source = source or resolve_model(model, allow_pickle=allow_pickle)
     return _FhatComputer(source, mode).layer(layer)
@@ -152,28 +197,50 @@ class ProfileResult:
     extra: dict = field(default_factory=dict)
 
     def metadata(self) -> dict:
-        return {"model": self.model, "model_type": self.model_type, "mode": self.mode, "layers": self.layers,
-                "window": self.window, "section_rows": self.section_rows, "n_positions": self.n_positions,
-                "n_heads": self.n_heads, "n_layers": self.n_layers, "shared_layers": self.shared_layers,
-                "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing"}
+        return {
+            "model": self.model,
+            "model_type": self.model_type,
+            "mode": self.mode,
+            "layers": self.layers,
+            "window": self.window,
+            "section_rows": self.section_rows,
+            "n_positions": self.n_positions,
+            "n_heads": self.n_heads,
+            "n_layers": self.n_layers,
+            "shared_layers": self.shared_layers,
+            "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing",
+        }
 
     def to_json(self, npz: Path | None = None) -> dict:
         w = self.window
         centre = self.n_positions - 1
         out = dict(self.metadata())
         out["heads"] = [
-            {"layer": l, "head": h, "toeplitz_r2": float(self.fhat_r2[li, h]),
-             "peak_offset": int(self.offsets[centre - w + int(np.argmax(self.profiles[li, h, centre - w:centre + w + 1]))]),
-             "profile_window": self.profiles[li, h, centre - w:centre + w + 1].tolist()}
-            for li, l in enumerate(self.layers) for h in range(self.n_heads)]
+            {
+                "layer": l,
+                "head": h,
+                "toeplitz_r2": float(self.fhat_r2[li, h]),
+                "peak_offset": int(
+                    self.offsets[centre - w + int(np.argmax(self.profiles[li, h, centre - w : centre + w + 1]))]
+                ),
+                "profile_window": self.profiles[li, h, centre - w : centre + w + 1].tolist(),
+            }
+            for li, l in enumerate(self.layers)
+            for h in range(self.n_heads)
+        ]
         if npz is not None:
             out["npz"] = str(npz)
         return out
 
 
-def compute_profiles(model: str | None, layers: list[int] | None = None, mode: str = "paper",
-                     allow_pickle: bool = False, window: int = DEFAULT_WINDOW,
-                     source: ModelSource | None = None) -> ProfileResult:
+def compute_profiles(
+    model: str | None,
+    layers: list[int] | None = None,
+    mode: str = "paper",
+    allow_pickle: bool = False,
+    window: int = DEFAULT_WINDOW,
+    source: ModelSource | None = None,
+) -> ProfileResult:
     """Profiles (diagonal means of F_hat_P) of every head of `layers` (None = all), plus 5 sections each."""
     source = source or resolve_model(model, allow_pickle=allow_pickle)
     computer = _FhatComputer(source, mode)
@@ -181,8 +248,10 @@ def compute_profiles(model: str | None, layers: list[int] | None = None, mode: s
     layers = list(range(shape.n_layers)) if layers is None else list(dict.fromkeys(layers))
     for layer in layers:
         if not 0 <= layer < shape.n_layers:
-            raise PosprobeError(f"layer {layer} does not exist; '{source.name}' has layers 0..{shape.n_layers - 1}",
-                                "pick layers with --layers")
+            raise PosprobeError(
+                f"layer {layer} does not exist; '{source.name}' has layers 0..{shape.n_layers - 1}",
+                "pick layers with --layers",
+            )
     n = computer.embeddings.positions.n_positions
     if not 1 <= window <= n - 1:
         raise PosprobeError(f"window {window} does not fit {n} positions", f"use --window between 1 and {n - 1}")
@@ -196,8 +265,22 @@ def compute_profiles(model: str | None, layers: list[int] | None = None, mode: s
             cache[stored] = (diagonal_means(res.matrices), res.toeplitz_r2, sections(res.matrices, rows, window))
         p, r, s = cache[stored]
         profiles.append(p), r2s.append(r), secs.append(s)
-    return ProfileResult(source.name, source.model_type, mode, layers, offsets(n), np.stack(profiles),
-                         np.stack(r2s), window, rows, np.stack(secs), n, shape.n_heads, shape.n_layers, shared)
+    return ProfileResult(
+        source.name,
+        source.model_type,
+        mode,
+        layers,
+        offsets(n),
+        np.stack(profiles),
+        np.stack(r2s),
+        window,
+        rows,
+        np.stack(secs),
+        n,
+        shape.n_heads,
+        shape.n_layers,
+        shared,
+    )
 
 
 def section_rows(n: int, window: int, count: int = 5) -> list[int]:
@@ -217,12 +300,18 @@ class CompareRow:
     matrix: np.ndarray
 
     def to_json(self) -> dict:
-        return {"model": self.model, "n_positions": self.n_positions, "toeplitz_r2": self.toeplitz_r2,
-                "r2_first_128": self.r2_first_128, "mean_fhat_r2": self.mean_fhat_r2}
+        return {
+            "model": self.model,
+            "n_positions": self.n_positions,
+            "toeplitz_r2": self.toeplitz_r2,
+            "r2_first_128": self.r2_first_128,
+            "mean_fhat_r2": self.mean_fhat_r2,
+        }
 
 
-def compare_models(models: list[str], mode: str = "paper", cosine: bool = False,
-                   allow_pickle: bool = False) -> list[CompareRow]:
+def compare_models(
+    models: list[str], mode: str = "paper", cosine: bool = False, allow_pickle: bool = False
+) -> list[CompareRow]:
     """One row per model: positions, R^2 of P (whole and first 128), mean per-head F_hat_P R^2 (layer 0)."""
     rows = []
     for model in models:

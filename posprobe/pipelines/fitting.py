@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -63,10 +63,20 @@ class TisaFit:
         return float(np.median(self.r2))
 
     def heads_json(self, layers: list[int]) -> list[dict]:
-        return [{"layer": int(layer), "head": h, "r2": float(self.r2[li, h]), "a": self.a[li, h].tolist(),
-                 "b": self.b[li, h].tolist(), "c": self.c[li, h].tolist(), "offset": float(self.offset[li, h]),
-                 "flags": self.flags[li][h]}
-                for li, layer in enumerate(layers) for h in range(self.a.shape[1])]
+        return [
+            {
+                "layer": int(layer),
+                "head": h,
+                "r2": float(self.r2[li, h]),
+                "a": self.a[li, h].tolist(),
+                "b": self.b[li, h].tolist(),
+                "c": self.c[li, h].tolist(),
+                "offset": float(self.offset[li, h]),
+                "flags": self.flags[li][h],
+            }
+            for li, layer in enumerate(layers)
+            for h in range(self.a.shape[1])
+        ]
 
 
 @dataclass(frozen=True)
@@ -102,15 +112,29 @@ class TisaFitResult:
         the list of S and `fits` holds one {kernels, seconds, median_r2, kernels_file, figure, heads}
         per S. Both: model, model_type, mode, window, seconds (fitting only), layers, shared_layers,
         convention, function."""
-        common = {"model": self.model, "model_type": self.model_type, "mode": self.mode, "window": self.window,
-                  "seconds": round(self.seconds, 4), "layers": self.layers, "n_heads": self.n_heads,
-                  "shared_layers": self.shared_layers, "seed": self.seed, "convention": CONVENTION,
-                  "function": FUNCTION}
+        common = {
+            "model": self.model,
+            "model_type": self.model_type,
+            "mode": self.mode,
+            "window": self.window,
+            "seconds": round(self.seconds, 4),
+            "layers": self.layers,
+            "n_heads": self.n_heads,
+            "shared_layers": self.shared_layers,
+            "seed": self.seed,
+            "convention": CONVENTION,
+            "function": FUNCTION,
+        }
 
         def one(f: TisaFit) -> dict:
-            return {"kernels": f.n_kernels, "seconds": round(f.seconds, 4), "median_r2": f.median_r2,
-                    "kernels_file": None if f.kernels_file is None else str(f.kernels_file),
-                    "figure": None if f.figure is None else str(f.figure), "heads": f.heads_json(self.layers)}
+            return {
+                "kernels": f.n_kernels,
+                "seconds": round(f.seconds, 4),
+                "median_r2": f.median_r2,
+                "kernels_file": None if f.kernels_file is None else str(f.kernels_file),
+                "figure": None if f.figure is None else str(f.figure),
+                "heads": f.heads_json(self.layers),
+            }
 
         if len(self.fits) == 1:
             return {**common, **one(self.fits[0]), "seconds": round(self.seconds, 4)}
@@ -118,10 +142,19 @@ class TisaFitResult:
 
 
 # ---------------------------------------------------------------------------------------------- API
-def fit_tisa(model: str | None, kernels: int | Sequence[int] = (5,), window: int | None = None,
-             layers: list[int] | None = None, mode: str = "paper", seed: int = 0, allow_pickle: bool = False,
-             out_dir: str | Path | None = None, fmt: str = "png", exhaustive: bool = False,
-             profiles: ProfileSet | None = None) -> TisaFitResult:
+def fit_tisa(
+    model: str | None,
+    kernels: int | Sequence[int] = (5,),
+    window: int | None = None,
+    layers: list[int] | None = None,
+    mode: str = "paper",
+    seed: int = 0,
+    allow_pickle: bool = False,
+    out_dir: str | Path | None = None,
+    fmt: str = "png",
+    exhaustive: bool = False,
+    profiles: ProfileSet | None = None,
+) -> TisaFitResult:
     """Fit TISA kernels to every head profile of `model` for each S in `kernels`.
 
     `model`: hub id, folder, None (packaged MiniLM) or a `.npz` written by `posprobe profiles`.
@@ -135,8 +168,9 @@ def fit_tisa(model: str | None, kernels: int | Sequence[int] = (5,), window: int
     if fmt not in FIGURE_FORMATS:
         raise PosprobeError(f"unknown figure format '{fmt}'", f"use one of: {', '.join(FIGURE_FORMATS)}")
     if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1):
-        raise PosprobeError(f"the fit window must be a whole number >= 1, got {window!r}",
-                            "pass e.g. --window 16 (fits k = -16..16)")
+        raise PosprobeError(
+            f"the fit window must be a whole number >= 1, got {window!r}", "pass e.g. --window 16 (fits k = -16..16)"
+        )
     out_path = prepare_out_dir(out_dir) if out_dir is not None else None
     data = profiles if profiles is not None else load_profiles(model, layers, mode, allow_pickle)
 
@@ -146,8 +180,20 @@ def fit_tisa(model: str | None, kernels: int | Sequence[int] = (5,), window: int
         fit = _fit_one(data, s, window, seed, exhaustive)
         used_window = fit[1]
         fits.append(fit[0])
-    result = TisaFitResult(data.model, data.model_type, data.mode, list(data.layers), data.n_layers, data.n_heads,
-                           data.shared_layers, int(used_window), seed, data.offsets, data.profiles, fits)
+    result = TisaFitResult(
+        data.model,
+        data.model_type,
+        data.mode,
+        list(data.layers),
+        data.n_layers,
+        data.n_heads,
+        data.shared_layers,
+        int(used_window),
+        seed,
+        data.offsets,
+        data.profiles,
+        fits,
+    )
     if out_path is not None:
         result = replace(result, fits=[write_fit(result, f, out_path, fmt) for f in fits])
     return result
@@ -160,17 +206,26 @@ def fit_kernels_file(model: str | None, kernels: int, out_dir: str | Path, allow
     return Path(result.fits[0].kernels_file)
 
 
-def load_profiles(model: str | None, layers: list[int] | None = None, mode: str = "paper",
-                  allow_pickle: bool = False) -> ProfileSet:
+def load_profiles(
+    model: str | None, layers: list[int] | None = None, mode: str = "paper", allow_pickle: bool = False
+) -> ProfileSet:
     """Profiles from a checkpoint (via the analysis pipeline) or from a `posprobe profiles` .npz file."""
     if model is not None and str(model).endswith(".npz"):
         return _profiles_from_npz(Path(model), layers)
     from posprobe.pipelines.analysis import compute_profiles
 
     res = compute_profiles(model, layers, mode, allow_pickle)
-    return ProfileSet(res.model, res.model_type, res.mode, list(res.layers), np.asarray(res.offsets),
-                      np.asarray(res.profiles, dtype=np.float64), int(res.n_layers), int(res.n_heads),
-                      bool(res.shared_layers))
+    return ProfileSet(
+        res.model,
+        res.model_type,
+        res.mode,
+        list(res.layers),
+        np.asarray(res.offsets),
+        np.asarray(res.profiles, dtype=np.float64),
+        int(res.n_layers),
+        int(res.n_heads),
+        bool(res.shared_layers),
+    )
 
 
 def write_fit(result: TisaFitResult, fit: TisaFit, out_dir: Path, fmt: str = "png") -> TisaFit:
@@ -178,11 +233,23 @@ def write_fit(result: TisaFitResult, fit: TisaFit, out_dir: Path, fmt: str = "pn
     from posprobe.outputs import save_figure
     from posprobe.plotting_fit import tisa_fit_grid
 
-    kernels_file = save_tisa_kernels(Path(out_dir) / f"tisa_kernels_S{fit.n_kernels}.safetensors", fit,
-                                     _metadata(result, fit))
+    kernels_file = save_tisa_kernels(
+        Path(out_dir) / f"tisa_kernels_S{fit.n_kernels}.safetensors", fit, _metadata(result, fit)
+    )
     title = f"TISA fit, S={fit.n_kernels} — {result.model} ({result.mode} mode, |k| ≤ {result.window})"
-    figure = tisa_fit_grid(result.offsets, result.profiles, fit.a, fit.b, fit.c, fit.offset, fit.r2,
-                           result.layers, result.window, title, result.shared_layers)
+    figure = tisa_fit_grid(
+        result.offsets,
+        result.profiles,
+        fit.a,
+        fit.b,
+        fit.c,
+        fit.offset,
+        fit.r2,
+        result.layers,
+        result.window,
+        title,
+        result.shared_layers,
+    )
     path = save_figure(figure, Path(out_dir) / f"tisa_fit_S{fit.n_kernels}.{fmt}", dpi=110)
     return replace(fit, kernels_file=kernels_file, figure=path)
 
@@ -229,14 +296,18 @@ def load_tisa_kernels(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndar
         raise PosprobeError(f"'{path}' lacks the tensor(s) {', '.join(missing)}", hint)
     a, b, c = arrays["a"], arrays["b"], arrays["c"]
     if a.ndim != 3 or a.shape != b.shape or a.shape != c.shape:
-        raise PosprobeError(f"'{path}' has kernel tensors of shapes {a.shape}, {b.shape}, {c.shape}; "
-                            "expected three equal (L, H, S) shapes", hint)
+        raise PosprobeError(
+            f"'{path}' has kernel tensors of shapes {a.shape}, {b.shape}, {c.shape}; "
+            "expected three equal (L, H, S) shapes",
+            hint,
+        )
     if not all(np.all(np.isfinite(x)) for x in (a, b, c)):
         raise PosprobeError(f"'{path}' holds NaN/inf kernel parameters", "refit with `posprobe fit-tisa`")
     if "offset" in arrays:
         if arrays["offset"].shape != a.shape[:2]:
-            raise PosprobeError(f"'{path}' has an offset of shape {arrays['offset'].shape}, expected {a.shape[:2]}",
-                                hint)
+            raise PosprobeError(
+                f"'{path}' has an offset of shape {arrays['offset'].shape}, expected {a.shape[:2]}", hint
+            )
         metadata["offset"] = arrays["offset"]
     return a, b, c, metadata
 
@@ -249,8 +320,10 @@ def _check_kernels(kernels: int | Sequence[int]) -> list[int]:
     out: list[int] = []
     for s in values:
         if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1:
-            raise PosprobeError(f"the number of TISA kernels must be a whole number >= 1, got {s!r}",
-                                "pass e.g. --kernels 5 or --kernels 1,3,5")
+            raise PosprobeError(
+                f"the number of TISA kernels must be a whole number >= 1, got {s!r}",
+                "pass e.g. --kernels 5 or --kernels 1,3,5",
+            )
         if int(s) not in out:
             out.append(int(s))
     return out
@@ -271,23 +344,43 @@ def _fit_one(data: ProfileSet, s: int, window: int | None, seed: int, exhaustive
         x = x.reshape((rows, n_heads) + x.shape[1:])
         return np.repeat(x, n_sel, axis=0) if data.shared_layers else x
 
-    flags = [list(fitter.flags_[r * n_heads:(r + 1) * n_heads]) for r in range(rows)]
+    flags = [list(fitter.flags_[r * n_heads : (r + 1) * n_heads]) for r in range(rows)]
     if data.shared_layers:
         flags = [list(flags[0]) for _ in range(n_sel)]
-    fit = TisaFit(s, shaped(fitter.a_), shaped(fitter.b_), shaped(fitter.c_), shaped(fitter.offset_),
-                  shaped(fitter.r2_), flags, seconds)
+    fit = TisaFit(
+        s,
+        shaped(fitter.a_),
+        shaped(fitter.b_),
+        shaped(fitter.c_),
+        shaped(fitter.offset_),
+        shaped(fitter.r2_),
+        flags,
+        seconds,
+    )
     return fit, fitter.window_
 
 
 def _metadata(result: TisaFitResult, fit: TisaFit) -> dict:
-    return {"format": KERNELS_FORMAT, "version": KERNELS_VERSION, "model": result.model,
-            "model_type": result.model_type, "mode": result.mode, "n_kernels": fit.n_kernels,
-            "window": result.window, "convention": CONVENTION, "function": FUNCTION,
-            "layers": result.layers, "n_layers": result.n_layers, "n_heads": result.n_heads,
-            "shared_layers": result.shared_layers, "seed": result.seed,
-            "r2": np.round(fit.r2, 6).tolist(), "flags": fit.flags,
-            "shapes": {"a": "(L, H, S)", "b": "(L, H, S)", "c": "(L, H, S)", "offset": "(L, H)"},
-            "offset_note": "constant per head that softmax ignores; not part of f(k)"}
+    return {
+        "format": KERNELS_FORMAT,
+        "version": KERNELS_VERSION,
+        "model": result.model,
+        "model_type": result.model_type,
+        "mode": result.mode,
+        "n_kernels": fit.n_kernels,
+        "window": result.window,
+        "convention": CONVENTION,
+        "function": FUNCTION,
+        "layers": result.layers,
+        "n_layers": result.n_layers,
+        "n_heads": result.n_heads,
+        "shared_layers": result.shared_layers,
+        "seed": result.seed,
+        "r2": np.round(fit.r2, 6).tolist(),
+        "flags": fit.flags,
+        "shapes": {"a": "(L, H, S)", "b": "(L, H, S)", "c": "(L, H, S)", "offset": "(L, H)"},
+        "offset_note": "constant per head that softmax ignores; not part of f(k)",
+    }
 
 
 def _profiles_from_npz(path: Path, layers: list[int] | None) -> ProfileSet:
@@ -303,19 +396,30 @@ def _profiles_from_npz(path: Path, layers: list[int] | None) -> ProfileSet:
     profiles = np.asarray(arrays["profiles"], dtype=np.float64)
     offsets = np.asarray(arrays["offsets"])
     if profiles.ndim != 3 or profiles.shape[-1] != offsets.shape[0]:
-        raise PosprobeError(f"'{path}' has profiles of shape {profiles.shape} and offsets {offsets.shape}; "
-                            "expected (L, H, K) and (K,)", hint)
+        raise PosprobeError(
+            f"'{path}' has profiles of shape {profiles.shape} and offsets {offsets.shape}; expected (L, H, K) and (K,)",
+            hint,
+        )
     stored = [int(x) for x in np.asarray(arrays.get("layers", np.arange(profiles.shape[0]))).tolist()]
     if len(stored) != profiles.shape[0]:
         raise PosprobeError(f"'{path}' lists {len(stored)} layers for {profiles.shape[0]} profile rows", hint)
     if layers is not None:
         missing = [layer for layer in layers if layer not in stored]
         if missing:
-            raise PosprobeError(f"layer(s) {missing} are not in '{path}' (it holds layers {stored})",
-                                "choose --layers among those, or recompute the profiles")
+            raise PosprobeError(
+                f"layer(s) {missing} are not in '{path}' (it holds layers {stored})",
+                "choose --layers among those, or recompute the profiles",
+            )
         idx = [stored.index(layer) for layer in layers]
         profiles, stored = profiles[idx], list(layers)
-    return ProfileSet(str(meta.get("model", path.stem)), str(meta.get("model_type", "unknown")),
-                      str(meta.get("mode", "unknown")), stored, offsets, profiles,
-                      int(meta.get("n_layers", len(stored))), int(profiles.shape[1]),
-                      bool(meta.get("shared_layers", False)))
+    return ProfileSet(
+        str(meta.get("model", path.stem)),
+        str(meta.get("model_type", "unknown")),
+        str(meta.get("mode", "unknown")),
+        stored,
+        offsets,
+        profiles,
+        int(meta.get("n_layers", len(stored))),
+        int(profiles.shape[1]),
+        bool(meta.get("shared_layers", False)),
+    )
