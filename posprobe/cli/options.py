@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-
 DEFAULT_OUT_ROOT = "posprobe-out"
 
 
