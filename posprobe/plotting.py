@@ -300,7 +300,7 @@ def compare_heatmaps(rows, labels: list[str] | None = None):
     labels = list(labels) if labels is not None else [row.model for row in rows]
     fig = _figure(4.2 * len(rows), 4.1)
     axes = fig.subplots(
-        1, len(rows), squeeze=False, gridspec_kw=dict(left=0.03, right=0.95, bottom=0.04, top=0.84, wspace=0.3)
+        1, len(rows), squeeze=False, gridspec_kw=dict(left=0.02, right=0.92, bottom=0.04, top=0.84, wspace=0.35)
     )
     for row, label, ax in zip(rows, labels, axes.flat):
         _matrix_panel(fig, ax, row.matrix, _symmetric_limit(row.matrix))

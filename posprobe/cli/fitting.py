@@ -113,6 +113,7 @@ def fit_tisa(
 def _print_fit(result) -> None:
     """Tables that stay readable at 80 columns: per-head R² when the heads fit across, else per layer."""
     import numpy as np
+    from rich import box
     from rich.table import Table
 
     from posprobe.cli.console import format_r2
@@ -120,11 +121,11 @@ def _print_fit(result) -> None:
     head = f"TISA fit — {result.model}, {result.mode} mode, k = j − i in ±{result.window}"
     folders = {str(Path(f.kernels_file).parent) for f in result.fits if f.kernels_file is not None}
     if len(result.fits) > 1:
-        table = Table(title=head + " (sweep)", title_justify="left")
+        table = Table(
+            title=head + " (sweep)", title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False
+        )
         for name in ("S", "params", "median R²", "min R²", "flagged", "seconds", "kernels file"):
-            table.add_column(
-                name, justify="left" if name == "kernels file" else "right", no_wrap=name != "kernels file"
-            )
+            table.add_column(name, justify="left" if name == "kernels file" else "right", overflow="fold")
         n_layers = len(result.layers)
         for f in result.fits:
             flagged = sum(bool(x) for row in f.flags for x in row)
@@ -141,9 +142,14 @@ def _print_fit(result) -> None:
         console.print(f"folder: {', '.join(sorted(folders))}")
     else:
         f = result.fits[0]
-        cell = 6  # "0.991" plus padding
-        if 7 + cell * result.n_heads <= console.width:
-            table = Table(title=head + f", S = {f.n_kernels}: R² per head", title_justify="left", padding=(0, 1))
+        if 7 + 6 * result.n_heads <= console.width:  # "0.991" and one space per column, no borders
+            table = Table(
+                title=head + f", S = {f.n_kernels}: R² per head",
+                title_justify="left",
+                box=box.SIMPLE_HEAD,
+                padding=(0, 0),
+                show_edge=False,
+            )
             table.add_column("layer", justify="right", no_wrap=True)
             for h in range(result.n_heads):
                 table.add_column(f"h{h}", justify="right", no_wrap=True, min_width=5)
