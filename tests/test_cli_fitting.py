@@ -216,3 +216,39 @@ def test_cli_module_import_is_light():
         "bad = [m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_progress_chunks_give_the_same_fit():
+    """With a progress callback the heads are fitted in chunks; each head's fit is independent of its
+    batch, so the numbers are identical, and progress reaches the total."""
+    data = synthetic(n_layers=4, n_heads=5)
+    calls = []
+    chunked = fit_tisa(None, kernels=[2, 3], profiles=data, progress=lambda *a: calls.append(a))
+    whole = fit_tisa(None, kernels=[2, 3], profiles=data)
+    for f, g in zip(chunked.fits, whole.fits):
+        for name in ("a", "b", "c", "offset", "r2"):
+            np.testing.assert_array_equal(getattr(f, name), getattr(g, name))
+        assert f.flags == g.flags
+    assert ("S = 3", 20, 20) in calls and len({c for c in calls if c[0] == "S = 2"}) > 2
+
+
+def test_too_many_kernels_for_the_window_refused_before_work():
+    data = synthetic()
+    with pytest.raises(PosprobeError, match="kernels 11 needs 34 profile points"):
+        fit_tisa(None, kernels=[1, 11], profiles=data)  # default window 16: 33 points
+    with pytest.raises(PosprobeError, match="window k = -2..2 has 5"):
+        fit_tisa(None, kernels=2, window=2, profiles=data)  # 7 parameters, 5 points
+    assert fit_tisa(None, kernels=1, window=2, profiles=data).window == 2  # 4 parameters, 5 points
+
+
+def test_partial_fit_never_replaces_a_full_fit(tiny_checkpoints, tmp_path):
+    folder = str(tiny_checkpoints["bert"])
+    full = run_json(["fit-tisa", folder, "--kernels", "2", "--out", str(tmp_path), "--json"])
+    before = (tmp_path / "tisa_kernels_S2.safetensors").read_bytes()
+    part = run_json(["fit-tisa", folder, "--kernels", "2", "--layers", "1", "--out", str(tmp_path), "--json"])
+    assert full["kernels_file"].endswith("tisa_kernels_S2.safetensors")
+    assert part["kernels_file"].endswith("tisa_kernels_S2_layers1.safetensors")
+    assert part["figure"].endswith("tisa_fit_S2_layers1.png")
+    assert (tmp_path / "tisa_kernels_S2.safetensors").read_bytes() == before
+    a, _, _, meta = load_tisa_kernels(part["kernels_file"])
+    assert a.shape == (1, 4, 2) and meta["layers"] == [1]
