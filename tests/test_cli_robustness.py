@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from rich.cells import cell_len
+
 from posprobe.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +164,7 @@ def test_tables_fit_80_columns_without_ansi_codes(tmp_path):
     cmd = [sys.executable, "-m", "posprobe", "fit-tisa", "--kernels", "1,5", "--layers", "0", "--out", str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(COLUMNS="80"), timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "\x1b[" not in done.stderr and max(len(line) for line in done.stderr.splitlines()) <= 80
+    assert "\x1b[" not in done.stderr and max(cell_len(line) for line in done.stderr.splitlines()) <= 80
     assert "1.…" not in done.stderr and "tisa_kernels_S5_layers0.safetensors" in done.stderr
     done = subprocess.run(
         [sys.executable, "-m", "posprobe", "fit-tisa", "--kernels", "5", "--out", str(tmp_path / "s")],
@@ -172,7 +174,7 @@ def test_tables_fit_80_columns_without_ansi_codes(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0 and "\x1b[" not in done.stderr
-    assert max(len(line) for line in done.stderr.splitlines()) <= 80
+    assert max(cell_len(line) for line in done.stderr.splitlines()) <= 80
     assert "0.991" in done.stderr.split("R² per head")[1]  # 12 heads fit across 80 columns
 
 
@@ -193,3 +195,44 @@ def test_compare_needs_two_models_and_shows_labels(tiny_checkpoints, tmp_path, c
     code, captured = run_main(["compare", str(a), str(b), "--json", "--out", str(tmp_path)], capsys)
     labels = [m["label"] for m in json.loads(captured.out)["models"]]
     assert len(set(labels)) == 2  # same folder name: told apart by their (middle-shortened) paths
+
+
+def test_compare_table_at_80_columns(tiny_checkpoints, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    deep = tmp_path / ("a-very-long-folder-name-" * 3) / "checkpoint-with-a-long-name-as-well"
+    import shutil
+
+    shutil.copytree(tiny_checkpoints["bert"], deep)
+    code, captured = run_main(
+        ["compare", str(deep), str(tiny_checkpoints["gpt2"]), "--out", str(tmp_path / "c")], capsys
+    )
+    table = captured.err.split("figure:")[0]  # the figure's path is as long as it is
+    assert code == 0 and max(cell_len(line) for line in table.splitlines()) <= 80
+    assert "…" in captured.err or "checkpoint-with-a-long-name-as-well" in captured.err
+    assert str(tmp_path) not in captured.err.split("figure:")[0]  # labels, not paths, in the table
+
+
+def test_undefined_r2_reads_undefined_in_text_and_null_in_json(monkeypatch, tmp_path, capsys):
+    """The library reports an undefined R² (constant matrix) as None / NaN; the CLI words it."""
+    import numpy as np
+
+    import posprobe.pipelines.analysis as pipelines
+    from posprobe.pipelines.analysis import FhatResult, ToeplitzResult
+
+    const = np.ones((8, 8))
+    monkeypatch.setattr(
+        pipelines,
+        "toeplitz_analysis",
+        lambda *a, **k: ToeplitzResult("m", "bert", 8, 0, False, const, None, {4: None}),
+    )
+    monkeypatch.setattr(
+        pipelines,
+        "fhat_analysis",
+        lambda *a, **k: FhatResult("m", "bert", 0, 0, "paper", np.stack([const, np.eye(8)]), np.array([np.nan, 0.5])),
+    )
+    code, captured = run_main(["toeplitz", "--out", str(tmp_path / "t")], capsys)
+    assert code == 0 and "undefined (constant matrix)" in captured.err
+    code, captured = run_main(["toeplitz", "--json", "--out", str(tmp_path / "t")], capsys)
+    assert code == 0 and json.loads(captured.out)["toeplitz_r2"] is None
+    code, captured = run_main(["fhat", "--out", str(tmp_path / "f")], capsys)
+    assert code == 0 and "undefined (constant matrix)" in captured.err and "0.5000" in captured.err
