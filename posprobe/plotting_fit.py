@@ -80,7 +80,7 @@ def tisa_fit_grid(
     ax.set_xlim(0, width), ax.set_ylim(0, height), ax.set_axis_off()  # data units are inches
 
     # Panel boxes in inches: plot area inside each cell, leaving room for the title and the scale.
-    pad_l, pad_r, pad_b, pad_t = 0.3, 0.08, 0.12, 0.24
+    pad_l, pad_r, pad_b, pad_t = 0.36, 0.06, 0.12, 0.24
     box_w, box_h = PANEL_WIDTH - pad_l - pad_r, PANEL_HEIGHT - pad_b - pad_t
     x0 = left + PANEL_WIDTH * np.arange(n_heads) + pad_l  # (H,)
     y0 = bottom + PANEL_HEIGHT * (n_rows - 1 - np.arange(n_rows)) + pad_b  # (R,) first layer on top
@@ -116,8 +116,8 @@ def tisa_fit_grid(
             x, y = x0[h], y0[row]
             ax.text(x + box_w / 2, y + box_h + 0.04, f"L{layers[row]} H{h}  R²={r2[row, h]:.3f}", fontsize=6.5,
                     ha="center", va="bottom")  # fmt: skip
-            ax.text(x - 0.03, y + box_h, f"{hi[row, h]:.3g}", fontsize=5, ha="right", va="top", color="0.3")
-            ax.text(x - 0.03, y, f"{lo[row, h]:.3g}", fontsize=5, ha="right", va="bottom", color="0.3")
+            ax.text(x - 0.03, y + box_h, f"{hi[row, h]:.2g}", fontsize=5, ha="right", va="top", color="0.3")
+            ax.text(x - 0.03, y, f"{lo[row, h]:.2g}", fontsize=5, ha="right", va="bottom", color="0.3")
     for h in range(n_heads):  # k ticks under the bottom row only
         for kk, ha in ((-window, "left"), (0, "center"), (window, "right")):
             ax.text(x0[h] + (kk + window) / (2 * window) * box_w, y0[-1] - 0.03, f"{kk:+d}" if kk else "0",
