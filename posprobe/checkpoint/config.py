@@ -1,0 +1,146 @@
+"""Checked reads of config.json: every field posprobe (or the model class it builds) relies on has the right type.
+
+`validate_config` runs once when a checkpoint is resolved, so every command refuses a malformed config with one
+line before any weights are read or any model is built. `config_int` / `config_float` are the accessors the
+rest of `posprobe.checkpoint` uses, so a field of the wrong type is a clean `PosprobeError`, never a TypeError.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+from posprobe.errors import PosprobeError
+
+_HINT = "fix config.json or re-save the checkpoint with `save_pretrained`"
+# Sizes: whole numbers >= 1 wherever they appear (under any family's name for them).
+_SIZES = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "embedding_size",
+    "num_hidden_groups",
+    "inner_group_num",
+    "n_positions",
+    "n_ctx",
+    "n_embd",
+    "n_head",
+    "n_layer",
+    "dim",
+    "n_heads",
+    "n_layers",
+    "hidden_dim",
+)
+_NULLABLE_SIZES = ("n_inner",)  # GPT-2: null means 4 * n_embd
+_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id")
+_EPSILONS = ("layer_norm_eps", "layer_norm_epsilon")
+_PROBABILITIES = (
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "classifier_dropout",
+    "classifier_dropout_prob",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "summary_first_dropout",
+    "dropout",
+    "attention_dropout",
+    "seq_classif_dropout",
+)
+# (heads, width) field pairs whose ratio is the head size.
+_HEAD_PAIRS = (("num_attention_heads", "hidden_size"), ("n_head", "n_embd"), ("n_heads", "dim"))
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _where(name: str) -> str:
+    return f"config.json of '{name}'"
+
+
+def config_int(config: dict, name: str, *keys: str, default=None, minimum: int | None = 1, nullable: bool = False):
+    """The first of `keys` present in `config` as an int >= `minimum` (`default` if none is present; None
+    accepted when `nullable`). `name` names the checkpoint in the error."""
+    for key in keys:
+        if key in config:
+            value = config[key]
+            if value is None and nullable:
+                return None
+            if not _whole(value) or (minimum is not None and value < minimum):
+                need = "a whole number" + (f" >= {minimum}" if minimum is not None else "")
+                if nullable:
+                    need += " or null"
+                raise PosprobeError(f"{_where(name)} has {key} = {value!r}, expected {need}", _HINT)
+            return value
+    if default is None and not nullable:
+        raise PosprobeError(f"{_where(name)} lacks {' / '.join(keys)}", _HINT)
+    return default
+
+
+def config_float(config: dict, name: str, *keys: str, default=None, positive: bool = False, maximum=None):
+    """The first of `keys` present as a finite float (`positive`: > 0; `maximum`: <= it); else `default`."""
+    for key in keys:
+        if key in config:
+            value = config[key]
+            ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+            ok = ok and (not positive or value > 0) and (maximum is None or value <= maximum)
+            if not ok:
+                need = "a positive number" if positive else "a number"
+                need += f" <= {maximum:g}" if maximum is not None else ""
+                raise PosprobeError(f"{_where(name)} has {key} = {value!r}, expected {need}", _HINT)
+            return float(value)
+    if default is None:
+        raise PosprobeError(f"{_where(name)} lacks {' / '.join(keys)}", _HINT)
+    return default
+
+
+def validate_config(config, name: str) -> dict:
+    """Check the types and ranges of the well-known fields of a parsed config.json; returns it unchanged."""
+    if not isinstance(config, dict):
+        raise PosprobeError(f"{_where(name)} is not a JSON object", _HINT)
+    model_type = config.get("model_type")
+    if model_type is not None and (not isinstance(model_type, str) or not model_type):
+        raise PosprobeError(f"{_where(name)} has model_type = {model_type!r}, expected a name", _HINT)
+    for key in _SIZES:
+        config_int(config, name, key, default=0)
+    for key in _NULLABLE_SIZES:
+        config_int(config, name, key, nullable=True)
+    for key in _TOKEN_IDS:
+        value = config.get(key)
+        if isinstance(value, list) and key == "eos_token_id":  # generation configs may list several
+            for item in value:
+                config_int({key: item}, name, key, minimum=0)
+        else:
+            config_int(config, name, key, minimum=0, nullable=True)
+    for key in _EPSILONS:
+        config_float(config, name, key, default=0.0, positive=True)
+    for key in _PROBABILITIES:
+        if config.get(key) is not None:
+            config_float(config, name, key, default=0.0, maximum=1.0)
+            if config[key] < 0:
+                raise PosprobeError(f"{_where(name)} has {key} = {config[key]!r}, expected 0..1", _HINT)
+    for heads, width in _HEAD_PAIRS:
+        if heads in config and width in config and config[width] % config[heads]:
+            raise PosprobeError(
+                f"{_where(name)} has {width} = {config[width]} not divisible by {heads} = {config[heads]}", _HINT
+            )
+    vocab, pad = config.get("vocab_size"), config.get("pad_token_id")
+    if _whole(vocab) and _whole(pad) and pad >= vocab:
+        raise PosprobeError(f"{_where(name)} has pad_token_id = {pad} outside the vocabulary of {vocab}", _HINT)
+    for key in ("position_embedding_type", "_name_or_path"):
+        if config.get(key) is not None and not isinstance(config[key], str):
+            raise PosprobeError(f"{_where(name)} has {key} = {config[key]!r}, expected a string", _HINT)
+    architectures = config.get("architectures")
+    if architectures is not None and not (
+        isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)
+    ):
+        raise PosprobeError(f"{_where(name)} has architectures = {architectures!r}, expected a list of names", _HINT)
+    recipe = config.get("posprobe")
+    if recipe is not None and not isinstance(recipe, dict):
+        raise PosprobeError(f"{_where(name)} has a 'posprobe' entry that is not an object", _HINT)
+    return config
