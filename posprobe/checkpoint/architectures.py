@@ -245,7 +245,7 @@ def read_position_table(source: ModelSource, reader: WeightReader | None = None)
         table = table[dropped:]
     if table.shape[0] < 2:
         raise PosprobeError(
-            f"position table of '{source.name}' has {table.shape[0]} usable rows"
+            f"position table of '{source.name}' has {'only 1 usable row' if len(table) else 'no usable rows'}"
             + (f" (after dropping {dropped} reserved ones)" if dropped else ""),
             "a position analysis needs at least 2 positions; the checkpoint is malformed",
         )

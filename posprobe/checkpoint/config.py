@@ -51,6 +51,7 @@ _PROBABILITIES = (
     "attention_dropout",
     "seq_classif_dropout",
 )
+_RESERVED_ROWS = ("roberta", "xlm-roberta", "camembert")  # position ids start at pad_token_id + 1
 # (heads, width) field pairs whose ratio is the head size.
 _HEAD_PAIRS = (("num_attention_heads", "hidden_size"), ("n_head", "n_embd"), ("n_heads", "dim"))
 
@@ -129,6 +130,12 @@ def validate_config(config, name: str) -> dict:
             raise PosprobeError(
                 f"{_where(name)} has {width} = {config[width]} not divisible by {heads} = {config[heads]}", _HINT
             )
+    if model_type in _RESERVED_ROWS and "pad_token_id" in config and config["pad_token_id"] is None:
+        raise PosprobeError(
+            f"{_where(name)} has pad_token_id null, but a {model_type} model reserves pad_token_id + 1 leading "
+            "rows of its position table (and needs it to number positions)",
+            "set pad_token_id in config.json (1 for RoBERTa, XLM-R and CamemBERT)",
+        )
     vocab, pad = config.get("vocab_size"), config.get("pad_token_id")
     if _whole(vocab) and _whole(pad) and pad >= vocab:
         raise PosprobeError(f"{_where(name)} has pad_token_id = {pad} outside the vocabulary of {vocab}", _HINT)

@@ -10,11 +10,14 @@ unless `verbose`. After: every parameter is finite. Whatever the libraries still
 from __future__ import annotations
 
 import contextlib
+import pickle
+import re
 import warnings
 
 from posprobe.checkpoint.resolve import ModelSource
 from posprobe.errors import PosprobeError
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LOAD_HINT = "the checkpoint does not match what transformers expects; re-save it with `save_pretrained`"
 
 
@@ -69,15 +72,35 @@ def load_failure(source: ModelSource, err: Exception) -> PosprobeError:
     """One line for whatever a library raised while building the model from `source`."""
     if isinstance(err, PosprobeError):
         return err
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-    detail = lines[0][:300] if lines else ""
-    what = type(err).__name__ + (f": {detail}" if detail else "")
-    if "Unpickl" in type(err).__name__ or "weights_only" in str(err):
+    if isinstance(err, pickle.UnpicklingError) or "weights_only" in str(err) or "Weights only" in str(err):
+        return unpickling_refused(source.name, err)
+    text = str(err)
+    if "ignore_mismatched_sizes" in text or "size mismatch" in text:
         return PosprobeError(
-            f"refused to unpickle the weights of '{source.name}' ({what})",
-            "posprobe loads pickle weights with torch's safe loader only; convert the checkpoint to safetensors",
+            f"cannot load '{source.name}': some tensors in its weights have other shapes than config.json implies",
+            "the weights and config.json come from different models; re-save the checkpoint "
+            "(load_model(..., verbose=True) shows transformers' report)",
         )
+    detail = first_line(err)
+    what = type(err).__name__ + (f": {detail}" if detail != type(err).__name__ else "")
     return PosprobeError(f"cannot load '{source.name}': {what}", _LOAD_HINT)
+
+
+def unpickling_refused(where, err: Exception) -> PosprobeError:
+    """The pickle holds something other than tensors; torch's weights-only unpickler refused it unrun."""
+    found = re.search(r"GLOBAL ([\w.]+)", _ANSI.sub("", str(err)))
+    what = f"'{found.group(1)}'" if found else "objects other than tensors"
+    return PosprobeError(
+        f"refused to load the pickle weights of '{where}': they reference {what}, which could run code",
+        "nothing from the file was run (torch's weights-only loader); use a safetensors checkpoint you trust",
+    )
+
+
+def first_line(err: Exception, limit: int = 300) -> str:
+    """The first non-empty line of an exception's text, ANSI escapes removed (else its type name)."""
+    text = _ANSI.sub("", str(err))
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0][:limit] if lines else type(err).__name__
 
 
 def check_finite(model, name: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +92,10 @@ class WeightReader:
             )
         try:  # weights_only: the unpickler builds tensors and containers only and never calls other code
             state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError as err:
+            from posprobe.checkpoint.loading import unpickling_refused
+
+            raise unpickling_refused(file, err) from err
         except Exception as err:
             raise PosprobeError(f"cannot read '{file}': {_short(err)}", _CORRUPT_HINT) from err
         if not isinstance(state, dict) or not all(
@@ -185,5 +190,6 @@ def _finite(array: np.ndarray, key: str, where) -> np.ndarray:
 
 
 def _short(err: Exception) -> str:
-    text = str(err).strip().splitlines()
-    return text[0][:200] if text else type(err).__name__
+    from posprobe.checkpoint.loading import first_line
+
+    return first_line(err, 200)
