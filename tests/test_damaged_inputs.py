@@ -295,3 +295,26 @@ def test_bert_with_pad_token_id_null_is_analysed(tiny_checkpoints, tmp_path):
 
     folder = _model("padnull", "bert", _edit_config(pad_token_id=None), tiny_checkpoints, tmp_path)
     assert toeplitz_analysis(str(folder)).matrix.shape[0] == 64
+
+
+@pytest.mark.parametrize(
+    "family", ["bert", "roberta", "xlm-roberta", "camembert", "albert", "electra", "distilbert", "gpt2"]
+)
+def test_default_configs_of_checked_families_pass(family):
+    """The config checks must not refuse what transformers itself writes (e.g. GPT-2's `n_inner: null`)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from posprobe.checkpoint.config import validate_config
+
+    config = json.loads(CONFIG_MAPPING[family]().to_json_string())
+    assert validate_config(config, family) is config
+
+
+def test_other_families_keep_their_own_conventions():
+    """Lists of per-stage heads or -1 pad ids belong to other families: only transformers judges them."""
+    from posprobe.checkpoint.config import validate_config
+
+    validate_config({"model_type": "segformer", "num_attention_heads": [1, 2, 5, 8]}, "x")
+    validate_config({"model_type": "llama", "pad_token_id": -1, "eos_token_id": [1, 2]}, "x")
+    with pytest.raises(PosprobeError, match="expected a string"):
+        validate_config({"model_type": "llama", "_name_or_path": 3}, "x")

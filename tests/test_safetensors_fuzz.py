@@ -10,6 +10,7 @@ library accepts is accepted by posprobe's header check too, so the two agree on 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import tempfile
 from pathlib import Path
@@ -23,7 +24,13 @@ from posprobe.checkpoint.safetensors_format import read_header
 from posprobe.checkpoint.weights import WeightReader
 from posprobe.errors import PosprobeError
 
-FUZZ = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+# A few seconds by default; POSPROBE_FUZZ_EXAMPLES=5000 for a deep run.
+FUZZ = settings(
+    max_examples=int(os.environ.get("POSPROBE_FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 def _base_file() -> bytes:

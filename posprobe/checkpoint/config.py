@@ -12,6 +12,8 @@ from numbers import Real
 
 from posprobe.errors import PosprobeError
 
+# Families whose config fields posprobe reads (analyses) or relies on (retrofit): checked in depth.
+CHECKED_FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "albert", "electra", "distilbert", "gpt2")
 _HINT = "fix config.json or re-save the checkpoint with `save_pretrained`"
 # Sizes: whole numbers >= 1 wherever they appear (under any family's name for them).
 _SIZES = (
@@ -21,8 +23,6 @@ _SIZES = (
     "intermediate_size",
     "vocab_size",
     "max_position_embeddings",
-    "type_vocab_size",
-    "embedding_size",
     "num_hidden_groups",
     "inner_group_num",
     "n_positions",
@@ -35,7 +35,8 @@ _SIZES = (
     "n_layers",
     "hidden_dim",
 )
-_NULLABLE_SIZES = ("n_inner",)  # GPT-2: null means 4 * n_embd
+_COUNTS = ("type_vocab_size",)  # may be 0 (DeBERTa-v2 has no token types)
+_NULLABLE_SIZES = ("n_inner", "embedding_size")  # GPT-2: n_inner null means 4 * n_embd
 _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id")
 _EPSILONS = ("layer_norm_eps", "layer_norm_epsilon")
 _PROBABILITIES = (
@@ -101,23 +102,38 @@ def config_float(config: dict, name: str, *keys: str, default=None, positive: bo
 
 
 def validate_config(config, name: str) -> dict:
-    """Check the types and ranges of the well-known fields of a parsed config.json; returns it unchanged."""
+    """Check a parsed config.json; returns it unchanged.
+
+    Every config: a JSON object with a `model_type` that is a name (if any), string/list-typed fields of the
+    right type. Configs of the families posprobe reads or retrofits (`CHECKED_FAMILIES`) also get their
+    sizes, token ids, epsilons and dropout rates checked; other families use these names differently (lists
+    of per-stage heads, floats) and are left to transformers, whose errors `load_model` maps to one line.
+    """
     if not isinstance(config, dict):
         raise PosprobeError(f"{_where(name)} is not a JSON object", _HINT)
     model_type = config.get("model_type")
     if model_type is not None and (not isinstance(model_type, str) or not model_type):
         raise PosprobeError(f"{_where(name)} has model_type = {model_type!r}, expected a name", _HINT)
+    _check_names(config, name)
+    if model_type in CHECKED_FAMILIES:
+        _check_sizes(config, name, model_type)
+    return config
+
+
+def _check_sizes(config: dict, name: str, model_type: str) -> None:
     for key in _SIZES:
         config_int(config, name, key, default=0)
+    for key in _COUNTS:
+        config_int(config, name, key, default=0, minimum=0)
     for key in _NULLABLE_SIZES:
         config_int(config, name, key, nullable=True)
-    for key in _TOKEN_IDS:
+    for key in _TOKEN_IDS:  # some configs use -1 for "none" (old LLaMA): any whole number or null
         value = config.get(key)
         if isinstance(value, list) and key == "eos_token_id":  # generation configs may list several
             for item in value:
-                config_int({key: item}, name, key, minimum=0)
+                config_int({key: item}, name, key, minimum=None)
         else:
-            config_int(config, name, key, minimum=0, nullable=True)
+            config_int(config, name, key, minimum=None, nullable=True)
     for key in _EPSILONS:
         config_float(config, name, key, default=0.0, positive=True)
     for key in _PROBABILITIES:
@@ -130,15 +146,19 @@ def validate_config(config, name: str) -> dict:
             raise PosprobeError(
                 f"{_where(name)} has {width} = {config[width]} not divisible by {heads} = {config[heads]}", _HINT
             )
-    if model_type in _RESERVED_ROWS and "pad_token_id" in config and config["pad_token_id"] is None:
+    reserved_pad = config.get("pad_token_id", 1)
+    if model_type in _RESERVED_ROWS and (reserved_pad is None or reserved_pad < 0):
         raise PosprobeError(
-            f"{_where(name)} has pad_token_id null, but a {model_type} model reserves pad_token_id + 1 leading "
-            "rows of its position table (and needs it to number positions)",
+            f"{_where(name)} has pad_token_id = {reserved_pad!r}, but a {model_type} model reserves "
+            "pad_token_id + 1 leading rows of its position table (and needs it to number positions)",
             "set pad_token_id in config.json (1 for RoBERTa, XLM-R and CamemBERT)",
         )
     vocab, pad = config.get("vocab_size"), config.get("pad_token_id")
-    if _whole(vocab) and _whole(pad) and pad >= vocab:
+    if _whole(vocab) and _whole(pad) and not -vocab <= pad < vocab:
         raise PosprobeError(f"{_where(name)} has pad_token_id = {pad} outside the vocabulary of {vocab}", _HINT)
+
+
+def _check_names(config: dict, name: str) -> None:
     for key in ("position_embedding_type", "_name_or_path"):
         if config.get(key) is not None and not isinstance(config[key], str):
             raise PosprobeError(f"{_where(name)} has {key} = {config[key]!r}, expected a string", _HINT)
@@ -150,4 +170,3 @@ def validate_config(config, name: str) -> dict:
     recipe = config.get("posprobe")
     if recipe is not None and not isinstance(recipe, dict):
         raise PosprobeError(f"{_where(name)} has a 'posprobe' entry that is not an object", _HINT)
-    return config
