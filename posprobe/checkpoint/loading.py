@@ -35,9 +35,12 @@ def check_before_load(source: ModelSource) -> None:
             "check the spelling, or upgrade transformers if the architecture is new",
         )
     if source.weight_format == "safetensors":
+        from posprobe.checkpoint.safetensors_format import read_header
         from posprobe.checkpoint.weights import WeightReader
 
-        WeightReader(source.path, "safetensors")  # every header checked; raises PosprobeError
+        WeightReader(source.path, "safetensors")  # the files transformers will read, and the index, checked
+        for file in sorted(source.path.glob("*.safetensors")):  # and any other it might pick instead
+            read_header(file)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,6 @@ overlap and none lies outside the data. Anything else is a `PosprobeError`, neve
 from __future__ import annotations
 
 import json
-import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from posprobe.errors import PosprobeError
 
 CORRUPT_HINT = "the file is damaged or incomplete; re-download or re-save the checkpoint"
 MAX_HEADER = 100 * 1024 * 1024  # the safetensors library's limit
+_USIZE = 2**64
 # Bytes per element of every dtype the format defines with a whole number of bytes (sub-byte types are refused).
 ITEMSIZE = {
     "BOOL": 1,
@@ -106,7 +106,7 @@ def parse_header(raw: bytes, data_size: int, path: Path) -> dict[str, TensorEntr
     entries: dict[str, TensorEntry] = {}
     for name, info in header.items():
         dtype, shape, start, end = _entry(name, info)
-        nbytes = math.prod(shape) * ITEMSIZE[dtype]
+        nbytes = _nbytes(name, dtype, shape)
         if end - start != nbytes:
             raise _Invalid(f"tensor '{name}' spans {end - start} bytes, but {dtype} {list(shape)} needs {nbytes}")
         spans.append((start, end, name))
@@ -138,5 +138,18 @@ def _entry(name: str, info) -> tuple[str, tuple[int, ...], int, int]:
     return dtype, tuple(shape), start, end
 
 
+def _nbytes(name: str, dtype: str, shape: tuple[int, ...]) -> int:
+    """Byte size of a tensor, refusing what overflows 64-bit arithmetic (as the Rust library does, left to right)."""
+    count = 1
+    for size in shape:
+        count *= size
+        if count >= _USIZE:
+            raise _Invalid(f"tensor '{name}' has shape {list(shape)}, too large to address")
+    if count * ITEMSIZE[dtype] * 8 >= _USIZE:
+        raise _Invalid(f"tensor '{name}' has shape {list(shape)}, too large to address")
+    return count * ITEMSIZE[dtype]
+
+
 def _natural(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """A JSON integer that fits the format's unsigned 64-bit fields."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _USIZE

@@ -164,7 +164,12 @@ def _read_rows(entry: _Entry, start: int, stop: int) -> np.ndarray:
     raw = np.frombuffer(data, dtype=_DTYPES[entry.dtype])
     if entry.dtype == "BF16":  # numpy has no bfloat16: widen the 16-bit words to float32 (exact)
         raw = (raw.astype(np.uint32) << 16).view(np.float32)
-    out = raw.astype(np.float64).reshape((stop - start, *shape[1:]))
+    try:
+        out = raw.astype(np.float64).reshape((stop - start, *shape[1:]))
+    except ValueError as err:  # e.g. a (0, 2**60) shape: valid in the format, beyond numpy's index range
+        raise PosprobeError(
+            f"a tensor in '{entry.file}' has shape {list(entry.shape)}, which numpy cannot hold", _CORRUPT_HINT
+        ) from err
     return out if entry.shape else out.reshape(())
 
 
