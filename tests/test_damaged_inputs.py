@@ -318,3 +318,39 @@ def test_other_families_keep_their_own_conventions():
     validate_config({"model_type": "llama", "pad_token_id": -1, "eos_token_id": [1, 2]}, "x")
     with pytest.raises(PosprobeError, match="expected a string"):
         validate_config({"model_type": "llama", "_name_or_path": 3}, "x")
+
+
+def test_resolve_model_argument_type_and_config_only(tiny_checkpoints, tmp_path):
+    from posprobe.checkpoint import resolve_model
+
+    with pytest.raises(ArgumentTypeError, match="model must be a hub id or a folder path"):
+        resolve_model(123)
+    assert resolve_model(tiny_checkpoints["bert"]).weight_format == "safetensors"  # a Path is fine
+    shutil.copy(tiny_checkpoints["bert"] / "config.json", tmp_path / "config.json")
+    with pytest.raises(PosprobeError, match="holds no model weights"):
+        resolve_model(tmp_path)
+    assert resolve_model(tmp_path, require_weights=False).weight_format == "none"
+
+
+def test_index_must_match_the_shards(tiny_checkpoints, tmp_path):
+    """An index naming a shard that does not hold the tensor, and a tensor stored in two shards."""
+    from posprobe.checkpoint import WeightReader
+
+    folder = _model("idx", "bert", lambda f: None, tiny_checkpoints, tmp_path)
+    header, _ = _header(folder)
+    names = [n for n in header if n != "__metadata__"]
+    (folder / "model.safetensors").rename(folder / "a.safetensors")
+    weight_map = {names[0]: "a.safetensors", names[1]: "b.safetensors"}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    shutil.copy(folder / "a.safetensors", folder / "b.safetensors")
+    with pytest.raises(PosprobeError, match="stored twice"):
+        WeightReader(folder)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {names[0]: "../a.safetensors"}}))
+    with pytest.raises(PosprobeError, match="bad weight_map"):
+        WeightReader(folder)
+    (folder / "b.safetensors").unlink()
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {names[0]: "a.safetensors", "missing.tensor": "a.safetensors"}})
+    )
+    with pytest.raises(PosprobeError, match="does not hold it"):
+        WeightReader(folder)
