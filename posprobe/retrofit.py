@@ -484,6 +484,10 @@ def load_model(
         raise ArgumentValueError(
             "trust_remote_code", "posprobe never runs code shipped with a checkpoint", "drop {arg}"
         )
+    if kwargs.get("output_loading_info"):
+        raise ArgumentValueError(
+            "output_loading_info", "load_model returns the model only", "drop {arg}; verbose=True shows the load report"
+        )
     if model_class is not None and not callable(getattr(model_class, "from_pretrained", None)):
         raise ArgumentTypeError(
             "model_class",

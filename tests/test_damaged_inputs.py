@@ -246,6 +246,11 @@ def test_load_model_accepts_pathlike_and_refuses_remote_code(tiny_checkpoints):
     assert load_model(tiny_checkpoints["bert"]).config.model_type == "bert"
     with pytest.raises(PosprobeError, match="never runs code"):
         load_model(tiny_checkpoints["bert"], trust_remote_code=True)
+    with pytest.raises(PosprobeError, match="returns the model only"):
+        load_model(tiny_checkpoints["bert"], output_loading_info=True)
+    with pytest.raises(ArgumentTypeError, match="verbose must be True or False"):
+        load_model(tiny_checkpoints["bert"], verbose="yes")
+    assert load_model(tiny_checkpoints["bert"], verbose=True).config.model_type == "bert"
 
 
 def test_load_model_is_quiet_and_restores_logging(tiny_checkpoints, tmp_path, capfd):
