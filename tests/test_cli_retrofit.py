@@ -78,7 +78,7 @@ def test_retrofit_tisa_replace_human_output(tiny_checkpoints, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--mechanism", "nope"], "unknown mechanism 'nope'"),
+        (["--mechanism", "nope"], "unknown --mechanism 'nope'"),
         (["--mechanism", "fixed", "--init", "fit:/no/such/file"], "only applies to TISA"),
         (["--mechanism", "tisa", "--init", "fit:/no/such/file"], "does not exist"),
         (["--mechanism", "tisa", "--radius", "0"], "--radius"),

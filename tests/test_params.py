@@ -63,7 +63,7 @@ def test_convolution_counts_brute_force():
         "num_attention_heads": 12,
         "num_hidden_layers": 12,
     }
-    for r in (0, 3, 8):
+    for r in (1, 3, 8):
         counts = positional_parameter_counts(cfg, radius=r)
         offsets = range(-r, r + 1)  # kc = clip(j - i, -r, r) takes 2r+1 values
         fixed = sum(1 for _layer in range(12) for _head in range(12) for _k in offsets)
@@ -100,7 +100,13 @@ def test_to_json_is_plain():
     import json
 
     counts = positional_parameter_counts(
-        {"hidden_size": 32, "max_position_embeddings": 64, "num_attention_heads": 4, "num_hidden_layers": 2}
+        {
+            "model_type": "bert",
+            "hidden_size": 32,
+            "max_position_embeddings": 64,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 2,
+        }
     )
     record = json.loads(json.dumps(counts.to_json()))
     assert record["tisa"] == {"1": 24, "3": 72, "5": 120} and record["absolute"] == 2048
@@ -131,6 +137,10 @@ def test_to_json_is_plain():
         (
             {"hidden_size": 768, "max_position_embeddings": 512, "num_attention_heads": 12, "num_hidden_layers": 1},
             {"radius": -1},
+        ),
+        (
+            {"hidden_size": 768, "max_position_embeddings": 512, "num_attention_heads": 12, "num_hidden_layers": 1},
+            {"radius": 0},  # one limit for the radius everywhere: 1..4096, as retrofit
         ),
         (
             {"hidden_size": 768, "max_position_embeddings": 512, "num_attention_heads": 12, "num_hidden_layers": 1},

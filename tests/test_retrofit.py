@@ -219,9 +219,14 @@ def test_unsupported_architecture(family):
         ({"mechanism": "nope"}, "unknown mechanism"),
         ({"mechanism": "fixed", "init": "fit:/no/such/file"}, "only applies to TISA"),
         ({"mechanism": "tisa", "init": "fit:/no/such/file"}, "does not exist"),
-        ({"mechanism": "tisa", "init": "gaussian"}, "unknown --init"),
-        ({"mechanism": "fixed", "radius": 0}, "--radius"),
-        ({"mechanism": "tisa", "kernels": 0}, "--kernels"),
+        ({"mechanism": "tisa", "init": "gaussian"}, "unknown init 'gaussian'"),
+        ({"mechanism": "fixed", "radius": 0}, "radius must be at least 1"),
+        ({"mechanism": "fixed", "radius": 5000}, "radius must be at most 4096"),
+        ({"mechanism": "tisa", "kernels": 0}, "kernels must be at least 1"),
+        ({"mechanism": "tisa", "radius": "8"}, "radius must be a whole number"),
+        ({"mechanism": "tisa", "init": "fit"}, "needs a kernels file"),
+        ({"mechanism": "tisa", "seed": -1}, "seed must be at least 0"),
+        ({"mechanism": "tisa", "drop_position_embeddings": "yes"}, "drop_position_embeddings must be True or False"),
     ],
 )
 def test_bad_arguments(kwargs, pattern):
