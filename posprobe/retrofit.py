@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
+from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.mechanisms import REGISTRY
 from posprobe.mechanisms.base import ROLES, PositionalMechanism, get_mechanism
 from posprobe.mechanisms.catalogue import CATALOGUE, LayerShape, MechanismSettings, check_settings
@@ -317,7 +317,13 @@ def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
     if is_retrofitted(model):
         raise PosprobeError("this model is already retrofitted", "start from the original checkpoint")
     cls = get_mechanism(spec["mechanism"])
-    options = CATALOGUE[cls.name].options(radius=spec.get("radius"), kernels=spec.get("kernels"))
+    try:
+        options = CATALOGUE[cls.name].options(radius=spec.get("radius"), kernels=spec.get("kernels"))
+    except ArgumentError as err:  # a saved recipe (config.json `posprobe`) with a bad value
+        raise PosprobeError(
+            f"the '{CONFIG_KEY}' recipe in the model's config is invalid ({err.render()})",
+            "re-create the checkpoint with `posprobe retrofit`",
+        ) from err
     slots = depth_slots(model)
     per_module: dict[int, tuple[nn.Module, int]] = {}
     for module, slot in slots:

@@ -348,3 +348,20 @@ def test_save_retrofitted_errors_are_clean(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(TypeError, match="model must be a transformers model"):
         save_retrofitted("model", tmp_path / "o")
+
+
+def test_a_saved_recipe_with_a_bad_radius_is_refused(tmp_path):
+    model = retrofit(build_tiny("bert"), "fixed", radius=2)
+    save_retrofitted(model, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["posprobe"]["radius"] = 0
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PosprobeError, match="recipe in the model's config is invalid .radius must be at least 1"):
+        load_model(tmp_path / "m")
+
+
+@pytest.mark.integration
+def test_packaged_model_by_name():
+    """Issue 15: `retrofit("all-MiniLM-L6-v2", "tisa")` said "cannot retrofit a 'unknown' model"."""
+    model = retrofit("all-MiniLM-L6-v2", "tisa")
+    assert model.config.model_type == "bert" and added_parameters(model) == 3 * 5 * 12 * 6
