@@ -207,7 +207,7 @@ def test_all_nine_mechanisms_from_the_catalogue():
         "cat": 3 * d * w * L,
     }
     assert list(counts.mechanisms) == list(MECHANISM_NAMES) and counts.mechanisms == expected
-    assert counts.to_json()["formulas"]["cat"] == "(3·d·(2r+1))·L"
+    assert counts.to_json()["formulas"]["cat"] == "L·3·d·(2r+1)"
 
 
 def test_params_cli_without_a_learned_table(tmp_path):

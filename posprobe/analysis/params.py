@@ -127,7 +127,7 @@ class PositionalParams:
             "fixed_conv": "H*(2r+1)*L",
             "dynamic_conv": "(2r+1)*d_h*L",
             "composite": "fixed_conv + dynamic_conv",
-            **{name: f"({info.formula})·L" for name, info in CATALOGUE.items()},
+            **{name: info.total_formula for name, info in CATALOGUE.items()},
         }
         return out
 

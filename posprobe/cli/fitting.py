@@ -189,7 +189,7 @@ def params(
         table.add_row(f"TISA, S={s}", "3·S·H·L", f"{v:,}")
     for name, info in CATALOGUE.items():
         if name != "tisa":
-            table.add_row(name, f"({info.formula})·L", f"{c.mechanisms[name]:,}")
+            table.add_row(name, info.total_formula, f"{c.mechanisms[name]:,}")
     console.print(table)
     if not c.has_learned_table:
         console.print(f"[dim]no learned absolute position table: {c.model_type} uses {c.position_encoding}[/dim]")

@@ -28,13 +28,13 @@ RetrofitOutOpt = Annotated[
 ]
 RadiusOpt = Annotated[
     int | None,
-    typer.Option("--radius", help=f"Clip radius r (kernel size 2r+1) [default: {DEFAULT_RADIUS}].", show_default=False),
+    typer.Option("--radius", help=f"Clip radius r (kernel size 2r+1); default {DEFAULT_RADIUS}.", show_default=False),
 ]
 KernelsOpt = Annotated[
     int | None,
     typer.Option(
         "--kernels",
-        help=f"TISA: Gaussian kernels S per head [default: {DEFAULT_KERNELS}, or the S of a fit:FILE].",
+        help=f"TISA: Gaussian kernels S per head; default {DEFAULT_KERNELS}, or the S of a fit:FILE.",
         show_default=False,
     ),
 ]

@@ -97,6 +97,11 @@ class MechanismInfo:
         names = {f.name for f in fields(self.options_class)}
         return self.options_class(**{k: v for k, v in values.items() if k in names and v is not None})
 
+    @property
+    def total_formula(self) -> str:
+        """`formula` for a whole model of L depths, e.g. 'L·H·(2r+1)'."""
+        return f"L·{self.formula}"
+
     def parameters_per_depth(self, shape: LayerShape, options: Options | None = None) -> int:
         return int(self.count(shape, options if options is not None else self.options_class()))
 
