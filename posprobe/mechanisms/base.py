@@ -1,4 +1,7 @@
-"""The one interface every positional mechanism implements, and the registry that lists them.
+"""The one interface every positional mechanism implements, and the registry of their torch classes.
+
+The registry is keyed by the names of the torch-free `catalogue` (which also holds each mechanism's
+options class and parameter count); a class is constructed as `cls(shape, options)`.
 
 Conventions (SPEC §4–6): tensors inside attention are `(B, H, n, d_h)`; query row `i` attends key
 column `j`; the relative offset is `k = j - i` (positive = key to the right); with clip radius `r`,
