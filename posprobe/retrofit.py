@@ -387,8 +387,8 @@ def retrofit(
         raise ArgumentValueError(
             "init",
             "{arg} 'fit' (kernels fitted to the model's own profiles) needs a kernels file here",
-            "fit them with posprobe.fit_tisa(MODEL, kernels=[5], out_dir=DIR) and pass init='fit:DIR/tisa_kernels_S5"
-            ".safetensors' (the command line's --init fit does both)",
+            "write one with `posprobe fit-tisa MODEL` (or posprobe.pipelines.fitting.fit_kernels_file(MODEL, 5, DIR))"
+            " and pass init='fit:FILE'; the command line's `retrofit --init fit` does both",
         )
     if not isinstance(model, nn.Module):
         if model is not None and not isinstance(model, (str, os.PathLike)):

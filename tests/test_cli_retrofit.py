@@ -224,3 +224,18 @@ def test_help_does_not_import_torch():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().endswith("LIGHT") and "composite" in result.stdout
+
+
+def test_init_fit_fits_this_models_kernels(tiny_checkpoints, tmp_path):
+    """`--init fit`: S = --kernels kernels fitted to the model's own profiles, then loaded into TISA."""
+    out = tmp_path / "o"
+    result = runner.invoke(
+        app,
+        ["retrofit", str(tiny_checkpoints["bert"]), "-m", "tisa", "--init", "fit", "--kernels", "2", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    model = load_model(out)
+    assert model.config.posprobe["kernels"] == 2 and model.config.posprobe["init"].startswith("fit:")
+    assert added_parameters(model) == 3 * 2 * 4 * 2
+    tisa = model.encoder.layer[0].attention.self.posprobe_mechanisms[0]
+    assert tisa.a.abs().sum() > 0  # fitted amplitudes, not the zero start
