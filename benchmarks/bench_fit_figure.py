@@ -62,7 +62,9 @@ def main() -> None:
             walls["fit-tisa"].append(wall)
             fit_seconds.append(record["seconds"])
         p, f = statistics.median(walls["profiles"]), statistics.median(walls["fit-tisa"])
-        print("| model | heads | `profiles --layers all` wall (s) | `fit-tisa` wall (s) | of which fitting (s) | ratio |")
+        print(
+            "| model | heads | `profiles --layers all` wall (s) | `fit-tisa` wall (s) | of which fitting (s) | ratio |"
+        )
         print("|---|---:|---:|---:|---:|---:|")
         print(
             f"| GPT-2-medium-sized, random (24 x 16) | 384 | {p:.1f} | {f:.1f} | "
