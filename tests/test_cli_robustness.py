@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -167,7 +168,7 @@ def test_tables_fit_80_columns_without_ansi_codes(tmp_path):
     assert "\x1b[" not in done.stderr and max(cell_len(line) for line in done.stderr.splitlines()) <= 80
     assert "1.…" not in done.stderr and "tisa_kernels_S5_layers0.safetensors" in done.stderr
     done = subprocess.run(
-        [sys.executable, "-m", "posprobe", "fit-tisa", "--kernels", "5", "--out", str(tmp_path / "s")],
+        [sys.executable, "-m", "posprobe", "fit-tisa", "--kernels", "5", "--layers", "0", "--out", str(tmp_path / "s")],
         capture_output=True,
         text=True,
         env=child_env(COLUMNS="80"),
@@ -175,7 +176,8 @@ def test_tables_fit_80_columns_without_ansi_codes(tmp_path):
     )
     assert done.returncode == 0 and "\x1b[" not in done.stderr
     assert max(cell_len(line) for line in done.stderr.splitlines()) <= 80
-    assert "0.991" in done.stderr.split("R² per head")[1]  # 12 heads fit across 80 columns
+    per_head = done.stderr.split("R² per head")[1].split("median")[0]  # 12 heads fit across 80 columns
+    assert "…" not in per_head and len(re.findall(r"\b[01]\.\d{3}\b", per_head)) == 12
 
 
 def test_compare_needs_two_models_and_shows_labels(tiny_checkpoints, tmp_path, capsys):

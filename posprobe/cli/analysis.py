@@ -178,15 +178,18 @@ def profiles(
     if json_out:
         emit_json(result.to_json(npz) | {"figures": [str(f) for f in figures]})
         return
+    from rich import box
     from rich.table import Table
 
-    table = Table(
-        title=f"Head profiles — {result.model}, {mode.value} mode (peak k = j − i within ±{window})",
-        title_justify="left",
+    console.print(f"Head profiles — {source.label}, {mode.value} mode (peak k = j − i within ±{window})")
+    table = Table(  # borderless: 16 heads still fit in 80 columns
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0),
+        show_edge=False,
     )
     table.add_column("layer", justify="right")
     for h in range(result.n_heads):
-        table.add_column(f"h{h}", justify="right")
+        table.add_column(f"h{h}", justify="right", min_width=3, no_wrap=True)
     centre = result.n_positions - 1
     for li, l in enumerate(result.layers):
         window_part = result.profiles[li, :, centre - window : centre + window + 1]
