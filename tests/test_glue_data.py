@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from posprobe.errors import PosprobeError
 from posprobe.glue.data import load_glue, load_split
 from posprobe.glue.tasks import TASKS, get_task
 
+ROOT = Path(__file__).resolve().parents[1]
 SHARED_GLUE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "glue"
 
 
@@ -305,9 +307,45 @@ def test_offline_without_data_dir_says_how_to_pass_data(tmp_path):
     assert "--data-dir" in proc.stdout and "rte/train.jsonl" in proc.stdout
 
 
+def test_unreachable_hub_fails_at_once_with_one_line(tmp_path):
+    """No offline variable set and no network (here: an endpoint whose port refuses connections): one quick
+    failed connection decides it; no retry lines with back-off (25 s before the fix)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+    }
+    env |= {
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets"),
+        "PYTHONPATH": str(ROOT),
+    }
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "posprobe", "finetune", "--task", "rte", "--out", str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    seconds = time.perf_counter() - started
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert (
+        lines[0].startswith("posprobe: error: could not load GLUE 'rte'") and "no connection to 127.0.0.1" in lines[0]
+    )
+    assert "--data-dir" in lines[0]
+    assert seconds < 15, seconds
+    assert not (tmp_path / "run").exists()  # a failed run leaves no empty folder
+
+
 def test_glue_modules_import_without_torch():
     code = (
-        "import sys\nimport posprobe.glue, posprobe.glue.data, posprobe.glue.metrics, posprobe.glue.train\n"
+        "import sys\nimport posprobe.glue, posprobe.glue.data, posprobe.glue.metrics, posprobe.glue.config\n"
+        "import posprobe.glue.report, posprobe.glue.run, posprobe.glue.evaluation, posprobe.glue.runtime\n"
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\nprint(bad)\n"
     )
     proc = subprocess.run(
