@@ -659,3 +659,73 @@ def test_full_disk_on_a_real_small_filesystem(tiny_model, sst2_dir, small_filesy
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("posprobe: error: no space left on the device"), stderr[-2000:]
     assert "Traceback" not in stderr and not out.exists(), sorted(str(p) for p in out.rglob("*"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# real processes: Ctrl-C, two runs at once (slow)
+
+
+def _cli_process(args: list[str], cwd: Path) -> subprocess.Popen:
+    """`posprobe ARGS` in its own process group, with SIGINT at its default (a background shell ignores it)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        ["env", "--default-signal=INT", sys.executable, "-m", "posprobe", *args],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_finetune_exits_130_with_nothing_half_written(tiny_model, sst2_dir, tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    proc = _cli_process(
+        ["finetune", str(tiny_model), "--task", "sst2", "--data-dir", str(sst2_dir), "--out", str(out), "--json"]
+        + ["--epochs", "2000", "--batch-size", "8", "--save-steps", "10"],
+        tmp_path,
+    )
+    deadline = time.monotonic() + 120
+    while not list(out.glob("seed-0/checkpoint-*/trainer_state.json")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert stdout == ""  # no JSON for an interrupted run
+    assert stderr.strip().splitlines()[-1].startswith("posprobe: error: interrupted"), stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert not (out / "results.json").exists() and not (out / "results.md").exists()
+    assert not (out / "seed-0" / "model").exists() and not list(out.rglob("*.partial"))
+    for ckpt in out.glob("seed-0/checkpoint-*"):  # resume checkpoints may stay, but only complete ones
+        assert (ckpt / "trainer_state.json").is_file()
+
+
+@pytest.mark.slow
+def test_two_runs_started_at_once_into_one_folder(tiny_model, sst2_dir, tmp_path):
+    import time
+
+    """Issue 14 §5: both used to exit 0 and results.json lost a seed. Now the second refuses at once; with
+    --wait it queues behind the first and then resumes it (both seeds end up in results.json)."""
+    out = tmp_path / "run"
+    common = ["finetune", str(tiny_model), "--task", "sst2", "--data-dir", str(sst2_dir), "--out", str(out)]
+    common += ["--epochs", "3", "--batch-size", "8"]
+    first = _cli_process([*common, "--seed", "0"], tmp_path)
+    deadline = time.monotonic() + 120
+    while not (out / "run.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    second = _cli_process([*common, "--seed", "1"], tmp_path)
+    _, err2 = second.communicate(timeout=120)
+    assert second.returncode == 2 and "in use by another fine-tuning run" in err2, err2[-2000:]
+    third = _cli_process([*common, "--seeds", "2", "--resume", "--wait"], tmp_path)
+    _, err1 = first.communicate(timeout=240)
+    _, err3 = third.communicate(timeout=240)
+    assert first.returncode == 0, err1[-2000:]
+    assert third.returncode == 0, err3[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["seeds"] == [0, 1] and len(results["metrics"]) == 2

@@ -121,14 +121,15 @@ class FinetuneResult:
 
     def load_model(self, seed: int | None = None, **kwargs):
         """The model fine-tuned with `seed` (default: the first seed), with its mechanism re-installed."""
-        from posprobe.glue.runtime import load_classifier
+        from posprobe.glue.runtime import load_classifier, quiet
 
         seed = self.seeds[0] if seed is None else seed
         if seed not in self.model_dirs:
             raise ArgumentValueError(
                 "seed", f"no model for {{arg}} {seed!r}", f"this run has seeds {', '.join(map(str, self.seeds))}"
             )
-        return load_classifier(self.model_dirs[seed], **kwargs)
+        with quiet():
+            return load_classifier(self.model_dirs[seed], **kwargs)
 
     def __repr__(self) -> str:
         main = self.metrics[0] if self.metrics else {}
