@@ -729,3 +729,11 @@ def test_two_runs_started_at_once_into_one_folder(tiny_model, sst2_dir, tmp_path
     assert third.returncode == 0, err3[-2000:]
     results = json.loads((out / "results.json").read_text())
     assert results["seeds"] == [0, 1] and len(results["metrics"]) == 2
+
+
+def test_library_default_out_is_the_clis(tiny_model):
+    from posprobe.glue import FinetuneConfig
+
+    config = FinetuneConfig(task="SST-2", model=tiny_model, mechanism="tisa")
+    assert config.out == Path("posprobe-out") / "finetune" / tiny_model.name / "sst2-tisa"
+    assert FinetuneConfig(task="cola").out == Path("posprobe-out") / "finetune" / "all-MiniLM-L6-v2" / "cola-none"

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json
-from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg, default_out
+from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg
 from posprobe.errors import PosprobeError
 
 TaskOpt = Annotated[str, typer.Option("--task", help="GLUE task: cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli.")]
@@ -108,15 +108,12 @@ def finetune_command(
     from posprobe.glue.config import FinetuneConfig, seed_list
     from posprobe.glue.run import finetune
     from posprobe.glue.runtime import is_main_process
-    from posprobe.glue.tasks import get_task
 
     if model is not None and model_option is not None and model != model_option:
         raise PosprobeError(
             f"two models given ('{model}' and --model '{model_option}')", "pass the model once, as MODEL"
         )
     model = model if model is not None else model_option
-    if out is None:
-        out = default_out("finetune", model_label(model)) / f"{get_task(task).name}-{mechanism}"
     config = FinetuneConfig(
         task=task,
         out=out,
@@ -149,14 +146,6 @@ def finetune_command(
     console.print(f"results: {result.out}/results.json, {result.out}/results.md", markup=False)
     if json_output:
         emit_json(result.to_dict())
-
-
-def model_label(model: str | None) -> str:
-    """The label default output folders use for MODEL (a local folder's own name, a hub id as given),
-    worked out without loading anything."""
-    from posprobe.checkpoint.resolve import DEFAULT_MODEL_NAME, ModelSource
-
-    return ModelSource(model or DEFAULT_MODEL_NAME, Path(model or "."), {}, "safetensors").label
 
 
 def evaluate_command(

@@ -48,7 +48,7 @@ class FinetuneConfig:
     """
 
     task: str
-    out: Path
+    out: Path | None = None  # None: posprobe-out/finetune/<model label>/<task>-<mechanism>, as the CLI
     model: str | None = None
     mechanism: str = "none"
     kernels: int = 5
@@ -85,7 +85,6 @@ class FinetuneConfig:
             raise ArgumentValueError(
                 "task", f"unknown GLUE task '{task}'", f"choose one of: {', '.join(TASK_NAMES)}"
             ) from None
-        self.out = as_path(self.out, "out")
         if self.model is not None:
             if not isinstance(self.model, (str, os.PathLike)):
                 raise ArgumentTypeError(
@@ -94,6 +93,9 @@ class FinetuneConfig:
             self.model = str(self.model)
         if not isinstance(self.mechanism, str):
             raise ArgumentTypeError("mechanism", f"{{arg}} must be a mechanism name, got {self.mechanism!r}")
+        if self.out is None:
+            self.out = default_run_folder(self.model, self.task, self.mechanism)
+        self.out = as_path(self.out, "out")
         self.kernels = as_int(self.kernels, "kernels", minimum=1, hint="TISA kernels per head, e.g. 5")
         self.radius = as_int(self.radius, "radius", minimum=1, hint="the clip radius, e.g. 8")
         if not isinstance(self.init, str):
@@ -130,6 +132,16 @@ class FinetuneConfig:
         d["out"] = str(self.out)
         d["data_dir"] = None if self.data_dir is None else str(self.data_dir)
         return d
+
+
+def default_run_folder(model: str | None, task: str, mechanism: str) -> Path:
+    """`posprobe-out/finetune/<model label>/<task>-<mechanism>`: the CLI's default output rule, with the
+    model's label worked out without loading anything (a local folder's own name, a hub id as given)."""
+    from posprobe.checkpoint.resolve import DEFAULT_MODEL_NAME, ModelSource
+    from posprobe.cli.options import default_out
+
+    label = ModelSource(model or DEFAULT_MODEL_NAME, Path(model or "."), {}, "safetensors").label
+    return default_out("finetune", label) / f"{get_task(task).name}-{mechanism}"
 
 
 def check_mechanism_options(mechanism: str, init: str, drop_position_embeddings: bool) -> None:

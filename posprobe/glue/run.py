@@ -84,7 +84,7 @@ def finetune(
     if log is None and verbose:
         log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     say = log or (lambda _msg: None)
-    with quiet(not verbose and not progress), _run_folder(config.out, wait=wait) as out:
+    with quiet(not verbose), _run_folder(config.out, wait=wait) as out:
         return _finetune(config, out, progress=progress, callbacks=callbacks, say=say)
 
 
