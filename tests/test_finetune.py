@@ -423,17 +423,18 @@ def _capture_predictions(monkeypatch) -> list:
     return seen
 
 
-def _logits_one_by_one(model, tokenizer, texts: list[str]):
+def _logits_one_by_one(model, tokenizer, texts: list[tuple[str, ...]]):
     import torch
 
     model.eval()
     with torch.no_grad():
-        return torch.cat([model(**tokenizer(t, return_tensors="pt")).logits for t in texts]).numpy()
+        return torch.cat([model(**tokenizer(*t, return_tensors="pt")).logits for t in texts]).numpy()
 
 
-def test_evaluate_scores_the_retrofitted_mechanism(tiny_model, sst2_dir, tmp_path, monkeypatch):
+def test_evaluate_scores_the_retrofitted_mechanism(tiny_model, tmp_path, monkeypatch):
     """Issue 8 #2: a classifier retrofitted with `fixed --init random` is evaluated with its mechanism: the
-    scored predictions equal the in-memory retrofitted model's, not the plain model's."""
+    scored predictions equal the in-memory retrofitted model's, and the score differs from the plain model's.
+    (STS-B, so that the score is a correlation that any change of the predictions moves.)"""
     import numpy as np
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -442,10 +443,25 @@ def test_evaluate_scores_the_retrofitted_mechanism(tiny_model, sst2_dir, tmp_pat
     from posprobe.glue.data import load_split
     from posprobe.retrofit import load_model, retrofit, save_retrofitted
 
+    rng = random.Random(3)
+    for split in ("train", "validation"):
+        rows = [
+            {"sentence1": _sentence(rng, 1), "sentence2": _sentence(rng, 0), "label": round(rng.uniform(0, 5), 2)}
+            for _ in range(24)
+        ]
+        _write_jsonl(tmp_path / "glue" / "stsb" / f"{split}.jsonl", rows)
+    data = tmp_path / "glue"
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    plain_model = load_model(tiny_model, model_class=AutoModelForSequenceClassification)
-    with torch.no_grad():  # a confident head, so that the logits show what the mechanism changes
-        plain_model.classifier.weight.mul_(300.0)
+    torch.manual_seed(0)
+    plain_model = load_model(
+        tiny_model,
+        model_class=AutoModelForSequenceClassification,
+        num_labels=1,
+        problem_type="regression",
+        ignore_mismatched_sizes=True,
+    )
+    with torch.no_grad():  # a head that spreads its predictions, so that the correlation is well defined
+        plain_model.classifier.weight.normal_(0.0, 1.0)
     plain_model.save_pretrained(tmp_path / "plain")
     tokenizer.save_pretrained(tmp_path / "plain")
     model = retrofit(
@@ -457,19 +473,21 @@ def test_evaluate_scores_the_retrofitted_mechanism(tiny_model, sst2_dir, tmp_pat
                 param.normal_(0.0, 3.0)
     save_retrofitted(model, tmp_path / "retro")
     tokenizer.save_pretrained(tmp_path / "retro")
-    texts = [t[0] for t in load_split("sst2", "validation", sst2_dir).texts]
+    texts = load_split("stsb", "validation", data).texts
     expected = _logits_one_by_one(model, tokenizer, texts)
     plain = _logits_one_by_one(plain_model, tokenizer, texts)
     assert np.abs(expected - plain).max() > 1e-2
 
     seen = _capture_predictions(monkeypatch)
-    retro_result = evaluate(tmp_path / "retro", "sst2", sst2_dir)
-    plain_result = evaluate(tmp_path / "plain", "sst2", sst2_dir)
+    retro_result = evaluate(tmp_path / "retro", "stsb", data)
+    plain_result = evaluate(tmp_path / "plain", "stsb", data)
     np.testing.assert_allclose(seen[0], expected, atol=1e-5)
     np.testing.assert_allclose(seen[1], plain, atol=1e-5)
     assert retro_result["mechanism"] == "fixed" and plain_result["mechanism"] == "none"
-    accuracy = float(np.mean(expected.argmax(-1) == np.array(load_split("sst2", "validation", sst2_dir).labels)))
-    assert retro_result["metrics"][0]["accuracy"] == pytest.approx(accuracy)
+    labels = np.array(load_split("stsb", "validation", data).labels)
+    pearson = float(np.corrcoef(expected[:, 0], labels)[0, 1])
+    assert retro_result["metrics"][0]["pearson"] == pytest.approx(pearson, abs=1e-5)
+    assert abs(retro_result["metrics"][0]["pearson"] - plain_result["metrics"][0]["pearson"]) > 1e-3
 
 
 def test_evaluate_refuses_a_checkpoint_without_a_head(tiny_model, sst2_dir, tmp_path, capsys):
