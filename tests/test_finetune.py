@@ -595,6 +595,11 @@ def test_cli_model_argument_default_out_and_json_matches_library(tiny_model, sst
     assert "64 examples from" in stderr
     code, _, stderr = _run_cli(["finetune", str(tiny_model), "--model", "other", "--task", "sst2"], capsys)
     assert code == 2 and "two models given" in stderr
+    # a failed run into the default folder leaves none of the folders it created
+    code, _, stderr = _run_cli(["finetune", str(tiny_model), "--task", "cola", "--data-dir", str(sst2_dir)], capsys)
+    assert code == 2 and "no cola 'train' data" in stderr
+    assert not (Path("posprobe-out") / "finetune" / tiny_model.name / "cola-none").exists()
+    assert sorted(p.name for p in (Path("posprobe-out") / "finetune" / tiny_model.name).iterdir()) == ["sst2-none"]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -323,7 +323,7 @@ def test_unreachable_hub_fails_at_once_with_one_line(tmp_path):
     }
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "posprobe", "finetune", "--task", "rte", "--out", str(tmp_path / "run")],
+        [sys.executable, "-m", "posprobe", "finetune", "--task", "rte", "--out", str(tmp_path / "new" / "run")],
         env=env,
         capture_output=True,
         text=True,
@@ -339,7 +339,7 @@ def test_unreachable_hub_fails_at_once_with_one_line(tmp_path):
     )
     assert "--data-dir" in lines[0]
     assert seconds < 15, seconds
-    assert not (tmp_path / "run").exists()  # a failed run leaves no empty folder
+    assert not (tmp_path / "new").exists()  # a failed run leaves no empty folder (nor the parents it made)
 
 
 def test_glue_modules_import_without_torch():

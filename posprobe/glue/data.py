@@ -432,6 +432,8 @@ def hub_offline_reason(timeout: float = 3.0) -> str | None:
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE"):
             return f"{name} is set"
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return None  # the hub is reached through a proxy: a direct connection proves nothing
     from urllib.parse import urlsplit
 
     from huggingface_hub import constants

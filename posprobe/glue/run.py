@@ -93,7 +93,7 @@ def _run_folder(out: Path, *, wait: bool) -> Iterator[Path]:
     """Create (if needed) and lock the run folder; map a full disk to one clean error; on failure remove the
     folder again if this call created it and nothing in it can be resumed."""
     path = Path(out).expanduser()
-    created = not path.exists()
+    created = [p for p in (path, *path.parents) if not p.exists()]  # innermost first
     main = is_main_process()
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -111,8 +111,10 @@ def _run_folder(out: Path, *, wait: bool) -> Iterator[Path]:
     except BaseException as err:
         if main:
             _drop_incomplete_checkpoints(path)
-            if created:
-                _remove_if_nothing_to_resume(path)
+            if created and _remove_if_nothing_to_resume(path):
+                for parent in created[1:]:  # the parents this run created, if nothing else is in them
+                    with contextlib.suppress(OSError):
+                        parent.rmdir()
         if disk_full(err):
             raise disk_full_error(err, path) from err
         raise
@@ -150,11 +152,12 @@ def _drop_incomplete_checkpoints(path: Path) -> None:
             shutil.rmtree(ckpt, ignore_errors=True)
 
 
-def _remove_if_nothing_to_resume(path: Path) -> None:
-    """Delete a run folder this call created, unless it holds a checkpoint or a finished seed."""
-    keep = any(path.glob("seed-*/checkpoint-*")) or any(path.glob("seed-*/metrics.json"))
-    if not keep:
-        shutil.rmtree(path, ignore_errors=True)
+def _remove_if_nothing_to_resume(path: Path) -> bool:
+    """Delete a run folder this call created, unless it holds a checkpoint or a finished seed; True if gone."""
+    if any(path.glob("seed-*/checkpoint-*")) or any(path.glob("seed-*/metrics.json")):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return not path.exists()
 
 
 def _finetune(
