@@ -337,7 +337,7 @@ def test_unknown_mechanism_and_bad_init(tiny_model, sst2_dir, tmp_path):
     """Refused when the config is built: nothing is loaded and no folder is made."""
     with pytest.raises(PosprobeError, match="unknown mechanism 'nope'"):
         _config(tiny_model, sst2_dir, tmp_path / "a", mechanism="nope")
-    with pytest.raises(PosprobeError, match="init fit applies to mechanism tisa only"):
+    with pytest.raises(PosprobeError, match="init fit only applies to TISA"):
         _config(tiny_model, sst2_dir, tmp_path / "b", mechanism="composite", init="fit")
     for option in (dict(drop_position_embeddings=True), dict(init="random")):
         with pytest.raises(PosprobeError, match="need a positional mechanism"):

@@ -16,6 +16,7 @@ import typer
 
 from posprobe.cli.console import console, emit_json
 from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg
+from posprobe.cli.retrofit import DropOpt, KernelsOpt, RadiusOpt
 from posprobe.errors import PosprobeError
 
 TaskOpt = Annotated[str, typer.Option("--task", help="GLUE task: cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli.")]
@@ -41,7 +42,9 @@ def register(app: typer.Typer) -> None:
 
 
 def _mechanism_help() -> str:
-    return "Positional mechanism to retrofit before fine-tuning: none, or a registered one (tisa, composite, ...)."
+    from posprobe.mechanisms.catalogue import MECHANISM_NAMES
+
+    return f"Positional mechanism to retrofit before fine-tuning: none, {', '.join(MECHANISM_NAMES)}."
 
 
 def finetune_command(
@@ -52,7 +55,7 @@ def finetune_command(
         typer.Option("--model", help="Same as the MODEL argument (kept for older scripts).", show_default=False),
     ] = None,
     mechanism: Annotated[str, typer.Option("--mechanism", help=_mechanism_help())] = "none",
-    kernels: Annotated[int, typer.Option("--kernels", help="TISA kernels per head (S).")] = 5,
+    kernels: KernelsOpt = None,
     init: Annotated[
         str,
         typer.Option(
@@ -62,13 +65,8 @@ def finetune_command(
             "fit:PATH (kernels file from `posprobe fit-tisa`).",
         ),
     ] = "zero",
-    drop_position_embeddings: Annotated[
-        bool,
-        typer.Option(
-            "--drop-position-embeddings", help="Replace absolute position embeddings by their mean (TISA 'replace')."
-        ),
-    ] = False,
-    radius: Annotated[int, typer.Option("--radius", help="Clip radius r of relative mechanisms.")] = 8,
+    drop_position_embeddings: DropOpt = False,
+    radius: RadiusOpt = None,
     seeds: Annotated[int | None, typer.Option("--seeds", help="Run seeds 0..N-1.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Run this one seed.")] = None,
     epochs: Annotated[float, typer.Option("--epochs", help="Training epochs.")] = 3.0,

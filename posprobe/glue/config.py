@@ -15,7 +15,6 @@ from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.glue.tasks import TASK_NAMES, get_task
 from posprobe.validation import as_bool, as_float, as_int, as_int_list, as_path
 
-INITS = ("zero", "random", "fit", "fit:PATH")
 # settings that must match when a run is resumed (others, e.g. the seed list, may change)
 RESUME_KEYS = (
     "task",
@@ -51,10 +50,10 @@ class FinetuneConfig:
     out: Path | None = None  # None: posprobe-out/finetune/<model label>/<task>-<mechanism>, as the CLI
     model: str | None = None
     mechanism: str = "none"
-    kernels: int = 5
+    kernels: int | None = None  # TISA's S; None: 5, or the S of a fit:FILE kernels file
     init: str = "zero"
     drop_position_embeddings: bool = False
-    radius: int = 8
+    radius: int | None = None  # clip radius of the relative mechanisms; None: 8
     seeds: list[int] = field(default_factory=lambda: [0])
     epochs: float = 3.0
     lr: float = 2e-5
@@ -96,11 +95,10 @@ class FinetuneConfig:
         if self.out is None:
             self.out = default_run_folder(self.model, self.task, self.mechanism)
         self.out = as_path(self.out, "out")
-        self.kernels = as_int(self.kernels, "kernels", minimum=1, hint="TISA kernels per head, e.g. 5")
-        self.radius = as_int(self.radius, "radius", minimum=1, hint="the clip radius, e.g. 8")
-        if not isinstance(self.init, str):
-            raise ArgumentTypeError("init", f"{{arg}} must be one of {', '.join(INITS)}, got {self.init!r}")
         self.drop_position_embeddings = as_bool(self.drop_position_embeddings, "drop_position_embeddings")
+        self.radius, self.kernels = check_mechanism_options(
+            self.mechanism, self.radius, self.kernels, self.init, self.drop_position_embeddings
+        )
         self.seeds = as_int_list(self.seeds, "seeds", minimum=0, allow_none=False)
         self.epochs = as_float(self.epochs, "epochs", positive=True, hint="e.g. 3")
         self.max_steps = as_int(self.max_steps, "max_steps", minimum=-1)
@@ -119,7 +117,6 @@ class FinetuneConfig:
         self.warmup = as_float(self.warmup, "warmup", minimum=0, maximum=0.999)
         self.weight_decay = as_float(self.weight_decay, "weight_decay", minimum=0)
         self.eval_batch_size = as_int(self.eval_batch_size, "eval_batch_size", minimum=1)
-        check_mechanism_options(self.mechanism, self.init, self.drop_position_embeddings)
 
     @property
     def installed_mechanism(self) -> str:
@@ -144,37 +141,38 @@ def default_run_folder(model: str | None, task: str, mechanism: str) -> Path:
     return default_out("finetune", label) / f"{get_task(task).name}-{mechanism}"
 
 
-def check_mechanism_options(mechanism: str, init: str, drop_position_embeddings: bool) -> None:
-    """Refuse option combinations that cannot work, cheaply (no model is loaded; a kernels file must exist)."""
+def check_mechanism_options(
+    mechanism: str, radius: int | None, kernels: int | None, init: str, drop_position_embeddings: bool
+) -> tuple[int | None, int | None]:
+    """Validate the positional-mechanism settings cheaply (no model is loaded; a fit:FILE kernels file is read
+    and checked) with the one validation `retrofit` uses (`posprobe.mechanisms.check_settings`). Returns
+    (radius, kernels) with the defaults filled in (S from a kernels file); unchanged for `none`."""
+    from posprobe.mechanisms import check_kernels, check_radius, check_settings
+
+    if not isinstance(mechanism, str):
+        raise ArgumentTypeError("mechanism", f"{{arg}} must be a mechanism name, got {mechanism!r}")
+    if mechanism != "none":
+        settings = check_settings(mechanism, radius=radius, kernels=kernels, init=init)
+        return settings.radius, settings.kernels
     names = available_mechanisms()
     if mechanism not in names:
         raise ArgumentValueError("mechanism", f"unknown mechanism '{mechanism}'", f"choose one of: {', '.join(names)}")
-    if mechanism == "none":
-        if drop_position_embeddings or init != "zero":
-            raise PosprobeError(
-                "--drop-position-embeddings and --init need a positional mechanism",
-                "pass --mechanism tisa (or another one); with --mechanism none they would be ignored",
-            )
-        return
-    if init.startswith("fit") and mechanism != "tisa":
-        raise ArgumentValueError("init", f"{{arg}} {init} applies to mechanism tisa only", "use zero or random")
-    if init.startswith("fit:"):
-        path = Path(init[4:]).expanduser()
-        if not path.is_file():
-            raise ArgumentValueError(
-                "init",
-                f"TISA kernels file '{path}' does not exist",
-                "pass {arg} fit:PATH with the file written by `posprobe fit-tisa`",
-            )
-    elif init not in ("zero", "random", "fit"):
-        raise ArgumentValueError("init", f"unknown {{arg}} '{init}'", "use zero, random, fit or fit:PATH")
+    if drop_position_embeddings or init != "zero":
+        raise PosprobeError(
+            "--drop-position-embeddings and --init need a positional mechanism",
+            "pass --mechanism tisa (or another one); with --mechanism none they would be ignored",
+        )
+    return (
+        None if radius is None else check_radius(radius),
+        None if kernels is None else check_kernels(kernels),
+    )
 
 
 def available_mechanisms() -> list[str]:
-    """`none` plus every mechanism in `posprobe.mechanisms.REGISTRY`."""
-    from posprobe.mechanisms import REGISTRY
+    """`none` plus every mechanism of the catalogue (torch-free)."""
+    from posprobe.mechanisms import MECHANISM_NAMES
 
-    return ["none", *sorted(str(name) for name in REGISTRY)]
+    return ["none", *MECHANISM_NAMES]
 
 
 def seed_list(seeds: int | None = None, seed: int | None = None) -> list[int]:

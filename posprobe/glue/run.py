@@ -172,7 +172,9 @@ def _finetune(
 
     started = time.perf_counter()
     task = get_task(config.task)
-    check_mechanism_options(config.mechanism, config.init, config.drop_position_embeddings)
+    check_mechanism_options(
+        config.mechanism, config.radius, config.kernels, config.init, config.drop_position_embeddings
+    )  # again: a kernels file may have changed since the config was built
     _check_run_folder(config, out)
     # cheap checks and the data first: a bad file or an unreachable hub fails before any model work
     splits = load_glue(
