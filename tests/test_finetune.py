@@ -126,6 +126,7 @@ def _run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
 # end to end
 
 
+@pytest.mark.slow  # 2 seeds x 6 epochs to show the task is learned; the quick default-tier runs cover the contract
 def test_cli_finetune_json_results_and_evaluate(tiny_model, sst2_dir, tmp_path, capsys):
     out = tmp_path / "run"
     code, stdout, stderr = _run_cli(
