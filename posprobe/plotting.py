@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from posprobe.analysis.toeplitz import format_r2
+
 PANEL_PIXELS = 300  # display resolution of one grid panel; larger matrices are block-averaged to about this
 FIGURE_DPI = 110  # the resolution posprobe.outputs.save_figure writes raster figures at
 
@@ -75,8 +77,10 @@ def heatmap(result):
     fig.subplots_adjust(left=0.12, right=0.86, top=0.88, bottom=0.1)
     _matrix_panel(fig, ax, result.matrix, "Reds", colorbar=True, pixels=PANEL_PIXELS)
     kind = "cosine" if result.cosine else "inner product"
-    blocks = "".join(f", first {b}: {r:.3f}" for b, r in result.blocks.items())
-    ax.set_title(f"{result.model}\nP = E_P E_Pᵀ ({kind}); Toeplitz R² = {result.toeplitz_r2:.3f}{blocks}", fontsize=9)
+    blocks = "".join(f", first {b}: {format_r2(r, 3)}" for b, r in result.blocks.items())
+    ax.set_title(
+        f"{result.model}\nP = E_P E_Pᵀ ({kind}); Toeplitz R² = {format_r2(result.toeplitz_r2, 3)}{blocks}", fontsize=9
+    )
     ax.set_xlabel("position j")
     ax.set_ylabel("position i")
     return fig
@@ -109,7 +113,7 @@ def fhat_grid(result) -> Mosaic:
         r, c = divmod(h, cols)
         y, x = header + r * (size + top) + top, c * (size + gap) + gap
         pixels[y : y + size, x : x + size] = tile
-        labels.append((x + size / 2, y - 4, f"head {h}: R² = {result.toeplitz_r2[h]:.3f}"))
+        labels.append((x + size / 2, y - 4, f"head {h}: R² = {format_r2(result.toeplitz_r2[h], 3)}"))
     title = f"{result.model}: F̂_P, layer {result.layer}, {result.mode} mode (row i = query, column j = key)"
     return Mosaic(pixels, title, tuple(labels))
 
@@ -205,6 +209,6 @@ def compare_heatmaps(rows):
     )
     for row, ax in zip(rows, axes.flat):
         _matrix_panel(fig, ax, row.matrix, "Reds")
-        ax.set_title(f"{row.model}\nR² = {row.toeplitz_r2:.3f}", fontsize=9)
+        ax.set_title(f"{row.model}\nR² = {format_r2(row.toeplitz_r2, 3)}", fontsize=9)
         ax.set_xticks([]), ax.set_yticks([])
     return fig

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from posprobe.analysis.toeplitz import format_r2
 from posprobe.cli.console import console, emit_json
 from posprobe.cli.options import (
     AllowPickleOpt,
@@ -65,7 +66,7 @@ def toeplitz(
     result = toeplitz_analysis(None, blocks=block, cosine=cosine, source=source)
     stem = "P_cosine" if cosine else "P"
     figure = save_figure(plotting.heatmap(result), out_dir / f"{stem}.{fmt.value}")
-    record = result.to_json() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
+    record = result.to_dict() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
     write_json(out_dir / f"{stem}.json", record)
     if json_out:
         emit_json(record)
@@ -83,8 +84,8 @@ def toeplitz(
     table.add_row(
         result.model,
         str(result.n_positions),
-        f"{result.toeplitz_r2:.4f}",
-        *[f"{r:.4f}" for r in result.blocks.values()],
+        format_r2(result.toeplitz_r2),
+        *[format_r2(r) for r in result.blocks.values()],
     )
     console.print(table)
     if result.dropped_rows:
@@ -114,7 +115,7 @@ def fhat(
     result = fhat_analysis(None, layer, mode.value, source=source)
     stem = f"fhat_layer{layer}_{mode.value}"
     figure = save_mosaic(plotting.fhat_grid(result), out_dir / f"{stem}.{fmt.value}")
-    record = result.to_json() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
+    record = result.to_dict() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
     write_json(out_dir / f"{stem}.json", record)
     if json_out:
         emit_json(record)
@@ -124,8 +125,8 @@ def fhat(
     table = Table(title=f"F̂_P Toeplitz R² — {result.model}, layer {layer}, {mode.value} mode", title_justify="left")
     table.add_column("head", justify="right"), table.add_column("Toeplitz R²", justify="right")
     for h, r in enumerate(result.toeplitz_r2):
-        table.add_row(str(h), f"{r:.4f}")
-    table.add_row("mean", f"{result.toeplitz_r2.mean():.4f}", style="bold")
+        table.add_row(str(h), format_r2(r))
+    table.add_row("mean", format_r2(result.mean_toeplitz_r2), style="bold")
     console.print(table)
     console.print(f"figure: {figure}\nrecord: {out_dir / f'{stem}.json'}")
 
@@ -163,7 +164,7 @@ def profiles(
         for i, l in enumerate(result.layers)
     ]
     if json_out:
-        emit_json(result.to_json(npz) | {"figures": [str(f) for f in figures]})
+        emit_json(result.to_dict() | {"npz": str(npz), "figures": [str(f) for f in figures]})
         return
     from rich.table import Table
 
@@ -203,7 +204,7 @@ def compare(
     )
     rows = compare_models(models, mode.value, cosine, allow_pickle)
     figure = save_figure(plotting.compare_heatmaps(rows), out_dir / f"compare.{fmt.value}")
-    record = {"mode": mode.value, "cosine": cosine, "models": [r.to_json() for r in rows], "figure": str(figure)}
+    record = {"mode": mode.value, "cosine": cosine, "models": [r.to_dict() for r in rows], "figure": str(figure)}
     write_json(out_dir / "compare.json", record)
     if json_out:
         emit_json(record)
@@ -213,7 +214,7 @@ def compare(
     table = Table(title=f"Translation invariance ({mode.value} mode F̂_P, layer 0)", title_justify="left")
     for name in ("model", "positions", "R² whole", "R² first 128", "mean per-head F̂_P R²"):
         table.add_column(name, justify="left" if name == "model" else "right")
-    fmt_r = lambda v: "—" if v is None else f"{v:.4f}"  # noqa: E731
+    fmt_r = lambda v: "—" if v is None else format_r2(v)  # noqa: E731
     for r in rows:
         table.add_row(r.model, str(r.n_positions), fmt_r(r.toeplitz_r2), fmt_r(r.r2_first_128), fmt_r(r.mean_fhat_r2))
     console.print(table)
