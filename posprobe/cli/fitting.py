@@ -103,7 +103,7 @@ def fit_tisa(
         fmt=fmt.value,
     )
     if json_out:
-        emit_json(result.to_json())
+        emit_json(result.to_dict())
         return
     _print_fit(result)
 

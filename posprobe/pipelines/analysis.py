@@ -10,9 +10,8 @@ the CLI writes files. Arguments are checked here (posprobe.validation), with the
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from os import PathLike
 
 import numpy as np
@@ -31,6 +30,7 @@ from posprobe.checkpoint import (
 from posprobe.checkpoint.architectures import family_of, model_shape
 from posprobe.checkpoint.in_memory import StateDictReader, is_model_object, source_from_model
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
+from posprobe.results import ResultMixin, short
 from posprobe.validation import as_bool, as_choice, as_int, as_int_list
 
 DEFAULT_BLOCK = 128
@@ -90,38 +90,9 @@ def _r2(value) -> float | None:
     return None if value is None or not math.isfinite(float(value)) else float(value)
 
 
-def _short(value) -> str:
-    if isinstance(value, np.ndarray):
-        return f"<array {'x'.join(map(str, value.shape))}>"
-    if isinstance(value, float):
-        return f"{value:.4f}"
-    if isinstance(value, dict) and len(value) <= 8:
-        return "{" + ", ".join(f"{k!r}: {_short(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)) and len(value) > 8:
-        return f"[{', '.join(map(repr, value[:4]))}, ... ({len(value)} items)]"
-    return repr(value)
-
-
-class _Result:
-    """Notebook helpers shared by the results: a one-line repr (arrays as shapes), `to_json`."""
-
-    _repr_fields: tuple[str, ...] = ()
-
-    def __repr__(self) -> str:
-        names = self._repr_fields or tuple(f.name for f in fields(self))
-        return f"{type(self).__name__}({', '.join(f'{n}={_short(getattr(self, n))}' for n in names)})"
-
-    def to_dict(self) -> dict:  # pragma: no cover - every result defines it
-        raise NotImplementedError
-
-    def to_json(self, indent: int | None = 2) -> str:
-        """`to_dict()` as JSON text (undefined R^2 as null): the CLI's `--json` record without file paths."""
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
-
-
 # ---------------------------------------------------------------------------------------------- P
 @dataclass(frozen=True, repr=False)
-class ToeplitzResult(_Result):
+class ToeplitzResult(ResultMixin):
     """P = E_P E_P^T of one model and its Toeplitz R^2.
 
     `matrix` (n, n) float64, row i / column j = positions; `toeplitz_r2` R^2 of the whole matrix (None when
@@ -208,7 +179,7 @@ def toeplitz(
 
 # ------------------------------------------------------------------------------------------ F_hat
 @dataclass(frozen=True, repr=False)
-class FhatResult(_Result):
+class FhatResult(ResultMixin):
     """F_hat_P of one layer: `matrices` (H, n, n) (row i = query, column j = key), `toeplitz_r2` (H,) per head
     (NaN where undefined: a constant matrix). `weights_layer` is the stored layer used (0 at every ALBERT depth)."""
 
@@ -310,7 +281,7 @@ def fhat(
 
 # --------------------------------------------------------------------------------------- profiles
 @dataclass(frozen=True, repr=False)
-class ProfileResult(_Result):
+class ProfileResult(ResultMixin):
     """Head profiles over k = j - i: `profiles` (L_sel, H, 2n-1) for `layers`, `offsets` (2n-1,) increasing.
 
     Index i of the first axis is layer `layers[i]` (use `layer_index(layer)` or `profile(layer, head)`).
@@ -462,7 +433,7 @@ def section_rows(n: int, window: int, count: int = 5) -> list[int]:
 
 # ---------------------------------------------------------------------------------------- compare
 @dataclass(frozen=True, repr=False)
-class CompareRow(_Result):
+class CompareRow(ResultMixin):
     """One model of a comparison: positions, R^2 of P (whole, first 128), mean per-head F_hat_P R^2 (layer 0);
     `matrix` (n, n) is its P. An R^2 is None where undefined (or, for the block, where n < 128)."""
 
@@ -484,7 +455,7 @@ class CompareRow(_Result):
 
 
 @dataclass(frozen=True, repr=False)
-class CompareResult(_Result):
+class CompareResult(ResultMixin):
     """Rows of a comparison, one per model (iterate it, index it, or read `rows`)."""
 
     mode: str
@@ -501,7 +472,7 @@ class CompareResult(_Result):
         return self.rows[index]
 
     def __repr__(self) -> str:
-        models = ", ".join(f"{r.model}: R²={_short(r.toeplitz_r2)}" for r in self.rows)
+        models = ", ".join(f"{r.model}: R²={short(r.toeplitz_r2)}" for r in self.rows)
         return f"CompareResult(mode={self.mode!r}, cosine={self.cosine}, rows=[{models}])"
 
     def to_dict(self) -> dict:

@@ -15,17 +15,26 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from os import PathLike
 from pathlib import Path
 
 import numpy as np
 
 from posprobe.analysis.tisa_fit import TisaKernelFitter
-from posprobe.errors import PosprobeError
+from posprobe.errors import ArgumentError, ArgumentValueError, PosprobeError
+from posprobe.results import ResultMixin
+from posprobe.validation import as_bool, as_int, as_int_list
 
 KERNELS_FORMAT = "posprobe-tisa-kernels"
 KERNELS_VERSION = 1
 CONVENTION = "k = j - i"
 FUNCTION = "f(k) = sum_s a_s * exp(-|b_s| * (k - c_s)^2)"
+
+
+class _NotFitted(ArgumentValueError, KeyError):
+    """`TisaFitResult.fit(S)` for an S that was not fitted."""
+
+    __str__ = ArgumentValueError.__str__
 
 
 @dataclass(frozen=True)
@@ -43,8 +52,8 @@ class ProfileSet:
     shared_layers: bool
 
 
-@dataclass(frozen=True)
-class TisaFit:
+@dataclass(frozen=True, repr=False)
+class TisaFit(ResultMixin):
     """The fit for one number of kernels S: `a`, `b`, `c` (L_sel, H, S); `offset`, `r2` (L_sel, H)."""
 
     n_kernels: int
@@ -57,6 +66,8 @@ class TisaFit:
     seconds: float
     kernels_file: Path | None = None
     figure: Path | None = None
+
+    _repr_fields = ("n_kernels", "median_r2", "a", "b", "c", "offset", "r2", "kernels_file")
 
     @property
     def median_r2(self) -> float:
@@ -79,9 +90,13 @@ class TisaFit:
         ]
 
 
-@dataclass(frozen=True)
-class TisaFitResult:
-    """Fits of one model for every requested S (in request order), with the profiles they were fitted to."""
+@dataclass(frozen=True, repr=False)
+class TisaFitResult(ResultMixin):
+    """Fits of one model for every requested S (in request order), with the profiles they were fitted to.
+
+    `profiles` (L_sel, H, K) over `offsets` (K,), k = j - i, for model layers `layers`; `fits` one `TisaFit`
+    per S (`fit(S)` picks one). `plot(S)` draws each head's profile against its fitted function.
+    """
 
     model: str
     model_type: str
@@ -96,18 +111,51 @@ class TisaFitResult:
     profiles: np.ndarray
     fits: list[TisaFit] = field(default_factory=list)
 
+    _repr_fields = ("model", "mode", "layers", "n_heads", "window", "kernels", "median_r2", "profiles")
+
+    @property
+    def kernels(self) -> list[int]:
+        return [f.n_kernels for f in self.fits]
+
+    @property
+    def median_r2(self) -> dict[int, float]:
+        """{S: median R^2 over heads}."""
+        return {f.n_kernels: f.median_r2 for f in self.fits}
+
+    def plot(self, n_kernels: int | None = None):
+        """Profiles (dots) against the fitted functions (lines), one panel per head, for S = `n_kernels`
+        (default: the first fitted S)."""
+        from posprobe.plotting_fit import tisa_fit_grid
+
+        fit = self.fits[0] if n_kernels is None else self.fit(n_kernels)
+        title = f"TISA fit, S={fit.n_kernels} — {self.model} ({self.mode} mode, |k| ≤ {self.window})"
+        return tisa_fit_grid(
+            self.offsets,
+            self.profiles,
+            fit.a,
+            fit.b,
+            fit.c,
+            fit.offset,
+            fit.r2,
+            self.layers,
+            self.window,
+            title,
+            self.shared_layers,
+        )
+
     @property
     def seconds(self) -> float:
         """Fitting time only (all S), excluding profile computation and file writing."""
         return float(sum(f.seconds for f in self.fits))
 
     def fit(self, n_kernels: int) -> TisaFit:
+        """The fit with S = `n_kernels` (a KeyError, also an ArgumentValueError, if it was not fitted)."""
         for f in self.fits:
             if f.n_kernels == n_kernels:
                 return f
-        raise KeyError(n_kernels)
+        raise _NotFitted("n_kernels", f"S = {n_kernels} was not fitted (fitted: {self.kernels})")
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         """Single S: `kernels` is an int and `heads` the per-head list. Sweep (several S): `kernels` is
         the list of S and `fits` holds one {kernels, seconds, median_r2, kernels_file, figure, heads}
         per S. Both: model, model_type, mode, window, seconds (fitting only), layers, shared_layers,
@@ -143,7 +191,7 @@ class TisaFitResult:
 
 # ---------------------------------------------------------------------------------------------- API
 def fit_tisa(
-    model: str | None,
+    model=None,
     kernels: int | Sequence[int] = (5,),
     window: int | None = None,
     layers: list[int] | None = None,
@@ -157,8 +205,9 @@ def fit_tisa(
 ) -> TisaFitResult:
     """Fit TISA kernels to every head profile of `model` for each S in `kernels`.
 
-    `model`: hub id, folder, None (packaged MiniLM) or a `.npz` written by `posprobe profiles`.
-    `layers`: None = all. `window`: fit half-width W (None = default, clipped to the offsets).
+    `model`: hub id, folder, None (packaged MiniLM), a loaded transformers model, or a `.npz` written by
+    `posprobe profiles`. `kernels`: S, one number or a list (a sweep). `layers`: None = all (-1 = last).
+    `window`: fit half-width W (None = default, clipped to the offsets).
     With `out_dir`, writes ``tisa_kernels_S{S}.safetensors`` and ``tisa_fit_S{S}.{fmt}`` per S.
     ALBERT (shared layers): the one shared layer is fitted once and replicated at every depth.
     """
@@ -166,11 +215,13 @@ def fit_tisa(
 
     kernel_list = _check_kernels(kernels)
     if fmt not in FIGURE_FORMATS:
-        raise PosprobeError(f"unknown figure format '{fmt}'", f"use one of: {', '.join(FIGURE_FORMATS)}")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1):
-        raise PosprobeError(
-            f"the fit window must be a whole number >= 1, got {window!r}", "pass e.g. --window 16 (fits k = -16..16)"
+        raise ArgumentValueError(
+            "fmt", f"unknown figure format {fmt!r}", f"use one of: {', '.join(FIGURE_FORMATS)}", flag="--format"
         )
+    if window is not None:
+        window = as_int(window, "window", minimum=1, hint="e.g. 16 (fits k = -16..16)")
+    seed = as_int(seed, "seed", minimum=0)
+    exhaustive = as_bool(exhaustive, "exhaustive")
     out_path = prepare_out_dir(out_dir) if out_dir is not None else None
     data = profiles if profiles is not None else load_profiles(model, layers, mode, allow_pickle)
 
@@ -210,7 +261,7 @@ def load_profiles(
     model: str | None, layers: list[int] | None = None, mode: str = "paper", allow_pickle: bool = False
 ) -> ProfileSet:
     """Profiles from a checkpoint (via the analysis pipeline) or from a `posprobe profiles` .npz file."""
-    if model is not None and str(model).endswith(".npz"):
+    if isinstance(model, (str, PathLike)) and str(model).endswith(".npz"):
         return _profiles_from_npz(Path(model), layers)
     from posprobe.pipelines.analysis import compute_profiles
 
@@ -314,19 +365,16 @@ def load_tisa_kernels(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 # -------------------------------------------------------------------------------------- internals
 def _check_kernels(kernels: int | Sequence[int]) -> list[int]:
-    values = [kernels] if isinstance(kernels, (int, np.integer)) and not isinstance(kernels, bool) else list(kernels)
-    if not values:
-        raise PosprobeError("no numbers of kernels given", "pass e.g. --kernels 5 or --kernels 1,3,5")
-    out: list[int] = []
-    for s in values:
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1:
-            raise PosprobeError(
-                f"the number of TISA kernels must be a whole number >= 1, got {s!r}",
-                "pass e.g. --kernels 5 or --kernels 1,3,5",
-            )
-        if int(s) not in out:
-            out.append(int(s))
-    return out
+    """S as one whole number >= 1 or a list of them (order kept, duplicates dropped)."""
+    hint = "e.g. kernels=5 or kernels=[1, 3, 5]"
+    try:
+        if isinstance(kernels, (int, np.integer)) and not isinstance(kernels, bool):
+            return [as_int(kernels, "kernels", minimum=1, hint=hint)]
+        values = as_int_list(kernels, "kernels", minimum=1, allow_none=False)
+    except ArgumentError as err:
+        err.hint = err.hint or hint
+        raise
+    return values
 
 
 def _fit_one(data: ProfileSet, s: int, window: int | None, seed: int, exhaustive: bool) -> tuple[TisaFit, int]:
