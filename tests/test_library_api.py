@@ -169,17 +169,18 @@ def test_default_block_that_does_not_fit_is_listed_not_dropped(tiny_checkpoints)
     assert posprobe.toeplitz(None).blocks.keys() == {128}
 
 
-def test_a_one_row_position_table_is_refused(tmp_path):
+@pytest.mark.parametrize("rows", [0, 1])
+def test_a_position_table_of_fewer_than_two_rows_is_refused(rows, tmp_path):
     import torch
 
     model = build_tiny("bert")
-    with torch.no_grad():
-        model.embeddings.position_embeddings.weight = torch.nn.Parameter(
-            model.embeddings.position_embeddings.weight[:1].clone()
-        )
+    table = model.embeddings.position_embeddings
+    table.weight = torch.nn.Parameter(table.weight[:rows].detach().clone())
+    model.save_pretrained(tmp_path)
     for analysis in (posprobe.toeplitz, posprobe.fhat, posprobe.profiles):
-        with pytest.raises(PosprobeError, match="at least 2"):
-            analysis(model)
+        for where in (model, str(tmp_path)):  # in memory and from the folder
+            with pytest.raises(PosprobeError, match="at least 2"):
+                analysis(where)
 
 
 def test_constant_position_table_gives_undefined_r2_not_a_number():

@@ -20,13 +20,15 @@ def test_the_readme_has_python_examples():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_python_block_runs(index, tmp_path):
-    script = tmp_path / f"block{index}.py"
-    script.write_text(BLOCKS[index], encoding="utf-8")
+def test_readme_python_blocks_run(tmp_path):
+    """All blocks in order in one interpreter (as a reader pasting them into one notebook), in an empty folder."""
+    script = tmp_path / "readme.py"
+    script.write_text("\n\n".join(BLOCKS), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
     done = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
+    assert (tmp_path / "runs" / "minilm-tisa" / "config.json").is_file()
+    assert (tmp_path / "profiles_layer3.png").is_file()

@@ -29,7 +29,7 @@ from posprobe.checkpoint import (
 )
 from posprobe.checkpoint.architectures import family_of, model_shape
 from posprobe.checkpoint.in_memory import StateDictReader, is_model_object, source_from_model
-from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
+from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.results import ResultMixin, short
 from posprobe.validation import as_bool, as_choice, as_int, as_int_list
 
@@ -144,7 +144,11 @@ def toeplitz(
     blocks to score too (a list; None = [128], listed in `skipped_blocks` when the table is shorter).
     cosine: unit-normalise the rows first. allow_pickle: read `pytorch_model.bin` (only from a trusted source).
     """
-    blocks = as_int_list(blocks, "blocks", minimum=1)
+    try:
+        blocks = as_int_list(blocks, "blocks", minimum=1)
+    except ArgumentError as err:
+        err.flag = "--block"  # the CLI's repeatable option
+        raise
     cosine = as_bool(cosine, "cosine")
     source, reader = _open(model, allow_pickle, source)
     table = read_position_table(source, reader)
@@ -494,7 +498,9 @@ def compare(models, mode: str = "paper", cosine: bool = False, allow_pickle: boo
         )
     models = list(models)
     if len(models) < 2:
-        raise ArgumentValueError("models", f"compare needs two or more models, got {len(models)}", "add models")
+        raise ArgumentValueError(
+            "models", f"compare needs two or more models, got {len(models)}", "add models", flag="MODELS"
+        )
     mode = as_choice(mode, "mode", MODES)
     cosine = as_bool(cosine, "cosine")
     rows = []
