@@ -194,6 +194,19 @@ def test_constant_position_table_gives_undefined_r2_not_a_number():
     assert isinstance(t.plot(), object) and "undefined" in t.plot().axes[0].get_title()
 
 
+def test_constant_position_table_through_the_cli(tmp_path):
+    # the reproduction of issue 8 #3 as a user ran it: retrofit --drop-position-embeddings, save, then analyse
+    model = posprobe.retrofit(build_tiny("bert"), "tisa", drop_position_embeddings=True)
+    folder = posprobe.save_retrofitted(model, tmp_path / "rf")
+    record = _cli_json(["toeplitz", str(folder), "--block", "16", "--out", str(tmp_path / "t"), "--json"])
+    assert record["toeplitz_r2"] is None and record["blocks"] == {"16": None}
+    assert json.loads((tmp_path / "t" / "P.json").read_text())["toeplitz_r2"] is None
+    from posprobe.cli import app
+
+    text = CliRunner().invoke(app, ["fhat", str(folder), "--out", str(tmp_path / "f")])
+    assert text.exit_code == 0 and "undefined (constant matrix)" in text.output
+
+
 # ------------------------------------------------------------------------------------- argument validation
 BAD_ARGUMENTS = [
     (posprobe.toeplitz, dict(blocks=128), ArgumentTypeError, "blocks=\\[128\\]"),
