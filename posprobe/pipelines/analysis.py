@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from os import PathLike
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,14 +29,16 @@ from posprobe.checkpoint import (
     resolve_model,
 )
 from posprobe.checkpoint.architectures import family_of, model_shape
-from posprobe.checkpoint.in_memory import StateDictReader, is_model_object, source_from_model
+from posprobe.checkpoint.in_memory import IN_MEMORY, StateDictReader, is_model_object, source_from_model
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.results import ResultMixin, short
 from posprobe.validation import as_bool, as_choice, as_int, as_int_list
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 DEFAULT_BLOCK = 128
 PROFILE_WINDOW = 20  # half-width of the profile summary and sections (the fit's own default is tisa_fit's)
-DEFAULT_WINDOW = PROFILE_WINDOW  # old name
 MIN_POSITIONS = 2
 
 
@@ -43,7 +46,7 @@ MIN_POSITIONS = 2
 def _open(model, allow_pickle, source: ModelSource | None = None):
     """(source, reader) for a model id / folder / None / loaded model object."""
     if source is not None:
-        if source.weight_format == "in-memory":
+        if source.weight_format == IN_MEMORY:
             raise ArgumentTypeError("source", "pass a model object as `model`, not as {arg}")
         family_of(source)  # refuse unsupported families before reading any weights
         return source, WeightReader(source.path, source.weight_format)
@@ -132,7 +135,7 @@ class ToeplitzResult(ResultMixin):
 
 
 def toeplitz(
-    model=None,
+    model: str | PathLike | PreTrainedModel | None = None,
     blocks: list[int] | None = None,
     cosine: bool = False,
     allow_pickle: bool = False,
@@ -265,7 +268,7 @@ class _FhatComputer:
 
 
 def fhat(
-    model=None,
+    model: str | PathLike | PreTrainedModel | None = None,
     layer: int = 0,
     mode: str = "paper",
     allow_pickle: bool = False,
@@ -373,7 +376,7 @@ class ProfileResult(ResultMixin):
 
 
 def profiles(
-    model=None,
+    model: str | PathLike | PreTrainedModel | None = None,
     layers: list[int] | str | None = None,
     mode: str = "paper",
     allow_pickle: bool = False,
@@ -489,7 +492,12 @@ class CompareResult(ResultMixin):
         return plotting.compare_heatmaps(list(self.rows))
 
 
-def compare(models, mode: str = "paper", cosine: bool = False, allow_pickle: bool = False) -> CompareResult:
+def compare(
+    models: list[str | PathLike | PreTrainedModel | None],
+    mode: str = "paper",
+    cosine: bool = False,
+    allow_pickle: bool = False,
+) -> CompareResult:
     """One row per model (a list of two or more ids, folders or loaded models): positions, R^2 of P (whole and
     first 128), mean per-head F_hat_P R^2 of layer 0."""
     if isinstance(models, (str, bytes, PathLike)) or is_model_object(models) or not hasattr(models, "__iter__"):

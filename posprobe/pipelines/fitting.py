@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from os import PathLike
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from posprobe.analysis.tisa_fit import TisaKernelFitter
 from posprobe.errors import ArgumentError, ArgumentValueError, PosprobeError
 from posprobe.results import ResultMixin
 from posprobe.validation import as_bool, as_int, as_int_list
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 KERNELS_FORMAT = "posprobe-tisa-kernels"
 KERNELS_VERSION = 1
@@ -191,7 +195,7 @@ class TisaFitResult(ResultMixin):
 
 # ---------------------------------------------------------------------------------------------- API
 def fit_tisa(
-    model=None,
+    model: str | PathLike | PreTrainedModel | None = None,
     kernels: int | Sequence[int] = (5,),
     window: int | None = None,
     layers: list[int] | None = None,
