@@ -53,11 +53,14 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
+_SUBPACKAGES = ("analysis", "checkpoint", "glue", "mechanisms", "outputs", "pipelines", "plotting", "validation")
 
 
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
+        if name in _SUBPACKAGES:  # `posprobe.plotting` etc. without an explicit import, as in a notebook
+            return importlib.import_module(f"{__name__}.{name}")
         raise AttributeError(f"module 'posprobe' has no attribute '{name}'")
     loaded = importlib.import_module(module)
     if name not in globals():  # (importing `posprobe.retrofit` has already set `retrofit`: the callable module)

@@ -45,6 +45,7 @@ def test_every_exported_name_resolves():
     assert set(posprobe.__all__) <= set(dir(posprobe))
     assert posprobe.toeplitz_analysis is posprobe.toeplitz and posprobe.compute_profiles is posprobe.profiles
     assert posprobe.PosprobeError is PosprobeError
+    assert posprobe.plotting.heatmap and posprobe.analysis.toeplitz.toeplitz_r2  # subpackages without an import
 
 
 def test_load_model_and_retrofit_show_their_real_signatures():
