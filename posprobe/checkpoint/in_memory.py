@@ -68,6 +68,8 @@ class StateDictReader:
         if array.ndim != 2:
             return array.mean(axis=0)
         rows, cols = array.shape
+        if rows == 0:
+            raise PosprobeError(f"tensor '{key}' of model '{self.name}' has no rows", "the model is malformed")
         total = np.zeros(cols, dtype=np.float64)
         for start in range(0, rows, chunk_rows):
             total += array[start : min(start + chunk_rows, rows)].sum(axis=0)
