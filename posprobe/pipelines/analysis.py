@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 DEFAULT_BLOCK = 128
-PROFILE_WINDOW = 20  # half-width of the profile summary and sections (the fit's own default is tisa_fit's)
+DEFAULT_PROFILE_WINDOW = 20  # half-width of the profile summary and sections (the fit's own default is tisa_fit's)
 MIN_POSITIONS = 2
 
 
@@ -380,7 +380,7 @@ def profiles(
     layers: list[int] | str | None = None,
     mode: str = "paper",
     allow_pickle: bool = False,
-    window: int = PROFILE_WINDOW,
+    window: int = DEFAULT_PROFILE_WINDOW,
     source: ModelSource | None = None,
 ) -> ProfileResult:
     """Profiles (diagonal means of F_hat_P over k = j - i) of every head of `layers`, plus 5 sections each.
