@@ -45,7 +45,9 @@ def test_a_notebook_session(folder, tmp_path):
     assert a.shape == (2, 4, 2) and meta["n_kernels"] == 2
 
     for result in (t, f, p, fit):
-        assert isinstance(result.plot(), Figure)
+        figure = result.plot()
+        assert isinstance(figure, Figure) or hasattr(figure, "_repr_png_")
+        figure.savefig(tmp_path / f"{type(result).__name__}.png")
         assert "\n" not in repr(result)
 
     with torch.no_grad():

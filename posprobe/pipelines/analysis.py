@@ -223,11 +223,11 @@ class FhatResult(ResultMixin):
         }
 
     def plot(self):
-        """One panel per head (posprobe.plotting.fhat_grid)."""
+        """One panel per head (posprobe.plotting.fhat_grid): displays in a notebook, `.savefig(path)` writes it."""
         from posprobe import plotting
 
         figure = plotting.fhat_grid(self)
-        if isinstance(figure, getattr(plotting, "Mosaic", ())):  # older plotting: an image mosaic
+        if not hasattr(figure, "_repr_png_") and hasattr(plotting, "mosaic_figure"):  # a mosaic that cannot display
             figure = plotting.mosaic_figure(figure)
         return figure
 
