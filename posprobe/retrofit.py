@@ -51,6 +51,7 @@ CONFIG_KEY = "posprobe"
 RETROFIT_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "albert", "electra")  # families retrofit can install into
 _ROBERTA_FAMILY = ("roberta", "xlm-roberta")
 _FORMAT_VERSION = 1
+INITIAL_FILE = "posprobe_initial.safetensors"  # mechanism parameters as retrofit set them (beside the model)
 # Score-bias mechanisms on CPU take the explicit softmax path (faster there than SDPA with a mask gradient);
 # tests switch this off to exercise the SDPA-with-bias path that accelerators use.
 EXPLICIT_ON_CPU = True
@@ -431,7 +432,24 @@ def _retrofit_loaded(model: nn.Module, settings: MechanismSettings, drop_positio
     if drop_position_embeddings:
         _average_position_table(model)
     setattr(model.config, CONFIG_KEY, spec)
+    model._posprobe_initial = mechanism_state(model)
     return model
+
+
+def mechanism_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The mechanism parameters of every attention depth, as `{"depth.{d}.{name}": tensor}` (detached copies
+    on the CPU; `name` as in the mechanism's `named_parameters`, e.g. `a`, `beta`, `dynamic.w`)."""
+    state = {}
+    for depth, (module, slot) in enumerate(depth_slots(model)):
+        for name, param in module.posprobe_mechanisms[slot].named_parameters():
+            state[f"depth.{depth}.{name}"] = param.detach().to("cpu", copy=True).contiguous()
+    return state
+
+
+def initial_state(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The mechanism parameters as `retrofit` initialised them (same keys as `mechanism_state`), carried
+    through `save_retrofitted` / `load_model` in `INITIAL_FILE`; None when unknown (older folders)."""
+    return getattr(model, "_posprobe_initial", None)
 
 
 def saved_model_class(config: dict):
@@ -504,6 +522,11 @@ def save_retrofitted(model: nn.Module, out_dir, *, tokenizer_from=None) -> Path:
     try:
         with _quiet_saving():
             model.save_pretrained(tmp)
+        initial = initial_state(model)
+        if initial:
+            from safetensors.torch import save_file
+
+            save_file(initial, str(tmp / INITIAL_FILE), metadata={"posprobe": "initial mechanism parameters"})
         if source is not None and source.is_dir():
             for name in _TOKENIZER_FILES:
                 if (source / name).is_file():
@@ -595,7 +618,24 @@ def load_model(
         module.posprobe_mechanisms[slot].reset("zero")
     _load_mechanism_weights(model, source.path)
     setattr(model.config, CONFIG_KEY, dict(spec))
+    model._posprobe_initial = _read_initial(source.path)
     return model
+
+
+def _read_initial(folder: Path) -> dict[str, torch.Tensor] | None:
+    """`INITIAL_FILE` of a retrofitted folder (None when absent: written before posprobe stored it)."""
+    from safetensors.torch import load_file
+
+    path = Path(folder) / INITIAL_FILE
+    if not path.is_file():
+        return None
+    try:
+        return load_file(str(path))
+    except Exception as err:  # safetensors raises its own error types for corrupt files
+        raise PosprobeError(
+            f"cannot read the initial mechanism values '{path}' ({type(err).__name__}: {err})",
+            f"delete {INITIAL_FILE} (the change from init is then unknown) or re-run `posprobe retrofit`",
+        ) from err
 
 
 def _load_mechanism_weights(model: nn.Module, folder: Path) -> None:
@@ -608,7 +648,7 @@ def _load_mechanism_weights(model: nn.Module, folder: Path) -> None:
 
     wanted = {strip(n): p for n, p in model.named_parameters() if ".posprobe_mechanisms." in f".{n}"}
     found: set[str] = set()
-    for file in sorted(Path(folder).glob("*.safetensors")):
+    for file in sorted(f for f in Path(folder).glob("*.safetensors") if f.name != INITIAL_FILE):
         with safe_open(str(file), framework="pt") as handle:
             for key in handle.keys():
                 name = strip(key)
