@@ -1,0 +1,234 @@
+"""`posprobe kernels`: every mechanism's learned functions against the real modules (known parameters), TISA
+from a kernels file reproduced exactly, initial values kept through save/load, --text, --compare, --profiles,
+the JSON contract and clean errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import build_tiny
+from safetensors.numpy import save_file
+from typer.testing import CliRunner
+
+from posprobe.analysis.learned import correlation_per_head, learned_functions, tisa_functions
+from posprobe.cli import app, main
+from posprobe.mechanisms._sequence import naive_filter
+from posprobe.mechanisms.catalogue import MECHANISM_NAMES
+from posprobe.pipelines.kernels import learned_kernels, mean_vectors
+from posprobe.retrofit import INITIAL_FILE, load_model, mechanism_at, retrofit, save_retrofitted
+
+H, L, D, R = 4, 2, 32, 3  # tiny models: d_h = 8, clip radius 3
+runner = CliRunner()
+
+
+def _tokenizer_folder(folder):
+    """A WordPiece tokenizer with the tiny models' 99-token vocabulary, saved into `folder`."""
+    from transformers import BertTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(94)]
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(str(folder))
+
+
+def _retrofitted(tmp_path, mechanism, name="m", seed=0, **kw):
+    model = retrofit(build_tiny("bert"), mechanism, radius=R, init="random", seed=seed, **kw)
+    folder = save_retrofitted(model, tmp_path / name)
+    _tokenizer_folder(folder)
+    return folder
+
+
+def _bias(mech, n, query=None, key=None):
+    z = torch.zeros(1, H, n, D // H)
+    return mech.score_bias(z if query is None else query, z if key is None else key)[0].detach().double().numpy()
+
+
+@pytest.mark.parametrize("mechanism", MECHANISM_NAMES)
+def test_every_mechanism_functions_match_its_module(tmp_path, mechanism):
+    """Random (known) parameters: each array equals what the installed module really does at offset k."""
+    folder = _retrofitted(tmp_path, mechanism)
+    report = learned_kernels(folder, window=5)
+    lf = report.learned
+    model = load_model(folder)
+    k = lf.offsets
+    assert k.tolist() == list(range(-5, 6)) and lf.initial_known and lf.parts == (mechanism,)
+    n = 12
+    for depth in range(L):
+        mech = mechanism_at(model, depth)
+        if mechanism in ("tisa", "fixed", "composite"):
+            bias = _bias(mech, n)  # zero query: composite's dynamic part vanishes
+            for t, kk in enumerate(k):
+                for i in range(max(0, -kk), min(n, n - kk)):
+                    np.testing.assert_allclose(lf.arrays["functions"][depth, :, t], bias[:, i, i + kk], atol=1e-6)
+            np.testing.assert_array_equal(lf.arrays["functions"], lf.arrays["initial"])  # not trained
+        if mechanism in ("dynamic", "composite", "key-dynamic", "shaw-values"):
+            owner = mech.dynamic if mechanism == "composite" else mech
+            table = owner.a_v if mechanism == "shaw-values" else owner.w
+            prefix = mechanism.replace("-", "_") if mechanism != "composite" else "dynamic"
+            sign = -1 if mechanism == "key-dynamic" else 1
+            rows = table.detach().double().numpy()[np.clip(sign * k, -R, R) + R]
+            np.testing.assert_allclose(lf.arrays[f"{prefix}_norms"][depth], np.linalg.norm(rows, axis=-1))
+        if mechanism == "depthwise":
+            ones = torch.ones(D // H)
+            for t, kk in enumerate(k):
+                want = np.concatenate([mech.naive_output(h, 6, 6 + kk, ones).detach().numpy() for h in range(H)])
+                np.testing.assert_allclose(lf.arrays["depthwise"][depth, t], want, rtol=1e-6)
+        if mechanism in ("cat", "conv-qkv"):
+            key = "cat_filters" if mechanism == "cat" else "conv_qkv_filters"
+            bank = mech.filters if mechanism == "cat" else mech.depthwise
+            valid = torch.ones(n, dtype=torch.bool)
+            for role in range(3):
+                for j in (2, 6, 9):  # a one-hot input at j: output i carries tap k = j - i
+                    x = torch.zeros(n, D)
+                    x[j] = 1.0
+                    y = naive_filter(x, bank[role].detach(), valid).numpy()  # (n, d)
+                    for t, kk in enumerate(k):
+                        if 0 <= j - kk < n:
+                            np.testing.assert_allclose(lf.arrays[key][depth, role, :, t], y[j - kk], atol=1e-7)
+
+
+def test_dynamic_scores_of_the_mean_query_and_key():
+    """With mean vectors, the score arrays equal the modules' own per-pair scores for that query / key."""
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(L, 2 * R + 1, D // H))
+    q = rng.normal(size=(L, H, D // H))
+    offsets = np.arange(-6, 7)
+    lf = learned_functions(
+        "dynamic+key-dynamic",
+        [("dynamic", {"w": w}), ("key-dynamic", {"w": w})],
+        offsets,
+        means={"query": q, "key": q},
+    )
+    from posprobe.mechanisms.catalogue import LayerShape, RadiusOptions
+    from posprobe.mechanisms.dynamic import DynamicConvolution, KeyDynamicConvolution
+
+    shape = LayerShape(H, D // H, D)
+    for cls, key in ((DynamicConvolution, "dynamic_scores"), (KeyDynamicConvolution, "key_dynamic_scores")):
+        mech = cls(shape, RadiusOptions(R)).double()
+        for depth in range(L):
+            with torch.no_grad():
+                mech.w.copy_(torch.from_numpy(w[depth]))
+            for h in range(H):
+                v = torch.from_numpy(q[depth, h])
+                i = 7
+                want = [float(mech.naive_score(h, i, i + kk, v, v).detach()) for kk in offsets]
+                np.testing.assert_allclose(lf.arrays[key][depth, h], want, rtol=1e-12)
+
+
+def test_mean_vectors_match_the_layer_inputs(tmp_path):
+    """--text: the mean query/key/value are the projections of every real token's layer input."""
+    folder = _retrofitted(tmp_path, "dynamic")
+    model = load_model(folder).eval()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    texts = ["w1 w2 w3", "w5 w6 w7 w8 w9 w10 w11", "w40"]
+    means, tokens = mean_vectors(model, tok, texts)
+    batch = tok(texts, padding=True, return_tensors="pt")
+    mask = batch["attention_mask"].bool()
+    assert tokens == int(mask.sum())
+    with torch.no_grad():
+        hidden = model(**batch, output_hidden_states=True).hidden_states
+        for depth in range(L):
+            attn = model.encoder.layer[depth].attention.self
+            x = hidden[depth][mask]  # (tokens, d)
+            for role in ("query", "key", "value"):
+                want = getattr(attn, role)(x).double().mean(0).view(H, D // H).numpy()
+                np.testing.assert_allclose(means[role][depth], want, atol=1e-6)
+
+
+def test_tisa_from_kernels_file_reproduced_exactly(tmp_path, tiny_checkpoints):
+    rng = np.random.default_rng(3)
+    arrays = {
+        "a": rng.normal(size=(L, H, 3)).astype(np.float32),
+        "b": rng.uniform(0.05, 1, size=(L, H, 3)).astype(np.float32),
+        "c": rng.uniform(-5, 5, size=(L, H, 3)).astype(np.float32),
+    }
+    kfile = tmp_path / "k.safetensors"
+    save_file(arrays, str(kfile), metadata={"posprobe": json.dumps({"layers": [0, 1]})})
+    folder = tmp_path / "tisa"
+    result = runner.invoke(
+        app, ["retrofit", str(tiny_checkpoints["bert"]), "-m", "tisa", "--init", f"fit:{kfile}", "--out", str(folder)]
+    )
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "k-out"
+    result = runner.invoke(app, ["kernels", str(folder), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["mechanism"] == "tisa" and record["window"] == 16 and record["initial_known"]
+    assert record["arrays"]["functions"]["max_abs_change"] == 0.0
+    with np.load(record["npz"]) as npz:
+        k = npz["offsets"]
+        assert k.tolist() == list(range(-16, 17))
+        a, b, c = (arrays[n].astype(np.float64)[..., None] for n in "abc")  # (L, H, S, 1)
+        want = (a * np.exp(-np.abs(b) * (k - c) ** 2)).sum(2)  # sum_s a exp(-|b| (k - c)^2)
+        np.testing.assert_allclose(npz["functions"], want, rtol=1e-13, atol=1e-300)
+        np.testing.assert_array_equal(npz["initial"], npz["functions"])
+    assert all(__import__("pathlib").Path(p).is_file() for p in record["figures"])
+    np.testing.assert_allclose(tisa_functions(arrays["a"], arrays["b"], arrays["c"], k), want, rtol=1e-13)
+
+
+def test_initial_values_survive_training_and_saving(tmp_path):
+    folder = _retrofitted(tmp_path, "fixed")
+    assert (folder / INITIAL_FILE).is_file()
+    model = load_model(folder)
+    with torch.no_grad():
+        for depth in range(L):
+            mechanism_at(model, depth).beta.add_(1.0)  # "training"
+    trained = save_retrofitted(model, tmp_path / "trained")
+    lf = learned_kernels(trained).learned
+    np.testing.assert_allclose(lf.change("functions"), 1.0, rtol=1e-6)
+    (trained / INITIAL_FILE).unlink()  # a folder from before posprobe stored the initial values
+    report = learned_kernels(trained)
+    assert not report.learned.initial_known and report.learned.change("functions") is None
+    assert any("initial values unknown" in note for note in report.notes)
+
+
+def test_compare_and_profiles_json(tmp_path):
+    one, two = _retrofitted(tmp_path, "composite", "one", 0), _retrofitted(tmp_path, "composite", "two", 1)
+    lf = learned_kernels(one).learned
+    k = lf.offsets
+    profiles = 2.0 * lf.arrays["functions"] + 1.0  # perfectly correlated base "profiles"
+    np.savez(tmp_path / "p.npz", profiles=profiles, offsets=k, layers=np.arange(L), metadata=np.array("{}"))
+    text = tmp_path / "t.txt"
+    text.write_text("w1 w2 w3 w4\n\nw9 w8 w7\n")
+    out = tmp_path / "out"
+    args = ["kernels", str(one), "--compare", str(two), "--profiles", str(tmp_path / "p.npz")]
+    result = runner.invoke(app, [*args, "--text", str(text), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["compare"] == str(two) and record["text_tokens"] == 2 * 2 + 7
+    arrays = record["arrays"]
+    assert set(arrays) >= {"functions", "dynamic_norms", "dynamic_scores"}
+    np.testing.assert_allclose(np.array(arrays["functions"]["profile_correlation"], dtype=float), 1.0)
+    assert np.all(np.abs(np.array(arrays["functions"]["compare_correlation"], dtype=float)) < 1)
+    with np.load(record["npz"]) as npz:
+        assert npz["functions"].shape == (L, H, 2 * R + 1) and npz["compare_functions"].shape == (L, H, 2 * R + 1)
+    r, common = correlation_per_head(lf.arrays["functions"], k, lf.arrays["functions"], k)
+    np.testing.assert_allclose(r, 1.0) and common.tolist() == k.tolist()
+
+
+def run_main(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    return exit_info.value.code, capsys.readouterr()
+
+
+def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, tiny_checkpoints, capsys):
+    folder = _retrofitted(tmp_path, "fixed")
+    out = tmp_path / "out"
+    cases = [
+        ([str(tiny_checkpoints["bert"])], "without a retrofitted positional mechanism"),
+        ([str(tmp_path / "nope")], "nope"),
+        ([str(folder), "--window", "0"], "--window"),
+        ([str(folder), "--text", str(tmp_path / "missing.txt")], "missing.txt"),
+        ([str(folder), "--compare", str(tiny_checkpoints["bert"])], "without a retrofitted"),
+    ]
+    for args, expected in cases:
+        code, captured = run_main(["kernels", *args, "--out", str(out)], capsys)
+        lines = captured.err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("posprobe: error: "), captured.err
+        assert expected in lines[0]
+        assert not out.exists()
