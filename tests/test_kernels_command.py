@@ -232,3 +232,47 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, tiny_checkpoints, ca
         assert code == 2 and len(lines) == 1 and lines[0].startswith("posprobe: error: "), captured.err
         assert expected in lines[0]
         assert not out.exists()
+
+
+# ------------------------------------------------------------------------------- fit-tisa --orientation official
+def test_fit_tisa_official_orientation_brute_force(tmp_path, tiny_checkpoints):
+    """The official TISA code scores pair (i, j) with f'(i - j - 1) from (S, H) arrays: the exported file must
+    give exactly posprobe's f(j - i) for every pair; posprobe itself refuses to read it as its own."""
+    from safetensors.numpy import load_file
+
+    from posprobe.kernels_file import read_kernels_file
+    from posprobe.pipelines.fitting import ProfileSet, fit_tisa
+
+    k = np.arange(-20, 21)
+    rng = np.random.default_rng(0)
+    prof = 2.0 * np.exp(-0.3 * (k - rng.uniform(-4, 4, (2, 3, 1))) ** 2) + rng.normal(0, 0.01, (2, 3, k.size))
+    data = ProfileSet("synthetic", "bert", "paper", [0, 1], k, prof, 2, 3, False)
+    ours = fit_tisa(None, kernels=2, profiles=data, out_dir=tmp_path / "p").fits[0]
+    theirs = fit_tisa(None, kernels=2, profiles=data, out_dir=tmp_path / "o", orientation="official").fits[0]
+    assert theirs.kernels_file.name == "tisa_kernels_S2_official.safetensors"
+    mine = read_kernels_file(ours.kernels_file)
+    official = load_file(str(theirs.kernels_file))
+    assert official["a"].shape == (2, 2, 3)  # (L, S, H)
+    n = 9
+    for layer in range(2):
+        for h in range(3):
+            for i in range(n):
+                for j in range(n):
+                    m = i - j - 1  # the official indexing
+                    a, b, c = (official[x][layer, :, h].astype(np.float64) for x in "abc")
+                    got = np.sum(a * np.exp(-np.abs(b) * (m - c) ** 2))
+                    a, b, c = mine.a[layer, h], mine.b[layer, h], mine.c[layer, h]
+                    want = np.sum(a * np.exp(-np.abs(b) * ((j - i) - c) ** 2))
+                    assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+    with pytest.raises(Exception, match="convention|shape"):
+        read_kernels_file(theirs.kernels_file)
+    result = runner.invoke(
+        app,
+        ["fit-tisa", str(tiny_checkpoints["bert"]), "--kernels", "1", "--orientation", "official"]
+        + ["--out", str(tmp_path / "cli"), "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["orientation"] == "official" and record["kernels_file"].endswith("_official.safetensors")
+    result = runner.invoke(app, ["fit-tisa", "--orientation", "sideways", "--out", str(tmp_path / "bad")])
+    assert result.exit_code != 0 and not (tmp_path / "bad").exists()

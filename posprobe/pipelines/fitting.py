@@ -98,6 +98,7 @@ class TisaFitResult:
     offsets: np.ndarray
     profiles: np.ndarray
     fits: list[TisaFit] = field(default_factory=list)
+    orientation: str = "posprobe"  # of the written kernels files: posprobe (k = j - i) or official (i - j - 1)
 
     @property
     def seconds(self) -> float:
@@ -127,6 +128,7 @@ class TisaFitResult:
             "seed": self.seed,
             "convention": CONVENTION,
             "function": FUNCTION,
+            "orientation": self.orientation,
         }
 
         def one(f: TisaFit) -> dict:
@@ -157,6 +159,7 @@ def fit_tisa(
     fmt: str = "png",
     exhaustive: bool = False,
     profiles: ProfileSet | None = None,
+    orientation: str = "posprobe",
 ) -> TisaFitResult:
     """Fit TISA kernels to every head profile of `model` for each S in `kernels`.
 
@@ -164,9 +167,13 @@ def fit_tisa(
     `layers`: None = all. `window`: fit half-width W (None = default, clipped to the offsets).
     With `out_dir`, writes ``tisa_kernels_S{S}.safetensors`` and ``tisa_fit_S{S}.{fmt}`` per S.
     ALBERT (shared layers): the one shared layer is fitted once and replicated at every depth.
+    `orientation`: "posprobe" (the kernels file `retrofit` reads) or "official" (the official TISA code's
+    indexing, written as ``tisa_kernels_S{S}_official.safetensors``; see `official_orientation`).
     """
     from posprobe.outputs import FIGURE_FORMATS, prepare_out_dir
+    from posprobe.validation import as_choice
 
+    orientation = as_choice(orientation, "orientation", ORIENTATIONS)
     kernel_list = _check_kernels(kernels)
     if fmt not in FIGURE_FORMATS:
         raise PosprobeError(f"unknown figure format '{fmt}'", f"use one of: {', '.join(FIGURE_FORMATS)}")
@@ -196,10 +203,40 @@ def fit_tisa(
         data.offsets,
         data.profiles,
         fits,
+        orientation,
     )
     if out_path is not None:
         result = replace(result, fits=[write_fit(result, f, out_path, fmt) for f in fits])
     return result
+
+
+ORIENTATIONS = ("posprobe", "official")
+OFFICIAL_CONVENTION = "official TISA: F[i, j] = f(i - j - 1)"
+
+
+def official_orientation(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Kernels `(L, H, S)` for posprobe's `F[i, j] = f(j - i)` -> `(L, S, H)` for the official TISA code's
+    `F[i, j] = f'(i - j - 1)`: with m = i - j - 1, j - i = -m - 1, so `(k - c)^2 = (m - (-c - 1))^2` and
+    `c' = -c - 1` (a and b unchanged); per layer the arrays are transposed to (S, H)."""
+    return tuple(np.swapaxes(np.asarray(x, dtype=np.float64), -1, -2) for x in (a, b, -np.asarray(c) - 1.0))
+
+
+def _save_official(path: Path, fit: TisaFit, metadata: dict) -> Path:
+    """The official-orientation kernels file: ``a``, ``b``, ``c`` `(L, S, H)` float32 (no offset)."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from posprobe.outputs import _json_default, atomic_write
+
+    a, b, c = official_orientation(fit.a, fit.b, fit.c)
+    tensors = {n: np.ascontiguousarray(x, dtype=np.float32) for n, x in zip("abc", (a, b, c))}
+    meta = dict(metadata, convention=OFFICIAL_CONVENTION, orientation="official")
+    meta["function"] = "f(m) = sum_s a_s * exp(-|b_s| * (m - c_s)^2), m = i - j - 1"
+    meta["shapes"] = {"a": "(L, S, H)", "b": "(L, S, H)", "c": "(L, S, H)"}
+    meta.pop("offset_note", None)
+    text = {"posprobe": json.dumps(meta, default=_json_default)}
+    return atomic_write(path, lambda p: save_file(tensors, str(p), metadata=text))
 
 
 def fit_kernels_file(model: str | None, kernels: int, out_dir: str | Path, allow_pickle: bool = False) -> Path:
@@ -236,9 +273,13 @@ def write_fit(result: TisaFitResult, fit: TisaFit, out_dir: Path, fmt: str = "pn
     from posprobe.outputs import save_figure
     from posprobe.plotting_fit import tisa_fit_grid
 
-    kernels_file = save_tisa_kernels(
-        Path(out_dir) / f"tisa_kernels_S{fit.n_kernels}.safetensors", fit, _metadata(result, fit)
-    )
+    if result.orientation == "official":
+        name = f"tisa_kernels_S{fit.n_kernels}_official.safetensors"
+        kernels_file = _save_official(Path(out_dir) / name, fit, _metadata(result, fit))
+    else:
+        kernels_file = save_tisa_kernels(
+            Path(out_dir) / f"tisa_kernels_S{fit.n_kernels}.safetensors", fit, _metadata(result, fit)
+        )
     title = f"TISA fit, S={fit.n_kernels} — {result.model} ({result.mode} mode, |k| ≤ {result.window})"
     figure = tisa_fit_grid(
         result.offsets,
