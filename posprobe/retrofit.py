@@ -42,8 +42,8 @@ from torch import nn
 
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.mechanisms import REGISTRY
-from posprobe.mechanisms.base import ROLES, PositionalMechanism, get_mechanism
-from posprobe.mechanisms.catalogue import CATALOGUE, LayerShape, MechanismSettings, check_settings
+from posprobe.mechanisms.base import ROLES, PositionalMechanism
+from posprobe.mechanisms.catalogue import LayerShape, MechanismSettings, check_settings, mechanism_info
 from posprobe.validation import as_bool, as_int
 
 ATTENTION_NAME = "posprobe"
@@ -317,9 +317,9 @@ def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
     _check_supported(model)
     if is_retrofitted(model):
         raise PosprobeError("this model is already retrofitted", "start from the original checkpoint")
-    cls = get_mechanism(spec["mechanism"])
     try:
-        options = CATALOGUE[cls.name].options(radius=spec.get("radius"), kernels=spec.get("kernels"))
+        info = mechanism_info(spec["mechanism"])  # a catalogue name or a combination `a+b`
+        options = info.options(radius=spec.get("radius"), kernels=spec.get("kernels"))
     except ArgumentError as err:  # a saved recipe (config.json `posprobe`) with a bad value
         raise PosprobeError(
             f"the '{CONFIG_KEY}' recipe in the model's config is invalid ({err.render()})",
@@ -330,19 +330,21 @@ def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
     for module, slot in slots:
         per_module[id(module)] = (module, slot + 1)
     shared = []
+    cls = info.load()
     for module, count in per_module.values():
         ref = module.query.weight
         mechs = [cls(_layer_shape(module), options) for _ in range(count)]
         module.posprobe_mechanisms = nn.ModuleList(mechs).to(device=ref.device, dtype=ref.dtype)
-        module._posprobe_needs_padding = cls.transforms_inputs or cls.transforms_projections
+        flags = mechs[0]  # combinations decide per instance which hooks they need
+        module._posprobe_needs_padding = flags.transforms_inputs or flags.transforms_projections
         module._posprobe_key_valid = None
         module._posprobe_calls = 0
         module._posprobe_slot = 0
         module.register_forward_pre_hook(_attention_pre_hook, with_kwargs=True)
         for role in ROLES:
-            if cls.transforms_inputs:
+            if flags.transforms_inputs:
                 getattr(module, role).register_forward_pre_hook(_make_input_hook(module, role))
-            if cls.transforms_projections:
+            if flags.transforms_projections:
                 getattr(module, role).register_forward_hook(_make_projection_hook(module, role))
         if count > 1:
             shared.append(module)
@@ -466,7 +468,7 @@ def expected_parameters(model: nn.Module) -> int:
     """The parameters the retrofitted mechanism adds according to the catalogue (SPEC §8): the sum over
     attention depths of `MechanismInfo.parameters_per_depth` (equals `added_parameters`; tested)."""
     spec = getattr(model.config, CONFIG_KEY, None) or {}
-    info = CATALOGUE[spec["mechanism"]]
+    info = mechanism_info(spec["mechanism"])
     options = info.options(radius=spec.get("radius"), kernels=spec.get("kernels"))
     return sum(info.parameters_per_depth(_layer_shape(module), options) for module, _ in depth_slots(model))
 
@@ -605,7 +607,7 @@ def load_model(
             f"retrofitted checkpoint '{source.name}' has no safetensors weights",
             "re-save it with `posprobe retrofit` / save_retrofitted",
         )
-    if spec.get("mechanism") not in REGISTRY:
+    if not _known_mechanism(spec.get("mechanism")):
         raise PosprobeError(
             f"checkpoint '{source.name}' uses unknown mechanism {spec.get('mechanism')!r}",
             f"known: {', '.join(sorted(REGISTRY))}",
@@ -636,6 +638,16 @@ def _read_initial(folder: Path) -> dict[str, torch.Tensor] | None:
             f"cannot read the initial mechanism values '{path}' ({type(err).__name__}: {err})",
             f"delete {INITIAL_FILE} (the change from init is then unknown) or re-run `posprobe retrofit`",
         ) from err
+
+
+def _known_mechanism(name) -> bool:
+    """A registered mechanism or a combination of them."""
+    if name in REGISTRY:
+        return True
+    try:
+        return isinstance(name, str) and "+" in name and mechanism_info(name) is not None
+    except ArgumentError:
+        return False
 
 
 def _load_mechanism_weights(model: nn.Module, folder: Path) -> None:

@@ -276,3 +276,96 @@ def test_fit_tisa_official_orientation_brute_force(tmp_path, tiny_checkpoints):
     assert record["orientation"] == "official" and record["kernels_file"].endswith("_official.safetensors")
     result = runner.invoke(app, ["fit-tisa", "--orientation", "sideways", "--out", str(tmp_path / "bad")])
     assert result.exit_code != 0 and not (tmp_path / "bad").exists()
+
+
+# ------------------------------------------------------------------------------------ combined mechanisms
+COMBOS = ["composite+key-dynamic", "fixed+shaw-values", "tisa+depthwise", "cat+fixed", "conv-qkv+dynamic"]
+
+
+@pytest.mark.parametrize("name", COMBOS)
+def test_combined_fast_path_equals_per_pair_loop(name):
+    """Forward and gradients of the hooked attention layer == the parts' naive loops, summed/chained."""
+    from posprobe.mechanisms import ROLES
+
+    model = retrofit(build_tiny("bert").double(), name, radius=2, kernels=2, init="random", seed=1)
+    attention, mech = model.encoder.layer[0].attention.self, mechanism_at(model, 0)
+    B, n = 2, 7
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(B, n, D, generator=g, dtype=torch.float64, requires_grad=True)
+    valid = torch.ones(B, n, dtype=torch.bool)
+    valid[1, 5:] = False
+    mask = valid[:, None, None, :].expand(B, 1, n, n)
+    weight = torch.randn(B, n, D, generator=g, dtype=torch.float64) * valid[:, :, None]
+    params = [*mech.parameters(), x]
+    fast = attention(x, attention_mask=mask)[0]
+    grads_fast = torch.autograd.grad((fast * weight).sum(), params)
+    slow = mech.naive_self_attention(x, {r: getattr(attention, r) for r in ROLES}, valid)
+    grads_slow = torch.autograd.grad((slow * weight).sum(), params)
+    torch.testing.assert_close(fast[valid], slow[valid], rtol=1e-10, atol=1e-10)
+    for gf, gs in zip(grads_fast, grads_slow):
+        torch.testing.assert_close(gf, gs, rtol=1e-9, atol=1e-10)
+    grad_of = {id(p): gf for p, gf in zip(params, grads_fast)}
+    for part in mech.parts:  # every part receives a gradient
+        assert any(grad_of[id(p)].abs().sum() > 0 for p in part.parameters()), part.name
+
+
+@pytest.mark.parametrize("name", COMBOS)
+@pytest.mark.parametrize("family", ["bert", "albert"])
+def test_combined_zero_init_unchanged_and_counts(name, family):
+    from posprobe.mechanisms.catalogue import CATALOGUE, mechanism_info
+    from posprobe.retrofit import added_parameters, expected_parameters
+
+    base = build_tiny(family).double()
+    ids = torch.randint(5, 99, (2, 9), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    with torch.no_grad():
+        ref = base(input_ids=ids, attention_mask=mask)[0]
+        retrofit(base, name, radius=2, kernels=2)
+        new = base(input_ids=ids, attention_mask=mask)[0]
+    keep = mask.bool()
+    torch.testing.assert_close(new[keep], ref[keep], rtol=0, atol=1e-12)
+    from posprobe.mechanisms.catalogue import LayerShape
+
+    shape = LayerShape(H, D // H, D)
+    parts = name.split("+")
+    per_depth = sum(CATALOGUE[p].parameters_per_depth(shape, CATALOGUE[p].options(radius=2, kernels=2)) for p in parts)
+    info = mechanism_info(name)
+    assert info.parameters_per_depth(shape, info.options(radius=2, kernels=2)) == per_depth
+    assert added_parameters(base) == expected_parameters(base) == L * per_depth
+
+
+def test_combined_round_trip_and_kernels_per_part(tmp_path):
+    folder = _retrofitted(tmp_path, "composite+key-dynamic")
+    model = load_model(folder)
+    assert model.config.posprobe["mechanism"] == "composite+key-dynamic"
+    text = tmp_path / "t.txt"
+    text.write_text("w1 w2 w3 w4 w5\n")
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["kernels", str(folder), "--text", str(text), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["parts"] == ["composite", "key-dynamic"]
+    assert {"functions", "dynamic_norms", "dynamic_scores", "key_dynamic_norms", "key_dynamic_scores"} <= set(
+        record["arrays"]
+    )
+    lf = learned_kernels(folder).learned
+    for depth in range(L):
+        composite, key_dynamic = mechanism_at(model, depth).parts
+        rows = key_dynamic.w.detach().double().numpy()[np.clip(-lf.offsets, -R, R) + R]
+        np.testing.assert_allclose(lf.arrays["key_dynamic_norms"][depth], np.linalg.norm(rows, axis=-1))
+        beta = composite.fixed.beta.detach().double().numpy()
+        np.testing.assert_allclose(lf.arrays["functions"][depth], beta[:, np.clip(lf.offsets, -R, R) + R])
+    fixed_tisa = learned_kernels(_retrofitted(tmp_path, "tisa+fixed", "tf"), window=4).learned
+    np.testing.assert_allclose(
+        fixed_tisa.arrays["functions"], fixed_tisa.arrays["tisa_functions"] + fixed_tisa.arrays["fixed_functions"]
+    )
+    assert "initial" in fixed_tisa.arrays and "tisa_functions_initial" in fixed_tisa.arrays
+
+
+def test_combined_bad_names(tmp_path, capsys):
+    from posprobe.errors import ArgumentValueError
+
+    for bad in ("fixed+fixed", "fixed+nope", "fixed+"):
+        with pytest.raises(ArgumentValueError):
+            retrofit(build_tiny("bert"), bad)
