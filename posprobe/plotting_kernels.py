@@ -8,6 +8,8 @@ Functions return matplotlib Figures; `posprobe.pipelines.kernels.write_kernels` 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from posprobe.plotting import _figure
@@ -53,25 +55,24 @@ def _limit(values: np.ndarray) -> float:
 
 
 def layer_offset_heatmaps(offsets, values: np.ndarray, title: str):
-    """One panel per head: an L x K heatmap (rows layers top to bottom, columns k), one colour scale."""
+    """One panel per head: an L x K heatmap (rows layers top to bottom, columns k). Each panel has its own
+    symmetric colour scale (red > 0 > blue), its limit in the panel title, so weak heads still show shape."""
     L, H, _ = values.shape
     cols = min(H, 6)
     rows = -(-H // cols)
-    fig = _figure(2.4 * cols + 0.8, 0.22 * L * rows + 0.9 * rows + 0.8)
-    axes = _axes(fig, rows, cols, right=0.9, hspace=0.6)
-    limit = _limit(values)
+    fig = _figure(2.4 * cols + 0.4, 0.22 * L * rows + 0.9 * rows + 0.8)
+    axes = _axes(fig, rows, cols, hspace=0.6)
     extent = (offsets[0] - 0.5, offsets[-1] + 0.5, L - 0.5, -0.5)
-    image = None
     for h, ax in enumerate(axes.flat):
         if h >= H:
             ax.axis("off")
             continue
-        image = _diverging(ax, values[:, h], extent, limit)
-        ax.set_title(f"head {h}", fontsize=7)
+        limit = _limit(values[:, h])
+        _diverging(ax, values[:, h], extent, limit)
+        ax.set_title(f"head {h} (±{limit:.2g})", fontsize=7)
         ax.tick_params(labelsize=5, length=2)
         ax.set_ylabel("layer", fontsize=6)
-    fig.colorbar(image, cax=fig.add_axes((0.92, 0.2, 0.015, 0.6))).ax.tick_params(labelsize=6)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title + " — colour: red > 0 > blue, scale per head", fontsize=9)
     return fig
 
 
@@ -81,23 +82,21 @@ def channel_heatmaps(offsets, values: np.ndarray, title: str, head_dim: int | No
     cols = min(L, 3)
     rows = -(-L // cols)
     fig = _figure(4.2 * cols + 0.8, 2.6 * rows + 0.8)
-    axes = _axes(fig, rows, cols, right=0.9, hspace=0.5)
-    limit = _limit(values)
-    image = None
+    axes = _axes(fig, rows, cols, hspace=0.5)
     for li, ax in enumerate(axes.flat):
         if li >= L:
             ax.axis("off")
             continue
-        image = _diverging(ax, values[li], (-0.5, d - 0.5, offsets[-1] + 0.5, offsets[0] - 0.5), limit)
+        limit = _limit(values[li])
+        _diverging(ax, values[li], (-0.5, d - 0.5, offsets[-1] + 0.5, offsets[0] - 0.5), limit)
         if head_dim:
             for c in range(head_dim, d, head_dim):
                 ax.axvline(c - 0.5, color="black", lw=0.3)
-        ax.set_title(f"layer {li}", fontsize=7)
-        ax.set_xlabel("channel c", fontsize=6)
+        ax.set_title(f"layer {li} (±{limit:.2g})", fontsize=7)
+        ax.set_xlabel("channel c = h·d_h + e", fontsize=6)
         ax.set_ylabel("k", fontsize=6)
         ax.tick_params(labelsize=5, length=2)
-    fig.colorbar(image, cax=fig.add_axes((0.92, 0.2, 0.015, 0.6))).ax.tick_params(labelsize=6)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title + " — red > 0 > blue, scale per layer", fontsize=9)
     return fig
 
 
@@ -105,17 +104,16 @@ def filter_heatmaps(offsets, values: np.ndarray, title: str):
     """CAT / conv-qkv taps `(L, 3, d, K)`: rows layers, columns query/key/value; each a d x K heatmap."""
     L, _, d, _ = values.shape
     fig = _figure(9.0, 1.8 * L + 0.8)
-    axes = _axes(fig, L, 3, right=0.9, hspace=0.45)
-    limit = _limit(values)
-    image = None
+    axes = _axes(fig, L, 3, hspace=0.45)
     for li in range(L):
         for r, role in enumerate(("query", "key", "value")):
             ax = axes[li, r]
-            image = _diverging(ax, values[li, r], (offsets[0] - 0.5, offsets[-1] + 0.5, d - 0.5, -0.5), limit)
-            ax.set_title(f"layer {li}, {role}", fontsize=7)
+            limit = _limit(values[li, r])
+            _diverging(ax, values[li, r], (offsets[0] - 0.5, offsets[-1] + 0.5, d - 0.5, -0.5), limit)
+            ax.set_title(f"layer {li}, {role} (±{limit:.2g})", fontsize=7)
+            ax.set_ylabel("channel", fontsize=6)
             ax.tick_params(labelsize=5, length=2)
-    fig.colorbar(image, cax=fig.add_axes((0.92, 0.2, 0.015, 0.6))).ax.tick_params(labelsize=6)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title + " — red > 0 > blue, scale per panel", fontsize=9)
     return fig
 
 
@@ -168,17 +166,17 @@ def kernel_figures(report) -> list[tuple[str, object]]:
     for key in learned.learned_names:
         kind = learned.kind(key)
         what = _TITLES.get(key, key.replace("_", " "))
-        title = f"{report.model} — {learned.mechanism}: {what} (x: k = j − i)"
+        title = f"{Path(report.model).name} — {learned.mechanism}: {what} (x: k = j − i)"
         curves = [("learned", learned.arrays[key], _LEARNED)]
         if learned.initial(key) is not None:
             curves.append(("initial", learned.initial(key), _INITIAL))
         if other is not None and key in other.arrays:
-            curves.append((f"compare: {report.other.model}", other.arrays[key], _OTHER))
+            curves.append((f"compare: {Path(report.other.model).name}", other.arrays[key], _OTHER))
         if kind == "head":
             figures.append((f"{key}_heads", head_grid(k, curves, title)))
             figures.append((f"{key}_heatmap", layer_offset_heatmaps(k, learned.arrays[key], title)))
             change = learned.change(key)
-            if change is not None:
+            if change is not None and np.any(change):
                 figures.append(
                     (f"{key}_change_heatmap", layer_offset_heatmaps(k, change, title + ", change from init"))
                 )
@@ -189,6 +187,6 @@ def kernel_figures(report) -> list[tuple[str, object]]:
         else:
             figures.append((key, filter_heatmaps(k, learned.arrays[key], title)))
             change = learned.change(key)
-            if change is not None:
+            if change is not None and np.any(change):
                 figures.append((f"{key}_change", filter_heatmaps(k, change, title + ", change from init")))
     return figures
