@@ -157,6 +157,11 @@ _TITLES = {
 }
 
 
+def _short(folder: str) -> str:
+    """The last three components of a folder path (enough for `run/seed-0/model`)."""
+    return "/".join(Path(folder).parts[-3:])
+
+
 def kernel_figures(report) -> list[tuple[str, object]]:
     """(file stem, Figure) for every array of a `KernelsReport`."""
     learned = report.learned
@@ -166,17 +171,17 @@ def kernel_figures(report) -> list[tuple[str, object]]:
     for key in learned.learned_names:
         kind = learned.kind(key)
         what = _TITLES.get(key, key.replace("_", " "))
-        title = f"{Path(report.model).name} — {learned.mechanism}: {what} (x: k = j − i)"
+        title = f"{_short(report.model)} — {learned.mechanism}: {what} (x: k = j − i)"
         curves = [("learned", learned.arrays[key], _LEARNED)]
         if learned.initial(key) is not None:
             curves.append(("initial", learned.initial(key), _INITIAL))
         if other is not None and key in other.arrays:
-            curves.append((f"compare: {Path(report.other.model).name}", other.arrays[key], _OTHER))
+            curves.append((f"compare: {_short(report.other.model)}", other.arrays[key], _OTHER))
         if kind == "head":
             figures.append((f"{key}_heads", head_grid(k, curves, title)))
             figures.append((f"{key}_heatmap", layer_offset_heatmaps(k, learned.arrays[key], title)))
             change = learned.change(key)
-            if change is not None and np.any(change):
+            if change is not None and np.any(change) and np.any(learned.initial(key)):  # else change == learned
                 figures.append(
                     (f"{key}_change_heatmap", layer_offset_heatmaps(k, change, title + ", change from init"))
                 )
