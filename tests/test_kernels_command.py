@@ -369,3 +369,26 @@ def test_combined_bad_names(tmp_path, capsys):
     for bad in ("fixed+fixed", "fixed+nope", "fixed+"):
         with pytest.raises(ArgumentValueError):
             retrofit(build_tiny("bert"), bad)
+
+
+def test_albert_text_and_base_model_profiles_human_output(tmp_path, tiny_checkpoints):
+    """ALBERT's shared layer has one mechanism per depth; --profiles takes the base model itself."""
+    model = retrofit(build_tiny("albert"), "composite", radius=R, init="random", seed=3)
+    folder = save_retrofitted(model, tmp_path / "albert")
+    _tokenizer_folder(folder)
+    text = tmp_path / "t.txt"
+    text.write_text("w1 w2 w3\nw4 w5\n")
+    report = learned_kernels(folder, text=text, profiles=str(tiny_checkpoints["albert"]))
+    loaded = load_model(folder)
+    for depth in range(L):
+        beta = mechanism_at(loaded, depth).fixed.beta.detach().double().numpy()
+        np.testing.assert_allclose(report.learned.arrays["functions"][depth], beta)  # window = r: k = -r..r
+    assert report.n_text_tokens == 9 and report.learned.arrays["dynamic_scores"].shape == (L, H, 2 * R + 1)
+    r = report.with_profiles["functions"]
+    assert r.shape == (L, H) and np.all(np.abs(r) <= 1 + 1e-12)
+    out = tmp_path / "out"
+    args = ["kernels", str(folder), "--profiles", str(tiny_checkpoints["albert"]), "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (out / "kernels.npz").is_file() and (out / "functions_heads.png").is_file()
+    assert "functions" in result.output and "dynamic_norms" in result.output
