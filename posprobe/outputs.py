@@ -207,9 +207,9 @@ def save_tisa_fit(result, out_dir: str | Path, fmt: str = "png"):
     out = prepare_out_dir(out_dir)
     fits = []
     for fit in result.fits:
-        kernels = fitting.save_tisa_kernels(
-            out / fitting.kernels_file_name(result, fit), fit, fitting.kernels_metadata(result, fit)
-        )
+        official = getattr(result, "orientation", "posprobe") == "official"
+        save = fitting.save_official_kernels if official else fitting.save_tisa_kernels
+        kernels = save(out / fitting.kernels_file_name(result, fit), fit, fitting.kernels_metadata(result, fit))
         figure = save_figure(fit_figure(result, fit), out / fitting.figure_file_name(result, fit, fmt))
         fits.append(replace(fit, kernels_file=kernels, figure=figure))
     return replace(result, fits=fits)

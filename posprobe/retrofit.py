@@ -42,8 +42,8 @@ from torch import nn
 
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.mechanisms import REGISTRY
-from posprobe.mechanisms.base import ROLES, PositionalMechanism, get_mechanism
-from posprobe.mechanisms.catalogue import CATALOGUE, LayerShape, MechanismSettings, check_settings
+from posprobe.mechanisms.base import ROLES, PositionalMechanism
+from posprobe.mechanisms.catalogue import LayerShape, MechanismSettings, check_settings, mechanism_info
 from posprobe.validation import as_bool, as_int
 
 ATTENTION_NAME = "posprobe"
@@ -51,6 +51,7 @@ CONFIG_KEY = "posprobe"
 RETROFIT_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "albert", "electra")  # families retrofit can install into
 _ROBERTA_FAMILY = ("roberta", "xlm-roberta")
 _FORMAT_VERSION = 1
+INITIAL_FILE = "posprobe_initial.safetensors"  # mechanism parameters as retrofit set them (beside the model)
 # Score-bias mechanisms on CPU take the explicit softmax path (faster there than SDPA with a mask gradient);
 # tests switch this off to exercise the SDPA-with-bias path that accelerators use.
 EXPLICIT_ON_CPU = True
@@ -316,9 +317,9 @@ def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
     _check_supported(model)
     if is_retrofitted(model):
         raise PosprobeError("this model is already retrofitted", "start from the original checkpoint")
-    cls = get_mechanism(spec["mechanism"])
     try:
-        options = CATALOGUE[cls.name].options(radius=spec.get("radius"), kernels=spec.get("kernels"))
+        info = mechanism_info(spec["mechanism"])  # a catalogue name or a combination `a+b`
+        options = info.options(radius=spec.get("radius"), kernels=spec.get("kernels"))
     except ArgumentError as err:  # a saved recipe (config.json `posprobe`) with a bad value
         raise PosprobeError(
             f"the '{CONFIG_KEY}' recipe in the model's config is invalid ({err.render()})",
@@ -329,19 +330,21 @@ def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
     for module, slot in slots:
         per_module[id(module)] = (module, slot + 1)
     shared = []
+    cls = info.load()
     for module, count in per_module.values():
         ref = module.query.weight
         mechs = [cls(_layer_shape(module), options) for _ in range(count)]
         module.posprobe_mechanisms = nn.ModuleList(mechs).to(device=ref.device, dtype=ref.dtype)
-        module._posprobe_needs_padding = cls.transforms_inputs or cls.transforms_projections
+        flags = mechs[0]  # combinations decide per instance which hooks they need
+        module._posprobe_needs_padding = flags.transforms_inputs or flags.transforms_projections
         module._posprobe_key_valid = None
         module._posprobe_calls = 0
         module._posprobe_slot = 0
         module.register_forward_pre_hook(_attention_pre_hook, with_kwargs=True)
         for role in ROLES:
-            if cls.transforms_inputs:
+            if flags.transforms_inputs:
                 getattr(module, role).register_forward_pre_hook(_make_input_hook(module, role))
-            if cls.transforms_projections:
+            if flags.transforms_projections:
                 getattr(module, role).register_forward_hook(_make_projection_hook(module, role))
         if count > 1:
             shared.append(module)
@@ -431,7 +434,24 @@ def _retrofit_loaded(model: nn.Module, settings: MechanismSettings, drop_positio
     if drop_position_embeddings:
         _average_position_table(model)
     setattr(model.config, CONFIG_KEY, spec)
+    model._posprobe_initial = mechanism_state(model)
     return model
+
+
+def mechanism_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The mechanism parameters of every attention depth, as `{"depth.{d}.{name}": tensor}` (detached copies
+    on the CPU; `name` as in the mechanism's `named_parameters`, e.g. `a`, `beta`, `dynamic.w`)."""
+    state = {}
+    for depth, (module, slot) in enumerate(depth_slots(model)):
+        for name, param in module.posprobe_mechanisms[slot].named_parameters():
+            state[f"depth.{depth}.{name}"] = param.detach().to("cpu", copy=True).contiguous()
+    return state
+
+
+def initial_state(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The mechanism parameters as `retrofit` initialised them (same keys as `mechanism_state`), carried
+    through `save_retrofitted` / `load_model` in `INITIAL_FILE`; None when unknown (older folders)."""
+    return getattr(model, "_posprobe_initial", None)
 
 
 def saved_model_class(config: dict):
@@ -448,7 +468,7 @@ def expected_parameters(model: nn.Module) -> int:
     """The parameters the retrofitted mechanism adds according to the catalogue (SPEC §8): the sum over
     attention depths of `MechanismInfo.parameters_per_depth` (equals `added_parameters`; tested)."""
     spec = getattr(model.config, CONFIG_KEY, None) or {}
-    info = CATALOGUE[spec["mechanism"]]
+    info = mechanism_info(spec["mechanism"])
     options = info.options(radius=spec.get("radius"), kernels=spec.get("kernels"))
     return sum(info.parameters_per_depth(_layer_shape(module), options) for module, _ in depth_slots(model))
 
@@ -504,6 +524,11 @@ def save_retrofitted(model: nn.Module, out_dir, *, tokenizer_from=None) -> Path:
     try:
         with _quiet_saving():
             model.save_pretrained(tmp)
+        initial = initial_state(model)
+        if initial:
+            from safetensors.torch import save_file
+
+            save_file(initial, str(tmp / INITIAL_FILE), metadata={"posprobe": "initial mechanism parameters"})
         if source is not None and source.is_dir():
             for name in _TOKENIZER_FILES:
                 if (source / name).is_file():
@@ -622,7 +647,34 @@ def load_model(
         module.posprobe_mechanisms[slot].reset("zero")
     _load_mechanism_weights(model, source.path)
     setattr(model.config, CONFIG_KEY, dict(spec))
+    model._posprobe_initial = _read_initial(source.path)
     return model
+
+
+def _read_initial(folder: Path) -> dict[str, torch.Tensor] | None:
+    """`INITIAL_FILE` of a retrofitted folder (None when absent: written before posprobe stored it)."""
+    from safetensors.torch import load_file
+
+    path = Path(folder) / INITIAL_FILE
+    if not path.is_file():
+        return None
+    try:
+        return load_file(str(path))
+    except Exception as err:  # safetensors raises its own error types for corrupt files
+        raise PosprobeError(
+            f"cannot read the initial mechanism values '{path}' ({type(err).__name__}: {err})",
+            f"delete {INITIAL_FILE} (the change from init is then unknown) or re-run `posprobe retrofit`",
+        ) from err
+
+
+def _known_mechanism(name) -> bool:
+    """A registered mechanism or a combination of them."""
+    if name in REGISTRY:
+        return True
+    try:
+        return isinstance(name, str) and "+" in name and mechanism_info(name) is not None
+    except ArgumentError:
+        return False
 
 
 def _check_recipe(spec: dict, source) -> None:
@@ -634,7 +686,7 @@ def _check_recipe(spec: dict, source) -> None:
             "re-save it with `posprobe retrofit` / save_retrofitted",
         )
     mechanism = spec.get("mechanism")
-    if not isinstance(mechanism, str) or mechanism not in REGISTRY:
+    if not isinstance(mechanism, str) or not _known_mechanism(mechanism):
         raise PosprobeError(
             f"checkpoint '{source.name}' uses unknown mechanism {mechanism!r}", f"known: {', '.join(sorted(REGISTRY))}"
         )

@@ -322,7 +322,8 @@ def test_save_retrofitted_is_the_cli_folder(tiny_checkpoints, tmp_path):
     (src / "vocab.txt").write_text("[PAD]\n[UNK]\n")
     model = retrofit(str(src), "composite")
     out = save_retrofitted(model, tmp_path / "out")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "vocab.txt"]
+    names = ["config.json", "model.safetensors", "posprobe_initial.safetensors", "vocab.txt"]  # + initial values
+    assert sorted(p.name for p in out.iterdir()) == names
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
     with pytest.raises(PosprobeError, match="already exists and is not an empty folder"):
         save_retrofitted(model, out)

@@ -74,6 +74,14 @@ def fit_tisa(
     layers: Annotated[str | None, typer.Option("--layers", help="Layers, e.g. '0,1,5' or 'all'.")] = "all",
     mode: ModeOpt = Mode.paper,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the random restarts.")] = 0,
+    orientation: Annotated[
+        str,
+        typer.Option(
+            "--orientation",
+            help="posprobe: k = j − i, (L, H, S) (what retrofit reads); official: the official TISA code's "
+            "f(i − j − 1), c → −c − 1, arrays (L, S, H).",
+        ),
+    ] = "posprobe",
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -87,8 +95,11 @@ def fit_tisa(
     from posprobe.cli.console import progress_reporter
     from posprobe.cli.options import parse_int_list
     from posprobe.outputs import prepare_out_dir, save_tisa_fit
+    from posprobe.pipelines.fitting import ORIENTATIONS
     from posprobe.pipelines.fitting import fit_tisa as run_fit
+    from posprobe.validation import as_choice
 
+    orientation = as_choice(orientation, "orientation", ORIENTATIONS)
     kernel_list = _parse_kernels(kernels)
     layer_list = parse_int_list(layers, "layers")
     out_dir = prepare_out_dir(out if out is not None else default_out("fit-tisa", _model_name(model)))
@@ -102,6 +113,7 @@ def fit_tisa(
             seed=seed,
             allow_pickle=allow_pickle,
             progress=progress,
+            orientation=orientation,
         )
     result = save_tisa_fit(result, out_dir, fmt.value)
     if json_out:

@@ -208,8 +208,68 @@ MECHANISM_NAMES: tuple[str, ...] = tuple(CATALOGUE)
 
 
 def mechanism_info(name) -> MechanismInfo:
-    """The catalogue entry of `name`; an unknown name is an `ArgumentValueError` naming `mechanism`."""
+    """The catalogue entry of `name`, or for a combination `a+b` (several mechanisms in one retrofit, e.g.
+    `composite+key-dynamic`) a `CombinedInfo`; an unknown name is an `ArgumentValueError` naming `mechanism`."""
+    if isinstance(name, str) and "+" in name:
+        return combined_info(name)
     return CATALOGUE[as_choice(name, "mechanism", MECHANISM_NAMES)]
+
+
+# ------------------------------------------------------------------------- combinations (one retrofit, parts)
+@dataclass(frozen=True)
+class CombinedOptions:
+    """Options of a combination: its `parts` (catalogue names, in order) and the shared `kernels` / `radius`
+    that each part takes what it uses from."""
+
+    parts: tuple[str, ...] = ()
+    kernels: int = DEFAULT_KERNELS
+    radius: int = DEFAULT_RADIUS
+
+    def __post_init__(self):
+        object.__setattr__(self, "parts", tuple(self.parts))
+        object.__setattr__(self, "kernels", check_kernels(self.kernels))
+        object.__setattr__(self, "radius", check_radius(self.radius))
+
+    def part_options(self, name: str) -> Options:
+        return CATALOGUE[name].options(radius=self.radius, kernels=self.kernels)
+
+
+@dataclass(frozen=True)
+class CombinedInfo(MechanismInfo):
+    """A combination of catalogue mechanisms: parameters and counts are the sum of its parts'."""
+
+    parts: tuple[str, ...] = ()
+
+    def options(self, **values) -> CombinedOptions:
+        names = {"kernels", "radius"}
+        return CombinedOptions(self.parts, **{k: v for k, v in values.items() if k in names and v is not None})
+
+
+def combined_info(name: str) -> CombinedInfo:
+    """`a+b[+c]` -> its `CombinedInfo`; each part must be a catalogue name, used once."""
+    parts = tuple(as_choice(part, "mechanism", MECHANISM_NAMES) for part in name.split("+"))
+    if len(set(parts)) != len(parts) or len(parts) < 2:
+        raise ArgumentValueError(
+            "mechanism",
+            f"{{arg}} '{name}' repeats a part",
+            "combine different mechanisms, e.g. {arg} composite+key-dynamic or {arg} fixed+shaw-values",
+        )
+    infos = [CATALOGUE[p] for p in parts]
+
+    def count(shape: LayerShape, options: CombinedOptions) -> int:
+        return sum(i.parameters_per_depth(shape, options.part_options(i.name)) for i in infos)
+
+    return CombinedInfo(
+        "+".join(parts),
+        " + ".join(i.summary for i in infos),
+        CombinedOptions,
+        count,
+        " + ".join(f"({i.formula})" if "+" in i.formula or "," in i.formula else i.formula for i in infos),
+        "posprobe.mechanisms.combined",
+        "CombinedMechanism",
+        supports_fit=any(i.supports_fit for i in infos),
+        parts=parts,
+    )
 
 
 def load_all() -> dict[str, type]:
@@ -230,7 +290,7 @@ class MechanismSettings:
 
     @property
     def info(self) -> MechanismInfo:
-        return CATALOGUE[self.mechanism]
+        return mechanism_info(self.mechanism)
 
     @property
     def radius(self) -> int:

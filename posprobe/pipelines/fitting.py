@@ -119,6 +119,7 @@ class TisaFitResult(ResultMixin):
     offsets: np.ndarray
     profiles: np.ndarray
     fits: list[TisaFit] = field(default_factory=list)
+    orientation: str = "posprobe"  # of the kernels files to write: posprobe (k = j - i) or official (i - j - 1)
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "window", "kernels", "median_r2", "profiles")
 
@@ -174,6 +175,7 @@ class TisaFitResult(ResultMixin):
             "seed": self.seed,
             "convention": CONVENTION,
             "function": FUNCTION,
+            "orientation": self.orientation,
         }
 
         def one(f: TisaFit) -> dict:
@@ -207,6 +209,7 @@ def fit_tisa(
     exhaustive: bool = False,
     profiles: ProfileSet | None = None,
     progress: Progress | None = None,
+    orientation: str = "posprobe",
 ) -> TisaFitResult:
     """Fit TISA kernels to every head profile of `model` for each S in `kernels`; writes nothing.
 
@@ -216,7 +219,12 @@ def fit_tisa(
     An S whose 3·S + 1 parameters exceed the 2W + 1 points of the window is refused before any work.
     ALBERT (shared layers): the one shared layer is fitted once and replicated at every depth.
     Save the result with `posprobe.outputs.save_tisa_fit` (kernels file and figure per S).
+    `orientation`: of the kernels file `save_tisa_fit` writes: "posprobe" (what `retrofit` reads) or
+    "official" (the official TISA code's indexing, ``..._official.safetensors``; see `official_orientation`).
     """
+    from posprobe.validation import as_choice
+
+    orientation = as_choice(orientation, "orientation", ORIENTATIONS)
     kernel_list = _check_kernels(kernels)
     if window is not None:
         window = as_int(window, "window", minimum=1, hint="pass e.g. {arg} 16 (fits k = -16..16)")
@@ -241,6 +249,7 @@ def fit_tisa(
         data.offsets,
         data.profiles,
         fits,
+        orientation,
     )
 
 
@@ -256,7 +265,38 @@ def fit_kernels_file(model: str | None, kernels: int, out_dir: str | Path, allow
 def kernels_file_name(result: TisaFitResult, fit: TisaFit) -> str:
     """`tisa_kernels_S{S}.safetensors` for a fit of every layer; `..._layers0,2.safetensors` (the fitted
     layers in the name) when only some were fitted, so a partial fit never replaces a full one."""
-    return f"tisa_kernels_S{fit.n_kernels}{_layers_suffix(result)}.safetensors"
+    official = "_official" if result.orientation == "official" else ""
+    return f"tisa_kernels_S{fit.n_kernels}{_layers_suffix(result)}{official}.safetensors"
+
+
+ORIENTATIONS = ("posprobe", "official")
+OFFICIAL_CONVENTION = "official TISA: F[i, j] = f(i - j - 1)"
+
+
+def official_orientation(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Kernels `(L, H, S)` for posprobe's `F[i, j] = f(j - i)` -> `(L, S, H)` for the official TISA code's
+    `F[i, j] = f'(i - j - 1)`: with m = i - j - 1, j - i = -m - 1, so `(k - c)^2 = (m - (-c - 1))^2` and
+    `c' = -c - 1` (a and b unchanged); per layer the arrays are transposed to (S, H)."""
+    return tuple(np.swapaxes(np.asarray(x, dtype=np.float64), -1, -2) for x in (a, b, -np.asarray(c) - 1.0))
+
+
+def save_official_kernels(path: Path, fit: TisaFit, metadata: dict) -> Path:
+    """The official-orientation kernels file: ``a``, ``b``, ``c`` `(L, S, H)` float32 (no offset), its metadata
+    naming that convention (so posprobe's own reader refuses it)."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from posprobe.outputs import _json_default, atomic_write
+
+    a, b, c = official_orientation(fit.a, fit.b, fit.c)
+    tensors = {n: np.ascontiguousarray(x, dtype=np.float32) for n, x in zip("abc", (a, b, c))}
+    meta = dict(metadata, convention=OFFICIAL_CONVENTION, orientation="official")
+    meta["function"] = "f(m) = sum_s a_s * exp(-|b_s| * (m - c_s)^2), m = i - j - 1"
+    meta["shapes"] = {"a": "(L, S, H)", "b": "(L, S, H)", "c": "(L, S, H)"}
+    meta.pop("offset_note", None)
+    text = {"posprobe": json.dumps(meta, default=_json_default)}
+    return atomic_write(path, lambda p: save_file(tensors, str(p), metadata=text))
 
 
 def figure_file_name(result: TisaFitResult, fit: TisaFit, fmt: str = "png") -> str:

@@ -1,0 +1,92 @@
+"""`posprobe kernels DIR`: the positional functions a retrofitted (and fine-tuned) model learned (SPEC §11).
+
+`--json` prints one object: {"model", "mechanism", "parts", "convention": "k = j - i", "window", "radius",
+"initial_known", "text_tokens", "compare", "profiles", "npz", "figures", "notes",
+"arrays": {name: {"shape", "max_abs", "max_abs_change", ["profile_correlation" (L x H)],
+["compare_correlation" (L x H)]}}}. The npz holds `offsets` (K,) and every array (see
+`posprobe.analysis.learned`: `functions` / `initial` `(L, H, K)` for score-bias mechanisms).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from posprobe.cli.console import console, emit_json
+from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt, default_out
+
+
+def register(app: typer.Typer) -> None:
+    app.command("kernels")(kernels)
+
+
+def kernels(
+    folder: Annotated[Path, typer.Argument(help="A folder written by `posprobe retrofit` or `posprobe finetune`.")],
+    window: Annotated[
+        int | None, typer.Option("--window", help="Show k = -W..W (default 16 for TISA, else the clip radius r).")
+    ] = None,
+    text: Annotated[
+        Path | None,
+        typer.Option("--text", help="Text file (one text per line): dynamic tables scored by the average query/key."),
+    ] = None,
+    compare: Annotated[
+        Path | None, typer.Option("--compare", help="A second retrofitted folder (same mechanism), side by side.")
+    ] = None,
+    profiles: Annotated[
+        str | None,
+        typer.Option("--profiles", help="Base model (or its `posprobe profiles` .npz): correlation per head."),
+    ] = None,
+    out: OutOpt = None,
+    fmt: FormatOpt = FigureFormat.png,
+    json_out: JsonOpt = False,
+    allow_pickle: AllowPickleOpt = False,
+) -> None:
+    """Show what a retrofitted model's positional mechanism learned, per layer and head, over k = j − i."""
+    from posprobe.pipelines.kernels import _check_folder, check_window, learned_kernels, summary, write_kernels
+
+    check_window(window)
+    path, _ = _check_folder(folder)
+    out_dir = out if out is not None else default_out("kernels", path.resolve().name)
+    with console.status(f"reading {folder}"):
+        report = learned_kernels(
+            folder, window=window, text=text, compare=compare, profiles=profiles, allow_pickle=allow_pickle
+        )
+        written = write_kernels(report, out_dir, fmt.value)
+    learned = report.learned
+    if json_out:
+        from posprobe.pipelines.kernels import metadata
+
+        meta = metadata(report)
+        meta.pop("shapes")
+        emit_json(
+            {
+                **meta,
+                "text_tokens": report.n_text_tokens,
+                "npz": str(written["npz"]),
+                "figures": [str(p) for p in written["figures"]],
+                "notes": report.notes,
+                "arrays": summary(report),
+            }
+        )
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{report.model}: {learned.mechanism}, k = j − i in ±{report.window}", title_justify="left")
+    for name in ("array", "shape", "max |value|", "max |change from init|"):
+        table.add_column(name, justify="left" if name == "array" else "right")
+    for key, row in summary(report).items():
+        change = row["max_abs_change"]
+        table.add_row(
+            key,
+            "×".join(map(str, row["shape"])),
+            f"{row['max_abs']:.4g}",
+            "unknown" if change is None else f"{change:.4g}",
+        )
+    console.print(table)
+    for note in report.notes:
+        console.print(f"[dim]{note}[/dim]")
+    console.print(f"npz: {written['npz']}")
+    for path in written["figures"]:
+        console.print(f"figure: {path}")
