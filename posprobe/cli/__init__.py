@@ -25,9 +25,9 @@ app = typer.Typer(
 
 
 def _register_commands() -> None:
-    from posprobe.cli import analysis, finetune, fitting, retrofit
+    from posprobe.cli import analysis, attention, finetune, fitting, retrofit
 
-    for module in (analysis, fitting, retrofit, finetune):
+    for module in (analysis, fitting, retrofit, finetune, attention):
         module.register(app)
 
 
