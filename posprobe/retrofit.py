@@ -30,6 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +40,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posprobe.errors import PosprobeError
-from posprobe.mechanisms import REGISTRY, ROLES, LayerShape, PositionalMechanism, get_mechanism
+from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
+from posprobe.mechanisms import REGISTRY
+from posprobe.mechanisms.base import ROLES, PositionalMechanism, get_mechanism
+from posprobe.mechanisms.catalogue import CATALOGUE, LayerShape, MechanismSettings, check_settings
+from posprobe.validation import as_bool, as_int
 
 ATTENTION_NAME = "posprobe"
 CONFIG_KEY = "posprobe"
-SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "albert", "electra")
+RETROFIT_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "albert", "electra")  # families retrofit can install into
 _ROBERTA_FAMILY = ("roberta", "xlm-roberta")
 _FORMAT_VERSION = 1
 # Score-bias mechanisms on CPU take the explicit softmax path (faster there than SDPA with a mask gradient);
@@ -150,9 +156,9 @@ def model_type(model: nn.Module) -> str:
 
 def _check_supported(model: nn.Module) -> None:
     kind = model_type(model)
-    if kind not in SUPPORTED_MODEL_TYPES:
+    if kind not in RETROFIT_MODEL_TYPES:
         raise PosprobeError(
-            f"cannot retrofit a '{kind}' model: only {', '.join(SUPPORTED_MODEL_TYPES)} are supported",
+            f"cannot retrofit a '{kind}' model: only {', '.join(RETROFIT_MODEL_TYPES)} are supported",
             "use a BERT, RoBERTa, XLM-R, ALBERT or ELECTRA checkpoint",
         )
 
@@ -286,41 +292,19 @@ def added_parameters(model: nn.Module) -> int:
     return total
 
 
-def _parse_init(init: str) -> tuple[str, Path | None]:
-    if init in ("zero", "random"):
-        return init, None
-    if init.startswith("fit:") and len(init) > 4:
-        return "fit", Path(init[4:]).expanduser()
-    raise PosprobeError(
-        f"unknown --init '{init}'", "use zero, random or fit:PATH (a file written by `posprobe fit-tisa`)"
-    )
-
-
-def _read_kernels(path: Path):
-    """`(a, b, c, metadata)` from a `posprobe fit-tisa` file; arrays of shape (L_file, H, S)."""
-    from posprobe.pipelines.fitting import load_tisa_kernels
-
-    return load_tisa_kernels(path)
-
-
-def _kernels_by_depth(arrays, metadata: dict, n_depths: int, n_heads: int, shared: bool) -> dict[int, tuple]:
-    """Map depth -> (a, b, c) `(H, S)` arrays. The file's `layers` metadata says which layers were fitted;
-    a single fitted layer of a weight-shared model (ALBERT) initialises every depth; depths that were not
-    fitted keep the zero init."""
-    a, b, c = arrays
-    if a.shape[1] != n_heads:
+def _kernels_by_depth(kernels_file, n_depths: int, n_heads: int, shared: bool) -> dict[int, tuple]:
+    """Map depth -> (a, b, c) `(H, S)` arrays from a validated `KernelsFile`. Its `layers` say which layers
+    were fitted; a single fitted layer of a weight-shared model (ALBERT) initialises every depth; depths that
+    were not fitted keep the zero init."""
+    a, b, c, layers = kernels_file.a, kernels_file.b, kernels_file.c, kernels_file.layers
+    if kernels_file.n_heads != n_heads:
         raise PosprobeError(
-            f"kernels file has {a.shape[1]} heads per layer, the model has {n_heads}",
+            f"kernels file has {kernels_file.n_heads} heads per layer, the model has {n_heads}",
             "fit the kernels on the same model",
-        )
-    layers = [int(x) for x in metadata.get("layers") or range(a.shape[0])]
-    if len(layers) != a.shape[0]:
-        raise PosprobeError(
-            f"kernels file lists {len(layers)} layers but holds {a.shape[0]}", "re-run `posprobe fit-tisa`"
         )
     if shared and len(layers) == 1:
         return {d: (a[0], b[0], c[0]) for d in range(n_depths)}
-    if any(layer < 0 or layer >= n_depths for layer in layers):
+    if any(layer >= n_depths for layer in layers):
         raise PosprobeError(
             f"kernels file has layers {layers}, the model has {n_depths} layers", "fit the kernels on the same model"
         )
@@ -333,6 +317,13 @@ def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
     if is_retrofitted(model):
         raise PosprobeError("this model is already retrofitted", "start from the original checkpoint")
     cls = get_mechanism(spec["mechanism"])
+    try:
+        options = CATALOGUE[cls.name].options(radius=spec.get("radius"), kernels=spec.get("kernels"))
+    except ArgumentError as err:  # a saved recipe (config.json `posprobe`) with a bad value
+        raise PosprobeError(
+            f"the '{CONFIG_KEY}' recipe in the model's config is invalid ({err.render()})",
+            "re-create the checkpoint with `posprobe retrofit`",
+        ) from err
     slots = depth_slots(model)
     per_module: dict[int, tuple[nn.Module, int]] = {}
     for module, slot in slots:
@@ -340,7 +331,7 @@ def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
     shared = []
     for module, count in per_module.values():
         ref = module.query.weight
-        mechs = [cls(_layer_shape(module), radius=spec["radius"], kernels=spec["kernels"]) for _ in range(count)]
+        mechs = [cls(_layer_shape(module), options) for _ in range(count)]
         module.posprobe_mechanisms = nn.ModuleList(mechs).to(device=ref.device, dtype=ref.dtype)
         module._posprobe_needs_padding = cls.transforms_inputs or cls.transforms_projections
         module._posprobe_key_valid = None
@@ -367,55 +358,73 @@ def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
 
 
 def retrofit(
-    model: nn.Module,
+    model,
     mechanism: str,
     *,
-    radius: int = 8,
-    kernels: int = 5,
+    radius: int | None = None,
+    kernels: int | None = None,
     init: str = "zero",
     drop_position_embeddings: bool = False,
     seed: int = 0,
+    allow_pickle: bool = False,
 ) -> nn.Module:
-    """Install `mechanism` (a `REGISTRY` name) into every self-attention layer of `model`, in place.
+    """Install `mechanism` (a catalogue name, `posprobe.mechanisms.MECHANISM_NAMES`) into every self-attention
+    layer of `model` and return the model.
 
-    radius: clip radius r (kernel size 2r+1) of the convolution/relative mechanisms; kernels: TISA's S.
-    init: "zero" (outputs unchanged: zero biases, identity filters), "random" (seeded by `seed`), or
-    "fit:PATH" (TISA kernels `(L, H, S)` from `posprobe fit-tisa`; S is taken from the file, the fitted layers
-    from its metadata; a single layer fitted on ALBERT initialises every depth; unfitted depths stay zero).
-    drop_position_embeddings: replace every position embedding by the average one (TISA "replace" mode).
+    model: a loaded transformers model (changed in place), or a hub id / local folder / None (the packaged
+    MiniLM), loaded with `load_model` as the class it was saved from (a fine-tuned classifier keeps its head).
+    radius: clip radius r (kernel size 2r+1) of the convolution/relative mechanisms (default 8); kernels: TISA's
+    S (default 5). init: "zero" (outputs unchanged: zero biases, identity filters), "random" (seeded by `seed`),
+    or "fit:PATH" (TISA kernels `(L, H, S)` from `posprobe fit-tisa`; S is the file's — a different `kernels`
+    is refused —, the fitted layers come from its metadata; a single layer fitted on ALBERT initialises every
+    depth; unfitted depths stay zero). drop_position_embeddings: replace every position embedding by the
+    average one (TISA "replace" mode). Every argument is validated before a model is loaded.
     """
-    cls = get_mechanism(mechanism)
+    settings = check_settings(mechanism, radius=radius, kernels=kernels, init=init)
+    drop_position_embeddings = as_bool(drop_position_embeddings, "drop_position_embeddings")
+    seed = as_int(seed, "seed", minimum=0)
+    if settings.init.kind == "fit" and settings.kernels_file is None:
+        raise ArgumentValueError(
+            "init",
+            "{arg} 'fit' (kernels fitted to the model's own profiles) needs a kernels file here",
+            "write one with `posprobe fit-tisa MODEL` (or posprobe.pipelines.fitting.fit_kernels_file(MODEL, 5, DIR))"
+            " and pass init='fit:FILE'; the command line's `retrofit --init fit` does both",
+        )
+    if not isinstance(model, nn.Module):
+        if model is not None and not isinstance(model, (str, os.PathLike)):
+            raise ArgumentTypeError(
+                "model", f"{{arg}} must be a loaded model, a hub id or a folder, got {type(model).__name__}"
+            )
+        from posprobe.checkpoint import resolve_model
+
+        source = resolve_model(None if model is None else str(model), allow_pickle=allow_pickle)
+        model = load_model(source.path, saved_model_class(source.config), allow_pickle=allow_pickle)
+    return _retrofit_loaded(model, settings, drop_position_embeddings, seed)
+
+
+def _retrofit_loaded(model: nn.Module, settings: MechanismSettings, drop_position_embeddings: bool, seed: int):
     _check_supported(model)
-    if int(radius) < 1 or int(radius) > 4096:
-        raise PosprobeError(f"--radius must be between 1 and 4096, got {radius}", "the paper uses 8 (kernel size 17)")
-    if int(kernels) < 1 or int(kernels) > 256:
-        raise PosprobeError(f"--kernels must be between 1 and 256, got {kernels}", "the TISA paper uses 5")
-    kind, path = _parse_init(init)
-    kernel_arrays = None
-    if kind == "fit":
-        if not cls.supports_fit:
-            raise PosprobeError(f"--init fit: only applies to TISA, not '{mechanism}'", "use --init zero or random")
-        *kernel_arrays, kernel_meta = _read_kernels(path)
-        kernels = int(kernel_arrays[0].shape[-1])
+    if is_retrofitted(model):
+        raise PosprobeError("this model is already retrofitted", "start from the original checkpoint")
     spec = {
         "version": _FORMAT_VERSION,
-        "mechanism": mechanism,
-        "radius": int(radius),
-        "kernels": int(kernels),
-        "drop_position_embeddings": bool(drop_position_embeddings),
-        "init": init,
-        "seed": int(seed),
+        "mechanism": settings.mechanism,
+        "radius": settings.radius,
+        "kernels": settings.kernels,
+        "drop_position_embeddings": drop_position_embeddings,
+        "init": str(settings.init),
+        "seed": seed,
     }
     fitted: dict[int, tuple] = {}
-    if kernel_arrays is not None:
-        shared = model_type(model) == "albert" or bool(kernel_meta.get("shared_layers"))
+    if settings.kernels_file is not None:
+        shared = model_type(model) == "albert" or settings.kernels_file.shared_layers
         slots = depth_slots(model)
-        fitted = _kernels_by_depth(kernel_arrays, kernel_meta, len(slots), slots[0][0].num_attention_heads, shared)
+        fitted = _kernels_by_depth(settings.kernels_file, len(slots), slots[0][0].num_attention_heads, shared)
     slots = _install(model, spec)
-    generator = torch.Generator().manual_seed(int(seed))
+    generator = torch.Generator().manual_seed(seed)
     for depth, (module, slot) in enumerate(slots):
         mech = module.posprobe_mechanisms[slot]
-        mech.reset("random" if kind == "random" else "zero", generator)
+        mech.reset("random" if settings.init.kind == "random" else "zero", generator)
         mech.attach(module)
         if depth in fitted:
             mech.load_kernels(*fitted[depth])
@@ -425,18 +434,112 @@ def retrofit(
     return model
 
 
+def saved_model_class(config: dict):
+    """The transformers class a checkpoint was saved from (config.json `architectures`), so that a task head
+    (e.g. a fine-tuned classifier) is kept; None (= AutoModel) when it names no transformers class."""
+    import transformers
+
+    names = config.get("architectures") or []
+    cls = getattr(transformers, str(names[0]), None) if names and isinstance(names, list) else None
+    return cls if isinstance(cls, type) and hasattr(cls, "from_pretrained") else None
+
+
+def expected_parameters(model: nn.Module) -> int:
+    """The parameters the retrofitted mechanism adds according to the catalogue (SPEC §8): the sum over
+    attention depths of `MechanismInfo.parameters_per_depth` (equals `added_parameters`; tested)."""
+    spec = getattr(model.config, CONFIG_KEY, None) or {}
+    info = CATALOGUE[spec["mechanism"]]
+    options = info.options(radius=spec.get("radius"), kernels=spec.get("kernels"))
+    return sum(info.parameters_per_depth(_layer_shape(module), options) for module, _ in depth_slots(model))
+
+
 def mechanism_at(model: nn.Module, depth: int) -> PositionalMechanism:
     """The mechanism that runs at attention depth `depth` (0-based, forward order)."""
     module, slot = depth_slots(model)[depth]
     return module.posprobe_mechanisms[slot]
 
 
-def save_retrofitted(model: nn.Module, out_dir: str | Path) -> Path:
-    """Write config.json (with the `posprobe` recipe) and model.safetensors (mechanism weights included)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+
+
+def save_retrofitted(model: nn.Module, out_dir, *, tokenizer_from=None) -> Path:
+    """Write the model as a folder `load_model` reads back with its mechanism: config.json (with the
+    `posprobe` recipe), model.safetensors (mechanism weights included) and the tokenizer files.
+
+    The folder appears complete or not at all (written into a temporary sibling, then renamed); an existing
+    non-empty `out_dir` is refused (nothing is overwritten). tokenizer_from: the folder to copy tokenizer files
+    from (default: the folder the model was loaded from, when that is a local folder). Returns the folder.
+    """
+    if not isinstance(model, nn.Module) or not hasattr(model, "save_pretrained"):
+        raise ArgumentTypeError("model", f"{{arg}} must be a transformers model, got {type(model).__name__}")
+    from posprobe.validation import as_path
+
+    out = as_path(out_dir, "out_dir")
+    if tokenizer_from is None:
+        tokenizer_from = getattr(model.config, "_name_or_path", None) or None
+    source = as_path(tokenizer_from, "tokenizer_from") if tokenizer_from is not None else None
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ArgumentValueError(
+            "out_dir",
+            f"output '{out}' already exists and is not an empty folder",
+            "choose a new {arg} folder (nothing is overwritten)",
+        )
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700 folders; give the usual permissions
+    except OSError as err:
+        raise PosprobeError(
+            f"cannot write the folder '{out}' ({err.strerror or err})", "choose a writable output folder"
+        ) from err
+    try:
+        with _quiet_saving():
+            model.save_pretrained(tmp)
+        if source is not None and source.is_dir():
+            for name in _TOKENIZER_FILES:
+                if (source / name).is_file():
+                    shutil.copy2(source / name, tmp / name)
+        if out.exists():
+            out.rmdir()  # checked empty above
+        os.replace(tmp, out)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PosprobeError(
+            f"cannot write '{out}' ({err.strerror or err})", "check free space and permissions"
+        ) from err
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out
+
+
+@contextlib.contextmanager
+def _quiet_saving():
+    """No "Writing model shards" progress bar from the library (the CLI shows its own status)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,7 +79,7 @@ def test_retrofit_tisa_replace_human_output(tiny_checkpoints, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--mechanism", "nope"], "unknown mechanism 'nope'"),
+        (["--mechanism", "nope"], "unknown --mechanism 'nope'"),
         (["--mechanism", "fixed", "--init", "fit:/no/such/file"], "only applies to TISA"),
         (["--mechanism", "tisa", "--init", "fit:/no/such/file"], "does not exist"),
         (["--mechanism", "tisa", "--radius", "0"], "--radius"),
@@ -143,3 +144,98 @@ def test_retrofit_keeps_the_task_head(tmp_path):
     ids = torch.randint(0, 99, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(again(input_ids=ids).logits, classifier(input_ids=ids).logits)
+
+
+def _kernels(path, s, layers=2, heads=4):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    shape = (layers, heads, s)
+    arrays = {k: np.ones(shape, np.float32) for k in "abc"}
+    save_file(arrays, str(path), metadata={"posprobe": json.dumps({"layers": list(range(layers))})})
+    return path
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-m", "fixed", "--radius", "0"], "--radius must be at least 1"),
+        (["-m", "fixed", "--radius", "5000"], "--radius must be at most 4096"),
+        (["-m", "tisa", "--kernels", "0"], "--kernels must be at least 1"),
+        (["-m", "tisa", "--init", "gaussian"], "unknown --init 'gaussian'"),
+        (["-m", "tisa", "--init", "fit:S0"], "S = 0 is no kernel"),
+        (["-m", "tisa", "--kernels", "3", "--init", "fit:S5"], "--kernels 3 differs from the S = 5"),
+        (["-m", "cat", "--init", "fit"], "only applies to TISA"),
+    ],
+)
+def test_settings_are_checked_before_the_model_loads(tiny_checkpoints, tmp_path, capsys, monkeypatch, args, message):
+    """Issue 8 #7 / 14 §2, §6: bad --radius/--kernels/--init -> exit 2 at once; the model is never loaded."""
+    import time
+
+    import posprobe.retrofit as rf
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(rf, "load_model", no_load)
+    files = {"fit:S0": f"fit:{_kernels(tmp_path / 's0.safetensors', 0)}"}
+    files["fit:S5"] = f"fit:{_kernels(tmp_path / 's5.safetensors', 5)}"
+    args = [files.get(a, a) for a in args]
+    start = time.perf_counter()
+    code, captured = run_main(["retrofit", str(tiny_checkpoints["bert"]), "--out", str(tmp_path / "o"), *args], capsys)
+    assert code == 2 and time.perf_counter() - start < 2
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("posprobe: error:") and message in lines[0], lines
+    assert not (tmp_path / "o").exists()
+
+
+def test_kernels_from_the_file_are_said(tiny_checkpoints, tmp_path):
+    path = _kernels(tmp_path / "k.safetensors", 2)
+    out = tmp_path / "o"
+    result = runner.invoke(
+        app, ["retrofit", str(tiny_checkpoints["bert"]), "-m", "tisa", "--init", f"fit:{path}", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "S = 2 kernels per head, from" in result.output
+    assert json.loads((out / "config.json").read_text())["posprobe"]["kernels"] == 2
+
+
+def test_default_out_folder(tiny_checkpoints, tmp_path, monkeypatch):
+    """Issue 15: retrofit has a default --out, posprobe-out/retrofit/<model label>-<mechanism>."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["retrofit", str(tiny_checkpoints["bert"]), "-m", "fixed", "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["out"] == str(Path("posprobe-out") / "retrofit" / "bert-fixed")
+    assert record["parameters_per_layer"] == "H·(2r+1)"
+    assert load_model(tmp_path / record["out"]).config.posprobe["mechanism"] == "fixed"
+
+
+def test_help_does_not_import_torch():
+    code = (
+        "import sys\n"
+        "from posprobe.cli import main\n"
+        "for argv in (['--help'], ['retrofit', '--help'], ['params', '--help']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print('IMPORTED' if 'torch' in sys.modules else 'LIGHT')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().endswith("LIGHT") and "composite" in result.stdout
+
+
+def test_init_fit_fits_this_models_kernels(tiny_checkpoints, tmp_path):
+    """`--init fit`: S = --kernels kernels fitted to the model's own profiles, then loaded into TISA."""
+    out = tmp_path / "o"
+    result = runner.invoke(
+        app,
+        ["retrofit", str(tiny_checkpoints["bert"]), "-m", "tisa", "--init", "fit", "--kernels", "2", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    model = load_model(out)
+    assert model.config.posprobe["kernels"] == 2 and model.config.posprobe["init"].startswith("fit:")
+    assert added_parameters(model) == 3 * 2 * 4 * 2
+    tisa = model.encoder.layer[0].attention.self.posprobe_mechanisms[0]
+    assert tisa.a.abs().sum() > 0  # fitted amplitudes, not the zero start

@@ -12,9 +12,15 @@ import pytest
 import torch
 from conftest import build_tiny
 
-from posprobe.cli.retrofit import KNOWN_MECHANISMS
-from posprobe.mechanisms import REGISTRY, ROLES
-from posprobe.retrofit import load_model, mechanism_at, retrofit, save_retrofitted
+from posprobe.mechanisms import CATALOGUE, MECHANISM_NAMES, REGISTRY, ROLES, LayerShape
+from posprobe.retrofit import (
+    added_parameters,
+    expected_parameters,
+    load_model,
+    mechanism_at,
+    retrofit,
+    save_retrofitted,
+)
 
 MECHANISMS = sorted(REGISTRY)
 FAMILIES = ["bert", "roberta", "xlm-roberta", "albert", "electra"]
@@ -29,8 +35,31 @@ def _out(model, ids, mask=None) -> torch.Tensor:
     return model(input_ids=ids, attention_mask=mask)[0]
 
 
-def test_cli_names_match_registry():
-    assert set(KNOWN_MECHANISMS) == set(REGISTRY)
+def test_registry_is_the_catalogue():
+    """Every catalogue entry has its torch class registered under the same name, and nothing else is."""
+    assert list(REGISTRY) == list(MECHANISM_NAMES) == list(CATALOGUE)
+    for name, cls in REGISTRY.items():
+        assert cls.name == name and cls.info is CATALOGUE[name] and cls.summary == CATALOGUE[name].summary
+
+
+@pytest.mark.parametrize("name", MECHANISMS)
+@pytest.mark.parametrize(
+    "heads, head_dim, width, radius, kernels", [(4, 8, 32, 3, 2), (5, 6, 24, 1, 1), (12, 64, 768, 8, 5)]
+)
+def test_catalogue_count_equals_real_parameters(name, heads, head_dim, width, radius, kernels):
+    """The torch-free count per depth (used by `params` and `retrofit --json`) == the module's parameters."""
+    info = CATALOGUE[name]
+    shape = LayerShape(num_heads=heads, head_dim=head_dim, input_size=width)
+    options = info.options(radius=radius, kernels=kernels)
+    mech = REGISTRY[name](shape, options)
+    assert info.parameters_per_depth(shape, options) == sum(p.numel() for p in mech.parameters())
+
+
+@pytest.mark.parametrize("family", ["bert", "albert"])
+def test_catalogue_count_equals_added_parameters_of_a_model(family):
+    for name in MECHANISMS:
+        model = retrofit(build_tiny(family, num_hidden_layers=3), name, radius=2, kernels=2)
+        assert expected_parameters(model) == added_parameters(model) > 0, name
 
 
 @pytest.mark.parametrize("name", MECHANISMS)

@@ -63,7 +63,7 @@ def test_convolution_counts_brute_force():
         "num_attention_heads": 12,
         "num_hidden_layers": 12,
     }
-    for r in (0, 3, 8):
+    for r in (1, 3, 8):
         counts = positional_parameter_counts(cfg, radius=r)
         offsets = range(-r, r + 1)  # kc = clip(j - i, -r, r) takes 2r+1 values
         fixed = sum(1 for _layer in range(12) for _head in range(12) for _k in offsets)
@@ -100,7 +100,13 @@ def test_to_json_is_plain():
     import json
 
     counts = positional_parameter_counts(
-        {"hidden_size": 32, "max_position_embeddings": 64, "num_attention_heads": 4, "num_hidden_layers": 2}
+        {
+            "model_type": "bert",
+            "hidden_size": 32,
+            "max_position_embeddings": 64,
+            "num_attention_heads": 4,
+            "num_hidden_layers": 2,
+        }
     )
     record = json.loads(json.dumps(counts.to_json()))
     assert record["tisa"] == {"1": 24, "3": 72, "5": 120} and record["absolute"] == 2048
@@ -134,6 +140,10 @@ def test_to_json_is_plain():
         ),
         (
             {"hidden_size": 768, "max_position_embeddings": 512, "num_attention_heads": 12, "num_hidden_layers": 1},
+            {"radius": 0},  # one limit for the radius everywhere: 1..4096, as retrofit
+        ),
+        (
+            {"hidden_size": 768, "max_position_embeddings": 512, "num_attention_heads": 12, "num_hidden_layers": 1},
             {"kernels": [0]},
         ),
     ],
@@ -142,3 +152,78 @@ def test_bad_configs_raise(cfg, kwargs):
     with pytest.raises(PosprobeError) as info:
         positional_parameter_counts(cfg, **kwargs)
     assert info.value.hint
+
+
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "max_position_embeddings": 4096,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+}
+
+
+def test_no_absolute_count_without_a_learned_table():
+    """Issue 8: a Llama config reported 16,777,216 'absolute' parameters; it has rotary embeddings, no table."""
+    counts = positional_parameter_counts(LLAMA)
+    assert counts.absolute is None and counts.untied is None and not counts.has_learned_table
+    assert counts.position_encoding == "rotary embeddings (RoPE)"
+    assert counts.tisa[5] == 3 * 5 * 32 * 32  # what a retrofit would add is still counted
+    record = counts.to_json()
+    assert record["absolute"] is None and record["position_encoding"] == "rotary embeddings (RoPE)"
+    sinusoidal = positional_parameter_counts(
+        {
+            "model_type": "distilbert",
+            "sinusoidal_pos_embds": True,
+            "dim": 768,
+            "max_position_embeddings": 512,
+            "n_heads": 12,
+            "n_layers": 6,
+        }
+    )
+    assert sinusoidal.absolute is None and "sinusoidal" in sinusoidal.position_encoding
+    unknown = positional_parameter_counts({**LLAMA, "model_type": "somethingnew"})
+    assert unknown.absolute is None and "unknown" in unknown.position_encoding
+
+
+def test_all_nine_mechanisms_from_the_catalogue():
+    """Brute-force counts per mechanism for BERT-base (r = 8, S = 5), from SPEC §5–8 by hand."""
+    import transformers as tf
+
+    from posprobe.mechanisms import MECHANISM_NAMES
+
+    counts = positional_parameter_counts(tf.BertConfig().to_dict())
+    H, dh, d, L, w = 12, 64, 768, 12, 17
+    m = (H // 2) * dh
+    expected = {
+        "tisa": 3 * 5 * H * L,
+        "fixed": H * w * L,
+        "dynamic": w * dh * L,
+        "composite": w * (dh + H) * L,
+        "key-dynamic": w * dh * L,
+        "shaw-values": w * dh * L,
+        "depthwise": w * d * L,
+        "conv-qkv": 3 * (d * w + m * d + m) * L,
+        "cat": 3 * d * w * L,
+    }
+    assert list(counts.mechanisms) == list(MECHANISM_NAMES) and counts.mechanisms == expected
+    assert counts.to_json()["formulas"]["cat"] == "L·3·d·(2r+1)"
+
+
+def test_params_cli_without_a_learned_table(tmp_path):
+    import json
+
+    import numpy as np
+    from safetensors.numpy import save_file
+    from typer.testing import CliRunner
+
+    from posprobe.cli import app
+
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    save_file({"x": np.zeros(1, np.float32)}, str(tmp_path / "model.safetensors"))
+    result = CliRunner().invoke(app, ["params", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "absolute learned" not in result.output and "rotary embeddings" in result.output
+    assert "conv-qkv" in result.output and "16,777,216" not in result.output
+    record = json.loads(CliRunner().invoke(app, ["params", str(tmp_path), "--json"]).stdout)
+    assert record["absolute"] is None and set(record["mechanisms"]) >= {"cat", "depthwise", "shaw-values"}

@@ -219,9 +219,14 @@ def test_unsupported_architecture(family):
         ({"mechanism": "nope"}, "unknown mechanism"),
         ({"mechanism": "fixed", "init": "fit:/no/such/file"}, "only applies to TISA"),
         ({"mechanism": "tisa", "init": "fit:/no/such/file"}, "does not exist"),
-        ({"mechanism": "tisa", "init": "gaussian"}, "unknown --init"),
-        ({"mechanism": "fixed", "radius": 0}, "--radius"),
-        ({"mechanism": "tisa", "kernels": 0}, "--kernels"),
+        ({"mechanism": "tisa", "init": "gaussian"}, "unknown init 'gaussian'"),
+        ({"mechanism": "fixed", "radius": 0}, "radius must be at least 1"),
+        ({"mechanism": "fixed", "radius": 5000}, "radius must be at most 4096"),
+        ({"mechanism": "tisa", "kernels": 0}, "kernels must be at least 1"),
+        ({"mechanism": "tisa", "radius": "8"}, "radius must be a whole number"),
+        ({"mechanism": "tisa", "init": "fit"}, "needs a kernels file"),
+        ({"mechanism": "tisa", "seed": -1}, "seed must be at least 0"),
+        ({"mechanism": "tisa", "drop_position_embeddings": "yes"}, "drop_position_embeddings must be True or False"),
     ],
 )
 def test_bad_arguments(kwargs, pattern):
@@ -271,3 +276,92 @@ def test_gradient_checkpointing_gives_the_same_gradients(name):
         grads.append([p.grad for n, p in model.named_parameters() if "posprobe_mechanisms" in n])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_retrofit_takes_a_folder_and_keeps_the_saved_class(tiny_checkpoints, tmp_path):
+    """Issue 15: a model id / folder is loaded with load_model (not 'cannot retrofit a 'unknown' model')."""
+    from conftest import TINY
+    from transformers import BertForSequenceClassification
+
+    model = retrofit(str(tiny_checkpoints["bert"]), "fixed", radius=2)
+    assert model.config.posprobe["radius"] == 2 and added_parameters(model) == L * H * 5
+    torch.manual_seed(0)
+    BertForSequenceClassification(__import__("transformers").BertConfig(**TINY, num_labels=3)).save_pretrained(
+        tmp_path / "clf"
+    )
+    clf = retrofit(tmp_path / "clf", "tisa")
+    assert type(clf).__name__ == "BertForSequenceClassification"
+
+
+@pytest.mark.parametrize(
+    "model, kwargs, error, fragment",
+    [
+        (123, {}, TypeError, "model must be a loaded model, a hub id or a folder"),
+        ("FOLDER", {"radius": "8"}, TypeError, "radius must be a whole number"),
+        ("FOLDER", {"kernels": 2, "init": "fit:FILE"}, ValueError, "kernels 2 differs from the S = 3"),
+    ],
+)
+def test_library_arguments_are_checked_first(tiny_checkpoints, tmp_path, monkeypatch, model, kwargs, error, fragment):
+    import posprobe.retrofit as rf
+
+    _kernels_file(tmp_path / "k.safetensors")
+    monkeypatch.setattr(rf, "load_model", lambda *a, **k: pytest.fail("loaded before checking the arguments"))
+    kwargs = {k: (f"fit:{tmp_path / 'k.safetensors'}" if v == "fit:FILE" else v) for k, v in kwargs.items()}
+    with pytest.raises(error) as info:
+        retrofit(str(tiny_checkpoints["bert"]) if model == "FOLDER" else model, "tisa", **kwargs)
+    assert isinstance(info.value, PosprobeError) and fragment in str(info.value)
+    assert "--" not in str(info.value)  # library wording
+
+
+def test_save_retrofitted_is_the_cli_folder(tiny_checkpoints, tmp_path):
+    """Issue 8: one writer; library users get the folder the CLI writes (tokenizer files included)."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_checkpoints["bert"], src)
+    (src / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    model = retrofit(str(src), "composite")
+    out = save_retrofitted(model, tmp_path / "out")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "vocab.txt"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
+    with pytest.raises(PosprobeError, match="already exists and is not an empty folder"):
+        save_retrofitted(model, out)
+    (tmp_path / "empty").mkdir()
+    assert save_retrofitted(model, tmp_path / "empty", tokenizer_from=src) == tmp_path / "empty"
+
+
+def test_save_retrofitted_errors_are_clean(tmp_path, monkeypatch):
+    """Issue 15: `save_retrofitted(m, "/proc/nope")` is a PosprobeError, not a raw FileNotFoundError; a failed
+    write leaves nothing behind."""
+    model = retrofit(build_tiny("bert"), "fixed")
+    with pytest.raises(PosprobeError, match="cannot write"):
+        save_retrofitted(model, "/proc/nope/deeper")
+    with pytest.raises(PosprobeError, match="cannot write"):
+        save_retrofitted(model, "/proc/nope")
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(type(model), "save_pretrained", full_disk)
+    with pytest.raises(PosprobeError, match="No space left"):
+        save_retrofitted(model, tmp_path / "o")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(TypeError, match="model must be a transformers model"):
+        save_retrofitted("model", tmp_path / "o")
+
+
+def test_a_saved_recipe_with_a_bad_radius_is_refused(tmp_path):
+    model = retrofit(build_tiny("bert"), "fixed", radius=2)
+    save_retrofitted(model, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    config["posprobe"]["radius"] = 0
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PosprobeError, match="recipe in the model's config is invalid .radius must be at least 1"):
+        load_model(tmp_path / "m")
+
+
+@pytest.mark.integration
+def test_packaged_model_by_name():
+    """Issue 15: `retrofit("all-MiniLM-L6-v2", "tisa")` said "cannot retrofit a 'unknown' model"."""
+    model = retrofit("all-MiniLM-L6-v2", "tisa")
+    assert model.config.model_type == "bert" and added_parameters(model) == 3 * 5 * 12 * 6

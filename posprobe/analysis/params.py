@@ -1,16 +1,16 @@
 """Positional parameter counts from a model's config (SPEC §8; seed paper TISA, Table 2).
 
-Pure Python: the input is the parsed ``config.json`` dict, whose key names differ per family
+Pure Python (no torch): the input is the parsed ``config.json`` dict, whose key names differ per family
 (BERT ``hidden_size``, GPT-2 ``n_embd``, DistilBERT ``dim``, ...). Counts:
 
 - absolute learned position table: ``n * d``, with ``d`` the width of the position table
-  (``embedding_size`` for ALBERT/ELECTRA, which factorise their embeddings);
-- untied positional attention (Ke et al.): ``n * d + 2 * d^2``;
-- TISA: ``3 * S * H * L`` (one scoring function per head and layer, also for ALBERT, whose layers
-  share weights but get distinct TISA functions, as in the paper);
-- fixed lightweight convolution: ``H * (2r + 1)`` per layer, times ``L``;
-- dynamic lightweight convolution: ``(2r + 1) * d_h`` per layer, times ``L``;
-- composite attention: fixed + dynamic.
+  (``embedding_size`` for ALBERT/ELECTRA, which factorise their embeddings) — only for families that have a
+  learned absolute table; others (rotary, relative buckets, ALiBi, sinusoidal) report ``None`` and say what
+  they use instead;
+- untied positional attention (Ke et al.): ``n * d + 2 * d^2`` (same condition);
+- every retrofittable mechanism of `posprobe.mechanisms.catalogue` (TISA ``3 * S * H * L``, fixed
+  ``H * (2r + 1) * L``, dynamic ``(2r + 1) * d_h * L``, composite, ...): the catalogue's count per depth
+  times ``L`` (ALBERT's layers share weights but get distinct mechanisms at every depth, as in the paper).
 
 RoBERTa-family tables (roberta, xlm-roberta, camembert, longformer) reserve ``pad_token_id + 1`` leading rows,
 so ``n = max_position_embeddings - (pad_token_id + 1)`` usable positions (514 -> 512).
@@ -21,10 +21,65 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from posprobe.errors import PosprobeError
+from posprobe.mechanisms.catalogue import CATALOGUE, DEFAULT_RADIUS, LayerShape, check_kernels, check_radius
+from posprobe.validation import as_int_list
 
-DEFAULT_RADIUS = 8
 DEFAULT_KERNELS = (1, 3, 5)
 _ROBERTA_LIKE = {"roberta", "xlm-roberta", "camembert", "longformer"}
+# Families whose checkpoints hold a learned absolute position table of n rows (after reserved rows).
+LEARNED_TABLE_TYPES = {
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "camembert",
+    "longformer",
+    "albert",
+    "electra",
+    "distilbert",
+    "gpt2",
+    "gpt_neo",
+    "megatron-bert",
+    "ernie",
+    "data2vec-text",
+    "xlm",
+    "flaubert",
+}
+# What other families use instead (SPEC §9).
+_OTHER_POSITIONS = {
+    **dict.fromkeys(["t5", "mt5", "umt5", "longt5"], "relative position buckets (T5 bias)"),
+    **dict.fromkeys(["deberta", "deberta-v2"], "disentangled relative positions"),
+    **dict.fromkeys(
+        [
+            "llama",
+            "mistral",
+            "mixtral",
+            "qwen2",
+            "qwen3",
+            "gemma",
+            "gemma2",
+            "gemma3",
+            "phi",
+            "phi3",
+            "gpt_neox",
+            "gptj",
+            "roformer",
+            "modernbert",
+            "olmo",
+            "olmo2",
+            "stablelm",
+            "starcoder2",
+            "cohere",
+        ],
+        "rotary embeddings (RoPE)",
+    ),
+    "falcon": "rotary embeddings or ALiBi",
+    **dict.fromkeys(["bloom", "mpt"], "ALiBi attention biases"),
+    **dict.fromkeys(["marian", "pegasus", "m2m_100", "xglm", "speech_to_text"], "sinusoidal positions (not learned)"),
+    **dict.fromkeys(["transfo-xl", "xlnet"], "sinusoidal relative positions"),
+    "funnel": "relative attention",
+    "reformer": "axial position embeddings",
+}
+LEARNED_TABLE = "learned absolute table"
 _KEYS = {
     "hidden": ("hidden_size", "n_embd", "dim", "d_model"),
     "positions": ("max_position_embeddings", "n_positions", "n_ctx"),
@@ -35,9 +90,14 @@ _KEYS = {
 
 @dataclass(frozen=True)
 class PositionalParams:
-    """Positional parameter counts of one architecture (integers) and the sizes they come from."""
+    """Positional parameter counts of one architecture (integers) and the sizes they come from.
+
+    `absolute` / `untied` are None when the model has no learned absolute table (`position_encoding` says
+    what it has). `mechanisms`: name -> parameters a retrofit adds (all catalogue mechanisms, TISA with
+    S = 5); `tisa`: S -> count for each requested S."""
 
     model_type: str
+    position_encoding: str
     n_positions: int
     reserved_rows: int
     table_width: int
@@ -46,12 +106,17 @@ class PositionalParams:
     n_layers: int
     head_dim: int
     radius: int
-    absolute: int
-    untied: int
+    absolute: int | None
+    untied: int | None
     tisa: dict[int, int] = field(default_factory=dict)
+    mechanisms: dict[str, int] = field(default_factory=dict)
     fixed_conv: int = 0
     dynamic_conv: int = 0
     composite: int = 0
+
+    @property
+    def has_learned_table(self) -> bool:
+        return self.absolute is not None
 
     def to_json(self) -> dict:
         out = asdict(self)
@@ -59,10 +124,10 @@ class PositionalParams:
         out["formulas"] = {
             "absolute": "n*d",
             "untied": "n*d + 2*d^2",
-            "tisa": "3*S*H*L",
             "fixed_conv": "H*(2r+1)*L",
             "dynamic_conv": "(2r+1)*d_h*L",
             "composite": "fixed_conv + dynamic_conv",
+            **{name: info.total_formula for name, info in CATALOGUE.items()},
         }
         return out
 
@@ -82,23 +147,29 @@ def _get(config: dict, what: str) -> int:
     )
 
 
+def positional_encoding(config: dict) -> str:
+    """What `config`'s family uses for positions: `LEARNED_TABLE` or a description of the alternative."""
+    model_type = str(config.get("model_type", "unknown"))
+    if model_type == "distilbert" and config.get("sinusoidal_pos_embds"):
+        return "sinusoidal positions (not learned)"
+    if model_type in LEARNED_TABLE_TYPES:
+        return LEARNED_TABLE
+    return _OTHER_POSITIONS.get(model_type, f"unknown (posprobe does not know how '{model_type}' encodes positions)")
+
+
 def positional_parameter_counts(
     config: dict, radius: int = DEFAULT_RADIUS, kernels: tuple[int, ...] | list[int] = DEFAULT_KERNELS
 ) -> PositionalParams:
-    """Table-2 style counts for the architecture described by `config` (a parsed config.json)."""
+    """Table-2 style counts for the architecture described by `config` (a parsed config.json).
+
+    radius: clip radius r of the convolution mechanisms (kernel 2r+1); kernels: the TISA S values to count.
+    """
     if not isinstance(config, dict):
         raise PosprobeError("the model config must be a dict (parsed config.json)", "pass the parsed config")
-    if isinstance(radius, bool) or not isinstance(radius, int) or radius < 0:
-        raise PosprobeError(
-            f"the convolution radius must be a whole number >= 0, got {radius!r}",
-            "pass e.g. --radius 8 (kernel size 2r+1 = 17)",
-        )
-    for s in kernels:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
-            raise PosprobeError(
-                f"the number of TISA kernels must be a whole number >= 1, got {s!r}", "pass e.g. 1, 3 or 5"
-            )
+    radius = check_radius(radius)
+    kernel_list = [check_kernels(s) for s in as_int_list(kernels, "kernels", allow_none=False)]
     model_type = str(config.get("model_type", "unknown"))
+    encoding = positional_encoding(config)
     hidden = _get(config, "hidden")
     table_width = config.get("embedding_size") or hidden
     n_table = _get(config, "positions")
@@ -117,12 +188,17 @@ def positional_parameter_counts(
     if hidden % heads:
         raise PosprobeError(f"hidden size {hidden} is not divisible by {heads} heads", "check config.json")
     head_dim = hidden // heads
-    width = 2 * radius + 1
-    absolute = n * table_width
-    fixed = heads * width * layers
-    dynamic = width * head_dim * layers
+    shape = LayerShape(num_heads=heads, head_dim=head_dim, input_size=hidden)
+
+    def total(name: str, **options) -> int:
+        info = CATALOGUE[name]
+        return layers * info.parameters_per_depth(shape, info.options(radius=radius, **options))
+
+    mechanisms = {name: total(name) for name in CATALOGUE}
+    absolute = n * table_width if encoding == LEARNED_TABLE else None
     return PositionalParams(
         model_type=model_type,
+        position_encoding=encoding,
         n_positions=n,
         reserved_rows=reserved,
         table_width=table_width,
@@ -132,9 +208,10 @@ def positional_parameter_counts(
         head_dim=head_dim,
         radius=radius,
         absolute=absolute,
-        untied=absolute + 2 * table_width**2,
-        tisa={s: 3 * s * heads * layers for s in sorted(set(kernels))},
-        fixed_conv=fixed,
-        dynamic_conv=dynamic,
-        composite=fixed + dynamic,
+        untied=None if absolute is None else absolute + 2 * table_width**2,
+        tisa={s: total("tisa", kernels=s) for s in sorted(kernel_list)},
+        mechanisms=mechanisms,
+        fixed_conv=mechanisms["fixed"],
+        dynamic_conv=mechanisms["dynamic"],
+        composite=mechanisms["composite"],
     )

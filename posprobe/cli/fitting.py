@@ -172,9 +172,11 @@ def params(
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
-    """Positional parameter counts of MODEL's architecture (paper Table 2 style), from its config."""
+    """Positional parameter counts of MODEL's architecture (paper Table 2 style) and of every mechanism
+    `retrofit` can add, from its config."""
     from posprobe.analysis.params import positional_parameter_counts
     from posprobe.checkpoint import resolve_model
+    from posprobe.mechanisms.catalogue import CATALOGUE
 
     source = resolve_model(model, allow_pickle=allow_pickle)
     counts = positional_parameter_counts(source.config, radius=radius)
@@ -190,14 +192,17 @@ def params(
         title_justify="left",
     )
     table.add_column("method"), table.add_column("formula"), table.add_column("parameters", justify="right")
-    table.add_row("absolute learned", "n·d", f"{c.absolute:,}")
-    table.add_row("untied (Ke et al.)", "n·d + 2d²", f"{c.untied:,}")
+    if c.has_learned_table:
+        table.add_row("absolute learned", "n·d", f"{c.absolute:,}")
+        table.add_row("untied (Ke et al.)", "n·d + 2d²", f"{c.untied:,}")
     for s, v in c.tisa.items():
         table.add_row(f"TISA, S={s}", "3·S·H·L", f"{v:,}")
-    table.add_row("fixed lightweight conv", "H·(2r+1)·L", f"{c.fixed_conv:,}")
-    table.add_row("dynamic lightweight conv", "(2r+1)·d_h·L", f"{c.dynamic_conv:,}")
-    table.add_row("composite (fixed + dynamic)", "", f"{c.composite:,}")
+    for name, info in CATALOGUE.items():
+        if name != "tisa":
+            table.add_row(name, info.total_formula, f"{c.mechanisms[name]:,}")
     console.print(table)
+    if not c.has_learned_table:
+        console.print(f"[dim]no learned absolute position table: {c.model_type} uses {c.position_encoding}[/dim]")
     if c.reserved_rows:
         console.print(
             f"[dim]{c.reserved_rows} reserved leading rows of the {c.model_type} position table "

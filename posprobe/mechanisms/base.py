@@ -1,4 +1,7 @@
-"""The one interface every positional mechanism implements, and the registry that lists them.
+"""The one interface every positional mechanism implements, and the registry of their torch classes.
+
+The registry is keyed by the names of the torch-free `catalogue` (which also holds each mechanism's
+options class and parameter count); a class is constructed as `cls(shape, options)`.
 
 Conventions (SPEC §4–6): tensors inside attention are `(B, H, n, d_h)`; query row `i` attends key
 column `j`; the relative offset is `k = j - i` (positive = key to the right); with clip radius `r`,
@@ -23,7 +26,6 @@ test suite compares the efficient hooks against.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar
 
@@ -31,39 +33,35 @@ import torch
 from torch import nn
 
 from posprobe.errors import PosprobeError
+from posprobe.mechanisms.catalogue import CATALOGUE, LayerShape, MechanismInfo, Options, mechanism_info
 
 ROLES = ("query", "key", "value")
 
 
-@dataclass(frozen=True)
-class LayerShape:
-    """Sizes of the attention layer a mechanism is installed in."""
-
-    num_heads: int  # H
-    head_dim: int  # d_h
-    input_size: int  # d, the width of the hidden states fed to the Q/K/V projections
-
-    @property
-    def inner_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-
 class PositionalMechanism(nn.Module):
-    """Base class: subclasses set `name`, create parameters in `__init__` and override some hooks."""
+    """Base class: subclasses set `name` (a `catalogue` entry, which holds the summary, options class and
+    parameter count), create parameters in `__init__` and override some hooks."""
 
     name: ClassVar[str] = ""
-    summary: ClassVar[str] = ""
+    info: ClassVar[MechanismInfo]  # set by `register`
+    summary: ClassVar[str] = ""  # set by `register`, from the catalogue
+    supports_fit: ClassVar[bool] = False  # from the catalogue: initialised from a kernels file
     needs_probabilities: ClassVar[bool] = False  # value_term used -> explicit (eager) attention path
     has_output_term: ClassVar[bool] = False
     transforms_inputs: ClassVar[bool] = False
     transforms_projections: ClassVar[bool] = False
-    supports_fit: ClassVar[bool] = False  # can be initialised from a `posprobe fit-tisa` kernels file
 
-    def __init__(self, shape: LayerShape, *, radius: int = 8, kernels: int = 5):
+    def __init__(self, shape: LayerShape, options: Options | None = None):
+        """`options`: an instance of this mechanism's options class (None = its defaults)."""
         super().__init__()
+        if options is None:
+            options = self.info.options_class()
+        if not isinstance(options, self.info.options_class):
+            raise TypeError(f"{self.name} takes {self.info.options_class.__name__}, got {type(options).__name__}")
         self.shape = shape
-        self.radius = int(radius)
-        self.kernels = int(kernels)
+        self.options = options
+        self.radius = int(getattr(options, "radius", 0))
+        self.kernels = int(getattr(options, "kernels", 0))
 
     # -- efficient hooks ---------------------------------------------------------------------------
     def score_bias(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
@@ -159,7 +157,7 @@ class PositionalMechanism(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return f"H={self.shape.num_heads}, d_h={self.shape.head_dim}, r={self.radius}"
+        return f"H={self.shape.num_heads}, d_h={self.shape.head_dim}, {self.options}"
 
 
 def reset_parameter(
@@ -176,21 +174,25 @@ def reset_parameter(
             param.add_(scale * torch.randn(param.shape, generator=generator))
 
 
-REGISTRY: dict[str, type[PositionalMechanism]] = {}
+REGISTRY: dict[str, type[PositionalMechanism]] = {}  # filled as the mechanism modules are imported
 
 
 def register(cls: type[PositionalMechanism]) -> type[PositionalMechanism]:
-    """Class decorator: add a mechanism to `REGISTRY` under its `name`."""
-    if not cls.name or cls.name in REGISTRY:
-        raise ValueError(f"mechanism name {cls.name!r} is empty or already registered")
+    """Class decorator: add a mechanism to `REGISTRY` under its `name`, which must be a `catalogue` entry
+    pointing at this class (the catalogue is the torch-free list of names, options and counts)."""
+    info = CATALOGUE.get(cls.name)
+    if info is None or cls.name in REGISTRY or (info.module, info.class_name) != (cls.__module__, cls.__name__):
+        raise ValueError(f"mechanism {cls.name!r} is not in posprobe.mechanisms.catalogue or already registered")
+    cls.info = info
+    cls.supports_fit = info.supports_fit
+    cls.summary = info.summary
     REGISTRY[cls.name] = cls
     return cls
 
 
 def get_mechanism(name: str) -> type[PositionalMechanism]:
-    if name not in REGISTRY:
-        raise PosprobeError(f"unknown mechanism '{name}'", f"choose one of: {', '.join(sorted(REGISTRY))}")
-    return REGISTRY[name]
+    """The torch class of mechanism `name` (imported on first use)."""
+    return mechanism_info(name).load()
 
 
 # -- shared index helpers (cached by size; tiny long tensors, never B x H x n x n) -----------------------

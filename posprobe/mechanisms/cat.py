@@ -14,16 +14,16 @@ from torch import nn
 
 from posprobe.mechanisms._sequence import depthwise_along_sequence, dirac, naive_filter, zero_padding
 from posprobe.mechanisms.base import ROLES, LayerShape, PositionalMechanism, register, reset_parameter
+from posprobe.mechanisms.catalogue import Options
 
 
 @register
 class ConvolutionAugmentedAttention(PositionalMechanism):
     name = "cat"
-    summary = "centred depthwise filters on the Q/K/V inputs (Dirac init), 3*d*(2r+1) per layer"
     transforms_inputs = True
 
-    def __init__(self, shape: LayerShape, *, radius: int = 8, kernels: int = 5):
-        super().__init__(shape, radius=radius, kernels=kernels)
+    def __init__(self, shape: LayerShape, options: Options | None = None):
+        super().__init__(shape, options)
         self.filters = nn.Parameter(torch.zeros(3, shape.input_size, 2 * self.radius + 1))
         self._pending: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None  # (input, unused outputs)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from posprobe.mechanisms.base import LayerShape, PositionalMechanism, register
+from posprobe.mechanisms.catalogue import Options
 from posprobe.mechanisms.dynamic import DynamicConvolution
 from posprobe.mechanisms.fixed import FixedConvolution
 
@@ -12,12 +13,11 @@ from posprobe.mechanisms.fixed import FixedConvolution
 @register
 class CompositeAttention(PositionalMechanism):
     name = "composite"
-    summary = "dynamic + fixed lightweight convolution (Eq. 6), (2r+1)*(d_h + H) per layer"
 
-    def __init__(self, shape: LayerShape, *, radius: int = 8, kernels: int = 5):
-        super().__init__(shape, radius=radius, kernels=kernels)
-        self.dynamic = DynamicConvolution(shape, radius=radius)
-        self.fixed = FixedConvolution(shape, radius=radius)
+    def __init__(self, shape: LayerShape, options: Options | None = None):
+        super().__init__(shape, options)
+        self.dynamic = DynamicConvolution(shape, self.options)
+        self.fixed = FixedConvolution(shape, self.options)
 
     def reset(self, init: str = "zero", generator: torch.Generator | None = None) -> None:
         self.dynamic.reset(init, generator)

@@ -15,16 +15,16 @@ from torch import nn
 
 from posprobe.mechanisms._sequence import depthwise_along_sequence, dirac, naive_filter, zero_padding
 from posprobe.mechanisms.base import ROLES, LayerShape, PositionalMechanism, register, reset_parameter
+from posprobe.mechanisms.catalogue import Options
 
 
 @register
 class ConvolutionalQKV(PositionalMechanism):
     name = "conv-qkv"
-    summary = "depthwise-separable convolutions replace Q/K/V projections in half the heads"
     transforms_projections = True
 
-    def __init__(self, shape: LayerShape, *, radius: int = 8, kernels: int = 5):
-        super().__init__(shape, radius=radius, kernels=kernels)
+    def __init__(self, shape: LayerShape, options: Options | None = None):
+        super().__init__(shape, options)
         d, self.m = shape.input_size, (shape.num_heads // 2) * shape.head_dim
         self.depthwise = nn.Parameter(torch.zeros(3, d, 2 * self.radius + 1))
         self.pointwise = nn.Parameter(torch.zeros(3, self.m, d))

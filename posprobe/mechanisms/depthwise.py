@@ -14,16 +14,16 @@ from torch import nn
 
 from posprobe.mechanisms._sequence import depthwise_channels_first
 from posprobe.mechanisms.base import LayerShape, PositionalMechanism, clip, register, reset_parameter
+from posprobe.mechanisms.catalogue import Options
 
 
 @register
 class DepthwiseConvolution(PositionalMechanism):
     name = "depthwise"
-    summary = "per-channel fixed convolution of values beta[clip(j-i), c], after softmax, (2r+1)*d per layer"
     has_output_term = True
 
-    def __init__(self, shape: LayerShape, *, radius: int = 8, kernels: int = 5):
-        super().__init__(shape, radius=radius, kernels=kernels)
+    def __init__(self, shape: LayerShape, options: Options | None = None):
+        super().__init__(shape, options)
         self.beta = nn.Parameter(torch.zeros(2 * self.radius + 1, shape.inner_size))
 
     def reset(self, init: str = "zero", generator: torch.Generator | None = None) -> None:

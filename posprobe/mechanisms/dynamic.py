@@ -18,13 +18,14 @@ from posprobe.mechanisms.base import (
     relative_to_absolute,
     reset_parameter,
 )
+from posprobe.mechanisms.catalogue import Options
 
 
 class RelativeTable(PositionalMechanism):
     """Shared base of the query- and key-based tables: one `(2r+1, d_h)` parameter `w`."""
 
-    def __init__(self, shape: LayerShape, *, radius: int = 8, kernels: int = 5):
-        super().__init__(shape, radius=radius, kernels=kernels)
+    def __init__(self, shape: LayerShape, options: Options | None = None):
+        super().__init__(shape, options)
         self.w = nn.Parameter(torch.zeros(2 * self.radius + 1, shape.head_dim))
 
     def reset(self, init: str = "zero", generator: torch.Generator | None = None) -> None:
@@ -34,7 +35,6 @@ class RelativeTable(PositionalMechanism):
 @register
 class DynamicConvolution(RelativeTable):
     name = "dynamic"
-    summary = "query-based relative keys q_i . w[clip(j-i)] / sqrt(d_h) (Shaw), (2r+1)*d_h per layer"
 
     def score_bias(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         rel = torch.matmul(query, self.w.t().to(query.dtype)) * query.shape[-1] ** -0.5  # (B, H, n_q, 2r+1)
@@ -48,7 +48,6 @@ class DynamicConvolution(RelativeTable):
 @register
 class KeyDynamicConvolution(RelativeTable):
     name = "key-dynamic"
-    summary = "key-based relative queries k_j . u[clip(i-j)] / sqrt(d_h), (2r+1)*d_h per layer"
 
     def score_bias(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         rel = torch.matmul(key, self.w.t().to(key.dtype)) * key.shape[-1] ** -0.5  # (B, H, n_k, 2r+1)

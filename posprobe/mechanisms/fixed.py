@@ -18,15 +18,15 @@ from posprobe.mechanisms.base import (
     reset_parameter,
     toeplitz,
 )
+from posprobe.mechanisms.catalogue import Options
 
 
 @register
 class FixedConvolution(PositionalMechanism):
     name = "fixed"
-    summary = "per-head scalar bias beta[h, clip(j-i)] (T5 style), H*(2r+1) per layer"
 
-    def __init__(self, shape: LayerShape, *, radius: int = 8, kernels: int = 5):
-        super().__init__(shape, radius=radius, kernels=kernels)
+    def __init__(self, shape: LayerShape, options: Options | None = None):
+        super().__init__(shape, options)
         self.beta = nn.Parameter(torch.zeros(shape.num_heads, 2 * self.radius + 1))
 
     def reset(self, init: str = "zero", generator: torch.Generator | None = None) -> None:

@@ -11,16 +11,16 @@ import torch
 from torch import nn
 
 from posprobe.mechanisms.base import LayerShape, PositionalMechanism, clip, clipped_index, register, reset_parameter
+from posprobe.mechanisms.catalogue import Options
 
 
 @register
 class ShawValues(PositionalMechanism):
     name = "shaw-values"
-    summary = "relative value embeddings a_V[clip(j-i)] weighted by attention, (2r+1)*d_h per layer"
     needs_probabilities = True
 
-    def __init__(self, shape: LayerShape, *, radius: int = 8, kernels: int = 5):
-        super().__init__(shape, radius=radius, kernels=kernels)
+    def __init__(self, shape: LayerShape, options: Options | None = None):
+        super().__init__(shape, options)
         self.a_v = nn.Parameter(torch.zeros(2 * self.radius + 1, shape.head_dim))
 
     def reset(self, init: str = "zero", generator: torch.Generator | None = None) -> None:

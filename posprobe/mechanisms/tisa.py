@@ -15,6 +15,7 @@ from torch import nn
 
 from posprobe.errors import PosprobeError
 from posprobe.mechanisms.base import LayerShape, PositionalMechanism, offset_range, register, toeplitz
+from posprobe.mechanisms.catalogue import Options
 
 
 def tisa_profile(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -28,11 +29,9 @@ def tisa_profile(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, k: torch.Ten
 @register
 class TISA(PositionalMechanism):
     name = "tisa"
-    summary = "Gaussian-kernel scoring function f(j-i) per head (S kernels, 3*S*H per layer)"
-    supports_fit = True
 
-    def __init__(self, shape: LayerShape, *, radius: int = 8, kernels: int = 5):
-        super().__init__(shape, radius=radius, kernels=kernels)
+    def __init__(self, shape: LayerShape, options: Options | None = None):
+        super().__init__(shape, options)
         H, S = shape.num_heads, self.kernels
         self.a = nn.Parameter(torch.zeros(H, S))
         self.b = nn.Parameter(torch.zeros(H, S))

@@ -6,12 +6,11 @@ The kernels file (``tisa_kernels_S{S}.safetensors``) holds tensors ``a``, ``b``,
 (L, H, S) and ``offset`` (L, H), float32, with L = the fitted layers in order, plus one metadata key
 ``posprobe`` whose value is a JSON object (model, mode, n_kernels, window, convention, layers,
 per-head r2, shared_layers, ...). The offset is the constant softmax ignores; it is *not* part of the
-kernels. ``load_tisa_kernels`` reads it back (used to initialise TISA in a retrofit).
+kernels. The format (save, load, validation) lives in `posprobe.kernels_file`.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -21,11 +20,15 @@ import numpy as np
 
 from posprobe.analysis.tisa_fit import TisaKernelFitter
 from posprobe.errors import PosprobeError
-
-KERNELS_FORMAT = "posprobe-tisa-kernels"
-KERNELS_VERSION = 1
-CONVENTION = "k = j - i"
-FUNCTION = "f(k) = sum_s a_s * exp(-|b_s| * (k - c_s)^2)"
+from posprobe.kernels_file import (  # noqa: F401  (the kernels-file format lives there; re-exported for callers)
+    CONVENTION,
+    FUNCTION,
+    KERNELS_FORMAT,
+    KERNELS_VERSION,
+    load_tisa_kernels,
+    read_kernels_file,
+    save_tisa_kernels,
+)
 
 
 @dataclass(frozen=True)
@@ -259,64 +262,6 @@ def write_fit(result: TisaFitResult, fit: TisaFit, out_dir: Path, fmt: str = "pn
     )
     path = save_figure(figure, Path(out_dir) / f"tisa_fit_S{fit.n_kernels}.{fmt}", dpi=110)
     return replace(fit, kernels_file=kernels_file, figure=path)
-
-
-def save_tisa_kernels(path: str | Path, fit: TisaFit, metadata: dict) -> Path:
-    """Write `a`, `b`, `c` (L, H, S), `offset` (L, H) as float32 safetensors, metadata as JSON under 'posprobe'."""
-    from safetensors.numpy import save_file
-
-    from posprobe.outputs import _json_default, atomic_write
-
-    tensors = {name: np.ascontiguousarray(getattr(fit, name), dtype=np.float32) for name in ("a", "b", "c", "offset")}
-    meta = {"posprobe": json.dumps(metadata, default=_json_default)}
-    return atomic_write(Path(path), lambda p: save_file(tensors, str(p), metadata=meta))
-
-
-def load_tisa_kernels(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
-    """Read a kernels file: (a, b, c) each (L, H, S) float32 and the metadata dict.
-
-    The metadata also carries ``offset`` (L, H) as an array when the file has it. Raises PosprobeError
-    on a missing or malformed file.
-    """
-    from safetensors import safe_open
-
-    path = Path(path)
-    hint = "pass a file written by `posprobe fit-tisa` (tisa_kernels_S*.safetensors)"
-    if not path.is_file():
-        raise PosprobeError(f"TISA kernels file '{path}' does not exist", hint)
-    try:
-        with safe_open(str(path), framework="numpy") as fh:
-            raw_meta = fh.metadata() or {}
-            arrays = {name: fh.get_tensor(name) for name in fh.keys()}
-    except Exception as err:  # safetensors raises its own error types for corrupt headers
-        raise PosprobeError(f"cannot read '{path}' as a safetensors file ({type(err).__name__}: {err})", hint) from err
-    if "posprobe" not in raw_meta:
-        raise PosprobeError(f"'{path}' has no posprobe metadata (not a TISA kernels file)", hint)
-    try:
-        metadata = json.loads(raw_meta["posprobe"])
-        if not isinstance(metadata, dict):
-            raise ValueError("metadata is not a JSON object")
-    except ValueError as err:
-        raise PosprobeError(f"the posprobe metadata in '{path}' is not valid JSON ({err})", hint) from err
-    missing = [n for n in ("a", "b", "c") if n not in arrays]
-    if missing:
-        raise PosprobeError(f"'{path}' lacks the tensor(s) {', '.join(missing)}", hint)
-    a, b, c = arrays["a"], arrays["b"], arrays["c"]
-    if a.ndim != 3 or a.shape != b.shape or a.shape != c.shape:
-        raise PosprobeError(
-            f"'{path}' has kernel tensors of shapes {a.shape}, {b.shape}, {c.shape}; "
-            "expected three equal (L, H, S) shapes",
-            hint,
-        )
-    if not all(np.all(np.isfinite(x)) for x in (a, b, c)):
-        raise PosprobeError(f"'{path}' holds NaN/inf kernel parameters", "refit with `posprobe fit-tisa`")
-    if "offset" in arrays:
-        if arrays["offset"].shape != a.shape[:2]:
-            raise PosprobeError(
-                f"'{path}' has an offset of shape {arrays['offset'].shape}, expected {a.shape[:2]}", hint
-            )
-        metadata["offset"] = arrays["offset"]
-    return a, b, c, metadata
 
 
 # -------------------------------------------------------------------------------------- internals

@@ -1,0 +1,280 @@
+"""What each positional mechanism is, without torch: name, summary, options, parameter count.
+
+This is the one list of mechanisms. The torch classes (one module each, next to this file) register against
+it (`base.register` refuses a class whose name is not here), `REGISTRY` is built from it, and the CLI's
+`--help`, `params`, `retrofit --json` and the validation of settings read it without importing torch.
+
+Each mechanism owns an options dataclass (its settings with their defaults and limits, checked on
+construction) and its parameter count per attention depth as a function of the layer shape and the
+options (SPEC §8; a model with L depths adds L times that: ALBERT's shared layer gets its own mechanism
+at every depth). A test checks every count against the parameters the torch module really creates.
+
+`check_settings(mechanism, radius=, kernels=, init=)` validates a whole retrofit request cheaply (a
+`fit:FILE` kernels file is read and validated, no model is loaded): `retrofit`, the CLI and `finetune` call it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from importlib import import_module
+
+from posprobe.errors import ArgumentValueError
+from posprobe.validation import as_choice, as_int
+
+DEFAULT_RADIUS = 8
+MAX_RADIUS = 4096
+DEFAULT_KERNELS = 5
+MAX_KERNELS = 256
+RADIUS_HINT = "the convolution paper uses {arg} 8 (kernel size 2r+1 = 17)"
+KERNELS_HINT = "the TISA paper uses {arg} 5"
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """Sizes of the attention layer a mechanism is installed in."""
+
+    num_heads: int  # H
+    head_dim: int  # d_h
+    input_size: int  # d, the width of the hidden states fed to the Q/K/V projections
+
+    @property
+    def inner_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+
+def check_radius(value) -> int:
+    """The clip radius r (kernel size 2r+1) of the relative and convolution mechanisms: 1..MAX_RADIUS."""
+    return as_int(value, "radius", minimum=1, maximum=MAX_RADIUS, hint=RADIUS_HINT)
+
+
+def check_kernels(value) -> int:
+    """TISA's number of Gaussian kernels per head S: 1..MAX_KERNELS."""
+    return as_int(value, "kernels", minimum=1, maximum=MAX_KERNELS, hint=KERNELS_HINT)
+
+
+@dataclass(frozen=True)
+class RadiusOptions:
+    """Options of the clipped relative / convolution mechanisms: offsets `kc = clip(j - i, -r, r)`."""
+
+    radius: int = DEFAULT_RADIUS
+
+    def __post_init__(self):
+        object.__setattr__(self, "radius", check_radius(self.radius))
+
+
+@dataclass(frozen=True)
+class TisaOptions:
+    """TISA: `kernels` S Gaussian kernels per head; `radius` only spreads the initial centres over [-r, r]."""
+
+    kernels: int = DEFAULT_KERNELS
+    radius: int = DEFAULT_RADIUS
+
+    def __post_init__(self):
+        object.__setattr__(self, "kernels", check_kernels(self.kernels))
+        object.__setattr__(self, "radius", check_radius(self.radius))
+
+
+Options = RadiusOptions | TisaOptions
+
+
+@dataclass(frozen=True)
+class MechanismInfo:
+    """One catalogue entry. `count(shape, options)` = parameters added at one attention depth; `formula`
+    says the same in SPEC notation; `module`/`class_name` locate the torch class (loaded on demand)."""
+
+    name: str
+    summary: str
+    options_class: type
+    count: Callable[[LayerShape, Options], int]
+    formula: str
+    module: str
+    class_name: str
+    supports_fit: bool = False  # can be initialised from a TISA kernels file (`--init fit[:FILE]`)
+
+    def options(self, **values) -> Options:
+        """This mechanism's options from keyword values (None = default; keys it does not use are ignored)."""
+        names = {f.name for f in fields(self.options_class)}
+        return self.options_class(**{k: v for k, v in values.items() if k in names and v is not None})
+
+    @property
+    def total_formula(self) -> str:
+        """`formula` for a whole model of L depths, e.g. 'L·H·(2r+1)'."""
+        return f"L·{self.formula}"
+
+    def parameters_per_depth(self, shape: LayerShape, options: Options | None = None) -> int:
+        return int(self.count(shape, options if options is not None else self.options_class()))
+
+    def load(self) -> type:
+        """The torch class (imports torch)."""
+        return getattr(import_module(self.module), self.class_name)
+
+
+def _w(o) -> int:
+    return 2 * o.radius + 1
+
+
+def _half(s: LayerShape) -> int:
+    return (s.num_heads // 2) * s.head_dim
+
+
+_ENTRIES = [
+    MechanismInfo(
+        "tisa",
+        "Gaussian-kernel scoring function f(j-i) per head (S kernels)",
+        TisaOptions,
+        lambda s, o: 3 * o.kernels * s.num_heads,
+        "3·S·H",
+        "posprobe.mechanisms.tisa",
+        "TISA",
+        supports_fit=True,
+    ),
+    MechanismInfo(
+        "fixed",
+        "per-head scalar bias beta[h, clip(j-i)] (T5 style, fixed lightweight convolution)",
+        RadiusOptions,
+        lambda s, o: s.num_heads * _w(o),
+        "H·(2r+1)",
+        "posprobe.mechanisms.fixed",
+        "FixedConvolution",
+    ),
+    MechanismInfo(
+        "dynamic",
+        "query-based relative keys q_i . w[clip(j-i)] / sqrt(d_h) (Shaw, dynamic lightweight convolution)",
+        RadiusOptions,
+        lambda s, o: _w(o) * s.head_dim,
+        "(2r+1)·d_h",
+        "posprobe.mechanisms.dynamic",
+        "DynamicConvolution",
+    ),
+    MechanismInfo(
+        "composite",
+        "dynamic + fixed lightweight convolution (composite attention, Eq. 6)",
+        RadiusOptions,
+        lambda s, o: _w(o) * (s.head_dim + s.num_heads),
+        "(2r+1)·(d_h + H)",
+        "posprobe.mechanisms.composite",
+        "CompositeAttention",
+    ),
+    MechanismInfo(
+        "key-dynamic",
+        "key-based relative queries k_j . u[clip(i-j)] / sqrt(d_h)",
+        RadiusOptions,
+        lambda s, o: _w(o) * s.head_dim,
+        "(2r+1)·d_h",
+        "posprobe.mechanisms.dynamic",
+        "KeyDynamicConvolution",
+    ),
+    MechanismInfo(
+        "shaw-values",
+        "relative value embeddings a_V[clip(j-i)] weighted by attention (Shaw)",
+        RadiusOptions,
+        lambda s, o: _w(o) * s.head_dim,
+        "(2r+1)·d_h",
+        "posprobe.mechanisms.shaw_values",
+        "ShawValues",
+    ),
+    MechanismInfo(
+        "depthwise",
+        "per-channel fixed convolution of the values beta[clip(j-i), c], added after softmax",
+        RadiusOptions,
+        lambda s, o: _w(o) * s.inner_size,
+        "(2r+1)·d",
+        "posprobe.mechanisms.depthwise",
+        "DepthwiseConvolution",
+    ),
+    MechanismInfo(
+        "conv-qkv",
+        "depthwise-separable convolutions replace the Q/K/V projections of half the heads",
+        RadiusOptions,
+        lambda s, o: 3 * (s.input_size * _w(o) + _half(s) * s.input_size + _half(s)),
+        "3·(d·(2r+1) + m·d + m), m = (H/2)·d_h",
+        "posprobe.mechanisms.conv_qkv",
+        "ConvolutionalQKV",
+    ),
+    MechanismInfo(
+        "cat",
+        "centred depthwise filters on the Q/K/V inputs (convolution-augmented attention, Dirac init)",
+        RadiusOptions,
+        lambda s, o: 3 * s.input_size * _w(o),
+        "3·d·(2r+1)",
+        "posprobe.mechanisms.cat",
+        "ConvolutionAugmentedAttention",
+    ),
+]
+
+CATALOGUE: dict[str, MechanismInfo] = {info.name: info for info in _ENTRIES}
+MECHANISM_NAMES: tuple[str, ...] = tuple(CATALOGUE)
+
+
+def mechanism_info(name) -> MechanismInfo:
+    """The catalogue entry of `name`; an unknown name is an `ArgumentValueError` naming `mechanism`."""
+    return CATALOGUE[as_choice(name, "mechanism", MECHANISM_NAMES)]
+
+
+def load_all() -> dict[str, type]:
+    """Import every torch class (registering it); returns name -> class in catalogue order."""
+    return {name: info.load() for name, info in CATALOGUE.items()}
+
+
+# ------------------------------------------------------------------------------- one validation of a request
+@dataclass(frozen=True)
+class MechanismSettings:
+    """A validated retrofit request: the mechanism, its options, the parsed init and (for ``fit:FILE``)
+    the validated kernels file (`posprobe.kernels_file.KernelsFile`)."""
+
+    mechanism: str
+    options: Options
+    init: object  # posprobe.kernels_file.InitSpec
+    kernels_file: object | None = None
+
+    @property
+    def info(self) -> MechanismInfo:
+        return CATALOGUE[self.mechanism]
+
+    @property
+    def radius(self) -> int:
+        return getattr(self.options, "radius", DEFAULT_RADIUS)
+
+    @property
+    def kernels(self) -> int:
+        return getattr(self.options, "kernels", DEFAULT_KERNELS)
+
+
+def check_settings(mechanism, *, radius=None, kernels=None, init="zero") -> MechanismSettings:
+    """Validate (mechanism, radius, kernels, init) completely, before any model is loaded.
+
+    radius / kernels: None = the default (8 / 5; with ``fit:FILE``, S is the file's). `kernels` set to a
+    different S than a ``fit:FILE`` holds is refused. ``fit`` / ``fit:FILE`` apply to TISA only. Options a
+    mechanism does not use are still checked (a bad value is a mistake either way) but otherwise ignored.
+    Errors are `ArgumentError`s naming `mechanism`, `radius`, `kernels` or `init`, or `PosprobeError`s
+    naming the kernels file.
+    """
+    from posprobe.kernels_file import parse_init, read_kernels_file
+
+    info = mechanism_info(mechanism)
+    if radius is not None:
+        radius = check_radius(radius)
+    if kernels is not None:
+        kernels = check_kernels(kernels)
+    spec = parse_init(init)
+    kernels_file = None
+    if spec.kind == "fit":
+        if not info.supports_fit:
+            raise ArgumentValueError(
+                "init",
+                f"{{arg}} {spec} only applies to TISA, not '{info.name}'",
+                "use {arg} zero or {arg} random, or the mechanism tisa",
+            )
+        if spec.path is not None:
+            kernels_file = read_kernels_file(spec.path)
+            if kernels is not None and kernels != kernels_file.n_kernels:
+                raise ArgumentValueError(
+                    "kernels",
+                    f"{{arg}} {kernels} differs from the S = {kernels_file.n_kernels} kernels per head "
+                    f"in '{spec.path}'",
+                    "leave {arg} out (S comes from the file), or pass a file fitted with that S",
+                )
+            kernels = kernels_file.n_kernels
+    options = info.options(radius=radius, kernels=kernels)
+    return MechanismSettings(info.name, options, spec, kernels_file)
