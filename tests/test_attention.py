@@ -302,6 +302,7 @@ def test_cli_json_contract_and_fit_tisa_reads_the_npz(tiny_bert_folder, texts_fi
         (["--text", "{texts}"], "--column"),
         (["--text", "{texts}", "--column", "sentence", "--max-length", "0"], "--max-length must be at least 2"),
         (["--text", "{texts}", "--column", "sentence", "--max-length", "100"], "--max-length 100 exceeds"),
+        (["--text", "{texts}", "--column", "sentence", "--device", "nonsense"], "unknown --device"),
     ],
 )
 def test_cli_bad_input_one_line_exit_2_nothing_written(tiny_bert_folder, texts_file, tmp_path, capsys, extra, message):

@@ -442,7 +442,7 @@ def attention_profiles(
             f"GiB of accumulators ({n_layers} layers x {n_heads} heads x n² float64)",
             "use a smaller --max-length",
         )
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = _device(device)
     net = net.to(device).eval()
     register_recording_attention()
     previous = net.config._attn_implementation
@@ -503,6 +503,22 @@ def attention_profiles(
         time.perf_counter() - started,
         text_source,
     )
+
+
+def _device(name: str | None):
+    import torch
+
+    from posprobe.errors import ArgumentValueError
+
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as err:
+        raise ArgumentValueError("device", f"unknown {{arg}} '{name}'", "use cpu, cuda or cuda:N") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ArgumentValueError("device", f"{{arg}} {name}: no CUDA device is available", "use {arg} cpu")
+    return device
 
 
 def _take(items: Iterable, count: int) -> Iterator:
