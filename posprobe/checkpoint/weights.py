@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 import math
-import struct
-from dataclasses import dataclass
+import pickle
 from pathlib import Path
 
 import numpy as np
 
+from posprobe.checkpoint.safetensors_format import CORRUPT_HINT as _CORRUPT_HINT
+from posprobe.checkpoint.safetensors_format import TensorEntry as _Entry
+from posprobe.checkpoint.safetensors_format import read_header as _read_header
 from posprobe.errors import PosprobeError
 
-_CORRUPT_HINT = "the file is damaged or incomplete; re-download or re-save the checkpoint"
 _DTYPES = {
     "F64": "<f8",
     "F32": "<f4",
@@ -28,19 +29,12 @@ _DTYPES = {
     "I32": "<i4",
     "I16": "<i2",
     "I8": "i1",
+    "U64": "<u8",
+    "U32": "<u4",
+    "U16": "<u2",
     "U8": "u1",
     "BOOL": "?",
-}
-_MAX_HEADER = 100 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class _Entry:
-    file: Path
-    dtype: str
-    shape: tuple[int, ...]
-    start: int  # absolute byte offset in the file
-    end: int
+}  # dtypes posprobe can turn into float64 (the format knows more, e.g. F8_E4M3: refused when read)
 
 
 class WeightReader:
@@ -64,19 +58,27 @@ class WeightReader:
     # -- index -------------------------------------------------------------------------------------
     def _index_safetensors(self) -> dict[str, _Entry]:
         index_files = sorted(self.folder.glob("*.safetensors.index.json"))
-        if index_files:
-            try:
-                files = sorted(set(json.loads(index_files[0].read_text())["weight_map"].values()))
-            except (ValueError, KeyError, TypeError, AttributeError) as err:
-                raise PosprobeError(f"'{index_files[0]}' is not a valid safetensors index", _CORRUPT_HINT) from err
-            paths = [self.folder / f for f in files]
+        weight_map = _read_index(index_files[0]) if index_files else None
+        if weight_map is not None:
+            paths = [self.folder / f for f in sorted(set(weight_map.values()))]
         else:
             paths = sorted(self.folder.glob("*.safetensors"))
         entries: dict[str, _Entry] = {}
         for path in paths:
             if not path.is_file():
                 raise PosprobeError(f"the safetensors index names '{path.name}', which is missing", _CORRUPT_HINT)
-            entries.update(_read_header(path))
+            for name, entry in _read_header(path).items():
+                if name in entries:
+                    raise PosprobeError(
+                        f"tensor '{name}' is stored twice, in '{entries[name].file.name}' and '{path.name}'",
+                        _CORRUPT_HINT,
+                    )
+                entries[name] = entry
+        for name, file in (weight_map or {}).items():
+            if name not in entries or entries[name].file.name != file:
+                raise PosprobeError(
+                    f"the safetensors index puts tensor '{name}' in '{file}', which does not hold it", _CORRUPT_HINT
+                )
         return entries
 
     def _load_pickle(self) -> dict:
@@ -88,10 +90,18 @@ class WeightReader:
                 f"'{self.folder}' holds sharded pickle weights, which posprobe does not read",
                 "convert the checkpoint to safetensors (load it and `save_pretrained` it)",
             )
-        try:
+        try:  # weights_only: the unpickler builds tensors and containers only and never calls other code
             state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except pickle.UnpicklingError as err:
+            from posprobe.checkpoint.loading import unpickling_refused
+
+            raise unpickling_refused(file, err) from err
         except Exception as err:
             raise PosprobeError(f"cannot read '{file}': {_short(err)}", _CORRUPT_HINT) from err
+        if not isinstance(state, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+        ):
+            raise PosprobeError(f"'{file}' does not hold a map of tensor names to tensors", _CORRUPT_HINT)
         self._pickle_state = state
         return state
 
@@ -111,7 +121,10 @@ class WeightReader:
         if key not in self._names:
             raise PosprobeError(f"checkpoint in '{self.folder}' has no tensor '{key}'", _CORRUPT_HINT)
         if self._pickle_state is not None:
-            return _finite(self._pickle_state[key].double().numpy(), key, self.folder)
+            tensor = self._pickle_state[key]
+            if tensor.is_complex() or tensor.dtype.itemsize == 1 and tensor.is_floating_point():
+                raise PosprobeError(f"tensor '{key}' has dtype {tensor.dtype}, which posprobe does not read")
+            return _finite(tensor.double().numpy(), key, self.folder)
         entry = self._entries[key]
         return _finite(_read_rows(entry, 0, entry.shape[0] if entry.shape else 1), key, entry.file)
 
@@ -121,51 +134,56 @@ class WeightReader:
             return self.get(key).mean(axis=0)
         entry = self._entries[key]
         rows, cols = entry.shape
+        if rows == 0:
+            raise PosprobeError(f"tensor '{key}' in '{entry.file}' has no rows", "the checkpoint is malformed")
         total = np.zeros(cols, dtype=np.float64)
         for start in range(0, rows, chunk_rows):
             total += _read_rows(entry, start, min(start + chunk_rows, rows)).sum(axis=0)
         return _finite(total / rows, key, entry.file)
 
 
-def _read_header(path: Path) -> dict[str, _Entry]:
-    """Parse and check a safetensors header: 8-byte little-endian length, then a JSON table of tensors."""
-    size = path.stat().st_size
-    try:
-        with open(path, "rb") as fh:
-            (length,) = struct.unpack("<Q", fh.read(8))
-            if not 2 <= length <= min(_MAX_HEADER, size - 8):
-                raise ValueError("header length out of range")
-            header = json.loads(fh.read(length))
-        entries = {}
-        data_start = 8 + length
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            dtype, shape, (start, end) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
-            if dtype not in _DTYPES:
-                raise ValueError(f"tensor '{name}' has unsupported dtype {dtype}")
-            if end - start != math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize or data_start + end > size:
-                raise ValueError(f"tensor '{name}' lies outside the file or has the wrong byte size")
-            entries[name] = _Entry(path, dtype, shape, data_start + start, data_start + end)
-        return entries
-    except (ValueError, KeyError, TypeError, struct.error, UnicodeDecodeError) as err:
-        raise PosprobeError(
-            f"cannot read '{path}': not a valid safetensors file ({_short(err)})", _CORRUPT_HINT
-        ) from err
-
-
 def _read_rows(entry: _Entry, start: int, stop: int) -> np.ndarray:
     """Rows start..stop-1 of a tensor (its first axis) as float64."""
+    if entry.dtype not in _DTYPES:
+        raise PosprobeError(
+            f"tensor in '{entry.file}' has dtype {entry.dtype}, which posprobe does not read",
+            f"re-save the checkpoint in one of {', '.join(_DTYPES)}",
+        )
     shape = entry.shape or (1,)
     row_items = math.prod(shape[1:])
     itemsize = np.dtype(_DTYPES[entry.dtype]).itemsize
-    with open(entry.file, "rb") as fh:
-        fh.seek(entry.start + start * row_items * itemsize)
-        raw = np.frombuffer(fh.read((stop - start) * row_items * itemsize), dtype=_DTYPES[entry.dtype])
+    want = (stop - start) * row_items * itemsize
+    try:
+        with open(entry.file, "rb") as fh:
+            fh.seek(entry.start + start * row_items * itemsize)
+            data = fh.read(want)
+    except OSError as err:
+        raise PosprobeError(f"cannot read '{entry.file}': {err.strerror or err}", _CORRUPT_HINT) from err
+    if len(data) != want:  # the file shrank after its header was checked
+        raise PosprobeError(f"'{entry.file}' ended before the tensor data did", _CORRUPT_HINT)
+    raw = np.frombuffer(data, dtype=_DTYPES[entry.dtype])
     if entry.dtype == "BF16":  # numpy has no bfloat16: widen the 16-bit words to float32 (exact)
         raw = (raw.astype(np.uint32) << 16).view(np.float32)
-    out = raw.astype(np.float64).reshape((stop - start, *shape[1:]))
+    try:
+        out = raw.astype(np.float64).reshape((stop - start, *shape[1:]))
+    except ValueError as err:  # e.g. a (0, 2**60) shape: valid in the format, beyond numpy's index range
+        raise PosprobeError(
+            f"a tensor in '{entry.file}' has shape {list(entry.shape)}, which numpy cannot hold", _CORRUPT_HINT
+        ) from err
     return out if entry.shape else out.reshape(())
+
+
+def _read_index(file: Path) -> dict[str, str]:
+    """`weight_map` of a sharded-safetensors index: tensor name -> shard file name in the same folder."""
+    try:
+        weight_map = json.loads(file.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise PosprobeError(f"'{file}' is not a valid safetensors index", _CORRUPT_HINT) from err
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(v, str) and v and Path(v).name == v and v not in (".", "..") for v in weight_map.values()
+    ):
+        raise PosprobeError(f"'{file}' is not a valid safetensors index (bad weight_map)", _CORRUPT_HINT)
+    return weight_map
 
 
 def _finite(array: np.ndarray, key: str, where) -> np.ndarray:
@@ -177,5 +195,6 @@ def _finite(array: np.ndarray, key: str, where) -> np.ndarray:
 
 
 def _short(err: Exception) -> str:
-    text = str(err).strip().splitlines()
-    return text[0][:200] if text else type(err).__name__
+    from posprobe.checkpoint.loading import first_line
+
+    return first_line(err, 200)

@@ -178,7 +178,7 @@ def params(
     from posprobe.checkpoint import resolve_model
     from posprobe.mechanisms.catalogue import CATALOGUE
 
-    source = resolve_model(model, allow_pickle=allow_pickle)
+    source = resolve_model(model, allow_pickle=allow_pickle, require_weights=False)  # reads config.json only
     counts = positional_parameter_counts(source.config, radius=radius)
     if json_out:
         emit_json({"model": source.name, **counts.to_json()})

@@ -1,0 +1,172 @@
+"""Checked reads of config.json: every field posprobe (or the model class it builds) relies on has the right type.
+
+`validate_config` runs once when a checkpoint is resolved, so every command refuses a malformed config with one
+line before any weights are read or any model is built. `config_int` / `config_float` are the accessors the
+rest of `posprobe.checkpoint` uses, so a field of the wrong type is a clean `PosprobeError`, never a TypeError.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+from posprobe.errors import PosprobeError
+
+# Families whose config fields posprobe reads (analyses) or relies on (retrofit): checked in depth.
+CHECKED_FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "albert", "electra", "distilbert", "gpt2")
+_HINT = "fix config.json or re-save the checkpoint with `save_pretrained`"
+# Sizes: whole numbers >= 1 wherever they appear (under any family's name for them).
+_SIZES = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+    "num_hidden_groups",
+    "inner_group_num",
+    "n_positions",
+    "n_ctx",
+    "n_embd",
+    "n_head",
+    "n_layer",
+    "dim",
+    "n_heads",
+    "n_layers",
+    "hidden_dim",
+)
+_COUNTS = ("type_vocab_size",)  # may be 0 (DeBERTa-v2 has no token types)
+_NULLABLE_SIZES = ("n_inner", "embedding_size")  # GPT-2: n_inner null means 4 * n_embd
+_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id")
+_EPSILONS = ("layer_norm_eps", "layer_norm_epsilon")
+_PROBABILITIES = (
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "classifier_dropout",
+    "classifier_dropout_prob",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "summary_first_dropout",
+    "dropout",
+    "attention_dropout",
+    "seq_classif_dropout",
+)
+_RESERVED_ROWS = ("roberta", "xlm-roberta", "camembert")  # position ids start at pad_token_id + 1
+# (heads, width) field pairs whose ratio is the head size.
+_HEAD_PAIRS = (("num_attention_heads", "hidden_size"), ("n_head", "n_embd"), ("n_heads", "dim"))
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _where(name: str) -> str:
+    return f"config.json of '{name}'"
+
+
+def config_int(config: dict, name: str, *keys: str, default=None, minimum: int | None = 1, nullable: bool = False):
+    """The first of `keys` present in `config` as an int >= `minimum` (`default` if none is present; None
+    accepted when `nullable`). `name` names the checkpoint in the error."""
+    for key in keys:
+        if key in config:
+            value = config[key]
+            if value is None and nullable:
+                return None
+            if not _whole(value) or (minimum is not None and value < minimum):
+                need = "a whole number" + (f" >= {minimum}" if minimum is not None else "")
+                if nullable:
+                    need += " or null"
+                raise PosprobeError(f"{_where(name)} has {key} = {value!r}, expected {need}", _HINT)
+            return value
+    if default is None and not nullable:
+        raise PosprobeError(f"{_where(name)} lacks {' / '.join(keys)}", _HINT)
+    return default
+
+
+def config_float(config: dict, name: str, *keys: str, default=None, positive: bool = False, maximum=None):
+    """The first of `keys` present as a finite float (`positive`: > 0; `maximum`: <= it); else `default`."""
+    for key in keys:
+        if key in config:
+            value = config[key]
+            ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+            ok = ok and (not positive or value > 0) and (maximum is None or value <= maximum)
+            if not ok:
+                need = "a positive number" if positive else "a number"
+                need += f" <= {maximum:g}" if maximum is not None else ""
+                raise PosprobeError(f"{_where(name)} has {key} = {value!r}, expected {need}", _HINT)
+            return float(value)
+    if default is None:
+        raise PosprobeError(f"{_where(name)} lacks {' / '.join(keys)}", _HINT)
+    return default
+
+
+def validate_config(config, name: str) -> dict:
+    """Check a parsed config.json; returns it unchanged.
+
+    Every config: a JSON object with a `model_type` that is a name (if any), string/list-typed fields of the
+    right type. Configs of the families posprobe reads or retrofits (`CHECKED_FAMILIES`) also get their
+    sizes, token ids, epsilons and dropout rates checked; other families use these names differently (lists
+    of per-stage heads, floats) and are left to transformers, whose errors `load_model` maps to one line.
+    """
+    if not isinstance(config, dict):
+        raise PosprobeError(f"{_where(name)} is not a JSON object", _HINT)
+    model_type = config.get("model_type")
+    if model_type is not None and (not isinstance(model_type, str) or not model_type):
+        raise PosprobeError(f"{_where(name)} has model_type = {model_type!r}, expected a name", _HINT)
+    _check_names(config, name)
+    if model_type in CHECKED_FAMILIES:
+        _check_sizes(config, name, model_type)
+    return config
+
+
+def _check_sizes(config: dict, name: str, model_type: str) -> None:
+    for key in _SIZES:
+        config_int(config, name, key, default=0)
+    for key in _COUNTS:
+        config_int(config, name, key, default=0, minimum=0)
+    for key in _NULLABLE_SIZES:
+        config_int(config, name, key, nullable=True)
+    for key in _TOKEN_IDS:  # some configs use -1 for "none" (old LLaMA): any whole number or null
+        value = config.get(key)
+        if isinstance(value, list) and key == "eos_token_id":  # generation configs may list several
+            for item in value:
+                config_int({key: item}, name, key, minimum=None)
+        else:
+            config_int(config, name, key, minimum=None, nullable=True)
+    for key in _EPSILONS:
+        config_float(config, name, key, default=0.0, positive=True)
+    for key in _PROBABILITIES:
+        if config.get(key) is not None:
+            config_float(config, name, key, default=0.0, maximum=1.0)
+            if config[key] < 0:
+                raise PosprobeError(f"{_where(name)} has {key} = {config[key]!r}, expected 0..1", _HINT)
+    for heads, width in _HEAD_PAIRS:
+        if heads in config and width in config and config[width] % config[heads]:
+            raise PosprobeError(
+                f"{_where(name)} has {width} = {config[width]} not divisible by {heads} = {config[heads]}", _HINT
+            )
+    reserved_pad = config.get("pad_token_id", 1)
+    if model_type in _RESERVED_ROWS and (reserved_pad is None or reserved_pad < 0):
+        raise PosprobeError(
+            f"{_where(name)} has pad_token_id = {reserved_pad!r}, but a {model_type} model reserves "
+            "pad_token_id + 1 leading rows of its position table (and needs it to number positions)",
+            "set pad_token_id in config.json (1 for RoBERTa, XLM-R and CamemBERT)",
+        )
+    vocab, pad = config.get("vocab_size"), config.get("pad_token_id")
+    if _whole(vocab) and _whole(pad) and not -vocab <= pad < vocab:
+        raise PosprobeError(f"{_where(name)} has pad_token_id = {pad} outside the vocabulary of {vocab}", _HINT)
+
+
+def _check_names(config: dict, name: str) -> None:
+    for key in ("position_embedding_type", "_name_or_path"):
+        if config.get(key) is not None and not isinstance(config[key], str):
+            raise PosprobeError(f"{_where(name)} has {key} = {config[key]!r}, expected a string", _HINT)
+    architectures = config.get("architectures")
+    if architectures is not None and not (
+        isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)
+    ):
+        raise PosprobeError(f"{_where(name)} has architectures = {architectures!r}, expected a list of names", _HINT)
+    recipe = config.get("posprobe")
+    if recipe is not None and not isinstance(recipe, dict):
+        raise PosprobeError(f"{_where(name)} has a 'posprobe' entry that is not an object", _HINT)
