@@ -75,7 +75,9 @@ def fit_kernels(args: argparse.Namespace, notes: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from posprobe.glue.train import FinetuneConfig, aggregate, finetune
+    from posprobe.glue.config import FinetuneConfig
+    from posprobe.glue.report import aggregate
+    from posprobe.glue.run import finetune
 
     args = parse_args(argv)
     command = "python benchmarks/bench_glue.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
@@ -104,11 +106,10 @@ def main(argv: list[str] | None = None) -> None:
                     max_eval_samples=args.max_eval_samples,
                     data_dir=args.data_dir,
                     resume=True,
-                    progress=False,
                 )
                 result = finetune(config, log=lambda msg: print(msg, file=sys.stderr, flush=True))
                 runs[(task, mech)].append(
-                    {"seed": seed, "metrics": result["metrics"][0], "seconds": result["seconds_per_seed"][0]}
+                    {"seed": seed, "metrics": result.metrics[0], "seconds": result.seconds_per_seed[0]}
                 )
                 write_report(args, command, started, notes, tisa_init, tasks, mechanisms, runs, aggregate)
 

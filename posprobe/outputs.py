@@ -1,11 +1,15 @@
 """Writing results: output folders checked before work starts, and every file written atomically.
 
 A file appears under its final name only once it is complete (write to a temporary sibling, then
-`os.replace`), so an interrupted or failed run never leaves a half-written file behind.
+`os.replace`), so an interrupted or failed run never leaves a half-written file behind. The CLI brackets
+each command with `begin_run()` / `discard_run()`: when a run fails, the files it wrote into folders it
+created are removed, and so are those folders, so a failed run leaves no (empty) output folder.
+A write that fails for lack of space or permission is one `PosprobeError`, never a raw `OSError`.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -18,11 +22,66 @@ from posprobe.errors import PosprobeError
 FIGURE_FORMATS = ("png", "pdf", "svg")
 
 
+class _RunLog:
+    """What the current CLI run created: folders (outermost first) and files, for `discard_run`."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.folders: list[Path] = []
+        self.files: list[Path] = []
+
+
+_RUN = _RunLog()
+
+
+def begin_run() -> None:
+    """Start recording the folders and files this run creates (the CLI calls it once per command)."""
+    _RUN.active, _RUN.folders, _RUN.files = True, [], []
+
+
+def discard_run() -> None:
+    """Undo a failed run: remove the files it wrote into folders it created, then those folders if empty.
+
+    Files written into folders that existed before the run are complete (atomic) and are kept."""
+    created = {folder.resolve() for folder in _RUN.folders}
+    for file in _RUN.files:
+        if any(parent in created for parent in file.resolve().parents):
+            file.unlink(missing_ok=True)
+    for folder in reversed(_RUN.folders):  # innermost first
+        try:
+            folder.rmdir()
+        except OSError:
+            pass  # not empty (someone else's files) or already gone
+    _RUN.active, _RUN.folders, _RUN.files = False, [], []
+
+
+def _make_dirs(path: Path) -> None:
+    """`mkdir -p path`, recording every folder it creates (outermost first) for `discard_run`."""
+    missing = [p for p in (path, *path.parents) if not p.exists()][::-1]
+    for folder in missing:
+        folder.mkdir(exist_ok=True)
+        if _RUN.active:
+            _RUN.folders.append(folder)
+
+
+def _write_error(path: Path, err: OSError) -> PosprobeError:
+    """One user-facing error for a failed write (full disk, no permission, read-only file system)."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = "free some disk space or choose another folder with --out"
+    else:
+        hint = "choose a writable folder with --out"
+    return PosprobeError(f"cannot write '{path}' ({err.strerror or err})", hint)
+
+
 def prepare_out_dir(out: str | Path) -> Path:
-    """Create `out` if needed and prove it is writable, before any expensive work starts."""
+    """Create `out` if needed and prove it is writable, before any expensive work starts.
+
+    Folders created here are recorded: if the run then fails, `discard_run` removes them again."""
     path = Path(out).expanduser()
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        if path.exists() and not path.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "it is a file, not a folder")
+        _make_dirs(path)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".posprobe-probe-"):
             pass
     except OSError as err:
@@ -33,18 +92,30 @@ def prepare_out_dir(out: str | Path) -> Path:
 
 
 def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call `write(tmp_path)` and move the result to `path` only if it succeeded."""
+    """Call `write(tmp_path)` and move the result to `path` only if it succeeded.
+
+    A missing parent folder is created (and recorded for `discard_run`). An `OSError` (e.g. ENOSPC, a
+    full disk) becomes a `PosprobeError`; either way no temporary or partial file is left behind."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path: Path | None = None
     try:
+        _make_dirs(path.parent)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+        os.close(fd)
+        tmp_path = Path(tmp)
         write(tmp_path)
         os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
         os.replace(tmp_path, path)
+    except OSError as err:
+        if tmp_path is not None:
+            tmp_path.unlink(missing_ok=True)
+        raise _write_error(path, err) from err
     except BaseException:
-        tmp_path.unlink(missing_ok=True)
+        if tmp_path is not None:
+            tmp_path.unlink(missing_ok=True)
         raise
+    if _RUN.active:
+        _RUN.files.append(path)
     return path
 
 
@@ -72,12 +143,9 @@ def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:  # keep in step 
 
 
 def save_mosaic(mosaic, path: str | Path) -> Path:
-    """Save a `plotting.Mosaic` atomically: PNG through Pillow, PDF/SVG through matplotlib."""
-    from posprobe import plotting
-
-    if Path(path).suffix == ".png":
-        return atomic_write(path, lambda p: plotting.render_mosaic_png(mosaic, p))
-    return save_figure(plotting.mosaic_figure(mosaic), path)
+    """Save a `plotting.Mosaic` atomically (its own `savefig`: PNG through Pillow, PDF/SVG through matplotlib)."""
+    fmt = Path(path).suffix.lstrip(".")
+    return atomic_write(path, lambda p: mosaic.savefig(p, format=fmt))
 
 
 def save_npz(path: str | Path, metadata: dict, **arrays) -> Path:
@@ -122,3 +190,26 @@ def _json_default(obj: Any):
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def save_tisa_fit(result, out_dir: str | Path, fmt: str = "png"):
+    """Write each fit of a `pipelines.fitting.TisaFitResult`: its kernels file and its figure, into `out_dir`.
+
+    Returns the result with `kernels_file` and `figure` set on every fit. File names carry S, and the
+    fitted layers when not all were fitted (`pipelines.fitting.kernels_file_name`)."""
+    from dataclasses import replace
+
+    from posprobe.pipelines import fitting
+    from posprobe.plotting_fit import fit_figure
+
+    if fmt not in FIGURE_FORMATS:
+        raise PosprobeError(f"unknown figure format '{fmt}'", f"use one of: {', '.join(FIGURE_FORMATS)}")
+    out = prepare_out_dir(out_dir)
+    fits = []
+    for fit in result.fits:
+        kernels = fitting.save_tisa_kernels(
+            out / fitting.kernels_file_name(result, fit), fit, fitting.kernels_metadata(result, fit)
+        )
+        figure = save_figure(fit_figure(result, fit), out / fitting.figure_file_name(result, fit, fmt))
+        fits.append(replace(fit, kernels_file=kernels, figure=figure))
+    return replace(result, fits=fits)

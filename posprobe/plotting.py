@@ -1,5 +1,8 @@
-"""Figures for the position analyses. Every function takes results and returns a matplotlib Figure;
-only the output layer saves them.
+"""Figures for the position analyses. Every function takes results and returns something a notebook
+displays and that saves as the CLI writes it: a matplotlib Figure (`fig.savefig(path)`), or for the F̂_P
+grid a `Mosaic` (`_repr_png_`, `.savefig(path)`, `.figure()`). Only the output layer writes files.
+
+Signed matrices (P, F̂_P) use a diverging colormap centred on 0 (blue < 0 < red) with a colorbar.
 
 matplotlib is imported lazily and without pyplot (no global figure state, no GUI backend). Matrices are
 coloured once into 8-bit RGBA, block-averaged to about the panel's pixel size first, which keeps memory and
@@ -20,7 +23,9 @@ FIGURE_DPI = 110  # the resolution posprobe.outputs.save_figure writes raster fi
 def _figure(width: float, height: float):
     from matplotlib.figure import Figure
 
-    return Figure(figsize=(width, height))  # fixed margins: a layout engine would cost a second draw
+    # dpi = what the CLI writes at, so `fig.savefig(path)` in a notebook gives the CLI's file.
+    # Fixed margins: a layout engine would cost a second draw.
+    return Figure(figsize=(width, height), dpi=FIGURE_DPI)
 
 
 def _grid(count: int) -> tuple[int, int]:
@@ -28,11 +33,23 @@ def _grid(count: int) -> tuple[int, int]:
     return math.ceil(count / cols), cols
 
 
-def _robust_limits(matrix: np.ndarray) -> tuple[float, float]:
-    """Colour limits at the 1st and 99th percentiles, so one outlying entry (often position 0) does not
-    wash out the whole image."""
-    lo, hi = np.percentile(matrix, [1, 99])
-    return (float(lo), float(hi)) if hi > lo else (float(matrix.min()), float(matrix.max()) + 1e-12)
+DIVERGING = "RdBu_r"  # signed matrices (P, F_hat_P): blue < 0 < red, white at 0
+
+
+def _r2_text(value, digits: int = 3) -> str:
+    """R^2 for a figure: None/NaN (constant matrix) reads "undefined"."""
+    return "undefined" if value is None or value != value else f"{float(value):.{digits}f}"
+
+
+def _symmetric_limit(*matrices: np.ndarray) -> float:
+    """Colour limit v for a diverging scale [-v, v] centred on 0: the 99th percentile of |entries| over all
+    `matrices` (so one outlying entry, often position 0, does not wash out the image); never 0."""
+    values = np.concatenate([np.abs(np.asarray(m, dtype=np.float64)).ravel() for m in matrices])
+    finite = values[np.isfinite(values)]
+    v = float(np.percentile(finite, 99)) if finite.size else 1.0
+    if not v > 0:
+        v = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    return v
 
 
 def _pool(matrix: np.ndarray, pixels: int = PANEL_PIXELS) -> np.ndarray:
@@ -45,38 +62,42 @@ def _pool(matrix: np.ndarray, pixels: int = PANEL_PIXELS) -> np.ndarray:
     return m.reshape(n // factor, factor, n // factor, factor).mean(axis=(1, 3))
 
 
-def _coloured(matrix: np.ndarray, cmap_name: str, pixels: int = PANEL_PIXELS):
-    """`matrix` pooled to about `pixels` wide and coloured with robust limits: (RGBA uint8, norm, cmap)."""
+def _coloured(matrix: np.ndarray, limit: float, pixels: int = PANEL_PIXELS, cmap_name: str = DIVERGING):
+    """`matrix` pooled to about `pixels` wide and coloured on [-limit, limit]: (RGBA uint8, norm, cmap)."""
     from matplotlib import colormaps
     from matplotlib.colors import Normalize
 
-    lo, hi = _robust_limits(matrix)
-    norm, cmap = Normalize(lo, hi), colormaps[cmap_name]
+    norm, cmap = Normalize(-limit, limit), colormaps[cmap_name]
     return cmap(norm(_pool(matrix, pixels).astype(np.float32)), bytes=True), norm, cmap
 
 
-def _matrix_panel(
-    fig, ax, matrix: np.ndarray, cmap_name: str, colorbar: bool = False, pixels: int = PANEL_PIXELS
-) -> None:
-    """Draw `matrix` (row i down, column j right) with robust colour limits."""
+def _matrix_panel(fig, ax, matrix: np.ndarray, limit: float, colorbar: bool = True, label: str = "") -> None:
+    """Draw a signed `matrix` (row i down, column j right) on a diverging scale [-limit, limit]."""
     from matplotlib.cm import ScalarMappable
 
-    rgba, norm, cmap = _coloured(matrix, cmap_name, pixels)
+    rgba, norm, cmap = _coloured(matrix, limit)
     n = matrix.shape[0]
     ax.imshow(rgba, interpolation="nearest", extent=(-0.5, n - 0.5, n - 0.5, -0.5))
     if colorbar:
-        fig.colorbar(ScalarMappable(norm, cmap), ax=ax, fraction=0.046, pad=0.04)
+        bar = fig.colorbar(ScalarMappable(norm, cmap), ax=ax, fraction=0.046, pad=0.04)
+        bar.ax.tick_params(labelsize=7)
+        if label:
+            bar.set_label(label, fontsize=8)
 
 
 def heatmap(result):
-    """P = E_P E_P^T as an image, title with the Toeplitz R^2 (whole and leading blocks)."""
-    fig = _figure(5.4, 4.8)
+    """P = E_P E_P^T as an image on a diverging scale centred on 0 with a colorbar; title with the Toeplitz
+    R^2 (whole and leading blocks). Returns a matplotlib Figure."""
+    fig = _figure(5.6, 4.8)
     ax = fig.add_subplot()
-    fig.subplots_adjust(left=0.12, right=0.86, top=0.88, bottom=0.1)
-    _matrix_panel(fig, ax, result.matrix, "Reds", colorbar=True, pixels=PANEL_PIXELS)
+    fig.subplots_adjust(left=0.13, right=0.86, top=0.86, bottom=0.1)
     kind = "cosine" if result.cosine else "inner product"
-    blocks = "".join(f", first {b}: {r:.3f}" for b, r in result.blocks.items())
-    ax.set_title(f"{result.model}\nP = E_P E_Pᵀ ({kind}); Toeplitz R² = {result.toeplitz_r2:.3f}{blocks}", fontsize=9)
+    limit = 1.0 if result.cosine else _symmetric_limit(result.matrix)
+    _matrix_panel(fig, ax, result.matrix, limit, label="cosine" if result.cosine else "⟨e_i, e_j⟩")
+    blocks = "".join(f", first {b}: {_r2_text(r)}" for b, r in result.blocks.items())
+    ax.set_title(
+        f"{result.model}\nP = E_P E_Pᵀ ({kind}); Toeplitz R² = {_r2_text(result.toeplitz_r2)}{blocks}", fontsize=9
+    )
     ax.set_xlabel("position j")
     ax.set_ylabel("position i")
     return fig
@@ -84,58 +105,133 @@ def heatmap(result):
 
 @dataclass(frozen=True)
 class Mosaic:
-    """A grid of coloured matrix panels as one RGBA image, with a title and one label per panel.
+    """A grid of coloured matrix panels as one RGBA image, with its texts: what `fhat_grid` returns.
 
-    `pixels` (height, width, 4) uint8; `labels` are (x, y, text) with (x, y) the pixel position of the
-    bottom centre of the text. Rendered to PNG by Pillow (fast: no axes, no resampling) or, for vector
-    formats, into a matplotlib Figure pixel for pixel.
+    `pixels` (height, width, 4) uint8; `labels` are (x, y, text, anchor, size): pixel position, Pillow
+    anchor ('mb' = middle-bottom, 'rm' = right-middle, ...) and font size in pixels; `title` is drawn
+    centred at the top. Displays in a notebook (`_repr_png_`) and saves with `savefig(path)` exactly as
+    the CLI writes it: PNG through Pillow (fast: no axes, no resampling), PDF/SVG through `figure()`.
     """
 
     pixels: np.ndarray
     title: str
-    labels: tuple[tuple[float, float, str], ...]
+    labels: tuple[tuple[float, float, str, str, int], ...]
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) in pixels."""
+        return self.pixels.shape[1], self.pixels.shape[0]
+
+    def image(self):
+        """The mosaic with its texts as a Pillow RGB image."""
+        return render_mosaic_image(self)
+
+    def _repr_png_(self) -> bytes:
+        import io
+
+        buffer = io.BytesIO()
+        self.image().save(buffer, format="PNG", compress_level=3)
+        return buffer.getvalue()
+
+    def figure(self, dpi: int = FIGURE_DPI):
+        """The mosaic as a matplotlib Figure (see `mosaic_figure`)."""
+        return mosaic_figure(self, dpi)
+
+    def savefig(self, path, format: str | None = None) -> None:  # noqa: A002 - matplotlib's name
+        """Write to `path` (png, pdf or svg, from `format` or the suffix), as `posprobe fhat` does."""
+        from pathlib import Path
+
+        fmt = (format or Path(path).suffix.lstrip(".") or "png").lower()
+        if fmt == "png":
+            self.image().save(path, format="PNG", compress_level=3)
+        else:
+            self.figure().savefig(path, format=fmt, dpi=FIGURE_DPI)
 
 
-def fhat_grid(result) -> Mosaic:
-    """One F_hat_P image per head of a layer (paper Fig. 8), R^2 in each label; each head keeps its own
-    robust colour scale. A dozen matplotlib axes would cost more to build and draw than the analysis."""
+def fhat_grid(result, scale: str = "shared") -> Mosaic:
+    """One F_hat_P image per head of a layer (paper Fig. 8) on a diverging scale centred on 0; R^2 in each
+    label. `scale='shared'` (default): one colour scale for every head, so heads can be compared, with one
+    colorbar; `'per-head'`: each head its own symmetric scale, its limit written in its label.
+
+    Axis labels (query i down, key j across, 0 and n-1) on the outer panels only. Returns a `Mosaic`
+    (displays in a notebook, `.savefig(path)`); a dozen matplotlib axes would cost more to build and
+    draw than the analysis."""
+    if scale not in ("shared", "per-head"):
+        raise ValueError(f"scale must be 'shared' or 'per-head', got {scale!r}")
+    from matplotlib import colormaps
+
     rows, cols = _grid(result.n_heads)
-    tiles = [_coloured(result.matrices[h], "viridis")[0] for h in range(result.n_heads)]
+    n = result.matrices.shape[-1]
+    shared = _symmetric_limit(*result.matrices) if scale == "shared" else None
+    limits = [shared if shared is not None else _symmetric_limit(m) for m in result.matrices]
+    tiles = [_coloured(result.matrices[h], limits[h])[0] for h in range(result.n_heads)]
     size = tiles[0].shape[0]
-    gap, top, header = 16, 22, 40  # pixels: between panels, above each panel (its label), above the grid
-    pixels = np.full((rows * (size + top) + gap + header, cols * (size + gap) + gap, 4), 255, dtype=np.uint8)
+    gap, top, header, left, bottom = 16, 22, 40, 64, 34  # pixels
+    bar_w = 100 if shared is not None else 0  # colorbar strip plus its tick labels
+    height = header + rows * (size + top) + bottom
+    width = left + cols * (size + gap) + bar_w
+    pixels = np.full((height, width, 4), 255, dtype=np.uint8)
     labels = []
     for h, tile in enumerate(tiles):
         r, c = divmod(h, cols)
-        y, x = header + r * (size + top) + top, c * (size + gap) + gap
+        y, x = header + r * (size + top) + top, left + c * (size + gap)
         pixels[y : y + size, x : x + size] = tile
-        labels.append((x + size / 2, y - 4, f"head {h}: R² = {result.toeplitz_r2[h]:.3f}"))
-    title = f"{result.model}: F̂_P, layer {result.layer}, {result.mode} mode (row i = query, column j = key)"
+        extra = f" (±{limits[h]:.3g})" if shared is None else ""
+        labels.append((x + size / 2, y - 4, f"head {h}: R² = {_r2_text(result.toeplitz_r2[h])}{extra}", "mb", 11))
+        if c == 0:  # left column: query axis
+            labels += [(x - 4, y, "0", "rt", 10), (x - 4, y + size, str(n - 1), "rb", 10)]
+            labels.append((x - 6, y + size / 2, "query i", "rm", 11))
+        if r == rows - 1 or h + cols >= result.n_heads:  # bottom of each column: key axis
+            labels += [(x, y + size + 3, "0", "lt", 10), (x + size, y + size + 3, str(n - 1), "rt", 10)]
+            labels.append((x + size / 2, y + size + 3, "key j", "mt", 11))
+    if shared is not None:
+        x0, y0 = left + cols * (size + gap) + 8, header + top
+        bar_h = rows * (size + top) - top
+        ramp = colormaps[DIVERGING](np.linspace(1, 0, bar_h), bytes=True)  # top = +limit
+        pixels[y0 : y0 + bar_h, x0 : x0 + 14] = ramp[:, None, :]
+        for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
+            value = shared * (1 - 2 * frac)
+            labels.append((x0 + 18, y0 + frac * (bar_h - 1), f"{value:+.3g}" if value else "0", "lm", 10))
+    scale_note = "one colour scale for all heads" if shared is not None else "each head its own colour scale"
+    title = f"{result.model}: F̂_P, layer {result.layer}, {result.mode} mode ({scale_note})"
     return Mosaic(pixels, title, tuple(labels))
 
 
-def render_mosaic_png(mosaic: Mosaic, path) -> None:
-    """PNG through Pillow, with matplotlib's DejaVu Sans for the text (Pillow's own font if absent)."""
+def render_mosaic_image(mosaic: Mosaic):
+    """The mosaic as a Pillow RGB image, texts in matplotlib's DejaVu Sans (Pillow's own font if absent)."""
     from PIL import Image, ImageDraw
 
     image = Image.fromarray(mosaic.pixels, "RGBA")
     draw = ImageDraw.Draw(image)
-    small, large = _font(11), _font(14)
-    for x, y, text in mosaic.labels:
-        draw.text((x, y), text, fill=(0, 0, 0, 255), font=small, anchor="mb")
-    draw.text((mosaic.pixels.shape[1] / 2, 10), mosaic.title, fill=(0, 0, 0, 255), font=large, anchor="mt")
-    image.convert("RGB").save(path, format="PNG", compress_level=3)
+    fonts: dict[int, object] = {}
+    for x, y, text, anchor, size in mosaic.labels:
+        font = fonts.setdefault(size, _font(size))
+        draw.text((x, y), text, fill=(0, 0, 0, 255), font=font, anchor=anchor)
+    draw.text((mosaic.pixels.shape[1] / 2, 10), mosaic.title, fill=(0, 0, 0, 255), font=_font(14), anchor="mt")
+    return image.convert("RGB")
+
+
+def render_mosaic_png(mosaic: Mosaic, path) -> None:
+    """Write the mosaic as PNG through Pillow."""
+    mosaic.savefig(path, format="png")
+
+
+_ANCHOR_H = {"l": "left", "m": "center", "r": "right"}
+_ANCHOR_V = {"t": "top", "m": "center", "b": "bottom"}
 
 
 def mosaic_figure(mosaic: Mosaic, dpi: int = FIGURE_DPI):
-    """The mosaic as a matplotlib Figure (for PDF/SVG), one image pixel per output pixel at `dpi`."""
+    """The mosaic as a matplotlib Figure (for PDF/SVG, or to add to): the image fills one Axes whose data
+    units are the mosaic's pixels, so texts stay on their panels at any savefig dpi."""
     height, width = mosaic.pixels.shape[:2]
     fig = _figure(width / dpi, height / dpi)
-    fig.set_dpi(dpi)
-    fig.figimage(mosaic.pixels, xo=0, yo=0, origin="upper")
-    for x, y, text in mosaic.labels:
-        fig.text(x / width, 1 - y / height, text, ha="center", va="bottom", fontsize=8)
-    fig.suptitle(mosaic.title, fontsize=10, y=1 - 10 / height, va="top")
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.imshow(mosaic.pixels, interpolation="nearest", extent=(0, width, height, 0))
+    ax.set_xlim(0, width), ax.set_ylim(height, 0), ax.set_axis_off()
+    points = 72 / dpi  # a font size in pixels at `dpi`, in points
+    for x, y, text, anchor, size in mosaic.labels:
+        ax.text(x, y, text, ha=_ANCHOR_H[anchor[0]], va=_ANCHOR_V[anchor[1]], fontsize=size * points)
+    ax.text(width / 2, 10, mosaic.title, ha="center", va="top", fontsize=14 * points)
     return fig
 
 
@@ -197,14 +293,17 @@ def profile_grid(result, layer_index: int = 0):
     return fig
 
 
-def compare_heatmaps(rows):
-    """Side-by-side P heatmaps of several models (paper Fig. 1)."""
-    fig = _figure(3.6 * len(rows), 3.9)
+def compare_heatmaps(rows, labels: list[str] | None = None):
+    """Side-by-side P heatmaps of several models (paper Fig. 1), one panel per model (no blank panel),
+    titled with the model's label (`labels`, default each row's `model`), each with its own colorbar:
+    inner products of different models are on different scales. Returns a matplotlib Figure."""
+    labels = list(labels) if labels is not None else [row.model for row in rows]
+    fig = _figure(4.2 * len(rows), 4.1)
     axes = fig.subplots(
-        1, len(rows), squeeze=False, gridspec_kw=dict(left=0.02, right=0.98, bottom=0.02, top=0.85, wspace=0.08)
+        1, len(rows), squeeze=False, gridspec_kw=dict(left=0.02, right=0.92, bottom=0.04, top=0.84, wspace=0.35)
     )
-    for row, ax in zip(rows, axes.flat):
-        _matrix_panel(fig, ax, row.matrix, "Reds")
-        ax.set_title(f"{row.model}\nR² = {row.toeplitz_r2:.3f}", fontsize=9)
+    for row, label, ax in zip(rows, labels, axes.flat):
+        _matrix_panel(fig, ax, row.matrix, _symmetric_limit(row.matrix))
+        ax.set_title(f"{label}\nR² = {_r2_text(row.toeplitz_r2)}", fontsize=9)
         ax.set_xticks([]), ax.set_yticks([])
     return fig

@@ -1,12 +1,40 @@
 """Figures for TISA fits (paper Fig. 6 style): each head's profile (dots) against its fitted scoring
-function (line, offset added back) over the fit window, k = j - i on the x axis, R^2 in each title.
+function (offset added back), k = j - i on the x axis, R^2 in each panel's title.
 
-matplotlib is imported inside the functions (Agg backend), so importing this module stays light.
+Profiles exist only at integer k, so the fitted function is evaluated at the same integer k and drawn
+through those points (markers joined by straight segments): no curve is drawn between integers, where a
+narrow kernel would show a needle that the model never uses.
+
+Speed: a grid of hundreds of matplotlib Axes costs seconds per hundred panels to build and draw (and
+shared axes make it quadratic). All panels are therefore drawn in *one* Axes, each into its own box:
+one line artist for all profiles, one for all fits, one collection for frames and zero lines, and a few
+texts per panel. Each panel has its own vertical scale; its top and bottom values are written at its
+left edge. matplotlib is imported inside the functions (no pyplot), so importing this module stays light.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+PANEL_WIDTH, PANEL_HEIGHT = 1.55, 1.25  # inches per panel (including its title and gaps)
+
+
+def fit_figure(result, fit):
+    """The figure of one fit (`TisaFit`) of a `TisaFitResult`; a matplotlib Figure."""
+    title = f"TISA fit, S={fit.n_kernels} — {result.model} ({result.mode} mode, |k| ≤ {result.window})"
+    return tisa_fit_grid(
+        result.offsets,
+        result.profiles,
+        fit.a,
+        fit.b,
+        fit.c,
+        fit.offset,
+        fit.r2,
+        result.layers,
+        result.window,
+        title,
+        result.shared_layers,
+    )
 
 
 def tisa_fit_grid(
@@ -22,13 +50,16 @@ def tisa_fit_grid(
     title: str = "",
     shared_layers: bool = False,
 ):
-    """One panel per head, one row of panels per layer.
+    """One panel per head, one row of panels per layer; returns a matplotlib Figure.
 
     `offsets` (K,) integer k = j - i increasing; `profiles` (L, H, K); `a`, `b`, `c` (L, H, S);
     `offset`, `r2` (L, H); `layers` (L,) layer indices for the row labels; `window` the half-width W
     of the plotted range k = -W..W. With `shared_layers` (ALBERT) only the first row is drawn, since
-    every depth has the same fit. Returns a matplotlib Figure.
+    every depth has the same fit.
     """
+    from matplotlib.collections import LineCollection
+    from matplotlib.lines import Line2D
+
     from posprobe.analysis.tisa_fit import tisa_function
     from posprobe.plotting import _figure
 
@@ -37,27 +68,64 @@ def tisa_fit_grid(
     n_rows = 1 if shared_layers else profiles.shape[0]
     n_heads = profiles.shape[1]
     keep = np.abs(offsets) <= window
-    k = offsets[keep]
-    fine = np.linspace(-window, window, 20 * window + 1)
-    height = 1.7 * n_rows + 0.8
-    fig = _figure(1.9 * n_heads, height)
-    axes = fig.subplots(n_rows, n_heads, squeeze=False, sharex=True)
+    k = offsets[keep].astype(np.float64)  # integer offsets of the window
+    data = profiles[:n_rows][:, :, keep]  # (R, H, K_w)
+    fitted = tisa_function(k, a[:n_rows], b[:n_rows], c[:n_rows]) + np.asarray(offset)[:n_rows, :, None]
+
+    left, right, bottom, header = 0.55, 0.1, 0.45, 0.75  # inches around the grid
+    width = left + right + PANEL_WIDTH * n_heads
+    height = bottom + header + PANEL_HEIGHT * n_rows
+    fig = _figure(width, height)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, width), ax.set_ylim(0, height), ax.set_axis_off()  # data units are inches
+
+    # Panel boxes in inches: plot area inside each cell, leaving room for the title and the scale.
+    pad_l, pad_r, pad_b, pad_t = 0.36, 0.06, 0.12, 0.24
+    box_w, box_h = PANEL_WIDTH - pad_l - pad_r, PANEL_HEIGHT - pad_b - pad_t
+    x0 = left + PANEL_WIDTH * np.arange(n_heads) + pad_l  # (H,)
+    y0 = bottom + PANEL_HEIGHT * (n_rows - 1 - np.arange(n_rows)) + pad_b  # (R,) first layer on top
+    lo = np.minimum(data.min(axis=2), fitted.min(axis=2))  # (R, H)
+    hi = np.maximum(data.max(axis=2), fitted.max(axis=2))
+    span = np.where(hi > lo, hi - lo, 1.0)
+    lo, hi = lo - 0.08 * span, hi + 0.08 * span
+    xs = x0[None, :, None] + (k + window) / (2 * window) * box_w  # (1, H, K_w)
+    to_y = lambda v: y0[:, None, None] + (v - lo[..., None]) / (hi - lo)[..., None] * box_h  # noqa: E731
+
+    def with_breaks(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(R, H, K) points as one polyline with NaN breaks between panels."""
+        x = np.broadcast_to(x, y.shape)
+        nan = np.full(y.shape[:-1] + (1,), np.nan)
+        return np.concatenate([x, nan], -1).ravel(), np.concatenate([y, nan], -1).ravel()
+
+    fx, fy = with_breaks(xs, to_y(fitted))
+    ax.add_line(Line2D(fx, fy, color="tab:red", lw=1.0, marker="_", ms=3, label="TISA fit (at integer k)"))
+    px, py = with_breaks(xs, to_y(data))
+    ax.add_line(Line2D(px, py, color="tab:blue", ls="none", marker=".", ms=3, label="profile"))
+
+    gx, gy = np.meshgrid(x0, y0)  # (R, H) lower-left corners
+    frames = [
+        [(x, y), (x + box_w, y), (x + box_w, y + box_h), (x, y + box_h), (x, y)] for x, y in zip(gx.ravel(), gy.ravel())
+    ]
+    zero_x = gx.ravel() + box_w / 2
+    zeros = [[(x, y), (x, y + box_h)] for x, y in zip(zero_x, gy.ravel())]
+    ax.add_collection(LineCollection(zeros, colors="0.85", linewidths=0.6, zorder=0))
+    ax.add_collection(LineCollection(frames, colors="0.4", linewidths=0.5))
+
     for row in range(n_rows):
-        curves = tisa_function(fine, a[row], b[row], c[row]) + offset[row][:, None]  # (H, F)
         for h in range(n_heads):
-            ax = axes[row, h]
-            ax.plot(k, profiles[row, h, keep], ".", ms=3, color="tab:blue", label="profile")
-            ax.plot(fine, curves[h], "-", lw=1.2, color="tab:red", label="TISA fit")
-            ax.axvline(0, color="0.8", lw=0.6, zorder=0)
-            ax.set_title(f"L{layers[row]} H{h}  R²={r2[row, h]:.3f}", fontsize=7)
-            ax.tick_params(labelsize=6)
-            if row == n_rows - 1:
-                ax.set_xlabel("k = j − i", fontsize=7)
-    axes[0, 0].legend(fontsize=6, loc="best", frameon=False)
+            x, y = x0[h], y0[row]
+            ax.text(x + box_w / 2, y + box_h + 0.04, f"L{layers[row]} H{h}  R²={r2[row, h]:.3f}", fontsize=6.5,
+                    ha="center", va="bottom")  # fmt: skip
+            ax.text(x - 0.03, y + box_h, f"{hi[row, h]:.2g}", fontsize=5, ha="right", va="top", color="0.3")
+            ax.text(x - 0.03, y, f"{lo[row, h]:.2g}", fontsize=5, ha="right", va="bottom", color="0.3")
+    for h in range(n_heads):  # k ticks under the bottom row only
+        for kk, ha in ((-window, "left"), (0, "center"), (window, "right")):
+            ax.text(x0[h] + (kk + window) / (2 * window) * box_w, y0[-1] - 0.03, f"{kk:+d}" if kk else "0",
+                    fontsize=5.5, ha=ha, va="top")  # fmt: skip
+    ax.text(width / 2, 0.08, "k = j − i (positive = later key)", fontsize=8, ha="center", va="bottom")
     note = " (one shared layer, replicated at every depth)" if shared_layers else ""
-    fig.suptitle((title or "TISA fit") + note, fontsize=9, y=1 - 0.08 / height, va="top")
-    # fixed margins: tight_layout costs seconds on a 12 x 12 grid
-    fig.subplots_adjust(
-        left=0.04, right=0.99, bottom=0.3 / height + 0.03, top=1 - 0.7 / height, wspace=0.35, hspace=0.45
-    )
+    ax.text(width / 2, height - 0.12, (title or "TISA fit") + note, fontsize=9, ha="center", va="top")
+    ax.legend(loc="upper left", bbox_to_anchor=(0.1 / width, 1 - 0.3 / height), fontsize=6.5, frameon=False, ncol=2)
+    ax.text(width - 0.1, height - 0.42, "each panel has its own vertical scale (top and bottom values at its left)",
+            fontsize=6, ha="right", va="top", color="0.3")  # fmt: skip
     return fig

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from posprobe.cli import app, main
 from posprobe.errors import PosprobeError
+from posprobe.outputs import save_tisa_fit
 from posprobe.pipelines.fitting import ProfileSet, fit_tisa, load_tisa_kernels
 
 runner = CliRunner()
@@ -39,7 +40,7 @@ def synthetic(n_layers=2, n_heads=3, n=24, shared=False, flat_head=None) -> Prof
 
 # ---------------------------------------------------------------------------------------- pipeline
 def test_kernels_file_round_trip_and_metadata(tmp_path):
-    result = fit_tisa(None, kernels=3, profiles=synthetic(flat_head=1), out_dir=tmp_path, fmt="svg")
+    result = save_tisa_fit(fit_tisa(None, kernels=3, profiles=synthetic(flat_head=1)), tmp_path, "svg")
     fit = result.fits[0]
     assert fit.kernels_file == tmp_path / "tisa_kernels_S3.safetensors" and fit.kernels_file.is_file()
     assert fit.figure == tmp_path / "tisa_fit_S3.svg" and fit.figure.is_file()
@@ -58,7 +59,7 @@ def test_kernels_file_round_trip_and_metadata(tmp_path):
 
 
 def test_sweep_writes_one_file_per_s(tmp_path):
-    result = fit_tisa(None, kernels=[1, 3, 5], window=8, profiles=synthetic(), out_dir=tmp_path)
+    result = save_tisa_fit(fit_tisa(None, kernels=[1, 3, 5], window=8, profiles=synthetic()), tmp_path)
     assert [f.n_kernels for f in result.fits] == [1, 3, 5] and result.window == 8
     for s in (1, 3, 5):
         a, _, _, meta = load_tisa_kernels(tmp_path / f"tisa_kernels_S{s}.safetensors")
@@ -71,7 +72,7 @@ def test_sweep_writes_one_file_per_s(tmp_path):
 
 
 def test_shared_layers_fit_once_and_replicate(tmp_path):
-    result = fit_tisa(None, kernels=2, profiles=synthetic(n_layers=4, shared=True), out_dir=tmp_path)
+    result = save_tisa_fit(fit_tisa(None, kernels=2, profiles=synthetic(n_layers=4, shared=True)), tmp_path)
     a, b, c, meta = load_tisa_kernels(result.fits[0].kernels_file)
     assert a.shape == (4, 3, 2) and meta["shared_layers"] is True
     for layer in range(1, 4):
@@ -126,7 +127,7 @@ def test_pipeline_bad_input(tmp_path):
     with pytest.raises(PosprobeError, match="larger than"):
         fit_tisa(None, kernels=1, window=500, profiles=data)
     with pytest.raises(PosprobeError, match="format"):
-        fit_tisa(None, kernels=1, profiles=data, out_dir=tmp_path, fmt="gif")
+        save_tisa_fit(fit_tisa(None, kernels=1, profiles=data), tmp_path, "gif")
     bad = synthetic()
     bad.profiles[0, 0, 3] = np.nan
     with pytest.raises(PosprobeError, match="NaN"):
@@ -215,3 +216,39 @@ def test_cli_module_import_is_light():
         "bad = [m for m in ('torch', 'transformers', 'matplotlib') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_progress_chunks_give_the_same_fit():
+    """With a progress callback the heads are fitted in chunks; each head's fit is independent of its
+    batch, so the numbers are identical, and progress reaches the total."""
+    data = synthetic(n_layers=4, n_heads=5)
+    calls = []
+    chunked = fit_tisa(None, kernels=[2, 3], profiles=data, progress=lambda *a: calls.append(a))
+    whole = fit_tisa(None, kernels=[2, 3], profiles=data)
+    for f, g in zip(chunked.fits, whole.fits):
+        for name in ("a", "b", "c", "offset", "r2"):
+            np.testing.assert_array_equal(getattr(f, name), getattr(g, name))
+        assert f.flags == g.flags
+    assert ("S = 3", 20, 20) in calls and len({c for c in calls if c[0] == "S = 2"}) > 2
+
+
+def test_too_many_kernels_for_the_window_refused_before_work():
+    data = synthetic()
+    with pytest.raises(PosprobeError, match="kernels 11 needs 34 profile points"):
+        fit_tisa(None, kernels=[1, 11], profiles=data)  # default window 16: 33 points
+    with pytest.raises(PosprobeError, match="window k = -2..2 has 5"):
+        fit_tisa(None, kernels=2, window=2, profiles=data)  # 7 parameters, 5 points
+    assert fit_tisa(None, kernels=1, window=2, profiles=data).window == 2  # 4 parameters, 5 points
+
+
+def test_partial_fit_never_replaces_a_full_fit(tiny_checkpoints, tmp_path):
+    folder = str(tiny_checkpoints["bert"])
+    full = run_json(["fit-tisa", folder, "--kernels", "2", "--out", str(tmp_path), "--json"])
+    before = (tmp_path / "tisa_kernels_S2.safetensors").read_bytes()
+    part = run_json(["fit-tisa", folder, "--kernels", "2", "--layers", "1", "--out", str(tmp_path), "--json"])
+    assert full["kernels_file"].endswith("tisa_kernels_S2.safetensors")
+    assert part["kernels_file"].endswith("tisa_kernels_S2_layers1.safetensors")
+    assert part["figure"].endswith("tisa_fit_S2_layers1.png")
+    assert (tmp_path / "tisa_kernels_S2.safetensors").read_bytes() == before
+    a, _, _, meta = load_tisa_kernels(part["kernels_file"])
+    assert a.shape == (1, 4, 2) and meta["layers"] == [1]

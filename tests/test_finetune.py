@@ -81,7 +81,7 @@ def sst2_dir(tmp_path_factory) -> Path:
 
 
 def _config(model: Path, data: Path, out: Path, **overrides):
-    from posprobe.glue.train import FinetuneConfig
+    from posprobe.glue.config import FinetuneConfig
 
     settings = dict(
         task="sst2",
@@ -93,7 +93,6 @@ def _config(model: Path, data: Path, out: Path, **overrides):
         warmup=0.0,
         batch_size=8,
         seeds=[0],
-        progress=False,
     )
     settings.update(overrides)
     return FinetuneConfig(**settings)
@@ -127,6 +126,7 @@ def _run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
 # end to end
 
 
+@pytest.mark.slow  # 2 seeds x 6 epochs to show the task is learned; the quick default-tier runs cover the contract
 def test_cli_finetune_json_results_and_evaluate(tiny_model, sst2_dir, tmp_path, capsys):
     out = tmp_path / "run"
     code, stdout, stderr = _run_cli(
@@ -180,7 +180,7 @@ def test_cli_finetune_json_results_and_evaluate(tiny_model, sst2_dir, tmp_path, 
 
 
 def test_pair_regression_from_tsv(tiny_model, tmp_path):
-    from posprobe.glue.train import finetune
+    from posprobe.glue import finetune
 
     header = [
         "index",
@@ -204,14 +204,14 @@ def test_pair_regression_from_tsv(tiny_model, tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join("\t".join(x) + "\n" for x in lines))
     result = finetune(_config(tiny_model, tmp_path / "glue", tmp_path / "run", task="stsb", max_steps=3))
-    assert set(result["metrics"][0]) == {"pearson", "spearman"}
-    assert all(v is None or -1.0 <= v <= 1.0 for v in result["metrics"][0].values())
+    assert set(result.metrics[0]) == {"pearson", "spearman"}
+    assert all(v is None or -1.0 <= v <= 1.0 for v in result.metrics[0].values())
     meta = json.loads((tmp_path / "run" / "seed-0" / "model" / "posprobe_glue.json").read_text())
     assert meta["task"] == "stsb" and meta["mechanism"] == "none"
 
 
 def test_mnli_reports_matched_and_mismatched(tiny_model, tmp_path):
-    from posprobe.glue.train import evaluate, finetune
+    from posprobe.glue import evaluate, finetune
 
     rng = random.Random(2)
     for split, n in (("train", 16), ("validation_matched", 9), ("validation_mismatched", 7)):
@@ -223,9 +223,9 @@ def test_mnli_reports_matched_and_mismatched(tiny_model, tmp_path):
             ],
         )
     result = finetune(_config(tiny_model, tmp_path / "glue", tmp_path / "run", task="mnli", max_steps=2))
-    assert set(result["metrics"][0]) == {"accuracy", "accuracy_mismatched"}
+    assert set(result.metrics[0]) == {"accuracy", "accuracy_mismatched"}
     again = evaluate(tmp_path / "run" / "seed-0" / "model", "mnli", tmp_path / "glue")
-    assert again["metrics"][0] == pytest.approx(result["metrics"][0])
+    assert again["metrics"][0] == pytest.approx(result.metrics[0])
     with pytest.raises(PosprobeError, match="has 3 output"):
         (tmp_path / "glue" / "sst2").mkdir()
         _write_jsonl(tmp_path / "glue" / "sst2" / "validation.jsonl", [{"sentence": "good", "label": 1}])
@@ -242,7 +242,7 @@ def test_resume_after_kill_matches_uninterrupted(tiny_model, sst2_dir, tmp_path,
     """Kill training after step 5 (last checkpoint: step 4), resume, and land on the same weights and metrics."""
     from transformers import TrainerCallback
 
-    from posprobe.glue.train import finetune
+    from posprobe.glue import finetune
 
     class Kill(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -262,11 +262,11 @@ def test_resume_after_kill_matches_uninterrupted(tiny_model, sst2_dir, tmp_path,
         finetune(_config(tiny_model, sst2_dir, tmp_path / "killed", save_steps=4, lr=1e-3, resume=True, **extra))
 
     resumed = finetune(_config(tiny_model, sst2_dir, tmp_path / "killed", save_steps=4, resume=True, **extra))
-    assert resumed["metrics"] == full["metrics"]
+    assert resumed.metrics == full.metrics
     assert _max_weight_diff(tmp_path / "full" / "seed-0" / "model", tmp_path / "killed" / "seed-0" / "model") <= 1e-6
     # resuming a finished run reuses its metrics instead of training again
     again = finetune(_config(tiny_model, sst2_dir, tmp_path / "killed", save_steps=4, resume=True, **extra))
-    assert again["metrics"] == full["metrics"]
+    assert again.metrics == full.metrics
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -282,7 +282,7 @@ def test_two_processes_match_one_process(tiny_model, sst2_dir, tmp_path):
     global batch) and the tiny model has no dropout, so the only difference is float summation order:
     two half-batch mean gradients all-reduced vs one full-batch mean.
     """
-    from posprobe.glue.train import finetune
+    from posprobe.glue import finetune
 
     one = finetune(_config(tiny_model, sst2_dir, tmp_path / "one", epochs=3, warmup=0.1))  # the CLI's warm-up
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -319,7 +319,7 @@ def test_two_processes_match_one_process(tiny_model, sst2_dir, tmp_path):
     assert len(lines) == 1, proc.stdout  # only rank 0 prints the JSON object
     two = json.loads(lines[0])
     assert two["world_size"] == 2
-    for name, value in one["metrics"][0].items():
+    for name, value in one.metrics[0].items():
         assert abs(two["metrics"][0][name] - value) <= 1 / 32 + 1e-9
     assert _max_weight_diff(tmp_path / "one" / "seed-0" / "model", tmp_path / "two" / "seed-0" / "model") <= 1e-4
 
@@ -335,22 +335,22 @@ def test_cli_bad_task_lists_valid_names(capsys):
 
 
 def test_unknown_mechanism_and_bad_init(tiny_model, sst2_dir, tmp_path):
-    from posprobe.glue.train import finetune
-
+    """Refused when the config is built: nothing is loaded and no folder is made."""
     with pytest.raises(PosprobeError, match="unknown mechanism 'nope'"):
-        finetune(_config(tiny_model, sst2_dir, tmp_path / "a", mechanism="nope"))
-    with pytest.raises(PosprobeError, match="applies to --mechanism tisa only"):
-        finetune(_config(tiny_model, sst2_dir, tmp_path / "b", mechanism="composite", init="fit"))
+        _config(tiny_model, sst2_dir, tmp_path / "a", mechanism="nope")
+    with pytest.raises(PosprobeError, match="init fit only applies to TISA"):
+        _config(tiny_model, sst2_dir, tmp_path / "b", mechanism="composite", init="fit")
     for option in (dict(drop_position_embeddings=True), dict(init="random")):
         with pytest.raises(PosprobeError, match="need a positional mechanism"):
-            finetune(_config(tiny_model, sst2_dir, tmp_path / "n", **option))
+            _config(tiny_model, sst2_dir, tmp_path / "n", **option)
     with pytest.raises(PosprobeError, match="does not exist"):
-        finetune(_config(tiny_model, sst2_dir, tmp_path / "c", mechanism="tisa", init=f"fit:{tmp_path}/none.st"))
+        _config(tiny_model, sst2_dir, tmp_path / "c", mechanism="tisa", init=f"fit:{tmp_path}/none.st")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_init_fit_fits_the_models_own_profiles(tiny_model, sst2_dir, tmp_path):
     """`--init fit` is the TISA paper's initialisation: kernels regressed onto the model's F̂_P profiles."""
-    from posprobe.glue.train import finetune
+    from posprobe.glue import finetune
     from posprobe.pipelines.fitting import load_tisa_kernels
     from posprobe.retrofit import load_model
 
@@ -359,42 +359,36 @@ def test_init_fit_fits_the_models_own_profiles(tiny_model, sst2_dir, tmp_path):
     )
     a, b, c, meta = load_tisa_kernels(tmp_path / "fit" / "fit-tisa" / "tisa_kernels_S2.safetensors")
     assert a.shape == (2, 4, 2) and meta["model"] == str(tiny_model)
-    assert result["mechanism"] == "tisa" and 0.0 <= result["metrics"][0]["accuracy"] <= 1.0
+    assert result.mechanism == "tisa" and 0.0 <= result.metrics[0]["accuracy"] <= 1.0
     model = load_model(tmp_path / "fit" / "seed-0" / "model")
     assert model.config.posprobe["mechanism"] == "tisa"
 
 
 def test_finetuning_a_retrofitted_checkpoint_keeps_its_mechanism(tiny_model, sst2_dir, tmp_path):
-    from posprobe.glue.train import finetune
+    from posprobe.glue import finetune
     from posprobe.retrofit import load_model, retrofit, save_retrofitted
 
     save_retrofitted(retrofit(load_model(tiny_model), "composite", init="random"), tmp_path / "retro")
     result = finetune(_config(tmp_path / "retro", sst2_dir, tmp_path / "run", epochs=1))
-    assert result["mechanism"] == "composite"
+    assert result.mechanism == "composite"
     tuned = load_model(tmp_path / "run" / "seed-0" / "model")
     assert tuned.config.posprobe["mechanism"] == "composite"
     with pytest.raises(PosprobeError, match="already retrofitted"):
         finetune(_config(tmp_path / "retro", sst2_dir, tmp_path / "again", mechanism="tisa"))
 
 
-def test_mechanism_without_retrofit_module(tiny_model, sst2_dir, tmp_path, monkeypatch):
-    from posprobe.glue.train import finetune
-
-    monkeypatch.setitem(sys.modules, "posprobe.retrofit", None)  # makes `import posprobe.retrofit` fail
-    with pytest.raises(PosprobeError, match="needs posprobe.retrofit"):
-        finetune(_config(tiny_model, sst2_dir, tmp_path / "x", mechanism="tisa"))
-
-
-def test_batch_size_must_divide_over_processes(tiny_model, sst2_dir, tmp_path, monkeypatch):
-    from posprobe.glue.train import _training_args
+def test_batch_size_must_divide_over_processes(tmp_path, monkeypatch):
+    from posprobe.errors import ArgumentValueError
+    from posprobe.glue.runtime import training_arguments
 
     monkeypatch.setenv("WORLD_SIZE", "3")
-    with pytest.raises(PosprobeError, match="not divisible by the 3 processes"):
-        _training_args(_config(tiny_model, sst2_dir, tmp_path), tmp_path, 0)
+    with pytest.raises(ArgumentValueError, match="not divisible by the 3 processes"):
+        training_arguments(tmp_path, batch_size=8, train={"max_steps": 1})
 
 
 def test_seed_list_and_aggregate():
-    from posprobe.glue.train import aggregate, seed_list
+    from posprobe.glue.config import seed_list
+    from posprobe.glue.report import aggregate
 
     assert seed_list() == [0] and seed_list(seeds=3) == [0, 1, 2] and seed_list(seed=7) == [7]
     with pytest.raises(PosprobeError):
@@ -409,3 +403,361 @@ def test_seed_list_and_aggregate():
     one = aggregate([{"pearson": None}, {"pearson": 0.5}])
     assert one["mean"]["pearson"] == 0.5 and one["stderr"]["pearson"] is None
     assert one["n"]["pearson"] == 1 and agg["n"]["f1"] == 3
+
+
+# ----------------------------------------------------------------------------------------------------
+# evaluate loads through posprobe.load_model and refuses untrained heads
+
+
+def _capture_predictions(monkeypatch) -> list:
+    """Record the raw predictions `evaluate` scores (wraps the metric call of the shared runtime)."""
+    import posprobe.glue.runtime as runtime
+
+    seen: list = []
+    original = runtime.compute_metrics
+
+    def spy(task, predictions, labels, split):
+        seen.append(predictions.copy())
+        return original(task, predictions, labels, split)
+
+    monkeypatch.setattr(runtime, "compute_metrics", spy)
+    return seen
+
+
+def _logits_one_by_one(model, tokenizer, texts: list[tuple[str, ...]]):
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        return torch.cat([model(**tokenizer(*t, return_tensors="pt")).logits for t in texts]).numpy()
+
+
+def test_evaluate_scores_the_retrofitted_mechanism(tiny_model, tmp_path, monkeypatch):
+    """Issue 8 #2: a classifier retrofitted with `fixed --init random` is evaluated with its mechanism: the
+    scored predictions equal the in-memory retrofitted model's, and the score differs from the plain model's.
+    (STS-B, so that the score is a correlation that any change of the predictions moves.)"""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from posprobe.glue import evaluate
+    from posprobe.glue.data import load_split
+    from posprobe.retrofit import load_model, retrofit, save_retrofitted
+
+    rng = random.Random(3)
+    for split in ("train", "validation"):
+        rows = [
+            {"sentence1": _sentence(rng, 1), "sentence2": _sentence(rng, 0), "label": round(rng.uniform(0, 5), 2)}
+            for _ in range(24)
+        ]
+        _write_jsonl(tmp_path / "glue" / "stsb" / f"{split}.jsonl", rows)
+    data = tmp_path / "glue"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    torch.manual_seed(0)
+    plain_model = load_model(
+        tiny_model,
+        model_class=AutoModelForSequenceClassification,
+        num_labels=1,
+        problem_type="regression",
+        ignore_mismatched_sizes=True,
+    )
+    with torch.no_grad():  # a head that spreads its predictions, so that the correlation is well defined
+        plain_model.classifier.weight.normal_(0.0, 1.0)
+    plain_model.save_pretrained(tmp_path / "plain")
+    tokenizer.save_pretrained(tmp_path / "plain")
+    model = retrofit(
+        load_model(tmp_path / "plain", model_class=AutoModelForSequenceClassification), "fixed", init="random"
+    )
+    with torch.no_grad():  # a strong positional bias
+        for name, param in model.named_parameters():
+            if "posprobe_mechanisms" in name:
+                param.normal_(0.0, 3.0)
+    save_retrofitted(model, tmp_path / "retro")
+    tokenizer.save_pretrained(tmp_path / "retro")
+    texts = load_split("stsb", "validation", data).texts
+    expected = _logits_one_by_one(model, tokenizer, texts)
+    plain = _logits_one_by_one(plain_model, tokenizer, texts)
+    assert np.abs(expected - plain).max() > 1e-2
+
+    seen = _capture_predictions(monkeypatch)
+    retro_result = evaluate(tmp_path / "retro", "stsb", data)
+    plain_result = evaluate(tmp_path / "plain", "stsb", data)
+    np.testing.assert_allclose(seen[0], expected, atol=1e-5)
+    np.testing.assert_allclose(seen[1], plain, atol=1e-5)
+    assert retro_result["mechanism"] == "fixed" and plain_result["mechanism"] == "none"
+    labels = np.array(load_split("stsb", "validation", data).labels)
+    pearson = float(np.corrcoef(expected[:, 0], labels)[0, 1])
+    assert retro_result["metrics"][0]["pearson"] == pytest.approx(pearson, abs=1e-5)
+    assert abs(retro_result["metrics"][0]["pearson"] - plain_result["metrics"][0]["pearson"]) > 1e-3
+
+
+def test_evaluate_refuses_a_checkpoint_without_a_head(tiny_model, sst2_dir, tmp_path, capsys):
+    """Issue 14 §3: a base model (no classifier weights) is not scored with a random head unless asked."""
+    from transformers import AutoTokenizer, BertModel
+
+    base = tmp_path / "base"
+    BertModel.from_pretrained(tiny_model).save_pretrained(base)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(base)
+    capsys.readouterr()
+    code, stdout, stderr = _run_cli(["evaluate", str(base), "--task", "sst2", "--data-dir", str(sst2_dir)], capsys)
+    assert code == 2 and stdout == ""
+    errors = [line for line in stderr.splitlines() if line.startswith("posprobe: error: ")]
+    assert len(errors) == 1 and stderr.strip().endswith(errors[0].split()[-1]) and "Traceback" not in stderr
+    assert "no trained classification head" in stderr and "classifier.weight" in stderr
+    assert "--allow-new-head" in stderr
+    code, stdout, stderr = _run_cli(
+        ["evaluate", str(base), "--task", "sst2", "--data-dir", str(sst2_dir), "--allow-new-head", "--json"], capsys
+    )
+    assert code == 0, stderr[-2000:]
+    assert 0.0 <= json.loads(stdout)["metrics"][0]["accuracy"] <= 1.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# the library API: validated config, result object, quiet by default
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error", "words"),
+    [
+        ("epochs", "1", TypeError, "epochs must be a number"),
+        ("epochs", 0, ValueError, "epochs must be positive"),
+        ("lr", -1e-5, ValueError, "lr must be positive"),
+        ("batch_size", 2.5, TypeError, "batch_size must be a whole number"),
+        ("kernels", 0, ValueError, "kernels must be at least 1"),
+        ("radius", "8", TypeError, "radius must be a whole number"),
+        ("seeds", 3, TypeError, "seeds must be a list"),
+        ("max_train_samples", 0, ValueError, "max_train_samples must be at least 1"),
+        ("resume", "yes", TypeError, "resume must be True or False"),
+        ("task", "colaa", ValueError, "unknown GLUE task 'colaa'"),
+        ("mechanism", "nope", ValueError, "unknown mechanism 'nope'"),
+        ("init", "bogus", ValueError, "unknown init 'bogus'"),
+    ],
+)
+def test_config_fields_are_validated_at_construction(tmp_path, field, value, error, words):
+    from posprobe.errors import ArgumentError
+    from posprobe.glue import FinetuneConfig
+
+    settings = {"task": "sst2", "out": tmp_path / "run", "mechanism": "tisa" if field == "init" else "none"}
+    with pytest.raises(error) as err:
+        FinetuneConfig(**{**settings, field: value})
+    assert isinstance(err.value, ArgumentError) and err.value.argument == field
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--epochs", "-1"], "--epochs must be positive"),
+        (["--mechanism", "tisa", "--kernels", "0"], "--kernels must be at least 1"),
+        (["--mechanism", "fixed", "--radius", "0"], "--radius must be at least 1"),
+        (["--mechanism", "tisa", "--init", "bogus"], "unknown --init 'bogus'"),
+        (["--max-train-samples", "0"], "--max-train-samples must be at least 1"),
+    ],
+)
+def test_cli_refuses_bad_settings_before_any_work(tmp_path, capsys, flags, words):
+    code, stdout, stderr = _run_cli(["finetune", "--task", "sst2", "--out", str(tmp_path / "run"), *flags], capsys)
+    assert code == 2 and stdout == "" and stderr.count("\n") == 1
+    assert words in stderr, stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_library_finetune_returns_a_result_and_is_quiet(tiny_model, sst2_dir, tmp_path, capfd):
+    from posprobe.errors import ArgumentValueError
+    from posprobe.glue import FinetuneResult, finetune
+
+    capfd.readouterr()
+    result = finetune(task="sst2", model=tiny_model, data_dir=sst2_dir, out=tmp_path / "run", max_steps=2, batch_size=8)
+    printed = capfd.readouterr()
+    assert printed.out == "" and printed.err == ""  # no {'train_runtime': ...}, no bars, no load reports
+    assert isinstance(result, FinetuneResult) and result.seeds == [0]
+    text = repr(result)
+    assert "\n" not in text and len(text) < 300 and "accuracy=" in text and "sst2" in text
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert result.to_dict(settings=True) == saved
+    assert result.model_dirs[0] == tmp_path / "run" / "seed-0" / "model"
+    model = result.load_model(seed=0)
+    assert model.config.num_labels == 2 and type(model).__name__ == "BertForSequenceClassification"
+    with pytest.raises(ArgumentValueError, match="no model for seed 5"):
+        result.load_model(seed=5)
+
+
+def test_cli_model_argument_default_out_and_json_matches_library(tiny_model, sst2_dir, tmp_path, capsys, monkeypatch):
+    """MODEL is an argument (`--model` kept as an alias); the default run folder is
+    posprobe-out/finetune/<model label>/<task>-<mechanism>; `--json` equals `FinetuneResult.to_dict()`."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["finetune", str(tiny_model), "--task", "sst2", "--data-dir", str(sst2_dir), "--json"]
+    code, stdout, stderr = _run_cli([*argv, "--epochs", "1", "--batch-size", "16"], capsys)
+    assert code == 0, stderr[-2000:]
+    out = Path("posprobe-out") / "finetune" / tiny_model.name / "sst2-none"
+    printed = json.loads(stdout)
+    saved = json.loads((out / "results.json").read_text())
+    assert printed == {k: v for k, v in saved.items() if k != "settings"}
+    assert {"task", "mechanism", "model", "seeds", "metrics", "median", "mean", "stderr", "seconds"} <= set(printed)
+    assert "64 examples from" in stderr
+    code, _, stderr = _run_cli(["finetune", str(tiny_model), "--model", "other", "--task", "sst2"], capsys)
+    assert code == 2 and "two models given" in stderr
+    # a failed run into the default folder leaves none of the folders it created
+    code, _, stderr = _run_cli(["finetune", str(tiny_model), "--task", "cola", "--data-dir", str(sst2_dir)], capsys)
+    assert code == 2 and "no cola 'train' data" in stderr
+    assert not (Path("posprobe-out") / "finetune" / tiny_model.name / "cola-none").exists()
+    assert sorted(p.name for p in (Path("posprobe-out") / "finetune" / tiny_model.name).iterdir()) == ["sst2-none"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# one run per folder, full disks, no empty folders
+
+
+def test_second_run_into_a_locked_folder_refuses_at_once_or_waits(tiny_model, sst2_dir, tmp_path):
+    import fcntl
+    import threading
+    import time
+
+    from posprobe.glue import finetune
+
+    out = tmp_path / "run"
+    out.mkdir()
+    fd = os.open(out, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another run holds the folder
+    try:
+        started = time.perf_counter()
+        with pytest.raises(PosprobeError, match="in use by another fine-tuning run"):
+            finetune(_config(tiny_model, sst2_dir, out, max_steps=1))
+        assert time.perf_counter() - started < 5
+        assert list(out.iterdir()) == []
+        threading.Timer(1.0, os.close, args=(fd,)).start()  # the other run finishes in a second
+        waited = finetune(_config(tiny_model, sst2_dir, out, max_steps=1), wait=True)
+        fd = None
+    finally:
+        if fd is not None:
+            os.close(fd)
+    assert waited.seeds == [0] and (out / "results.json").is_file()
+
+
+def test_full_disk_while_writing_results_is_one_clean_error(tiny_model, sst2_dir, tmp_path, monkeypatch):
+    """ENOSPC (simulated: the write stops half-way) is one PosprobeError; no results file, no temporary file."""
+    import errno
+
+    from posprobe.glue import finetune
+
+    original = Path.write_text
+
+    def full_disk(self, text, *args, **kwargs):
+        if self.name.startswith(".results.json"):
+            original(self, text[: len(text) // 2], *args, **kwargs)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return original(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    out = tmp_path / "run"
+    with pytest.raises(PosprobeError, match="no space left on the device") as err:
+        finetune(_config(tiny_model, sst2_dir, out, max_steps=1))
+    assert "\n" not in str(err.value)
+    assert not out.exists() or not [p for p in out.rglob("*results*")]
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 2 MiB tmpfs (needs root; skipped otherwise), unmounted afterwards."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_full_disk_on_a_real_small_filesystem(tiny_model, sst2_dir, small_filesystem, capsys):
+    """A real full disk: the checkpoint does not fit; one error line, exit 2, and the run folder (created by
+    this run, nothing to resume in it) is gone."""
+    (small_filesystem / "filler").write_bytes(b"\0" * (2 * 1024 * 1024 - 64 * 1024))  # leave ~64 KiB
+    out = small_filesystem / "run"
+    code, stdout, stderr = _run_cli(
+        ["finetune", str(tiny_model), "--task", "sst2", "--data-dir", str(sst2_dir), "--out", str(out)]
+        + ["--epochs", "1", "--batch-size", "16"],
+        capsys,
+    )
+    assert code == 2, stderr[-2000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("posprobe: error: no space left on the device"), stderr[-2000:]
+    assert "Traceback" not in stderr and not out.exists(), sorted(str(p) for p in out.rglob("*"))
+
+
+# ----------------------------------------------------------------------------------------------------
+# real processes: Ctrl-C, two runs at once (slow)
+
+
+def _cli_process(args: list[str], cwd: Path) -> subprocess.Popen:
+    """`posprobe ARGS` in its own process group, with SIGINT at its default (a background shell ignores it)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        ["env", "--default-signal=INT", sys.executable, "-m", "posprobe", *args],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_finetune_exits_130_with_nothing_half_written(tiny_model, sst2_dir, tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    proc = _cli_process(
+        ["finetune", str(tiny_model), "--task", "sst2", "--data-dir", str(sst2_dir), "--out", str(out), "--json"]
+        + ["--epochs", "2000", "--batch-size", "8", "--save-steps", "10"],
+        tmp_path,
+    )
+    deadline = time.monotonic() + 120
+    while not list(out.glob("seed-0/checkpoint-*/trainer_state.json")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert stdout == ""  # no JSON for an interrupted run
+    assert stderr.strip().splitlines()[-1].startswith("posprobe: error: interrupted"), stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert not (out / "results.json").exists() and not (out / "results.md").exists()
+    assert not (out / "seed-0" / "model").exists() and not list(out.rglob("*.partial"))
+    for ckpt in out.glob("seed-0/checkpoint-*"):  # resume checkpoints may stay, but only complete ones
+        assert (ckpt / "trainer_state.json").is_file()
+
+
+@pytest.mark.slow
+def test_two_runs_started_at_once_into_one_folder(tiny_model, sst2_dir, tmp_path):
+    import time
+
+    """Issue 14 §5: both used to exit 0 and results.json lost a seed. Now the second refuses at once; with
+    --wait it queues behind the first and then resumes it (both seeds end up in results.json)."""
+    out = tmp_path / "run"
+    common = ["finetune", str(tiny_model), "--task", "sst2", "--data-dir", str(sst2_dir), "--out", str(out)]
+    common += ["--epochs", "3", "--batch-size", "8"]
+    first = _cli_process([*common, "--seed", "0"], tmp_path)
+    deadline = time.monotonic() + 120
+    while not (out / "run.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    second = _cli_process([*common, "--seed", "1"], tmp_path)
+    _, err2 = second.communicate(timeout=120)
+    assert second.returncode == 2 and "in use by another fine-tuning run" in err2, err2[-2000:]
+    third = _cli_process([*common, "--seeds", "2", "--resume", "--wait"], tmp_path)
+    _, err1 = first.communicate(timeout=240)
+    _, err3 = third.communicate(timeout=240)
+    assert first.returncode == 0, err1[-2000:]
+    assert third.returncode == 0, err3[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["seeds"] == [0, 1] and len(results["metrics"]) == 2
+
+
+def test_library_default_out_is_the_clis(tiny_model):
+    from posprobe.glue import FinetuneConfig
+
+    config = FinetuneConfig(task="SST-2", model=tiny_model, mechanism="tisa")
+    assert config.out == Path("posprobe-out") / "finetune" / tiny_model.name / "sst2-tisa"
+    assert FinetuneConfig(task="cola").out == Path("posprobe-out") / "finetune" / "all-MiniLM-L6-v2" / "cola-none"

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from posprobe.errors import PosprobeError
 from posprobe.glue.data import load_glue, load_split
 from posprobe.glue.tasks import TASKS, get_task
 
+ROOT = Path(__file__).resolve().parents[1]
 SHARED_GLUE = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "glue"
 
 
@@ -305,9 +307,45 @@ def test_offline_without_data_dir_says_how_to_pass_data(tmp_path):
     assert "--data-dir" in proc.stdout and "rte/train.jsonl" in proc.stdout
 
 
+def test_unreachable_hub_fails_at_once_with_one_line(tmp_path):
+    """No offline variable set and no network (here: an endpoint whose port refuses connections): one quick
+    failed connection decides it; no retry lines with back-off (25 s before the fix)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+    }
+    env |= {
+        "HF_ENDPOINT": "http://127.0.0.1:9",
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets"),
+        "PYTHONPATH": str(ROOT),
+    }
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "posprobe", "finetune", "--task", "rte", "--out", str(tmp_path / "new" / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    seconds = time.perf_counter() - started
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert (
+        lines[0].startswith("posprobe: error: could not load GLUE 'rte'") and "no connection to 127.0.0.1" in lines[0]
+    )
+    assert "--data-dir" in lines[0]
+    assert seconds < 15, seconds
+    assert not (tmp_path / "new").exists()  # a failed run leaves no empty folder (nor the parents it made)
+
+
 def test_glue_modules_import_without_torch():
     code = (
-        "import sys\nimport posprobe.glue, posprobe.glue.data, posprobe.glue.metrics, posprobe.glue.train\n"
+        "import sys\nimport posprobe.glue, posprobe.glue.data, posprobe.glue.metrics, posprobe.glue.config\n"
+        "import posprobe.glue.report, posprobe.glue.run, posprobe.glue.evaluation, posprobe.glue.runtime\n"
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\nprint(bad)\n"
     )
     proc = subprocess.run(
@@ -335,3 +373,69 @@ def test_hf_files_win_over_tsv(tmp_path):
     )
     got = load_split("rte", "train", tmp_path)
     assert got.texts == [("a", "b")] and got.source.endswith("train.jsonl")
+
+
+# ----------------------------------------------------------------------------------------------------
+# damaged data files: one message naming the file, the line and what to fix
+
+_OK = b'{"sentence": "a fine film", "label": 1}\n'
+DAMAGED = [
+    # (task, relative file, bytes, line named (None: the whole file), words in the message, words in the hint)
+    ("sst2", "sst2/train.jsonl", _OK + b'{"sentence": "b", "label": \n', 2, "not valid JSON", "one JSON object"),
+    ("sst2", "sst2/train.jsonl", _OK + b'{"sentence": "b"}\n', 2, "missing column(s) 'label'", "sentence, label"),
+    ("sst2", "sst2/train.jsonl", b"", None, "the file is empty", "at least one labelled example"),
+    ("sst2", "sst2/train.jsonl", _OK * 2 + b'{"sentence": "c", "label": 2}\n', 3, "label 2 is out of range", "0..1"),
+    ("sst2", "sst2/train.jsonl", _OK + b'{"sentence": "caf\xe9", "label": 1}\n', 2, "not UTF-8", "UTF-8"),
+    ("sst2", "sst2/train.csv", b"sentence,label\nok,1\nbad \xff\xfe,0\n", 3, "not UTF-8", "UTF-8"),
+    ("sst2", "sst2/train.csv", b"sentence,idx\nok,1\n", 2, "missing column(s) 'label'", "the HF glue schema"),
+    ("sst2", "SST-2/train.tsv", b"sentence\tlabel\nok\t1\nna\xefve\t0\n", 3, "not UTF-8", "UTF-8"),
+    ("sst2", "SST-2/train.tsv", b"sentence\tlabel\nok\t1\nno label here\n", 3, "1 tab-separated fields", "2 fields"),
+    ("cola", "CoLA/train.tsv", b"", None, "the file is empty", "at least one labelled example"),
+    ("mnli", "mnli/train.jsonl", b'{"premise": "a", "hypothesis": "b", "label": 3}\n', 1, "out of range", "0..2"),
+    ("stsb", "stsb/train.jsonl", b'{"sentence1": "a", "sentence2": "b", "label": "x"}\n', 1, "not a number", "0-5"),
+]
+
+
+@pytest.mark.parametrize(("task", "name", "content", "line", "words", "hint"), DAMAGED)
+def test_damaged_data_files_name_file_line_and_fix(tmp_path, task, name, content, line, words, hint):
+    path = tmp_path / name
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    with pytest.raises(PosprobeError) as err:
+        load_split(task, "train", tmp_path)
+    message = err.value.message
+    assert message.startswith(str(path)), message
+    if line is not None:
+        assert f"line {line}:" in message, message
+    assert words in message and hint in (err.value.hint or ""), err.value.render()
+    assert "\n" not in err.value.render()
+
+
+def test_cli_reports_non_utf8_data_as_one_line(tmp_path):
+    """Was `internal error: UnicodeDecodeError` (exit 1)."""
+    write_jsonl(tmp_path / "glue" / "sst2" / "validation.jsonl", [{"sentence": "ok", "label": 1}])
+    (tmp_path / "glue" / "sst2" / "train.jsonl").write_bytes(b'{"sentence": "ok", "label": 1}\n{"sentence": "\xe9"}\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "posprobe", "finetune", "--task", "sst2", "--data-dir", str(tmp_path / "glue")]
+        + ["--out", str(tmp_path / "run")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("posprobe: error:") == 1 and "internal error" not in proc.stderr
+    assert "train.jsonl, line 2: bytes that are not UTF-8" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_capped_split_says_how_many_of_how_many(tmp_path):
+    """Issue 8 #7: '(subset of 256)' showed the cap, not the file's size."""
+    write_jsonl(tmp_path / "sst2" / "train.jsonl", [{"sentence": f"s{i}", "label": i % 2} for i in range(1200)])
+    write_jsonl(tmp_path / "sst2" / "validation.jsonl", [{"sentence": "v", "label": 1}] * 3)
+    data = load_glue("sst2", tmp_path, max_train_samples=256)
+    assert data["train"].describe() == f"sst2 train: 256 of 1,200 examples from {tmp_path / 'sst2' / 'train.jsonl'}"
+    assert data["validation"].describe().startswith("sst2 validation: 3 examples from ")
+    assert data["train"].subset(10).total == 1200

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from posprobe.analysis.tisa_fit import DEFAULT_WINDOW, TisaKernelFitter, tisa_function
+from posprobe.analysis.tisa_fit import DEFAULT_FIT_WINDOW, TisaKernelFitter, tisa_function
 from posprobe.errors import PosprobeError
 
 N = 64
@@ -28,7 +28,7 @@ def test_tisa_function_matches_brute_force():
     assert float(tisa_function(2.0, [1.0], [-0.5], [2.0])) == pytest.approx(1.0)  # |b|
 
 
-def known_heads(rng, m: int, s: int, window: int = DEFAULT_WINDOW):
+def known_heads(rng, m: int, s: int, window: int = DEFAULT_FIT_WINDOW):
     """Well-separated kernels inside the window (identifiable), one row per head."""
     spacing = (2 * window - 4) / s  # > 4 kernel widths apart, all inside the window
     c = -window + 2 + spacing * (np.arange(s) + 0.5) + rng.uniform(-1, 1, size=(m, s))
@@ -154,7 +154,7 @@ def test_window_default_and_clipping():
     small = np.arange(-3, 4)
     fit = TisaKernelFitter(1).fit(np.exp(-(small[None] ** 2.0)), small)
     assert fit.window_ == 3 and list(fit.fit_offsets_) == list(small)
-    assert TisaKernelFitter(1).fit(np.exp(-(OFFSETS[None] ** 2.0)), OFFSETS).window_ == DEFAULT_WINDOW
+    assert TisaKernelFitter(1).fit(np.exp(-(OFFSETS[None] ** 2.0)), OFFSETS).window_ == DEFAULT_FIT_WINDOW
     fit = TisaKernelFitter(1, window=5).fit(np.exp(-(OFFSETS[None] ** 2.0)), OFFSETS)
     assert fit.window_ == 5 and fit.fit_offsets_.min() == -5 and fit.fit_offsets_.max() == 5
 

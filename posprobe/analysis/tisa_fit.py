@@ -46,7 +46,7 @@ from posprobe.errors import PosprobeError
 #: dominate softmax; 16 covers the main peak and the first side lobes of real heads (MiniLM, BERT),
 #: keeps 33 points for the 16 free numbers of an S=5 fit, and avoids spending kernels on the slow
 #: long-range oscillations of learned position tables that Gaussian bumps cannot represent anyway.
-DEFAULT_WINDOW = 16
+DEFAULT_FIT_WINDOW = 16
 #: Kernel width bounds: b = |b_s| lies in [B_MIN_SCALE / W^2, B_MAX]. At b = B_MAX a kernel is a
 #: single-offset spike (exp(-10) ~ 5e-5 one step away); at the lower bound it still curves by ~10%
 #: across the window (a flatter bump is indistinguishable from the offset and would let `a` blow up).
@@ -106,7 +106,7 @@ class TisaKernelFitter:
     Parameters
     ----------
     n_kernels: S, kernels per head (>= 1).
-    window: half-width W of the fit window (k = -W..W); None = min(DEFAULT_WINDOW, available).
+    window: half-width W of the fit window (k = -W..W); None = min(DEFAULT_FIT_WINDOW, available).
     restarts: starts per head (the deterministic starts first, then seeded random ones);
         default 8 (exhaustive: 64).
     max_iter: Levenberg-Marquardt iterations per run; default 200 (exhaustive: 2000).
@@ -234,7 +234,7 @@ class TisaKernelFitter:
             )
         w = self.window
         if w is None:
-            return min(DEFAULT_WINDOW, available)
+            return min(DEFAULT_FIT_WINDOW, available)
         if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
             raise PosprobeError(
                 f"the fit window must be a whole number >= 1, got {w!r}", f"pass --window between 1 and {available}"

@@ -1,7 +1,8 @@
 """The `posprobe` command line: a thin layer over the library.
 
 Each command module registers its commands on `app`; `main()` is the one place that turns a
-`PosprobeError` (or any unexpected failure) into a single line on stderr and a non-zero exit.
+`PosprobeError` (or any unexpected failure, or Ctrl-C) into a single line on stderr and a non-zero exit,
+and that discards what a failed run wrote into output folders it created.
 Importing this package must stay light: no torch, transformers or matplotlib at import time.
 """
 
@@ -9,10 +10,14 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import typer
 
 from posprobe.errors import PosprobeError
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a process stopped by Ctrl-C
+_INTERRUPTED = "interrupted (Ctrl-C) — no partial file was left; run the command again to finish it"
 
 app = typer.Typer(
     name="posprobe",
@@ -22,6 +27,24 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from posprobe import __version__
+
+        print(f"posprobe {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the version and exit.", callback=_version, is_eager=True),
+    ] = False,
+) -> None:
+    """Measure, fit and retrofit positional mechanisms in pretrained transformers."""
 
 
 def _register_commands() -> None:
@@ -35,22 +58,33 @@ _register_commands()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: run the app, mapping errors to one line and exit code 2."""
+    """Console-script entry point: run the app, mapping errors to one line and an exit code.
+
+    Exit codes: 0 success, 2 bad input (one `posprobe: error:` line), 130 interrupted (Ctrl-C), 1 a bug.
+    typer (which bundles its own click) turns Ctrl-C into `Exit(130)`, and with `standalone_mode=False`
+    that exit code is *returned*, not raised: it must be read from the return value, or an interrupted
+    run exits 0 in silence.
+    """
+    from posprobe import outputs
+
+    outputs.begin_run()
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
     except PosprobeError as err:
         _fail(err.render(cli=True), 2)
-    except typer.Abort:
-        _fail("aborted", 130)
-    except KeyboardInterrupt:
-        _fail("interrupted", 130)
-    except SystemExit:
+    except (KeyboardInterrupt, typer.Abort):
+        _fail(_INTERRUPTED, EXIT_INTERRUPTED)
+    except SystemExit as err:
+        if err.code not in (None, 0):
+            outputs.discard_run()
         raise
     except Exception as err:  # usage errors (typer's bundled click) and genuine bugs
         if _is_usage_error(err):
+            outputs.discard_run()
             err.show()
             sys.exit(2)
         if os.environ.get("POSPROBE_DEBUG"):
+            outputs.discard_run()
             raise
         _fail(
             f"internal error: {type(err).__name__}: {err} — this is a bug in posprobe; please report it "
@@ -58,7 +92,11 @@ def main(argv: list[str] | None = None) -> None:
             1,
         )
     else:
-        return
+        if code == EXIT_INTERRUPTED:
+            _fail(_INTERRUPTED, EXIT_INTERRUPTED)
+        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+            outputs.discard_run()
+            sys.exit(code)
 
 
 def _is_usage_error(err: Exception) -> bool:
@@ -68,5 +106,9 @@ def _is_usage_error(err: Exception) -> bool:
 
 
 def _fail(message: str, code: int) -> None:
-    print(f"posprobe: error: {message}", file=sys.stderr)
+    """Discard the failed run's outputs, print one line on stderr, exit with `code`."""
+    from posprobe import outputs
+
+    outputs.discard_run()
+    print(f"posprobe: error: {message}", file=sys.stderr, flush=True)
     sys.exit(code)

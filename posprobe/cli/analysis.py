@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from posprobe.cli.console import console, emit_json
+from posprobe.cli.console import (
+    any_undefined,
+    console,
+    emit_json,
+    format_r2,
+    middle_ellipsis,
+    print_undefined_note,
+)
 from posprobe.cli.options import (
     AllowPickleOpt,
     FigureFormat,
@@ -17,6 +24,7 @@ from posprobe.cli.options import (
     ModelArg,
     ModeOpt,
     OutOpt,
+    Scale,
     default_out,
     parse_int_list,
 )
@@ -80,13 +88,11 @@ def toeplitz(
     )
     for b in result.blocks:
         table.add_column(f"R² first {b}", justify="right")
-    table.add_row(
-        result.model,
-        str(result.n_positions),
-        f"{result.toeplitz_r2:.4f}",
-        *[f"{r:.4f}" for r in result.blocks.values()],
-    )
+    r2s = [result.toeplitz_r2, *result.blocks.values()]
+    table.add_row(middle_ellipsis(source.label, 28), str(result.n_positions), *[format_r2(r, short=True) for r in r2s])
     console.print(table)
+    if any_undefined(r2s):
+        print_undefined_note()
     if result.dropped_rows:
         console.print(
             f"[dim]dropped {result.dropped_rows} reserved leading rows (padding_idx + 1) of the "
@@ -99,6 +105,9 @@ def fhat(
     model: ModelArg = None,
     layer: Annotated[int, typer.Option("--layer", help="Layer whose Q/K weights are used (0 = first).")] = 0,
     mode: ModeOpt = Mode.paper,
+    scale: Annotated[
+        Scale, typer.Option("--scale", help="Colour scale of the figure: one for all heads, or one per head.")
+    ] = Scale.shared,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -113,7 +122,7 @@ def fhat(
     out_dir = _out_dir(out, "fhat", source.label)
     result = fhat_analysis(None, layer, mode.value, source=source)
     stem = f"fhat_layer{layer}_{mode.value}"
-    figure = save_mosaic(plotting.fhat_grid(result), out_dir / f"{stem}.{fmt.value}")
+    figure = save_mosaic(plotting.fhat_grid(result, scale.value), out_dir / f"{stem}.{fmt.value}")
     record = result.to_json() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
     write_json(out_dir / f"{stem}.json", record)
     if json_out:
@@ -121,12 +130,16 @@ def fhat(
         return
     from rich.table import Table
 
-    table = Table(title=f"F̂_P Toeplitz R² — {result.model}, layer {layer}, {mode.value} mode", title_justify="left")
+    table = Table(title=f"F̂_P Toeplitz R² — {source.label}, layer {layer}, {mode.value} mode", title_justify="left")
     table.add_column("head", justify="right"), table.add_column("Toeplitz R²", justify="right")
-    for h, r in enumerate(result.toeplitz_r2):
-        table.add_row(str(h), f"{r:.4f}")
-    table.add_row("mean", f"{result.toeplitz_r2.mean():.4f}", style="bold")
+    r2 = [float(r) for r in result.toeplitz_r2]
+    for h, r in enumerate(r2):
+        table.add_row(str(h), format_r2(r, short=True))
+    defined = [r for r in r2 if r == r]
+    table.add_row("mean", format_r2(sum(defined) / len(defined) if defined else None, short=True), style="bold")
     console.print(table)
+    if any_undefined(r2):
+        print_undefined_note()
     console.print(f"figure: {figure}\nrecord: {out_dir / f'{stem}.json'}")
 
 
@@ -165,15 +178,18 @@ def profiles(
     if json_out:
         emit_json(result.to_json(npz) | {"figures": [str(f) for f in figures]})
         return
+    from rich import box
     from rich.table import Table
 
-    table = Table(
-        title=f"Head profiles — {result.model}, {mode.value} mode (peak k = j − i within ±{window})",
-        title_justify="left",
+    console.print(f"Head profiles — {source.label}, {mode.value} mode (peak k = j − i within ±{window})")
+    table = Table(  # borderless: 16 heads still fit in 80 columns
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0),
+        show_edge=False,
     )
     table.add_column("layer", justify="right")
     for h in range(result.n_heads):
-        table.add_column(f"h{h}", justify="right")
+        table.add_column(f"h{h}", justify="right", min_width=3, no_wrap=True)
     centre = result.n_positions - 1
     for li, l in enumerate(result.layers):
         window_part = result.profiles[li, :, centre - window : centre + window + 1]
@@ -195,15 +211,24 @@ def compare(
 ) -> None:
     """One table of Toeplitz statistics for several models, and side-by-side heatmaps (paper Fig. 1)."""
     from posprobe import plotting
+    from posprobe.errors import ArgumentValueError
     from posprobe.outputs import prepare_out_dir, save_figure, write_json
     from posprobe.pipelines.analysis import compare_models
 
-    out_dir = prepare_out_dir(
-        out if out is not None else default_out("compare", "-vs-".join(Path(m).name or m for m in models))
-    )
+    if len(models) < 2:
+        raise ArgumentValueError(
+            "models", "compare needs two or more models, got one", "add another model, or use `posprobe toeplitz`"
+        )
+    labels = _labels(models, allow_pickle)
+    out_dir = prepare_out_dir(out if out is not None else default_out("compare", "-vs-".join(labels)))
     rows = compare_models(models, mode.value, cosine, allow_pickle)
-    figure = save_figure(plotting.compare_heatmaps(rows), out_dir / f"compare.{fmt.value}")
-    record = {"mode": mode.value, "cosine": cosine, "models": [r.to_json() for r in rows], "figure": str(figure)}
+    figure = save_figure(plotting.compare_heatmaps(rows, labels), out_dir / f"compare.{fmt.value}")
+    record = {
+        "mode": mode.value,
+        "cosine": cosine,
+        "models": [r.to_json() | {"label": label} for r, label in zip(rows, labels)],
+        "figure": str(figure),
+    }
     write_json(out_dir / "compare.json", record)
     if json_out:
         emit_json(record)
@@ -211,13 +236,34 @@ def compare(
     from rich.table import Table
 
     table = Table(title=f"Translation invariance ({mode.value} mode F̂_P, layer 0)", title_justify="left")
-    for name in ("model", "positions", "R² whole", "R² first 128", "mean per-head F̂_P R²"):
-        table.add_column(name, justify="left" if name == "model" else "right")
-    fmt_r = lambda v: "—" if v is None else f"{v:.4f}"  # noqa: E731
-    for r in rows:
-        table.add_row(r.model, str(r.n_positions), fmt_r(r.toeplitz_r2), fmt_r(r.r2_first_128), fmt_r(r.mean_fhat_r2))
+    for name in ("model", "positions", "R² whole", "R² first 128", "mean F̂_P R²"):
+        table.add_column(name, justify="left" if name == "model" else "right", no_wrap=True)
+    values = []
+    for r, label in zip(rows, labels):
+        cells = [r.toeplitz_r2, r.r2_first_128, r.mean_fhat_r2]
+        values.append(r.toeplitz_r2)
+        table.add_row(
+            middle_ellipsis(label, 24),
+            str(r.n_positions),
+            *[
+                "n/a" if v is None and i == 1 and r.n_positions < 128 else format_r2(v, short=True)
+                for i, v in enumerate(cells)
+            ],
+        )
     console.print(table)
+    if any_undefined(values):
+        print_undefined_note()
     console.print(f"figure: {figure}")
+
+
+def _labels(models: list[str], allow_pickle: bool) -> list[str]:
+    """Short, distinct names for the models: each one's `ModelSource.label` (a folder's own name, not its
+    whole path); where two are equal, their paths (shortened in the middle) instead."""
+    from posprobe.checkpoint import resolve_model
+
+    labels = [resolve_model(m, allow_pickle=allow_pickle).label for m in models]
+    clashes = {label for label in labels if labels.count(label) > 1}
+    return [middle_ellipsis(m, 40) if label in clashes else label for m, label in zip(models, labels)]
 
 
 import numpy as np  # noqa: E402  (used by `profiles`; numpy is light next to torch)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
@@ -16,3 +17,67 @@ def emit_json(obj: Any) -> None:
 
     sys.stdout.write(json.dumps(obj, default=_json_default) + "\n")
     sys.stdout.flush()
+
+
+@contextmanager
+def progress_reporter(description: str):
+    """A progress bar on stderr for long work, yielding a `progress(stage, done, total)` callback.
+
+    Drawn only when stderr is a terminal (rich writes nothing live otherwise, and the bar is transient),
+    so pipes and logs get no ANSI codes and no stray lines."""
+    if not console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} heads"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        tasks: dict[str, int] = {}
+
+        def report(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(f"{description}, {stage}", total=total)
+            bar.update(tasks[stage], completed=done)
+
+        yield report
+
+
+UNDEFINED_R2 = "undefined (constant matrix)"
+UNDEFINED_MARK = "—"
+
+
+def format_r2(value, digits: int = 4, short: bool = False) -> str:
+    """An R² for text output. None or NaN (the library's "undefined": the matrix is constant, so the total sum
+    of squares is zero) reads "undefined (constant matrix)", or "—" in a table cell (`short`; print
+    `undefined_note()` under the table)."""
+    import math
+
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value != value:
+        return UNDEFINED_MARK if short else UNDEFINED_R2
+    return f"{float(value):.{digits}f}"
+
+
+def any_undefined(values) -> bool:
+    """Whether any R² in `values` (numbers, None or NaN) is undefined."""
+    return any(v is None or v != v for v in values)
+
+
+def print_undefined_note() -> None:
+    console.print(f"[dim]{UNDEFINED_MARK} = R² {UNDEFINED_R2}: the total sum of squares is zero[/dim]")
+
+
+def middle_ellipsis(text: str, width: int) -> str:
+    """`text` shortened to `width` characters by cutting its middle ('/very/lo…/model')."""
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    head = (width - 1 + 1) // 2
+    tail = width - 1 - head
+    return text[:head] + "…" + (text[-tail:] if tail else "")

@@ -1,6 +1,7 @@
 """`posprobe finetune` and `posprobe evaluate`: GLUE fine-tuning with per-seed metrics and aggregates.
 
-Thin layer over `posprobe.glue.train`; no torch or transformers import at module import time.
+Thin layer over `posprobe.glue` (`run.finetune`, `evaluation.evaluate`); no torch or transformers import at
+module import time.
 Under `torchrun --nproc_per_node=N -m posprobe finetune ...` only rank 0 prints and writes.
 """
 
@@ -14,7 +15,8 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json
-from posprobe.cli.options import AllowPickleOpt, JsonOpt
+from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg
+from posprobe.cli.retrofit import DropOpt, KernelsOpt, RadiusOpt
 from posprobe.errors import PosprobeError
 
 TaskOpt = Annotated[str, typer.Option("--task", help="GLUE task: cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli.")]
@@ -40,17 +42,20 @@ def register(app: typer.Typer) -> None:
 
 
 def _mechanism_help() -> str:
-    return "Positional mechanism to retrofit before fine-tuning: none, or a registered one (tisa, composite, ...)."
+    from posprobe.mechanisms.catalogue import MECHANISM_NAMES
+
+    return f"Positional mechanism to retrofit before fine-tuning: none, {', '.join(MECHANISM_NAMES)}."
 
 
 def finetune_command(
     task: TaskOpt,
-    model: Annotated[
+    model: ModelArg = None,
+    model_option: Annotated[
         str | None,
-        typer.Option("--model", help="Hub model id or local folder; default: the packaged all-MiniLM-L6-v2."),
+        typer.Option("--model", help="Same as the MODEL argument (kept for older scripts).", show_default=False),
     ] = None,
     mechanism: Annotated[str, typer.Option("--mechanism", help=_mechanism_help())] = "none",
-    kernels: Annotated[int, typer.Option("--kernels", help="TISA kernels per head (S).")] = 5,
+    kernels: KernelsOpt = None,
     init: Annotated[
         str,
         typer.Option(
@@ -60,13 +65,8 @@ def finetune_command(
             "fit:PATH (kernels file from `posprobe fit-tisa`).",
         ),
     ] = "zero",
-    drop_position_embeddings: Annotated[
-        bool,
-        typer.Option(
-            "--drop-position-embeddings", help="Replace absolute position embeddings by their mean (TISA 'replace')."
-        ),
-    ] = False,
-    radius: Annotated[int, typer.Option("--radius", help="Clip radius r of relative mechanisms.")] = 8,
+    drop_position_embeddings: DropOpt = False,
+    radius: RadiusOpt = None,
     seeds: Annotated[int | None, typer.Option("--seeds", help="Run seeds 0..N-1.")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Run this one seed.")] = None,
     epochs: Annotated[float, typer.Option("--epochs", help="Training epochs.")] = 3.0,
@@ -84,11 +84,16 @@ def finetune_command(
     out: Annotated[
         Path | None,
         typer.Option(
-            "--out", help="Run folder for checkpoints, models and results (default: runs/glue/<task>-<mechanism>)."
+            "--out",
+            help="Run folder for checkpoints, models and results "
+            "(default: posprobe-out/finetune/<model>/<task>-<mechanism>).",
         ),
     ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the run in --out from its last checkpoint.")
+    ] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="If another run is using --out, wait for it instead of refusing.")
     ] = False,
     save_steps: Annotated[
         int | None,
@@ -97,18 +102,19 @@ def finetune_command(
     json_output: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
-    """Fine-tune on a GLUE task for one or more seeds; report dev metrics per seed, median and mean ± s.e."""
-    from posprobe.glue.tasks import get_task
-    from posprobe.glue.train import FinetuneConfig, finetune, is_main_process, results_table, seed_list
+    """Fine-tune MODEL on a GLUE task for one or more seeds; report dev metrics per seed, median and mean ± s.e."""
+    from posprobe.glue.config import FinetuneConfig, seed_list
+    from posprobe.glue.run import finetune
+    from posprobe.glue.runtime import is_main_process
 
-    task_obj = get_task(task)
-    if kernels < 1:
-        raise PosprobeError(f"--kernels {kernels} must be at least 1", "pass e.g. --kernels 5")
-    if radius < 1:
-        raise PosprobeError(f"--radius {radius} must be at least 1", "pass e.g. --radius 8")
+    if model is not None and model_option is not None and model != model_option:
+        raise PosprobeError(
+            f"two models given ('{model}' and --model '{model_option}')", "pass the model once, as MODEL"
+        )
+    model = model if model is not None else model_option
     config = FinetuneConfig(
-        task=task_obj.name,
-        out=out or Path("runs") / "glue" / f"{task_obj.name}-{mechanism}",
+        task=task,
+        out=out,
         model=model,
         mechanism=mechanism,
         kernels=kernels,
@@ -131,13 +137,13 @@ def finetune_command(
     log = (lambda msg: console.print(msg, markup=False)) if main else None
     # the Trainer prints its log lines on stdout: keep stdout for the one JSON object
     with contextlib.redirect_stdout(sys.stderr):
-        result = finetune(config, log=log)
+        result = finetune(config, log=log, progress=main, wait=wait)
     if not main:
         return
-    console.print(results_table(result))
-    console.print(f"results: {config.out}/results.json, {config.out}/results.md", markup=False)
+    console.print(results_table(result.to_dict()))
+    console.print(f"results: {result.out}/results.json, {result.out}/results.md", markup=False)
     if json_output:
-        emit_json({k: v for k, v in result.items() if k != "settings"})
+        emit_json(result.to_dict())
 
 
 def evaluate_command(
@@ -150,17 +156,43 @@ def evaluate_command(
     task: TaskOpt,
     data_dir: DataDirOpt = None,
     max_eval_samples: MaxEvalOpt = None,
+    allow_new_head: Annotated[
+        bool,
+        typer.Option(
+            "--allow-new-head",
+            help="Score a checkpoint that has no trained classification head (with a randomly initialised one).",
+        ),
+    ] = False,
     json_output: JsonOpt = False,
 ) -> None:
     """Re-evaluate saved fine-tuned model(s) on the dev split(s) of a GLUE task."""
-    from posprobe.glue.train import evaluate, is_main_process, results_table
+    from posprobe.glue.evaluation import evaluate
+    from posprobe.glue.runtime import is_main_process
 
     main = is_main_process()
     log = (lambda msg: console.print(msg, markup=False)) if main else None
     with contextlib.redirect_stdout(sys.stderr):
-        result = evaluate(model_dir, task, data_dir, max_eval_samples=max_eval_samples, log=log)
+        result = evaluate(
+            model_dir, task, data_dir, max_eval_samples=max_eval_samples, allow_new_head=allow_new_head, log=log
+        )
     if not main:
         return
     console.print(results_table(result))
     if json_output:
         emit_json(result)
+
+
+def results_table(result: dict):
+    """The per-seed metrics and their aggregates as a rich Table (for stderr)."""
+    from rich.table import Table
+
+    from posprobe.glue.report import table_rows
+
+    names, rows = table_rows(result)
+    table = Table(title=f"GLUE {result['task']} — {result['mechanism']}")
+    table.add_column("seed")
+    for name in names:
+        table.add_column(name, justify="right")
+    for row in rows:
+        table.add_row(*row, style="bold" if row[0] == "median" else None)
+    return table

@@ -88,8 +88,9 @@ def fit_tisa(
     Writes tisa_kernels_S<S>.safetensors
     (a, b, c: layers × heads × S; offset: layers × heads) and a figure per S.
     """
+    from posprobe.cli.console import progress_reporter
     from posprobe.cli.options import parse_int_list
-    from posprobe.outputs import prepare_out_dir
+    from posprobe.outputs import prepare_out_dir, save_tisa_fit
     from posprobe.pipelines.fitting import fit_tisa as run_fit
 
     kernel_list = _parse_kernels(kernels)
@@ -100,18 +101,19 @@ def fit_tisa(
 
         profiles = load_profiles(model, layer_list, profile=profile)
     out_dir = prepare_out_dir(out if out is not None else default_out("fit-tisa", _model_name(model)))
-    result = run_fit(
-        model,
-        kernel_list,
-        window=window,
-        layers=layer_list,
-        mode=mode.value,
-        seed=seed,
-        allow_pickle=allow_pickle,
-        out_dir=out_dir,
-        fmt=fmt.value,
-        profiles=profiles,
-    )
+    with progress_reporter("fitting TISA kernels") as progress:
+        result = run_fit(
+            model,
+            kernel_list,
+            window=window,
+            layers=layer_list,
+            mode=mode.value,
+            seed=seed,
+            allow_pickle=allow_pickle,
+            progress=progress,
+            profiles=profiles,
+        )
+    result = save_tisa_fit(result, out_dir, fmt.value)
     if json_out:
         emit_json(result.to_json())
         return
@@ -119,37 +121,65 @@ def fit_tisa(
 
 
 def _print_fit(result) -> None:
+    """Tables that stay readable at 80 columns: per-head R² when the heads fit across, else per layer."""
     import numpy as np
+    from rich import box
     from rich.table import Table
 
+    from posprobe.cli.console import format_r2
+
     head = f"TISA fit — {result.model}, {result.mode} mode, k = j − i in ±{result.window}"
+    folders = {str(Path(f.kernels_file).parent) for f in result.fits if f.kernels_file is not None}
     if len(result.fits) > 1:
-        table = Table(title=head + " (sweep)", title_justify="left")
-        for name in ("S", "parameters", "median R²", "min R²", "flagged", "seconds", "kernels file"):
-            table.add_column(name, justify="left" if name == "kernels file" else "right")
+        table = Table(
+            title=head + " (sweep)", title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False
+        )
+        for name in ("S", "params", "median R²", "min R²", "flagged", "seconds", "kernels file"):
+            table.add_column(name, justify="left" if name == "kernels file" else "right", overflow="fold")
         n_layers = len(result.layers)
         for f in result.fits:
             flagged = sum(bool(x) for row in f.flags for x in row)
             table.add_row(
                 str(f.n_kernels),
                 f"{3 * f.n_kernels * result.n_heads * n_layers:,}",
-                f"{f.median_r2:.4f}",
-                f"{float(np.min(f.r2)):.4f}",
+                format_r2(f.median_r2),
+                format_r2(float(np.min(f.r2))),
                 str(flagged),
                 f"{f.seconds:.2f}",
-                str(f.kernels_file),
+                Path(f.kernels_file).name if f.kernels_file else "",
             )
         console.print(table)
+        console.print(f"folder: {', '.join(sorted(folders))}")
     else:
         f = result.fits[0]
-        table = Table(title=head + f", S = {f.n_kernels}: R² per head", title_justify="left")
-        table.add_column("layer", justify="right")
-        for h in range(result.n_heads):
-            table.add_column(f"h{h}", justify="right")
-        for li, layer in enumerate(result.layers):
-            table.add_row(str(layer), *[f"{r:.3f}" for r in f.r2[li]])
+        if 7 + 6 * result.n_heads <= console.width:  # "0.991" and one space per column, no borders
+            table = Table(
+                title=head + f", S = {f.n_kernels}: R² per head",
+                title_justify="left",
+                box=box.SIMPLE_HEAD,
+                padding=(0, 0),
+                show_edge=False,
+            )
+            table.add_column("layer", justify="right", no_wrap=True)
+            for h in range(result.n_heads):
+                table.add_column(f"h{h}", justify="right", no_wrap=True, min_width=5)
+            for li, layer in enumerate(result.layers):
+                table.add_row(str(layer), *[format_r2(r, 3) for r in f.r2[li]])
+        else:
+            table = Table(title=head + f", S = {f.n_kernels}: R² over heads", title_justify="left")
+            for name in ("layer", "min R²", "median R²", "max R²", "worst head"):
+                table.add_column(name, justify="right", no_wrap=True)
+            for li, layer in enumerate(result.layers):
+                row = f.r2[li]
+                table.add_row(
+                    str(layer),
+                    format_r2(row.min(), 3),
+                    format_r2(float(np.median(row)), 3),
+                    format_r2(row.max(), 3),
+                    str(int(np.argmin(row))),
+                )
         console.print(table)
-        console.print(f"median R² {f.median_r2:.4f}, fitting {f.seconds:.2f} s")
+        console.print(f"median R² {format_r2(f.median_r2)}, fitting {f.seconds:.2f} s (per-head values: --json)")
         console.print(f"kernels: {f.kernels_file}\nfigure:  {f.figure}")
     if result.shared_layers:
         console.print("[dim]shared layers (ALBERT): one layer fitted, replicated at every depth[/dim]")

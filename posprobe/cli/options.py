@@ -17,6 +17,11 @@ class FigureFormat(str, Enum):
     svg = "svg"
 
 
+class Scale(str, Enum):
+    shared = "shared"
+    per_head = "per-head"
+
+
 class Mode(str, Enum):
     paper = "paper"
     faithful = "faithful"

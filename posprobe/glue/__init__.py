@@ -1,9 +1,28 @@
-"""GLUE fine-tuning and evaluation: task table, metrics, data loading and the Trainer loop.
+"""GLUE fine-tuning and evaluation.
 
-Importing `posprobe.glue` (or its `tasks`, `metrics`, `data` modules) never imports torch or
-transformers; only `posprobe.glue.train` does, and only inside its functions.
+Modules, by job: `tasks` (the task table), `data` (loading and checking splits), `metrics` (SPEC §7),
+`config` (`FinetuneConfig`, validated), `runtime` (Trainer plumbing shared by training and evaluation),
+`run` (`finetune()`), `evaluation` (`evaluate()`), `report` (aggregates, Markdown, `FinetuneResult`).
+
+Importing `posprobe.glue` (or `tasks`, `metrics`, `data`, `config`, `report`) never imports torch or
+transformers; `finetune`, `evaluate` and `FinetuneResult` are loaded on first use.
 """
 
 from posprobe.glue.tasks import TASKS, GlueTask, get_task
 
-__all__ = ["TASKS", "GlueTask", "get_task"]
+__all__ = ["TASKS", "GlueTask", "get_task", "FinetuneConfig", "FinetuneResult", "finetune", "evaluate"]
+
+_LAZY = {
+    "FinetuneConfig": "posprobe.glue.config",
+    "FinetuneResult": "posprobe.glue.report",
+    "finetune": "posprobe.glue.run",
+    "evaluate": "posprobe.glue.evaluation",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'posprobe.glue' has no attribute {name!r}")

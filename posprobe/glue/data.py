@@ -16,9 +16,13 @@ raises `PosprobeError` naming the file and line. Nothing here imports torch.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import csv
 import json
 import math
+import os
+import socket
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -38,16 +42,23 @@ SUBSAMPLE_SEED = 0
 @dataclass
 class GlueSplit:
     """One labelled split: `texts[i]` is a 1-tuple (single sentence) or 2-tuple (pair); `labels[i]` an
-    int class id (a float score for STS-B). `source` says where it came from (file or hub)."""
+    int class id (a float score for STS-B). `source` says where it came from (file or hub); `total` is the
+    size of that source when this is a capped subset of it (None: the whole source)."""
 
     task: str
     split: str
     texts: list[tuple[str, ...]]
     labels: list[int] | list[float]
     source: str
+    total: int | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def describe(self) -> str:
+        """'sst2 train: 256 of 8,551 examples from PATH' (or '8,551 examples from PATH')."""
+        size = f"{len(self):,} of {self.total:,}" if self.total is not None else f"{len(self):,}"
+        return f"{self.task} {self.split}: {size} examples from {self.source}"
 
     def subset(self, n: int | None, seed: int = SUBSAMPLE_SEED) -> GlueSplit:
         """At most `n` examples: a fixed random subset (same for every training seed), original order kept."""
@@ -61,7 +72,8 @@ class GlueSplit:
             self.split,
             [self.texts[i] for i in keep],
             [self.labels[i] for i in keep],
-            f"{self.source} (subset of {n})",
+            self.source,
+            total=len(self) if self.total is None else self.total,
         )
 
 
@@ -193,49 +205,70 @@ def read_tsv(task: GlueTask, split: str, path: Path) -> GlueSplit:
     texts: list[tuple[str, ...]] = []
     labels: list = []
     csv.field_size_limit(sys.maxsize)
-    with _open_text(path) as fh:
-        reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
-        if task.tsv_header:
-            header = next(reader, None)
-            if header is None:
-                raise PosprobeError(f"{path}: the file is empty", "expected a header line and data lines")
-            header = [h.strip() for h in header]
-            columns = {name: i for i, name in enumerate(header)}
-            missing = [c for c in (*task.tsv_text_columns, task.tsv_label_column) if c not in columns]
-            if missing:
-                raise PosprobeError(
-                    f"{path}, line 1: header lacks column(s) {', '.join(map(repr, missing))}",
-                    f"a {task.tsv_dir} TSV needs columns "
-                    f"{', '.join(map(str, (*task.tsv_text_columns, task.tsv_label_column)))}",
-                )
-            text_idx = [columns[c] for c in task.tsv_text_columns]
-            label_idx = columns[task.tsv_label_column]
-            n_fields = len(header)
-        else:
-            text_idx = [int(c) for c in task.tsv_text_columns]
-            label_idx = int(task.tsv_label_column)
-            n_fields = int(task.tsv_num_fields or 0)
-        for row in reader:
-            where = f"{path}, line {reader.line_num}"
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue
-            if len(row) != n_fields:
-                raise PosprobeError(
-                    f"{where}: {len(row)} tab-separated fields, expected {n_fields}",
-                    f"fix or remove the line (a {task.tsv_dir} TSV has {n_fields} fields)",
-                )
-            texts.append(tuple(row[i] for i in text_idx))
-            labels.append(_parse_label(task, row[label_idx], where))
+    reader = csv.reader(_text_lines(path), delimiter="\t", quoting=csv.QUOTE_NONE)
+    if task.tsv_header:
+        header = next(reader, None)
+        if header is None:
+            raise PosprobeError(f"{path}: the file is empty", "expected a header line and data lines")
+        header = [h.strip() for h in header]
+        columns = {name: i for i, name in enumerate(header)}
+        missing = [c for c in (*task.tsv_text_columns, task.tsv_label_column) if c not in columns]
+        if missing:
+            raise PosprobeError(
+                f"{path}, line 1: header lacks column(s) {', '.join(map(repr, missing))}",
+                f"a {task.tsv_dir} TSV needs columns "
+                f"{', '.join(map(str, (*task.tsv_text_columns, task.tsv_label_column)))}",
+            )
+        text_idx = [columns[c] for c in task.tsv_text_columns]
+        label_idx = columns[task.tsv_label_column]
+        n_fields = len(header)
+    else:
+        text_idx = [int(c) for c in task.tsv_text_columns]
+        label_idx = int(task.tsv_label_column)
+        n_fields = int(task.tsv_num_fields or 0)
+    for row in reader:
+        where = f"{path}, line {reader.line_num}"
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        if len(row) != n_fields:
+            raise PosprobeError(
+                f"{where}: {len(row)} tab-separated fields, expected {n_fields}",
+                f"fix or remove the line (a {task.tsv_dir} TSV has {n_fields} fields)",
+            )
+        texts.append(tuple(row[i] for i in text_idx))
+        labels.append(_parse_label(task, row[label_idx], where))
     if not labels:
-        raise PosprobeError(f"{path}: no examples", "the file has no data lines")
+        raise _no_examples(path)
     return GlueSplit(task.name, split, texts, labels, str(path))
 
 
-def _open_text(path: Path):
+def _text_lines(path: Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file (line ends kept, a leading BOM dropped), decoded one at a time so that
+    bytes that are not UTF-8 are reported with the file and line they are on."""
     try:
-        return open(path, encoding="utf-8-sig", newline="")
+        fh = open(path, "rb")
     except OSError as err:
         raise PosprobeError(f"cannot read '{path}' ({err.strerror or err})", "check the file permissions") from err
+    with fh:
+        for number, raw in enumerate(fh, 1):
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise PosprobeError(
+                    f"{path}, line {number}: bytes that are not UTF-8 ({raw[err.start : err.start + 4]!r} at "
+                    f"character {err.start + 1})",
+                    "save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)",
+                ) from None
+
+
+def _no_examples(path: Path) -> PosprobeError:
+    empty = path.is_file() and path.stat().st_size == 0
+    return PosprobeError(
+        f"{path}: {'the file is empty' if empty else 'no examples'}",
+        "the split needs at least one labelled example (one per line)",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -268,27 +301,25 @@ def read_hf_file(task: GlueTask, split: str, path: Path) -> GlueSplit:
         texts.append(tuple(_text(record[c], c, where) for c in task.text_fields))
         labels.append(_parse_label(task, record["label"], where))
     if not labels:
-        raise PosprobeError(f"{path}: no examples", "the file holds no rows")
+        raise _no_examples(path)
     return GlueSplit(task.name, split, texts, labels, str(path))
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict]]:
-    with _open_text(path) as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError as err:
-                raise PosprobeError(
-                    f"{path}, line {number}: not valid JSON ({err})", "JSON lines files hold one JSON object per line"
-                ) from None
-            yield f"{path}, line {number}", record
+    for number, line in enumerate(_text_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as err:
+            raise PosprobeError(
+                f"{path}, line {number}: not valid JSON ({err})", "JSON lines files hold one JSON object per line"
+            ) from None
+        yield f"{path}, line {number}", record
 
 
 def _json_rows(path: Path) -> Iterator[tuple[str, dict]]:
-    with _open_text(path) as fh:
-        text = fh.read()
+    text = "".join(_text_lines(path))
     try:
         data = json.loads(text)
     except ValueError:
@@ -313,22 +344,21 @@ def _json_rows(path: Path) -> Iterator[tuple[str, dict]]:
 
 def _csv_rows(path: Path) -> Iterator[tuple[str, dict]]:
     csv.field_size_limit(sys.maxsize)
-    with _open_text(path) as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None:
-            raise PosprobeError(f"{path}: the file is empty", "expected a header line and data lines")
-        header = [h.strip() for h in header]
-        for row in reader:
-            where = f"{path}, line {reader.line_num}"
-            if not row:
-                continue
-            if len(row) != len(header):
-                raise PosprobeError(
-                    f"{where}: {len(row)} comma-separated fields, expected {len(header)}",
-                    "quote fields that contain commas, or fix the line",
-                )
-            yield where, dict(zip(header, row))
+    reader = csv.reader(_text_lines(path))
+    header = next(reader, None)
+    if header is None:
+        raise PosprobeError(f"{path}: the file is empty", "expected a header line and data lines")
+    header = [h.strip() for h in header]
+    for row in reader:
+        where = f"{path}, line {reader.line_num}"
+        if not row:
+            continue
+        if len(row) != len(header):
+            raise PosprobeError(
+                f"{where}: {len(row)} comma-separated fields, expected {len(header)}",
+                "quote fields that contain commas, or fix the line",
+            )
+        yield where, dict(zip(header, row))
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[str, dict]]:
@@ -368,9 +398,17 @@ def _load_from_hub(task: GlueTask, splits: list[str]) -> dict[str, GlueSplit]:
         import datasets
     except ImportError:
         raise PosprobeError("loading GLUE from the hub needs the `datasets` package", hint) from None
+    offline = hub_offline_reason()
     try:
-        loaded = datasets.load_dataset(HUB_DATASET, task.name)
+        with _datasets_offline(offline is not None), _quiet_datasets():
+            loaded = datasets.load_dataset(HUB_DATASET, task.name)
     except Exception as err:  # offline, DNS, missing cache, hub errors: all mean "no data this way"
+        if offline is not None:
+            raise PosprobeError(
+                f"could not load GLUE '{task.name}' from the Hugging Face hub: it is not in the local datasets cache "
+                f"and the hub cannot be used ({offline})",
+                hint,
+            ) from err
         reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
         raise PosprobeError(f"could not load GLUE '{task.name}' from the Hugging Face hub ({reason})", hint) from err
     out: dict[str, GlueSplit] = {}
@@ -385,3 +423,61 @@ def _load_from_hub(task: GlueTask, splits: list[str]) -> dict[str, GlueSplit]:
         labels = [_parse_label(task, v, f"{where_prefix} row {i + 1}") for i, v in enumerate(columns["label"])]
         out[split] = GlueSplit(task.name, split, texts, labels, f"hub:{HUB_DATASET}/{task.name}")
     return out
+
+
+def hub_offline_reason(timeout: float = 3.0) -> str | None:
+    """Why the hub cannot be reached, decided at once, or None when it can: offline mode set in the
+    environment (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE, TRANSFORMERS_OFFLINE), or one TCP connection to the
+    hub's endpoint that fails within `timeout` seconds (instead of `datasets`' retries with back-off)."""
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE"):
+            return f"{name} is set"
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY")):
+        return None  # the hub is reached through a proxy: a direct connection proves nothing
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        return f"no connection to {host}: {err.strerror or type(err).__name__}"
+    return None
+
+
+@contextlib.contextmanager
+def _datasets_offline(offline: bool):
+    """Run `datasets` in offline mode (cache only, no retries) for the block, whatever the environment said
+    when it was imported."""
+    if not offline:
+        yield
+        return
+    import datasets.config
+    from huggingface_hub import constants
+
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = saved[0]
+        constants.HF_HUB_OFFLINE = saved[1]
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+    """No `datasets` warnings or progress bars on the console while loading."""
+    import datasets
+
+    verbosity = datasets.logging.get_verbosity()
+    bars = datasets.utils.is_progress_bar_enabled()
+    datasets.logging.set_verbosity_error()
+    datasets.utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.utils.enable_progress_bars()

@@ -26,7 +26,7 @@ from posprobe.checkpoint.architectures import family_of, model_shape
 from posprobe.errors import PosprobeError
 
 DEFAULT_BLOCK = 128
-DEFAULT_WINDOW = 20
+DEFAULT_PROFILE_WINDOW = 20  #: half-width K of the plotted and summarised profile window k = -K..K (not the fit window)
 
 
 # ---------------------------------------------------------------------------------------------- P
@@ -238,7 +238,7 @@ def compute_profiles(
     layers: list[int] | None = None,
     mode: str = "paper",
     allow_pickle: bool = False,
-    window: int = DEFAULT_WINDOW,
+    window: int = DEFAULT_PROFILE_WINDOW,
     source: ModelSource | None = None,
 ) -> ProfileResult:
     """Profiles (diagonal means of F_hat_P) of every head of `layers` (None = all), plus 5 sections each."""

@@ -2,7 +2,9 @@
 
 Convention everywhere: k = j - i (query i, key j); a kernel with c > 0 scores later tokens.
 
-The kernels file (``tisa_kernels_S{S}.safetensors``) holds tensors ``a``, ``b``, ``c`` of shape
+Fitting returns a `TisaFitResult` and writes nothing; `posprobe.outputs.save_tisa_fit` writes it.
+The kernels file (``tisa_kernels_S{S}.safetensors``; ``..._layers0,2`` when only some layers were
+fitted) holds tensors ``a``, ``b``, ``c`` of shape
 (L, H, S) and ``offset`` (L, H), float32, with L = the fitted layers in order, plus one metadata key
 ``posprobe`` whose value is a JSON object (model, mode, n_kernels, window, convention, layers,
 per-head r2, shared_layers, ...). The offset is the constant softmax ignores; it is *not* part of the
@@ -12,14 +14,14 @@ kernels. The format (save, load, validation) lives in `posprobe.kernels_file`.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from posprobe.analysis.tisa_fit import TisaKernelFitter
-from posprobe.errors import PosprobeError
+from posprobe.analysis.tisa_fit import DEFAULT_FIT_WINDOW, TisaKernelFitter
+from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.kernels_file import (  # noqa: F401  (the kernels-file format lives there; re-exported for callers)
     CONVENTION,
     FUNCTION,
@@ -29,6 +31,7 @@ from posprobe.kernels_file import (  # noqa: F401  (the kernels-file format live
     read_kernels_file,
     save_tisa_kernels,
 )
+from posprobe.validation import as_int
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,10 @@ class TisaFitResult:
 
 
 # ---------------------------------------------------------------------------------------------- API
+#: progress(stage, done, total): called as a fit advances (the CLI draws a progress bar from it).
+Progress = Callable[[str, int, int], None]
+
+
 def fit_tisa(
     model: str | None,
     kernels: int | Sequence[int] = (5,),
@@ -153,37 +160,28 @@ def fit_tisa(
     mode: str = "paper",
     seed: int = 0,
     allow_pickle: bool = False,
-    out_dir: str | Path | None = None,
-    fmt: str = "png",
     exhaustive: bool = False,
     profiles: ProfileSet | None = None,
+    progress: Progress | None = None,
 ) -> TisaFitResult:
-    """Fit TISA kernels to every head profile of `model` for each S in `kernels`.
+    """Fit TISA kernels to every head profile of `model` for each S in `kernels`; writes nothing.
 
     `model`: hub id, folder, None (packaged MiniLM) or a `.npz` written by `posprobe profiles`.
-    `layers`: None = all. `window`: fit half-width W (None = default, clipped to the offsets).
-    With `out_dir`, writes ``tisa_kernels_S{S}.safetensors`` and ``tisa_fit_S{S}.{fmt}`` per S.
+    `layers`: None = all. `window`: fit half-width W (None = `DEFAULT_FIT_WINDOW`, clipped to the offsets).
+    An S whose 3·S + 1 parameters exceed the 2W + 1 points of the window is refused before any work.
     ALBERT (shared layers): the one shared layer is fitted once and replicated at every depth.
+    Save the result with `posprobe.outputs.save_tisa_fit` (kernels file and figure per S).
     """
-    from posprobe.outputs import FIGURE_FORMATS, prepare_out_dir
-
     kernel_list = _check_kernels(kernels)
-    if fmt not in FIGURE_FORMATS:
-        raise PosprobeError(f"unknown figure format '{fmt}'", f"use one of: {', '.join(FIGURE_FORMATS)}")
-    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1):
-        raise PosprobeError(
-            f"the fit window must be a whole number >= 1, got {window!r}", "pass e.g. --window 16 (fits k = -16..16)"
-        )
-    out_path = prepare_out_dir(out_dir) if out_dir is not None else None
+    if window is not None:
+        window = as_int(window, "window", minimum=1, hint="pass e.g. {arg} 16 (fits k = -16..16)")
+    _check_points(kernel_list, window if window is not None else DEFAULT_FIT_WINDOW, window)
     data = profiles if profiles is not None else load_profiles(model, layers, mode, allow_pickle)
+    used_window = _resolve_window(window, data.offsets)
+    _check_points(kernel_list, used_window, window)
 
-    fits: list[TisaFit] = []
-    used_window = None
-    for s in kernel_list:
-        fit = _fit_one(data, s, window, seed, exhaustive)
-        used_window = fit[1]
-        fits.append(fit[0])
-    result = TisaFitResult(
+    fits = [_fit_one(data, s, used_window, seed, exhaustive, progress) for s in kernel_list]
+    return TisaFitResult(
         data.model,
         data.model_type,
         data.mode,
@@ -197,16 +195,37 @@ def fit_tisa(
         data.profiles,
         fits,
     )
-    if out_path is not None:
-        result = replace(result, fits=[write_fit(result, f, out_path, fmt) for f in fits])
-    return result
 
 
 def fit_kernels_file(model: str | None, kernels: int, out_dir: str | Path, allow_pickle: bool = False) -> Path:
     """Fit S = `kernels` kernels to every head of `model` (paper mode, default window; the TISA paper's
     initialisation) and return the kernels file written into `out_dir` — what `--init fit` uses."""
-    result = fit_tisa(model, kernels=[kernels], allow_pickle=allow_pickle, out_dir=out_dir)
+    from posprobe.outputs import save_tisa_fit
+
+    result = save_tisa_fit(fit_tisa(model, kernels=[kernels], allow_pickle=allow_pickle), out_dir)
     return Path(result.fits[0].kernels_file)
+
+
+def kernels_file_name(result: TisaFitResult, fit: TisaFit) -> str:
+    """`tisa_kernels_S{S}.safetensors` for a fit of every layer; `..._layers0,2.safetensors` (the fitted
+    layers in the name) when only some were fitted, so a partial fit never replaces a full one."""
+    return f"tisa_kernels_S{fit.n_kernels}{_layers_suffix(result)}.safetensors"
+
+
+def figure_file_name(result: TisaFitResult, fit: TisaFit, fmt: str = "png") -> str:
+    """`tisa_fit_S{S}.{fmt}`, with the fitted layers in the name as for `kernels_file_name`."""
+    return f"tisa_fit_S{fit.n_kernels}{_layers_suffix(result)}.{fmt}"
+
+
+def kernels_metadata(result: TisaFitResult, fit: TisaFit) -> dict:
+    """The JSON metadata stored under 'posprobe' in a kernels file."""
+    return _metadata(result, fit)
+
+
+def _layers_suffix(result: TisaFitResult) -> str:
+    if list(result.layers) == list(range(result.n_layers)):
+        return ""
+    return "_layers" + ",".join(str(layer) for layer in result.layers)
 
 
 def load_profiles(
@@ -238,78 +257,84 @@ def load_profiles(
     )
 
 
-def write_fit(result: TisaFitResult, fit: TisaFit, out_dir: Path, fmt: str = "png") -> TisaFit:
-    """Write the kernels file and the figure of `fit` into `out_dir` (atomically); return it with paths."""
-    from posprobe.outputs import save_figure
-    from posprobe.plotting_fit import tisa_fit_grid
-
-    kernels_file = save_tisa_kernels(
-        Path(out_dir) / f"tisa_kernels_S{fit.n_kernels}.safetensors", fit, _metadata(result, fit)
-    )
-    title = f"TISA fit, S={fit.n_kernels} — {result.model} ({result.mode} mode, |k| ≤ {result.window})"
-    figure = tisa_fit_grid(
-        result.offsets,
-        result.profiles,
-        fit.a,
-        fit.b,
-        fit.c,
-        fit.offset,
-        fit.r2,
-        result.layers,
-        result.window,
-        title,
-        result.shared_layers,
-    )
-    path = save_figure(figure, Path(out_dir) / f"tisa_fit_S{fit.n_kernels}.{fmt}", dpi=110)
-    return replace(fit, kernels_file=kernels_file, figure=path)
-
-
 # -------------------------------------------------------------------------------------- internals
 def _check_kernels(kernels: int | Sequence[int]) -> list[int]:
-    values = [kernels] if isinstance(kernels, (int, np.integer)) and not isinstance(kernels, bool) else list(kernels)
-    if not values:
-        raise PosprobeError("no numbers of kernels given", "pass e.g. --kernels 5 or --kernels 1,3,5")
-    out: list[int] = []
-    for s in values:
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1:
-            raise PosprobeError(
-                f"the number of TISA kernels must be a whole number >= 1, got {s!r}",
-                "pass e.g. --kernels 5 or --kernels 1,3,5",
-            )
-        if int(s) not in out:
-            out.append(int(s))
-    return out
+    """S (or several S, duplicates dropped, order kept), each a whole number >= 1."""
+    from posprobe.validation import as_int_list
+
+    if isinstance(kernels, (int, np.integer)) and not isinstance(kernels, bool):
+        kernels = [kernels]
+    return as_int_list(kernels, "kernels", minimum=1, allow_none=False)
 
 
-def _fit_one(data: ProfileSet, s: int, window: int | None, seed: int, exhaustive: bool) -> tuple[TisaFit, int]:
+def _resolve_window(window: int | None, offsets: np.ndarray) -> int:
+    """The half-width W actually fitted: `window`, or `DEFAULT_FIT_WINDOW` clipped to the offsets."""
+    offsets = np.asarray(offsets)
+    available = int(min(-offsets.min(), offsets.max())) if offsets.size else 0
+    if available < 1:
+        raise PosprobeError(
+            "the profiles do not cover offsets k = -1..1", "pass profiles over k = -(n-1)..n-1 with n >= 2"
+        )
+    if window is None:
+        return min(DEFAULT_FIT_WINDOW, available)
+    window = as_int(window, "window", minimum=1, hint=f"pass {{arg}} between 1 and {available}")
+    if window > available:
+        raise ArgumentValueError(
+            "window",
+            f"the fit {{arg}} {window} is larger than the available offsets (|k| <= {available})",
+            f"pass {{arg}} between 1 and {available}",
+        )
+    return window
+
+
+def _check_points(kernel_list: list[int], window: int, asked_window: int | None) -> None:
+    """Refuse an S with more parameters (3·S + 1: a, b, c per kernel and the offset) than the 2W + 1
+    points of the window: such a fit is underdetermined for every head and can take minutes."""
+    points = 2 * window + 1
+    too_many = [s for s in kernel_list if 3 * s + 1 > points]
+    if too_many:
+        s = max(too_many)
+        where = f"the fit window k = -{window}..{window}" + ("" if asked_window is not None else " (the default)")
+        raise ArgumentValueError(
+            "kernels",
+            f"{{arg}} {s} needs {3 * s + 1} profile points (3·S + 1 parameters) but {where} has {points}",
+            f"use at most {(points - 1) // 3} kernels, or a wider window (it needs at least {(3 * s + 1) // 2})",
+        )
+
+
+def _fit_one(
+    data: ProfileSet, s: int, window: int, seed: int, exhaustive: bool, progress: Progress | None = None
+) -> TisaFit:
+    """Fit S kernels to every head. With `progress`, heads are fitted in about 10 chunks (a head's fit does
+    not depend on which heads share its batch, so the result is the same) and progress is reported."""
     n_sel, n_heads, _ = data.profiles.shape
     # ALBERT: one shared layer -> fit it once, replicate at every depth.
     fit_rows = data.profiles[:1] if data.shared_layers else data.profiles
     flat = fit_rows.reshape(-1, fit_rows.shape[-1])
-    fitter = TisaKernelFitter(s, window=window, seed=seed, exhaustive=exhaustive)
+    m = flat.shape[0]
+    chunk = m if progress is None else max(8, -(-m // 10))
+    parts = []
     start = time.perf_counter()
-    fitter.fit(flat, data.offsets)
+    for lo in range(0, m, chunk):
+        if progress is not None:
+            progress(f"S = {s}", lo, m)
+        fitter = TisaKernelFitter(s, window=window, seed=seed, exhaustive=exhaustive)
+        parts.append(fitter.fit(flat[lo : lo + chunk], data.offsets))
+    if progress is not None:
+        progress(f"S = {s}", m, m)
     seconds = time.perf_counter() - start
     rows = fit_rows.shape[0]
 
-    def shaped(x: np.ndarray) -> np.ndarray:
+    def joined(name: str) -> np.ndarray:
+        x = np.concatenate([getattr(p, name) for p in parts], axis=0)
         x = x.reshape((rows, n_heads) + x.shape[1:])
         return np.repeat(x, n_sel, axis=0) if data.shared_layers else x
 
-    flags = [list(fitter.flags_[r * n_heads : (r + 1) * n_heads]) for r in range(rows)]
+    all_flags = [note for p in parts for note in p.flags_]
+    flags = [list(all_flags[r * n_heads : (r + 1) * n_heads]) for r in range(rows)]
     if data.shared_layers:
         flags = [list(flags[0]) for _ in range(n_sel)]
-    fit = TisaFit(
-        s,
-        shaped(fitter.a_),
-        shaped(fitter.b_),
-        shaped(fitter.c_),
-        shaped(fitter.offset_),
-        shaped(fitter.r2_),
-        flags,
-        seconds,
-    )
-    return fit, fitter.window_
+    return TisaFit(s, joined("a_"), joined("b_"), joined("c_"), joined("offset_"), joined("r2_"), flags, seconds)
 
 
 def _metadata(result: TisaFitResult, fit: TisaFit) -> dict:

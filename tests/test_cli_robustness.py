@@ -1,0 +1,240 @@
+"""How the CLI fails: Ctrl-C (a real SIGINT to a child process), full disks, failed runs leaving no empty
+folder, `--version`, readable tables at 80 columns and no ANSI codes when stderr is not a terminal."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.cells import cell_len
+
+from posprobe.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child_env(**extra) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", **extra)
+    env.pop("POSPROBE_DEBUG", None)
+    return env
+
+
+def run_main(args, capsys):
+    """(exit code, captured output) of `main(args)`; 0 when it returns normally."""
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exit_info:
+        code = exit_info.code or 0
+    return code, capsys.readouterr()
+
+
+def interrupt_when_folder_appears(cmd: list[str], out: Path, delay: float) -> subprocess.CompletedProcess:
+    """Start `cmd` in its own process group with SIGINT at its default action (as a shell runs a foreground
+    job), wait until it has created `out`, wait `delay` s more, then send SIGINT to the group (Ctrl-C)."""
+    proc = subprocess.Popen(
+        ["env", "--default-signal=INT", *cmd],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not out.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the command ended before it could be interrupted: {proc.communicate()}"
+    time.sleep(delay)
+    assert proc.poll() is None, "the command ended before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def test_ctrl_c_during_fit_tisa_exits_130_with_one_line_and_no_files(tmp_path):
+    out = tmp_path / "fit"
+    done = interrupt_when_folder_appears(
+        [
+            sys.executable,
+            "-m",
+            "posprobe",
+            "fit-tisa",
+            "--kernels",
+            "12",
+            "--window",
+            "64",
+            "--json",
+            "--out",
+            str(out),
+        ],
+        out,
+        delay=1.5,
+    )
+    assert done.returncode == 130, done
+    assert done.stdout == ""  # --json prints nothing on an interrupt
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("posprobe: error: interrupted"), done.stderr
+    assert not out.exists()  # the folder it created is gone, with nothing half-written in it
+
+
+def test_ctrl_c_during_an_analysis_exits_130(tmp_path):
+    """`toeplitz` held in its analysis (a sleep patched in before it) while the SIGINT arrives."""
+    out = tmp_path / "toeplitz"
+    code = (
+        "import time, posprobe.pipelines.analysis as a; real = a.toeplitz_analysis; "
+        "a.toeplitz_analysis = lambda *x, **k: (time.sleep(60), real(*x, **k))[1]; "
+        "from posprobe.cli import main; main()"
+    )
+    done = interrupt_when_folder_appears(
+        [sys.executable, "-c", code, "toeplitz", "--json", "--out", str(out)], out, delay=0.3
+    )
+    assert done.returncode == 130 and done.stdout == "", done
+    assert done.stderr.startswith("posprobe: error: interrupted") and len(done.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_full_disk_is_one_line_with_no_folder_left(monkeypatch, tmp_path, capsys):
+    """ENOSPC while the figure is written: exit 2, one line, no temporary file and no (empty) folder."""
+    from matplotlib.figure import Figure
+
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    out = tmp_path / "deep" / "out"
+    code, captured = run_main(["toeplitz", "--out", str(out)], capsys)
+    assert code == 2
+    assert captured.err.startswith("posprobe: error: cannot write") and "No space left" in captured.err
+    assert "free some disk space" in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert not (tmp_path / "deep").exists()
+
+
+def test_full_disk_in_the_final_rename_keeps_the_existing_folder_clean(monkeypatch, tmp_path, capsys):
+    """ENOSPC at any step of the atomic write, into a folder that existed: it stays, with no temporary file."""
+    import posprobe.outputs as outputs
+
+    real_replace = os.replace
+
+    def full(src, dst):
+        if str(dst).endswith(".json"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(outputs.os, "replace", full)
+    code, captured = run_main(["toeplitz", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "No space left" in captured.err
+    assert tmp_path.is_dir() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_failed_run_leaves_no_empty_out_folder(tiny_checkpoints, tmp_path, capsys):
+    out = tmp_path / "a" / "b"
+    code, captured = run_main(["fhat", str(tiny_checkpoints["bert"]), "--layer", "9", "--out", str(out)], capsys)
+    assert code == 2 and captured.err.startswith("posprobe: error:")
+    assert not (tmp_path / "a").exists()
+    code, _ = run_main(["fit-tisa", str(tiny_checkpoints["bert"]), "--layers", "7", "--out", str(out)], capsys)
+    assert code == 2 and not (tmp_path / "a").exists()
+
+
+def test_fit_tisa_refuses_too_many_kernels_at_once(tmp_path, capsys):
+    """--kernels 100 has 301 parameters for 33 points: refused before any profile is computed."""
+    start = time.perf_counter()
+    code, captured = run_main(["fit-tisa", "--kernels", "100", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and time.perf_counter() - start < 2
+    assert "--kernels 100 needs 301 profile points" in captured.err and "at most 10 kernels" in captured.err
+    assert not (tmp_path / "o").exists()
+    code, captured = run_main(["fit-tisa", "--kernels", "3,43", "--window", "64", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "--kernels 43 needs 130" in captured.err and "129" in captured.err
+
+
+def test_version(capsys):
+    from posprobe import __version__
+
+    code, captured = run_main(["--version"], capsys)
+    assert code == 0 and captured.out.strip() == f"posprobe {__version__}"
+
+
+def test_tables_fit_80_columns_without_ansi_codes(tmp_path):
+    """Piped stderr (not a terminal) at COLUMNS=80: no escape codes, no line over 80, R² values whole."""
+    cmd = [sys.executable, "-m", "posprobe", "fit-tisa", "--kernels", "1,5", "--layers", "0", "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(COLUMNS="80"), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "\x1b[" not in done.stderr and max(cell_len(line) for line in done.stderr.splitlines()) <= 80
+    assert "1.…" not in done.stderr and "tisa_kernels_S5_layers0.safetensors" in done.stderr
+    done = subprocess.run(
+        [sys.executable, "-m", "posprobe", "fit-tisa", "--kernels", "5", "--layers", "0", "--out", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        env=child_env(COLUMNS="80"),
+        timeout=300,
+    )
+    assert done.returncode == 0 and "\x1b[" not in done.stderr
+    assert max(cell_len(line) for line in done.stderr.splitlines()) <= 80
+    per_head = done.stderr.split("R² per head")[1].split("median")[0]  # 12 heads fit across 80 columns
+    assert "…" not in per_head and len(re.findall(r"\b[01]\.\d{3}\b", per_head)) == 12
+
+
+def test_compare_needs_two_models_and_shows_labels(tiny_checkpoints, tmp_path, capsys):
+    code, captured = run_main(["compare", str(tiny_checkpoints["bert"]), "--out", str(tmp_path / "c")], capsys)
+    assert code == 2 and "two or more models" in captured.err and not (tmp_path / "c").exists()
+    a, b = tmp_path / "runs" / "a" / "ckpt", tmp_path / "runs" / "b" / "ckpt"
+    import shutil
+
+    shutil.copytree(tiny_checkpoints["bert"], a)
+    shutil.copytree(tiny_checkpoints["roberta"], b)
+    code, captured = run_main(
+        ["compare", str(a), str(tiny_checkpoints["gpt2"]), "--json", "--out", str(tmp_path)], capsys
+    )
+    assert code == 0
+    record = json.loads(captured.out)
+    assert [m["label"] for m in record["models"]] == ["ckpt", tiny_checkpoints["gpt2"].name]
+    code, captured = run_main(["compare", str(a), str(b), "--json", "--out", str(tmp_path)], capsys)
+    labels = [m["label"] for m in json.loads(captured.out)["models"]]
+    assert len(set(labels)) == 2  # same folder name: told apart by their (middle-shortened) paths
+
+
+def test_compare_table_at_80_columns(tiny_checkpoints, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    deep = tmp_path / ("a-very-long-folder-name-" * 3) / "checkpoint-with-a-long-name-as-well"
+    import shutil
+
+    shutil.copytree(tiny_checkpoints["bert"], deep)
+    code, captured = run_main(
+        ["compare", str(deep), str(tiny_checkpoints["gpt2"]), "--out", str(tmp_path / "c")], capsys
+    )
+    table = captured.err.split("figure:")[0]  # the figure's path is as long as it is
+    assert code == 0 and max(cell_len(line) for line in table.splitlines()) <= 80
+    assert "…" in captured.err or "checkpoint-with-a-long-name-as-well" in captured.err
+    assert str(tmp_path) not in captured.err.split("figure:")[0]  # labels, not paths, in the table
+
+
+def test_undefined_r2_reads_undefined_in_text_and_null_in_json(monkeypatch, tmp_path, capsys):
+    """The library reports an undefined R² (constant matrix) as None / NaN; the CLI words it."""
+    import numpy as np
+
+    import posprobe.pipelines.analysis as pipelines
+    from posprobe.pipelines.analysis import FhatResult, ToeplitzResult
+
+    const = np.ones((8, 8))
+    monkeypatch.setattr(
+        pipelines,
+        "toeplitz_analysis",
+        lambda *a, **k: ToeplitzResult("m", "bert", 8, 0, False, const, None, {4: None}),
+    )
+    monkeypatch.setattr(
+        pipelines,
+        "fhat_analysis",
+        lambda *a, **k: FhatResult("m", "bert", 0, 0, "paper", np.stack([const, np.eye(8)]), np.array([np.nan, 0.5])),
+    )
+    code, captured = run_main(["toeplitz", "--out", str(tmp_path / "t")], capsys)
+    assert code == 0 and "undefined (constant matrix)" in captured.err
+    code, captured = run_main(["toeplitz", "--json", "--out", str(tmp_path / "t")], capsys)
+    assert code == 0 and json.loads(captured.out)["toeplitz_r2"] is None
+    code, captured = run_main(["fhat", "--out", str(tmp_path / "f")], capsys)
+    assert code == 0 and "undefined (constant matrix)" in captured.err and "0.5000" in captured.err
