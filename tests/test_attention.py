@@ -345,10 +345,8 @@ def test_ctrl_c_exits_130_and_leaves_no_output(tiny_bert_folder, tmp_path):
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert stdout == b"" and not out.exists()  # no JSON, no folder, no partial file
-    if proc.returncode == 0:  # main() maps typer's Abort to exit 0 until the CLI fix of issue 8 #1 lands
-        pytest.xfail("Ctrl-C exits 0 (issue 8 #1, fixed on the cli branch)")
     assert proc.returncode == 130, stderr.decode()
-    assert stderr.decode().strip().endswith("interrupted")
+    assert stderr.decode().strip().splitlines()[-1].startswith("posprobe: error: interrupted")
 
 
 def test_interrupted_write_leaves_nothing(monkeypatch, tmp_path):
