@@ -1,7 +1,7 @@
 """GLUE benchmark: the packaged MiniLM fine-tuned on CoLA and SST-2 with no / TISA / composite positions.
 
 For every task, seed and mechanism (seed-major order, so a run cut short still has the same seeds for every
-mechanism) this fine-tunes with `posprobe.glue.train.finetune`, then writes a Markdown report (default
+mechanism) this fine-tunes with `posprobe.glue.finetune`, then writes a Markdown report (default
 `runs/bench_glue/RESULTS_glue.md`; its tables are copied into `benchmarks/RESULTS.md` by hand)
 with dev metrics per seed, median, mean ± s.e. and wall time per run. The Markdown is rewritten after
 every run, so partial results survive an interruption; re-running the same command resumes (finished

@@ -1,15 +1,100 @@
 """posprobe: measure, fit and retrofit positional mechanisms in pretrained transformers.
 
-Library entry points (imported lazily so that `import posprobe` stays light):
-- `posprobe.pipelines.analysis`: `toeplitz_analysis`, `fhat_analysis`, `compute_profiles`, `compare_models`
-- `posprobe.load_model(path_or_id)`: a (possibly retrofitted) model, ready to run
+Every name in `__all__` is imported on first use, so `import posprobe` stays light (no torch, transformers or
+matplotlib until an analysis or a model needs them):
+
+- analyses of a model id, folder, None (the packaged all-MiniLM-L6-v2) or a loaded transformers model:
+  `toeplitz` (P = E_P E_P^T and its Toeplitz R^2), `fhat` (F_hat_P per head of a layer), `profiles` (head
+  profiles over k = j - i), `compare` (several models); long names `toeplitz_analysis`, `fhat_analysis`,
+  `compute_profiles`, `compare_models`;
+- TISA kernels: `fit_tisa` (a model's heads, several S) and `TisaKernelFitter` (any profiles, scikit-learn style);
+- models: `load_model`, `retrofit`, `save_retrofitted`, `finetune` / `evaluate` (GLUE, `FinetuneResult`);
+- result types (each with a short repr, `.plot()`, `.to_dict()`, `.to_json()`) and `PosprobeError`.
 """
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
 
+# public name -> module that defines it (imported on first access)
+_EXPORTS = {
+    "toeplitz": "posprobe.pipelines.analysis",
+    "fhat": "posprobe.pipelines.analysis",
+    "profiles": "posprobe.pipelines.analysis",
+    "compare": "posprobe.pipelines.analysis",
+    "toeplitz_analysis": "posprobe.pipelines.analysis",
+    "fhat_analysis": "posprobe.pipelines.analysis",
+    "compute_profiles": "posprobe.pipelines.analysis",
+    "compare_models": "posprobe.pipelines.analysis",
+    "ToeplitzResult": "posprobe.pipelines.analysis",
+    "FhatResult": "posprobe.pipelines.analysis",
+    "ProfileResult": "posprobe.pipelines.analysis",
+    "CompareResult": "posprobe.pipelines.analysis",
+    "CompareRow": "posprobe.pipelines.analysis",
+    "fit_tisa": "posprobe.pipelines.fitting",
+    "load_tisa_kernels": "posprobe.kernels_file",
+    "save_tisa_kernels": "posprobe.kernels_file",
+    "TisaFitResult": "posprobe.pipelines.fitting",
+    "TisaFit": "posprobe.pipelines.fitting",
+    "TisaKernelFitter": "posprobe.analysis.tisa_fit",
+    "tisa_function": "posprobe.analysis.tisa_fit",
+    "load_model": "posprobe.retrofit",
+    "retrofit": "posprobe.retrofit",
+    "save_retrofitted": "posprobe.retrofit",
+    "finetune": "posprobe.glue",
+    "evaluate": "posprobe.glue",
+    "FinetuneConfig": "posprobe.glue",
+    "FinetuneResult": "posprobe.glue",
+    "PosprobeError": "posprobe.errors",
+    "ArgumentValueError": "posprobe.errors",
+    "ArgumentTypeError": "posprobe.errors",
+}
 
-def load_model(*args, **kwargs):
-    """Load a plain or retrofitted checkpoint with its positional mechanism installed (see posprobe.retrofit)."""
-    from posprobe.retrofit import load_model as _load_model
+__all__ = sorted(_EXPORTS) + ["__version__"]
+_SUBPACKAGES = ("analysis", "checkpoint", "glue", "mechanisms", "outputs", "pipelines", "plotting", "validation")
 
-    return _load_model(*args, **kwargs)
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        if name in _SUBPACKAGES:  # `posprobe.plotting` etc. without an explicit import, as in a notebook
+            return importlib.import_module(f"{__name__}.{name}")
+        raise AttributeError(f"module 'posprobe' has no attribute '{name}'")
+    loaded = importlib.import_module(module)
+    if name not in globals():  # (importing `posprobe.retrofit` has already set `retrofit`: the callable module)
+        globals()[name] = getattr(loaded, name)
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _CallableModule(types.ModuleType):
+    """A submodule that shares its name with the function it defines (`posprobe.retrofit`): importing the module
+    sets `posprobe.retrofit` to it, so calling it calls the function, and its signature is the function's."""
+
+    def __call__(self, *args, **kwargs):
+        return getattr(self, self.__name__.rsplit(".", 1)[-1])(*args, **kwargs)
+
+    @property
+    def __signature__(self):
+        import inspect
+
+        return inspect.signature(getattr(self, self.__name__.rsplit(".", 1)[-1]))
+
+
+class _Package(types.ModuleType):
+    """posprobe itself: when a submodule named like an exported function is imported, make it callable."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _EXPORTS and isinstance(value, types.ModuleType) and type(value) is types.ModuleType:
+            value.__class__ = _CallableModule
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from posprobe.analysis.toeplitz import format_r2
+
 PANEL_PIXELS = 300  # display resolution of one grid panel; larger matrices are block-averaged to about this
 FIGURE_DPI = 110  # the resolution posprobe.outputs.save_figure writes raster figures at
 
@@ -34,11 +36,6 @@ def _grid(count: int) -> tuple[int, int]:
 
 
 DIVERGING = "RdBu_r"  # signed matrices (P, F_hat_P): blue < 0 < red, white at 0
-
-
-def _r2_text(value, digits: int = 3) -> str:
-    """R^2 for a figure: None/NaN (constant matrix) reads "undefined"."""
-    return "undefined" if value is None or value != value else f"{float(value):.{digits}f}"
 
 
 def _symmetric_limit(*matrices: np.ndarray) -> float:
@@ -94,9 +91,9 @@ def heatmap(result):
     kind = "cosine" if result.cosine else "inner product"
     limit = 1.0 if result.cosine else _symmetric_limit(result.matrix)
     _matrix_panel(fig, ax, result.matrix, limit, label="cosine" if result.cosine else "⟨e_i, e_j⟩")
-    blocks = "".join(f", first {b}: {_r2_text(r)}" for b, r in result.blocks.items())
+    blocks = "".join(f", first {b}: {format_r2(r, 3)}" for b, r in result.blocks.items())
     ax.set_title(
-        f"{result.model}\nP = E_P E_Pᵀ ({kind}); Toeplitz R² = {_r2_text(result.toeplitz_r2)}{blocks}", fontsize=9
+        f"{result.model}\nP = E_P E_Pᵀ ({kind}); Toeplitz R² = {format_r2(result.toeplitz_r2, 3)}{blocks}", fontsize=9
     )
     ax.set_xlabel("position j")
     ax.set_ylabel("position i")
@@ -177,7 +174,7 @@ def fhat_grid(result, scale: str = "shared") -> Mosaic:
         y, x = header + r * (size + top) + top, left + c * (size + gap)
         pixels[y : y + size, x : x + size] = tile
         extra = f" (±{limits[h]:.3g})" if shared is None else ""
-        labels.append((x + size / 2, y - 4, f"head {h}: R² = {_r2_text(result.toeplitz_r2[h])}{extra}", "mb", 11))
+        labels.append((x + size / 2, y - 4, f"head {h}: R² = {format_r2(result.toeplitz_r2[h], 3)}{extra}", "mb", 11))
         if c == 0:  # left column: query axis
             labels += [(x - 4, y, "0", "rt", 10), (x - 4, y + size, str(n - 1), "rb", 10)]
             labels.append((x - 6, y + size / 2, "query i", "rm", 11))
@@ -295,15 +292,15 @@ def profile_grid(result, layer_index: int = 0):
 
 def compare_heatmaps(rows, labels: list[str] | None = None):
     """Side-by-side P heatmaps of several models (paper Fig. 1), one panel per model (no blank panel),
-    titled with the model's label (`labels`, default each row's `model`), each with its own colorbar:
+    titled with the model's label (`labels`, default each row's `label`), each with its own colorbar:
     inner products of different models are on different scales. Returns a matplotlib Figure."""
-    labels = list(labels) if labels is not None else [row.model for row in rows]
+    labels = list(labels) if labels is not None else [row.label for row in rows]
     fig = _figure(4.2 * len(rows), 4.1)
     axes = fig.subplots(
         1, len(rows), squeeze=False, gridspec_kw=dict(left=0.02, right=0.92, bottom=0.04, top=0.84, wspace=0.35)
     )
     for row, label, ax in zip(rows, labels, axes.flat):
         _matrix_panel(fig, ax, row.matrix, _symmetric_limit(row.matrix))
-        ax.set_title(f"{label}\nR² = {_r2_text(row.toeplitz_r2)}", fontsize=9)
+        ax.set_title(f"{label}\nR² = {format_r2(row.toeplitz_r2, 3)}", fontsize=9)
         ax.set_xticks([]), ax.set_yticks([])
     return fig

@@ -66,7 +66,7 @@ def test_sweep_writes_one_file_per_s(tmp_path):
         assert a.shape == (2, 3, s) and meta["n_kernels"] == s
     r2 = [f.median_r2 for f in result.fits]
     assert r2[0] <= r2[1] + 1e-9 <= r2[2] + 2e-9  # more kernels never fit worse
-    record = result.to_json()
+    record = result.to_dict()
     assert record["kernels"] == [1, 3, 5] and [f["kernels"] for f in record["fits"]] == [1, 3, 5]
     assert record["seconds"] == pytest.approx(sum(f["seconds"] for f in record["fits"]), abs=1e-3)
 

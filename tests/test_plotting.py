@@ -78,7 +78,7 @@ def test_heatmap_and_compare_are_figures_with_colorbars(tmp_path):
     t = ToeplitzResult("a/very/long/path/model", "bert", 30, 0, False, m, 0.5, {16: None})
     fig = plotting.heatmap(t)
     assert len(fig.axes) == 2 and "undefined" in fig.axes[0].get_title()  # image + colorbar
-    rows = [CompareRow(f"/runs/{x}/model", 30, 0.4, None, 0.5, m) for x in "ab"]
+    rows = [CompareRow(f"/runs/{x}/model", "model", 30, 0.4, None, 0.5, m) for x in "ab"]
     fig = plotting.compare_heatmaps(rows, ["model (a)", "model (b)"])
     images = [ax for ax in fig.axes if ax.images]
     assert len(images) == 2 and len(fig.axes) == 4  # one panel per model (no blank one) + a colorbar each

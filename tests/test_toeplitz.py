@@ -5,6 +5,7 @@ import pytest
 
 from posprobe.analysis.position_products import position_inner_products
 from posprobe.analysis.toeplitz import (
+    R2_RELATIVE_TOL,
     block_r2,
     diagonal_means,
     offsets,
@@ -74,8 +75,49 @@ def test_batched_equals_one_by_one():
         assert r2[idx] == pytest.approx(toeplitz_r2(batch[idx]), abs=1e-13)
 
 
-def test_constant_matrix_is_toeplitz():
-    assert toeplitz_r2(np.full((4, 4), 3.0)) == 1.0
+def test_constant_matrix_has_undefined_r2():
+    # A constant matrix has no variance to explain: R^2 is undefined, not 1 and not -579.6 (issue 8 #3).
+    assert toeplitz_r2(np.full((4, 4), 3.0)) is None
+    assert toeplitz_r2(np.zeros((5, 5))) is None
+
+
+def test_constant_plus_roundoff_noise_is_undefined():
+    # What `retrofit --drop-position-embeddings` produces: P of identical rows, up to float round-off.
+    rng = np.random.default_rng(0)
+    row = rng.normal(size=32).astype(np.float32).astype(np.float64)
+    p = position_inner_products(np.tile(row, (64, 1)))
+    noisy = p * (1 + 1e-15 * rng.normal(size=p.shape))  # entry-wise round-off of a few ulps
+    assert toeplitz_r2(p) is None
+    assert toeplitz_r2(noisy) is None
+    assert block_r2(noisy, 16) is None
+    # just below the tolerance: an RMS deviation of 0.5e-10 of the scale is still noise
+    below = 7.0 + 0.5 * R2_RELATIVE_TOL * 7.0 * rng.choice([-1.0, 1.0], size=(20, 20))
+    assert toeplitz_r2(below) is None
+
+
+def test_tiny_real_signal_keeps_a_number():
+    # A real signal 1e-7 of the scale (one float32 ulp) is far above the tolerance and measured correctly.
+    n = 24
+    k = np.arange(n)
+    toeplitz_part = np.cos(0.3 * (k[None, :] - k[:, None]))
+    t = 1000.0 + 1e-4 * toeplitz_part
+    r2 = toeplitz_r2(t)
+    assert r2 is not None and r2 == pytest.approx(1.0, abs=1e-6)
+    a = 1000.0 + 1e-4 * np.random.default_rng(1).normal(size=(n, n))
+    assert toeplitz_r2(a) == pytest.approx(brute_force_r2(a - 1000.0), abs=1e-6)
+    # just above the tolerance: an RMS deviation of 2x the tolerance gives a number
+    above = 7.0 + 2 * R2_RELATIVE_TOL * 7.0 * np.random.default_rng(2).choice([-1.0, 1.0], size=(20, 20))
+    assert isinstance(toeplitz_r2(above), float)
+
+
+def test_batch_marks_undefined_heads_nan_and_toeplitz_stays_exactly_one():
+    t = toeplitz_from_diagonals(np.random.default_rng(3).normal(size=11))
+    batch = np.stack([t, np.full((6, 6), 2.5), np.random.default_rng(4).normal(size=(6, 6))])
+    r2 = toeplitz_r2(batch)
+    assert r2[0] == 1.0
+    assert np.isnan(r2[1])
+    assert np.isfinite(r2[2]) and r2[2] < 1
+    assert toeplitz_r2(t) == 1.0
 
 
 def test_block_r2_uses_leading_block():

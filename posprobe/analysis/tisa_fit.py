@@ -39,7 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from posprobe.errors import PosprobeError
+from posprobe.errors import ArgumentError, ArgumentValueError, PosprobeError
+from posprobe.validation import as_bool, as_int
 
 #: Default half-width W of the fit window: the fit uses k = -W..W (2W+1 points). The paper's Fig. 7
 #: zooms in on short distances because that is where the main peaks lie and the largest scores
@@ -101,7 +102,10 @@ class _Batch:
 
 
 class TisaKernelFitter:
-    """Least-squares TISA kernels for many heads at once (scikit-learn style).
+    """Least-squares TISA kernels for many heads at once, following scikit-learn's estimator contract.
+
+    ``__init__`` only stores the parameters (checked in `fit`); `get_params` / `set_params`; `fit` returns
+    the fitter; learned attributes end in ``_``; `predict` and `score` as for a regressor.
 
     Parameters
     ----------
@@ -113,11 +117,17 @@ class TisaKernelFitter:
     seed: seed of the random starts; the fit is deterministic for a given seed.
     exhaustive: many restarts and long runs (a reference for checking the default).
 
-    After `fit`: ``a_``, ``b_`` (>= 0), ``c_`` of shape (M, S), kernels sorted by centre;
-    ``offset_`` (M,); ``r2_`` (M,), the fraction of the profile's variance over the window explained
-    by f + offset; ``flags_`` (M,) list of str ('' when fine); ``window_`` (the W used) and
-    ``fit_offsets_`` (the k values fitted).
+    `fit(profiles, offsets)` takes profiles of shape (..., K) -- one head (K,), heads (M, K), or layers x heads
+    (L, H, K) as in `posprobe.profiles(...).profiles` -- over integer offsets k = j - i (K,); offsets may be
+    omitted for a centred odd K (k = -(K-1)/2 .. (K-1)/2), and a `ProfileResult` may be passed alone.
+    After `fit`, with ``...`` the leading shape of the profiles (M for a 2-D input): ``a_``, ``b_`` (>= 0),
+    ``c_`` of shape (..., S), kernels sorted by centre; ``offset_`` (...); ``r2_`` (...), the fraction of the
+    profile's variance over the window explained by f + offset; ``flags_`` list of str per head ('' when
+    fine; nested [L][H] for a 3-D input); ``window_`` (the W used) and ``fit_offsets_`` (the k values fitted).
     """
+
+    _PARAMS = ("n_kernels", "window", "restarts", "max_iter", "seed", "exhaustive")
+    _DEFAULTS = dict(n_kernels=5, window=None, restarts=None, max_iter=None, seed=0, exhaustive=False)
 
     def __init__(
         self,
@@ -135,17 +145,39 @@ class TisaKernelFitter:
         self.seed = seed
         self.exhaustive = exhaustive
 
+    # ------------------------------------------------------------------ estimator contract
+
+    def get_params(self, deep: bool = True) -> dict:
+        """The constructor parameters as a dict (`deep` is accepted for scikit-learn compatibility)."""
+        return {name: getattr(self, name) for name in self._PARAMS}
+
+    def set_params(self, **params) -> TisaKernelFitter:
+        """Set constructor parameters by name; returns the fitter. Unknown names raise a ValueError."""
+        for name, value in params.items():
+            if name not in self._PARAMS:
+                raise ArgumentValueError(
+                    name, f"TisaKernelFitter has no parameter '{name}'", f"valid: {', '.join(self._PARAMS)}"
+                )
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        changed = [f"{n}={getattr(self, n)!r}" for n in self._PARAMS if getattr(self, n) != self._DEFAULTS[n]]
+        return f"TisaKernelFitter({', '.join(changed)})"
+
     # ------------------------------------------------------------------ public
 
-    def fit(self, profiles, offsets) -> TisaKernelFitter:
-        """Fit every row of `profiles` (M, K) given over integer `offsets` (K,), k = j - i."""
-        n_kernels = self._check_n_kernels()
-        y_all, k_all = _check_profiles(profiles, offsets)
+    def fit(self, profiles, offsets=None) -> TisaKernelFitter:
+        """Fit every profile of `profiles` (..., K) given over integer `offsets` (K,), k = j - i."""
+        n_kernels = _param(self.n_kernels, "n_kernels", "--kernels", "e.g. 5 (the TISA paper's S)")
+        seed = _param(self.seed, "seed", "--seed", "any whole number >= 0")
+        exhaustive = as_bool(self.exhaustive, "exhaustive")
+        y_all, k_all, lead = _check_profiles(profiles, offsets)
         window = self._resolve_window(k_all)
-        restarts, max_iter = self._resolve_effort()
-        hops = _EXHAUSTIVE_HOPS if self.exhaustive else _DEFAULT_HOPS
-        hop_rounds = _EXHAUSTIVE_HOP_ROUNDS if self.exhaustive else _DEFAULT_HOP_ROUNDS
-        race = not self.exhaustive
+        restarts, max_iter = self._resolve_effort(exhaustive)
+        hops = _EXHAUSTIVE_HOPS if exhaustive else _DEFAULT_HOPS
+        hop_rounds = _EXHAUSTIVE_HOP_ROUNDS if exhaustive else _DEFAULT_HOP_ROUNDS
+        race = not exhaustive
 
         keep = np.abs(k_all) <= window
         kw = k_all[keep].astype(np.float64)
@@ -169,7 +201,7 @@ class TisaKernelFitter:
             z = centred[live] / std[live, None]
             logb_min = np.log(B_MIN_SCALE / window**2)
             bounds = (logb_min, np.log(B_MAX), C_MAX_SCALE * window)
-            effort = (n_kernels, restarts, max_iter, hops, hop_rounds, race, bounds, self.seed)
+            effort = (n_kernels, restarts, max_iter, hops, hop_rounds, race, bounds, seed)
             logb, cc, coef = _fit_standardised(z, kw, effort)
             order = np.argsort(cc, axis=1, kind="stable")
             take = lambda arr: np.take_along_axis(arr, order, axis=1)  # noqa: E731
@@ -199,17 +231,38 @@ class TisaKernelFitter:
             raise PosprobeError(
                 "the TISA fit produced non-finite values", "report this with the profile file that caused it"
             )
-        self.a_, self.b_, self.c_, self.offset_, self.r2_ = outputs
-        self.flags_ = flags
+        self.a_, self.b_, self.c_ = (x.reshape(lead + (n_kernels,)) for x in (a, b, c))
+        self.offset_, self.r2_ = offset.reshape(lead), r2.reshape(lead)
+        self.flags_ = np.array(flags, dtype=object).reshape(lead).tolist() if len(lead) > 1 else flags
         self.window_ = window
         self.fit_offsets_ = k_all[keep].copy()
         return self
 
     def predict(self, offsets, include_offset: bool = True) -> np.ndarray:
-        """Fitted f(k) (+ offset) of every head at `offsets` (K,), shape (M, K)."""
+        """Fitted f(k) (+ offset) of every head at `offsets` (K,): shape (..., K), ... as the fitted profiles."""
         self._check_fitted()
         values = tisa_function(np.asarray(offsets), self.a_, self.b_, self.c_)
-        return values + self.offset_[:, None] if include_offset else values
+        return values + self.offset_[..., None] if include_offset else values
+
+    def score(self, profiles, offsets=None) -> float:
+        """Mean over heads of R^2 of the fitted f + offset against `profiles` (..., K), within the fitted window
+        |k| <= window_ (the same R^2 as ``r2_`` when scoring the fitted profiles, without its clipping at 0).
+        A profile that is flat over the window scores 1 if it is predicted exactly, else 0."""
+        self._check_fitted()
+        y, k, lead = _check_profiles(profiles, offsets)
+        if lead != self.offset_.shape:
+            raise ArgumentValueError(
+                "profiles",
+                f"profiles have {lead or 'one'} heads but the fitter was fitted on {self.offset_.shape}",
+                "score profiles of the same heads, in the same shape",
+            )
+        keep = np.abs(k) <= self.window_
+        pred = self.predict(k[keep]).reshape(y.shape[0], -1)
+        y = y[:, keep]
+        rss = np.sum((y - pred) ** 2, axis=1)
+        tss = np.sum((y - y.mean(axis=1, keepdims=True)) ** 2, axis=1)
+        r2 = np.where(tss > 0, 1.0 - rss / np.where(tss > 0, tss, 1.0), np.where(rss <= 1e-20, 1.0, 0.0))
+        return float(np.mean(r2))
 
     # ----------------------------------------------------------------- checks
 
@@ -217,46 +270,43 @@ class TisaKernelFitter:
         if not hasattr(self, "a_"):
             raise PosprobeError("this TisaKernelFitter has not been fitted", "call fit(profiles, offsets) first")
 
-    def _check_n_kernels(self) -> int:
-        s = self.n_kernels
-        if isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s < 1:
-            raise PosprobeError(
-                f"the number of TISA kernels must be a whole number >= 1, got {s!r}",
-                "pass e.g. --kernels 5 or --kernels 1,3,5",
-            )
-        return int(s)
-
     def _resolve_window(self, k_all: np.ndarray) -> int:
         available = int(min(-k_all.min(), k_all.max()))
         if available < 1:
-            raise PosprobeError(
-                "the profiles do not cover offsets k = -1..1", "pass profiles over k = -(n-1)..n-1 with n >= 2"
+            raise ArgumentValueError(
+                "offsets",
+                "the profiles do not cover offsets k = -1..1",
+                "pass profiles over k = -(n-1)..n-1 with n >= 2",
             )
-        w = self.window
-        if w is None:
+        if self.window is None:
             return min(DEFAULT_FIT_WINDOW, available)
-        if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
-            raise PosprobeError(
-                f"the fit window must be a whole number >= 1, got {w!r}", f"pass --window between 1 and {available}"
-            )
+        hint = f"a window between 1 and {available} (the fit uses k = -window..window)"
+        w = _param(self.window, "window", "--window", hint)
         if w > available:
-            raise PosprobeError(
-                f"the fit window {w} is larger than the available offsets (|k| <= {available})",
-                f"pass --window between 1 and {available}",
+            raise ArgumentValueError(
+                "window", f"the fit window {w} is larger than the available offsets (|k| <= {available})", hint
             )
-        return int(w)
+        return w
 
-    def _resolve_effort(self) -> tuple[int, int]:
+    def _resolve_effort(self, exhaustive: bool) -> tuple[int, int]:
         restarts = self.restarts
         max_iter = self.max_iter
         if restarts is None:
-            restarts = _EXHAUSTIVE_RESTARTS if self.exhaustive else _DEFAULT_RESTARTS
+            restarts = _EXHAUSTIVE_RESTARTS if exhaustive else _DEFAULT_RESTARTS
         if max_iter is None:
-            max_iter = _EXHAUSTIVE_MAX_ITER if self.exhaustive else _DEFAULT_MAX_ITER
-        for name, v in (("restarts", restarts), ("max_iter", max_iter)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise PosprobeError(f"{name} must be a whole number >= 1, got {v!r}", f"pass a positive {name}")
-        return int(restarts), int(max_iter)
+            max_iter = _EXHAUSTIVE_MAX_ITER if exhaustive else _DEFAULT_MAX_ITER
+        restarts = _param(restarts, "restarts", "--restarts", "a positive number of starts per head")
+        max_iter = _param(max_iter, "max_iter", "--max-iter", "a positive number of iterations")
+        return restarts, max_iter
+
+
+def _param(value, name: str, flag: str, hint: str) -> int:
+    """A whole-number parameter >= 1 (seed: >= 0), its error worded for the library (`name`) or the CLI (`flag`)."""
+    try:
+        return as_int(value, name, minimum=0 if name == "seed" else 1, hint=hint)
+    except ArgumentError as err:
+        err.flag = flag
+        raise
 
 
 def _fit_standardised(z: np.ndarray, kw: np.ndarray, effort: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -280,37 +330,58 @@ def _fit_standardised(z: np.ndarray, kw: np.ndarray, effort: tuple) -> tuple[np.
     return _polish(z, kw, _Batch(logb, cc), coef, rss, bounds)
 
 
-def _check_profiles(profiles, offsets) -> tuple[np.ndarray, np.ndarray]:
-    """Validate and return profiles as float64 (M, K) and offsets as int64 (K,)."""
+def _check_profiles(profiles, offsets) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """Validate; return profiles as float64 (M, K), offsets as int64 (K,) and the leading shape of the input.
+
+    `profiles` (..., K) or an object with `.profiles` and `.offsets` (a ProfileResult); `offsets` None means
+    centred offsets -(K-1)/2 .. (K-1)/2 (K odd)."""
+    if offsets is None and hasattr(profiles, "profiles") and hasattr(profiles, "offsets"):
+        profiles, offsets = profiles.profiles, profiles.offsets
     try:
         y = np.asarray(profiles, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ArgumentValueError(
+            "profiles", f"{{arg}} must be a numeric array ({err})", "pass profiles of shape (heads, K) or (L, H, K)"
+        ) from err
+    if y.ndim == 0 or y.shape[-1] == 0 or y.size == 0:
+        raise ArgumentValueError("profiles", f"{{arg}} of shape {y.shape} hold no profile", "pass shape (..., K)")
+    if offsets is None:
+        if y.shape[-1] % 2 != 1:
+            raise ArgumentValueError(
+                "offsets",
+                f"{{arg}} are needed: profiles of even length {y.shape[-1]} are not centred on k = 0",
+                "pass the integer offsets k = j - i of the last axis",
+            )
+        half = y.shape[-1] // 2
+        offsets = np.arange(-half, half + 1)
+    try:
         k = np.asarray(offsets, dtype=np.float64)
     except (TypeError, ValueError) as err:
-        raise PosprobeError(
-            f"profiles and offsets must be numeric arrays ({err})",
-            "pass profiles of shape (heads, K) and K integer offsets",
-        ) from err
-    if y.ndim == 1:
-        y = y[None, :]
-    if y.ndim != 2 or k.ndim != 1 or y.shape[1] != k.shape[0] or y.shape[0] == 0:
-        raise PosprobeError(
-            f"profiles of shape {y.shape} do not match offsets of shape {k.shape}",
+        raise ArgumentValueError("offsets", f"{{arg}} must be numeric ({err})", "pass K integer offsets") from err
+    lead = y.shape[:-1]
+    y = y.reshape(-1, y.shape[-1])
+    if k.ndim != 1 or y.shape[1] != k.shape[0]:
+        raise ArgumentValueError(
+            "profiles",
+            f"profiles with last axis {y.shape[-1]} do not match offsets of shape {k.shape}",
             "pass profiles of shape (heads, K) and K offsets k = j - i",
         )
     if not np.all(np.isfinite(k)) or np.any(k != np.round(k)) or np.any(np.diff(k) <= 0):
-        raise PosprobeError(
+        raise ArgumentValueError(
+            "offsets",
             "offsets must be distinct integers in increasing order",
             "pass k = -(n-1)..n-1 as stored in a posprobe profile file",
         )
     bad = ~np.isfinite(y)
     if bad.any():
         rows = np.unique(np.nonzero(bad)[0])
-        raise PosprobeError(
+        raise ArgumentValueError(
+            "profiles",
             f"{int(bad.sum())} NaN/inf values in the profiles (rows {rows[:5].tolist()}"
             f"{'...' if rows.size > 5 else ''})",
             "recompute the profiles; check the checkpoint weights for NaN/inf",
         )
-    return y, k.astype(np.int64)
+    return y, k.astype(np.int64), tuple(lead)
 
 
 # ------------------------------------------------------------------ numerics

@@ -55,13 +55,22 @@ def toeplitz_fit(a: np.ndarray) -> np.ndarray:
     return toeplitz_from_diagonals(diagonal_means(a))
 
 
-def toeplitz_r2(a: np.ndarray) -> np.ndarray | float:
+#: R^2 is undefined when the entries do not vary beyond round-off: when their RMS deviation from the mean is
+#: at most R2_RELATIVE_TOL * max|A|. Entries computed in float64 as dot products of e <= ~4096 terms carry a
+#: round-off up to ~e * 2.2e-16 ~ 1e-12 of the matrix scale, so a deviation 100 times that is still noise
+#: (and would give R^2 anywhere in (-inf, 1]), while real positional structure, even one float32 ulp
+#: (6e-8 relative) in the position rows, lies far above it.
+R2_RELATIVE_TOL = 1e-10
+
+
+def toeplitz_r2(a: np.ndarray) -> np.ndarray | float | None:
     """Fraction of the variance of the entries of `a` explained by its best Toeplitz fit.
 
     R^2 = 1 - RSS / TSS with RSS = sum (A - A_T)^2 and TSS = sum (A - mean(A))^2 over all n^2 entries.
-    Returns a float for one matrix, an array (...) for a batch. A constant matrix (TSS = 0) is exactly
-    Toeplitz and gets R^2 = 1. Residuals are formed one matrix at a time, so a batch needs only one
-    matrix of scratch memory.
+    Returns a float for one matrix, an array (...) for a batch. R^2 is undefined (None for one matrix,
+    NaN in a batch) when TSS is zero or negligible, sqrt(TSS / n^2) <= R2_RELATIVE_TOL * max|A|: a constant
+    matrix (up to round-off) has no variance to explain. Residuals are formed one matrix at a time, so a
+    batch needs only one matrix of scratch memory.
     """
     a = np.asarray(a, dtype=np.float64)
     n = _check_square(a)
@@ -72,12 +81,15 @@ def toeplitz_r2(a: np.ndarray) -> np.ndarray | float:
     for b, (matrix, diag) in enumerate(zip(flat, means)):
         rss = np.sum((matrix - diag[index]) ** 2)
         tss = np.sum((matrix - matrix.mean()) ** 2)
-        r2[b] = 1.0 - rss / tss if tss > 0 else 1.0
+        floor = matrix.size * (R2_RELATIVE_TOL * np.max(np.abs(matrix))) ** 2
+        r2[b] = 1.0 - rss / tss if tss > floor else np.nan
     r2 = r2.reshape(a.shape[:-2])
-    return float(r2) if r2.ndim == 0 else r2
+    if r2.ndim == 0:
+        return None if np.isnan(r2) else float(r2)
+    return r2
 
 
-def block_r2(a: np.ndarray, block: int) -> np.ndarray | float:
+def block_r2(a: np.ndarray, block: int) -> np.ndarray | float | None:
     """Toeplitz R^2 of the leading `block` x `block` sub-matrix (e.g. BERT's first 128 positions)."""
     n = _check_square(np.asarray(a))
     if not 1 <= block <= n:
@@ -104,3 +116,10 @@ def _check_square(a: np.ndarray) -> int:
     if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
         raise ValueError(f"expected square matrices (..., n, n), got shape {a.shape}")
     return a.shape[-1]
+
+
+def format_r2(r2, digits: int = 4) -> str:
+    """An R^2 for tables and titles: 'undefined (constant matrix)' where it is None or NaN."""
+    if r2 is None or not np.isfinite(r2):
+        return "undefined (constant matrix)"
+    return f"{float(r2):.{digits}f}"

@@ -73,7 +73,7 @@ def toeplitz(
     result = toeplitz_analysis(None, blocks=block, cosine=cosine, source=source)
     stem = "P_cosine" if cosine else "P"
     figure = save_figure(plotting.heatmap(result), out_dir / f"{stem}.{fmt.value}")
-    record = result.to_json() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
+    record = result.to_dict() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
     write_json(out_dir / f"{stem}.json", record)
     if json_out:
         emit_json(record)
@@ -123,7 +123,7 @@ def fhat(
     result = fhat_analysis(None, layer, mode.value, source=source)
     stem = f"fhat_layer{layer}_{mode.value}"
     figure = save_mosaic(plotting.fhat_grid(result, scale.value), out_dir / f"{stem}.{fmt.value}")
-    record = result.to_json() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
+    record = result.to_dict() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
     write_json(out_dir / f"{stem}.json", record)
     if json_out:
         emit_json(record)
@@ -176,7 +176,7 @@ def profiles(
         for i, l in enumerate(result.layers)
     ]
     if json_out:
-        emit_json(result.to_json(npz) | {"figures": [str(f) for f in figures]})
+        emit_json(result.to_dict() | {"npz": str(npz), "figures": [str(f) for f in figures]})
         return
     from rich import box
     from rich.table import Table
@@ -219,16 +219,11 @@ def compare(
         raise ArgumentValueError(
             "models", "compare needs two or more models, got one", "add another model, or use `posprobe toeplitz`"
         )
-    labels = _labels(models, allow_pickle)
+    result = compare_models(models, mode.value, cosine, allow_pickle)
+    rows, labels = list(result), [row.label for row in result]
     out_dir = prepare_out_dir(out if out is not None else default_out("compare", "-vs-".join(labels)))
-    rows = compare_models(models, mode.value, cosine, allow_pickle)
-    figure = save_figure(plotting.compare_heatmaps(rows, labels), out_dir / f"compare.{fmt.value}")
-    record = {
-        "mode": mode.value,
-        "cosine": cosine,
-        "models": [r.to_json() | {"label": label} for r, label in zip(rows, labels)],
-        "figure": str(figure),
-    }
+    figure = save_figure(plotting.compare_heatmaps(rows), out_dir / f"compare.{fmt.value}")
+    record = result.to_dict() | {"figure": str(figure)}
     write_json(out_dir / "compare.json", record)
     if json_out:
         emit_json(record)
@@ -254,16 +249,6 @@ def compare(
     if any_undefined(values):
         print_undefined_note()
     console.print(f"figure: {figure}")
-
-
-def _labels(models: list[str], allow_pickle: bool) -> list[str]:
-    """Short, distinct names for the models: each one's `ModelSource.label` (a folder's own name, not its
-    whole path); where two are equal, their paths (shortened in the middle) instead."""
-    from posprobe.checkpoint import resolve_model
-
-    labels = [resolve_model(m, allow_pickle=allow_pickle).label for m in models]
-    clashes = {label for label in labels if labels.count(label) > 1}
-    return [middle_ellipsis(m, 40) if label in clashes else label for m, label in zip(models, labels)]
 
 
 import numpy as np  # noqa: E402  (used by `profiles`; numpy is light next to torch)

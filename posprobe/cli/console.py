@@ -9,6 +9,8 @@ from typing import Any
 
 from rich.console import Console
 
+from posprobe.results import middle_ellipsis  # noqa: F401  (re-exported for the commands)
+
 console = Console(stderr=True, highlight=False)
 
 
@@ -53,14 +55,12 @@ UNDEFINED_MARK = "—"
 
 
 def format_r2(value, digits: int = 4, short: bool = False) -> str:
-    """An R² for text output. None or NaN (the library's "undefined": the matrix is constant, so the total sum
-    of squares is zero) reads "undefined (constant matrix)", or "—" in a table cell (`short`; print
-    `undefined_note()` under the table)."""
-    import math
+    """An R² for text output (`posprobe.analysis.toeplitz.format_r2`); in a table cell (`short`) an undefined
+    one reads "—" (print `undefined_note()` under the table)."""
+    from posprobe.analysis.toeplitz import format_r2 as library_format
 
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value != value:
-        return UNDEFINED_MARK if short else UNDEFINED_R2
-    return f"{float(value):.{digits}f}"
+    text = library_format(value, digits)
+    return UNDEFINED_MARK if short and text == UNDEFINED_R2 else text
 
 
 def any_undefined(values) -> bool:
@@ -70,14 +70,3 @@ def any_undefined(values) -> bool:
 
 def print_undefined_note() -> None:
     console.print(f"[dim]{UNDEFINED_MARK} = R² {UNDEFINED_R2}: the total sum of squares is zero[/dim]")
-
-
-def middle_ellipsis(text: str, width: int) -> str:
-    """`text` shortened to `width` characters by cutting its middle ('/very/lo…/model')."""
-    if len(text) <= width:
-        return text
-    if width <= 1:
-        return text[:width]
-    head = (width - 1 + 1) // 2
-    tail = width - 1 - head
-    return text[:head] + "…" + (text[-tail:] if tail else "")

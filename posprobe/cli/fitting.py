@@ -115,7 +115,7 @@ def fit_tisa(
         )
     result = save_tisa_fit(result, out_dir, fmt.value)
     if json_out:
-        emit_json(result.to_json())
+        emit_json(result.to_dict())
         return
     _print_fit(result)
 

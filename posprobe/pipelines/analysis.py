@@ -1,13 +1,19 @@
 """Position analyses of a checkpoint: P and its Toeplitz R^2, F_hat_P per head, head profiles, comparisons.
 
-Each `*_analysis` function reads only the tensors it needs (lazily, from safetensors) and returns a frozen
-result; writing figures and files is left to `write_*` helpers that the CLI calls.
+Each analysis (`toeplitz`, `fhat`, `profiles`, `compare`; the long names `toeplitz_analysis`, `fhat_analysis`,
+`compute_profiles`, `compare_models` are aliases) takes a model as a hub id, a local folder, None (the packaged
+all-MiniLM-L6-v2) or a loaded transformers model object, reads only the tensors it needs (lazily from
+safetensors for ids and folders, from `state_dict()` for objects; the same code either way) and returns a frozen
+result with a short repr, `.plot()`, `.to_dict()` and `.to_json()`. Nothing is printed and nothing is written:
+the CLI writes files. Arguments are checked here (posprobe.validation), with the library's argument names.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from pathlib import Path
+from os import PathLike
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,16 +29,79 @@ from posprobe.checkpoint import (
     resolve_model,
 )
 from posprobe.checkpoint.architectures import family_of, model_shape
-from posprobe.errors import PosprobeError
+from posprobe.checkpoint.in_memory import IN_MEMORY, StateDictReader, is_model_object, source_from_model
+from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
+from posprobe.results import ResultMixin, middle_ellipsis, short
+from posprobe.validation import as_bool, as_choice, as_int, as_int_list
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 DEFAULT_BLOCK = 128
-DEFAULT_PROFILE_WINDOW = 20  #: half-width K of the plotted and summarised profile window k = -K..K (not the fit window)
+DEFAULT_PROFILE_WINDOW = 20  # half-width of the profile summary and sections (the fit's own default is tisa_fit's)
+MIN_POSITIONS = 2
+
+
+# ------------------------------------------------------------------------------------------ shared
+def _open(model, allow_pickle, source: ModelSource | None = None):
+    """(source, reader) for a model id / folder / None / loaded model object."""
+    if source is not None:
+        if source.weight_format == IN_MEMORY:
+            raise ArgumentTypeError("source", "pass a model object as `model`, not as {arg}")
+        family_of(source)  # refuse unsupported families before reading any weights
+        return source, WeightReader(source.path, source.weight_format)
+    allow_pickle = as_bool(allow_pickle, "allow_pickle")
+    if is_model_object(model):
+        source = source_from_model(model)
+        family_of(source)
+        return source, StateDictReader(model)
+    if isinstance(model, PathLike):
+        model = str(model)
+    if model is not None and not isinstance(model, str):
+        raise ArgumentTypeError(
+            "model",
+            f"{{arg}} must be a hub id, a folder, None or a loaded transformers model, got {type(model).__name__}",
+            "e.g. toeplitz('bert-base-uncased'), toeplitz('path/to/folder') or toeplitz(loaded_model)",
+        )
+    source = resolve_model(model, allow_pickle=allow_pickle)
+    family_of(source)
+    return source, WeightReader(source.path, source.weight_format)
+
+
+def _check_positions(n: int, name: str) -> None:
+    if n < MIN_POSITIONS:
+        raise PosprobeError(
+            f"'{name}' has a position table of {n} row(s); a position analysis needs at least {MIN_POSITIONS}",
+            "the checkpoint's position table is truncated or malformed; use another checkpoint",
+        )
+
+
+def _layer_index(value, n_layers: int, name: str, argument: str = "layer") -> int:
+    """A Python-style layer index (-1 = last) checked against the model; returns it non-negative."""
+    value = as_int(value, argument)
+    if not -n_layers <= value < n_layers:
+        raise ArgumentValueError(
+            argument,
+            f"layer {value} does not exist; '{name}' has layers 0..{n_layers - 1} (or -1 for the last)",
+            "pick layers with {arg}",
+        )
+    return value % n_layers
+
+
+def _r2(value) -> float | None:
+    """An R^2 for JSON: None where undefined (constant matrix)."""
+    return None if value is None or not math.isfinite(float(value)) else float(value)
 
 
 # ---------------------------------------------------------------------------------------------- P
-@dataclass(frozen=True)
-class ToeplitzResult:
-    """P = E_P E_P^T (n, n) of one model, its Toeplitz R^2, and R^2 of leading blocks {size: R^2}."""
+@dataclass(frozen=True, repr=False)
+class ToeplitzResult(ResultMixin):
+    """P = E_P E_P^T of one model and its Toeplitz R^2.
+
+    `matrix` (n, n) float64, row i / column j = positions; `toeplitz_r2` R^2 of the whole matrix (None when
+    undefined: a constant matrix); `blocks` {size: R^2} of the leading size x size blocks; `skipped_blocks`
+    the default block sizes that did not fit the table (e.g. 128 on a 64-position model).
+    """
 
     model: str
     model_type: str
@@ -40,33 +109,67 @@ class ToeplitzResult:
     dropped_rows: int
     cosine: bool
     matrix: np.ndarray
-    toeplitz_r2: float
-    blocks: dict[int, float]
+    toeplitz_r2: float | None
+    blocks: dict[int, float | None]
+    skipped_blocks: tuple[int, ...] = ()
 
-    def to_json(self) -> dict:
+    _repr_fields = ("model", "n_positions", "toeplitz_r2", "blocks", "skipped_blocks", "cosine", "matrix")
+
+    def to_dict(self) -> dict:
         return {
             "model": self.model,
             "model_type": self.model_type,
             "n_positions": self.n_positions,
             "dropped_rows": self.dropped_rows,
             "cosine": self.cosine,
-            "toeplitz_r2": self.toeplitz_r2,
-            "blocks": {str(b): r for b, r in self.blocks.items()},
+            "toeplitz_r2": _r2(self.toeplitz_r2),
+            "blocks": {str(b): _r2(r) for b, r in self.blocks.items()},
+            "skipped_blocks": list(self.skipped_blocks),
         }
 
+    def plot(self):
+        """Heatmap of P (a matplotlib Figure)."""
+        from posprobe import plotting
 
-def toeplitz_analysis(
-    model: str | None,
+        return plotting.heatmap(self)
+
+
+def toeplitz(
+    model: str | PathLike | PreTrainedModel | None = None,
     blocks: list[int] | None = None,
     cosine: bool = False,
     allow_pickle: bool = False,
     source: ModelSource | None = None,
 ) -> ToeplitzResult:
-    """P for `model` and its Toeplitz R^2; `blocks` None = [128] when the table is longer than 128."""
-    source = source or resolve_model(model, allow_pickle=allow_pickle)
-    table = read_position_table(source)
+    """P = E_P E_P^T (n, n) of `model`'s position table and its Toeplitz R^2 (SPEC §1-2).
+
+    model: hub id, folder, None (packaged MiniLM) or a loaded transformers model. blocks: sizes of leading
+    blocks to score too (a list; None = [128], listed in `skipped_blocks` when the table is shorter).
+    cosine: unit-normalise the rows first. allow_pickle: read `pytorch_model.bin` (only from a trusted source).
+    """
+    try:
+        blocks = as_int_list(blocks, "blocks", minimum=1)
+    except ArgumentError as err:
+        err.flag = "--block"  # the CLI's repeatable option
+        raise
+    cosine = as_bool(cosine, "cosine")
+    source, reader = _open(model, allow_pickle, source)
+    table = read_position_table(source, reader)
     n = table.n_positions
-    blocks = _check_blocks(blocks, n, source.name)
+    _check_positions(n, source.name)
+    if blocks is None:
+        blocks, skipped = ([DEFAULT_BLOCK], ()) if n >= DEFAULT_BLOCK else ([], (DEFAULT_BLOCK,))
+    else:
+        skipped = ()
+        for b in blocks:
+            if b > n:
+                raise ArgumentValueError(
+                    "blocks",
+                    f"block {b} does not fit '{source.name}', whose position table has {n} rows",
+                    f"use {{arg}} between 1 and {n}",
+                    flag="--block",
+                )
+        blocks = sorted(blocks)
     p = position_inner_products(table.table, cosine=cosine)
     return ToeplitzResult(
         source.name,
@@ -76,25 +179,16 @@ def toeplitz_analysis(
         cosine,
         p,
         toeplitz_r2(p),
-        {b: float(block_r2(p, b)) for b in blocks},
+        {b: block_r2(p, b) for b in blocks},
+        tuple(skipped),
     )
 
 
-def _check_blocks(blocks: list[int] | None, n: int, name: str) -> list[int]:
-    if blocks is None:
-        return [DEFAULT_BLOCK] if n > DEFAULT_BLOCK else []
-    for b in blocks:
-        if not 1 <= b <= n:
-            raise PosprobeError(
-                f"block {b} does not fit '{name}', whose position table has {n} rows", f"use --block between 1 and {n}"
-            )
-    return sorted(set(blocks))
-
-
 # ------------------------------------------------------------------------------------------ F_hat
-@dataclass(frozen=True)
-class FhatResult:
-    """F_hat_P (H, n, n) of one layer, with per-head Toeplitz R^2 (H,)."""
+@dataclass(frozen=True, repr=False)
+class FhatResult(ResultMixin):
+    """F_hat_P of one layer: `matrices` (H, n, n) (row i = query, column j = key), `toeplitz_r2` (H,) per head
+    (NaN where undefined: a constant matrix). `weights_layer` is the stored layer used (0 at every ALBERT depth)."""
 
     model: str
     model_type: str
@@ -104,11 +198,19 @@ class FhatResult:
     matrices: np.ndarray
     toeplitz_r2: np.ndarray
 
+    _repr_fields = ("model", "layer", "mode", "mean_toeplitz_r2", "toeplitz_r2", "matrices")
+
     @property
     def n_heads(self) -> int:
         return self.matrices.shape[0]
 
-    def to_json(self) -> dict:
+    @property
+    def mean_toeplitz_r2(self) -> float | None:
+        """Mean R^2 over the heads where it is defined (None if it is defined for none)."""
+        defined = self.toeplitz_r2[np.isfinite(self.toeplitz_r2)]
+        return float(np.mean(defined)) if defined.size else None
+
+    def to_dict(self) -> dict:
         return {
             "model": self.model,
             "model_type": self.model_type,
@@ -116,21 +218,29 @@ class FhatResult:
             "weights_layer": self.weights_layer,
             "mode": self.mode,
             "n_positions": self.matrices.shape[-1],
-            "mean_toeplitz_r2": float(np.mean(self.toeplitz_r2)),
-            "heads": [{"head": h, "toeplitz_r2": float(r)} for h, r in enumerate(self.toeplitz_r2)],
+            "mean_toeplitz_r2": self.mean_toeplitz_r2,
+            "heads": [{"head": h, "toeplitz_r2": _r2(r)} for h, r in enumerate(self.toeplitz_r2)],
         }
+
+    def plot(self):
+        """One panel per head (posprobe.plotting.fhat_grid): displays in a notebook, `.savefig(path)` writes it."""
+        from posprobe import plotting
+
+        figure = plotting.fhat_grid(self)
+        if not hasattr(figure, "_repr_png_") and hasattr(plotting, "mosaic_figure"):  # a mosaic that cannot display
+            figure = plotting.mosaic_figure(figure)
+        return figure
 
 
 class _FhatComputer:
     """Reads the shared embedding-level inputs once, then F_hat_P for any layer of one checkpoint."""
 
-    def __init__(self, source: ModelSource, mode: str):
-        if mode not in MODES:
-            raise PosprobeError(f"unknown mode '{mode}'", f"use one of: {', '.join(MODES)}")
+    def __init__(self, source: ModelSource, reader, mode: str):
+        mode = as_choice(mode, "mode", MODES)
         family_of(source)
-        self.source, self.mode = source, mode
-        self.reader = WeightReader(source.path, source.weight_format)
-        self.embeddings = read_embedding_inputs(source, self.reader)
+        self.source, self.mode, self.reader = source, mode, reader
+        self.embeddings = read_embedding_inputs(source, reader)
+        _check_positions(self.embeddings.positions.n_positions, source.name)
         self.shape = model_shape(source)
         self._paper = None
 
@@ -140,8 +250,7 @@ class _FhatComputer:
         if self.mode == "paper":
             if self._paper is None:
                 self._paper = paper_input(emb.positions.table, emb.word_mean, emb.projection)
-            layer_input = self._paper
-            f = fhat_matrices(layer_input, attn.wq, attn.wk, self.shape.n_heads)
+            f = fhat_matrices(self._paper, attn.wq, attn.wk, self.shape.n_heads)
         else:
             layer_input = faithful_input(
                 emb.positions.table, emb.word_mean, emb.token_type0, emb.layernorm, emb.projection, attn.pre_layernorm
@@ -154,30 +263,38 @@ class _FhatComputer:
             attn.weights_layer,
             self.mode,
             f,
-            np.asarray(toeplitz_r2(f)),
+            np.asarray(toeplitz_r2(f), dtype=np.float64),
         )
 
 
-def fhat_analysis(
-    model: str | None,
+def fhat(
+    model: str | PathLike | PreTrainedModel | None = None,
     layer: int = 0,
     mode: str = "paper",
     allow_pickle: bool = False,
     source: ModelSource | None = None,
 ) -> FhatResult:
-    """F_hat_P for every head of `layer` (SPEC §3), in `mode` 'paper' or 'faithful'."""
-    source = source or resolve_model(model, allow_pickle=allow_pickle)
-    return _FhatComputer(source, mode).layer(layer)
+    """F_hat_P (H, n, n) for every head of `layer` (SPEC §3) and each head's Toeplitz R^2.
+
+    model: hub id, folder, None (packaged MiniLM) or a loaded transformers model. layer: 0-based, -1 = last.
+    mode: 'paper' (position terms only) or 'faithful' (the real layer input for the average word).
+    """
+    mode = as_choice(mode, "mode", MODES)
+    as_int(layer, "layer")
+    source, reader = _open(model, allow_pickle, source)
+    computer = _FhatComputer(source, reader, mode)
+    return computer.layer(_layer_index(layer, computer.shape.n_layers, source.name))
 
 
 # --------------------------------------------------------------------------------------- profiles
-@dataclass(frozen=True)
-class ProfileResult:
+@dataclass(frozen=True, repr=False)
+class ProfileResult(ResultMixin):
     """Head profiles over k = j - i: `profiles` (L_sel, H, 2n-1) for `layers`, `offsets` (2n-1,) increasing.
 
+    Index i of the first axis is layer `layers[i]` (use `layer_index(layer)` or `profile(layer, head)`).
     `sections` (L_sel, H, 5, 2w+1) are rows `section_rows` of F_hat_P re-indexed by k in -w..w;
-    `fhat_r2` (L_sel, H) the Toeplitz R^2 of each head's F_hat_P. `shared_layers` is True for ALBERT,
-    where every depth uses the same weights.
+    `fhat_r2` (L_sel, H) the Toeplitz R^2 of each head's F_hat_P (NaN where undefined). `shared_layers` is True
+    for ALBERT, where every depth uses the same weights.
     """
 
     model: str
@@ -196,6 +313,26 @@ class ProfileResult:
     shared_layers: bool
     extra: dict = field(default_factory=dict)
 
+    _repr_fields = ("model", "mode", "layers", "n_heads", "n_positions", "window", "profiles", "offsets")
+
+    def layer_index(self, layer: int) -> int:
+        """Position in `layers` (the first axis of the arrays) of model layer `layer` (-1 = the model's last)."""
+        layer = _layer_index(layer, self.n_layers, self.model)
+        if layer not in self.layers:
+            raise ArgumentValueError(
+                "layer",
+                f"layer {layer} was not computed (this result holds layers {self.layers})",
+                "compute it with profiles(model, layers=[...])",
+            )
+        return self.layers.index(layer)
+
+    def profile(self, layer: int, head: int) -> np.ndarray:
+        """The profile (2n-1,) over `offsets` of `head` in model layer `layer`."""
+        head = as_int(head, "head")
+        if not -self.n_heads <= head < self.n_heads:
+            raise ArgumentValueError("head", f"head {head} does not exist (valid: 0..{self.n_heads - 1})")
+        return self.profiles[self.layer_index(layer), head]
+
     def metadata(self) -> dict:
         return {
             "model": self.model,
@@ -211,7 +348,7 @@ class ProfileResult:
             "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing",
         }
 
-    def to_json(self, npz: Path | None = None) -> dict:
+    def to_dict(self) -> dict:
         w = self.window
         centre = self.n_positions - 1
         out = dict(self.metadata())
@@ -219,7 +356,7 @@ class ProfileResult:
             {
                 "layer": l,
                 "head": h,
-                "toeplitz_r2": float(self.fhat_r2[li, h]),
+                "toeplitz_r2": _r2(self.fhat_r2[li, h]),
                 "peak_offset": int(
                     self.offsets[centre - w + int(np.argmax(self.profiles[li, h, centre - w : centre + w + 1]))]
                 ),
@@ -228,50 +365,62 @@ class ProfileResult:
             for li, l in enumerate(self.layers)
             for h in range(self.n_heads)
         ]
-        if npz is not None:
-            out["npz"] = str(npz)
         return out
 
+    def plot(self, layer: int | None = None):
+        """Profiles and sections of every head of model layer `layer` (default: the first computed one)."""
+        from posprobe import plotting
 
-def compute_profiles(
-    model: str | None,
-    layers: list[int] | None = None,
+        index = 0 if layer is None else self.layer_index(layer)
+        return plotting.profile_grid(self, index)
+
+
+def profiles(
+    model: str | PathLike | PreTrainedModel | None = None,
+    layers: list[int] | str | None = None,
     mode: str = "paper",
     allow_pickle: bool = False,
     window: int = DEFAULT_PROFILE_WINDOW,
     source: ModelSource | None = None,
 ) -> ProfileResult:
-    """Profiles (diagonal means of F_hat_P) of every head of `layers` (None = all), plus 5 sections each."""
-    source = source or resolve_model(model, allow_pickle=allow_pickle)
-    computer = _FhatComputer(source, mode)
+    """Profiles (diagonal means of F_hat_P over k = j - i) of every head of `layers`, plus 5 sections each.
+
+    layers: a list of layer indices (-1 = last), or None / 'all' for every layer. window: half-width w of the
+    sections and of the summary in `to_dict()` (1 <= w <= n - 1). mode: 'paper' or 'faithful'.
+    """
+    mode = as_choice(mode, "mode", MODES)
+    if not (isinstance(layers, str) and layers == "all"):
+        layers = as_int_list(layers, "layers")
+    window = as_int(window, "window", minimum=1)
+    source, reader = _open(model, allow_pickle, source)
+    computer = _FhatComputer(source, reader, mode)
     shape = computer.shape
-    layers = list(range(shape.n_layers)) if layers is None else list(dict.fromkeys(layers))
-    for layer in layers:
-        if not 0 <= layer < shape.n_layers:
-            raise PosprobeError(
-                f"layer {layer} does not exist; '{source.name}' has layers 0..{shape.n_layers - 1}",
-                "pick layers with --layers",
-            )
+    if layers is None or layers == "all":
+        layers = list(range(shape.n_layers))
+    else:
+        layers = list(dict.fromkeys(_layer_index(x, shape.n_layers, source.name, "layers") for x in layers))
     n = computer.embeddings.positions.n_positions
-    if not 1 <= window <= n - 1:
-        raise PosprobeError(f"window {window} does not fit {n} positions", f"use --window between 1 and {n - 1}")
+    if window > n - 1:
+        raise ArgumentValueError(
+            "window", f"window {window} does not fit {n} positions", f"use {{arg}} between 1 and {n - 1}"
+        )
     rows = section_rows(n, window)
     shared = family_of(source).shared_layers
-    profiles, r2s, secs, cache = [], [], [], {}
+    profiles_, r2s, secs, cache = [], [], [], {}
     for layer in layers:
         stored = 0 if shared else layer
         if stored not in cache:
             res = computer.layer(layer)
             cache[stored] = (diagonal_means(res.matrices), res.toeplitz_r2, sections(res.matrices, rows, window))
         p, r, s = cache[stored]
-        profiles.append(p), r2s.append(r), secs.append(s)
+        profiles_.append(p), r2s.append(r), secs.append(s)
     return ProfileResult(
         source.name,
         source.model_type,
         mode,
         layers,
         offsets(n),
-        np.stack(profiles),
+        np.stack(profiles_),
         np.stack(r2s),
         window,
         rows,
@@ -290,34 +439,97 @@ def section_rows(n: int, window: int, count: int = 5) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------- compare
-@dataclass(frozen=True)
-class CompareRow:
+@dataclass(frozen=True, repr=False)
+class CompareRow(ResultMixin):
+    """One model of a comparison: positions, R^2 of P (whole, first 128), mean per-head F_hat_P R^2 (layer 0);
+    `matrix` (n, n) is its P. An R^2 is None where undefined (or, for the block, where n < 128)."""
+
     model: str
+    label: str  # a short name, distinct within the comparison (ModelSource.label, or the shortened path)
     n_positions: int
-    toeplitz_r2: float
+    toeplitz_r2: float | None
     r2_first_128: float | None
     mean_fhat_r2: float | None
     matrix: np.ndarray
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         return {
             "model": self.model,
+            "label": self.label,
             "n_positions": self.n_positions,
-            "toeplitz_r2": self.toeplitz_r2,
-            "r2_first_128": self.r2_first_128,
-            "mean_fhat_r2": self.mean_fhat_r2,
+            "toeplitz_r2": _r2(self.toeplitz_r2),
+            "r2_first_128": _r2(self.r2_first_128),
+            "mean_fhat_r2": _r2(self.mean_fhat_r2),
         }
 
 
-def compare_models(
-    models: list[str], mode: str = "paper", cosine: bool = False, allow_pickle: bool = False
-) -> list[CompareRow]:
-    """One row per model: positions, R^2 of P (whole and first 128), mean per-head F_hat_P R^2 (layer 0)."""
+@dataclass(frozen=True, repr=False)
+class CompareResult(ResultMixin):
+    """Rows of a comparison, one per model (iterate it, index it, or read `rows`)."""
+
+    mode: str
+    cosine: bool
+    rows: tuple[CompareRow, ...]
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        return self.rows[index]
+
+    def __repr__(self) -> str:
+        models = ", ".join(f"{r.label}: R²={short(r.toeplitz_r2)}" for r in self.rows)
+        return f"CompareResult(mode={self.mode!r}, cosine={self.cosine}, rows=[{models}])"
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "cosine": self.cosine, "models": [r.to_dict() for r in self.rows]}
+
+    def plot(self):
+        """Side-by-side P heatmaps."""
+        from posprobe import plotting
+
+        return plotting.compare_heatmaps(list(self.rows))
+
+
+def compare(
+    models: list[str | PathLike | PreTrainedModel | None],
+    mode: str = "paper",
+    cosine: bool = False,
+    allow_pickle: bool = False,
+) -> CompareResult:
+    """One row per model (a list of two or more ids, folders or loaded models): positions, R^2 of P (whole and
+    first 128), mean per-head F_hat_P R^2 of layer 0."""
+    if isinstance(models, (str, bytes, PathLike)) or is_model_object(models) or not hasattr(models, "__iter__"):
+        raise ArgumentTypeError(
+            "models", f"{{arg}} must be a list of models, got {type(models).__name__}", "e.g. compare([m1, m2])"
+        )
+    models = list(models)
+    if len(models) < 2:
+        raise ArgumentValueError(
+            "models", f"compare needs two or more models, got {len(models)}", "add models", flag="MODELS"
+        )
+    mode = as_choice(mode, "mode", MODES)
+    cosine = as_bool(cosine, "cosine")
     rows = []
-    for model in models:
-        source = resolve_model(model, allow_pickle=allow_pickle)
-        t = toeplitz_analysis(None, blocks=[], cosine=cosine, source=source)
-        first = float(block_r2(t.matrix, DEFAULT_BLOCK)) if t.n_positions >= DEFAULT_BLOCK else None
-        f = fhat_analysis(None, 0, mode, source=source)
-        rows.append(CompareRow(t.model, t.n_positions, t.toeplitz_r2, first, float(np.mean(f.toeplitz_r2)), t.matrix))
-    return rows
+    opened = [_open(model, allow_pickle) for model in models]
+    labels = [source.label for source, _ in opened]
+    clashes = {label for label in labels if labels.count(label) > 1}
+    for (source, reader), label in zip(opened, labels):
+        label = middle_ellipsis(source.name, 40) if label in clashes else label
+        table = read_position_table(source, reader)
+        _check_positions(table.n_positions, source.name)
+        p = position_inner_products(table.table, cosine=cosine)
+        first = block_r2(p, DEFAULT_BLOCK) if table.n_positions >= DEFAULT_BLOCK else None
+        f = _FhatComputer(source, reader, mode).layer(0)
+        rows.append(CompareRow(source.name, label, table.n_positions, toeplitz_r2(p), first, f.mean_toeplitz_r2, p))
+    return CompareResult(mode, cosine, tuple(rows))
+
+
+# Long names (kept for existing code).
+toeplitz_analysis = toeplitz
+fhat_analysis = fhat
+compute_profiles = profiles
+compare_models = compare

@@ -16,12 +16,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from os import PathLike
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from posprobe.analysis.tisa_fit import DEFAULT_FIT_WINDOW, TisaKernelFitter
-from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.errors import ArgumentError, ArgumentValueError, PosprobeError
 from posprobe.kernels_file import (  # noqa: F401  (the kernels-file format lives there; re-exported for callers)
     CONVENTION,
     FUNCTION,
@@ -31,7 +33,17 @@ from posprobe.kernels_file import (  # noqa: F401  (the kernels-file format live
     read_kernels_file,
     save_tisa_kernels,
 )
-from posprobe.validation import as_int
+from posprobe.results import ResultMixin
+from posprobe.validation import as_bool, as_int, as_int_list
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+class _NotFitted(ArgumentValueError, KeyError):
+    """`TisaFitResult.fit(S)` for an S that was not fitted."""
+
+    __str__ = ArgumentValueError.__str__
 
 
 @dataclass(frozen=True)
@@ -49,8 +61,8 @@ class ProfileSet:
     shared_layers: bool
 
 
-@dataclass(frozen=True)
-class TisaFit:
+@dataclass(frozen=True, repr=False)
+class TisaFit(ResultMixin):
     """The fit for one number of kernels S: `a`, `b`, `c` (L_sel, H, S); `offset`, `r2` (L_sel, H)."""
 
     n_kernels: int
@@ -63,6 +75,8 @@ class TisaFit:
     seconds: float
     kernels_file: Path | None = None
     figure: Path | None = None
+
+    _repr_fields = ("n_kernels", "median_r2", "a", "b", "c", "offset", "r2", "kernels_file")
 
     @property
     def median_r2(self) -> float:
@@ -85,9 +99,13 @@ class TisaFit:
         ]
 
 
-@dataclass(frozen=True)
-class TisaFitResult:
-    """Fits of one model for every requested S (in request order), with the profiles they were fitted to."""
+@dataclass(frozen=True, repr=False)
+class TisaFitResult(ResultMixin):
+    """Fits of one model for every requested S (in request order), with the profiles they were fitted to.
+
+    `profiles` (L_sel, H, K) over `offsets` (K,), k = j - i, for model layers `layers`; `fits` one `TisaFit`
+    per S (`fit(S)` picks one). `plot(S)` draws each head's profile against its fitted function.
+    """
 
     model: str
     model_type: str
@@ -102,18 +120,44 @@ class TisaFitResult:
     profiles: np.ndarray
     fits: list[TisaFit] = field(default_factory=list)
 
+    _repr_fields = ("model", "mode", "layers", "n_heads", "window", "kernels", "median_r2", "profiles")
+
+    @property
+    def kernels(self) -> list[int]:
+        return [f.n_kernels for f in self.fits]
+
+    @property
+    def median_r2(self) -> dict[int, float]:
+        """{S: median R^2 over heads}."""
+        return {f.n_kernels: f.median_r2 for f in self.fits}
+
+    def plot(self, n_kernels: int | None = None):
+        """Profiles (dots) against the fitted functions at integer k, one panel per head, for S = `n_kernels`
+        (default: the first fitted S); a matplotlib Figure."""
+        from posprobe.plotting_fit import fit_figure
+
+        return fit_figure(self, self.fits[0] if n_kernels is None else self.fit(n_kernels))
+
+    def save(self, out_dir: str | Path, fmt: str = "png") -> TisaFitResult:
+        """Write each fit's kernels file and figure into `out_dir` (as `posprobe fit-tisa` does); returns the
+        result with `kernels_file` and `figure` set on every fit."""
+        from posprobe.outputs import save_tisa_fit
+
+        return save_tisa_fit(self, out_dir, fmt)
+
     @property
     def seconds(self) -> float:
         """Fitting time only (all S), excluding profile computation and file writing."""
         return float(sum(f.seconds for f in self.fits))
 
     def fit(self, n_kernels: int) -> TisaFit:
+        """The fit with S = `n_kernels` (a KeyError, also an ArgumentValueError, if it was not fitted)."""
         for f in self.fits:
             if f.n_kernels == n_kernels:
                 return f
-        raise KeyError(n_kernels)
+        raise _NotFitted("n_kernels", f"S = {n_kernels} was not fitted (fitted: {self.kernels})")
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         """Single S: `kernels` is an int and `heads` the per-head list. Sweep (several S): `kernels` is
         the list of S and `fits` holds one {kernels, seconds, median_r2, kernels_file, figure, heads}
         per S. Both: model, model_type, mode, window, seconds (fitting only), layers, shared_layers,
@@ -153,7 +197,7 @@ Progress = Callable[[str, int, int], None]
 
 
 def fit_tisa(
-    model: str | None,
+    model: str | PathLike | PreTrainedModel | None = None,
     kernels: int | Sequence[int] = (5,),
     window: int | None = None,
     layers: list[int] | None = None,
@@ -166,8 +210,9 @@ def fit_tisa(
 ) -> TisaFitResult:
     """Fit TISA kernels to every head profile of `model` for each S in `kernels`; writes nothing.
 
-    `model`: hub id, folder, None (packaged MiniLM) or a `.npz` written by `posprobe profiles`.
-    `layers`: None = all. `window`: fit half-width W (None = `DEFAULT_FIT_WINDOW`, clipped to the offsets).
+    `model`: hub id, folder, None (packaged MiniLM), a loaded transformers model, or a `.npz` written by
+    `posprobe profiles`. `kernels`: S, one number or a list (a sweep). `layers`: None = all (-1 = last).
+    `window`: fit half-width W (None = `DEFAULT_FIT_WINDOW`, clipped to the offsets).
     An S whose 3·S + 1 parameters exceed the 2W + 1 points of the window is refused before any work.
     ALBERT (shared layers): the one shared layer is fitted once and replicated at every depth.
     Save the result with `posprobe.outputs.save_tisa_fit` (kernels file and figure per S).
@@ -175,6 +220,8 @@ def fit_tisa(
     kernel_list = _check_kernels(kernels)
     if window is not None:
         window = as_int(window, "window", minimum=1, hint="pass e.g. {arg} 16 (fits k = -16..16)")
+    seed = as_int(seed, "seed", minimum=0)
+    exhaustive = as_bool(exhaustive, "exhaustive")
     _check_points(kernel_list, window if window is not None else DEFAULT_FIT_WINDOW, window)
     data = profiles if profiles is not None else load_profiles(model, layers, mode, allow_pickle)
     used_window = _resolve_window(window, data.offsets)
@@ -237,7 +284,7 @@ def load_profiles(
 ) -> ProfileSet:
     """Profiles from a checkpoint (via the analysis pipeline) or from a .npz file of `posprobe profiles` or
     `posprobe attention` (`profile` 'score' or 'prob' picks which empirical profile; default score)."""
-    if model is not None and str(model).endswith(".npz"):
+    if isinstance(model, (str, PathLike)) and str(model).endswith(".npz"):
         return _profiles_from_npz(Path(model), layers, profile)
     if profile is not None:
         raise PosprobeError("--profile applies to a .npz written by `posprobe attention`", "drop --profile")
@@ -259,12 +306,16 @@ def load_profiles(
 
 # -------------------------------------------------------------------------------------- internals
 def _check_kernels(kernels: int | Sequence[int]) -> list[int]:
-    """S (or several S, duplicates dropped, order kept), each a whole number >= 1."""
-    from posprobe.validation import as_int_list
-
-    if isinstance(kernels, (int, np.integer)) and not isinstance(kernels, bool):
-        kernels = [kernels]
-    return as_int_list(kernels, "kernels", minimum=1, allow_none=False)
+    """S as one whole number >= 1 or a list of them (order kept, duplicates dropped)."""
+    hint = "e.g. kernels=5 or kernels=[1, 3, 5]"
+    try:
+        if isinstance(kernels, (int, np.integer)) and not isinstance(kernels, bool):
+            return [as_int(kernels, "kernels", minimum=1, hint=hint)]
+        values = as_int_list(kernels, "kernels", minimum=1, allow_none=False)
+    except ArgumentError as err:
+        err.hint = err.hint or hint
+        raise
+    return values
 
 
 def _resolve_window(window: int | None, offsets: np.ndarray) -> int:
