@@ -48,9 +48,9 @@ def _root(
 
 
 def _register_commands() -> None:
-    from posprobe.cli import analysis, finetune, fitting, kernels, retrofit
+    from posprobe.cli import analysis, attention, finetune, fitting, kernels, retrofit
 
-    for module in (analysis, fitting, retrofit, finetune, kernels):
+    for module in (analysis, fitting, retrofit, finetune, kernels, attention):
         module.register(app)
 
 

@@ -86,10 +86,14 @@ def fit_tisa(
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
+    profile: Annotated[
+        str | None, typer.Option("--profile", help="For a `posprobe attention` .npz: score (default) or prob.")
+    ] = None,
 ) -> None:
     """Fit TISA scoring functions f(k) = Σ a·exp(−|b|(k−c)²), k = j − i, to every head's profile.
 
-    MODEL may also be a .npz written by `posprobe profiles`. Writes tisa_kernels_S<S>.safetensors
+    MODEL may also be a .npz written by `posprobe profiles` or `posprobe attention` (see --profile).
+    Writes tisa_kernels_S<S>.safetensors
     (a, b, c: layers × heads × S; offset: layers × heads) and a figure per S.
     """
     from posprobe.cli.console import progress_reporter
@@ -102,6 +106,11 @@ def fit_tisa(
     orientation = as_choice(orientation, "orientation", ORIENTATIONS)
     kernel_list = _parse_kernels(kernels)
     layer_list = parse_int_list(layers, "layers")
+    profiles = None
+    if profile is not None:
+        from posprobe.pipelines.fitting import load_profiles
+
+        profiles = load_profiles(model, layer_list, profile=profile)
     out_dir = prepare_out_dir(out if out is not None else default_out("fit-tisa", _model_name(model)))
     with progress_reporter("fitting TISA kernels") as progress:
         result = run_fit(
@@ -114,6 +123,7 @@ def fit_tisa(
             allow_pickle=allow_pickle,
             progress=progress,
             orientation=orientation,
+            profiles=profiles,
         )
     result = save_tisa_fit(result, out_dir, fmt.value)
     if json_out:

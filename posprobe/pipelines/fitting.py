@@ -316,11 +316,18 @@ def _layers_suffix(result: TisaFitResult) -> str:
 
 
 def load_profiles(
-    model: str | None, layers: list[int] | None = None, mode: str = "paper", allow_pickle: bool = False
+    model: str | None,
+    layers: list[int] | None = None,
+    mode: str = "paper",
+    allow_pickle: bool = False,
+    profile: str | None = None,
 ) -> ProfileSet:
-    """Profiles from a checkpoint (via the analysis pipeline) or from a `posprobe profiles` .npz file."""
+    """Profiles from a checkpoint (via the analysis pipeline) or from a .npz file of `posprobe profiles` or
+    `posprobe attention` (`profile` 'score' or 'prob' picks which empirical profile; default score)."""
     if isinstance(model, (str, PathLike)) and str(model).endswith(".npz"):
-        return _profiles_from_npz(Path(model), layers)
+        return _profiles_from_npz(Path(model), layers, profile)
+    if profile is not None:
+        raise PosprobeError("--profile applies to a .npz written by `posprobe attention`", "drop --profile")
     from posprobe.pipelines.analysis import compute_profiles
 
     res = compute_profiles(model, layers, mode, allow_pickle)
@@ -444,13 +451,16 @@ def _metadata(result: TisaFitResult, fit: TisaFit) -> dict:
     }
 
 
-def _profiles_from_npz(path: Path, layers: list[int] | None) -> ProfileSet:
+def _profiles_from_npz(path: Path, layers: list[int] | None, profile: str | None = None) -> ProfileSet:
     from posprobe.outputs import load_npz
 
     if not path.is_file():
         raise PosprobeError(f"profile file '{path}' does not exist", "pass a .npz written by `posprobe profiles`")
     meta, arrays = load_npz(path)
     hint = "pass a .npz written by `posprobe profiles`"
+    empirical = _empirical_profiles(path, arrays, profile)
+    if empirical is not None:
+        arrays, meta = empirical, meta | {"mode": f"empirical-{profile or 'score'}"}
     for name in ("profiles", "offsets"):
         if name not in arrays:
             raise PosprobeError(f"'{path}' has no '{name}' array", hint)
@@ -484,3 +494,32 @@ def _profiles_from_npz(path: Path, layers: list[int] | None) -> ProfileSet:
         int(profiles.shape[1]),
         bool(meta.get("shared_layers", False)),
     )
+
+
+def _empirical_profiles(path: Path, arrays: dict, profile: str | None) -> dict | None:
+    """For a `posprobe attention` file: its score (default) or probability profiles as `profiles`, cut to the
+    widest window -K..K in which every head has data (offsets no text reached are NaN). None for other files."""
+    if "score_profiles" not in arrays:
+        if profile is not None:
+            raise PosprobeError(f"'{path}' has no empirical profiles", "--profile needs a `posprobe attention` .npz")
+        return None
+    if profile not in (None, "score", "prob"):
+        raise PosprobeError(f"unknown --profile '{profile}'", "use score or prob")
+    values = np.asarray(arrays[f"{profile or 'score'}_profiles"], dtype=np.float64)
+    offsets = np.asarray(arrays["offsets"])
+    centre = int(np.flatnonzero(offsets == 0)[0])
+    finite = np.isfinite(values).all(axis=(0, 1))
+    reach = 0
+    while (
+        centre - reach - 1 >= 0
+        and centre + reach + 1 < len(offsets)
+        and finite[[centre - reach - 1, centre + reach + 1]].all()
+    ):
+        reach += 1
+    if reach < 1 or not finite[centre]:
+        raise PosprobeError(
+            f"'{path}' has no data at k = ±1 (a causal model's profiles stop at k = 0)",
+            "fit-tisa fits symmetric windows: use an encoder's profiles",
+        )
+    window = slice(centre - reach, centre + reach + 1)
+    return {**arrays, "profiles": values[..., window], "offsets": offsets[window]}

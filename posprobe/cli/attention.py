@@ -1,0 +1,136 @@
+"""Command `attention`: empirical positional profiles of a model on real texts (SPEC §10).
+
+`attention --json` prints one object: `model`, `n_texts`, `max_length`, `npz` (arrays: `score_profiles`,
+`prob_profiles` (L, H, 2n-1), `offsets`, `pair_counts` (2n-1), `mean_distance`, `toeplitz_r2` (L, H),
+`weights_correlation` (L, H) where defined, `mean_scores` (L, H, n, n), ...), `mean_distance`, `toeplitz_r2`,
+`weights_correlation` (null where undefined, or null as a whole), plus `model_type`, `n_layers`, `n_heads`,
+`exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`, `seconds`, `figures`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from posprobe.cli.console import console, emit_json
+from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt, default_out
+
+
+def register(app: typer.Typer) -> None:
+    app.command("attention")(attention)
+
+
+def _check_writable(out: Path) -> None:
+    """Fail before the run if `out` cannot be written, without creating it (an interrupted run leaves nothing)."""
+    from posprobe.errors import PosprobeError
+    from posprobe.outputs import prepare_out_dir
+
+    if out.exists():
+        prepare_out_dir(out)
+        return
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise PosprobeError(
+            f"cannot create output folder '{out}' (in '{parent}')", "choose a writable folder with --out"
+        )
+
+
+def attention(
+    model: ModelArg = None,
+    text: Annotated[
+        Path, typer.Option("--text", help="Texts: one per line (.txt), or .jsonl / .csv with --column.")
+    ] = ...,
+    column: Annotated[str | None, typer.Option("--column", help="Column of a .jsonl/.csv file with the texts.")] = None,
+    max_length: Annotated[
+        int | None,
+        typer.Option("--max-length", help="Tokens per text (truncated), n of the profiles; default 128 or fewer."),
+    ] = None,
+    max_texts: Annotated[int | None, typer.Option("--max-texts", help="Use at most this many texts.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Texts per forward pass.")] = 32,
+    exclude_special: Annotated[
+        bool, typer.Option("--exclude-special", help="Drop special tokens ([CLS], [SEP], ...) as queries and keys.")
+    ] = False,
+    window: Annotated[int, typer.Option("--window", help="Figures show k = -W..W.")] = 20,
+    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
+    out: OutOpt = None,
+    fmt: FormatOpt = FigureFormat.png,
+    json_out: JsonOpt = False,
+    allow_pickle: AllowPickleOpt = False,
+) -> None:
+    """Run MODEL on real texts and measure, per layer and head, the score and probability profiles over
+    k = j − i, the mean attention distance, the mean score matrix's Toeplitz R² and its correlation with the
+    weights-based profile."""
+    from posprobe.checkpoint import resolve_model
+    from posprobe.pipelines.attention import attention_profiles, check_texts, iter_texts, write_attention
+    from posprobe.validation import as_int
+
+    if max_length is not None:
+        max_length = as_int(max_length, "max_length", minimum=2, hint="e.g. --max-length 128")
+    batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
+    window = as_int(window, "window", minimum=1)
+    if max_texts is not None:
+        max_texts = as_int(max_texts, "max_texts", minimum=1)
+    total = check_texts(text, column, max_texts)
+    source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
+    out_dir = Path(out if out is not None else default_out("attention", source.label)).expanduser()
+    _check_writable(out_dir)
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(
+        TextColumn("texts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=True
+    ) as bar:
+        task = bar.add_task("texts", total=total)
+        result = attention_profiles(
+            str(source.path) if model is not None else None,
+            iter_texts(text.expanduser(), column),
+            max_length=max_length,
+            max_texts=max_texts,
+            batch_size=batch_size,
+            exclude_special=exclude_special,
+            device=device,
+            allow_pickle=allow_pickle,
+            progress=lambda k: bar.advance(task, k),
+            text_source=str(text),
+        )
+    from dataclasses import replace
+
+    result = replace(result, model=source.name)
+    written = write_attention(result, out_dir, fmt.value, window=min(window, result.max_length - 1))
+    if json_out:
+        emit_json(result.to_json(written["npz"], written["figures"]))
+        return
+    _print(result, written)
+
+
+def _print(result, written) -> None:
+    import numpy as np
+    from rich.table import Table
+
+    p = result.profiles
+    table = Table(
+        title=f"Mean attention distance (tokens) — {result.model}, {result.n_texts} texts, max length "
+        f"{result.max_length}{', causal' if result.causal else ''}",
+        title_justify="left",
+    )
+    table.add_column("head", justify="right")
+    for layer in range(result.n_layers):
+        table.add_column(f"L{layer}", justify="right")
+    fmt = lambda v: "—" if not np.isfinite(v) else f"{v:.2f}"  # noqa: E731
+    for h in range(result.n_heads):
+        table.add_row(f"h{h}", *[fmt(v) for v in p.mean_distance[:, h]])
+    medians = lambda a: [fmt(np.nanmedian(row)) if np.isfinite(row).any() else "—" for row in a]  # noqa: E731
+    table.add_row("R² M", *medians(p.toeplitz_r2), style="bold")
+    if result.weights_correlation is not None:
+        table.add_row("r weights", *medians(result.weights_correlation), style="bold")
+    console.print(table)
+    console.print(
+        "[dim]R² M: median over heads of the mean score matrix's Toeplitz R²; r weights: median Pearson r between "
+        f"s(k) and the weights-based profile ({result.weights_note})[/dim]"
+    )
+    console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
