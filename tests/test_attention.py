@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from posprobe.analysis.empirical import masked_toeplitz_r2, offset_sums, profile_correlation
 from posprobe.cli import app, main
+from posprobe.errors import PosprobeError
 from posprobe.pipelines.attention import RECORD_NAME, attention_profiles, register_recording_attention
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -369,3 +370,50 @@ def test_interrupted_write_leaves_nothing(monkeypatch, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         write_attention(result, existing)
     assert [p.name for p in existing.iterdir()] == ["keep.txt"]
+
+
+def test_hub_text_spec_is_parsed_or_refused():
+    from posprobe.pipelines.attention import parse_hub_texts
+
+    assert parse_hub_texts("texts.jsonl") is None
+    assert parse_hub_texts("hub:nyu-mll/glue:cola:validation") == ("nyu-mll/glue", "cola", "validation")
+    assert parse_hub_texts("hub:imdb:test") == ("imdb", None, "test")
+    for bad in ("hub:imdb", "hub:a:b:c:d", "hub::test"):
+        with pytest.raises(PosprobeError, match="hub:NAME:SPLIT"):
+            parse_hub_texts(bad)
+
+
+def test_hub_texts_offline_fail_at_once_with_one_line(tiny_bert_folder, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "never"
+    started = time.perf_counter()
+    with pytest.raises(SystemExit) as info:
+        main(["attention", str(tiny_bert_folder), "--text", "hub:no-such/dataset:test", "--column", "text",
+              "--out", str(out)])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and "\n" not in err and "HF_HUB_OFFLINE is set" in err
+    assert time.perf_counter() - started < 20 and not out.exists()
+
+
+def test_hub_texts_are_read_from_the_named_split_and_column(tiny_bert_folder, tmp_path, monkeypatch, capsys):
+    """The hub path end to end, with `datasets.load_dataset` answered by an in-memory dataset."""
+    import datasets
+
+    asked = []
+
+    def fake_load(name, config=None, split=None, **kwargs):
+        asked.append((name, config, split))
+        return datasets.Dataset.from_dict({"sentence": ["w1 w2 w3", "", "w4 w5"], "label": [0, 1, 0]})
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    args = ["attention", str(tiny_bert_folder), "--text", "hub:nyu-mll/glue:cola:validation", "--column"]
+    result = CliRunner().invoke(app, [*args, "sentence", "--max-length", "8", "--out", str(tmp_path / "a"), "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["n_texts"] == 2 and record["text"] == "hub:nyu-mll/glue:cola:validation"  # the empty row skipped
+    assert asked and set(asked) == {("nyu-mll/glue", "cola", "validation")}
+    with pytest.raises(SystemExit) as info:
+        main([*args, "label", "--out", str(tmp_path / "b")])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and "column 'label' is not text" in err and "\n" not in err
+    assert not (tmp_path / "b").exists()

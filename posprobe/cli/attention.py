@@ -43,7 +43,12 @@ def _check_writable(out: Path) -> None:
 def attention(
     model: ModelArg = None,
     text: Annotated[
-        Path, typer.Option("--text", help="Texts: one per line (.txt), or .jsonl / .csv with --column.")
+        str,
+        typer.Option(
+            "--text",
+            help="Texts: one per line (.txt), .jsonl / .csv with --column, or a hub dataset split "
+            "hub:NAME[:CONFIG]:SPLIT with --column (e.g. hub:nyu-mll/glue:cola:validation).",
+        ),
     ] = ...,
     column: Annotated[str | None, typer.Option("--column", help="Column of a .jsonl/.csv file with the texts.")] = None,
     max_length: Annotated[
@@ -88,7 +93,7 @@ def attention(
         task = bar.add_task("texts", total=total)
         result = attention_profiles(
             str(source.path) if model is not None else None,
-            iter_texts(text.expanduser(), column),
+            iter_texts(text, column),
             max_length=max_length,
             max_texts=max_texts,
             batch_size=batch_size,

@@ -394,23 +394,7 @@ def _load_from_hub(task: GlueTask, splits: list[str]) -> dict[str, GlueSplit]:
         f"{', '.join(f'DIR/{task.name}/{s}.jsonl' for s in task.dev_splits)} (HF glue schema), "
         f"or the official GLUE TSV folders (DIR/{task.tsv_dir}/train.tsv, ...)"
     )
-    try:
-        import datasets
-    except ImportError:
-        raise PosprobeError("loading GLUE from the hub needs the `datasets` package", hint) from None
-    offline = hub_offline_reason()
-    try:
-        with _datasets_offline(offline is not None), _quiet_datasets():
-            loaded = datasets.load_dataset(HUB_DATASET, task.name)
-    except Exception as err:  # offline, DNS, missing cache, hub errors: all mean "no data this way"
-        if offline is not None:
-            raise PosprobeError(
-                f"could not load GLUE '{task.name}' from the Hugging Face hub: it is not in the local datasets cache "
-                f"and the hub cannot be used ({offline})",
-                hint,
-            ) from err
-        reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
-        raise PosprobeError(f"could not load GLUE '{task.name}' from the Hugging Face hub ({reason})", hint) from err
+    loaded = load_hub_dataset(HUB_DATASET, task.name, None, f"GLUE '{task.name}'", hint)
     out: dict[str, GlueSplit] = {}
     for split in splits:
         table = loaded[split]
@@ -423,6 +407,28 @@ def _load_from_hub(task: GlueTask, splits: list[str]) -> dict[str, GlueSplit]:
         labels = [_parse_label(task, v, f"{where_prefix} row {i + 1}") for i, v in enumerate(columns["label"])]
         out[split] = GlueSplit(task.name, split, texts, labels, f"hub:{HUB_DATASET}/{task.name}")
     return out
+
+
+def load_hub_dataset(name: str, config: str | None, split: str | None, what: str, hint: str):
+    """`datasets.load_dataset(name, config, split=split)`, quiet; offline (`hub_offline_reason`) it reads the
+    local cache only, at once. Any failure is one PosprobeError naming `what` (e.g. "GLUE 'cola'") and `hint`."""
+    try:
+        import datasets
+    except ImportError:
+        raise PosprobeError(f"loading {what} from the hub needs the `datasets` package", hint) from None
+    offline = hub_offline_reason()
+    try:
+        with _datasets_offline(offline is not None), _quiet_datasets():
+            return datasets.load_dataset(name, config, split=split)
+    except Exception as err:  # offline, DNS, missing cache, hub errors, unknown split: all mean "no data this way"
+        if offline is not None:
+            raise PosprobeError(
+                f"could not load {what} from the Hugging Face hub: it is not in the local datasets cache "
+                f"and the hub cannot be used ({offline})",
+                hint,
+            ) from err
+        reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        raise PosprobeError(f"could not load {what} from the Hugging Face hub ({reason})", hint) from err
 
 
 def hub_offline_reason(timeout: float = 3.0) -> str | None:

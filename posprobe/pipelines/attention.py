@@ -34,6 +34,45 @@ _ACTIVE: list[_Recorder] = []  # the recorder of the forward pass running now (a
 
 
 # -- texts -------------------------------------------------------------------------------------------
+HUB_PREFIX = "hub:"
+
+
+def parse_hub_texts(text: str) -> tuple[str, str | None, str] | None:
+    """`hub:NAME:SPLIT` or `hub:NAME:CONFIG:SPLIT` -> (name, config, split); None for anything else (a file)."""
+    if not str(text).startswith(HUB_PREFIX):
+        return None
+    parts = str(text)[len(HUB_PREFIX) :].split(":")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise PosprobeError(
+            f"'{text}' is not a hub dataset spec",
+            "write hub:NAME:SPLIT or hub:NAME:CONFIG:SPLIT, e.g. hub:nyu-mll/glue:cola:validation",
+        )
+    return parts[0], (parts[1] if len(parts) == 3 else None), parts[-1]
+
+
+def _hub_texts(spec: tuple[str, str | None, str], column: str | None) -> Iterator[str]:
+    """The texts of column `column` of a hub dataset split (cache only when offline)."""
+    from posprobe.glue.data import load_hub_dataset
+
+    name, config, split = spec
+    where = f"hub:{name}" + (f":{config}" if config else "") + f":{split}"
+    if not column:
+        raise PosprobeError(f"'{where}' is a dataset: which column holds the texts?", "pass --column NAME")
+    table = load_hub_dataset(name, config, split, f"'{where}'", "pass a local .txt, .jsonl or .csv file with --text")
+    if column not in table.column_names:
+        raise PosprobeError(
+            f"'{where}' has no column '{column}' (columns: {', '.join(table.column_names)})",
+            "pass one of them with --column",
+        )
+    for number, value in enumerate(table[column], 1):
+        if not isinstance(value, str):
+            raise PosprobeError(
+                f"{where} row {number}: column '{column}' is not text ({value!r})", "choose a text column"
+            )
+        if value.strip():
+            yield value
+
+
 def _text_format(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".csv"):
@@ -42,10 +81,15 @@ def _text_format(path: Path) -> str:
 
 
 def iter_texts(path: str | Path, column: str | None = None) -> Iterator[str]:
-    """The texts of `path`: a text file (one text per non-empty line), or `.jsonl` / `.csv` with `column`.
+    """The texts of `path`: a text file (one text per non-empty line), `.jsonl` / `.csv` with `column`, or a hub
+    dataset split `hub:NAME[:CONFIG]:SPLIT` with `column`.
 
     Raises PosprobeError naming the file and line for a missing column, malformed JSON or a non-text value."""
-    path = Path(path)
+    spec = parse_hub_texts(str(path))
+    if spec is not None:
+        yield from _hub_texts(spec, column)
+        return
+    path = Path(path).expanduser()
     kind = _text_format(path)
     if kind != "txt" and not column:
         raise PosprobeError(f"'{path}' is a .{kind} file: which column holds the texts?", "pass --column NAME")
@@ -100,8 +144,7 @@ def _field(record: dict, column: str, path: Path, number: int) -> str:
 def check_texts(path: str | Path, column: str | None = None, max_texts: int | None = None) -> int:
     """Validate the text file before any work (exists, readable, right column, not empty); return the number
     of texts that will be used (at most `max_texts`)."""
-    path = Path(path).expanduser()
-    if not path.is_file():
+    if parse_hub_texts(str(path)) is None and not Path(path).expanduser().is_file():
         raise PosprobeError(f"text file '{path}' does not exist", "pass a .txt, .jsonl or .csv file with --text")
     count = 0
     for _ in iter_texts(path, column):
