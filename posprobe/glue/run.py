@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from posprobe.checkpoint.loading import load_tokenizer
 from posprobe.errors import PosprobeError
 from posprobe.glue.config import RESUME_KEYS, FinetuneConfig, check_mechanism_options
 from posprobe.glue.data import load_glue
@@ -44,7 +45,6 @@ from posprobe.glue.runtime import (
     encode,
     is_main_process,
     label_kwargs,
-    load_tokenizer,
     make_trainer,
     predict_metrics,
     quiet,

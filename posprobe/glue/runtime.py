@@ -50,18 +50,6 @@ def encode(tokenizer, data: GlueSplit, max_length: int) -> EncodedSplit:
     return EncodedSplit(features)
 
 
-def load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
-    except Exception as err:
-        raise PosprobeError(
-            f"no usable tokenizer in '{path}' ({type(err).__name__}: {str(err)[:120]})",
-            "pass a model folder that also holds the tokenizer files (tokenizer.json / vocab.txt)",
-        ) from err
-
-
 def label_kwargs(task: GlueTask) -> dict[str, Any]:
     """`from_pretrained` settings that give a classifier the task's outputs (STS-B: one regression output)."""
     kwargs: dict[str, Any] = {"num_labels": task.num_labels}

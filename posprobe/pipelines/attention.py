@@ -599,15 +599,11 @@ def _load(model: Any, allow_pickle: bool, need_tokenizer: bool):
 
 
 def _tokenizer(source):
-    from transformers import AutoTokenizer
+    from posprobe.checkpoint.loading import load_tokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(str(source.path), trust_remote_code=False)
-    except (OSError, ValueError, TypeError) as err:
-        raise PosprobeError(
-            f"cannot load a tokenizer from '{source.name}' ({str(err).splitlines()[0][:160]})",
-            "use a model folder that holds its tokenizer files, or pass input_ids from the library",
-        ) from err
+    return load_tokenizer(
+        source.path, "use a model folder that holds its tokenizer files, or pass input_ids from the library"
+    )
 
 
 def _text_tokenizer(tokenizer, max_length: int) -> Callable:

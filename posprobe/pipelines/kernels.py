@@ -133,18 +133,6 @@ def mean_vectors(model, tokenizer, texts: list[str]) -> tuple[dict[str, np.ndarr
     return {role: (sums[role] / max(tokens, 1)).view(len(slots), H, dh).numpy() for role in ROLES}, tokens
 
 
-def _tokenizer(folder: Path):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
-    except Exception as err:
-        raise PosprobeError(
-            f"no usable tokenizer in '{folder}' for --text ({type(err).__name__})",
-            "pass a folder written by `posprobe retrofit` / `finetune` (they copy the tokenizer), or leave out --text",
-        ) from err
-
-
 def check_window(window) -> int | None:
     """`--window`: None (TISA 16, otherwise the clip radius) or 1..MAX_WINDOW."""
     if window is None:
@@ -169,7 +157,7 @@ def learned_from_folder(
     stacked = _stack(mechanism_state(model), n_depths)
     initial = initial_state(model)
     initial_parts = None if initial is None else [p for _, p in _split_parts(mechanism, _stack(initial, n_depths))]
-    means, tokens = (None, 0) if texts is None else mean_vectors(model, _tokenizer(path), texts)
+    means, tokens = (None, 0) if texts is None else mean_vectors(model, _kernels_tokenizer(path), texts)
     offsets = np.arange(-window, window + 1)
     learned = learned_functions(mechanism, _split_parts(mechanism, stacked), offsets, initial_parts, means)
     return str(folder), learned, window, radius, tokens
@@ -325,3 +313,12 @@ def summary(report: KernelsReport) -> dict:
 
 def _nan_list(x: np.ndarray) -> list:
     return [[None if np.isnan(v) else round(float(v), 6) for v in row] for row in np.asarray(x)]
+
+
+def _kernels_tokenizer(folder: Path):
+    from posprobe.checkpoint.loading import load_tokenizer
+
+    return load_tokenizer(
+        folder,
+        "pass a folder written by `posprobe retrofit` / `finetune` (they copy the tokenizer), or leave out --text",
+    )
