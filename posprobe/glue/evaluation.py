@@ -23,6 +23,7 @@ from posprobe.glue.runtime import (
     encode,
     load_classifier,
     make_trainer,
+    own_process_group,
     predict_metrics,
     quiet,
     training_arguments,
@@ -79,7 +80,7 @@ def evaluate(
     per_model: list[dict[str, float | None]] = []
     seeds: list[int | None] = []
     mechanisms: set[str] = set()
-    with quiet(not verbose):
+    with quiet(not verbose), own_process_group():
         for folder in folders:
             meta = _read_meta(folder)
             if meta.get("task") not in (None, task.name):

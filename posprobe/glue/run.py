@@ -46,6 +46,7 @@ from posprobe.glue.runtime import (
     is_main_process,
     label_kwargs,
     make_trainer,
+    own_process_group,
     predict_metrics,
     quiet,
     training_arguments,
@@ -84,7 +85,7 @@ def finetune(
     if log is None and verbose:
         log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     say = log or (lambda _msg: None)
-    with quiet(not verbose), _run_folder(config.out, wait=wait) as out:
+    with quiet(not verbose), own_process_group(), _run_folder(config.out, wait=wait) as out:
         return _finetune(config, out, progress=progress, callbacks=callbacks, say=say)
 
 

@@ -156,6 +156,25 @@ def missing_head_weights(model, folder: Path) -> list[str]:
     return [n for n in head_parameters(model) if n not in stored]
 
 
+@contextlib.contextmanager
+def own_process_group() -> Iterator[None]:
+    """Destroy, when the block ends, the torch.distributed process group the block created (the Trainer creates
+    one under torchrun); a group that existed before is left to its owner. A gloo group still alive at
+    interpreter exit can abort the process ("terminate called without an active exception", SIGABRT)."""
+    import torch.distributed as dist
+
+    existed = dist.is_available() and dist.is_initialized()
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        if not existed and dist.is_available() and dist.is_initialized():
+            if ok:  # all ranks got here: let them leave together (no barrier after a failure: it could hang)
+                dist.barrier()
+            dist.destroy_process_group()
+
+
 def load_classifier(folder: Path, *, allow_new_head: bool = False, allow_pickle: bool = False, **kwargs):
     """A saved sequence classifier, through `posprobe.retrofit.load_model` (so a retrofitted mechanism comes
     back with it). Refuses a checkpoint without trained head weights unless `allow_new_head`."""
