@@ -213,3 +213,24 @@ def save_tisa_fit(result, out_dir: str | Path, fmt: str = "png"):
         figure = save_figure(fit_figure(result, fit), out / fitting.figure_file_name(result, fit, fmt))
         fits.append(replace(fit, kernels_file=kernels, figure=figure))
     return replace(result, fits=fits)
+
+
+def disk_full(err: BaseException) -> bool:
+    """True for a full disk or quota, also where a library wraps the OSError in its own exception (torch's
+    stream writer, safetensors' serialiser) and only its message or its cause says so."""
+    seen = 0
+    while err is not None and seen < 5:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(err)
+        if "No space left on device" in text or "StorageFull" in text or "Disk quota exceeded" in text:
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
+def disk_full_error(err: BaseException, where: Path) -> PosprobeError:
+    return PosprobeError(
+        f"no space left on the device while writing to '{where}'",
+        "free some disk space or choose another --out; nothing half-written was kept",
+    )

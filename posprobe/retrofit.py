@@ -407,7 +407,10 @@ def retrofit(
 
 
 def _retrofit_loaded(model: nn.Module, settings: MechanismSettings, drop_position_embeddings: bool, seed: int):
+    from posprobe.checkpoint.loading import check_finite
+
     _check_supported(model)
+    check_finite(model, str(getattr(model.config, "_name_or_path", "") or type(model).__name__))
     if is_retrofitted(model):
         raise PosprobeError("this model is already retrofitted", "start from the original checkpoint")
     spec = {
@@ -525,13 +528,16 @@ def save_retrofitted(model: nn.Module, out_dir, *, tokenizer_from=None) -> Path:
         if out.exists():
             out.rmdir()  # checked empty above
         os.replace(tmp, out)
-    except OSError as err:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise PosprobeError(
-            f"cannot write '{out}' ({err.strerror or err})", "check free space and permissions"
-        ) from err
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        from posprobe.outputs import disk_full, disk_full_error
+
+        if disk_full(err):  # also when safetensors wraps the OSError in its own error
+            raise disk_full_error(err, out) from err
+        if isinstance(err, OSError):
+            raise PosprobeError(
+                f"cannot write '{out}' ({err.strerror or err})", "check free space and permissions"
+            ) from err
         raise
     return out
 

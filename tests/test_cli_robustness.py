@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from rich.cells import cell_len
 
 from posprobe.cli import main
@@ -238,3 +239,37 @@ def test_undefined_r2_reads_undefined_in_text_and_null_in_json(monkeypatch, tmp_
     assert code == 0 and json.loads(captured.out)["toeplitz_r2"] is None
     code, captured = run_main(["fhat", "--out", str(tmp_path / "f")], capsys)
     assert code == 0 and "undefined (constant matrix)" in captured.err and "0.5000" in captured.err
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["toeplitz", "--format", "jpg"], "'jpg' is not one of"),
+        (["fhat", "--layer", "1.5"], "--layer"),
+        (["toeplitz", "--block", "x"], "--block"),
+        (["finetune", "--task", "cola", "--max-steps", "1"], "No such option: --max-steps"),
+        (["nosuchcmd"], "No such command"),
+        (["compare"], "Missing argument"),
+    ],
+)
+def test_usage_errors_are_one_line(args, words, capsys):
+    """A bad flag is one `posprobe: error:` line naming the command's help, exit 2 (not click's 4-line block)."""
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and err.startswith("posprobe: error: ") and "\n" not in err
+    assert words in err and "--help`" in err
+
+
+def test_fhat_last_layer_is_named_by_its_number(tiny_checkpoints, tmp_path, capsys):
+    out = tmp_path / "f"
+    code, captured = run_main(["fhat", str(tiny_checkpoints["bert"]), "--layer", "-1", "--out", str(out)], capsys)
+    assert code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["fhat_layer1_paper.json", "fhat_layer1_paper.png"]
+    assert "layer 1" in captured.err
+
+
+def test_toeplitz_says_when_the_default_block_is_skipped(tiny_checkpoints, tmp_path, capsys):
+    code, captured = run_main(["toeplitz", str(tiny_checkpoints["bert"]), "--out", str(tmp_path / "t")], capsys)
+    assert code == 0
+    assert "block 128 skipped: the table has only 64 positions" in " ".join(captured.err.split())

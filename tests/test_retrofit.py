@@ -344,7 +344,18 @@ def test_save_retrofitted_errors_are_clean(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(type(model), "save_pretrained", full_disk)
-    with pytest.raises(PosprobeError, match="No space left"):
+    with pytest.raises(PosprobeError, match="no space left"):
+        save_retrofitted(model, tmp_path / "o")
+    assert list(tmp_path.iterdir()) == []
+
+    def full_disk_in_safetensors(self, *args, **kwargs):  # what safetensors raises for ENOSPC: not an OSError
+        from safetensors import SafetensorError
+
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                              '"No space left on device" })')  # fmt: skip
+
+    monkeypatch.setattr(type(model), "save_pretrained", full_disk_in_safetensors)
+    with pytest.raises(PosprobeError, match="no space left"):
         save_retrofitted(model, tmp_path / "o")
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(TypeError, match="model must be a transformers model"):
@@ -366,3 +377,12 @@ def test_packaged_model_by_name():
     """Issue 15: `retrofit("all-MiniLM-L6-v2", "tisa")` said "cannot retrofit a 'unknown' model"."""
     model = retrofit("all-MiniLM-L6-v2", "tisa")
     assert model.config.model_type == "bert" and added_parameters(model) == 3 * 5 * 12 * 6
+
+
+def test_retrofit_refuses_a_model_with_nan_weights():
+    """Issue 14 §2 in the library: an in-memory model with a NaN weight is refused, as its folder would be."""
+    model = build_tiny("bert")
+    with torch.no_grad():
+        model.embeddings.position_embeddings.weight[0, 0] = float("nan")
+    with pytest.raises(PosprobeError, match="NaN or infinite"):
+        retrofit(model, "fixed")

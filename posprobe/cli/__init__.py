@@ -80,9 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         raise
     except Exception as err:  # usage errors (typer's bundled click) and genuine bugs
         if _is_usage_error(err):
-            outputs.discard_run()
-            err.show()
-            sys.exit(2)
+            _fail(_usage_line(err), 2)
         if os.environ.get("POSPROBE_DEBUG"):
             outputs.discard_run()
             raise
@@ -103,6 +101,14 @@ def _is_usage_error(err: Exception) -> bool:
     """A click-style usage error (missing argument, bad value, unknown command): it knows how to show
     itself. typer bundles its own click, so match the interface rather than one class."""
     return callable(getattr(err, "show", None)) and isinstance(getattr(err, "exit_code", None), int)
+
+
+def _usage_line(err: Exception) -> str:
+    """A click usage error as one line: what is wrong — where to look (`posprobe COMMAND --help`)."""
+    message = " ".join(str(err.format_message()).split()) if hasattr(err, "format_message") else str(err)
+    context = getattr(err, "ctx", None)
+    command = getattr(context, "command_path", None) or "posprobe"
+    return f"{message} — see `{command} --help`"
 
 
 def _fail(message: str, code: int) -> None:

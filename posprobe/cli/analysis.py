@@ -98,6 +98,8 @@ def toeplitz(
             f"[dim]dropped {result.dropped_rows} reserved leading rows (padding_idx + 1) of the "
             f"{result.model_type} position table[/dim]"
         )
+    for b in result.skipped_blocks:
+        console.print(f"[dim]block {b} skipped: the table has only {result.n_positions} positions[/dim]")
     console.print(f"heatmap: {figure}\nrecord:  {out_dir / f'{stem}.json'}")
 
 
@@ -121,6 +123,7 @@ def fhat(
     source = _resolve(model, allow_pickle)
     out_dir = _out_dir(out, "fhat", source.label)
     result = fhat_analysis(None, layer, mode.value, source=source)
+    layer = result.layer  # -1 (the last layer) resolved to its number, for file names and titles
     stem = f"fhat_layer{layer}_{mode.value}"
     figure = save_mosaic(plotting.fhat_grid(result, scale.value), out_dir / f"{stem}.{fmt.value}")
     record = result.to_dict() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}

@@ -40,8 +40,6 @@ from posprobe.glue.report import FinetuneResult, aggregate, fmt, results_markdow
 from posprobe.glue.runtime import (
     EncodedSplit,
     close_progress_bars,
-    disk_full,
-    disk_full_error,
     encode,
     is_main_process,
     label_kwargs,
@@ -53,7 +51,7 @@ from posprobe.glue.runtime import (
     world_size,
 )
 from posprobe.glue.tasks import GlueTask, get_task
-from posprobe.outputs import write_json, write_text
+from posprobe.outputs import disk_full, disk_full_error, write_json, write_text
 
 META_FILE = "posprobe_glue.json"
 RUN_FILE = "run.json"

@@ -7,13 +7,12 @@ torch and transformers are imported inside functions only.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.errors import ArgumentValueError
 from posprobe.glue.data import GlueSplit
 from posprobe.glue.metrics import compute_metrics
 from posprobe.glue.tasks import GlueTask
@@ -222,24 +221,3 @@ def quiet(enabled: bool = True) -> Iterator[None]:
             hf_logging.enable_progress_bar()
         if hub_utils is not None and hub_bars:
             hub_utils.enable_progress_bars()
-
-
-def disk_full(err: BaseException) -> bool:
-    """True for a full disk or quota, also where a library wraps the OSError in its own exception (torch's
-    stream writer, safetensors' serialiser) and only its message or its cause says so."""
-    seen = 0
-    while err is not None and seen < 5:
-        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        text = str(err)
-        if "No space left on device" in text or "StorageFull" in text or "Disk quota exceeded" in text:
-            return True
-        err, seen = err.__cause__ or err.__context__, seen + 1
-    return False
-
-
-def disk_full_error(err: BaseException, where: Path) -> PosprobeError:
-    return PosprobeError(
-        f"no space left on the device while writing to '{where}'",
-        "free some disk space or choose another --out; nothing half-written was kept",
-    )
