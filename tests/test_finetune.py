@@ -761,3 +761,90 @@ def test_library_default_out_is_the_clis(tiny_model):
     config = FinetuneConfig(task="SST-2", model=tiny_model, mechanism="tisa")
     assert config.out == Path("posprobe-out") / "finetune" / tiny_model.name / "sst2-tisa"
     assert FinetuneConfig(task="cola").out == Path("posprobe-out") / "finetune" / "all-MiniLM-L6-v2" / "cola-none"
+
+
+# ----------------------------------------------------------------------------------------------------
+# reviewer defects: resume with a new seed, --wait --resume, progress only on a terminal
+
+
+def test_resume_with_a_new_seed_keeps_the_finished_seeds(tiny_model, sst2_dir, tmp_path):
+    """`--seed 0`, then `--seed 1 --resume` into the same folder: results hold both seeds (seed 0 reused)."""
+    from posprobe.glue import finetune
+
+    out = tmp_path / "run"
+    first = finetune(_config(tiny_model, sst2_dir, out, max_steps=2))
+    second = finetune(_config(tiny_model, sst2_dir, out, max_steps=2, seeds=[1], resume=True))
+    assert second.seeds == [0, 1] and second.metrics[0] == first.metrics[0]
+    assert set(second.model_dirs) == {0, 1} and len(second.seconds_per_seed) == 2
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["seeds"] == [0, 1] and saved["metrics"] == second.metrics
+    assert "| 0 |" in (out / "results.md").read_text() and "| 1 |" in (out / "results.md").read_text()
+    with pytest.raises(PosprobeError, match="different settings"):  # seeds may change, settings may not
+        finetune(_config(tiny_model, sst2_dir, out, max_steps=3, seeds=[2], resume=True))
+
+
+def test_plain_wait_into_a_folder_holding_a_run_refuses_before_waiting(tiny_model, sst2_dir, tmp_path):
+    """A run is in progress in `out` (lock held, run.json written): `wait=True` without `resume` would only be
+    refused once the lock is free, so it is refused at once; with `resume` it queues and adds its seed."""
+    import fcntl
+    import threading
+    import time
+
+    from posprobe.glue import finetune
+
+    out = tmp_path / "run"
+    finetune(_config(tiny_model, sst2_dir, out, max_steps=1))
+    fd = os.open(out, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # run A holds the folder
+    try:
+        release = threading.Timer(20.0, fcntl.flock, args=(fd, fcntl.LOCK_UN))  # (old code: no deadlock)
+        release.start()
+        started = time.perf_counter()
+        with pytest.raises(PosprobeError, match="already holds a fine-tuning run"):
+            finetune(_config(tiny_model, sst2_dir, out, max_steps=1, seeds=[1]), wait=True)
+        release.cancel()
+        assert time.perf_counter() - started < 5
+        threading.Timer(1.0, os.close, args=(fd,)).start()  # A finishes in a second
+        queued = finetune(_config(tiny_model, sst2_dir, out, max_steps=1, seeds=[1], resume=True), wait=True)
+        fd = None
+    finally:
+        if fd is not None:
+            os.close(fd)
+    assert queued.seeds == [0, 1]
+
+
+def test_cli_progress_stays_off_when_stderr_is_not_a_terminal(tiny_model, sst2_dir, tmp_path, capsys):
+    """Piped / CI output: no progress bars and no `{'train_runtime': ...}` dicts on stderr."""
+    code, stdout, stderr = _run_cli(
+        ["finetune", str(tiny_model), "--task", "sst2", "--data-dir", str(sst2_dir), "--out", str(tmp_path / "r")]
+        + ["--epochs", "1", "--batch-size", "16"],
+        capsys,
+    )
+    assert code == 0, stderr[-2000:]
+    assert "train_runtime" not in stderr and "it/s" not in stderr and "%|" not in stderr, stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_wait_resume_queues_a_second_seed_behind_a_running_run(tiny_model, sst2_dir, tmp_path):
+    """Real processes: A runs seed 0; B (`--seed 1 --resume --wait`) queues and adds seed 1; C (plain
+    `--wait`, seed 2) is refused at once because the folder holds a run."""
+    import time
+
+    out = tmp_path / "run"
+    common = ["finetune", str(tiny_model), "--task", "sst2", "--data-dir", str(sst2_dir), "--out", str(out)]
+    common += ["--epochs", "3", "--batch-size", "8"]
+    first = _cli_process([*common, "--seed", "0"], tmp_path)
+    deadline = time.monotonic() + 120
+    while not (out / "run.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    second = _cli_process([*common, "--seed", "1", "--resume", "--wait"], tmp_path)
+    third = _cli_process([*common, "--seed", "2", "--wait"], tmp_path)
+    _, err3 = third.communicate(timeout=120)
+    assert third.returncode == 2 and "already holds a fine-tuning run" in err3, err3[-2000:]
+    assert first.poll() is None or not (out / "seed-1").exists()  # C did not wait for A
+    _, err1 = first.communicate(timeout=240)
+    _, err2 = second.communicate(timeout=240)
+    assert first.returncode == 0, err1[-2000:]
+    assert second.returncode == 0, err2[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["seeds"] == [0, 1] and len(results["metrics"]) == 2

@@ -90,10 +90,20 @@ def finetune_command(
         ),
     ] = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the run in --out from its last checkpoint.")
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the run in --out from its last checkpoint, or add seeds to it (same settings); "
+            "results cover every finished seed in the folder.",
+        ),
     ] = False,
     wait: Annotated[
-        bool, typer.Option("--wait", help="If another run is using --out, wait for it instead of refusing.")
+        bool,
+        typer.Option(
+            "--wait",
+            help="If another run is using --out, wait for it instead of refusing (with --resume: then add "
+            "this run's seeds to it).",
+        ),
     ] = False,
     save_steps: Annotated[
         int | None,
@@ -137,7 +147,8 @@ def finetune_command(
     log = (lambda msg: console.print(msg, markup=False)) if main else None
     # the Trainer prints its log lines on stdout: keep stdout for the one JSON object
     with contextlib.redirect_stdout(sys.stderr):
-        result = finetune(config, log=log, progress=main, wait=wait)
+        # bars and Trainer log dicts only on a terminal: piped or CI output stays clean
+        result = finetune(config, log=log, progress=main and sys.stderr.isatty(), wait=wait)
     if not main:
         return
     console.print(results_table(result.to_dict()))
