@@ -848,3 +848,92 @@ def test_wait_resume_queues_a_second_seed_behind_a_running_run(tiny_model, sst2_
     assert second.returncode == 0, err2[-2000:]
     results = json.loads((out / "results.json").read_text())
     assert results["seeds"] == [0, 1] and len(results["metrics"]) == 2
+
+
+# ----------------------------------------------------------------------------------------------------
+# the grid: tasks x mechanisms x seeds in one folder, paired statistics
+
+
+def test_cli_grid_json_layout_and_paired_cells(tiny_model, sst2_dir, tmp_path, capsys):
+    """`--mechanism none,fixed --seeds 2`: one cell folder per mechanism, `--json` with `runs` and `summary`
+    (SPEC §12), results.md / .png; the `none` cell's seed equals a plain single run with that seed (same
+    seed, same data order: the cells are paired)."""
+    from posprobe.glue import finetune
+
+    out = tmp_path / "grid"
+    argv = ["finetune", str(tiny_model), "--task", "sst2", "--mechanism", "none,fixed", "--seeds", "2"]
+    argv += ["--data-dir", str(sst2_dir), "--out", str(out), "--epochs", "1", "--batch-size", "16", "--lr", "3e-3"]
+    code, stdout, stderr = _run_cli([*argv, "--json"], capsys)
+    assert code == 0, stderr[-3000:]
+    result = json.loads(stdout)
+    assert result["tasks"] == ["sst2"] and result["mechanisms"] == ["none", "fixed"] and result["seeds"] == [0, 1]
+    assert sorted((r["mechanism"], r["seed"]) for r in result["runs"]) == [
+        ("fixed", 0),
+        ("fixed", 1),
+        ("none", 0),
+        ("none", 1),
+    ]
+    assert all(set(r) == {"task", "mechanism", "seed", "metrics"} for r in result["runs"])
+    rows = {r["mechanism"]: r for r in result["summary"]}
+    assert all(
+        set(r) == {"task", "mechanism", "metric", "median", "mean", "stderr", "n", "delta"} for r in rows.values()
+    )
+    assert rows["none"]["delta"] is None and set(rows["fixed"]["delta"]) >= {"mean", "stderr", "ci95", "p_value"}
+    acc = {(r["mechanism"], r["seed"]): r["metrics"]["accuracy"] for r in result["runs"]}
+    assert rows["fixed"]["delta"]["mean"] == pytest.approx(
+        (acc[("fixed", 0)] - acc[("none", 0)] + acc[("fixed", 1)] - acc[("none", 1)]) / 2
+    )
+    assert "[1/4] sst2 × none, seed 0" in stderr and "[4/4] sst2 × fixed, seed 1" in stderr
+    assert "paired difference vs `none`" in stderr.replace("\n", " ") or "paired difference" in stderr
+    for name in ("grid.json", "results.json", "results.md", "results.png"):
+        assert (out / name).is_file(), name
+    assert (out / "sst2-fixed" / "seed-1" / "model" / "config.json").is_file()
+    cell = json.loads((out / "sst2-none" / "results.json").read_text())
+    assert cell["seeds"] == [0, 1]  # a cell is a plain run folder holding every seed
+    single = finetune(
+        _config(tiny_model, sst2_dir, tmp_path / "single", seeds=[1], epochs=1, batch_size=16, warmup=0.1)
+    )
+    assert single.metrics[0]["accuracy"] == acc[("none", 1)]
+    assert _max_weight_diff(tmp_path / "single" / "seed-1" / "model", out / "sst2-none" / "seed-1" / "model") <= 1e-6
+    code, _, stderr = _run_cli(argv, capsys)  # the folder holds a grid: only --resume may continue it
+    assert code == 2 and "already holds a fine-tuning grid" in stderr and "--resume" in stderr
+
+
+def test_grid_resume_after_a_kill_does_not_redo_finished_cells(tiny_model, sst2_dir, tmp_path):
+    from transformers import TrainerCallback
+
+    from posprobe.glue.grid import finetune_grid
+
+    class Count(TrainerCallback):
+        def __init__(self, kill_at=None):
+            self.started = 0
+            self.kill_at = kill_at
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.started += 1
+            if self.started == self.kill_at:
+                raise KeyboardInterrupt("simulated kill")
+
+    settings = dict(model=str(tiny_model), data_dir=sst2_dir, max_steps=2, batch_size=8, seeds=[0, 1])
+    out = tmp_path / "grid"
+    with pytest.raises(KeyboardInterrupt):
+        finetune_grid(["sst2"], ["none", "tisa"], out=out, callbacks=[Count(kill_at=3)], **settings)
+    assert (out / "sst2-tisa" / "seed-0" / "metrics.json").is_file() and not (out / "results.json").exists()
+    with pytest.raises(PosprobeError, match="different mechanisms"):
+        finetune_grid(["sst2"], ["none", "fixed"], out=out, resume=True, **settings)
+    count = Count()
+    result = finetune_grid(["sst2"], ["none", "tisa"], out=out, resume=True, callbacks=[count], **settings)
+    assert count.started == 2  # seed 1 of both cells; seed 0 (finished before the kill) is read back
+    assert len(result.runs) == 4 and result.seeds == [0, 1]
+    assert json.loads((out / "results.json").read_text())["runs"] == result.runs
+
+
+def test_grid_refuses_bad_lists_before_any_work(tmp_path, capsys):
+    for flags, words in (
+        (["--task", "sst2,colaa", "--mechanism", "none,tisa"], "unknown GLUE task 'colaa'"),
+        (["--task", "sst2", "--mechanism", "none,tisa,none"], "lists 'none' twice"),
+        (["--task", "sst2", "--mechanism", "none,nope"], "mechanism 'nope'"),
+    ):
+        code, stdout, stderr = _run_cli(["finetune", *flags, "--out", str(tmp_path / "g")], capsys)
+        assert code == 2 and stdout == "" and words in stderr, stderr
+        assert not (tmp_path / "g").exists()

@@ -154,7 +154,9 @@ def _lock(path: Path, wait: bool, busy_holds_run: bool = False) -> int | None:
 
 def _holds_run(path: Path) -> bool:
     """Whether `path` holds (or is running) a fine-tuning run: its settings file or a seed to resume."""
-    return (path / RUN_FILE).is_file() or bool(_previous_seeds(path))
+    if (path / RUN_FILE).is_file() or (path / "grid.json").is_file() or _previous_seeds(path):
+        return True
+    return any(_previous_seeds(cell) for cell in path.iterdir() if cell.is_dir())  # the cells of a grid
 
 
 def _previous_seeds(out: Path) -> list[Path]:
@@ -173,9 +175,11 @@ def _drop_incomplete_checkpoints(path: Path) -> None:
 
 
 def _remove_if_nothing_to_resume(path: Path) -> bool:
-    """Delete a run folder this call created, unless it holds a checkpoint or a finished seed; True if gone."""
-    if any(path.glob("seed-*/checkpoint-*")) or any(path.glob("seed-*/metrics.json")):
-        return False
+    """Delete a run folder this call created, unless it (or a grid cell in it) holds a checkpoint or a finished
+    seed; True if gone."""
+    for pattern in ("seed-*/checkpoint-*", "seed-*/metrics.json", "*/seed-*/checkpoint-*", "*/seed-*/metrics.json"):
+        if any(path.glob(pattern)):
+            return False
     shutil.rmtree(path, ignore_errors=True)
     return not path.exists()
 
