@@ -937,3 +937,78 @@ def test_grid_refuses_bad_lists_before_any_work(tmp_path, capsys):
         code, stdout, stderr = _run_cli(["finetune", *flags, "--out", str(tmp_path / "g")], capsys)
         assert code == 2 and stdout == "" and words in stderr, stderr
         assert not (tmp_path / "g").exists()
+
+
+# ----------------------------------------------------------------------------------------------------
+# check on our own training: `finetune --mechanism none` = a plain Hugging Face Trainer script
+
+
+def _plain_trainer_run(model_dir: Path, data_dir: Path, out: Path, *, seed: int, epochs: float, lr: float, batch: int):
+    """What a user would write with transformers alone: tokenise, Trainer, train, predict; (accuracy, folder)."""
+    import numpy as np
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainingArguments,
+        set_seed,
+    )
+
+    def rows(split):
+        return [json.loads(line) for line in (data_dir / "sst2" / f"{split}.jsonl").read_text().splitlines()]
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def encode(split):
+        data = rows(split)
+        enc = tokenizer([r["sentence"] for r in data], truncation=True, max_length=128)
+        return [
+            {"input_ids": i, "token_type_ids": t, "attention_mask": m, "label": r["label"]}
+            for i, t, m, r in zip(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"], data)
+        ]
+
+    set_seed(seed)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
+    args = TrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=batch,
+        num_train_epochs=epochs,
+        learning_rate=lr,
+        weight_decay=0.01,
+        warmup_steps=0.1,
+        seed=seed,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = Trainer(
+        model=model, args=args, train_dataset=encode("train"), data_collator=DataCollatorWithPadding(tokenizer)
+    )
+    trainer.train()
+    dev = encode("validation")
+    logits = trainer.predict(dev).predictions
+    accuracy = float(np.mean(np.argmax(logits, -1) == np.array([d["label"] for d in dev])))
+    trainer.save_model(str(out / "model"))
+    return accuracy, out / "model"
+
+
+@pytest.mark.slow
+def test_finetune_none_matches_a_plain_trainer_script(tiny_model, sst2_dir, tmp_path, capsys):
+    """Same tiny model, data, seed and hyper-parameters (lr 3e-3, 6 epochs, batch 8, 10% warm-up, weight
+    decay 0.01, linear decay): `posprobe finetune --mechanism none` and a plain `Trainer` script reach the
+    same dev accuracy and the same weights. Tolerance: weights within 1e-5 — both runs draw the head
+    initialisation and the data order from the same seed and the tiny model has no dropout, so the only
+    allowed difference is float summation order (e.g. posprobe's explicit `data_seed`, id2label config
+    entries and its loading path change no numbers); with dropout on, seed noise would be the yardstick."""
+    argv = ["finetune", str(tiny_model), "--task", "sst2", "--mechanism", "none", "--data-dir", str(sst2_dir)]
+    argv += ["--out", str(tmp_path / "posprobe"), "--seed", "0", "--epochs", "6", "--lr", "3e-3"]
+    argv += ["--batch-size", "8", "--json"]
+    code, stdout, stderr = _run_cli(argv, capsys)
+    assert code == 0, stderr[-2000:]
+    ours = json.loads(stdout)["metrics"][0]["accuracy"]
+    plain, plain_dir = _plain_trainer_run(tiny_model, sst2_dir, tmp_path / "plain", seed=0, epochs=6, lr=3e-3, batch=8)
+    assert ours == pytest.approx(plain, abs=1e-9), (ours, plain)
+    assert ours >= 0.75  # and the run learned the task
+    assert _max_weight_diff(tmp_path / "posprobe" / "seed-0" / "model", plain_dir) <= 1e-5
