@@ -1012,3 +1012,27 @@ def test_finetune_none_matches_a_plain_trainer_script(tiny_model, sst2_dir, tmp_
     assert ours == pytest.approx(plain, abs=1e-9), (ours, plain)
     assert ours >= 0.75  # and the run learned the task
     assert _max_weight_diff(tmp_path / "posprobe" / "seed-0" / "model", plain_dir) <= 1e-5
+
+
+@pytest.mark.slow
+def test_grid_under_torchrun_two_processes(tiny_model, sst2_dir, tmp_path):
+    """A grid under `torchrun --nproc_per_node=2`: one process group for all cells, one JSON object on stdout,
+    and the same metrics as the grid in one process (within one flipped dev prediction)."""
+    from posprobe.glue.grid import finetune_grid
+
+    settings = dict(model=str(tiny_model), data_dir=sst2_dir, epochs=1, batch_size=8, lr=3e-3, seeds=[0, 1])
+    one = finetune_grid(["sst2"], ["none", "fixed"], out=tmp_path / "one", **settings)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "posprobe"]
+    cmd += ["finetune", str(tiny_model), "--task", "sst2", "--mechanism", "none,fixed", "--seeds", "2"]
+    cmd += ["--data-dir", str(sst2_dir), "--epochs", "1", "--lr", "3e-3", "--batch-size", "8"]
+    cmd += ["--out", str(tmp_path / "two"), "--json"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stdout
+    two = json.loads(lines[0])
+    ours = {(r["mechanism"], r["seed"]): r["metrics"]["accuracy"] for r in one.runs}
+    theirs = {(r["mechanism"], r["seed"]): r["metrics"]["accuracy"] for r in two["runs"]}
+    assert ours.keys() == theirs.keys()
+    assert all(abs(ours[k] - theirs[k]) <= 1 / 32 + 1e-9 for k in ours)
