@@ -19,8 +19,11 @@ def grid_figure(result: dict[str, Any]):
     main = dict(result["main_metrics"]) | {"average": "average"}
     summary = {(r["task"], r["mechanism"], r["metric"]): r for r in result["summary"]}
     seeds = list(result["seeds"])
-    fig = _figure(max(3.2, 0.7 * len(mechanisms) + 1.6) * len(tasks), 3.4)
-    axes = fig.subplots(1, len(tasks), squeeze=False, gridspec_kw=dict(left=0.08, right=0.98, bottom=0.22, top=0.86))
+    width = max(4.6, max(3.2, 0.7 * len(mechanisms) + 1.6) * len(tasks))
+    fig = _figure(width, 3.4)
+    axes = fig.subplots(
+        1, len(tasks), squeeze=False, gridspec_kw=dict(left=0.7 / width, right=0.98, bottom=0.14, top=0.84, wspace=0.3)
+    )
     x = np.arange(len(mechanisms), dtype=float)
     for ax, task in zip(axes[0], tasks):
         metric = main[task]
@@ -54,8 +57,9 @@ def grid_figure(result: dict[str, Any]):
         ax.set_xlim(-0.5, len(mechanisms) - 0.3)
         ax.set_title(f"{task} ({metric})" if task != "average" else "average over tasks", fontsize=9)
         ax.tick_params(labelsize=8)
+        ax.ticklabel_format(axis="y", useOffset=False)
         ax.grid(axis="y", alpha=0.3)
     if len(seeds) <= 10:
         axes[0][0].legend(fontsize=6, loc="best")
-    fig.suptitle("dev metric per seed (points) and mean ± s.e. (black)", fontsize=9)
+    fig.suptitle("dev metric: per seed (points; lines join a seed) and mean ± s.e. (black)", fontsize=8)
     return fig
