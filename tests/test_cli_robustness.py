@@ -273,3 +273,22 @@ def test_toeplitz_says_when_the_default_block_is_skipped(tiny_checkpoints, tmp_p
     code, captured = run_main(["toeplitz", str(tiny_checkpoints["bert"]), "--out", str(tmp_path / "t")], capsys)
     assert code == 0
     assert "block 128 skipped: the table has only 64 positions" in " ".join(captured.err.split())
+
+
+def test_compare_default_folder_name_stays_short(tiny_checkpoints, tmp_path, capsys, monkeypatch):
+    """Four models with long folder names made a default folder name over the 255-byte limit (OSError)."""
+    import shutil
+
+    from posprobe.outputs import SLUG_MAX, slug
+
+    models = []
+    for i in range(4):
+        folder = tmp_path / f"a-very-long-checkpoint-folder-name-for-a-fine-tuned-bert-model-number-{i}"
+        shutil.copytree(tiny_checkpoints["bert"], folder)
+        models.append(str(folder))
+    monkeypatch.chdir(tmp_path)
+    code, captured = run_main(["compare", *models, "--json"], capsys)
+    assert code == 0, captured.err
+    folder = Path(json.loads(captured.out)["record"]).parent
+    assert folder.parent == Path("posprobe-out/compare") and len(folder.name) <= SLUG_MAX
+    assert slug("x" * 300) != slug("x" * 299 + "y") and slug("org/model") == "org--model"
