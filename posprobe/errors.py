@@ -45,3 +45,7 @@ class ArgumentValueError(ArgumentError, ValueError):
 
 class ArgumentTypeError(ArgumentError, TypeError):
     """An argument of the wrong type (`layer='2'`, `blocks=128` where a list is expected)."""
+
+
+class PosprobeWarning(UserWarning):
+    """Something a user should know about a result that is still valid (the CLI prints it as a `note:` line)."""
