@@ -926,6 +926,8 @@ def test_grid_resume_after_a_kill_does_not_redo_finished_cells(tiny_model, sst2_
     assert count.started == 2  # seed 1 of both cells; seed 0 (finished before the kill) is read back
     assert len(result.runs) == 4 and result.seeds == [0, 1]
     assert json.loads((out / "results.json").read_text())["runs"] == result.runs
+    with pytest.raises(PosprobeError, match="different settings .*max_steps"):  # all cells finished: still checked
+        finetune_grid(["sst2"], ["none", "tisa"], out=out, resume=True, **{**settings, "max_steps": 3})
 
 
 def test_grid_refuses_bad_lists_before_any_work(tmp_path, capsys):

@@ -104,7 +104,7 @@ def finetune_grid(
     `settings` are the `FinetuneConfig` fields shared by all cells (model, epochs, lr, batch_size, data_dir,
     ...). The first mechanism is the baseline of the paired differences. `log` receives one line per cell and
     seed with its position in the grid."""
-    from posprobe.glue.run import _run_folder, finetune
+    from posprobe.glue.run import _check_run_folder, _run_folder, finetune
     from posprobe.glue.runtime import is_main_process, own_process_group, quiet
 
     tasks = _unique(list(tasks), "task")
@@ -123,6 +123,9 @@ def finetune_grid(
     record = {"posprobe_run": "glue-grid", "tasks": tasks, "mechanisms": mechanisms, "seeds": seeds}
     with quiet(not verbose), own_process_group(), _run_folder(out, wait=wait, resume=resume) as folder:
         _check_grid_folder(folder, record, resume)
+        for config in configs.values():  # finished cells are skipped below: check their settings here
+            if config.out.is_dir():
+                _check_run_folder(config, config.out)
         _join_process_group()
         if is_main_process():
             write_json(folder / GRID_FILE, record | {"settings": _shared(configs)})
