@@ -216,10 +216,12 @@ def _collect(
 
     all_seeds = sorted(set(seeds).union(*(_finished_seeds(c.out) for c in configs.values())))
     runs = []
+    run_seconds = 0.0
     for seed in all_seeds:
         for (task, mechanism), config in configs.items():
             if (config.out / f"seed-{seed}" / "metrics.json").is_file():
-                metrics, _ = _read_finished(config.out, seed)
+                metrics, elapsed = _read_finished(config.out, seed)
+                run_seconds += elapsed
                 runs.append({"task": task, "mechanism": mechanism, "seed": seed, "metrics": metrics})
     metric_names = {t: get_task(t).metric_names() for t in tasks}
     summary = grid_summary(runs, tasks, mechanisms, metric_names, all_seeds)
@@ -233,6 +235,7 @@ def _collect(
         runs=runs,
         summary=summary,
         seconds=seconds,
+        run_seconds=run_seconds,
         out=folder,
         cells={k: c.out for k, c in configs.items()},
         settings=_shared(configs),

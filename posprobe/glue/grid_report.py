@@ -139,7 +139,8 @@ def grid_markdown(result: dict[str, Any]) -> str:
         f"# GLUE grid — {', '.join(result['tasks'])} × {', '.join(result['mechanisms'])}",
         "",
         f"Model: `{result.get('model')}`; seeds: {', '.join(map(str, result['seeds']))} (the same seeds and data "
-        f"order for every mechanism, so differences are paired); wall time {result['seconds']:.1f} s. Metrics "
+        f"order for every mechanism, so differences are paired); fine-tuning time of all runs "
+        f"{result.get('run_seconds', result['seconds']):.0f} s (this call: {result['seconds']:.1f} s). Metrics "
         "are fractions (x100 for the usual percentages). Baseline: the first mechanism. p: exact two-sided "
         "sign-flip test of the mean paired difference (SPEC §12).",
     ]
@@ -162,6 +163,7 @@ class GridResult:
     runs: list[dict[str, Any]]
     summary: list[dict[str, Any]]
     seconds: float
+    run_seconds: float  # sum of every run's own wall time (earlier calls included; `seconds`: this call)
     out: Path
     cells: dict[tuple[str, str], Path]
     settings: dict[str, Any] = field(repr=False, default_factory=dict)
@@ -177,6 +179,7 @@ class GridResult:
             "runs": [dict(r) for r in self.runs],
             "summary": [dict(r) for r in self.summary],
             "seconds": self.seconds,
+            "run_seconds": self.run_seconds,
             "out": str(self.out),
             "cells": {f"{t}-{m}": str(p) for (t, m), p in self.cells.items()},
         }
