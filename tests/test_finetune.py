@@ -862,7 +862,8 @@ def test_cli_grid_json_layout_and_paired_cells(tiny_model, sst2_dir, tmp_path, c
 
     out = tmp_path / "grid"
     argv = ["finetune", str(tiny_model), "--task", "sst2", "--mechanism", "none,fixed", "--seeds", "2"]
-    argv += ["--data-dir", str(sst2_dir), "--out", str(out), "--epochs", "1", "--batch-size", "16", "--lr", "3e-3"]
+    argv += ["--data-dir", str(sst2_dir), "--out", str(out), "--epochs", "2", "--batch-size", "8", "--lr", "3e-3"]
+    argv += ["--max-train-samples", "16"]  # 4 steps a run
     code, stdout, stderr = _run_cli([*argv, "--json"], capsys)
     assert code == 0, stderr[-3000:]
     result = json.loads(stdout)
@@ -890,9 +891,7 @@ def test_cli_grid_json_layout_and_paired_cells(tiny_model, sst2_dir, tmp_path, c
     assert (out / "sst2-fixed" / "seed-1" / "model" / "config.json").is_file()
     cell = json.loads((out / "sst2-none" / "results.json").read_text())
     assert cell["seeds"] == [0, 1]  # a cell is a plain run folder holding every seed
-    single = finetune(
-        _config(tiny_model, sst2_dir, tmp_path / "single", seeds=[1], epochs=1, batch_size=16, warmup=0.1)
-    )
+    single = finetune(_config(tiny_model, sst2_dir, tmp_path / "single", seeds=[1], warmup=0.1, max_train_samples=16))
     assert single.metrics[0]["accuracy"] == acc[("none", 1)]
     assert _max_weight_diff(tmp_path / "single" / "seed-1" / "model", out / "sst2-none" / "seed-1" / "model") <= 1e-6
     code, _, stderr = _run_cli(argv, capsys)  # the folder holds a grid: only --resume may continue it
