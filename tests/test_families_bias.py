@@ -1,0 +1,330 @@
+"""Bucketed relative bias (T5 / UMT5 encoder and decoder, MPNet) and disentangled (DeBERTa-v2/v3) content-free scores.
+
+Each family: posprobe's pure functions, fed the tiny random model's own tensors, equal the pre-softmax scores the
+real attention modules compute (captured at `softmax`) when every layer's input is the embedding-level sequence of
+the average word (SPEC §9), all layers, float64. Bucket functions: parity with transformers' own over wide ranges.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+import transformers as tf
+
+from posprobe.families import disentangled as dis
+from posprobe.families import relative_bias as rb
+
+N = 40  # positions analysed: beyond the tiny configs' exact buckets and max distances
+
+
+def _randomise(model, scale=0.3):
+    """Every parameter random (norm weights around 1), so biases and norms are really exercised."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name.lower() and name.endswith("weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(scale * torch.randn_like(p))
+    return model.double().eval()
+
+
+class _Capture:
+    """Records softmax inputs (the pre-softmax scores) and feeds every layer a fixed input sequence."""
+
+    def __init__(self, monkeypatch):
+        self.scores: list[torch.Tensor] = []
+        original = torch.nn.functional.softmax
+
+        def recording(inp, *args, **kwargs):
+            self.scores.append(inp.detach().clone())
+            return original(inp, *args, **kwargs)
+
+        monkeypatch.setattr(torch.nn.functional, "softmax", recording)
+        self.layer_input = None
+
+    def feed(self, layers):
+        """Replace the hidden states entering each of `layers` by `self.layer_input` (set before or during the run)."""
+
+        def hook(module, args, kwargs):
+            if args:
+                return (self.layer_input, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": self.layer_input}
+
+        for layer in layers:
+            layer.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+# ---------------------------------------------------------------- bucket functions
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize(("buckets", "max_distance"), [(32, 128), (8, 20), (10, 24), (64, 256), (6, 7)])
+def test_t5_bucket_equals_transformers(bidirectional, buckets, max_distance):
+    offsets = torch.arange(-1000, 1001)
+    ours = rb.t5_bucket(offsets, bidirectional, buckets, max_distance)
+    theirs = tf.models.t5.modeling_t5.T5Attention._relative_position_bucket(
+        offsets, bidirectional=bidirectional, num_buckets=buckets, max_distance=max_distance
+    )
+    assert torch.equal(ours, theirs)
+    fake = types.SimpleNamespace(  # UMT5's bucket method reads its settings from the module
+        relative_attention_num_buckets=buckets,
+        relative_attention_max_distance=max_distance,
+        is_decoder=not bidirectional,
+    )
+    umt5 = tf.models.umt5.modeling_umt5.UMT5Attention._relative_position_bucket(fake, offsets)
+    assert torch.equal(ours, umt5)
+    if not bidirectional:
+        assert (ours[offsets > 0] == 0).all()  # causal: every look-ahead shares bucket 0
+
+
+def test_t5_bucket_known_values():
+    """T5 defaults (32 buckets, max distance 128): k = j - i <= 0 in 0..15, k > 0 in 16..31."""
+    k = torch.tensor([0, -1, -7, -8, -127, -128, -5000, 1, 7, 8, 5000])
+    assert rb.t5_bucket(k, True, 32, 128).tolist() == [0, 1, 7, 8, 15, 15, 15, 17, 23, 24, 31]
+
+
+def test_mpnet_bucket_equals_transformers():
+    offsets = torch.arange(-600, 601)
+    theirs = tf.models.mpnet.modeling_mpnet.MPNetEncoder.relative_position_bucket(offsets)
+    assert torch.equal(rb.t5_bucket(offsets, True, rb.MPNET_BUCKETS, rb.MPNET_MAX_DISTANCE), theirs)
+
+
+@pytest.mark.parametrize(("bucket_size", "max_position"), [(256, 512), (8, 64), (16, 40), (4, 9)])
+def test_deberta_log_bucket_equals_transformers(bucket_size, max_position):
+    rel = torch.arange(-2000, 2001)
+    theirs = tf.models.deberta_v2.modeling_deberta_v2.make_log_bucket_position(rel, bucket_size, max_position)
+    ours = dis.log_bucket(rel, bucket_size, max_position)
+    assert torch.equal(ours, theirs.to(torch.long))
+    assert torch.equal(dis.log_bucket(-rel, bucket_size, max_position), -ours)  # odd: p2c may use either sign
+
+
+# ---------------------------------------------------------------- T5 / UMT5
+
+T5_TINY = dict(
+    vocab_size=99,
+    d_model=32,
+    d_kv=8,
+    num_heads=4,
+    d_ff=37,
+    num_layers=3,
+    num_decoder_layers=3,
+    relative_attention_num_buckets=10,
+    relative_attention_max_distance=24,
+    dropout_rate=0.0,
+    attn_implementation="eager",
+)
+
+
+def _t5_stack(family, stack):
+    torch.manual_seed(0)
+    if family == "t5":
+        model = tf.T5ForConditionalGeneration(tf.T5Config(**T5_TINY))
+    else:
+        model = tf.UMT5ForConditionalGeneration(tf.UMT5Config(**T5_TINY))
+    return _randomise(model), getattr(model, stack)
+
+
+@pytest.mark.parametrize("family", ["t5", "umt5"])
+@pytest.mark.parametrize("stack", ["encoder", "decoder"])
+def test_t5_scores_equal_module(monkeypatch, family, stack):
+    model, module = _t5_stack(family, stack)
+    sd = {k: v for k, v in model.state_dict().items()}
+    word_mean = sd["shared.weight"].mean(0)
+    cap = _Capture(monkeypatch)
+    cap.layer_input = word_mean.expand(1, N, -1).clone()
+    cap.feed(module.block)
+    with torch.no_grad():
+        module(inputs_embeds=cap.layer_input, use_cache=False)
+    assert len(cap.scores) == len(module.block)  # self-attention only (no encoder states: no cross-attention)
+    causal = stack == "decoder"
+    keep = rb.relative_offsets(N) <= 0 if causal else torch.ones(N, N, dtype=torch.bool)
+    cfg = model.config
+    for layer, real in enumerate(cap.scores):
+        prefix = f"{stack}.block.{layer}.layer.0."
+        owner = 0 if family == "t5" else layer  # T5 keeps the one table in layer 0; UMT5 has one per layer
+        ours = rb.t5_scores(
+            word_mean,
+            sd[prefix + "layer_norm.weight"],
+            cfg.layer_norm_epsilon,
+            sd[prefix + "SelfAttention.q.weight"],
+            sd[prefix + "SelfAttention.k.weight"],
+            sd[f"{stack}.block.{owner}.layer.0.SelfAttention.relative_attention_bias.weight"],
+            N,
+            n_heads=cfg.num_heads,
+            causal=causal,
+            num_buckets=cfg.relative_attention_num_buckets,
+            max_distance=cfg.relative_attention_max_distance,
+        )
+        # rtol: transformers computes the RMS variance in float32 even in a float64 model
+        torch.testing.assert_close(ours[:, keep], real[0][:, keep], rtol=1e-6, atol=1e-6)
+        if causal:
+            assert (real[0][:, ~keep] < -1e300).all()  # the model masks every k > 0
+
+
+def test_t5_scores_are_exactly_toeplitz_and_change_with_the_bias():
+    """Known answer: a constant content term plus bias[bucket(j - i)]; each diagonal is constant."""
+    torch.manual_seed(0)
+    d, heads, buckets = 16, 2, 8
+    table = torch.randn(buckets, heads, dtype=torch.float64)
+    args = (torch.randn(d), torch.ones(d), 1e-6, torch.randn(16, d), torch.randn(16, d), table, 30)
+    f = rb.t5_scores(*args, n_heads=heads, causal=False, num_buckets=buckets, max_distance=20)
+    k = rb.relative_offsets(30)
+    for off in range(-29, 30):
+        diag = f[:, k == off]
+        assert torch.equal(diag, diag[:, :1].expand_as(diag))
+    bumped = table.clone()
+    bumped[rb.t5_bucket(torch.tensor(-3), True, buckets, 20), 1] += 1.0
+    g = rb.t5_scores(*args[:5], bumped, 30, n_heads=heads, causal=False, num_buckets=buckets, max_distance=20)
+    delta = g - f
+    assert torch.allclose(delta[0], torch.zeros_like(delta[0]))
+    hit = rb.t5_bucket(k, True, buckets, 20) == rb.t5_bucket(torch.tensor(-3), True, buckets, 20)  # shared log bucket
+    assert hit[k == -3].all() and not hit[k == 0].any()
+    torch.testing.assert_close(delta[1][hit], torch.ones(int(hit.sum()), dtype=torch.float64))
+    torch.testing.assert_close(delta[1][~hit], torch.zeros(int((~hit).sum()), dtype=torch.float64))
+
+
+# ---------------------------------------------------------------- MPNet
+
+
+def test_mpnet_scores_equal_module(monkeypatch):
+    torch.manual_seed(0)
+    cfg = tf.MPNetConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=N + 2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    model = _randomise(tf.MPNetModel(cfg))
+    sd = model.state_dict()
+    word_mean = sd["embeddings.word_embeddings.weight"].mean(0)
+    cap = _Capture(monkeypatch)
+    model.embeddings.register_forward_hook(lambda m, a, out: setattr(cap, "layer_input", out))
+    cap.feed(model.encoder.layer)
+    ids = torch.full((1, N), 5)  # any non-padding id: positions 2 .. N+1, as for real text
+    with torch.no_grad():
+        model(inputs_embeds=word_mean.expand(1, N, -1).clone(), attention_mask=torch.ones_like(ids))
+    assert len(cap.scores) == cfg.num_hidden_layers
+    x = rb.mpnet_layer_input(
+        word_mean,
+        sd["embeddings.position_embeddings.weight"][rb.MPNET_RESERVED_ROWS :],
+        (sd["embeddings.LayerNorm.weight"], sd["embeddings.LayerNorm.bias"], cfg.layer_norm_eps),
+    )
+    torch.testing.assert_close(x, cap.layer_input[0], rtol=1e-12, atol=1e-12)
+    for layer, real in enumerate(cap.scores):
+        p = f"encoder.layer.{layer}.attention.attn."
+        ours = rb.mpnet_scores(
+            x,
+            sd[p + "q.weight"],
+            sd[p + "q.bias"],
+            sd[p + "k.weight"],
+            sd[p + "k.bias"],
+            sd["encoder.relative_attention_bias.weight"],
+            n_heads=cfg.num_attention_heads,
+        )
+        torch.testing.assert_close(ours, real[0], rtol=1e-10, atol=1e-10)
+
+
+# ---------------------------------------------------------------- DeBERTa-v2/v3
+
+DEBERTA_V3 = dict(  # v3-style: shared keys, log buckets, relative-embedding LayerNorm, no absolute input
+    relative_attention=True,
+    pos_att_type="p2c|c2p",
+    share_att_key=True,
+    position_buckets=8,
+    max_relative_positions=32,
+    norm_rel_ebd="layer_norm",
+    position_biased_input=False,
+    type_vocab_size=0,
+)
+DEBERTA_V2_OLD = dict(  # separate position projections, no buckets (clamped at the span), absolute input, c2p only
+    relative_attention=True,
+    pos_att_type=["c2p"],
+    share_att_key=False,
+    max_relative_positions=12,
+    position_biased_input=True,
+    type_vocab_size=2,
+    embedding_size=24,
+)
+DEBERTA_P2C_UNSHARED = dict(
+    relative_attention=True,
+    pos_att_type="c2p|p2c",
+    share_att_key=False,
+    position_buckets=16,
+    max_relative_positions=-1,  # defaults to max_position_embeddings
+    norm_rel_ebd="layer_norm",
+    position_biased_input=False,
+    type_vocab_size=0,
+    conv_kernel_size=3,  # the conv after layer 0 changes deeper inputs, not the embedding-level picture
+)
+
+
+@pytest.mark.parametrize("variant", [DEBERTA_V3, DEBERTA_V2_OLD, DEBERTA_P2C_UNSHARED], ids=["v3", "v2-c2p", "p2c"])
+def test_deberta_scores_equal_module(monkeypatch, variant):
+    torch.manual_seed(0)
+    cfg = tf.DebertaV2Config(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=N + 8,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **variant,
+    )
+    model = _randomise(tf.DebertaV2Model(cfg))
+    sd = model.state_dict()
+    raw = cfg.to_dict()
+    word_mean = sd["embeddings.word_embeddings.weight"].mean(0)
+    cap = _Capture(monkeypatch)
+    model.embeddings.register_forward_hook(lambda m, a, out: setattr(cap, "layer_input", out))
+    cap.feed(model.encoder.layer)
+    with torch.no_grad():
+        model(inputs_embeds=word_mean.expand(1, N, -1).clone())
+    assert len(cap.scores) == cfg.num_hidden_layers
+    dc = dis.DisentangledConfig.from_config(raw)
+    x = dis.embedding_output(
+        word_mean,
+        (sd["embeddings.LayerNorm.weight"], sd["embeddings.LayerNorm.bias"], cfg.layer_norm_eps),
+        N,
+        positions=sd["embeddings.position_embeddings.weight"][:N] if cfg.position_biased_input else None,
+        token_type0=sd["embeddings.token_type_embeddings.weight"][0] if cfg.type_vocab_size else None,
+        projection=sd.get("embeddings.embed_proj.weight"),
+    )
+    torch.testing.assert_close(x, cap.layer_input[0], rtol=1e-12, atol=1e-12)
+    rel = sd["encoder.rel_embeddings.weight"]
+    if "layer_norm" in str(raw.get("norm_rel_ebd", "")):
+        rel = rb.layer_norm(rel, sd["encoder.LayerNorm.weight"], sd["encoder.LayerNorm.bias"], cfg.layer_norm_eps)
+    for layer, real in enumerate(cap.scores):
+        p = f"encoder.layer.{layer}.attention.self."
+
+        def wb(name, p=p):
+            return (sd[p + name + ".weight"], sd[p + name + ".bias"]) if p + name + ".weight" in sd else None
+
+        ours = dis.disentangled_scores(
+            x, wb("query_proj"), wb("key_proj"), rel, dc, pos_query=wb("pos_query_proj"), pos_key=wb("pos_key_proj")
+        )
+        torch.testing.assert_close(ours, real[0], rtol=1e-10, atol=1e-10)
+
+
+def test_deberta_scores_depend_on_offset_only_for_a_constant_input():
+    """Known answer: without an absolute input the content-free matrix is Toeplitz (c2p and p2c use r = i - j)."""
+    torch.manual_seed(0)
+    d, heads = 16, 2
+    dc = dis.DisentangledConfig(heads, d // heads, ("c2p", "p2c"), 8, 32, True)
+    x = torch.randn(d, dtype=torch.float64).expand(20, -1)
+    qw, kw = (torch.randn(d, d), torch.randn(d)), (torch.randn(d, d), torch.randn(d))
+    f = dis.disentangled_scores(x, qw, kw, torch.randn(16, d), dc)
+    k = rb.relative_offsets(20)
+    for off in range(-19, 20):
+        diag = f[:, k == off]
+        torch.testing.assert_close(diag, diag[:, :1].expand_as(diag), rtol=1e-12, atol=1e-12)
+    assert dc.scale == pytest.approx(math.sqrt(8 * 3), rel=1e-7)
