@@ -290,7 +290,7 @@ def test_deberta_scores_equal_module(monkeypatch, variant):
     with torch.no_grad():
         model(inputs_embeds=word_mean.expand(1, N, -1).clone())
     assert len(cap.scores) == cfg.num_hidden_layers
-    dc = dis.DisentangledConfig.from_config(raw)
+    dc = dis.config_from(raw, "tiny")
     x = dis.embedding_output(
         word_mean,
         (sd["embeddings.LayerNorm.weight"], sd["embeddings.LayerNorm.bias"], cfg.layer_norm_eps),

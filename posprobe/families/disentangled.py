@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from posprobe.errors import PosprobeError
 from posprobe.families.relative_bias import layer_norm, split_heads
 
 
@@ -49,26 +50,6 @@ class DisentangledConfig:
     def scale(self) -> float:
         """sqrt(d_h * scale_factor), rounded to float32 as `scaled_size_sqrt` does."""
         return float(torch.sqrt(torch.tensor(self.head_size, dtype=torch.float32) * self.scale_factor))
-
-    @classmethod
-    def from_config(cls, cfg: dict) -> DisentangledConfig:
-        """From a config.json dict (DebertaV2Config attributes with the module's defaults)."""
-        n_heads = int(cfg["num_attention_heads"])
-        head_size = int(cfg.get("attention_head_size") or cfg["hidden_size"] // n_heads)
-        kinds = cfg.get("pos_att_type") or []
-        if isinstance(kinds, str):
-            kinds = [x.strip() for x in kinds.lower().split("|")]
-        max_rel = int(cfg.get("max_relative_positions", -1))
-        if max_rel < 1:
-            max_rel = int(cfg.get("max_position_embeddings", 512))
-        return cls(
-            n_heads=n_heads,
-            head_size=head_size,
-            pos_att_type=tuple(kinds),
-            position_buckets=int(cfg.get("position_buckets", -1)),
-            max_relative_positions=max_rel,
-            share_att_key=bool(cfg.get("share_att_key", False)),
-        )
 
 
 def log_bucket(relative: torch.Tensor, bucket_size: int, max_position: int) -> torch.Tensor:
@@ -160,3 +141,93 @@ def disentangled_scores(
         p2c = k @ pq.transpose(-1, -2)  # (H, n_keys, 2S)
         scores = scores + torch.gather(p2c, -1, index.expand(cfg.n_heads, n, n)).transpose(-1, -2) / scale
     return scores
+
+
+# ------------------------------------------------------------------ checkpoint access (through the family table)
+def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
+    """F_hat (H, n, n) float64 numpy of DeBERTa-v2/v3 `layer` (`ModelContext`, SPEC §9).
+
+    Entry `tensors`: 'position' (read only when `position_biased_input`), 'rel_embeddings', 'rel_norm' (prefix of
+    `encoder.LayerNorm`), 'pos_query' / 'pos_key' (prefixes of the unshared position projections, `{l}`).
+    """
+    f, raw = ctx.family, ctx.config
+    cfg = config_from(raw, ctx.source.name)
+    if not raw.get("relative_attention", False):
+        raise PosprobeError(
+            f"'{ctx.source.name}' has relative_attention off: it attends by content and its learned absolute table",
+            "its positional structure is the learned table's: see `posprobe toeplitz`",
+        )
+
+    def t(pattern, optional=False):
+        array = ctx.optional(pattern, layer, stack) if optional else ctx.tensor(pattern, layer, stack)
+        return None if array is None else torch.from_numpy(array).to(torch.float64)
+
+    def linear(prefix, optional=False):
+        weight = t(prefix + ".weight", optional)
+        return None if weight is None else (weight, t(prefix + ".bias"))
+
+    eps = ctx.shape.eps
+    positions = None
+    if raw.get("position_biased_input", True):
+        positions = t(f.tensors["position"])[:n]
+        if positions.shape[0] < n:
+            raise PosprobeError(
+                f"checkpoint '{ctx.source.name}' has {positions.shape[0]} absolute positions, fewer than {n}",
+                "analyse fewer positions with --positions",
+            )
+    token_type = t(f.token_type, optional=True)
+    projection = t(f.projection + ".weight", optional=True)
+    x = embedding_output(
+        torch.from_numpy(ctx.word_mean),
+        (t(f.embedding_norm + ".weight"), t(f.embedding_norm + ".bias"), eps),
+        n,
+        positions=positions,
+        token_type0=None if token_type is None else token_type[0],
+        projection=projection,
+    )
+    rel = t(f.tensors["rel_embeddings"])
+    if rel.shape[0] < 2 * cfg.att_span:
+        raise PosprobeError(
+            f"checkpoint '{ctx.source.name}' has {rel.shape[0]} relative embeddings; its config needs "
+            f"{2 * cfg.att_span}",
+            "the weights do not match config.json; re-save the checkpoint",
+        )
+    if "layer_norm" in _norm_rel_ebd(raw):
+        rel = layer_norm(rel, t(f.tensors["rel_norm"] + ".weight"), t(f.tensors["rel_norm"] + ".bias"), eps)
+    shared = cfg.share_att_key
+    pos_query = None if shared or "p2c" not in cfg.pos_att_type else linear(f.tensors["pos_query"])
+    pos_key = None if shared or "c2p" not in cfg.pos_att_type else linear(f.tensors["pos_key"])
+    scores = disentangled_scores(x, linear(f.query), linear(f.key), rel, cfg, pos_query=pos_query, pos_key=pos_key)
+    return scores.numpy()
+
+
+def config_from(raw: dict, name: str) -> DisentangledConfig:
+    """`DisentangledConfig` of a config.json dict, defaulted as the module defaults it, every field checked."""
+    from posprobe.checkpoint.config import config_int
+
+    n_heads = config_int(raw, name, "num_attention_heads")
+    hidden = config_int(raw, name, "hidden_size")
+    head_size = config_int(raw, name, "attention_head_size", default=hidden // n_heads)
+    kinds = raw.get("pos_att_type") or []
+    if isinstance(kinds, str):
+        kinds = [x.strip() for x in kinds.lower().split("|")]
+    if not isinstance(kinds, list) or any(k not in ("c2p", "p2c", "p2p") for k in kinds):
+        raise PosprobeError(
+            f"config.json of '{name}' has pos_att_type = {raw.get('pos_att_type')!r}, expected 'c2p', 'p2c' or both",
+            "fix config.json (DeBERTa-v3: 'p2c|c2p')",
+        )
+    max_rel = config_int(raw, name, "max_relative_positions", default=-1, minimum=None)
+    if max_rel < 1:
+        max_rel = config_int(raw, name, "max_position_embeddings", default=512)
+    return DisentangledConfig(
+        n_heads=n_heads,
+        head_size=head_size,
+        pos_att_type=tuple(kinds),  # 'p2p' is accepted and ignored, as by the module
+        position_buckets=config_int(raw, name, "position_buckets", default=-1, minimum=None),
+        max_relative_positions=max_rel,
+        share_att_key=bool(raw.get("share_att_key", False)),
+    )
+
+
+def _norm_rel_ebd(raw: dict) -> list[str]:
+    return [x.strip() for x in str(raw.get("norm_rel_ebd") or "none").lower().split("|")]

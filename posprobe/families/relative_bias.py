@@ -13,8 +13,8 @@ MPNet  F[h, i, j] = (x_i Wq_h^T + bq_h) . (x_j Wk_h^T + bk_h) / sqrt(d_kv) + bia
        one bias table (32, H) for the whole encoder, buckets always 32 and max distance 128 (the module's defaults,
        whatever the config says).
 
-Precision: transformers computes the buckets' logarithms in float32 (reproduced here exactly, because a bucket
-edge can move) and T5's RMS variance in float32 even for float64 weights (not reproduced: posprobe keeps float64,
+Precision: transformers computes the buckets' logarithms in float32 (reproduced here, so that no bucket edge can
+move) and T5's RMS variance in float32 even for float64 weights (not reproduced: posprobe keeps float64,
 a relative difference of about 1e-7 in the q . k constant).
 """
 
@@ -160,3 +160,63 @@ def mpnet_scores(
     n, d = layer_input.shape
     content = qk_scores(layer_input, wq, wk, n_heads, 1.0 / math.sqrt(d // n_heads), bq, bk)
     return content + bucket_bias(bias_table, n, True, MPNET_BUCKETS, MPNET_MAX_DISTANCE)
+
+
+# ------------------------------------------------------------------ checkpoint access (through the family table)
+def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
+    """F_hat (H, n, n) float64 numpy of `layer` of `stack` (`ModelContext`, SPEC §9): T5 family or MPNet.
+
+    Tensors named in the entry's `tensors`: 'relative_bias' (the (B, H) table; T5/mT5 name layer 0 of the stack,
+    UMT5 `{l}`); MPNet also 'position' rows after the reserved ones are read through the entry's `position`.
+    """
+    from posprobe.checkpoint.config import config_int
+
+    f, cfg, name = ctx.family, ctx.config, ctx.source.name
+    table = _t(ctx.tensor(f.tensors["relative_bias"], layer, stack))
+    if table.ndim != 2 or table.shape[1] != ctx.shape.heads:
+        raise _malformed(ctx, f"relative attention bias of shape {tuple(table.shape)}, expected (buckets, heads)")
+    wq = _t(ctx.tensor(f.query + ".weight", layer, stack))
+    wk = _t(ctx.tensor(f.key + ".weight", layer, stack))
+    if ctx.family.name == "mpnet":
+        positions = _t(ctx.tensor(f.position))[MPNET_RESERVED_ROWS : MPNET_RESERVED_ROWS + n]
+        if positions.shape[0] < n:
+            raise _malformed(ctx, f"position table with {positions.shape[0]} usable rows, fewer than {n}")
+        if table.shape[0] < MPNET_BUCKETS:
+            raise _malformed(ctx, f"relative attention bias with {table.shape[0]} buckets, MPNet uses {MPNET_BUCKETS}")
+        norm = (
+            _t(ctx.tensor(f.embedding_norm + ".weight")),
+            _t(ctx.tensor(f.embedding_norm + ".bias")),
+            ctx.shape.eps,
+        )
+        x = mpnet_layer_input(_t(ctx.word_mean), positions, norm)
+        bq, bk = (_t(ctx.optional(p + ".bias", layer, stack)) for p in (f.query, f.key))
+        return mpnet_scores(x, wq, bq, wk, bk, table, n_heads=ctx.shape.heads).numpy()
+    buckets = config_int(cfg, name, "relative_attention_num_buckets", default=32)
+    max_distance = config_int(cfg, name, "relative_attention_max_distance", default=128)
+    if table.shape[0] != buckets:
+        raise _malformed(ctx, f"relative attention bias with {table.shape[0]} buckets, config says {buckets}")
+    return t5_scores(
+        _t(ctx.word_mean),
+        _t(ctx.tensor(f.pre_norm + ".weight", layer, stack)),
+        ctx.shape.eps,
+        wq,
+        wk,
+        table,
+        n,
+        n_heads=ctx.shape.heads,
+        causal=ctx.causal(stack),
+        num_buckets=buckets,
+        max_distance=max_distance,
+    ).numpy()
+
+
+def _t(array) -> torch.Tensor | None:
+    return None if array is None else torch.from_numpy(array).to(torch.float64)
+
+
+def _malformed(ctx, what: str):
+    from posprobe.errors import PosprobeError
+
+    return PosprobeError(
+        f"checkpoint '{ctx.source.name}' has a {what}", "the weights do not match config.json; re-save the checkpoint"
+    )
