@@ -297,9 +297,9 @@ def max_positions(model) -> int | None:
     n = getattr(cfg, "max_position_embeddings", None)
     if n is None:
         return None
-    if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta", "camembert") and cfg.pad_token_id is not None:
-        n -= int(cfg.pad_token_id) + 1
-    return int(n)
+    from posprobe.checkpoint.architectures import reserved_rows
+
+    return int(n) - reserved_rows(cfg.to_dict(), str(getattr(cfg, "_name_or_path", "") or "the model"))
 
 
 # -- the run ------------------------------------------------------------------------------------------
