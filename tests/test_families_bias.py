@@ -1,8 +1,9 @@
 """Bucketed relative bias (T5 / UMT5 encoder and decoder, MPNet) and disentangled (DeBERTa-v2/v3) content-free scores.
 
-Each family: posprobe's pure functions, fed the tiny random model's own tensors, equal the pre-softmax scores the
-real attention modules compute (captured at `softmax`) when every layer's input is the embedding-level sequence of
-the average word (SPEC §9), all layers, float64. Bucket functions: parity with transformers' own over wide ranges.
+Each family: posprobe's content-free scores, read through the family table from a tiny random model, equal the
+pre-softmax scores the real attention modules compute (captured at `softmax`) when every layer's input is the
+embedding-level sequence of the average word (SPEC §9), all layers, float64. Bucket functions: parity with
+transformers' own over wide ranges.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ import pytest
 import torch
 import transformers as tf
 
+from posprobe.checkpoint import WeightReader, resolve_model
+from posprobe.checkpoint.architectures import reserved_rows
+from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+from posprobe.families import ModelContext, content_free_scores
 from posprobe.families import disentangled as dis
 from posprobe.families import relative_bias as rb
 
@@ -30,6 +35,11 @@ def _randomise(model, scale=0.3):
             else:
                 p.copy_(scale * torch.randn_like(p))
     return model.double().eval()
+
+
+def _context(model) -> ModelContext:
+    """The family-table view of an in-memory model (the same code as for a folder)."""
+    return ModelContext(source_from_model(model), StateDictReader(model))
 
 
 class _Capture:
@@ -132,37 +142,37 @@ def _t5_stack(family, stack):
 @pytest.mark.parametrize("stack", ["encoder", "decoder"])
 def test_t5_scores_equal_module(monkeypatch, family, stack):
     model, module = _t5_stack(family, stack)
-    sd = {k: v for k, v in model.state_dict().items()}
-    word_mean = sd["shared.weight"].mean(0)
+    ctx = _context(model)
+    assert ctx.family.name == family and ctx.layers(stack) == len(module.block)
     cap = _Capture(monkeypatch)
-    cap.layer_input = word_mean.expand(1, N, -1).clone()
+    cap.layer_input = torch.from_numpy(ctx.word_mean).expand(1, N, -1).clone()
     cap.feed(module.block)
     with torch.no_grad():
         module(inputs_embeds=cap.layer_input, use_cache=False)
     assert len(cap.scores) == len(module.block)  # self-attention only (no encoder states: no cross-attention)
     causal = stack == "decoder"
+    assert ctx.causal(stack) == causal
     keep = rb.relative_offsets(N) <= 0 if causal else torch.ones(N, N, dtype=torch.bool)
-    cfg = model.config
     for layer, real in enumerate(cap.scores):
-        prefix = f"{stack}.block.{layer}.layer.0."
-        owner = 0 if family == "t5" else layer  # T5 keeps the one table in layer 0; UMT5 has one per layer
-        ours = rb.t5_scores(
-            word_mean,
-            sd[prefix + "layer_norm.weight"],
-            cfg.layer_norm_epsilon,
-            sd[prefix + "SelfAttention.q.weight"],
-            sd[prefix + "SelfAttention.k.weight"],
-            sd[f"{stack}.block.{owner}.layer.0.SelfAttention.relative_attention_bias.weight"],
-            N,
-            n_heads=cfg.num_heads,
-            causal=causal,
-            num_buckets=cfg.relative_attention_num_buckets,
-            max_distance=cfg.relative_attention_max_distance,
-        )
+        ours = torch.from_numpy(content_free_scores(ctx, layer, N, stack))
         # rtol: transformers computes the RMS variance in float32 even in a float64 model
         torch.testing.assert_close(ours[:, keep], real[0][:, keep], rtol=1e-6, atol=1e-6)
         if causal:
             assert (real[0][:, ~keep] < -1e300).all()  # the model masks every k > 0
+
+
+def test_t5_reads_layer_0_bias_umt5_its_own():
+    """T5 stores the table in layer 0 only and reuses it; UMT5 has one per layer (the entries say which)."""
+    for family in ("t5", "umt5"):
+        model, module = _t5_stack(family, "encoder")
+        ctx = _context(model)
+        tables = [b.layer[0].SelfAttention.relative_attention_bias.weight for b in module.block if
+                  b.layer[0].SelfAttention.has_relative_attention_bias]  # fmt: skip
+        assert len(tables) == (1 if family == "t5" else len(module.block))
+        f1 = content_free_scores(ctx, 1, N)
+        with torch.no_grad():
+            tables[min(1, len(tables) - 1)].add_(1.0)  # the table layer 1 reads: layer 0's (T5) or its own (UMT5)
+        torch.testing.assert_close(content_free_scores(_context(model), 1, N), f1 + 1.0)
 
 
 def test_t5_scores_are_exactly_toeplitz_and_change_with_the_bias():
@@ -190,7 +200,7 @@ def test_t5_scores_are_exactly_toeplitz_and_change_with_the_bias():
 # ---------------------------------------------------------------- MPNet
 
 
-def test_mpnet_scores_equal_module(monkeypatch):
+def test_mpnet_scores_equal_module(monkeypatch, tmp_path):
     torch.manual_seed(0)
     cfg = tf.MPNetConfig(
         vocab_size=99,
@@ -202,34 +212,21 @@ def test_mpnet_scores_equal_module(monkeypatch):
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
-    model = _randomise(tf.MPNetModel(cfg))
-    sd = model.state_dict()
-    word_mean = sd["embeddings.word_embeddings.weight"].mean(0)
+    model = _randomise(tf.MPNetForMaskedLM(cfg))
+    model.save_pretrained(tmp_path / "mpnet")
+    source = resolve_model(str(tmp_path / "mpnet"))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format))
     cap = _Capture(monkeypatch)
-    model.embeddings.register_forward_hook(lambda m, a, out: setattr(cap, "layer_input", out))
-    cap.feed(model.encoder.layer)
+    model.mpnet.embeddings.register_forward_hook(lambda m, a, out: setattr(cap, "layer_input", out))
+    cap.feed(model.mpnet.encoder.layer)
     ids = torch.full((1, N), 5)  # any non-padding id: positions 2 .. N+1, as for real text
     with torch.no_grad():
-        model(inputs_embeds=word_mean.expand(1, N, -1).clone(), attention_mask=torch.ones_like(ids))
+        model(inputs_embeds=torch.from_numpy(ctx.word_mean).expand(1, N, -1).clone(), attention_mask=ids * 0 + 1)
     assert len(cap.scores) == cfg.num_hidden_layers
-    x = rb.mpnet_layer_input(
-        word_mean,
-        sd["embeddings.position_embeddings.weight"][rb.MPNET_RESERVED_ROWS :],
-        (sd["embeddings.LayerNorm.weight"], sd["embeddings.LayerNorm.bias"], cfg.layer_norm_eps),
-    )
-    torch.testing.assert_close(x, cap.layer_input[0], rtol=1e-12, atol=1e-12)
     for layer, real in enumerate(cap.scores):
-        p = f"encoder.layer.{layer}.attention.attn."
-        ours = rb.mpnet_scores(
-            x,
-            sd[p + "q.weight"],
-            sd[p + "q.bias"],
-            sd[p + "k.weight"],
-            sd[p + "k.bias"],
-            sd["encoder.relative_attention_bias.weight"],
-            n_heads=cfg.num_attention_heads,
-        )
+        ours = torch.from_numpy(content_free_scores(ctx, layer, N))
         torch.testing.assert_close(ours, real[0], rtol=1e-10, atol=1e-10)
+    assert model.mpnet.embeddings.padding_idx + 1 == rb.MPNET_RESERVED_ROWS == reserved_rows(source.config, "m")
 
 
 # ---------------------------------------------------------------- DeBERTa-v2/v3
@@ -281,37 +278,15 @@ def test_deberta_scores_equal_module(monkeypatch, variant):
         **variant,
     )
     model = _randomise(tf.DebertaV2Model(cfg))
-    sd = model.state_dict()
-    raw = cfg.to_dict()
-    word_mean = sd["embeddings.word_embeddings.weight"].mean(0)
+    ctx = _context(model)
     cap = _Capture(monkeypatch)
     model.embeddings.register_forward_hook(lambda m, a, out: setattr(cap, "layer_input", out))
     cap.feed(model.encoder.layer)
     with torch.no_grad():
-        model(inputs_embeds=word_mean.expand(1, N, -1).clone())
+        model(inputs_embeds=torch.from_numpy(ctx.word_mean).expand(1, N, -1).clone())
     assert len(cap.scores) == cfg.num_hidden_layers
-    dc = dis.config_from(raw, "tiny")
-    x = dis.embedding_output(
-        word_mean,
-        (sd["embeddings.LayerNorm.weight"], sd["embeddings.LayerNorm.bias"], cfg.layer_norm_eps),
-        N,
-        positions=sd["embeddings.position_embeddings.weight"][:N] if cfg.position_biased_input else None,
-        token_type0=sd["embeddings.token_type_embeddings.weight"][0] if cfg.type_vocab_size else None,
-        projection=sd.get("embeddings.embed_proj.weight"),
-    )
-    torch.testing.assert_close(x, cap.layer_input[0], rtol=1e-12, atol=1e-12)
-    rel = sd["encoder.rel_embeddings.weight"]
-    if "layer_norm" in str(raw.get("norm_rel_ebd", "")):
-        rel = rb.layer_norm(rel, sd["encoder.LayerNorm.weight"], sd["encoder.LayerNorm.bias"], cfg.layer_norm_eps)
     for layer, real in enumerate(cap.scores):
-        p = f"encoder.layer.{layer}.attention.self."
-
-        def wb(name, p=p):
-            return (sd[p + name + ".weight"], sd[p + name + ".bias"]) if p + name + ".weight" in sd else None
-
-        ours = dis.disentangled_scores(
-            x, wb("query_proj"), wb("key_proj"), rel, dc, pos_query=wb("pos_query_proj"), pos_key=wb("pos_key_proj")
-        )
+        ours = torch.from_numpy(content_free_scores(ctx, layer, N))
         torch.testing.assert_close(ours, real[0], rtol=1e-10, atol=1e-10)
 
 

@@ -141,6 +141,18 @@ _LLAMA = dict(
     norm=RMSNORM,
 )
 
+# T5 layout: shared word table, {stack}.block.{l}.layer.0 = (pre-attention RMS norm, SelfAttention q/k, no bias).
+_T5 = dict(
+    kind=BUCKET_BIAS,
+    encoder_decoder=True,
+    word="shared.weight",
+    query="{stack}.block.{l}.layer.0.SelfAttention.q",
+    key="{stack}.block.{l}.layer.0.SelfAttention.k",
+    pre_norm="{stack}.block.{l}.layer.0.layer_norm",
+    norm=RMSNORM,
+)
+_T5_BIAS = "{stack}.block.{l}.layer.0.SelfAttention.relative_attention_bias.weight"
+
 
 def _rotary(module: str, prefix: str) -> str:
     return f"transformers.models.{module}.modeling_{module}:{prefix}RotaryEmbedding"
@@ -248,10 +260,54 @@ FAMILIES: tuple[Family, ...] = (
         qkv=PER_HEAD,
         pre_norm="h.{l}.input_layernorm",
     ),
+    # -- bucketed relative bias (posprobe.families.relative_bias): 'relative_bias' names the (buckets, heads) table
+    Family("t5", ("t5", "mt5"), tensors={"relative_bias": _T5_BIAS.replace("{l}", "0")}, **_T5),  # layer 0's, for all
+    Family("umt5", ("umt5",), tensors={"relative_bias": _T5_BIAS}, **_T5),  # one table per layer
+    Family(
+        "mpnet",
+        ("mpnet",),
+        BUCKET_BIAS,
+        word=_BERT["word"],
+        position=_BERT["position"],  # and a learned absolute table (positions numbered from padding_idx + 1 = 2)
+        embedding_norm=_BERT["embedding_norm"],
+        query="encoder.layer.{l}.attention.attn.q",
+        key="encoder.layer.{l}.attention.attn.k",
+        reserved_rows=True,
+        tensors={"relative_bias": "encoder.relative_attention_bias.weight"},
+    ),
+    # -- disentangled (posprobe.families.disentangled)
+    Family(
+        "deberta-v2",
+        ("deberta-v2",),
+        DISENTANGLED,
+        word=_BERT["word"],
+        token_type=_BERT["token_type"],
+        embedding_norm=_BERT["embedding_norm"],
+        projection="embeddings.embed_proj",
+        query="encoder.layer.{l}.attention.self.query_proj",
+        key="encoder.layer.{l}.attention.self.key_proj",
+        tensors={
+            "position": _BERT["position"],  # read only when position_biased_input (not in v3)
+            "rel_embeddings": "encoder.rel_embeddings.weight",
+            "rel_norm": "encoder.LayerNorm",  # applied when norm_rel_ebd has 'layer_norm'
+            "pos_query": "encoder.layer.{l}.attention.self.pos_query_proj",  # without share_att_key
+            "pos_key": "encoder.layer.{l}.attention.self.pos_key_proj",
+        },
+    ),
     # -- known, not (yet) analysed
-    Family("t5", ("t5", "mt5", "umt5", "longt5"), BUCKET_BIAS, encoder_decoder=True),
-    Family("mpnet", ("mpnet",), BUCKET_BIAS),
-    Family("deberta-v2", ("deberta", "deberta-v2"), DISENTANGLED),
+    Family(
+        "longt5",
+        ("longt5",),
+        BUCKET_BIAS,
+        encoder_decoder=True,
+        description="relative position buckets with local / transient-global attention (not read yet)",
+    ),
+    Family(
+        "deberta",
+        ("deberta",),
+        DISENTANGLED,
+        description="disentangled relative positions (DeBERTa v1 layout, fused in_proj: not read yet)",
+    ),  # fmt: skip
     Family("falcon", ("falcon",), OTHER, causal=True, description="rotary embeddings or ALiBi"),
     Family("mpt", ("mpt",), OTHER, causal=True, description="ALiBi attention biases"),
     Family("sinusoidal-seq2seq", ("marian", "pegasus", "m2m_100", "xglm", "speech_to_text"), SINUSOIDAL),
