@@ -201,7 +201,7 @@ class ModelContext:
                 "the folder mixes files from two checkpoints; re-download it",
             )
         q, k = q.reshape(s.heads, s.head_dim), k.reshape(s.kv_heads, s.head_dim)
-        if f.qk_norm:
+        if f.qk_norm and self.key(f.qk_norm[0] + ".weight", layer, stack):
             q = self.norm(q, f.qk_norm[0], layer, stack)
             k = self.norm(k, f.qk_norm[1], layer, stack)
         return q, k

@@ -59,7 +59,7 @@ CONFIG_KEYS = {
     "head_dim": ("head_dim", "d_kv"),
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
     "vocab": ("vocab_size", "n_vocab"),
-    "eps": ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "layernorm_epsilon"),
+    "eps": ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "layernorm_epsilon", "norm_epsilon"),
 }
 
 
@@ -72,7 +72,8 @@ class Family:
     `embed_scale` ('sqrt_hidden': the embeddings are multiplied by sqrt(d) in the table's dtype, Gemma).
     Attention of layer `{l}`: `query` / `key` prefixes ('.weight', '.bias' appended; with `qkv` != SEPARATE
     `query` names the fused projection), `pre_norm` (the norm applied to the layer input before attention),
-    `qk_norm` (prefixes of per-head norms applied to q and k before the positional mechanism, Qwen3),
+    `qk_norm` (prefixes of per-head norms applied to q and k before the positional mechanism where the
+    checkpoint has them: Qwen3, Phi with qk_layernorm),
     `norm` (the kind of every norm above), `shared_layers` (ALBERT: one stored layer at every depth).
     `reserved_rows`: the position table starts with pad_token_id + 1 reserved rows (RoBERTa family).
     `tensors`: further family-specific names for its score function (e.g. a relative-bias table).
@@ -224,7 +225,8 @@ FAMILIES: tuple[Family, ...] = (
         "phi",
         ("phi",),
         rotary_class=_rotary("phi", "Phi"),
-        **{**_LLAMA, "norm": LAYERNORM, "qk_norm": None},
+        qk_norm=("layers.{l}.self_attn.q_layernorm", "layers.{l}.self_attn.k_layernorm"),  # when qk_layernorm
+        **{**_LLAMA, "norm": LAYERNORM},
     ),
     Family(
         "phi3",
