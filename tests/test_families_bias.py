@@ -303,3 +303,12 @@ def test_deberta_scores_depend_on_offset_only_for_a_constant_input():
         diag = f[:, k == off]
         torch.testing.assert_close(diag, diag[:, :1].expand_as(diag), rtol=1e-12, atol=1e-12)
     assert dc.scale == pytest.approx(math.sqrt(8 * 3), rel=1e-7)
+
+
+def test_every_bias_and_disentangled_family_is_tested_here():
+    """Adding a bucket-bias or disentangled family = one table entry + one tiny model in this file."""
+    from posprobe.families import FAMILIES
+    from posprobe.families.table import BUCKET_BIAS, DISENTANGLED
+
+    analysable = {f.name for f in FAMILIES if f.analysable and f.kind in (BUCKET_BIAS, DISENTANGLED)}
+    assert analysable == {"t5", "umt5", "mpnet", "deberta-v2"}
