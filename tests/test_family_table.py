@@ -80,7 +80,7 @@ def _edited(tiny_checkpoints, tmp_path, family, **changes):
     [
         ("roberta", {"max_position_embeddings": 64}, "max_position_embeddings = 64 (2 reserved + 62 positions)"),
         ("bert", {"max_position_embeddings": 128}, "max_position_embeddings = 128"),
-        ("gpt2", {"n_positions": 32}, "max_position_embeddings = 32"),
+        ("gpt2", {"n_positions": 32}, "n_positions = 32"),
         ("bert", {"vocab_size": 120}, "vocab_size = 120"),
     ],
 )

@@ -17,6 +17,7 @@ from posprobe.checkpoint.resolve import ModelSource
 from posprobe.checkpoint.weights import WeightReader
 from posprobe.errors import PosprobeError
 from posprobe.families.table import (
+    CONFIG_KEYS,
     GPT2_CONV1D,
     LEARNED,
     Family,
@@ -169,11 +170,6 @@ def read_position_table(source: ModelSource, reader: WeightReader | None = None)
             f"position table of '{source.name}' has shape {table.shape}, expected 2-D", "the checkpoint is malformed"
         )
     dropped = reserved_rows(source.config, source.name)
-    rows = config_value(source.config, "positions")
-    if isinstance(rows, int) and not isinstance(rows, bool) and rows != table.shape[0]:
-        reserved = f" ({dropped} reserved + {rows - dropped} positions)" if dropped else ""
-        raise mixed_checkpoint(source.name, "max_position_embeddings =", f"{rows}{reserved}",
-                               f"a position table of {table.shape[0]} rows")  # fmt: skip
     table = table[dropped:]
     if table.shape[0] < 2:
         raise PosprobeError(
@@ -181,6 +177,12 @@ def read_position_table(source: ModelSource, reader: WeightReader | None = None)
             + (f" (after dropping {dropped} reserved ones)" if dropped else ""),
             "a position analysis needs at least 2 positions; the checkpoint is malformed",
         )
+    key = next((k for k in CONFIG_KEYS["positions"] if source.config.get(k) is not None), None)
+    rows = source.config.get(key) if key else None
+    if isinstance(rows, int) and not isinstance(rows, bool) and rows != table.shape[0] + dropped:
+        reserved = f" ({dropped} reserved + {rows - dropped} positions)" if dropped else ""
+        raise mixed_checkpoint(source.name, f"{key} =", f"{rows}{reserved}",
+                               f"a position table of {table.shape[0] + dropped} rows")  # fmt: skip
     return PositionTable(source.name, source.model_type, table, dropped)
 
 

@@ -59,6 +59,7 @@ class ProfileSet:
     n_layers: int
     n_heads: int
     shared_layers: bool
+    causal: bool = False  # the model only uses k <= 0 (the profile at k > 0 is fitted too, but never used)
 
 
 @dataclass(frozen=True, repr=False)
@@ -120,6 +121,7 @@ class TisaFitResult(ResultMixin):
     profiles: np.ndarray
     fits: list[TisaFit] = field(default_factory=list)
     orientation: str = "posprobe"  # of the kernels files to write: posprobe (k = j - i) or official (i - j - 1)
+    causal: bool = False  # profiles of a causal model: only k <= 0 is used by it
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "window", "kernels", "median_r2", "profiles")
 
@@ -176,6 +178,7 @@ class TisaFitResult(ResultMixin):
             "convention": CONVENTION,
             "function": FUNCTION,
             "orientation": self.orientation,
+            "causal": self.causal,
         }
 
         def one(f: TisaFit) -> dict:
@@ -250,6 +253,7 @@ def fit_tisa(
         data.profiles,
         fits,
         orientation,
+        data.causal,
     )
 
 
@@ -341,6 +345,7 @@ def load_profiles(
         int(res.n_layers),
         int(res.n_heads),
         bool(res.shared_layers),
+        bool(res.causal),
     )
 
 
@@ -493,6 +498,7 @@ def _profiles_from_npz(path: Path, layers: list[int] | None, profile: str | None
         int(meta.get("n_layers", len(stored))),
         int(profiles.shape[1]),
         bool(meta.get("shared_layers", False)),
+        bool(meta.get("causal", False)),
     )
 
 
