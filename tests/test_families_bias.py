@@ -8,16 +8,21 @@ transformers' own over wide ranges.
 
 from __future__ import annotations
 
+import json
 import math
 import types
 
+import numpy as np
 import pytest
 import torch
 import transformers as tf
 
+import posprobe
 from posprobe.checkpoint import WeightReader, resolve_model
 from posprobe.checkpoint.architectures import reserved_rows
 from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+from posprobe.cli import main
+from posprobe.errors import ArgumentValueError
 from posprobe.families import ModelContext, content_free_scores
 from posprobe.families import disentangled as dis
 from posprobe.families import relative_bias as rb
@@ -312,3 +317,100 @@ def test_every_bias_and_disentangled_family_is_tested_here():
 
     analysable = {f.name for f in FAMILIES if f.analysable and f.kind in (BUCKET_BIAS, DISENTANGLED)}
     assert analysable == {"t5", "umt5", "mpnet", "deberta-v2"}
+
+
+# ---------------------------------------------------------------- commands (library and CLI) on saved checkpoints
+
+
+@pytest.fixture(scope="module")
+def bias_checkpoints(tmp_path_factory):
+    """Saved tiny T5 (encoder-decoder), MPNet (masked LM: 'mpnet.' prefix) and DeBERTa-v3-style checkpoints."""
+    root = tmp_path_factory.mktemp("bias")
+    folders = {"t5": root / "t5", "mpnet": root / "mpnet", "deberta": root / "deberta"}
+    _t5_stack("t5", "encoder")[0].float().save_pretrained(folders["t5"])
+    torch.manual_seed(0)
+    mpnet = tf.MPNetForMaskedLM(tf.MPNetConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                               num_attention_heads=4, intermediate_size=37,
+                                               max_position_embeddings=N + 2))  # fmt: skip
+    _randomise(mpnet).float().save_pretrained(folders["mpnet"])
+    deberta = tf.DebertaV2Model(tf.DebertaV2Config(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                                   num_attention_heads=4, intermediate_size=37,
+                                                   max_position_embeddings=N, **DEBERTA_V3))  # fmt: skip
+    _randomise(deberta).float().save_pretrained(folders["deberta"])
+    return folders
+
+
+def _json(args):
+    from typer.testing import CliRunner
+
+    from posprobe.cli import app
+
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_t5_decoder_profiles_known_answer(bias_checkpoints, tmp_path):
+    """T5's content-free profile is exact: the constant q . k plus bias[bucket(k), h] of layer 0's table."""
+    folder = bias_checkpoints["t5"]
+    record = _json(["profiles", str(folder), "--stack", "decoder", "--layers", "all", "--positions", "30",
+                    "--window", "5", "--out", str(tmp_path), "--json"])  # fmt: skip
+    assert record["causal"] is True and record["stack"] == "decoder" and "only k <= 0" in record["convention"]
+    with np.load(record["npz"]) as npz:
+        profiles, offsets = npz["profiles"], npz["offsets"]
+    assert profiles.shape == (3, 4, 59) and list(offsets) == list(range(-29, 30))
+    model = tf.T5ForConditionalGeneration.from_pretrained(folder).double()
+    table = model.decoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.detach()
+    bias = table[rb.t5_bucket(torch.from_numpy(offsets), False, 10, 24)].T.numpy()  # (H, 2n - 1)
+    for layer in range(3):
+        content = profiles[layer] - bias  # the same constant at every offset: Toeplitz and exact
+        np.testing.assert_allclose(content, content[:, :1].repeat(59, 1), rtol=0, atol=1e-9)
+    encoder = posprobe.profiles(str(folder), positions=30, window=5)
+    assert encoder.stack == "encoder" and not encoder.causal and not np.allclose(encoder.profiles, profiles)
+    assert np.allclose(encoder.fhat_r2, 1.0)  # encoder: exactly Toeplitz
+
+
+def test_fit_tisa_runs_on_t5_and_deberta(bias_checkpoints, tmp_path):
+    for name in ("t5", "deberta"):
+        record = _json(["fit-tisa", str(bias_checkpoints[name]), "--kernels", "2", "--window", "6", "--layers", "0",
+                        "--out", str(tmp_path / name), "--json"])  # fmt: skip
+        assert record["mode"] == "content-free" and len(record["heads"]) == 4
+        assert np.isfinite([h["r2"] for h in record["heads"]]).all()
+
+
+def test_fhat_mpnet_and_deberta_cli(bias_checkpoints, tmp_path):
+    mp = _json(["fhat", str(bias_checkpoints["mpnet"]), "--layer", "-1", "--out", str(tmp_path / "m"), "--json"])
+    assert mp["position_kind"] == "bucket_bias" and mp["n_positions"] == N and mp["causal"] is False
+    de = _json(["fhat", str(bias_checkpoints["deberta"]), "--positions", "24", "--out", str(tmp_path / "d"),
+                "--json"])  # fmt: skip
+    assert de["position_kind"] == "disentangled" and de["n_positions"] == 24
+    assert all(abs(h["toeplitz_r2"] - 1) < 1e-9 for h in de["heads"])  # v3: no absolute input, exactly Toeplitz
+
+
+def test_toeplitz_reads_mpnet_table_and_points_t5_elsewhere(bias_checkpoints, tmp_path, capsys):
+    result = posprobe.toeplitz(str(bias_checkpoints["mpnet"]))
+    assert result.n_positions == N and result.dropped_rows == 2  # padding_idx + 1 reserved rows
+    for name in ("t5", "deberta"):
+        with pytest.raises(SystemExit) as info:
+            main(["toeplitz", str(bias_checkpoints[name]), "--out", str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.count("\n") == 1 and "posprobe profiles" in err
+        assert not (tmp_path / "o").exists()
+
+
+def test_compare_mpnet_t5_deberta(bias_checkpoints, tmp_path):
+    record = _json(["compare", *(str(bias_checkpoints[k]) for k in ("mpnet", "t5", "deberta")),
+                    "--positions", "20", "--out", str(tmp_path), "--json"])  # fmt: skip
+    mpnet, t5, deberta = record["models"]
+    assert mpnet["toeplitz_r2"] is not None  # its absolute table, beside the bias
+    assert t5["toeplitz_r2"] is None and deberta["toeplitz_r2"] is None
+    assert {m["position_kind"] for m in record["models"]} == {"bucket_bias", "disentangled"}
+
+
+def test_bad_stack_and_positions(bias_checkpoints):
+    with pytest.raises(ArgumentValueError, match="no decoder"):
+        posprobe.fhat(str(bias_checkpoints["mpnet"]), stack="decoder")
+    with pytest.raises(ArgumentValueError, match="positions"):
+        posprobe.fhat(str(bias_checkpoints["mpnet"]), positions=N + 1)
+    with pytest.raises(ArgumentValueError, match="stack"):
+        posprobe.fhat(str(bias_checkpoints["t5"]), stack="middle")

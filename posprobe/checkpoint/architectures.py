@@ -160,9 +160,18 @@ def mixed_checkpoint(name: str, what: str, config_says, weights_hold) -> Posprob
     )
 
 
+def table_family(source: ModelSource) -> Family:
+    """The entry of `source` when its checkpoint stores a learned absolute table: the learned families, and those
+    that keep one beside another mechanism (MPNet, beside its relative bias); else `family_of`'s error."""
+    family = family_for_type(source.model_type)
+    if family is not None and family.analysable and family.kind != LEARNED and family.learned_table:
+        return family
+    return family_of(source)
+
+
 def read_position_table(source: ModelSource, reader: WeightReader | None = None) -> PositionTable:
     """The learned position table `(n, e)`; RoBERTa-family reserved rows (padding_idx + 1) dropped."""
-    family = family_of(source)
+    family = table_family(source)
     reader = reader or WeightReader(source.path, source.weight_format)
     table = reader.get(_require(reader, family.position, source))
     if table.ndim != 2:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from posprobe.checkpoint.config import config_int
 from posprobe.errors import PosprobeError
 from posprobe.families.relative_bias import layer_norm, split_heads
 
@@ -203,8 +204,6 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
 
 def config_from(raw: dict, name: str) -> DisentangledConfig:
     """`DisentangledConfig` of a config.json dict, defaulted as the module defaults it, every field checked."""
-    from posprobe.checkpoint.config import config_int
-
     n_heads = config_int(raw, name, "num_attention_heads")
     hidden = config_int(raw, name, "hidden_size")
     head_size = config_int(raw, name, "attention_head_size", default=hidden // n_heads)

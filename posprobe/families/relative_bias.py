@@ -24,6 +24,9 @@ import math
 
 import torch
 
+from posprobe.checkpoint.config import config_int
+from posprobe.errors import ArgumentValueError, PosprobeError
+
 MPNET_BUCKETS = 32
 MPNET_MAX_DISTANCE = 128
 MPNET_RESERVED_ROWS = 2  # MPNetEmbeddings.padding_idx (1, fixed) + 1
@@ -166,11 +169,9 @@ def mpnet_scores(
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
     """F_hat (H, n, n) float64 numpy of `layer` of `stack` (`ModelContext`, SPEC §9): T5 family or MPNet.
 
-    Tensors named in the entry's `tensors`: 'relative_bias' (the (B, H) table; T5/mT5 name layer 0 of the stack,
-    UMT5 `{l}`); MPNet also 'position' rows after the reserved ones are read through the entry's `position`.
+    The entry's `tensors['relative_bias']` names the (B, H) table (T5/mT5: layer 0's of the stack, UMT5: `{l}`'s);
+    MPNet also reads its absolute table (`position`, rows after the 2 reserved ones) and embedding LayerNorm.
     """
-    from posprobe.checkpoint.config import config_int
-
     f, cfg, name = ctx.family, ctx.config, ctx.source.name
     table = _t(ctx.tensor(f.tensors["relative_bias"], layer, stack))
     if table.ndim != 2 or table.shape[1] != ctx.shape.heads:
@@ -180,7 +181,12 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
     if ctx.family.name == "mpnet":
         positions = _t(ctx.tensor(f.position))[MPNET_RESERVED_ROWS : MPNET_RESERVED_ROWS + n]
         if positions.shape[0] < n:
-            raise _malformed(ctx, f"position table with {positions.shape[0]} usable rows, fewer than {n}")
+            raise ArgumentValueError(
+                "positions",
+                f"{n} positions do not fit '{name}': its position table has {positions.shape[0]} usable rows "
+                f"(after {MPNET_RESERVED_ROWS} reserved ones)",
+                f"use {{arg}} between 2 and {positions.shape[0]}",
+            )
         if table.shape[0] < MPNET_BUCKETS:
             raise _malformed(ctx, f"relative attention bias with {table.shape[0]} buckets, MPNet uses {MPNET_BUCKETS}")
         norm = (
@@ -191,8 +197,8 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
         x = mpnet_layer_input(_t(ctx.word_mean), positions, norm)
         bq, bk = (_t(ctx.optional(p + ".bias", layer, stack)) for p in (f.query, f.key))
         return mpnet_scores(x, wq, bq, wk, bk, table, n_heads=ctx.shape.heads).numpy()
-    buckets = config_int(cfg, name, "relative_attention_num_buckets", default=32)
-    max_distance = config_int(cfg, name, "relative_attention_max_distance", default=128)
+    buckets = config_int(cfg, name, "relative_attention_num_buckets", default=32, minimum=4)
+    max_distance = config_int(cfg, name, "relative_attention_max_distance", default=128, minimum=2)
     if table.shape[0] != buckets:
         raise _malformed(ctx, f"relative attention bias with {table.shape[0]} buckets, config says {buckets}")
     return t5_scores(
@@ -215,8 +221,6 @@ def _t(array) -> torch.Tensor | None:
 
 
 def _malformed(ctx, what: str):
-    from posprobe.errors import PosprobeError
-
     return PosprobeError(
         f"checkpoint '{ctx.source.name}' has a {what}", "the weights do not match config.json; re-save the checkpoint"
     )

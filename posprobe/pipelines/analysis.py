@@ -28,7 +28,7 @@ from posprobe.checkpoint import (
     read_position_table,
     resolve_model,
 )
-from posprobe.checkpoint.architectures import family_of, model_shape
+from posprobe.checkpoint.architectures import family_of, model_shape, reserved_rows
 from posprobe.checkpoint.in_memory import IN_MEMORY, StateDictReader, is_model_object, source_from_model
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.families import Family, ModelContext, content_free_scores, family_for_type, position_kind
@@ -310,6 +310,8 @@ class _FhatComputer:
             self.n_layers = self.ctx.layers(stack)
             self.causal = self.ctx.causal(stack)
             maximum = self.ctx.shape.max_positions
+            if maximum and self.family.reserved_rows:  # a table beside the mechanism (MPNet): rows 0..pad unused
+                maximum -= reserved_rows(source.config, source.name)
             if positions is None:
                 positions = min(maximum or DEFAULT_POSITIONS, DEFAULT_POSITIONS)
             self.n = self._check_n(positions, maximum, "its config allows") if maximum else positions
@@ -651,7 +653,7 @@ def compare(
         label = middle_ellipsis(source.name, 40) if label in clashes else label
         computer = _FhatComputer(source, reader, mode, positions)
         f = computer.layer(0)
-        if computer.kind == LEARNED:
+        if computer.family.learned_table:  # also a table beside another mechanism (MPNet)
             table = read_position_table(source, reader).table[: computer.n]
             p = position_inner_products(table, cosine=cosine)
             first = block_r2(p, DEFAULT_BLOCK) if computer.n >= DEFAULT_BLOCK else None
