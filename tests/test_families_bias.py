@@ -370,12 +370,12 @@ def test_t5_decoder_profiles_known_answer(bias_checkpoints, tmp_path):
     assert np.allclose(encoder.fhat_r2, 1.0)  # encoder: exactly Toeplitz
 
 
-def test_fit_tisa_runs_on_t5_and_deberta(bias_checkpoints, tmp_path):
-    for name in ("t5", "deberta"):
-        record = _json(["fit-tisa", str(bias_checkpoints[name]), "--kernels", "2", "--window", "6", "--layers", "0",
-                        "--out", str(tmp_path / name), "--json"])  # fmt: skip
-        assert record["mode"] == "content-free" and len(record["heads"]) == 4
-        assert np.isfinite([h["r2"] for h in record["heads"]]).all()
+@pytest.mark.parametrize("name, stack", [("t5", "encoder"), ("t5", "decoder"), ("deberta", "encoder")])
+def test_fit_tisa_runs_on_t5_and_deberta(bias_checkpoints, tmp_path, name, stack):
+    record = _json(["fit-tisa", str(bias_checkpoints[name]), "--kernels", "2", "--window", "6", "--layers", "0",
+                    "--positions", "24", "--stack", stack, "--out", str(tmp_path), "--json"])  # fmt: skip
+    assert record["mode"] == "content-free" and len(record["heads"]) == 4 and record["causal"] == (stack == "decoder")
+    assert np.isfinite([h["r2"] for h in record["heads"]]).all()
 
 
 def test_fhat_mpnet_and_deberta_cli(bias_checkpoints, tmp_path):

@@ -213,6 +213,8 @@ def fit_tisa(
     profiles: ProfileSet | None = None,
     progress: Progress | None = None,
     orientation: str = "posprobe",
+    positions: int | None = None,
+    stack: str = "encoder",
 ) -> TisaFitResult:
     """Fit TISA kernels to every head profile of `model` for each S in `kernels`; writes nothing.
 
@@ -224,6 +226,7 @@ def fit_tisa(
     Save the result with `posprobe.outputs.save_tisa_fit` (kernels file and figure per S).
     `orientation`: of the kernels file `save_tisa_fit` writes: "posprobe" (what `retrofit` reads) or
     "official" (the official TISA code's indexing, ``..._official.safetensors``; see `official_orientation`).
+    `positions`, `stack`: as for `profiles` (n analysed; 'decoder' for the decoder stack of T5-style models).
     """
     from posprobe.validation import as_choice
 
@@ -234,7 +237,11 @@ def fit_tisa(
     seed = as_int(seed, "seed", minimum=0)
     exhaustive = as_bool(exhaustive, "exhaustive")
     _check_points(kernel_list, window if window is not None else DEFAULT_FIT_WINDOW, window)
-    data = profiles if profiles is not None else load_profiles(model, layers, mode, allow_pickle)
+    data = (
+        profiles
+        if profiles is not None
+        else load_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack)
+    )
     used_window = _resolve_window(window, data.offsets)
     _check_points(kernel_list, used_window, window)
 
@@ -325,6 +332,8 @@ def load_profiles(
     mode: str = "paper",
     allow_pickle: bool = False,
     profile: str | None = None,
+    positions: int | None = None,
+    stack: str = "encoder",
 ) -> ProfileSet:
     """Profiles from a checkpoint (via the analysis pipeline) or from a .npz file of `posprobe profiles` or
     `posprobe attention` (`profile` 'score' or 'prob' picks which empirical profile; default score)."""
@@ -334,7 +343,7 @@ def load_profiles(
         raise PosprobeError("--profile applies to a .npz written by `posprobe attention`", "drop --profile")
     from posprobe.pipelines.analysis import compute_profiles
 
-    res = compute_profiles(model, layers, mode, allow_pickle)
+    res = compute_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack)
     return ProfileSet(
         res.model,
         res.model_type,
