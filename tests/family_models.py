@@ -29,14 +29,39 @@ MATRIX = {
     "gpt_neox": ("gpt_neox", dict(max_position_embeddings=64, rotary_pct=0.25, attention_bias=True)),
     "bloom": ("bloom", dict(vocab_size=99, hidden_size=32, n_layer=2, n_head=4)),
 }  # fmt: skip
+_SEQ2SEQ = dict(
+    vocab_size=99,
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=37,
+    decoder_ffn_dim=37,
+    max_position_embeddings=64,
+    pad_token_id=1,
+    bos_token_id=0,
+    eos_token_id=2,
+    decoder_start_token_id=1,
+    scale_embedding=True,
+)
+# Sinusoidal absolute tables: compared through the learned-table path (faithful mode).
+SINUSOIDAL = {
+    "marian": ("marian", _SEQ2SEQ),
+    "pegasus": ("pegasus", _SEQ2SEQ),
+    "m2m_100": ("m2m_100", _SEQ2SEQ),
+    "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
+                          max_position_embeddings=64, scale_embedding=True, pad_token_id=1)),
+}  # fmt: skip
+_OWN_CONFIG = {"bloom", *SINUSOIDAL}
 
 
 def build(family: str, dtype=torch.float64):
     """A tiny random base model of `family` (eval mode, float64), with non-trivial norms and biases."""
     from transformers import AutoConfig, AutoModel
 
-    model_type, overrides = MATRIX[family]
-    kwargs = {**SMALL, **overrides} if model_type != "bloom" else dict(overrides)
+    model_type, overrides = {**MATRIX, **SINUSOIDAL}[family]
+    kwargs = {**SMALL, **overrides} if model_type not in _OWN_CONFIG else dict(overrides)
     torch.manual_seed(0)
     config = AutoConfig.for_model(model_type, **kwargs)
     extra = {"experts_implementation": "eager"} if model_type == "mixtral" else {}
@@ -74,10 +99,13 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
 def model_scores(model, n: int) -> tuple[np.ndarray, bool]:
     """(L, H, n, n) scores of every layer on n copies of the average word, each layer fed the embedding-level
     input; and whether they are exact pre-softmax scores (True) or log-probabilities, equal to the scores up to
-    a per-row constant on the causal pairs (False: families that do not route through AttentionInterface)."""
+    a per-row constant on the pairs the model lets attend (False: families that do not route through
+    AttentionInterface)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(RECORD, _record)
+    if getattr(model.config, "is_encoder_decoder", False):
+        model = model.get_encoder()
     embeddings = model.get_input_embeddings()
     with torch.no_grad():
         embeddings.weight[0] = embeddings.weight.mean(0)  # token 0 = the average word (after the mean is taken)

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from family_models import MATRIX, build, model_scores
+from family_models import MATRIX, SINUSOIDAL, build, model_scores
 
+import posprobe
 from posprobe.checkpoint import WeightReader, resolve_model
 from posprobe.families import FAMILIES, ModelContext, content_free_scores
 from posprobe.families.table import LEARNED, SCORE_MODULES
@@ -18,7 +19,7 @@ N = 16
 def test_matrix_covers_every_analysable_family():
     """Adding a family = one table entry + one tiny config here; a family without one fails this test."""
     wanted = {f.name for f in FAMILIES if f.analysable and f.kind != LEARNED and f.kind in SCORE_MODULES}
-    tested_elsewhere = {"t5", "umt5", "mpnet", "deberta-v2", "sinusoidal-seq2seq"}  # part B / sinusoidal tests
+    tested_elsewhere = {"t5", "umt5", "mpnet", "deberta-v2"}  # their own parity tests (tests/test_families_bias.py)
     assert wanted - tested_elsewhere <= set(MATRIX)
 
 
@@ -40,3 +41,26 @@ def test_content_free_scores_equal_the_model(family, tmp_path):
         assert np.max(spread) < 1e-5
     assert ctx.causal()
     assert np.std(ours[..., 0, :]) > 0  # positions really matter in the test model
+
+
+@pytest.mark.parametrize("family", sorted(SINUSOIDAL))
+def test_sinusoidal_tables_equal_the_model(family, tmp_path):
+    """Sinusoidal families go through the table path: faithful-mode F_hat_P (E_P built as the model builds it,
+    word embeddings scaled as it scales them) equals the model's scores; P is exactly Toeplitz (known answer)."""
+    import torch
+
+    # XGLM's eager attention cannot run in float64 (it clamps with a float32 constant): float32, looser bound.
+    model = build(family, torch.float32 if family == "xglm" else torch.float64)
+    tolerance = 1e-4 if family == "xglm" else 1e-5
+    model.save_pretrained(tmp_path)
+    ours = np.stack([posprobe.fhat(str(tmp_path), layer=l, mode="faithful", positions=N).matrices for l in (0, 1)])
+    theirs, exact = model_scores(model, N)
+    if exact:
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6 * np.abs(theirs).max())
+    else:
+        allowed = np.tril(np.ones((N, N), dtype=bool)) if family == "xglm" else np.ones((N, N), dtype=bool)
+        diff = np.where(allowed, ours - theirs, np.nan)
+        assert np.max(np.nanmax(diff, -1) - np.nanmin(diff, -1)) < tolerance
+    result = posprobe.toeplitz(str(tmp_path))
+    assert result.toeplitz_r2 > 1 - 1e-9 and result.n_positions == 64  # sum_f cos(w_f (i - j)): Toeplitz
+    assert posprobe.fhat(str(tmp_path)).position_kind == "sinusoidal"

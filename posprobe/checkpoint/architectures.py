@@ -8,6 +8,7 @@ Conventions of the returned arrays (all float64, row-vector convention):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +20,7 @@ from posprobe.errors import PosprobeError
 from posprobe.families.table import (
     CONFIG_KEYS,
     GPT2_CONV1D,
-    LEARNED,
+    TABLE_KINDS,
     Family,
     config_value,
     family_for_type,
@@ -27,7 +28,8 @@ from posprobe.families.table import (
     position_kind,
 )
 
-SUPPORTED_MODEL_TYPES = model_types(kind=LEARNED, analysable=True)  # families with a learned table posprobe reads
+# Families whose absolute position table (learned, or sinusoidal as the model builds it) posprobe reads.
+SUPPORTED_MODEL_TYPES = tuple(t for kind in TABLE_KINDS for t in model_types(kind=kind, analysable=True))
 
 
 @dataclass(frozen=True)
@@ -95,16 +97,16 @@ class AttentionWeights:
 def model_shape(source: ModelSource) -> ModelShape:
     """Heads, layers and widths from config.json, whatever the family calls them."""
     cfg = source.config
-    family_of(source)
-    n_heads = config_int(cfg, source.name, "num_attention_heads", "n_head", "n_heads")
-    n_layers = config_int(cfg, source.name, "num_hidden_layers", "n_layer", "n_layers")
-    hidden = config_int(cfg, source.name, "hidden_size", "n_embd", "dim")
+    family = family_of(source)
+    n_heads = config_int(cfg, source.name, *CONFIG_KEYS["heads"])
+    n_layers = config_int(cfg, source.name, *CONFIG_KEYS["layers"])
+    hidden = config_int(cfg, source.name, *CONFIG_KEYS["hidden"])
     if hidden % n_heads:
         raise PosprobeError(
             f"config.json of '{source.name}' has hidden size {hidden} not divisible by {n_heads} heads",
             "the config is malformed; re-save the checkpoint",
         )
-    default_eps = 1e-5 if source.model_type == "gpt2" else 1e-12
+    default_eps = 1e-12 if family.embedding_norm == "embeddings.LayerNorm" else 1e-5  # BERT-style, else torch's
     eps = config_float(cfg, source.name, "layer_norm_eps", "layer_norm_epsilon", default=default_eps, positive=True)
     return ModelShape(source.model_type, n_heads, n_layers, hidden, eps)
 
@@ -121,11 +123,12 @@ def family_of(source: ModelSource) -> Family:
             f"'{source.name}' has unsupported architecture '{model_type}'",
             f"supported: {', '.join(model_types(analysable=True))}",
         )
-    if kind != LEARNED or not family.analysable:
+    if kind not in TABLE_KINDS or family.kind not in TABLE_KINDS or not family.analysable:
         raise PosprobeError(
             f"'{source.name}' ({model_type}) has no learned absolute position embeddings posprobe reads; it uses "
-            f"{mechanism}" + (" (posprobe does not read its attention yet)" if kind == LEARNED else ""),
-            f"learned position tables are read for: {', '.join(SUPPORTED_MODEL_TYPES)}",
+            f"{mechanism}" + (" (posprobe does not read its attention yet)" if kind in TABLE_KINDS else ""),
+            f"position tables are read for: {', '.join(SUPPORTED_MODEL_TYPES)}; "
+            f"every family posprobe reads: {', '.join(model_types(analysable=True))}",
         )
     if model_type == "albert" and config_int(cfg, source.name, "num_hidden_groups", default=1) != 1:
         raise PosprobeError(
@@ -164,7 +167,7 @@ def table_family(source: ModelSource) -> Family:
     """The entry of `source` when its checkpoint stores a learned absolute table: the learned families, and those
     that keep one beside another mechanism (MPNet, beside its relative bias); else `family_of`'s error."""
     family = family_for_type(source.model_type)
-    if family is not None and family.analysable and family.kind != LEARNED and family.learned_table:
+    if family is not None and family.analysable and family.kind not in TABLE_KINDS and family.learned_table:
         return family
     return family_of(source)
 
@@ -173,7 +176,14 @@ def read_position_table(source: ModelSource, reader: WeightReader | None = None)
     """The learned position table `(n, e)`; RoBERTa-family reserved rows (padding_idx + 1) dropped."""
     family = table_family(source)
     reader = reader or WeightReader(source.path, source.weight_format)
-    table = reader.get(_require(reader, family.position, source))
+    stored = reader.find_suffix(family.position) if family.position else None
+    if stored is None and "positions_class" in family.tensors:  # a sinusoidal table the model builds
+        from posprobe.families.sinusoidal import build_table
+
+        n = config_int(source.config, source.name, *CONFIG_KEYS["positions"])
+        table = build_table(family, source.config, n, config_int(source.config, source.name, *CONFIG_KEYS["hidden"]))
+        return PositionTable(source.name, source.model_type, table, 0)
+    table = reader.get(stored or _require(reader, family.position, source))
     if table.ndim != 2:
         raise PosprobeError(
             f"position table of '{source.name}' has shape {table.shape}, expected 2-D", "the checkpoint is malformed"
@@ -214,6 +224,8 @@ def read_embedding_inputs(source: ModelSource, reader: WeightReader | None = Non
     word_key = _require(reader, family.word, source)
     check_vocabulary(source, reader, word_key)
     word_mean = reader.row_mean(word_key)
+    if family.embed_scale == "scale_embedding" and source.config.get("scale_embedding"):
+        word_mean = word_mean * math.sqrt(model_shape(source).hidden)  # the model scales words, not positions
     token_type0 = None
     if family.token_type and (key := reader.find_suffix(family.token_type)):
         token_type0 = reader.get(key)[0]

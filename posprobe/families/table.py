@@ -27,10 +27,10 @@ KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, OTHER)
 SCORE_MODULES = {
     ROTARY: "posprobe.families.rotary",
     ALIBI: "posprobe.families.alibi",
-    SINUSOIDAL: "posprobe.families.sinusoidal",
     BUCKET_BIAS: "posprobe.families.relative_bias",
     DISENTANGLED: "posprobe.families.disentangled",
 }
+TABLE_KINDS = (LEARNED, SINUSOIDAL)  # an absolute table E_P exists (stored or built): sections 1-3 of SPEC apply
 KIND_NAMES = {
     LEARNED: "learned absolute table",
     SINUSOIDAL: "sinusoidal absolute positions (not learned)",
@@ -52,9 +52,9 @@ NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1)
 
 # Config field names, in the order they are looked for.
 CONFIG_KEYS = {
-    "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+    "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "attention_heads"),
     "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv"),
-    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
     "hidden": ("hidden_size", "n_embd", "dim", "d_model"),
     "head_dim": ("head_dim", "d_kv"),
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
@@ -69,7 +69,8 @@ class Family:
 
     Embedding level: `word` (vocabulary table), `position` (learned or stored table), `token_type`,
     `embedding_norm` (norm of the summed embeddings, prefix), `projection` (factorised embeddings, prefix),
-    `embed_scale` ('sqrt_hidden': the embeddings are multiplied by sqrt(d) in the table's dtype, Gemma).
+    `embed_scale` ('sqrt_hidden': the embeddings are multiplied by sqrt(d) in the table's dtype, Gemma;
+    'scale_embedding': by sqrt(d) when config.json says scale_embedding, Marian / Pegasus / M2M100 / XGLM).
     Attention of layer `{l}`: `query` / `key` prefixes ('.weight', '.bias' appended; with `qkv` != SEPARATE
     `query` names the fused projection), `pre_norm` (the norm applied to the layer input before attention),
     `qk_norm` (prefixes of per-head norms applied to q and k before the positional mechanism where the
@@ -120,7 +121,7 @@ class Family:
     @property
     def learned_table(self) -> bool:
         """True when the checkpoint stores a learned absolute table E_P (also beside a relative bias: MPNet)."""
-        return self.kind == LEARNED or (self.position is not None and self.kind not in (SINUSOIDAL, OTHER))
+        return self.kind == LEARNED or (self.position is not None and self.kind not in TABLE_KINDS + (OTHER,))
 
 
 _BERT = dict(
@@ -153,6 +154,19 @@ _T5 = dict(
     norm=RMSNORM,
 )
 _T5_BIAS = "{stack}.block.{l}.layer.0.SelfAttention.relative_attention_bias.weight"
+
+
+_SEQ2SEQ = dict(
+    word="shared.weight",
+    position="encoder.embed_positions.weight",  # stored by Marian / Pegasus; built when absent
+    embed_scale="scale_embedding",
+    query="encoder.layers.{l}.self_attn.q_proj",
+    key="encoder.layers.{l}.self_attn.k_proj",
+)
+
+
+def _sinusoidal(module: str, prefix: str) -> dict[str, str]:
+    return {"positions_class": f"transformers.models.{module}.modeling_{module}:{prefix}SinusoidalPositionalEmbedding"}
 
 
 def _rotary(module: str, prefix: str) -> str:
@@ -249,6 +263,36 @@ FAMILIES: tuple[Family, ...] = (
         pre_norm="layers.{l}.input_layernorm",
         rotary_class=_rotary("gpt_neox", "GPTNeoX"),
     ),
+    # -- sinusoidal absolute tables (built as the model builds them; encoder stack of encoder-decoders)
+    Family("marian", ("marian",), SINUSOIDAL, **_SEQ2SEQ, tensors=_sinusoidal("marian", "Marian")),
+    Family(
+        "pegasus",
+        ("pegasus",),
+        SINUSOIDAL,
+        pre_norm="encoder.layers.{l}.self_attn_layer_norm",
+        **_SEQ2SEQ,
+        tensors=_sinusoidal("pegasus", "Pegasus"),
+    ),  # fmt: skip
+    Family(
+        "m2m_100",
+        ("m2m_100",),
+        SINUSOIDAL,
+        pre_norm="encoder.layers.{l}.self_attn_layer_norm",
+        **{**_SEQ2SEQ, "position": None},
+        tensors=_sinusoidal("m2m_100", "M2M100"),
+    ),  # fmt: skip
+    Family(
+        "xglm",
+        ("xglm",),
+        SINUSOIDAL,
+        causal=True,
+        word="embed_tokens.weight",
+        embed_scale="scale_embedding",
+        query="layers.{l}.self_attn.q_proj",
+        key="layers.{l}.self_attn.k_proj",
+        pre_norm="layers.{l}.self_attn_layer_norm",
+        tensors=_sinusoidal("xglm", "XGLM"),
+    ),
     # -- ALiBi
     Family(
         "bloom",
@@ -312,7 +356,7 @@ FAMILIES: tuple[Family, ...] = (
     ),  # fmt: skip
     Family("falcon", ("falcon",), OTHER, causal=True, description="rotary embeddings or ALiBi"),
     Family("mpt", ("mpt",), OTHER, causal=True, description="ALiBi attention biases"),
-    Family("sinusoidal-seq2seq", ("marian", "pegasus", "m2m_100", "xglm", "speech_to_text"), SINUSOIDAL),
+    Family("speech_to_text", ("speech_to_text",), SINUSOIDAL),  # audio input: no word table to average
     Family(
         "longformer", ("longformer",), LEARNED, reserved_rows=True
     ),  # local attention windows: its scores are not read yet

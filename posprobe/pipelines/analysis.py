@@ -33,7 +33,7 @@ from posprobe.checkpoint.in_memory import IN_MEMORY, StateDictReader, is_model_o
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.families import Family, ModelContext, content_free_scores, family_for_type, position_kind
 from posprobe.families.context import STACKS
-from posprobe.families.table import LEARNED, SCORE_MODULES
+from posprobe.families.table import LEARNED, SCORE_MODULES, TABLE_KINDS
 from posprobe.results import ResultMixin, middle_ellipsis, short
 from posprobe.validation import as_bool, as_choice, as_int, as_int_list
 
@@ -83,17 +83,17 @@ def _open(model, allow_pickle, source: ModelSource | None = None, table: bool = 
 def analysable_family(source: ModelSource) -> Family:
     """The family-table entry of `source` when posprobe computes its positional scores; else one clear error."""
     family = family_for_type(source.model_type)
-    kind, mechanism = position_kind(source.config)
+    kind = position_kind(source.config)[0]
     if family is not None and family.analysable and kind == family.kind and kind in SCORE_MODULES:
         return family
-    return family_of(source)  # learned tables; raises a clear error for everything else
+    return family_of(source)  # absolute tables; raises a clear error for everything else
 
 
 def table_hint(source: ModelSource) -> None:
     """Refuse `toeplitz` for a family without a learned position table, naming the commands that show its
     positional structure."""
     family = family_for_type(source.model_type)
-    if family is not None and family.analysable and family.kind != LEARNED and family.position is None:
+    if family is not None and family.analysable and family.kind not in TABLE_KINDS and family.position is None:
         raise PosprobeError(
             f"'{source.name}' ({source.model_type}) has no learned position table (it uses {family.mechanism}), "
             "so there is no P = E_P E_P^T",
@@ -289,13 +289,13 @@ class _FhatComputer:
         positions = None if positions is None else as_int(positions, "positions", minimum=MIN_POSITIONS)
         self.family = analysable_family(source)
         self.source, self.reader, self.stack = source, reader, stack
-        self.kind = self.family.kind
+        self.kind = position_kind(source.config)[0]
         self._paper = None
         if stack == "decoder" and not self.family.encoder_decoder:
             raise ArgumentValueError(
                 "stack", f"'{source.name}' ({source.model_type}) has one stack, no decoder", "drop {arg}"
             )
-        if self.kind == LEARNED:
+        if self.kind in TABLE_KINDS:
             self.mode = mode
             self.embeddings = read_embedding_inputs(source, reader)
             self.shape = model_shape(source)
@@ -330,10 +330,10 @@ class _FhatComputer:
 
     @property
     def n_heads(self) -> int:
-        return self.shape.n_heads if self.kind == LEARNED else self.ctx.shape.heads
+        return self.shape.n_heads if self.kind in TABLE_KINDS else self.ctx.shape.heads
 
     def layer(self, layer: int) -> FhatResult:
-        if self.kind != LEARNED:
+        if self.kind not in TABLE_KINDS:
             f = content_free_scores(self.ctx, layer, self.n, self.stack)
             weights_layer = layer
         else:
@@ -577,7 +577,7 @@ class CompareRow(ResultMixin):
     @property
     def matrix_name(self) -> str:
         """What `matrix` is: P for a position table, else the head-mean of layer 0's content-free scores."""
-        return "P" if self.position_kind == LEARNED else "mean F̂ over heads, layer 0"
+        return "P" if self.position_kind in TABLE_KINDS else "mean F̂ over heads, layer 0"
 
     def to_dict(self) -> dict:
         return {
@@ -653,7 +653,7 @@ def compare(
         label = middle_ellipsis(source.name, 40) if label in clashes else label
         computer = _FhatComputer(source, reader, mode, positions)
         f = computer.layer(0)
-        if computer.family.learned_table:  # also a table beside another mechanism (MPNet)
+        if computer.kind in TABLE_KINDS or computer.family.learned_table:  # MPNet: a table beside its bias
             table = read_position_table(source, reader).table[: computer.n]
             p = position_inner_products(table, cosine=cosine)
             first = block_r2(p, DEFAULT_BLOCK) if computer.n >= DEFAULT_BLOCK else None
