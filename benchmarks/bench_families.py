@@ -3,7 +3,8 @@
     python benchmarks/bench_families.py [--layers 24] [--hidden 2048] [--positions 256] [--keep DIR]
 
 Writes a random Llama-style checkpoint (GQA, bf16, safetensors) into a temporary folder, then runs, each in a
-fresh Python process (the parent times the whole process, imports included; the child reports its peak RSS):
+fresh Python process (the parent times the whole process, imports included; the child reports its peak RSS,
+VmHWM, and its peak after importing torch and transformers, the baseline):
 
 - posprobe: `posprobe.profiles(folder, layers='all', positions=n)`: the content-free scores of every head of
   every layer (SPEC §9), read lazily (word table a chunk at a time, then per layer its norm and Q/K weights);
@@ -25,14 +26,21 @@ import tempfile
 import time
 from pathlib import Path
 
-POSPROBE = """
-import sys, resource, json
+HWM = """
+def hwm_kb():  # peak RSS of this process (VmHWM; unlike ru_maxrss it does not carry the parent's over exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+"""
+
+POSPROBE = HWM + """
+import sys, json
 import numpy as np
 import torch, transformers  # imported before the baseline: both ways need them
 import posprobe
 from posprobe.checkpoint import weights as W
 from posprobe.checkpoint.safetensors_format import TensorEntry
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = hwm_kb()
 read = {}
 def nbytes(self, key):
     e = self._entries[key]
@@ -42,16 +50,16 @@ W.WeightReader.get = lambda self, key: (read.__setitem__(key, nbytes(self, key))
 W.WeightReader.row_mean = lambda self, key, chunk_rows=1024: (
     read.__setitem__(key, nbytes(self, key)), row_mean(self, key, chunk_rows))[1]
 r = posprobe.profiles(sys.argv[1], layers="all", positions=int(sys.argv[2]), window=4)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = hwm_kb()
 print("RESULT", json.dumps({"checksum": float(np.abs(r.profiles).sum()), "shape": list(r.profiles.shape),
       "read_bytes": sum(read.values()), "base_kb": base, "peak_kb": peak}))
 """
 
-NAIVE = """
-import sys, resource, json
+NAIVE = HWM + """
+import sys, json
 import numpy as np, torch
 from transformers import AutoModel, AttentionInterface
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = hwm_kb()
 n = int(sys.argv[2])
 scores = []
 def record(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kw):
@@ -82,7 +90,7 @@ profiles = []
 for s in scores:  # (H, n, n) -> diagonal means over k = j - i
     profiles.append(torch.stack([torch.diagonal(s, offset=k, dim1=-2, dim2=-1).mean(-1) for k in range(-n + 1, n)], -1))
 p = torch.stack(profiles).numpy()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = hwm_kb()
 print("RESULT", json.dumps({"checksum": float(np.abs(p).sum()), "shape": list(p.shape), "base_kb": base,
       "peak_kb": peak}))
 """

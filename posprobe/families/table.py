@@ -105,6 +105,7 @@ class Family:
     encoder_decoder: bool = False
     retrofit: bool = False
     rotary_class: str | None = None
+    scaling: str = "head_dim"  # q.k is multiplied by d_h ** -0.5 ('head_dim') or not at all ('none': T5)
     tensors: dict[str, str] = field(default_factory=dict)
     description: str = ""
 
