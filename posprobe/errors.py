@@ -2,7 +2,8 @@
 
 `PosprobeError` is the base. Bad arguments raise `ArgumentValueError` (also a `ValueError`) or
 `ArgumentTypeError` (also a `TypeError`); both carry the name of the library argument (`layer`), and
-their text may use `{arg}`, which the library renders as that name and the CLI as the flag (`--layer`).
+their text may use `{arg}`, which the library renders as that name and the CLI as the flag (`--layer`), and
+`{arg=VALUE}`, rendered `layer=VALUE` and `--layer VALUE`.
 """
 
 from __future__ import annotations
@@ -34,9 +35,14 @@ class ArgumentError(PosprobeError):
         self.flag = flag or "--" + argument.replace("_", "-")
 
     def render(self, cli: bool = False) -> str:
-        name = self.flag if cli else self.argument
-        text = self.message.replace("{arg}", name)
-        return f"{text} — {self.hint.replace('{arg}', name)}" if self.hint else text
+        """`{arg}` -> `--layer` (cli) or `layer`; `{arg=5}` -> `--layer 5` (cli) or `layer=5`."""
+        import re
+
+        def word(text: str) -> str:
+            text = re.sub(r"\{arg=([^{}]*)\}", (rf"{self.flag} \1" if cli else rf"{self.argument}=\1"), text)
+            return text.replace("{arg}", self.flag if cli else self.argument)
+
+        return f"{word(self.message)} — {word(self.hint)}" if self.hint else word(self.message)
 
 
 class ArgumentValueError(ArgumentError, ValueError):
@@ -45,3 +51,7 @@ class ArgumentValueError(ArgumentError, ValueError):
 
 class ArgumentTypeError(ArgumentError, TypeError):
     """An argument of the wrong type (`layer='2'`, `blocks=128` where a list is expected)."""
+
+
+class PosprobeWarning(UserWarning):
+    """Something a user should know about a result that is still valid (the CLI prints it as a `note:` line)."""

@@ -174,10 +174,22 @@ def load_npz(path: str | Path) -> tuple[dict, dict]:
     return metadata, arrays
 
 
+SLUG_MAX = 80
+
+
 def slug(name: str) -> str:
-    """A file-name-safe version of a model name ('bert-base-uncased', 'org/model' -> 'org--model')."""
+    """A file-name-safe version of a model name ('bert-base-uncased', 'org/model' -> 'org--model').
+
+    At most SLUG_MAX characters (a file name may hold 255 bytes): a longer one keeps its start and ends in a
+    short hash of the whole name, so two long names that share a prefix still get two folders."""
     keep = "".join(c if c.isalnum() or c in "-_." else "-" for c in name.strip("/").replace("/", "--"))
-    return keep.strip("-.") or "model"
+    keep = keep.strip("-.") or "model"
+    if len(keep) > SLUG_MAX:
+        import hashlib
+
+        digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
+        keep = keep[: SLUG_MAX - len(digest) - 1].rstrip("-.") + "-" + digest
+    return keep
 
 
 def _json_default(obj: Any):

@@ -309,6 +309,18 @@ def _kernels_by_depth(kernels_file, n_depths: int, n_heads: int, shared: bool) -
         raise PosprobeError(
             f"kernels file has layers {layers}, the model has {n_depths} layers", "fit the kernels on the same model"
         )
+    unfitted = [d for d in range(n_depths) if d not in layers]
+    if unfitted:
+        import warnings
+
+        from posprobe.errors import PosprobeWarning
+
+        warnings.warn(
+            f"the kernels file {kernels_file.path} holds layers {layers} only: the TISA kernels of layers "
+            f"{unfitted} start at zero (no change); fit every layer to initialise them all",
+            PosprobeWarning,
+            stacklevel=4,
+        )
     return {layer: (a[t], b[t], c[t]) for t, layer in enumerate(layers)}
 
 

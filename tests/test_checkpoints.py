@@ -135,12 +135,15 @@ def test_truncated_tensor_data(tiny_checkpoints, tmp_path):
         fhat_analysis(str(tmp_path / "m"))
 
 
-def test_pickle_weights_refused_unless_allowed(tiny_models, tmp_path):
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy-non-zip"])
+def test_pickle_weights_refused_unless_allowed(tiny_models, tmp_path, zip_format):
+    """Both torch.save formats read with --allow-pickle (the legacy one failed with torch's mmap message)."""
     import torch
 
     model = tiny_models["bert"]
     model.config.save_pretrained(tmp_path)
-    torch.save({k: v.float() for k, v in model.state_dict().items()}, tmp_path / "pytorch_model.bin")
+    state = {k: v.float() for k, v in model.state_dict().items()}
+    torch.save(state, tmp_path / "pytorch_model.bin", _use_new_zipfile_serialization=zip_format)
     with pytest.raises(PosprobeError, match="--allow-pickle"):
         resolve_model(str(tmp_path))
     source = resolve_model(str(tmp_path), allow_pickle=True)

@@ -18,9 +18,13 @@ runner = CliRunner()
 
 
 def run_main(args, capsys):
-    with pytest.raises(SystemExit) as exit_info:
+    """(exit code, captured output) of `main(args)`; 0 when it returns normally."""
+    try:
         main(args)
-    return exit_info.value.code, capsys.readouterr()
+        code = 0
+    except SystemExit as exit_info:
+        code = exit_info.code or 0
+    return code, capsys.readouterr()
 
 
 def test_retrofit_json_and_round_trip(tiny_checkpoints, tmp_path):
@@ -239,3 +243,21 @@ def test_init_fit_fits_this_models_kernels(tiny_checkpoints, tmp_path):
     assert added_parameters(model) == 3 * 2 * 4 * 2
     tisa = model.encoder.layer[0].attention.self.posprobe_mechanisms[0]
     assert tisa.a.abs().sum() > 0  # fitted amplitudes, not the zero start
+
+
+def test_a_partial_kernels_file_is_said(tiny_checkpoints, tmp_path, capsys):
+    """`fit-tisa --layers 0` then `retrofit --init fit:FILE`: layer 1 starts at zero, and the user is told so."""
+    from posprobe.errors import PosprobeWarning
+    from posprobe.retrofit import retrofit
+
+    path = _kernels(tmp_path / "k.safetensors", 2, layers=1)
+    args = ["retrofit", str(tiny_checkpoints["bert"]), "-m", "tisa", "--init", f"fit:{path}"]
+    code, captured = run_main([*args, "--out", str(tmp_path / "o")], capsys)
+    assert code == 0 and "note: " in captured.err and "layers [1] start at zero" in " ".join(captured.err.split())
+    code, captured = run_main([*args, "--out", str(tmp_path / "j"), "--json"], capsys)
+    assert code == 0 and "layers [1] start at zero" in json.loads(captured.out)["notes"][0]
+    with pytest.warns(PosprobeWarning, match=r"layers \[1\] start at zero"):
+        model = retrofit(str(tiny_checkpoints["bert"]), "tisa", init=f"fit:{path}")
+    layers = model.bert.encoder.layer if hasattr(model, "bert") else model.encoder.layer
+    assert torch.all(layers[1].attention.self.posprobe_mechanisms[0].a == 0)
+    assert torch.all(layers[0].attention.self.posprobe_mechanisms[0].a == 1)

@@ -273,3 +273,40 @@ def test_toeplitz_says_when_the_default_block_is_skipped(tiny_checkpoints, tmp_p
     code, captured = run_main(["toeplitz", str(tiny_checkpoints["bert"]), "--out", str(tmp_path / "t")], capsys)
     assert code == 0
     assert "block 128 skipped: the table has only 64 positions" in " ".join(captured.err.split())
+
+
+def test_compare_default_folder_name_stays_short(tiny_checkpoints, tmp_path, capsys, monkeypatch):
+    """Four models with long folder names made a default folder name over the 255-byte limit (OSError)."""
+    import shutil
+
+    from posprobe.outputs import SLUG_MAX, slug
+
+    models = []
+    for i in range(4):
+        folder = tmp_path / f"a-very-long-checkpoint-folder-name-for-a-fine-tuned-bert-model-number-{i}"
+        shutil.copytree(tiny_checkpoints["bert"], folder)
+        models.append(str(folder))
+    monkeypatch.chdir(tmp_path)
+    code, captured = run_main(["compare", *models, "--json"], capsys)
+    assert code == 0, captured.err
+    folder = Path(json.loads(captured.out)["record"]).parent
+    assert folder.parent == Path("posprobe-out/compare") and len(folder.name) <= SLUG_MAX
+    assert slug("x" * 300) != slug("x" * 299 + "y") and slug("org/model") == "org--model"
+
+
+def test_error_wording_fits_where_it_is_read(tiny_checkpoints, tmp_path, capsys):
+    """Reviewer wording defects: flags in CLI hints and keywords in library hints; one layer said as such;
+    a missing evaluate folder says it does not exist."""
+    from posprobe.errors import ArgumentValueError
+    from posprobe.pipelines.analysis import _layer_index
+
+    err = ArgumentValueError("kernels", "{arg} 0 is too few", "e.g. {arg=5} or {arg}")
+    assert err.render(cli=True) == "--kernels 0 is too few — e.g. --kernels 5 or --kernels"
+    assert str(err) == "kernels 0 is too few — e.g. kernels=5 or kernels"
+    with pytest.raises(ArgumentValueError) as info:
+        _layer_index(3, 1, "m")
+    assert info.value.render(cli=True) == "layer 3 does not exist: 'm' has only layer 0 — pass --layer 0"
+    code, captured = run_main(["fit-tisa", str(tiny_checkpoints["bert"]), "--kernels", "0"], capsys)
+    assert code == 2 and "e.g. --kernels 5" in captured.err and "kernels=" not in captured.err
+    code, captured = run_main(["evaluate", str(tmp_path / "nowhere"), "--task", "sst2"], capsys)
+    assert code == 2 and f"'{tmp_path / 'nowhere'}' does not exist" in " ".join(captured.err.split())

@@ -259,7 +259,7 @@ def test_jsonl_missing_column_and_bad_labels(tmp_path):
     with pytest.raises(PosprobeError, match="not text"):
         load_split("sst2", "train", tmp_path)
     path.write_text('{"sentence": "a", "label": 1}\n{broken\n')
-    with pytest.raises(PosprobeError, match=r"line 2: not valid JSON"):
+    with pytest.raises(PosprobeError, match=r"line 2: not valid JSON \(Expecting property name .* at column 2\) —"):
         load_split("sst2", "train", tmp_path)
 
 

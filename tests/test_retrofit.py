@@ -11,7 +11,7 @@ import torch
 from conftest import build_tiny
 from safetensors.numpy import save_file
 
-from posprobe.errors import PosprobeError
+from posprobe.errors import PosprobeError, PosprobeWarning
 from posprobe.retrofit import added_parameters, depth_slots, load_model, mechanism_at, retrofit, save_retrofitted
 
 H, L, D = 4, 2, 32  # tiny models: 4 heads, 2 layers, hidden 32 -> d_h = 8
@@ -76,7 +76,8 @@ def test_tisa_kernels_layer_mismatch(tmp_path):
 
 def test_tisa_kernels_for_some_layers_and_shared_albert(tmp_path):
     a, b, c = _kernels_file(tmp_path / "k.safetensors", layers=1)
-    bert = retrofit(build_tiny("bert").double(), "tisa", init=f"fit:{tmp_path / 'k.safetensors'}")
+    with pytest.warns(PosprobeWarning, match=r"layers \[1\] start at zero"):
+        bert = retrofit(build_tiny("bert").double(), "tisa", init=f"fit:{tmp_path / 'k.safetensors'}")
     assert torch.equal(mechanism_at(bert, 0).a.detach(), torch.from_numpy(a[0]))
     assert mechanism_at(bert, 1).a.abs().sum() == 0  # not fitted: zero amplitude
     albert = retrofit(

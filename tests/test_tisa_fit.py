@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from posprobe.analysis.tisa_fit import DEFAULT_FIT_WINDOW, TisaKernelFitter, tisa_function
-from posprobe.errors import PosprobeError
+from posprobe.errors import ArgumentValueError, PosprobeError
 
 N = 64
 OFFSETS = np.arange(-(N - 1), N)  # k = -(n-1) .. n-1, increasing
@@ -169,9 +169,12 @@ def test_flat_profiles_are_flagged_not_nan():
     assert "flat" in fit.flags_[0] and "flat" in fit.flags_[1] and fit.flags_[2] == ""
 
 
-def test_underdetermined_window_is_flagged_and_finite():
-    fit = TisaKernelFitter(5, window=2).fit(np.exp(-0.3 * (OFFSETS[None] - 1.0) ** 2), OFFSETS)
-    assert "underdetermined" in fit.flags_[0]
+def test_underdetermined_window_is_refused():
+    """3·S + 1 parameters need as many points: S = 5 on a window of 5 points is refused, as the CLI refuses it."""
+    profile = np.exp(-0.3 * (OFFSETS[None] - 1.0) ** 2)
+    with pytest.raises(ArgumentValueError, match="n_kernels 5 needs 16 profile points .* holds 5"):
+        TisaKernelFitter(5, window=2).fit(profile, OFFSETS)
+    fit = TisaKernelFitter(1, window=2).fit(profile, OFFSETS)  # 4 parameters, 5 points: fine
     assert np.all(np.isfinite(fit.a_)) and 0 <= fit.r2_[0] <= 1
 
 

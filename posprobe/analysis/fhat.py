@@ -81,7 +81,10 @@ def fhat_matrices(
     """F_hat_P for every head: (H, n, n). Paper mode ignores the biases, faithful mode uses them."""
     d = wq.shape[0]
     if d % n_heads:
-        raise ValueError(f"hidden size {d} is not divisible by {n_heads} heads")
+        raise ValueError(
+            f"hidden size {d} is not divisible by {n_heads} heads — pass the model's num_attention_heads and its "
+            "query/key weights (out, in) as stored"
+        )
     dh = d // n_heads
     scale = 1.0 / np.sqrt(dh)
 

@@ -181,6 +181,14 @@ class TisaKernelFitter:
 
         keep = np.abs(k_all) <= window
         kw = k_all[keep].astype(np.float64)
+        if kw.size < 3 * n_kernels + 1:  # more parameters (a, b, c per kernel and the offset) than points
+            raise ArgumentValueError(
+                "n_kernels",
+                f"{{arg}} {n_kernels} needs {3 * n_kernels + 1} profile points (3·S + 1 parameters) but the window "
+                f"holds {kw.size}",
+                f"use at most {(kw.size - 1) // 3} kernels, or a wider window",
+                flag="--kernels",
+            )
         y = y_all[:, keep]
         m = y.shape[0]
 
@@ -215,15 +223,12 @@ class TisaKernelFitter:
             r2[live] = np.clip(1.0 - rss_orig / tss, 0.0, 1.0)
 
         flags = []
-        few_points = kw.size < 3 * n_kernels + 1
         for h in range(m):
             notes = []
             if flat[h]:
                 notes.append("flat profile (no positional dependence; a = 0, R^2 = 1)")
             elif r2[h] < POOR_R2:
                 notes.append(f"poor fit (R^2 = {r2[h]:.2f})")
-            if few_points and not flat[h]:
-                notes.append(f"underdetermined ({kw.size} points for {3 * n_kernels + 1} parameters)")
             flags.append("; ".join(notes))
 
         outputs = (a, b, c, offset, r2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -91,7 +92,8 @@ class WeightReader:
                 "convert the checkpoint to safetensors (load it and `save_pretrained` it)",
             )
         try:  # weights_only: the unpickler builds tensors and containers only and never calls other code
-            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+            # mmap only for torch's zip format; a legacy (pre-1.6, non-zip) pickle is read whole
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
         except pickle.UnpicklingError as err:
             from posprobe.checkpoint.loading import unpickling_refused
 

@@ -255,7 +255,7 @@ def compare(
     rows, labels = list(result), [row.label for row in result]
     out_dir = prepare_out_dir(out if out is not None else default_out("compare", "-vs-".join(labels)))
     figure = save_figure(plotting.compare_heatmaps(rows), out_dir / f"compare.{fmt.value}")
-    record = result.to_dict() | {"figure": str(figure)}
+    record = result.to_dict() | {"figure": str(figure), "record": str(out_dir / "compare.json")}
     write_json(out_dir / "compare.json", record)
     if json_out:
         emit_json(record)

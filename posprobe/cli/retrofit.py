@@ -68,9 +68,10 @@ def retrofit_command(
 ) -> None:
     """Retrofit a positional mechanism (TISA, lightweight convolutions, CAT, ...) into MODEL and save it."""
     import tempfile
+    import warnings
 
     from posprobe.checkpoint import resolve_model
-    from posprobe.errors import PosprobeError
+    from posprobe.errors import PosprobeError, PosprobeWarning
     from posprobe.mechanisms.catalogue import check_settings
 
     settings = check_settings(mechanism, radius=radius, kernels=kernels, init=init)  # before any model is loaded
@@ -96,15 +97,18 @@ def retrofit_command(
 
             with console.status(f"fitting S={settings.kernels} TISA kernels to {source.name}"):
                 init = f"fit:{fit_kernels_file(str(source.path), settings.kernels, tmp, allow_pickle)}"
-        retrofit(
-            net,
-            settings.mechanism,
-            radius=radius,
-            kernels=kernels,
-            init=init,
-            drop_position_embeddings=drop_position_embeddings,
-            seed=seed,
-        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PosprobeWarning)
+            retrofit(
+                net,
+                settings.mechanism,
+                radius=radius,
+                kernels=kernels,
+                init=init,
+                drop_position_embeddings=drop_position_embeddings,
+                seed=seed,
+            )
+    notes = [str(w.message) for w in caught if issubclass(w.category, PosprobeWarning)]
     count = added_parameters(net)
     with console.status(f"writing {out}"):
         save_retrofitted(net, out, tokenizer_from=source.path)
@@ -121,6 +125,7 @@ def retrofit_command(
                 "kernels": spec["kernels"],
                 "init": init,
                 "drop_position_embeddings": drop_position_embeddings,
+                "notes": notes,
             }
         )
     else:
@@ -130,6 +135,8 @@ def retrofit_command(
         )
         if kernels is None and settings.kernels_file is not None:
             console.print(f"[dim]S = {settings.kernels} kernels per head, from {settings.init.path}[/dim]")
+        for note in notes:
+            console.print(f"note: {note}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

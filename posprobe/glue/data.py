@@ -311,9 +311,10 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict]]:
             continue
         try:
             record = json.loads(line)
-        except ValueError as err:
+        except ValueError as err:  # JSONDecodeError: its own "line 1" would be a second, wrong line number
+            detail = f"{err.msg} at column {err.colno}" if isinstance(err, json.JSONDecodeError) else str(err)
             raise PosprobeError(
-                f"{path}, line {number}: not valid JSON ({err})", "JSON lines files hold one JSON object per line"
+                f"{path}, line {number}: not valid JSON ({detail})", "JSON lines files hold one JSON object per line"
             ) from None
         yield f"{path}, line {number}", record
 

@@ -69,6 +69,10 @@ def evaluate(
         folders = sorted(
             (p for p in root.glob("seed-*/model") if (p / "config.json").is_file()), key=lambda p: _seed_of(p.parent)
         )
+    if not folders and not root.exists():
+        raise PosprobeError(
+            f"'{root}' does not exist", "pass a folder written by `posprobe finetune --out DIR` (or its seed-*/model)"
+        )
     if not folders:
         raise PosprobeError(
             f"'{root}' holds no fine-tuned model (no config.json, no seed-*/model)",

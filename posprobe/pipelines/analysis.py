@@ -114,10 +114,11 @@ def _layer_index(value, n_layers: int, name: str, argument: str = "layer") -> in
     """A Python-style layer index (-1 = last) checked against the model; returns it non-negative."""
     value = as_int(value, argument)
     if not -n_layers <= value < n_layers:
+        has = "only layer 0" if n_layers == 1 else f"layers 0..{n_layers - 1}"
         raise ArgumentValueError(
             argument,
-            f"layer {value} does not exist; '{name}' has layers 0..{n_layers - 1} (or -1 for the last)",
-            "pick layers with {arg}",
+            f"layer {value} does not exist: '{name}' has {has}",
+            f"pass {{arg}} between 0 and {n_layers - 1}, or -1 for the last" if n_layers > 1 else "pass {arg=0}",
         )
     return value % n_layers
 

@@ -352,7 +352,7 @@ def load_profiles(
 # -------------------------------------------------------------------------------------- internals
 def _check_kernels(kernels: int | Sequence[int]) -> list[int]:
     """S as one whole number >= 1 or a list of them (order kept, duplicates dropped)."""
-    hint = "e.g. kernels=5 or kernels=[1, 3, 5]"
+    hint = "e.g. {arg=5} (several: 1,3,5 on the command line, a list in Python)"
     try:
         if isinstance(kernels, (int, np.integer)) and not isinstance(kernels, bool):
             return [as_int(kernels, "kernels", minimum=1, hint=hint)]
