@@ -33,7 +33,9 @@ def hwm_kb():  # peak RSS of this process (VmHWM; unlike ru_maxrss it does not c
             return int(line.split()[1])
 """
 
-POSPROBE = HWM + """
+POSPROBE = (
+    HWM
+    + """
 import sys, json
 import numpy as np
 import torch, transformers  # imported before the baseline: both ways need them
@@ -54,8 +56,11 @@ peak = hwm_kb()
 print("RESULT", json.dumps({"checksum": float(np.abs(r.profiles).sum()), "shape": list(r.profiles.shape),
       "read_bytes": sum(read.values()), "base_kb": base, "peak_kb": peak}))
 """
+)
 
-NAIVE = HWM + """
+NAIVE = (
+    HWM
+    + """
 import sys, json
 import numpy as np, torch
 from transformers import AutoModel, AttentionInterface
@@ -94,6 +99,7 @@ peak = hwm_kb()
 print("RESULT", json.dumps({"checksum": float(np.abs(p).sum()), "shape": list(p.shape), "base_kb": base,
       "peak_kb": peak}))
 """
+)
 
 
 def write_checkpoint(folder: Path, layers: int, hidden: int) -> int:
