@@ -97,3 +97,13 @@ def test_config_disagreeing_with_weights_is_refused(tiny_checkpoints, tmp_path, 
     assert info.value.code == 2 and not (tmp_path / "o").exists()
     assert err.startswith("posprobe: error: config.json of") and words in err
     assert "the folder mixes files from two checkpoints; re-download it" in err and err.count("\n") == 1
+
+
+def test_readme_table_is_the_family_table():
+    from pathlib import Path
+
+    from posprobe.families.table import families_markdown
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("<!-- families:begin -->\n", 1)[1].split("\n<!-- families:end -->", 1)[0]
+    assert block == families_markdown()

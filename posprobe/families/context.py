@@ -108,6 +108,7 @@ class ModelContext:
             raise PosprobeError(f"'{source.name}' has unknown model type '{source.model_type}'")
         self.config = source.config
         self.shape = config_shape(self.config, source.name, self.family)
+        self.cache: dict = {}  # what score functions compute once for every layer (e.g. rotary angles)
 
     # -- tensors ------------------------------------------------------------------------------------
     def key(self, pattern: str, layer: int | None = None, stack: str = "encoder") -> str | None:
@@ -208,8 +209,8 @@ class ModelContext:
 
     @property
     def scaling(self) -> float:
-        """The factor q.k is multiplied by before softmax (1 / sqrt(d_h))."""
-        return self.shape.head_dim**-0.5
+        """The factor q.k is multiplied by before softmax: 1 / sqrt(d_h), or 1 where `Family.scaling` is 'none'."""
+        return 1.0 if self.family.scaling == "none" else self.shape.head_dim**-0.5
 
     def causal(self, stack: str = "encoder") -> bool:
         """True when the model only lets query i see keys j <= i (k <= 0) in `stack`."""

@@ -60,15 +60,18 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
     """F_hat (H, n, n): row i = query position, column j = key position (k = j - i)."""
     q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h)
-    cos, sin = rotary_angles(ctx, n)
+    if ("rotary", n) not in ctx.cache:  # the same angles for every layer
+        ctx.cache["rotary", n] = rotary_angles(ctx, n)
+    cos, sin = ctx.cache["rotary", n]
     if cos.shape[-1] > q.shape[-1] or cos.shape[-1] % 2:
         raise PosprobeError(
             f"the rotary module of '{ctx.source.name}' rotates {cos.shape[-1]} dims of {q.shape[-1]}-dim heads",
             "the config is malformed; re-save the checkpoint",
         )
-    qr = rotate(q, cos, sin)  # (H, n, d_h)
+    heads, kv_heads, dh = q.shape[0], k.shape[0], q.shape[1]
+    qr = rotate(q * ctx.scaling, cos, sin)  # (H, n, d_h)
     kr = rotate(k, cos, sin)  # (H_kv, n, d_h)
-    kr = np.repeat(kr, q.shape[0] // k.shape[0], axis=0)  # key head of each query head
-    scores = qr @ np.ascontiguousarray(kr.transpose(0, 2, 1))
-    scores *= ctx.scaling
-    return scores
+    # Query heads h = g * m .. g * m + m - 1 read key head g: one (m n, d_h) x (d_h, n) product per group.
+    grouped = qr.reshape(kv_heads, (heads // kv_heads) * n, dh)
+    scores = grouped @ np.ascontiguousarray(kr.transpose(0, 2, 1))  # (H_kv, m n, n)
+    return scores.reshape(heads, n, n)

@@ -105,6 +105,7 @@ class Family:
     encoder_decoder: bool = False
     retrofit: bool = False
     rotary_class: str | None = None
+    scaling: str = "head_dim"  # q.k is multiplied by d_h ** -0.5 ('head_dim') or not at all ('none': T5)
     tensors: dict[str, str] = field(default_factory=dict)
     description: str = ""
 
@@ -418,3 +419,22 @@ def position_kind(config: dict) -> tuple[str, str]:
     if model_type == "falcon":
         return (ALIBI, KIND_NAMES[ALIBI]) if config.get("alibi") else (ROTARY, KIND_NAMES[ROTARY])
     return family.kind, family.mechanism
+
+
+def families_markdown() -> str:
+    """The README's table of families (tests/test_family_table.py checks that the README holds exactly this)."""
+    rows = [
+        "| family | model types | positions | causal | posprobe computes |",
+        "|---|---|---|---|---|",
+    ]
+    for f in FAMILIES:
+        if not f.analysable:
+            does = "named in messages; `params`" + (" counts its table" if f.learned_table else "")
+        elif f.kind in TABLE_KINDS:
+            does = "`toeplitz`, `fhat`, `profiles`, `fit-tisa`, `compare`" + (", `retrofit`" if f.retrofit else "")
+        else:
+            does = "`fhat`, `profiles`, `fit-tisa`, `compare` (content-free scores)"
+        types = ", ".join(f"`{t}`" for t in f.model_types)
+        causal = "yes" if f.causal else ("decoder" if f.encoder_decoder else "no")
+        rows.append(f"| {f.name} | {types} | {f.mechanism} | {causal} | {does} |")
+    return "\n".join(rows)

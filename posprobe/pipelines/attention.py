@@ -686,15 +686,17 @@ def _weights_profiles(source, n: int, n_layers: int) -> tuple[np.ndarray | None,
     from posprobe.pipelines.analysis import fhat_analysis
 
     try:
-        rows = []
+        rows, mode = [], "faithful"
         for layer in range(n_layers):
-            f = fhat_analysis(None, layer, "faithful", source=source).matrices
+            result = fhat_analysis(None, layer, "faithful", source=source)
+            f, mode = result.matrices, result.mode
             if f.shape[-1] < n:
                 return None, f"unavailable: the position table has {f.shape[-1]} rows, fewer than max_length {n}"
             rows.append(diagonal_means(f[:, :n, :n]))
     except PosprobeError as err:
         return None, f"unavailable: {err.message}"
-    return np.stack(rows), "faithful-mode F̂_P (SPEC §3) diagonal means over positions 0..n-1"
+    what = "faithful-mode F̂_P (SPEC §3)" if mode == "faithful" else "content-free scores (SPEC §9)"
+    return np.stack(rows), f"{what} diagonal means over positions 0..n-1"
 
 
 # -- writing --------------------------------------------------------------------------------------------
