@@ -434,6 +434,7 @@ def families_markdown() -> str:
             does = "`toeplitz`, `fhat`, `profiles`, `fit-tisa`, `compare`" + (", `retrofit`" if f.retrofit else "")
         else:
             does = "`fhat`, `profiles`, `fit-tisa`, `compare` (content-free scores)"
+            does = ("`toeplitz` (its table), " if f.learned_table else "") + does  # MPNet: a table beside its bias
         types = ", ".join(f"`{t}`" for t in f.model_types)
         causal = "yes" if f.causal else ("decoder" if f.encoder_decoder else "no")
         rows.append(f"| {f.name} | {types} | {f.mechanism} | {causal} | {does} |")
