@@ -295,12 +295,22 @@ FAMILIES: tuple[Family, ...] = (
         qkv=PER_HEAD,
         pre_norm="h.{l}.input_layernorm",
     ),
+    Family(
+        "mpt",
+        ("mpt",),
+        ALIBI,
+        causal=True,
+        word="wte.weight",
+        query="blocks.{l}.attn.Wqkv",
+        key="blocks.{l}.attn.Wqkv",
+        qkv=STACKED,
+        pre_norm="blocks.{l}.norm_1",
+    ),
     # -- known, not (yet) analysed
     Family("t5", ("t5", "mt5", "umt5", "longt5"), BUCKET_BIAS, encoder_decoder=True),
     Family("mpnet", ("mpnet",), BUCKET_BIAS),
     Family("deberta-v2", ("deberta", "deberta-v2"), DISENTANGLED),
     Family("falcon", ("falcon",), OTHER, causal=True, description="rotary embeddings or ALiBi"),
-    Family("mpt", ("mpt",), OTHER, causal=True, description="ALiBi attention biases"),
     Family("speech_to_text", ("speech_to_text",), SINUSOIDAL),  # audio input: no word table to average
     Family(
         "longformer", ("longformer",), LEARNED, reserved_rows=True
