@@ -28,6 +28,7 @@ MATRIX = {
     "starcoder2": ("starcoder2", dict(num_key_value_heads=2, max_position_embeddings=64)),
     "gpt_neox": ("gpt_neox", dict(max_position_embeddings=64, rotary_pct=0.25, attention_bias=True)),
     "bloom": ("bloom", dict(vocab_size=99, hidden_size=32, n_layer=2, n_head=4)),
+    "mpt": ("mpt", dict(vocab_size=99, d_model=32, n_layers=2, n_heads=4, max_seq_len=64, expansion_ratio=2)),
 }  # fmt: skip
 _SEQ2SEQ = dict(
     vocab_size=99,
@@ -59,7 +60,7 @@ LEARNED_EXTRA = {
     "camembert": ("camembert", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1)),
     "data2vec-text": ("data2vec-text", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1)),
 }
-_OWN_CONFIG = {"bloom", *SINUSOIDAL}
+_OWN_CONFIG = {"bloom", "mpt", *SINUSOIDAL}
 
 
 def build(family: str, dtype=torch.float64):
@@ -140,7 +141,8 @@ def model_scores(model, n: int) -> tuple[np.ndarray, bool]:
             out = model(input_ids=torch.zeros(1, n, dtype=torch.long), output_attentions=not exact, use_cache=False)
         if exact:
             return np.stack(_RECORDED), True
-        return np.stack([np.log(a[0].double().numpy()) for a in out.attentions]), False
+        with np.errstate(divide="ignore"):  # masked pairs have probability 0
+            return np.stack([np.log(a[0].double().numpy()) for a in out.attentions]), False
     finally:
         for h in handles:
             h.remove()

@@ -307,6 +307,17 @@ FAMILIES: tuple[Family, ...] = (
         qkv=PER_HEAD,
         pre_norm="h.{l}.input_layernorm",
     ),
+    Family(
+        "mpt",
+        ("mpt",),
+        ALIBI,
+        causal=True,
+        word="wte.weight",
+        query="blocks.{l}.attn.Wqkv",
+        key="blocks.{l}.attn.Wqkv",
+        qkv=STACKED,
+        pre_norm="blocks.{l}.norm_1",
+    ),
     # -- bucketed relative bias (posprobe.families.relative_bias): 'relative_bias' names the (buckets, heads) table
     Family("t5", ("t5", "mt5"), tensors={"relative_bias": _T5_BIAS.replace("{l}", "0")}, **_T5),  # layer 0's, for all
     Family("umt5", ("umt5",), tensors={"relative_bias": _T5_BIAS}, **_T5),  # one table per layer
@@ -356,7 +367,6 @@ FAMILIES: tuple[Family, ...] = (
         description="disentangled relative positions (DeBERTa v1 layout, fused in_proj: not read yet)",
     ),  # fmt: skip
     Family("falcon", ("falcon",), OTHER, causal=True, description="rotary embeddings or ALiBi"),
-    Family("mpt", ("mpt",), OTHER, causal=True, description="ALiBi attention biases"),
     Family("speech_to_text", ("speech_to_text",), SINUSOIDAL),  # audio input: no word table to average
     Family(
         "longformer", ("longformer",), LEARNED, reserved_rows=True
