@@ -209,8 +209,18 @@ class ModelContext:
 
     @property
     def scaling(self) -> float:
-        """The factor q.k is multiplied by before softmax: 1 / sqrt(d_h), or 1 where `Family.scaling` is 'none'."""
-        return 1.0 if self.family.scaling == "none" else self.shape.head_dim**-0.5
+        """The factor q.k is multiplied by before softmax: 1 / sqrt(d_h), 1 where `Family.scaling` is 'none', or
+        config[Family.scaling] ** -0.5 (Gemma 2's query_pre_attn_scalar)."""
+        if self.family.scaling == "none":
+            return 1.0
+        if self.family.scaling != "head_dim" and self.config.get(self.family.scaling) is not None:
+            return float(self.config[self.family.scaling]) ** -0.5
+        return self.shape.head_dim**-0.5
+
+    def softcap(self, scores: np.ndarray) -> np.ndarray:
+        """The family's logit soft cap `cap * tanh(scores / cap)` where its config sets one; else `scores`."""
+        cap = self.config.get(self.family.softcap) if self.family.softcap else None
+        return scores if cap is None else cap * np.tanh(scores / cap)
 
     def causal(self, stack: str = "encoder") -> bool:
         """True when the model only lets query i see keys j <= i (k <= 0) in `stack`."""
