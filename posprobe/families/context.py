@@ -140,9 +140,12 @@ class ModelContext:
     @cached_property
     def word_mean(self) -> np.ndarray:
         """Vocabulary-average word embedding e_w (e,), read a chunk of rows at a time."""
+        from posprobe.checkpoint.architectures import check_vocabulary
+
         key = self.key(self.family.word)
         if key is None:
             self.tensor(self.family.word)  # raises the clear error
+        check_vocabulary(self.source, self.reader, key)  # a config.json from another checkpoint is refused
         return self.reader.row_mean(key)
 
     @cached_property
