@@ -20,6 +20,8 @@ MATRIX = {
     "qwen3": ("qwen3", dict(num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
                             rope_scaling=dict(rope_type="linear", factor=2.0))),
     "gemma": ("gemma", dict(num_key_value_heads=1, head_dim=8, max_position_embeddings=64)),
+    "gemma2": ("gemma2", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, query_pre_attn_scalar=6,
+                              attn_logit_softcapping=3.0, sliding_window=4)),
     "phi": ("phi", dict(max_position_embeddings=64, partial_rotary_factor=0.5, qk_layernorm=True)),
     "phi3": ("phi3", dict(num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=16,
                           pad_token_id=0, bos_token_id=1, eos_token_id=2,
@@ -96,6 +98,8 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     scores = query @ key.transpose(-1, -2) * scaling
+    if kwargs.get("softcap") is not None:  # Gemma 2: part of the pre-softmax scores
+        scores = torch.tanh(scores / kwargs["softcap"]) * kwargs["softcap"]
     _RECORDED.append(scores[0].detach().double().numpy())
     if attention_mask is not None:
         scores = scores + attention_mask[..., : key.shape[-2]]

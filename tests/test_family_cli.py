@@ -106,3 +106,18 @@ def test_loaded_model_object_equals_folder(family_checkpoints):
     a = posprobe.fhat(model, layer=1, positions=8).matrices
     b = posprobe.fhat(str(family_checkpoints["gpt_neox"]), layer=1, positions=8).matrices
     np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def test_rotary_config_disagreeing_with_weights_is_refused(family_checkpoints, tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "mixed"
+    shutil.copytree(family_checkpoints["llama"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = 128
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as info:
+        main(["profiles", str(folder), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "vocab_size = 128 but the weights hold a word table of 99 rows" in err
+    assert "re-download it" in err and not (tmp_path / "o").exists()

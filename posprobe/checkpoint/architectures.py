@@ -112,8 +112,9 @@ def model_shape(source: ModelSource) -> ModelShape:
 
 
 def family_of(source: ModelSource) -> Family:
-    """The table entry of `source` when it has a learned position table posprobe reads; a clear error otherwise
-    (naming what the family uses instead and the command that analyses it)."""
+    """The table entry of `source` when it has an absolute position table posprobe reads (learned, sinusoidal,
+    or a learned table beside a relative mechanism, as MPNet's); a clear error otherwise (naming what the
+    family uses instead)."""
     model_type = source.model_type
     cfg = source.config
     family = family_for_type(model_type)
@@ -123,7 +124,8 @@ def family_of(source: ModelSource) -> Family:
             f"'{source.name}' has unsupported architecture '{model_type}'",
             f"supported: {', '.join(model_types(analysable=True))}",
         )
-    if kind not in TABLE_KINDS or family.kind not in TABLE_KINDS or not family.analysable:
+    table = (kind in TABLE_KINDS and family.kind in TABLE_KINDS) or family.learned_table  # MPNet: bias + table
+    if not table or not family.analysable:
         raise PosprobeError(
             f"'{source.name}' ({model_type}) has no learned absolute position embeddings posprobe reads; it uses "
             f"{mechanism}" + (" (posprobe does not read its attention yet)" if kind in TABLE_KINDS else ""),

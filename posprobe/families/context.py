@@ -140,9 +140,12 @@ class ModelContext:
     @cached_property
     def word_mean(self) -> np.ndarray:
         """Vocabulary-average word embedding e_w (e,), read a chunk of rows at a time."""
+        from posprobe.checkpoint.architectures import check_vocabulary
+
         key = self.key(self.family.word)
         if key is None:
             self.tensor(self.family.word)  # raises the clear error
+        check_vocabulary(self.source, self.reader, key)  # a config.json from another checkpoint is refused
         return self.reader.row_mean(key)
 
     @cached_property
@@ -209,8 +212,18 @@ class ModelContext:
 
     @property
     def scaling(self) -> float:
-        """The factor q.k is multiplied by before softmax: 1 / sqrt(d_h), or 1 where `Family.scaling` is 'none'."""
-        return 1.0 if self.family.scaling == "none" else self.shape.head_dim**-0.5
+        """The factor q.k is multiplied by before softmax: 1 / sqrt(d_h), 1 where `Family.scaling` is 'none', or
+        config[Family.scaling] ** -0.5 (Gemma 2's query_pre_attn_scalar)."""
+        if self.family.scaling == "none":
+            return 1.0
+        if self.family.scaling != "head_dim" and self.config.get(self.family.scaling) is not None:
+            return float(self.config[self.family.scaling]) ** -0.5
+        return self.shape.head_dim**-0.5
+
+    def softcap(self, scores: np.ndarray) -> np.ndarray:
+        """The family's logit soft cap `cap * tanh(scores / cap)` where its config sets one; else `scores`."""
+        cap = self.config.get(self.family.softcap) if self.family.softcap else None
+        return scores if cap is None else cap * np.tanh(scores / cap)
 
     def causal(self, stack: str = "encoder") -> bool:
         """True when the model only lets query i see keys j <= i (k <= 0) in `stack`."""

@@ -74,4 +74,4 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
     # Query heads h = g * m .. g * m + m - 1 read key head g: one (m n, d_h) x (d_h, n) product per group.
     grouped = qr.reshape(kv_heads, (heads // kv_heads) * n, dh)
     scores = grouped @ np.ascontiguousarray(kr.transpose(0, 2, 1))  # (H_kv, m n, n)
-    return scores.reshape(heads, n, n)
+    return ctx.softcap(scores.reshape(heads, n, n))

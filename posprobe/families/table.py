@@ -105,7 +105,8 @@ class Family:
     encoder_decoder: bool = False
     retrofit: bool = False
     rotary_class: str | None = None
-    scaling: str = "head_dim"  # q.k is multiplied by d_h ** -0.5 ('head_dim') or not at all ('none': T5)
+    scaling: str = "head_dim"  # q.k times d_h ** -0.5 ('head_dim'), 1 ('none': T5), or config[scaling] ** -0.5
+    softcap: str | None = None  # config key of a logit soft cap: scores -> cap * tanh(scores / cap) (Gemma 2)
     tensors: dict[str, str] = field(default_factory=dict)
     description: str = ""
 
@@ -236,6 +237,15 @@ FAMILIES: tuple[Family, ...] = (
         embed_scale="sqrt_hidden",
         **{**_LLAMA, "norm": RMSNORM_PLUS1},
     ),  # fmt: skip
+    Family(
+        "gemma2",
+        ("gemma2",),
+        rotary_class=_rotary("gemma2", "Gemma2"),
+        embed_scale="sqrt_hidden",
+        scaling="query_pre_attn_scalar",
+        softcap="attn_logit_softcapping",
+        **{**_LLAMA, "norm": RMSNORM_PLUS1},
+    ),
     Family(
         "phi",
         ("phi",),
@@ -374,7 +384,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpt_neo", ("gpt_neo",), LEARNED, causal=True),  # unscaled, local attention: not read yet
     Family(
         "other-rotary",
-        ("gptj", "roformer", "modernbert", "olmo", "olmo2", "stablelm", "cohere", "gemma2", "gemma3", "qwen3_moe"),
+        ("gptj", "roformer", "modernbert", "olmo", "olmo2", "stablelm", "cohere", "gemma3", "qwen3_moe"),
         OTHER,
         description="rotary embeddings (RoPE)",
     ),
