@@ -121,18 +121,19 @@ def t5_scores(
     causal: bool,
     num_buckets: int,
     max_distance: int,
+    scaling: float = 1.0,
 ) -> torch.Tensor:
     """Content-free scores (H, n, n) of one T5 / mT5 / UMT5 self-attention layer.
 
     `word_mean` (d,) = vocabulary-average row of the shared embedding; `norm_weight` (d,) = the layer's
     self-attention `layer_norm.weight`; `wq`, `wk` (H*d_kv, d); `bias_table` (B, H) = the stack's layer-0
     `relative_attention_bias.weight` (T5, mT5) or this layer's own (UMT5). `causal` = decoder stack.
-    The content part q . k is the same for every (i, j): T5 does not scale it.
+    The content part q . k * scaling is the same for every (i, j); T5's scaling is 1 (the table's 'none').
     """
     x = rms_norm(word_mean, norm_weight, norm_eps)  # (d,)
     q = split_heads(x @ wq.to(torch.float64).T, n_heads)  # (H, d_kv)
     k = split_heads(x @ wk.to(torch.float64).T, n_heads)
-    content = (q * k).sum(-1)  # (H,)
+    content = (q * k).sum(-1) * scaling  # (H,)
     return content[:, None, None] + bucket_bias(bias_table, n, not causal, num_buckets, max_distance)
 
 
@@ -213,6 +214,7 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
         causal=ctx.causal(stack),
         num_buckets=buckets,
         max_distance=max_distance,
+        scaling=ctx.scaling,
     ).numpy()
 
 

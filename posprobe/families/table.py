@@ -154,6 +154,7 @@ _T5 = dict(
     key="{stack}.block.{l}.layer.0.SelfAttention.k",
     pre_norm="{stack}.block.{l}.layer.0.layer_norm",
     norm=RMSNORM,
+    scaling="none",  # T5 folds the scale into its weights: q.k is not divided by sqrt(d_kv)
 )
 _T5_BIAS = "{stack}.block.{l}.layer.0.SelfAttention.relative_attention_bias.weight"
 
