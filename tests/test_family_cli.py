@@ -93,7 +93,7 @@ def test_toeplitz_names_the_commands_for_a_rotary_model(family_checkpoints, tmp_
 def test_bad_positions_and_stack(family_checkpoints):
     with pytest.raises(ArgumentValueError, match="65 positions"):
         posprobe.fhat(str(family_checkpoints["llama"]), positions=65)
-    with pytest.raises(ArgumentValueError, match="no decoder"):
+    with pytest.raises(ArgumentValueError, match="one stack, no decoder"):
         posprobe.profiles(str(family_checkpoints["llama"]), stack="decoder")
     with pytest.raises(ArgumentValueError):
         posprobe.fhat(str(family_checkpoints["llama"]), positions=1)

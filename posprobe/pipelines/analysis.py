@@ -293,8 +293,9 @@ class _FhatComputer:
         self.kind = position_kind(source.config)[0]
         self._paper = None
         if stack == "decoder" and not self.family.encoder_decoder:
+            what = "its encoder stack only" if source.config.get("is_encoder_decoder") else "one stack, no decoder"
             raise ArgumentValueError(
-                "stack", f"'{source.name}' ({source.model_type}) has one stack, no decoder", "drop {arg}"
+                "stack", f"posprobe reads '{source.name}' ({source.model_type}): {what}", "drop {arg}"
             )
         if self.kind in TABLE_KINDS:
             self.mode = mode
