@@ -124,7 +124,8 @@ def family_of(source: ModelSource) -> Family:
             f"'{source.name}' has unsupported architecture '{model_type}'",
             f"supported: {', '.join(model_types(analysable=True))}",
         )
-    table = (kind in TABLE_KINDS and family.kind in TABLE_KINDS) or family.learned_table  # MPNet: bias + table
+    beside = family.learned_table and family.kind not in TABLE_KINDS  # MPNet: a table beside its relative bias
+    table = (kind in TABLE_KINDS and family.kind in TABLE_KINDS) or beside  # (relative_key BERT: refused)
     if not table or not family.analysable:
         raise PosprobeError(
             f"'{source.name}' ({model_type}) has no learned absolute position embeddings posprobe reads; it uses "
@@ -165,18 +166,9 @@ def mixed_checkpoint(name: str, what: str, config_says, weights_hold) -> Posprob
     )
 
 
-def table_family(source: ModelSource) -> Family:
-    """The entry of `source` when its checkpoint stores a learned absolute table: the learned families, and those
-    that keep one beside another mechanism (MPNet, beside its relative bias); else `family_of`'s error."""
-    family = family_for_type(source.model_type)
-    if family is not None and family.analysable and family.kind not in TABLE_KINDS and family.learned_table:
-        return family
-    return family_of(source)
-
-
 def read_position_table(source: ModelSource, reader: WeightReader | None = None) -> PositionTable:
     """The learned position table `(n, e)`; RoBERTa-family reserved rows (padding_idx + 1) dropped."""
-    family = table_family(source)
+    family = family_of(source)
     reader = reader or WeightReader(source.path, source.weight_format)
     stored = reader.find_suffix(family.position) if family.position else None
     if stored is None and "positions_class" in family.tensors:  # a sinusoidal table the model builds
