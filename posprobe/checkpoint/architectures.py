@@ -124,8 +124,7 @@ def family_of(source: ModelSource) -> Family:
             f"'{source.name}' has unsupported architecture '{model_type}'",
             f"supported: {', '.join(model_types(analysable=True))}",
         )
-    beside = family.learned_table and family.kind not in TABLE_KINDS  # MPNet: a table beside its relative bias
-    table = (kind in TABLE_KINDS and family.kind in TABLE_KINDS) or beside  # (relative_key BERT: refused)
+    table = (kind in TABLE_KINDS and family.kind in TABLE_KINDS) or (family.learned_table and kind == family.kind)
     if not table or not family.analysable:
         raise PosprobeError(
             f"'{source.name}' ({model_type}) has no learned absolute position embeddings posprobe reads; it uses "
