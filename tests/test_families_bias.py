@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from posprobe.checkpoint import WeightReader, resolve_model
 from posprobe.checkpoint.architectures import reserved_rows
 from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
 from posprobe.cli import main
-from posprobe.errors import ArgumentValueError
+from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.families import ModelContext, content_free_scores
 from posprobe.families import disentangled as dis
 from posprobe.families import relative_bias as rb
@@ -376,6 +377,17 @@ def test_fit_tisa_runs_on_t5_and_deberta(bias_checkpoints, tmp_path, name, stack
                     "--positions", "24", "--stack", stack, "--out", str(tmp_path), "--json"])  # fmt: skip
     assert record["mode"] == "content-free" and len(record["heads"]) == 4 and record["causal"] == (stack == "decoder")
     assert np.isfinite([h["r2"] for h in record["heads"]]).all()
+    assert record["stack"] == stack  # and the decoder's files never replace the encoder's in the same folder
+    suffix = "_decoder" if stack == "decoder" else ""
+    assert Path(record["kernels_file"]).name == f"tisa_kernels_S2{suffix}_layers0.safetensors"
+
+
+def test_stack_and_positions_do_not_apply_to_a_profiles_file(bias_checkpoints, tmp_path):
+    out = tmp_path / "p"
+    _json(["profiles", str(bias_checkpoints["t5"]), "--positions", "24", "--out", str(out), "--json"])
+    npz = next(out.glob("*.npz"))
+    with pytest.raises(PosprobeError, match="a .npz holds profiles already computed"):
+        posprobe.fit_tisa(str(npz), kernels=2, window=6, stack="decoder")
 
 
 def test_fhat_mpnet_and_deberta_cli(bias_checkpoints, tmp_path):

@@ -122,6 +122,7 @@ class TisaFitResult(ResultMixin):
     fits: list[TisaFit] = field(default_factory=list)
     orientation: str = "posprobe"  # of the kernels files to write: posprobe (k = j - i) or official (i - j - 1)
     causal: bool = False  # profiles of a causal model: only k <= 0 is used by it
+    stack: str = "encoder"  # which stack of an encoder-decoder model (T5-style) the profiles came from
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "window", "kernels", "median_r2", "profiles")
 
@@ -179,6 +180,7 @@ class TisaFitResult(ResultMixin):
             "function": FUNCTION,
             "orientation": self.orientation,
             "causal": self.causal,
+            "stack": self.stack,
         }
 
         def one(f: TisaFit) -> dict:
@@ -261,6 +263,7 @@ def fit_tisa(
         fits,
         orientation,
         data.causal,
+        "encoder" if str(model).endswith(".npz") or profiles is not None else stack,
     )
 
 
@@ -321,9 +324,11 @@ def kernels_metadata(result: TisaFitResult, fit: TisaFit) -> dict:
 
 
 def _layers_suffix(result: TisaFitResult) -> str:
+    """'' for every layer of the encoder (or only) stack; `_decoder` and `_layers0,2` say otherwise."""
+    stack = "_decoder" if result.stack == "decoder" else ""
     if list(result.layers) == list(range(result.n_layers)):
-        return ""
-    return "_layers" + ",".join(str(layer) for layer in result.layers)
+        return stack
+    return stack + "_layers" + ",".join(str(layer) for layer in result.layers)
 
 
 def load_profiles(
@@ -338,6 +343,11 @@ def load_profiles(
     """Profiles from a checkpoint (via the analysis pipeline) or from a .npz file of `posprobe profiles` or
     `posprobe attention` (`profile` 'score' or 'prob' picks which empirical profile; default score)."""
     if isinstance(model, (str, PathLike)) and str(model).endswith(".npz"):
+        if positions is not None or stack != "encoder":
+            raise PosprobeError(
+                "positions and stack choose what is computed from a model; a .npz holds profiles already computed",
+                "drop them, or pass the model itself",
+            )
         return _profiles_from_npz(Path(model), layers, profile)
     if profile is not None:
         raise PosprobeError("--profile applies to a .npz written by `posprobe attention`", "drop --profile")
