@@ -385,10 +385,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("gpt_neo", ("gpt_neo",), LEARNED, causal=True),  # unscaled, local attention: not read yet
     Family(
         "other-rotary",
-        ("gptj", "roformer", "modernbert", "olmo", "olmo2", "stablelm", "cohere", "gemma3", "qwen3_moe"),
+        ("gptj", "olmo", "olmo2", "stablelm", "cohere", "gemma3", "qwen3_moe"),
         OTHER,
+        causal=True,
         description="rotary embeddings (RoPE)",
     ),
+    Family("other-rotary-encoder", ("roformer", "modernbert"), OTHER, description="rotary embeddings (RoPE)"),
     Family("megatron-bert", ("megatron-bert", "xlm", "flaubert"), LEARNED),  # pre-LN / own layouts: not read yet
     Family("xlnet", ("xlnet",), OTHER, description="sinusoidal relative positions"),
     Family("funnel", ("funnel",), OTHER, description="relative attention"),
