@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import posprobe.mechanisms.flex as flex
 from posprobe.checkpoint.architectures import reserved_rows
 from posprobe.checkpoint.resolve import TOKENIZER_FILES
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
@@ -104,7 +105,10 @@ def posprobe_attention(
     query `(B, H, n_q, d_h)`, key/value `(B, H, n_k, d_h)`, attention_mask bool `(B, 1, n_q, n_k)` (True =
     attend), additive float, or None. Returns `(B, n_q, H, d_h)` and the probabilities (explicit path only).
 
-    Path choice: mechanisms without a score bias or value term (cat, conv-qkv, depthwise) use torch's
+    Path choice: on CUDA, score-bias mechanisms (tisa, fixed, dynamic, composite, ...) use FlexAttention
+    with the mechanism's `score_mod` when torch has it and no attention dropout is active
+    (`posprobe.mechanisms.flex`). Otherwise: mechanisms without a score bias or value term (cat, conv-qkv,
+    depthwise) use torch's
     `scaled_dot_product_attention` exactly like the stock "sdpa" path. With a score bias, accelerators use
     SDPA with the bias as an additive mask; on CPU the explicit softmax(QK^T * scaling + bias) is faster
     (SDPA's CPU kernels are slow at producing a gradient for the mask). Mechanisms that need the
@@ -113,6 +117,13 @@ def posprobe_attention(
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     mech = active_mechanism(module)
+    if flex.use_flex(query, mech, dropout, bool(kwargs.get("output_attentions"))):
+        mod = mech.score_mod(query, key)
+        out = None if mod is None else flex.flex_attention(query, key, value, mod, _key_valid(attention_mask), scaling)
+        if out is not None:
+            if mech.has_output_term:
+                out = out + mech.output_term(value, _key_valid(attention_mask))
+            return out.transpose(1, 2).contiguous(), None
     bias = mech.score_bias(query, key) if mech is not None else None
     explicit = (
         (mech is not None and mech.needs_probabilities)

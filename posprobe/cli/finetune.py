@@ -20,6 +20,14 @@ from posprobe.cli.retrofit import DropOpt, KernelsOpt, RadiusOpt
 from posprobe.errors import PosprobeError
 
 TaskOpt = Annotated[str, typer.Option("--task", help="GLUE task: cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli.")]
+GridTaskOpt = Annotated[
+    str,
+    typer.Option(
+        "--task",
+        help="GLUE task(s): cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli; a comma-separated list "
+        "(cola,sst2) runs a grid.",
+    ),
+]
 DataDirOpt = Annotated[
     Path | None,
     typer.Option(
@@ -44,11 +52,14 @@ def register(app: typer.Typer) -> None:
 def _mechanism_help() -> str:
     from posprobe.mechanisms.catalogue import MECHANISM_NAMES
 
-    return f"Positional mechanism to retrofit before fine-tuning: none, {', '.join(MECHANISM_NAMES)}."
+    return (
+        f"Positional mechanism to retrofit before fine-tuning: none, {', '.join(MECHANISM_NAMES)}; a "
+        "comma-separated list (none,tisa,fixed) runs a grid, the first being the baseline of the paired differences."
+    )
 
 
 def finetune_command(
-    task: TaskOpt,
+    task: GridTaskOpt,
     model: ModelArg = None,
     model_option: Annotated[
         str | None,
@@ -90,10 +101,20 @@ def finetune_command(
         ),
     ] = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the run in --out from its last checkpoint.")
+        bool,
+        typer.Option(
+            "--resume",
+            help="Continue the run in --out from its last checkpoint, or add seeds to it (same settings); "
+            "results cover every finished seed in the folder.",
+        ),
     ] = False,
     wait: Annotated[
-        bool, typer.Option("--wait", help="If another run is using --out, wait for it instead of refusing.")
+        bool,
+        typer.Option(
+            "--wait",
+            help="If another run is using --out, wait for it instead of refusing (with --resume: then add "
+            "this run's seeds to it).",
+        ),
     ] = False,
     save_steps: Annotated[
         int | None,
@@ -102,7 +123,10 @@ def finetune_command(
     json_output: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
-    """Fine-tune MODEL on a GLUE task for one or more seeds; report dev metrics per seed, median and mean ± s.e."""
+    """Fine-tune MODEL on GLUE task(s) for one or more seeds; report dev metrics per seed, median and mean ± s.e.
+
+    Several tasks or mechanisms (comma-separated) run a grid in one resumable folder, with the same seeds and
+    data order for every mechanism and paired differences against the first mechanism (SPEC §12)."""
     from posprobe.glue.config import FinetuneConfig, seed_list
     from posprobe.glue.run import finetune
     from posprobe.glue.runtime import is_main_process
@@ -112,11 +136,9 @@ def finetune_command(
             f"two models given ('{model}' and --model '{model_option}')", "pass the model once, as MODEL"
         )
     model = model if model is not None else model_option
-    config = FinetuneConfig(
-        task=task,
+    settings = dict(
         out=out,
         model=model,
-        mechanism=mechanism,
         kernels=kernels,
         init=init,
         drop_position_embeddings=drop_position_embeddings,
@@ -133,17 +155,51 @@ def finetune_command(
         allow_pickle=allow_pickle,
         save_steps=save_steps,
     )
+    tasks, mechanisms = task.split(","), mechanism.split(",")
+    if len(tasks) > 1 or len(mechanisms) > 1:
+        _grid(tasks, mechanisms, settings, wait=wait, json_output=json_output)
+        return
+    config = FinetuneConfig(task=task, mechanism=mechanism, **settings)
     main = is_main_process()
     log = (lambda msg: console.print(msg, markup=False)) if main else None
     # the Trainer prints its log lines on stdout: keep stdout for the one JSON object
     with contextlib.redirect_stdout(sys.stderr):
-        result = finetune(config, log=log, progress=main, wait=wait)
+        # bars and Trainer log dicts only on a terminal: piped or CI output stays clean
+        result = finetune(config, log=log, progress=main and sys.stderr.isatty(), wait=wait)
     if not main:
         return
     console.print(results_table(result.to_dict()))
     console.print(f"results: {result.out}/results.json, {result.out}/results.md", markup=False)
     if json_output:
         emit_json(result.to_dict())
+
+
+def _grid(tasks: list[str], mechanisms: list[str], settings: dict, *, wait: bool, json_output: bool) -> None:
+    """`finetune` with several tasks or mechanisms: `posprobe.glue.grid.finetune_grid`, its tables and JSON."""
+    from posprobe.glue.grid import finetune_grid
+    from posprobe.glue.runtime import is_main_process
+
+    main = is_main_process()
+    log = (lambda msg: console.print(msg, markup=False)) if main else None
+    with contextlib.redirect_stdout(sys.stderr):
+        result = finetune_grid(tasks, mechanisms, log=log, progress=main and sys.stderr.isatty(), wait=wait, **settings)
+    if not main:
+        return
+    from rich.table import Table
+
+    from posprobe.glue.grid_report import summary_tables
+
+    data = result.to_dict()
+    for title, header, rows in summary_tables(data):
+        table = Table(title=title)
+        for i, name in enumerate(header):
+            table.add_column(name, justify="left" if i == 0 else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    console.print(f"results: {result.out}/results.json, results.md, results.png", markup=False)
+    if json_output:
+        emit_json(data)
 
 
 def evaluate_command(

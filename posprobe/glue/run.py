@@ -83,14 +83,15 @@ def finetune(
     if log is None and verbose:
         log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     say = log or (lambda _msg: None)
-    with quiet(not verbose), own_process_group(), _run_folder(config.out, wait=wait) as out:
+    with quiet(not verbose), own_process_group(), _run_folder(config.out, wait=wait, resume=config.resume) as out:
         return _finetune(config, out, progress=progress, callbacks=callbacks, say=say)
 
 
 @contextlib.contextmanager
-def _run_folder(out: Path, *, wait: bool) -> Iterator[Path]:
+def _run_folder(out: Path, *, wait: bool, resume: bool = False) -> Iterator[Path]:
     """Create (if needed) and lock the run folder; map a full disk to one clean error; on failure remove the
-    folder again if this call created it and nothing in it can be resumed."""
+    folder again if this call created it and nothing in it can be resumed. With `wait` and without `resume`,
+    a folder that holds a run is refused before waiting (after the wait it would be refused anyway)."""
     path = Path(out).expanduser()
     created = [p for p in (path, *path.parents) if not p.exists()]  # innermost first
     main = is_main_process()
@@ -105,7 +106,9 @@ def _run_folder(out: Path, *, wait: bool) -> Iterator[Path]:
         if not os.access(path, os.W_OK):
             raise PosprobeError(f"cannot write to output folder '{path}'", "choose a writable folder with --out")
         if main:  # other ranks of a torchrun job share rank 0's lock
-            lock = _lock(path, wait)
+            # plain --wait into a folder holding a run: after the wait the run would be refused, so refuse now
+            joins_run = wait and not resume and _holds_run(path)
+            lock = _lock(path, wait and not joins_run, busy_holds_run=joins_run)
         yield path
     except BaseException as err:
         if main:
@@ -122,8 +125,9 @@ def _run_folder(out: Path, *, wait: bool) -> Iterator[Path]:
             os.close(lock)  # closing the descriptor releases the lock
 
 
-def _lock(path: Path, wait: bool) -> int | None:
-    """An exclusive `flock` on the folder itself (no lock file is left behind); None where unsupported."""
+def _lock(path: Path, wait: bool, busy_holds_run: bool = False) -> int | None:
+    """An exclusive `flock` on the folder itself (no lock file is left behind); None where unsupported.
+    `busy_holds_run`: a busy folder is refused as holding a run (only `--resume --wait` may queue into it)."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no locking
@@ -133,6 +137,11 @@ def _lock(path: Path, wait: bool) -> int | None:
         fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
         os.close(fd)
+        if busy_holds_run:
+            raise PosprobeError(
+                f"'{path}' already holds a fine-tuning run (in progress)",
+                "pass --resume --wait to queue behind it and add your seeds, or choose another --out",
+            ) from None
         raise PosprobeError(
             f"'{path}' is in use by another fine-tuning run",
             "wait for it to finish (or pass --wait to queue behind it), or choose another --out",
@@ -141,6 +150,20 @@ def _lock(path: Path, wait: bool) -> int | None:
         os.close(fd)
         raise
     return fd
+
+
+def _holds_run(path: Path) -> bool:
+    """Whether `path` holds (or is running) a fine-tuning run: its settings file or a seed to resume."""
+    if (path / RUN_FILE).is_file() or (path / "grid.json").is_file() or _previous_seeds(path):
+        return True
+    return any(_previous_seeds(cell) for cell in path.iterdir() if cell.is_dir())  # the cells of a grid
+
+
+def _previous_seeds(out: Path) -> list[Path]:
+    """The seed folders of earlier runs in `out`: finished (metrics.json) or resumable (a checkpoint)."""
+    return [
+        p for p in out.glob("seed-*") if p.is_dir() and (any(p.glob("checkpoint-*")) or (p / "metrics.json").exists())
+    ]
 
 
 def _drop_incomplete_checkpoints(path: Path) -> None:
@@ -152,9 +175,11 @@ def _drop_incomplete_checkpoints(path: Path) -> None:
 
 
 def _remove_if_nothing_to_resume(path: Path) -> bool:
-    """Delete a run folder this call created, unless it holds a checkpoint or a finished seed; True if gone."""
-    if any(path.glob("seed-*/checkpoint-*")) or any(path.glob("seed-*/metrics.json")):
-        return False
+    """Delete a run folder this call created, unless it (or a grid cell in it) holds a checkpoint or a finished
+    seed; True if gone."""
+    for pattern in ("seed-*/checkpoint-*", "seed-*/metrics.json", "*/seed-*/checkpoint-*", "*/seed-*/metrics.json"):
+        if any(path.glob(pattern)):
+            return False
     shutil.rmtree(path, ignore_errors=True)
     return not path.exists()
 
@@ -175,6 +200,8 @@ def _finetune(
         config.mechanism, config.radius, config.kernels, config.init, config.drop_position_embeddings
     )  # again: a kernels file may have changed since the config was built
     _check_run_folder(config, out)
+    if is_main_process():  # at once: a `--wait` run arriving now sees that this folder holds a run
+        write_json(out / RUN_FILE, {"posprobe_run": "glue-finetune", **config.settings()})
     # cheap checks and the data first: a bad file or an unreachable hub fails before any model work
     splits = load_glue(
         task, config.data_dir, max_train_samples=config.max_train_samples, max_eval_samples=config.max_eval_samples
@@ -204,33 +231,35 @@ def _finetune(
             out / RUN_FILE, {"posprobe_run": "glue-finetune", **config.settings(), "model_path": str(source.path)}
         )
 
-    per_seed: list[dict[str, float | None]] = []
-    seconds: list[float] = []
+    done: dict[int, tuple[dict[str, float | None], float]] = {}
     for seed in config.seeds:
-        metrics, elapsed = _run_seed(
+        done[seed] = _run_seed(
             config, task, source, tokenizer, train_set, dev_sets, seed, out, callbacks, say, progress
         )
-        per_seed.append(metrics)
-        seconds.append(elapsed)
-        say(f"seed {seed}: " + ", ".join(f"{k}={fmt(v)}" for k, v in metrics.items()))
-
-    agg = aggregate(per_seed)
+        say(f"seed {seed}: " + ", ".join(f"{k}={fmt(v)}" for k, v in done[seed][0].items()))
+    # the results of a run folder cover every finished seed in it (earlier `--resume` runs with other seeds
+    # were checked to have the same settings), never only the seeds of this call
+    for seed in _finished_seeds(out):
+        if seed not in done:
+            done[seed] = _read_finished(out, seed)
+    seeds = sorted(done)
+    agg = aggregate([done[s][0] for s in seeds])
     result = FinetuneResult(
         task=task.name,
         mechanism=config.installed_mechanism,
         model=source.name,
-        seeds=list(config.seeds),
-        metrics=per_seed,
+        seeds=seeds,
+        metrics=[done[s][0] for s in seeds],
         median=agg["median"],
         mean=agg["mean"],
         stderr=agg["stderr"],
         n=agg["n"],
         seconds=time.perf_counter() - started,
-        seconds_per_seed=seconds,
+        seconds_per_seed=[done[s][1] for s in seeds],
         world_size=world_size(),
         out=out,
-        model_dirs={seed: out / f"seed-{seed}" / "model" for seed in config.seeds},
-        settings=config.settings(),
+        model_dirs={seed: out / f"seed-{seed}" / "model" for seed in seeds},
+        settings={**config.settings(), "seeds": seeds},
     )
     if is_main_process():
         record = result.to_dict(settings=True)
@@ -241,9 +270,7 @@ def _finetune(
 
 def _check_run_folder(config: FinetuneConfig, out: Path) -> None:
     """Refuse to overwrite a previous run unless resuming; when resuming, insist on the same settings."""
-    previous = [
-        p for p in out.glob("seed-*") if p.is_dir() and (any(p.glob("checkpoint-*")) or (p / "metrics.json").exists())
-    ]
+    previous = _previous_seeds(out)
     if previous and not config.resume:
         raise PosprobeError(
             f"'{out}' already holds a fine-tuning run ({previous[0].name})",
@@ -263,6 +290,29 @@ def _check_run_folder(config: FinetuneConfig, out: Path) -> None:
                 f"--resume with different settings than the run in '{out}' ({k}: {old[k]!r} there, {new[k]!r} now)",
                 "resume with the original options, or start a new run with another --out",
             )
+
+
+def _finished_seeds(out: Path) -> list[int]:
+    """The seeds with a `seed-<k>/metrics.json` in the run folder, ascending."""
+    found = []
+    for path in out.glob("seed-*/metrics.json"):
+        suffix = path.parent.name.removeprefix("seed-")
+        if suffix.isdigit():
+            found.append(int(suffix))
+    return sorted(found)
+
+
+def _read_finished(out: Path, seed: int) -> tuple[dict[str, float | None], float]:
+    """(metrics, seconds) of a finished seed, from its `metrics.json`."""
+    done_file = out / f"seed-{seed}" / "metrics.json"
+    try:
+        saved = json.loads(done_file.read_text())
+        return dict(saved["metrics"]), float(saved.get("seconds", 0.0))
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise PosprobeError(
+            f"'{done_file}' is damaged ({err})",
+            f"delete {done_file.parent} to rerun seed {seed}, or rerun without --resume",
+        ) from err
 
 
 def build_model(config: FinetuneConfig, task: GlueTask, model_path: Path, seed: int):
@@ -315,14 +365,7 @@ def _run_seed(
     done_file = seed_dir / "metrics.json"
     if config.resume and done_file.is_file():
         say(f"seed {seed}: already finished, reusing {done_file}")
-        try:
-            saved = json.loads(done_file.read_text())
-            return dict(saved["metrics"]), float(saved.get("seconds", 0.0))
-        except (ValueError, KeyError, TypeError) as err:
-            raise PosprobeError(
-                f"'{done_file}' is damaged ({err})",
-                f"delete {seed_dir} to rerun seed {seed}, or rerun without --resume",
-            ) from err
+        return _read_finished(out, seed)
     last = get_last_checkpoint(str(seed_dir)) if config.resume and seed_dir.is_dir() else None
     if config.resume:
         say(f"seed {seed}: resuming from {last}" if last else f"seed {seed}: no checkpoint yet, starting fresh")

@@ -68,6 +68,11 @@ class PositionalMechanism(nn.Module):
         """Additive pre-softmax bias `(B or 1, H, n_q, n_k)` for query `(B, H, n_q, d_h)`, key `(B, H, n_k, d_h)`."""
         return None
 
+    def score_mod(self, query: torch.Tensor, key: torch.Tensor):
+        """FlexAttention form of `score_bias`: `mod(score, b, h, q_idx, kv_idx) -> score + bias[b, h, q_idx,
+        kv_idx]`, reading per-head tables by `kv_idx - q_idx`; None = no flex path (`posprobe.mechanisms.flex`)."""
+        return None
+
     def value_term(self, probs: torch.Tensor, value: torch.Tensor) -> torch.Tensor | None:
         """Extra output `(B, H, n_q, d_h)` from the probabilities `(B, H, n_q, n_k)`."""
         return None

@@ -12,6 +12,7 @@ from torch import nn
 
 from posprobe.mechanisms.base import LayerShape, PositionalMechanism
 from posprobe.mechanisms.catalogue import CATALOGUE, CombinedOptions, combined_info
+from posprobe.mechanisms.flex import has_score_bias, sum_mods
 
 
 class CombinedMechanism(PositionalMechanism):
@@ -44,6 +45,9 @@ class CombinedMechanism(PositionalMechanism):
 
     def score_bias(self, query, key):
         return self._sum(p.score_bias(query, key) for p in self.parts)
+
+    def score_mod(self, query, key):
+        return sum_mods([p.score_mod(query, key) for p in self.parts if has_score_bias(p)])
 
     def value_term(self, probs, value):
         return self._sum(p.value_term(probs, value) for p in self.parts if p.needs_probabilities)

@@ -8,6 +8,7 @@ from posprobe.mechanisms.base import LayerShape, PositionalMechanism, register
 from posprobe.mechanisms.catalogue import Options
 from posprobe.mechanisms.dynamic import DynamicConvolution
 from posprobe.mechanisms.fixed import FixedConvolution
+from posprobe.mechanisms.flex import sum_mods
 
 
 @register
@@ -25,6 +26,9 @@ class CompositeAttention(PositionalMechanism):
 
     def score_bias(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         return self.dynamic.score_bias(query, key) + self.fixed.score_bias(query, key)
+
+    def score_mod(self, query: torch.Tensor, key: torch.Tensor):
+        return sum_mods([self.dynamic.score_mod(query, key), self.fixed.score_mod(query, key)])
 
     def naive_score(self, h, i, j, q_i, k_j):
         return self.dynamic.naive_score(h, i, j, q_i, k_j) + self.fixed.naive_score(h, i, j, q_i, k_j)

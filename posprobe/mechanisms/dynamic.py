@@ -41,6 +41,15 @@ class DynamicConvolution(RelativeTable):
         index = clipped_index(query.shape[-2], key.shape[-2], self.radius, query.device)
         return relative_to_absolute(rel, index)
 
+    def score_mod(self, query: torch.Tensor, key: torch.Tensor):
+        rel = torch.matmul(query, self.w.t().to(query.dtype)) * query.shape[-1] ** -0.5  # (B, H, n_q, 2r+1)
+        r = self.radius
+
+        def dynamic_mod(score, b, h, q_idx, kv_idx):
+            return score + rel[b, h, q_idx, torch.clamp(kv_idx - q_idx, -r, r) + r]
+
+        return dynamic_mod
+
     def naive_score(self, h, i, j, q_i, k_j):
         return q_i @ self.w[clip(j - i, self.radius) + self.radius] / self.shape.head_dim**0.5
 
@@ -54,6 +63,15 @@ class KeyDynamicConvolution(RelativeTable):
         # row j, column i holds clip(i - j) + r: the offset index of the transposed problem
         index = clipped_index(key.shape[-2], query.shape[-2], self.radius, key.device)
         return relative_to_absolute(rel, index).transpose(-1, -2)  # (B, H, n_q, n_k)
+
+    def score_mod(self, query: torch.Tensor, key: torch.Tensor):
+        rel = torch.matmul(key, self.w.t().to(key.dtype)) * key.shape[-1] ** -0.5  # (B, H, n_k, 2r+1)
+        r = self.radius
+
+        def key_dynamic_mod(score, b, h, q_idx, kv_idx):
+            return score + rel[b, h, kv_idx, torch.clamp(q_idx - kv_idx, -r, r) + r]
+
+        return key_dynamic_mod
 
     def naive_score(self, h, i, j, q_i, k_j):
         return k_j @ self.w[clip(i - j, self.radius) + self.radius] / self.shape.head_dim**0.5

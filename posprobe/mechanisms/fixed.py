@@ -38,5 +38,13 @@ class FixedConvolution(PositionalMechanism):
         profile = self.beta[:, k.clamp(-self.radius, self.radius) + self.radius]  # (H, n_q + n_k - 1)
         return toeplitz(profile, n_q, n_k).unsqueeze(0).to(query.dtype)  # (1, H, n_q, n_k)
 
+    def score_mod(self, query: torch.Tensor, key: torch.Tensor):
+        beta, r = self.beta.to(query.dtype), self.radius  # (H, 2r+1), row kc + r
+
+        def fixed_mod(score, b, h, q_idx, kv_idx):
+            return score + beta[h, torch.clamp(kv_idx - q_idx, -r, r) + r]
+
+        return fixed_mod
+
     def naive_score(self, h, i, j, q_i, k_j):
         return self.beta[h, clip(j - i, self.radius) + self.radius]

@@ -72,6 +72,16 @@ class TISA(PositionalMechanism):
         f = self.profile(offset_range(n_q, n_k, self.a.device))  # (H, n_q + n_k - 1), k increasing
         return toeplitz(f, n_q, n_k).unsqueeze(0).to(query.dtype)  # (1, H, n_q, n_k): f(j - i)
 
+    def score_mod(self, query: torch.Tensor, key: torch.Tensor):
+        n_q, n_k = query.shape[-2], key.shape[-2]
+        f = self.profile(offset_range(n_q, n_k, self.a.device)).to(query.dtype)  # (H, n_q + n_k - 1): f(k)
+        shift = n_q - 1  # column of k = 0
+
+        def tisa_mod(score, b, h, q_idx, kv_idx):
+            return score + f[h, kv_idx - q_idx + shift]
+
+        return tisa_mod
+
     def naive_score(self, h, i, j, q_i, k_j):
         k = j - i
         return sum(self.a[h, s] * torch.exp(-self.b[h, s].abs() * (k - self.c[h, s]) ** 2) for s in range(self.kernels))
