@@ -190,7 +190,7 @@ def fhat_grid(result, scale: str = "shared") -> Mosaic:
             value = shared * (1 - 2 * frac)
             labels.append((x0 + 18, y0 + frac * (bar_h - 1), f"{value:+.3g}" if value else "0", "lm", 10))
     scale_note = "one colour scale for all heads" if shared is not None else "each head its own colour scale"
-    title = f"{result.model}: F̂_P, layer {result.layer}, {result.mode} mode ({scale_note})"
+    title = f"{result.model}: F̂_P, layer {result.layer}, {result.mode} mode ({scale_note}){causal_note(result)}"
     return Mosaic(pixels, title, tuple(labels))
 
 
@@ -246,6 +246,11 @@ def _font(size: int):
     return ImageFont.load_default(size)
 
 
+def causal_note(result) -> str:
+    """A title suffix for causal models, whose softmax only ever sees k <= 0."""
+    return "; causal: only k ≤ 0 used" if getattr(result, "causal", False) else ""
+
+
 def profile_grid(result, layer_index: int = 0):
     """Per head: sections of F_hat_P at 5 rows i (thin lines) and the profile (thick), over k = j - i.
 
@@ -284,7 +289,8 @@ def profile_grid(result, layer_index: int = 0):
     axes.flat[0].legend(fontsize=5, loc="best")
     layer = result.layers[layer_index]
     fig.suptitle(
-        f"{result.model}: positional profiles, layer {layer}, {result.mode} mode (x: k = j − i, positive = later key)",
+        f"{result.model}: positional profiles, layer {layer}, {result.mode} mode (x: k = j − i, positive = later key)"
+        + causal_note(result),
         fontsize=10,
     )
     return fig
@@ -301,6 +307,8 @@ def compare_heatmaps(rows, labels: list[str] | None = None):
     )
     for row, label, ax in zip(rows, labels, axes.flat):
         _matrix_panel(fig, ax, row.matrix, _symmetric_limit(row.matrix))
-        ax.set_title(f"{label}\nR² = {format_r2(row.toeplitz_r2, 3)}", fontsize=9)
+        name = getattr(row, "matrix_name", "P")
+        stat = f"R² = {format_r2(row.toeplitz_r2, 3)}" if name == "P" else name + causal_note(row)
+        ax.set_title(f"{label}\n{stat}", fontsize=9)
         ax.set_xticks([]), ax.set_yticks([])
     return fig

@@ -22,6 +22,8 @@ PANEL_WIDTH, PANEL_HEIGHT = 1.55, 1.25  # inches per panel (including its title 
 def fit_figure(result, fit):
     """The figure of one fit (`TisaFit`) of a `TisaFitResult`; a matplotlib Figure."""
     title = f"TISA fit, S={fit.n_kernels} — {result.model} ({result.mode} mode, |k| ≤ {result.window})"
+    if getattr(result, "causal", False):
+        title += "; causal: only k ≤ 0 used by the model"
     return tisa_fit_grid(
         result.offsets,
         result.profiles,

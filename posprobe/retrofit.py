@@ -41,8 +41,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import posprobe.mechanisms.flex as flex
+from posprobe.checkpoint.architectures import reserved_rows
 from posprobe.checkpoint.resolve import TOKENIZER_FILES
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
+from posprobe.families.table import model_types
 from posprobe.mechanisms import REGISTRY
 from posprobe.mechanisms.base import ROLES, PositionalMechanism
 from posprobe.mechanisms.catalogue import LayerShape, MechanismSettings, check_settings, mechanism_info
@@ -50,8 +52,7 @@ from posprobe.validation import as_bool, as_int
 
 ATTENTION_NAME = "posprobe"
 CONFIG_KEY = "posprobe"
-RETROFIT_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "albert", "electra")  # families retrofit can install into
-_ROBERTA_FAMILY = ("roberta", "xlm-roberta")
+RETROFIT_MODEL_TYPES = model_types(retrofit=True)  # families retrofit can install into (the family table says)
 _FORMAT_VERSION = 1
 INITIAL_FILE = "posprobe_initial.safetensors"  # mechanism parameters as retrofit set them (beside the model)
 # Score-bias mechanisms on CPU take the explicit softmax path (faster there than SDPA with a mask gradient);
@@ -263,9 +264,7 @@ def _position_embedding(model: nn.Module) -> nn.Embedding:
 
 def _first_real_row(model: nn.Module) -> int:
     """RoBERTa-family tables reserve `padding_idx + 1` leading rows (SPEC §1)."""
-    if model_type(model) in _ROBERTA_FAMILY:
-        return int(model.config.pad_token_id) + 1
-    return 0
+    return reserved_rows(model.config.to_dict(), str(getattr(model.config, "_name_or_path", "") or "the model"))
 
 
 def _make_constant_position_hook(row: int):

@@ -20,66 +20,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from posprobe.checkpoint.architectures import reserved_rows
 from posprobe.errors import PosprobeError
+from posprobe.families.table import KIND_NAMES, LEARNED, OTHER, SINUSOIDAL, family_for_type, position_kind
 from posprobe.mechanisms.catalogue import CATALOGUE, DEFAULT_RADIUS, LayerShape, check_kernels, check_radius
 from posprobe.validation import as_int_list
 
 DEFAULT_KERNELS = (1, 3, 5)
-_ROBERTA_LIKE = {"roberta", "xlm-roberta", "camembert", "longformer"}
-# Families whose checkpoints hold a learned absolute position table of n rows (after reserved rows).
-LEARNED_TABLE_TYPES = {
-    "bert",
-    "roberta",
-    "xlm-roberta",
-    "camembert",
-    "longformer",
-    "albert",
-    "electra",
-    "distilbert",
-    "gpt2",
-    "gpt_neo",
-    "megatron-bert",
-    "ernie",
-    "data2vec-text",
-    "xlm",
-    "flaubert",
-}
-# What other families use instead (SPEC §9).
-_OTHER_POSITIONS = {
-    **dict.fromkeys(["t5", "mt5", "umt5", "longt5"], "relative position buckets (T5 bias)"),
-    **dict.fromkeys(["deberta", "deberta-v2"], "disentangled relative positions"),
-    **dict.fromkeys(
-        [
-            "llama",
-            "mistral",
-            "mixtral",
-            "qwen2",
-            "qwen3",
-            "gemma",
-            "gemma2",
-            "gemma3",
-            "phi",
-            "phi3",
-            "gpt_neox",
-            "gptj",
-            "roformer",
-            "modernbert",
-            "olmo",
-            "olmo2",
-            "stablelm",
-            "starcoder2",
-            "cohere",
-        ],
-        "rotary embeddings (RoPE)",
-    ),
-    "falcon": "rotary embeddings or ALiBi",
-    **dict.fromkeys(["bloom", "mpt"], "ALiBi attention biases"),
-    **dict.fromkeys(["marian", "pegasus", "m2m_100", "xglm", "speech_to_text"], "sinusoidal positions (not learned)"),
-    **dict.fromkeys(["transfo-xl", "xlnet"], "sinusoidal relative positions"),
-    "funnel": "relative attention",
-    "reformer": "axial position embeddings",
-}
-LEARNED_TABLE = "learned absolute table"
+LEARNED_TABLE = KIND_NAMES[LEARNED]
 _KEYS = {
     "hidden": ("hidden_size", "n_embd", "dim", "d_model"),
     "positions": ("max_position_embeddings", "n_positions", "n_ctx"),
@@ -148,13 +96,16 @@ def _get(config: dict, what: str) -> int:
 
 
 def positional_encoding(config: dict) -> str:
-    """What `config`'s family uses for positions: `LEARNED_TABLE` or a description of the alternative."""
-    model_type = str(config.get("model_type", "unknown"))
-    if model_type == "distilbert" and config.get("sinusoidal_pos_embds"):
-        return "sinusoidal positions (not learned)"
-    if model_type in LEARNED_TABLE_TYPES:
-        return LEARNED_TABLE
-    return _OTHER_POSITIONS.get(model_type, f"unknown (posprobe does not know how '{model_type}' encodes positions)")
+    """What `config`'s family uses for positions (from the family table): `LEARNED_TABLE` or a description of
+    the alternative."""
+    return position_kind(config)[1]
+
+
+def has_learned_table(config: dict) -> bool:
+    """True when the family table says `config`'s checkpoints store a learned absolute position table."""
+    family = family_for_type(str(config.get("model_type", "unknown")))
+    kind = position_kind(config)[0]
+    return family is not None and family.learned_table and kind not in (SINUSOIDAL, OTHER)
 
 
 def positional_parameter_counts(
@@ -175,10 +126,7 @@ def positional_parameter_counts(
     n_table = _get(config, "positions")
     heads = _get(config, "heads")
     layers = _get(config, "layers")
-    reserved = 0
-    if model_type in _ROBERTA_LIKE:
-        pad = config.get("pad_token_id")
-        reserved = (1 if pad is None else int(pad)) + 1
+    reserved = reserved_rows(config, "the model") if has_learned_table(config) else 0
     n = n_table - reserved
     if n < 1:
         raise PosprobeError(
@@ -195,7 +143,7 @@ def positional_parameter_counts(
         return layers * info.parameters_per_depth(shape, info.options(radius=radius, **options))
 
     mechanisms = {name: total(name) for name in CATALOGUE}
-    absolute = n * table_width if encoding == LEARNED_TABLE else None
+    absolute = n * table_width if has_learned_table(config) else None
     return PositionalParams(
         model_type=model_type,
         position_encoding=encoding,

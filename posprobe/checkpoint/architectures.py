@@ -1,4 +1,4 @@
-"""Where each model family keeps the tensors the position analyses need.
+"""Reading the tensors of learned-position-table families (where they live: `posprobe.families.table`).
 
 Conventions of the returned arrays (all float64, row-vector convention):
 - position table `(n, e)` with reserved leading rows already dropped (RoBERTa family),
@@ -8,6 +8,7 @@ Conventions of the returned arrays (all float64, row-vector convention):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,103 +17,19 @@ from posprobe.checkpoint.config import config_float, config_int
 from posprobe.checkpoint.resolve import ModelSource
 from posprobe.checkpoint.weights import WeightReader
 from posprobe.errors import PosprobeError
-
-SUPPORTED_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "camembert", "albert", "electra", "distilbert", "gpt2")
-
-# Families without a learned absolute position table, and what they use instead.
-_OTHER_MECHANISMS = {
-    "t5": "relative position buckets (T5 bias)",
-    "mt5": "relative position buckets (T5 bias)",
-    "umt5": "relative position buckets (T5 bias)",
-    "longt5": "relative position buckets (T5 bias)",
-    "deberta": "disentangled relative positions",
-    "deberta-v2": "disentangled relative positions",
-    "llama": "rotary embeddings (RoPE)",
-    "mistral": "rotary embeddings (RoPE)",
-    "qwen2": "rotary embeddings (RoPE)",
-    "qwen3": "rotary embeddings (RoPE)",
-    "gemma": "rotary embeddings (RoPE)",
-    "gemma2": "rotary embeddings (RoPE)",
-    "phi": "rotary embeddings (RoPE)",
-    "phi3": "rotary embeddings (RoPE)",
-    "gpt_neox": "rotary embeddings (RoPE)",
-    "gptj": "rotary embeddings (RoPE)",
-    "roformer": "rotary embeddings (RoPE)",
-    "modernbert": "rotary embeddings (RoPE)",
-    "falcon": "rotary embeddings or ALiBi",
-    "bloom": "ALiBi attention biases",
-    "mpt": "ALiBi attention biases",
-    "transfo-xl": "sinusoidal relative positions",
-    "xlnet": "sinusoidal relative positions",
-    "funnel": "relative attention",
-    "reformer": "axial position embeddings",
-}
-
-
-@dataclass(frozen=True)
-class Family:
-    """Tensor-name suffixes of one model family (looked up by suffix, so task-head prefixes don't matter)."""
-
-    position: str
-    word: str
-    token_type: str | None
-    layernorm: str | None  # embedding LayerNorm prefix ('.weight'/'.bias' appended)
-    projection: str | None  # factorised-embedding projection prefix
-    query: str  # per-layer format string with {l}
-    key: str
-    fused_qkv: bool = False  # GPT-2 Conv1D c_attn: weight (d, 3d), x @ W
-    pre_attention_layernorm: str | None = None  # GPT-2 ln_1 (pre-LN)
-    shared_layers: bool = False
-
-
-_BERT = Family(
-    "embeddings.position_embeddings.weight",
-    "embeddings.word_embeddings.weight",
-    "embeddings.token_type_embeddings.weight",
-    "embeddings.LayerNorm",
-    None,
-    "encoder.layer.{l}.attention.self.query",
-    "encoder.layer.{l}.attention.self.key",
+from posprobe.families.table import (
+    CONFIG_KEYS,
+    GPT2_CONV1D,
+    TABLE_KINDS,
+    Family,
+    config_value,
+    family_for_type,
+    model_types,
+    position_kind,
 )
-_FAMILIES = {
-    "bert": _BERT,
-    "roberta": _BERT,
-    "xlm-roberta": _BERT,
-    "camembert": _BERT,
-    "electra": Family(
-        _BERT.position, _BERT.word, _BERT.token_type, _BERT.layernorm, "embeddings_project", _BERT.query, _BERT.key
-    ),
-    "albert": Family(
-        _BERT.position,
-        _BERT.word,
-        _BERT.token_type,
-        _BERT.layernorm,
-        "encoder.embedding_hidden_mapping_in",
-        "encoder.albert_layer_groups.0.albert_layers.0.attention.query",
-        "encoder.albert_layer_groups.0.albert_layers.0.attention.key",
-        shared_layers=True,
-    ),
-    "distilbert": Family(
-        _BERT.position,
-        _BERT.word,
-        None,
-        _BERT.layernorm,
-        None,
-        "transformer.layer.{l}.attention.q_lin",
-        "transformer.layer.{l}.attention.k_lin",
-    ),
-    "gpt2": Family(
-        "wpe.weight",
-        "wte.weight",
-        None,
-        None,
-        None,
-        "h.{l}.attn.c_attn",
-        "h.{l}.attn.c_attn",
-        fused_qkv=True,
-        pre_attention_layernorm="h.{l}.ln_1",
-    ),
-}
+
+# Families whose absolute position table (learned, or sinusoidal as the model builds it) posprobe reads.
+SUPPORTED_MODEL_TYPES = tuple(t for kind in TABLE_KINDS for t in model_types(kind=kind, analysable=True))
 
 
 @dataclass(frozen=True)
@@ -180,76 +97,116 @@ class AttentionWeights:
 def model_shape(source: ModelSource) -> ModelShape:
     """Heads, layers and widths from config.json, whatever the family calls them."""
     cfg = source.config
-    family_of(source)
-    n_heads = config_int(cfg, source.name, "num_attention_heads", "n_head", "n_heads")
-    n_layers = config_int(cfg, source.name, "num_hidden_layers", "n_layer", "n_layers")
-    hidden = config_int(cfg, source.name, "hidden_size", "n_embd", "dim")
+    family = family_of(source)
+    n_heads = config_int(cfg, source.name, *CONFIG_KEYS["heads"])
+    n_layers = config_int(cfg, source.name, *CONFIG_KEYS["layers"])
+    hidden = config_int(cfg, source.name, *CONFIG_KEYS["hidden"])
     if hidden % n_heads:
         raise PosprobeError(
             f"config.json of '{source.name}' has hidden size {hidden} not divisible by {n_heads} heads",
             "the config is malformed; re-save the checkpoint",
         )
-    default_eps = 1e-5 if source.model_type == "gpt2" else 1e-12
+    default_eps = 1e-12 if family.embedding_norm == "embeddings.LayerNorm" else 1e-5  # BERT-style, else torch's
     eps = config_float(cfg, source.name, "layer_norm_eps", "layer_norm_epsilon", default=default_eps, positive=True)
     return ModelShape(source.model_type, n_heads, n_layers, hidden, eps)
 
 
 def family_of(source: ModelSource) -> Family:
-    """The tensor layout of `source`, or a clear error for families without a learned position table."""
+    """The table entry of `source` when it has an absolute position table posprobe reads (learned, sinusoidal,
+    or a learned table beside a relative mechanism, as MPNet's); a clear error otherwise (naming what the
+    family uses instead)."""
     model_type = source.model_type
     cfg = source.config
-    if model_type in _OTHER_MECHANISMS:
-        raise PosprobeError(
-            f"'{source.name}' ({model_type}) has no learned absolute position embeddings; it uses "
-            f"{_OTHER_MECHANISMS[model_type]}",
-            f"posprobe analyses learned position tables: {', '.join(SUPPORTED_MODEL_TYPES)}",
-        )
-    if model_type not in _FAMILIES:
+    family = family_for_type(model_type)
+    kind, mechanism = position_kind(cfg)
+    if family is None:
         raise PosprobeError(
             f"'{source.name}' has unsupported architecture '{model_type}'",
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}",
+            f"supported: {', '.join(model_types(analysable=True))}",
+        )
+    table = (kind in TABLE_KINDS and family.kind in TABLE_KINDS) or (family.learned_table and kind == family.kind)
+    if not table or not family.analysable:
+        raise PosprobeError(
+            f"'{source.name}' ({model_type}) has no learned absolute position embeddings posprobe reads; it uses "
+            f"{mechanism}" + (" (posprobe does not read its attention yet)" if kind in TABLE_KINDS else ""),
+            f"position tables are read for: {', '.join(SUPPORTED_MODEL_TYPES)}; "
+            f"every family posprobe reads: {', '.join(model_types(analysable=True))}",
         )
     if model_type == "albert" and config_int(cfg, source.name, "num_hidden_groups", default=1) != 1:
         raise PosprobeError(
             f"'{source.name}' is an ALBERT with {cfg.get('num_hidden_groups')} layer groups",
             "posprobe analyses ALBERT checkpoints with one shared layer group (all released ones)",
         )
-    pos_type = cfg.get("position_embedding_type", "absolute")
-    if pos_type not in (None, "absolute"):
+    return family
+
+
+def reserved_rows(config: dict, name: str) -> int:
+    """Leading rows of the position table that no position uses: pad_token_id + 1 in the RoBERTa family (SPEC
+    §1), 0 elsewhere. A RoBERTa-family config without a pad_token_id is refused (the model cannot number
+    positions without it)."""
+    family = family_for_type(str(config.get("model_type", "")))
+    if family is None or not family.reserved_rows:
+        return 0
+    pad = config_int(config, name, "pad_token_id", default=1, minimum=0, nullable=True)
+    if pad is None:
         raise PosprobeError(
-            f"'{source.name}' uses position_embedding_type='{pos_type}', not a learned absolute table",
-            "posprobe analyses models with position_embedding_type='absolute'",
+            f"config.json of '{name}' has pad_token_id null, but a {config.get('model_type')} position table "
+            "reserves pad_token_id + 1 leading rows",
+            "set pad_token_id in config.json (1 for RoBERTa, XLM-R and CamemBERT)",
         )
-    return _FAMILIES[model_type]
+    return pad + 1
+
+
+def mixed_checkpoint(name: str, what: str, config_says, weights_hold) -> PosprobeError:
+    """The error for a config.json that disagrees with the weights beside it."""
+    return PosprobeError(
+        f"config.json of '{name}' says {what} {config_says} but the weights hold {weights_hold}",
+        "the folder mixes files from two checkpoints; re-download it",
+    )
 
 
 def read_position_table(source: ModelSource, reader: WeightReader | None = None) -> PositionTable:
     """The learned position table `(n, e)`; RoBERTa-family reserved rows (padding_idx + 1) dropped."""
     family = family_of(source)
     reader = reader or WeightReader(source.path, source.weight_format)
-    table = reader.get(_require(reader, family.position, source))
+    stored = reader.find_suffix(family.position) if family.position else None
+    if stored is None and "positions_class" in family.tensors:  # a sinusoidal table the model builds
+        from posprobe.families.sinusoidal import build_table
+
+        n = config_int(source.config, source.name, *CONFIG_KEYS["positions"])
+        table = build_table(family, source.config, n, config_int(source.config, source.name, *CONFIG_KEYS["hidden"]))
+        return PositionTable(source.name, source.model_type, table, 0)
+    table = reader.get(stored or _require(reader, family.position, source))
     if table.ndim != 2:
         raise PosprobeError(
             f"position table of '{source.name}' has shape {table.shape}, expected 2-D", "the checkpoint is malformed"
         )
-    dropped = 0
-    if source.model_type in ("roberta", "xlm-roberta", "camembert"):
-        pad = config_int(source.config, source.name, "pad_token_id", default=1, minimum=0, nullable=True)
-        if pad is None:
-            raise PosprobeError(
-                f"config.json of '{source.name}' has pad_token_id null, but a {source.model_type} position table "
-                "reserves pad_token_id + 1 leading rows",
-                "set pad_token_id in config.json (1 for RoBERTa, XLM-R and CamemBERT)",
-            )
-        dropped = pad + 1
-        table = table[dropped:]
+    dropped = reserved_rows(source.config, source.name)
+    table = table[dropped:]
     if table.shape[0] < 2:
         raise PosprobeError(
             f"position table of '{source.name}' has {'only 1 usable row' if len(table) else 'no usable rows'}"
             + (f" (after dropping {dropped} reserved ones)" if dropped else ""),
             "a position analysis needs at least 2 positions; the checkpoint is malformed",
         )
+    key = next((k for k in CONFIG_KEYS["positions"] if source.config.get(k) is not None), None)
+    rows = source.config.get(key) if key else None
+    if isinstance(rows, int) and not isinstance(rows, bool) and rows != table.shape[0] + dropped:
+        reserved = f" ({dropped} reserved + {rows - dropped} positions)" if dropped else ""
+        raise mixed_checkpoint(source.name, f"{key} =", f"{rows}{reserved}",
+                               f"a position table of {table.shape[0] + dropped} rows")  # fmt: skip
     return PositionTable(source.name, source.model_type, table, dropped)
+
+
+def check_vocabulary(source: ModelSource, reader, word_key: str) -> None:
+    """Refuse a config.json whose vocab_size disagrees with the word table's rows."""
+    vocab = config_value(source.config, "vocab")
+    shape = getattr(getattr(reader, "_entries", {}).get(word_key), "shape", None)
+    if shape is None:
+        state = getattr(reader, "_state", None)
+        shape = tuple(state[word_key].shape) if state is not None and word_key in state else None
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and shape and len(shape) == 2 and shape[0] != vocab:
+        raise mixed_checkpoint(source.name, "vocab_size =", vocab, f"a word table of {shape[0]} rows")
 
 
 def read_embedding_inputs(source: ModelSource, reader: WeightReader | None = None) -> EmbeddingInputs:
@@ -257,12 +214,16 @@ def read_embedding_inputs(source: ModelSource, reader: WeightReader | None = Non
     family = family_of(source)
     reader = reader or WeightReader(source.path, source.weight_format)
     positions = read_position_table(source, reader)
-    word_mean = reader.row_mean(_require(reader, family.word, source))
+    word_key = _require(reader, family.word, source)
+    check_vocabulary(source, reader, word_key)
+    word_mean = reader.row_mean(word_key)
+    if family.embed_scale == "scale_embedding" and source.config.get("scale_embedding"):
+        word_mean = word_mean * math.sqrt(model_shape(source).hidden)  # the model scales words, not positions
     token_type0 = None
     if family.token_type and (key := reader.find_suffix(family.token_type)):
         token_type0 = reader.get(key)[0]
     eps = model_shape(source).layernorm_eps
-    layernorm = _layernorm(reader, family.layernorm, eps, source) if family.layernorm else None
+    layernorm = _layernorm(reader, family.embedding_norm, eps, source) if family.embedding_norm else None
     projection = None
     if family.projection and (key := reader.find_suffix(family.projection + ".weight")):
         projection = (reader.get(key), reader.get(_require(reader, family.projection + ".bias", source)))
@@ -286,7 +247,7 @@ def read_attention_weights(source: ModelSource, layer: int, reader: WeightReader
     reader = reader or WeightReader(source.path, source.weight_format)
     stored = 0 if family.shared_layers else layer
     d = shape.hidden
-    if family.fused_qkv:  # GPT-2 Conv1D: y = x @ W + b, W (d, 3d) = [q | k | v]
+    if family.qkv == GPT2_CONV1D:  # GPT-2 Conv1D: y = x @ W + b, W (d, 3d) = [q | k | v]
         w = reader.get(_require(reader, family.query.format(l=stored) + ".weight", source))
         b = reader.get(_require(reader, family.query.format(l=stored) + ".bias", source))
         wq, wk = w[:, :d].T, w[:, d : 2 * d].T
@@ -297,8 +258,8 @@ def read_attention_weights(source: ModelSource, layer: int, reader: WeightReader
         bq = _bias_or_zero(reader, family.query.format(l=stored) + ".bias", d)
         bk = _bias_or_zero(reader, family.key.format(l=stored) + ".bias", d)
     pre_ln = None
-    if family.pre_attention_layernorm:
-        pre_ln = _layernorm(reader, family.pre_attention_layernorm.format(l=stored), shape.layernorm_eps, source)
+    if family.pre_norm:
+        pre_ln = _layernorm(reader, family.pre_norm.format(l=stored), shape.layernorm_eps, source)
     if wq.shape != (d, wq.shape[1]) or wk.shape != wq.shape:
         raise PosprobeError(
             f"query/key weights of '{source.name}' layer {layer} have unexpected shapes", "the checkpoint is malformed"

@@ -11,9 +11,10 @@ import math
 from numbers import Real
 
 from posprobe.errors import PosprobeError
+from posprobe.families.table import FAMILIES, model_types
 
 # Families whose config fields posprobe reads (analyses) or relies on (retrofit): checked in depth.
-CHECKED_FAMILIES = ("bert", "roberta", "xlm-roberta", "camembert", "albert", "electra", "distilbert", "gpt2")
+CHECKED_FAMILIES = model_types(analysable=True)
 _HINT = "fix config.json or re-save the checkpoint with `save_pretrained`"
 # Sizes: whole numbers >= 1 wherever they appear (under any family's name for them).
 _SIZES = (
@@ -52,7 +53,7 @@ _PROBABILITIES = (
     "attention_dropout",
     "seq_classif_dropout",
 )
-_RESERVED_ROWS = ("roberta", "xlm-roberta", "camembert")  # position ids start at pad_token_id + 1
+_RESERVED_ROWS = tuple(t for f in FAMILIES if f.reserved_rows for t in f.model_types)  # ids from pad_token_id + 1
 # (heads, width) field pairs whose ratio is the head size.
 _HEAD_PAIRS = (("num_attention_heads", "hidden_size"), ("n_head", "n_embd"), ("n_heads", "dim"))
 
@@ -142,7 +143,7 @@ def _check_sizes(config: dict, name: str, model_type: str) -> None:
             if config[key] < 0:
                 raise PosprobeError(f"{_where(name)} has {key} = {config[key]!r}, expected 0..1", _HINT)
     for heads, width in _HEAD_PAIRS:
-        if heads in config and width in config and config[width] % config[heads]:
+        if heads in config and width in config and "head_dim" not in config and config[width] % config[heads]:
             raise PosprobeError(
                 f"{_where(name)} has {width} = {config[width]} not divisible by {heads} = {config[heads]}", _HINT
             )

@@ -24,7 +24,10 @@ from posprobe.cli.options import (
     ModelArg,
     ModeOpt,
     OutOpt,
+    PositionsOpt,
     Scale,
+    Stack,
+    StackOpt,
     default_out,
     parse_int_list,
 )
@@ -110,21 +113,26 @@ def fhat(
     scale: Annotated[
         Scale, typer.Option("--scale", help="Colour scale of the figure: one for all heads, or one per head.")
     ] = Scale.shared,
+    positions: PositionsOpt = None,
+    stack: StackOpt = Stack.encoder,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
-    """F̂_P, the average positional contribution to every head's attention scores, and its Toeplitz R²."""
+    """F̂_P, the average positional contribution to every head's attention scores, and its Toeplitz R².
+
+    Models without a learned position table (rotary, ALiBi, relative bias, ...) get their content-free
+    scores (SPEC §9): the pre-softmax scores of a sequence of the average word embedding."""
     from posprobe import plotting
     from posprobe.outputs import save_mosaic, write_json
     from posprobe.pipelines.analysis import fhat_analysis
 
     source = _resolve(model, allow_pickle)
     out_dir = _out_dir(out, "fhat", source.label)
-    result = fhat_analysis(None, layer, mode.value, source=source)
+    result = fhat_analysis(None, layer, mode.value, source=source, positions=positions, stack=stack.value)
     layer = result.layer  # -1 (the last layer) resolved to its number, for file names and titles
-    stem = f"fhat_layer{layer}_{mode.value}"
+    stem = f"fhat_layer{layer}_{result.mode}" + ("_decoder" if result.stack == "decoder" else "")
     figure = save_mosaic(plotting.fhat_grid(result, scale.value), out_dir / f"{stem}.{fmt.value}")
     record = result.to_dict() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
     write_json(out_dir / f"{stem}.json", record)
@@ -133,7 +141,10 @@ def fhat(
         return
     from rich.table import Table
 
-    table = Table(title=f"F̂_P Toeplitz R² — {source.label}, layer {layer}, {mode.value} mode", title_justify="left")
+    causal = " (causal: only k ≤ 0 used)" if result.causal else ""
+    table = Table(
+        title=f"F̂_P Toeplitz R² — {source.label}, layer {layer}, {result.mode} mode{causal}", title_justify="left"
+    )
     table.add_column("head", justify="right"), table.add_column("Toeplitz R²", justify="right")
     r2 = [float(r) for r in result.toeplitz_r2]
     for h, r in enumerate(r2):
@@ -151,21 +162,35 @@ def profiles(
     layers: Annotated[str | None, typer.Option("--layers", help="Layers, e.g. '0,3' or 'all'.")] = "all",
     window: Annotated[int, typer.Option("--window", help="Plot and summarise k = -K..K.")] = 20,
     mode: ModeOpt = Mode.paper,
+    positions: PositionsOpt = None,
+    stack: StackOpt = Stack.encoder,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
-    """Each head's positional profile over k = j − i, with sections at five rows i; arrays saved as .npz."""
+    """Each head's positional profile over k = j − i, with sections at five rows i; arrays saved as .npz.
+
+    Every family posprobe reads: learned tables (paper/faithful mode) and the content-free scores (SPEC §9) of
+    rotary, ALiBi and relative-bias models. Causal models use only k ≤ 0 (marked in titles and JSON)."""
     from posprobe import plotting
     from posprobe.outputs import save_figure, save_npz
     from posprobe.pipelines.analysis import compute_profiles
 
     source = _resolve(model, allow_pickle)
     out_dir = _out_dir(out, "profiles", source.label)
-    result = compute_profiles(None, parse_int_list(layers, "layers"), mode.value, window=window, source=source)
+    result = compute_profiles(
+        None,
+        parse_int_list(layers, "layers"),
+        mode.value,
+        window=window,
+        source=source,
+        positions=positions,
+        stack=stack.value,
+    )
+    tag = result.mode + ("_decoder" if result.stack == "decoder" else "")
     npz = save_npz(
-        out_dir / f"profiles_{mode.value}.npz",
+        out_dir / f"profiles_{tag}.npz",
         result.metadata(),
         profiles=result.profiles,
         offsets=result.offsets,
@@ -175,7 +200,7 @@ def profiles(
         section_rows=np.asarray(result.section_rows),
     )
     figures = [
-        save_figure(plotting.profile_grid(result, i), out_dir / f"profiles_layer{l}_{mode.value}.{fmt.value}")
+        save_figure(plotting.profile_grid(result, i), out_dir / f"profiles_layer{l}_{tag}.{fmt.value}")
         for i, l in enumerate(result.layers)
     ]
     if json_out:
@@ -184,7 +209,8 @@ def profiles(
     from rich import box
     from rich.table import Table
 
-    console.print(f"Head profiles — {source.label}, {mode.value} mode (peak k = j − i within ±{window})")
+    causal = "; causal: only k ≤ 0 used" if result.causal else ""
+    console.print(f"Head profiles — {source.label}, {result.mode} mode (peak k = j − i within ±{window}{causal})")
     table = Table(  # borderless: 16 heads still fit in 80 columns
         box=box.SIMPLE_HEAD,
         padding=(0, 0),
@@ -198,7 +224,7 @@ def profiles(
         window_part = result.profiles[li, :, centre - window : centre + window + 1]
         table.add_row(str(l), *[f"{int(k):+d}" for k in np.argmax(window_part, axis=1) - window])
     console.print(table)
-    console.print(f"arrays:  {npz}\nfigures: {out_dir}/profiles_layer*_{mode.value}.{fmt.value}")
+    console.print(f"arrays:  {npz}\nfigures: {out_dir}/profiles_layer*_{tag}.{fmt.value}")
 
 
 def compare(
@@ -207,12 +233,15 @@ def compare(
     ],
     mode: ModeOpt = Mode.paper,
     cosine: Annotated[bool, typer.Option("--cosine", help="Cosine similarities instead of inner products.")] = False,
+    positions: PositionsOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
-    """One table of Toeplitz statistics for several models, and side-by-side heatmaps (paper Fig. 1)."""
+    """One table of Toeplitz statistics for several models, and side-by-side heatmaps (paper Fig. 1).
+
+    A model without a learned table shows the head-mean of its layer-0 content-free scores, and no R² of P."""
     from posprobe import plotting
     from posprobe.errors import ArgumentValueError
     from posprobe.outputs import prepare_out_dir, save_figure, write_json
@@ -222,7 +251,7 @@ def compare(
         raise ArgumentValueError(
             "models", "compare needs two or more models, got one", "add another model, or use `posprobe toeplitz`"
         )
-    result = compare_models(models, mode.value, cosine, allow_pickle)
+    result = compare_models(models, mode.value, cosine, allow_pickle, positions=positions)
     rows, labels = list(result), [row.label for row in result]
     out_dir = prepare_out_dir(out if out is not None else default_out("compare", "-vs-".join(labels)))
     figure = save_figure(plotting.compare_heatmaps(rows), out_dir / f"compare.{fmt.value}")

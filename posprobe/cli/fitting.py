@@ -29,6 +29,9 @@ from posprobe.cli.options import (
     ModelArg,
     ModeOpt,
     OutOpt,
+    PositionsOpt,
+    Stack,
+    StackOpt,
     default_out,
 )
 
@@ -89,6 +92,8 @@ def fit_tisa(
     profile: Annotated[
         str | None, typer.Option("--profile", help="For a `posprobe attention` .npz: score (default) or prob.")
     ] = None,
+    positions: PositionsOpt = None,
+    stack: StackOpt = Stack.encoder,
 ) -> None:
     """Fit TISA scoring functions f(k) = Σ a·exp(−|b|(k−c)²), k = j − i, to every head's profile.
 
@@ -124,6 +129,8 @@ def fit_tisa(
             progress=progress,
             orientation=orientation,
             profiles=profiles,
+            positions=positions,
+            stack=stack.value,
         )
     result = save_tisa_fit(result, out_dir, fmt.value)
     if json_out:

@@ -43,6 +43,23 @@ ModeOpt = Annotated[
 ]
 
 
+PositionsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--positions",
+        help="Positions n analysed. Default: the whole learned table; models without one: min(their maximum, 512).",
+    ),
+]
+
+
+class Stack(str, Enum):
+    encoder = "encoder"
+    decoder = "decoder"
+
+
+StackOpt = Annotated[Stack, typer.Option("--stack", help="Encoder-decoder models (T5): which stack's attention.")]
+
+
 def default_out(command: str, model_label: str) -> Path:
     """`posprobe-out/<command>/<model label>` (git-ignored): default outputs never touch tracked files."""
     from posprobe.outputs import slug

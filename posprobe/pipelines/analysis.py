@@ -28,9 +28,12 @@ from posprobe.checkpoint import (
     read_position_table,
     resolve_model,
 )
-from posprobe.checkpoint.architectures import family_of, model_shape
+from posprobe.checkpoint.architectures import family_of, model_shape, reserved_rows
 from posprobe.checkpoint.in_memory import IN_MEMORY, StateDictReader, is_model_object, source_from_model
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
+from posprobe.families import Family, ModelContext, content_free_scores, family_for_type, position_kind
+from posprobe.families.context import STACKS
+from posprobe.families.table import LEARNED, SCORE_MODULES, TABLE_KINDS
 from posprobe.results import ResultMixin, middle_ellipsis, short
 from posprobe.validation import as_bool, as_choice, as_int, as_int_list
 
@@ -38,22 +41,29 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 DEFAULT_BLOCK = 128
+DEFAULT_POSITIONS = 512  # positions analysed by default where the model has no table: min(its maximum, this)
+CONTENT_FREE = "content-free"  # the mode of families without a learned table (SPEC §9)
 DEFAULT_PROFILE_WINDOW = 20  # half-width of the profile summary and sections (the fit's own default is tisa_fit's)
 MIN_POSITIONS = 2
 
 
 # ------------------------------------------------------------------------------------------ shared
-def _open(model, allow_pickle, source: ModelSource | None = None):
-    """(source, reader) for a model id / folder / None / loaded model object."""
+def _open(model, allow_pickle, source: ModelSource | None = None, table: bool = False):
+    """(source, reader) for a model id / folder / None / loaded model object (`table`: only models with a
+    learned position table are accepted)."""
     if source is not None:
         if source.weight_format == IN_MEMORY:
             raise ArgumentTypeError("source", "pass a model object as `model`, not as {arg}")
-        family_of(source)  # refuse unsupported families before reading any weights
+        analysable_family(source)  # refuse unsupported families before reading any weights
+        if table:
+            table_hint(source)
         return source, WeightReader(source.path, source.weight_format)
     allow_pickle = as_bool(allow_pickle, "allow_pickle")
     if is_model_object(model):
         source = source_from_model(model)
-        family_of(source)
+        analysable_family(source)
+        if table:
+            table_hint(source)
         return source, StateDictReader(model)
     if isinstance(model, PathLike):
         model = str(model)
@@ -64,8 +74,32 @@ def _open(model, allow_pickle, source: ModelSource | None = None):
             "e.g. toeplitz('bert-base-uncased'), toeplitz('path/to/folder') or toeplitz(loaded_model)",
         )
     source = resolve_model(model, allow_pickle=allow_pickle)
-    family_of(source)
+    analysable_family(source)
+    if table:
+        table_hint(source)
     return source, WeightReader(source.path, source.weight_format)
+
+
+def analysable_family(source: ModelSource) -> Family:
+    """The family-table entry of `source` when posprobe computes its positional scores; else one clear error."""
+    family = family_for_type(source.model_type)
+    kind = position_kind(source.config)[0]
+    if family is not None and family.analysable and kind == family.kind and kind in SCORE_MODULES:
+        return family
+    return family_of(source)  # absolute tables; raises a clear error for everything else
+
+
+def table_hint(source: ModelSource) -> None:
+    """Refuse `toeplitz` for a family without a learned position table, naming the commands that show its
+    positional structure."""
+    family = family_for_type(source.model_type)
+    if family is not None and family.analysable and family.kind not in TABLE_KINDS and family.position is None:
+        raise PosprobeError(
+            f"'{source.name}' ({source.model_type}) has no learned position table (it uses {family.mechanism}), "
+            "so there is no P = E_P E_P^T",
+            "its positional structure is shown by `posprobe profiles` (per-head scores over k = j - i) and "
+            "`posprobe fhat`",
+        )
 
 
 def _check_positions(n: int, name: str) -> None:
@@ -154,7 +188,7 @@ def toeplitz(
         err.flag = "--block"  # the CLI's repeatable option
         raise
     cosine = as_bool(cosine, "cosine")
-    source, reader = _open(model, allow_pickle, source)
+    source, reader = _open(model, allow_pickle, source, table=True)
     table = read_position_table(source, reader)
     n = table.n_positions
     _check_positions(n, source.name)
@@ -189,7 +223,11 @@ def toeplitz(
 @dataclass(frozen=True, repr=False)
 class FhatResult(ResultMixin):
     """F_hat_P of one layer: `matrices` (H, n, n) (row i = query, column j = key), `toeplitz_r2` (H,) per head
-    (NaN where undefined: a constant matrix). `weights_layer` is the stored layer used (0 at every ALBERT depth)."""
+    (NaN where undefined: a constant matrix). `weights_layer` is the stored layer used (0 at every ALBERT depth).
+    `mode` is 'paper' or 'faithful' for learned tables, 'content-free' (SPEC §9) for other families;
+    `position_kind` the family's mechanism (posprobe.families.KINDS); `causal`: the model only uses k <= 0
+    (j <= i), the entries above the diagonal are what the scores would be, never seen by its softmax;
+    `stack` the encoder or decoder stack of an encoder-decoder model."""
 
     model: str
     model_type: str
@@ -198,6 +236,9 @@ class FhatResult(ResultMixin):
     mode: str
     matrices: np.ndarray
     toeplitz_r2: np.ndarray
+    position_kind: str = LEARNED
+    causal: bool = False
+    stack: str = "encoder"
 
     _repr_fields = ("model", "layer", "mode", "mean_toeplitz_r2", "toeplitz_r2", "matrices")
 
@@ -215,6 +256,9 @@ class FhatResult(ResultMixin):
         return {
             "model": self.model,
             "model_type": self.model_type,
+            "position_kind": self.position_kind,
+            "causal": self.causal,
+            "stack": self.stack,
             "layer": self.layer,
             "weights_layer": self.weights_layer,
             "mode": self.mode,
@@ -234,37 +278,91 @@ class FhatResult(ResultMixin):
 
 
 class _FhatComputer:
-    """Reads the shared embedding-level inputs once, then F_hat_P for any layer of one checkpoint."""
+    """Reads the shared embedding-level inputs once, then F_hat_P for any layer of one checkpoint.
 
-    def __init__(self, source: ModelSource, reader, mode: str):
+    Learned tables: paper or faithful mode over the table's first `positions` rows (default: all). Every other
+    analysable family: the content-free scores of SPEC §9 over `positions` positions (default: min(the model's
+    maximum, DEFAULT_POSITIONS)) of stack `stack`."""
+
+    def __init__(self, source: ModelSource, reader, mode: str, positions=None, stack: str = "encoder"):
         mode = as_choice(mode, "mode", MODES)
-        family_of(source)
-        self.source, self.mode, self.reader = source, mode, reader
-        self.embeddings = read_embedding_inputs(source, reader)
-        _check_positions(self.embeddings.positions.n_positions, source.name)
-        self.shape = model_shape(source)
+        stack = as_choice(stack, "stack", STACKS)
+        positions = None if positions is None else as_int(positions, "positions", minimum=MIN_POSITIONS)
+        self.family = analysable_family(source)
+        self.source, self.reader, self.stack = source, reader, stack
+        self.kind = position_kind(source.config)[0]
         self._paper = None
+        if stack == "decoder" and not self.family.encoder_decoder:
+            what = "its encoder stack only" if source.config.get("is_encoder_decoder") else "one stack, no decoder"
+            raise ArgumentValueError(
+                "stack", f"posprobe reads '{source.name}' ({source.model_type}): {what}", "drop {arg}"
+            )
+        if self.kind in TABLE_KINDS:
+            self.mode = mode
+            self.embeddings = read_embedding_inputs(source, reader)
+            self.shape = model_shape(source)
+            self.n_layers = self.shape.n_layers
+            self.causal = self.family.causal
+            available = self.embeddings.positions.n_positions
+            _check_positions(available, source.name)
+            self.n = self._check_n(positions, available, "its position table has")
+        else:
+            self.mode = CONTENT_FREE
+            self.ctx = ModelContext(source, reader, self.family)
+            self.n_layers = self.ctx.layers(stack)
+            self.causal = self.ctx.causal(stack)
+            maximum = self.ctx.shape.max_positions
+            if maximum and self.family.reserved_rows:  # a table beside the mechanism (MPNet): rows 0..pad unused
+                maximum -= reserved_rows(source.config, source.name)
+            if positions is None:
+                positions = min(maximum or DEFAULT_POSITIONS, DEFAULT_POSITIONS)
+            self.n = self._check_n(positions, maximum, "its config allows") if maximum else positions
+            self.ctx.word_mean  # noqa: B018  (read the vocabulary once, before any layer)
+
+    def _check_n(self, positions, available: int, what: str) -> int:
+        if positions is None:
+            return available
+        if positions > available:
+            raise ArgumentValueError(
+                "positions",
+                f"{positions} positions do not fit '{self.source.name}': {what} {available}",
+                f"use {{arg}} between {MIN_POSITIONS} and {available}",
+            )
+        return positions
+
+    @property
+    def n_heads(self) -> int:
+        return self.shape.n_heads if self.kind in TABLE_KINDS else self.ctx.shape.heads
 
     def layer(self, layer: int) -> FhatResult:
-        attn = read_attention_weights(self.source, layer, self.reader)
-        emb = self.embeddings
-        if self.mode == "paper":
-            if self._paper is None:
-                self._paper = paper_input(emb.positions.table, emb.word_mean, emb.projection)
-            f = fhat_matrices(self._paper, attn.wq, attn.wk, self.shape.n_heads)
+        if self.kind not in TABLE_KINDS:
+            f = content_free_scores(self.ctx, layer, self.n, self.stack)
+            weights_layer = layer
         else:
-            layer_input = faithful_input(
-                emb.positions.table, emb.word_mean, emb.token_type0, emb.layernorm, emb.projection, attn.pre_layernorm
-            )
-            f = fhat_matrices(layer_input, attn.wq, attn.wk, self.shape.n_heads, attn.bq, attn.bk)
+            attn = read_attention_weights(self.source, layer, self.reader)
+            emb = self.embeddings
+            table = emb.positions.table[: self.n]
+            if self.mode == "paper":
+                if self._paper is None:
+                    self._paper = paper_input(table, emb.word_mean, emb.projection)
+                f = fhat_matrices(self._paper, attn.wq, attn.wk, self.shape.n_heads)
+            else:
+                layer_input = faithful_input(
+                    table, emb.word_mean, emb.token_type0, emb.layernorm, emb.projection, attn.pre_layernorm
+                )
+                f = fhat_matrices(layer_input, attn.wq, attn.wk, self.shape.n_heads, attn.bq, attn.bk)
+            weights_layer = attn.weights_layer
         return FhatResult(
             self.source.name,
             self.source.model_type,
             layer,
-            attn.weights_layer,
+            weights_layer,
             self.mode,
             f,
             np.asarray(toeplitz_r2(f), dtype=np.float64),
+            self.kind,
+            self.causal,
+            self.stack,
         )
 
 
@@ -274,17 +372,22 @@ def fhat(
     mode: str = "paper",
     allow_pickle: bool = False,
     source: ModelSource | None = None,
+    positions: int | None = None,
+    stack: str = "encoder",
 ) -> FhatResult:
-    """F_hat_P (H, n, n) for every head of `layer` (SPEC §3) and each head's Toeplitz R^2.
+    """F_hat_P (H, n, n) for every head of `layer` (SPEC §3, §9) and each head's Toeplitz R^2.
 
     model: hub id, folder, None (packaged MiniLM) or a loaded transformers model. layer: 0-based, -1 = last.
-    mode: 'paper' (position terms only) or 'faithful' (the real layer input for the average word).
+    mode: 'paper' (position terms only) or 'faithful' (the real layer input for the average word); families
+    without a learned table always give the content-free scores of SPEC §9 (mode 'content-free').
+    positions: n analysed (default: the whole learned table, else min(the model's maximum, 512)).
+    stack: 'encoder' or 'decoder' (encoder-decoder models).
     """
     mode = as_choice(mode, "mode", MODES)
     as_int(layer, "layer")
     source, reader = _open(model, allow_pickle, source)
-    computer = _FhatComputer(source, reader, mode)
-    return computer.layer(_layer_index(layer, computer.shape.n_layers, source.name))
+    computer = _FhatComputer(source, reader, mode, positions, stack)
+    return computer.layer(_layer_index(layer, computer.n_layers, source.name))
 
 
 # --------------------------------------------------------------------------------------- profiles
@@ -295,7 +398,9 @@ class ProfileResult(ResultMixin):
     Index i of the first axis is layer `layers[i]` (use `layer_index(layer)` or `profile(layer, head)`).
     `sections` (L_sel, H, 5, 2w+1) are rows `section_rows` of F_hat_P re-indexed by k in -w..w;
     `fhat_r2` (L_sel, H) the Toeplitz R^2 of each head's F_hat_P (NaN where undefined). `shared_layers` is True
-    for ALBERT, where every depth uses the same weights.
+    for ALBERT, where every depth uses the same weights. `causal`: the model only uses k <= 0 (the profile at
+    k > 0 is what its scores would be there, never seen by its softmax); `position_kind` and `stack` as in
+    `FhatResult`.
     """
 
     model: str
@@ -313,8 +418,11 @@ class ProfileResult(ResultMixin):
     n_layers: int
     shared_layers: bool
     extra: dict = field(default_factory=dict)
+    position_kind: str = LEARNED
+    causal: bool = False
+    stack: str = "encoder"
 
-    _repr_fields = ("model", "mode", "layers", "n_heads", "n_positions", "window", "profiles", "offsets")
+    _repr_fields = ("model", "mode", "layers", "n_heads", "n_positions", "window", "causal", "profiles", "offsets")
 
     def layer_index(self, layer: int) -> int:
         """Position in `layers` (the first axis of the arrays) of model layer `layer` (-1 = the model's last)."""
@@ -346,7 +454,11 @@ class ProfileResult(ResultMixin):
             "n_heads": self.n_heads,
             "n_layers": self.n_layers,
             "shared_layers": self.shared_layers,
-            "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing",
+            "position_kind": self.position_kind,
+            "causal": self.causal,
+            "stack": self.stack,
+            "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing"
+            + ("; causal model: only k <= 0 is used" if self.causal else ""),
         }
 
     def to_dict(self) -> dict:
@@ -383,30 +495,34 @@ def profiles(
     allow_pickle: bool = False,
     window: int = DEFAULT_PROFILE_WINDOW,
     source: ModelSource | None = None,
+    positions: int | None = None,
+    stack: str = "encoder",
 ) -> ProfileResult:
     """Profiles (diagonal means of F_hat_P over k = j - i) of every head of `layers`, plus 5 sections each.
 
     layers: a list of layer indices (-1 = last), or None / 'all' for every layer. window: half-width w of the
-    sections and of the summary in `to_dict()` (1 <= w <= n - 1). mode: 'paper' or 'faithful'.
+    sections and of the summary in `to_dict()` (1 <= w <= n - 1). mode: 'paper' or 'faithful' (learned tables;
+    other families give SPEC §9 content-free scores). positions: n analysed (default: the whole learned table,
+    else min(the model's maximum, 512)). stack: 'encoder' or 'decoder' (encoder-decoder models).
     """
     mode = as_choice(mode, "mode", MODES)
     if not (isinstance(layers, str) and layers == "all"):
         layers = as_int_list(layers, "layers")
     window = as_int(window, "window", minimum=1)
     source, reader = _open(model, allow_pickle, source)
-    computer = _FhatComputer(source, reader, mode)
-    shape = computer.shape
+    computer = _FhatComputer(source, reader, mode, positions, stack)
+    n_layers = computer.n_layers
     if layers is None or layers == "all":
-        layers = list(range(shape.n_layers))
+        layers = list(range(n_layers))
     else:
-        layers = list(dict.fromkeys(_layer_index(x, shape.n_layers, source.name, "layers") for x in layers))
-    n = computer.embeddings.positions.n_positions
+        layers = list(dict.fromkeys(_layer_index(x, n_layers, source.name, "layers") for x in layers))
+    n = computer.n
     if window > n - 1:
         raise ArgumentValueError(
             "window", f"window {window} does not fit {n} positions", f"use {{arg}} between 1 and {n - 1}"
         )
     rows = section_rows(n, window)
-    shared = family_of(source).shared_layers
+    shared = computer.family.shared_layers
     profiles_, r2s, secs, cache = [], [], [], {}
     for layer in layers:
         stored = 0 if shared else layer
@@ -418,7 +534,7 @@ def profiles(
     return ProfileResult(
         source.name,
         source.model_type,
-        mode,
+        computer.mode,
         layers,
         offsets(n),
         np.stack(profiles_),
@@ -427,9 +543,12 @@ def profiles(
         rows,
         np.stack(secs),
         n,
-        shape.n_heads,
-        shape.n_layers,
+        computer.n_heads,
+        n_layers,
         shared,
+        position_kind=computer.kind,
+        causal=computer.causal,
+        stack=computer.stack,
     )
 
 
@@ -443,7 +562,8 @@ def section_rows(n: int, window: int, count: int = 5) -> list[int]:
 @dataclass(frozen=True, repr=False)
 class CompareRow(ResultMixin):
     """One model of a comparison: positions, R^2 of P (whole, first 128), mean per-head F_hat_P R^2 (layer 0);
-    `matrix` (n, n) is its P. An R^2 is None where undefined (or, for the block, where n < 128)."""
+    `matrix` (n, n) is its P (a family without a learned table: the head-mean of its layer-0 content-free
+    scores, and no R^2 of P). An R^2 is None where undefined (or, for the block, where n < 128)."""
 
     model: str
     label: str  # a short name, distinct within the comparison (ModelSource.label, or the shortened path)
@@ -452,11 +572,22 @@ class CompareRow(ResultMixin):
     r2_first_128: float | None
     mean_fhat_r2: float | None
     matrix: np.ndarray
+    position_kind: str = LEARNED
+    causal: bool = False
+    mode: str = "paper"
+
+    @property
+    def matrix_name(self) -> str:
+        """What `matrix` is: P for a position table, else the head-mean of layer 0's content-free scores."""
+        return "P" if self.position_kind in TABLE_KINDS else "mean F̂ over heads, layer 0"
 
     def to_dict(self) -> dict:
         return {
             "model": self.model,
             "label": self.label,
+            "position_kind": self.position_kind,
+            "causal": self.causal,
+            "mode": self.mode,
             "n_positions": self.n_positions,
             "toeplitz_r2": _r2(self.toeplitz_r2),
             "r2_first_128": _r2(self.r2_first_128),
@@ -500,9 +631,11 @@ def compare(
     mode: str = "paper",
     cosine: bool = False,
     allow_pickle: bool = False,
+    positions: int | None = None,
 ) -> CompareResult:
     """One row per model (a list of two or more ids, folders or loaded models): positions, R^2 of P (whole and
-    first 128), mean per-head F_hat_P R^2 of layer 0."""
+    first 128; None for families without a learned table), mean per-head F_hat_P R^2 of layer 0 (content-free
+    scores for families without a table). positions: n analysed per model (default as for `fhat`)."""
     if isinstance(models, (str, bytes, PathLike)) or is_model_object(models) or not hasattr(models, "__iter__"):
         raise ArgumentTypeError(
             "models", f"{{arg}} must be a list of models, got {type(models).__name__}", "e.g. compare([m1, m2])"
@@ -520,12 +653,29 @@ def compare(
     clashes = {label for label in labels if labels.count(label) > 1}
     for (source, reader), label in zip(opened, labels):
         label = middle_ellipsis(source.name, 40) if label in clashes else label
-        table = read_position_table(source, reader)
-        _check_positions(table.n_positions, source.name)
-        p = position_inner_products(table.table, cosine=cosine)
-        first = block_r2(p, DEFAULT_BLOCK) if table.n_positions >= DEFAULT_BLOCK else None
-        f = _FhatComputer(source, reader, mode).layer(0)
-        rows.append(CompareRow(source.name, label, table.n_positions, toeplitz_r2(p), first, f.mean_toeplitz_r2, p))
+        computer = _FhatComputer(source, reader, mode, positions)
+        f = computer.layer(0)
+        if computer.kind in TABLE_KINDS or computer.family.learned_table:  # MPNet: a table beside its bias
+            table = read_position_table(source, reader).table[: computer.n]
+            p = position_inner_products(table, cosine=cosine)
+            first = block_r2(p, DEFAULT_BLOCK) if computer.n >= DEFAULT_BLOCK else None
+            whole = toeplitz_r2(p)
+        else:
+            p, first, whole = f.matrices.mean(axis=0), None, None
+        rows.append(
+            CompareRow(
+                source.name,
+                label,
+                computer.n,
+                whole,
+                first,
+                f.mean_toeplitz_r2,
+                p,
+                computer.kind,
+                computer.causal,
+                computer.mode,
+            )  # fmt: skip
+        )
     return CompareResult(mode, cosine, tuple(rows))
 
 

@@ -297,9 +297,9 @@ def max_positions(model) -> int | None:
     n = getattr(cfg, "max_position_embeddings", None)
     if n is None:
         return None
-    if getattr(cfg, "model_type", "") in ("roberta", "xlm-roberta", "camembert") and cfg.pad_token_id is not None:
-        n -= int(cfg.pad_token_id) + 1
-    return int(n)
+    from posprobe.checkpoint.architectures import reserved_rows
+
+    return int(n) - reserved_rows(cfg.to_dict(), str(getattr(cfg, "_name_or_path", "") or "the model"))
 
 
 # -- the run ------------------------------------------------------------------------------------------
@@ -686,15 +686,17 @@ def _weights_profiles(source, n: int, n_layers: int) -> tuple[np.ndarray | None,
     from posprobe.pipelines.analysis import fhat_analysis
 
     try:
-        rows = []
+        rows, mode = [], "faithful"
         for layer in range(n_layers):
-            f = fhat_analysis(None, layer, "faithful", source=source).matrices
+            result = fhat_analysis(None, layer, "faithful", source=source)
+            f, mode = result.matrices, result.mode
             if f.shape[-1] < n:
                 return None, f"unavailable: the position table has {f.shape[-1]} rows, fewer than max_length {n}"
             rows.append(diagonal_means(f[:, :n, :n]))
     except PosprobeError as err:
         return None, f"unavailable: {err.message}"
-    return np.stack(rows), "faithful-mode F̂_P (SPEC §3) diagonal means over positions 0..n-1"
+    what = "faithful-mode F̂_P (SPEC §3)" if mode == "faithful" else "content-free scores (SPEC §9)"
+    return np.stack(rows), f"{what} diagonal means over positions 0..n-1"
 
 
 # -- writing --------------------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ class ProfileSet:
     n_layers: int
     n_heads: int
     shared_layers: bool
+    causal: bool = False  # the model only uses k <= 0 (the profile at k > 0 is fitted too, but never used)
 
 
 @dataclass(frozen=True, repr=False)
@@ -120,6 +121,8 @@ class TisaFitResult(ResultMixin):
     profiles: np.ndarray
     fits: list[TisaFit] = field(default_factory=list)
     orientation: str = "posprobe"  # of the kernels files to write: posprobe (k = j - i) or official (i - j - 1)
+    causal: bool = False  # profiles of a causal model: only k <= 0 is used by it
+    stack: str = "encoder"  # which stack of an encoder-decoder model (T5-style) the profiles came from
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "window", "kernels", "median_r2", "profiles")
 
@@ -176,6 +179,8 @@ class TisaFitResult(ResultMixin):
             "convention": CONVENTION,
             "function": FUNCTION,
             "orientation": self.orientation,
+            "causal": self.causal,
+            "stack": self.stack,
         }
 
         def one(f: TisaFit) -> dict:
@@ -210,6 +215,8 @@ def fit_tisa(
     profiles: ProfileSet | None = None,
     progress: Progress | None = None,
     orientation: str = "posprobe",
+    positions: int | None = None,
+    stack: str = "encoder",
 ) -> TisaFitResult:
     """Fit TISA kernels to every head profile of `model` for each S in `kernels`; writes nothing.
 
@@ -221,6 +228,7 @@ def fit_tisa(
     Save the result with `posprobe.outputs.save_tisa_fit` (kernels file and figure per S).
     `orientation`: of the kernels file `save_tisa_fit` writes: "posprobe" (what `retrofit` reads) or
     "official" (the official TISA code's indexing, ``..._official.safetensors``; see `official_orientation`).
+    `positions`, `stack`: as for `profiles` (n analysed; 'decoder' for the decoder stack of T5-style models).
     """
     from posprobe.validation import as_choice
 
@@ -231,7 +239,11 @@ def fit_tisa(
     seed = as_int(seed, "seed", minimum=0)
     exhaustive = as_bool(exhaustive, "exhaustive")
     _check_points(kernel_list, window if window is not None else DEFAULT_FIT_WINDOW, window)
-    data = profiles if profiles is not None else load_profiles(model, layers, mode, allow_pickle)
+    data = (
+        profiles
+        if profiles is not None
+        else load_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack)
+    )
     used_window = _resolve_window(window, data.offsets)
     _check_points(kernel_list, used_window, window)
 
@@ -250,6 +262,8 @@ def fit_tisa(
         data.profiles,
         fits,
         orientation,
+        data.causal,
+        "encoder" if str(model).endswith(".npz") or profiles is not None else stack,
     )
 
 
@@ -310,9 +324,11 @@ def kernels_metadata(result: TisaFitResult, fit: TisaFit) -> dict:
 
 
 def _layers_suffix(result: TisaFitResult) -> str:
+    """'' for every layer of the encoder (or only) stack; `_decoder` and `_layers0,2` say otherwise."""
+    stack = "_decoder" if result.stack == "decoder" else ""
     if list(result.layers) == list(range(result.n_layers)):
-        return ""
-    return "_layers" + ",".join(str(layer) for layer in result.layers)
+        return stack
+    return stack + "_layers" + ",".join(str(layer) for layer in result.layers)
 
 
 def load_profiles(
@@ -321,16 +337,23 @@ def load_profiles(
     mode: str = "paper",
     allow_pickle: bool = False,
     profile: str | None = None,
+    positions: int | None = None,
+    stack: str = "encoder",
 ) -> ProfileSet:
     """Profiles from a checkpoint (via the analysis pipeline) or from a .npz file of `posprobe profiles` or
     `posprobe attention` (`profile` 'score' or 'prob' picks which empirical profile; default score)."""
     if isinstance(model, (str, PathLike)) and str(model).endswith(".npz"):
+        if positions is not None or stack != "encoder":
+            raise PosprobeError(
+                "positions and stack choose what is computed from a model; a .npz holds profiles already computed",
+                "drop them, or pass the model itself",
+            )
         return _profiles_from_npz(Path(model), layers, profile)
     if profile is not None:
         raise PosprobeError("--profile applies to a .npz written by `posprobe attention`", "drop --profile")
     from posprobe.pipelines.analysis import compute_profiles
 
-    res = compute_profiles(model, layers, mode, allow_pickle)
+    res = compute_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack)
     return ProfileSet(
         res.model,
         res.model_type,
@@ -341,6 +364,7 @@ def load_profiles(
         int(res.n_layers),
         int(res.n_heads),
         bool(res.shared_layers),
+        bool(res.causal),
     )
 
 
@@ -493,6 +517,7 @@ def _profiles_from_npz(path: Path, layers: list[int] | None, profile: str | None
         int(meta.get("n_layers", len(stored))),
         int(profiles.shape[1]),
         bool(meta.get("shared_layers", False)),
+        bool(meta.get("causal", False)),
     )
 
 

@@ -1,0 +1,45 @@
+"""Model families: one table of what each family is (`table.FAMILIES`) and one score function per position kind.
+
+Adding a family
+---------------
+1. Add a `Family` entry to `posprobe/families/table.py` (its model types, its position `kind`, `causal`, and the
+   tensor-name suffixes: `word`, `query`/`key` (+ `qkv` layout), `pre_norm` and `norm`, `qk_norm`, `embed_scale`,
+   `rotary_class`, family-specific names in `tensors`). A family of an existing kind needs nothing else.
+2. Add one tiny config to the test matrix (`tests/family_models.py`); the parity test then checks posprobe's
+   scores against the real attention module of a random model built from it, every layer, float64.
+
+A new kind also needs a score module (listed in `table.SCORE_MODULES`) defining
+
+    content_free_scores(ctx: ModelContext, layer: int, n: int, stack: str) -> np.ndarray   # (H, n, n) float64
+
+`F_hat(i, j)` of SPEC §9 for query i, key j (k = j - i), every head of `layer` (0-based, already checked) of
+stack `stack` ('encoder' or 'decoder'; one-stack families get 'encoder'), for the first `n` positions (already
+checked against the model's maximum). It reads tensors only through `ctx` (`ctx.reader`, `ctx.family`,
+`ctx.config`, and helpers: `ctx.tensor(pattern, layer, stack)`, `ctx.word_input(layer, stack)`,
+`ctx.query_key(layer, stack)`, ...): lazily, never building the model. Pure numpy/torch; no printing.
+"""
+
+from posprobe.families.context import ModelContext, content_free_scores
+from posprobe.families.table import (
+    FAMILIES,
+    KIND_NAMES,
+    KINDS,
+    Family,
+    config_value,
+    family_for_type,
+    model_types,
+    position_kind,
+)
+
+__all__ = [
+    "FAMILIES",
+    "KINDS",
+    "KIND_NAMES",
+    "Family",
+    "ModelContext",
+    "config_value",
+    "content_free_scores",
+    "family_for_type",
+    "model_types",
+    "position_kind",
+]

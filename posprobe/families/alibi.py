@@ -1,0 +1,39 @@
+"""Content-free scores of ALiBi families (SPEC §9): F_hat(i, j) = q . k * scaling - m_h |j - i|.
+
+q and k are the same at every position (content-free input, no positional term in them), so q . k is one
+constant per head; m_h are the slopes exactly as the family's transformers code computes them (BLOOM's
+`build_alibi_tensor`, MPT's `build_mpt_alibi_tensor` as MptModel calls it). BLOOM adds `m_h * j`, MPT
+`m_h * (j - n + 1)`: both differ from `-m_h |j - i|` by a per-row constant on the causal pairs (j <= i), which
+softmax ignores.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def alibi_slopes(heads: int, family: str = "bloom") -> np.ndarray:
+    """m_h (H,) as the family computes them (float32, then widened)."""
+    import torch
+
+    if family == "mpt":
+        from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+        # transformers' MptModel calls it with the default alibi_bias_max = 8 whatever attn_config says: so do we.
+        alibi = build_mpt_alibi_tensor(heads, 2).double()  # (H, 1, 2) = m_h * (j - 1)
+        return (alibi[:, 0, 1] - alibi[:, 0, 0]).numpy()
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    alibi = build_alibi_tensor(torch.ones(1, 2, dtype=torch.long), heads, torch.float64)  # (H, 1, 2) = m_h * j
+    return alibi[:, 0, 1].numpy()
+
+
+def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
+    """F_hat (H, n, n): row i = query position, column j = key position (k = j - i)."""
+    q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h)
+    k = np.repeat(k, q.shape[0] // k.shape[0], axis=0)
+    scale = (ctx.config.get("attn_config") or {}).get("softmax_scale") or ctx.scaling  # MPT may set its own
+    content = (q * k).sum(-1) * scale  # (H,)
+    slopes = alibi_slopes(q.shape[0], ctx.family.name)
+    distance = np.abs(np.arange(n)[None, :] - np.arange(n)[:, None]).astype(np.float64)  # |j - i|
+    return content[:, None, None] - slopes[:, None, None] * distance[None]

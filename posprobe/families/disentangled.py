@@ -1,0 +1,232 @@
+"""Content-free scores of DeBERTa-v2/v3 disentangled attention (SPEC §9), as `DisentangledSelfAttention` computes them.
+
+Pure torch float64 functions; no model is built. Shapes: n positions, d hidden width, H heads, d_h head size
+(`attention_head_size`, default d / H), S = `att_span` (`position_buckets` if > 0, else `max_relative_positions`),
+R (2S, d) the relative embeddings. Weights use torch's Linear layout: q = x @ Wq.T + bq.
+
+DeBERTa writes relative positions as r(i, j) = i - j (log-bucketed when `position_buckets` > 0); posprobe's
+offset is k = j - i = -r. With delta(i, j) = clamp(r(i, j) + S, 0, 2S - 1) (the model's own index):
+
+    F[h, i, j] = ( q_i . k_j                       content-to-content
+                 + q_i . pk[delta(i, j)]           content-to-position  (if 'c2p' in pos_att_type)
+                 + k_j . pq[delta'(j, i)] ) / s    position-to-content  (if 'p2c'), delta'(j, i) = clamp(-r(j, i) + S)
+
+with pk = LN(R) Wpk^T + bpk, pq = LN(R) Wpq^T + bpq (`share_att_key`: the content projections Wk, Wq instead;
+LN only if `norm_rel_ebd` contains 'layer_norm') and s = sqrt(d_h * (1 + #terms)), which the model rounds to
+float32 (so does posprobe). The bucket logarithms are float32 as in the model. The layer input x (n, d) is the
+embedding output for a sequence of the average word: LayerNorm(embed_proj(e_w [+ E_P[i]] [+ token type 0])).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from posprobe.checkpoint.config import config_int
+from posprobe.errors import PosprobeError
+from posprobe.families.relative_bias import layer_norm, split_heads
+
+
+@dataclass(frozen=True)
+class DisentangledConfig:
+    """The config fields the attention reads, resolved as the module resolves them."""
+
+    n_heads: int
+    head_size: int
+    pos_att_type: tuple[str, ...]
+    position_buckets: int  # <= 0: no log buckets
+    max_relative_positions: int  # already defaulted to max_position_embeddings when < 1
+    share_att_key: bool
+
+    @property
+    def att_span(self) -> int:
+        return self.position_buckets if self.position_buckets > 0 else self.max_relative_positions
+
+    @property
+    def scale_factor(self) -> int:
+        return 1 + ("c2p" in self.pos_att_type) + ("p2c" in self.pos_att_type)
+
+    @property
+    def scale(self) -> float:
+        """sqrt(d_h * scale_factor), rounded to float32 as `scaled_size_sqrt` does."""
+        return float(torch.sqrt(torch.tensor(self.head_size, dtype=torch.float32) * self.scale_factor))
+
+
+def log_bucket(relative: torch.Tensor, bucket_size: int, max_position: int) -> torch.Tensor:
+    """DeBERTa's log buckets of relative positions (long in, long out; odd in its argument).
+
+    |r| < bucket_size / 2 stays itself; larger |r| map to sign(r) * (mid + ceil(log(|r|/mid) / log((max-1)/mid) *
+    (mid - 1))) with mid = bucket_size // 2, computed in float32 as the model does.
+    """
+    relative = torch.as_tensor(relative, dtype=torch.long)
+    sign = torch.sign(relative)
+    mid = bucket_size // 2
+    small = (relative < mid) & (relative > -mid)
+    abs_pos = torch.where(small, torch.full_like(relative, mid - 1), relative.abs())
+    denominator = torch.log(torch.tensor((max_position - 1) / mid, dtype=torch.float32))
+    log_pos = torch.ceil(torch.log(abs_pos.to(torch.float32) / mid) / denominator * (mid - 1)) + mid
+    bucket = torch.where(abs_pos <= mid, relative.to(torch.float32), log_pos * sign)
+    return bucket.to(torch.long)
+
+
+def relative_positions(n: int, cfg: DisentangledConfig) -> torch.Tensor:
+    """(n, n) long r(i, j) = i - j, log-bucketed when the config asks for it (`build_relative_position`)."""
+    pos = torch.arange(n)
+    rel = pos[:, None] - pos[None, :]
+    if cfg.position_buckets > 0 and cfg.max_relative_positions > 0:
+        rel = log_bucket(rel, cfg.position_buckets, cfg.max_relative_positions)
+    return rel
+
+
+def embedding_output(
+    word_mean: torch.Tensor,
+    layernorm: tuple[torch.Tensor, torch.Tensor, float],
+    n: int,
+    positions: torch.Tensor | None = None,
+    token_type0: torch.Tensor | None = None,
+    projection: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """DeBERTa's embedding output (n, d) for a sequence of the average word.
+
+    `positions` (n, e) only when `position_biased_input`; `projection` (d, e) = `embed_proj.weight` (no bias).
+    """
+    x = word_mean.to(torch.float64).expand(n, -1)
+    if positions is not None:
+        x = x + positions.to(torch.float64)
+    if token_type0 is not None:
+        x = x + token_type0.to(torch.float64)
+    if projection is not None:
+        x = x @ projection.to(torch.float64).T
+    return layer_norm(x, *layernorm)
+
+
+def disentangled_scores(
+    layer_input: torch.Tensor,
+    query: tuple[torch.Tensor, torch.Tensor],
+    key: tuple[torch.Tensor, torch.Tensor],
+    rel_embeddings: torch.Tensor,
+    cfg: DisentangledConfig,
+    pos_query: tuple[torch.Tensor, torch.Tensor] | None = None,
+    pos_key: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Content-free pre-softmax scores (H, n, n) of one DeBERTa-v2/v3 layer.
+
+    `layer_input` (n, d); `query`, `key` = (weight (H*d_h, d), bias (H*d_h,)) of `query_proj` / `key_proj`;
+    `rel_embeddings` (>= 2S, d) = `encoder.rel_embeddings.weight`, already through `encoder.LayerNorm` when
+    `norm_rel_ebd` says so; `pos_query` / `pos_key` = `pos_query_proj` / `pos_key_proj` (unused with share_att_key).
+    """
+    f64 = torch.float64
+    x = layer_input.to(f64)
+    n = x.shape[0]
+
+    def project(inp, weight_bias):
+        return split_heads(inp @ weight_bias[0].to(f64).T + weight_bias[1].to(f64), cfg.n_heads)
+
+    q, k = project(x, query), project(x, key)  # (H, n, d_h)
+    scale = cfg.scale
+    scores = q @ k.transpose(-1, -2) / scale
+    if not set(cfg.pos_att_type) & {"c2p", "p2c"}:
+        return scores
+    span = cfg.att_span
+    rel = rel_embeddings.to(f64)[: 2 * span]  # (2S, d)
+    r = relative_positions(n, cfg)  # (n, n), r[i, j] for i - j
+    if "c2p" in cfg.pos_att_type:
+        pk = project(rel, key if cfg.share_att_key else pos_key)  # (H, 2S, d_h)
+        index = (r + span).clamp(0, 2 * span - 1)  # (n, n)
+        c2p = q @ pk.transpose(-1, -2)  # (H, n, 2S)
+        scores = scores + torch.gather(c2p, -1, index.expand(cfg.n_heads, n, n)) / scale
+    if "p2c" in cfg.pos_att_type:
+        pq = project(rel, query if cfg.share_att_key else pos_query)
+        index = (-r + span).clamp(0, 2 * span - 1)  # row = key position j, column = query position i
+        p2c = k @ pq.transpose(-1, -2)  # (H, n_keys, 2S)
+        scores = scores + torch.gather(p2c, -1, index.expand(cfg.n_heads, n, n)).transpose(-1, -2) / scale
+    return scores
+
+
+# ------------------------------------------------------------------ checkpoint access (through the family table)
+def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
+    """F_hat (H, n, n) float64 numpy of DeBERTa-v2/v3 `layer` (`ModelContext`, SPEC §9).
+
+    Entry `tensors`: 'position' (read only when `position_biased_input`), 'rel_embeddings', 'rel_norm' (prefix of
+    `encoder.LayerNorm`), 'pos_query' / 'pos_key' (prefixes of the unshared position projections, `{l}`).
+    """
+    f, raw = ctx.family, ctx.config
+    cfg = config_from(raw, ctx.source.name)
+    if not raw.get("relative_attention", False):
+        raise PosprobeError(
+            f"'{ctx.source.name}' has relative_attention off: it attends by content and its learned absolute table",
+            "its positional structure is the learned table's: see `posprobe toeplitz`",
+        )
+
+    def t(pattern, optional=False):
+        array = ctx.optional(pattern, layer, stack) if optional else ctx.tensor(pattern, layer, stack)
+        return None if array is None else torch.from_numpy(array).to(torch.float64)
+
+    def linear(prefix, optional=False):
+        weight = t(prefix + ".weight", optional)
+        return None if weight is None else (weight, t(prefix + ".bias"))
+
+    eps = ctx.shape.eps
+    positions = None
+    if raw.get("position_biased_input", True):
+        positions = t(f.tensors["position"])[:n]
+        if positions.shape[0] < n:
+            raise PosprobeError(
+                f"checkpoint '{ctx.source.name}' has {positions.shape[0]} absolute positions, fewer than {n}",
+                "analyse fewer positions with --positions",
+            )
+    token_type = t(f.token_type, optional=True)
+    projection = t(f.projection + ".weight", optional=True)
+    x = embedding_output(
+        torch.from_numpy(ctx.word_mean),
+        (t(f.embedding_norm + ".weight"), t(f.embedding_norm + ".bias"), eps),
+        n,
+        positions=positions,
+        token_type0=None if token_type is None else token_type[0],
+        projection=projection,
+    )
+    rel = t(f.tensors["rel_embeddings"])
+    if rel.shape[0] < 2 * cfg.att_span:
+        raise PosprobeError(
+            f"checkpoint '{ctx.source.name}' has {rel.shape[0]} relative embeddings; its config needs "
+            f"{2 * cfg.att_span}",
+            "the weights do not match config.json; re-save the checkpoint",
+        )
+    if "layer_norm" in _norm_rel_ebd(raw):
+        rel = layer_norm(rel, t(f.tensors["rel_norm"] + ".weight"), t(f.tensors["rel_norm"] + ".bias"), eps)
+    shared = cfg.share_att_key
+    pos_query = None if shared or "p2c" not in cfg.pos_att_type else linear(f.tensors["pos_query"])
+    pos_key = None if shared or "c2p" not in cfg.pos_att_type else linear(f.tensors["pos_key"])
+    scores = disentangled_scores(x, linear(f.query), linear(f.key), rel, cfg, pos_query=pos_query, pos_key=pos_key)
+    return scores.numpy()
+
+
+def config_from(raw: dict, name: str) -> DisentangledConfig:
+    """`DisentangledConfig` of a config.json dict, defaulted as the module defaults it, every field checked."""
+    n_heads = config_int(raw, name, "num_attention_heads")
+    hidden = config_int(raw, name, "hidden_size")
+    head_size = config_int(raw, name, "attention_head_size", default=hidden // n_heads)
+    kinds = raw.get("pos_att_type") or []
+    if isinstance(kinds, str):
+        kinds = [x.strip() for x in kinds.lower().split("|")]
+    if not isinstance(kinds, list) or any(k not in ("c2p", "p2c", "p2p") for k in kinds):
+        raise PosprobeError(
+            f"config.json of '{name}' has pos_att_type = {raw.get('pos_att_type')!r}, expected 'c2p', 'p2c' or both",
+            "fix config.json (DeBERTa-v3: 'p2c|c2p')",
+        )
+    max_rel = config_int(raw, name, "max_relative_positions", default=-1, minimum=None)
+    if max_rel < 1:
+        max_rel = config_int(raw, name, "max_position_embeddings", default=512)
+    return DisentangledConfig(
+        n_heads=n_heads,
+        head_size=head_size,
+        pos_att_type=tuple(kinds),  # 'p2p' is accepted and ignored, as by the module
+        position_buckets=config_int(raw, name, "position_buckets", default=-1, minimum=None),
+        max_relative_positions=max_rel,
+        share_att_key=bool(raw.get("share_att_key", False)),
+    )
+
+
+def _norm_rel_ebd(raw: dict) -> list[str]:
+    return [x.strip() for x in str(raw.get("norm_rel_ebd") or "none").lower().split("|")]

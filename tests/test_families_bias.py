@@ -1,0 +1,428 @@
+"""Bucketed relative bias (T5 / UMT5 encoder and decoder, MPNet) and disentangled (DeBERTa-v2/v3) content-free scores.
+
+Each family: posprobe's content-free scores, read through the family table from a tiny random model, equal the
+pre-softmax scores the real attention modules compute (captured at `softmax`) when every layer's input is the
+embedding-level sequence of the average word (SPEC §9), all layers, float64. Bucket functions: parity with
+transformers' own over wide ranges.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+
+import posprobe
+from posprobe.checkpoint import WeightReader, resolve_model
+from posprobe.checkpoint.architectures import reserved_rows
+from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+from posprobe.cli import main
+from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.families import ModelContext, content_free_scores
+from posprobe.families import disentangled as dis
+from posprobe.families import relative_bias as rb
+
+N = 40  # positions analysed: beyond the tiny configs' exact buckets and max distances
+
+
+def _randomise(model, scale=0.3):
+    """Every parameter random (norm weights around 1), so biases and norms are really exercised."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name.lower() and name.endswith("weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(scale * torch.randn_like(p))
+    return model.double().eval()
+
+
+def _context(model) -> ModelContext:
+    """The family-table view of an in-memory model (the same code as for a folder)."""
+    return ModelContext(source_from_model(model), StateDictReader(model))
+
+
+class _Capture:
+    """Records softmax inputs (the pre-softmax scores) and feeds every layer a fixed input sequence."""
+
+    def __init__(self, monkeypatch):
+        self.scores: list[torch.Tensor] = []
+        original = torch.nn.functional.softmax
+
+        def recording(inp, *args, **kwargs):
+            self.scores.append(inp.detach().clone())
+            return original(inp, *args, **kwargs)
+
+        monkeypatch.setattr(torch.nn.functional, "softmax", recording)
+        self.layer_input = None
+
+    def feed(self, layers):
+        """Replace the hidden states entering each of `layers` by `self.layer_input` (set before or during the run)."""
+
+        def hook(module, args, kwargs):
+            if args:
+                return (self.layer_input, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": self.layer_input}
+
+        for layer in layers:
+            layer.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+# ---------------------------------------------------------------- bucket functions
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize(("buckets", "max_distance"), [(32, 128), (8, 20), (10, 24), (64, 256), (6, 7)])
+def test_t5_bucket_equals_transformers(bidirectional, buckets, max_distance):
+    offsets = torch.arange(-1000, 1001)
+    ours = rb.t5_bucket(offsets, bidirectional, buckets, max_distance)
+    theirs = tf.models.t5.modeling_t5.T5Attention._relative_position_bucket(
+        offsets, bidirectional=bidirectional, num_buckets=buckets, max_distance=max_distance
+    )
+    assert torch.equal(ours, theirs)
+    fake = types.SimpleNamespace(  # UMT5's bucket method reads its settings from the module
+        relative_attention_num_buckets=buckets,
+        relative_attention_max_distance=max_distance,
+        is_decoder=not bidirectional,
+    )
+    umt5 = tf.models.umt5.modeling_umt5.UMT5Attention._relative_position_bucket(fake, offsets)
+    assert torch.equal(ours, umt5)
+    if not bidirectional:
+        assert (ours[offsets > 0] == 0).all()  # causal: every look-ahead shares bucket 0
+
+
+def test_t5_bucket_known_values():
+    """T5 defaults (32 buckets, max distance 128): k = j - i <= 0 in 0..15, k > 0 in 16..31."""
+    k = torch.tensor([0, -1, -7, -8, -127, -128, -5000, 1, 7, 8, 5000])
+    assert rb.t5_bucket(k, True, 32, 128).tolist() == [0, 1, 7, 8, 15, 15, 15, 17, 23, 24, 31]
+
+
+def test_mpnet_bucket_equals_transformers():
+    offsets = torch.arange(-600, 601)
+    theirs = tf.models.mpnet.modeling_mpnet.MPNetEncoder.relative_position_bucket(offsets)
+    assert torch.equal(rb.t5_bucket(offsets, True, rb.MPNET_BUCKETS, rb.MPNET_MAX_DISTANCE), theirs)
+
+
+@pytest.mark.parametrize(("bucket_size", "max_position"), [(256, 512), (8, 64), (16, 40), (4, 9)])
+def test_deberta_log_bucket_equals_transformers(bucket_size, max_position):
+    rel = torch.arange(-2000, 2001)
+    theirs = tf.models.deberta_v2.modeling_deberta_v2.make_log_bucket_position(rel, bucket_size, max_position)
+    ours = dis.log_bucket(rel, bucket_size, max_position)
+    assert torch.equal(ours, theirs.to(torch.long))
+    assert torch.equal(dis.log_bucket(-rel, bucket_size, max_position), -ours)  # odd: p2c may use either sign
+
+
+# ---------------------------------------------------------------- T5 / UMT5
+
+T5_TINY = dict(
+    vocab_size=99,
+    d_model=32,
+    d_kv=8,
+    num_heads=4,
+    d_ff=37,
+    num_layers=3,
+    num_decoder_layers=3,
+    relative_attention_num_buckets=10,
+    relative_attention_max_distance=24,
+    dropout_rate=0.0,
+    attn_implementation="eager",
+)
+
+
+def _t5_stack(family, stack):
+    torch.manual_seed(0)
+    if family == "t5":
+        model = tf.T5ForConditionalGeneration(tf.T5Config(**T5_TINY))
+    else:
+        model = tf.UMT5ForConditionalGeneration(tf.UMT5Config(**T5_TINY))
+    return _randomise(model), getattr(model, stack)
+
+
+@pytest.mark.parametrize("family", ["t5", "umt5"])
+@pytest.mark.parametrize("stack", ["encoder", "decoder"])
+def test_t5_scores_equal_module(monkeypatch, family, stack):
+    model, module = _t5_stack(family, stack)
+    ctx = _context(model)
+    assert ctx.family.name == family and ctx.layers(stack) == len(module.block)
+    cap = _Capture(monkeypatch)
+    cap.layer_input = torch.from_numpy(ctx.word_mean).expand(1, N, -1).clone()
+    cap.feed(module.block)
+    with torch.no_grad():
+        module(inputs_embeds=cap.layer_input, use_cache=False)
+    assert len(cap.scores) == len(module.block)  # self-attention only (no encoder states: no cross-attention)
+    causal = stack == "decoder"
+    assert ctx.causal(stack) == causal
+    keep = rb.relative_offsets(N) <= 0 if causal else torch.ones(N, N, dtype=torch.bool)
+    for layer, real in enumerate(cap.scores):
+        ours = torch.from_numpy(content_free_scores(ctx, layer, N, stack))
+        # rtol: transformers computes the RMS variance in float32 even in a float64 model
+        torch.testing.assert_close(ours[:, keep], real[0][:, keep], rtol=1e-6, atol=1e-6)
+        if causal:
+            assert (real[0][:, ~keep] < -1e300).all()  # the model masks every k > 0
+
+
+def test_t5_reads_layer_0_bias_umt5_its_own():
+    """T5 stores the table in layer 0 only and reuses it; UMT5 has one per layer (the entries say which)."""
+    for family in ("t5", "umt5"):
+        model, module = _t5_stack(family, "encoder")
+        ctx = _context(model)
+        tables = [b.layer[0].SelfAttention.relative_attention_bias.weight for b in module.block if
+                  b.layer[0].SelfAttention.has_relative_attention_bias]  # fmt: skip
+        assert len(tables) == (1 if family == "t5" else len(module.block))
+        f1 = content_free_scores(ctx, 1, N)
+        with torch.no_grad():
+            tables[min(1, len(tables) - 1)].add_(1.0)  # the table layer 1 reads: layer 0's (T5) or its own (UMT5)
+        torch.testing.assert_close(content_free_scores(_context(model), 1, N), f1 + 1.0)
+
+
+def test_t5_scores_are_exactly_toeplitz_and_change_with_the_bias():
+    """Known answer: a constant content term plus bias[bucket(j - i)]; each diagonal is constant."""
+    torch.manual_seed(0)
+    d, heads, buckets = 16, 2, 8
+    table = torch.randn(buckets, heads, dtype=torch.float64)
+    args = (torch.randn(d), torch.ones(d), 1e-6, torch.randn(16, d), torch.randn(16, d), table, 30)
+    f = rb.t5_scores(*args, n_heads=heads, causal=False, num_buckets=buckets, max_distance=20)
+    k = rb.relative_offsets(30)
+    for off in range(-29, 30):
+        diag = f[:, k == off]
+        assert torch.equal(diag, diag[:, :1].expand_as(diag))
+    bumped = table.clone()
+    bumped[rb.t5_bucket(torch.tensor(-3), True, buckets, 20), 1] += 1.0
+    g = rb.t5_scores(*args[:5], bumped, 30, n_heads=heads, causal=False, num_buckets=buckets, max_distance=20)
+    delta = g - f
+    assert torch.allclose(delta[0], torch.zeros_like(delta[0]))
+    hit = rb.t5_bucket(k, True, buckets, 20) == rb.t5_bucket(torch.tensor(-3), True, buckets, 20)  # shared log bucket
+    assert hit[k == -3].all() and not hit[k == 0].any()
+    torch.testing.assert_close(delta[1][hit], torch.ones(int(hit.sum()), dtype=torch.float64))
+    torch.testing.assert_close(delta[1][~hit], torch.zeros(int((~hit).sum()), dtype=torch.float64))
+
+
+# ---------------------------------------------------------------- MPNet
+
+
+def test_mpnet_scores_equal_module(monkeypatch, tmp_path):
+    torch.manual_seed(0)
+    cfg = tf.MPNetConfig(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=N + 2,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    model = _randomise(tf.MPNetForMaskedLM(cfg))
+    model.save_pretrained(tmp_path / "mpnet")
+    source = resolve_model(str(tmp_path / "mpnet"))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format))
+    cap = _Capture(monkeypatch)
+    model.mpnet.embeddings.register_forward_hook(lambda m, a, out: setattr(cap, "layer_input", out))
+    cap.feed(model.mpnet.encoder.layer)
+    ids = torch.full((1, N), 5)  # any non-padding id: positions 2 .. N+1, as for real text
+    with torch.no_grad():
+        model(inputs_embeds=torch.from_numpy(ctx.word_mean).expand(1, N, -1).clone(), attention_mask=ids * 0 + 1)
+    assert len(cap.scores) == cfg.num_hidden_layers
+    for layer, real in enumerate(cap.scores):
+        ours = torch.from_numpy(content_free_scores(ctx, layer, N))
+        torch.testing.assert_close(ours, real[0], rtol=1e-10, atol=1e-10)
+    assert model.mpnet.embeddings.padding_idx + 1 == rb.MPNET_RESERVED_ROWS == reserved_rows(source.config, "m")
+
+
+# ---------------------------------------------------------------- DeBERTa-v2/v3
+
+DEBERTA_V3 = dict(  # v3-style: shared keys, log buckets, relative-embedding LayerNorm, no absolute input
+    relative_attention=True,
+    pos_att_type="p2c|c2p",
+    share_att_key=True,
+    position_buckets=8,
+    max_relative_positions=32,
+    norm_rel_ebd="layer_norm",
+    position_biased_input=False,
+    type_vocab_size=0,
+)
+DEBERTA_V2_OLD = dict(  # separate position projections, no buckets (clamped at the span), absolute input, c2p only
+    relative_attention=True,
+    pos_att_type=["c2p"],
+    share_att_key=False,
+    max_relative_positions=12,
+    position_biased_input=True,
+    type_vocab_size=2,
+    embedding_size=24,
+)
+DEBERTA_P2C_UNSHARED = dict(
+    relative_attention=True,
+    pos_att_type="c2p|p2c",
+    share_att_key=False,
+    position_buckets=16,
+    max_relative_positions=-1,  # defaults to max_position_embeddings
+    norm_rel_ebd="layer_norm",
+    position_biased_input=False,
+    type_vocab_size=0,
+    conv_kernel_size=3,  # the conv after layer 0 changes deeper inputs, not the embedding-level picture
+)
+
+
+@pytest.mark.parametrize("variant", [DEBERTA_V3, DEBERTA_V2_OLD, DEBERTA_P2C_UNSHARED], ids=["v3", "v2-c2p", "p2c"])
+def test_deberta_scores_equal_module(monkeypatch, variant):
+    torch.manual_seed(0)
+    cfg = tf.DebertaV2Config(
+        vocab_size=99,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=N + 8,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **variant,
+    )
+    model = _randomise(tf.DebertaV2Model(cfg))
+    ctx = _context(model)
+    cap = _Capture(monkeypatch)
+    model.embeddings.register_forward_hook(lambda m, a, out: setattr(cap, "layer_input", out))
+    cap.feed(model.encoder.layer)
+    with torch.no_grad():
+        model(inputs_embeds=torch.from_numpy(ctx.word_mean).expand(1, N, -1).clone())
+    assert len(cap.scores) == cfg.num_hidden_layers
+    for layer, real in enumerate(cap.scores):
+        ours = torch.from_numpy(content_free_scores(ctx, layer, N))
+        torch.testing.assert_close(ours, real[0], rtol=1e-10, atol=1e-10)
+
+
+def test_deberta_scores_depend_on_offset_only_for_a_constant_input():
+    """Known answer: without an absolute input the content-free matrix is Toeplitz (c2p and p2c use r = i - j)."""
+    torch.manual_seed(0)
+    d, heads = 16, 2
+    dc = dis.DisentangledConfig(heads, d // heads, ("c2p", "p2c"), 8, 32, True)
+    x = torch.randn(d, dtype=torch.float64).expand(20, -1)
+    qw, kw = (torch.randn(d, d), torch.randn(d)), (torch.randn(d, d), torch.randn(d))
+    f = dis.disentangled_scores(x, qw, kw, torch.randn(16, d), dc)
+    k = rb.relative_offsets(20)
+    for off in range(-19, 20):
+        diag = f[:, k == off]
+        torch.testing.assert_close(diag, diag[:, :1].expand_as(diag), rtol=1e-12, atol=1e-12)
+    assert dc.scale == pytest.approx(math.sqrt(8 * 3), rel=1e-7)
+
+
+def test_every_bias_and_disentangled_family_is_tested_here():
+    """Adding a bucket-bias or disentangled family = one table entry + one tiny model in this file."""
+    from posprobe.families import FAMILIES
+    from posprobe.families.table import BUCKET_BIAS, DISENTANGLED
+
+    analysable = {f.name for f in FAMILIES if f.analysable and f.kind in (BUCKET_BIAS, DISENTANGLED)}
+    assert analysable == {"t5", "umt5", "mpnet", "deberta-v2"}
+
+
+# ---------------------------------------------------------------- commands (library and CLI) on saved checkpoints
+
+
+@pytest.fixture(scope="module")
+def bias_checkpoints(tmp_path_factory):
+    """Saved tiny T5 (encoder-decoder), MPNet (masked LM: 'mpnet.' prefix) and DeBERTa-v3-style checkpoints."""
+    root = tmp_path_factory.mktemp("bias")
+    folders = {"t5": root / "t5", "mpnet": root / "mpnet", "deberta": root / "deberta"}
+    _t5_stack("t5", "encoder")[0].float().save_pretrained(folders["t5"])
+    torch.manual_seed(0)
+    mpnet = tf.MPNetForMaskedLM(tf.MPNetConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                               num_attention_heads=4, intermediate_size=37,
+                                               max_position_embeddings=N + 2))  # fmt: skip
+    _randomise(mpnet).float().save_pretrained(folders["mpnet"])
+    deberta = tf.DebertaV2Model(tf.DebertaV2Config(vocab_size=99, hidden_size=32, num_hidden_layers=2,
+                                                   num_attention_heads=4, intermediate_size=37,
+                                                   max_position_embeddings=N, **DEBERTA_V3))  # fmt: skip
+    _randomise(deberta).float().save_pretrained(folders["deberta"])
+    return folders
+
+
+def _json(args):
+    from typer.testing import CliRunner
+
+    from posprobe.cli import app
+
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_t5_decoder_profiles_known_answer(bias_checkpoints, tmp_path):
+    """T5's content-free profile is exact: the constant q . k plus bias[bucket(k), h] of layer 0's table."""
+    folder = bias_checkpoints["t5"]
+    record = _json(["profiles", str(folder), "--stack", "decoder", "--layers", "all", "--positions", "30",
+                    "--window", "5", "--out", str(tmp_path), "--json"])  # fmt: skip
+    assert record["causal"] is True and record["stack"] == "decoder" and "only k <= 0" in record["convention"]
+    with np.load(record["npz"]) as npz:
+        profiles, offsets = npz["profiles"], npz["offsets"]
+    assert profiles.shape == (3, 4, 59) and list(offsets) == list(range(-29, 30))
+    model = tf.T5ForConditionalGeneration.from_pretrained(folder).double()
+    table = model.decoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.detach()
+    bias = table[rb.t5_bucket(torch.from_numpy(offsets), False, 10, 24)].T.numpy()  # (H, 2n - 1)
+    for layer in range(3):
+        content = profiles[layer] - bias  # the same constant at every offset: Toeplitz and exact
+        np.testing.assert_allclose(content, content[:, :1].repeat(59, 1), rtol=0, atol=1e-9)
+    encoder = posprobe.profiles(str(folder), positions=30, window=5)
+    assert encoder.stack == "encoder" and not encoder.causal and not np.allclose(encoder.profiles, profiles)
+    assert np.allclose(encoder.fhat_r2, 1.0)  # encoder: exactly Toeplitz
+
+
+@pytest.mark.parametrize("name, stack", [("t5", "encoder"), ("t5", "decoder"), ("deberta", "encoder")])
+def test_fit_tisa_runs_on_t5_and_deberta(bias_checkpoints, tmp_path, name, stack):
+    record = _json(["fit-tisa", str(bias_checkpoints[name]), "--kernels", "2", "--window", "6", "--layers", "0",
+                    "--positions", "24", "--stack", stack, "--out", str(tmp_path), "--json"])  # fmt: skip
+    assert record["mode"] == "content-free" and len(record["heads"]) == 4 and record["causal"] == (stack == "decoder")
+    assert np.isfinite([h["r2"] for h in record["heads"]]).all()
+    assert record["stack"] == stack  # and the decoder's files never replace the encoder's in the same folder
+    suffix = "_decoder" if stack == "decoder" else ""
+    assert Path(record["kernels_file"]).name == f"tisa_kernels_S2{suffix}_layers0.safetensors"
+
+
+def test_stack_and_positions_do_not_apply_to_a_profiles_file(bias_checkpoints, tmp_path):
+    out = tmp_path / "p"
+    _json(["profiles", str(bias_checkpoints["t5"]), "--positions", "24", "--out", str(out), "--json"])
+    npz = next(out.glob("*.npz"))
+    with pytest.raises(PosprobeError, match="a .npz holds profiles already computed"):
+        posprobe.fit_tisa(str(npz), kernels=2, window=6, stack="decoder")
+
+
+def test_fhat_mpnet_and_deberta_cli(bias_checkpoints, tmp_path):
+    mp = _json(["fhat", str(bias_checkpoints["mpnet"]), "--layer", "-1", "--out", str(tmp_path / "m"), "--json"])
+    assert mp["position_kind"] == "bucket_bias" and mp["n_positions"] == N and mp["causal"] is False
+    de = _json(["fhat", str(bias_checkpoints["deberta"]), "--positions", "24", "--out", str(tmp_path / "d"),
+                "--json"])  # fmt: skip
+    assert de["position_kind"] == "disentangled" and de["n_positions"] == 24
+    assert all(abs(h["toeplitz_r2"] - 1) < 1e-9 for h in de["heads"])  # v3: no absolute input, exactly Toeplitz
+
+
+def test_toeplitz_reads_mpnet_table_and_points_t5_elsewhere(bias_checkpoints, tmp_path, capsys):
+    result = posprobe.toeplitz(str(bias_checkpoints["mpnet"]))
+    assert result.n_positions == N and result.dropped_rows == 2  # padding_idx + 1 reserved rows
+    for name in ("t5", "deberta"):
+        with pytest.raises(SystemExit) as info:
+            main(["toeplitz", str(bias_checkpoints[name]), "--out", str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.count("\n") == 1 and "posprobe profiles" in err
+        assert not (tmp_path / "o").exists()
+
+
+def test_compare_mpnet_t5_deberta(bias_checkpoints, tmp_path):
+    record = _json(["compare", *(str(bias_checkpoints[k]) for k in ("mpnet", "t5", "deberta")),
+                    "--positions", "20", "--out", str(tmp_path), "--json"])  # fmt: skip
+    mpnet, t5, deberta = record["models"]
+    assert mpnet["toeplitz_r2"] is not None  # its absolute table, beside the bias
+    assert t5["toeplitz_r2"] is None and deberta["toeplitz_r2"] is None
+    assert {m["position_kind"] for m in record["models"]} == {"bucket_bias", "disentangled"}
+
+
+def test_bad_stack_and_positions(bias_checkpoints):
+    with pytest.raises(ArgumentValueError, match="no decoder"):
+        posprobe.fhat(str(bias_checkpoints["mpnet"]), stack="decoder")
+    with pytest.raises(ArgumentValueError, match="positions"):
+        posprobe.fhat(str(bias_checkpoints["mpnet"]), positions=N + 1)
+    with pytest.raises(ArgumentValueError, match="stack"):
+        posprobe.fhat(str(bias_checkpoints["t5"]), stack="middle")

@@ -1,0 +1,123 @@
+"""Every family through fhat / profiles / fit-tisa / compare (CLI and library), --positions, --layers all,
+causal marking, and toeplitz pointing a rotary model to the commands that show its positional structure."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from family_models import build
+from typer.testing import CliRunner
+
+import posprobe
+from posprobe.cli import app, main
+from posprobe.errors import ArgumentValueError
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def family_checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    folders = {}
+    for family in ("llama", "bloom", "gpt_neox"):
+        folders[family] = root / family
+        build(family).save_pretrained(folders[family])
+    return folders
+
+
+def run_json(args):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_fhat_rotary(family_checkpoints, tmp_path):
+    record = run_json(["fhat", str(family_checkpoints["llama"]), "--layer", "-1", "--positions", "16",
+                       "--out", str(tmp_path), "--json"])  # fmt: skip
+    assert record["mode"] == "content-free" and record["position_kind"] == "rotary" and record["causal"] is True
+    assert record["layer"] == 1 and record["n_positions"] == 16 and len(record["heads"]) == 4
+    assert (tmp_path / "fhat_layer1_content-free.json").is_file()
+    default = posprobe.fhat(str(family_checkpoints["llama"]))
+    assert default.matrices.shape == (4, 64, 64)  # min(max_position_embeddings = 64, 512)
+    assert "causal" in default.plot().title
+
+
+@pytest.mark.parametrize("family", ["llama", "bloom", "gpt_neox"])
+def test_profiles_npz_contract(family_checkpoints, family, tmp_path):
+    record = run_json(["profiles", str(family_checkpoints[family]), "--layers", "all", "--positions", "12",
+                       "--window", "4", "--out", str(tmp_path), "--json"])  # fmt: skip
+    assert record["causal"] is True and "only k <= 0" in record["convention"]
+    with np.load(record["npz"]) as npz:
+        assert npz["profiles"].shape == (2, 4, 23) and list(npz["layers"]) == [0, 1]
+        assert list(npz["offsets"]) == list(range(-11, 12))
+    result = posprobe.profiles(str(family_checkpoints[family]), positions=12, window=4)
+    f = posprobe.fhat(str(family_checkpoints[family]), layer=1, positions=12).matrices
+    brute = [np.mean(np.diagonal(f[0], offset=k)) for k in range(-11, 12)]  # diagonal k = j - i
+    np.testing.assert_allclose(result.profile(1, 0), brute, rtol=1e-12, atol=1e-12)
+
+
+def test_alibi_profile_is_linear_in_distance(family_checkpoints):
+    result = posprobe.profiles(str(family_checkpoints["bloom"]), positions=10, window=3)
+    p = result.profiles[0]  # (H, 19); ALiBi: content constant - m_h |k|
+    slopes = p[:, 9] - p[:, 8]
+    np.testing.assert_allclose(p[:, 9][:, None] - p, slopes[:, None] * np.abs(np.arange(-9, 10)), atol=1e-9)
+    assert np.all(slopes > 0)
+
+
+def test_fit_tisa_on_a_rotary_model(family_checkpoints, tmp_path):
+    record = run_json(["fit-tisa", str(family_checkpoints["llama"]), "--kernels", "2", "--window", "6",
+                       "--out", str(tmp_path), "--json"])  # fmt: skip
+    assert record["causal"] is True and record["mode"] == "content-free" and len(record["heads"]) == 2 * 4
+    assert np.isfinite([h["r2"] for h in record["heads"]]).all()
+
+
+def test_compare_mixes_families(family_checkpoints, tiny_checkpoints, tmp_path):
+    record = run_json(["compare", str(tiny_checkpoints["bert"]), str(family_checkpoints["llama"]),
+                       "--positions", "32", "--out", str(tmp_path), "--json"])  # fmt: skip
+    bert, llama = record["models"]
+    assert bert["position_kind"] == "learned" and bert["toeplitz_r2"] is not None and bert["n_positions"] == 32
+    assert llama["position_kind"] == "rotary" and llama["toeplitz_r2"] is None and llama["causal"] is True
+    assert llama["mean_fhat_r2"] is not None
+
+
+def test_toeplitz_names_the_commands_for_a_rotary_model(family_checkpoints, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["toeplitz", str(family_checkpoints["llama"]), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and "rotary" in err and "posprobe profiles" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_positions_and_stack(family_checkpoints):
+    with pytest.raises(ArgumentValueError, match="65 positions"):
+        posprobe.fhat(str(family_checkpoints["llama"]), positions=65)
+    with pytest.raises(ArgumentValueError, match="one stack, no decoder"):
+        posprobe.profiles(str(family_checkpoints["llama"]), stack="decoder")
+    with pytest.raises(ArgumentValueError):
+        posprobe.fhat(str(family_checkpoints["llama"]), positions=1)
+
+
+def test_loaded_model_object_equals_folder(family_checkpoints):
+    import transformers as tf
+
+    model = tf.AutoModel.from_pretrained(family_checkpoints["gpt_neox"], dtype="float64")
+    a = posprobe.fhat(model, layer=1, positions=8).matrices
+    b = posprobe.fhat(str(family_checkpoints["gpt_neox"]), layer=1, positions=8).matrices
+    np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
+def test_rotary_config_disagreeing_with_weights_is_refused(family_checkpoints, tmp_path, capsys):
+    import shutil
+
+    folder = tmp_path / "mixed"
+    shutil.copytree(family_checkpoints["llama"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = 128
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as info:
+        main(["profiles", str(folder), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "vocab_size = 128 but the weights hold a word table of 99 rows" in err
+    assert "re-download it" in err and not (tmp_path / "o").exists()

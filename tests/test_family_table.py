@@ -1,0 +1,109 @@
+"""The family table is the one source of family knowledge: params, analyses, retrofit and config checks agree."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from posprobe.analysis.params import positional_parameter_counts
+from posprobe.cli import main
+from posprobe.errors import PosprobeError
+from posprobe.families import FAMILIES, family_for_type, model_types, position_kind
+from posprobe.families.table import LEARNED, ROTARY, SCORE_MODULES, TABLE_KINDS
+
+
+def test_every_model_type_has_one_entry_and_known_kind():
+    seen = [t for f in FAMILIES for t in f.model_types]
+    assert len(seen) == len(set(seen))
+    for family in FAMILIES:
+        assert family.mechanism  # every entry can say what it uses
+        if family.analysable and family.kind not in TABLE_KINDS:
+            assert family.kind in SCORE_MODULES
+
+
+def test_known_transformers_types():
+    """Every entry names a model type transformers knows (no typos in the table)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    unknown = [t for f in FAMILIES for t in f.model_types if t not in CONFIG_MAPPING_NAMES]
+    assert unknown == []
+
+
+def test_params_and_analyses_read_the_same_table():
+    """Issue 9: the learned-table knowledge of `params` and of the analyses came from two lists."""
+    from posprobe.checkpoint import SUPPORTED_MODEL_TYPES
+    from posprobe.retrofit import RETROFIT_MODEL_TYPES
+
+    assert set(RETROFIT_MODEL_TYPES) <= set(SUPPORTED_MODEL_TYPES)
+    for model_type in model_types():
+        config = {"model_type": model_type, "hidden_size": 32, "max_position_embeddings": 64,
+                  "num_attention_heads": 4, "num_hidden_layers": 2}  # fmt: skip
+        counts = positional_parameter_counts(config)
+        learned = family_for_type(model_type).learned_table
+        assert (counts.absolute is not None) == learned, model_type
+        if model_type in SUPPORTED_MODEL_TYPES:  # tables posprobe reads: learned ones count, built ones don't
+            assert (counts.absolute is not None) == (family_for_type(model_type).kind == LEARNED)
+    llama = positional_parameter_counts({**config, "model_type": "llama"})
+    assert llama.absolute is None and position_kind({"model_type": "llama"})[0] == ROTARY
+
+
+@pytest.mark.parametrize("command", ["params", "toeplitz"])
+def test_null_pad_token_id_is_refused_the_same_way_everywhere(tiny_checkpoints, tmp_path, command, capsys):
+    """Issue 9: `pad_token_id: null` in a RoBERTa config crashed one command and not the other."""
+    folder = tmp_path / "r"
+    shutil.copytree(tiny_checkpoints["roberta"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["pad_token_id"] = None
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SystemExit) as info:
+        main([command, str(folder)] + (["--out", str(tmp_path / "o")] if command == "toeplitz" else []))
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("posprobe: error:") and "pad_token_id" in err
+    assert "Traceback" not in err and not (tmp_path / "o").exists()
+    with pytest.raises(PosprobeError, match="pad_token_id"):
+        positional_parameter_counts(config)
+
+
+def _edited(tiny_checkpoints, tmp_path, family, **changes):
+    folder = tmp_path / family
+    shutil.copytree(tiny_checkpoints[family], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "family, changes, words",
+    [
+        ("roberta", {"max_position_embeddings": 64}, "max_position_embeddings = 64 (2 reserved + 62 positions)"),
+        ("bert", {"max_position_embeddings": 128}, "max_position_embeddings = 128"),
+        ("gpt2", {"n_positions": 32}, "n_positions = 32"),
+        ("bert", {"vocab_size": 120}, "vocab_size = 120"),
+    ],
+)
+@pytest.mark.parametrize("command", ["toeplitz", "fhat"])
+def test_config_disagreeing_with_weights_is_refused(tiny_checkpoints, tmp_path, family, changes, words, command,
+                                                    capsys):  # fmt: skip
+    """Reviewer defect: a config.json from another checkpoint than the weights was analysed silently."""
+    folder = _edited(tiny_checkpoints, tmp_path, family, **changes)
+    if command == "toeplitz" and "vocab_size" in changes:
+        pytest.skip("toeplitz reads no word table")
+    with pytest.raises(SystemExit) as info:
+        main([command, str(folder), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and not (tmp_path / "o").exists()
+    assert err.startswith("posprobe: error: config.json of") and words in err
+    assert "the folder mixes files from two checkpoints; re-download it" in err and err.count("\n") == 1
+
+
+def test_readme_table_is_the_family_table():
+    from pathlib import Path
+
+    from posprobe.families.table import families_markdown
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    block = readme.split("<!-- families:begin -->\n", 1)[1].split("\n<!-- families:end -->", 1)[0]
+    assert block == families_markdown()
