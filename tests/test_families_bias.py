@@ -388,6 +388,11 @@ def test_stack_and_positions_do_not_apply_to_a_profiles_file(bias_checkpoints, t
     npz = next(out.glob("*.npz"))
     with pytest.raises(PosprobeError, match="a .npz holds profiles already computed"):
         posprobe.fit_tisa(str(npz), kernels=2, window=6, stack="decoder")
+    decoder = tmp_path / "d"  # a decoder's .npz keeps its stack through fit-tisa (file names, JSON)
+    _json(["profiles", str(bias_checkpoints["t5"]), "--positions", "24", "--stack", "decoder", "--out", str(decoder),
+           "--json"])  # fmt: skip
+    fit = posprobe.fit_tisa(str(next(decoder.glob("*.npz"))), kernels=1, window=6)
+    assert fit.stack == "decoder" and fit.causal
 
 
 def test_fhat_mpnet_and_deberta_cli(bias_checkpoints, tmp_path):

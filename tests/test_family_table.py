@@ -11,7 +11,7 @@ from posprobe.analysis.params import positional_parameter_counts
 from posprobe.cli import main
 from posprobe.errors import PosprobeError
 from posprobe.families import FAMILIES, family_for_type, model_types, position_kind
-from posprobe.families.table import LEARNED, ROTARY, SCORE_MODULES, TABLE_KINDS
+from posprobe.families.table import LEARNED, OTHER, ROTARY, SCORE_MODULES, TABLE_KINDS
 
 
 def test_every_model_type_has_one_entry_and_known_kind():
@@ -47,6 +47,21 @@ def test_params_and_analyses_read_the_same_table():
             assert (counts.absolute is not None) == (family_for_type(model_type).kind == LEARNED)
     llama = positional_parameter_counts({**config, "model_type": "llama"})
     assert llama.absolute is None and position_kind({"model_type": "llama"})[0] == ROTARY
+
+
+def test_params_reads_each_familys_own_config():
+    """`params` on a family's own default config (its own key names: BLOOM `n_head`, T5 `d_kv`/`num_layers`, no
+    position limit for ALiBi and bucket models) counts every mechanism; it failed on BLOOM, MPT and T5."""
+    from transformers import AutoConfig
+
+    for family in FAMILIES:
+        if family.kind == OTHER:  # named in messages only (funnel, reformer, ... have their own layouts)
+            continue
+        for model_type in family.model_types:
+            config = AutoConfig.for_model(model_type).to_dict()
+            counts = positional_parameter_counts(config)
+            assert counts.mechanisms["tisa"] == 3 * 5 * counts.n_heads * counts.n_layers, model_type
+            assert (counts.absolute is not None) == family.learned_table, model_type
 
 
 @pytest.mark.parametrize("command", ["params", "toeplitz"])

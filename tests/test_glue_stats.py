@@ -121,3 +121,12 @@ def test_grid_summary_rows_deltas_and_average():
     text = grid_markdown(result)
     assert "| mechanism | cola (matthews) | sst2 (accuracy) | average |" in text
     assert "p = 0.25" in text and "| tisa |" in text
+
+
+def test_grid_init_fit_reaches_every_mechanism_holding_tisa(tmp_path):
+    """--init fit in a grid: kept for tisa and combinations holding TISA (tisa+fixed), zero for the others."""
+    from posprobe.glue.grid import grid_configs
+
+    configs = grid_configs(["cola"], ["none", "tisa", "tisa+fixed", "fixed"], tmp_path, [0], init="fit")
+    inits = {mechanism: config.init for (_, mechanism), config in configs.items()}
+    assert inits == {"none": "zero", "tisa": "fit", "tisa+fixed": "fit", "fixed": "zero"}

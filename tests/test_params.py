@@ -119,7 +119,7 @@ def test_to_json_is_plain():
 @pytest.mark.parametrize(
     "cfg,kwargs",
     [
-        ({"hidden_size": 768, "num_attention_heads": 12, "num_hidden_layers": 12}, {}),  # no positions
+        ({"model_type": "bert", "hidden_size": 768, "num_attention_heads": 12, "num_hidden_layers": 12}, {}),  # no n
         ({"hidden_size": 768, "max_position_embeddings": 512, "num_hidden_layers": 12}, {}),  # no heads
         ({"hidden_size": 770, "max_position_embeddings": 512, "num_attention_heads": 12, "num_hidden_layers": 1}, {}),
         ({"hidden_size": 768, "max_position_embeddings": "512", "num_attention_heads": 12, "num_hidden_layers": 1}, {}),

@@ -22,18 +22,21 @@ from dataclasses import asdict, dataclass, field
 
 from posprobe.checkpoint.architectures import reserved_rows
 from posprobe.errors import PosprobeError
-from posprobe.families.table import KIND_NAMES, LEARNED, OTHER, SINUSOIDAL, family_for_type, position_kind
+from posprobe.families.table import (
+    CONFIG_KEYS,
+    KIND_NAMES,
+    LEARNED,
+    OTHER,
+    SINUSOIDAL,
+    config_value,
+    family_for_type,
+    position_kind,
+)
 from posprobe.mechanisms.catalogue import CATALOGUE, DEFAULT_RADIUS, LayerShape, check_kernels, check_radius
 from posprobe.validation import as_int_list
 
 DEFAULT_KERNELS = (1, 3, 5)
 LEARNED_TABLE = KIND_NAMES[LEARNED]
-_KEYS = {
-    "hidden": ("hidden_size", "n_embd", "dim", "d_model"),
-    "positions": ("max_position_embeddings", "n_positions", "n_ctx"),
-    "heads": ("num_attention_heads", "n_head", "n_heads"),
-    "layers": ("num_hidden_layers", "n_layer", "n_layers"),
-}
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class PositionalParams:
 
     model_type: str
     position_encoding: str
-    n_positions: int
+    n_positions: int | None  # None: no position limit in the config (ALiBi, relative buckets)
     reserved_rows: int
     table_width: int
     hidden_size: int
@@ -80,19 +83,23 @@ class PositionalParams:
         return out
 
 
-def _get(config: dict, what: str) -> int:
-    for key in _KEYS[what]:
-        value = config.get(key)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PosprobeError(
-                    f"config field '{key}' = {value!r} is not a positive whole number", "check the model's config.json"
-                )
-            return value
-    raise PosprobeError(
-        f"the config has no {what} field (looked for {', '.join(_KEYS[what])})",
-        "pass a model whose config.json describes a transformer with learned positions",
-    )
+def _get(config: dict, what: str, required: bool = True) -> int | None:
+    """The config's size `what` under any of the family table's `CONFIG_KEYS` names (None if absent and not
+    `required`)."""
+    value = config_value(config, what)
+    if value is None:
+        if not required:
+            return None
+        raise PosprobeError(
+            f"the config has no {what} field (looked for {', '.join(CONFIG_KEYS[what])})",
+            "check the model's config.json (it may be damaged or from a model type posprobe does not know)",
+        )
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        key = next(k for k in CONFIG_KEYS[what] if config.get(k) is not None)
+        raise PosprobeError(
+            f"config field '{key}' = {value!r} is not a positive whole number", "check the model's config.json"
+        )
+    return value
 
 
 def positional_encoding(config: dict) -> str:
@@ -123,19 +130,22 @@ def positional_parameter_counts(
     encoding = positional_encoding(config)
     hidden = _get(config, "hidden")
     table_width = config.get("embedding_size") or hidden
-    n_table = _get(config, "positions")
+    learned = has_learned_table(config)
+    n_table = _get(config, "positions", required=learned)  # ALiBi / bucket models may state no limit
     heads = _get(config, "heads")
     layers = _get(config, "layers")
-    reserved = reserved_rows(config, "the model") if has_learned_table(config) else 0
-    n = n_table - reserved
-    if n < 1:
+    reserved = reserved_rows(config, "the model") if learned else 0
+    n = None if n_table is None else n_table - reserved
+    if n is not None and n < 1:
         raise PosprobeError(
             f"the position table has {n_table} rows but {reserved} are reserved",
             "check max_position_embeddings and pad_token_id in config.json",
         )
-    if hidden % heads:
-        raise PosprobeError(f"hidden size {hidden} is not divisible by {heads} heads", "check config.json")
-    head_dim = hidden // heads
+    head_dim = _get(config, "head_dim", required=False)  # T5's d_kv; else hidden / heads
+    if head_dim is None:
+        if hidden % heads:
+            raise PosprobeError(f"hidden size {hidden} is not divisible by {heads} heads", "check config.json")
+        head_dim = hidden // heads
     shape = LayerShape(num_heads=heads, head_dim=head_dim, input_size=hidden)
 
     def total(name: str, **options) -> int:
@@ -143,7 +153,7 @@ def positional_parameter_counts(
         return layers * info.parameters_per_depth(shape, info.options(radius=radius, **options))
 
     mechanisms = {name: total(name) for name in CATALOGUE}
-    absolute = n * table_width if has_learned_table(config) else None
+    absolute = n * table_width if learned else None
     return PositionalParams(
         model_type=model_type,
         position_encoding=encoding,

@@ -236,7 +236,8 @@ def params(
 
     c = counts
     table = Table(
-        title=f"Positional parameters — {source.name} ({c.model_type}): n={c.n_positions}, "
+        title=f"Positional parameters — {source.name} ({c.model_type}): "
+        f"n={'no limit' if c.n_positions is None else c.n_positions}, "
         f"d={c.table_width}, H={c.n_heads}, L={c.n_layers}, d_h={c.head_dim}, r={c.radius}",
         title_justify="left",
     )

@@ -55,7 +55,7 @@ CONFIG_KEYS = {
     "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "attention_heads"),
     "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv"),
     "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
-    "hidden": ("hidden_size", "n_embd", "dim", "d_model"),
+    "hidden": ("hidden_size", "n_embd", "dim", "d_model", "emb_dim"),
     "head_dim": ("head_dim", "d_kv"),
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
     "vocab": ("vocab_size", "n_vocab"),

@@ -29,6 +29,7 @@ from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.glue.config import FinetuneConfig
 from posprobe.glue.grid_report import GridResult, grid_markdown, grid_summary
 from posprobe.glue.tasks import get_task
+from posprobe.mechanisms.catalogue import mechanism_info
 from posprobe.outputs import save_figure, write_json, write_text
 
 GRID_FILE = "grid.json"
@@ -68,7 +69,8 @@ def grid_configs(
     for task in tasks:
         for mechanism in mechanisms:
             cell_init = init
-            if mechanism == "none" or (str(init).startswith("fit") and mechanism != "tisa"):
+            # --init fit applies to the mechanisms holding TISA (`tisa`, `tisa+fixed`, ...); the others start at zero
+            if mechanism == "none" or (str(init).startswith("fit") and not mechanism_info(mechanism).supports_fit):
                 cell_init = "zero"
             config = FinetuneConfig(
                 task=task,

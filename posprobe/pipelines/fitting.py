@@ -60,6 +60,7 @@ class ProfileSet:
     n_heads: int
     shared_layers: bool
     causal: bool = False  # the model only uses k <= 0 (the profile at k > 0 is fitted too, but never used)
+    stack: str = "encoder"  # of a T5-style encoder-decoder: which stack the profiles came from
 
 
 @dataclass(frozen=True, repr=False)
@@ -263,7 +264,7 @@ def fit_tisa(
         fits,
         orientation,
         data.causal,
-        "encoder" if str(model).endswith(".npz") or profiles is not None else stack,
+        data.stack,
     )
 
 
@@ -365,6 +366,7 @@ def load_profiles(
         int(res.n_heads),
         bool(res.shared_layers),
         bool(res.causal),
+        res.stack,
     )
 
 
@@ -518,6 +520,7 @@ def _profiles_from_npz(path: Path, layers: list[int] | None, profile: str | None
         int(profiles.shape[1]),
         bool(meta.get("shared_layers", False)),
         bool(meta.get("causal", False)),
+        "decoder" if meta.get("stack") == "decoder" else "encoder",
     )
 
 
