@@ -238,7 +238,7 @@ class FhatResult(ResultMixin):
     toeplitz_r2: np.ndarray
     position_kind: str = LEARNED
     causal: bool = False
-    stack: str = "encoder"
+    stack: str | None = "encoder"  # None: the model has one stack
 
     _repr_fields = ("model", "layer", "mode", "mean_toeplitz_r2", "toeplitz_r2", "matrices")
 
@@ -319,6 +319,11 @@ class _FhatComputer:
             self.n = self._check_n(positions, maximum, "its config allows") if maximum else positions
             self.ctx.word_mean  # noqa: B018  (read the vocabulary once, before any layer)
 
+    @property
+    def reported_stack(self) -> str | None:
+        """The stack results name: 'encoder'/'decoder' for an encoder-decoder model, None for one stack."""
+        return self.stack if self.family.encoder_decoder or self.source.config.get("is_encoder_decoder") else None
+
     def _check_n(self, positions, available: int, what: str) -> int:
         if positions is None:
             return available
@@ -362,7 +367,7 @@ class _FhatComputer:
             np.asarray(toeplitz_r2(f), dtype=np.float64),
             self.kind,
             self.causal,
-            self.stack,
+            self.reported_stack,
         )
 
 
@@ -420,7 +425,7 @@ class ProfileResult(ResultMixin):
     extra: dict = field(default_factory=dict)
     position_kind: str = LEARNED
     causal: bool = False
-    stack: str = "encoder"
+    stack: str | None = "encoder"  # None: the model has one stack
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "n_positions", "window", "causal", "profiles", "offsets")
 
@@ -548,7 +553,7 @@ def profiles(
         shared,
         position_kind=computer.kind,
         causal=computer.causal,
-        stack=computer.stack,
+        stack=computer.reported_stack,
     )
 
 

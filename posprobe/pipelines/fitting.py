@@ -60,7 +60,7 @@ class ProfileSet:
     n_heads: int
     shared_layers: bool
     causal: bool = False  # the model only uses k <= 0 (the profile at k > 0 is fitted too, but never used)
-    stack: str = "encoder"  # of a T5-style encoder-decoder: which stack the profiles came from
+    stack: str | None = None  # of a T5-style encoder-decoder: which stack the profiles came from
 
 
 @dataclass(frozen=True, repr=False)
@@ -123,7 +123,7 @@ class TisaFitResult(ResultMixin):
     fits: list[TisaFit] = field(default_factory=list)
     orientation: str = "posprobe"  # of the kernels files to write: posprobe (k = j - i) or official (i - j - 1)
     causal: bool = False  # profiles of a causal model: only k <= 0 is used by it
-    stack: str = "encoder"  # which stack of an encoder-decoder model (T5-style) the profiles came from
+    stack: str | None = None  # which stack of an encoder-decoder model (T5-style) the profiles came from
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "window", "kernels", "median_r2", "profiles")
 
@@ -520,7 +520,7 @@ def _profiles_from_npz(path: Path, layers: list[int] | None, profile: str | None
         int(profiles.shape[1]),
         bool(meta.get("shared_layers", False)),
         bool(meta.get("causal", False)),
-        "decoder" if meta.get("stack") == "decoder" else "encoder",
+        meta.get("stack") if meta.get("stack") in ("encoder", "decoder") else None,
     )
 
 
