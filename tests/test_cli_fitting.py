@@ -252,3 +252,22 @@ def test_partial_fit_never_replaces_a_full_fit(tiny_checkpoints, tmp_path):
     assert (tmp_path / "tisa_kernels_S2.safetensors").read_bytes() == before
     a, _, _, meta = load_tisa_kernels(part["kernels_file"])
     assert a.shape == (1, 4, 2) and meta["layers"] == [1]
+
+
+def test_a_causal_models_profiles_are_fitted_over_k_up_to_0():
+    """SPEC §9: a causal model only uses k <= 0, so its fit must not bend to what the scores would be at k > 0
+    (a T5 decoder's flat bucket-0 plateau, noise here): one Gaussian at k = -2 is recovered exactly."""
+    from dataclasses import replace
+
+    k = np.arange(-23, 24)
+    rng = np.random.default_rng(1)
+    clean = 1.5 * np.exp(-0.3 * (k + 2.0) ** 2) + 0.2
+    prof = np.where(k <= 0, clean, rng.normal(0, 3, k.size))[None, None, :]
+    data = ProfileSet("synthetic", "gpt2", "paper", [0], k, prof, 1, 1, False, causal=True)
+    fit = fit_tisa(None, kernels=1, window=16, profiles=data).fits[0]
+    assert fit.r2[0, 0] > 1 - 1e-9
+    np.testing.assert_allclose([fit.a[0, 0, 0], fit.b[0, 0, 0], fit.c[0, 0, 0]], [1.5, 0.3, -2.0], rtol=1e-6)
+    two_sided = fit_tisa(None, kernels=1, window=16, profiles=replace(data, causal=False)).fits[0]
+    assert two_sided.r2[0, 0] < 0.9  # the same profile fitted on both sides is not recovered
+    with pytest.raises(PosprobeError, match=r"k = -4..0, a causal model's has 5"):
+        fit_tisa(None, kernels=2, window=4, profiles=data)

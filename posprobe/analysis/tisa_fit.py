@@ -276,12 +276,13 @@ class TisaKernelFitter:
             raise PosprobeError("this TisaKernelFitter has not been fitted", "call fit(profiles, offsets) first")
 
     def _resolve_window(self, k_all: np.ndarray) -> int:
-        available = int(min(-k_all.min(), k_all.max()))
+        # two-sided profiles: |k| <= what both sides cover; one-sided k <= 0 (a causal model's): k >= -W
+        available = int(-k_all.min() if k_all.max() <= 0 else min(-k_all.min(), k_all.max()))
         if available < 1:
             raise ArgumentValueError(
                 "offsets",
-                "the profiles do not cover offsets k = -1..1",
-                "pass profiles over k = -(n-1)..n-1 with n >= 2",
+                "the profiles do not cover offsets k = -1..1 (or -1..0 for a causal model)",
+                "pass profiles over k = -(n-1)..n-1 (a causal model's: -(n-1)..0) with n >= 2",
             )
         if self.window is None:
             return min(DEFAULT_FIT_WINDOW, available)

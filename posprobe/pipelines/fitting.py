@@ -246,7 +246,7 @@ def fit_tisa(
         else load_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack)
     )
     used_window = _resolve_window(window, data.offsets)
-    _check_points(kernel_list, used_window, window)
+    _check_points(kernel_list, used_window, window, causal=data.causal)
 
     fits = [_fit_one(data, s, used_window, seed, exhaustive, progress) for s in kernel_list]
     return TisaFitResult(
@@ -404,18 +404,21 @@ def _resolve_window(window: int | None, offsets: np.ndarray) -> int:
     return window
 
 
-def _check_points(kernel_list: list[int], window: int, asked_window: int | None) -> None:
+def _check_points(kernel_list: list[int], window: int, asked_window: int | None, causal: bool = False) -> None:
     """Refuse an S with more parameters (3·S + 1: a, b, c per kernel and the offset) than the 2W + 1
-    points of the window: such a fit is underdetermined for every head and can take minutes."""
-    points = 2 * window + 1
+    points of the window (W + 1 for a causal model: k = -W..0): such a fit is underdetermined for every head
+    and can take minutes."""
+    points = window + 1 if causal else 2 * window + 1
     too_many = [s for s in kernel_list if 3 * s + 1 > points]
     if too_many:
         s = max(too_many)
-        where = f"the fit window k = -{window}..{window}" + ("" if asked_window is not None else " (the default)")
+        span = f"-{window}..0, a causal model's" if causal else f"-{window}..{window}"
+        where = f"the fit window k = {span}" + ("" if asked_window is not None else " (the default)")
+        needed = 3 * s if causal else (3 * s + 1) // 2
         raise ArgumentValueError(
             "kernels",
             f"{{arg}} {s} needs {3 * s + 1} profile points (3·S + 1 parameters) but {where} has {points}",
-            f"use at most {(points - 1) // 3} kernels, or a wider window (it needs at least {(3 * s + 1) // 2})",
+            f"use at most {(points - 1) // 3} kernels, or a wider window (it needs at least {needed})",
         )
 
 
@@ -428,6 +431,9 @@ def _fit_one(
     # ALBERT: one shared layer -> fit it once, replicate at every depth.
     fit_rows = data.profiles[:1] if data.shared_layers else data.profiles
     flat = fit_rows.reshape(-1, fit_rows.shape[-1])
+    offsets = data.offsets
+    if data.causal:  # SPEC §9: a causal model only uses k <= 0; what its scores would be at k > 0 is not fitted
+        flat, offsets = flat[:, offsets <= 0], offsets[offsets <= 0]
     m = flat.shape[0]
     chunk = m if progress is None else max(8, -(-m // 10))
     parts = []
@@ -436,7 +442,7 @@ def _fit_one(
         if progress is not None:
             progress(f"S = {s}", lo, m)
         fitter = TisaKernelFitter(s, window=window, seed=seed, exhaustive=exhaustive)
-        parts.append(fitter.fit(flat[lo : lo + chunk], data.offsets))
+        parts.append(fitter.fit(flat[lo : lo + chunk], offsets))
     if progress is not None:
         progress(f"S = {s}", m, m)
     seconds = time.perf_counter() - start
