@@ -885,7 +885,7 @@ def test_cli_grid_json_layout_and_paired_cells(tiny_model, sst2_dir, tmp_path, c
         (acc[("fixed", 0)] - acc[("none", 0)] + acc[("fixed", 1)] - acc[("none", 1)]) / 2
     )
     assert "[1/4] sst2 × none, seed 0" in stderr and "[4/4] sst2 × fixed, seed 1" in stderr
-    assert "paired difference vs `none`" in stderr.replace("\n", " ") or "paired difference" in stderr
+    assert "paired difference vs `none`" in " ".join(stderr.split())
     for name in ("grid.json", "results.json", "results.md", "results.png"):
         assert (out / name).is_file(), name
     assert (out / "sst2-fixed" / "seed-1" / "model" / "config.json").is_file()

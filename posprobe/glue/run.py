@@ -311,7 +311,7 @@ def _read_finished(out: Path, seed: int) -> tuple[dict[str, float | None], float
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise PosprobeError(
             f"'{done_file}' is damaged ({err})",
-            f"delete {done_file.parent} to rerun seed {seed}, or rerun without --resume",
+            f"delete {done_file.parent} and run again with --resume to retrain seed {seed}",
         ) from err
 
 
