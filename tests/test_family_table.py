@@ -122,3 +122,11 @@ def test_readme_table_is_the_family_table():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     block = readme.split("<!-- families:begin -->\n", 1)[1].split("\n<!-- families:end -->", 1)[0]
     assert block == families_markdown()
+
+
+@pytest.mark.parametrize("field, value", [("kind", "rotery"), ("norm", "rms"), ("qkv", "fused"), ("embed_scale", "x")])
+def test_a_typo_in_a_family_entry_fails_at_once(field, value):
+    from posprobe.families.table import Family
+
+    with pytest.raises(ValueError, match=f"{field} '{value}' is not one of"):
+        Family("x", ("x",), **({"kind": ROTARY} | {field: value}))

@@ -110,6 +110,18 @@ class Family:
     tensors: dict[str, str] = field(default_factory=dict)
     description: str = ""
 
+    def __post_init__(self):
+        """A typo in an entry is an error at import, not a silently different computation."""
+        checks = {
+            "kind": (self.kind, KINDS),
+            "norm": (self.norm, NORMS),
+            "qkv": (self.qkv, (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED)),
+            "embed_scale": (self.embed_scale, (None, "sqrt_hidden", "scale_embedding")),
+        }
+        for name, (value, allowed) in checks.items():
+            if value not in allowed:
+                raise ValueError(f"family '{self.name}': {name} {value!r} is not one of {allowed}")
+
     @property
     def analysable(self) -> bool:
         """True when posprobe computes this family's positional scores (a known kind with its tensors named)."""
