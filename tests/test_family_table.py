@@ -130,3 +130,15 @@ def test_a_typo_in_a_family_entry_fails_at_once(field, value):
 
     with pytest.raises(ValueError, match=f"{field} '{value}' is not one of"):
         Family("x", ("x",), **({"kind": ROTARY} | {field: value}))
+
+
+def test_fields_a_hand_written_config_leaves_out_take_the_models_own_defaults():
+    """Norm epsilon and Gemma 2's query_pre_attn_scalar: the defaults of the family's transformers config class
+    (MPNet 1e-12, DeBERTa-v2 1e-7, Gemma 2 256), not one guess for all."""
+    from posprobe.families.context import config_default
+
+    keys = ("layer_norm_eps", "rms_norm_eps")
+    assert config_default({"model_type": "mpnet"}, keys) == 1e-12
+    assert config_default({"model_type": "deberta-v2"}, keys) == 1e-7
+    assert config_default({"model_type": "gemma2"}, ("query_pre_attn_scalar",)) == 256
+    assert config_default({"model_type": "no-such-type"}, keys) is None

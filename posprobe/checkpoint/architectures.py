@@ -97,7 +97,7 @@ class AttentionWeights:
 def model_shape(source: ModelSource) -> ModelShape:
     """Heads, layers and widths from config.json, whatever the family calls them."""
     cfg = source.config
-    family = family_of(source)
+    family_of(source)  # refuses a family without a table posprobe reads, naming what it uses instead
     n_heads = config_int(cfg, source.name, *CONFIG_KEYS["heads"])
     n_layers = config_int(cfg, source.name, *CONFIG_KEYS["layers"])
     hidden = config_int(cfg, source.name, *CONFIG_KEYS["hidden"])
@@ -106,8 +106,14 @@ def model_shape(source: ModelSource) -> ModelShape:
             f"config.json of '{source.name}' has hidden size {hidden} not divisible by {n_heads} heads",
             "the config is malformed; re-save the checkpoint",
         )
-    default_eps = 1e-12 if family.embedding_norm == "embeddings.LayerNorm" else 1e-5  # BERT-style, else torch's
-    eps = config_float(cfg, source.name, "layer_norm_eps", "layer_norm_epsilon", default=default_eps, positive=True)
+    keys = ("layer_norm_eps", "layer_norm_epsilon")
+    if all(cfg.get(k) is None for k in keys):  # a hand-written config: what the model's own config class uses
+        from posprobe.families.context import config_default
+
+        default_eps = config_default(cfg, keys) or 1e-12
+    else:
+        default_eps = None
+    eps = config_float(cfg, source.name, *keys, default=default_eps, positive=True)
     return ModelShape(source.model_type, n_heads, n_layers, hidden, eps)
 
 

@@ -71,9 +71,13 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
             "the config is malformed; re-save the checkpoint",
         )
     eps = T.config_value(config, "eps")
-    if eps is None:
-        eps = 1e-12 if family.name in ("bert", "roberta", "electra", "albert", "distilbert") else 1e-5
-        eps = 1e-6 if family.norm != T.LAYERNORM else eps
+    if eps is None:  # a hand-written config without it: the default of the family's own transformers config
+        eps = config_default(config, T.CONFIG_KEYS["eps"])
+        if eps is None:
+            raise PosprobeError(
+                f"config.json of '{name}' gives no norm epsilon (looked for {', '.join(T.CONFIG_KEYS['eps'])})",
+                "add the model's layer_norm_eps / rms_norm_eps to config.json",
+            )
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
         raise PosprobeError(
             f"config.json of '{name}' has a norm epsilon {eps!r}, expected a positive number",
@@ -84,6 +88,18 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
     vocab = _positive(config, name, "vocab") if T.config_value(config, "vocab") is not None else None
     layers = _positive(config, name, "layers")
     return Shape(heads, kv_heads, head_dim, hidden, layers, float(eps), positions, vocab)
+
+
+def config_default(config: dict, keys: tuple[str, ...]):
+    """The first of `keys` set in the default config of `config`'s model type (transformers' config class), or
+    None: what the model itself would use for a field its config.json leaves out."""
+    try:
+        from transformers import AutoConfig
+
+        defaults = AutoConfig.for_model(str(config.get("model_type")))
+    except Exception:  # an unknown model type: no defaults to offer
+        return None
+    return next((getattr(defaults, k) for k in keys if getattr(defaults, k, None) is not None), None)
 
 
 def apply_norm(x: np.ndarray, kind: str, weight: np.ndarray, bias: np.ndarray | None, eps: float) -> np.ndarray:
@@ -216,9 +232,16 @@ class ModelContext:
         config[Family.scaling] ** -0.5 (Gemma 2's query_pre_attn_scalar)."""
         if self.family.scaling == "none":
             return 1.0
-        if self.family.scaling != "head_dim" and self.config.get(self.family.scaling) is not None:
-            return float(self.config[self.family.scaling]) ** -0.5
-        return self.shape.head_dim**-0.5
+        if self.family.scaling == "head_dim":
+            return self.shape.head_dim**-0.5
+        value = self.config.get(self.family.scaling)
+        value = value if value is not None else config_default(self.config, (self.family.scaling,))
+        if value is None:
+            raise PosprobeError(
+                f"config.json of '{self.source.name}' lacks '{self.family.scaling}', which sets its attention scale",
+                "re-save the checkpoint with `save_pretrained` (it writes every field)",
+            )
+        return float(value) ** -0.5
 
     def softcap(self, scores: np.ndarray) -> np.ndarray:
         """The family's logit soft cap `cap * tanh(scores / cap)` where its config sets one; else `scores`."""
