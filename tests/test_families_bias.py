@@ -232,7 +232,8 @@ def test_mpnet_scores_equal_module(monkeypatch, tmp_path):
     for layer, real in enumerate(cap.scores):
         ours = torch.from_numpy(content_free_scores(ctx, layer, N))
         torch.testing.assert_close(ours, real[0], rtol=1e-10, atol=1e-10)
-    assert model.mpnet.embeddings.padding_idx + 1 == rb.MPNET_RESERVED_ROWS == reserved_rows(source.config, "m")
+    assert model.mpnet.embeddings.padding_idx + 1 == 2 == reserved_rows(source.config, "m")
+    assert reserved_rows({**source.config, "pad_token_id": 0}, "m") == 2  # fixed in MPNet, whatever the config says
 
 
 # ---------------------------------------------------------------- DeBERTa-v2/v3

@@ -153,6 +153,8 @@ def reserved_rows(config: dict, name: str) -> int:
     family = family_for_type(str(config.get("model_type", "")))
     if family is None or not family.reserved_rows:
         return 0
+    if family.reserved_rows is not True:  # a fixed count (MPNet)
+        return int(family.reserved_rows)
     pad = config_int(config, name, "pad_token_id", default=1, minimum=0, nullable=True)
     if pad is None:
         raise PosprobeError(

@@ -53,7 +53,8 @@ _PROBABILITIES = (
     "attention_dropout",
     "seq_classif_dropout",
 )
-_RESERVED_ROWS = tuple(t for f in FAMILIES if f.reserved_rows for t in f.model_types)  # ids from pad_token_id + 1
+# model types whose position ids start at pad_token_id + 1
+_RESERVED_ROWS = tuple(t for f in FAMILIES if f.reserved_rows is True for t in f.model_types)
 # (heads, width) field pairs whose ratio is the head size.
 _HEAD_PAIRS = (("num_attention_heads", "hidden_size"), ("n_head", "n_embd"), ("n_heads", "dim"))
 

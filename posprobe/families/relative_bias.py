@@ -24,12 +24,12 @@ import math
 
 import torch
 
+from posprobe.checkpoint.architectures import reserved_rows
 from posprobe.checkpoint.config import config_int
 from posprobe.errors import ArgumentValueError, PosprobeError
 
 MPNET_BUCKETS = 32
 MPNET_MAX_DISTANCE = 128
-MPNET_RESERVED_ROWS = 2  # MPNetEmbeddings.padding_idx (1, fixed) + 1
 
 
 def relative_offsets(n: int) -> torch.Tensor:
@@ -180,12 +180,13 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
     wq = _t(ctx.tensor(f.query + ".weight", layer, stack))
     wk = _t(ctx.tensor(f.key + ".weight", layer, stack))
     if ctx.family.name == "mpnet":
-        positions = _t(ctx.tensor(f.position))[MPNET_RESERVED_ROWS : MPNET_RESERVED_ROWS + n]
+        reserved = reserved_rows(cfg, name)
+        positions = _t(ctx.tensor(f.position))[reserved : reserved + n]
         if positions.shape[0] < n:
             raise ArgumentValueError(
                 "positions",
                 f"{n} positions do not fit '{name}': its position table has {positions.shape[0]} usable rows "
-                f"(after {MPNET_RESERVED_ROWS} reserved ones)",
+                f"(after {reserved} reserved ones)",
                 f"use {{arg}} between 2 and {positions.shape[0]}",
             )
         if table.shape[0] < MPNET_BUCKETS:

@@ -76,7 +76,8 @@ class Family:
     `qk_norm` (prefixes of per-head norms applied to q and k before the positional mechanism where the
     checkpoint has them: Qwen3, Phi with qk_layernorm),
     `norm` (the kind of every norm above), `shared_layers` (ALBERT: one stored layer at every depth).
-    `reserved_rows`: the position table starts with pad_token_id + 1 reserved rows (RoBERTa family).
+    `reserved_rows`: the position table starts with pad_token_id + 1 reserved rows (True: RoBERTa family), or
+    with this many whatever the config says (MPNet: 2, its padding index is fixed at 1).
     `tensors`: further family-specific names for its score function (e.g. a relative-bias table).
     `retrofit`: posprobe.retrofit can install mechanisms into it. `rotary_class`: 'module:Class' of the
     family's own transformers rotary module (its rope initialisation gives the frequencies).
@@ -101,7 +102,7 @@ class Family:
     qk_norm: tuple[str, str] | None = None
     norm: str = LAYERNORM
     shared_layers: bool = False
-    reserved_rows: bool = False
+    reserved_rows: bool | int = False
     encoder_decoder: bool = False
     retrofit: bool = False
     rotary_class: str | None = None
@@ -353,7 +354,7 @@ FAMILIES: tuple[Family, ...] = (
         embedding_norm=_BERT["embedding_norm"],
         query="encoder.layer.{l}.attention.attn.q",
         key="encoder.layer.{l}.attention.attn.k",
-        reserved_rows=True,
+        reserved_rows=2,
         tensors={"relative_bias": "encoder.relative_attention_bias.weight"},
     ),
     # -- disentangled (posprobe.families.disentangled)
