@@ -423,6 +423,8 @@ def test_compare_mpnet_t5_deberta(bias_checkpoints, tmp_path):
     assert mpnet["toeplitz_r2"] is not None  # its absolute table, beside the bias
     assert t5["toeplitz_r2"] is None and deberta["toeplitz_r2"] is None
     assert {m["position_kind"] for m in record["models"]} == {"bucket_bias", "disentangled"}
+    rows = list(posprobe.compare([str(bias_checkpoints[k]) for k in ("mpnet", "t5")], positions=20))
+    assert [r.matrix_name for r in rows] == ["P", "mean F̂ over heads, layer 0"]  # the heatmap titles say which
 
 
 def test_bad_stack_and_positions(bias_checkpoints):

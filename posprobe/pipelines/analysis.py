@@ -580,11 +580,12 @@ class CompareRow(ResultMixin):
     position_kind: str = LEARNED
     causal: bool = False
     mode: str = "paper"
+    has_table: bool = True  # `matrix` is P of an absolute table (also one beside a relative bias: MPNet)
 
     @property
     def matrix_name(self) -> str:
         """What `matrix` is: P for a position table, else the head-mean of layer 0's content-free scores."""
-        return "P" if self.position_kind in TABLE_KINDS else "mean F̂ over heads, layer 0"
+        return "P" if self.has_table else "mean F̂ over heads, layer 0"
 
     def to_dict(self) -> dict:
         return {
@@ -660,7 +661,8 @@ def compare(
         label = middle_ellipsis(source.name, 40) if label in clashes else label
         computer = _FhatComputer(source, reader, mode, positions)
         f = computer.layer(0)
-        if computer.kind in TABLE_KINDS or computer.family.learned_table:  # MPNet: a table beside its bias
+        has_table = computer.kind in TABLE_KINDS or computer.family.learned_table  # MPNet: a table beside its bias
+        if has_table:
             table = read_position_table(source, reader).table[: computer.n]
             p = position_inner_products(table, cosine=cosine)
             first = block_r2(p, DEFAULT_BLOCK) if computer.n >= DEFAULT_BLOCK else None
@@ -679,6 +681,7 @@ def compare(
                 computer.kind,
                 computer.causal,
                 computer.mode,
+                has_table,
             )  # fmt: skip
         )
     return CompareResult(mode, cosine, tuple(rows))
