@@ -142,3 +142,13 @@ def test_fields_a_hand_written_config_leaves_out_take_the_models_own_defaults():
     assert config_default({"model_type": "deberta-v2"}, keys) == 1e-7
     assert config_default({"model_type": "gemma2"}, ("query_pre_attn_scalar",)) == 256
     assert config_default({"model_type": "no-such-type"}, keys) is None
+
+
+def test_config_switches_decide_the_kind_and_no_message_points_in_a_circle():
+    """A DeBERTa-v2 with relative_attention off is not read as disentangled (`fhat` sent users to `toeplitz`,
+    `toeplitz` back to `fhat`); Falcon's `alibi` switch picks its kind."""
+    from posprobe.families.table import ALIBI, OTHER
+
+    assert position_kind({"model_type": "deberta-v2", "relative_attention": False})[0] == OTHER
+    assert position_kind({"model_type": "deberta-v2", "relative_attention": True})[0] == "disentangled"
+    assert position_kind({"model_type": "falcon", "alibi": True})[0] == ALIBI

@@ -132,11 +132,13 @@ def family_of(source: ModelSource) -> Family:
         )
     table = (kind in TABLE_KINDS and family.kind in TABLE_KINDS) or (family.learned_table and kind == family.kind)
     if not table or not family.analysable:
+        scores = family.analysable and kind == family.kind and kind not in TABLE_KINDS  # read, but has no table
         raise PosprobeError(
-            f"'{source.name}' ({model_type}) has no learned absolute position embeddings posprobe reads; it uses "
-            f"{mechanism}" + (" (posprobe does not read its attention yet)" if kind in TABLE_KINDS else ""),
-            f"position tables are read for: {', '.join(SUPPORTED_MODEL_TYPES)}; "
-            f"every family posprobe reads: {', '.join(model_types(analysable=True))}",
+            f"'{source.name}' ({model_type}) uses {mechanism}"
+            + ("; it has no learned position table" if scores else "; posprobe does not read this model yet"),
+            "`posprobe profiles` and `posprobe fhat` show its positional structure"
+            if scores
+            else f"the README's table lists the families posprobe reads ({', '.join(model_types(analysable=True))})",
         )
     if model_type == "albert" and config_int(cfg, source.name, "num_hidden_groups", default=1) != 1:
         raise PosprobeError(

@@ -452,6 +452,8 @@ def position_kind(config: dict) -> tuple[str, str]:
     pos_type = config.get("position_embedding_type", "absolute")
     if family.kind == LEARNED and pos_type not in (None, "absolute"):
         return OTHER, f"position_embedding_type='{pos_type}' (relative positions), not a learned absolute table"
+    if family.kind == DISENTANGLED and not config.get("relative_attention", False):
+        return OTHER, "content and a learned absolute table only (relative_attention off)"
     if model_type == "falcon":
         return (ALIBI, KIND_NAMES[ALIBI]) if config.get("alibi") else (ROTARY, KIND_NAMES[ROTARY])
     return family.kind, family.mechanism

@@ -93,7 +93,9 @@ def table_hint(source: ModelSource) -> None:
     """Refuse `toeplitz` for a family without a learned position table, naming the commands that show its
     positional structure."""
     family = family_for_type(source.model_type)
-    if family is not None and family.analysable and family.kind not in TABLE_KINDS and family.position is None:
+    kind = position_kind(source.config)[0]
+    reads_scores = family is not None and family.analysable and kind == family.kind and kind not in TABLE_KINDS
+    if reads_scores and family.position is None:
         raise PosprobeError(
             f"'{source.name}' ({source.model_type}) has no learned position table (it uses {family.mechanism}), "
             "so there is no P = E_P E_P^T",
