@@ -319,6 +319,7 @@ def test_cli_bad_input_one_line_exit_2_nothing_written(tiny_bert_folder, texts_f
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_exits_130_and_leaves_no_output(tiny_bert_folder, tmp_path):
     texts = tmp_path / "many.txt"
     texts.write_text("w1 w2 w3 w4 w5 w6\n" * 50000)

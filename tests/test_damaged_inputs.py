@@ -190,6 +190,7 @@ def test_damaged_input_is_one_clean_line(name, family, broken, flags, command, t
     assert not (tmp_path / MARKER).exists(), "code from the checkpoint ran"
 
 
+@pytest.mark.slow
 def test_hostile_pickle_never_runs_through_the_installed_cli(tiny_checkpoints, tmp_path):
     """The real entry point, with transformers' logging at its default level: one line, no payload."""
     folder = _model("evil", "bert", _hostile_pickle, tiny_checkpoints, tmp_path)
