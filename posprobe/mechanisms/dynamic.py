@@ -32,17 +32,22 @@ class RelativeTable(PositionalMechanism):
         reset_parameter(self.w, init, generator, 0.5)
 
 
+def _offset_scores(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x (B, H, n, d_h) against the offset table w (2r+1, d_h): (B, H, n, 2r+1) scores, scaled by 1/sqrt(d_h)."""
+    return torch.matmul(x, w.t().to(x.dtype)) * x.shape[-1] ** -0.5
+
+
 @register
 class DynamicConvolution(RelativeTable):
     name = "dynamic"
 
     def score_bias(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-        rel = torch.matmul(query, self.w.t().to(query.dtype)) * query.shape[-1] ** -0.5  # (B, H, n_q, 2r+1)
+        rel = _offset_scores(query, self.w)  # (B, H, n_q, 2r+1)
         index = clipped_index(query.shape[-2], key.shape[-2], self.radius, query.device)
         return relative_to_absolute(rel, index)
 
     def score_mod(self, query: torch.Tensor, key: torch.Tensor):
-        rel = torch.matmul(query, self.w.t().to(query.dtype)) * query.shape[-1] ** -0.5  # (B, H, n_q, 2r+1)
+        rel = _offset_scores(query, self.w)  # (B, H, n_q, 2r+1)
         r = self.radius
 
         def dynamic_mod(score, b, h, q_idx, kv_idx):
@@ -59,13 +64,13 @@ class KeyDynamicConvolution(RelativeTable):
     name = "key-dynamic"
 
     def score_bias(self, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-        rel = torch.matmul(key, self.w.t().to(key.dtype)) * key.shape[-1] ** -0.5  # (B, H, n_k, 2r+1)
+        rel = _offset_scores(key, self.w)  # (B, H, n_k, 2r+1)
         # row j, column i holds clip(i - j) + r: the offset index of the transposed problem
         index = clipped_index(key.shape[-2], query.shape[-2], self.radius, key.device)
         return relative_to_absolute(rel, index).transpose(-1, -2)  # (B, H, n_q, n_k)
 
     def score_mod(self, query: torch.Tensor, key: torch.Tensor):
-        rel = torch.matmul(key, self.w.t().to(key.dtype)) * key.shape[-1] ** -0.5  # (B, H, n_k, 2r+1)
+        rel = _offset_scores(key, self.w)  # (B, H, n_k, 2r+1)
         r = self.radius
 
         def key_dynamic_mod(score, b, h, q_idx, kv_idx):
