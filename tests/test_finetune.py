@@ -730,19 +730,26 @@ def test_ctrl_c_during_finetune_exits_130_with_nothing_half_written(tiny_model, 
         assert (ckpt / "trainer_state.json").is_file()
 
 
-@pytest.mark.slow
-def test_two_runs_started_at_once_into_one_folder(tiny_model, sst2_dir, tmp_path):
+def _start_a_run_into(out: Path, tiny_model, sst2_dir, tmp_path):
+    """Start `finetune` seed 0 into `out` as a real process and wait until it has written run.json; returns
+    (the command's common arguments, the process)."""
     import time
 
-    """Issue 14 §5: both used to exit 0 and results.json lost a seed. Now the second refuses at once; with
-    --wait it queues behind the first and then resumes it (both seeds end up in results.json)."""
-    out = tmp_path / "run"
     common = ["finetune", str(tiny_model), "--task", "sst2", "--data-dir", str(sst2_dir), "--out", str(out)]
     common += ["--epochs", "3", "--batch-size", "8"]
     first = _cli_process([*common, "--seed", "0"], tmp_path)
     deadline = time.monotonic() + 120
     while not (out / "run.json").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
+    return common, first
+
+
+@pytest.mark.slow
+def test_two_runs_started_at_once_into_one_folder(tiny_model, sst2_dir, tmp_path):
+    """Issue 14 §5: both used to exit 0 and results.json lost a seed. Now the second refuses at once; with
+    --wait it queues behind the first and then resumes it (both seeds end up in results.json)."""
+    out = tmp_path / "run"
+    common, first = _start_a_run_into(out, tiny_model, sst2_dir, tmp_path)
     second = _cli_process([*common, "--seed", "1"], tmp_path)
     _, err2 = second.communicate(timeout=120)
     assert second.returncode == 2 and "in use by another fine-tuning run" in err2, err2[-2000:]
@@ -828,15 +835,8 @@ def test_cli_progress_stays_off_when_stderr_is_not_a_terminal(tiny_model, sst2_d
 def test_wait_resume_queues_a_second_seed_behind_a_running_run(tiny_model, sst2_dir, tmp_path):
     """Real processes: A runs seed 0; B (`--seed 1 --resume --wait`) queues and adds seed 1; C (plain
     `--wait`, seed 2) is refused at once because the folder holds a run."""
-    import time
-
     out = tmp_path / "run"
-    common = ["finetune", str(tiny_model), "--task", "sst2", "--data-dir", str(sst2_dir), "--out", str(out)]
-    common += ["--epochs", "3", "--batch-size", "8"]
-    first = _cli_process([*common, "--seed", "0"], tmp_path)
-    deadline = time.monotonic() + 120
-    while not (out / "run.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    common, first = _start_a_run_into(out, tiny_model, sst2_dir, tmp_path)
     second = _cli_process([*common, "--seed", "1", "--resume", "--wait"], tmp_path)
     third = _cli_process([*common, "--seed", "2", "--wait"], tmp_path)
     _, err3 = third.communicate(timeout=120)

@@ -131,14 +131,19 @@ class FinetuneConfig:
         return d
 
 
-def default_run_folder(model: str | None, task: str, mechanism: str) -> Path:
-    """`posprobe-out/finetune/<model label>/<task>-<mechanism>`: the CLI's default output rule, with the
-    model's label worked out without loading anything (a local folder's own name, a hub id as given)."""
+def default_model_folder(model: str | None) -> Path:
+    """`posprobe-out/finetune/<model label>`: the CLI's default output rule, with the model's label worked out
+    without loading anything (a local folder's own name, a hub id as given)."""
     from posprobe.checkpoint.resolve import DEFAULT_MODEL_NAME, ModelSource
     from posprobe.cli.options import default_out
 
-    label = ModelSource(model or DEFAULT_MODEL_NAME, Path(model or "."), {}, "safetensors").label
-    return default_out("finetune", label) / f"{get_task(task).name}-{mechanism}"
+    source = ModelSource(model or DEFAULT_MODEL_NAME, Path(model or "."), {}, "safetensors")
+    return default_out("finetune", source.label)
+
+
+def default_run_folder(model: str | None, task: str, mechanism: str) -> Path:
+    """`posprobe-out/finetune/<model label>/<task>-<mechanism>`."""
+    return default_model_folder(model) / f"{get_task(task).name}-{mechanism}"
 
 
 def check_mechanism_options(

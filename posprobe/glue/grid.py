@@ -42,9 +42,9 @@ def cell_name(task: str, mechanism: str) -> str:
 
 def default_grid_folder(model: str | None, tasks: Sequence[str], mechanisms: Sequence[str]) -> Path:
     """`posprobe-out/finetune/<model label>/<task+task>-<mech+mech>`."""
-    from posprobe.glue.config import default_run_folder
+    from posprobe.glue.config import default_model_folder
 
-    return default_run_folder(model, tasks[0], "x").parent / f"{'+'.join(tasks)}-{'+'.join(mechanisms)}"
+    return default_model_folder(model) / f"{'+'.join(tasks)}-{'+'.join(mechanisms)}"
 
 
 def _unique(items: Sequence[str], what: str) -> list[str]:
@@ -182,10 +182,10 @@ def _shared(configs: dict[tuple[str, str], FinetuneConfig]) -> dict[str, Any]:
 def _check_grid_folder(folder: Path, record: dict[str, Any], resume: bool) -> None:
     """Refuse to overwrite a previous grid unless resuming; when resuming, insist on the same tasks and
     mechanisms (each cell checks its own settings when it runs)."""
+    from posprobe.glue.run import cells_hold_seeds
+
     grid_file = folder / GRID_FILE
-    holds = (
-        grid_file.is_file() or any(folder.glob("*/seed-*/metrics.json")) or any(folder.glob("*/seed-*/checkpoint-*"))
-    )
+    holds = grid_file.is_file() or cells_hold_seeds(folder)
     if holds and not resume:
         raise PosprobeError(
             f"'{folder}' already holds a fine-tuning grid", "pass --resume to continue it, or choose another --out"

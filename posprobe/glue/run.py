@@ -156,7 +156,12 @@ def _holds_run(path: Path) -> bool:
     """Whether `path` holds (or is running) a fine-tuning run: its settings file or a seed to resume."""
     if (path / RUN_FILE).is_file() or (path / "grid.json").is_file() or _previous_seeds(path):
         return True
-    return any(_previous_seeds(cell) for cell in path.iterdir() if cell.is_dir())  # the cells of a grid
+    return cells_hold_seeds(path)
+
+
+def cells_hold_seeds(path: Path) -> bool:
+    """Whether a sub-folder of `path` (the cells of a grid) holds a finished or resumable seed."""
+    return path.is_dir() and any(_previous_seeds(cell) for cell in path.iterdir() if cell.is_dir())
 
 
 def _previous_seeds(out: Path) -> list[Path]:
@@ -177,9 +182,8 @@ def _drop_incomplete_checkpoints(path: Path) -> None:
 def _remove_if_nothing_to_resume(path: Path) -> bool:
     """Delete a run folder this call created, unless it (or a grid cell in it) holds a checkpoint or a finished
     seed; True if gone."""
-    for pattern in ("seed-*/checkpoint-*", "seed-*/metrics.json", "*/seed-*/checkpoint-*", "*/seed-*/metrics.json"):
-        if any(path.glob(pattern)):
-            return False
+    if _previous_seeds(path) or cells_hold_seeds(path):
+        return False
     shutil.rmtree(path, ignore_errors=True)
     return not path.exists()
 
