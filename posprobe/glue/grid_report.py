@@ -21,16 +21,17 @@ from posprobe.glue.stats import paired_delta, summarize
 AVERAGE = "average"
 
 
-def _values(runs: list[dict], task: str, mechanism: str, metric: str, seeds: Sequence[int]) -> list[float | None]:
+def seed_values(runs: list[dict], task: str, mechanism: str, metric: str, seeds: Sequence[int]) -> list[float | None]:
     """The metric per seed (aligned with `seeds`; None where the seed is missing or the metric undefined)."""
     by_seed = {r["seed"]: r["metrics"] for r in runs if r["task"] == task and r["mechanism"] == mechanism}
     return [(by_seed.get(s) or {}).get(metric) for s in seeds]
 
 
-def _average_values(
+def average_seed_values(
     runs: list[dict], tasks: Sequence[str], main_metrics: dict[str, str], mechanism: str, seeds: Sequence[int]
 ) -> list[float | None]:
-    per_task = [_values(runs, t, mechanism, main_metrics[t], seeds) for t in tasks]
+    """Per seed, the mean over `tasks` of each task's main metric (None where a task lacks it)."""
+    per_task = [seed_values(runs, t, mechanism, main_metrics[t], seeds) for t in tasks]
     return [None if any(v is None for v in col) else sum(col) / len(col) for col in zip(*per_task)]
 
 
@@ -52,8 +53,8 @@ def grid_summary(
 
     def values(task: str, metric: str, mechanism: str) -> list[float | None]:
         if task == AVERAGE:
-            return _average_values(runs, tasks, main_metrics, mechanism, seeds)
-        return _values(runs, task, mechanism, metric, seeds)
+            return average_seed_values(runs, tasks, main_metrics, mechanism, seeds)
+        return seed_values(runs, task, mechanism, metric, seeds)
 
     for task, metric in groups:
         baseline = values(task, metric, base)
