@@ -54,6 +54,14 @@ class StateDictReader:
         matches = [k for k in self._names if k == suffix or k.endswith("." + suffix)]
         return min(matches, key=len) if matches else None
 
+    def stored_dtype(self, key: str) -> str | None:
+        """The dtype of tensor `key` in safetensors' words ('F32', 'F16', 'BF16'; 'F64' otherwise), as the saved
+        checkpoint would store it; None for an unknown key."""
+        if key not in self._state:
+            return None
+        names = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16"}
+        return names.get(str(self._state[key].dtype), "F64")
+
     def get(self, key: str) -> np.ndarray:
         """Tensor `key` as a float64 array (a copy; the model is not touched)."""
         if key not in self._state:

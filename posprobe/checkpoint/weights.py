@@ -118,6 +118,11 @@ class WeightReader:
         matches = [k for k in self._names if k == suffix or k.endswith("." + suffix)]
         return min(matches, key=len) if matches else None
 
+    def stored_dtype(self, key: str) -> str | None:
+        """The safetensors dtype tensor `key` is stored in ('F32', 'BF16', ...); None for pickle weights."""
+        entry = self._entries.get(key)
+        return None if entry is None else entry.dtype
+
     def get(self, key: str) -> np.ndarray:
         """Tensor `key` as a float64 array."""
         if key not in self._names:

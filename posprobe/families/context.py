@@ -177,16 +177,7 @@ class ModelContext:
     @property
     def word_dtype(self) -> str | None:
         """The stored dtype of the word table ('F32', 'BF16', ...; None when unknown)."""
-        entries = getattr(self.reader, "_entries", None)
-        key = self.key(self.family.word)
-        if entries and key in entries:
-            return entries[key].dtype
-        state = getattr(self.reader, "_state", None)
-        if state is not None and key in state:
-            return {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16"}.get(
-                str(state[key].dtype), "F64"
-            )
-        return None
+        return self.reader.stored_dtype(self.key(self.family.word))
 
     def word_input(self, layer: int, stack: str = "encoder") -> np.ndarray:
         """What layer `layer`'s attention projections see for the average word (d,): the embedding-level
