@@ -41,9 +41,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import posprobe.mechanisms.flex as flex
-from posprobe.checkpoint.architectures import reserved_rows
 from posprobe.checkpoint.resolve import TOKENIZER_FILES
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
+from posprobe.families.context import reserved_rows
 from posprobe.families.table import model_types
 from posprobe.mechanisms import REGISTRY
 from posprobe.mechanisms.base import ROLES, PositionalMechanism

@@ -7,16 +7,13 @@ import numpy as np
 import pytest
 from conftest import FAMILIES, build_tiny
 
-from posprobe.checkpoint import (
-    WeightReader,
-    default_model_dir,
-    read_attention_weights,
-    read_embedding_inputs,
-    read_position_table,
-    resolve_model,
-)
+from posprobe.checkpoint import WeightReader, default_model_dir, resolve_model
 from posprobe.errors import PosprobeError
-from posprobe.pipelines.analysis import fhat_analysis, toeplitz_analysis
+from posprobe.pipelines.analysis import fhat_analysis, open_model, toeplitz_analysis
+
+
+def read_position_table(source):
+    return open_model(source=source).position_table
 
 
 def _torch_position_table(model, family):
@@ -39,24 +36,28 @@ def test_position_table_matches_model(tiny_checkpoints, tiny_models, family):
 
 def test_factorised_embeddings_are_projected(tiny_checkpoints):
     for family in ("albert", "electra"):
-        emb = read_embedding_inputs(resolve_model(str(tiny_checkpoints[family])))
-        assert emb.positions.table.shape == (64, 16)
-        assert emb.projection[0].shape == (32, 16)
+        ctx = open_model(str(tiny_checkpoints[family]))
+        assert ctx.position_table.table.shape == (64, 16)
+        assert ctx.projection()[0].shape == (32, 16)
+        assert ctx.embedding.shape == (32,)
 
 
 def test_albert_every_depth_reads_the_shared_layer(tiny_checkpoints):
-    source = resolve_model(str(tiny_checkpoints["albert"]))
-    a0, a1 = read_attention_weights(source, 0), read_attention_weights(source, 1)
-    assert a1.weights_layer == 0
+    ctx = open_model(str(tiny_checkpoints["albert"]))
+    a0, a1 = ctx.attention(0), ctx.attention(1)
+    assert a1.stored_layer == 0
     np.testing.assert_array_equal(a0.wq, a1.wq)
 
 
 def test_gpt2_fused_qkv_is_split(tiny_checkpoints, tiny_models):
-    attn = read_attention_weights(resolve_model(str(tiny_checkpoints["gpt2"])), 1)
+    ctx = open_model(str(tiny_checkpoints["gpt2"]))
+    attn = ctx.attention(1)
     w = tiny_models["gpt2"].h[1].attn.c_attn.weight.detach().double().numpy()  # (d, 3d), x @ W
-    np.testing.assert_array_equal(attn.wq, w[:, :32].T)
-    np.testing.assert_array_equal(attn.wk, w[:, 32:64].T)
-    assert attn.pre_layernorm is not None
+    wq, _, wk, _ = attn.linear()
+    np.testing.assert_array_equal(wq, w[:, :32].T)
+    np.testing.assert_array_equal(wk, w[:, 32:64].T)
+    np.testing.assert_array_equal(attn.wq[1], w[:, 8:16])  # head 1: q_1 = x @ W[:, 8:16] (head size 8)
+    assert ctx.family.pre_norm is not None
 
 
 def test_sharded_and_bfloat16_checkpoints(tmp_path):

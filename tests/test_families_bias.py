@@ -20,13 +20,12 @@ import transformers as tf
 
 import posprobe
 from posprobe.checkpoint import WeightReader, resolve_model
-from posprobe.checkpoint.architectures import reserved_rows
 from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
 from posprobe.cli import main
 from posprobe.errors import ArgumentValueError, PosprobeError
-from posprobe.families import ModelContext, content_free_scores
 from posprobe.families import disentangled as dis
 from posprobe.families import relative_bias as rb
+from posprobe.families.context import HeadWeights, ModelContext, content_free_scores, reserved_rows
 
 N = 40  # positions analysed: beyond the tiny configs' exact buckets and max distances
 
@@ -184,17 +183,17 @@ def test_t5_reads_layer_0_bias_umt5_its_own():
 def test_t5_scores_are_exactly_toeplitz_and_change_with_the_bias():
     """Known answer: a constant content term plus bias[bucket(j - i)]; each diagonal is constant."""
     torch.manual_seed(0)
-    d, heads, buckets = 16, 2, 8
+    heads, buckets = 2, 8
     table = torch.randn(buckets, heads, dtype=torch.float64)
-    args = (torch.randn(d), torch.ones(d), 1e-6, torch.randn(16, d), torch.randn(16, d), table, 30)
-    f = rb.t5_scores(*args, n_heads=heads, causal=False, num_buckets=buckets, max_distance=20)
+    content = torch.randn(heads, dtype=torch.float64)
+    f = rb.t5_scores(content, table, 30, causal=False, num_buckets=buckets, max_distance=20)
     k = rb.relative_offsets(30)
     for off in range(-29, 30):
         diag = f[:, k == off]
         assert torch.equal(diag, diag[:, :1].expand_as(diag))
     bumped = table.clone()
     bumped[rb.t5_bucket(torch.tensor(-3), True, buckets, 20), 1] += 1.0
-    g = rb.t5_scores(*args[:5], bumped, 30, n_heads=heads, causal=False, num_buckets=buckets, max_distance=20)
+    g = rb.t5_scores(content, bumped, 30, causal=False, num_buckets=buckets, max_distance=20)
     delta = g - f
     assert torch.allclose(delta[0], torch.zeros_like(delta[0]))
     hit = rb.t5_bucket(k, True, buckets, 20) == rb.t5_bucket(torch.tensor(-3), True, buckets, 20)  # shared log bucket
@@ -302,9 +301,10 @@ def test_deberta_scores_depend_on_offset_only_for_a_constant_input():
     torch.manual_seed(0)
     d, heads = 16, 2
     dc = dis.DisentangledConfig(heads, d // heads, ("c2p", "p2c"), 8, 32, True)
-    x = torch.randn(d, dtype=torch.float64).expand(20, -1)
-    qw, kw = (torch.randn(d, d), torch.randn(d)), (torch.randn(d, d), torch.randn(d))
-    f = dis.disentangled_scores(x, qw, kw, torch.randn(16, d), dc)
+    x = np.broadcast_to(np.random.default_rng(0).normal(size=d), (20, d))
+    qk = [torch.randn(heads, d, d // heads, dtype=torch.float64).numpy() for _ in range(2)]
+    weights = HeadWeights(qk[0], np.ones((heads, d // heads)), qk[1], np.zeros((heads, d // heads)), 0)
+    f = torch.from_numpy(dis.disentangled_scores(x, weights, torch.randn(16, d, dtype=torch.float64).numpy(), dc))
     k = rb.relative_offsets(20)
     for off in range(-19, 20):
         diag = f[:, k == off]

@@ -33,17 +33,17 @@ def test_known_transformers_types():
 
 def test_params_and_analyses_read_the_same_table():
     """Issue 9: the learned-table knowledge of `params` and of the analyses came from two lists."""
-    from posprobe.checkpoint import SUPPORTED_MODEL_TYPES
+    from posprobe.families.table import table_model_types
     from posprobe.retrofit import RETROFIT_MODEL_TYPES
 
-    assert set(RETROFIT_MODEL_TYPES) <= set(SUPPORTED_MODEL_TYPES)
+    assert set(RETROFIT_MODEL_TYPES) <= set(table_model_types())
     for model_type in model_types():
         config = {"model_type": model_type, "hidden_size": 32, "max_position_embeddings": 64,
                   "num_attention_heads": 4, "num_hidden_layers": 2}  # fmt: skip
         counts = positional_parameter_counts(config)
         learned = family_for_type(model_type).learned_table
         assert (counts.absolute is not None) == learned, model_type
-        if model_type in SUPPORTED_MODEL_TYPES:  # tables posprobe reads: learned ones count, built ones don't
+        if model_type in table_model_types():  # tables posprobe reads: learned ones count, built ones don't
             assert (counts.absolute is not None) == (family_for_type(model_type).kind == LEARNED)
     llama = positional_parameter_counts({**config, "model_type": "llama"})
     assert llama.absolute is None and position_kind({"model_type": "llama"})[0] == ROTARY

@@ -4,10 +4,9 @@ import numpy as np
 import pytest
 from conftest import FAMILIES
 
-from posprobe.analysis.fhat import LayerInput, faithful_input, fhat_matrices, paper_input
+from posprobe.analysis.fhat import LayerInput, fhat_matrices, paper_input
 from posprobe.analysis.toeplitz import diagonal_means, offsets
-from posprobe.checkpoint import read_attention_weights, read_embedding_inputs, resolve_model
-from posprobe.pipelines.analysis import compute_profiles, fhat_analysis
+from posprobe.pipelines.analysis import compute_profiles, fhat_analysis, open_model
 
 
 def loop_paper_fhat(positions, word, wq, wk, n_heads):
@@ -28,13 +27,14 @@ def loop_paper_fhat(positions, word, wq, wk, n_heads):
 
 @pytest.mark.parametrize("family", ["bert", "albert", "gpt2"])
 def test_paper_mode_equals_entry_loop(tiny_checkpoints, family):
-    source = resolve_model(str(tiny_checkpoints[family]))
-    emb = read_embedding_inputs(source)
-    attn = read_attention_weights(source, 0)
-    inp = paper_input(emb.positions.table[:12], emb.word_mean, emb.projection)
-    fast = fhat_matrices(inp, attn.wq, attn.wk, attn.shape.n_heads)
-    slow = loop_paper_fhat(inp.positions, inp.word, attn.wq, attn.wk, attn.shape.n_heads)
+    ctx = open_model(str(tiny_checkpoints[family]))
+    wq, _, wk, _ = ctx.attention(0).linear()
+    inp = paper_input(ctx.position_table.table[:12], ctx.word_mean, ctx.projection())
+    fast = fhat_matrices(inp, wq, wk, ctx.shape.heads)
+    slow = loop_paper_fhat(inp.positions, inp.word, wq, wk, ctx.shape.heads)
     np.testing.assert_allclose(fast, slow, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(fhat_analysis(str(tiny_checkpoints[family]), 0, positions=12).matrices, slow,
+                               rtol=1e-10, atol=1e-12)  # fmt: skip
 
 
 def test_paper_mode_is_full_score_minus_word_word_constant():
@@ -73,15 +73,14 @@ def test_faithful_mode_matches_the_real_first_layer(tiny_checkpoints, tiny_model
     import torch
 
     model = tiny_models[family].double()
-    source = resolve_model(str(tiny_checkpoints[family]))
-    emb = read_embedding_inputs(source)
-    n = emb.positions.n_positions
+    ctx = open_model(str(tiny_checkpoints[family]))
+    n = ctx.position_table.n_positions
     captured = {}
     q_mod, k_mod = _layer0_qk_modules(model, family)
     hooks = [q_mod.register_forward_hook(lambda m, i, o: captured.setdefault("q", o.detach()))]
     if k_mod is not None:
         hooks.append(k_mod.register_forward_hook(lambda m, i, o: captured.setdefault("k", o.detach())))
-    embeds = torch.tensor(emb.word_mean).expand(1, n, -1).clone()
+    embeds = torch.tensor(ctx.word_mean).expand(1, n, -1).clone()
     with torch.no_grad():
         model(inputs_embeds=embeds)
     for hook in hooks:
@@ -99,13 +98,16 @@ def test_faithful_mode_matches_the_real_first_layer(tiny_checkpoints, tiny_model
     assert result.mode == "faithful"
 
 
-def test_faithful_input_steps():
-    rng = np.random.default_rng(1)
-    pos, word, tt = rng.normal(size=(4, 6)), rng.normal(size=6), rng.normal(size=6)
-    ln = (np.ones(6), np.zeros(6), 1e-12)
-    x = faithful_input(pos, word, tt, ln, None).full
-    np.testing.assert_allclose(x.mean(axis=1), 0, atol=1e-12)
-    np.testing.assert_allclose(x.std(axis=1), 1, atol=1e-6)
+def test_faithful_input_steps(tiny_checkpoints, tiny_models):
+    """The reader's embedding rows are the real embedding module's output for the average word."""
+    import torch
+
+    ctx = open_model(str(tiny_checkpoints["bert"]))
+    model = tiny_models["bert"].double()
+    embeds = torch.tensor(ctx.word_mean).expand(1, 5, -1).clone()
+    with torch.no_grad():
+        real = model.embeddings(inputs_embeds=embeds)[0].numpy()
+    np.testing.assert_allclose(ctx.embedding_rows(ctx.position_table.table[:5]), real, rtol=1e-10, atol=1e-12)
 
 
 def _next_token_checkpoint(folder):

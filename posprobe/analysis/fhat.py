@@ -6,7 +6,7 @@ Row i is the query position, column j the key position (offset k = j - i).
 
 paper mode     F_h = (e_w Wq_h Wk_h^T E_P^T + E_P Wq_h Wk_h^T e_w^T + E_P Wq_h Wk_h^T E_P^T) / sqrt(d_h)
 faithful mode  F_h = (X Wq_h^T + bq_h)(X Wk_h^T + bk_h)^T / sqrt(d_h), X = the real layer input with the
-               average word at every position (token type 0, embedding LayerNorm, projection, pre-LN).
+               average word at every position (built by the model reader, `ModelContext.embedding_rows`).
 
 Factorised embeddings: the projection x -> x M^T + m is affine; in paper mode its linear part maps the
 position rows (E_P M^T) and the constant part goes with the word (e_w M^T + m), so that the two still add
@@ -32,13 +32,6 @@ class LayerInput:
     full: np.ndarray | None = None
 
 
-def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
-    """LayerNorm over the last axis (biased variance, as torch)."""
-    mean = x.mean(axis=-1, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * weight + bias
-
-
 def paper_input(
     positions: np.ndarray, word_mean: np.ndarray, projection: tuple[np.ndarray, np.ndarray] | None = None
 ) -> LayerInput:
@@ -49,27 +42,6 @@ def paper_input(
     return LayerInput(positions=positions @ w.T, word=word_mean @ w.T + b)
 
 
-def faithful_input(
-    positions: np.ndarray,
-    word_mean: np.ndarray,
-    token_type0: np.ndarray | None,
-    layernorm: tuple[np.ndarray, np.ndarray, float] | None,
-    projection: tuple[np.ndarray, np.ndarray] | None,
-    pre_layernorm: tuple[np.ndarray, np.ndarray, float] | None = None,
-) -> LayerInput:
-    """The real input rows for a sequence made of the average word: (n, d)."""
-    x = positions + word_mean[None, :]
-    if token_type0 is not None:
-        x = x + token_type0[None, :]
-    if layernorm is not None:
-        x = layer_norm(x, *layernorm)
-    if projection is not None:
-        x = x @ projection[0].T + projection[1]
-    if pre_layernorm is not None:
-        x = layer_norm(x, *pre_layernorm)
-    return LayerInput(full=x)
-
-
 def fhat_matrices(
     layer_input: LayerInput,
     wq: np.ndarray,
@@ -77,8 +49,10 @@ def fhat_matrices(
     n_heads: int,
     bq: np.ndarray | None = None,
     bk: np.ndarray | None = None,
+    scale: float | None = None,
 ) -> np.ndarray:
-    """F_hat_P for every head: (H, n, n). Paper mode ignores the biases, faithful mode uses them."""
+    """F_hat_P for every head: (H, n, n). Paper mode ignores the biases, faithful mode uses them. `scale`
+    multiplies q.k (default 1 / sqrt(d_h))."""
     d = wq.shape[0]
     if d % n_heads:
         raise ValueError(
@@ -86,7 +60,7 @@ def fhat_matrices(
             "query/key weights (out, in) as stored"
         )
     dh = d // n_heads
-    scale = 1.0 / np.sqrt(dh)
+    scale = 1.0 / np.sqrt(dh) if scale is None else scale
 
     def per_head(x: np.ndarray) -> np.ndarray:  # (..., d) -> (H, ..., d_h), contiguous so matmul uses BLAS
         return np.ascontiguousarray(np.moveaxis(x.reshape(*x.shape[:-1], n_heads, dh), -2, 0))

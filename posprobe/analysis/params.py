@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from posprobe.checkpoint.architectures import reserved_rows
 from posprobe.errors import PosprobeError
+from posprobe.families.context import reserved_rows
 from posprobe.families.table import (
     CONFIG_KEYS,
     KIND_NAMES,

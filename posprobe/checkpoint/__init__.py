@@ -1,21 +1,13 @@
-"""Model access: the only layer that finds checkpoints and reads their weights.
+"""Model access: finding checkpoints and reading their files, nothing about what a family's tensors mean.
 
 `resolve` turns a model argument (hub id, local folder, or nothing = the packaged MiniLM) into a local
 folder and checks its config.json (`config`); `safetensors_format` checks a safetensors header as the format
-promises; `weights` reads single tensors lazily from safetensors; `architectures` knows where each model
-family keeps its position table, embedding LayerNorm, projection and Q/K weights; `loading` holds the checks
-around building a model with transformers (used by `posprobe.load_model`).
+promises; `weights` reads single tensors lazily from safetensors; `in_memory` reads a loaded model's state
+dict the same way; `loading` holds the checks around building a model with transformers (used by
+`posprobe.load_model`). What the tensors mean (layouts, norms, positions) is the model reader's job:
+`posprobe.families.context.ModelContext`.
 """
 
-from posprobe.checkpoint.architectures import (
-    SUPPORTED_MODEL_TYPES,
-    AttentionWeights,
-    EmbeddingInputs,
-    PositionTable,
-    read_attention_weights,
-    read_embedding_inputs,
-    read_position_table,
-)
 from posprobe.checkpoint.resolve import DEFAULT_MODEL_NAME, ModelSource, default_model_dir, resolve_model
 from posprobe.checkpoint.weights import WeightReader
 
@@ -25,11 +17,4 @@ __all__ = [
     "default_model_dir",
     "resolve_model",
     "WeightReader",
-    "AttentionWeights",
-    "EmbeddingInputs",
-    "PositionTable",
-    "SUPPORTED_MODEL_TYPES",
-    "read_attention_weights",
-    "read_embedding_inputs",
-    "read_position_table",
 ]

@@ -62,6 +62,10 @@ class StateDictReader:
         names = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16"}
         return names.get(str(self._state[key].dtype), "F64")
 
+    def shape(self, key: str) -> tuple[int, ...] | None:
+        """The shape of tensor `key`; None for an unknown key."""
+        return tuple(self._state[key].shape) if key in self._state else None
+
     def get(self, key: str) -> np.ndarray:
         """Tensor `key` as a float64 array (a copy; the model is not touched)."""
         if key not in self._state:

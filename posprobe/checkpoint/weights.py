@@ -123,6 +123,13 @@ class WeightReader:
         entry = self._entries.get(key)
         return None if entry is None else entry.dtype
 
+    def shape(self, key: str) -> tuple[int, ...] | None:
+        """The stored shape of tensor `key` (read from the header, no data); None for an unknown key."""
+        if self._pickle_state is not None:
+            return tuple(self._pickle_state[key].shape) if key in self._pickle_state else None
+        entry = self._entries.get(key)
+        return None if entry is None else tuple(entry.shape)
+
     def get(self, key: str) -> np.ndarray:
         """Tensor `key` as a float64 array."""
         if key not in self._names:

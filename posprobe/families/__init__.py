@@ -12,6 +12,8 @@ A new kind also needs a score module (listed in `table.SCORE_MODULES`) defining
 
     content_free_scores(ctx: ModelContext, layer: int, n: int, stack: str) -> np.ndarray   # (H, n, n) float64
 
+(`ModelContext` is `posprobe.families.context.ModelContext`, the one model reader.)
+
 `F_hat(i, j)` of SPEC §9 for query i, key j (k = j - i), every head of `layer` (0-based, already checked) of
 stack `stack` ('encoder' or 'decoder'; one-stack families get 'encoder'), for the first `n` positions (already
 checked against the model's maximum). It reads tensors only through `ctx` (`ctx.reader`, `ctx.family`,
@@ -19,7 +21,6 @@ checked against the model's maximum). It reads tensors only through `ctx` (`ctx.
 `ctx.query_key(layer, stack)`, ...): lazily, never building the model. Pure numpy/torch; no printing.
 """
 
-from posprobe.families.context import ModelContext, content_free_scores
 from posprobe.families.table import (
     FAMILIES,
     KIND_NAMES,
@@ -36,9 +37,7 @@ __all__ = [
     "KINDS",
     "KIND_NAMES",
     "Family",
-    "ModelContext",
     "config_value",
-    "content_free_scores",
     "family_for_type",
     "model_types",
     "position_kind",

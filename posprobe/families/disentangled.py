@@ -1,8 +1,9 @@
 """Content-free scores of DeBERTa-v2/v3 disentangled attention (SPEC §9), as `DisentangledSelfAttention` computes them.
 
-Pure torch float64 functions; no model is built. Shapes: n positions, d hidden width, H heads, d_h head size
+Float64 numpy through the model reader (bucket arithmetic in torch, as the model does it); no model is built.
+Shapes: n positions, d hidden width, H heads, d_h head size
 (`attention_head_size`, default d / H), S = `att_span` (`position_buckets` if > 0, else `max_relative_positions`),
-R (2S, d) the relative embeddings. Weights use torch's Linear layout: q = x @ Wq.T + bq.
+R (2S, d) the relative embeddings. Per-head weights as `HeadWeights`: q_h = x @ Wq[h] + bq[h].
 
 DeBERTa writes relative positions as r(i, j) = i - j (log-bucketed when `position_buckets` > 0); posprobe's
 offset is k = j - i = -r. With delta(i, j) = clamp(r(i, j) + S, 0, 2S - 1) (the model's own index):
@@ -21,11 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from posprobe.checkpoint.config import config_int
 from posprobe.errors import PosprobeError
-from posprobe.families.relative_bias import layer_norm, split_heads
+from posprobe.families.context import HeadWeights, head_split
 
 
 @dataclass(frozen=True)
@@ -79,68 +81,41 @@ def relative_positions(n: int, cfg: DisentangledConfig) -> torch.Tensor:
     return rel
 
 
-def embedding_output(
-    word_mean: torch.Tensor,
-    layernorm: tuple[torch.Tensor, torch.Tensor, float],
-    n: int,
-    positions: torch.Tensor | None = None,
-    token_type0: torch.Tensor | None = None,
-    projection: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """DeBERTa's embedding output (n, d) for a sequence of the average word.
-
-    `positions` (n, e) only when `position_biased_input`; `projection` (d, e) = `embed_proj.weight` (no bias).
-    """
-    x = word_mean.to(torch.float64).expand(n, -1)
-    if positions is not None:
-        x = x + positions.to(torch.float64)
-    if token_type0 is not None:
-        x = x + token_type0.to(torch.float64)
-    if projection is not None:
-        x = x @ projection.to(torch.float64).T
-    return layer_norm(x, *layernorm)
-
-
 def disentangled_scores(
-    layer_input: torch.Tensor,
-    query: tuple[torch.Tensor, torch.Tensor],
-    key: tuple[torch.Tensor, torch.Tensor],
-    rel_embeddings: torch.Tensor,
+    layer_input: np.ndarray,
+    weights: HeadWeights,
+    rel_embeddings: np.ndarray,
     cfg: DisentangledConfig,
-    pos_query: tuple[torch.Tensor, torch.Tensor] | None = None,
-    pos_key: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
+    pos_query: HeadWeights | None = None,
+    pos_key: HeadWeights | None = None,
+) -> np.ndarray:
     """Content-free pre-softmax scores (H, n, n) of one DeBERTa-v2/v3 layer.
 
-    `layer_input` (n, d); `query`, `key` = (weight (H*d_h, d), bias (H*d_h,)) of `query_proj` / `key_proj`;
-    `rel_embeddings` (>= 2S, d) = `encoder.rel_embeddings.weight`, already through `encoder.LayerNorm` when
-    `norm_rel_ebd` says so; `pos_query` / `pos_key` = `pos_query_proj` / `pos_key_proj` (unused with share_att_key).
+    `layer_input` (n, d); `weights` the layer's per-head query/key projections; `rel_embeddings` (>= 2S, d) =
+    `encoder.rel_embeddings.weight`, already through `encoder.LayerNorm` when `norm_rel_ebd` says so;
+    `pos_query` / `pos_key` = `pos_query_proj` / `pos_key_proj` per head (unused with share_att_key).
     """
-    f64 = torch.float64
-    x = layer_input.to(f64)
+    x = layer_input
     n = x.shape[0]
-
-    def project(inp, weight_bias):
-        return split_heads(inp @ weight_bias[0].to(f64).T + weight_bias[1].to(f64), cfg.n_heads)
-
-    q, k = project(x, query), project(x, key)  # (H, n, d_h)
+    q, k = weights.queries(x), weights.keys(x)  # (H, n, d_h)
     scale = cfg.scale
-    scores = q @ k.transpose(-1, -2) / scale
+    scores = q @ k.transpose(0, 2, 1) / scale
     if not set(cfg.pos_att_type) & {"c2p", "p2c"}:
         return scores
     span = cfg.att_span
-    rel = rel_embeddings.to(f64)[: 2 * span]  # (2S, d)
-    r = relative_positions(n, cfg)  # (n, n), r[i, j] for i - j
+    rel = rel_embeddings[: 2 * span]  # (2S, d)
+    r = relative_positions(n, cfg).numpy()  # (n, n), r[i, j] for i - j
+    heads = q.shape[0]
     if "c2p" in cfg.pos_att_type:
-        pk = project(rel, key if cfg.share_att_key else pos_key)  # (H, 2S, d_h)
-        index = (r + span).clamp(0, 2 * span - 1)  # (n, n)
-        c2p = q @ pk.transpose(-1, -2)  # (H, n, 2S)
-        scores = scores + torch.gather(c2p, -1, index.expand(cfg.n_heads, n, n)) / scale
+        pk = (weights if cfg.share_att_key else pos_key).keys(rel)  # (H, 2S, d_h)
+        index = np.clip(r + span, 0, 2 * span - 1)  # (n, n)
+        c2p = q @ pk.transpose(0, 2, 1)  # (H, n, 2S)
+        scores = scores + np.take_along_axis(c2p, np.broadcast_to(index, (heads, n, n)), -1) / scale
     if "p2c" in cfg.pos_att_type:
-        pq = project(rel, query if cfg.share_att_key else pos_query)
-        index = (-r + span).clamp(0, 2 * span - 1)  # row = key position j, column = query position i
-        p2c = k @ pq.transpose(-1, -2)  # (H, n_keys, 2S)
-        scores = scores + torch.gather(p2c, -1, index.expand(cfg.n_heads, n, n)).transpose(-1, -2) / scale
+        pq = (weights if cfg.share_att_key else pos_query).queries(rel)
+        index = np.clip(-r + span, 0, 2 * span - 1)  # row = key position j, column = query position i
+        p2c = k @ pq.transpose(0, 2, 1)  # (H, n_keys, 2S)
+        scores = scores + np.take_along_axis(p2c, np.broadcast_to(index, (heads, n, n)), -1).transpose(0, 2, 1) / scale
     return scores
 
 
@@ -153,40 +128,16 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
     """
     f, raw = ctx.family, ctx.config
     cfg = config_from(raw, ctx.source.name)
-    if not raw.get("relative_attention", False):
-        raise PosprobeError(
-            f"'{ctx.source.name}' has relative_attention off: it attends by content and its learned absolute table",
-            "its positional structure is the learned table's: see `posprobe toeplitz`",
-        )
-
-    def t(pattern, optional=False):
-        array = ctx.optional(pattern, layer, stack) if optional else ctx.tensor(pattern, layer, stack)
-        return None if array is None else torch.from_numpy(array).to(torch.float64)
-
-    def linear(prefix, optional=False):
-        weight = t(prefix + ".weight", optional)
-        return None if weight is None else (weight, t(prefix + ".bias"))
-
-    eps = ctx.shape.eps
     positions = None
     if raw.get("position_biased_input", True):
-        positions = t(f.tensors["position"])[:n]
+        positions = ctx.tensor(f.tensors["position"])[:n]
         if positions.shape[0] < n:
             raise PosprobeError(
                 f"checkpoint '{ctx.source.name}' has {positions.shape[0]} absolute positions, fewer than {n}",
                 "analyse fewer positions with --positions",
             )
-    token_type = t(f.token_type, optional=True)
-    projection = t(f.projection + ".weight", optional=True)
-    x = embedding_output(
-        torch.from_numpy(ctx.word_mean),
-        (t(f.embedding_norm + ".weight"), t(f.embedding_norm + ".bias"), eps),
-        n,
-        positions=positions,
-        token_type0=None if token_type is None else token_type[0],
-        projection=projection,
-    )
-    rel = t(f.tensors["rel_embeddings"])
+    x = np.broadcast_to(ctx.layer_input(ctx.embedding_rows(positions), layer, stack), (n, ctx.shape.hidden))
+    rel = ctx.tensor(f.tensors["rel_embeddings"])
     if rel.shape[0] < 2 * cfg.att_span:
         raise PosprobeError(
             f"checkpoint '{ctx.source.name}' has {rel.shape[0]} relative embeddings; its config needs "
@@ -194,12 +145,18 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
             "the weights do not match config.json; re-save the checkpoint",
         )
     if "layer_norm" in _norm_rel_ebd(raw):
-        rel = layer_norm(rel, t(f.tensors["rel_norm"] + ".weight"), t(f.tensors["rel_norm"] + ".bias"), eps)
+        rel = ctx.norm(rel, f.tensors["rel_norm"])
+    heads, size = ctx.shape.heads, ctx.shape.head_dim
+
+    def projection(name: str) -> HeadWeights:  # a position projection, per head (as both queries and keys)
+        w, b = ctx.linear(f.tensors[name], layer, stack)
+        per, bias = head_split(w, b, heads, size)
+        return HeadWeights(per, bias, per, bias, layer)
+
     shared = cfg.share_att_key
-    pos_query = None if shared or "p2c" not in cfg.pos_att_type else linear(f.tensors["pos_query"])
-    pos_key = None if shared or "c2p" not in cfg.pos_att_type else linear(f.tensors["pos_key"])
-    scores = disentangled_scores(x, linear(f.query), linear(f.key), rel, cfg, pos_query=pos_query, pos_key=pos_key)
-    return scores.numpy()
+    pos_query = None if shared or "p2c" not in cfg.pos_att_type else projection("pos_query")
+    pos_key = None if shared or "c2p" not in cfg.pos_att_type else projection("pos_key")
+    return disentangled_scores(x, ctx.attention(layer, stack), rel, cfg, pos_query=pos_query, pos_key=pos_key)
 
 
 def config_from(raw: dict, name: str) -> DisentangledConfig:

@@ -1,6 +1,7 @@
 """Content-free scores of bucketed relative-bias attention: T5 / mT5 / UMT5 (encoder and decoder) and MPNet (SPEC §9).
 
-Pure torch float64 functions; no model is built. Shapes: n positions, d model width, H heads, d_kv head size,
+Bucket arithmetic in torch (as the model computes it); weights come through the model reader; no model is
+built. Shapes: n positions, d model width, H heads, d_kv head size,
 B buckets. Weights use torch's Linear layout (out, in): q = x @ Wq.T + bq; head h owns output features
 h*d_kv .. (h+1)*d_kv - 1. Row i is the query position, column j the key position, offset k = j - i.
 
@@ -24,9 +25,9 @@ import math
 
 import torch
 
-from posprobe.checkpoint.architectures import reserved_rows
 from posprobe.checkpoint.config import config_int
 from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.families.context import reserved_rows
 
 MPNET_BUCKETS = 32
 MPNET_MAX_DISTANCE = 128
@@ -70,118 +71,30 @@ def bucket_bias(bias_table: torch.Tensor, n: int, bidirectional: bool, num_bucke
     return bias_table.to(torch.float64)[buckets].permute(2, 0, 1)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """T5's LayerNorm (no mean subtraction, no bias) over the last axis, in float64."""
-    x = x.to(torch.float64)
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.to(torch.float64)
-
-
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
-    """LayerNorm over the last axis (biased variance, as torch), float64."""
-    return torch.nn.functional.layer_norm(
-        x.to(torch.float64), x.shape[-1:], weight.to(torch.float64), bias.to(torch.float64), eps
-    )
-
-
-def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(..., n, H*d_h) -> (H, ..., n, d_h)."""
-    return x.reshape(*x.shape[:-1], n_heads, x.shape[-1] // n_heads).movedim(-2, 0)
-
-
-def qk_scores(
-    x: torch.Tensor,
-    wq: torch.Tensor,
-    wk: torch.Tensor,
-    n_heads: int,
-    scaling: float,
-    bq: torch.Tensor | None = None,
-    bk: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Content scores (H, n, n) = (x Wq_h^T + bq_h)(x Wk_h^T + bk_h)^T * scaling for layer input x (n, d)."""
-    x = x.to(torch.float64)
-    q = x @ wq.to(torch.float64).T
-    k = x @ wk.to(torch.float64).T
-    if bq is not None:
-        q = q + bq.to(torch.float64)
-    if bk is not None:
-        k = k + bk.to(torch.float64)
-    return (split_heads(q, n_heads) @ split_heads(k, n_heads).transpose(-1, -2)) * scaling
-
-
-def t5_scores(
-    word_mean: torch.Tensor,
-    norm_weight: torch.Tensor,
-    norm_eps: float,
-    wq: torch.Tensor,
-    wk: torch.Tensor,
-    bias_table: torch.Tensor,
-    n: int,
-    *,
-    n_heads: int,
-    causal: bool,
-    num_buckets: int,
-    max_distance: int,
-    scaling: float = 1.0,
-) -> torch.Tensor:
-    """Content-free scores (H, n, n) of one T5 / mT5 / UMT5 self-attention layer.
-
-    `word_mean` (d,) = vocabulary-average row of the shared embedding; `norm_weight` (d,) = the layer's
-    self-attention `layer_norm.weight`; `wq`, `wk` (H*d_kv, d); `bias_table` (B, H) = the stack's layer-0
-    `relative_attention_bias.weight` (T5, mT5) or this layer's own (UMT5). `causal` = decoder stack.
-    The content part q . k * scaling is the same for every (i, j); T5's scaling is 1 (the table's 'none').
-    """
-    x = rms_norm(word_mean, norm_weight, norm_eps)  # (d,)
-    q = split_heads(x @ wq.to(torch.float64).T, n_heads)  # (H, d_kv)
-    k = split_heads(x @ wk.to(torch.float64).T, n_heads)
-    content = (q * k).sum(-1) * scaling  # (H,)
-    return content[:, None, None] + bucket_bias(bias_table, n, not causal, num_buckets, max_distance)
-
-
-def mpnet_layer_input(
-    word_mean: torch.Tensor, positions: torch.Tensor, layernorm: tuple[torch.Tensor, torch.Tensor, float]
-) -> torch.Tensor:
-    """MPNet's embedding output for a sequence of the average word: LayerNorm(e_w + E_P[i]) (n, d).
-
-    `positions` (n, d) = the position table with its 2 reserved leading rows already dropped.
-    """
-    return layer_norm(positions.to(torch.float64) + word_mean.to(torch.float64), *layernorm)
-
-
-def mpnet_scores(
-    layer_input: torch.Tensor,
-    wq: torch.Tensor,
-    bq: torch.Tensor,
-    wk: torch.Tensor,
-    bk: torch.Tensor,
-    bias_table: torch.Tensor,
-    *,
-    n_heads: int,
-) -> torch.Tensor:
-    """Content-free scores (H, n, n) of one MPNet layer: scaled q . k plus the encoder's bucket bias.
-
-    `layer_input` (n, d) from `mpnet_layer_input`; `bias_table` (32, H) = `encoder.relative_attention_bias.weight`.
-    """
-    n, d = layer_input.shape
-    content = qk_scores(layer_input, wq, wk, n_heads, 1.0 / math.sqrt(d // n_heads), bq, bk)
-    return content + bucket_bias(bias_table, n, True, MPNET_BUCKETS, MPNET_MAX_DISTANCE)
+def t5_scores(content: torch.Tensor, bias_table: torch.Tensor, n: int, *, causal: bool, num_buckets: int,
+              max_distance: int) -> torch.Tensor:  # fmt: skip
+    """Content-free scores (H, n, n) of one T5 / mT5 / UMT5 self-attention layer: the constant q . k * scaling
+    of each head, `content` (H,), plus the bucketed bias (`bias_table` (B, H): the stack's layer-0 table for T5
+    and mT5, this layer's own for UMT5). `causal` = decoder stack."""
+    return content.to(torch.float64)[:, None, None] + bucket_bias(bias_table, n, not causal, num_buckets, max_distance)
 
 
 # ------------------------------------------------------------------ checkpoint access (through the family table)
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
     """F_hat (H, n, n) float64 numpy of `layer` of `stack` (`ModelContext`, SPEC §9): T5 family or MPNet.
 
-    The entry's `tensors['relative_bias']` names the (B, H) table (T5/mT5: layer 0's of the stack, UMT5: `{l}`'s);
-    MPNet also reads its absolute table (`position`, rows after the 2 reserved ones) and embedding LayerNorm.
+    The entry's `tensors['relative_bias']` names the (B, H) table (T5/mT5: layer 0's of the stack, UMT5: `{l}`'s).
+    MPNet: the faithful scores of its absolute table (`position`, rows after the 2 reserved ones, through the
+    embedding LayerNorm) plus the encoder's one bias table, buckets 32 and max distance 128 whatever the config.
     """
     f, cfg, name = ctx.family, ctx.config, ctx.source.name
     table = _t(ctx.tensor(f.tensors["relative_bias"], layer, stack))
     if table.ndim != 2 or table.shape[1] != ctx.shape.heads:
         raise _malformed(ctx, f"relative attention bias of shape {tuple(table.shape)}, expected (buckets, heads)")
-    wq = _t(ctx.tensor(f.query + ".weight", layer, stack))
-    wk = _t(ctx.tensor(f.key + ".weight", layer, stack))
+    weights = ctx.attention(layer, stack)
     if ctx.family.name == "mpnet":
         reserved = reserved_rows(cfg, name)
-        positions = _t(ctx.tensor(f.position))[reserved : reserved + n]
+        positions = ctx.tensor(f.position)[reserved : reserved + n]
         if positions.shape[0] < n:
             raise ArgumentValueError(
                 "positions",
@@ -191,32 +104,18 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
             )
         if table.shape[0] < MPNET_BUCKETS:
             raise _malformed(ctx, f"relative attention bias with {table.shape[0]} buckets, MPNet uses {MPNET_BUCKETS}")
-        norm = (
-            _t(ctx.tensor(f.embedding_norm + ".weight")),
-            _t(ctx.tensor(f.embedding_norm + ".bias")),
-            ctx.shape.eps,
-        )
-        x = mpnet_layer_input(_t(ctx.word_mean), positions, norm)
-        bq, bk = (_t(ctx.optional(p + ".bias", layer, stack)) for p in (f.query, f.key))
-        return mpnet_scores(x, wq, bq, wk, bk, table, n_heads=ctx.shape.heads).numpy()
+        x = ctx.layer_input(ctx.embedding_rows(positions), layer, stack)
+        content = weights.queries(x) @ weights.keys(x).transpose(0, 2, 1) * ctx.scaling  # (H, n, n)
+        bias = bucket_bias(table, n, True, MPNET_BUCKETS, MPNET_MAX_DISTANCE)
+        return content + bias.numpy()
     buckets = config_int(cfg, name, "relative_attention_num_buckets", default=32, minimum=4)
     max_distance = config_int(cfg, name, "relative_attention_max_distance", default=128, minimum=2)
     if table.shape[0] != buckets:
         raise _malformed(ctx, f"relative attention bias with {table.shape[0]} buckets, config says {buckets}")
-    return t5_scores(
-        _t(ctx.word_mean),
-        _t(ctx.tensor(f.pre_norm + ".weight", layer, stack)),
-        ctx.shape.eps,
-        wq,
-        wk,
-        table,
-        n,
-        n_heads=ctx.shape.heads,
-        causal=ctx.causal(stack),
-        num_buckets=buckets,
-        max_distance=max_distance,
-        scaling=ctx.scaling,
-    ).numpy()
+    q, k = ctx.query_key(layer, stack)  # (H, d_kv) each
+    content = torch.from_numpy((q * k).sum(-1) * ctx.scaling)
+    scores = t5_scores(content, table, n, causal=ctx.causal(stack), num_buckets=buckets, max_distance=max_distance)
+    return scores.numpy()
 
 
 def _t(array) -> torch.Tensor | None:

@@ -5,10 +5,10 @@ where its tensors live and how to read them. Tensor names are *suffixes* (a task
 'model.' does not matter); per-layer names hold `{l}` (the layer) and, for encoder-decoder families, `{stack}`
 ('encoder' or 'decoder'). Sizes come from config.json under any of the names in `CONFIG_KEYS`.
 
-Who reads it: `posprobe.checkpoint.architectures` (learned-table analyses), `posprobe.families.*` (content-free
-scores of every other kind, SPEC §9), `posprobe.analysis.params` (which families have a learned table),
-`posprobe.retrofit` (`retrofit=True` entries), `posprobe.checkpoint.config` (which configs are checked in depth),
-the tests (one tiny config per entry) and the README's table of supported families.
+Who reads it: `posprobe.families.context` (the one model reader: tensors, layouts, norms, what is analysable)
+and the score modules (`SCORE_MODULES`, one per kind: SPEC §3, §9), `posprobe.analysis.params` (which families
+have a learned table), `posprobe.retrofit` (`retrofit=True` entries), `posprobe.checkpoint.config` (which
+configs are checked in depth), the tests (one tiny config per entry) and the README's table of families.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ DISENTANGLED = "disentangled"  # DeBERTa-v2 c2p + p2c
 OTHER = "other"  # known, not analysed (see `Family.description`)
 KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, OTHER)
 SCORE_MODULES = {
+    LEARNED: "posprobe.families.absolute",
+    SINUSOIDAL: "posprobe.families.absolute",
     ROTARY: "posprobe.families.rotary",
     ALIBI: "posprobe.families.alibi",
     BUCKET_BIAS: "posprobe.families.relative_bias",
@@ -68,7 +70,8 @@ class Family:
     """One model family. Only `name`, `model_types` and `kind` are required; the rest say where tensors live.
 
     Embedding level: `word` (vocabulary table), `position` (learned or stored table), `token_type`,
-    `embedding_norm` (norm of the summed embeddings, prefix), `projection` (factorised embeddings, prefix),
+    `embedding_norm` (norm of the summed embeddings, prefix), `projection` (factorised embeddings, prefix;
+    applied after the embedding norm, or before it with `projection_first`: DeBERTa-v2's embed_proj),
     `embed_scale` ('sqrt_hidden': the embeddings are multiplied by sqrt(d) in the table's dtype, Gemma;
     'scale_embedding': by sqrt(d) when config.json says scale_embedding, Marian / Pegasus / M2M100 / XGLM).
     Attention of layer `{l}`: `query` / `key` prefixes ('.weight', '.bias' appended; with `qkv` != SEPARATE
@@ -94,6 +97,7 @@ class Family:
     token_type: str | None = None
     embedding_norm: str | None = None
     projection: str | None = None
+    projection_first: bool = False
     embed_scale: str | None = None
     query: str | None = None
     key: str | None = None
@@ -101,6 +105,7 @@ class Family:
     pre_norm: str | None = None
     qk_norm: tuple[str, str] | None = None
     norm: str = LAYERNORM
+    eps: float | None = None  # the norm epsilon where the family fixes it in code, not in its config (DistilBERT)
     shared_layers: bool = False
     reserved_rows: bool | int = False
     encoder_decoder: bool = False
@@ -174,6 +179,7 @@ _T5_BIAS = "{stack}.block.{l}.layer.0.SelfAttention.relative_attention_bias.weig
 
 _SEQ2SEQ = dict(
     word="shared.weight",
+    eps=1e-5,  # nn.LayerNorm's default: their configs name no epsilon
     position="encoder.embed_positions.weight",  # stored by Marian / Pegasus; built when absent
     embed_scale="scale_embedding",
     query="encoder.layers.{l}.self_attn.q_proj",
@@ -217,6 +223,7 @@ FAMILIES: tuple[Family, ...] = (
         word=_BERT["word"],
         position=_BERT["position"],
         embedding_norm=_BERT["embedding_norm"],
+        eps=1e-12,
         query="transformer.layer.{l}.attention.q_lin",
         key="transformer.layer.{l}.attention.k_lin",
     ),
@@ -313,6 +320,7 @@ FAMILIES: tuple[Family, ...] = (
         causal=True,
         word="embed_tokens.weight",
         embed_scale="scale_embedding",
+        eps=1e-5,
         query="layers.{l}.self_attn.q_proj",
         key="layers.{l}.self_attn.k_proj",
         pre_norm="layers.{l}.self_attn_layer_norm",
@@ -366,6 +374,7 @@ FAMILIES: tuple[Family, ...] = (
         token_type=_BERT["token_type"],
         embedding_norm=_BERT["embedding_norm"],
         projection="embeddings.embed_proj",
+        projection_first=True,
         query="encoder.layer.{l}.attention.self.query_proj",
         key="encoder.layer.{l}.attention.self.key_proj",
         tensors={
@@ -438,6 +447,11 @@ def config_value(config: dict, what: str):
         if config.get(key) is not None:
             return config[key]
     return None
+
+
+def table_model_types() -> tuple[str, ...]:
+    """Model types with an absolute position table posprobe reads (learned, or sinusoidal as the model builds it)."""
+    return tuple(t for kind in TABLE_KINDS for t in model_types(kind=kind, analysable=True))
 
 
 def position_kind(config: dict) -> tuple[str, str]:

@@ -17,23 +17,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from posprobe.analysis.fhat import MODES, faithful_input, fhat_matrices, paper_input
+from posprobe.analysis.fhat import MODES
 from posprobe.analysis.position_products import position_inner_products
 from posprobe.analysis.toeplitz import block_r2, diagonal_means, offsets, sections, toeplitz_r2
-from posprobe.checkpoint import (
-    ModelSource,
-    WeightReader,
-    read_attention_weights,
-    read_embedding_inputs,
-    read_position_table,
-    resolve_model,
-)
-from posprobe.checkpoint.architectures import family_of, model_shape, reserved_rows
+from posprobe.checkpoint import ModelSource, WeightReader, resolve_model
 from posprobe.checkpoint.in_memory import IN_MEMORY, StateDictReader, is_model_object, source_from_model
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
-from posprobe.families import Family, ModelContext, content_free_scores, family_for_type, position_kind
-from posprobe.families.context import STACKS
-from posprobe.families.table import LEARNED, SCORE_MODULES, TABLE_KINDS
+from posprobe.families.context import CONTENT_FREE, STACKS, ModelContext, check_analysable, content_free_scores
+from posprobe.families.table import LEARNED
 from posprobe.results import ResultMixin, middle_ellipsis, short
 from posprobe.validation import as_bool, as_choice, as_int, as_int_list
 
@@ -42,29 +33,27 @@ if TYPE_CHECKING:
 
 DEFAULT_BLOCK = 128
 DEFAULT_POSITIONS = 512  # positions analysed by default where the model has no table: min(its maximum, this)
-CONTENT_FREE = "content-free"  # the mode of families without a learned table (SPEC §9)
 DEFAULT_PROFILE_WINDOW = 20  # half-width of the profile summary and sections (the fit's own default is tisa_fit's)
 MIN_POSITIONS = 2
 
 
 # ------------------------------------------------------------------------------------------ shared
-def _open(model, allow_pickle, source: ModelSource | None = None, table: bool = False):
-    """(source, reader) for a model id / folder / None / loaded model object (`table`: only models with a
-    learned position table are accepted)."""
+def open_model(
+    model=None, allow_pickle=False, source: ModelSource | None = None, mode: str = "paper", table: bool = False
+) -> ModelContext:
+    """The model reader (`ModelContext`) of a model id / folder / None / loaded model object (or of an already
+    resolved `source`): the model is resolved once, its family checked (`table`: that it has an absolute
+    position table) before any weight is read."""
     if source is not None:
         if source.weight_format == IN_MEMORY:
             raise ArgumentTypeError("source", "pass a model object as `model`, not as {arg}")
-        analysable_family(source)  # refuse unsupported families before reading any weights
-        if table:
-            table_hint(source)
-        return source, WeightReader(source.path, source.weight_format)
+        check_analysable(source, table)
+        return ModelContext(source, WeightReader(source.path, source.weight_format), mode)
     allow_pickle = as_bool(allow_pickle, "allow_pickle")
     if is_model_object(model):
         source = source_from_model(model)
-        analysable_family(source)
-        if table:
-            table_hint(source)
-        return source, StateDictReader(model)
+        check_analysable(source, table)
+        return ModelContext(source, StateDictReader(model), mode)
     if isinstance(model, PathLike):
         model = str(model)
     if model is not None and not isinstance(model, str):
@@ -74,34 +63,8 @@ def _open(model, allow_pickle, source: ModelSource | None = None, table: bool = 
             "e.g. toeplitz('bert-base-uncased'), toeplitz('path/to/folder') or toeplitz(loaded_model)",
         )
     source = resolve_model(model, allow_pickle=allow_pickle)
-    analysable_family(source)
-    if table:
-        table_hint(source)
-    return source, WeightReader(source.path, source.weight_format)
-
-
-def analysable_family(source: ModelSource) -> Family:
-    """The family-table entry of `source` when posprobe computes its positional scores; else one clear error."""
-    family = family_for_type(source.model_type)
-    kind = position_kind(source.config)[0]
-    if family is not None and family.analysable and kind == family.kind and kind in SCORE_MODULES:
-        return family
-    return family_of(source)  # absolute tables; raises a clear error for everything else
-
-
-def table_hint(source: ModelSource) -> None:
-    """Refuse `toeplitz` for a family without a learned position table, naming the commands that show its
-    positional structure."""
-    family = family_for_type(source.model_type)
-    kind = position_kind(source.config)[0]
-    reads_scores = family is not None and family.analysable and kind == family.kind and kind not in TABLE_KINDS
-    if reads_scores and family.position is None:
-        raise PosprobeError(
-            f"'{source.name}' ({source.model_type}) has no learned position table (it uses {family.mechanism}), "
-            "so there is no P = E_P E_P^T",
-            "its positional structure is shown by `posprobe profiles` (per-head scores over k = j - i) and "
-            "`posprobe fhat`",
-        )
+    check_analysable(source, table)
+    return ModelContext(source, WeightReader(source.path, source.weight_format), mode)
 
 
 def _check_positions(n: int, name: str) -> None:
@@ -190,8 +153,9 @@ def toeplitz(
         err.flag = "--block"  # the CLI's repeatable option
         raise
     cosine = as_bool(cosine, "cosine")
-    source, reader = _open(model, allow_pickle, source, table=True)
-    table = read_position_table(source, reader)
+    ctx = open_model(model, allow_pickle, source, table=True)
+    source = ctx.source
+    table = ctx.position_table
     n = table.n_positions
     _check_positions(n, source.name)
     if blocks is None:
@@ -280,46 +244,33 @@ class FhatResult(ResultMixin):
 
 
 class _FhatComputer:
-    """Reads the shared embedding-level inputs once, then F_hat_P for any layer of one checkpoint.
+    """F_hat_P of any layer of one checkpoint through its model reader: the score module of the model's position
+    kind (SPEC §3 for absolute tables in paper or faithful mode, §9 content-free scores otherwise) over
+    `positions` positions (default: the whole absolute table, else min(the model's maximum, DEFAULT_POSITIONS))
+    of stack `stack`."""
 
-    Learned tables: paper or faithful mode over the table's first `positions` rows (default: all). Every other
-    analysable family: the content-free scores of SPEC §9 over `positions` positions (default: min(the model's
-    maximum, DEFAULT_POSITIONS)) of stack `stack`."""
-
-    def __init__(self, source: ModelSource, reader, mode: str, positions=None, stack: str = "encoder"):
-        mode = as_choice(mode, "mode", MODES)
+    def __init__(self, ctx: ModelContext, positions=None, stack: str = "encoder"):
         stack = as_choice(stack, "stack", STACKS)
         positions = None if positions is None else as_int(positions, "positions", minimum=MIN_POSITIONS)
-        self.family = analysable_family(source)
-        self.source, self.reader, self.stack = source, reader, stack
-        self.kind = position_kind(source.config)[0]
-        self._paper = None
+        self.ctx, self.source, self.family, self.stack = ctx, ctx.source, ctx.family, stack
         if stack == "decoder" and not self.family.encoder_decoder:
+            source = ctx.source
             what = "its encoder stack only" if source.config.get("is_encoder_decoder") else "one stack, no decoder"
             raise ArgumentValueError(
                 "stack", f"posprobe reads '{source.name}' ({source.model_type}): {what}", "drop {arg}"
             )
-        if self.kind in TABLE_KINDS:
-            self.mode = mode
-            self.embeddings = read_embedding_inputs(source, reader)
-            self.shape = model_shape(source)
-            self.n_layers = self.shape.n_layers
-            self.causal = self.family.causal
-            available = self.embeddings.positions.n_positions
-            _check_positions(available, source.name)
-            self.n = self._check_n(positions, available, "its position table has")
+        self.kind, self.mode = ctx.kind, ctx.score_mode
+        self.n_layers = ctx.layers(stack)
+        self.causal = ctx.causal(stack)
+        maximum = ctx.max_positions
+        if ctx.has_table and self.mode != CONTENT_FREE:
+            _check_positions(maximum, ctx.source.name)
+            self.n = self._check_n(positions, maximum, "its position table has")
         else:
-            self.mode = CONTENT_FREE
-            self.ctx = ModelContext(source, reader, self.family)
-            self.n_layers = self.ctx.layers(stack)
-            self.causal = self.ctx.causal(stack)
-            maximum = self.ctx.shape.max_positions
-            if maximum and self.family.reserved_rows:  # a table beside the mechanism (MPNet): rows 0..pad unused
-                maximum -= reserved_rows(source.config, source.name)
             if positions is None:
                 positions = min(maximum or DEFAULT_POSITIONS, DEFAULT_POSITIONS)
             self.n = self._check_n(positions, maximum, "its config allows") if maximum else positions
-            self.ctx.word_mean  # noqa: B018  (read the vocabulary once, before any layer)
+        ctx.word_mean  # noqa: B018  (read the vocabulary once, before any layer)
 
     @property
     def reported_stack(self) -> str | None:
@@ -339,31 +290,15 @@ class _FhatComputer:
 
     @property
     def n_heads(self) -> int:
-        return self.shape.n_heads if self.kind in TABLE_KINDS else self.ctx.shape.heads
+        return self.ctx.shape.heads
 
     def layer(self, layer: int) -> FhatResult:
-        if self.kind not in TABLE_KINDS:
-            f = content_free_scores(self.ctx, layer, self.n, self.stack)
-            weights_layer = layer
-        else:
-            attn = read_attention_weights(self.source, layer, self.reader)
-            emb = self.embeddings
-            table = emb.positions.table[: self.n]
-            if self.mode == "paper":
-                if self._paper is None:
-                    self._paper = paper_input(table, emb.word_mean, emb.projection)
-                f = fhat_matrices(self._paper, attn.wq, attn.wk, self.shape.n_heads)
-            else:
-                layer_input = faithful_input(
-                    table, emb.word_mean, emb.token_type0, emb.layernorm, emb.projection, attn.pre_layernorm
-                )
-                f = fhat_matrices(layer_input, attn.wq, attn.wk, self.shape.n_heads, attn.bq, attn.bk)
-            weights_layer = attn.weights_layer
+        f = content_free_scores(self.ctx, layer, self.n, self.stack)
         return FhatResult(
             self.source.name,
             self.source.model_type,
             layer,
-            weights_layer,
+            self.ctx.stored_layer(layer),
             self.mode,
             f,
             np.asarray(toeplitz_r2(f), dtype=np.float64),
@@ -392,8 +327,8 @@ def fhat(
     """
     mode = as_choice(mode, "mode", MODES)
     as_int(layer, "layer")
-    source, reader = _open(model, allow_pickle, source)
-    computer = _FhatComputer(source, reader, mode, positions, stack)
+    computer = _FhatComputer(open_model(model, allow_pickle, source, mode), positions, stack)
+    source = computer.source
     return computer.layer(_layer_index(layer, computer.n_layers, source.name))
 
 
@@ -516,8 +451,8 @@ def profiles(
     if not (isinstance(layers, str) and layers == "all"):
         layers = as_int_list(layers, "layers")
     window = as_int(window, "window", minimum=1)
-    source, reader = _open(model, allow_pickle, source)
-    computer = _FhatComputer(source, reader, mode, positions, stack)
+    computer = _FhatComputer(open_model(model, allow_pickle, source, mode), positions, stack)
+    source = computer.source
     n_layers = computer.n_layers
     if layers is None or layers == "all":
         layers = list(range(n_layers))
@@ -656,16 +591,17 @@ def compare(
     mode = as_choice(mode, "mode", MODES)
     cosine = as_bool(cosine, "cosine")
     rows = []
-    opened = [_open(model, allow_pickle) for model in models]
-    labels = [source.label for source, _ in opened]
+    opened = [open_model(model, allow_pickle, mode=mode) for model in models]
+    labels = [ctx.source.label for ctx in opened]
     clashes = {label for label in labels if labels.count(label) > 1}
-    for (source, reader), label in zip(opened, labels):
+    for ctx, label in zip(opened, labels):
+        source = ctx.source
         label = middle_ellipsis(source.name, 40) if label in clashes else label
-        computer = _FhatComputer(source, reader, mode, positions)
+        computer = _FhatComputer(ctx, positions)
         f = computer.layer(0)
-        has_table = computer.kind in TABLE_KINDS or computer.family.learned_table  # MPNet: a table beside its bias
+        has_table = ctx.has_table  # also a table beside a relative bias: MPNet
         if has_table:
-            table = read_position_table(source, reader).table[: computer.n]
+            table = ctx.position_table.table[: computer.n]
             p = position_inner_products(table, cosine=cosine)
             first = block_r2(p, DEFAULT_BLOCK) if computer.n >= DEFAULT_BLOCK else None
             whole = toeplitz_r2(p)

@@ -297,7 +297,7 @@ def max_positions(model) -> int | None:
     n = getattr(cfg, "max_position_embeddings", None)
     if n is None:
         return None
-    from posprobe.checkpoint.architectures import reserved_rows
+    from posprobe.families.context import reserved_rows
 
     return int(n) - reserved_rows(cfg.to_dict(), str(getattr(cfg, "_name_or_path", "") or "the model"))
 

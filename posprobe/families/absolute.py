@@ -1,0 +1,30 @@
+"""Scores of absolute position tables (learned, or sinusoidal as the model builds them): F_hat_P of SPEC §3.
+
+paper mode     F_h = (e_w Wq_h Wk_h^T E_P^T + E_P Wq_h Wk_h^T e_w^T + E_P Wq_h Wk_h^T E_P^T) * scaling
+faithful mode  F_h = (X Wq_h + bq_h)(X Wk_h + bk_h)^T * scaling, X = the real layer input of a sequence of the
+               average word (token type 0, embedding norm, projection, the layer's pre-attention norm).
+Row i is the query position, column j the key position (k = j - i); `ctx.mode` picks the mode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from posprobe.analysis.fhat import LayerInput, fhat_matrices, paper_input
+
+
+def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
+    """F_hat_P (H, n, n) of depth `layer` over the table's first `n` positions (`ModelContext`)."""
+    weights = ctx.attention(layer, stack)
+    wq, bq, wk, bk = weights.linear()
+    table = ctx.position_table.table[:n]
+    heads = ctx.shape.heads
+    if ctx.mode == "paper":
+        key = ("paper", n)
+        if key not in ctx.cache:  # the same projected inputs for every layer
+            ctx.cache[key] = paper_input(table, ctx.word, ctx.projection())
+        scores = fhat_matrices(ctx.cache[key], wq, wk, heads, scale=ctx.scaling)
+    else:
+        x = ctx.layer_input(ctx.embedding_rows(table), layer, stack)
+        scores = fhat_matrices(LayerInput(full=x), wq, wk, heads, bq, bk, scale=ctx.scaling)
+    return ctx.softcap(scores)
