@@ -21,14 +21,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from posprobe.errors import PosprobeError
-from posprobe.families.context import reserved_rows
+from posprobe.families.context import config_size, reserved_rows
 from posprobe.families.table import (
-    CONFIG_KEYS,
     KIND_NAMES,
     LEARNED,
     OTHER,
     SINUSOIDAL,
-    config_value,
     family_for_type,
     position_kind,
 )
@@ -83,25 +81,6 @@ class PositionalParams:
         return out
 
 
-def _get(config: dict, what: str, required: bool = True) -> int | None:
-    """The config's size `what` under any of the family table's `CONFIG_KEYS` names (None if absent and not
-    `required`)."""
-    value = config_value(config, what)
-    if value is None:
-        if not required:
-            return None
-        raise PosprobeError(
-            f"the config has no {what} field (looked for {', '.join(CONFIG_KEYS[what])})",
-            "check the model's config.json (it may be damaged or from a model type posprobe does not know)",
-        )
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        key = next(k for k in CONFIG_KEYS[what] if config.get(k) is not None)
-        raise PosprobeError(
-            f"config field '{key}' = {value!r} is not a positive whole number", "check the model's config.json"
-        )
-    return value
-
-
 def positional_encoding(config: dict) -> str:
     """What `config`'s family uses for positions (from the family table): `LEARNED_TABLE` or a description of
     the alternative."""
@@ -128,12 +107,12 @@ def positional_parameter_counts(
     kernel_list = [check_kernels(s) for s in as_int_list(kernels, "kernels", allow_none=False)]
     model_type = str(config.get("model_type", "unknown"))
     encoding = positional_encoding(config)
-    hidden = _get(config, "hidden")
+    hidden = config_size(config, None, "hidden")
     table_width = config.get("embedding_size") or hidden
     learned = has_learned_table(config)
-    n_table = _get(config, "positions", required=learned)  # ALiBi / bucket models may state no limit
-    heads = _get(config, "heads")
-    layers = _get(config, "layers")
+    n_table = config_size(config, None, "positions", required=learned)  # ALiBi / bucket models may state no limit
+    heads = config_size(config, None, "heads")
+    layers = config_size(config, None, "layers")
     reserved = reserved_rows(config, "the model") if learned else 0
     n = None if n_table is None else n_table - reserved
     if n is not None and n < 1:
@@ -141,7 +120,7 @@ def positional_parameter_counts(
             f"the position table has {n_table} rows but {reserved} are reserved",
             "check max_position_embeddings and pad_token_id in config.json",
         )
-    head_dim = _get(config, "head_dim", required=False)  # T5's d_kv; else hidden / heads
+    head_dim = config_size(config, None, "head_dim", required=False)  # T5's d_kv; else hidden / heads
     if head_dim is None:
         if hidden % heads:
             raise PosprobeError(f"hidden size {hidden} is not divisible by {heads} heads", "check config.json")

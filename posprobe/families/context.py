@@ -47,28 +47,28 @@ class Shape:
     vocab: int | None
 
 
-def _positive(config: dict, name: str, what: str, default=None) -> int | None:
+def config_size(config: dict, name: str | None, what: str, default=None, required: bool = True) -> int | None:
+    """Size `what` (a `table.CONFIG_KEYS` entry: 'heads', 'hidden', ...) under whatever name the config uses, a
+    whole number >= 1; `default` (or None when not `required`) if absent. `name` names the checkpoint in errors."""
+    where = f"config.json of '{name}'" if name else "the config"
     value = T.config_value(config, what)
     if value is None:
-        if default is not None:
+        if default is not None or not required:
             return default
-        raise PosprobeError(
-            f"config.json of '{name}' has no {what} field (looked for {', '.join(T.CONFIG_KEYS[what])})", _CONFIG_HINT
-        )
+        raise PosprobeError(f"{where} has no {what} field (looked for {', '.join(T.CONFIG_KEYS[what])})", _CONFIG_HINT)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise PosprobeError(
-            f"config.json of '{name}' has {what} = {value!r}, expected a whole number >= 1", _CONFIG_HINT
-        )
+        key = next(k for k in T.CONFIG_KEYS[what] if config.get(k) is not None)
+        raise PosprobeError(f"{where} has {key} = {value!r}, expected a whole number >= 1", _CONFIG_HINT)
     return value
 
 
 def config_shape(config: dict, name: str, family: T.Family) -> Shape:
     """Heads, widths, layers and the norm epsilon of `config` under whatever names its family uses: the one place
     a model's sizes are read and checked."""
-    heads = _positive(config, name, "heads")
-    hidden = _positive(config, name, "hidden")
-    kv_heads = _positive(config, name, "kv_heads", default=heads)
-    head_dim = _positive(config, name, "head_dim", default=hidden // heads)
+    heads = config_size(config, name, "heads")
+    hidden = config_size(config, name, "hidden")
+    kv_heads = config_size(config, name, "kv_heads", default=heads)
+    head_dim = config_size(config, name, "head_dim", default=hidden // heads)
     if T.config_value(config, "head_dim") is None and hidden % heads:
         raise PosprobeError(
             f"config.json of '{name}' has hidden size {hidden} not divisible by {heads} heads",
@@ -92,9 +92,9 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
             f"config.json of '{name}' has a norm epsilon {eps!r}, expected a positive number", _CONFIG_HINT
         )
     positions = T.config_value(config, "positions")
-    positions = _positive(config, name, "positions") if positions is not None else None
-    vocab = _positive(config, name, "vocab") if T.config_value(config, "vocab") is not None else None
-    layers = _positive(config, name, "layers")
+    positions = config_size(config, name, "positions") if positions is not None else None
+    vocab = config_size(config, name, "vocab") if T.config_value(config, "vocab") is not None else None
+    layers = config_size(config, name, "layers")
     if family.shared_layers and config_int(config, name, "num_hidden_groups", default=1) != 1:
         raise PosprobeError(
             f"'{name}' is an ALBERT with {config.get('num_hidden_groups')} layer groups",
@@ -389,7 +389,7 @@ class ModelContext:
         if stored is None and "positions_class" in f.tensors:  # a sinusoidal table the model builds
             from posprobe.families.sinusoidal import build_table
 
-            n = _positive(cfg, name, "positions")
+            n = config_size(cfg, name, "positions")
             return PositionTable(name, self.source.model_type, build_table(f, cfg, n, self.shape.hidden), 0)
         table = self.tensor(f.position)
         if table.ndim != 2:
