@@ -44,7 +44,7 @@ import posprobe.mechanisms.flex as flex
 from posprobe.checkpoint.resolve import TOKENIZER_FILES
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.families.context import reserved_rows
-from posprobe.families.table import model_types
+from posprobe.families.table import Family, family_for_type, model_types
 from posprobe.mechanisms import REGISTRY
 from posprobe.mechanisms.base import ROLES, PositionalMechanism
 from posprobe.mechanisms.catalogue import LayerShape, MechanismSettings, check_settings, mechanism_info
@@ -168,13 +168,23 @@ def model_type(model: nn.Module) -> str:
     return str(getattr(getattr(model, "config", None), "model_type", "unknown"))
 
 
-def _check_supported(model: nn.Module) -> None:
+def _family(model: nn.Module) -> Family:
+    """The family-table entry of a model retrofit can install into; one clear error otherwise."""
     kind = model_type(model)
-    if kind not in RETROFIT_MODEL_TYPES:
+    family = family_for_type(kind)
+    if family is None or not family.retrofit:
         raise PosprobeError(
             f"cannot retrofit a '{kind}' model: only {', '.join(RETROFIT_MODEL_TYPES)} are supported",
             "use a BERT, RoBERTa, XLM-R, ALBERT or ELECTRA checkpoint",
         )
+    return family
+
+
+def _module_at(model: nn.Module, path: str) -> nn.Module | None:
+    """The submodule whose qualified name is `path` or ends in '.' + `path` (a task head's prefix does not
+    matter; the shortest such name wins), or None."""
+    names = [name for name, _ in model.named_modules() if name == path or name.endswith("." + path)]
+    return model.get_submodule(min(names, key=len)) if names else None
 
 
 def _encoder(model: nn.Module) -> nn.Module:
@@ -186,10 +196,18 @@ def _encoder(model: nn.Module) -> nn.Module:
 
 
 def depth_slots(model: nn.Module) -> list[tuple[nn.Module, int]]:
-    """`(attention module, slot)` for each attention call of one forward pass, in depth order."""
+    """`(attention module, slot)` for each attention call of one forward pass, in depth order. The module is
+    the one holding the family table's `query` projection; ALBERT's shared layer groups are called in turn."""
+    family = _family(model)
+    if not family.shared_layers:
+        attention = family.query.rsplit(".", 1)[0]  # the module that owns the query projection
+        modules = [_module_at(model, attention.format(l=i)) for i in range(model.config.num_hidden_layers)]
+        if any(m is None for m in modules):
+            raise PosprobeError(
+                f"model of type '{model_type(model)}' lacks its attention modules", "pass an encoder model"
+            )
+        return [(m, 0) for m in modules]
     encoder = _encoder(model)
-    if model_type(model) != "albert":
-        return [(layer.attention.self, 0) for layer in encoder.layer]
     cfg = model.config
     L, G = cfg.num_hidden_layers, cfg.num_hidden_groups
     slots: list[tuple[nn.Module, int]] = []
@@ -252,8 +270,8 @@ def _make_projection_hook(attention: nn.Module, role: str):
 
 
 def _position_embedding(model: nn.Module) -> nn.Embedding:
-    embeddings = getattr(getattr(model, "base_model", model), "embeddings", None)
-    table = getattr(embeddings, "position_embeddings", None)
+    position = _family(model).position
+    table = _module_at(model, position.rsplit(".", 1)[0]) if position else None
     if not isinstance(table, nn.Embedding):
         raise PosprobeError(
             f"model of type '{model_type(model)}' has no learned position table to drop",
@@ -337,7 +355,7 @@ def _kernels_by_depth(kernels_file, n_depths: int, n_heads: int, shared: bool) -
 
 def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
     """Attach mechanisms and hooks as described by `spec` (no initialisation); returns the depth slots."""
-    _check_supported(model)
+    _family(model)
     if is_retrofitted(model):
         raise PosprobeError("this model is already retrofitted", "start from the original checkpoint")
     try:
@@ -431,7 +449,7 @@ def retrofit(
 def _retrofit_loaded(model: nn.Module, settings: MechanismSettings, drop_position_embeddings: bool, seed: int):
     from posprobe.checkpoint.loading import check_finite
 
-    _check_supported(model)
+    _family(model)
     check_finite(model, str(getattr(model.config, "_name_or_path", "") or type(model).__name__))
     if is_retrofitted(model):
         raise PosprobeError("this model is already retrofitted", "start from the original checkpoint")
@@ -446,7 +464,7 @@ def _retrofit_loaded(model: nn.Module, settings: MechanismSettings, drop_positio
     }
     fitted: dict[int, tuple] = {}
     if settings.kernels_file is not None:
-        shared = model_type(model) == "albert" or settings.kernels_file.shared_layers
+        shared = _family(model).shared_layers or settings.kernels_file.shared_layers
         slots = depth_slots(model)
         fitted = _kernels_by_depth(settings.kernels_file, len(slots), slots[0][0].num_attention_heads, shared)
     slots = _install(model, spec)
@@ -658,7 +676,7 @@ def load_model(
     check_finite(model, source.name)
     if not spec:
         return model
-    _check_supported(model)
+    _family(model)
     slots = _install(model, spec)
     for module, slot in slots:
         module.posprobe_mechanisms[slot].reset("zero")
