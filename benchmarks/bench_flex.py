@@ -35,7 +35,7 @@ def worker(args: argparse.Namespace) -> dict:
 
     sys.path.insert(0, str(ROOT))
     import posprobe.mechanisms.flex as flex
-    from posprobe.retrofit import retrofit
+    from posprobe.retrofitting import retrofit
 
     device = torch.device(args.device)
     torch.manual_seed(0)

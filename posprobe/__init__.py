@@ -5,8 +5,7 @@ matplotlib until an analysis or a model needs them):
 
 - analyses of a model id, folder, None (the packaged all-MiniLM-L6-v2) or a loaded transformers model:
   `toeplitz` (P = E_P E_P^T and its Toeplitz R^2), `fhat` (F_hat_P per head of a layer), `profiles` (head
-  profiles over k = j - i), `compare` (several models); long names `toeplitz_analysis`, `fhat_analysis`,
-  `compute_profiles`, `compare_models`;
+  profiles over k = j - i), `compare` (several models);
 - TISA kernels: `fit_tisa` (a model's heads, several S) and `TisaKernelFitter` (any profiles, scikit-learn style);
 - models: `load_model`, `retrofit`, `save_retrofitted`, `finetune` / `evaluate` (GLUE, `FinetuneResult`);
 - result types (each with a short repr, `.plot()`, `.to_dict()`, `.to_json()`) and `PosprobeError`.
@@ -15,8 +14,6 @@ matplotlib until an analysis or a model needs them):
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 __version__ = "0.1.0"
 
@@ -26,10 +23,6 @@ _EXPORTS = {
     "fhat": "posprobe.pipelines.analysis",
     "profiles": "posprobe.pipelines.analysis",
     "compare": "posprobe.pipelines.analysis",
-    "toeplitz_analysis": "posprobe.pipelines.analysis",
-    "fhat_analysis": "posprobe.pipelines.analysis",
-    "compute_profiles": "posprobe.pipelines.analysis",
-    "compare_models": "posprobe.pipelines.analysis",
     "ToeplitzResult": "posprobe.pipelines.analysis",
     "FhatResult": "posprobe.pipelines.analysis",
     "ProfileResult": "posprobe.pipelines.analysis",
@@ -42,9 +35,9 @@ _EXPORTS = {
     "TisaFit": "posprobe.pipelines.fitting",
     "TisaKernelFitter": "posprobe.analysis.tisa_fit",
     "tisa_function": "posprobe.analysis.tisa_fit",
-    "load_model": "posprobe.retrofit",
-    "retrofit": "posprobe.retrofit",
-    "save_retrofitted": "posprobe.retrofit",
+    "load_model": "posprobe.retrofitting",
+    "retrofit": "posprobe.retrofitting",
+    "save_retrofitted": "posprobe.retrofitting",
     "finetune": "posprobe.glue",
     "evaluate": "posprobe.glue",
     "FinetuneConfig": "posprobe.glue",
@@ -65,36 +58,9 @@ def __getattr__(name: str):
             return importlib.import_module(f"{__name__}.{name}")
         raise AttributeError(f"module 'posprobe' has no attribute '{name}'")
     loaded = importlib.import_module(module)
-    if name not in globals():  # (importing `posprobe.retrofit` has already set `retrofit`: the callable module)
-        globals()[name] = getattr(loaded, name)
+    globals()[name] = getattr(loaded, name)
     return globals()[name]
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
-
-
-class _CallableModule(types.ModuleType):
-    """A submodule that shares its name with the function it defines (`posprobe.retrofit`): importing the module
-    sets `posprobe.retrofit` to it, so calling it calls the function, and its signature is the function's."""
-
-    def __call__(self, *args, **kwargs):
-        return getattr(self, self.__name__.rsplit(".", 1)[-1])(*args, **kwargs)
-
-    @property
-    def __signature__(self):
-        import inspect
-
-        return inspect.signature(getattr(self, self.__name__.rsplit(".", 1)[-1]))
-
-
-class _Package(types.ModuleType):
-    """posprobe itself: when a submodule named like an exported function is imported, make it callable."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in _EXPORTS and isinstance(value, types.ModuleType) and type(value) is types.ModuleType:
-            value.__class__ = _CallableModule
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from posprobe.cli import app, main
-from posprobe.retrofit import added_parameters, load_model
+from posprobe.retrofitting import added_parameters, load_model
 
 runner = CliRunner()
 
@@ -176,7 +176,7 @@ def test_settings_are_checked_before_the_model_loads(tiny_checkpoints, tmp_path,
     """Issue 8 #7 / 14 §2, §6: bad --radius/--kernels/--init -> exit 2 at once; the model is never loaded."""
     import time
 
-    import posprobe.retrofit as rf
+    import posprobe.retrofitting as rf
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the settings were checked")
@@ -248,7 +248,7 @@ def test_init_fit_fits_this_models_kernels(tiny_checkpoints, tmp_path):
 def test_a_partial_kernels_file_is_said(tiny_checkpoints, tmp_path, capsys):
     """`fit-tisa --layers 0` then `retrofit --init fit:FILE`: layer 1 starts at zero, and the user is told so."""
     from posprobe.errors import PosprobeWarning
-    from posprobe.retrofit import retrofit
+    from posprobe.retrofitting import retrofit
 
     path = _kernels(tmp_path / "k.safetensors", 2, layers=1)
     args = ["retrofit", str(tiny_checkpoints["bert"]), "-m", "tisa", "--init", f"fit:{path}"]

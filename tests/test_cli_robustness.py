@@ -89,8 +89,8 @@ def test_ctrl_c_during_an_analysis_exits_130(tmp_path):
     """`toeplitz` held in its analysis (a sleep patched in before it) while the SIGINT arrives."""
     out = tmp_path / "toeplitz"
     code = (
-        "import time, posprobe.pipelines.analysis as a; real = a.toeplitz_analysis; "
-        "a.toeplitz_analysis = lambda *x, **k: (time.sleep(60), real(*x, **k))[1]; "
+        "import time, posprobe.pipelines.analysis as a; real = a.toeplitz; "
+        "a.toeplitz = lambda *x, **k: (time.sleep(60), real(*x, **k))[1]; "
         "from posprobe.cli import main; main()"
     )
     done = interrupt_when_folder_appears(
@@ -225,12 +225,12 @@ def test_undefined_r2_reads_undefined_in_text_and_null_in_json(monkeypatch, tmp_
     const = np.ones((8, 8))
     monkeypatch.setattr(
         pipelines,
-        "toeplitz_analysis",
+        "toeplitz",
         lambda *a, **k: ToeplitzResult("m", "bert", 8, 0, False, const, None, {4: None}),
     )
     monkeypatch.setattr(
         pipelines,
-        "fhat_analysis",
+        "fhat",
         lambda *a, **k: FhatResult("m", "bert", 0, 0, "paper", np.stack([const, np.eye(8)]), np.array([np.nan, 0.5])),
     )
     code, captured = run_main(["toeplitz", "--out", str(tmp_path / "t")], capsys)

@@ -34,7 +34,7 @@ def test_known_transformers_types():
 def test_params_and_analyses_read_the_same_table():
     """Issue 9: the learned-table knowledge of `params` and of the analyses came from two lists."""
     from posprobe.families.table import table_model_types
-    from posprobe.retrofit import RETROFIT_MODEL_TYPES
+    from posprobe.retrofitting import RETROFIT_MODEL_TYPES
 
     assert set(RETROFIT_MODEL_TYPES) <= set(table_model_types())
     for model_type in model_types():

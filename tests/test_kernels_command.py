@@ -18,7 +18,7 @@ from posprobe.cli import app, main
 from posprobe.mechanisms._sequence import naive_filter
 from posprobe.mechanisms.catalogue import MECHANISM_NAMES
 from posprobe.pipelines.kernels import learned_kernels, mean_vectors
-from posprobe.retrofit import INITIAL_FILE, load_model, mechanism_at, retrofit, save_retrofitted
+from posprobe.retrofitting import INITIAL_FILE, load_model, mechanism_at, retrofit, save_retrofitted
 
 H, L, D, R = 4, 2, 32, 3  # tiny models: d_h = 8, clip radius 3
 runner = CliRunner()
@@ -315,7 +315,7 @@ def test_combined_fast_path_equals_per_pair_loop(name):
 @pytest.mark.parametrize("family", ["bert", "albert"])
 def test_combined_zero_init_unchanged_and_counts(name, family):
     from posprobe.mechanisms.catalogue import CATALOGUE, mechanism_info
-    from posprobe.retrofit import added_parameters, expected_parameters
+    from posprobe.retrofitting import added_parameters, expected_parameters
 
     base = build_tiny(family).double()
     ids = torch.randint(5, 99, (2, 9), generator=torch.Generator().manual_seed(0))

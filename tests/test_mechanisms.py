@@ -13,7 +13,7 @@ import torch
 from conftest import build_tiny
 
 from posprobe.mechanisms import CATALOGUE, MECHANISM_NAMES, REGISTRY, ROLES, LayerShape
-from posprobe.retrofit import (
+from posprobe.retrofitting import (
     added_parameters,
     expected_parameters,
     load_model,

@@ -12,7 +12,7 @@ from conftest import build_tiny
 from safetensors.numpy import save_file
 
 from posprobe.errors import PosprobeError, PosprobeWarning
-from posprobe.retrofit import added_parameters, depth_slots, load_model, mechanism_at, retrofit, save_retrofitted
+from posprobe.retrofitting import added_parameters, depth_slots, load_model, mechanism_at, retrofit, save_retrofitted
 
 H, L, D = 4, 2, 32  # tiny models: 4 heads, 2 layers, hidden 32 -> d_h = 8
 
@@ -163,7 +163,7 @@ def test_eager_models_and_attention_outputs():
 
 @pytest.mark.parametrize("name", ["tisa", "composite", "key-dynamic", "shaw-values", "depthwise"])
 def test_sdpa_and_explicit_paths_agree(name, monkeypatch):
-    import posprobe.retrofit as rf
+    import posprobe.retrofitting as rf
 
     model = retrofit(build_tiny("bert").double(), name, radius=3, init="random")
     ids = torch.randint(5, 99, (2, 9))
@@ -303,7 +303,7 @@ def test_retrofit_takes_a_folder_and_keeps_the_saved_class(tiny_checkpoints, tmp
     ],
 )
 def test_library_arguments_are_checked_first(tiny_checkpoints, tmp_path, monkeypatch, model, kwargs, error, fragment):
-    import posprobe.retrofit as rf
+    import posprobe.retrofitting as rf
 
     _kernels_file(tmp_path / "k.safetensors")
     monkeypatch.setattr(rf, "load_model", lambda *a, **k: pytest.fail("loaded before checking the arguments"))

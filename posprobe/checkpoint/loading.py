@@ -27,7 +27,9 @@ def check_before_load(source: ModelSource) -> None:
 
     model_type = source.config.get("model_type")
     if model_type is None:
-        raise PosprobeError(f"config.json of '{source.name}' has no model_type", 'add it (e.g. "model_type": "bert")')
+        raise PosprobeError(
+            f"config.json of '{source.name}' has no model_type", "add it: transformers' name of the family, e.g. bert"
+        )
     if model_type not in CONFIG_MAPPING_NAMES:
         raise PosprobeError(
             f"config.json of '{source.name}' has model_type '{model_type}', which this transformers version "

@@ -69,11 +69,11 @@ def toeplitz(
     """P = E_P E_Pᵀ of the learned position embeddings, its Toeplitz R², and a heatmap."""
     from posprobe import plotting
     from posprobe.outputs import save_figure, write_json
-    from posprobe.pipelines.analysis import toeplitz_analysis
+    from posprobe.pipelines import analysis as pipeline
 
     source = _resolve(model, allow_pickle)
     out_dir = _out_dir(out, "toeplitz", source.label)
-    result = toeplitz_analysis(None, blocks=block, cosine=cosine, source=source)
+    result = pipeline.toeplitz(None, blocks=block, cosine=cosine, source=source)
     stem = "P_cosine" if cosine else "P"
     figure = save_figure(plotting.heatmap(result), out_dir / f"{stem}.{fmt.value}")
     record = result.to_dict() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
@@ -126,11 +126,11 @@ def fhat(
     scores (SPEC §9): the pre-softmax scores of a sequence of the average word embedding."""
     from posprobe import plotting
     from posprobe.outputs import save_mosaic, write_json
-    from posprobe.pipelines.analysis import fhat_analysis
+    from posprobe.pipelines import analysis as pipeline
 
     source = _resolve(model, allow_pickle)
     out_dir = _out_dir(out, "fhat", source.label)
-    result = fhat_analysis(None, layer, mode.value, source=source, positions=positions, stack=stack.value)
+    result = pipeline.fhat(None, layer, mode.value, source=source, positions=positions, stack=stack.value)
     layer = result.layer  # -1 (the last layer) resolved to its number, for file names and titles
     stem = f"fhat_layer{layer}_{result.mode}" + ("_decoder" if result.stack == "decoder" else "")
     figure = save_mosaic(plotting.fhat_grid(result, scale.value), out_dir / f"{stem}.{fmt.value}")
@@ -175,11 +175,11 @@ def profiles(
     rotary, ALiBi and relative-bias models. Causal models use only k ≤ 0 (marked in titles and JSON)."""
     from posprobe import plotting
     from posprobe.outputs import save_figure, save_npz
-    from posprobe.pipelines.analysis import compute_profiles
+    from posprobe.pipelines import analysis as pipeline
 
     source = _resolve(model, allow_pickle)
     out_dir = _out_dir(out, "profiles", source.label)
-    result = compute_profiles(
+    result = pipeline.profiles(
         None,
         parse_int_list(layers, "layers"),
         mode.value,
@@ -245,13 +245,13 @@ def compare(
     from posprobe import plotting
     from posprobe.errors import ArgumentValueError
     from posprobe.outputs import prepare_out_dir, save_figure, write_json
-    from posprobe.pipelines.analysis import compare_models
+    from posprobe.pipelines import analysis as pipeline
 
     if len(models) < 2:
         raise ArgumentValueError(
             "models", "compare needs two or more models, got one", "add another model, or use `posprobe toeplitz`"
         )
-    result = compare_models(models, mode.value, cosine, allow_pickle, positions=positions)
+    result = pipeline.compare(models, mode.value, cosine, allow_pickle, positions=positions)
     rows, labels = list(result), [row.label for row in result]
     out_dir = prepare_out_dir(out if out is not None else default_out("compare", "-vs-".join(labels)))
     figure = save_figure(plotting.compare_heatmaps(rows), out_dir / f"compare.{fmt.value}")

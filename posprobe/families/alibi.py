@@ -12,11 +12,15 @@ from __future__ import annotations
 import numpy as np
 
 
-def alibi_slopes(heads: int, family: str = "bloom") -> np.ndarray:
-    """m_h (H,) as the family computes them (float32, then widened)."""
+BLOOM_SLOPES = "bloom"  # `Family.tensors['alibi']`: whose slope code the family runs
+MPT_SLOPES = "mpt"
+
+
+def alibi_slopes(heads: int, convention: str = BLOOM_SLOPES) -> np.ndarray:
+    """m_h (H,) as the family computes them (float32, then widened): BLOOM's or MPT's code (`convention`)."""
     import torch
 
-    if family == "mpt":
+    if convention == MPT_SLOPES:
         from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 
         # transformers' MptModel calls it with the default alibi_bias_max = 8 whatever attn_config says: so do we.
@@ -34,6 +38,6 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
     k = np.repeat(k, q.shape[0] // k.shape[0], axis=0)
     scale = (ctx.config.get("attn_config") or {}).get("softmax_scale") or ctx.scaling  # MPT may set its own
     content = (q * k).sum(-1) * scale  # (H,)
-    slopes = alibi_slopes(q.shape[0], ctx.family.name)
+    slopes = alibi_slopes(q.shape[0], ctx.family.tensors.get("alibi", BLOOM_SLOPES))
     distance = np.abs(np.arange(n)[None, :] - np.arange(n)[:, None]).astype(np.float64)  # |j - i|
     return content[:, None, None] - slopes[:, None, None] * distance[None]

@@ -92,7 +92,7 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
     if table.ndim != 2 or table.shape[1] != ctx.shape.heads:
         raise _malformed(ctx, f"relative attention bias of shape {tuple(table.shape)}, expected (buckets, heads)")
     weights = ctx.attention(layer, stack)
-    if ctx.family.name == "mpnet":
+    if f.position:  # an absolute table beside the bias (MPNet): faithful scores of the table plus the bias
         reserved = reserved_rows(cfg, name)
         positions = ctx.tensor(f.position)[reserved : reserved + n]
         if positions.shape[0] < n:

@@ -25,7 +25,7 @@ def build_table(family, config: dict, n: int, d: int) -> np.ndarray:
         module = cls(n, d, pad)
         if hasattr(module, "create_weight"):  # Marian / Pegasus: an Embedding filled by create_weight()
             return module.create_weight()[:n].double().numpy()
-        if family.name == "xglm":
+        if family.tensors.get("positions_from") == "position_ids":  # XGLM: numbered from its offset
             out = module(position_ids=torch.arange(n)[None])
         else:  # M2M100: position ids from the input ids; any id that is not padding
             token = 0 if pad != 0 else 1

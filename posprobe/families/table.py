@@ -7,7 +7,7 @@ where its tensors live and how to read them. Tensor names are *suffixes* (a task
 
 Who reads it: `posprobe.families.context` (the one model reader: tensors, layouts, norms, what is analysable)
 and the score modules (`SCORE_MODULES`, one per kind: SPEC §3, §9), `posprobe.analysis.params` (which families
-have a learned table), `posprobe.retrofit` (`retrofit=True` entries), `posprobe.checkpoint.config` (which
+have a learned table), `posprobe.retrofitting` (`retrofit=True` entries), `posprobe.checkpoint.config` (which
 configs are checked in depth), the tests (one tiny config per entry) and the README's table of families.
 """
 
@@ -81,8 +81,9 @@ class Family:
     `norm` (the kind of every norm above), `shared_layers` (ALBERT: one stored layer at every depth).
     `reserved_rows`: the position table starts with pad_token_id + 1 reserved rows (True: RoBERTa family), or
     with this many whatever the config says (MPNet: 2, its padding index is fixed at 1).
-    `tensors`: further family-specific names for its score function (e.g. a relative-bias table).
-    `retrofit`: posprobe.retrofit can install mechanisms into it. `rotary_class`: 'module:Class' of the
+    `tensors`: further family-specific names and settings for its score module (a relative-bias table, the
+    sinusoidal module and how it numbers positions, whose ALiBi slope code the family runs).
+    `retrofit`: posprobe.retrofitting can install mechanisms into it. `rotary_class`: 'module:Class' of the
     family's own transformers rotary module (its rope initialisation gives the frequencies).
     `description`: for OTHER kinds, what the family uses instead (shown when an analysis refuses it).
     An entry without `word` is known (`params` counts it, analyses name its mechanism) but not analysed.
@@ -324,7 +325,7 @@ FAMILIES: tuple[Family, ...] = (
         query="layers.{l}.self_attn.q_proj",
         key="layers.{l}.self_attn.k_proj",
         pre_norm="layers.{l}.self_attn_layer_norm",
-        tensors=_sinusoidal("xglm", "XGLM"),
+        tensors={**_sinusoidal("xglm", "XGLM"), "positions_from": "position_ids"},
     ),
     # -- ALiBi
     Family(
@@ -349,6 +350,7 @@ FAMILIES: tuple[Family, ...] = (
         key="blocks.{l}.attn.Wqkv",
         qkv=STACKED,
         pre_norm="blocks.{l}.norm_1",
+        tensors={"alibi": "mpt"},  # MPT's slope code (posprobe.families.alibi), not BLOOM's
     ),
     # -- bucketed relative bias (posprobe.families.relative_bias): 'relative_bias' names the (buckets, heads) table
     Family("t5", ("t5", "mt5"), tensors={"relative_bias": _T5_BIAS.replace("{l}", "0")}, **_T5),  # layer 0's, for all

@@ -320,12 +320,12 @@ def _read_finished(out: Path, seed: int) -> tuple[dict[str, float | None], float
 
 
 def build_model(config: FinetuneConfig, task: GlueTask, model_path: Path, seed: int):
-    """The model to fine-tune, always loaded through `posprobe.retrofit.load_model`: a plain classifier
+    """The model to fine-tune, always loaded through `posprobe.retrofitting.load_model`: a plain classifier
     (`none`), one retrofitted now with `config.mechanism`, or a checkpoint retrofitted earlier, whose
     mechanism comes back with it. The task head is new (initialised from `seed`): training is what fits it."""
     from transformers import AutoModelForSequenceClassification
 
-    from posprobe.retrofit import load_model, retrofit
+    from posprobe.retrofitting import load_model, retrofit
 
     model = load_model(
         str(model_path),
@@ -427,7 +427,7 @@ def _run_seed(
 def _save_model(trainer, model_dir: Path, meta: dict[str, Any]) -> None:
     """Write the fine-tuned model, its tokenizer and `posprobe_glue.json` into a temporary sibling folder and
     rename it to `model_dir` once complete. A retrofitted model goes through `save_retrofitted`."""
-    from posprobe.retrofit import is_retrofitted, save_retrofitted
+    from posprobe.retrofitting import is_retrofitted, save_retrofitted
 
     partial = model_dir.with_name(f".{model_dir.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)

@@ -1,7 +1,6 @@
 """Position analyses of a checkpoint: P and its Toeplitz R^2, F_hat_P per head, head profiles, comparisons.
 
-Each analysis (`toeplitz`, `fhat`, `profiles`, `compare`; the long names `toeplitz_analysis`, `fhat_analysis`,
-`compute_profiles`, `compare_models` are aliases) takes a model as a hub id, a local folder, None (the packaged
+Each analysis (`toeplitz`, `fhat`, `profiles`, `compare`) takes a model as a hub id, a local folder, None (the packaged
 all-MiniLM-L6-v2) or a loaded transformers model object, reads only the tensors it needs (lazily from
 safetensors for ids and folders, from `state_dict()` for objects; the same code either way) and returns a frozen
 result with a short repr, `.plot()`, `.to_dict()` and `.to_json()`. Nothing is printed and nothing is written:
@@ -623,10 +622,3 @@ def compare(
             )  # fmt: skip
         )
     return CompareResult(mode, cosine, tuple(rows))
-
-
-# Long names (kept for existing code).
-toeplitz_analysis = toeplitz
-fhat_analysis = fhat
-compute_profiles = profiles
-compare_models = compare

@@ -265,7 +265,7 @@ def _text_config(model):
 
 def _check_model(model) -> tuple[int, int]:
     """(layers, heads) of a model this command can record; PosprobeError otherwise."""
-    from posprobe.retrofit import is_retrofitted
+    from posprobe.retrofitting import is_retrofitted
 
     kind = getattr(model.config, "model_type", "unknown")
     if is_retrofitted(model):
@@ -584,7 +584,7 @@ def _load(model: Any, allow_pickle: bool, need_tokenizer: bool):
     from transformers.utils import logging as hf_logging
 
     from posprobe.checkpoint import resolve_model
-    from posprobe.retrofit import load_model
+    from posprobe.retrofitting import load_model
 
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
     tokenizer = _tokenizer(source) if need_tokenizer else None
@@ -683,7 +683,7 @@ def _weights_profiles(source, n: int, n_layers: int) -> tuple[np.ndarray | None,
     if source is None:
         return None, "unavailable: model passed as an object (no checkpoint to read weights from)"
     from posprobe.analysis.toeplitz import diagonal_means
-    from posprobe.pipelines.analysis import fhat_analysis
+    from posprobe.pipelines.analysis import fhat as fhat_analysis
 
     try:
         rows, mode = [], "faithful"

@@ -352,7 +352,7 @@ def load_profiles(
         return _profiles_from_npz(Path(model), layers, profile)
     if profile is not None:
         raise PosprobeError("--profile applies to a .npz written by `posprobe attention`", "drop --profile")
-    from posprobe.pipelines.analysis import compute_profiles
+    from posprobe.pipelines.analysis import profiles as compute_profiles
 
     res = compute_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack)
     return ProfileSet(

@@ -96,7 +96,7 @@ def mean_vectors(model, tokenizer, texts: list[str]) -> tuple[dict[str, np.ndarr
     projection outputs the attention sees, after any mechanism rewrote them), and the token count."""
     import torch
 
-    from posprobe.retrofit import depth_slots
+    from posprobe.retrofitting import depth_slots
 
     slots = depth_slots(model)
     modules = list({id(m): m for m, _ in slots}.values())
@@ -144,7 +144,7 @@ def learned_from_folder(
     folder, *, window: int | None = None, texts: list[str] | None = None, allow_pickle: bool = False
 ) -> tuple[str, LearnedFunctions, int, int, int]:
     """(name, learned functions, window used, radius, text tokens) of one retrofitted folder."""
-    from posprobe.retrofit import depth_slots, initial_state, load_model, mechanism_state
+    from posprobe.retrofitting import depth_slots, initial_state, load_model, mechanism_state
 
     path, recipe = _check_folder(folder)
     mechanism = str(recipe["mechanism"])
