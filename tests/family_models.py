@@ -61,6 +61,7 @@ LEARNED_EXTRA = {
     "ernie": ("ernie", dict(max_position_embeddings=64, intermediate_size=37)),
     "camembert": ("camembert", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1)),
     "data2vec-text": ("data2vec-text", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1)),
+    "megatron-bert": ("megatron-bert", dict(max_position_embeddings=64, intermediate_size=37)),
 }
 _OWN_CONFIG = {"bloom", "mpt", *SINUSOIDAL}
 

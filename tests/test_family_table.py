@@ -152,3 +152,25 @@ def test_config_switches_decide_the_kind_and_no_message_points_in_a_circle():
     assert position_kind({"model_type": "deberta-v2", "relative_attention": False})[0] == OTHER
     assert position_kind({"model_type": "deberta-v2", "relative_attention": True})[0] == "disentangled"
     assert position_kind({"model_type": "falcon", "alibi": True})[0] == ALIBI
+
+
+def test_the_family_table_is_the_only_place_that_names_model_types():
+    """No module outside families/table.py branches on (or spells out) a model type or family name: a family's
+    differences are table fields, so adding a family of an existing kind is one entry plus one test config."""
+    import re
+    from pathlib import Path
+
+    from posprobe.families import FAMILIES
+
+    names = {t for f in FAMILIES for t in f.model_types} | {f.name for f in FAMILIES}
+    alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    quoted = re.compile(r"""["'](""" + alternatives + r""")["']""")
+    package = Path(__file__).resolve().parents[1] / "posprobe"
+    found = [
+        f"{path.relative_to(package)}:{text[: m.start()].count(chr(10)) + 1}: {m.group(0)}"
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "table.py"
+        for text in [path.read_text(encoding="utf-8")]
+        for m in quoted.finditer(text)
+    ]
+    assert found == []

@@ -52,10 +52,10 @@ def test_load_model_and_retrofit_show_their_real_signatures():
     params = inspect.signature(posprobe.load_model).parameters
     assert list(params)[:2] == ["path_or_id", "model_class"] and "allow_pickle" in params
     assert "path_or_id" in pydoc.render_doc(posprobe.load_model)
-    assert "mechanism" in inspect.signature(posprobe.retrofitting).parameters
-    import posprobe.retrofitting as module  # the module import keeps working, and the name stays callable
+    assert "mechanism" in inspect.signature(posprobe.retrofit).parameters
+    import posprobe.retrofitting as module  # the module has its own name: posprobe.retrofit stays the function
 
-    assert callable(posprobe.retrofitting) and module.retrofit.__name__ == "retrofit"
+    assert posprobe.retrofit is module.retrofit and posprobe.retrofit.__name__ == "retrofit"
 
 
 # ------------------------------------------------------------------------------------- models in memory
@@ -188,7 +188,7 @@ def test_a_position_table_of_fewer_than_two_rows_is_refused(rows, tmp_path):
 
 def test_constant_position_table_gives_undefined_r2_not_a_number():
     # issue 8 #3: retrofit TISA with dropped position embeddings, then analyse: R^2 is undefined, JSON null.
-    model = posprobe.retrofitting(build_tiny("bert"), "tisa", drop_position_embeddings=True)
+    model = posprobe.retrofit(build_tiny("bert"), "tisa", drop_position_embeddings=True)
     t = posprobe.toeplitz(model)
     assert t.toeplitz_r2 is None and json.loads(t.to_json())["toeplitz_r2"] is None
     f = posprobe.fhat(model)
@@ -199,7 +199,7 @@ def test_constant_position_table_gives_undefined_r2_not_a_number():
 
 def test_constant_position_table_through_the_cli(tmp_path):
     # the reproduction of issue 8 #3 as a user ran it: retrofit --drop-position-embeddings, save, then analyse
-    model = posprobe.retrofitting(build_tiny("bert"), "tisa", drop_position_embeddings=True)
+    model = posprobe.retrofit(build_tiny("bert"), "tisa", drop_position_embeddings=True)
     folder = posprobe.save_retrofitted(model, tmp_path / "rf")
     record = _cli_json(["toeplitz", str(folder), "--block", "16", "--out", str(tmp_path / "t"), "--json"])
     assert record["toeplitz_r2"] is None and record["blocks"] == {"16": None}

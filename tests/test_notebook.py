@@ -52,11 +52,11 @@ def test_a_notebook_session(folder, tmp_path):
 
     with torch.no_grad():
         plain = model(ids).last_hidden_state
-    assert sorted(posprobe.retrofitting.REGISTRY) == MECHANISMS
+    assert sorted(posprobe.mechanisms.REGISTRY) == MECHANISMS
     for name in MECHANISMS:
         fresh = posprobe.load_model(folder).eval()
         init = f"fit:{kernels_file}" if name == "tisa" else "zero"
-        fitted = posprobe.retrofitting(fresh, name, radius=2, init=init)
+        fitted = posprobe.retrofit(fresh, name, radius=2, init=init)
         with torch.no_grad():
             out = fitted(ids).last_hidden_state
         assert torch.isfinite(out).all(), name

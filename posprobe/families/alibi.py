@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-
-BLOOM_SLOPES = "bloom"  # `Family.tensors['alibi']`: whose slope code the family runs
-MPT_SLOPES = "mpt"
+BLOOM_SLOPES = "build_alibi_tensor"  # `Family.tensors['alibi']`: the transformers function whose slopes it uses
+MPT_SLOPES = "build_mpt_alibi_tensor"
 
 
 def alibi_slopes(heads: int, convention: str = BLOOM_SLOPES) -> np.ndarray:

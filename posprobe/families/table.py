@@ -229,6 +229,17 @@ FAMILIES: tuple[Family, ...] = (
         key="transformer.layer.{l}.attention.k_lin",
     ),
     Family(
+        "megatron-bert",
+        ("megatron-bert",),
+        LEARNED,
+        word=_BERT["word"],
+        position=_BERT["position"],
+        token_type=_BERT["token_type"],
+        query=_BERT["query"],
+        key=_BERT["key"],
+        pre_norm="encoder.layer.{l}.attention.ln",  # pre-LN: no embedding norm, one before each attention
+    ),
+    Family(
         "gpt2",
         ("gpt2",),
         LEARNED,
@@ -350,7 +361,7 @@ FAMILIES: tuple[Family, ...] = (
         key="blocks.{l}.attn.Wqkv",
         qkv=STACKED,
         pre_norm="blocks.{l}.norm_1",
-        tensors={"alibi": "mpt"},  # MPT's slope code (posprobe.families.alibi), not BLOOM's
+        tensors={"alibi": "build_mpt_alibi_tensor"},  # MPT's slope code (posprobe.families.alibi), not BLOOM's
     ),
     # -- bucketed relative bias (posprobe.families.relative_bias): 'relative_bias' names the (buckets, heads) table
     Family("t5", ("t5", "mt5"), tensors={"relative_bias": _T5_BIAS.replace("{l}", "0")}, **_T5),  # layer 0's, for all
@@ -415,7 +426,7 @@ FAMILIES: tuple[Family, ...] = (
         description="rotary embeddings (RoPE)",
     ),
     Family("other-rotary-encoder", ("roformer", "modernbert"), OTHER, description="rotary embeddings (RoPE)"),
-    Family("megatron-bert", ("megatron-bert", "xlm", "flaubert"), LEARNED),  # pre-LN / own layouts: not read yet
+    Family("xlm", ("xlm", "flaubert"), LEARNED),  # their own layouts: not read yet
     Family("xlnet", ("xlnet",), OTHER, description="sinusoidal relative positions"),
     Family("funnel", ("funnel",), OTHER, description="relative attention"),
     Family("reformer", ("reformer",), OTHER, description="axial position embeddings"),
