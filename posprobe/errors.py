@@ -8,6 +8,22 @@ their text may use `{arg}`, which the library renders as that name and the CLI a
 
 from __future__ import annotations
 
+import re
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def strip_ansi(text: str) -> str:
+    """`text` without terminal colour codes (transformers and torch colour some of their messages)."""
+    return _ANSI.sub("", text)
+
+
+def first_line(err: BaseException, limit: int = 300) -> str:
+    """The first non-empty line of an exception's text (at most `limit` characters), ANSI escapes removed;
+    its type name when it has no text. For quoting a library's error inside one line of ours."""
+    lines = [line.strip() for line in strip_ansi(str(err)).strip().splitlines() if line.strip()]
+    return lines[0][:limit] if lines else type(err).__name__
+
 
 class PosprobeError(Exception):
     """A user-facing error: `message` says what is wrong, `hint` what to do about it."""

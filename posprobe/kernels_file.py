@@ -1,6 +1,8 @@
 """The TISA kernels file (``tisa_kernels_S{S}.safetensors``) and the `--init` setting that names one.
 
-One module for both, used by `fit-tisa` (writes the file), `retrofit` and `finetune` (read it).
+One module for both: the only one that writes (`save_tisa_kernels`, `save_official_kernels`, with
+`kernels_metadata` and `kernels_file_name`) and reads (`read_kernels_file`) the file. `fit-tisa` writes it,
+`retrofit` and `finetune` read it.
 
 File format: tensors ``a``, ``b``, ``c`` of shape ``(L, H, S)`` and ``offset`` ``(L, H)``, float32, with
 ``L`` the fitted layers in order, plus one metadata key ``posprobe`` whose value is a JSON object (model,
@@ -198,3 +200,71 @@ def _check_arrays(path: Path, arrays: dict, metadata: dict) -> tuple[list[int], 
     if not isinstance(shared, bool):
         bad(f"has shared_layers = {shared!r}; expected true or false")
     return [int(x) for x in layers], shared
+
+
+# ------------------------------------------------------------------------------ writing (fit-tisa)
+def kernels_file_name(result, fit) -> str:
+    """`tisa_kernels_S{S}.safetensors` for a fit of every layer; `..._layers0,2.safetensors` (the fitted
+    layers in the name) when only some were fitted, so a partial fit never replaces a full one."""
+    official = "_official" if result.orientation == "official" else ""
+    return f"tisa_kernels_S{fit.n_kernels}{layers_suffix(result)}{official}.safetensors"
+
+
+ORIENTATIONS = ("posprobe", "official")
+OFFICIAL_CONVENTION = "official TISA: F[i, j] = f(i - j - 1)"
+
+
+def official_orientation(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Kernels `(L, H, S)` for posprobe's `F[i, j] = f(j - i)` -> `(L, S, H)` for the official TISA code's
+    `F[i, j] = f'(i - j - 1)`: with m = i - j - 1, j - i = -m - 1, so `(k - c)^2 = (m - (-c - 1))^2` and
+    `c' = -c - 1` (a and b unchanged); per layer the arrays are transposed to (S, H)."""
+    return tuple(np.swapaxes(np.asarray(x, dtype=np.float64), -1, -2) for x in (a, b, -np.asarray(c) - 1.0))
+
+
+def save_official_kernels(path: Path, fit, metadata: dict) -> Path:
+    """The official-orientation kernels file: ``a``, ``b``, ``c`` `(L, S, H)` float32 (no offset), its metadata
+    naming that convention (so posprobe's own reader refuses it)."""
+    from safetensors.numpy import save_file
+
+    from posprobe.outputs import _json_default, atomic_write
+
+    a, b, c = official_orientation(fit.a, fit.b, fit.c)
+    tensors = {n: np.ascontiguousarray(x, dtype=np.float32) for n, x in zip("abc", (a, b, c))}
+    meta = dict(metadata, convention=OFFICIAL_CONVENTION, orientation="official")
+    meta["function"] = "f(m) = sum_s a_s * exp(-|b_s| * (m - c_s)^2), m = i - j - 1"
+    meta["shapes"] = {"a": "(L, S, H)", "b": "(L, S, H)", "c": "(L, S, H)"}
+    meta.pop("offset_note", None)
+    text = {"posprobe": json.dumps(meta, default=_json_default)}
+    return atomic_write(path, lambda p: save_file(tensors, str(p), metadata=text))
+
+
+def kernels_metadata(result, fit) -> dict:
+    """The JSON metadata stored under 'posprobe' in a kernels file of `fit` (a `TisaFit` of `result`)."""
+    return {
+        "format": KERNELS_FORMAT,
+        "version": KERNELS_VERSION,
+        "model": result.model,
+        "model_type": result.model_type,
+        "mode": result.mode,
+        "n_kernels": fit.n_kernels,
+        "window": result.window,
+        "convention": CONVENTION,
+        "function": FUNCTION,
+        "layers": result.layers,
+        "n_layers": result.n_layers,
+        "n_heads": result.n_heads,
+        "shared_layers": result.shared_layers,
+        "seed": result.seed,
+        "r2": np.round(fit.r2, 6).tolist(),
+        "flags": fit.flags,
+        "shapes": {"a": "(L, H, S)", "b": "(L, H, S)", "c": "(L, H, S)", "offset": "(L, H)"},
+        "offset_note": "constant per head that softmax ignores; not part of f(k)",
+    }
+
+
+def layers_suffix(result) -> str:
+    """'' for every layer of the encoder (or only) stack; `_decoder` and `_layers0,2` say otherwise."""
+    stack = "_decoder" if result.stack == "decoder" else ""
+    if list(result.layers) == list(range(result.n_layers)):
+        return stack
+    return stack + "_layers" + ",".join(str(layer) for layer in result.layers)

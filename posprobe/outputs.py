@@ -175,6 +175,12 @@ def load_npz(path: str | Path) -> tuple[dict, dict]:
 
 
 SLUG_MAX = 80
+DEFAULT_OUT_ROOT = "posprobe-out"
+
+
+def default_out(command: str, model_label: str) -> Path:
+    """`posprobe-out/<command>/<model label>` (git-ignored): default outputs never touch tracked files."""
+    return Path(DEFAULT_OUT_ROOT) / command / slug(model_label)
 
 
 def slug(name: str) -> str:
@@ -202,29 +208,6 @@ def _json_default(obj: Any):
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
-
-
-def save_tisa_fit(result, out_dir: str | Path, fmt: str = "png"):
-    """Write each fit of a `pipelines.fitting.TisaFitResult`: its kernels file and its figure, into `out_dir`.
-
-    Returns the result with `kernels_file` and `figure` set on every fit. File names carry S, and the
-    fitted layers when not all were fitted (`pipelines.fitting.kernels_file_name`)."""
-    from dataclasses import replace
-
-    from posprobe.pipelines import fitting
-    from posprobe.plotting_fit import fit_figure
-
-    if fmt not in FIGURE_FORMATS:
-        raise PosprobeError(f"unknown figure format '{fmt}'", f"use one of: {', '.join(FIGURE_FORMATS)}")
-    out = prepare_out_dir(out_dir)
-    fits = []
-    for fit in result.fits:
-        official = getattr(result, "orientation", "posprobe") == "official"
-        save = fitting.save_official_kernels if official else fitting.save_tisa_kernels
-        kernels = save(out / fitting.kernels_file_name(result, fit), fit, fitting.kernels_metadata(result, fit))
-        figure = save_figure(fit_figure(result, fit), out / fitting.figure_file_name(result, fit, fmt))
-        fits.append(replace(fit, kernels_file=kernels, figure=figure))
-    return replace(result, fits=fits)
 
 
 def disk_full(err: BaseException) -> bool:

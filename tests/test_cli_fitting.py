@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from posprobe.cli import app, main
 from posprobe.errors import PosprobeError
-from posprobe.outputs import save_tisa_fit
-from posprobe.pipelines.fitting import ProfileSet, fit_tisa, load_tisa_kernels
+from posprobe.kernels_file import load_tisa_kernels
+from posprobe.pipelines.fitting import ProfileSet, fit_tisa
 
 runner = CliRunner()
 
@@ -40,7 +40,7 @@ def synthetic(n_layers=2, n_heads=3, n=24, shared=False, flat_head=None) -> Prof
 
 # ---------------------------------------------------------------------------------------- pipeline
 def test_kernels_file_round_trip_and_metadata(tmp_path):
-    result = save_tisa_fit(fit_tisa(None, kernels=3, profiles=synthetic(flat_head=1)), tmp_path, "svg")
+    result = fit_tisa(None, kernels=3, profiles=synthetic(flat_head=1)).save(tmp_path, "svg")
     fit = result.fits[0]
     assert fit.kernels_file == tmp_path / "tisa_kernels_S3.safetensors" and fit.kernels_file.is_file()
     assert fit.figure == tmp_path / "tisa_fit_S3.svg" and fit.figure.is_file()
@@ -59,7 +59,7 @@ def test_kernels_file_round_trip_and_metadata(tmp_path):
 
 
 def test_sweep_writes_one_file_per_s(tmp_path):
-    result = save_tisa_fit(fit_tisa(None, kernels=[1, 3, 5], window=8, profiles=synthetic()), tmp_path)
+    result = fit_tisa(None, kernels=[1, 3, 5], window=8, profiles=synthetic()).save(tmp_path)
     assert [f.n_kernels for f in result.fits] == [1, 3, 5] and result.window == 8
     for s in (1, 3, 5):
         a, _, _, meta = load_tisa_kernels(tmp_path / f"tisa_kernels_S{s}.safetensors")
@@ -72,7 +72,7 @@ def test_sweep_writes_one_file_per_s(tmp_path):
 
 
 def test_shared_layers_fit_once_and_replicate(tmp_path):
-    result = save_tisa_fit(fit_tisa(None, kernels=2, profiles=synthetic(n_layers=4, shared=True)), tmp_path)
+    result = fit_tisa(None, kernels=2, profiles=synthetic(n_layers=4, shared=True)).save(tmp_path)
     a, b, c, meta = load_tisa_kernels(result.fits[0].kernels_file)
     assert a.shape == (4, 3, 2) and meta["shared_layers"] is True
     for layer in range(1, 4):
@@ -127,7 +127,7 @@ def test_pipeline_bad_input(tmp_path):
     with pytest.raises(PosprobeError, match="larger than"):
         fit_tisa(None, kernels=1, window=500, profiles=data)
     with pytest.raises(PosprobeError, match="format"):
-        save_tisa_fit(fit_tisa(None, kernels=1, profiles=data), tmp_path, "gif")
+        fit_tisa(None, kernels=1, profiles=data).save(tmp_path, "gif")
     bad = synthetic()
     bad.profiles[0, 0, 3] = np.nan
     with pytest.raises(PosprobeError, match="NaN"):

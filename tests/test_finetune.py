@@ -351,7 +351,7 @@ def test_unknown_mechanism_and_bad_init(tiny_model, sst2_dir, tmp_path):
 def test_init_fit_fits_the_models_own_profiles(tiny_model, sst2_dir, tmp_path):
     """`--init fit` is the TISA paper's initialisation: kernels regressed onto the model's F̂_P profiles."""
     from posprobe.glue import finetune
-    from posprobe.pipelines.fitting import load_tisa_kernels
+    from posprobe.kernels_file import load_tisa_kernels
     from posprobe.retrofitting import load_model
 
     result = finetune(

@@ -247,10 +247,9 @@ def test_fit_tisa_official_orientation_brute_force(tmp_path, tiny_checkpoints):
     rng = np.random.default_rng(0)
     prof = 2.0 * np.exp(-0.3 * (k - rng.uniform(-4, 4, (2, 3, 1))) ** 2) + rng.normal(0, 0.01, (2, 3, k.size))
     data = ProfileSet("synthetic", "bert", "paper", [0, 1], k, prof, 2, 3, False)
-    from posprobe.outputs import save_tisa_fit
 
-    ours = save_tisa_fit(fit_tisa(None, kernels=2, profiles=data), tmp_path / "p").fits[0]
-    theirs = save_tisa_fit(fit_tisa(None, kernels=2, profiles=data, orientation="official"), tmp_path / "o").fits[0]
+    ours = fit_tisa(None, kernels=2, profiles=data).save(tmp_path / "p").fits[0]
+    theirs = fit_tisa(None, kernels=2, profiles=data, orientation="official").save(tmp_path / "o").fits[0]
     assert theirs.kernels_file.name == "tisa_kernels_S2_official.safetensors"
     mine = read_kernels_file(ours.kernels_file)
     official = load_file(str(theirs.kernels_file))

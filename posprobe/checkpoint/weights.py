@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import re
 import zipfile
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import numpy as np
 from posprobe.checkpoint.safetensors_format import CORRUPT_HINT as _CORRUPT_HINT
 from posprobe.checkpoint.safetensors_format import TensorEntry as _Entry
 from posprobe.checkpoint.safetensors_format import read_header as _read_header
-from posprobe.errors import PosprobeError
+from posprobe.errors import PosprobeError, first_line, strip_ansi
 
 _DTYPES = {
     "F64": "<f8",
@@ -95,8 +96,6 @@ class WeightReader:
             # mmap only for torch's zip format; a legacy (pre-1.6, non-zip) pickle is read whole
             state = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
         except pickle.UnpicklingError as err:
-            from posprobe.checkpoint.loading import unpickling_refused
-
             raise unpickling_refused(file, err) from err
         except Exception as err:
             raise PosprobeError(f"cannot read '{file}': {_short(err)}", _CORRUPT_HINT) from err
@@ -200,6 +199,16 @@ def _read_index(file: Path) -> dict[str, str]:
     return weight_map
 
 
+def unpickling_refused(where, err: Exception) -> PosprobeError:
+    """The pickle holds something other than tensors; torch's weights-only unpickler refused it unrun."""
+    found = re.search(r"GLOBAL ([\w.]+)", strip_ansi(str(err)))
+    what = f"'{found.group(1)}'" if found else "objects other than tensors"
+    return PosprobeError(
+        f"refused to load the pickle weights of '{where}': they reference {what}, which could run code",
+        "nothing from the file was run (torch's weights-only loader); use a safetensors checkpoint you trust",
+    )
+
+
 def _finite(array: np.ndarray, key: str, where) -> np.ndarray:
     if not np.all(np.isfinite(array)):
         raise PosprobeError(
@@ -209,6 +218,4 @@ def _finite(array: np.ndarray, key: str, where) -> np.ndarray:
 
 
 def _short(err: Exception) -> str:
-    from posprobe.checkpoint.loading import first_line
-
     return first_line(err, 200)

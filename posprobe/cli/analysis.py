@@ -28,9 +28,9 @@ from posprobe.cli.options import (
     Scale,
     Stack,
     StackOpt,
-    default_out,
     parse_int_list,
 )
+from posprobe.outputs import default_out
 
 
 def register(app: typer.Typer) -> None:

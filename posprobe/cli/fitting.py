@@ -32,8 +32,8 @@ from posprobe.cli.options import (
     PositionsOpt,
     Stack,
     StackOpt,
-    default_out,
 )
+from posprobe.outputs import default_out
 
 
 def register(app: typer.Typer) -> None:
@@ -103,8 +103,8 @@ def fit_tisa(
     """
     from posprobe.cli.console import progress_reporter
     from posprobe.cli.options import parse_int_list
-    from posprobe.outputs import prepare_out_dir, save_tisa_fit
-    from posprobe.pipelines.fitting import ORIENTATIONS
+    from posprobe.kernels_file import ORIENTATIONS
+    from posprobe.outputs import prepare_out_dir
     from posprobe.pipelines.fitting import fit_tisa as run_fit
     from posprobe.validation import as_choice
 
@@ -132,7 +132,7 @@ def fit_tisa(
             positions=positions,
             stack=stack.value,
         )
-    result = save_tisa_fit(result, out_dir, fmt.value)
+    result = result.save(out_dir, fmt.value)
     if json_out:
         emit_json(result.to_dict())
         return

@@ -15,7 +15,8 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json
-from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt, default_out
+from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt
+from posprobe.outputs import default_out
 
 
 def register(app: typer.Typer) -> None:

@@ -8,8 +8,6 @@ from typing import Annotated
 
 import typer
 
-DEFAULT_OUT_ROOT = "posprobe-out"
-
 
 class FigureFormat(str, Enum):
     png = "png"
@@ -58,13 +56,6 @@ class Stack(str, Enum):
 
 
 StackOpt = Annotated[Stack, typer.Option("--stack", help="Encoder-decoder models (T5): which stack's attention.")]
-
-
-def default_out(command: str, model_label: str) -> Path:
-    """`posprobe-out/<command>/<model label>` (git-ignored): default outputs never touch tracked files."""
-    from posprobe.outputs import slug
-
-    return Path(DEFAULT_OUT_ROOT) / command / slug(model_label)
 
 
 def parse_int_list(text: str | None, what: str, allow_all: bool = True) -> list[int] | None:

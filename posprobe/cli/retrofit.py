@@ -12,8 +12,9 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json
-from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg, default_out
+from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg
 from posprobe.mechanisms.catalogue import DEFAULT_KERNELS, DEFAULT_RADIUS, MECHANISM_NAMES
+from posprobe.outputs import default_out
 
 MechanismOpt = Annotated[
     str, typer.Option("--mechanism", "-m", help=f"One of: {', '.join(MECHANISM_NAMES)}.", show_default=False)

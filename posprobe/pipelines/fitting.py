@@ -2,7 +2,8 @@
 
 Convention everywhere: k = j - i (query i, key j); a kernel with c > 0 scores later tokens.
 
-Fitting returns a `TisaFitResult` and writes nothing; `posprobe.outputs.save_tisa_fit` writes it.
+Fitting returns a `TisaFitResult` and writes nothing; its `save()` writes the kernels files (format:
+`posprobe.kernels_file`) and figures.
 The kernels file (``tisa_kernels_S{S}.safetensors``; ``..._layers0,2`` when only some layers were
 fitted) holds tensors ``a``, ``b``, ``c`` of shape
 (L, H, S) and ``offset`` (L, H), float32, with L = the fitted layers in order, plus one metadata key
@@ -24,13 +25,14 @@ import numpy as np
 
 from posprobe.analysis.tisa_fit import DEFAULT_FIT_WINDOW, TisaKernelFitter
 from posprobe.errors import ArgumentError, ArgumentValueError, PosprobeError
-from posprobe.kernels_file import (  # noqa: F401  (the kernels-file format lives there; re-exported for callers)
+from posprobe.kernels_file import (
     CONVENTION,
     FUNCTION,
-    KERNELS_FORMAT,
-    KERNELS_VERSION,
-    load_tisa_kernels,
-    read_kernels_file,
+    ORIENTATIONS,
+    kernels_file_name,
+    kernels_metadata,
+    layers_suffix,
+    save_official_kernels,
     save_tisa_kernels,
 )
 from posprobe.results import ResultMixin
@@ -145,10 +147,23 @@ class TisaFitResult(ResultMixin):
 
     def save(self, out_dir: str | Path, fmt: str = "png") -> TisaFitResult:
         """Write each fit's kernels file and figure into `out_dir` (as `posprobe fit-tisa` does); returns the
-        result with `kernels_file` and `figure` set on every fit."""
-        from posprobe.outputs import save_tisa_fit
+        result with `kernels_file` and `figure` set on every fit. File names carry S, and the fitted layers when
+        not all were fitted (`kernels_file.kernels_file_name`)."""
+        from dataclasses import replace
 
-        return save_tisa_fit(self, out_dir, fmt)
+        from posprobe.outputs import FIGURE_FORMATS, prepare_out_dir, save_figure
+        from posprobe.plotting_fit import fit_figure
+
+        if fmt not in FIGURE_FORMATS:
+            raise PosprobeError(f"unknown figure format '{fmt}'", f"use one of: {', '.join(FIGURE_FORMATS)}")
+        out = prepare_out_dir(out_dir)
+        fits = []
+        for fit in self.fits:
+            save = save_official_kernels if self.orientation == "official" else save_tisa_kernels
+            kernels = save(out / kernels_file_name(self, fit), fit, kernels_metadata(self, fit))
+            figure = save_figure(fit_figure(self, fit), out / figure_file_name(self, fit, fmt))
+            fits.append(replace(fit, kernels_file=kernels, figure=figure))
+        return replace(self, fits=fits)
 
     @property
     def seconds(self) -> float:
@@ -226,8 +241,8 @@ def fit_tisa(
     `window`: fit half-width W (None = `DEFAULT_FIT_WINDOW`, clipped to the offsets).
     An S whose 3·S + 1 parameters exceed the 2W + 1 points of the window is refused before any work.
     ALBERT (shared layers): the one shared layer is fitted once and replicated at every depth.
-    Save the result with `posprobe.outputs.save_tisa_fit` (kernels file and figure per S).
-    `orientation`: of the kernels file `save_tisa_fit` writes: "posprobe" (what `retrofit` reads) or
+    Save the result with `result.save(out_dir)` (kernels file and figure per S).
+    `orientation`: of the kernels file `save()` writes: "posprobe" (what `retrofit` reads) or
     "official" (the official TISA code's indexing, ``..._official.safetensors``; see `official_orientation`).
     `positions`, `stack`: as for `profiles` (n analysed; 'decoder' for the decoder stack of T5-style models).
     """
@@ -271,65 +286,13 @@ def fit_tisa(
 def fit_kernels_file(model: str | None, kernels: int, out_dir: str | Path, allow_pickle: bool = False) -> Path:
     """Fit S = `kernels` kernels to every head of `model` (paper mode, default window; the TISA paper's
     initialisation) and return the kernels file written into `out_dir` — what `--init fit` uses."""
-    from posprobe.outputs import save_tisa_fit
-
-    result = save_tisa_fit(fit_tisa(model, kernels=[kernels], allow_pickle=allow_pickle), out_dir)
+    result = fit_tisa(model, kernels=[kernels], allow_pickle=allow_pickle).save(out_dir)
     return Path(result.fits[0].kernels_file)
-
-
-def kernels_file_name(result: TisaFitResult, fit: TisaFit) -> str:
-    """`tisa_kernels_S{S}.safetensors` for a fit of every layer; `..._layers0,2.safetensors` (the fitted
-    layers in the name) when only some were fitted, so a partial fit never replaces a full one."""
-    official = "_official" if result.orientation == "official" else ""
-    return f"tisa_kernels_S{fit.n_kernels}{_layers_suffix(result)}{official}.safetensors"
-
-
-ORIENTATIONS = ("posprobe", "official")
-OFFICIAL_CONVENTION = "official TISA: F[i, j] = f(i - j - 1)"
-
-
-def official_orientation(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Kernels `(L, H, S)` for posprobe's `F[i, j] = f(j - i)` -> `(L, S, H)` for the official TISA code's
-    `F[i, j] = f'(i - j - 1)`: with m = i - j - 1, j - i = -m - 1, so `(k - c)^2 = (m - (-c - 1))^2` and
-    `c' = -c - 1` (a and b unchanged); per layer the arrays are transposed to (S, H)."""
-    return tuple(np.swapaxes(np.asarray(x, dtype=np.float64), -1, -2) for x in (a, b, -np.asarray(c) - 1.0))
-
-
-def save_official_kernels(path: Path, fit: TisaFit, metadata: dict) -> Path:
-    """The official-orientation kernels file: ``a``, ``b``, ``c`` `(L, S, H)` float32 (no offset), its metadata
-    naming that convention (so posprobe's own reader refuses it)."""
-    import json
-
-    from safetensors.numpy import save_file
-
-    from posprobe.outputs import _json_default, atomic_write
-
-    a, b, c = official_orientation(fit.a, fit.b, fit.c)
-    tensors = {n: np.ascontiguousarray(x, dtype=np.float32) for n, x in zip("abc", (a, b, c))}
-    meta = dict(metadata, convention=OFFICIAL_CONVENTION, orientation="official")
-    meta["function"] = "f(m) = sum_s a_s * exp(-|b_s| * (m - c_s)^2), m = i - j - 1"
-    meta["shapes"] = {"a": "(L, S, H)", "b": "(L, S, H)", "c": "(L, S, H)"}
-    meta.pop("offset_note", None)
-    text = {"posprobe": json.dumps(meta, default=_json_default)}
-    return atomic_write(path, lambda p: save_file(tensors, str(p), metadata=text))
 
 
 def figure_file_name(result: TisaFitResult, fit: TisaFit, fmt: str = "png") -> str:
     """`tisa_fit_S{S}.{fmt}`, with the fitted layers in the name as for `kernels_file_name`."""
-    return f"tisa_fit_S{fit.n_kernels}{_layers_suffix(result)}.{fmt}"
-
-
-def kernels_metadata(result: TisaFitResult, fit: TisaFit) -> dict:
-    """The JSON metadata stored under 'posprobe' in a kernels file."""
-    return _metadata(result, fit)
-
-
-def _layers_suffix(result: TisaFitResult) -> str:
-    """'' for every layer of the encoder (or only) stack; `_decoder` and `_layers0,2` say otherwise."""
-    stack = "_decoder" if result.stack == "decoder" else ""
-    if list(result.layers) == list(range(result.n_layers)):
-        return stack
-    return stack + "_layers" + ",".join(str(layer) for layer in result.layers)
+    return f"tisa_fit_S{fit.n_kernels}{layers_suffix(result)}.{fmt}"
 
 
 def load_profiles(
@@ -458,29 +421,6 @@ def _fit_one(
     if data.shared_layers:
         flags = [list(flags[0]) for _ in range(n_sel)]
     return TisaFit(s, joined("a_"), joined("b_"), joined("c_"), joined("offset_"), joined("r2_"), flags, seconds)
-
-
-def _metadata(result: TisaFitResult, fit: TisaFit) -> dict:
-    return {
-        "format": KERNELS_FORMAT,
-        "version": KERNELS_VERSION,
-        "model": result.model,
-        "model_type": result.model_type,
-        "mode": result.mode,
-        "n_kernels": fit.n_kernels,
-        "window": result.window,
-        "convention": CONVENTION,
-        "function": FUNCTION,
-        "layers": result.layers,
-        "n_layers": result.n_layers,
-        "n_heads": result.n_heads,
-        "shared_layers": result.shared_layers,
-        "seed": result.seed,
-        "r2": np.round(fit.r2, 6).tolist(),
-        "flags": fit.flags,
-        "shapes": {"a": "(L, H, S)", "b": "(L, H, S)", "c": "(L, H, S)", "offset": "(L, H)"},
-        "offset_note": "constant per head that softmax ignores; not part of f(k)",
-    }
 
 
 def _profiles_from_npz(path: Path, layers: list[int] | None, profile: str | None = None) -> ProfileSet:
