@@ -1,7 +1,8 @@
 """Writing results: output folders checked before work starts, and every file written atomically.
 
 A file appears under its final name only once it is complete (write to a temporary sibling, then
-`os.replace`), so an interrupted or failed run never leaves a half-written file behind. The CLI brackets
+`os.replace`; several files of one result together through a staging folder, `write_files`), so an
+interrupted or failed run never leaves a half-written file behind. The CLI brackets
 each command with `begin_run()` / `discard_run()`: when a run fails, the files it wrote into folders it
 created are removed, and so are those folders, so a failed run leaves no (empty) output folder.
 A write that fails for lack of space or permission is one `PosprobeError`, never a raw `OSError`.
@@ -12,12 +13,13 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from posprobe.errors import PosprobeError
+from posprobe.errors import PosprobeError, first_line
 
 FIGURE_FORMATS = ("png", "pdf", "svg")
 
@@ -119,6 +121,37 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     return path
 
 
+def write_files(out_dir: str | Path, files: dict[str, Callable[[Path], None]]) -> dict[str, Path]:
+    """Write several files into `out_dir` as one unit: `files` maps each file name to `write(tmp_path)`; all are
+    written into a hidden staging folder inside `out_dir` and moved into place only once every one succeeded.
+    On failure (an error, Ctrl-C, a full disk) nothing new appears: the staging folder goes, and so does any
+    folder this call created. Returns {name: final path}, in the order given."""
+    out = Path(out_dir).expanduser()
+    created = next((f for f in reversed((out, *out.parents)) if not f.exists()), None)  # outermost missing folder
+    staging: Path | None = None
+    try:
+        _make_dirs(out)
+        staging = Path(tempfile.mkdtemp(dir=out, prefix=".posprobe-staging-"))
+        for name, write in files.items():
+            write(staging / name)
+            os.chmod(staging / name, 0o666 & ~_umask())
+        for name in files:
+            os.replace(staging / name, out / name)
+    except BaseException as err:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if created is not None and not _RUN.active:  # a CLI run removes what it created in `discard_run`
+            shutil.rmtree(created, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise _write_error(out, err) from err
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+    paths = {name: out / name for name in files}
+    if _RUN.active:
+        _RUN.files.extend(paths.values())
+    return paths
+
+
 def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
@@ -133,44 +166,59 @@ def write_json(path: str | Path, obj: Any) -> Path:
     return write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
 
 
-def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:  # keep in step with plotting.FIGURE_DPI
-    """Save a matplotlib Figure atomically (format from the file suffix: png, pdf or svg)."""
-    fmt = Path(path).suffix.lstrip(".")
-    extra = (
-        {"pil_kwargs": {"compress_level": 3}} if fmt == "png" else {}
-    )  # zlib level 3: half the time of 6, ~6% larger
-    return atomic_write(path, lambda p: fig.savefig(p, format=fmt, dpi=dpi, **extra))
+def _savefig(fig, path: Path, dpi: int = 110) -> None:  # keep dpi in step with plotting.FIGURE_DPI
+    """Write a matplotlib Figure, or a `plotting.Mosaic` (its own `savefig`), in the format of `path`'s suffix."""
+    fmt = path.suffix.lstrip(".")
+    if not hasattr(fig, "get_axes"):  # a Mosaic: PNG through Pillow, PDF/SVG through matplotlib
+        fig.savefig(path, format=fmt)
+        return
+    extra = {"pil_kwargs": {"compress_level": 3}} if fmt == "png" else {}  # zlib level 3: half the time of 6
+    fig.savefig(path, format=fmt, dpi=dpi, **extra)
 
 
-def save_mosaic(mosaic, path: str | Path) -> Path:
-    """Save a `plotting.Mosaic` atomically (its own `savefig`: PNG through Pillow, PDF/SVG through matplotlib)."""
-    fmt = Path(path).suffix.lstrip(".")
-    return atomic_write(path, lambda p: mosaic.savefig(p, format=fmt))
+def save_figure(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Save a matplotlib Figure or a `plotting.Mosaic` atomically (format from the suffix: png, pdf or svg)."""
+    return atomic_write(path, lambda p: _savefig(fig, p, dpi))
+
+
+def figure_writer(make_figure: Callable[[], Any]) -> Callable[[Path], None]:
+    """A `write_files` writer that draws its figure (`make_figure()`) only when it is written."""
+    return lambda p: _savefig(make_figure(), p)
+
+
+def write_npz(path: Path, metadata: dict, **arrays) -> None:
+    """Write arrays plus a JSON `metadata` entry to `path` as it is (a `write_files` / `atomic_write` writer;
+    read back with `load_npz`)."""
+    import numpy as np
+
+    with open(path, "wb") as fh:
+        np.savez(fh, metadata=np.array(json.dumps(metadata, default=_json_default)), **arrays)
 
 
 def save_npz(path: str | Path, metadata: dict, **arrays) -> Path:
-    """Save arrays plus a JSON `metadata` entry (read back with `load_npz`)."""
-    import numpy as np
-
-    def write(p: Path) -> None:
-        with open(p, "wb") as fh:
-            np.savez(fh, metadata=np.array(json.dumps(metadata, default=_json_default)), **arrays)
-
-    return atomic_write(path, write)
+    """`write_npz`, atomically."""
+    return atomic_write(path, lambda p: write_npz(p, metadata, **arrays))
 
 
 def load_npz(path: str | Path) -> tuple[dict, dict]:
-    """Inverse of `save_npz`: (metadata, arrays). Never unpickles."""
+    """Inverse of `write_npz`: (metadata dict, arrays). Never unpickles; a damaged, truncated or foreign file
+    (not a zip, a member cut short, metadata that is not a JSON object) is one `PosprobeError`."""
     import numpy as np
 
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files if k != "metadata"}
             metadata = json.loads(str(data["metadata"])) if "metadata" in data.files else {}
-    except (OSError, ValueError, KeyError) as err:
+    except Exception as err:  # BadZipFile, EOFError, zlib.error, ValueError, OSError, ...: the file is damaged
         raise PosprobeError(
-            f"cannot read '{path}' as a posprobe .npz file ({err})", "pass a file written by `posprobe profiles`"
+            f"cannot read '{path}' as a posprobe .npz file ({type(err).__name__}: {first_line(err, 200)})",
+            "pass a file written by `posprobe profiles` (re-run it if the file was cut short)",
         ) from err
+    if not isinstance(metadata, dict):
+        raise PosprobeError(
+            f"the metadata in '{path}' is a JSON {type(metadata).__name__}, not an object",
+            "pass a file written by `posprobe profiles`",
+        )
     return metadata, arrays
 
 

@@ -360,3 +360,38 @@ def test_index_must_match_the_shards(tiny_checkpoints, tmp_path):
     )
     with pytest.raises(PosprobeError, match="does not hold it"):
         WeightReader(folder)
+
+
+def _profiles_file(tiny_checkpoints, tmp_path: Path) -> Path:
+    main(["profiles", str(tiny_checkpoints["bert"]), "--layers", "0", "--out", str(tmp_path / "p"), "--json"])
+    return next((tmp_path / "p").glob("*.npz"))
+
+
+def _truncated_zip(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _metadata_list(path: Path) -> None:
+    with np.load(path) as data:
+        arrays = {k: data[k] for k in data.files if k != "metadata"}
+    with open(path, "wb") as fh:
+        np.savez(fh, metadata=np.array(json.dumps([1, 2, 3])), **arrays)
+
+
+def _not_a_zip(path: Path) -> None:
+    path.write_bytes(b"PK\x03\x04" + b"\x00" * 64)
+
+
+@pytest.mark.parametrize("damage", [_truncated_zip, _metadata_list, _not_a_zip])
+def test_a_damaged_profiles_file_is_one_clean_line(damage, tiny_checkpoints, tmp_path, capfd):
+    """A .npz cut short by a copy, or written by something else, given to fit-tisa: one line, exit 2."""
+    npz = _profiles_file(tiny_checkpoints, tmp_path)
+    damage(npz)
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit-tisa", str(npz), "--kernels", "1", "--out", str(tmp_path / "fit")])
+    captured = capfd.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert exit_info.value.code == 2, captured.err
+    assert len(lines) == 1 and lines[0].startswith("posprobe: error:") and "internal error" not in lines[0]
+    assert not (tmp_path / "fit").exists()

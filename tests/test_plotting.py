@@ -26,13 +26,13 @@ def not_blank(image: Image.Image) -> bool:
 
 
 def test_fhat_grid_displays_and_saves_like_the_cli(tmp_path):
-    from posprobe.outputs import save_mosaic
+    from posprobe.outputs import save_figure
 
     mosaic = plotting.fhat_grid(fhat_result(n_heads=12))  # 2 rows of 6 columns
     png = Image.open(io.BytesIO(mosaic._repr_png_()))
     assert png.size == mosaic.size and not_blank(png)
     mosaic.savefig(tmp_path / "nb.png")
-    save_mosaic(mosaic, tmp_path / "cli.png")
+    save_figure(mosaic, tmp_path / "cli.png")
     assert (tmp_path / "nb.png").read_bytes() == (tmp_path / "cli.png").read_bytes()
     # the matplotlib Figure: at matplotlib's default savefig dpi nothing is cut and it is not blank
     fig = mosaic.figure()

@@ -125,7 +125,7 @@ def fhat(
     Models without a learned position table (rotary, ALiBi, relative bias, ...) get their content-free
     scores (SPEC §9): the pre-softmax scores of a sequence of the average word embedding."""
     from posprobe import plotting
-    from posprobe.outputs import save_mosaic, write_json
+    from posprobe.outputs import save_figure, write_json
     from posprobe.pipelines import analysis as pipeline
 
     source = _resolve(model, allow_pickle)
@@ -133,7 +133,7 @@ def fhat(
     result = pipeline.fhat(None, layer, mode.value, source=source, positions=positions, stack=stack.value)
     layer = result.layer  # -1 (the last layer) resolved to its number, for file names and titles
     stem = f"fhat_layer{layer}_{result.mode}" + ("_decoder" if result.stack == "decoder" else "")
-    figure = save_mosaic(plotting.fhat_grid(result, scale.value), out_dir / f"{stem}.{fmt.value}")
+    figure = save_figure(plotting.fhat_grid(result, scale.value), out_dir / f"{stem}.{fmt.value}")
     record = result.to_dict() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
     write_json(out_dir / f"{stem}.json", record)
     if json_out:
@@ -174,8 +174,9 @@ def profiles(
     Every family posprobe reads: learned tables (paper/faithful mode) and the content-free scores (SPEC §9) of
     rotary, ALiBi and relative-bias models. Causal models use only k ≤ 0 (marked in titles and JSON)."""
     from posprobe import plotting
-    from posprobe.outputs import save_figure, save_npz
+    from posprobe.outputs import figure_writer, write_files
     from posprobe.pipelines import analysis as pipeline
+    from posprobe.profile_files import write_profiles
 
     source = _resolve(model, allow_pickle)
     out_dir = _out_dir(out, "profiles", source.label)
@@ -189,20 +190,10 @@ def profiles(
         stack=stack.value,
     )
     tag = result.mode + ("_decoder" if result.stack == "decoder" else "")
-    npz = save_npz(
-        out_dir / f"profiles_{tag}.npz",
-        result.metadata(),
-        profiles=result.profiles,
-        offsets=result.offsets,
-        layers=np.asarray(result.layers),
-        fhat_r2=result.fhat_r2,
-        sections=result.sections,
-        section_rows=np.asarray(result.section_rows),
-    )
-    figures = [
-        save_figure(plotting.profile_grid(result, i), out_dir / f"profiles_layer{l}_{tag}.{fmt.value}")
-        for i, l in enumerate(result.layers)
-    ]
+    files = {f"profiles_{tag}.npz": lambda p: write_profiles(p, result)}
+    for i, layer in enumerate(result.layers):
+        files[f"profiles_layer{layer}_{tag}.{fmt.value}"] = figure_writer(lambda i=i: plotting.profile_grid(result, i))
+    npz, *figures = write_files(out_dir, files).values()
     if json_out:
         emit_json(result.to_dict() | {"npz": str(npz), "figures": [str(f) for f in figures]})
         return

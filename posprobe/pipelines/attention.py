@@ -701,46 +701,21 @@ def _weights_profiles(source, n: int, n_layers: int) -> tuple[np.ndarray | None,
 
 # -- writing --------------------------------------------------------------------------------------------
 def write_attention(result: AttentionResult, out_dir: str | Path, fmt: str = "png", window: int = 20) -> dict:
-    """Write `attention.npz`, one profile figure per layer and the mean-distance chart into `out_dir`.
-
-    Everything is written into a hidden staging folder first and moved into place at the end, so an
-    interrupted or failed run leaves nothing (not even an empty `out_dir` it created). Returns the paths."""
-    import os
-    import shutil
-    import tempfile
-
+    """Write `attention.npz`, one profile figure per layer and the mean-distance chart into `out_dir`, as one
+    unit (`outputs.write_files`: an interrupted or failed run leaves nothing, not even an `out_dir` it
+    created). Returns the paths."""
     from posprobe import plotting_attention as plots
-    from posprobe.outputs import save_figure, save_npz
+    from posprobe.outputs import figure_writer, write_files
+    from posprobe.profile_files import write_attention as write_npz
 
-    out = Path(out_dir).expanduser()
-    created = None  # the outermost folder this call creates, removed again on failure
-    for folder in (out, *out.parents):
-        if folder.exists():
-            break
-        created = folder
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out, prefix=".posprobe-attention-"))
-    try:
-        names = ["attention.npz"]
-        save_npz(staging / "attention.npz", result.metadata(), **result.arrays())
-        for layer in range(result.n_layers):
-            name = f"attention_profiles_layer{layer}.{fmt}"
-            save_figure(plots.profile_grid(result, layer, window), staging / name)
-            names.append(name)
-        save_figure(plots.mean_distance_chart(result), staging / f"mean_distance.{fmt}")
-        names.append(f"mean_distance.{fmt}")
-        for name in names:
-            os.replace(staging / name, out / name)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if created is not None:
-            shutil.rmtree(created, ignore_errors=True)
-        raise
-    shutil.rmtree(staging, ignore_errors=True)
-    return {
-        "npz": out / "attention.npz",
-        "figures": [out / n for n in names[1:]],
-    }
+    files = {"attention.npz": lambda p: write_npz(p, result)}
+    for layer in range(result.n_layers):
+        files[f"attention_profiles_layer{layer}.{fmt}"] = figure_writer(
+            lambda layer=layer: plots.profile_grid(result, layer, window)
+        )
+    files[f"mean_distance.{fmt}"] = figure_writer(lambda: plots.mean_distance_chart(result))
+    paths = list(write_files(out_dir, files).values())
+    return {"npz": paths[0], "figures": paths[1:]}
 
 
 __all__ = ["AttentionResult", "attention_profiles", "check_texts", "iter_texts", "write_attention"]

@@ -35,6 +35,7 @@ from posprobe.kernels_file import (
     save_official_kernels,
     save_tisa_kernels,
 )
+from posprobe.profile_files import ProfileSet, read_profile_file
 from posprobe.results import ResultMixin
 from posprobe.validation import as_bool, as_int, as_int_list
 
@@ -46,23 +47,6 @@ class _NotFitted(ArgumentValueError, KeyError):
     """`TisaFitResult.fit(S)` for an S that was not fitted."""
 
     __str__ = ArgumentValueError.__str__
-
-
-@dataclass(frozen=True)
-class ProfileSet:
-    """The profile input of a fit: `profiles` (L_sel, H, K) over integer `offsets` (K,), k = j - i."""
-
-    model: str
-    model_type: str
-    mode: str
-    layers: list[int]
-    offsets: np.ndarray
-    profiles: np.ndarray
-    n_layers: int
-    n_heads: int
-    shared_layers: bool
-    causal: bool = False  # the model only uses k <= 0 (the profile at k > 0 is fitted too, but never used)
-    stack: str | None = None  # of a T5-style encoder-decoder: which stack the profiles came from
 
 
 @dataclass(frozen=True, repr=False)
@@ -312,7 +296,7 @@ def load_profiles(
                 "positions and stack choose what is computed from a model; a .npz holds profiles already computed",
                 "drop them, or pass the model itself",
             )
-        return _profiles_from_npz(Path(model), layers, profile)
+        return read_profile_file(Path(model), layers, profile)
     if profile is not None:
         raise PosprobeError("--profile applies to a .npz written by `posprobe attention`", "drop --profile")
     from posprobe.pipelines.analysis import profiles as compute_profiles
@@ -421,79 +405,3 @@ def _fit_one(
     if data.shared_layers:
         flags = [list(flags[0]) for _ in range(n_sel)]
     return TisaFit(s, joined("a_"), joined("b_"), joined("c_"), joined("offset_"), joined("r2_"), flags, seconds)
-
-
-def _profiles_from_npz(path: Path, layers: list[int] | None, profile: str | None = None) -> ProfileSet:
-    from posprobe.outputs import load_npz
-
-    if not path.is_file():
-        raise PosprobeError(f"profile file '{path}' does not exist", "pass a .npz written by `posprobe profiles`")
-    meta, arrays = load_npz(path)
-    hint = "pass a .npz written by `posprobe profiles`"
-    empirical = _empirical_profiles(path, arrays, profile)
-    if empirical is not None:
-        arrays, meta = empirical, meta | {"mode": f"empirical-{profile or 'score'}"}
-    for name in ("profiles", "offsets"):
-        if name not in arrays:
-            raise PosprobeError(f"'{path}' has no '{name}' array", hint)
-    profiles = np.asarray(arrays["profiles"], dtype=np.float64)
-    offsets = np.asarray(arrays["offsets"])
-    if profiles.ndim != 3 or profiles.shape[-1] != offsets.shape[0]:
-        raise PosprobeError(
-            f"'{path}' has profiles of shape {profiles.shape} and offsets {offsets.shape}; expected (L, H, K) and (K,)",
-            hint,
-        )
-    stored = [int(x) for x in np.asarray(arrays.get("layers", np.arange(profiles.shape[0]))).tolist()]
-    if len(stored) != profiles.shape[0]:
-        raise PosprobeError(f"'{path}' lists {len(stored)} layers for {profiles.shape[0]} profile rows", hint)
-    if layers is not None:
-        missing = [layer for layer in layers if layer not in stored]
-        if missing:
-            raise PosprobeError(
-                f"layer(s) {missing} are not in '{path}' (it holds layers {stored})",
-                "choose --layers among those, or recompute the profiles",
-            )
-        idx = [stored.index(layer) for layer in layers]
-        profiles, stored = profiles[idx], list(layers)
-    return ProfileSet(
-        str(meta.get("model", path.stem)),
-        str(meta.get("model_type", "unknown")),
-        str(meta.get("mode", "unknown")),
-        stored,
-        offsets,
-        profiles,
-        int(meta.get("n_layers", len(stored))),
-        int(profiles.shape[1]),
-        bool(meta.get("shared_layers", False)),
-        bool(meta.get("causal", False)),
-        meta.get("stack") if meta.get("stack") in ("encoder", "decoder") else None,
-    )
-
-
-def _empirical_profiles(path: Path, arrays: dict, profile: str | None) -> dict | None:
-    """For a `posprobe attention` file: its score (default) or probability profiles as `profiles`, cut to the
-    widest window -K..K in which every head has data (offsets no text reached are NaN). None for other files."""
-    if "score_profiles" not in arrays:
-        if profile is not None:
-            raise PosprobeError(f"'{path}' has no empirical profiles", "--profile needs a `posprobe attention` .npz")
-        return None
-    if profile not in (None, "score", "prob"):
-        raise PosprobeError(f"unknown --profile '{profile}'", "use score or prob")
-    values = np.asarray(arrays[f"{profile or 'score'}_profiles"], dtype=np.float64)
-    offsets = np.asarray(arrays["offsets"])
-    centre = int(np.flatnonzero(offsets == 0)[0])
-    finite = np.isfinite(values).all(axis=(0, 1))
-    reach = 0
-    while (
-        centre - reach - 1 >= 0
-        and centre + reach + 1 < len(offsets)
-        and finite[[centre - reach - 1, centre + reach + 1]].all()
-    ):
-        reach += 1
-    if reach < 1 or not finite[centre]:
-        raise PosprobeError(
-            f"'{path}' has no data at k = ±1 (a causal model's profiles stop at k = 0)",
-            "fit-tisa fits symmetric windows: use an encoder's profiles",
-        )
-    window = slice(centre - reach, centre + reach + 1)
-    return {**arrays, "profiles": values[..., window], "offsets": offsets[window]}

@@ -256,12 +256,11 @@ def _profile_correlations(learned: LearnedFunctions, profiles, allow_pickle: boo
 
 # ------------------------------------------------------------------------------------------- outputs
 def write_kernels(report: KernelsReport, out_dir, fmt: str = "png") -> dict:
-    """Write `kernels.npz` (every array, `offsets`, metadata) and the figures into `out_dir` (created here,
-    after all computing succeeded); returns {"npz": path, "figures": [paths]}."""
+    """Write `kernels.npz` (every array, `offsets`, metadata) and the figures into `out_dir` as one unit
+    (`outputs.write_files`), after all computing succeeded; returns {"npz": path, "figures": [paths]}."""
     from posprobe import plotting_kernels as pk
-    from posprobe.outputs import prepare_out_dir, save_figure, save_npz
+    from posprobe.outputs import figure_writer, write_files, write_npz
 
-    out = prepare_out_dir(out_dir)
     learned = report.learned
     arrays = {"offsets": learned.offsets, **learned.arrays}
     for key, r in report.with_profiles.items():
@@ -271,9 +270,11 @@ def write_kernels(report: KernelsReport, out_dir, fmt: str = "png") -> dict:
             arrays[f"compare_{key}"] = value
         for key, r in report.with_other.items():
             arrays[f"{key}_compare_correlation"] = r
-    npz = save_npz(out / "kernels.npz", metadata(report), **arrays)
-    figures = [save_figure(fig, out / f"{stem}.{fmt}") for stem, fig in pk.kernel_figures(report)]
-    return {"npz": npz, "figures": figures}
+    files = {"kernels.npz": lambda p: write_npz(p, metadata(report), **arrays)}
+    for stem, fig in pk.kernel_figures(report):
+        files[f"{stem}.{fmt}"] = figure_writer(lambda fig=fig: fig)
+    paths = list(write_files(out_dir, files).values())
+    return {"npz": paths[0], "figures": paths[1:]}
 
 
 def metadata(report: KernelsReport) -> dict:
