@@ -24,6 +24,11 @@ def as_int(value, name: str, *, minimum: int | None = None, maximum: int | None 
     if not _is_int(value):
         raise ArgumentTypeError(name, f"{{arg}} must be a whole number, got {value!r}", hint)
     value = int(value)
+    if hint is None:  # say what to do, not only what is wrong
+        if minimum is not None and maximum is not None:
+            hint = f"pass {{arg}} between {minimum} and {maximum}"
+        else:
+            hint = f"pass {{arg}} of {minimum} or more" if minimum is not None else f"pass {{arg}} of {maximum} or less"
     if minimum is not None and value < minimum:
         raise ArgumentValueError(name, f"{{arg}} must be at least {minimum}, got {value}", hint)
     if maximum is not None and value > maximum:

@@ -310,3 +310,49 @@ def test_error_wording_fits_where_it_is_read(tiny_checkpoints, tmp_path, capsys)
     assert code == 2 and "e.g. --kernels 5" in captured.err and "kernels=" not in captured.err
     code, captured = run_main(["evaluate", str(tmp_path / "nowhere"), "--task", "sst2"], capsys)
     assert code == 2 and f"'{tmp_path / 'nowhere'}' does not exist" in " ".join(captured.err.split())
+
+
+def test_lines_are_not_wrapped_off_a_terminal(tiny_checkpoints, tmp_path, capsys):
+    """Issue 23: with stderr not a terminal (a pipe, a log), a long output path stays on one line."""
+    out = tmp_path / ("a-folder-name-long-enough-to-pass-eighty-columns-" * 2) / "toeplitz"
+    code, captured = run_main(["toeplitz", str(tiny_checkpoints["bert"]), "--out", str(out)], capsys)
+    assert code == 0
+    assert any(line.endswith(str(out / "P.png")) for line in captured.err.splitlines()), captured.err
+
+
+def test_an_out_of_range_number_says_what_to_do(capsys):
+    """Issue 23: `--block 0` says what is wrong and what to pass instead."""
+    code, captured = run_main(["toeplitz", "--block", "0"], capsys)
+    assert (
+        code == 2
+        and captured.err.strip() == "posprobe: error: --block must be at least 1, got 0 — pass --block of 1 or more"
+    )
+
+
+def test_sigterm_while_a_file_is_written_leaves_no_hidden_temporary_file(tmp_path):
+    """Issue 23: a real SIGTERM (kill, a scheduler) arriving while a result file is being written: the run
+    cleans up as for Ctrl-C (exit 143, one line, no `.P.png.*` temporary file, no folder it created)."""
+    out = tmp_path / "toeplitz"
+    code = (
+        "import time, posprobe.outputs as o; real = o._savefig; "
+        "o._savefig = lambda fig, p, *a: (p.write_bytes(b'partial'), time.sleep(60), real(fig, p, *a)); "
+        "from posprobe.cli import main; main()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "toeplitz", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not any(out.glob(".P.png*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None and any(out.glob(".P.png*")), proc.communicate()
+    os.killpg(proc.pid, signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("posprobe: error: terminated"), stderr
+    assert not out.exists()

@@ -503,6 +503,7 @@ def test_evaluate_refuses_a_checkpoint_without_a_head(tiny_model, sst2_dir, tmp_
     assert code == 2 and stdout == ""
     errors = [line for line in stderr.splitlines() if line.startswith("posprobe: error: ")]
     assert len(errors) == 1 and stderr.strip().endswith(errors[0].split()[-1]) and "Traceback" not in stderr
+    assert stderr.strip().splitlines() == errors  # the model is checked before the data is read: nothing else
     assert "no trained classification head" in stderr and "classifier.weight" in stderr
     assert "--allow-new-head" in stderr
     code, stdout, stderr = _run_cli(
@@ -1037,3 +1038,24 @@ def test_grid_under_torchrun_two_processes(tiny_model, sst2_dir, tmp_path):
     theirs = {(r["mechanism"], r["seed"]): r["metrics"]["accuracy"] for r in two["runs"]}
     assert ours.keys() == theirs.keys()
     assert all(abs(ours[k] - theirs[k]) <= 1 / 32 + 1e-9 for k in ours)
+
+
+def test_finetune_of_a_checkpoint_with_nan_weights_is_one_line(tiny_model, sst2_dir, tmp_path, capsys):
+    """Issue 23: the weights are checked before the data is read, so one bad input is one stderr line."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    broken = tmp_path / "nan-model"
+    shutil.copytree(tiny_model, broken)
+    tensors = load_file(str(broken / "model.safetensors"))
+    name = next(k for k in tensors if k.endswith("attention.self.query.weight"))
+    tensors[name][0, 0] = float("nan")
+    save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "run"
+    code, stdout, stderr = _run_cli(
+        ["finetune", str(broken), "--task", "sst2", "--data-dir", str(sst2_dir), "--out", str(out)], capsys
+    )
+    assert code == 2 and stdout == ""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("posprobe: error: ") and "NaN" in lines[0], stderr

@@ -199,6 +199,16 @@ def _read_index(file: Path) -> dict[str, str]:
     return weight_map
 
 
+def check_finite_weights(source) -> None:
+    """Refuse a checkpoint (a resolved `ModelSource`) with a NaN or infinite value in any tensor, reading one
+    tensor at a time: the check a run makes before it reads data or builds the model."""
+    if source.weight_format not in ("safetensors", "pickle"):
+        return
+    reader = WeightReader(source.path, source.weight_format)
+    for key in reader.keys():
+        reader.get(key)  # raises the one-line error at the first non-finite tensor
+
+
 def unpickling_refused(where, err: Exception) -> PosprobeError:
     """The pickle holds something other than tensors; torch's weights-only unpickler refused it unrun."""
     found = re.search(r"GLOBAL ([\w.]+)", strip_ansi(str(err)))

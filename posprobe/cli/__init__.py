@@ -17,7 +17,18 @@ import typer
 from posprobe.errors import PosprobeError
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a process stopped by Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM (kill, a job scheduler, a container stopping)
 _INTERRUPTED = "interrupted (Ctrl-C) — no partial file was left; run the command again to finish it"
+_TERMINATED = "terminated (SIGTERM) — no partial file was left; run the command again to finish it"
+
+
+class _Terminated(BaseException):
+    """Raised in the main thread on SIGTERM, so that every `finally` and cleanup runs as for Ctrl-C (the default
+    action would end the process at once, leaving temporary files behind)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise _Terminated()
 
 app = typer.Typer(
     name="posprobe",
@@ -60,13 +71,20 @@ _register_commands()
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, mapping errors to one line and an exit code.
 
-    Exit codes: 0 success, 2 bad input (one `posprobe: error:` line), 130 interrupted (Ctrl-C), 1 a bug.
+    Exit codes: 0 success, 2 bad input (one `posprobe: error:` line), 130 interrupted (Ctrl-C), 143 terminated
+    (SIGTERM: cleaned up as for Ctrl-C), 1 a bug.
     typer (which bundles its own click) turns Ctrl-C into `Exit(130)`, and with `standalone_mode=False`
     that exit code is *returned*, not raised: it must be read from the return value, or an interrupted
     run exits 0 in silence.
     """
+    import signal
+    import threading
+
     from posprobe import outputs
 
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     outputs.begin_run()
     try:
         code = app(args=argv, standalone_mode=False)
@@ -74,6 +92,8 @@ def main(argv: list[str] | None = None) -> None:
         _fail(err.render(cli=True), 2)
     except (KeyboardInterrupt, typer.Abort):
         _fail(_INTERRUPTED, EXIT_INTERRUPTED)
+    except _Terminated:
+        _fail(_TERMINATED, EXIT_TERMINATED)
     except SystemExit as err:
         if err.code not in (None, 0):
             outputs.discard_run()
@@ -95,6 +115,9 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(code, int) and not isinstance(code, bool) and code != 0:
             outputs.discard_run()
             sys.exit(code)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _is_usage_error(err: Exception) -> bool:

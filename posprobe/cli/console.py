@@ -12,6 +12,8 @@ from rich.console import Console
 from posprobe.results import middle_ellipsis  # noqa: F401  (re-exported for the commands)
 
 console = Console(stderr=True, highlight=False)
+# Off a terminal (a pipe, a log file, CI) lines are not wrapped, so a long path stays one line a script can read.
+console.soft_wrap = not console.is_terminal
 
 
 def emit_json(obj: Any) -> None:

@@ -78,18 +78,20 @@ def evaluate(
             f"'{root}' holds no fine-tuned model (no config.json, no seed-*/model)",
             "pass a folder written by `posprobe finetune --out DIR` (or its seed-*/model)",
         )
-    splits = load_glue(task, data_dir, splits=list(task.dev_splits), max_eval_samples=max_eval_samples)
-    for data in splits.values():
-        say(data.describe())
     per_model: list[dict[str, float | None]] = []
     seeds: list[int | None] = []
     mechanisms: set[str] = set()
     with quiet(not verbose), own_process_group():
+        first = _load_checked(folders[0], task, allow_new_head)  # the model's checks before the data is read
+        splits = load_glue(task, data_dir, splits=list(task.dev_splits), max_eval_samples=max_eval_samples)
+        for data in splits.values():
+            say(data.describe())
         for folder in folders:
             meta = _read_meta(folder)
             if meta.get("task") not in (None, task.name):
                 say(f"note: {folder} was fine-tuned on {meta['task']}, evaluating on {task.name}")
-            metrics, mechanism = _evaluate_folder(folder, task, splits, meta, batch_size, max_length, allow_new_head)
+            model = first if folder == folders[0] else _load_checked(folder, task, allow_new_head)
+            metrics, mechanism = _evaluate_folder(folder, model, task, splits, meta, batch_size, max_length)
             mechanisms.add(mechanism)
             say(f"{folder}: " + ", ".join(f"{k}={fmt(v)}" for k, v in metrics.items()))
             per_model.append(metrics)
@@ -124,16 +126,8 @@ def _read_meta(folder: Path) -> dict[str, Any]:
         return {}
 
 
-def _evaluate_folder(
-    folder: Path,
-    task: GlueTask,
-    splits: dict[str, GlueSplit],
-    meta: dict[str, Any],
-    batch_size: int,
-    max_length: int | None,
-    allow_new_head: bool,
-) -> tuple[dict[str, float | None], str]:
-    """(metrics, mechanism) of one saved model."""
+def _load_checked(folder: Path, task: GlueTask, allow_new_head: bool):
+    """The saved classifier in `folder`, refused unless it has a trained head with the task's outputs."""
     from posprobe.glue.runtime import label_kwargs
 
     extra = {**label_kwargs(task), "ignore_mismatched_sizes": True} if allow_new_head else {}
@@ -143,6 +137,19 @@ def _evaluate_folder(
             f"'{folder}' has {model.config.num_labels} output(s) but {task.name} needs {task.num_labels}",
             "evaluate on the task the model was fine-tuned on",
         )
+    return model
+
+
+def _evaluate_folder(
+    folder: Path,
+    model,
+    task: GlueTask,
+    splits: dict[str, GlueSplit],
+    meta: dict[str, Any],
+    batch_size: int,
+    max_length: int | None,
+) -> tuple[dict[str, float | None], str]:
+    """(metrics, mechanism) of one saved model (`model`, loaded from `folder`)."""
     mechanism = str((getattr(model.config, "posprobe", None) or {}).get("mechanism", "none"))
     tokenizer = load_tokenizer(folder)
     length = max_length or int(meta.get("max_length", 128))

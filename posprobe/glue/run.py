@@ -197,6 +197,7 @@ def _finetune(
     say: Callable[[str], None],
 ) -> FinetuneResult:
     from posprobe.checkpoint.resolve import resolve_model
+    from posprobe.checkpoint.weights import check_finite_weights
 
     started = time.perf_counter()
     task = get_task(config.task)
@@ -206,12 +207,7 @@ def _finetune(
     _check_run_folder(config, out)
     if is_main_process():  # at once: a `--wait` run arriving now sees that this folder holds a run
         write_json(out / RUN_FILE, {"posprobe_run": "glue-finetune", **config.settings()})
-    # cheap checks and the data first: a bad file or an unreachable hub fails before any model work
-    splits = load_glue(
-        task, config.data_dir, max_train_samples=config.max_train_samples, max_eval_samples=config.max_eval_samples
-    )
-    for data in splits.values():
-        say(data.describe())
+    # cheap checks first, the model's before the data's: one bad input is one line, before anything is printed
     source = resolve_model(config.model, allow_pickle=config.allow_pickle, with_tokenizer=True)
     retrofitted = (source.config.get("posprobe") or {}).get("mechanism")
     if retrofitted and config.mechanism != "none":
@@ -219,7 +215,13 @@ def _finetune(
             f"'{source.name}' is already retrofitted with '{retrofitted}'",
             "fine-tune it with --mechanism none (its mechanism is kept), or start from a plain model",
         )
+    check_finite_weights(source)
     config.source_mechanism = retrofitted or None
+    splits = load_glue(
+        task, config.data_dir, max_train_samples=config.max_train_samples, max_eval_samples=config.max_eval_samples
+    )
+    for data in splits.values():
+        say(data.describe())
     tokenizer = load_tokenizer(source.path)
     train_set = encode(tokenizer, splits["train"], config.max_length)
     dev_sets = {s: encode(tokenizer, splits[s], config.max_length) for s in task.dev_splits}
