@@ -78,7 +78,13 @@ def as_choice(value, name: str, choices: Iterable[str]) -> str:
 
 
 def as_int_list(
-    value, name: str, *, minimum: int | None = None, maximum: int | None = None, allow_none: bool = True
+    value,
+    name: str,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    allow_none: bool = True,
+    hint: str | None = None,
 ) -> list[int] | None:
     """A list of whole numbers (duplicates dropped, order kept). None stays None when `allow_none`.
 
@@ -95,7 +101,7 @@ def as_int_list(
         )
     out: list[int] = []
     for item in value:
-        item = as_int(item, name, minimum=minimum, maximum=maximum)
+        item = as_int(item, name, minimum=minimum, maximum=maximum, hint=hint)
         if item not in out:
             out.append(item)
     if not out:

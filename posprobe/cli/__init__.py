@@ -30,6 +30,7 @@ class _Terminated(BaseException):
 def _on_sigterm(signum, frame) -> None:
     raise _Terminated()
 
+
 app = typer.Typer(
     name="posprobe",
     help="Measure, fit and retrofit positional mechanisms in pretrained transformers.",

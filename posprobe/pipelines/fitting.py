@@ -324,7 +324,7 @@ def _check_kernels(kernels: int | Sequence[int]) -> list[int]:
     try:
         if isinstance(kernels, (int, np.integer)) and not isinstance(kernels, bool):
             return [as_int(kernels, "kernels", minimum=1, hint=hint)]
-        values = as_int_list(kernels, "kernels", minimum=1, allow_none=False)
+        values = as_int_list(kernels, "kernels", minimum=1, allow_none=False, hint=hint)
     except ArgumentError as err:
         err.hint = err.hint or hint
         raise
