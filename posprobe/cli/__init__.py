@@ -60,9 +60,9 @@ def _root(
 
 
 def _register_commands() -> None:
-    from posprobe.cli import analysis, attention, finetune, fitting, kernels, retrofit
+    from posprobe.cli import analysis, attention, finetune, fitting, learned_kernels, retrofit
 
-    for module in (analysis, fitting, retrofit, finetune, kernels, attention):
+    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention):
         module.register(app)
 
 

@@ -3,7 +3,7 @@ attention Fig. 2: learned function solid, initial dashed, a compared model dotte
 per head, the depthwise beta[k, c] heatmap per layer (composite attention Fig. 3), per-offset table norms,
 and the CAT / conv-qkv filter taps. x axes are always k = j - i (positive = key to the right).
 
-Functions return matplotlib Figures; `posprobe.pipelines.kernels.write_kernels` saves them.
+Functions return matplotlib Figures; `posprobe.pipelines.learned_kernels.write_kernels` saves them.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def _short(folder: str) -> str:
 
 
 def kernel_figures(report) -> list[tuple[str, object]]:
-    """(file stem, Figure) for every array of a `KernelsReport`."""
+    """(file stem, Figure) for every array of a `LearnedKernelsReport`."""
     learned = report.learned
     k = learned.offsets
     other = report.other.learned if report.other is not None else None

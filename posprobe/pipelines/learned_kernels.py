@@ -22,7 +22,7 @@ TEXT_BATCH = 16
 
 
 @dataclass(frozen=True)
-class KernelsReport:
+class LearnedKernelsReport:
     """The learned functions of one model, and optionally those of a second (`other`) and per-head
     correlations: `with_other[name]` and `with_profiles[name]` are `(L, H)` over shared offsets."""
 
@@ -31,7 +31,7 @@ class KernelsReport:
     window: int
     radius: int
     n_text_tokens: int = 0
-    other: KernelsReport | None = None
+    other: LearnedKernelsReport | None = None
     with_other: dict[str, np.ndarray] = field(default_factory=dict)
     with_profiles: dict[str, np.ndarray] = field(default_factory=dict)
     profiles_source: str | None = None
@@ -172,7 +172,7 @@ def learned_kernels(
     compare=None,
     profiles=None,
     allow_pickle: bool = False,
-) -> KernelsReport:
+) -> LearnedKernelsReport:
     """The learned positional functions of a retrofitted `folder` (SPEC §11).
 
     window: half-width W of the offsets k = -W..W (default 16 with TISA, else the clip radius r);
@@ -194,7 +194,7 @@ def learned_kernels(
         notes.append(
             "dynamic tables shown as per-offset norms; pass --text FILE for the score of the average query/key"
         )
-    report = KernelsReport(name, learned, used, radius, tokens, notes=notes)
+    report = LearnedKernelsReport(name, learned, used, radius, tokens, notes=notes)
     if compare is not None:
         other_name, other, _, _, other_tokens = learned_from_folder(
             compare, window=used, texts=texts, allow_pickle=allow_pickle
@@ -216,14 +216,14 @@ def learned_kernels(
             if learned.kind(key) == "head":
                 with_other[key] = correlation_per_head(x, learned.offsets, y, other.offsets)[0]
         report = _with(
-            report, other=KernelsReport(other_name, other, used, radius, other_tokens), with_other=with_other
+            report, other=LearnedKernelsReport(other_name, other, used, radius, other_tokens), with_other=with_other
         )
     if profiles is not None:
         report = _with(report, **_profile_correlations(learned, profiles, allow_pickle))
     return report
 
 
-def _with(report: KernelsReport, **changes) -> KernelsReport:
+def _with(report: LearnedKernelsReport, **changes) -> LearnedKernelsReport:
     from dataclasses import replace
 
     return replace(report, **changes)
@@ -255,10 +255,10 @@ def _profile_correlations(learned: LearnedFunctions, profiles, allow_pickle: boo
 
 
 # ------------------------------------------------------------------------------------------- outputs
-def write_kernels(report: KernelsReport, out_dir, fmt: str = "png") -> dict:
+def write_kernels(report: LearnedKernelsReport, out_dir, fmt: str = "png") -> dict:
     """Write `kernels.npz` (every array, `offsets`, metadata) and the figures into `out_dir` as one unit
     (`outputs.write_files`), after all computing succeeded; returns {"npz": path, "figures": [paths]}."""
-    from posprobe import plotting_kernels as pk
+    from posprobe import plotting_learned_kernels as pk
     from posprobe.outputs import figure_writer, write_files, write_npz
 
     learned = report.learned
@@ -277,7 +277,7 @@ def write_kernels(report: KernelsReport, out_dir, fmt: str = "png") -> dict:
     return {"npz": paths[0], "figures": paths[1:]}
 
 
-def metadata(report: KernelsReport) -> dict:
+def metadata(report: LearnedKernelsReport) -> dict:
     learned = report.learned
     return {
         "model": report.model,
@@ -294,7 +294,7 @@ def metadata(report: KernelsReport) -> dict:
     }
 
 
-def summary(report: KernelsReport) -> dict:
+def summary(report: LearnedKernelsReport) -> dict:
     """Per learned array: shape, largest |value| and largest |change from init| (None when unknown)."""
     learned = report.learned
     out = {}

@@ -45,7 +45,7 @@ def kernels(
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """Show what a retrofitted model's positional mechanism learned, per layer and head, over k = j − i."""
-    from posprobe.pipelines.kernels import _check_folder, check_window, learned_kernels, summary, write_kernels
+    from posprobe.pipelines.learned_kernels import _check_folder, check_window, learned_kernels, summary, write_kernels
 
     check_window(window)
     path, _ = _check_folder(folder)
@@ -57,7 +57,7 @@ def kernels(
         written = write_kernels(report, out_dir, fmt.value)
     learned = report.learned
     if json_out:
-        from posprobe.pipelines.kernels import metadata
+        from posprobe.pipelines.learned_kernels import metadata
 
         meta = metadata(report)
         meta.pop("shapes")
