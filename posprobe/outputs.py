@@ -158,6 +158,12 @@ def _umask() -> int:
     return current
 
 
+def json_writer(obj: Any) -> Callable[[Path], None]:
+    """A `write_files` writer of `obj` as indented JSON."""
+    text = json.dumps(obj, indent=2, default=_json_default) + "\n"
+    return lambda p: p.write_text(text)
+
+
 def write_text(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda p: p.write_text(text))
 

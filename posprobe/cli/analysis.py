@@ -46,6 +46,16 @@ def _out_dir(out: Path | None, command: str, model_name: str) -> Path:
     return prepare_out_dir(out if out is not None else default_out(command, model_name))
 
 
+def _write_figure_and_record(out_dir: Path, stem: str, fmt: str, make_figure, result) -> tuple[Path, dict]:
+    """`{stem}.{fmt}` and `{stem}.json` (the result's dict, with both paths) written together; (figure, record)."""
+    from posprobe.outputs import figure_writer, json_writer, write_files
+
+    figure, record_file = out_dir / f"{stem}.{fmt}", out_dir / f"{stem}.json"
+    record = result.to_dict() | {"figure": str(figure), "record": str(record_file)}
+    write_files(out_dir, {figure.name: figure_writer(make_figure), record_file.name: json_writer(record)})
+    return figure, record
+
+
 def _resolve(model: str | None, allow_pickle: bool):
     from posprobe.checkpoint import resolve_model
 
@@ -68,16 +78,13 @@ def toeplitz(
 ) -> None:
     """P = E_P E_Pᵀ of the learned position embeddings, its Toeplitz R², and a heatmap."""
     from posprobe import plotting
-    from posprobe.outputs import save_figure, write_json
     from posprobe.pipelines import analysis as pipeline
 
     source = _resolve(model, allow_pickle)
     out_dir = _out_dir(out, "toeplitz", source.label)
     result = pipeline.toeplitz(None, blocks=block, cosine=cosine, source=source)
     stem = "P_cosine" if cosine else "P"
-    figure = save_figure(plotting.heatmap(result), out_dir / f"{stem}.{fmt.value}")
-    record = result.to_dict() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
-    write_json(out_dir / f"{stem}.json", record)
+    figure, record = _write_figure_and_record(out_dir, stem, fmt.value, lambda: plotting.heatmap(result), result)
     if json_out:
         emit_json(record)
         return
@@ -125,7 +132,6 @@ def fhat(
     Models without a learned position table (rotary, ALiBi, relative bias, ...) get their content-free
     scores (SPEC §9): the pre-softmax scores of a sequence of the average word embedding."""
     from posprobe import plotting
-    from posprobe.outputs import save_figure, write_json
     from posprobe.pipelines import analysis as pipeline
 
     source = _resolve(model, allow_pickle)
@@ -133,9 +139,9 @@ def fhat(
     result = pipeline.fhat(None, layer, mode.value, source=source, positions=positions, stack=stack.value)
     layer = result.layer  # -1 (the last layer) resolved to its number, for file names and titles
     stem = f"fhat_layer{layer}_{result.mode}" + ("_decoder" if result.stack == "decoder" else "")
-    figure = save_figure(plotting.fhat_grid(result, scale.value), out_dir / f"{stem}.{fmt.value}")
-    record = result.to_dict() | {"figure": str(figure), "record": str(out_dir / f"{stem}.json")}
-    write_json(out_dir / f"{stem}.json", record)
+    figure, record = _write_figure_and_record(
+        out_dir, stem, fmt.value, lambda: plotting.fhat_grid(result, scale.value), result
+    )
     if json_out:
         emit_json(record)
         return
@@ -235,7 +241,7 @@ def compare(
     A model without a learned table shows the head-mean of its layer-0 content-free scores, and no R² of P."""
     from posprobe import plotting
     from posprobe.errors import ArgumentValueError
-    from posprobe.outputs import prepare_out_dir, save_figure, write_json
+    from posprobe.outputs import prepare_out_dir
     from posprobe.pipelines import analysis as pipeline
 
     if len(models) < 2:
@@ -245,9 +251,9 @@ def compare(
     result = pipeline.compare(models, mode.value, cosine, allow_pickle, positions=positions)
     rows, labels = list(result), [row.label for row in result]
     out_dir = prepare_out_dir(out if out is not None else default_out("compare", "-vs-".join(labels)))
-    figure = save_figure(plotting.compare_heatmaps(rows), out_dir / f"compare.{fmt.value}")
-    record = result.to_dict() | {"figure": str(figure), "record": str(out_dir / "compare.json")}
-    write_json(out_dir / "compare.json", record)
+    figure, record = _write_figure_and_record(
+        out_dir, "compare", fmt.value, lambda: plotting.compare_heatmaps(rows), result
+    )
     if json_out:
         emit_json(record)
         return
