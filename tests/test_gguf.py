@@ -1,0 +1,177 @@
+"""GGUF checkpoints: header parsing against the gguf package's reader, every tensor against transformers'
+`from_pretrained(..., gguf_file=...)`, resolution of files and folders, and analyses equal to the safetensors route.
+
+The tiny files are written in code as llama.cpp converts models (tests/gguf_files.py), in F32, F16 and Q8_0.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from posprobe.checkpoint import resolve_model
+from posprobe.checkpoint.gguf_format import read_gguf_header
+from posprobe.checkpoint.gguf_weights import GGUFWeightReader, hf_name_map, meta_model
+from posprobe.checkpoint.weights import open_weights
+from posprobe.errors import PosprobeError
+
+CASES = [("llama", "F32"), ("llama", "F16"), ("llama", "Q8_0"), ("qwen2", "F16"), ("gpt2", "Q8_0")]
+
+
+def _from_pretrained(file):
+    import transformers
+
+    from posprobe.checkpoint.loading import quiet_libraries
+
+    with quiet_libraries():
+        return transformers.AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name).eval()
+
+
+def _tied(model, key: str) -> bool:
+    """True when parameter `key` shares its storage with another parameter (a tied output head)."""
+    state = model.state_dict()
+    return any(k != key and state[k].data_ptr() == state[key].data_ptr() for k in state)
+
+
+@pytest.mark.parametrize("family, qtype", CASES, ids=[f"{f}-{q}" for f, q in CASES])
+def test_every_tensor_equals_from_pretrained(family, qtype, tiny_ggufs):
+    """Names, permutation of Q/K (Llama), transposes (GPT-2), de-quantisation: each tensor posprobe reads equals
+    the parameter transformers loads from the same file, exactly; the only parameters it does not list are tied."""
+    file = tiny_ggufs[family, qtype]
+    source = resolve_model(file)
+    reader = open_weights(source)
+    assert isinstance(reader, GGUFWeightReader)
+    model = _from_pretrained(file)
+    state = model.state_dict()
+    assert len(reader.keys()) == len(read_gguf_header(file).tensors)
+    for key in reader.keys():
+        expected = state[key].double().numpy()
+        assert reader.shape(key) == expected.shape, key
+        np.testing.assert_array_equal(reader.get(key), expected, err_msg=key)
+    assert all(_tied(model, key) for key in set(state) - set(reader.keys()))
+
+
+def test_the_llama_permutation_is_undone(tiny_ggufs):
+    """The file stores Q/K rows permuted (llama.cpp), so reading them raw would differ; transformers' loader gives
+    back the original model's Q/K exactly (F32), and so does posprobe."""
+    from gguf_files import llama_cpp_permute
+
+    original = tiny_ggufs["models"]["llama"].state_dict()
+    reader = open_weights(resolve_model(tiny_ggufs["llama", "F32"]))
+    header = read_gguf_header(tiny_ggufs["llama", "F32"])
+    for layer in range(2):
+        for proj, heads in (("q_proj", 4), ("k_proj", 2)):
+            key = f"model.layers.{layer}.self_attn.{proj}.weight"
+            stored = original[key].double().numpy()
+            np.testing.assert_array_equal(reader.get(key), stored)
+            assert not np.array_equal(llama_cpp_permute(stored, heads), stored)  # the permutation is not trivial
+    assert set(header.tensors) >= {"blk.0.attn_q.weight", "blk.0.attn_k.weight"}
+    loaded = _from_pretrained(tiny_ggufs["llama", "F32"]).state_dict()
+    for key, value in original.items():
+        assert np.array_equal(loaded[key].numpy(), value.numpy()), key
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_name_map_equals_transformers(family, tiny_ggufs):
+    """posprobe builds the GGUF -> transformers name map once (transformers rebuilds it per submodule); same map."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    file = next(v for k, v in tiny_ggufs.items() if k != "models" and k[0] == family)
+    source, header = resolve_model(file), read_gguf_header(file)
+    processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=source.config)
+    assert hf_name_map(header, source.config) == get_gguf_hf_weights_map(meta_model(source.config), processor)
+
+
+@pytest.mark.parametrize("family, qtype", CASES[:3], ids=[f"{f}-{q}" for f, q in CASES[:3]])
+def test_header_equals_the_gguf_reader(family, qtype, tiny_ggufs):
+    _assert_header_matches(tiny_ggufs[family, qtype])
+
+
+@pytest.mark.integration
+def test_header_of_smollm2_equals_the_gguf_reader(smollm2_gguf):
+    header = _assert_header_matches(smollm2_gguf)
+    assert header.architecture == "llama" and len(header.tensors) == 272
+
+
+def _assert_header_matches(file):
+    import gguf
+
+    header = read_gguf_header(file)
+    reference = gguf.GGUFReader(str(file))
+    assert header.data_start == reference.data_offset and header.alignment == reference.alignment
+    assert list(header.tensors) == [t.name for t in reference.tensors]
+    for tensor in reference.tensors:
+        info = header.tensors[tensor.name]
+        assert (info.start, info.nbytes) == (tensor.data_offset, tensor.n_bytes)
+        assert info.type_name == tensor.tensor_type.name
+        assert info.shape == tuple(reversed(tensor.shape.tolist()))
+    fields = {k: f.contents() for k, f in reference.fields.items() if not k.startswith("GGUF.")}
+    assert set(fields) == set(header.metadata)
+    for key, value in fields.items():
+        assert header.metadata[key] == (pytest.approx(value) if isinstance(value, float) else value)
+    return header
+
+
+def test_config_equals_autoconfig_from_the_file(tiny_ggufs):
+    from transformers import AutoConfig
+
+    file = tiny_ggufs["llama", "Q8_0"]
+    source = resolve_model(file)
+    expected = AutoConfig.from_pretrained(str(file.parent), gguf_file=file.name).to_dict()
+    assert {k: v for k, v in source.config.items() if k != "_name_or_path"} == {
+        k: v for k, v in expected.items() if k != "_name_or_path"
+    }
+    assert source.weight_format == "gguf" and source.path == file and source.gguf_file == file
+    assert source.quantization == "Q8_0" and source.label == "tiny-llama.Q8_0"
+    assert resolve_model(tiny_ggufs["llama", "F16"]).quantization == "F16"
+
+
+def test_a_folder_with_one_gguf_file_is_that_file_and_with_two_asks_which(tiny_ggufs, tmp_path):
+    file = tiny_ggufs["llama", "Q8_0"]
+    source = resolve_model(file.parent)
+    assert source.path == file and source.weight_format == "gguf" and source.label == file.parent.name
+    folder = tmp_path / "two"
+    folder.mkdir()
+    shutil.copy(file, folder / "a.gguf")
+    shutil.copy(tiny_ggufs["llama", "F16"], folder / "b.gguf")
+    with pytest.raises(PosprobeError, match=r"holds 2 GGUF files \(a.gguf, b.gguf\); which one") as err:
+        resolve_model(folder)
+    assert "pass the file itself" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_row_mean_in_chunks_equals_the_mean_of_the_whole_table(tiny_ggufs):
+    reader = open_weights(resolve_model(tiny_ggufs["llama", "Q8_0"]))
+    key = reader.find_suffix("embed_tokens.weight")
+    np.testing.assert_allclose(reader.row_mean(key, chunk_rows=7), reader.get(key).mean(axis=0), rtol=0, atol=1e-15)
+    assert reader.quant_type(key) == "Q8_0" and reader.stored_dtype(key) == "F32"
+
+
+@pytest.mark.parametrize("family, qtype", [("llama", "Q8_0"), ("qwen2", "F16")])
+def test_content_free_profiles_equal_the_model_loaded_from_the_file(family, qtype, tiny_ggufs):
+    """The analysis of the GGUF file equals the same analysis of the model transformers loads from it (whose
+    tensors the family tests already check against its own attention)."""
+    import posprobe
+
+    file = tiny_ggufs[family, qtype]
+    lazy = posprobe.profiles(file, layers="all", positions=24)
+    loaded = posprobe.profiles(_from_pretrained(file), layers="all", positions=24)
+    np.testing.assert_allclose(lazy.profiles, loaded.profiles, rtol=1e-12, atol=1e-12)
+    assert lazy.causal and lazy.mode == "content-free"
+
+
+def test_gpt2_gguf_table_analyses_equal_the_safetensors_route(tiny_ggufs, tmp_path):
+    """A learned table read from a GGUF file (Q8_0) gives the analyses of that de-quantised model saved as
+    safetensors."""
+    from gguf_files import save_dequantized
+
+    import posprobe
+
+    file = tiny_ggufs["gpt2", "Q8_0"]
+    save_dequantized(_from_pretrained(file), tmp_path / "st")
+    for analysis in (posprobe.toeplitz, lambda m: posprobe.fhat(m, layer=1, mode="faithful")):
+        gguf_result, st_result = analysis(file), analysis(tmp_path / "st")
+        for name in ("matrix", "matrices"):
+            if hasattr(gguf_result, name):
+                np.testing.assert_allclose(getattr(gguf_result, name), getattr(st_result, name), rtol=1e-12)
