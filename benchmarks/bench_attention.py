@@ -79,7 +79,7 @@ def peak_memory(count: int, max_length: int, batch_size: int) -> tuple[float, fl
         "import sys; sys.path.insert(0, sys.argv[1]);"
         "from benchmarks.bench_attention import token_ids, _status_mib;"
         "from posprobe.pipelines.attention import attention_profiles;"
-        "from posprobe.retrofitting import load_model;"
+        "from posprobe.models import load_model;"
         "ids = token_ids(int(sys.argv[2]), int(sys.argv[3]));"
         "m = load_model(None, attn_implementation='eager');"
         "open('/proc/self/clear_refs', 'w').write('5');"
@@ -114,7 +114,7 @@ def main() -> None:
     import torch
 
     from posprobe.analysis.empirical import EmpiricalAccumulator
-    from posprobe.retrofitting import load_model
+    from posprobe.models import load_model
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)

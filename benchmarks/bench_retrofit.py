@@ -43,7 +43,8 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    from posprobe.retrofitting import added_parameters, load_model, retrofit
+    from posprobe.models import load_model
+    from posprobe.retrofitting import added_parameters, retrofit
 
     model = load_model(None)
     if args.mechanism == "eager":

@@ -35,7 +35,7 @@ _EXPORTS = {
     "TisaFit": "posprobe.pipelines.fitting",
     "TisaKernelFitter": "posprobe.analysis.tisa_fit",
     "tisa_function": "posprobe.analysis.tisa_fit",
-    "load_model": "posprobe.retrofitting",
+    "load_model": "posprobe.models",
     "retrofit": "posprobe.retrofitting",
     "save_retrofitted": "posprobe.retrofitting",
     "finetune": "posprobe.glue",

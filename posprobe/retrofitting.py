@@ -10,7 +10,8 @@ No modeling code is copied. `retrofit` does four things to a loaded model, in pl
 3. adds forward hooks: a pre-hook on every self-attention module that records the current depth slot and
    the key-padding mask, and — only for mechanisms that need them — pre-hooks (CAT) or hooks (conv-qkv)
    on the query/key/value `nn.Linear` projections;
-4. records the recipe in `model.config.posprobe` (saved in config.json) so `load_model` can rebuild it.
+4. records the recipe in `model.config.posprobe` (saved in config.json) so `posprobe.load_model` (models.py)
+   can rebuild it.
 
 Depth tracking. BERT, RoBERTa, XLM-R and ELECTRA have one self-attention module per layer, so each module
 holds exactly one mechanism and no state is needed. ALBERT shares one layer module across all depths
@@ -45,7 +46,6 @@ from posprobe.checkpoint.resolve import TOKENIZER_FILES
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.families.context import reserved_rows
 from posprobe.families.table import Family, family_for_type, model_types
-from posprobe.mechanisms import REGISTRY
 from posprobe.mechanisms.base import ROLES, PositionalMechanism
 from posprobe.mechanisms.catalogue import LayerShape, MechanismSettings, check_settings, mechanism_info
 from posprobe.validation import as_bool, as_int
@@ -416,7 +416,7 @@ def retrofit(
     layer of `model` and return the model.
 
     model: a loaded transformers model (changed in place), or a hub id / local folder / None (the packaged
-    MiniLM), loaded with `load_model` as the class it was saved from (a fine-tuned classifier keeps its head).
+    MiniLM), built as the class it was saved from (a fine-tuned classifier keeps its head).
     radius: clip radius r (kernel size 2r+1) of the convolution/relative mechanisms (default 8); kernels: TISA's
     S (default 5). init: "zero" (outputs unchanged: zero biases, identity filters), "random" (seeded by `seed`),
     or "fit:PATH" (TISA kernels `(L, H, S)` from `posprobe fit-tisa`; S is the file's — a different `kernels`
@@ -440,9 +440,12 @@ def retrofit(
                 "model", f"{{arg}} must be a loaded model, a hub id or a folder, got {type(model).__name__}"
             )
         from posprobe.checkpoint import resolve_model
+        from posprobe.checkpoint.loading import build_model
 
         source = resolve_model(None if model is None else str(model), allow_pickle=allow_pickle)
-        model = load_model(source.path, saved_model_class(source.config), allow_pickle=allow_pickle)
+        if source.config.get(CONFIG_KEY):
+            raise PosprobeError("this model is already retrofitted", "start from the original checkpoint")
+        model = build_model(source, saved_model_class(source.config))
     return _retrofit_loaded(model, settings, drop_position_embeddings, seed)
 
 
@@ -600,167 +603,3 @@ def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
-
-
-@contextlib.contextmanager
-def _quiet_transformers(verbose: bool = False):
-    """Silence transformers while it loads: its load report (e.g. about the mechanism tensors the stock model
-    class does not know), progress bars and warnings; `verbose` lets them through."""
-    from posprobe.checkpoint.loading import quiet_libraries
-
-    with quiet_libraries(verbose):
-        yield
-
-
-def load_model(
-    path_or_id: str | Path | None = None,
-    model_class: Any = None,
-    *,
-    allow_pickle: bool = False,
-    verbose: bool = False,
-    **kwargs: Any,
-) -> nn.Module:
-    """Load a plain or a retrofitted checkpoint (None = the packaged all-MiniLM-L6-v2).
-
-    model_class: a transformers auto/task class (default `AutoModel`), e.g. `AutoModelForSequenceClassification`;
-    extra `kwargs` go to its `from_pretrained`. A retrofitted checkpoint (config.json has a `posprobe` key) gets
-    its mechanism rebuilt and its mechanism weights loaded from the safetensors, so outputs match the saved model.
-    allow_pickle: also accept `pytorch_model.bin` (read with torch's weights-only unpickler; never runs code).
-    verbose: let transformers' logging, progress bars and warnings through (quiet by default).
-
-    Checked before transformers builds the model: config.json (types, sizes, a model_type transformers knows)
-    and every safetensors header; after: all parameters finite. Each failure is one `PosprobeError`.
-    """
-    from posprobe.checkpoint import resolve_model
-    from posprobe.checkpoint.loading import check_before_load, check_finite, load_failure
-    from posprobe.validation import as_bool
-
-    if path_or_id is not None and not isinstance(path_or_id, (str, os.PathLike)):
-        raise ArgumentTypeError(
-            "path_or_id",
-            f"{{arg}} must be a hub id or a folder path (str or Path), got {type(path_or_id).__name__} {path_or_id!r}",
-            "pass e.g. 'bert-base-uncased', a folder written by `save_pretrained`, or None for the packaged model",
-        )
-    allow_pickle, verbose = as_bool(allow_pickle, "allow_pickle"), as_bool(verbose, "verbose")
-    if kwargs.get("trust_remote_code"):
-        raise ArgumentValueError(
-            "trust_remote_code", "posprobe never runs code shipped with a checkpoint", "drop {arg}"
-        )
-    if kwargs.get("output_loading_info"):
-        raise ArgumentValueError(
-            "output_loading_info", "load_model returns the model only", "drop {arg}; verbose=True shows the load report"
-        )
-    if model_class is not None and not callable(getattr(model_class, "from_pretrained", None)):
-        raise ArgumentTypeError(
-            "model_class",
-            f"{{arg}} must be a transformers model class with from_pretrained, got {model_class!r}",
-            "e.g. transformers.AutoModelForSequenceClassification",
-        )
-    source = resolve_model(
-        None if path_or_id is None else os.fspath(path_or_id), allow_pickle=allow_pickle, with_tokenizer=True
-    )
-    check_before_load(source)
-    spec = source.config.get(CONFIG_KEY)
-    if spec:
-        _check_recipe(spec, source)
-    if model_class is None:
-        from transformers import AutoModel
-
-        model_class = AutoModel
-    kwargs.setdefault("use_safetensors", source.weight_format == "safetensors")
-    with _quiet_transformers(verbose):
-        try:
-            model = model_class.from_pretrained(str(source.path), **kwargs)
-        except Exception as err:  # transformers, safetensors, torch and config classes raise many types
-            raise load_failure(source, err) from err
-    check_finite(model, source.name)
-    if not spec:
-        return model
-    _family(model)
-    slots = _install(model, spec)
-    for module, slot in slots:
-        module.posprobe_mechanisms[slot].reset("zero")
-    _load_mechanism_weights(model, source.path)
-    setattr(model.config, CONFIG_KEY, dict(spec))
-    model._posprobe_initial = _read_initial(source.path)
-    return model
-
-
-def _read_initial(folder: Path) -> dict[str, torch.Tensor] | None:
-    """`INITIAL_FILE` of a retrofitted folder (None when absent: written before posprobe stored it)."""
-    from safetensors.torch import load_file
-
-    path = Path(folder) / INITIAL_FILE
-    if not path.is_file():
-        return None
-    try:
-        return load_file(str(path))
-    except Exception as err:  # safetensors raises its own error types for corrupt files
-        raise PosprobeError(
-            f"cannot read the initial mechanism values '{path}' ({type(err).__name__}: {err})",
-            f"delete {INITIAL_FILE} (the change from init is then unknown) or re-run `posprobe retrofit`",
-        ) from err
-
-
-def _known_mechanism(name) -> bool:
-    """A registered mechanism or a combination of them."""
-    if name in REGISTRY:
-        return True
-    try:
-        return isinstance(name, str) and "+" in name and mechanism_info(name) is not None
-    except ArgumentError:
-        return False
-
-
-def _check_recipe(spec: dict, source) -> None:
-    """The `posprobe` entry of a retrofitted checkpoint's config.json names a known mechanism (checked before
-    the model is loaded)."""
-    if source.weight_format != "safetensors":
-        raise PosprobeError(
-            f"retrofitted checkpoint '{source.name}' has no safetensors weights",
-            "re-save it with `posprobe retrofit` / save_retrofitted",
-        )
-    mechanism = spec.get("mechanism")
-    if not isinstance(mechanism, str) or not _known_mechanism(mechanism):
-        raise PosprobeError(
-            f"checkpoint '{source.name}' uses unknown mechanism {mechanism!r}", f"known: {', '.join(sorted(REGISTRY))}"
-        )
-    # radius / kernels are checked where the recipe is installed (_install, through the catalogue)
-    if not isinstance(spec.get("drop_position_embeddings", False), bool):
-        raise PosprobeError(
-            f"config.json of '{source.name}' has a non-boolean posprobe.drop_position_embeddings",
-            "re-run `posprobe retrofit`",
-        )
-
-
-def _load_mechanism_weights(model: nn.Module, folder: Path) -> None:
-    """Copy the mechanism tensors from the folder's safetensors (read and checked by posprobe's own reader)."""
-    from posprobe.checkpoint.weights import WeightReader
-
-    prefix = getattr(model, "base_model_prefix", "")
-
-    def strip(name: str) -> str:
-        return name[len(prefix) + 1 :] if prefix and name.startswith(prefix + ".") else name
-
-    wanted = {strip(n): p for n, p in model.named_parameters() if ".posprobe_mechanisms." in f".{n}"}
-    found: set[str] = set()
-    reader = WeightReader(Path(folder), "safetensors")
-    for key in reader.keys():
-        name = strip(key)
-        if name in wanted:
-            param = wanted[name]
-            tensor = torch.from_numpy(reader.get(key))  # float64, finite; exact for every stored float dtype
-            if tuple(tensor.shape) != tuple(param.shape):
-                raise PosprobeError(
-                    f"mechanism tensor '{key}' has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}",
-                    "the checkpoint does not match its config",
-                )
-            with torch.no_grad():
-                param.copy_(tensor.to(param.dtype))
-            found.add(name)
-    missing = sorted(set(wanted) - found)
-    if missing:
-        raise PosprobeError(
-            f"retrofitted checkpoint in '{folder}' lacks {len(missing)} mechanism tensors (e.g. '{missing[0]}')",
-            "the weights file is incomplete; re-run `posprobe retrofit`",
-        )

@@ -12,7 +12,8 @@ import torch
 from typer.testing import CliRunner
 
 from posprobe.cli import app, main
-from posprobe.retrofitting import added_parameters, load_model
+from posprobe.models import load_model
+from posprobe.retrofitting import added_parameters
 
 runner = CliRunner()
 
@@ -176,12 +177,12 @@ def test_settings_are_checked_before_the_model_loads(tiny_checkpoints, tmp_path,
     """Issue 8 #7 / 14 §2, §6: bad --radius/--kernels/--init -> exit 2 at once; the model is never loaded."""
     import time
 
-    import posprobe.retrofitting as rf
+    import posprobe.checkpoint.loading as loading
 
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the settings were checked")
 
-    monkeypatch.setattr(rf, "load_model", no_load)
+    monkeypatch.setattr(loading, "build_model", no_load)
     files = {"fit:S0": f"fit:{_kernels(tmp_path / 's0.safetensors', 0)}"}
     files["fit:S5"] = f"fit:{_kernels(tmp_path / 's5.safetensors', 5)}"
     args = [files.get(a, a) for a in args]

@@ -224,7 +224,7 @@ def test_hostile_pickle_never_runs_through_the_installed_cli(tiny_checkpoints, t
 # -- the library entry point -------------------------------------------------------------------------------------
 def test_load_model_refuses_nan_anywhere(tiny_checkpoints, tmp_path):
     """NaN in a tensor the analyses never read: load_model (retrofit, finetune, evaluate) still refuses."""
-    from posprobe.retrofitting import load_model
+    from posprobe.models import load_model
 
     folder = _model(
         "nan", "bert", _set_tensor("layer.1.output.dense.weight", lambda t: t * np.nan), tiny_checkpoints, tmp_path
@@ -235,14 +235,14 @@ def test_load_model_refuses_nan_anywhere(tiny_checkpoints, tmp_path):
 
 @pytest.mark.parametrize("value", [123, 1.5, ["a"], b"bert"])
 def test_load_model_argument_type(value):
-    from posprobe.retrofitting import load_model
+    from posprobe.models import load_model
 
     with pytest.raises(ArgumentTypeError, match="path_or_id must be a hub id or a folder path"):
         load_model(value)
 
 
 def test_load_model_accepts_pathlike_and_refuses_remote_code(tiny_checkpoints):
-    from posprobe.retrofitting import load_model
+    from posprobe.models import load_model
 
     assert load_model(tiny_checkpoints["bert"]).config.model_type == "bert"
     with pytest.raises(PosprobeError, match="never runs code"):
@@ -258,7 +258,8 @@ def test_load_model_is_quiet_and_restores_logging(tiny_checkpoints, tmp_path, ca
     """A retrofitted checkpoint makes transformers report unknown tensors; by default nothing is printed."""
     from transformers.utils import logging as hf_logging
 
-    from posprobe.retrofitting import load_model, retrofit, save_retrofitted
+    from posprobe.models import load_model
+    from posprobe.retrofitting import retrofit, save_retrofitted
 
     save_retrofitted(retrofit(load_model(tiny_checkpoints["bert"]), "tisa", init="random"), tmp_path / "r")
     previous = hf_logging.get_verbosity()
@@ -276,7 +277,7 @@ def test_load_model_is_quiet_and_restores_logging(tiny_checkpoints, tmp_path, ca
 def test_hub_id_offline_fails_at_once(monkeypatch):
     import time
 
-    from posprobe.retrofitting import load_model
+    from posprobe.models import load_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()

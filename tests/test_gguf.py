@@ -175,3 +175,31 @@ def test_gpt2_gguf_table_analyses_equal_the_safetensors_route(tiny_ggufs, tmp_pa
         for name in ("matrix", "matrices"):
             if hasattr(gguf_result, name):
                 np.testing.assert_allclose(getattr(gguf_result, name), getattr(st_result, name), rtol=1e-12)
+
+
+def test_load_model_builds_a_gguf_file_as_transformers_does_and_quietly(tiny_ggufs, capfd):
+    import torch
+    import transformers
+
+    import posprobe
+
+    file = tiny_ggufs["llama", "Q8_0"]
+    capfd.readouterr()
+    model = posprobe.load_model(file, transformers.AutoModelForCausalLM)
+    assert capfd.readouterr().err == ""  # transformers' de-quantising progress bar is silenced too
+    reference = _from_pretrained(file).state_dict()
+    assert set(model.state_dict()) == set(reference)
+    assert all(torch.equal(value, reference[key]) for key, value in model.state_dict().items())
+    assert type(posprobe.load_model(file.parent)).__name__ == "LlamaModel"  # the folder holding it, AutoModel
+
+
+def test_load_model_and_retrofit_refuse_what_they_cannot_use(tiny_ggufs, tmp_path):
+    import posprobe
+
+    damaged = tmp_path / "cut.gguf"
+    damaged.write_bytes(tiny_ggufs["llama", "Q8_0"].read_bytes()[:5000])
+    with pytest.raises(PosprobeError, match="not a valid GGUF file") as err:
+        posprobe.load_model(damaged)
+    assert "\n" not in str(err.value)
+    with pytest.raises(PosprobeError, match="cannot retrofit a 'llama' model"):
+        posprobe.retrofit(tiny_ggufs["llama", "Q8_0"], "tisa")

@@ -17,8 +17,9 @@ from posprobe.analysis.learned import correlation_per_head, learned_functions, t
 from posprobe.cli import app, main
 from posprobe.mechanisms._sequence import naive_filter
 from posprobe.mechanisms.catalogue import MECHANISM_NAMES
+from posprobe.models import load_model
 from posprobe.pipelines.learned_kernels import learned_kernels, mean_vectors
-from posprobe.retrofitting import INITIAL_FILE, load_model, mechanism_at, retrofit, save_retrofitted
+from posprobe.retrofitting import INITIAL_FILE, mechanism_at, retrofit, save_retrofitted
 
 H, L, D, R = 4, 2, 32, 3  # tiny models: d_h = 8, clip radius 3
 runner = CliRunner()

@@ -13,10 +13,10 @@ import torch
 from conftest import build_tiny
 
 from posprobe.mechanisms import CATALOGUE, MECHANISM_NAMES, REGISTRY, ROLES, LayerShape
+from posprobe.models import load_model
 from posprobe.retrofitting import (
     added_parameters,
     expected_parameters,
-    load_model,
     mechanism_at,
     retrofit,
     save_retrofitted,

@@ -12,7 +12,8 @@ from conftest import build_tiny
 from safetensors.numpy import save_file
 
 from posprobe.errors import PosprobeError, PosprobeWarning
-from posprobe.retrofitting import added_parameters, depth_slots, load_model, mechanism_at, retrofit, save_retrofitted
+from posprobe.models import load_model
+from posprobe.retrofitting import added_parameters, depth_slots, mechanism_at, retrofit, save_retrofitted
 
 H, L, D = 4, 2, 32  # tiny models: 4 heads, 2 layers, hidden 32 -> d_h = 8
 
@@ -303,10 +304,10 @@ def test_retrofit_takes_a_folder_and_keeps_the_saved_class(tiny_checkpoints, tmp
     ],
 )
 def test_library_arguments_are_checked_first(tiny_checkpoints, tmp_path, monkeypatch, model, kwargs, error, fragment):
-    import posprobe.retrofitting as rf
+    import posprobe.checkpoint.loading as loading
 
     _kernels_file(tmp_path / "k.safetensors")
-    monkeypatch.setattr(rf, "load_model", lambda *a, **k: pytest.fail("loaded before checking the arguments"))
+    monkeypatch.setattr(loading, "build_model", lambda *a, **k: pytest.fail("loaded before checking the arguments"))
     kwargs = {k: (f"fit:{tmp_path / 'k.safetensors'}" if v == "fit:FILE" else v) for k, v in kwargs.items()}
     with pytest.raises(error) as info:
         retrofit(str(tiny_checkpoints["bert"]) if model == "FOLDER" else model, "tisa", **kwargs)

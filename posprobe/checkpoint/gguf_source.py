@@ -9,6 +9,7 @@ transformers' GGUF module imports torch.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from pathlib import Path
 
@@ -20,18 +21,14 @@ GGUF_HINT = "convert the model with llama.cpp's convert_hf_to_gguf.py, or use it
 
 def gguf_config(header: GGUFHeader, name: str) -> dict:
     """The config dict (as `PretrainedConfig.to_dict()` gives it) of the GGUF file `header.path`."""
-    import logging
-
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     arch = header.architecture
-    gguf_logger = logging.getLogger("transformers.modeling_gguf_pytorch_utils")
-    level = gguf_logger.level
-    gguf_logger.setLevel(logging.ERROR)  # it reports metadata it does not use at info/warning level
     try:
-        raw = load_gguf_checkpoint(str(header.path), return_tensors=False)["config"]
+        with _quiet_transformers():  # it reports metadata it does not use, and config checks, as warnings
+            raw = load_gguf_checkpoint(str(header.path), return_tensors=False)["config"]
     except Exception as err:  # ValueError for an unknown architecture; others for metadata it cannot map
         if "not supported" in str(err):
             raise PosprobeError(
@@ -42,8 +39,6 @@ def gguf_config(header: GGUFHeader, name: str) -> dict:
             f"transformers cannot read the metadata of '{name}' (architecture '{arch}'): {first_line(err, 160)}",
             GGUF_HINT,
         ) from err
-    finally:
-        gguf_logger.setLevel(level)
     model_type = raw.get("model_type")
     if model_type not in CONFIG_MAPPING:
         raise PosprobeError(
@@ -52,13 +47,27 @@ def gguf_config(header: GGUFHeader, name: str) -> dict:
             "upgrade transformers, or use the model's safetensors checkpoint",
         )
     try:
-        config = CONFIG_MAPPING[model_type].from_dict(dict(raw)).to_dict()
+        with _quiet_transformers():
+            config = CONFIG_MAPPING[model_type].from_dict(dict(raw)).to_dict()
     except Exception as err:  # config classes validate their fields with several exception types
         raise PosprobeError(
             f"the GGUF metadata of '{name}' gives a config transformers refuses: {first_line(err, 160)}", GGUF_HINT
         ) from err
     config["_name_or_path"] = str(Path(header.path))
     return config
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' logging at error level only, restored afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def is_attention_weight(gguf_name: str) -> bool:

@@ -1,10 +1,12 @@
-"""Checks around building a torch model from a checkpoint with transformers (used by `posprobe.load_model`).
+"""Building a plain torch model (and its tokenizer) from a resolved checkpoint with transformers, and the checks
+around it: `build_model` (used by `posprobe.load_model` and `retrofit`), `load_tokenizer`.
 
-Before transformers touches the folder: config.json names a model type transformers knows, and every
-safetensors file passes posprobe's own header check (so a damaged file is one clear line, not a
-SafetensorError). While it loads: transformers' logging, progress bars and Python warnings are silenced
-unless `verbose`. After: every parameter is finite. Whatever the libraries still raise becomes one
-`PosprobeError`.
+Before transformers touches the checkpoint: its config names a model type transformers knows, and every
+safetensors file passes posprobe's own header check (a GGUF file was checked when it was resolved), so a damaged
+file is one clear line, not a SafetensorError. While it loads: transformers' logging, progress bars and Python
+warnings are silenced unless `verbose`. After: every parameter is finite. Whatever the libraries still raise
+becomes one `PosprobeError`. A GGUF checkpoint is built by `from_pretrained(folder, gguf_file=...)`, which
+de-quantises every tensor to float32 (posprobe's analyses read the same values lazily: `gguf_weights`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import warnings
+from pathlib import Path
 
 from posprobe.checkpoint.resolve import ModelSource
 from posprobe.checkpoint.weights import unpickling_refused
@@ -102,14 +105,61 @@ def check_finite(model, name: str) -> None:
             )
 
 
+def build_model(source: ModelSource, model_class=None, *, verbose: bool = False, **kwargs):
+    """The transformers model of a resolved checkpoint as `model_class` (default `AutoModel`) builds it, with the
+    checks above; extra `kwargs` go to `from_pretrained`. A retrofitted mechanism is not installed here (that is
+    `posprobe.load_model`)."""
+    if model_class is None:
+        from transformers import AutoModel
+
+        model_class = AutoModel
+    folder = source.path
+    if source.weight_format == "gguf":
+        folder, kwargs["gguf_file"] = source.path.parent, source.path.name
+    else:
+        kwargs.setdefault("use_safetensors", source.weight_format == "safetensors")
+    check_before_load(source)
+    with quiet_libraries(verbose), _quiet_gguf_progress(source.weight_format == "gguf" and not verbose):
+        try:
+            model = model_class.from_pretrained(str(folder), **kwargs)
+        except Exception as err:  # transformers, safetensors, torch and config classes raise many types
+            raise load_failure(source, err) from err
+    check_finite(model, source.name)
+    return model
+
+
+@contextlib.contextmanager
+def _quiet_gguf_progress(quiet: bool):
+    """No "Converting and de-quantizing GGUF tensors" bar: transformers draws it with tqdm directly, outside its
+    own progress-bar switch."""
+    if not quiet:
+        yield
+        return
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+
+
 def load_tokenizer(
     folder, hint: str = "use a model folder that also holds its tokenizer files (tokenizer.json / vocab.txt)"
 ):
-    """The tokenizer saved in `folder` (never remote code); anything transformers raises is one PosprobeError."""
+    """The tokenizer saved in `folder`, or held by a .gguf file (`folder` the file: transformers converts the
+    vocabulary it stores), never remote code; anything transformers raises is one PosprobeError."""
     from transformers import AutoTokenizer
 
+    kwargs = {}
+    path = where = Path(folder)
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        path, kwargs["gguf_file"] = path.parent, path.name
     try:
-        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, **kwargs)
     except Exception as err:  # missing files, unreadable json, unknown tokenizer class: all "no tokenizer here"
         reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
-        raise PosprobeError(f"no usable tokenizer in '{folder}' ({reason})", hint) from err
+        raise PosprobeError(f"no usable tokenizer in '{where}' ({reason})", hint) from err

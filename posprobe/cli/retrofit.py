@@ -86,7 +86,8 @@ def retrofit_command(
 
     from transformers.utils import logging as hf_logging
 
-    from posprobe.retrofitting import added_parameters, load_model, retrofit, save_retrofitted, saved_model_class
+    from posprobe.models import load_model
+    from posprobe.retrofitting import added_parameters, retrofit, save_retrofitted, saved_model_class
 
     hf_logging.disable_progress_bar()
     with console.status(f"loading {source.name}"):

@@ -1,6 +1,6 @@
 """Re-evaluating saved fine-tuned models on GLUE dev splits: `evaluate()`.
 
-Every model is loaded through `posprobe.retrofitting.load_model`, so a retrofitted mechanism is part of what is
+Every model is loaded through `posprobe.load_model`, so a retrofitted mechanism is part of what is
 scored, and a checkpoint without trained head weights is refused (unless `allow_new_head=True`).
 """
 

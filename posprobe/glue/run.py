@@ -322,12 +322,13 @@ def _read_finished(out: Path, seed: int) -> tuple[dict[str, float | None], float
 
 
 def build_model(config: FinetuneConfig, task: GlueTask, model_path: Path, seed: int):
-    """The model to fine-tune, always loaded through `posprobe.retrofitting.load_model`: a plain classifier
+    """The model to fine-tune, always loaded through `posprobe.load_model`: a plain classifier
     (`none`), one retrofitted now with `config.mechanism`, or a checkpoint retrofitted earlier, whose
     mechanism comes back with it. The task head is new (initialised from `seed`): training is what fits it."""
     from transformers import AutoModelForSequenceClassification
 
-    from posprobe.retrofitting import load_model, retrofit
+    from posprobe.models import load_model
+    from posprobe.retrofitting import retrofit
 
     model = load_model(
         str(model_path),

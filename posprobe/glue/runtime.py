@@ -1,5 +1,5 @@
 """What fine-tuning and evaluation share: processes, tokenised splits, the one `TrainingArguments` builder,
-loading a saved classifier (always through `posprobe.retrofitting.load_model`), prediction, and quiet mode.
+loading a saved classifier (always through `posprobe.load_model`), prediction, and quiet mode.
 
 torch and transformers are imported inside functions only.
 """
@@ -175,11 +175,11 @@ def own_process_group() -> Iterator[None]:
 
 
 def load_classifier(folder: Path, *, allow_new_head: bool = False, allow_pickle: bool = False, **kwargs):
-    """A saved sequence classifier, through `posprobe.retrofitting.load_model` (so a retrofitted mechanism comes
+    """A saved sequence classifier, through `posprobe.load_model` (so a retrofitted mechanism comes
     back with it). Refuses a checkpoint without trained head weights unless `allow_new_head`."""
     from transformers import AutoModelForSequenceClassification
 
-    from posprobe.retrofitting import load_model
+    from posprobe.models import load_model
 
     model = load_model(str(folder), model_class=AutoModelForSequenceClassification, allow_pickle=allow_pickle, **kwargs)
     if not allow_new_head and any(Path(folder).glob("*.safetensors")):

@@ -584,7 +584,7 @@ def _load(model: Any, allow_pickle: bool, need_tokenizer: bool):
     from transformers.utils import logging as hf_logging
 
     from posprobe.checkpoint import resolve_model
-    from posprobe.retrofitting import load_model
+    from posprobe.models import load_model
 
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
     tokenizer = _tokenizer(source) if need_tokenizer else None

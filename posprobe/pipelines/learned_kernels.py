@@ -144,7 +144,8 @@ def learned_from_folder(
     folder, *, window: int | None = None, texts: list[str] | None = None, allow_pickle: bool = False
 ) -> tuple[str, LearnedFunctions, int, int, int]:
     """(name, learned functions, window used, radius, text tokens) of one retrofitted folder."""
-    from posprobe.retrofitting import depth_slots, initial_state, load_model, mechanism_state
+    from posprobe.models import load_model
+    from posprobe.retrofitting import depth_slots, initial_state, mechanism_state
 
     path, recipe = _check_folder(folder)
     mechanism = str(recipe["mechanism"])
