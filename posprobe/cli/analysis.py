@@ -226,7 +226,7 @@ def profiles(
 
 def compare(
     models: Annotated[
-        list[str], typer.Argument(help="Two or more hub ids or folders ('all-MiniLM-L6-v2' = packaged).")
+        list[str], typer.Argument(help="Two or more hub ids, folders or .gguf files ('all-MiniLM-L6-v2' = packaged).")
     ],
     mode: ModeOpt = Mode.paper,
     cosine: Annotated[bool, typer.Option("--cosine", help="Cosine similarities instead of inner products.")] = False,

@@ -27,7 +27,11 @@ class Mode(str, Enum):
 
 ModelArg = Annotated[
     str | None,
-    typer.Argument(help="Hub model id or local folder; default: the packaged all-MiniLM-L6-v2.", show_default=False),
+    typer.Argument(
+        help="Hub model id, local folder or .gguf file ('SmolLM2-135M-Instruct' = packaged); default: the packaged "
+        "all-MiniLM-L6-v2.",
+        show_default=False,
+    ),
 ]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="Output folder (default: posprobe-out/<command>/<model>).")]
 FormatOpt = Annotated[FigureFormat, typer.Option("--format", help="Figure file format.")]
