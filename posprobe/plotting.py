@@ -93,7 +93,9 @@ def heatmap(result):
     _matrix_panel(fig, ax, result.matrix, limit, label="cosine" if result.cosine else "⟨e_i, e_j⟩")
     blocks = "".join(f", first {b}: {format_r2(r, 3)}" for b, r in result.blocks.items())
     ax.set_title(
-        f"{result.model}\nP = E_P E_Pᵀ ({kind}); Toeplitz R² = {format_r2(result.toeplitz_r2, 3)}{blocks}", fontsize=9
+        f"{result.model}{quantization_note(result)}\nP = E_P E_Pᵀ ({kind}); "
+        f"Toeplitz R² = {format_r2(result.toeplitz_r2, 3)}{blocks}",
+        fontsize=9,
     )
     ax.set_xlabel("position j")
     ax.set_ylabel("position i")
@@ -190,7 +192,8 @@ def fhat_grid(result, scale: str = "shared") -> Mosaic:
             value = shared * (1 - 2 * frac)
             labels.append((x0 + 18, y0 + frac * (bar_h - 1), f"{value:+.3g}" if value else "0", "lm", 10))
     scale_note = "one colour scale for all heads" if shared is not None else "each head its own colour scale"
-    title = f"{result.model}: F̂_P, layer {result.layer}, {result.mode} mode ({scale_note}){causal_note(result)}"
+    title = f"{result.model}{quantization_note(result)}: F̂_P, layer {result.layer}, {result.mode} mode ({scale_note})"
+    title += causal_note(result)
     return Mosaic(pixels, title, tuple(labels))
 
 
@@ -251,6 +254,12 @@ def causal_note(result) -> str:
     return "; causal: only k ≤ 0 used" if getattr(result, "causal", False) else ""
 
 
+def quantization_note(result) -> str:
+    """A suffix for the model's name in titles when its weights were de-quantised from a GGUF file."""
+    quantization = getattr(result, "quantization", None)
+    return f" ({quantization} GGUF, de-quantised)" if quantization else ""
+
+
 def profile_grid(result, layer_index: int = 0):
     """Per head: sections of F_hat_P at 5 rows i (thin lines) and the profile (thick), over k = j - i.
 
@@ -289,8 +298,8 @@ def profile_grid(result, layer_index: int = 0):
     axes.flat[0].legend(fontsize=5, loc="best")
     layer = result.layers[layer_index]
     fig.suptitle(
-        f"{result.model}: positional profiles, layer {layer}, {result.mode} mode (x: k = j − i, positive = later key)"
-        + causal_note(result),
+        f"{result.model}{quantization_note(result)}: positional profiles, layer {layer}, {result.mode} mode "
+        "(x: k = j − i, positive = later key)" + causal_note(result),
         fontsize=10,
     )
     return fig
@@ -309,6 +318,6 @@ def compare_heatmaps(rows, labels: list[str] | None = None):
         _matrix_panel(fig, ax, row.matrix, _symmetric_limit(row.matrix))
         name = getattr(row, "matrix_name", "P")
         stat = f"R² = {format_r2(row.toeplitz_r2, 3)}" if name == "P" else name + causal_note(row)
-        ax.set_title(f"{label}\n{stat}", fontsize=9)
+        ax.set_title(f"{label}{quantization_note(row)}\n{stat}", fontsize=9)
         ax.set_xticks([]), ax.set_yticks([])
     return fig

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posprobe.plotting import _figure, _grid
+from posprobe.plotting import _figure, _grid, quantization_note
 
 
 def profile_grid(result, layer: int, window: int = 20):
@@ -56,7 +56,8 @@ def profile_grid(result, layer: int, window: int = 20):
     axes.flat[0].legend(fontsize=5, loc="upper left")
     special = ", special tokens excluded" if result.exclude_special else ""
     fig.suptitle(
-        f"{result.model}: empirical profiles, layer {layer} — {result.n_texts} texts, max length {n}{special}\n"
+        f"{result.model}{quantization_note(result)}: empirical profiles, layer {layer} — {result.n_texts} texts, "
+        f"max length {n}{special}\n"
         "x: k = j − i (positive = later key); black: mean score s(k); blue (right axis): mean probability a(k)",
         fontsize=9,
     )
@@ -90,8 +91,8 @@ def mean_distance_chart(result):
     ax.tick_params(labelsize=7)
     fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03).set_label("tokens", fontsize=7)
     ax.set_title(
-        f"{result.model}: mean attention distance Σ_j A(i,j)|j − i|\n{result.n_texts} texts, max length "
-        f"{result.max_length}",
+        f"{result.model}{quantization_note(result)}: mean attention distance Σ_j A(i,j)|j − i|\n"
+        f"{result.n_texts} texts, max length {result.max_length}",
         fontsize=8,
     )
     return fig

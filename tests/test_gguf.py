@@ -203,3 +203,31 @@ def test_load_model_and_retrofit_refuse_what_they_cannot_use(tiny_ggufs, tmp_pat
     assert "\n" not in str(err.value)
     with pytest.raises(PosprobeError, match="cannot retrofit a 'llama' model"):
         posprobe.retrofit(tiny_ggufs["llama", "Q8_0"], "tisa")
+
+
+def test_quantization_is_reported_in_json_and_figure_titles(tiny_ggufs, tiny_checkpoints, tmp_path, capsys):
+    """What was analysed are de-quantised weights: every result says from which type (null for safetensors)."""
+    import json
+
+    import posprobe
+    from posprobe.cli import main
+
+    llama, gpt2 = tiny_ggufs["llama", "Q8_0"], tiny_ggufs["gpt2", "Q8_0"]
+    note = "(Q8_0 GGUF, de-quantised)"
+    toeplitz = posprobe.toeplitz(gpt2)
+    assert toeplitz.to_dict()["quantization"] == "Q8_0" and note in toeplitz.plot().axes[0].get_title()
+    fhat = posprobe.fhat(llama, positions=24)
+    assert fhat.to_dict()["quantization"] == "Q8_0" and note in fhat.plot().title
+    profiles = posprobe.profiles(llama, layers=[1], positions=24)
+    assert profiles.to_dict()["quantization"] == "Q8_0" and note in profiles.plot()._suptitle.get_text()
+    compare = posprobe.compare([llama, tiny_checkpoints["bert"]], positions=24)
+    assert [row["quantization"] for row in compare.to_dict()["models"]] == ["Q8_0", None]
+    assert note in compare.plot().axes[0].get_title()
+    assert posprobe.profiles(tiny_checkpoints["bert"], layers=[0]).to_dict()["quantization"] is None
+    for argv in (["params", str(llama)], ["profiles", str(llama), "--layers", "0", "--positions", "24"]):
+        capsys.readouterr()
+        try:
+            main([*argv, "--json", *(["--out", str(tmp_path / argv[0])] if argv[0] != "params" else [])])
+        except SystemExit as exit_info:
+            assert exit_info.code in (0, None)
+        assert json.loads(capsys.readouterr().out)["quantization"] == "Q8_0"

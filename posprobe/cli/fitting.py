@@ -230,7 +230,7 @@ def params(
     source = resolve_model(model, allow_pickle=allow_pickle, require_weights=False)  # reads config.json only
     counts = positional_parameter_counts(source.config, radius=radius)
     if json_out:
-        emit_json({"model": source.name, **counts.to_json()})
+        emit_json({"model": source.name, **counts.to_json(), "quantization": source.quantization})
         return
     from rich.table import Table
 

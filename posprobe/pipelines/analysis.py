@@ -112,6 +112,7 @@ class ToeplitzResult(ResultMixin):
     toeplitz_r2: float | None
     blocks: dict[int, float | None]
     skipped_blocks: tuple[int, ...] = ()
+    quantization: str | None = None  # a GGUF file's quantisation (ModelSource.quantization); None otherwise
 
     _repr_fields = ("model", "n_positions", "toeplitz_r2", "blocks", "skipped_blocks", "cosine", "matrix")
 
@@ -125,6 +126,7 @@ class ToeplitzResult(ResultMixin):
             "toeplitz_r2": _r2(self.toeplitz_r2),
             "blocks": {str(b): _r2(r) for b, r in self.blocks.items()},
             "skipped_blocks": list(self.skipped_blocks),
+            "quantization": self.quantization,
         }
 
     def plot(self):
@@ -182,6 +184,7 @@ def toeplitz(
         toeplitz_r2(p),
         {b: block_r2(p, b) for b in blocks},
         tuple(skipped),
+        quantization=source.quantization,
     )
 
 
@@ -205,6 +208,7 @@ class FhatResult(ResultMixin):
     position_kind: str = LEARNED
     causal: bool = False
     stack: str | None = "encoder"  # None: the model has one stack
+    quantization: str | None = None  # a GGUF file's quantisation: the weights analysed were de-quantised from it
 
     _repr_fields = ("model", "layer", "mode", "mean_toeplitz_r2", "toeplitz_r2", "matrices")
 
@@ -230,6 +234,7 @@ class FhatResult(ResultMixin):
             "mode": self.mode,
             "n_positions": self.matrices.shape[-1],
             "mean_toeplitz_r2": self.mean_toeplitz_r2,
+            "quantization": self.quantization,
             "heads": [{"head": h, "toeplitz_r2": _r2(r)} for h, r in enumerate(self.toeplitz_r2)],
         }
 
@@ -305,6 +310,7 @@ class _FhatComputer:
             self.kind,
             self.causal,
             self.reported_stack,
+            quantization=self.source.quantization,
         )
 
 
@@ -363,6 +369,7 @@ class ProfileResult(ResultMixin):
     position_kind: str = LEARNED
     causal: bool = False
     stack: str | None = "encoder"  # None: the model has one stack
+    quantization: str | None = None  # a GGUF file's quantisation: the weights analysed were de-quantised from it
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "n_positions", "window", "causal", "profiles", "offsets")
 
@@ -399,6 +406,7 @@ class ProfileResult(ResultMixin):
             "position_kind": self.position_kind,
             "causal": self.causal,
             "stack": self.stack,
+            "quantization": self.quantization,
             "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing"
             + ("; causal model: only k <= 0 is used" if self.causal else ""),
         }
@@ -491,6 +499,7 @@ def profiles(
         position_kind=computer.kind,
         causal=computer.causal,
         stack=computer.reported_stack,
+        quantization=source.quantization,
     )
 
 
@@ -518,6 +527,7 @@ class CompareRow(ResultMixin):
     causal: bool = False
     mode: str = "paper"
     has_table: bool = True  # `matrix` is P of an absolute table (also one beside a relative bias: MPNet)
+    quantization: str | None = None  # a GGUF file's quantisation: the weights analysed were de-quantised from it
 
     @property
     def matrix_name(self) -> str:
@@ -535,6 +545,7 @@ class CompareRow(ResultMixin):
             "toeplitz_r2": _r2(self.toeplitz_r2),
             "r2_first_128": _r2(self.r2_first_128),
             "mean_fhat_r2": _r2(self.mean_fhat_r2),
+            "quantization": self.quantization,
         }
 
 
@@ -620,6 +631,7 @@ def compare(
                 computer.causal,
                 computer.mode,
                 has_table,
+                source.quantization,
             )  # fmt: skip
         )
     return CompareResult(mode, cosine, tuple(rows))

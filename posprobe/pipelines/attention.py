@@ -326,6 +326,7 @@ class AttentionResult:
     seconds: float
     text_source: str | None = None
     extra: dict = field(default_factory=dict)
+    quantization: str | None = None  # a GGUF file's quantisation: the model ran on weights de-quantised from it
 
     @property
     def causal(self) -> bool:
@@ -350,6 +351,7 @@ class AttentionResult:
             "weights_profile": self.weights_note,
             "layers": list(range(self.n_layers)),
             "mode": "empirical",
+            "quantization": self.quantization,
             "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing",
         }
 
@@ -545,6 +547,7 @@ def attention_profiles(
         note,
         time.perf_counter() - started,
         text_source,
+        quantization=None if source is None else source.quantization,
     )
 
 
