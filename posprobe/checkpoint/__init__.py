@@ -1,10 +1,12 @@
 """Model access: finding checkpoints and reading their files, nothing about what a family's tensors mean.
 
-`resolve` turns a model argument (hub id, local folder, or nothing = the packaged MiniLM) into a local
-folder and checks its config.json (`config`); `safetensors_format` checks a safetensors header as the format
-promises; `weights` reads single tensors lazily from safetensors; `in_memory` reads a loaded model's state
-dict the same way; `loading` holds the checks around building a model with transformers (used by
-`posprobe.load_model`). What the tensors mean (layouts, norms, positions) is the model reader's job:
+`resolve` turns a model argument (hub id, local folder, .gguf file, a packaged name, or nothing = the packaged
+MiniLM) into a local checkpoint and checks its config (`config`); `safetensors_format` checks a safetensors header
+as the format promises; `weights` reads single tensors lazily from safetensors (`open_weights` picks the reader of
+any checkpoint); `gguf_format` checks a GGUF header, `gguf_source` gives a GGUF file's config and quantisation
+through transformers' GGUF mapping, `gguf_weights` reads its tensors lazily, de-quantised, under transformers'
+names; `in_memory` reads a loaded model's state dict the same way; `loading` builds a plain transformers model
+with the checks around it (used by `posprobe.load_model` and `retrofit`). What the tensors mean (layouts, norms, positions) is the model reader's job:
 `posprobe.families.context.ModelContext`.
 """
 
