@@ -6,8 +6,8 @@ as the format promises; `weights` reads single tensors lazily from safetensors (
 any checkpoint); `gguf_format` checks a GGUF header, `gguf_source` gives a GGUF file's config and quantisation
 through transformers' GGUF mapping, `gguf_weights` reads its tensors lazily, de-quantised, under transformers'
 names; `in_memory` reads a loaded model's state dict the same way; `loading` builds a plain transformers model
-with the checks around it (used by `posprobe.load_model` and `retrofit`). What the tensors mean (layouts, norms, positions) is the model reader's job:
-`posprobe.families.context.ModelContext`.
+with the checks around it (used by `posprobe.load_model` and `retrofit`). What the tensors mean (layouts, norms,
+positions) is the model reader's job: `posprobe.families.context.ModelContext`.
 """
 
 from posprobe.checkpoint.resolve import DEFAULT_MODEL_NAME, ModelSource, default_model_dir, resolve_model
