@@ -125,6 +125,15 @@ def smollm2_gguf():
 
 
 @pytest.fixture(scope="session")
+def smollm2_reader(smollm2_gguf):
+    """The gguf package's own reader of the packaged SmolLM2 file (parsing its 98k tokenizer strings takes ~2 s:
+    made once per session)."""
+    import gguf
+
+    return gguf.GGUFReader(str(smollm2_gguf))
+
+
+@pytest.fixture(scope="session")
 def tiny_ggufs(tmp_path_factory):
     """{(family, qtype): .gguf file} of tiny random models written as llama.cpp converts them, plus
     {family: model} under the key 'models' (the transformers models they were written from)."""

@@ -150,13 +150,13 @@ def write_gguf(model, path: Path, qtype: str = "F32") -> Path:
     return Path(path)
 
 
-def byte_offsets(path: Path) -> dict:
-    """Where the header fields of a GGUF file lie, found with the gguf package's own reader: {'kv': {key:
-    offset of the entry}, 'kv_type': {key: offset of its value type}, 'tensors': {name: {part: offset}}} with parts
-    name_len, name, n_dims, dims, type, offset; plus 'data_start'."""
+def byte_offsets(path: Path, reader=None) -> dict:
+    """Where the header fields of a GGUF file lie, found with the gguf package's own reader (`reader`, if already
+    made for `path`): {'kv': {key: offset of the entry}, 'kv_type': {key: offset of its value type}, 'tensors':
+    {name: {part: offset}}} with parts name_len, name, n_dims, dims, type, offset; plus 'data_start'."""
     import gguf
 
-    reader = gguf.GGUFReader(str(path))
+    reader = reader if reader is not None else gguf.GGUFReader(str(path))
     base = reader.data.__array_interface__["data"][0]
 
     def at(part) -> int:

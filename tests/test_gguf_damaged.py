@@ -144,8 +144,8 @@ def test_messages_say_what_is_wrong(tiny_ggufs, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smollm2_offsets(smollm2_gguf):
-    return byte_offsets(smollm2_gguf)
+def smollm2_offsets(smollm2_gguf, smollm2_reader):
+    return byte_offsets(smollm2_gguf, smollm2_reader)
 
 
 @pytest.mark.integration

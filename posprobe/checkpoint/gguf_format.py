@@ -88,6 +88,13 @@ class GGUFHeader:
         return self.metadata["general.architecture"]
 
 
+def shown(text: str, limit: int = 80) -> str:
+    """A name read from a file, quoted for a one-line message: control characters and non-ASCII escaped, cut
+    to `limit` characters."""
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return ascii(text)
+
+
 class _Invalid(Exception):
     """Internal: what is wrong with the header (turned into one PosprobeError naming the file)."""
 
@@ -162,8 +169,8 @@ def _parse(data, path: Path, size: int) -> GGUFHeader:
     for index in range(kv_count):
         key = cur.string(f"metadata key {index}")
         if key in metadata:
-            raise _Invalid(f"metadata key '{key}' appears twice")
-        value_type = cur.scalar("<I", f"the type of metadata '{key}'")
+            raise _Invalid(f"metadata key {shown(key)} appears twice")
+        value_type = cur.scalar("<I", f"the type of metadata {shown(key)}")
         metadata[key] = _value(cur, value_type, key, 0)
         value_types[key] = value_type
     if tensor_count * _MIN_TENSOR_BYTES > size - cur.pos:
@@ -182,22 +189,23 @@ def _parse(data, path: Path, size: int) -> GGUFHeader:
     tensors: dict[str, GGUFTensorInfo] = {}
     for name, shape, ggml_type, offset in infos:
         if name in tensors:
-            raise _Invalid(f"tensor '{name}' appears twice")
+            raise _Invalid(f"tensor {shown(name)} appears twice")
         type_name, block, type_size = types[ggml_type]
         nbytes = math.prod(shape) // block * type_size
         if offset % alignment:
-            raise _Invalid(f"tensor '{name}' starts at offset {offset}, not a multiple of the alignment {alignment}")
+            raise _Invalid(f"tensor {shown(name)} starts at offset {offset}, not a multiple of the alignment "
+                           f"{alignment}")  # fmt: skip
         start = data_start + offset
         if start + nbytes > size:
             raise _Invalid(
-                f"tensor '{name}' ({type_name} {list(shape)}, {nbytes} bytes at byte {start}) runs past the end of "
-                f"the {size}-byte file"
+                f"tensor {shown(name)} ({type_name} {list(shape)}, {nbytes} bytes at byte {start}) runs past the "
+                f"end of the {size}-byte file"
             )
         tensors[name] = GGUFTensorInfo(name, shape, ggml_type, type_name, block, type_size, start, nbytes)
     previous = None
     for info in sorted(tensors.values(), key=lambda t: (t.start, t.nbytes)):
         if previous is not None and info.start < previous.start + previous.nbytes:
-            raise _Invalid(f"tensor '{info.name}' overlaps tensor '{previous.name}'")
+            raise _Invalid(f"tensor {shown(info.name)} overlaps tensor {shown(previous.name)}")
         previous = info
     return GGUFHeader(path, version, metadata, value_types, tensors, alignment, data_start, size)
 
@@ -205,48 +213,48 @@ def _parse(data, path: Path, size: int) -> GGUFHeader:
 def _value(cur: _Cursor, value_type: int, key: str, depth: int):
     """One metadata value of type `value_type` (a scalar, a string or an array of them)."""
     if value_type in _SCALARS:
-        return cur.scalar(_SCALARS[value_type][1], f"the value of metadata '{key}'")
+        return cur.scalar(_SCALARS[value_type][1], f"the value of metadata {shown(key)}")
     if value_type == STRING:
-        return cur.string(f"the string of metadata '{key}'")
+        return cur.string(f"the string of metadata {shown(key)}")
     if value_type != ARRAY:
-        raise _Invalid(f"metadata '{key}' has unknown value type {value_type}")
+        raise _Invalid(f"metadata {shown(key)} has unknown value type {value_type}")
     if depth >= MAX_NESTING:
-        raise _Invalid(f"metadata '{key}' nests arrays more than {MAX_NESTING} deep")
-    item_type = cur.scalar("<I", f"the item type of metadata '{key}'")
-    count = cur.scalar("<Q", f"the length of metadata '{key}'")
+        raise _Invalid(f"metadata {shown(key)} nests arrays more than {MAX_NESTING} deep")
+    item_type = cur.scalar("<I", f"the item type of metadata {shown(key)}")
+    count = cur.scalar("<Q", f"the length of metadata {shown(key)}")
     if item_type in _SCALARS:
         dtype = np.dtype(_SCALARS[item_type][2])
-        cur.need(count * dtype.itemsize, f"the {count} values of metadata '{key}'")
+        cur.need(count * dtype.itemsize, f"the {count} values of metadata {shown(key)}")
         values = np.frombuffer(cur.data, dtype=dtype, count=count, offset=cur.pos).tolist()
         cur.pos += count * dtype.itemsize
         return values
     if item_type not in (STRING, ARRAY):
-        raise _Invalid(f"metadata '{key}' is an array of unknown value type {item_type}")
-    cur.need(count * (8 if item_type == STRING else 12), f"the {count} items of metadata '{key}'")
+        raise _Invalid(f"metadata {shown(key)} is an array of unknown value type {item_type}")
+    cur.need(count * (8 if item_type == STRING else 12), f"the {count} items of metadata {shown(key)}")
     if item_type == STRING:
-        return [cur.string(f"item {i} of metadata '{key}'") for i in range(count)]
+        return [cur.string(f"item {i} of metadata {shown(key)}") for i in range(count)]
     return [_value(cur, ARRAY, key, depth + 1) for _ in range(count)]
 
 
 def _tensor_info(cur: _Cursor, index: int, types: dict) -> tuple[str, tuple[int, ...], int, int]:
     """(name, numpy shape, ggml type, offset) of tensor info `index`, its sizes and type checked."""
     name = cur.string(f"the name of tensor {index}")
-    n_dims = cur.scalar("<I", f"the dimension count of tensor '{name}'")
+    n_dims = cur.scalar("<I", f"the dimension count of tensor {shown(name)}")
     if not 1 <= n_dims <= MAX_DIMS:
-        raise _Invalid(f"tensor '{name}' has {n_dims} dimensions, not 1 to {MAX_DIMS}")
-    cur.need(8 * n_dims, f"the sizes of tensor '{name}'")
+        raise _Invalid(f"tensor {shown(name)} has {n_dims} dimensions, not 1 to {MAX_DIMS}")
+    cur.need(8 * n_dims, f"the sizes of tensor {shown(name)}")
     dims = struct.unpack_from(f"<{n_dims}Q", cur.data, cur.pos)
     cur.pos += 8 * n_dims
-    ggml_type = cur.scalar("<I", f"the type of tensor '{name}'")
-    offset = cur.scalar("<Q", f"the offset of tensor '{name}'")
+    ggml_type = cur.scalar("<I", f"the type of tensor {shown(name)}")
+    offset = cur.scalar("<Q", f"the offset of tensor {shown(name)}")
     count = 1
     for dim in dims:
         count *= dim
     if count >= 2**63:
-        raise _Invalid(f"tensor '{name}' has sizes {list(dims)}, too large to address")
+        raise _Invalid(f"tensor {shown(name)} has sizes {list(dims)}, too large to address")
     if ggml_type not in types:
-        raise _Invalid(f"tensor '{name}' has ggml type {ggml_type}, which the format does not define")
+        raise _Invalid(f"tensor {shown(name)} has ggml type {ggml_type}, which the format does not define")
     type_name, block, _ = types[ggml_type]
     if dims[0] % block:
-        raise _Invalid(f"tensor '{name}' has rows of {dims[0]} values, not whole {type_name} blocks of {block}")
+        raise _Invalid(f"tensor {shown(name)} has rows of {dims[0]} values, not whole {type_name} blocks of {block}")
     return name, tuple(reversed(dims)), ggml_type, offset

@@ -13,7 +13,7 @@ import contextlib
 from collections import Counter
 from pathlib import Path
 
-from posprobe.checkpoint.gguf_format import GGUFHeader
+from posprobe.checkpoint.gguf_format import GGUFHeader, shown
 from posprobe.errors import PosprobeError, first_line
 
 GGUF_HINT = "convert the model with llama.cpp's convert_hf_to_gguf.py, or use its safetensors checkpoint"
@@ -32,18 +32,18 @@ def gguf_config(header: GGUFHeader, name: str) -> dict:
     except Exception as err:  # ValueError for an unknown architecture; others for metadata it cannot map
         if "not supported" in str(err):
             raise PosprobeError(
-                f"'{name}' is a GGUF file of architecture '{arch}', which transformers cannot load",
+                f"'{name}' is a GGUF file of architecture {shown(arch)}, which transformers cannot load",
                 f"transformers reads GGUF files of: {', '.join(a for a in GGUF_CONFIG_MAPPING if a != 'general')}",
             ) from err
         raise PosprobeError(
-            f"transformers cannot read the metadata of '{name}' (architecture '{arch}'): {first_line(err, 160)}",
+            f"transformers cannot read the metadata of '{name}' (architecture {shown(arch)}): {first_line(err, 160)}",
             GGUF_HINT,
         ) from err
     model_type = raw.get("model_type")
     if model_type not in CONFIG_MAPPING:
         raise PosprobeError(
-            f"'{name}' is a GGUF file of architecture '{arch}' (model type {model_type!r}), which this transformers "
-            "version has no config class for",
+            f"'{name}' is a GGUF file of architecture {shown(arch)} (model type {model_type!r}), which this "
+            "transformers version has no config class for",
             "upgrade transformers, or use the model's safetensors checkpoint",
         )
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posprobe.checkpoint.gguf_format import CORRUPT_HINT, GGUFHeader, GGUFTensorInfo, read_gguf_header
+from posprobe.checkpoint.gguf_format import CORRUPT_HINT, GGUFHeader, GGUFTensorInfo, read_gguf_header, shown
 from posprobe.checkpoint.gguf_source import GGUF_HINT
 from posprobe.errors import PosprobeError, first_line
 
@@ -152,7 +152,7 @@ class GGUFWeightReader:
             )
         except Exception as err:  # reshapes that do not fit the config, and whatever else a processor raises
             raise PosprobeError(
-                f"transformers' GGUF loader cannot convert tensor '{gguf_name}' of '{self.path}' "
+                f"transformers' GGUF loader cannot convert tensor {shown(gguf_name)} of '{self.path}' "
                 f"({first_line(err, 160)})",
                 "the GGUF metadata does not match its tensors; re-convert the file",
             ) from err
@@ -175,7 +175,7 @@ class GGUFWeightReader:
         except OSError as err:
             raise PosprobeError(f"cannot read '{self.path}': {err.strerror or err}", CORRUPT_HINT) from err
         if len(data) != want:  # the file shrank after its header was checked
-            raise PosprobeError(f"'{self.path}' ended before the data of tensor '{info.name}' did", CORRUPT_HINT)
+            raise PosprobeError(f"'{self.path}' ended before the data of tensor {shown(info.name)} did", CORRUPT_HINT)
         part = ((stop - start) if len(shape) > 1 else shape[0], *shape[1:])
         if info.type_name in _PLAIN:
             array = np.frombuffer(data, dtype=_PLAIN[info.type_name]).reshape(part)
@@ -186,8 +186,8 @@ class GGUFWeightReader:
             return dequantize(array, GGMLQuantizationType(info.ggml_type))
         except NotImplementedError as err:
             raise PosprobeError(
-                f"tensor '{info.name}' of '{self.path}' is stored as {info.type_name}, which the gguf package cannot "
-                "de-quantise",
+                f"tensor {shown(info.name)} of '{self.path}' is stored as {info.type_name}, which the gguf package "
+                "cannot de-quantise",
                 GGUF_HINT,
             ) from err
 
@@ -202,7 +202,7 @@ def hf_name_map(header: GGUFHeader, config: dict) -> dict[str, str]:
     arch = next((a for a, name in MODEL_ARCH_NAMES.items() if name == header.architecture), None)
     if arch is None:
         raise PosprobeError(
-            f"'{header.path}' is a GGUF file of architecture '{header.architecture}', which the installed gguf "
+            f"'{header.path}' is a GGUF file of architecture {shown(header.architecture)}, which the installed gguf "
             "package does not know",
             "upgrade the gguf package, or use the model's safetensors checkpoint",
         )
