@@ -124,6 +124,15 @@ def test_nan_in_a_tensor_is_refused(tiny_ggufs, tmp_path, capfd):
     assert "model.layers.0.input_layernorm.weight" in err and not (tmp_path / "out").exists()
 
 
+def test_the_check_before_fine_tuning_reads_every_gguf_tensor(tiny_ggufs, tmp_path):
+    """`finetune` checks every tensor before it builds the model: a GGUF file's too, de-quantised one at a time."""
+    from posprobe.checkpoint.weights import check_finite_weights
+
+    check_finite_weights(resolve_model(tiny_ggufs["llama", "F32"]))
+    with pytest.raises(PosprobeError, match="input_layernorm.weight.*NaN or infinite"):
+        check_finite_weights(resolve_model(_damaged(tiny_ggufs, tmp_path, _nan_norm, qtype="F32")))
+
+
 def test_messages_say_what_is_wrong(tiny_ggufs, tmp_path):
     expected = {
         "wrong-magic": "not the GGUF magic",
