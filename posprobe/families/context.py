@@ -2,7 +2,9 @@
 
 Everything that knows where a family keeps a tensor, how its Q/K are laid out, which norm it applies with which
 epsilon, how it scales and caps scores, and whether posprobe can analyse it, lives here and in the family table
-(`posprobe.families.table`). The score modules (`table.SCORE_MODULES`) read only through a context.
+(`posprobe.families.table`), with its helpers: `sizes` (config sizes), `embeddings` (the embedding level),
+`layouts` (fused Q/K/V) and `windows` (each layer's kind). The score modules (`table.SCORE_MODULES`) read only
+through a context.
 
 Shapes: d hidden width, e embedding width (e != d for factorised embeddings: ALBERT, ELECTRA-small), H query
 heads, H_kv key/value heads (grouped-query attention: query head h reads key head h // (H / H_kv)), d_h head size,
@@ -12,7 +14,6 @@ n positions. Canonical per-head weights: q_h = x @ W_Q[h] + b_Q[h] with W_Q (H, 
 from __future__ import annotations
 
 import importlib
-import math
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -20,156 +21,22 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from posprobe.checkpoint.config import config_int
 from posprobe.errors import PosprobeError
 from posprobe.families import table as T
+from posprobe.families.embeddings import EmbeddingReader, PositionTable, apply_norm
 from posprobe.families.layouts import grouped_conv_dense, head_split, split_fused
+from posprobe.families.sizes import MIXED_HINT, Shape, config_shape, config_size, mixed_checkpoint, reserved_rows
 from posprobe.families.table import config_default
+
+# Re-exported: where callers have always found them.
+__all__ = ["STACKS", "CONTENT_FREE", "HeadWeights", "ModelContext", "PositionTable", "Shape", "apply_norm",
+           "check_analysable", "config_default", "config_shape", "config_size", "content_free_scores", "head_split",
+           "mixed_checkpoint", "reserved_rows"]  # fmt: skip
 
 if TYPE_CHECKING:
     from posprobe.checkpoint.resolve import ModelSource
 
 STACKS = ("encoder", "decoder")
-_CONFIG_HINT = "fix config.json or re-save the checkpoint with `save_pretrained`"
-_MIXED_HINT = "the folder mixes files from two checkpoints; re-download it"
-
-
-# ------------------------------------------------------------------------------------------ config
-@dataclass(frozen=True)
-class Shape:
-    """Sizes from config.json: `heads` H, `kv_heads` H_kv, `head_dim` d_h, `hidden` d, `layers` L, norm `eps`,
-    `max_positions` (None when the family has no limit), `vocab` (None when the config does not say)."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    hidden: int
-    layers: int
-    eps: float
-    max_positions: int | None
-    vocab: int | None
-
-
-def config_size(config: dict, name: str | None, what: str, default=None, required: bool = True) -> int | None:
-    """Size `what` (a `table.CONFIG_KEYS` entry: 'heads', 'hidden', ...) under whatever name the config uses, a
-    whole number >= 1; `default` (or None when not `required`) if absent. `name` names the checkpoint in errors."""
-    where = f"config.json of '{name}'" if name else "the config"
-    value = T.config_value(config, what)
-    if value is None:
-        if default is not None or not required:
-            return default
-        raise PosprobeError(f"{where} has no {what} field (looked for {', '.join(T.CONFIG_KEYS[what])})", _CONFIG_HINT)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        key = next(k for k in T.CONFIG_KEYS[what] if config.get(k) is not None)
-        raise PosprobeError(f"{where} has {key} = {value!r}, expected a whole number >= 1", _CONFIG_HINT)
-    return value
-
-
-def config_shape(config: dict, name: str, family: T.Family) -> Shape:
-    """Heads, widths, layers and the norm epsilon of `config` under whatever names its family uses: the one place
-    a model's sizes are read and checked."""
-    heads = config_size(config, name, "heads")
-    hidden = config_size(config, name, "hidden")
-    kv_heads = T.qkv_layout(family, config)[1] or config_size(config, name, "kv_heads", default=heads)
-    width = config_size(config, name, "attention_width", default=hidden)  # MobileBERT's bottleneck width
-    head_dim = config_size(config, name, "head_dim", default=width // heads)
-    if T.config_value(config, "head_dim") is None and width % heads:
-        raise PosprobeError(
-            f"config.json of '{name}' has hidden size {width} not divisible by {heads} heads",
-            "the config is malformed; re-save the checkpoint",
-        )
-    if heads % kv_heads:
-        raise PosprobeError(
-            f"config.json of '{name}' has {heads} query heads, not a multiple of {kv_heads} key/value heads",
-            "the config is malformed; re-save the checkpoint",
-        )
-    eps = family.eps if family.eps is not None else T.config_value(config, "eps")  # the family's code decides first
-    if eps is None:  # a hand-written config: its transformers config's default
-        eps = config_default(config, T.CONFIG_KEYS["eps"])
-        if eps is None:
-            raise PosprobeError(
-                f"config.json of '{name}' gives no norm epsilon (looked for {', '.join(T.CONFIG_KEYS['eps'])})",
-                "add the model's layer_norm_eps / rms_norm_eps to config.json",
-            )
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0 or not math.isfinite(eps):
-        raise PosprobeError(
-            f"config.json of '{name}' has a norm epsilon {eps!r}, expected a positive number", _CONFIG_HINT
-        )
-    positions = T.config_value(config, "positions")
-    positions = config_size(config, name, "positions") if positions is not None else None
-    vocab = config_size(config, name, "vocab") if T.config_value(config, "vocab") is not None else None
-    layers = config_size(config, name, "layers")
-    if family.shared_layers and config_int(config, name, "num_hidden_groups", default=1) != 1:
-        raise PosprobeError(
-            f"'{name}' is an ALBERT with {config.get('num_hidden_groups')} layer groups",
-            "posprobe analyses ALBERT checkpoints with one shared layer group (all released ones)",
-        )
-    return Shape(heads, kv_heads, head_dim, hidden, layers, float(eps), positions, vocab)
-
-
-def reserved_rows(config: dict, name: str) -> int:
-    """Leading rows of the position table that no position uses: pad_token_id + 1 in the RoBERTa family (SPEC
-    §1), the entry's fixed count for MPNet, 0 elsewhere. A RoBERTa-family config without a pad_token_id is
-    refused (the model cannot number positions without it)."""
-    family = T.family_for_type(str(config.get("model_type", "")))
-    if family is None or not family.reserved_rows:
-        return 0
-    if family.reserved_rows is not True:  # a fixed count (MPNet)
-        return int(family.reserved_rows)
-    pad = config_int(config, name, "pad_token_id", default=1, minimum=0, nullable=True)
-    if pad is None:
-        raise PosprobeError(
-            f"config.json of '{name}' has pad_token_id null, but a {config.get('model_type')} position table "
-            "reserves pad_token_id + 1 leading rows",
-            "set pad_token_id in config.json (1 for RoBERTa, XLM-R and CamemBERT)",
-        )
-    return pad + 1
-
-
-def mixed_checkpoint(name: str, what: str, config_says, weights_hold) -> PosprobeError:
-    """The error for a config.json that disagrees with the weights beside it."""
-    return PosprobeError(f"config.json of '{name}' says {what} {config_says} but the weights hold {weights_hold}",
-                         _MIXED_HINT)  # fmt: skip
-
-
-# -------------------------------------------------------------------------------------------- norms
-def apply_norm(x: np.ndarray, kind: str, weight, bias: np.ndarray | None, eps: float) -> np.ndarray:
-    """The norm `kind` (table.NORMS) over the last axis of `x`, as torch computes it (biased variance); `weight`
-    None for a norm without weights (OLMo's)."""
-    if kind == T.NONORM:
-        out = x * weight
-    elif kind in (T.LAYERNORM, T.PLAIN_LAYERNORM):
-        mean = x.mean(axis=-1, keepdims=True)
-        out = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
-        out = out if weight is None else out * weight
-    else:
-        out = x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps)
-        out = out * (1.0 + weight if kind == T.RMSNORM_PLUS1 else weight)
-    return out if bias is None else out + bias
-
-
-def embed_scale(hidden: int, dtype: str | None) -> float:
-    """sqrt(d) rounded to the word table's dtype, as Gemma's scaled embedding multiplies by it."""
-    import torch
-
-    torch_dtype = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}.get(dtype or "", torch.float64)
-    return float(torch.tensor(hidden**0.5).to(torch_dtype).double())
-
-
-# ------------------------------------------------------------------------------------ weight shapes
-@dataclass(frozen=True)
-class PositionTable:
-    """An absolute position table `table` (n, e) (learned, or sinusoidal as the model builds it); `dropped_rows`
-    reserved leading rows were removed (RoBERTa family, MPNet)."""
-
-    model: str
-    model_type: str
-    table: np.ndarray
-    dropped_rows: int
-
-    @property
-    def n_positions(self) -> int:
-        return self.table.shape[0]
 
 
 @dataclass(frozen=True)
@@ -208,13 +75,14 @@ def _project(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------ context
-class ModelContext:
+class ModelContext(EmbeddingReader):
     """One checkpoint seen through its family entry: `source`, `reader` (a WeightReader, StateDictReader or any
     reader with `get`, `find_suffix`, `row_mean`, `shape`, `stored_dtype`: float64 numpy), `family`, `config`,
     `shape`, `kind` (its position kind, config switches included), `mode` ('paper' or 'faithful': how an
     absolute table's scores are formed, SPEC §3; the other kinds give SPEC §9's content-free scores).
 
-    Creating one refuses, with one clear line, a model posprobe cannot analyse."""
+    Creating one refuses, with one clear line, a model posprobe cannot analyse. Its embedding level (what the first
+    layer receives) comes from `posprobe.families.embeddings.EmbeddingReader`."""
 
     def __init__(self, source: ModelSource, reader, mode: str = "paper"):
         self.source, self.reader, self.mode = source, reader, mode
@@ -361,7 +229,7 @@ class ModelContext:
             raise PosprobeError(
                 f"query/key weights of '{self.source.name}' layer {layer} do not match config.json "
                 f"({s.heads} heads of size {s.head_dim}, {s.kv_heads} key heads)",
-                _MIXED_HINT,
+                MIXED_HINT,
             )
         if "q_bias" in f.tensors:  # a query bias stored apart from the projection (DeBERTa v1)
             q = q[0], self.tensor(f.tensors["q_bias"], stored, stack).reshape(s.heads, s.head_dim)
@@ -388,152 +256,6 @@ class ModelContext:
         w, b = self.linear(prefix + ".dense", layer, stack)
         nw, nb = self.norm_weights(prefix + ".LayerNorm", layer, stack)
         return w.T * nw, b * nw + (0 if nb is None else nb)
-
-    # -- embedding-level inputs --------------------------------------------------------------------
-    @cached_property
-    def word_mean(self) -> np.ndarray:
-        """Vocabulary-average word embedding e_w (e,), read a chunk of rows at a time."""
-        key = self.key(self.family.word)
-        if key is None:
-            self.tensor(self.family.word)  # raises the clear error
-        shape, vocab = self.reader.shape(key), self.shape.vocab
-        if vocab is not None and shape and len(shape) == 2 and shape[0] != vocab:  # a config.json from elsewhere
-            raise mixed_checkpoint(self.source.name, "vocab_size =", vocab, f"a word table of {shape[0]} rows")
-        return self.reader.row_mean(key)
-
-    @property
-    def word_dtype(self) -> str | None:
-        """The stored dtype of the word table ('F32', 'BF16', ...; None when unknown)."""
-        return self.reader.stored_dtype(self.key(self.family.word))
-
-    @cached_property
-    def scaled_word(self) -> np.ndarray:
-        """e_w times the factor the family multiplies its word embeddings by (`Family.embed_scale`) (e,)."""
-        scale, cfg = self.family.embed_scale, self.config
-        if scale == "sqrt_hidden":
-            return self.word_mean * embed_scale(self.shape.hidden, self.word_dtype)
-        if scale in ("scale_embedding", "rescale_embeddings") and T.config_flag(cfg, scale):
-            return self.word_mean * math.sqrt(self.shape.hidden)  # the model scales words, not positions
-        if scale == "token_dropout" and T.config_flag(cfg, scale):  # ESM: no mask token in the sequence
-            return self.word_mean * (1 - 0.15 * 0.8) / 1.0
-        if scale == "embedding_multiplier":
-            value = cfg.get(scale) if cfg.get(scale) is not None else config_default(cfg, (scale,))
-            return self.word_mean * float(1.0 if value is None else value)
-        return self.word_mean
-
-    def word_rows(self, n: int | None = None) -> np.ndarray:
-        """The word part of the embedding of a sequence of n average words, (n, e) (one row when n is None), in
-        the width positions are added in: scaled, through the word projection where the family has one (with
-        trigram input: [next; this; previous] words, zeros beyond the ends, so rows 0 and n - 1 differ)."""
-        x = self.scaled_word
-        rows = 1 if n is None else n
-        projection = self.word_projection()
-        if projection is None:
-            return np.broadcast_to(x, (rows, x.shape[0]))
-        w, b = projection
-        if w.shape[1] == x.shape[0]:
-            return np.broadcast_to(x @ w.T + b, (rows, w.shape[0]))
-        if n is None:  # trigram, one interior row
-            return (np.concatenate([x, x, x]) @ w.T + b)[None]
-        nxt = np.where(np.arange(n)[:, None] < n - 1, x, 0.0)
-        prev = np.where(np.arange(n)[:, None] > 0, x, 0.0)
-        return np.concatenate([nxt, np.broadcast_to(x, (n, x.shape[0])), prev], axis=1) @ w.T + b
-
-    def word_projection(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """The Linear the word embedding goes through before positions are added (W (d, e or 3e), b), where the
-        model applies it (trigram input, or a word width other than the hidden size), else None."""
-        f = self.family
-        if not f.word_projection or self.key(f.word_projection + ".weight") is None:
-            return None
-        trigram = "trigram" in f.switches and self.switched_on("trigram")
-        if not trigram and self.word_mean.shape[0] == self.shape.hidden:
-            return None  # MobileBERT without trigram input and of equal widths does not apply it
-        return self.linear(f.word_projection)
-
-    @cached_property
-    def word(self) -> np.ndarray:
-        """e_w as the model feeds it (e,): scaled, projected where the family projects words, as in the interior
-        of a sequence."""
-        return self.word_rows()[0]
-
-    @cached_property
-    def token_type0(self) -> np.ndarray | None:
-        """What every token adds besides word and position (e,): token type 0's embedding and row 0 of the
-        family's `constant_rows` tables (LayoutLM's box 0), else None."""
-        f = self.family
-        names = ((f.token_type,) if f.token_type else ()) + f.constant_rows
-        rows = [self.reader.get(key)[0] for key in map(self.key, names) if key is not None]
-        return sum(rows[1:], rows[0]) if rows else None
-
-    @cached_property
-    def position_table(self) -> PositionTable:
-        """The absolute position table (n, e): stored (reserved and offset leading rows dropped) or, for a
-        sinusoidal family that does not store it, built as the model builds it. Refused for a model without one."""
-        self.require_table()
-        f, cfg, name = self.family, self.config, self.source.name
-        stored = self.key(f.position) if f.position else None
-        if stored is None and "positions_class" in f.tensors:  # a sinusoidal table the model builds
-            from posprobe.families.sinusoidal import build_table
-
-            n = config_size(cfg, name, "positions")
-            return PositionTable(name, self.source.model_type, build_table(f, cfg, n, self.shape.hidden), 0)
-        table = self.tensor(f.position)
-        if table.ndim != 2:
-            raise PosprobeError(
-                f"position table of '{name}' has shape {table.shape}, expected 2-D", "the checkpoint is malformed"
-            )
-        reserved = reserved_rows(cfg, name)
-        dropped = reserved + f.position_offset
-        stored_rows = table.shape[0]
-        table = table[dropped:]
-        if table.shape[0] < 2:
-            raise PosprobeError(
-                f"position table of '{name}' has {'only 1 usable row' if len(table) else 'no usable rows'}"
-                + (f" (after dropping {dropped} reserved ones)" if dropped else ""),
-                "a position analysis needs at least 2 positions; the checkpoint is malformed",
-            )
-        key = next((k for k in T.CONFIG_KEYS["positions"] if cfg.get(k) is not None), None)
-        rows = cfg.get(key) if key else None
-        if isinstance(rows, int) and not isinstance(rows, bool) and rows + f.position_offset != stored_rows:
-            said = f"{rows} ({reserved} reserved + {rows - reserved} positions)" if reserved else str(rows)
-            held = f"a position table of {stored_rows} rows" + (
-                f" (the model reads rows {f.position_offset}.. for its {rows} positions)" if f.position_offset else ""
-            )
-            raise mixed_checkpoint(name, f"{key} =", said, held)  # fmt: skip
-        if self.word.shape != (table.shape[1],):
-            raise PosprobeError(
-                f"word and position embeddings of '{name}' have different widths", "the checkpoint is malformed"
-            )
-        return PositionTable(name, self.source.model_type, table, dropped)
-
-    def projection(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """The factorised embedding's projection (W (d, e), b (d,)) where the checkpoint stores one, else None."""
-        if not self.family.projection or self.key(self.family.projection + ".weight") is None:
-            return None
-        return self.linear(self.family.projection)
-
-    def embedding_rows(self, positions: np.ndarray | None = None) -> np.ndarray:
-        """What the first layer receives for a sequence of the average word (n, d): the word rows (scaled and
-        projected as the model does) plus `positions` (n, e) rows when given (else one row), plus token type 0 and
-        the constant rows, through the embedding norm and the factorised projection in the family's order."""
-        x = self.word_rows(None if positions is None else len(positions))
-        x = x if positions is None else positions + x
-        if self.token_type0 is not None:
-            x = x + self.token_type0[None, :]
-        projection = self.projection()
-        if projection is not None and self.family.projection_first:
-            x = x @ projection[0].T + projection[1]
-        if self.family.embedding_norm and self.switched_on("embedding_norm"):
-            x = self.norm(x, self.family.embedding_norm)
-        if projection is not None and not self.family.projection_first:
-            x = x @ projection[0].T + projection[1]
-        return x
-
-    @cached_property
-    def embedding(self) -> np.ndarray:
-        """The embedding-level input of every position without a position term (d,): e_w scaled, normed and
-        projected as the model does."""
-        return self.embedding_rows()[0]
 
     def layer_input(self, x: np.ndarray, layer: int, stack: str = "encoder") -> np.ndarray:
         """Embedding-level rows x (..., d) as layer `layer`'s attention projections see them: after the layer's

@@ -99,7 +99,7 @@ def _rope_words(params: dict) -> str:
     theta = params.get("rope_theta")
     theta = f"{theta:.0f}" if theta is not None and float(theta).is_integer() else f"{theta}"
     kind = params.get("rope_type", "default")
-    return f"rope theta {theta}" + ("" if kind == "default" else f" ({kind})")
+    return ("" if kind == "default" else f"{kind} ") + f"rope theta {theta}"
 
 
 def takes_layer_type(ctx) -> bool:
