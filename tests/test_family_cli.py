@@ -151,9 +151,8 @@ def build_llama(tmp_path):
 
 
 def _sweep():
-    from test_family_scores import QUICK
-
     from family_models import CASES
+    from test_family_scores import QUICK
 
     return [pytest.param(n, marks=() if n in QUICK else pytest.mark.slow) for n in sorted(CASES)]
 
