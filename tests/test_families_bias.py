@@ -219,7 +219,7 @@ def _from_blocks(scores: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tens
     return full, full[0] > -1e9  # the model masks with -1e10
 
 
-@pytest.mark.parametrize("attention", ["local", "transient-global"])
+@pytest.mark.parametrize("attention", ["local", pytest.param("transient-global", marks=pytest.mark.slow)])
 def test_longt5_encoder_scores_equal_module(monkeypatch, attention):
     """LongT5's encoder attends |j - i| <= local_radius: there its scores are T5's (q . k plus the bucketed bias of
     layer 0's table); the layer kinds say the window (and that transient-global adds side keys outside F̂)."""
@@ -244,6 +244,7 @@ def test_longt5_encoder_scores_equal_module(monkeypatch, attention):
         torch.testing.assert_close(ours[:, allowed], theirs[:, allowed], rtol=1e-5, atol=1e-6)  # softmax in float32
 
 
+@pytest.mark.slow
 def test_longt5_decoder_scores_equal_module(monkeypatch):
     torch.manual_seed(0)
     model = _randomise(tf.LongT5Model(tf.LongT5Config(**T5_TINY, local_radius=5)))
@@ -361,7 +362,9 @@ DEBERTA_V1_TALKING = dict(relative_attention=True, pos_att_type="p2c|c2p|p2p", m
                           embedding_size=24)  # fmt: skip
 
 
-@pytest.mark.parametrize("variant", [DEBERTA_V1, DEBERTA_V1_TALKING], ids=["v1", "v1-talking-heads"])
+@pytest.mark.parametrize(
+    "variant", [DEBERTA_V1, pytest.param(DEBERTA_V1_TALKING, marks=pytest.mark.slow)], ids=["v1", "v1-talking-heads"]
+)
 def test_deberta_v1_scores_equal_module(monkeypatch, variant):
     """DeBERTa v1: fused per-head in_proj with a separate q_bias, pos_proj / pos_q_proj, a span of
     min(n, max_relative_positions) rows, the scale counting every listed term (p2p too), talking heads."""

@@ -232,7 +232,7 @@ def test_params_cli_without_a_learned_table(tmp_path):
 def _family_cases():
     from family_models import CASES
 
-    quick = {"opt", "mobilebert", "rembert", "esm", "esm-rotary", "deberta-absolute", "falcon"}
+    quick = {"opt", "mobilebert", "esm-rotary"}
     return [pytest.param(n, marks=() if n in quick else pytest.mark.slow) for n in sorted(CASES)]
 
 

@@ -60,7 +60,8 @@ ROTARY_LAYOUTS = (ROTATE_HALF, INTERLEAVED, HALF_INTERLEAVED, SIN_COS_PAIRS, SIN
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
     "sliding_window",  # config.sliding_window (when set) for every layer, causal: keys i - w < j <= i (Mistral)
-    "layer_types",  # config.layer_types[l] == 'sliding_attention' layers use config.sliding_window (Gemma 2/3)
+    "layer_types",  # config.layer_types[l] == 'sliding_attention' layers see |j - i| < config.sliding_window (Gemma)
+    "layer_types_inclusive",  # the same with |j - i| <= config.sliding_window (ModernBERT: local_attention / 2)
     "attention_layers",  # config.attention_layers[l] == 'local': causal window config.window_size (GPT-Neo)
     "attention_window",  # config.attention_window (per layer or one), |j - i| <= w / 2 (Longformer)
     "block_sparse",  # config.attention_type 'block_sparse': full attention up to (5 + 2 r) blocks, then sparse
@@ -634,7 +635,7 @@ FAMILIES: tuple[Family, ...] = (
         pre_norm="layers.{l}.attn_norm",
         pre_norm_from=1,  # layer 0 reads the embedding norm's output directly
         rotary_class=_rotary("modernbert", "ModernBert"),  # one rotary setting per layer type (local / global)
-        windows="layer_types",
+        windows="layer_types_inclusive",
     ),
     # -- sinusoidal absolute tables (built as the model builds them; encoder stack of encoder-decoders)
     Family("marian", ("marian",), SINUSOIDAL, **_SEQ2SEQ, tensors=_sinusoidal("marian", "Marian")),

@@ -47,14 +47,14 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
     if rule is None or (rule == "local_radius" and stack == "decoder"):
         return [LayerKind(layer_type=t, rope=ropes.get(t)) for t in types]
     cfg = ctx.transformers_config
-    if rule in ("sliding_window", "layer_types"):
+    if rule in ("sliding_window", "layer_types", "layer_types_inclusive"):
         window = getattr(cfg, "sliding_window", None)
-        causal = ctx.causal(stack)
+        reach = None if window is None else window if rule == "layer_types_inclusive" else window - 1
 
-        def local(t):  # causal: keys i - w < j <= i; bidirectional (ModernBERT): |j - i| <= w
+        def local(t):  # |j - i| < w (causal: keys i - w < j <= i); inclusive (ModernBERT): |j - i| <= w
             return window is not None and (rule == "sliding_window" or t == "sliding_attention")
 
-        return [LayerKind("local", window - 1 if causal else window, t, ropes.get(t)) if local(t)
+        return [LayerKind("local", reach, t, ropes.get(t)) if local(t)
                 else LayerKind(layer_type=t, rope=ropes.get(t)) for t in types]  # fmt: skip
     if rule == "attention_layers":  # GPT-Neo: local layers see keys i - window_size < j <= i
         return [LayerKind("local", cfg.window_size - 1) if kind == "local" else LayerKind()
@@ -79,7 +79,7 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
 
 def _layer_types(ctx, count: int) -> list[str | None]:
     """config.layer_types where the family reads them, else None for every layer."""
-    if ctx.family.windows != "layer_types" and not takes_layer_type(ctx):
+    if not (ctx.family.windows or "").startswith("layer_types") and not takes_layer_type(ctx):
         return [None] * count
     types = getattr(ctx.transformers_config, "layer_types", None)
     return list(types[:count]) if types else [None] * count
