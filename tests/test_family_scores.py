@@ -64,3 +64,38 @@ def test_content_free_scores_equal_the_model(name, tmp_path):
     if ctx.kind == SINUSOIDAL:  # a sinusoidal P is exactly Toeplitz (known answer)
         result = posprobe.toeplitz(str(tmp_path))
         assert result.toeplitz_r2 > 1 - 1e-9 and result.n_positions == 64
+
+
+@pytest.mark.slow
+def test_bigbird_block_sparse_attends_pairs_with_the_same_scores(tmp_path):
+    """Beyond (5 + 2 r) blocks BigBird attends block-sparsely (random blocks): every pair it attends has the score
+    F̂ gives it (its probabilities are softmax(F̂) over those pairs, up to a constant per row), as the layer kind
+    says; shorter sequences get full attention (the parity test above)."""
+    import torch
+    from family_models import build
+
+    model = build("big_bird")
+    model.save_pretrained(tmp_path)
+    n = 32  # > (5 + 2 * 1) * 4 = 28: block sparse
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    kinds = ctx.layer_kinds(n)
+    assert kinds[0].attention == "block-sparse" and "beyond 28 positions" in kinds[0].describe()
+    assert ctx.layer_kinds(28)[0].attention == "full"
+    ours = np.stack([content_free_scores(ctx, layer, n) for layer in range(ctx.layers())])
+    embeddings = model.get_input_embeddings()
+    with torch.no_grad():
+        embeddings.weight[0] = embeddings.weight.mean(0)
+        first = {}
+        hook = model.encoder.layer[0].register_forward_pre_hook(lambda m, a: first.setdefault("x", a[0].clone()))
+        model(input_ids=torch.zeros(1, n, dtype=torch.long))  # the first layer's input
+        hook.remove()
+        for layer in model.encoder.layer:  # every layer fed the embedding-level input, as F̂ assumes
+            layer.register_forward_pre_hook(lambda m, a: (first["x"], *a[1:]))
+        probs = model(input_ids=torch.zeros(1, n, dtype=torch.long), output_attentions=True).attentions
+    for layer, p in enumerate(probs):
+        attended = p[0].double().numpy() > 0
+        assert 0 < attended.mean() < 1  # sparse: some pairs are not attended
+        with np.errstate(divide="ignore"):
+            diff = np.where(attended, ours[layer] - np.log(p[0].double().numpy()), np.nan)
+        assert np.nanmax(np.nanmax(diff, -1) - np.nanmin(diff, -1)) < 1e-6
