@@ -50,7 +50,7 @@ def embed_scale(hidden: int, dtype: str | None) -> float:
 @dataclass(frozen=True)
 class PositionTable:
     """An absolute position table `table` (n, e) (learned, or sinusoidal as the model builds it); `dropped_rows`
-    reserved leading rows were removed (RoBERTa family, MPNet)."""
+    leading rows no position reads were removed (RoBERTa family, MPNet: reserved; OPT, BART: the offset)."""
 
     model: str
     model_type: str
@@ -62,7 +62,6 @@ class PositionTable:
         return self.table.shape[0]
 
 
-@dataclass(frozen=True)
 class EmbeddingReader:
     """The embedding-level inputs of a `ModelContext` (see the module docstring)."""
 
