@@ -3,12 +3,15 @@
 An entry (`Family`) says how a family encodes position (`kind`, one of `KINDS`), whether its attention is causal,
 where its tensors live and how to read them. Tensor names are *suffixes* (a task-head prefix such as 'bert.' or
 'model.' does not matter); per-layer names hold `{l}` (the layer) and, for encoder-decoder families, `{stack}`
-('encoder' or 'decoder'). Sizes come from config.json under any of the names in `CONFIG_KEYS`.
+('encoder' or 'decoder'). Sizes come from config.json under any of the names in `CONFIG_KEYS`. Config switches that
+change how a family reads (ESM's rotary, Falcon's layouts, DeBERTa without relative attention, ...) are decided
+here too (`position_kind`, `has_learned_table`, `qkv_layout`, `switched_on`): the only place that names model types.
 
-Who reads it: `posprobe.families.context` (the one model reader: tensors, layouts, norms, what is analysable)
-and the score modules (`SCORE_MODULES`, one per kind: SPEC §3, §9), `posprobe.analysis.params` (which families
-have a learned table), `posprobe.retrofitting` (`retrofit=True` entries), `posprobe.checkpoint.config` (which
-configs are checked in depth), the tests (one tiny config per entry) and the README's table of families.
+Who reads it: `posprobe.families.context` (the one model reader: tensors, layouts, norms, what is analysable;
+with `sizes`, `embeddings`, `layouts` and `windows`) and the score modules (`SCORE_MODULES`, one per kind: SPEC
+§3, §9), `posprobe.analysis.params` (which families have a learned table), `posprobe.retrofitting`
+(`retrofit=True` entries), `posprobe.checkpoint.config` (which configs are checked in depth), the tests (one tiny
+config per entry) and the README's table of families.
 """
 
 from __future__ import annotations
