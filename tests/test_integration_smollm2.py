@@ -57,7 +57,7 @@ def test_content_free_scores_equal_the_real_attention_modules(smollm2_gguf, smol
     of transformers' own attention modules, hooked, on the constant sequence of the average word embedding with
     every layer fed the embedding-level input (a float64 copy of the model loaded from the same file; its RMSNorm
     and rotary angles still compute in float32, as transformers writes them, hence the tolerance)."""
-    from family_models import model_scores
+    from family_models import reference_scores
 
     from posprobe.checkpoint import resolve_model
     from posprobe.checkpoint.weights import open_weights
@@ -68,8 +68,9 @@ def test_content_free_scores_equal_the_real_attention_modules(smollm2_gguf, smol
     ctx = ModelContext(source, open_weights(source))
     ours = np.stack([content_free_scores(ctx, layer, n) for layer in LAYERS])
     reference = copy.deepcopy(smollm2_model.model).double()
-    theirs, exact = model_scores(reference, n)
-    assert exact and theirs.shape == (30, 9, n, n)
+    recorded = reference_scores(reference, n)
+    theirs = recorded.scores
+    assert recorded.exact and theirs.shape == (30, 9, n, n)
     np.testing.assert_allclose(ours, theirs[LAYERS], rtol=1e-5, atol=1e-6 * np.abs(theirs).max())
     assert np.std(ours[:, :, -1, :]) > 0.1  # positions really change the scores
 
