@@ -210,18 +210,25 @@ class ProfileResult(ResultMixin):
             + ("; causal model: only k <= 0 is used" if self.causal else ""),
         }
 
+    def peak_offsets(self) -> np.ndarray:
+        """(L_sel, H) int: the offset k of each profile's maximum within the window, over k = -w..w, or over
+        k = -w..0 for a causal model (it never uses k > 0, so a peak there would describe nothing it does)."""
+        w = self.window
+        centre = self.n_positions - 1
+        window = self.profiles[..., centre - w : centre + (0 if self.causal else w) + 1]
+        return np.argmax(window, axis=-1) - w
+
     def to_dict(self) -> dict:
         w = self.window
         centre = self.n_positions - 1
         out = dict(self.metadata())
+        peaks = self.peak_offsets()
         out["heads"] = [
             {
                 "layer": l,
                 "head": h,
                 "toeplitz_r2": _r2(self.fhat_r2[li, h]),
-                "peak_offset": int(
-                    self.offsets[centre - w + int(np.argmax(self.profiles[li, h, centre - w : centre + w + 1]))]
-                ),
+                "peak_offset": int(peaks[li, h]),
                 "profile_window": self.profiles[li, h, centre - w : centre + w + 1].tolist(),
             }
             for li, l in enumerate(self.layers)
