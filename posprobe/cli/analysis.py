@@ -298,4 +298,3 @@ def compare(
             "at every position depend on k = j − i alone (R² = 1 whatever the weights)[/dim]"
         )
     console.print(f"figure: {figure}")
-
