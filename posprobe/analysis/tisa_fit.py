@@ -52,15 +52,18 @@ from posprobe.analysis.tisa_numerics import (
     EXHAUSTIVE_RESTARTS,
     fit_standardised,
 )
+from posprobe.analysis.tisa_window import (
+    DEFAULT_FIT_WINDOW,
+    HOLDOUT_OFFSETS,
+    check_points,
+    default_window,
+    few_points,
+    holdout_offsets,
+    holdout_r2,
+)
 from posprobe.errors import ArgumentError, ArgumentValueError, PosprobeError
 from posprobe.validation import as_bool, as_int
 
-#: Default half-width W of the fit window: the fit uses k = -W..W (2W+1 points). The paper's Fig. 7
-#: zooms in on short distances because that is where the main peaks lie and the largest scores
-#: dominate softmax; 16 covers the main peak and the first side lobes of real heads (MiniLM, BERT),
-#: keeps 33 points for the 16 free numbers of an S=5 fit, and avoids spending kernels on the slow
-#: long-range oscillations of learned position tables that Gaussian bumps cannot represent anyway.
-DEFAULT_FIT_WINDOW = 16
 #: A fit below this R^2 is flagged as poor.
 POOR_R2 = 0.5
 
@@ -96,13 +99,22 @@ class TisaKernelFitter:
     seed: seed of the random starts; the fit is deterministic for a given seed.
     exhaustive: many restarts and long runs (a reference for checking the default).
 
+    A causal model's profiles (offsets k <= 0 only, or a `ProfileResult` with `causal`) are fitted over
+    k = -W..0: the model never uses k > 0. The default window (`posprobe.analysis.tisa_window.default_window`) is
+    16, and for a causal fit at least long enough for twice as many points as the 3·S + 1 parameters; a window
+    with fewer points than parameters is refused, with fewer than twice as many flagged (`few_points_`).
+
     `fit(profiles, offsets)` takes profiles of shape (..., K) -- one head (K,), heads (M, K), or layers x heads
     (L, H, K) as in `posprobe.profiles(...).profiles` -- over integer offsets k = j - i (K,); offsets may be
     omitted for a centred odd K (k = -(K-1)/2 .. (K-1)/2), and a `ProfileResult` may be passed alone.
     After `fit`, with ``...`` the leading shape of the profiles (M for a 2-D input): ``a_``, ``b_`` (>= 0),
     ``c_`` of shape (..., S), kernels sorted by centre; ``offset_`` (...); ``r2_`` (...), the fraction of the
-    profile's variance over the window explained by f + offset; ``flags_`` list of str per head ('' when
-    fine; nested [L][H] for a 3-D input); ``window_`` (the W used) and ``fit_offsets_`` (the k values fitted).
+    profile's variance over the window explained by f + offset; ``holdout_r2_`` (...) the R² of f + offset on the
+    held-out offsets ``holdout_offsets_`` (the next HOLDOUT_OFFSETS = 8 beyond the window on each side fitted,
+    where the profiles reach) against the window's mean (NaN where undefined, see
+    `tisa_window.holdout_r2`); ``flags_`` list of str per head ('' when fine; nested [L][H] for a 3-D input);
+    ``window_`` (the W used), ``fit_offsets_`` (the k values fitted), ``causal_``, ``n_points_`` and
+    ``few_points_`` (fewer than twice as many points as parameters).
     """
 
     _PARAMS = ("n_kernels", "window", "restarts", "max_iter", "seed", "exhaustive")
@@ -152,7 +164,8 @@ class TisaKernelFitter:
         seed = _param(self.seed, "seed", "--seed", "any whole number >= 0")
         exhaustive = as_bool(self.exhaustive, "exhaustive")
         y_all, k_all, lead = _check_profiles(profiles, offsets)
-        window = self._resolve_window(k_all)
+        causal = bool(k_all.max() <= 0)  # one-sided profiles: a causal model's k <= 0
+        window = self._resolve_window(k_all, n_kernels, causal)
         restarts, max_iter = self._resolve_effort(exhaustive)
         hops = EXHAUSTIVE_HOPS if exhaustive else DEFAULT_HOPS
         hop_rounds = EXHAUSTIVE_HOP_ROUNDS if exhaustive else DEFAULT_HOP_ROUNDS
@@ -160,14 +173,8 @@ class TisaKernelFitter:
 
         keep = np.abs(k_all) <= window
         kw = k_all[keep].astype(np.float64)
-        if kw.size < 3 * n_kernels + 1:  # more parameters (a, b, c per kernel and the offset) than points
-            raise ArgumentValueError(
-                "n_kernels",
-                f"{{arg}} {n_kernels} needs {3 * n_kernels + 1} profile points (3·S + 1 parameters) but the window "
-                f"holds {kw.size}",
-                f"use at most {(kw.size - 1) // 3} kernels, or a wider window",
-                flag="--kernels",
-            )
+        available = int(-k_all.min() if causal else min(-k_all.min(), k_all.max()))
+        check_points([n_kernels], window, causal, available, self.window is not None, "n_kernels", "--kernels", kw.size)
         y = y_all[:, keep]
         m = y.shape[0]
 
@@ -210,6 +217,11 @@ class TisaKernelFitter:
                 notes.append(f"poor fit (R^2 = {r2[h]:.2f})")
             flags.append("; ".join(notes))
 
+        held_out = holdout_offsets(k_all, window, causal, HOLDOUT_OFFSETS)
+        at = np.isin(k_all, held_out)
+        predicted = tisa_function(held_out, a, b, c) + offset[:, None]
+        r2_out = holdout_r2(y_all[:, at], predicted, mean)
+
         outputs = (a, b, c, offset, r2)
         if not all(np.all(np.isfinite(x)) for x in outputs):  # pragma: no cover - defensive
             raise PosprobeError(
@@ -218,8 +230,13 @@ class TisaKernelFitter:
         self.a_, self.b_, self.c_ = (x.reshape(lead + (n_kernels,)) for x in (a, b, c))
         self.offset_, self.r2_ = offset.reshape(lead), r2.reshape(lead)
         self.flags_ = np.array(flags, dtype=object).reshape(lead).tolist() if len(lead) > 1 else flags
+        self.holdout_r2_ = r2_out.reshape(lead)
+        self.holdout_offsets_ = held_out
         self.window_ = window
         self.fit_offsets_ = k_all[keep].copy()
+        self.causal_ = causal
+        self.n_points_ = int(kw.size)
+        self.few_points_ = few_points(kw.size, n_kernels)
         return self
 
     def predict(self, offsets, include_offset: bool = True) -> np.ndarray:
@@ -254,9 +271,10 @@ class TisaKernelFitter:
         if not hasattr(self, "a_"):
             raise PosprobeError("this TisaKernelFitter has not been fitted", "call fit(profiles, offsets) first")
 
-    def _resolve_window(self, k_all: np.ndarray) -> int:
+    def _resolve_window(self, k_all: np.ndarray, n_kernels: int, causal: bool) -> int:
+        """The half-width W fitted; refuses a window with fewer points than the fit has parameters."""
         # two-sided profiles: |k| <= what both sides cover; one-sided k <= 0 (a causal model's): k >= -W
-        available = int(-k_all.min() if k_all.max() <= 0 else min(-k_all.min(), k_all.max()))
+        available = int(-k_all.min() if causal else min(-k_all.min(), k_all.max()))
         if available < 1:
             raise ArgumentValueError(
                 "offsets",
@@ -264,13 +282,15 @@ class TisaKernelFitter:
                 "pass profiles over k = -(n-1)..n-1 (a causal model's: -(n-1)..0) with n >= 2",
             )
         if self.window is None:
-            return min(DEFAULT_FIT_WINDOW, available)
-        hint = f"a window between 1 and {available} (the fit uses k = -window..window)"
-        w = _param(self.window, "window", "--window", hint)
-        if w > available:
-            raise ArgumentValueError(
-                "window", f"the fit window {w} is larger than the available offsets (|k| <= {available})", hint
-            )
+            w = default_window([n_kernels], causal, available)
+        else:
+            span = "-window..0" if causal else "-window..window"
+            hint = f"a window between 1 and {available} (the fit uses k = {span})"
+            w = _param(self.window, "window", "--window", hint)
+            if w > available:
+                raise ArgumentValueError(
+                    "window", f"the fit window {w} is larger than the available offsets (|k| <= {available})", hint
+                )
         return w
 
     def _resolve_effort(self, exhaustive: bool) -> tuple[int, int]:
@@ -300,7 +320,11 @@ def _check_profiles(profiles, offsets) -> tuple[np.ndarray, np.ndarray, tuple[in
     `profiles` (..., K) or an object with `.profiles` and `.offsets` (a ProfileResult); `offsets` None means
     centred offsets -(K-1)/2 .. (K-1)/2 (K odd)."""
     if offsets is None and hasattr(profiles, "profiles") and hasattr(profiles, "offsets"):
+        causal = bool(getattr(profiles, "causal", False))
         profiles, offsets = profiles.profiles, profiles.offsets
+        if causal:  # a causal model never uses k > 0: fit its profiles over k <= 0 only
+            keep = np.asarray(offsets) <= 0
+            profiles, offsets = np.asarray(profiles)[..., keep], np.asarray(offsets)[keep]
     try:
         y = np.asarray(profiles, dtype=np.float64)
     except (TypeError, ValueError) as err:
@@ -346,3 +370,6 @@ def _check_profiles(profiles, offsets) -> tuple[np.ndarray, np.ndarray, tuple[in
             "recompute the profiles; check the checkpoint weights for NaN/inf",
         )
     return y, k.astype(np.int64), tuple(lead)
+
+
+__all__ = ["DEFAULT_FIT_WINDOW", "POOR_R2", "TisaKernelFitter", "tisa_function"]

@@ -60,6 +60,7 @@ __all__ = [
     "fhat",
     "open_model",
     "profiles",
+    "profiles_from",
     "section_rows",
     "toeplitz",
 ]
@@ -183,7 +184,12 @@ def profiles(
     if not (isinstance(layers, str) and layers == "all"):
         layers = as_int_list(layers, "layers")
     window = None if window is None else as_int(window, "window", minimum=1)
-    reader = ScoreReader(open_model(model, allow_pickle, source, mode), positions, stack)
+    return profiles_from(ScoreReader(open_model(model, allow_pickle, source, mode), positions, stack), layers, window)
+
+
+def profiles_from(reader: ScoreReader, layers: list[int] | str | None, window: int | None = None) -> ProfileResult:
+    """`profiles` of the model `reader` reads (its positions, stack and mode already chosen): `layers` a checked
+    list of indices (-1 = last) or None / 'all'; `window` a whole number >= 1 or None (the default)."""
     source = reader.source
     n_layers = reader.n_layers
     if layers is None or layers == "all":

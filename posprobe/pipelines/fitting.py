@@ -23,7 +23,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from posprobe.analysis.tisa_fit import DEFAULT_FIT_WINDOW, TisaKernelFitter
+from posprobe.analysis.tisa_fit import TisaKernelFitter
+from posprobe.analysis.tisa_window import (
+    POINTS_PER_PARAMETER,
+    check_points,
+    default_window,
+    holdout_offsets,
+    parameters,
+    span,
+    window_for,
+)
 from posprobe.errors import ArgumentError, ArgumentValueError, PosprobeError
 from posprobe.kernels_file import (
     CONVENTION,
@@ -63,12 +72,39 @@ class TisaFit(ResultMixin):
     seconds: float
     kernels_file: Path | None = None
     figure: Path | None = None
+    holdout_r2: np.ndarray | None = None  # (L_sel, H) R² on the held-out offsets; NaN where undefined
+    n_points: int = 0  # profile points in the fit window
+    few_points: bool = False  # fewer than twice as many points as parameters: a good R² means little
 
-    _repr_fields = ("n_kernels", "median_r2", "a", "b", "c", "offset", "r2", "kernels_file")
+    _repr_fields = ("n_kernels", "median_r2", "median_holdout_r2", "few_points", "a", "b", "c", "r2", "kernels_file")
 
     @property
     def median_r2(self) -> float:
         return float(np.median(self.r2))
+
+    @property
+    def n_parameters(self) -> int:
+        """Free numbers of each head's fit: a, b, c per kernel and the offset."""
+        return parameters(self.n_kernels)
+
+    @property
+    def median_holdout_r2(self) -> float | None:
+        """Median over heads of the held-out R² (None where it is undefined for every head)."""
+        values = np.asarray(self.holdout_r2, dtype=np.float64) if self.holdout_r2 is not None else np.empty(0)
+        values = values[np.isfinite(values)]
+        return float(np.median(values)) if values.size else None
+
+    def warning(self, window: int, causal: bool) -> str | None:
+        """A line for fits with fewer than twice as many points as parameters, else None."""
+        if not self.few_points:
+            return None
+        better = window_for(POINTS_PER_PARAMETER * self.n_parameters, causal)
+        points = f"{self.n_points} points ({span(window, causal)})"
+        return (
+            f"S = {self.n_kernels} fits {self.n_parameters} parameters to {points}, fewer than twice as many: so "
+            f"close to interpolating, a high R² says little; judge the fit by its held-out R², or use a window of "
+            f"{better} or more (or fewer kernels)"
+        )
 
     def heads_json(self, layers: list[int]) -> list[dict]:
         return [
@@ -80,6 +116,7 @@ class TisaFit(ResultMixin):
                 "b": self.b[li, h].tolist(),
                 "c": self.c[li, h].tolist(),
                 "offset": float(self.offset[li, h]),
+                "holdout_r2": _finite_or_none(self.holdout_r2[li, h]) if self.holdout_r2 is not None else None,
                 "flags": self.flags[li][h],
             }
             for li, layer in enumerate(layers)
@@ -92,7 +129,9 @@ class TisaFitResult(ResultMixin):
     """Fits of one model for every requested S (in request order), with the profiles they were fitted to.
 
     `profiles` (L_sel, H, K) over `offsets` (K,), k = j - i, for model layers `layers`; `fits` one `TisaFit`
-    per S (`fit(S)` picks one). `plot(S)` draws each head's profile against its fitted function.
+    per S (`fit(S)` picks one). `plot(S)` draws each head's profile against its fitted function. The fits use
+    k = -window..window, or k = -window..0 for a causal model; `holdout_offsets` are the next offsets beyond (as
+    far as the profiles reach), on which each head's `holdout_r2` is measured.
     """
 
     model: str
@@ -108,8 +147,9 @@ class TisaFitResult(ResultMixin):
     profiles: np.ndarray
     fits: list[TisaFit] = field(default_factory=list)
     orientation: str = "posprobe"  # of the kernels files to write: posprobe (k = j - i) or official (i - j - 1)
-    causal: bool = False  # profiles of a causal model: only k <= 0 is used by it
+    causal: bool = False  # profiles of a causal model: only k <= 0 is used by it, and only k <= 0 is fitted
     stack: str | None = None  # which stack of an encoder-decoder model (T5-style) the profiles came from
+    holdout_offsets: tuple[int, ...] = ()  # the offsets beyond the window each fit is scored on (held out)
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "window", "kernels", "median_r2", "profiles")
 
@@ -163,9 +203,10 @@ class TisaFitResult(ResultMixin):
 
     def to_dict(self) -> dict:
         """Single S: `kernels` is an int and `heads` the per-head list. Sweep (several S): `kernels` is
-        the list of S and `fits` holds one {kernels, seconds, median_r2, kernels_file, figure, heads}
-        per S. Both: model, model_type, mode, window, seconds (fitting only), layers, shared_layers,
-        convention, function."""
+        the list of S and `fits` holds one {kernels, seconds, median_r2, median_holdout_r2, points, parameters,
+        few_points, warnings, kernels_file, figure, heads} per S. Both: model, model_type, mode, window,
+        fitted_offsets [lo, hi], holdout_offsets, seconds (fitting only), layers, shared_layers, convention,
+        function, causal, stack."""
         common = {
             "model": self.model,
             "model_type": self.model_type,
@@ -181,13 +222,21 @@ class TisaFitResult(ResultMixin):
             "orientation": self.orientation,
             "causal": self.causal,
             "stack": self.stack,
+            "fitted_offsets": [-self.window, 0 if self.causal else self.window],
+            "holdout_offsets": list(self.holdout_offsets),
         }
 
         def one(f: TisaFit) -> dict:
+            warning = f.warning(self.window, self.causal)
             return {
                 "kernels": f.n_kernels,
                 "seconds": round(f.seconds, 4),
                 "median_r2": f.median_r2,
+                "median_holdout_r2": f.median_holdout_r2,
+                "points": f.n_points,
+                "parameters": f.n_parameters,
+                "few_points": f.few_points,
+                "warnings": [warning] if warning else [],
                 "kernels_file": None if f.kernels_file is None else str(f.kernels_file),
                 "figure": None if f.figure is None else str(f.figure),
                 "heads": f.heads_json(self.layers),
@@ -222,8 +271,13 @@ def fit_tisa(
 
     `model`: hub id, folder, None (packaged MiniLM), a loaded transformers model, or a `.npz` written by
     `posprobe profiles`. `kernels`: S, one number or a list (a sweep). `layers`: None = all (-1 = last).
-    `window`: fit half-width W (None = `DEFAULT_FIT_WINDOW`, clipped to the offsets).
-    An S whose 3·S + 1 parameters exceed the 2W + 1 points of the window is refused before any work.
+    `window`: fit half-width W: k = -W..W, or k = -W..0 for a causal model (which never uses k > 0); None = the
+    default of `posprobe.analysis.tisa_window.default_window` (16; for a causal model at least twice as many points
+    as the largest S has parameters, 31 for S = 5), clipped to the offsets. An S whose 3·S + 1 parameters exceed
+    the window's points is refused before any profile is computed (the model's causality and positions are read
+    from its config first), with advice that is accepted when followed; fits with fewer than twice as many points
+    as parameters are flagged (`few_points`). Each head is also scored on the next offsets beyond the window
+    (`holdout_r2`).
     ALBERT (shared layers): the one shared layer is fitted once and replicated at every depth.
     Save the result with `result.save(out_dir)` (kernels file and figure per S).
     `orientation`: of the kernels file `save()` writes: "posprobe" (what `retrofit` reads) or
@@ -238,14 +292,11 @@ def fit_tisa(
         window = as_int(window, "window", minimum=1, hint="pass e.g. {arg} 16 (fits k = -16..16)")
     seed = as_int(seed, "seed", minimum=0)
     exhaustive = as_bool(exhaustive, "exhaustive")
-    _check_points(kernel_list, window if window is not None else DEFAULT_FIT_WINDOW, window)
-    data = (
-        profiles
-        if profiles is not None
-        else load_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack)
-    )
-    used_window = _resolve_window(window, data.offsets)
-    _check_points(kernel_list, used_window, window, causal=data.causal)
+    planned = profiles if profiles is not None else plan_profiles(model, layers, mode, allow_pickle, positions, stack)
+    causal, available = planned.causal, _available(planned.offsets, planned.causal)
+    used_window = _resolve_window(window, kernel_list, causal, available)
+    check_points(kernel_list, used_window, causal, available, asked=window is not None)
+    data = planned.load() if isinstance(planned, PlannedProfiles) else planned
 
     fits = [_fit_one(data, s, used_window, seed, exhaustive, progress) for s in kernel_list]
     return TisaFitResult(
@@ -264,6 +315,7 @@ def fit_tisa(
         orientation,
         data.causal,
         data.stack,
+        tuple(int(k) for k in holdout_offsets(_fitted_side(data.offsets, causal), used_window, causal)),
     )
 
 
@@ -277,6 +329,39 @@ def fit_kernels_file(model: str | None, kernels: int, out_dir: str | Path, allow
 def figure_file_name(result: TisaFitResult, fit: TisaFit, fmt: str = "png") -> str:
     """`tisa_fit_S{S}.{fmt}`, with the fitted layers in the name as for `kernels_file_name`."""
     return f"tisa_fit_S{fit.n_kernels}{layers_suffix(result)}.{fmt}"
+
+
+@dataclass(frozen=True)
+class PlannedProfiles:
+    """Profiles of a model not computed yet, with what the fit needs to know first: `causal` and `offsets` (the
+    k = j - i the profiles will cover). `load()` computes them (a `ProfileSet`)."""
+
+    causal: bool
+    offsets: np.ndarray
+    load: Callable[[], ProfileSet]
+
+
+def plan_profiles(
+    model,
+    layers: list[int] | None = None,
+    mode: str = "paper",
+    allow_pickle: bool = False,
+    positions: int | None = None,
+    stack: str = "encoder",
+) -> ProfileSet | PlannedProfiles:
+    """The profiles `fit_tisa` will fit: a `.npz` is read at once (a `ProfileSet`); for a model, only its config
+    is read now (causality, positions: what the window check needs), the profiles when `load()` is called."""
+    if isinstance(model, (str, PathLike)) and str(model).endswith(".npz"):
+        return load_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack)
+    from posprobe.analysis.fhat import MODES
+    from posprobe.analysis.toeplitz import offsets as offsets_of
+    from posprobe.pipelines.analysis import ScoreReader, open_model, profiles_from
+    from posprobe.validation import as_choice
+
+    mode = as_choice(mode, "mode", MODES)
+    layers = as_int_list(layers, "layers")
+    reader = ScoreReader(open_model(model, allow_pickle, mode=mode), positions, stack)
+    return PlannedProfiles(reader.causal, offsets_of(reader.n), lambda: _profile_set(profiles_from(reader, layers)))
 
 
 def load_profiles(
@@ -301,7 +386,11 @@ def load_profiles(
         raise PosprobeError("--profile applies to a .npz written by `posprobe attention`", "drop --profile")
     from posprobe.pipelines.analysis import profiles as compute_profiles
 
-    res = compute_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack)
+    return _profile_set(compute_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack))
+
+
+def _profile_set(res) -> ProfileSet:
+    """The `ProfileSet` of a `ProfileResult`."""
     return ProfileSet(
         res.model,
         res.model_type,
@@ -331,16 +420,28 @@ def _check_kernels(kernels: int | Sequence[int]) -> list[int]:
     return values
 
 
-def _resolve_window(window: int | None, offsets: np.ndarray) -> int:
-    """The half-width W actually fitted: `window`, or `DEFAULT_FIT_WINDOW` clipped to the offsets."""
+def _fitted_side(offsets: np.ndarray, causal: bool) -> np.ndarray:
+    """The offsets a fit may use: all of them, or k <= 0 for a causal model."""
     offsets = np.asarray(offsets)
-    available = int(min(-offsets.min(), offsets.max())) if offsets.size else 0
+    return offsets[offsets <= 0] if causal else offsets
+
+
+def _available(offsets: np.ndarray, causal: bool) -> int:
+    """The largest W the profiles cover: |k| <= W on both sides, or k >= -W for a causal model."""
+    offsets = np.asarray(offsets)
+    if not offsets.size:
+        return 0
+    return int(-offsets.min()) if causal else int(min(-offsets.min(), offsets.max()))
+
+
+def _resolve_window(window: int | None, kernels: list[int], causal: bool, available: int) -> int:
+    """The half-width W actually fitted: `window`, or the default for `kernels` (clipped to the offsets)."""
     if available < 1:
         raise PosprobeError(
             "the profiles do not cover offsets k = -1..1", "pass profiles over k = -(n-1)..n-1 with n >= 2"
         )
     if window is None:
-        return min(DEFAULT_FIT_WINDOW, available)
+        return default_window(kernels, causal, available)
     window = as_int(window, "window", minimum=1, hint=f"pass {{arg}} between 1 and {available}")
     if window > available:
         raise ArgumentValueError(
@@ -349,24 +450,6 @@ def _resolve_window(window: int | None, offsets: np.ndarray) -> int:
             f"pass {{arg}} between 1 and {available}",
         )
     return window
-
-
-def _check_points(kernel_list: list[int], window: int, asked_window: int | None, causal: bool = False) -> None:
-    """Refuse an S with more parameters (3·S + 1: a, b, c per kernel and the offset) than the 2W + 1
-    points of the window (W + 1 for a causal model: k = -W..0): such a fit is underdetermined for every head
-    and can take minutes."""
-    points = window + 1 if causal else 2 * window + 1
-    too_many = [s for s in kernel_list if 3 * s + 1 > points]
-    if too_many:
-        s = max(too_many)
-        span = f"-{window}..0, a causal model's" if causal else f"-{window}..{window}"
-        where = f"the fit window k = {span}" + ("" if asked_window is not None else " (the default)")
-        needed = 3 * s if causal else (3 * s + 1) // 2
-        raise ArgumentValueError(
-            "kernels",
-            f"{{arg}} {s} needs {3 * s + 1} profile points (3·S + 1 parameters) but {where} has {points}",
-            f"use at most {(points - 1) // 3} kernels, or a wider window (it needs at least {needed})",
-        )
 
 
 def _fit_one(
@@ -404,4 +487,12 @@ def _fit_one(
     flags = [list(all_flags[r * n_heads : (r + 1) * n_heads]) for r in range(rows)]
     if data.shared_layers:
         flags = [list(flags[0]) for _ in range(n_sel)]
-    return TisaFit(s, joined("a_"), joined("b_"), joined("c_"), joined("offset_"), joined("r2_"), flags, seconds)
+    arrays = [joined(name) for name in ("a_", "b_", "c_", "offset_", "r2_")]
+    first = parts[0]
+    return TisaFit(s, *arrays, flags, seconds, holdout_r2=joined("holdout_r2_"), n_points=first.n_points_,
+                   few_points=first.few_points_)  # fmt: skip
+
+
+def _finite_or_none(value) -> float | None:
+    value = float(value)
+    return value if np.isfinite(value) else None

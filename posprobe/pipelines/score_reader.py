@@ -110,7 +110,6 @@ class ScoreReader:
             if positions is None:
                 positions = min(maximum or DEFAULT_POSITIONS, DEFAULT_POSITIONS)
             self.n = self._check_n(positions, maximum, "its config allows") if maximum else positions
-        ctx.word_mean  # noqa: B018  (read the vocabulary once, before any layer)
 
     @property
     def reported_stack(self) -> str | None:
