@@ -77,6 +77,7 @@ def tisa_fit_grid(
 
     from posprobe.analysis.tisa_fit import tisa_function
     from posprobe.plotting import _figure
+    from posprobe.plotting_profiles import _inches
 
     offsets = np.asarray(offsets)
     profiles = np.asarray(profiles, dtype=np.float64)
@@ -91,8 +92,11 @@ def tisa_fit_grid(
     data = profiles[:n_rows][:, :, keep]  # (R, H, K_d)
     fitted = tisa_function(k, a[:n_rows], b[:n_rows], c[:n_rows]) + np.asarray(offset)[:n_rows, :, None]
 
-    left, right, bottom, header = 0.55, 0.1, 0.45, 0.75  # inches around the grid
-    width = left + right + PANEL_WIDTH * n_heads
+    left, right, bottom, header = 0.55, 0.1, 0.45, 0.9  # inches around the grid
+    note = " (one shared layer, replicated at every depth)" if shared_layers else ""
+    grid = left + right + PANEL_WIDTH * n_heads
+    width = max(grid, _inches((title or "TISA fit") + note, 9) + 0.3, 7.5)  # the title and the legend fit
+    left += (width - grid) / 2  # the grid centred under them
     height = bottom + header + PANEL_HEIGHT * n_rows
     fig = _figure(width, height)
     ax = fig.add_axes((0, 0, 1, 1))
@@ -150,17 +154,20 @@ def tisa_fit_grid(
                     ha="center", va="bottom")  # fmt: skip
             ax.text(x - 0.03, y + box_h, f"{hi[row, h]:.2g}", fontsize=5, ha="right", va="top", color="0.3")
             ax.text(x - 0.03, y, f"{lo[row, h]:.2g}", fontsize=5, ha="right", va="bottom", color="0.3")
-    ticks = sorted({int(lo_k), -window, 0, *(() if causal else (window, int(hi_k)))})
+    ends = {int(lo_k), 0, int(hi_k)}  # and the window's edges where they are not crowded against the ends
+    ticks = sorted(
+        ends
+        | {e for e in (-window, window) if lo_k <= e <= hi_k and min(abs(e - x) for x in ends) >= 0.25 * (hi_k - lo_k)}
+    )
     for h in range(n_heads):  # k ticks under the bottom row only
         for kk in ticks:
             ha = "left" if kk == lo_k else "right" if kk == hi_k else "center"
             ax.text(x0[h] + to_x(kk), y0[-1] - 0.03, f"{kk:+d}" if kk else "0", fontsize=5.5, ha=ha, va="top")
     ax.text(width / 2, 0.08, "k = j − i (positive = later key)", fontsize=8, ha="center", va="bottom")
-    note = " (one shared layer, replicated at every depth)" if shared_layers else ""
     ax.text(width / 2, height - 0.12, (title or "TISA fit") + note, fontsize=9, ha="center", va="top")
     ax.legend(loc="upper left", bbox_to_anchor=(0.1 / width, 1 - 0.3 / height), fontsize=6.5, frameon=False, ncol=3)
     scale = "each panel has its own vertical scale (top and bottom values at its left)"
     if held_mask.any():
         scale += "; out = R² on the held-out offsets against the window's mean"
-    ax.text(width - 0.1, height - 0.42, scale, fontsize=6, ha="right", va="top", color="0.3")
+    ax.text(0.15, height - 0.5, scale, fontsize=6, ha="left", va="top", color="0.3")  # under the legend
     return fig

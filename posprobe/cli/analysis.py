@@ -190,9 +190,9 @@ def profiles(
 
     Every family posprobe reads: learned tables (paper/faithful mode) and the content-free scores (SPEC §9) of
     rotary, ALiBi and relative-bias models. Causal models use only k ≤ 0 (marked in titles and JSON)."""
-    from posprobe import plotting
-    from posprobe.outputs import figure_writer, write_files
+    from posprobe.outputs import write_files
     from posprobe.pipelines import analysis as pipeline
+    from posprobe.plotting_profiles import profile_pages
     from posprobe.profile_files import write_profiles
 
     source = _resolve(model, allow_pickle)
@@ -208,8 +208,9 @@ def profiles(
     )
     tag = result.mode + ("_decoder" if result.stack == "decoder" else "")
     files = {f"profiles_{tag}.npz": lambda p: write_profiles(p, result)}
+    pages = profile_pages(result)  # one layout for every layer's page, drawn once
     for i, layer in enumerate(result.layers):
-        files[f"profiles_layer{layer}_{tag}.{fmt.value}"] = figure_writer(lambda i=i: plotting.profile_grid(result, i))
+        files[f"profiles_layer{layer}_{tag}.{fmt.value}"] = pages.writer(i, fmt.value)
     npz, *figures = write_files(out_dir, files).values()
     if json_out:
         emit_json(result.to_dict() | {"npz": str(npz), "figures": [str(f) for f in figures]})

@@ -238,10 +238,10 @@ class ProfileResult(ResultMixin):
 
     def plot(self, layer: int | None = None):
         """Profiles and sections of every head of model layer `layer` (default: the first computed one)."""
-        from posprobe import plotting
+        from posprobe.plotting_profiles import profile_grid
 
         index = 0 if layer is None else self.layer_index(layer)
-        return plotting.profile_grid(self, index)
+        return profile_grid(self, index)
 
 
 @dataclass(frozen=True, repr=False)
