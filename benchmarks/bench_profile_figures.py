@@ -13,7 +13,8 @@ by the parent (imports included), interleaved, `--repeats` times (medians report
   also times writing the figure pages itself (`plotting_profiles.profile_pages(result).write(...)`);
 - naive: `AutoModel.from_pretrained(DIR)` (the whole model), token 0 set to the average word, one forward over N
   copies with every layer fed the embedding-level input (pre-hooks) and the pre-softmax scores captured by an
-  attention function registered in `AttentionInterface`, then the diagonal means: the same profiles, no figures;
+  attention function registered in `AttentionInterface`, then the diagonal means (one scatter-add per layer): the
+  same profiles, no figures;
 - before (with `--before SRC`, a posprobe source tree, e.g. `git archive <commit> | tar -x -C SRC`): that tree's
   `posprobe profiles` command, the same arguments.
 
@@ -82,10 +83,11 @@ for i, layer in enumerate(model.layers):
     layer.register_forward_pre_hook(hook(i), with_kwargs=True)
 with torch.no_grad():
     model(input_ids=torch.zeros(1, n, dtype=torch.long), use_cache=False)
-profiles = []
-for s in scores:  # (H, n, n) -> diagonal means over k = j - i
-    profiles.append(torch.stack([torch.diagonal(s, offset=k, dim1=-2, dim2=-1).mean(-1) for k in range(-n + 1, n)], -1))
-p = torch.stack(profiles).numpy()
+idx = torch.arange(n)
+slot = (idx[None, :] - idx[:, None] + n - 1).reshape(-1)  # k = j - i, shifted to 0 .. 2n - 2
+count = torch.zeros(2 * n - 1, dtype=torch.float64).index_add_(0, slot, torch.ones(n * n, dtype=torch.float64))
+p = torch.stack([torch.zeros(s.shape[0], 2 * n - 1, dtype=torch.float64).index_add_(1, slot, s.reshape(s.shape[0], -1))
+                 / count for s in scores]).numpy()  # (L, H, 2n - 1): diagonal means over k = j - i
 print("RESULT", json.dumps({"checksum": float(np.abs(p).sum()), "shape": list(p.shape)}))
 """
 
@@ -116,7 +118,8 @@ def timed(args: list[str], src: Path = ROOT) -> tuple[tuple[float, float], dict 
     env = dict(os.environ, PYTHONPATH=str(src), HF_HUB_OFFLINE="1")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env)
+    # cwd: a neutral folder, since `python -m` puts the working directory first on the path
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

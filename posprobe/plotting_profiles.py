@@ -113,7 +113,7 @@ class ProfilePages:
             x, y, w, bh = self._box(h)
             self._scale.append(ax.text(x - 0.04, y + bh, "", fontsize=6, ha="right", va="top", color="0.3"))
             self._scale.append(ax.text(x - 0.04, y, "", fontsize=6, ha="right", va="bottom", color="0.3"))
-        self._title = ax.text(self.width / 2, self.height - 0.1, "", fontsize=10, ha="center", va="top")
+        self._title = fig.suptitle(" ", fontsize=10, y=1 - 0.1 / self.height, va="top")  # the page's
         self.fig, self.ax = fig, ax
         self._dynamic = [self._sections, self._profile, *self._scale, self._title]
 
