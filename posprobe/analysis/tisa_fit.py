@@ -92,7 +92,9 @@ class TisaKernelFitter:
     Parameters
     ----------
     n_kernels: S, kernels per head (>= 1).
-    window: half-width W of the fit window (k = -W..W); None = min(DEFAULT_FIT_WINDOW, available).
+    window: half-width W of the fit window (k = -W..W, or -W..0 for a causal model's profiles); None = the default
+        of `tisa_window.default_window` (16; causal: at least twice as many points as parameters), clipped to the
+        available offsets.
     restarts: starts per head (the deterministic starts first, then seeded random ones);
         default 8 (exhaustive: 64).
     max_iter: Levenberg-Marquardt iterations per run; default 200 (exhaustive: 2000).
