@@ -6,7 +6,8 @@ One module for both: the only one that writes (`save_tisa_kernels`, `save_offici
 
 File format: tensors ``a``, ``b``, ``c`` of shape ``(L, H, S)`` and ``offset`` ``(L, H)``, float32, with
 ``L`` the fitted layers in order, plus one metadata key ``posprobe`` whose value is a JSON object (model,
-mode, n_kernels, window, convention ``k = j - i``, layers, per-head r2, shared_layers, ...). The kernels
+mode, n_kernels, window, convention ``k = j - i``, layers, per-head r2, shared_layers, causal, fitted_offsets,
+points, parameters, few_points, holdout_offsets, per-head holdout_r2, ...). The kernels
 define ``f(k) = sum_s a_s exp(-|b_s| (k - c_s)^2)``; the offset is the per-head constant softmax ignores,
 *not* part of the kernels. `read_kernels_file` is the one validation of a file (shapes, ``L, H, S >= 1``,
 finite numbers, metadata consistent with the tensors) that every reader goes through.
@@ -256,10 +257,25 @@ def kernels_metadata(result, fit) -> dict:
         "shared_layers": result.shared_layers,
         "seed": result.seed,
         "r2": np.round(fit.r2, 6).tolist(),
+        "causal": bool(getattr(result, "causal", False)),
+        "fitted_offsets": [-result.window, 0 if getattr(result, "causal", False) else result.window],
+        "points": int(getattr(fit, "n_points", 0)),
+        "parameters": 3 * fit.n_kernels + 1,
+        "few_points": bool(getattr(fit, "few_points", False)),
+        "holdout_offsets": [int(k) for k in getattr(result, "holdout_offsets", ())],
+        "holdout_r2": _rounded_or_null(getattr(fit, "holdout_r2", None)),
         "flags": fit.flags,
         "shapes": {"a": "(L, H, S)", "b": "(L, H, S)", "c": "(L, H, S)", "offset": "(L, H)"},
         "offset_note": "constant per head that softmax ignores; not part of f(k)",
     }
+
+
+def _rounded_or_null(values) -> list | None:
+    """(L, H) numbers as nested lists rounded to 6 digits, NaN as None (JSON null); None stays None."""
+    if values is None:
+        return None
+    values = np.asarray(values, dtype=np.float64)
+    return [[round(float(v), 6) if np.isfinite(v) else None for v in row] for row in values]
 
 
 def layers_suffix(result) -> str:

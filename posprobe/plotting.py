@@ -11,6 +11,7 @@ time low for 512 x 512 (or larger) matrices; numbers printed by posprobe always 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -18,7 +19,9 @@ import numpy as np
 
 from posprobe.analysis.toeplitz import format_r2
 
-PANEL_PIXELS = 300  # display resolution of one grid panel; larger matrices are block-averaged to about this
+PANEL_PIXELS = 300  # display resolution of a matrix panel; larger matrices are block-averaged to about this
+TILE_PIXELS = 256  # side of one F_hat_P grid panel (of up to 16 panels): whatever n, see `tile_pixels`
+TITLE_SIZE, TITLE_LINE, LABEL_SIZE = 14, 19, 11  # font sizes and the title's line height, in pixels
 FIGURE_DPI = 110  # the resolution posprobe.outputs.save_figure writes raster figures at
 
 
@@ -147,12 +150,34 @@ class Mosaic:
             self.figure().savefig(path, format=fmt, dpi=FIGURE_DPI)
 
 
+def tile_pixels(n: int, panels: int) -> int:
+    """Side in pixels of one matrix panel of an F_hat_P grid: set by the number of panels (about TILE_PIXELS, less
+    for many), never by n alone: an n x n matrix is block-averaged (large n) or each entry drawn as a square block
+    of pixels (small n), by a whole factor."""
+    target = TILE_PIXELS if panels <= 16 else TILE_PIXELS * 3 // 4
+    if n >= target:
+        return n // math.ceil(n / (1.5 * target))
+    return n * max(1, round(target / n))
+
+
+def _tile(matrix: np.ndarray, limit: float, size: int) -> np.ndarray:
+    """`matrix` (n, n) coloured on [-limit, limit] as a (size, size, 4) uint8 tile (see `tile_pixels`)."""
+    n = matrix.shape[0]
+    if size >= n:
+        rgba = _coloured(matrix, limit, pixels=n)[0]
+        factor = size // n
+        return np.repeat(np.repeat(rgba, factor, axis=0), factor, axis=1)
+    return _coloured(matrix, limit, pixels=size)[0]
+
+
 def fhat_grid(result, scale: str = "shared") -> Mosaic:
     """One F_hat_P image per head of a layer (paper Fig. 8) on a diverging scale centred on 0; R^2 in each
-    label. `scale='shared'` (default): one colour scale for every head, so heads can be compared, with one
-    colorbar; `'per-head'`: each head its own symmetric scale, its limit written in its label.
+    label (none where the result is Toeplitz by construction: the title says so). `scale='shared'` (default): one
+    colour scale for every head, so heads can be compared, with one colorbar; `'per-head'`: each head its own
+    symmetric scale, its limit written in its label.
 
-    Axis labels (query i down, key j across, 0 and n-1) on the outer panels only. Returns a `Mosaic`
+    Axis labels (query i down, key j across, 0 and n-1) on the outer panels only. Panels are about TILE_PIXELS
+    wide whatever n (`tile_pixels`), cells and the whole image wide enough for their texts. Returns a `Mosaic`
     (displays in a notebook, `.savefig(path)`); a dozen matplotlib axes would cost more to build and
     draw than the analysis."""
     if scale not in ("shared", "per-head"):
@@ -161,40 +186,53 @@ def fhat_grid(result, scale: str = "shared") -> Mosaic:
 
     rows, cols = _grid(result.n_heads)
     n = result.matrices.shape[-1]
+    by_construction = getattr(result, "toeplitz_by_construction", False)
     shared = _symmetric_limit(*result.matrices) if scale == "shared" else None
     limits = [shared if shared is not None else _symmetric_limit(m) for m in result.matrices]
-    tiles = [_coloured(result.matrices[h], limits[h])[0] for h in range(result.n_heads)]
-    size = tiles[0].shape[0]
-    gap, top, header, left, bottom = 16, 22, 40, 64, 34  # pixels
+    size = tile_pixels(n, result.n_heads)
+    tiles = [_tile(result.matrices[h], limits[h], size) for h in range(result.n_heads)]
+    names = []
+    for h in range(result.n_heads):
+        extra = f" (±{limits[h]:.3g})" if shared is None else ""
+        stat = "" if by_construction else f": R² = {format_r2(result.toeplitz_r2[h], 3)}"
+        names.append(f"head {h}{stat}{extra}")
+    label_font = _font(LABEL_SIZE)
+    cell = max(size, math.ceil(max(label_font.getlength(name) for name in names)) + 6)  # a label fits its cell
+    scale_note = "one colour scale for all heads" if shared is not None else "each head its own colour scale"
+    notes = causal_note(result) + ("; Toeplitz by construction" if by_construction else "")
+    kind = layer_kind_note(getattr(result, "layer_kind", None))
+    title = f"{result.model}{quantization_note(result)}\nF̂_P, layer {result.layer}{kind}, {result.mode} mode "
+    title += f"({scale_note}){notes}"
+    title_font = _font(TITLE_SIZE)
+    title_w = max(title_font.getlength(line) for line in title.split("\n"))
+    gap, top, left, bottom = 16, 22, 64, 34  # pixels
+    header = 16 + TITLE_LINE * title.count("\n") + TITLE_LINE
     bar_w = 100 if shared is not None else 0  # colorbar strip plus its tick labels
     height = header + rows * (size + top) + bottom
-    width = left + cols * (size + gap) + bar_w
+    grid_w = left + cols * (cell + gap) + bar_w
+    width = max(grid_w, math.ceil(title_w) + 40)
+    left += (width - grid_w) // 2  # a title wider than the grid: centre the grid under it
     pixels = np.full((height, width, 4), 255, dtype=np.uint8)
     labels = []
     for h, tile in enumerate(tiles):
         r, c = divmod(h, cols)
-        y, x = header + r * (size + top) + top, left + c * (size + gap)
+        y, x = header + r * (size + top) + top, left + c * (cell + gap) + (cell - size) // 2
         pixels[y : y + size, x : x + size] = tile
-        extra = f" (±{limits[h]:.3g})" if shared is None else ""
-        labels.append((x + size / 2, y - 4, f"head {h}: R² = {format_r2(result.toeplitz_r2[h], 3)}{extra}", "mb", 11))
+        labels.append((x + size / 2, y - 4, names[h], "mb", LABEL_SIZE))
         if c == 0:  # left column: query axis
             labels += [(x - 4, y, "0", "rt", 10), (x - 4, y + size, str(n - 1), "rb", 10)]
-            labels.append((x - 6, y + size / 2, "query i", "rm", 11))
+            labels.append((x - 6, y + size / 2, "query i", "rm", LABEL_SIZE))
         if r == rows - 1 or h + cols >= result.n_heads:  # bottom of each column: key axis
             labels += [(x, y + size + 3, "0", "lt", 10), (x + size, y + size + 3, str(n - 1), "rt", 10)]
-            labels.append((x + size / 2, y + size + 3, "key j", "mt", 11))
+            labels.append((x + size / 2, y + size + 3, "key j", "mt", LABEL_SIZE))
     if shared is not None:
-        x0, y0 = left + cols * (size + gap) + 8, header + top
+        x0, y0 = left + cols * (cell + gap) + 8, header + top
         bar_h = rows * (size + top) - top
         ramp = colormaps[DIVERGING](np.linspace(1, 0, bar_h), bytes=True)  # top = +limit
         pixels[y0 : y0 + bar_h, x0 : x0 + 14] = ramp[:, None, :]
         for frac in (0.0, 0.25, 0.5, 0.75, 1.0):
             value = shared * (1 - 2 * frac)
             labels.append((x0 + 18, y0 + frac * (bar_h - 1), f"{value:+.3g}" if value else "0", "lm", 10))
-    scale_note = "one colour scale for all heads" if shared is not None else "each head its own colour scale"
-    title = f"{result.model}{quantization_note(result)}: F̂_P, layer {result.layer}"
-    title += f"{layer_kind_note(getattr(result, 'layer_kind', None))}, "
-    title += f"{result.mode} mode ({scale_note}){causal_note(result)}"
     return Mosaic(pixels, title, tuple(labels))
 
 
@@ -208,7 +246,10 @@ def render_mosaic_image(mosaic: Mosaic):
     for x, y, text, anchor, size in mosaic.labels:
         font = fonts.setdefault(size, _font(size))
         draw.text((x, y), text, fill=(0, 0, 0, 255), font=font, anchor=anchor)
-    draw.text((mosaic.pixels.shape[1] / 2, 10), mosaic.title, fill=(0, 0, 0, 255), font=_font(14), anchor="mt")
+    title_font = _font(TITLE_SIZE)
+    for i, line in enumerate(mosaic.title.split("\n")):
+        draw.text((mosaic.pixels.shape[1] / 2, 10 + TITLE_LINE * i), line, fill=(0, 0, 0, 255), font=title_font,
+                  anchor="mt")  # fmt: skip
     return image.convert("RGB")
 
 
@@ -232,10 +273,12 @@ def mosaic_figure(mosaic: Mosaic, dpi: int = FIGURE_DPI):
     points = 72 / dpi  # a font size in pixels at `dpi`, in points
     for x, y, text, anchor, size in mosaic.labels:
         ax.text(x, y, text, ha=_ANCHOR_H[anchor[0]], va=_ANCHOR_V[anchor[1]], fontsize=size * points)
-    ax.text(width / 2, 10, mosaic.title, ha="center", va="top", fontsize=14 * points)
+    for i, line in enumerate(mosaic.title.split("\n")):
+        ax.text(width / 2, 10 + TITLE_LINE * i, line, ha="center", va="top", fontsize=TITLE_SIZE * points)
     return fig
 
 
+@functools.lru_cache(maxsize=16)
 def _font(size: int):
     import importlib.util
     from pathlib import Path
@@ -264,52 +307,6 @@ def quantization_note(result) -> str:
     """A suffix for the model's name in titles when its weights were de-quantised from a GGUF file."""
     quantization = getattr(result, "quantization", None)
     return f" ({quantization} GGUF, de-quantised)" if quantization else ""
-
-
-def profile_grid(result, layer_index: int = 0):
-    """Per head: sections of F_hat_P at 5 rows i (thin lines) and the profile (thick), over k = j - i.
-
-    Paper Figs. 3, 6 and 7: when F_hat_P is near-Toeplitz the sections coincide with the profile.
-    """
-    w = result.window
-    ks = np.arange(-w, w + 1)
-    centre = result.n_positions - 1
-    rows, cols = _grid(result.n_heads)
-    fig = _figure(2.8 * cols, 2.2 * rows + 0.6)
-    axes = fig.subplots(
-        rows,
-        cols,
-        squeeze=False,
-        gridspec_kw=dict(
-            left=0.04,
-            right=0.99,
-            bottom=0.35 / fig.get_figheight(),
-            top=1 - 0.55 / fig.get_figheight(),
-            wspace=0.3,
-            hspace=0.45,
-        ),
-    )
-    for h, ax in enumerate(axes.flat):
-        if h >= result.n_heads:
-            ax.axis("off")
-            continue
-        for s, row in enumerate(result.section_rows):
-            ax.plot(ks, result.sections[layer_index, h, s], lw=0.8, alpha=0.6, label=f"i = {row}")
-        ax.plot(
-            ks, result.profiles[layer_index, h, centre - w : centre + w + 1], color="black", lw=1.8, label="profile"
-        )
-        ax.axvline(0, color="grey", lw=0.5)
-        ax.set_title(f"head {h}", fontsize=8)
-        ax.tick_params(labelsize=6)
-    axes.flat[0].legend(fontsize=5, loc="best")
-    layer = result.layers[layer_index]
-    kind = layer_kind_note(result.layer_kinds[layer_index] if getattr(result, "layer_kinds", None) else None)
-    fig.suptitle(
-        f"{result.model}{quantization_note(result)}: positional profiles, layer {layer}{kind}, {result.mode} mode "
-        "(x: k = j − i, positive = later key)" + causal_note(result),
-        fontsize=10,
-    )
-    return fig
 
 
 def compare_heatmaps(rows, labels: list[str] | None = None):

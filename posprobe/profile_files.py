@@ -63,7 +63,7 @@ def read_profile_file(path: Path, layers: list[int] | None = None, profile: str 
         raise PosprobeError(f"profile file '{path}' does not exist", "pass a .npz written by `posprobe profiles`")
     meta, arrays = load_npz(path)
     hint = _HINT
-    empirical = _empirical_profiles(path, arrays, profile)
+    empirical = _empirical_profiles(path, arrays, profile, bool(meta.get("causal", False)))
     if empirical is not None:
         arrays, meta = empirical, meta | {"mode": f"empirical-{profile or 'score'}"}
     for name in ("profiles", "offsets"):
@@ -103,9 +103,10 @@ def read_profile_file(path: Path, layers: list[int] | None = None, profile: str 
     )
 
 
-def _empirical_profiles(path: Path, arrays: dict, profile: str | None) -> dict | None:
+def _empirical_profiles(path: Path, arrays: dict, profile: str | None, causal: bool = False) -> dict | None:
     """For a `posprobe attention` file: its score (default) or probability profiles as `profiles`, cut to the
-    widest window -K..K in which every head has data (offsets no text reached are NaN). None for other files."""
+    widest window -K..K in which every head has data (offsets no text reached are NaN); for a causal model, which
+    has data at k <= 0 only, to -K..0. None for other files."""
     if "score_profiles" not in arrays:
         if profile is not None:
             raise PosprobeError(f"'{path}' has no empirical profiles", "--profile needs a `posprobe attention` .npz")
@@ -119,14 +120,15 @@ def _empirical_profiles(path: Path, arrays: dict, profile: str | None) -> dict |
     reach = 0
     while (
         centre - reach - 1 >= 0
-        and centre + reach + 1 < len(offsets)
-        and finite[[centre - reach - 1, centre + reach + 1]].all()
+        and (causal or centre + reach + 1 < len(offsets))
+        and finite[[centre - reach - 1] if causal else [centre - reach - 1, centre + reach + 1]].all()
     ):
         reach += 1
     if reach < 1 or not finite[centre]:
+        where = "k = -1..0" if causal else "k = ±1"
         raise PosprobeError(
-            f"'{path}' has no data at k = ±1 (a causal model's profiles stop at k = 0)",
-            "fit-tisa fits symmetric windows: use an encoder's profiles",
+            f"'{path}' has no data at {where} for every head",
+            "record more or longer texts with `posprobe attention`",
         )
-    window = slice(centre - reach, centre + reach + 1)
+    window = slice(centre - reach, centre + (0 if causal else reach) + 1)
     return {**arrays, "profiles": values[..., window], "offsets": offsets[window]}

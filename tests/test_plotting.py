@@ -131,3 +131,68 @@ def test_fit_figure_cost_is_linear_in_panels():
     draw(1)
     small, large = min(draw(4) for _ in range(2)), min(draw(16) for _ in range(2))
     assert large < 8 * small + 0.5  # 4x the panels; quadratic would be ~16x
+
+
+@pytest.mark.parametrize("n_heads", [3, 4, 9, 12])
+def test_fhat_grid_is_sized_by_its_panels_not_by_n(n_heads):
+    """Issue 19: `fhat --positions 64` gave a 644 x 246 px grid with clipped titles and overlapping labels. The
+    panels are about the same size for any n, every label fits its cell, and the title fits the image."""
+    from posprobe.plotting import LABEL_SIZE, TITLE_SIZE, _font
+
+    sizes = {}
+    for n in (16, 64, 512):
+        mosaic = plotting.fhat_grid(fhat_result(n_heads=n_heads, n=n))
+        sizes[n] = mosaic.size
+        width = mosaic.size[0]
+        rows: dict[float, list[tuple[float, float]]] = {}  # head labels by row: their horizontal extents
+        for x, y, text, _, _ in mosaic.labels:
+            if text.startswith("head "):
+                half = _font(LABEL_SIZE).getlength(text) / 2
+                rows.setdefault(y, []).append((x - half, x + half))
+        assert sum(len(spans) for spans in rows.values()) == n_heads
+        for spans in rows.values():
+            spans.sort()
+            assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:]))  # no two labels overlap
+            assert spans[0][0] >= 0 and spans[-1][1] <= width
+        assert max(_font(TITLE_SIZE).getlength(line) for line in mosaic.title.split("\n")) <= width
+        tile = plotting.tile_pixels(n, n_heads)
+        assert 150 <= tile <= 400  # the panel's side, whatever n
+    widths = [w for w, _ in sizes.values()]
+    assert max(widths) - min(widths) <= 0.25 * max(widths)
+
+
+def test_profile_pages_are_sized_by_their_panels_and_texts(tmp_path):
+    from posprobe.plotting_profiles import ProfilePages
+
+    sizes = []
+    for n in (16, 64, 512):
+        k = np.arange(-min(20, n - 1), min(20, n - 1) + 1)
+        profiles = np.sin(k / 3.0)[None, None].repeat(9, 1)
+        pages = ProfilePages(k, profiles, None, (), ["model\npositional profiles, layer 0"], causal=True)
+        pages.write(0, tmp_path / f"p{n}.png")
+        image = Image.open(tmp_path / f"p{n}.png")
+        assert not_blank(image)
+        sizes.append(image.size)
+    assert len(set(sizes)) == 1  # n does not change the page
+    long_title = "x" * 300
+    narrow = ProfilePages(np.arange(-3, 4), np.zeros((1, 1, 7)), None, (), [long_title])
+    assert narrow.width * 110 >= __import__("posprobe.plotting", fromlist=["_font"])._font(15).getlength(long_title)
+
+
+def test_profile_pages_png_equals_the_figure(tmp_path):
+    """The fast path (a kept background plus the changing artists) draws what the plain Figure draws."""
+    from posprobe.plotting_profiles import ProfilePages
+
+    rng = np.random.default_rng(0)
+    k = np.arange(-8, 9)
+    profiles = rng.normal(size=(3, 5, k.size)).cumsum(-1)
+    sections = profiles[:, :, None] + 0.1 * rng.normal(size=(3, 5, 2, k.size))
+    args = (k, profiles, sections, ["i = 0", "i = 9"], [f"m\nlayer {p}" for p in range(3)])
+    pages = ProfilePages(*args, causal=True)
+    for page in (0, 2, 1):
+        pages.write(page, tmp_path / f"fast{page}.png")
+    for page in range(3):
+        ProfilePages(*args, causal=True).figure(page).savefig(tmp_path / f"slow{page}.png", dpi=110)
+        fast = np.asarray(Image.open(tmp_path / f"fast{page}.png").convert("RGB"), dtype=np.int16)
+        slow = np.asarray(Image.open(tmp_path / f"slow{page}.png").convert("RGB"), dtype=np.int16)
+        assert fast.shape == slow.shape and np.mean(np.abs(fast - slow) > 8) < 0.002

@@ -172,7 +172,7 @@ def test_flat_profiles_are_flagged_not_nan():
 def test_underdetermined_window_is_refused():
     """3·S + 1 parameters need as many points: S = 5 on a window of 5 points is refused, as the CLI refuses it."""
     profile = np.exp(-0.3 * (OFFSETS[None] - 1.0) ** 2)
-    with pytest.raises(ArgumentValueError, match="n_kernels 5 needs 16 profile points .* holds 5"):
+    with pytest.raises(ArgumentValueError, match="n_kernels 5 needs 16 profile points .* has 5"):
         TisaKernelFitter(5, window=2).fit(profile, OFFSETS)
     fit = TisaKernelFitter(1, window=2).fit(profile, OFFSETS)  # 4 parameters, 5 points: fine
     assert np.all(np.isfinite(fit.a_)) and 0 <= fit.r2_[0] <= 1

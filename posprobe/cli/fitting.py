@@ -2,14 +2,16 @@
 
 `fit-tisa --json` prints one object. Single S (``--kernels 5``)::
 
-    {"model", "model_type", "mode", "kernels": 5, "window", "seconds" (fitting only), "layers",
-     "n_heads", "shared_layers", "seed", "convention": "k = j - i", "function", "median_r2",
-     "kernels_file", "figure",
-     "heads": [{"layer", "head", "r2", "a": [S], "b": [S], "c": [S], "offset", "flags"}, ...]}
+    {"model", "model_type", "mode", "kernels": 5, "window", "fitted_offsets": [lo, hi], "holdout_offsets",
+     "causal", "stack", "seconds" (fitting only), "layers", "n_heads", "shared_layers", "seed",
+     "convention": "k = j - i", "function", "orientation", "median_r2", "median_holdout_r2", "points",
+     "parameters", "few_points", "warnings", "kernels_file", "figure",
+     "heads": [{"layer", "head", "r2", "a": [S], "b": [S], "c": [S], "offset", "holdout_r2", "flags"}, ...]}
 
 Sweep (``--kernels 1,3,5``): the same top-level keys except that ``kernels`` is the list of S,
 ``seconds`` the total fitting time, and the per-S parts move into
-``"fits": [{"kernels": S, "seconds", "median_r2", "kernels_file", "figure", "heads": [...]}, ...]``.
+``"fits": [{"kernels": S, "seconds", "median_r2", "median_holdout_r2", "points", "parameters", "few_points",
+"warnings", "kernels_file", "figure", "heads": [...]}, ...]``.
 """
 
 from __future__ import annotations
@@ -72,7 +74,12 @@ def fit_tisa(
     model: ModelArg = None,
     kernels: Annotated[str, typer.Option("--kernels", help="Kernels per head S, or a sweep like '1,3,5'.")] = "5",
     window: Annotated[
-        int | None, typer.Option("--window", help="Fit k = -W..W (default 16, clipped to the model's offsets).")
+        int | None,
+        typer.Option(
+            "--window",
+            help="Fit k = -W..W, a causal model's k = -W..0 (default 16; causal: at least 2 points per parameter, "
+            "31 for S = 5; clipped to the offsets).",
+        ),
     ] = None,
     layers: Annotated[str | None, typer.Option("--layers", help="Layers, e.g. '0,1,5' or 'all'.")] = "all",
     mode: ModeOpt = Mode.paper,
@@ -147,13 +154,15 @@ def _print_fit(result) -> None:
 
     from posprobe.cli.console import format_r2
 
-    head = f"TISA fit — {result.model}, {result.mode} mode, k = j − i in ±{result.window}"
+    w = result.window
+    fitted = f"k = j − i in −{w}..0 (causal)" if result.causal else f"k = j − i in ±{w}"
+    head = f"TISA fit — {result.model}, {result.mode} mode, {fitted}"
     folders = {str(Path(f.kernels_file).parent) for f in result.fits if f.kernels_file is not None}
     if len(result.fits) > 1:
         table = Table(
             title=head + " (sweep)", title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False
         )
-        for name in ("S", "params", "median R²", "min R²", "flagged", "seconds", "kernels file"):
+        for name in ("S", "params", "R²", "held-out", "min R²", "flagged", "s", "kernels file"):
             table.add_column(name, justify="left" if name == "kernels file" else "right", overflow="fold")
         n_layers = len(result.layers)
         for f in result.fits:
@@ -162,16 +171,20 @@ def _print_fit(result) -> None:
                 str(f.n_kernels),
                 f"{3 * f.n_kernels * result.n_heads * n_layers:,}",
                 format_r2(f.median_r2),
+                format_r2(f.median_holdout_r2, short=True),
                 format_r2(float(np.min(f.r2))),
                 str(flagged),
                 f"{f.seconds:.2f}",
                 Path(f.kernels_file).name if f.kernels_file else "",
             )
         console.print(table)
+        console.print("R², held-out: medians over heads; s: seconds of fitting")
         console.print(f"folder: {', '.join(sorted(folders))}")
     else:
         f = result.fits[0]
+        held = f.holdout_r2 if f.holdout_r2 is not None else np.full(f.r2.shape, np.nan)
         if 7 + 6 * result.n_heads <= console.width:  # "0.991" and one space per column, no borders
+            with_held = 7 + 6 * result.n_heads + 9 <= console.width  # per-layer held-out medians too
             table = Table(
                 title=head + f", S = {f.n_kernels}: R² per head",
                 title_justify="left",
@@ -182,11 +195,14 @@ def _print_fit(result) -> None:
             table.add_column("layer", justify="right", no_wrap=True)
             for h in range(result.n_heads):
                 table.add_column(f"h{h}", justify="right", no_wrap=True, min_width=5)
+            if with_held:
+                table.add_column("held-out", justify="right", no_wrap=True)
             for li, layer in enumerate(result.layers):
-                table.add_row(str(layer), *[format_r2(r, 3) for r in f.r2[li]])
+                extra = [_median(held[li])] if with_held else []
+                table.add_row(str(layer), *[format_r2(r, 3) for r in f.r2[li]], *extra)
         else:
             table = Table(title=head + f", S = {f.n_kernels}: R² over heads", title_justify="left")
-            for name in ("layer", "min R²", "median R²", "max R²", "worst head"):
+            for name in ("layer", "min R²", "median R²", "max R²", "worst head", "held-out"):
                 table.add_column(name, justify="right", no_wrap=True)
             for li, layer in enumerate(result.layers):
                 row = f.r2[li]
@@ -196,12 +212,21 @@ def _print_fit(result) -> None:
                     format_r2(float(np.median(row)), 3),
                     format_r2(row.max(), 3),
                     str(int(np.argmin(row))),
+                    _median(held[li]),
                 )
         console.print(table)
-        console.print(f"median R² {format_r2(f.median_r2)}, fitting {f.seconds:.2f} s (per-head values: --json)")
+        console.print(
+            f"median R² {format_r2(f.median_r2)}, held-out {format_r2(f.median_holdout_r2, short=True)}, "
+            f"fitting {f.seconds:.2f} s (per-head values: --json)"
+        )
         console.print(f"kernels: {f.kernels_file}\nfigure:  {f.figure}")
+    console.print(f"[dim]{_holdout_note(result)}[/dim]")
     if result.shared_layers:
         console.print("[dim]shared layers (ALBERT): one layer fitted, replicated at every depth[/dim]")
+    for f in result.fits:
+        warning = f.warning(result.window, result.causal)
+        if warning:
+            console.print(f"[yellow]warning: {warning}[/yellow]")
     notes = {
         (f.n_kernels, result.layers[li], h, note)
         for f in result.fits
@@ -213,6 +238,31 @@ def _print_fit(result) -> None:
         console.print(f"[yellow]S={s} layer {layer} head {h}: {note}[/yellow]")
     if len(notes) > 12:
         console.print(f"[yellow]... and {len(notes) - 12} more flagged heads (see --json)[/yellow]")
+
+
+def _median(values) -> str:
+    """The median of the finite values as a table cell ('—' where there is none)."""
+    import numpy as np
+
+    from posprobe.cli.console import format_r2
+
+    finite = np.asarray(values, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    return format_r2(float(np.median(finite)) if finite.size else None, 3, short=True)
+
+
+def _holdout_note(result) -> str:
+    """What the held-out column measures, with its offsets."""
+    ks = list(result.holdout_offsets)
+    if not ks:
+        return "held-out: none (the profiles end at the fit window)"
+    left = [k for k in ks if k < 0]
+    right = [k for k in ks if k > 0]
+    parts = [f"{min(side)}..{max(side)}" for side in (left, right) if side]
+    return (
+        f"held-out: R² of the fit on k = {' and '.join(parts)}, beyond the fitted window,\n"
+        "against the window's mean (1 exact, 0 no better than a constant)"
+    )
 
 
 def params(

@@ -53,3 +53,9 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
     b = ctx.cache[key]
     bias_scale = scale if ctx.family.tensors.get("alibi_scaled") else 1.0  # Falcon: (q . k + alibi) / sqrt(d_h)
     return content[:, None, None] - bias_scale * np.abs(b[:, None, :] - b[:, :, None])
+
+
+def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
+    """Always, for an input that is the same at every position: q . k is one constant per head and -m_h |j - i|
+    depends on j - i alone, so R^2 = 1 whatever the weights."""
+    return True

@@ -1,9 +1,12 @@
 """TISA kernel fitting of a checkpoint: head profiles -> batched least-squares fit -> kernels file + figure.
 
-Convention everywhere: k = j - i (query i, key j); a kernel with c > 0 scores later tokens.
+Convention everywhere: k = j - i (query i, key j); a kernel with c > 0 scores later tokens; a causal model's
+profiles are fitted over k <= 0 only.
 
-Fitting returns a `TisaFitResult` and writes nothing; its `save()` writes the kernels files (format:
-`posprobe.kernels_file`) and figures.
+This module reads the profiles (a model's, computed by the analysis pipeline, or a .npz), checks the window against
+them (`posprobe.analysis.tisa_window`) and runs the fitter; the results (`TisaFitResult`, `TisaFit`: records,
+figures, `save()`) live in `posprobe.pipelines.fitting_results`. Fitting writes nothing; `save()` writes the
+kernels files (format: `posprobe.kernels_file`) and figures.
 The kernels file (``tisa_kernels_S{S}.safetensors``; ``..._layers0,2`` when only some layers were
 fitted) holds tensors ``a``, ``b``, ``c`` of shape
 (L, H, S) and ``offset`` (L, H), float32, with L = the fitted layers in order, plus one metadata key
@@ -16,186 +19,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from posprobe.analysis.tisa_fit import DEFAULT_FIT_WINDOW, TisaKernelFitter
+from posprobe.analysis.tisa_fit import TisaKernelFitter
+from posprobe.analysis.tisa_window import check_points, default_window, holdout_offsets
 from posprobe.errors import ArgumentError, ArgumentValueError, PosprobeError
-from posprobe.kernels_file import (
-    CONVENTION,
-    FUNCTION,
-    ORIENTATIONS,
-    kernels_file_name,
-    kernels_metadata,
-    layers_suffix,
-    save_official_kernels,
-    save_tisa_kernels,
-)
+from posprobe.kernels_file import ORIENTATIONS
+from posprobe.pipelines.fitting_results import TisaFit, TisaFitResult, figure_file_name
 from posprobe.profile_files import ProfileSet, read_profile_file
-from posprobe.results import ResultMixin
 from posprobe.validation import as_bool, as_int, as_int_list
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-
-class _NotFitted(ArgumentValueError, KeyError):
-    """`TisaFitResult.fit(S)` for an S that was not fitted."""
-
-    __str__ = ArgumentValueError.__str__
-
-
-@dataclass(frozen=True, repr=False)
-class TisaFit(ResultMixin):
-    """The fit for one number of kernels S: `a`, `b`, `c` (L_sel, H, S); `offset`, `r2` (L_sel, H)."""
-
-    n_kernels: int
-    a: np.ndarray
-    b: np.ndarray
-    c: np.ndarray
-    offset: np.ndarray
-    r2: np.ndarray
-    flags: list[list[str]]
-    seconds: float
-    kernels_file: Path | None = None
-    figure: Path | None = None
-
-    _repr_fields = ("n_kernels", "median_r2", "a", "b", "c", "offset", "r2", "kernels_file")
-
-    @property
-    def median_r2(self) -> float:
-        return float(np.median(self.r2))
-
-    def heads_json(self, layers: list[int]) -> list[dict]:
-        return [
-            {
-                "layer": int(layer),
-                "head": h,
-                "r2": float(self.r2[li, h]),
-                "a": self.a[li, h].tolist(),
-                "b": self.b[li, h].tolist(),
-                "c": self.c[li, h].tolist(),
-                "offset": float(self.offset[li, h]),
-                "flags": self.flags[li][h],
-            }
-            for li, layer in enumerate(layers)
-            for h in range(self.a.shape[1])
-        ]
-
-
-@dataclass(frozen=True, repr=False)
-class TisaFitResult(ResultMixin):
-    """Fits of one model for every requested S (in request order), with the profiles they were fitted to.
-
-    `profiles` (L_sel, H, K) over `offsets` (K,), k = j - i, for model layers `layers`; `fits` one `TisaFit`
-    per S (`fit(S)` picks one). `plot(S)` draws each head's profile against its fitted function.
-    """
-
-    model: str
-    model_type: str
-    mode: str
-    layers: list[int]
-    n_layers: int
-    n_heads: int
-    shared_layers: bool
-    window: int
-    seed: int
-    offsets: np.ndarray
-    profiles: np.ndarray
-    fits: list[TisaFit] = field(default_factory=list)
-    orientation: str = "posprobe"  # of the kernels files to write: posprobe (k = j - i) or official (i - j - 1)
-    causal: bool = False  # profiles of a causal model: only k <= 0 is used by it
-    stack: str | None = None  # which stack of an encoder-decoder model (T5-style) the profiles came from
-
-    _repr_fields = ("model", "mode", "layers", "n_heads", "window", "kernels", "median_r2", "profiles")
-
-    @property
-    def kernels(self) -> list[int]:
-        return [f.n_kernels for f in self.fits]
-
-    @property
-    def median_r2(self) -> dict[int, float]:
-        """{S: median R^2 over heads}."""
-        return {f.n_kernels: f.median_r2 for f in self.fits}
-
-    def plot(self, n_kernels: int | None = None):
-        """Profiles (dots) against the fitted functions at integer k, one panel per head, for S = `n_kernels`
-        (default: the first fitted S); a matplotlib Figure."""
-        from posprobe.plotting_fit import fit_figure
-
-        return fit_figure(self, self.fits[0] if n_kernels is None else self.fit(n_kernels))
-
-    def save(self, out_dir: str | Path, fmt: str = "png") -> TisaFitResult:
-        """Write each fit's kernels file and figure into `out_dir` (as `posprobe fit-tisa` does); returns the
-        result with `kernels_file` and `figure` set on every fit. File names carry S, and the fitted layers when
-        not all were fitted (`kernels_file.kernels_file_name`)."""
-        from dataclasses import replace
-
-        from posprobe.outputs import FIGURE_FORMATS, prepare_out_dir, save_figure
-        from posprobe.plotting_fit import fit_figure
-
-        if fmt not in FIGURE_FORMATS:
-            raise PosprobeError(f"unknown figure format '{fmt}'", f"use one of: {', '.join(FIGURE_FORMATS)}")
-        out = prepare_out_dir(out_dir)
-        fits = []
-        for fit in self.fits:
-            save = save_official_kernels if self.orientation == "official" else save_tisa_kernels
-            kernels = save(out / kernels_file_name(self, fit), fit, kernels_metadata(self, fit))
-            figure = save_figure(fit_figure(self, fit), out / figure_file_name(self, fit, fmt))
-            fits.append(replace(fit, kernels_file=kernels, figure=figure))
-        return replace(self, fits=fits)
-
-    @property
-    def seconds(self) -> float:
-        """Fitting time only (all S), excluding profile computation and file writing."""
-        return float(sum(f.seconds for f in self.fits))
-
-    def fit(self, n_kernels: int) -> TisaFit:
-        """The fit with S = `n_kernels` (a KeyError, also an ArgumentValueError, if it was not fitted)."""
-        for f in self.fits:
-            if f.n_kernels == n_kernels:
-                return f
-        raise _NotFitted("n_kernels", f"S = {n_kernels} was not fitted (fitted: {self.kernels})")
-
-    def to_dict(self) -> dict:
-        """Single S: `kernels` is an int and `heads` the per-head list. Sweep (several S): `kernels` is
-        the list of S and `fits` holds one {kernels, seconds, median_r2, kernels_file, figure, heads}
-        per S. Both: model, model_type, mode, window, seconds (fitting only), layers, shared_layers,
-        convention, function."""
-        common = {
-            "model": self.model,
-            "model_type": self.model_type,
-            "mode": self.mode,
-            "window": self.window,
-            "seconds": round(self.seconds, 4),
-            "layers": self.layers,
-            "n_heads": self.n_heads,
-            "shared_layers": self.shared_layers,
-            "seed": self.seed,
-            "convention": CONVENTION,
-            "function": FUNCTION,
-            "orientation": self.orientation,
-            "causal": self.causal,
-            "stack": self.stack,
-        }
-
-        def one(f: TisaFit) -> dict:
-            return {
-                "kernels": f.n_kernels,
-                "seconds": round(f.seconds, 4),
-                "median_r2": f.median_r2,
-                "kernels_file": None if f.kernels_file is None else str(f.kernels_file),
-                "figure": None if f.figure is None else str(f.figure),
-                "heads": f.heads_json(self.layers),
-            }
-
-        if len(self.fits) == 1:
-            return {**common, **one(self.fits[0]), "seconds": round(self.seconds, 4)}
-        return {**common, "kernels": [f.n_kernels for f in self.fits], "fits": [one(f) for f in self.fits]}
 
 
 # ---------------------------------------------------------------------------------------------- API
@@ -222,8 +62,13 @@ def fit_tisa(
 
     `model`: hub id, folder, None (packaged MiniLM), a loaded transformers model, or a `.npz` written by
     `posprobe profiles`. `kernels`: S, one number or a list (a sweep). `layers`: None = all (-1 = last).
-    `window`: fit half-width W (None = `DEFAULT_FIT_WINDOW`, clipped to the offsets).
-    An S whose 3·S + 1 parameters exceed the 2W + 1 points of the window is refused before any work.
+    `window`: fit half-width W: k = -W..W, or k = -W..0 for a causal model (which never uses k > 0); None = the
+    default of `posprobe.analysis.tisa_window.default_window` (16; for a causal model at least twice as many points
+    as the largest S has parameters, 31 for S = 5), clipped to the offsets. An S whose 3·S + 1 parameters exceed
+    the window's points is refused before any profile is computed (the model's causality and positions are read
+    from its config first), with advice that is accepted when followed; fits with fewer than twice as many points
+    as parameters are flagged (`few_points`). Each head is also scored on the next offsets beyond the window
+    (`holdout_r2`).
     ALBERT (shared layers): the one shared layer is fitted once and replicated at every depth.
     Save the result with `result.save(out_dir)` (kernels file and figure per S).
     `orientation`: of the kernels file `save()` writes: "posprobe" (what `retrofit` reads) or
@@ -238,14 +83,11 @@ def fit_tisa(
         window = as_int(window, "window", minimum=1, hint="pass e.g. {arg} 16 (fits k = -16..16)")
     seed = as_int(seed, "seed", minimum=0)
     exhaustive = as_bool(exhaustive, "exhaustive")
-    _check_points(kernel_list, window if window is not None else DEFAULT_FIT_WINDOW, window)
-    data = (
-        profiles
-        if profiles is not None
-        else load_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack)
-    )
-    used_window = _resolve_window(window, data.offsets)
-    _check_points(kernel_list, used_window, window, causal=data.causal)
+    planned = profiles if profiles is not None else plan_profiles(model, layers, mode, allow_pickle, positions, stack)
+    causal, available = planned.causal, _available(planned.offsets, planned.causal)
+    used_window = _resolve_window(window, kernel_list, causal, available)
+    check_points(kernel_list, used_window, causal, available, asked=window is not None)
+    data = planned.load() if isinstance(planned, PlannedProfiles) else planned
 
     fits = [_fit_one(data, s, used_window, seed, exhaustive, progress) for s in kernel_list]
     return TisaFitResult(
@@ -264,6 +106,7 @@ def fit_tisa(
         orientation,
         data.causal,
         data.stack,
+        tuple(int(k) for k in holdout_offsets(_fitted_side(data.offsets, causal), used_window, causal)),
     )
 
 
@@ -274,9 +117,37 @@ def fit_kernels_file(model: str | None, kernels: int, out_dir: str | Path, allow
     return Path(result.fits[0].kernels_file)
 
 
-def figure_file_name(result: TisaFitResult, fit: TisaFit, fmt: str = "png") -> str:
-    """`tisa_fit_S{S}.{fmt}`, with the fitted layers in the name as for `kernels_file_name`."""
-    return f"tisa_fit_S{fit.n_kernels}{layers_suffix(result)}.{fmt}"
+@dataclass(frozen=True)
+class PlannedProfiles:
+    """Profiles of a model not computed yet, with what the fit needs to know first: `causal` and `offsets` (the
+    k = j - i the profiles will cover). `load()` computes them (a `ProfileSet`)."""
+
+    causal: bool
+    offsets: np.ndarray
+    load: Callable[[], ProfileSet]
+
+
+def plan_profiles(
+    model,
+    layers: list[int] | None = None,
+    mode: str = "paper",
+    allow_pickle: bool = False,
+    positions: int | None = None,
+    stack: str = "encoder",
+) -> ProfileSet | PlannedProfiles:
+    """The profiles `fit_tisa` will fit: a `.npz` is read at once (a `ProfileSet`); for a model, only its config
+    is read now (causality, positions: what the window check needs), the profiles when `load()` is called."""
+    if isinstance(model, (str, PathLike)) and str(model).endswith(".npz"):
+        return load_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack)
+    from posprobe.analysis.fhat import MODES
+    from posprobe.analysis.toeplitz import offsets as offsets_of
+    from posprobe.pipelines.analysis import ScoreReader, open_model, profiles_from
+    from posprobe.validation import as_choice
+
+    mode = as_choice(mode, "mode", MODES)
+    layers = as_int_list(layers, "layers")
+    reader = ScoreReader(open_model(model, allow_pickle, mode=mode), positions, stack)
+    return PlannedProfiles(reader.causal, offsets_of(reader.n), lambda: _profile_set(profiles_from(reader, layers)))
 
 
 def load_profiles(
@@ -301,7 +172,11 @@ def load_profiles(
         raise PosprobeError("--profile applies to a .npz written by `posprobe attention`", "drop --profile")
     from posprobe.pipelines.analysis import profiles as compute_profiles
 
-    res = compute_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack)
+    return _profile_set(compute_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack))
+
+
+def _profile_set(res) -> ProfileSet:
+    """The `ProfileSet` of a `ProfileResult`."""
     return ProfileSet(
         res.model,
         res.model_type,
@@ -331,16 +206,28 @@ def _check_kernels(kernels: int | Sequence[int]) -> list[int]:
     return values
 
 
-def _resolve_window(window: int | None, offsets: np.ndarray) -> int:
-    """The half-width W actually fitted: `window`, or `DEFAULT_FIT_WINDOW` clipped to the offsets."""
+def _fitted_side(offsets: np.ndarray, causal: bool) -> np.ndarray:
+    """The offsets a fit may use: all of them, or k <= 0 for a causal model."""
     offsets = np.asarray(offsets)
-    available = int(min(-offsets.min(), offsets.max())) if offsets.size else 0
+    return offsets[offsets <= 0] if causal else offsets
+
+
+def _available(offsets: np.ndarray, causal: bool) -> int:
+    """The largest W the profiles cover: |k| <= W on both sides, or k >= -W for a causal model."""
+    offsets = np.asarray(offsets)
+    if not offsets.size:
+        return 0
+    return int(-offsets.min()) if causal else int(min(-offsets.min(), offsets.max()))
+
+
+def _resolve_window(window: int | None, kernels: list[int], causal: bool, available: int) -> int:
+    """The half-width W actually fitted: `window`, or the default for `kernels` (clipped to the offsets)."""
     if available < 1:
         raise PosprobeError(
             "the profiles do not cover offsets k = -1..1", "pass profiles over k = -(n-1)..n-1 with n >= 2"
         )
     if window is None:
-        return min(DEFAULT_FIT_WINDOW, available)
+        return default_window(kernels, causal, available)
     window = as_int(window, "window", minimum=1, hint=f"pass {{arg}} between 1 and {available}")
     if window > available:
         raise ArgumentValueError(
@@ -349,24 +236,6 @@ def _resolve_window(window: int | None, offsets: np.ndarray) -> int:
             f"pass {{arg}} between 1 and {available}",
         )
     return window
-
-
-def _check_points(kernel_list: list[int], window: int, asked_window: int | None, causal: bool = False) -> None:
-    """Refuse an S with more parameters (3·S + 1: a, b, c per kernel and the offset) than the 2W + 1
-    points of the window (W + 1 for a causal model: k = -W..0): such a fit is underdetermined for every head
-    and can take minutes."""
-    points = window + 1 if causal else 2 * window + 1
-    too_many = [s for s in kernel_list if 3 * s + 1 > points]
-    if too_many:
-        s = max(too_many)
-        span = f"-{window}..0, a causal model's" if causal else f"-{window}..{window}"
-        where = f"the fit window k = {span}" + ("" if asked_window is not None else " (the default)")
-        needed = 3 * s if causal else (3 * s + 1) // 2
-        raise ArgumentValueError(
-            "kernels",
-            f"{{arg}} {s} needs {3 * s + 1} profile points (3·S + 1 parameters) but {where} has {points}",
-            f"use at most {(points - 1) // 3} kernels, or a wider window (it needs at least {needed})",
-        )
 
 
 def _fit_one(
@@ -404,4 +273,21 @@ def _fit_one(
     flags = [list(all_flags[r * n_heads : (r + 1) * n_heads]) for r in range(rows)]
     if data.shared_layers:
         flags = [list(flags[0]) for _ in range(n_sel)]
-    return TisaFit(s, joined("a_"), joined("b_"), joined("c_"), joined("offset_"), joined("r2_"), flags, seconds)
+    arrays = [joined(name) for name in ("a_", "b_", "c_", "offset_", "r2_")]
+    first = parts[0]
+    return TisaFit(s, *arrays, flags, seconds, holdout_r2=joined("holdout_r2_"), n_points=first.n_points_,
+                   few_points=first.few_points_)  # fmt: skip
+
+
+__all__ = [
+    "PlannedProfiles",
+    "ProfileSet",
+    "Progress",
+    "TisaFit",
+    "TisaFitResult",
+    "figure_file_name",
+    "fit_kernels_file",
+    "fit_tisa",
+    "load_profiles",
+    "plan_profiles",
+]

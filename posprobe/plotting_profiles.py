@@ -1,0 +1,224 @@
+"""Figures of head profiles over k = j - i (paper Figs. 3, 6, 7): one page per layer, one panel per head, each with
+the profile (thick black) and, where given, sections of the score matrix at a few query rows i (thin lines).
+
+Speed: `posprobe profiles --layers all` writes one page per layer (30 for SmolLM2), and a grid of matplotlib Axes
+per page cost more than the analysis. `ProfilePages` lays a page out once, in one Axes whose data units are
+inches (as `plotting_fit` does): frames, zero lines, the unused k > 0 of a causal model, head titles, k ticks and
+the legend are drawn once into an Agg canvas and kept; each page then restores that background and draws only what
+changes (the lines of every panel as two collections, each panel's top and bottom values, the page title), and
+Pillow writes the PNG. PDF and SVG pages go through matplotlib's own savefig. Panel and page sizes follow the number
+of panels and the texts, never the number of positions. matplotlib is imported lazily, without pyplot.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from posprobe.plotting import FIGURE_DPI, _figure, _grid, causal_note, layer_kind_note, quantization_note
+
+PANEL_WIDTH, PANEL_HEIGHT = 2.35, 1.6  # inches per panel, its title and ticks included
+MARGIN_LEFT, MARGIN_RIGHT, MARGIN_BOTTOM, HEADER = 0.15, 0.15, 0.45, 0.72  # inches around the grid
+_PAD_L, _PAD_R, _PAD_B, _PAD_T = 0.42, 0.08, 0.2, 0.24  # inches inside each cell around the plot box
+SECTION_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+
+
+class ProfilePages:
+    """Pages of profile panels sharing one layout.
+
+    `ks` (K,) integer offsets k = j - i; `profiles` (P, H, K) for P pages of H panels; `sections` (P, H, R, K) or
+    None, labelled `section_labels` (R,); `page_titles` (P,) and `panel_titles` (H,); `causal`: the unused side
+    k > 0 is shaded. `figure(p)` is page p as a matplotlib Figure; `write(p, path, fmt)` writes it (PNG from the
+    kept background, the fast path)."""
+
+    def __init__(self, ks, profiles, sections=None, section_labels=(), page_titles=(), panel_titles=(), causal=False):
+        self.ks = np.asarray(ks, dtype=np.float64)
+        self.profiles = np.asarray(profiles, dtype=np.float64)
+        self.sections = None if sections is None else np.asarray(sections, dtype=np.float64)
+        n_pages, self.n_panels, _ = self.profiles.shape
+        self.page_titles = list(page_titles) or [""] * n_pages
+        self.panel_titles = list(panel_titles) or [f"head {h}" for h in range(self.n_panels)]
+        self.section_labels, self.causal = list(section_labels), causal
+        self.rows, self.cols = _grid(self.n_panels)
+        self._title_lines = max((t.count("\n") + 1 for t in self.page_titles), default=1)
+        grid = MARGIN_LEFT + MARGIN_RIGHT + PANEL_WIDTH * self.cols
+        widest = max((_inches(line, 10) for t in self.page_titles for line in t.split("\n")), default=0.0)
+        self.width = max(grid, widest + 0.4)  # the title fits
+        self.left = MARGIN_LEFT + (self.width - grid) / 2  # the grid centred under a wider title
+        labels = ["profile", *self.section_labels] + (["k > 0: never used (causal)"] if causal else [])
+        entry = max(_inches(label, 6.5) for label in labels) + 0.45  # a label, its handle and the spacing
+        self._legend_cols = max(1, min(len(labels), int((self.width - 2 * MARGIN_LEFT) // entry)))
+        extra_rows = -(-len(labels) // self._legend_cols) - 1
+        self.height = MARGIN_BOTTOM + HEADER + 0.16 * (self._title_lines - 1) + 0.14 * extra_rows
+        self.height += PANEL_HEIGHT * self.rows
+        self._build()
+        self._page = None
+        self._background = None
+
+    # -- layout ------------------------------------------------------------------------------------
+    def _box(self, panel: int) -> tuple[float, float, float, float]:
+        """(x, y, width, height) in inches of panel `panel`'s plot box; row 0 on top."""
+        r, c = divmod(panel, self.cols)
+        x = self.left + c * PANEL_WIDTH + _PAD_L
+        y = MARGIN_BOTTOM + (self.rows - 1 - r) * PANEL_HEIGHT + _PAD_B
+        return x, y, PANEL_WIDTH - _PAD_L - _PAD_R, PANEL_HEIGHT - _PAD_B - _PAD_T
+
+    def _x(self, panel: int, k) -> np.ndarray:
+        x, _, w, _ = self._box(panel)
+        lo, hi = self.ks[0], self.ks[-1]
+        return x + (np.asarray(k, dtype=np.float64) - lo) / max(hi - lo, 1.0) * w
+
+    def _build(self) -> None:
+        from matplotlib.collections import LineCollection
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Rectangle
+
+        fig = _figure(self.width, self.height)
+        ax = fig.add_axes((0, 0, 1, 1))
+        ax.set_xlim(0, self.width), ax.set_ylim(0, self.height), ax.set_axis_off()
+        frames, zeros = [], []
+        lo_k, hi_k = int(self.ks[0]), int(self.ks[-1])
+        bottom_of_column = {}
+        for h in range(self.n_panels):
+            x, y, w, bh = self._box(h)
+            frames.append([(x, y), (x + w, y), (x + w, y + bh), (x, y + bh), (x, y)])
+            if lo_k < 0 < hi_k:
+                zeros.append([(self._x(h, 0), y), (self._x(h, 0), y + bh)])
+            if self.causal and hi_k > 0:  # the side a causal model never uses
+                x0 = float(self._x(h, 0))
+                ax.add_patch(Rectangle((x0, y), x + w - x0, bh, facecolor="0.93", edgecolor="none", zorder=0))
+            ax.text(x + w / 2, y + bh + 0.05, self.panel_titles[h], fontsize=8, ha="center", va="bottom")
+            bottom_of_column[h % self.cols] = h
+        for h in bottom_of_column.values():  # k ticks under the lowest panel of each column
+            _, y, _, _ = self._box(h)
+            for kk in sorted({lo_k, 0, hi_k} if lo_k < 0 < hi_k else {lo_k, hi_k}):
+                ha = "left" if kk == lo_k else "right" if kk == hi_k else "center"
+                ax.text(self._x(h, kk), y - 0.04, f"{kk:+d}" if kk else "0", fontsize=6.5, ha=ha, va="top")
+        ax.add_collection(LineCollection(zeros, colors="0.75", linewidths=0.6, zorder=1))
+        ax.add_collection(LineCollection(frames, colors="0.35", linewidths=0.6, zorder=3))
+        ax.text(self.width / 2, 0.1, "k = j − i (positive = later key)", fontsize=8.5, ha="center", va="bottom")
+        handles = [Line2D([], [], color="black", lw=1.8, label="profile")]
+        handles += [Line2D([], [], color=SECTION_COLOURS[s % len(SECTION_COLOURS)], lw=0.8, label=label)
+                    for s, label in enumerate(self.section_labels)]  # fmt: skip
+        if self.causal:
+            handles.append(Rectangle((0, 0), 1, 1, facecolor="0.93", label="k > 0: never used (causal)"))
+        top = 1 - (0.42 + 0.16 * (self._title_lines - 1)) / self.height
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(MARGIN_LEFT / self.width, top), fontsize=6.5,
+                  frameon=False, ncol=self._legend_cols, handlelength=1.6, columnspacing=1.2)  # fmt: skip
+        # what changes from page to page
+        self._sections = LineCollection([], linewidths=0.8, alpha=0.75, zorder=2)
+        self._profile = LineCollection([], colors="black", linewidths=1.8, zorder=2)
+        ax.add_collection(self._sections), ax.add_collection(self._profile)
+        self._scale = []
+        for h in range(self.n_panels):
+            x, y, w, bh = self._box(h)
+            self._scale.append(ax.text(x - 0.04, y + bh, "", fontsize=6, ha="right", va="top", color="0.3"))
+            self._scale.append(ax.text(x - 0.04, y, "", fontsize=6, ha="right", va="bottom", color="0.3"))
+        self._title = fig.suptitle(" ", fontsize=10, y=1 - 0.1 / self.height, va="top")  # the page's
+        self.fig, self.ax = fig, ax
+        self._dynamic = [self._sections, self._profile, *self._scale, self._title]
+
+    def _set_page(self, page: int) -> None:
+        """Point the changing artists at page `page`'s data."""
+        if self._page == page:
+            return
+        prof = self.profiles[page]  # (H, K)
+        secs = None if self.sections is None else self.sections[page]  # (H, R, K)
+        profile_lines, section_lines, colours = [], [], []
+        for h in range(self.n_panels):
+            values = prof[h] if secs is None else np.concatenate([prof[h], secs[h].ravel()])
+            finite = values[np.isfinite(values)]
+            lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+            span = hi - lo if hi > lo else max(abs(hi), 1.0)
+            lo, hi = lo - 0.06 * span, hi + 0.06 * span
+            x, y, _, bh = self._box(h)
+            xs = self._x(h, self.ks)
+
+            def to_y(v, y=y, bh=bh, lo=lo, hi=hi):
+                return y + (v - lo) / (hi - lo) * bh
+
+            profile_lines.append(np.column_stack([xs, to_y(prof[h])]))
+            if secs is not None:
+                for s in range(secs.shape[1]):
+                    section_lines.append(np.column_stack([xs, to_y(secs[h, s])]))
+                    colours.append(SECTION_COLOURS[s % len(SECTION_COLOURS)])
+            self._scale[2 * h].set_text(f"{hi:.3g}")
+            self._scale[2 * h + 1].set_text(f"{lo:.3g}")
+        self._profile.set_segments(profile_lines)
+        self._sections.set_segments(section_lines)
+        self._sections.set_colors(colours or ["none"])
+        self._title.set_text(self.page_titles[page])
+        self._page = page
+
+    # -- output ------------------------------------------------------------------------------------
+    def figure(self, page: int):
+        """Page `page` as a matplotlib Figure (the same Figure object for every page of these pages)."""
+        for artist in self._dynamic:
+            artist.set_animated(False)
+        self._background = None
+        self._set_page(page)
+        return self.fig
+
+    def write(self, page: int, path, fmt: str = "png") -> None:
+        """Write page `page` to `path` as `fmt` (png: the kept background plus the changing artists, via Pillow)."""
+        if fmt != "png":
+            self.figure(page).savefig(path, format=fmt, dpi=FIGURE_DPI)
+            return
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from PIL import Image
+
+        if self._background is None:
+            for artist in self._dynamic:
+                artist.set_animated(True)  # left out of the background
+            canvas = FigureCanvasAgg(self.fig)
+            canvas.draw()
+            self._canvas, self._background = canvas, canvas.copy_from_bbox(self.fig.bbox)
+        self._set_page(page)
+        self._canvas.restore_region(self._background)
+        renderer = self._canvas.get_renderer()
+        for artist in self._dynamic:
+            artist.draw(renderer)
+        pixels = np.asarray(self._canvas.buffer_rgba())[..., :3]
+        Image.fromarray(pixels).save(path, format="PNG", compress_level=1)
+
+    def writer(self, page: int, fmt: str = "png"):
+        """A `posprobe.outputs.write_files` writer of page `page`."""
+        return lambda path: self.write(page, path, fmt)
+
+
+def _inches(text: str, points: float) -> float:
+    """Width of `text` in DejaVu Sans at `points`, in inches (what sizes the page around its texts)."""
+    from posprobe.plotting import _font
+
+    return _font(max(1, round(points * FIGURE_DPI / 72))).getlength(text) / FIGURE_DPI
+
+
+def profile_pages(result) -> ProfilePages:
+    """The pages of a `ProfileResult`: one per computed layer, one panel per head, the profile over k = -w..w and
+    the sections at its `section_rows`."""
+    w = result.window
+    centre = result.n_positions - 1
+    ks = np.arange(-w, w + 1)
+    notes = causal_note(result)
+    if getattr(result, "toeplitz_by_construction", False):
+        notes += "; Toeplitz by construction (the sections equal the profile)"
+    kinds = getattr(result, "layer_kinds", None) or [None] * len(result.layers)
+    titles = [
+        f"{result.model}{quantization_note(result)}\npositional profiles, layer {l}{layer_kind_note(kind)}, "
+        f"{result.mode} mode{notes}"
+        for l, kind in zip(result.layers, kinds)
+    ]
+    return ProfilePages(
+        ks,
+        result.profiles[:, :, centre - w : centre + w + 1],
+        result.sections,
+        [f"i = {row}" for row in result.section_rows],
+        titles,
+        causal=bool(getattr(result, "causal", False)),
+    )
+
+
+def profile_grid(result, layer_index: int = 0):
+    """Per head: sections of F_hat_P at 5 rows i (thin lines) and the profile (thick), over k = j - i, for
+    `result.layers[layer_index]`; a matplotlib Figure. Paper Figs. 3, 6 and 7: when F_hat_P is near-Toeplitz the
+    sections coincide with the profile."""
+    return profile_pages(result).figure(layer_index)
