@@ -50,15 +50,13 @@ def token_ids(count: int, max_length: int) -> list[list[int]]:
 def baseline(model, ids, batch_size: int) -> tuple[float, float]:
     import torch
 
-    from posprobe.pipelines.attention import _batches, _pad
+    from posprobe.capture import id_tokenizer, token_batches
 
     model.set_attn_implementation("eager")
     start, cpu = time.perf_counter(), time.process_time()
     with torch.inference_mode():
-        tokenize = lambda rows: [(r, [0] * len(r)) for r in rows]  # noqa: E731
-        for batch in _batches(ids, tokenize, batch_size, chunk=batch_size * 16):
-            x, mask, _ = _pad(batch, 0, False, "cpu")
-            model(input_ids=x, attention_mask=mask, output_attentions=True)
+        for batch in token_batches(ids, id_tokenizer((), 10**9), batch_size=batch_size, pad_id=0):
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True)
     return time.perf_counter() - start, time.process_time() - cpu
 
 
