@@ -36,7 +36,7 @@ def token_ids(count: int, max_length: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     from posprobe.checkpoint.resolve import default_model_dir
-    from posprobe.pipelines.attention import iter_texts
+    from posprobe.texts import iter_texts
 
     texts = []
     for task in ("cola", "sst2"):

@@ -72,7 +72,8 @@ def attention(
     k = j − i, the mean attention distance, the mean score matrix's Toeplitz R² and its correlation with the
     weights-based profile."""
     from posprobe.checkpoint import resolve_model
-    from posprobe.pipelines.attention import attention_profiles, check_texts, iter_texts, write_attention
+    from posprobe.pipelines.attention import attention_profiles, write_attention
+    from posprobe.texts import check_texts, iter_texts
     from posprobe.validation import as_int
 
     if max_length is not None:

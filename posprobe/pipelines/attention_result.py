@@ -1,0 +1,120 @@
+"""What `posprobe attention` returns and writes: `AttentionResult` (the SPEC §10 arrays of every layer and head,
+the weights-based profiles beside them, the run's settings), its `.npz` contents and JSON record, and
+`write_attention` (the `.npz` and the figures as one unit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from posprobe.analysis.empirical import EmpiricalProfiles
+
+
+@dataclass(frozen=True)
+class AttentionResult:
+    """Empirical profiles of every layer and head (see `EmpiricalProfiles` for the arrays and shapes).
+
+    weights_profiles (L, H, 2n-1): the weights-based profile (faithful-mode F̂_P diagonal means over the leading
+    n x n positions) where the family has one, else None; weights_correlation (L, H): Pearson r between s(k) and it
+    over the offsets with data (NaN where undefined), or None.
+    """
+
+    model: str
+    model_type: str
+    n_texts: int
+    max_length: int
+    exclude_special: bool
+    n_layers: int
+    n_heads: int
+    profiles: EmpiricalProfiles
+    weights_profiles: np.ndarray | None
+    weights_correlation: np.ndarray | None
+    weights_note: str
+    seconds: float
+    text_source: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def causal(self) -> bool:
+        """True when no counted pair looks right (k > 0): the model's mask is causal."""
+        n = self.max_length
+        counts = self.profiles.pair_counts
+        return bool(counts[:, n:].sum() == 0 and counts[:, : n - 1].sum() > 0)
+
+    def metadata(self) -> dict:
+        return {
+            "model": self.model,
+            "model_type": self.model_type,
+            "n_texts": self.n_texts,
+            "max_length": self.max_length,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "exclude_special": self.exclude_special,
+            "causal": self.causal,
+            "text": self.text_source,
+            "n_queries": int(self.profiles.n_queries[0]),
+            "n_pairs": int(self.profiles.pair_counts[0].sum()),
+            "weights_profile": self.weights_note,
+            "layers": list(range(self.n_layers)),
+            "mode": "empirical",
+            "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing",
+        }
+
+    def arrays(self, profile: str = "score") -> dict[str, np.ndarray]:
+        """The npz contents. `profiles` repeats `score_profiles` (or `prob_profiles`) so that `fit-tisa` reads it."""
+        p = self.profiles
+        out = {
+            "score_profiles": p.score_profiles,
+            "prob_profiles": p.prob_profiles,
+            "offsets": p.offsets,
+            "pair_counts": p.pair_counts[0],
+            "layer_pair_counts": p.pair_counts,
+            "mean_distance": p.mean_distance,
+            "toeplitz_r2": p.toeplitz_r2,
+            "mean_scores": p.mean_scores.astype(np.float32),
+            "count_matrix": p.count_matrix[0],
+            "n_queries": p.n_queries,
+            "layers": np.arange(self.n_layers),
+        }
+        if self.weights_correlation is not None:
+            out["weights_correlation"] = self.weights_correlation
+            out["weights_profiles"] = self.weights_profiles
+        return out
+
+    def to_json(self, npz: str | Path | None = None, figures: list | None = None) -> dict:
+        out = self.metadata() | {
+            "npz": None if npz is None else str(npz),
+            "mean_distance": _nulls(self.profiles.mean_distance),
+            "toeplitz_r2": _nulls(self.profiles.toeplitz_r2),
+            "weights_correlation": None if self.weights_correlation is None else _nulls(self.weights_correlation),
+            "seconds": round(self.seconds, 3),
+        }
+        if figures is not None:
+            out["figures"] = [str(f) for f in figures]
+        return out
+
+
+def _nulls(a: np.ndarray) -> list:
+    """Nested lists with NaN as None (JSON null)."""
+    return [_nulls(x) for x in a] if np.ndim(a) > 1 else [None if not np.isfinite(v) else float(v) for v in a]
+
+
+def write_attention(result: AttentionResult, out_dir: str | Path, fmt: str = "png", window: int = 20) -> dict:
+    """Write `attention.npz`, one profile figure per layer and the mean-distance chart into `out_dir`, as one
+    unit (`outputs.write_files`: an interrupted or failed run leaves nothing, not even an `out_dir` it
+    created). Returns the paths."""
+    from posprobe import plotting_attention as plots
+    from posprobe.outputs import figure_writer, write_files
+    from posprobe.profile_files import write_attention as write_npz
+
+    files = {"attention.npz": lambda p: write_npz(p, result)}
+    for layer in range(result.n_layers):
+        files[f"attention_profiles_layer{layer}.{fmt}"] = figure_writer(
+            lambda layer=layer: plots.profile_grid(result, layer, window)
+        )
+    files[f"mean_distance.{fmt}"] = figure_writer(lambda: plots.mean_distance_chart(result))
+    paths = list(write_files(out_dir, files).values())
+    return {"npz": paths[0], "figures": paths[1:]}
