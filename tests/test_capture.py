@@ -202,3 +202,20 @@ def test_capture_batches_and_bad_arguments():
         capture(model, [keep], ["a text"], max_length=8)
     with pytest.raises(ValueError, match="attentions"):
         capture(model, [Keep(needs=("attentions",))], input_ids=[[1]], max_length=8)
+
+
+def test_a_model_with_a_head_is_captured_and_checked_on_its_logits():
+    """A causal LM (as GGUF checkpoints load): the eager check compares logits; hidden states are the base's."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=99, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    model = tf.LlamaForCausalLM(config).eval()
+    keep = Keep()
+    capture(model, [keep], input_ids=sequences(3), max_length=16)
+    ids = sequences(3)[0]
+    with torch.no_grad():
+        alone = model.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    for ours, theirs in zip(keep.texts[0]["hidden"], alone.hidden_states):
+        np.testing.assert_allclose(ours, theirs[0].double().numpy(), rtol=1e-5, atol=1e-5)

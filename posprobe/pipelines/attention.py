@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from posprobe.analysis.empirical import EmpiricalAccumulator, profile_correlation
+from posprobe.analysis.sinks import SinkAccumulator
 from posprobe.capture import (
     RECORD_NAME,
     capture,
@@ -49,13 +50,16 @@ def attention_profiles(
     progress: Callable[[int], None] | None = None,
     text_source: str | None = None,
 ) -> AttentionResult:
-    """Empirical score/probability profiles, mean attention distance and mean score matrix (SPEC §10).
+    """Empirical score/probability profiles, mean attention distance and mean score matrix (SPEC §10), and the
+    attention-sink measures (SPEC §14: first-token and special-token mass, sink rate, distance without the first
+    token, uniform-attention references), every layer and head, in one pass over the texts.
 
     model: hub id, folder, None (packaged MiniLM) or a loaded transformers model. texts: strings, tokenised
     with the model's tokenizer (special tokens added as it does) and truncated to `max_length` (default 128, or
     the model's positions if fewer); or `input_ids`: pre-tokenised sequences (no tokenizer needed; `special_ids`
     says which ids are special). Pairs are counted between real tokens that the model's mask lets attend
-    (j <= i in causal models); `exclude_special` drops special tokens as queries and keys. `verify` checks on
+    (j <= i in causal models); `exclude_special` drops special tokens as queries and keys (for the sink masses:
+    as queries; the first token and special tokens are what they measure). `verify` checks on
     the first batch that the recorded attention reproduces the model's own eager attention. `progress(k)` is
     called after each batch with the number of texts it held.
     """
@@ -80,9 +84,10 @@ def attention_profiles(
     device = resolve_device(device)
     net = net.to(device)
     acc = EmpiricalAccumulator(n_layers, n_heads, max_length, device)
+    sinks = SinkAccumulator(n_layers, n_heads, device)
     summary = capture(
         net,
-        [acc],
+        [acc, sinks],
         texts,
         tokenizer=tokenizer,
         input_ids=input_ids,
@@ -115,6 +120,7 @@ def attention_profiles(
         note,
         time.perf_counter() - started,
         text_source,
+        sinks=sinks.result(),
     )
 
 
