@@ -1,6 +1,7 @@
 """Attention sinks in `posprobe attention` (SPEC §14): every measure against a direct computation from
 transformers' eager attention (`output_attentions=True`, each text run alone) on tiny random models of several
-families, padded batches included; known answers from models whose attention is uniform; the threshold rule."""
+families, padded batches included; known answers from models whose attention is uniform; the threshold rule.
+And the other issue-20 change to `attention`: weights_correlation over the offsets with at least --min-pairs pairs."""
 
 from __future__ import annotations
 
@@ -145,3 +146,39 @@ def test_cli_prints_the_per_layer_sink_summary(tiny_bert_folder, texts_file, tmp
     assert result.exit_code == 0, result.output
     assert "Attention sinks per layer" in result.output and "sink rate" in result.output
     assert (tmp_path / "a" / "sinks.png").is_file()
+
+
+# -- weights_correlation over offsets with at least --min-pairs pairs (issue 20, item 4) ---------------------------
+def test_weights_correlation_uses_only_offsets_with_enough_pairs(tiny_bert_folder, texts_file, tmp_path):  # noqa: F811
+    from posprobe.texts import iter_texts
+
+    texts = list(iter_texts(texts_file, "sentence"))
+    every = attention_profiles(str(tiny_bert_folder), texts, max_length=16, min_pairs=1)
+    counts = every.profiles.pair_counts[0]
+    threshold = int(np.median(counts[counts > 0]))  # about half the offsets with data qualify
+    some = attention_profiles(str(tiny_bert_folder), texts, max_length=16, min_pairs=threshold)
+    s, w = every.profiles.score_profiles, every.weights_profiles
+    for result, minimum in ((every, 1), (some, threshold)):
+        keep = np.flatnonzero(counts >= minimum)
+        assert result.min_pairs == minimum and 3 <= len(keep) < len(counts)
+        expected = [[np.corrcoef(s[layer, h, keep], w[layer, h, keep])[0, 1] for h in range(4)] for layer in range(2)]
+        np.testing.assert_allclose(result.weights_correlation, expected, rtol=1e-9)
+    assert np.abs(every.weights_correlation - some.weights_correlation).max() > 0.01  # the rule changes the answer
+    record = some.to_dict()
+    assert record["weights_correlation_min_pairs"] == threshold
+    cli = CliRunner().invoke(
+        app,
+        ["attention", str(tiny_bert_folder), "--text", str(texts_file), "--column", "sentence", "--max-length", "16",
+         "--min-pairs", str(threshold), "--json", "--out", str(tmp_path / "a")],
+    )  # fmt: skip
+    assert cli.exit_code == 0, cli.output
+    import json
+
+    out = json.loads(cli.stdout)
+    assert out["weights_correlation_min_pairs"] == threshold
+    np.testing.assert_allclose(np.array(out["weights_correlation"], dtype=float), expected, rtol=1e-9)
+    default = attention_profiles(str(tiny_bert_folder), texts, max_length=16)  # min_pairs 100
+    keep = np.flatnonzero(counts >= 100)
+    expected = [[np.corrcoef(s[layer, h, keep], w[layer, h, keep])[0, 1] for h in range(4)] for layer in range(2)]
+    assert default.min_pairs == 100 and len(keep) >= 3
+    np.testing.assert_allclose(default.weights_correlation, expected, rtol=1e-9)

@@ -211,3 +211,11 @@ def profile_correlation(empirical: np.ndarray, weights: np.ndarray) -> np.ndarra
         (cnt < 3) | (sxx <= tiny * np.maximum(1.0, (x * x).sum(-1))) | (syy <= tiny * np.maximum(1.0, (y * y).sum(-1)))
     )
     return np.where(undefined, np.nan, np.clip(r, -1.0, 1.0))
+
+
+def correlation_with_weights(profiles: EmpiricalProfiles, weights_profiles: np.ndarray, min_pairs: int) -> np.ndarray:
+    """(L, H) Pearson r between the score profile s(k) and the weights-based profile (L, H, 2n-1) of each head, over
+    the offsets whose pair count c(k) in that layer is at least `min_pairs` (an offset resting on a few pairs would
+    otherwise weigh as much as one resting on thousands). NaN where fewer than 3 offsets qualify."""
+    enough = profiles.pair_counts[:, None, :] >= min_pairs  # (L, 1, 2n-1)
+    return profile_correlation(np.where(enough, profiles.score_profiles, np.nan), weights_profiles)

@@ -6,7 +6,9 @@
 `toeplitz_r2`, `weights_correlation` (null where undefined, or null as a whole), the attention sinks (SPEC §14):
 `first_token_mass`, `special_token_mass`, `distance_without_first` (L, H), `sink_rate`, `uniform_distance`,
 `uniform_distance_without_first` (L,), `sink_threshold`, `n_sink_queries`; plus `model_type`, `n_layers`,
-`n_heads`, `exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`, `seconds`, `figures`.
+`n_heads`, `exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`,
+`weights_correlation_min_pairs` (offsets with fewer pairs are left out of `weights_correlation`), `seconds`,
+`figures`.
 """
 
 from __future__ import annotations
@@ -63,6 +65,10 @@ def attention(
     exclude_special: Annotated[
         bool, typer.Option("--exclude-special", help="Drop special tokens ([CLS], [SEP], ...) as queries and keys.")
     ] = False,
+    min_pairs: Annotated[
+        int,
+        typer.Option("--min-pairs", help="Offsets with fewer pairs are left out of the weights correlation."),
+    ] = 100,
     window: Annotated[int, typer.Option("--window", help="Figures show k = -W..W.")] = 20,
     device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
     out: OutOpt = None,
@@ -83,6 +89,7 @@ def attention(
         max_length = as_int(max_length, "max_length", minimum=2, hint="e.g. --max-length 128")
     batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
     window = as_int(window, "window", minimum=1)
+    min_pairs = as_int(min_pairs, "min_pairs", minimum=1)
     if max_texts is not None:
         max_texts = as_int(max_texts, "max_texts", minimum=1)
     total = check_texts(text, column, max_texts)
@@ -103,6 +110,7 @@ def attention(
             max_texts=max_texts,
             batch_size=batch_size,
             exclude_special=exclude_special,
+            min_pairs=min_pairs,
             device=device,
             allow_pickle=allow_pickle,
             progress=lambda k: bar.advance(task, k),
@@ -141,7 +149,8 @@ def _print(result, written) -> None:
     console.print(table)
     console.print(
         "[dim]R² M: median over heads of the mean score matrix's Toeplitz R²; r weights: median Pearson r between "
-        f"s(k) and the weights-based profile ({result.weights_note})[/dim]"
+        f"s(k) and the weights-based profile ({result.weights_note}) over the offsets with at least "
+        f"{result.min_pairs} pairs[/dim]"
     )
     _print_sinks(result)
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")

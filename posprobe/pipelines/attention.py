@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from posprobe.analysis.empirical import EmpiricalAccumulator, profile_correlation
+from posprobe.analysis.empirical import EmpiricalAccumulator, correlation_with_weights
 from posprobe.analysis.sinks import SinkAccumulator
 from posprobe.capture import (
     RECORD_NAME,
@@ -31,6 +31,7 @@ from posprobe.texts import check_texts, iter_texts, parse_hub_texts
 from posprobe.validation import as_bool, as_int
 
 MAX_ACCUMULATOR_BYTES = 16 * 2**30
+DEFAULT_MIN_PAIRS = 100  # offsets with fewer pairs do not enter weights_correlation
 
 
 def attention_profiles(
@@ -46,6 +47,7 @@ def attention_profiles(
     device: str | None = None,
     allow_pickle: bool = False,
     weights_correlation: bool = True,
+    min_pairs: int = DEFAULT_MIN_PAIRS,
     verify: bool = True,
     progress: Callable[[int], None] | None = None,
     text_source: str | None = None,
@@ -59,7 +61,8 @@ def attention_profiles(
     the model's positions if fewer); or `input_ids`: pre-tokenised sequences (no tokenizer needed; `special_ids`
     says which ids are special). Pairs are counted between real tokens that the model's mask lets attend
     (j <= i in causal models); `exclude_special` drops special tokens as queries and keys (for the sink masses:
-    as queries; the first token and special tokens are what they measure). `verify` checks on
+    as queries; the first token and special tokens are what they measure). `weights_correlation`: correlate s(k)
+    with the weights-based profile, over the offsets with at least `min_pairs` pairs. `verify` checks on
     the first batch that the recorded attention reproduces the model's own eager attention. `progress(k)` is
     called after each batch with the number of texts it held.
     """
@@ -69,6 +72,7 @@ def attention_profiles(
     if max_texts is not None:
         max_texts = as_int(max_texts, "max_texts", minimum=1)
     exclude_special = as_bool(exclude_special, "exclude_special")
+    min_pairs = as_int(min_pairs, "min_pairs", minimum=1)
     if (texts is None) == (input_ids is None):
         raise PosprobeError("pass exactly one of texts and input_ids", "texts for strings, input_ids if tokenised")
     started = time.perf_counter()
@@ -105,7 +109,7 @@ def attention_profiles(
     if weights_correlation:
         w_profiles, note = _weights_profiles(source, max_length, n_layers)
         if w_profiles is not None:
-            w_corr = profile_correlation(profiles.score_profiles, w_profiles)
+            w_corr = correlation_with_weights(profiles, w_profiles, min_pairs)
     return AttentionResult(
         source.name if source is not None else type(net).__name__,
         str(getattr(net.config, "model_type", "unknown")),
@@ -121,6 +125,7 @@ def attention_profiles(
         time.perf_counter() - started,
         text_source,
         sinks=sinks.result(),
+        min_pairs=min_pairs,
     )
 
 

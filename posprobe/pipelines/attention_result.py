@@ -33,7 +33,7 @@ class AttentionResult(ResultMixin):
     distance_without_first (L, H), sink_rate (L,), uniform_distance, uniform_distance_without_first (L,)).
     weights_profiles (L, H, 2n-1): the weights-based profile (faithful-mode F̂_P diagonal means over the leading
     n x n positions) where the family has one, else None; weights_correlation (L, H): Pearson r between s(k) and it
-    over the offsets with data (NaN where undefined), or None.
+    over the offsets with at least `min_pairs` pairs (NaN where undefined), or None.
     """
 
     model: str
@@ -51,6 +51,7 @@ class AttentionResult(ResultMixin):
     text_source: str | None = None
     extra: dict = field(default_factory=dict)
     sinks: SinkMeasures | None = None
+    min_pairs: int = 1
 
     _repr_fields = ("model", "n_texts", "max_length", "n_layers", "n_heads", "causal", "mean_distance", "sink_rate")
 
@@ -90,6 +91,7 @@ class AttentionResult(ResultMixin):
             "n_queries": int(self.profiles.n_queries[0]),
             "n_pairs": int(self.profiles.pair_counts[0].sum()),
             "weights_profile": self.weights_note,
+            "weights_correlation_min_pairs": self.min_pairs,
             "layers": list(range(self.n_layers)),
             "mode": "empirical",
             "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing",
