@@ -190,7 +190,8 @@ def fhat_grid(result, scale: str = "shared") -> Mosaic:
             value = shared * (1 - 2 * frac)
             labels.append((x0 + 18, y0 + frac * (bar_h - 1), f"{value:+.3g}" if value else "0", "lm", 10))
     scale_note = "one colour scale for all heads" if shared is not None else "each head its own colour scale"
-    title = f"{result.model}: F̂_P, layer {result.layer}, {result.mode} mode ({scale_note}){causal_note(result)}"
+    title = f"{result.model}: F̂_P, layer {result.layer}{layer_kind_note(getattr(result, 'layer_kind', None))}, "
+    title += f"{result.mode} mode ({scale_note}){causal_note(result)}"
     return Mosaic(pixels, title, tuple(labels))
 
 
@@ -246,6 +247,11 @@ def _font(size: int):
     return ImageFont.load_default(size)
 
 
+def layer_kind_note(kind: str | None) -> str:
+    """A title note for a layer that does not attend globally (a local window, its own rotary setting)."""
+    return f" ({kind})" if kind and kind != "global" else ""
+
+
 def causal_note(result) -> str:
     """A title suffix for causal models, whose softmax only ever sees k <= 0."""
     return "; causal: only k ≤ 0 used" if getattr(result, "causal", False) else ""
@@ -288,9 +294,10 @@ def profile_grid(result, layer_index: int = 0):
         ax.tick_params(labelsize=6)
     axes.flat[0].legend(fontsize=5, loc="best")
     layer = result.layers[layer_index]
+    kind = layer_kind_note(result.layer_kinds[layer_index] if getattr(result, "layer_kinds", None) else None)
     fig.suptitle(
-        f"{result.model}: positional profiles, layer {layer}, {result.mode} mode (x: k = j − i, positive = later key)"
-        + causal_note(result),
+        f"{result.model}: positional profiles, layer {layer}{kind}, {result.mode} mode (x: k = j − i, positive = later "
+        "key)" + causal_note(result),
         fontsize=10,
     )
     return fig

@@ -1,37 +1,16 @@
-"""The family test matrix: one tiny random model per analysable family of the family table (hidden 32, 2 layers),
-and the reference the content-free scores must equal: the model's own pre-softmax scores on the constant
-sequence of the average word embedding, every layer fed the embedding-level input (SPEC §9)."""
+"""The family test matrix: tiny random models (hidden 32, 2 layers) of every analysable family of the family table,
+several configs where a config switch changes how a family reads, and the reference the content-free scores must
+equal: the model's own pre-softmax scores on the constant sequence of the average word, every layer fed the
+embedding-level input (SPEC §9), with the pairs its softmax lets through (masks, local windows)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 SMALL = dict(vocab_size=99, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
-# family name -> (model_type, config overrides)
-MATRIX = {
-    "llama": ("llama", dict(num_key_value_heads=2, max_position_embeddings=64, attention_bias=True,
-                            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                                              high_freq_factor=4.0, original_max_position_embeddings=16))),
-    "mistral": ("mistral", dict(num_key_value_heads=1, max_position_embeddings=64, rope_theta=500.0)),
-    "mixtral": ("mixtral", dict(num_key_value_heads=2, max_position_embeddings=64, num_local_experts=2)),
-    "qwen2": ("qwen2", dict(num_key_value_heads=2, max_position_embeddings=64,
-                            rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16))),
-    "qwen3": ("qwen3", dict(num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-                            rope_scaling=dict(rope_type="linear", factor=2.0))),
-    "gemma": ("gemma", dict(num_key_value_heads=1, head_dim=8, max_position_embeddings=64)),
-    "gemma2": ("gemma2", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, query_pre_attn_scalar=6,
-                              attn_logit_softcapping=3.0, sliding_window=4)),
-    "phi": ("phi", dict(max_position_embeddings=64, partial_rotary_factor=0.5, qk_layernorm=True)),
-    "phi3": ("phi3", dict(num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=16,
-                          pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                          rope_scaling=dict(type="longrope", short_factor=[1.0, 1.5, 2.0, 2.5],
-                                            long_factor=[1.0, 2.0, 3.0, 4.0]))),
-    "starcoder2": ("starcoder2", dict(num_key_value_heads=2, max_position_embeddings=64)),
-    "gpt_neox": ("gpt_neox", dict(max_position_embeddings=64, rotary_pct=0.25, attention_bias=True)),
-    "bloom": ("bloom", dict(vocab_size=99, hidden_size=32, n_layer=2, n_head=4)),
-    "mpt": ("mpt", dict(vocab_size=99, d_model=32, n_layers=2, n_heads=4, max_seq_len=64, expansion_ratio=2)),
-}  # fmt: skip
 _SEQ2SEQ = dict(
     vocab_size=99,
     d_model=32,
@@ -48,37 +27,172 @@ _SEQ2SEQ = dict(
     decoder_start_token_id=1,
     scale_embedding=True,
 )
-# Sinusoidal absolute tables: compared through the learned-table path (faithful mode).
-SINUSOIDAL = {
-    "marian": ("marian", _SEQ2SEQ),
-    "pegasus": ("pegasus", _SEQ2SEQ),
-    "m2m_100": ("m2m_100", _SEQ2SEQ),
-    "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
-                          max_position_embeddings=64, scale_embedding=True, pad_token_id=1)),
-}  # fmt: skip
-# Learned tables of families without a fixture in conftest.py: compared through the table path (faithful mode).
-LEARNED_EXTRA = {
+_GPTJ = dict(
+    vocab_size=99, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64, bos_token_id=0, eos_token_id=0
+)
+_FALCON = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    bias=True,
+    max_position_embeddings=64,
+    bos_token_id=0,
+    eos_token_id=0,
+)
+_RELATIVE_OFF = dict(
+    relative_attention=False,
+    position_biased_input=True,
+    pos_att_type="p2c|c2p",
+    type_vocab_size=2,
+    max_position_embeddings=64,
+    intermediate_size=37,
+)
+_GEMMA3_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+}
+
+# case -> (model_type, config[, options]): options `own` (the config is complete; else SMALL + it), `compare` ('exact'
+# pre-softmax scores, or 'row': equal up to a constant per query row on the pairs the model attends), `attention`
+# (the implementation whose scores are the reference: 'eager', or 'sdpa' where eager differs from the default)
+CASES = {
+    # rotary
+    "llama": ("llama", dict(num_key_value_heads=2, max_position_embeddings=64, attention_bias=True,
+                            rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                              high_freq_factor=4.0, original_max_position_embeddings=16))),
+    "mistral": ("mistral", dict(num_key_value_heads=1, max_position_embeddings=64, rope_theta=500.0,
+                                sliding_window=6)),
+    "mixtral": ("mixtral", dict(num_key_value_heads=2, max_position_embeddings=64, num_local_experts=2)),
+    "qwen2": ("qwen2", dict(num_key_value_heads=2, max_position_embeddings=64,
+                            rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16))),
+    "qwen3": ("qwen3", dict(num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                            rope_scaling=dict(rope_type="linear", factor=2.0))),
+    "qwen3_moe": ("qwen3_moe", dict(num_key_value_heads=2, head_dim=16, max_position_embeddings=64, num_experts=2,
+                                    num_experts_per_tok=1, moe_intermediate_size=16)),
+    "gemma": ("gemma", dict(num_key_value_heads=1, head_dim=8, max_position_embeddings=64)),
+    "gemma2": ("gemma2", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, query_pre_attn_scalar=6,
+                              attn_logit_softcapping=3.0, sliding_window=4)),
+    "gemma3_text": ("gemma3_text", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0,
+                                        query_pre_attn_scalar=6, sliding_window=5, rope_parameters=_GEMMA3_ROPE,
+                                        layer_types=["sliding_attention", "full_attention"])),
+    "gemma3_text-bidirectional": ("gemma3_text", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                                                      pad_token_id=0, sliding_window=5,
+                                                      use_bidirectional_attention=True,
+                                                      layer_types=["sliding_attention", "full_attention"])),
+    "phi": ("phi", dict(max_position_embeddings=64, partial_rotary_factor=0.5, qk_layernorm=True)),
+    "phi3": ("phi3", dict(num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=16,
+                          pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                          rope_scaling=dict(type="longrope", short_factor=[1.0, 1.5, 2.0, 2.5],
+                                            long_factor=[1.0, 2.0, 3.0, 4.0]))),
+    "starcoder2": ("starcoder2", dict(num_key_value_heads=2, max_position_embeddings=64)),
+    "gpt_neox": ("gpt_neox", dict(max_position_embeddings=64, rotary_pct=0.25, attention_bias=True)),
+    "stablelm": ("stablelm", dict(num_key_value_heads=2, max_position_embeddings=64, qk_layernorm=True,
+                                  use_qkv_bias=True, partial_rotary_factor=0.25)),
+    "olmo": ("olmo", dict(num_key_value_heads=2, max_position_embeddings=64, clip_qkv=0.05, pad_token_id=0)),
+    "olmo2": ("olmo2", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)),
+    "granite": ("granite", dict(num_key_value_heads=2, max_position_embeddings=64, attention_multiplier=0.3,
+                                embedding_multiplier=2.5)),
+    "cohere": ("cohere", dict(num_key_value_heads=2, max_position_embeddings=64, use_qk_norm=True, pad_token_id=0)),
+    "glm": ("glm", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0,
+                        attention_bias=True)),
+    "persimmon": ("persimmon", dict(max_position_embeddings=64, qk_layernorm=True, partial_rotary_factor=0.5)),
+    "gptj": ("gptj", _GPTJ, dict(own=True)),
+    "codegen": ("codegen", _GPTJ, dict(own=True)),
+    "falcon": ("falcon", _FALCON, dict(own=True)),  # multi_query (one key head), rotary
+    "falcon-new": ("falcon", dict(_FALCON, new_decoder_architecture=True, num_kv_heads=2), dict(own=True)),
+    "falcon-per-head": ("falcon", dict(_FALCON, multi_query=False, parallel_attn=False), dict(own=True)),
+    "roformer": ("roformer", dict(max_position_embeddings=64, embedding_size=16)),
+    "modernbert": ("modernbert", dict(max_position_embeddings=64, pad_token_id=0, local_attention=8,
+                                      layer_types=["full_attention", "sliding_attention"], global_rope_theta=10000.0,
+                                      local_rope_theta=100.0, attention_bias=True)),
+    "esm-rotary": ("esm", dict(max_position_embeddings=66, pad_token_id=1, mask_token_id=3,
+                               position_embedding_type="rotary", token_dropout=True)),
+    # ALiBi (BLOOM and MPT add m_h * j, Falcon its bfloat16 rounding, scaled: equal up to a constant per row)
+    "bloom": ("bloom", dict(vocab_size=99, hidden_size=32, n_layer=2, n_head=4), dict(own=True, compare="row")),
+    "mpt": ("mpt", dict(vocab_size=99, d_model=32, n_layers=2, n_heads=4, max_seq_len=64, expansion_ratio=2),
+            dict(own=True, compare="row")),
+    # transformers' eager Falcon-ALiBi adds the bias twice (in its scores and again in its mask); sdpa, the default,
+    # once: posprobe reads the model as sdpa runs it
+    "falcon-alibi": ("falcon", dict(_FALCON, alibi=True, multi_query=False),
+                     dict(own=True, compare="row", attention="sdpa")),
+    # learned absolute tables (faithful mode)
     "ernie": ("ernie", dict(max_position_embeddings=64, intermediate_size=37)),
     "camembert": ("camembert", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1)),
     "data2vec-text": ("data2vec-text", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1)),
     "megatron-bert": ("megatron-bert", dict(max_position_embeddings=64, intermediate_size=37)),
-}
-_OWN_CONFIG = {"bloom", "mpt", *SINUSOIDAL}
+    "rembert": ("rembert", dict(max_position_embeddings=64, intermediate_size=37, input_embedding_size=16)),
+    "xmod": ("xmod", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1, languages=["en_XX"],
+                          default_language="en_XX")),
+    "xmod-pre-norm": ("xmod", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1,
+                                   languages=["en_XX"], default_language="en_XX", pre_norm=True)),
+    "layoutlm": ("layoutlm", dict(max_position_embeddings=64, intermediate_size=37, max_2d_position_embeddings=32)),
+    "big_bird": ("big_bird", dict(max_position_embeddings=64, intermediate_size=37, rescale_embeddings=True,
+                                  block_size=4, num_random_blocks=1)),
+    "longformer": ("longformer", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1,
+                                      attention_window=[8, 4])),
+    "esm": ("esm", dict(max_position_embeddings=66, pad_token_id=1, mask_token_id=3, intermediate_size=37,
+                        token_dropout=True, emb_layer_norm_before=True)),
+    "mobilebert": ("mobilebert", dict(max_position_embeddings=64, intermediate_size=37, embedding_size=16,
+                                      intra_bottleneck_size=16, num_feedforward_networks=1)),
+    "mobilebert-shared-input": ("mobilebert", dict(max_position_embeddings=64, intermediate_size=37,
+                                                   embedding_size=16, intra_bottleneck_size=16,
+                                                   num_feedforward_networks=1, use_bottleneck_attention=True)),
+    "squeezebert": ("squeezebert", dict(max_position_embeddings=64, intermediate_size=48, embedding_size=32,
+                                        q_groups=2, k_groups=4, v_groups=1)),
+    "gpt_neo": ("gpt_neo", dict(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4, window_size=5,
+                                max_position_embeddings=64, attention_types=[[["local", "global"], 1]]),
+                dict(own=True)),
+    "opt": ("opt", dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=37,
+                        word_embed_proj_dim=16, max_position_embeddings=64, pad_token_id=1), dict(own=True)),
+    "opt-post-ln": ("opt", dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=37,
+                                max_position_embeddings=64, pad_token_id=1, do_layer_norm_before=False),
+                    dict(own=True)),
+    "biogpt": ("biogpt", dict(max_position_embeddings=64, scale_embedding=True, pad_token_id=1)),
+    "bart": ("bart", _SEQ2SEQ, dict(own=True)),
+    "mbart": ("mbart", _SEQ2SEQ, dict(own=True)),
+    "deberta-v2-absolute": ("deberta-v2", _RELATIVE_OFF),
+    "deberta-absolute": ("deberta", dict(_RELATIVE_OFF, pos_att_type=["c2p", "p2c", "p2p"])),
+    # sinusoidal tables, built as the model builds them
+    "marian": ("marian", _SEQ2SEQ, dict(own=True)),
+    "pegasus": ("pegasus", _SEQ2SEQ, dict(own=True)),
+    "m2m_100": ("m2m_100", _SEQ2SEQ, dict(own=True)),
+    "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
+                          max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
+}  # fmt: skip
+FLOAT32 = {"xglm"}  # XGLM's eager attention clamps with a float32 constant: it cannot run in float64
 
 
-def build(family: str, dtype=torch.float64):
-    """A tiny random base model of `family` (eval mode, float64), with non-trivial norms and biases."""
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model_type: str
+    config: dict
+    compare: str = "exact"
+    attention: str = "eager"
+
+
+def case(name: str) -> Case:
+    model_type, config, *rest = CASES[name]
+    options = rest[0] if rest else {}
+    config = dict(config) if options.get("own") else {**SMALL, **config}
+    return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"))
+
+
+def build(name: str, dtype=None):
+    """A tiny random base model of case `name` (eval mode, float64 unless the family cannot run in it), with
+    non-trivial norms and biases."""
     from transformers import AutoConfig, AutoModel
 
-    model_type, overrides = {**MATRIX, **SINUSOIDAL, **LEARNED_EXTRA}[family]
-    kwargs = {**SMALL, **overrides} if model_type not in _OWN_CONFIG else dict(overrides)
+    c = case(name)
+    dtype = dtype or (torch.float32 if name in FLOAT32 else torch.float64)
     torch.manual_seed(0)
-    config = AutoConfig.for_model(model_type, **kwargs)
-    extra = {"experts_implementation": "eager"} if model_type == "mixtral" else {}
-    model = AutoModel.from_config(config, attn_implementation="eager", **extra).to(dtype).eval()
+    config = AutoConfig.for_model(c.model_type, **c.config)
+    extra = {"experts_implementation": "eager"} if c.model_type in ("mixtral", "qwen3_moe") else {}
+    model = AutoModel.from_config(config, attn_implementation=c.attention, **extra).to(dtype).eval()
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or name.endswith("bias"):
+        for pname, p in model.named_parameters():
+            if "norm" in pname.lower() or pname.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
     return model
 
@@ -89,33 +203,122 @@ def _layers(model) -> torch.nn.ModuleList:
     return lists[0]
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The model's scores (L, H, n, n) and the pairs its softmax sees (L, n, n): where `exact`, pre-softmax scores
+    (before masks); else softmax inputs, equal to the scores up to what the model adds per query row."""
+
+    scores: np.ndarray
+    allowed: np.ndarray
+    exact: bool
+
+
+_RECORDED: list[tuple[np.ndarray, np.ndarray | None]] = []
 RECORD = "posprobe-test-scores"
-_RECORDED: list[np.ndarray] = []
 
 
 def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention function for transformers' AttentionInterface: records q k^T * scaling (pre-mask)."""
+    """Attention function for transformers' AttentionInterface: records q k^T * scaling (pre-mask) and the mask."""
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     scores = query @ key.transpose(-1, -2) * scaling
     if kwargs.get("softcap") is not None:  # Gemma 2: part of the pre-softmax scores
         scores = torch.tanh(scores / kwargs["softcap"]) * kwargs["softcap"]
-    _RECORDED.append(scores[0].detach().double().numpy())
-    if attention_mask is not None:
-        scores = scores + attention_mask[..., : key.shape[-2]]
+    mask = None if attention_mask is None else attention_mask[..., : key.shape[-2]]
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.where(mask, 0.0, torch.finfo(scores.dtype).min).to(scores.dtype)
+    _RECORDED.append((scores[0].detach().double().numpy(), None if mask is None else mask[0, 0].double().numpy()))
+    if mask is not None:
+        scores = scores + mask
     probs = scores.softmax(-1)
     return (probs @ value).transpose(1, 2).contiguous(), probs
 
 
-def model_scores(model, n: int) -> tuple[np.ndarray, bool]:
-    """(L, H, n, n) scores of every layer on n copies of the average word, each layer fed the embedding-level
-    input; and whether they are exact pre-softmax scores (True) or log-probabilities, equal to the scores up to
-    a per-row constant on the pairs the model lets attend (False: families that do not route through
+class _SoftmaxInputs:
+    """Records every softmax input of shape (1, H, n, n) or (H, n, n) while active (models outside the
     AttentionInterface)."""
+
+    def __init__(self, n: int):
+        self.n, self.inputs = n, []
+
+    def __enter__(self):
+        self.functional, self.method = torch.nn.functional.softmax, torch.Tensor.softmax
+        functional, method, inputs, n = self.functional, self.method, self.inputs, self.n
+        inside = []  # functional softmax calls the method: record each call once
+
+        def keep(x):
+            if inside:
+                return
+            if x.shape[-2:] == (n, n) and (x.ndim == 3 or x.ndim == 4 and x.shape[0] == 1):
+                inputs.append(x.reshape(-1, n, n).detach().double().numpy())  # (H, n, n); batch 1 (or merged)
+            elif x.ndim == 4 and x.shape[:2] == (1, n) and x.shape[-1] % 2 and x.shape[-1] < n:
+                inputs.append(_from_band(x[0].detach().double().numpy()))  # Longformer's (n, H, 2w + 1) band
+
+        def patched_functional(x, *args, **kwargs):
+            keep(x)
+            inside.append(1)
+            try:
+                return functional(x, *args, **kwargs)
+            finally:
+                inside.pop()
+
+        def patched_method(x, *args, **kwargs):
+            keep(x)
+            return method(x, *args, **kwargs)
+
+        torch.nn.functional.softmax, torch.Tensor.softmax = patched_functional, patched_method
+        return self
+
+    def __exit__(self, *exc):
+        torch.nn.functional.softmax, torch.Tensor.softmax = self.functional, self.method
+
+
+class _SdpaInputs:
+    """Records q k^T * scale + mask of every `scaled_dot_product_attention` call while active, as (H, n, n)."""
+
+    def __init__(self):
+        self.inputs = []
+
+    def __enter__(self):
+        self.original = original = torch.nn.functional.scaled_dot_product_attention
+        inputs = self.inputs
+
+        def patched(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+            key_rep = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+            scores = query @ key_rep.transpose(-1, -2) * (query.shape[-1] ** -0.5 if scale is None else scale)
+            if attn_mask is not None:
+                scores = scores + attn_mask
+            inputs.append(scores[0].detach().double().numpy())
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                            scale=scale, **kwargs)  # fmt: skip
+
+        torch.nn.functional.scaled_dot_product_attention = patched
+        return self
+
+    def __exit__(self, *exc):
+        torch.nn.functional.scaled_dot_product_attention = self.original
+
+
+def _from_band(band: np.ndarray) -> np.ndarray:
+    """Sliding-chunk scores (n, H, 2w + 1), column c = key i + c - w, as (H, n, n) (-inf off the band)."""
+    n, heads, width = band.shape
+    w = width // 2
+    full = np.full((heads, n, n), -np.inf)
+    for i in range(n):
+        for c in range(width):
+            if 0 <= i + c - w < n:
+                full[:, i, i + c - w] = band[i, :, c]
+    return full
+
+
+def reference_scores(model, n: int) -> Reference:
+    """The model's scores of every layer on n copies of the average word, each layer fed the embedding-level input."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
     AttentionInterface.register(RECORD, _record)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(RECORD, eager_mask)  # the masks eager attention gets, windows included
     if getattr(model.config, "is_encoder_decoder", False):
         model = model.get_encoder()
     embeddings = model.get_input_embeddings()
@@ -124,31 +327,40 @@ def model_scores(model, n: int) -> tuple[np.ndarray, bool]:
     layers = _layers(model)
     first: dict[str, torch.Tensor] = {}
 
-    def pre_hook(index):
-        def hook(module, args, kwargs):
+    def feed(index, original):  # replaces the layer's forward (some encoders call layer.forward directly)
+        def forward(*args, **kwargs):
             hidden = args[0] if args else kwargs["hidden_states"]
             if index == 0:
-                first["x"] = hidden
-                return None
-            if args:
-                return (first["x"], *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": first["x"]}
+                first["x"] = hidden.clone()  # later layers must not see in-place changes
+            elif args:
+                args = (first["x"], *args[1:])
+            else:
+                kwargs["hidden_states"] = first["x"]
+            return original(*args, **kwargs)
 
-        return hook
+        return forward
 
-    handles = [layer.register_forward_pre_hook(pre_hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
-    exact = bool(getattr(type(model), "_supports_attention_backend", False))
+    for i, layer in enumerate(layers):
+        layer.forward = feed(i, layer.forward)
+    implementation = model.config._attn_implementation
+    exact = implementation == "eager" and bool(getattr(type(model), "_supports_attention_backend", False))
+    ids = torch.zeros(1, n, dtype=torch.long)
     try:
         _RECORDED.clear()
-        if exact:
-            model.set_attn_implementation(RECORD)
         with torch.no_grad():
-            out = model(input_ids=torch.zeros(1, n, dtype=torch.long), output_attentions=not exact, use_cache=False)
-        if exact:
-            return np.stack(_RECORDED), True
-        with np.errstate(divide="ignore"):  # masked pairs have probability 0
-            return np.stack([np.log(a[0].double().numpy()) for a in out.attentions]), False
+            if exact:
+                model.set_attn_implementation(RECORD)
+                model(input_ids=ids, use_cache=False)
+                scores = np.stack([s for s, _ in _RECORDED])
+                masks = [np.zeros((n, n)) if m is None else m for _, m in _RECORDED]
+                allowed = np.stack([m > -1e30 for m in masks])
+            else:
+                with _SoftmaxInputs(n) if implementation == "eager" else _SdpaInputs() as capture:
+                    model(input_ids=ids, use_cache=False)
+                scores = np.stack(capture.inputs[: len(layers)])
+                allowed = scores[:, 0] > -1e30  # masks add the dtype's minimum (or -inf)
+        return Reference(scores, allowed, exact)
     finally:
-        for h in handles:
-            h.remove()
-        model.set_attn_implementation("eager")
+        for layer in layers:
+            del layer.forward  # the class's own again
+        model.set_attn_implementation(implementation)

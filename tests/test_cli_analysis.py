@@ -149,11 +149,11 @@ def test_out_that_is_a_file(tiny_checkpoints, tmp_path, capsys):
 
 
 def test_unsupported_architecture_message(tmp_path, capsys):
-    # T5 is analysed since issue 9; LongT5 (local attention) is known but not read
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "longt5"}))
+    # T5 and LongT5 are analysed since issues 9 and 22; XLNet (sinusoidal relative positions) is known but not read
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "xlnet"}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     code, captured = run_main(["fhat", str(tmp_path), "--out", str(tmp_path / "o")], capsys)
-    assert code == 2 and "relative position buckets" in captured.err
+    assert code == 2 and "sinusoidal relative positions" in captured.err
 
 
 def test_help_does_not_import_torch():

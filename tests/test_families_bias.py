@@ -202,6 +202,65 @@ def test_t5_scores_are_exactly_toeplitz_and_change_with_the_bias():
     torch.testing.assert_close(delta[1][~hit], torch.zeros(int((~hit).sum()), dtype=torch.float64))
 
 
+# ---------------------------------------------------------------- LongT5
+
+
+def _from_blocks(scores: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """LongT5's local scores (1, blocks, H, b, 3b [+ side keys]) as (H, n, n) and the pairs it attends: query
+    i = block * b + qi sees key j = (block - 1) * b + kj (the side keys of transient-global are left out)."""
+    _, blocks, heads, b, _ = scores.shape
+    full = torch.full((heads, n, n), -1e30, dtype=torch.float64)
+    for block in range(blocks):
+        for qi in range(b):
+            for kj in range(3 * b):
+                i, j = block * b + qi, (block - 1) * b + kj
+                if i < n and 0 <= j < n:
+                    full[:, i, j] = scores[0, block, :, qi, kj]
+    return full, full[0] > -1e9  # the model masks with -1e10
+
+
+@pytest.mark.parametrize("attention", ["local", pytest.param("transient-global", marks=pytest.mark.slow)])
+def test_longt5_encoder_scores_equal_module(monkeypatch, attention):
+    """LongT5's encoder attends |j - i| <= local_radius: there its scores are T5's (q . k plus the bucketed bias of
+    layer 0's table); the layer kinds say the window (and that transient-global adds side keys outside F̂)."""
+    torch.manual_seed(0)
+    cfg = tf.LongT5Config(**{**T5_TINY, "local_radius": 5, "global_block_size": 4,
+                             "encoder_attention_type": attention})  # fmt: skip
+    model = _randomise(tf.LongT5Model(cfg))
+    ctx = _context(model)
+    kinds = ctx.layer_kinds(N)
+    assert [k.window for k in kinds] == [5, 5, 5] and ("side keys" in kinds[0].describe()) == (attention != "local")
+    cap = _Capture(monkeypatch)
+    cap.layer_input = torch.from_numpy(ctx.word_mean).expand(1, N, -1).clone()
+    cap.feed(model.encoder.block)
+    with torch.no_grad():
+        model.encoder(inputs_embeds=cap.layer_input)
+    assert len(cap.scores) == cfg.num_layers
+    offsets = rb.relative_offsets(N)
+    for layer, real in enumerate(cap.scores):
+        theirs, allowed = _from_blocks(real, N)
+        assert torch.equal(allowed, offsets.abs() <= 5)
+        ours = torch.from_numpy(content_free_scores(ctx, layer, N))
+        torch.testing.assert_close(ours[:, allowed], theirs[:, allowed], rtol=1e-5, atol=1e-6)  # softmax in float32
+
+
+@pytest.mark.slow
+def test_longt5_decoder_scores_equal_module(monkeypatch):
+    torch.manual_seed(0)
+    model = _randomise(tf.LongT5Model(tf.LongT5Config(**T5_TINY, local_radius=5)))
+    ctx = _context(model)
+    assert ctx.causal("decoder") and all(k.window is None for k in ctx.layer_kinds(N, "decoder"))
+    cap = _Capture(monkeypatch)
+    cap.layer_input = torch.from_numpy(ctx.word_mean).expand(1, N, -1).clone()
+    cap.feed(model.decoder.block)
+    with torch.no_grad():
+        model.decoder(inputs_embeds=cap.layer_input, use_cache=False)
+    keep = rb.relative_offsets(N) <= 0
+    for layer, real in enumerate(cap.scores):
+        ours = torch.from_numpy(content_free_scores(ctx, layer, N, "decoder"))
+        torch.testing.assert_close(ours[:, keep], real[0][:, keep], rtol=1e-6, atol=1e-6)
+
+
 # ---------------------------------------------------------------- MPNet
 
 
@@ -296,6 +355,38 @@ def test_deberta_scores_equal_module(monkeypatch, variant):
         torch.testing.assert_close(ours, real[0], rtol=1e-10, atol=1e-10)
 
 
+DEBERTA_V1 = dict(relative_attention=True, pos_att_type=["c2p", "p2c"], max_relative_positions=12, type_vocab_size=2,
+                  position_biased_input=True)  # fmt: skip
+DEBERTA_V1_TALKING = dict(relative_attention=True, pos_att_type="p2c|c2p|p2p", max_relative_positions=-1,
+                          type_vocab_size=0, position_biased_input=False, talking_head=True,
+                          embedding_size=24)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "variant", [DEBERTA_V1, pytest.param(DEBERTA_V1_TALKING, marks=pytest.mark.slow)], ids=["v1", "v1-talking-heads"]
+)
+def test_deberta_v1_scores_equal_module(monkeypatch, variant):
+    """DeBERTa v1: fused per-head in_proj with a separate q_bias, pos_proj / pos_q_proj, a span of
+    min(n, max_relative_positions) rows, the scale counting every listed term (p2p too), talking heads."""
+    torch.manual_seed(0)
+    cfg = tf.DebertaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                           intermediate_size=37, max_position_embeddings=N + 8, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0, **variant)  # fmt: skip
+    model = _randomise(tf.DebertaModel(cfg))
+    ctx = _context(model)
+    assert ctx.kind == "disentangled" and ctx.qkv == "per-head"
+    cap = _Capture(monkeypatch)
+    model.embeddings.register_forward_hook(lambda m, a, out: setattr(cap, "layer_input", out))
+    cap.feed(model.encoder.layer)
+    with torch.no_grad():
+        model(inputs_embeds=torch.from_numpy(ctx.word_mean).expand(1, N, -1).clone())
+    assert len(cap.scores) == cfg.num_hidden_layers
+    for layer, real in enumerate(cap.scores):
+        ours = torch.from_numpy(content_free_scores(ctx, layer, N))
+        # DeBERTa v1's LayerNorm computes in float32 even in a float64 model
+        torch.testing.assert_close(ours, real[0], rtol=1e-5, atol=1e-6)
+
+
 def test_deberta_scores_depend_on_offset_only_for_a_constant_input():
     """Known answer: without an absolute input the content-free matrix is Toeplitz (c2p and p2c use r = i - j)."""
     torch.manual_seed(0)
@@ -318,7 +409,7 @@ def test_every_bias_and_disentangled_family_is_tested_here():
     from posprobe.families.table import BUCKET_BIAS, DISENTANGLED
 
     analysable = {f.name for f in FAMILIES if f.analysable and f.kind in (BUCKET_BIAS, DISENTANGLED)}
-    assert analysable == {"t5", "umt5", "mpnet", "deberta-v2"}
+    assert analysable == {"t5", "umt5", "longt5", "mpnet", "deberta-v2", "deberta"}
 
 
 # ---------------------------------------------------------------- commands (library and CLI) on saved checkpoints

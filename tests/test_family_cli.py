@@ -121,3 +121,50 @@ def test_rotary_config_disagreeing_with_weights_is_refused(family_checkpoints, t
     err = capsys.readouterr().err
     assert info.value.code == 2 and "vocab_size = 128 but the weights hold a word table of 99 rows" in err
     assert "re-download it" in err and not (tmp_path / "o").exists()
+
+
+def test_layer_kinds_in_json_and_titles(tmp_path):
+    """Local and global layers with their own rotary settings (Gemma 3): each layer's kind in `profiles` and `fhat`
+    JSON and in the figure titles; a model of one kind says 'global'."""
+    folder = tmp_path / "gemma3"
+    build("gemma3_text").save_pretrained(folder)
+    record = run_json(["profiles", str(folder), "--layers", "all", "--positions", "16", "--window", "4",
+                       "--out", str(tmp_path / "p"), "--json"])  # fmt: skip
+    assert record["layer_kinds"] == ["local |k| <= 4, rope theta 100", "global, linear rope theta 10000"]
+    fhat = run_json(["fhat", str(folder), "--layer", "0", "--positions", "16", "--out", str(tmp_path / "f"),
+                     "--json"])  # fmt: skip
+    assert fhat["layer_kind"] == "local |k| <= 4, rope theta 100"
+    result = posprobe.profiles(str(folder), positions=16, window=4)
+    assert "local |k| <= 4" in result.plot(0)._suptitle.get_text()
+    assert "(global, linear rope theta 10000)" in result.plot(1)._suptitle.get_text()
+    assert "local |k| <= 4" in posprobe.fhat(str(folder), positions=16).plot().title
+    plain = posprobe.profiles(str(build_llama(tmp_path)), positions=16, window=4)
+    assert plain.layer_kinds == ["global", "global"] and "global" not in plain.plot(0)._suptitle.get_text()
+    with np.load(record["npz"], allow_pickle=False) as npz:  # the .npz carries them in its metadata
+        assert json.loads(str(npz["metadata"]))["layer_kinds"] == record["layer_kinds"]
+
+
+def build_llama(tmp_path):
+    folder = tmp_path / "llama"
+    build("llama").save_pretrained(folder)
+    return folder
+
+
+def _sweep():
+    from family_models import CASES
+
+    quick = {"mobilebert", "squeezebert", "opt"}  # paper mode through a folded bottleneck, grouped convs, an offset
+    return [pytest.param(n, marks=() if n in quick else pytest.mark.slow) for n in sorted(CASES)]
+
+
+@pytest.mark.parametrize("name", _sweep())
+def test_profiles_of_every_layer_are_finite(name, tmp_path):
+    """Issue 22's 'done when': `posprobe profiles DIR --layers all` gives finite profiles for every family (as
+    saved: float64 weights), in its default mode, with one layer kind per layer."""
+    folder = tmp_path / "model"
+    build(name).save_pretrained(folder)
+    record = run_json(["profiles", str(folder), "--layers", "all", "--positions", "16", "--window", "4",
+                       "--out", str(tmp_path / "out"), "--json"])  # fmt: skip
+    with np.load(record["npz"]) as npz:
+        assert np.isfinite(npz["profiles"]).all() and npz["profiles"].shape[-1] == 31
+    assert len(record["layer_kinds"]) == len(record["layers"]) == record["n_layers"]

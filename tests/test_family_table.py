@@ -59,6 +59,8 @@ def test_params_reads_each_familys_own_config():
             continue
         for model_type in family.model_types:
             config = AutoConfig.for_model(model_type).to_dict()
+            if family.reserved_rows is True and config.get("pad_token_id") is None:  # ESM's default: no padding id,
+                continue  # so it cannot number positions (refused, as test_null_pad_token_id_is_refused... checks)
             counts = positional_parameter_counts(config)
             assert counts.mechanisms["tisa"] == 3 * 5 * counts.n_heads * counts.n_layers, model_type
             assert (counts.absolute is not None) == family.learned_table, model_type
@@ -145,13 +147,23 @@ def test_fields_a_hand_written_config_leaves_out_take_the_models_own_defaults():
 
 
 def test_config_switches_decide_the_kind_and_no_message_points_in_a_circle():
-    """A DeBERTa-v2 with relative_attention off is not read as disentangled (`fhat` sent users to `toeplitz`,
-    `toeplitz` back to `fhat`); Falcon's `alibi` switch picks its kind."""
-    from posprobe.families.table import ALIBI, OTHER
+    """A DeBERTa with relative_attention off is not read as disentangled (`fhat` sent users to `toeplitz`,
+    `toeplitz` back to `fhat`): its absolute table is its position mechanism, or it has none; Falcon's `alibi` and
+    ESM's `position_embedding_type` pick their kinds."""
+    from posprobe.families.table import ALIBI, OTHER, has_learned_table
 
-    assert position_kind({"model_type": "deberta-v2", "relative_attention": False})[0] == OTHER
-    assert position_kind({"model_type": "deberta-v2", "relative_attention": True})[0] == "disentangled"
+    for model_type in ("deberta-v2", "deberta"):
+        off = {"model_type": model_type, "relative_attention": False}
+        assert position_kind(off)[0] == LEARNED and has_learned_table(off)
+        assert position_kind({**off, "position_biased_input": False})[0] == OTHER
+        on = {"model_type": model_type, "relative_attention": True}
+        assert position_kind(on)[0] == "disentangled" and has_learned_table(on)  # a table beside the mechanism
+        assert not has_learned_table({**on, "position_biased_input": False})  # v3
     assert position_kind({"model_type": "falcon", "alibi": True})[0] == ALIBI
+    assert position_kind({"model_type": "falcon"})[0] == ROTARY
+    assert position_kind({"model_type": "esm", "position_embedding_type": "rotary"})[0] == ROTARY
+    assert position_kind({"model_type": "esm"})[0] == LEARNED
+    assert not has_learned_table({"model_type": "esm", "position_embedding_type": "rotary"})
 
 
 def test_the_family_table_is_the_only_place_that_names_model_types():
@@ -174,3 +186,21 @@ def test_the_family_table_is_the_only_place_that_names_model_types():
         for m in quoted.finditer(text)
     ]
     assert found == []
+
+
+def test_what_is_not_read_exactly_is_refused_in_one_line(tmp_path, capsys):
+    """A MobileBERT with LayerNorm bottlenecks (not released; posprobe folds only the affine NoNorm ones) and a
+    multimodal Gemma 3 checkpoint are refused, each saying why, rather than read approximately."""
+    from posprobe.families.table import OTHER
+
+    kind, words = position_kind({"model_type": "mobilebert", "normalization_type": "layer_norm"})
+    assert kind == OTHER and "'no_norm'" in words
+    assert position_kind({"model_type": "mobilebert"})[0] == LEARNED
+    for config in ({"model_type": "mobilebert", "normalization_type": "layer_norm"}, {"model_type": "gemma3"}):
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        (tmp_path / "model.safetensors").write_bytes(b"")
+        with pytest.raises(SystemExit) as info:
+            main(["profiles", str(tmp_path), "--out", str(tmp_path / "o")])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.count("\n") == 1 and "posprobe does not read this model yet" in err
+        assert ("no_norm" in err) if config["model_type"] == "mobilebert" else ("gemma3_text" in err)

@@ -227,3 +227,35 @@ def test_params_cli_without_a_learned_table(tmp_path):
     assert "conv-qkv" in result.output and "16,777,216" not in result.output
     record = json.loads(CliRunner().invoke(app, ["params", str(tmp_path), "--json"]).stdout)
     assert record["absolute"] is None and set(record["mechanisms"]) >= {"cat", "depthwise", "shaw-values"}
+
+
+def _family_cases():
+    from family_models import CASES
+
+    quick = {"opt", "mobilebert", "esm-rotary"}
+    return [pytest.param(n, marks=() if n in quick else pytest.mark.slow) for n in sorted(CASES)]
+
+
+@pytest.mark.parametrize("name", _family_cases())
+def test_counts_equal_the_models_own_position_table(name):
+    """Issue 22: `params` counts the learned table every family's model really has (its usable rows times its
+    width: reserved and offset rows left out, MobileBERT's hidden-wide and RemBERT's input-wide tables), and no
+    table where the model has none (rotary ESM, Falcon, ...)."""
+    from family_models import build
+
+    from posprobe.families import family_for_type, position_kind
+    from posprobe.families.context import reserved_rows
+    from posprobe.families.table import SINUSOIDAL
+
+    model = build(name)
+    config = model.config.to_dict()
+    counts = positional_parameter_counts(config)
+    family = family_for_type(config["model_type"])
+    tables = [p for key, p in model.state_dict().items() if family.position and key.endswith(family.position)]
+    if counts.absolute is None:  # no learned table: none stored, or the fixed sin/cos table of Marian and Pegasus
+        assert not tables or position_kind(config)[0] == SINUSOIDAL
+        return
+    (table,) = tables
+    usable = table.shape[0] - reserved_rows(config, name) - family.position_offset
+    assert (counts.n_positions, counts.table_width) == (usable, table.shape[1])
+    assert counts.absolute == usable * table.shape[1]

@@ -3,17 +3,19 @@
 Pure Python (no torch): the input is the parsed ``config.json`` dict, whose key names differ per family
 (BERT ``hidden_size``, GPT-2 ``n_embd``, DistilBERT ``dim``, ...). Counts:
 
-- absolute learned position table: ``n * d``, with ``d`` the width of the position table
-  (``embedding_size`` for ALBERT/ELECTRA, which factorise their embeddings) — only for families that have a
-  learned absolute table; others (rotary, relative buckets, ALiBi, sinusoidal) report ``None`` and say what
-  they use instead;
+- absolute learned position table: ``n * d``, with ``d`` the width of the position table (the family's
+  ``position_width`` config keys: ``embedding_size`` for ALBERT/ELECTRA, which factorise their embeddings,
+  RemBERT's ``input_embedding_size``, MobileBERT's hidden size) — only for models whose config gives them a
+  learned absolute table (ESM with absolute positions, DeBERTa with ``position_biased_input``, ...); others
+  (rotary, relative buckets, ALiBi, sinusoidal) report ``None`` and say what they use instead;
 - untied positional attention (Ke et al.): ``n * d + 2 * d^2`` (same condition);
 - every retrofittable mechanism of `posprobe.mechanisms.catalogue` (TISA ``3 * S * H * L``, fixed
   ``H * (2r + 1) * L``, dynamic ``(2r + 1) * d_h * L``, composite, ...): the catalogue's count per depth
   times ``L`` (ALBERT's layers share weights but get distinct mechanisms at every depth, as in the paper).
 
-RoBERTa-family tables (roberta, xlm-roberta, camembert, longformer) reserve ``pad_token_id + 1`` leading rows,
-so ``n = max_position_embeddings - (pad_token_id + 1)`` usable positions (514 -> 512).
+RoBERTa-family tables (roberta, xlm-roberta, camembert, longformer, xmod, esm) reserve ``pad_token_id + 1``
+leading rows, so ``n = max_position_embeddings - (pad_token_id + 1)`` usable positions (514 -> 512); OPT, BART,
+mBART and BioGPT store 2 rows more than ``max_position_embeddings``, the positions they use (n = 2048 of 2050).
 """
 
 from __future__ import annotations
@@ -21,15 +23,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from posprobe.errors import PosprobeError
+from posprobe.families import table as T
 from posprobe.families.context import config_size, reserved_rows
-from posprobe.families.table import (
-    KIND_NAMES,
-    LEARNED,
-    OTHER,
-    SINUSOIDAL,
-    family_for_type,
-    position_kind,
-)
+from posprobe.families.table import KIND_NAMES, LEARNED, family_for_type, position_kind
 from posprobe.mechanisms.catalogue import CATALOGUE, DEFAULT_RADIUS, LayerShape, check_kernels, check_radius
 from posprobe.validation import as_int_list
 
@@ -88,10 +84,9 @@ def positional_encoding(config: dict) -> str:
 
 
 def has_learned_table(config: dict) -> bool:
-    """True when the family table says `config`'s checkpoints store a learned absolute position table."""
-    family = family_for_type(str(config.get("model_type", "unknown")))
-    kind = position_kind(config)[0]
-    return family is not None and family.learned_table and kind not in (SINUSOIDAL, OTHER)
+    """True when the family table says `config`'s checkpoints store a learned absolute position table (config
+    switches included: ESM's position_embedding_type, DeBERTa's position_biased_input)."""
+    return T.has_learned_table(config)
 
 
 def positional_parameter_counts(
@@ -108,7 +103,9 @@ def positional_parameter_counts(
     model_type = str(config.get("model_type", "unknown"))
     encoding = positional_encoding(config)
     hidden = config_size(config, None, "hidden")
-    table_width = config.get("embedding_size") or hidden
+    family = family_for_type(model_type)
+    widths = family.position_width if family is not None else ("embedding_size",)
+    table_width = next((config[k] for k in widths if config.get(k)), hidden)
     learned = has_learned_table(config)
     n_table = config_size(config, None, "positions", required=learned)  # ALiBi / bucket models may state no limit
     heads = config_size(config, None, "heads")

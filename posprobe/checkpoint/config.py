@@ -21,7 +21,6 @@ _SIZES = (
     "hidden_size",
     "num_hidden_layers",
     "num_attention_heads",
-    "intermediate_size",
     "vocab_size",
     "max_position_embeddings",
     "num_hidden_groups",
@@ -37,7 +36,7 @@ _SIZES = (
     "hidden_dim",
 )
 _COUNTS = ("type_vocab_size",)  # may be 0 (DeBERTa-v2 has no token types)
-_NULLABLE_SIZES = ("n_inner", "embedding_size")  # GPT-2: n_inner null means 4 * n_embd
+_NULLABLE_SIZES = ("n_inner", "embedding_size", "intermediate_size")  # GPT-2 / GPT-Neo: null means 4 * hidden
 _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id")
 _EPSILONS = ("layer_norm_eps", "layer_norm_epsilon")
 _PROBABILITIES = (

@@ -1,34 +1,44 @@
-"""Content-free scores of ALiBi families (SPEC §9): F_hat(i, j) = q . k * scaling - m_h |j - i|.
+"""Content-free scores of ALiBi families (SPEC §9): F_hat(i, j) = q . k * scaling - s_b |B_h(j) - B_h(i)|.
 
 q and k are the same at every position (content-free input, no positional term in them), so q . k is one
-constant per head; m_h are the slopes exactly as the family's transformers code computes them (BLOOM's
-`build_alibi_tensor`, MPT's `build_mpt_alibi_tensor` as MptModel calls it). BLOOM adds `m_h * j`, MPT
-`m_h * (j - n + 1)`: both differ from `-m_h |j - i|` by a per-row constant on the causal pairs (j <= i), which
-softmax ignores.
+constant per head. B_h(j) is the bias the family's own transformers code adds for key j of a sequence of n
+tokens (BLOOM's `build_alibi_tensor`: m_h * j; Falcon's: the same rounded to bfloat16; MPT's
+`build_mpt_alibi_tensor` as MptModel calls it: m_h * (j - n + 1)); s_b is 1, or the attention scale where
+the family scales the bias with q . k (Falcon). On the causal pairs (j <= i) B_h is increasing in j, so the
+formula equals the model's scores (q . k * scaling + s_b B_h(j)) less a constant per row (s_b B_h(i)), which
+softmax ignores; with exact slopes it is -m_h |j - i|.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
-BLOOM_SLOPES = "build_alibi_tensor"  # `Family.tensors['alibi']`: the transformers function whose slopes it uses
-MPT_SLOPES = "build_mpt_alibi_tensor"
+BLOOM_BIAS = "transformers.models.bloom.modeling_bloom:build_alibi_tensor"  # default `Family.tensors['alibi']`
+MPT_BIAS = "build_mpt_alibi_tensor"  # MPT's own call (`build_mpt_alibi_tensor`, a different signature)
 
 
-def alibi_slopes(heads: int, convention: str = BLOOM_SLOPES) -> np.ndarray:
-    """m_h (H,) as the family computes them (float32, then widened): BLOOM's or MPT's code (`convention`)."""
+def key_biases(heads: int, n: int, convention: str = BLOOM_BIAS) -> np.ndarray:
+    """B (H, n): the bias the family adds to the score of key j (float64 from the family's own precision):
+    `convention` is 'module:function' of a BLOOM-style builder (attention mask, heads, dtype), or MPT_BIAS."""
     import torch
 
-    if convention == MPT_SLOPES:
+    if convention == MPT_BIAS:
         from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 
         # transformers' MptModel calls it with the default alibi_bias_max = 8 whatever attn_config says: so do we.
-        alibi = build_mpt_alibi_tensor(heads, 2).double()  # (H, 1, 2) = m_h * (j - 1)
-        return (alibi[:, 0, 1] - alibi[:, 0, 0]).numpy()
-    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+        return build_mpt_alibi_tensor(heads, n).double()[:, 0, :].numpy()  # (H, 1, n) = m_h * (j - n + 1)
+    module, name = convention.split(":")
+    build = getattr(importlib.import_module(module), name)
+    alibi = build(torch.ones(1, n, dtype=torch.long), heads, torch.float64)  # (H, 1, n) = m_h * j
+    return alibi.reshape(heads, n).double().numpy()
 
-    alibi = build_alibi_tensor(torch.ones(1, 2, dtype=torch.long), heads, torch.float64)  # (H, 1, 2) = m_h * j
-    return alibi[:, 0, 1].numpy()
+
+def alibi_slopes(heads: int, convention: str = BLOOM_BIAS) -> np.ndarray:
+    """m_h (H,) as the family computes them: its bias of key 1 less that of key 0."""
+    b = key_biases(heads, 2, convention)
+    return b[:, 1] - b[:, 0]
 
 
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
@@ -37,6 +47,9 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
     k = np.repeat(k, q.shape[0] // k.shape[0], axis=0)
     scale = (ctx.config.get("attn_config") or {}).get("softmax_scale") or ctx.scaling  # MPT may set its own
     content = (q * k).sum(-1) * scale  # (H,)
-    slopes = alibi_slopes(q.shape[0], ctx.family.tensors.get("alibi", BLOOM_SLOPES))
-    distance = np.abs(np.arange(n)[None, :] - np.arange(n)[:, None]).astype(np.float64)  # |j - i|
-    return content[:, None, None] - slopes[:, None, None] * distance[None]
+    key = ("alibi", n)
+    if key not in ctx.cache:  # the same biases for every layer
+        ctx.cache[key] = key_biases(q.shape[0], n, ctx.family.tensors.get("alibi", BLOOM_BIAS))
+    b = ctx.cache[key]
+    bias_scale = scale if ctx.family.tensors.get("alibi_scaled") else 1.0  # Falcon: (q . k + alibi) / sqrt(d_h)
+    return content[:, None, None] - bias_scale * np.abs(b[:, None, :] - b[:, :, None])

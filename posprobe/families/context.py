@@ -2,7 +2,9 @@
 
 Everything that knows where a family keeps a tensor, how its Q/K are laid out, which norm it applies with which
 epsilon, how it scales and caps scores, and whether posprobe can analyse it, lives here and in the family table
-(`posprobe.families.table`). The score modules (`table.SCORE_MODULES`) read only through a context.
+(`posprobe.families.table`), with its helpers: `sizes` (config sizes), `embeddings` (the embedding level),
+`layouts` (fused Q/K/V) and `windows` (each layer's kind). The score modules (`table.SCORE_MODULES`) read only
+through a context.
 
 Shapes: d hidden width, e embedding width (e != d for factorised embeddings: ALBERT, ELECTRA-small), H query
 heads, H_kv key/value heads (grouped-query attention: query head h reads key head h // (H / H_kv)), d_h head size,
@@ -12,168 +14,29 @@ n positions. Canonical per-head weights: q_h = x @ W_Q[h] + b_Q[h] with W_Q (H, 
 from __future__ import annotations
 
 import importlib
-import math
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from posprobe.checkpoint.config import config_int
 from posprobe.errors import PosprobeError
 from posprobe.families import table as T
+from posprobe.families.embeddings import EmbeddingReader, PositionTable, apply_norm
+from posprobe.families.layouts import grouped_conv_dense, head_split, split_fused
+from posprobe.families.sizes import MIXED_HINT, Shape, config_shape, config_size, mixed_checkpoint, reserved_rows
+from posprobe.families.table import config_default
+
+# Re-exported: where callers have always found them.
+__all__ = ["STACKS", "CONTENT_FREE", "HeadWeights", "ModelContext", "PositionTable", "Shape", "apply_norm",
+           "check_analysable", "config_default", "config_shape", "config_size", "content_free_scores", "head_split",
+           "mixed_checkpoint", "reserved_rows"]  # fmt: skip
 
 if TYPE_CHECKING:
     from posprobe.checkpoint.resolve import ModelSource
 
 STACKS = ("encoder", "decoder")
-_CONFIG_HINT = "fix config.json or re-save the checkpoint with `save_pretrained`"
-_MIXED_HINT = "the folder mixes files from two checkpoints; re-download it"
-
-
-# ------------------------------------------------------------------------------------------ config
-@dataclass(frozen=True)
-class Shape:
-    """Sizes from config.json: `heads` H, `kv_heads` H_kv, `head_dim` d_h, `hidden` d, `layers` L, norm `eps`,
-    `max_positions` (None when the family has no limit), `vocab` (None when the config does not say)."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-    hidden: int
-    layers: int
-    eps: float
-    max_positions: int | None
-    vocab: int | None
-
-
-def config_size(config: dict, name: str | None, what: str, default=None, required: bool = True) -> int | None:
-    """Size `what` (a `table.CONFIG_KEYS` entry: 'heads', 'hidden', ...) under whatever name the config uses, a
-    whole number >= 1; `default` (or None when not `required`) if absent. `name` names the checkpoint in errors."""
-    where = f"config.json of '{name}'" if name else "the config"
-    value = T.config_value(config, what)
-    if value is None:
-        if default is not None or not required:
-            return default
-        raise PosprobeError(f"{where} has no {what} field (looked for {', '.join(T.CONFIG_KEYS[what])})", _CONFIG_HINT)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        key = next(k for k in T.CONFIG_KEYS[what] if config.get(k) is not None)
-        raise PosprobeError(f"{where} has {key} = {value!r}, expected a whole number >= 1", _CONFIG_HINT)
-    return value
-
-
-def config_shape(config: dict, name: str, family: T.Family) -> Shape:
-    """Heads, widths, layers and the norm epsilon of `config` under whatever names its family uses: the one place
-    a model's sizes are read and checked."""
-    heads = config_size(config, name, "heads")
-    hidden = config_size(config, name, "hidden")
-    kv_heads = config_size(config, name, "kv_heads", default=heads)
-    head_dim = config_size(config, name, "head_dim", default=hidden // heads)
-    if T.config_value(config, "head_dim") is None and hidden % heads:
-        raise PosprobeError(
-            f"config.json of '{name}' has hidden size {hidden} not divisible by {heads} heads",
-            "the config is malformed; re-save the checkpoint",
-        )
-    if heads % kv_heads:
-        raise PosprobeError(
-            f"config.json of '{name}' has {heads} query heads, not a multiple of {kv_heads} key/value heads",
-            "the config is malformed; re-save the checkpoint",
-        )
-    eps = T.config_value(config, "eps")
-    if eps is None:  # fixed in the family's code, or (a hand-written config) its transformers config's default
-        eps = family.eps if family.eps is not None else config_default(config, T.CONFIG_KEYS["eps"])
-        if eps is None:
-            raise PosprobeError(
-                f"config.json of '{name}' gives no norm epsilon (looked for {', '.join(T.CONFIG_KEYS['eps'])})",
-                "add the model's layer_norm_eps / rms_norm_eps to config.json",
-            )
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0 or not math.isfinite(eps):
-        raise PosprobeError(
-            f"config.json of '{name}' has a norm epsilon {eps!r}, expected a positive number", _CONFIG_HINT
-        )
-    positions = T.config_value(config, "positions")
-    positions = config_size(config, name, "positions") if positions is not None else None
-    vocab = config_size(config, name, "vocab") if T.config_value(config, "vocab") is not None else None
-    layers = config_size(config, name, "layers")
-    if family.shared_layers and config_int(config, name, "num_hidden_groups", default=1) != 1:
-        raise PosprobeError(
-            f"'{name}' is an ALBERT with {config.get('num_hidden_groups')} layer groups",
-            "posprobe analyses ALBERT checkpoints with one shared layer group (all released ones)",
-        )
-    return Shape(heads, kv_heads, head_dim, hidden, layers, float(eps), positions, vocab)
-
-
-def config_default(config: dict, keys: tuple[str, ...]):
-    """The first of `keys` set in the default config of `config`'s model type (transformers' config class), or
-    None: what the model itself would use for a field its config.json leaves out."""
-    try:
-        from transformers import AutoConfig
-
-        defaults = AutoConfig.for_model(str(config.get("model_type")))
-    except Exception:  # an unknown model type: no defaults to offer
-        return None
-    return next((getattr(defaults, k) for k in keys if getattr(defaults, k, None) is not None), None)
-
-
-def reserved_rows(config: dict, name: str) -> int:
-    """Leading rows of the position table that no position uses: pad_token_id + 1 in the RoBERTa family (SPEC
-    §1), the entry's fixed count for MPNet, 0 elsewhere. A RoBERTa-family config without a pad_token_id is
-    refused (the model cannot number positions without it)."""
-    family = T.family_for_type(str(config.get("model_type", "")))
-    if family is None or not family.reserved_rows:
-        return 0
-    if family.reserved_rows is not True:  # a fixed count (MPNet)
-        return int(family.reserved_rows)
-    pad = config_int(config, name, "pad_token_id", default=1, minimum=0, nullable=True)
-    if pad is None:
-        raise PosprobeError(
-            f"config.json of '{name}' has pad_token_id null, but a {config.get('model_type')} position table "
-            "reserves pad_token_id + 1 leading rows",
-            "set pad_token_id in config.json (1 for RoBERTa, XLM-R and CamemBERT)",
-        )
-    return pad + 1
-
-
-def mixed_checkpoint(name: str, what: str, config_says, weights_hold) -> PosprobeError:
-    """The error for a config.json that disagrees with the weights beside it."""
-    return PosprobeError(f"config.json of '{name}' says {what} {config_says} but the weights hold {weights_hold}",
-                         _MIXED_HINT)  # fmt: skip
-
-
-# -------------------------------------------------------------------------------------------- norms
-def apply_norm(x: np.ndarray, kind: str, weight: np.ndarray, bias: np.ndarray | None, eps: float) -> np.ndarray:
-    """The norm `kind` (table.NORMS) over the last axis of `x`, as torch computes it (biased variance)."""
-    if kind == T.LAYERNORM:
-        mean = x.mean(axis=-1, keepdims=True)
-        out = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps) * weight
-    else:
-        out = x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps)
-        out = out * (1.0 + weight if kind == T.RMSNORM_PLUS1 else weight)
-    return out if bias is None else out + bias
-
-
-def embed_scale(hidden: int, dtype: str | None) -> float:
-    """sqrt(d) rounded to the word table's dtype, as Gemma's scaled embedding multiplies by it."""
-    import torch
-
-    torch_dtype = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}.get(dtype or "", torch.float64)
-    return float(torch.tensor(hidden**0.5).to(torch_dtype).double())
-
-
-# ------------------------------------------------------------------------------------ weight shapes
-@dataclass(frozen=True)
-class PositionTable:
-    """An absolute position table `table` (n, e) (learned, or sinusoidal as the model builds it); `dropped_rows`
-    reserved leading rows were removed (RoBERTa family, MPNet)."""
-
-    model: str
-    model_type: str
-    table: np.ndarray
-    dropped_rows: int
-
-    @property
-    def n_positions(self) -> int:
-        return self.table.shape[0]
 
 
 @dataclass(frozen=True)
@@ -211,21 +74,15 @@ def _project(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out + b.reshape(b.shape[0], *([1] * (x.ndim - 1)), b.shape[1])
 
 
-def head_split(w: np.ndarray, b: np.ndarray | None, heads: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """Linear rows (heads * d_h, d) -> per-head (heads, d, d_h) and bias (heads, d_h)."""
-    per = w.reshape(heads, head_dim, w.shape[-1]).transpose(0, 2, 1)
-    bias = np.zeros((heads, head_dim)) if b is None else b.reshape(heads, head_dim)
-    return np.ascontiguousarray(per), bias
-
-
 # ------------------------------------------------------------------------------------------ context
-class ModelContext:
+class ModelContext(EmbeddingReader):
     """One checkpoint seen through its family entry: `source`, `reader` (a WeightReader, StateDictReader or any
     reader with `get`, `find_suffix`, `row_mean`, `shape`, `stored_dtype`: float64 numpy), `family`, `config`,
     `shape`, `kind` (its position kind, config switches included), `mode` ('paper' or 'faithful': how an
     absolute table's scores are formed, SPEC §3; the other kinds give SPEC §9's content-free scores).
 
-    Creating one refuses, with one clear line, a model posprobe cannot analyse."""
+    Creating one refuses, with one clear line, a model posprobe cannot analyse. Its embedding level (what the first
+    layer receives) comes from `posprobe.families.embeddings.EmbeddingReader`."""
 
     def __init__(self, source: ModelSource, reader, mode: str = "paper"):
         self.source, self.reader, self.mode = source, reader, mode
@@ -233,6 +90,7 @@ class ModelContext:
         self.kind = T.position_kind(source.config)[0]
         self.config = source.config
         self.shape = config_shape(self.config, source.name, self.family)
+        self.qkv = T.qkv_layout(self.family, self.config)[0]
         self.cache: dict = {}  # what score functions compute once for every layer (e.g. rotary angles)
 
     # -- what the model is --------------------------------------------------------------------------
@@ -240,7 +98,7 @@ class ModelContext:
     def has_table(self) -> bool:
         """True when the model has an absolute position table (learned, built sinusoidal, or beside a relative
         mechanism: MPNet): P = E_P E_P^T exists."""
-        return _has_table(self.family, self.kind)
+        return _has_table(self.family, self.config)
 
     @property
     def score_mode(self) -> str:
@@ -253,7 +111,33 @@ class ModelContext:
 
     def causal(self, stack: str = "encoder") -> bool:
         """True when the model only lets query i see keys j <= i (k <= 0) in `stack`."""
-        return self.family.causal or (self.family.encoder_decoder and stack == "decoder")
+        f = self.family
+        if f.causal and f.bidirectional and T.config_flag(self.config, f.bidirectional):
+            return False
+        return f.causal or (f.encoder_decoder and stack == "decoder")
+
+    def switched_on(self, what: str) -> bool:
+        """True when table field `what` applies to this checkpoint's config (`Family.switches`)."""
+        return T.switched_on(self.family, self.config, what)
+
+    def layer_kinds(self, n: int, stack: str = "encoder") -> list:
+        """How each layer of `stack` attends over `n` positions (`posprobe.families.windows.LayerKind`)."""
+        from posprobe.families.windows import layer_kinds
+
+        key = ("layer_kinds", n, stack)
+        if key not in self.cache:
+            self.cache[key] = layer_kinds(self, n, stack)
+        return self.cache[key]
+
+    @property
+    def transformers_config(self):
+        """The checkpoint's config as its transformers config class (rope parameters, layer types and properties
+        normalised by it); built once."""
+        if "transformers_config" not in self.cache:
+            from posprobe.families.rotary import transformers_config
+
+            self.cache["transformers_config"] = transformers_config(self)
+        return self.cache["transformers_config"]
 
     def layers(self, stack: str = "encoder") -> int:
         """Number of attention layers of `stack`."""
@@ -272,14 +156,19 @@ class ModelContext:
         if self.kind in T.TABLE_KINDS:
             return self.position_table.n_positions
         maximum = self.shape.max_positions
-        if maximum and self.family.reserved_rows:
+        if maximum and self.family.reserved_rows and self.family.position:
             maximum -= reserved_rows(self.config, self.source.name)
         return maximum
 
     # -- tensors ------------------------------------------------------------------------------------
     def key(self, pattern: str, layer: int | None = None, stack: str = "encoder") -> str | None:
-        """The stored name ending in `pattern` (with `{l}` / `{stack}` filled in), or None."""
-        return self.reader.find_suffix(pattern.format(l=layer, stack=stack))
+        """The stored name ending in `pattern` (with `{l}` / `{stack}` filled in; of a group of alternatives
+        'a.(b|c).d' the first the checkpoint holds), or None."""
+        filled = pattern.format(l=layer, stack=stack)
+        group = _ALTERNATIVES.search(filled)
+        options = [filled] if group is None else [filled[: group.start()] + a + filled[group.end() :]
+                                                  for a in group.group(1).split("|")]  # fmt: skip
+        return next((k for k in map(self.reader.find_suffix, options) if k is not None), None)
 
     def tensor(self, pattern: str, layer: int | None = None, stack: str = "encoder") -> np.ndarray:
         """Tensor `pattern` (float64); a clear error when the checkpoint lacks it."""
@@ -298,9 +187,17 @@ class ModelContext:
 
     def norm(self, x: np.ndarray, prefix: str, layer: int | None = None, stack: str = "encoder") -> np.ndarray:
         """The family's norm with weights `prefix`.weight (and `.bias` when stored) applied to `x` (..., d)."""
-        weight = self.tensor(prefix + ".weight", layer, stack)
-        bias = self.optional(prefix + ".bias", layer, stack)
+        if self.family.norm == T.PLAIN_LAYERNORM:  # no weights stored (OLMo)
+            return apply_norm(x, T.PLAIN_LAYERNORM, None, None, self.shape.eps)
+        weight, bias = self.norm_weights(prefix, layer, stack)
         return apply_norm(x, self.family.norm, weight, bias, self.shape.eps)
+
+    def norm_weights(self, prefix: str, layer: int | None = None, stack: str = "encoder"):
+        """(weight, bias or None) of norm `prefix`: `.weight` / `.bias`, or the older `.gamma` / `.beta` names (ESM
+        and TensorFlow-converted checkpoints save them so)."""
+        if self.key(prefix + ".weight", layer, stack) is None and self.key(prefix + ".gamma", layer, stack):
+            return self.tensor(prefix + ".gamma", layer, stack), self.optional(prefix + ".beta", layer, stack)
+        return self.tensor(prefix + ".weight", layer, stack), self.optional(prefix + ".bias", layer, stack)
 
     def linear(self, prefix: str, layer: int | None = None, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:
         """A stored Linear `prefix` as (W (out, in), b (out,)); b is zeros where no bias is stored."""
@@ -309,146 +206,63 @@ class ModelContext:
         return w, np.zeros(w.shape[0]) if b is None else b
 
     def attention(self, layer: int, stack: str = "encoder") -> HeadWeights:
-        """Per-head Q/K weights of depth `layer` of `stack`, whatever the family's layout (`Family.qkv`)."""
+        """Per-head Q/K weights of depth `layer` of `stack`, whatever the family's layout (`Family.qkv`, or the
+        one a config switch picks: `table.qkv_layout`), acting on the layer input as `layer_input` gives it
+        (a MobileBERT bottleneck, affine, is folded in)."""
         s, f = self.shape, self.family
         stored = self.stored_layer(layer)
         w = self.tensor(f.query + ".weight", stored, stack)
         b = self.optional(f.query + ".bias", stored, stack)
-        qd, kd = s.heads * s.head_dim, s.kv_heads * s.head_dim
         try:
-            if f.qkv == T.SEPARATE:
+            if self.qkv in (T.SEPARATE, T.GROUPED_CONV):
                 wk = self.tensor(f.key + ".weight", stored, stack)
                 bk = self.optional(f.key + ".bias", stored, stack)
+                if self.qkv == T.GROUPED_CONV:
+                    w, wk = grouped_conv_dense(w, self.attention_width), grouped_conv_dense(wk, self.attention_width)
                 q, k = head_split(w, b, s.heads, s.head_dim), head_split(wk, bk, s.kv_heads, s.head_dim)
-            elif f.qkv == T.GPT2_CONV1D:  # Conv1D (d, 3d): y = x @ W + b, columns [q | k | v]
-                wt, bias = w.T, (np.zeros(w.shape[1]) if b is None else b)
-                q = head_split(wt[:qd], bias[:qd], s.heads, s.head_dim)
-                k = head_split(wt[qd : qd + kd], bias[qd : qd + kd], s.kv_heads, s.head_dim)
-            elif f.qkv == T.PER_HEAD:  # Linear rows grouped per head: [q_h; k_h; v_h]
-                per = w.reshape(s.heads, 3, s.head_dim, w.shape[-1])
-                bias = np.zeros((s.heads, 3, s.head_dim)) if b is None else b.reshape(s.heads, 3, s.head_dim)
-                q = np.ascontiguousarray(per[:, 0].transpose(0, 2, 1)), bias[:, 0]
-                k = np.ascontiguousarray(per[:, 1].transpose(0, 2, 1)), bias[:, 1]
-            else:  # STACKED Linear rows [q (H d_h); k (H_kv d_h); v]
-                bias = np.zeros(w.shape[0]) if b is None else b
-                if w.shape[0] < qd + kd:
-                    raise ValueError
-                q = head_split(w[:qd], bias[:qd], s.heads, s.head_dim)
-                k = head_split(w[qd : qd + kd], bias[qd : qd + kd], s.kv_heads, s.head_dim)
+            else:
+                q, k = split_fused(self.qkv, w, b, s.heads, s.kv_heads, s.head_dim, f.qkv_blocks)
         except ValueError:  # a reshape that does not fit
             q = k = None
-        hidden = q[0].shape[1] if q is not None else None
-        if q is None or k[0].shape[1] != hidden or hidden != s.hidden:
+        width = q[0].shape[1] if q is not None else None
+        if q is None or k[0].shape[1] != width or width != self.attention_width:
             raise PosprobeError(
                 f"query/key weights of '{self.source.name}' layer {layer} do not match config.json "
                 f"({s.heads} heads of size {s.head_dim}, {s.kv_heads} key heads)",
-                _MIXED_HINT,
+                MIXED_HINT,
             )
-        return HeadWeights(q[0], q[1], k[0], k[1], stored)
-
-    # -- embedding-level inputs --------------------------------------------------------------------
-    @cached_property
-    def word_mean(self) -> np.ndarray:
-        """Vocabulary-average word embedding e_w (e,), read a chunk of rows at a time."""
-        key = self.key(self.family.word)
-        if key is None:
-            self.tensor(self.family.word)  # raises the clear error
-        shape, vocab = self.reader.shape(key), self.shape.vocab
-        if vocab is not None and shape and len(shape) == 2 and shape[0] != vocab:  # a config.json from elsewhere
-            raise mixed_checkpoint(self.source.name, "vocab_size =", vocab, f"a word table of {shape[0]} rows")
-        return self.reader.row_mean(key)
+        if "q_bias" in f.tensors:  # a query bias stored apart from the projection (DeBERTa v1)
+            q = q[0], self.tensor(f.tensors["q_bias"], stored, stack).reshape(s.heads, s.head_dim)
+        weights = HeadWeights(q[0], q[1], k[0], k[1], stored)
+        prefix = self.bottleneck_prefix
+        return weights if prefix is None else _fold(weights, *self.bottleneck(prefix, stored, stack))
 
     @property
-    def word_dtype(self) -> str | None:
-        """The stored dtype of the word table ('F32', 'BF16', ...; None when unknown)."""
-        return self.reader.stored_dtype(self.key(self.family.word))
+    def attention_width(self) -> int:
+        """The width the Q/K projections read: the hidden size, or MobileBERT's bottleneck width."""
+        return config_size(self.config, self.source.name, "attention_width", default=self.shape.hidden)
 
     @cached_property
-    def word(self) -> np.ndarray:
-        """e_w as the model feeds it (e,): times sqrt(d) where the family scales its word embeddings."""
-        scale = self.family.embed_scale
-        if scale == "sqrt_hidden":
-            return self.word_mean * embed_scale(self.shape.hidden, self.word_dtype)
-        if scale == "scale_embedding" and self.config.get("scale_embedding"):
-            return self.word_mean * math.sqrt(self.shape.hidden)  # the model scales words, not positions
-        return self.word_mean
+    def bottleneck_prefix(self) -> str | None:
+        """The prefix of the bottleneck (Linear `.dense`, norm `.LayerNorm`) the layer input goes through before
+        Q/K (`Family.bottleneck`: the first alternative whose config switches are all on), or None."""
+        for keys, prefix in self.family.bottleneck:
+            if all(T.config_flag(self.config, key) for key in keys):
+                return prefix
+        return None
 
-    @cached_property
-    def token_type0(self) -> np.ndarray | None:
-        """Token type 0's embedding (e,) where the family adds one, else None."""
-        key = self.key(self.family.token_type) if self.family.token_type else None
-        return None if key is None else self.reader.get(key)[0]
-
-    @cached_property
-    def position_table(self) -> PositionTable:
-        """The absolute position table (n, e): stored (reserved leading rows dropped) or, for a sinusoidal family
-        that does not store it, built as the model builds it. Refused for a model without one."""
-        self.require_table()
-        f, cfg, name = self.family, self.config, self.source.name
-        stored = self.key(f.position) if f.position else None
-        if stored is None and "positions_class" in f.tensors:  # a sinusoidal table the model builds
-            from posprobe.families.sinusoidal import build_table
-
-            n = config_size(cfg, name, "positions")
-            return PositionTable(name, self.source.model_type, build_table(f, cfg, n, self.shape.hidden), 0)
-        table = self.tensor(f.position)
-        if table.ndim != 2:
-            raise PosprobeError(
-                f"position table of '{name}' has shape {table.shape}, expected 2-D", "the checkpoint is malformed"
-            )
-        dropped = reserved_rows(cfg, name)
-        table = table[dropped:]
-        if table.shape[0] < 2:
-            raise PosprobeError(
-                f"position table of '{name}' has {'only 1 usable row' if len(table) else 'no usable rows'}"
-                + (f" (after dropping {dropped} reserved ones)" if dropped else ""),
-                "a position analysis needs at least 2 positions; the checkpoint is malformed",
-            )
-        key = next((k for k in T.CONFIG_KEYS["positions"] if cfg.get(k) is not None), None)
-        rows = cfg.get(key) if key else None
-        if isinstance(rows, int) and not isinstance(rows, bool) and rows != table.shape[0] + dropped:
-            reserved = f" ({dropped} reserved + {rows - dropped} positions)" if dropped else ""
-            raise mixed_checkpoint(name, f"{key} =", f"{rows}{reserved}",
-                                   f"a position table of {table.shape[0] + dropped} rows")  # fmt: skip
-        if self.word_mean.shape != (table.shape[1],):
-            raise PosprobeError(
-                f"word and position embeddings of '{name}' have different widths", "the checkpoint is malformed"
-            )
-        return PositionTable(name, self.source.model_type, table, dropped)
-
-    def projection(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """The factorised embedding's projection (W (d, e), b (d,)) where the checkpoint stores one, else None."""
-        if not self.family.projection or self.key(self.family.projection + ".weight") is None:
-            return None
-        return self.linear(self.family.projection)
-
-    def embedding_rows(self, positions: np.ndarray | None = None) -> np.ndarray:
-        """What the first layer receives for a sequence of the average word (n, d): e_w (scaled as the model
-        scales it) plus `positions` (n, e) rows when given (else one row), plus token type 0, through the
-        embedding norm and the factorised projection in the family's order."""
-        x = self.word[None, :] if positions is None else positions + self.word[None, :]
-        if self.token_type0 is not None:
-            x = x + self.token_type0[None, :]
-        projection = self.projection()
-        if projection is not None and self.family.projection_first:
-            x = x @ projection[0].T + projection[1]
-        if self.family.embedding_norm:
-            x = self.norm(x, self.family.embedding_norm)
-        if projection is not None and not self.family.projection_first:
-            x = x @ projection[0].T + projection[1]
-        return x
-
-    @cached_property
-    def embedding(self) -> np.ndarray:
-        """The embedding-level input of every position without a position term (d,): e_w scaled, normed and
-        projected as the model does."""
-        return self.embedding_rows()[0]
+    def bottleneck(self, prefix: str, layer: int, stack: str) -> tuple[np.ndarray, np.ndarray]:
+        """The bottleneck as one affine map x -> x @ A + c (A (d, d'), c (d',)): its Linear then its NoNorm."""
+        w, b = self.linear(prefix + ".dense", layer, stack)
+        nw, nb = self.norm_weights(prefix + ".LayerNorm", layer, stack)
+        return w.T * nw, b * nw + (0 if nb is None else nb)
 
     def layer_input(self, x: np.ndarray, layer: int, stack: str = "encoder") -> np.ndarray:
         """Embedding-level rows x (..., d) as layer `layer`'s attention projections see them: after the layer's
-        pre-attention norm (SPEC §9: layer l's weights act on the embedding-level input)."""
-        if self.family.pre_norm:
-            x = self.norm(x, self.family.pre_norm, self.stored_layer(layer), stack)
+        pre-attention norm where it has one (SPEC §9: layer l's weights act on the embedding-level input)."""
+        f = self.family
+        if f.pre_norm and layer >= f.pre_norm_from and self.switched_on("pre_norm"):
+            x = self.norm(x, f.pre_norm, self.stored_layer(layer), stack)
         return x
 
     def word_input(self, layer: int, stack: str = "encoder") -> np.ndarray:
@@ -456,38 +270,70 @@ class ModelContext:
         return self.layer_input(self.embedding, layer, stack)
 
     def query_key(self, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:
-        """Query (H, d_h) and key (H_kv, d_h) of the average word at `layer`, biases and per-head q/k norms
+        """Query (H, d_h) and key (H_kv, d_h) of the average word at `layer`, biases, clamps and q/k norms
         applied, before any positional mechanism."""
         weights = self.attention(layer, stack)
         x = self.word_input(layer, stack)
         q, k = weights.queries(x), weights.keys(x)
+        clip = self.config.get(self.family.clip) if self.family.clip else None
+        if clip is not None:  # OLMo's clip_qkv
+            q, k = np.clip(q, -clip, clip), np.clip(k, -clip, clip)
         return self.qk_norm(q, k, layer, stack)
 
     def qk_norm(self, q: np.ndarray, k: np.ndarray, layer: int, stack: str = "encoder"):
-        """Per-head q/k norms (Qwen3, Phi with qk_layernorm) over the last axis where the checkpoint has them."""
+        """The family's q/k norms where the checkpoint has them (Qwen3, Phi with qk_layernorm, Cohere, StableLM,
+        Persimmon, OLMo-2): q (H, ..., d_h), k (H_kv, ..., d_h) normalised per head over d_h (one weight for all
+        heads, or one per head), or over the whole projection (`Family.qk_norm_scope` 'all')."""
         f, stored = self.family, self.stored_layer(layer)
-        if f.qk_norm and self.key(f.qk_norm[0] + ".weight", stored, stack):
-            q = self.norm(q, f.qk_norm[0], stored, stack)
-            k = self.norm(k, f.qk_norm[1], stored, stack)
-        return q, k
+        if not f.qk_norm or not self.switched_on("qk_norm"):
+            return q, k
+        first = f.qk_norm[0].replace("{h}", "0")
+        if not (self.key(first + ".weight", stored, stack) or self.key(first + ".gamma", stored, stack)):
+            return q, k
+        return self._qk_normed(q, f.qk_norm[0], stored, stack), self._qk_normed(k, f.qk_norm[1], stored, stack)
+
+    def _qk_normed(self, x: np.ndarray, prefix: str, layer: int, stack: str) -> np.ndarray:
+        heads = x.shape[0]
+        if "{h}" in prefix:  # one norm module per head
+            parts = [self._weights(prefix.replace("{h}", str(h)), layer, stack) for h in range(heads)]
+            weight = np.stack([w for w, _ in parts])
+            bias = None if parts[0][1] is None else np.stack([b for _, b in parts])
+        else:
+            weight, bias = self._weights(prefix, layer, stack)
+        if self.family.qk_norm_scope == "all":  # over every head's features at once, before the head split
+            flat = np.moveaxis(x, 0, -2).reshape(*x.shape[1:-1], heads * x.shape[-1])
+            out = apply_norm(flat, self.family.norm, weight, bias, self.shape.eps)
+            return np.moveaxis(out.reshape(*x.shape[1:-1], heads, x.shape[-1]), -2, 0)
+        shape = (heads,) + (1,) * (x.ndim - 2) + (x.shape[-1],)
+        weight = weight.reshape(shape) if weight.ndim == 2 else weight
+        bias = bias.reshape(shape) if bias is not None and bias.ndim == 2 else bias
+        return apply_norm(x, self.family.norm, weight, bias, self.shape.eps)
+
+    def _weights(self, prefix: str, layer: int, stack: str) -> tuple[np.ndarray, np.ndarray | None]:
+        return self.norm_weights(prefix, layer, stack)
 
     # -- how scores are formed ----------------------------------------------------------------------
     @property
     def scaling(self) -> float:
-        """The factor q.k is multiplied by before softmax: 1 / sqrt(d_h), 1 where `Family.scaling` is 'none', or
-        config[Family.scaling] ** -0.5 (Gemma 2's query_pre_attn_scalar)."""
-        if self.family.scaling == "none":
+        """The factor q.k is multiplied by before softmax (`Family.scaling`): 1 / sqrt(d_h), 1 ('none'),
+        config[KEY] ** -0.5 ('rsqrt:KEY': Gemma 2's query_pre_attn_scalar), config[KEY] ('value:KEY': Granite's
+        attention_multiplier), or DeBERTa's 1 / sqrt(d_h * (1 + position terms)) rounded to float32."""
+        how = self.family.scaling
+        if how == "none":
             return 1.0
-        if self.family.scaling == "head_dim":
+        if how == "head_dim":
             return self.shape.head_dim**-0.5
-        value = self.config.get(self.family.scaling)
-        value = value if value is not None else config_default(self.config, (self.family.scaling,))
+        if how == "disentangled":
+            return 1.0 / disentangled_scale(self.config, self.shape.head_dim, self.family)
+        rule, key = how.split(":")
+        value = self.config.get(key)
+        value = value if value is not None else config_default(self.config, (key,))
         if value is None:
             raise PosprobeError(
-                f"config.json of '{self.source.name}' lacks '{self.family.scaling}', which sets its attention scale",
+                f"config.json of '{self.source.name}' lacks '{key}', which sets its attention scale",
                 "re-save the checkpoint with `save_pretrained` (it writes every field)",
             )
-        return float(value) ** -0.5
+        return float(value) ** -0.5 if rule == "rsqrt" else float(value)
 
     def softcap(self, scores: np.ndarray) -> np.ndarray:
         """The family's logit soft cap `cap * tanh(scores / cap)` where its config sets one; else `scores`."""
@@ -495,11 +341,37 @@ class ModelContext:
         return scores if cap is None else cap * np.tanh(scores / cap)
 
 
+def pos_att_types(config: dict) -> list[str]:
+    """DeBERTa's `pos_att_type` as its module reads it: a list ('c2p|p2c' split), [] when absent."""
+    kinds = config.get("pos_att_type") or []
+    return [x.strip() for x in kinds.lower().split("|")] if isinstance(kinds, str) else kinds
+
+
+def disentangled_scale(config: dict, head_dim: int, family: T.Family) -> float:
+    """DeBERTa's score divisor sqrt(d_h * (1 + terms)), rounded to float32 as its module does: v2/v3 count c2p
+    and p2c, v1 (`tensors['scale_terms']`) every listed term."""
+    import torch
+
+    kinds = pos_att_types(config)
+    terms = len(kinds) if "scale_terms" in family.tensors else ("c2p" in kinds) + ("p2c" in kinds)
+    return float(torch.sqrt(torch.tensor(head_dim, dtype=torch.float32) * (1 + terms)))
+
+
+def _fold(weights: HeadWeights, a: np.ndarray, c: np.ndarray) -> HeadWeights:
+    """Q/K weights applied after an affine map x -> x @ a + c, as weights on x itself (exact)."""
+    wq, wk = np.einsum("de,hef->hdf", a, weights.wq), np.einsum("de,hef->hdf", a, weights.wk)
+    bq, bk = weights.bq + np.einsum("e,hef->hf", c, weights.wq), weights.bk + np.einsum("e,hef->hf", c, weights.wk)
+    return HeadWeights(wq, bq, wk, bk, weights.stored_layer)
+
+
+_ALTERNATIVES = re.compile(r"\(([^()|]+(?:\|[^()|]+)+)\)")
+
+
 CONTENT_FREE = "content-free"  # the mode of families without an absolute table (SPEC §9)
 
 
-def _has_table(family: T.Family, kind: str) -> bool:
-    return kind in T.TABLE_KINDS or family.learned_table
+def _has_table(family: T.Family, config: dict) -> bool:
+    return T.position_kind(config)[0] in T.TABLE_KINDS or T.has_learned_table(config)
 
 
 def check_analysable(source: ModelSource, table: bool = False) -> T.Family:
@@ -507,7 +379,7 @@ def check_analysable(source: ModelSource, table: bool = False) -> T.Family:
     absolute position table, P = E_P E_P^T); else one clear error naming what the family uses instead. The one
     gatekeeper of what is analysable: cheap (config only), so callers run it before reading any weights."""
     family = _analysable_family(source)
-    if table and not _has_table(family, T.position_kind(source.config)[0]):
+    if table and not _has_table(family, source.config):
         raise PosprobeError(
             f"'{source.name}' ({source.model_type}) has no learned position table (it uses "
             f"{family.mechanism}), so there is no P = E_P E_P^T",
@@ -526,8 +398,8 @@ def _analysable_family(source: ModelSource) -> T.Family:
             f"supported: {', '.join(T.model_types(analysable=True))}",
         )
     kind, mechanism = T.position_kind(cfg)
-    table = (kind in T.TABLE_KINDS and family.kind in T.TABLE_KINDS) or (family.learned_table and kind == family.kind)
-    scores = family.analysable and kind == family.kind and kind in T.SCORE_MODULES
+    table = kind in T.TABLE_KINDS and any(k in T.TABLE_KINDS for k in family.kinds)
+    scores = kind in family.kinds and kind in T.SCORE_MODULES
     if family.analysable and (table or scores):
         return family
     raise PosprobeError(

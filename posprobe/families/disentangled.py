@@ -1,4 +1,5 @@
-"""Content-free scores of DeBERTa-v2/v3 disentangled attention (SPEC §9), as `DisentangledSelfAttention` computes them.
+"""Content-free scores of DeBERTa disentangled attention (SPEC §9), as the v2/v3 and the v1 `DisentangledSelfAttention`
+compute them.
 
 Float64 numpy through the model reader (bucket arithmetic in torch, as the model does it); no model is built.
 Shapes: n positions, d hidden width, H heads, d_h head size
@@ -16,6 +17,12 @@ with pk = LN(R) Wpk^T + bpk, pq = LN(R) Wpq^T + bpq (`share_att_key`: the conten
 LN only if `norm_rel_ebd` contains 'layer_norm') and s = sqrt(d_h * (1 + #terms)), which the model rounds to
 float32 (so does posprobe). The bucket logarithms are float32 as in the model. The layer input x (n, d) is the
 embedding output for a sequence of the average word: LayerNorm(embed_proj(e_w [+ E_P[i]] [+ token type 0])).
+
+DeBERTa v1 is the same computation in another layout (the family entry says which): a fused per-head in_proj
+with the query's bias stored apart (q_bias, no key bias), pos_proj (no bias) and pos_q_proj, no log buckets and
+no relative-embedding norm, a span of min(n, max_relative_positions) rows around the middle of R (the same
+indices as above), s counting every listed term (`tensors['scale_terms']`), and talking heads where stored
+(head_logits_proj mixes the heads' scores before softmax).
 """
 
 from __future__ import annotations
@@ -88,17 +95,19 @@ def disentangled_scores(
     cfg: DisentangledConfig,
     pos_query: HeadWeights | None = None,
     pos_key: HeadWeights | None = None,
+    scale: float | None = None,
 ) -> np.ndarray:
     """Content-free pre-softmax scores (H, n, n) of one DeBERTa-v2/v3 layer.
 
     `layer_input` (n, d); `weights` the layer's per-head query/key projections; `rel_embeddings` (>= 2S, d) =
     `encoder.rel_embeddings.weight`, already through `encoder.LayerNorm` when `norm_rel_ebd` says so;
-    `pos_query` / `pos_key` = `pos_query_proj` / `pos_key_proj` per head (unused with share_att_key).
+    `pos_query` / `pos_key` = `pos_query_proj` / `pos_key_proj` per head (unused with share_att_key); `scale`
+    the divisor s (default `cfg.scale`: v2's count of terms).
     """
     x = layer_input
     n = x.shape[0]
     q, k = weights.queries(x), weights.keys(x)  # (H, n, d_h)
-    scale = cfg.scale
+    scale = cfg.scale if scale is None else scale
     scores = q @ k.transpose(0, 2, 1) / scale
     if not set(cfg.pos_att_type) & {"c2p", "p2c"}:
         return scores
@@ -121,16 +130,17 @@ def disentangled_scores(
 
 # ------------------------------------------------------------------ checkpoint access (through the family table)
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
-    """F_hat (H, n, n) float64 numpy of DeBERTa-v2/v3 `layer` (`ModelContext`, SPEC §9).
+    """F_hat (H, n, n) float64 numpy of DeBERTa `layer` (`ModelContext`, SPEC §9).
 
-    Entry `tensors`: 'position' (read only when `position_biased_input`), 'rel_embeddings', 'rel_norm' (prefix of
-    `encoder.LayerNorm`), 'pos_query' / 'pos_key' (prefixes of the unshared position projections, `{l}`).
+    Entry: `position` (read only when `position_biased_input`); `tensors` 'rel_embeddings', 'rel_norm' (prefix of
+    `encoder.LayerNorm`, v2), 'pos_query' / 'pos_key' (prefixes of the unshared position projections, `{l}`),
+    'head_logits' (v1's talking heads, where stored).
     """
     f, raw = ctx.family, ctx.config
-    cfg = config_from(raw, ctx.source.name)
+    cfg = config_from(raw, ctx.source.name, ctx.shape.head_dim)
     positions = None
-    if raw.get("position_biased_input", True):
-        positions = ctx.tensor(f.tensors["position"])[:n]
+    if f.position and ctx.switched_on("position"):
+        positions = ctx.tensor(f.position)[:n]
         if positions.shape[0] < n:
             raise PosprobeError(
                 f"checkpoint '{ctx.source.name}' has {positions.shape[0]} absolute positions, fewer than {n}",
@@ -144,7 +154,7 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
             f"{2 * cfg.att_span}",
             "the weights do not match config.json; re-save the checkpoint",
         )
-    if "layer_norm" in _norm_rel_ebd(raw):
+    if "rel_norm" in f.tensors and "layer_norm" in _norm_rel_ebd(raw):
         rel = ctx.norm(rel, f.tensors["rel_norm"])
     heads, size = ctx.shape.heads, ctx.shape.head_dim
 
@@ -156,14 +166,17 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
     shared = cfg.share_att_key
     pos_query = None if shared or "p2c" not in cfg.pos_att_type else projection("pos_query")
     pos_key = None if shared or "c2p" not in cfg.pos_att_type else projection("pos_key")
-    return disentangled_scores(x, ctx.attention(layer, stack), rel, cfg, pos_query=pos_query, pos_key=pos_key)
+    scores = disentangled_scores(x, ctx.attention(layer, stack), rel, cfg, pos_query=pos_query, pos_key=pos_key,
+                                 scale=1.0 / ctx.scaling)  # fmt: skip
+    mix = ctx.optional(f.tensors["head_logits"] + ".weight", layer, stack) if "head_logits" in f.tensors else None
+    return scores if mix is None else np.einsum("gh,hij->gij", mix, scores)  # talking heads: a Linear over heads
 
 
-def config_from(raw: dict, name: str) -> DisentangledConfig:
+def config_from(raw: dict, name: str, head_size: int | None = None) -> DisentangledConfig:
     """`DisentangledConfig` of a config.json dict, defaulted as the module defaults it, every field checked."""
     n_heads = config_int(raw, name, "num_attention_heads")
     hidden = config_int(raw, name, "hidden_size")
-    head_size = config_int(raw, name, "attention_head_size", default=hidden // n_heads)
+    head_size = head_size or config_int(raw, name, "attention_head_size", default=hidden // n_heads)
     kinds = raw.get("pos_att_type") or []
     if isinstance(kinds, str):
         kinds = [x.strip() for x in kinds.lower().split("|")]

@@ -4,9 +4,12 @@ Shapes: H query heads, H_kv key heads (query head h reads key head h // (H / H_k
 rotated dimensions (partial rotary: the first r dims rotate, the rest pass through), n positions.
 The rotation angles come from the family's own transformers rotary module (`Family.rotary_class`), built from
 the checkpoint's config: its rope initialisation gives the frequencies and the attention scaling of every
-`rope_type` (default, linear, dynamic, yarn, longrope, llama3, ...), in the precision the model uses. The
-module holds no weights; no model is built. Rotation convention: transformers' `rotate_half` (the two halves
-of the rotated dims pair up).
+`rope_type` (default, linear, dynamic, yarn, longrope, llama3, ...), in the precision the model uses; where the
+module keeps one setting per layer type (Gemma 3's local and global layers, ModernBERT) each layer gets its
+own. The module holds no weights; no model is built. How the angles pair the dims is the family's
+`rotary_layout` (`table.ROTARY_LAYOUTS`): transformers' `rotate_half` (dim i with i + r/2), or interleaved pairs
+(2i, 2i + 1: GPT-J, CodeGen, RoFormer, GLM, Cohere), which are read as rotate_half pairs of the same
+permutation of q's and k's dims (a dot product does not change when both are permuted alike).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import importlib
 import numpy as np
 
 from posprobe.errors import PosprobeError
+from posprobe.families import table as T
+from posprobe.families.windows import takes_layer_type
 
 
 def transformers_config(ctx):
@@ -32,19 +37,55 @@ def transformers_config(ctx):
         ) from err
 
 
-def rotary_angles(ctx, n: int) -> tuple[np.ndarray, np.ndarray]:
+def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(cos, sin), each (n, r) float64, exactly as the family's rotary module gives them for positions 0..n-1
-    (attention scaling of yarn / longrope included)."""
+    (attention scaling of yarn / longrope included; `layer_type` for modules with one setting per layer type),
+    in rotate_half order: dims i and i + r/2 form a pair (interleaved layouts are reordered, see `pairing`)."""
     import torch
 
-    module_name, class_name = ctx.family.rotary_class.split(":")
+    f = ctx.family
+    module_name, class_name = f.rotary_class.split(":")
     rotary_class = getattr(importlib.import_module(module_name), class_name)
-    config = transformers_config(ctx)
     with torch.no_grad():
-        rotary = rotary_class(config=config)
+        if f.rotary_layout == T.SIN_COS_TABLE:  # a [sin | cos] position table: stored, or built by the module
+            table = _rotary_table(ctx, rotary_class, n)
+            sin, cos = np.split(table, 2, axis=-1)
+            return np.concatenate([cos, cos], -1), np.concatenate([sin, sin], -1)
+        rotary = rotary_class(config=ctx.transformers_config)
         x = torch.zeros(1, n, 1, dtype=torch.float64)
-        cos, sin = rotary(x, torch.arange(n)[None])
-    return cos[0].double().numpy(), sin[0].double().numpy()
+        extra = {} if layer_type is None else {"layer_type": layer_type}
+        first, second = rotary(x, torch.arange(n)[None], **extra)
+    first, second = first[0].double().numpy(), second[0].double().numpy()
+    if f.rotary_layout == T.ROTATE_HALF:
+        return first, second
+    if f.rotary_layout == T.SIN_COS_PAIRS:  # (sin, cos), one column per pair
+        cos, sin = second, first
+    elif f.rotary_layout == T.INTERLEAVED:  # each pair's angle repeated: columns 2i, 2i + 1
+        cos, sin = first[:, ::2], second[:, ::2]
+    else:  # HALF_INTERLEAVED: the first half of rotate_half-ordered angles, each repeated for a pair
+        cos, sin = first[:, : first.shape[1] // 2], second[:, : second.shape[1] // 2]
+    return np.concatenate([cos, cos], -1), np.concatenate([sin, sin], -1)
+
+
+def _rotary_table(ctx, rotary_class, n: int) -> np.ndarray:
+    """RoFormer's sinusoidal table (n, d_h) of [sin | cos]: the checkpoint's own where stored, else built."""
+    stored = ctx.optional(ctx.family.tensors["rotary_table"])
+    if stored is not None:
+        if stored.shape[0] < n or stored.shape[1] % 2:
+            raise PosprobeError(
+                f"the rotary table of '{ctx.source.name}' has shape {stored.shape}, too small for {n} positions",
+                "analyse fewer positions with --positions, or re-save the checkpoint",
+            )
+        return stored[:n]
+    return rotary_class(n, ctx.shape.head_dim).create_weight().double().numpy()
+
+
+def pairing(layout: str, d_h: int, r: int) -> np.ndarray | None:
+    """The permutation of a head's dims that turns the layout's pairs into rotate_half pairs (i, i + r/2), or
+    None for rotate_half itself: interleaved pairs (2i, 2i + 1) -> even dims first, then odd, then the rest."""
+    if layout == T.ROTATE_HALF:
+        return None
+    return np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, d_h)])
 
 
 def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -60,14 +101,18 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
     """F_hat (H, n, n): row i = query position, column j = key position (k = j - i)."""
     q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h)
-    if ("rotary", n) not in ctx.cache:  # the same angles for every layer
-        ctx.cache["rotary", n] = rotary_angles(ctx, n)
-    cos, sin = ctx.cache["rotary", n]
+    layer_type = ctx.layer_kinds(n, stack)[layer].layer_type if takes_layer_type(ctx) else None
+    if ("rotary", n, layer_type) not in ctx.cache:  # the same angles for every layer (of a type)
+        ctx.cache["rotary", n, layer_type] = rotary_angles(ctx, n, layer_type)
+    cos, sin = ctx.cache["rotary", n, layer_type]
     if cos.shape[-1] > q.shape[-1] or cos.shape[-1] % 2:
         raise PosprobeError(
             f"the rotary module of '{ctx.source.name}' rotates {cos.shape[-1]} dims of {q.shape[-1]}-dim heads",
             "the config is malformed; re-save the checkpoint",
         )
+    order = pairing(ctx.family.rotary_layout, q.shape[-1], cos.shape[-1])
+    if order is not None:
+        q, k = q[:, order], k[:, order]
     heads, kv_heads, dh = q.shape[0], k.shape[0], q.shape[1]
     qr = rotate(q * ctx.scaling, cos, sin)  # (H, n, d_h)
     kr = rotate(k, cos, sin)  # (H_kv, n, d_h)

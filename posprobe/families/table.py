@@ -3,12 +3,15 @@
 An entry (`Family`) says how a family encodes position (`kind`, one of `KINDS`), whether its attention is causal,
 where its tensors live and how to read them. Tensor names are *suffixes* (a task-head prefix such as 'bert.' or
 'model.' does not matter); per-layer names hold `{l}` (the layer) and, for encoder-decoder families, `{stack}`
-('encoder' or 'decoder'). Sizes come from config.json under any of the names in `CONFIG_KEYS`.
+('encoder' or 'decoder'). Sizes come from config.json under any of the names in `CONFIG_KEYS`. Config switches that
+change how a family reads (ESM's rotary, Falcon's layouts, DeBERTa without relative attention, ...) are decided
+here too (`position_kind`, `has_learned_table`, `qkv_layout`, `switched_on`): the only place that names model types.
 
-Who reads it: `posprobe.families.context` (the one model reader: tensors, layouts, norms, what is analysable)
-and the score modules (`SCORE_MODULES`, one per kind: SPEC §3, §9), `posprobe.analysis.params` (which families
-have a learned table), `posprobe.retrofitting` (`retrofit=True` entries), `posprobe.checkpoint.config` (which
-configs are checked in depth), the tests (one tiny config per entry) and the README's table of families.
+Who reads it: `posprobe.families.context` (the one model reader: tensors, layouts, norms, what is analysable;
+with `sizes`, `embeddings`, `layouts` and `windows`) and the score modules (`SCORE_MODULES`, one per kind: SPEC
+§3, §9), `posprobe.analysis.params` (which families have a learned table), `posprobe.retrofitting`
+(`retrofit=True` entries), `posprobe.checkpoint.config` (which configs are checked in depth), the tests (one tiny
+config per entry) and the README's table of families.
 """
 
 from __future__ import annotations
@@ -46,11 +49,34 @@ SEPARATE = "separate"  # Linear q and k: weight (H*d_h, d), q = x @ W.T + b
 GPT2_CONV1D = "gpt2-conv1d"  # one Conv1D: weight (d, 3d) = [q | k | v] columns, y = x @ W + b
 PER_HEAD = "per-head"  # one Linear (3d, d) whose rows are grouped per head: [q_h; k_h; v_h] (GPT-NeoX, BLOOM)
 STACKED = "stacked"  # one Linear whose rows are [q (H*d_h); k (H_kv*d_h); v (H_kv*d_h)] (Phi-3)
+KV_GROUPED = "kv-grouped"  # one Linear, per key head g: [q of its H/H_kv query heads; k_g; v_g] (Falcon's new layout)
+BLOCKED = "blocked"  # one Linear in `Family.qkv_blocks` equal row blocks, each [q; v; k] slices (CodeGen, mp_num 4)
+GROUPED_CONV = "grouped-conv1d"  # kernel-1 Conv1d q and k with groups: weight (out, in / groups, 1) (SqueezeBERT)
+QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV)
+# How a rotary family pairs the rotated dims and where its angles come from (`Family.rotary_layout`).
+ROTATE_HALF = "rotate-half"  # the rotary module's (cos, sin), each (n, r); dim i pairs with i + r/2 (Llama)
+INTERLEAVED = "interleaved"  # the module's (cos, sin), each (n, r) repeated per pair; dims 2i, 2i+1 pair (Cohere)
+HALF_INTERLEAVED = "half-interleaved"  # the first half of the module's (cos, sin), each repeated twice; 2i, 2i+1 (GLM)
+SIN_COS_PAIRS = "sin-cos-pairs"  # the module gives (sin, cos), each (n, r/2) per pair; dims 2i, 2i+1 (GPT-J, CodeGen)
+SIN_COS_TABLE = "sin-cos-table"  # a table (n, d_h) of [sin | cos] per pair (stored or built); 2i, 2i+1 (RoFormer)
+ROTARY_LAYOUTS = (ROTATE_HALF, INTERLEAVED, HALF_INTERLEAVED, SIN_COS_PAIRS, SIN_COS_TABLE)
+# Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
+WINDOW_RULES = (
+    "sliding_window",  # config.sliding_window (when set) for every layer, causal: keys i - w < j <= i (Mistral)
+    "layer_types",  # config.layer_types[l] == 'sliding_attention' layers see |j - i| < config.sliding_window (Gemma)
+    "layer_types_inclusive",  # the same with |j - i| <= config.sliding_window (ModernBERT: local_attention / 2)
+    "attention_layers",  # config.attention_layers[l] == 'local': causal window config.window_size (GPT-Neo)
+    "attention_window",  # config.attention_window (per layer or one), |j - i| <= w / 2 (Longformer)
+    "block_sparse",  # config.attention_type 'block_sparse': full attention up to (5 + 2 r) blocks, then sparse
+    "local_radius",  # encoder stack: |j - i| <= config.local_radius (LongT5); decoder: full
+)
 # Norms (`Family.norm`): the layer norm applied before attention (and to the embeddings, where there is one).
 LAYERNORM = "layernorm"  # (x - mean) / sqrt(var + eps) * w + b (b optional)
 RMSNORM = "rmsnorm"  # x / sqrt(mean(x^2) + eps) * w
 RMSNORM_PLUS1 = "rmsnorm+1"  # Gemma: x / sqrt(mean(x^2) + eps) * (1 + w)
-NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1)
+PLAIN_LAYERNORM = "layernorm-plain"  # OLMo: (x - mean) / sqrt(var + eps), no weights stored
+NONORM = "nonorm"  # MobileBERT's NoNorm: x * w + b (no normalisation)
+NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, PLAIN_LAYERNORM, NONORM)
 
 # Config field names, in the order they are looked for.
 CONFIG_KEYS = {
@@ -61,8 +87,15 @@ CONFIG_KEYS = {
     "head_dim": ("head_dim", "d_kv"),
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
     "vocab": ("vocab_size", "n_vocab"),
-    "eps": ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "layernorm_epsilon", "norm_epsilon"),
+    "eps": ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "layernorm_epsilon", "norm_epsilon", "norm_eps"),
+    "attention_width": ("true_hidden_size",),  # the width Q/K read where it is not the hidden size (MobileBERT)
 }
+
+
+# How each table field reads a config switch (`Family.switches`): a field listed there applies only when the config
+# key is true (missing keys take the default of the family's transformers config class).
+SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram")
+EMBED_SCALES = (None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier")
 
 
 @dataclass(frozen=True)
@@ -70,22 +103,41 @@ class Family:
     """One model family. Only `name`, `model_types` and `kind` are required; the rest say where tensors live.
 
     Embedding level: `word` (vocabulary table), `position` (learned or stored table), `token_type`,
+    `constant_rows` (further tables whose row 0 every token adds: LayoutLM's 2-D box tables at box 0),
     `embedding_norm` (norm of the summed embeddings, prefix), `projection` (factorised embeddings, prefix;
-    applied after the embedding norm, or before it with `projection_first`: DeBERTa-v2's embed_proj),
-    `embed_scale` ('sqrt_hidden': the embeddings are multiplied by sqrt(d) in the table's dtype, Gemma;
-    'scale_embedding': by sqrt(d) when config.json says scale_embedding, Marian / Pegasus / M2M100 / XGLM).
+    applied after the embedding norm, or before it with `projection_first`: DeBERTa's embed_proj),
+    `word_projection` (a Linear applied to the word embedding alone, before positions are added: OPT's
+    project_in, MobileBERT's embedding_transformation; with the `trigram` switch it reads [next; this; previous]
+    word embeddings, zeros beyond the sequence), `embed_scale` ('sqrt_hidden': the embeddings are multiplied by
+    sqrt(d) in the table's dtype, Gemma; 'scale_embedding' / 'rescale_embeddings': by sqrt(d) when that config
+    key is true; 'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout; 'embedding_multiplier':
+    Granite's config value). `position_offset`: position i reads table row i + offset, and the table holds
+    max_position_embeddings + offset rows (OPT, BART, mBART, BioGPT: 2); `position_width`: config keys of the
+    position table's width (default: `embedding_size`, else the hidden size).
     Attention of layer `{l}`: `query` / `key` prefixes ('.weight', '.bias' appended; with `qkv` != SEPARATE
-    `query` names the fused projection), `pre_norm` (the norm applied to the layer input before attention),
-    `qk_norm` (prefixes of per-head norms applied to q and k before the positional mechanism where the
-    checkpoint has them: Qwen3, Phi with qk_layernorm),
-    `norm` (the kind of every norm above), `shared_layers` (ALBERT: one stored layer at every depth).
+    `query` names the fused projection; `qkv_blocks` for BLOCKED), `pre_norm` (the norm applied to the layer
+    input before attention; from layer `pre_norm_from` on: ModernBERT's layer 0 has none), `bottleneck`
+    ((config keys, prefix) alternatives: the first whose keys are all true names a Linear `prefix.dense` and norm
+    `prefix.LayerNorm` the layer input goes through before Q/K: MobileBERT), `qk_norm` (prefixes of norms applied
+    to q and k before the positional mechanism where the checkpoint has them; `qk_norm_scope` 'head': over each
+    head's d_h (Qwen3, Cohere, StableLM: one weight per head where stored so, a '{h}' in the prefix naming
+    per-head modules), 'all': over the whole projection before the head split (OLMo-2)), `clip` (config key of a
+    clamp of q and k: OLMo's clip_qkv), `norm` (the kind of every norm above), `shared_layers` (ALBERT: one
+    stored layer at every depth). A name may hold one group of alternatives, 'a.(b|c).d': the first the checkpoint
+    holds.
+    `switches`: field -> config key; the field (one of `SWITCHABLE`) applies only when the key is true (XMOD's
+    pre_norm, OPT's do_layer_norm_before, ESM's emb_layer_norm_before, DeBERTa's position_biased_input).
     `reserved_rows`: the position table starts with pad_token_id + 1 reserved rows (True: RoBERTa family), or
     with this many whatever the config says (MPNet: 2, its padding index is fixed at 1).
     `tensors`: further family-specific names and settings for its score module (a relative-bias table, the
     sinusoidal module and how it numbers positions, whose ALiBi slope code the family runs).
     `retrofit`: posprobe.retrofitting can install mechanisms into it. `rotary_class`: 'module:Class' of the
-    family's own transformers rotary module (its rope initialisation gives the frequencies).
-    `description`: for OTHER kinds, what the family uses instead (shown when an analysis refuses it).
+    family's own transformers rotary module (its rope initialisation gives the frequencies), `rotary_layout`
+    how its angles pair the dims (`ROTARY_LAYOUTS`). `switch_kinds`: further kinds a config switch selects
+    (`position_kind` says which: ESM's rotary, Falcon's ALiBi, a DeBERTa without relative attention).
+    `windows`: how the config says which layers attend locally (`WINDOW_RULES`); `bidirectional`: config key
+    that makes a causal family attend both ways (Gemma 3's use_bidirectional_attention).
+    `description`: what the family uses for positions where `KIND_NAMES` does not say it all.
     An entry without `word` is known (`params` counts it, analyses name its mechanism) but not analysed.
     """
 
@@ -96,23 +148,38 @@ class Family:
     word: str | None = None
     position: str | None = None
     token_type: str | None = None
+    constant_rows: tuple[str, ...] = ()
     embedding_norm: str | None = None
     projection: str | None = None
     projection_first: bool = False
+    word_projection: str | None = None
     embed_scale: str | None = None
+    position_offset: int = 0
+    position_width: tuple[str, ...] = ("embedding_size",)
     query: str | None = None
     key: str | None = None
     qkv: str = SEPARATE
+    qkv_blocks: int = 1
     pre_norm: str | None = None
+    pre_norm_from: int = 0
+    bottleneck: tuple[tuple[tuple[str, ...], str], ...] = ()
     qk_norm: tuple[str, str] | None = None
+    qk_norm_scope: str = "head"
+    clip: str | None = None
     norm: str = LAYERNORM
-    eps: float | None = None  # the norm epsilon where the family fixes it in code, not in its config (DistilBERT)
+    eps: float | None = None  # the norm epsilon the family fixes in code, whatever its config says (DistilBERT, BioGPT)
     shared_layers: bool = False
     reserved_rows: bool | int = False
     encoder_decoder: bool = False
     retrofit: bool = False
     rotary_class: str | None = None
-    scaling: str = "head_dim"  # q.k times d_h ** -0.5 ('head_dim'), 1 ('none': T5), or config[scaling] ** -0.5
+    rotary_layout: str = ROTATE_HALF
+    switch_kinds: tuple[str, ...] = ()
+    switches: dict[str, str] = field(default_factory=dict)
+    windows: str | None = None
+    bidirectional: str | None = None
+    scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
+    # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32)
     softcap: str | None = None  # config key of a logit soft cap: scores -> cap * tanh(scores / cap) (Gemma 2)
     tensors: dict[str, str] = field(default_factory=dict)
     description: str = ""
@@ -122,12 +189,25 @@ class Family:
         checks = {
             "kind": (self.kind, KINDS),
             "norm": (self.norm, NORMS),
-            "qkv": (self.qkv, (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED)),
-            "embed_scale": (self.embed_scale, (None, "sqrt_hidden", "scale_embedding")),
+            "qkv": (self.qkv, QKV_LAYOUTS),
+            "embed_scale": (self.embed_scale, EMBED_SCALES),
+            "rotary_layout": (self.rotary_layout, ROTARY_LAYOUTS),
+            "windows": (self.windows, (None, *WINDOW_RULES)),
+            "qk_norm_scope": (self.qk_norm_scope, ("head", "all")),
         }
+        checks |= {f"switches key {k!r}": (k, SWITCHABLE) for k in self.switches}
+        checks |= {f"switch kind {k!r}": (k, KINDS) for k in self.switch_kinds}
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"family '{self.name}': {name} {value!r} is not one of {allowed}")
+        if not (self.scaling in ("head_dim", "none", "disentangled") or self.scaling.startswith(("rsqrt:", "value:"))):
+            raise ValueError(f"family '{self.name}': scaling {self.scaling!r} is not one of head_dim, none, "
+                             "disentangled, rsqrt:KEY, value:KEY")  # fmt: skip
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Every kind the family can take (its own, then those a config switch selects)."""
+        return (self.kind, *self.switch_kinds)
 
     @property
     def analysable(self) -> bool:
@@ -141,8 +221,9 @@ class Family:
 
     @property
     def learned_table(self) -> bool:
-        """True when the checkpoint stores a learned absolute table E_P (also beside a relative bias: MPNet)."""
-        return self.kind == LEARNED or (self.position is not None and self.kind not in TABLE_KINDS + (OTHER,))
+        """True when the family's checkpoints may store a learned absolute table E_P (also beside a relative bias:
+        MPNet; `has_learned_table` says whether one config's does)."""
+        return LEARNED in self.kinds or (self.position is not None and self.kind not in TABLE_KINDS + (OTHER,))
 
 
 _BERT = dict(
@@ -163,6 +244,8 @@ _LLAMA = dict(
     pre_norm="layers.{l}.input_layernorm",
     norm=RMSNORM,
 )
+_QK_NORM = ("layers.{l}.self_attn.q_norm", "layers.{l}.self_attn.k_norm")
+_QK_LAYERNORM = ("layers.{l}.self_attn.q_layernorm", "layers.{l}.self_attn.k_layernorm")
 
 # T5 layout: shared word table, {stack}.block.{l}.layer.0 = (pre-attention RMS norm, SelfAttention q/k, no bias).
 _T5 = dict(
@@ -176,6 +259,8 @@ _T5 = dict(
     scaling="none",  # T5 folds the scale into its weights: q.k is not divided by sqrt(d_kv)
 )
 _T5_BIAS = "{stack}.block.{l}.layer.0.SelfAttention.relative_attention_bias.weight"
+# LongT5's encoder names its attention after its kind; its decoder is T5's.
+_LONGT5_ATTENTION = "(SelfAttention|LocalSelfAttention|TransientGlobalSelfAttention)"
 
 
 _SEQ2SEQ = dict(
@@ -186,6 +271,21 @@ _SEQ2SEQ = dict(
     query="encoder.layers.{l}.self_attn.q_proj",
     key="encoder.layers.{l}.self_attn.k_proj",
 )
+# BART / mBART (learned, offset 2; encoder stack): words scaled when scale_embedding, layernorm_embedding.
+_BART = dict(**_SEQ2SEQ, position_offset=2, embedding_norm="encoder.layernorm_embedding")
+# OPT / BioGPT decoders: embed_tokens, a learned table offset by 2, layers.{l}.self_attn, nn.LayerNorm's epsilon.
+_OPT = dict(
+    causal=True,
+    word="embed_tokens.weight",
+    position="embed_positions.weight",
+    position_offset=2,
+    eps=1e-5,
+    query="layers.{l}.self_attn.q_proj",
+    key="layers.{l}.self_attn.k_proj",
+    pre_norm="layers.{l}.self_attn_layer_norm",
+)
+# GPT-J / CodeGen: wte, h.{l}.ln_1, their rotary module's (sin, cos) per pair of interleaved dims.
+_GPTJ = dict(kind=ROTARY, causal=True, word="wte.weight", pre_norm="h.{l}.ln_1", rotary_layout=SIN_COS_PAIRS)
 
 
 def _sinusoidal(module: str, prefix: str) -> dict[str, str]:
@@ -240,6 +340,86 @@ FAMILIES: tuple[Family, ...] = (
         pre_norm="encoder.layer.{l}.attention.ln",  # pre-LN: no embedding norm, one before each attention
     ),
     Family(
+        "rembert",
+        ("rembert",),
+        LEARNED,
+        projection="encoder.embedding_hidden_mapping_in",  # input_embedding_size -> hidden, after the norm
+        position_width=("input_embedding_size",),
+        **_BERT,
+    ),
+    Family(
+        "xmod",
+        ("xmod",),
+        LEARNED,
+        reserved_rows=True,
+        pre_norm="encoder.layer.{l}.attention.output.LayerNorm",  # applied before attention when config.pre_norm
+        switches={"pre_norm": "pre_norm"},
+        **_BERT,
+    ),
+    Family(
+        "layoutlm",
+        ("layoutlm",),
+        LEARNED,
+        # bbox defaults to zeros: every token adds row 0 of x (left, right), y (upper, lower), h and w
+        constant_rows=tuple(f"embeddings.{t}_position_embeddings.weight" for t in ("x", "y", "x", "y", "h", "w")),
+        description="learned absolute table (the 1-D one; its 2-D box tables enter at box 0)",
+        **_BERT,
+    ),
+    Family(
+        "big_bird",
+        ("big_bird",),
+        LEARNED,
+        embed_scale="rescale_embeddings",
+        windows="block_sparse",
+        **_BERT,
+    ),
+    Family("longformer", ("longformer",), LEARNED, reserved_rows=True, windows="attention_window", **_BERT),
+    Family(
+        "esm",
+        ("esm",),
+        LEARNED,
+        switch_kinds=(ROTARY,),  # position_embedding_type 'rotary'
+        word=_BERT["word"],
+        position=_BERT["position"],
+        reserved_rows=True,  # positions numbered from padding_idx + 1, as RoBERTa
+        embedding_norm="embeddings.layer_norm",
+        switches={"embedding_norm": "emb_layer_norm_before"},
+        embed_scale="token_dropout",
+        query=_BERT["query"],
+        key=_BERT["key"],
+        pre_norm="encoder.layer.{l}.attention.LayerNorm",
+        rotary_class="transformers.models.esm.modeling_esm:EsmRotaryEmbedding",
+        description="learned absolute table or rotary embeddings (position_embedding_type)",
+    ),
+    Family(
+        "mobilebert",
+        ("mobilebert",),
+        LEARNED,
+        word=_BERT["word"],
+        position=_BERT["position"],
+        token_type=_BERT["token_type"],
+        embedding_norm=_BERT["embedding_norm"],
+        word_projection="embeddings.embedding_transformation",
+        switches={"trigram": "trigram_input"},
+        position_width=("hidden_size",),
+        query=_BERT["query"],
+        key=_BERT["key"],
+        bottleneck=(
+            (("use_bottleneck", "use_bottleneck_attention"), "encoder.layer.{l}.bottleneck.input"),
+            (("use_bottleneck", "key_query_shared_bottleneck"), "encoder.layer.{l}.bottleneck.attention"),
+        ),
+        norm=NONORM,  # normalization_type 'no_norm' (every released MobileBERT): posprobe reads no other
+    ),
+    Family(
+        "squeezebert",
+        ("squeezebert",),
+        LEARNED,
+        query="encoder.layers.{l}.attention.query",
+        key="encoder.layers.{l}.attention.key",
+        qkv=GROUPED_CONV,
+        **{k: _BERT[k] for k in ("word", "position", "token_type", "embedding_norm")},
+    ),
+    Family(
         "gpt2",
         ("gpt2",),
         LEARNED,
@@ -251,18 +431,41 @@ FAMILIES: tuple[Family, ...] = (
         qkv=GPT2_CONV1D,
         pre_norm="h.{l}.ln_1",
     ),
+    Family(
+        "gpt_neo",
+        ("gpt_neo",),
+        LEARNED,
+        causal=True,
+        word="wte.weight",
+        position="wpe.weight",
+        query="h.{l}.attn.attention.q_proj",
+        key="h.{l}.attn.attention.k_proj",
+        pre_norm="h.{l}.ln_1",
+        scaling="none",  # GPT-Neo does not divide q.k by sqrt(d_h)
+        windows="attention_layers",
+    ),
+    Family(
+        "opt", ("opt",), LEARNED, word_projection="project_in", switches={"pre_norm": "do_layer_norm_before"}, **_OPT
+    ),  # fmt: skip
+    Family("biogpt", ("biogpt",), LEARNED, embed_scale="scale_embedding", **{**_OPT, "eps": 1e-5}),
+    Family("bart", ("bart",), LEARNED, **_BART),  # post-LN: no norm before attention
+    Family("mbart", ("mbart",), LEARNED, pre_norm="encoder.layers.{l}.self_attn_layer_norm", **_BART),
     # -- rotary (SPEC §9)
     Family("llama", ("llama",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),
-    Family("mistral", ("mistral",), rotary_class=_rotary("mistral", "Mistral"), **_LLAMA),
-    Family("mixtral", ("mixtral",), rotary_class=_rotary("mixtral", "Mixtral"), **_LLAMA),
-    Family("qwen2", ("qwen2",), rotary_class=_rotary("qwen2", "Qwen2"), **_LLAMA),
+    Family("mistral", ("mistral",), rotary_class=_rotary("mistral", "Mistral"), windows="sliding_window", **_LLAMA),
+    Family("mixtral", ("mixtral",), rotary_class=_rotary("mixtral", "Mixtral"), windows="sliding_window", **_LLAMA),
+    Family("qwen2", ("qwen2",), rotary_class=_rotary("qwen2", "Qwen2"), windows="layer_types", **_LLAMA),
     Family(
-        "qwen3",
-        ("qwen3",),
-        rotary_class=_rotary("qwen3", "Qwen3"),
-        qk_norm=("layers.{l}.self_attn.q_norm", "layers.{l}.self_attn.k_norm"),
+        "qwen3", ("qwen3",), rotary_class=_rotary("qwen3", "Qwen3"), qk_norm=_QK_NORM, windows="layer_types", **_LLAMA
+    ),  # fmt: skip
+    Family(
+        "qwen3_moe",
+        ("qwen3_moe",),
+        rotary_class=_rotary("qwen3_moe", "Qwen3Moe"),
+        qk_norm=_QK_NORM,
+        windows="sliding_window",
         **_LLAMA,
-    ),
+    ),  # fmt: skip
     Family(
         "gemma",
         ("gemma",),
@@ -275,25 +478,99 @@ FAMILIES: tuple[Family, ...] = (
         ("gemma2",),
         rotary_class=_rotary("gemma2", "Gemma2"),
         embed_scale="sqrt_hidden",
-        scaling="query_pre_attn_scalar",
+        scaling="rsqrt:query_pre_attn_scalar",
         softcap="attn_logit_softcapping",
+        windows="layer_types",
+        **{**_LLAMA, "norm": RMSNORM_PLUS1},
+    ),
+    Family(
+        "gemma3_text",
+        ("gemma3_text",),
+        rotary_class=_rotary("gemma3", "Gemma3"),  # one rotary setting per layer type (local / global)
+        embed_scale="sqrt_hidden",
+        scaling="rsqrt:query_pre_attn_scalar",
+        softcap="attn_logit_softcapping",
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        bidirectional="use_bidirectional_attention",
         **{**_LLAMA, "norm": RMSNORM_PLUS1},
     ),
     Family(
         "phi",
         ("phi",),
         rotary_class=_rotary("phi", "Phi"),
-        qk_norm=("layers.{l}.self_attn.q_layernorm", "layers.{l}.self_attn.k_layernorm"),  # when qk_layernorm
+        qk_norm=_QK_LAYERNORM,  # when qk_layernorm
+        switches={"qk_norm": "qk_layernorm"},
         **{**_LLAMA, "norm": LAYERNORM},
     ),
     Family(
         "phi3",
         ("phi3",),
         rotary_class=_rotary("phi3", "Phi3"),
+        windows="sliding_window",
         **{**_LLAMA, "query": "layers.{l}.self_attn.qkv_proj", "key": "layers.{l}.self_attn.qkv_proj", "qkv": STACKED},
     ),
     Family(
-        "starcoder2", ("starcoder2",), rotary_class=_rotary("starcoder2", "Starcoder2"), **{**_LLAMA, "norm": LAYERNORM}
+        "starcoder2",
+        ("starcoder2",),
+        rotary_class=_rotary("starcoder2", "Starcoder2"),
+        windows="sliding_window",
+        **{**_LLAMA, "norm": LAYERNORM},
+    ),  # fmt: skip
+    Family(
+        "stablelm",
+        ("stablelm",),
+        rotary_class=_rotary("stablelm", "StableLm"),  # partial rotary
+        qk_norm=tuple(p + ".norms.{h}" for p in _QK_LAYERNORM),  # one LayerNorm per head, when qk_layernorm
+        switches={"qk_norm": "qk_layernorm"},
+        **{**_LLAMA, "norm": LAYERNORM},
+    ),
+    Family(
+        "olmo",
+        ("olmo",),
+        rotary_class=_rotary("olmo", "Olmo"),
+        clip="clip_qkv",
+        eps=1e-5,
+        **{**_LLAMA, "norm": PLAIN_LAYERNORM},
+    ),  # fmt: skip
+    Family(
+        "olmo2",
+        ("olmo2",),
+        rotary_class=_rotary("olmo2", "Olmo2"),
+        qk_norm=_QK_NORM,
+        qk_norm_scope="all",  # RMS norm of the whole q / k projection, before the head split
+        **{**_LLAMA, "pre_norm": None},  # post-norm: the attention reads the layer input itself
+    ),
+    Family(
+        "granite",
+        ("granite",),
+        rotary_class=_rotary("granite", "Granite"),
+        scaling="value:attention_multiplier",
+        embed_scale="embedding_multiplier",
+        **_LLAMA,
+    ),
+    Family(
+        "cohere",
+        ("cohere",),
+        rotary_class=_rotary("cohere", "Cohere"),
+        rotary_layout=INTERLEAVED,
+        qk_norm=_QK_NORM,  # when use_qk_norm: one weight per head
+        **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
+    ),
+    Family("glm", ("glm",), rotary_class=_rotary("glm", "Glm"), rotary_layout=HALF_INTERLEAVED, **_LLAMA),
+    Family(
+        "persimmon",
+        ("persimmon",),
+        rotary_class=_rotary("persimmon", "Persimmon"),
+        qk_norm=_QK_LAYERNORM,
+        switches={"qk_norm": "qk_layernorm"},
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.query_key_value",
+            "key": "layers.{l}.self_attn.query_key_value",
+            "qkv": PER_HEAD,
+            "norm": LAYERNORM,
+        },
     ),  # fmt: skip
     Family(
         "gpt_neox",
@@ -306,6 +583,62 @@ FAMILIES: tuple[Family, ...] = (
         qkv=PER_HEAD,
         pre_norm="layers.{l}.input_layernorm",
         rotary_class=_rotary("gpt_neox", "GPTNeoX"),
+    ),
+    Family(
+        "gptj",
+        ("gptj",),
+        query="h.{l}.attn.q_proj",
+        key="h.{l}.attn.k_proj",
+        rotary_class=_rotary("gptj", "GPTJ"),
+        **_GPTJ,
+    ),  # fmt: skip
+    Family(
+        "codegen",
+        ("codegen",),
+        query="h.{l}.attn.qkv_proj",
+        key="h.{l}.attn.qkv_proj",
+        qkv=BLOCKED,
+        qkv_blocks=4,  # CodeGen's mp_num
+        rotary_class=_rotary("codegen", "CodeGen"),
+        **_GPTJ,
+    ),
+    Family(
+        "falcon",
+        ("falcon",),
+        ROTARY,
+        causal=True,
+        switch_kinds=(ALIBI,),  # config.alibi
+        word="word_embeddings.weight",
+        query="h.{l}.self_attention.query_key_value",  # layout from new_decoder_architecture / multi_query
+        key="h.{l}.self_attention.query_key_value",
+        pre_norm="h.{l}.(ln_attn|input_layernorm)",
+        rotary_class=_rotary("falcon", "Falcon"),
+        tensors={"alibi": "transformers.models.falcon.modeling_falcon:build_alibi_tensor", "alibi_scaled": "yes"},
+        description="rotary embeddings or ALiBi (config.alibi)",
+    ),
+    Family(
+        "roformer",
+        ("roformer",),
+        ROTARY,
+        **{k: _BERT[k] for k in ("word", "token_type", "embedding_norm", "query", "key")},
+        projection="embeddings_project",
+        rotary_class="transformers.models.roformer.modeling_roformer:RoFormerSinusoidalPositionalEmbedding",
+        rotary_layout=SIN_COS_TABLE,
+        tensors={"rotary_table": "encoder.embed_positions.weight"},
+    ),
+    Family(
+        "modernbert",
+        ("modernbert",),
+        ROTARY,
+        word="embeddings.tok_embeddings.weight",
+        embedding_norm="embeddings.norm",
+        query="layers.{l}.attn.Wqkv",
+        key="layers.{l}.attn.Wqkv",
+        qkv=STACKED,
+        pre_norm="layers.{l}.attn_norm",
+        pre_norm_from=1,  # layer 0 reads the embedding norm's output directly
+        rotary_class=_rotary("modernbert", "ModernBert"),  # one rotary setting per layer type (local / global)
+        windows="layer_types_inclusive",
     ),
     # -- sinusoidal absolute tables (built as the model builds them; encoder stack of encoder-decoders)
     Family("marian", ("marian",), SINUSOIDAL, **_SEQ2SEQ, tensors=_sinusoidal("marian", "Marian")),
@@ -361,11 +694,22 @@ FAMILIES: tuple[Family, ...] = (
         key="blocks.{l}.attn.Wqkv",
         qkv=STACKED,
         pre_norm="blocks.{l}.norm_1",
-        tensors={"alibi": "build_mpt_alibi_tensor"},  # MPT's slope code (posprobe.families.alibi), not BLOOM's
+        tensors={"alibi": "build_mpt_alibi_tensor"},  # MPT's bias code (posprobe.families.alibi), not BLOOM's
     ),
     # -- bucketed relative bias (posprobe.families.relative_bias): 'relative_bias' names the (buckets, heads) table
     Family("t5", ("t5", "mt5"), tensors={"relative_bias": _T5_BIAS.replace("{l}", "0")}, **_T5),  # layer 0's, for all
     Family("umt5", ("umt5",), tensors={"relative_bias": _T5_BIAS}, **_T5),  # one table per layer
+    Family(
+        "longt5",
+        ("longt5",),
+        windows="local_radius",  # the encoder attends |j - i| <= local_radius (transient-global: plus side keys)
+        tensors={"relative_bias": _T5_BIAS.replace("{l}", "0").replace("SelfAttention", _LONGT5_ATTENTION)},
+        **{
+            **_T5,
+            "query": _T5["query"].replace("SelfAttention", _LONGT5_ATTENTION),
+            "key": _T5["key"].replace("SelfAttention", _LONGT5_ATTENTION),
+        },
+    ),  # fmt: skip
     Family(
         "mpnet",
         ("mpnet",),
@@ -378,54 +722,65 @@ FAMILIES: tuple[Family, ...] = (
         reserved_rows=2,
         tensors={"relative_bias": "encoder.relative_attention_bias.weight"},
     ),
-    # -- disentangled (posprobe.families.disentangled)
+    # -- disentangled (posprobe.families.disentangled); without relative_attention their absolute table is all
     Family(
         "deberta-v2",
         ("deberta-v2",),
         DISENTANGLED,
+        switch_kinds=(LEARNED,),
         word=_BERT["word"],
+        position=_BERT["position"],  # only when position_biased_input (not in v3)
+        switches={"position": "position_biased_input"},
         token_type=_BERT["token_type"],
         embedding_norm=_BERT["embedding_norm"],
         projection="embeddings.embed_proj",
         projection_first=True,
         query="encoder.layer.{l}.attention.self.query_proj",
         key="encoder.layer.{l}.attention.self.key_proj",
+        scaling="disentangled",
         tensors={
-            "position": _BERT["position"],  # read only when position_biased_input (not in v3)
             "rel_embeddings": "encoder.rel_embeddings.weight",
             "rel_norm": "encoder.LayerNorm",  # applied when norm_rel_ebd has 'layer_norm'
             "pos_query": "encoder.layer.{l}.attention.self.pos_query_proj",  # without share_att_key
             "pos_key": "encoder.layer.{l}.attention.self.pos_key_proj",
         },
-    ),
-    # -- known, not (yet) analysed
-    Family(
-        "longt5",
-        ("longt5",),
-        BUCKET_BIAS,
-        encoder_decoder=True,
-        description="relative position buckets with local / transient-global attention (not read yet)",
+        description="disentangled relative positions (relative_attention off: its learned absolute table)",
     ),
     Family(
         "deberta",
         ("deberta",),
         DISENTANGLED,
-        description="disentangled relative positions (DeBERTa v1 layout, fused in_proj: not read yet)",
-    ),  # fmt: skip
-    Family("falcon", ("falcon",), OTHER, causal=True, description="rotary embeddings or ALiBi"),
+        switch_kinds=(LEARNED,),
+        word=_BERT["word"],
+        position=_BERT["position"],
+        switches={"position": "position_biased_input"},
+        token_type=_BERT["token_type"],
+        embedding_norm=_BERT["embedding_norm"],
+        projection="embeddings.embed_proj",
+        projection_first=True,
+        query="encoder.layer.{l}.attention.self.in_proj",  # fused, rows per head [q_h; k_h; v_h]
+        key="encoder.layer.{l}.attention.self.in_proj",
+        qkv=PER_HEAD,
+        scaling="disentangled",
+        tensors={
+            "q_bias": "encoder.layer.{l}.attention.self.q_bias",  # the query's bias, stored apart
+            "rel_embeddings": "encoder.rel_embeddings.weight",  # v1: no LayerNorm, no log buckets
+            "pos_query": "encoder.layer.{l}.attention.self.pos_q_proj",
+            "pos_key": "encoder.layer.{l}.attention.self.pos_proj",
+            "head_logits": "encoder.layer.{l}.attention.self.head_logits_proj",  # talking heads, when stored
+            "scale_terms": "pos_att_type",  # the scale counts every listed term (v2: c2p and p2c only)
+        },
+        description="disentangled relative positions, v1 layout (relative_attention off: its learned absolute table)",
+    ),
+    # -- known, not analysed
     Family("speech_to_text", ("speech_to_text",), SINUSOIDAL),  # audio input: no word table to average
     Family(
-        "longformer", ("longformer",), LEARNED, reserved_rows=True
-    ),  # local attention windows: its scores are not read yet
-    Family("gpt_neo", ("gpt_neo",), LEARNED, causal=True),  # unscaled, local attention: not read yet
-    Family(
-        "other-rotary",
-        ("gptj", "olmo", "olmo2", "stablelm", "cohere", "gemma3", "qwen3_moe"),
-        OTHER,
+        "gemma3",
+        ("gemma3",),
+        OTHER,  # its config nests the language model's (text_config)
         causal=True,
-        description="rotary embeddings (RoPE)",
+        description="rotary embeddings (RoPE); a multimodal checkpoint: its language model is read as `gemma3_text`",
     ),
-    Family("other-rotary-encoder", ("roformer", "modernbert"), OTHER, description="rotary embeddings (RoPE)"),
     Family("xlm", ("xlm", "flaubert"), LEARNED),  # their own layouts: not read yet
     Family("xlnet", ("xlnet",), OTHER, description="sinusoidal relative positions"),
     Family("funnel", ("funnel",), OTHER, description="relative attention"),
@@ -467,9 +822,34 @@ def table_model_types() -> tuple[str, ...]:
     return tuple(t for kind in TABLE_KINDS for t in model_types(kind=kind, analysable=True))
 
 
+def config_default(config: dict, keys: tuple[str, ...]):
+    """The first of `keys` set in the default config of `config`'s model type (transformers' config class), or
+    None: what the model itself would use for a field its config.json leaves out."""
+    try:
+        from transformers import AutoConfig
+
+        defaults = AutoConfig.for_model(str(config.get("model_type")))
+    except Exception:  # an unknown model type: no defaults to offer
+        return None
+    return next((getattr(defaults, k) for k in keys if getattr(defaults, k, None) is not None), None)
+
+
+def config_flag(config: dict, key: str) -> bool:
+    """Config switch `key` as the model reads it: the config's value, else its config class's default."""
+    value = config.get(key)
+    return bool(value if value is not None else config_default(config, (key,)))
+
+
+def switched_on(family: Family, config: dict, what: str) -> bool:
+    """True when table field `what` applies to the model `config` describes (`Family.switches`)."""
+    key = family.switches.get(what)
+    return key is None or config_flag(config, key)
+
+
 def position_kind(config: dict) -> tuple[str, str]:
     """(kind, mechanism in words) of the model `config` describes, config switches included (DistilBERT's
-    `sinusoidal_pos_embds`, BERT-style `position_embedding_type`, Falcon's `alibi`); OTHER for unknown types."""
+    `sinusoidal_pos_embds`, BERT-style `position_embedding_type`, ESM's rotary, Falcon's `alibi`, DeBERTa's
+    `relative_attention`); OTHER for unknown types."""
     model_type = str(config.get("model_type", "unknown"))
     family = family_for_type(model_type)
     if family is None:
@@ -477,13 +857,50 @@ def position_kind(config: dict) -> tuple[str, str]:
     if model_type == "distilbert" and config.get("sinusoidal_pos_embds"):
         return SINUSOIDAL, KIND_NAMES[SINUSOIDAL]
     pos_type = config.get("position_embedding_type", "absolute")
+    if model_type == "esm" and pos_type == "rotary":
+        return ROTARY, KIND_NAMES[ROTARY]
     if family.kind == LEARNED and pos_type not in (None, "absolute"):
         return OTHER, f"position_embedding_type='{pos_type}' (relative positions), not a learned absolute table"
     if family.kind == DISENTANGLED and not config.get("relative_attention", False):
-        return OTHER, "content and a learned absolute table only (relative_attention off)"
+        if config.get("position_biased_input", True):
+            return LEARNED, "learned absolute table (relative_attention off)"
+        return OTHER, "no position information (relative_attention and position_biased_input both off)"
     if model_type == "falcon":
         return (ALIBI, KIND_NAMES[ALIBI]) if config.get("alibi") else (ROTARY, KIND_NAMES[ROTARY])
+    if model_type == "mobilebert" and config.get("normalization_type", "no_norm") != "no_norm":
+        return OTHER, (
+            "a learned absolute table behind LayerNorm bottlenecks (normalization_type "
+            f"'{config.get('normalization_type')}'; posprobe reads MobileBERT's 'no_norm', as released)"
+        )
+    if family.switch_kinds:  # the config has picked one of the family's kinds: name that one
+        return family.kind, KIND_NAMES[family.kind]
     return family.kind, family.mechanism
+
+
+def has_learned_table(config: dict) -> bool:
+    """True when the model `config` describes stores a learned absolute position table: its kind is LEARNED, or
+    a table beside a relative mechanism (MPNet, DeBERTa with position_biased_input)."""
+    family = family_for_type(str(config.get("model_type", "unknown")))
+    kind = position_kind(config)[0]
+    if family is None or kind in (SINUSOIDAL, OTHER):
+        return False
+    if kind == LEARNED:
+        return True
+    return family.kind not in TABLE_KINDS and family.position is not None and switched_on(family, config, "position")
+
+
+def qkv_layout(family: Family, config: dict) -> tuple[str, int | None]:
+    """(Q/K/V layout, key heads or None for the config's own count) of the model `config` describes: the entry's
+    `qkv`, except where a config switch changes it (Falcon: new_decoder_architecture groups rows per key head,
+    multi_query stacks one key head after the queries, else rows per head)."""
+    if config.get("model_type") == "falcon":
+        if config_flag(config, "new_decoder_architecture"):
+            return KV_GROUPED, None
+        return (STACKED, 1) if config_flag(config, "multi_query") else (PER_HEAD, None)
+    return family.qkv, None
+
+
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert")  # rotary modules with one setting per layer type
 
 
 def families_markdown() -> str:
@@ -493,13 +910,16 @@ def families_markdown() -> str:
         "|---|---|---|---|---|",
     ]
     for f in FAMILIES:
+        table = f.learned_table or any(k in TABLE_KINDS for k in f.kinds)
         if not f.analysable:
             does = "named in messages; `params`" + (" counts its table" if f.learned_table else "")
-        elif f.kind in TABLE_KINDS:
+        elif all(k in TABLE_KINDS for k in f.kinds):
             does = "`toeplitz`, `fhat`, `profiles`, `fit-tisa`, `compare`" + (", `retrofit`" if f.retrofit else "")
         else:
             does = "`fhat`, `profiles`, `fit-tisa`, `compare` (content-free scores)"
-            does = ("`toeplitz` (its table), " if f.learned_table else "") + does  # MPNet: a table beside its bias
+            does = ("`toeplitz` (its table), " if table else "") + does  # MPNet: a table beside its bias
+        if f.windows:
+            does += "; each layer's kind (local window" + (", rotary setting" if f.name in _PER_TYPE_ROPE else "") + ")"
         types = ", ".join(f"`{t}`" for t in f.model_types)
         causal = "yes" if f.causal else ("decoder" if f.encoder_decoder else "no")
         rows.append(f"| {f.name} | {types} | {f.mechanism} | {causal} | {does} |")

@@ -192,7 +192,8 @@ class FhatResult(ResultMixin):
     `mode` is 'paper' or 'faithful' for learned tables, 'content-free' (SPEC §9) for other families;
     `position_kind` the family's mechanism (posprobe.families.KINDS); `causal`: the model only uses k <= 0
     (j <= i), the entries above the diagonal are what the scores would be, never seen by its softmax;
-    `stack` the encoder or decoder stack of an encoder-decoder model."""
+    `stack` the encoder or decoder stack of an encoder-decoder model; `layer_kind` how the layer attends ('global',
+    'local |k| <= w', its rotary setting where layer types differ: `posprobe.families.windows.LayerKind`)."""
 
     model: str
     model_type: str
@@ -204,6 +205,7 @@ class FhatResult(ResultMixin):
     position_kind: str = LEARNED
     causal: bool = False
     stack: str | None = "encoder"  # None: the model has one stack
+    layer_kind: str = "global"
 
     _repr_fields = ("model", "layer", "mode", "mean_toeplitz_r2", "toeplitz_r2", "matrices")
 
@@ -225,6 +227,7 @@ class FhatResult(ResultMixin):
             "causal": self.causal,
             "stack": self.stack,
             "layer": self.layer,
+            "layer_kind": self.layer_kind,
             "weights_layer": self.weights_layer,
             "mode": self.mode,
             "n_positions": self.matrices.shape[-1],
@@ -304,7 +307,12 @@ class _FhatComputer:
             self.kind,
             self.causal,
             self.reported_stack,
+            self.layer_kind(layer),
         )
+
+    def layer_kind(self, layer: int) -> str:
+        """How `layer` attends, in words (`LayerKind.describe`)."""
+        return self.ctx.layer_kinds(self.n, self.stack)[layer].describe()
 
 
 def fhat(
@@ -341,7 +349,7 @@ class ProfileResult(ResultMixin):
     `fhat_r2` (L_sel, H) the Toeplitz R^2 of each head's F_hat_P (NaN where undefined). `shared_layers` is True
     for ALBERT, where every depth uses the same weights. `causal`: the model only uses k <= 0 (the profile at
     k > 0 is what its scores would be there, never seen by its softmax); `position_kind` and `stack` as in
-    `FhatResult`.
+    `FhatResult`; `layer_kinds` how each layer of `layers` attends (`FhatResult.layer_kind`).
     """
 
     model: str
@@ -362,6 +370,7 @@ class ProfileResult(ResultMixin):
     position_kind: str = LEARNED
     causal: bool = False
     stack: str | None = "encoder"  # None: the model has one stack
+    layer_kinds: list[str] | None = None  # None: not recorded (a profiles file written before issue 22)
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "n_positions", "window", "causal", "profiles", "offsets")
 
@@ -398,6 +407,7 @@ class ProfileResult(ResultMixin):
             "position_kind": self.position_kind,
             "causal": self.causal,
             "stack": self.stack,
+            "layer_kinds": self.layer_kinds,
             "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing"
             + ("; causal model: only k <= 0 is used" if self.causal else ""),
         }
@@ -490,6 +500,7 @@ def profiles(
         position_kind=computer.kind,
         causal=computer.causal,
         stack=computer.reported_stack,
+        layer_kinds=[computer.layer_kind(layer) for layer in layers],
     )
 
 

@@ -1,0 +1,211 @@
+"""The embedding level of a checkpoint: what its first layer receives for a sequence of the average word.
+
+`EmbeddingReader` (mixed into `posprobe.families.context.ModelContext`, whose `key`, `tensor`, `optional`,
+`linear`, `norm`, `switched_on`, `reader`, `family`, `config`, `shape` and `source` it uses) reads the
+vocabulary-average word embedding e_w lazily, scales and projects it as the family does (`Family.embed_scale`,
+`word_projection`, trigram input), adds token type 0 and the constant rows, the position table (stored, with
+reserved and offset rows dropped, or built sinusoidal), and applies the embedding norm and factorised projection
+in the family's order. Also the norms themselves (`apply_norm`) and Gemma's dtype-rounded sqrt(d).
+
+Shapes: e embedding width, d hidden width, n positions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from posprobe.errors import PosprobeError
+from posprobe.families import table as T
+from posprobe.families.sizes import config_size, mixed_checkpoint, reserved_rows
+from posprobe.families.table import config_default
+
+
+def apply_norm(x: np.ndarray, kind: str, weight, bias: np.ndarray | None, eps: float) -> np.ndarray:
+    """The norm `kind` (table.NORMS) over the last axis of `x`, as torch computes it (biased variance); `weight`
+    None for a norm without weights (OLMo's)."""
+    if kind == T.NONORM:
+        out = x * weight
+    elif kind in (T.LAYERNORM, T.PLAIN_LAYERNORM):
+        mean = x.mean(axis=-1, keepdims=True)
+        out = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
+        out = out if weight is None else out * weight
+    else:
+        out = x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps)
+        out = out * (1.0 + weight if kind == T.RMSNORM_PLUS1 else weight)
+    return out if bias is None else out + bias
+
+
+def embed_scale(hidden: int, dtype: str | None) -> float:
+    """sqrt(d) rounded to the word table's dtype, as Gemma's scaled embedding multiplies by it."""
+    import torch
+
+    torch_dtype = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}.get(dtype or "", torch.float64)
+    return float(torch.tensor(hidden**0.5).to(torch_dtype).double())
+
+
+@dataclass(frozen=True)
+class PositionTable:
+    """An absolute position table `table` (n, e) (learned, or sinusoidal as the model builds it); `dropped_rows`
+    leading rows no position reads were removed (RoBERTa family, MPNet: reserved; OPT, BART: the offset)."""
+
+    model: str
+    model_type: str
+    table: np.ndarray
+    dropped_rows: int
+
+    @property
+    def n_positions(self) -> int:
+        return self.table.shape[0]
+
+
+class EmbeddingReader:
+    """The embedding-level inputs of a `ModelContext` (see the module docstring)."""
+
+    @cached_property
+    def word_mean(self) -> np.ndarray:
+        """Vocabulary-average word embedding e_w (e,), read a chunk of rows at a time."""
+        key = self.key(self.family.word)
+        if key is None:
+            self.tensor(self.family.word)  # raises the clear error
+        shape, vocab = self.reader.shape(key), self.shape.vocab
+        if vocab is not None and shape and len(shape) == 2 and shape[0] != vocab:  # a config.json from elsewhere
+            raise mixed_checkpoint(self.source.name, "vocab_size =", vocab, f"a word table of {shape[0]} rows")
+        return self.reader.row_mean(key)
+
+    @property
+    def word_dtype(self) -> str | None:
+        """The stored dtype of the word table ('F32', 'BF16', ...; None when unknown)."""
+        return self.reader.stored_dtype(self.key(self.family.word))
+
+    @cached_property
+    def scaled_word(self) -> np.ndarray:
+        """e_w times the factor the family multiplies its word embeddings by (`Family.embed_scale`) (e,)."""
+        scale, cfg = self.family.embed_scale, self.config
+        if scale == "sqrt_hidden":
+            return self.word_mean * embed_scale(self.shape.hidden, self.word_dtype)
+        if scale in ("scale_embedding", "rescale_embeddings") and T.config_flag(cfg, scale):
+            return self.word_mean * math.sqrt(self.shape.hidden)  # the model scales words, not positions
+        if scale == "token_dropout" and T.config_flag(cfg, scale):  # ESM: no mask token in the sequence
+            return self.word_mean * (1 - 0.15 * 0.8) / 1.0
+        if scale == "embedding_multiplier":
+            value = cfg.get(scale) if cfg.get(scale) is not None else config_default(cfg, (scale,))
+            return self.word_mean * float(1.0 if value is None else value)
+        return self.word_mean
+
+    def word_rows(self, n: int | None = None) -> np.ndarray:
+        """The word part of the embedding of a sequence of n average words, (n, e) (one row when n is None), in
+        the width positions are added in: scaled, through the word projection where the family has one (with
+        trigram input: [next; this; previous] words, zeros beyond the ends, so rows 0 and n - 1 differ)."""
+        x = self.scaled_word
+        rows = 1 if n is None else n
+        projection = self.word_projection()
+        if projection is None:
+            return np.broadcast_to(x, (rows, x.shape[0]))
+        w, b = projection
+        if w.shape[1] == x.shape[0]:
+            return np.broadcast_to(x @ w.T + b, (rows, w.shape[0]))
+        if n is None:  # trigram, one interior row
+            return (np.concatenate([x, x, x]) @ w.T + b)[None]
+        nxt = np.where(np.arange(n)[:, None] < n - 1, x, 0.0)
+        prev = np.where(np.arange(n)[:, None] > 0, x, 0.0)
+        return np.concatenate([nxt, np.broadcast_to(x, (n, x.shape[0])), prev], axis=1) @ w.T + b
+
+    def word_projection(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The Linear the word embedding goes through before positions are added (W (d, e or 3e), b), where the
+        model applies it (trigram input, or a word width other than the hidden size), else None."""
+        f = self.family
+        if not f.word_projection or self.key(f.word_projection + ".weight") is None:
+            return None
+        trigram = "trigram" in f.switches and self.switched_on("trigram")
+        if not trigram and self.word_mean.shape[0] == self.shape.hidden:
+            return None  # MobileBERT without trigram input and of equal widths does not apply it
+        return self.linear(f.word_projection)
+
+    @cached_property
+    def word(self) -> np.ndarray:
+        """e_w as the model feeds it (e,): scaled, projected where the family projects words, as in the interior
+        of a sequence."""
+        return self.word_rows()[0]
+
+    @cached_property
+    def token_type0(self) -> np.ndarray | None:
+        """What every token adds besides word and position (e,): token type 0's embedding and row 0 of the
+        family's `constant_rows` tables (LayoutLM's box 0), else None."""
+        f = self.family
+        names = ((f.token_type,) if f.token_type else ()) + f.constant_rows
+        rows = [self.reader.get(key)[0] for key in map(self.key, names) if key is not None]
+        return sum(rows[1:], rows[0]) if rows else None
+
+    @cached_property
+    def position_table(self) -> PositionTable:
+        """The absolute position table (n, e): stored (reserved and offset leading rows dropped) or, for a
+        sinusoidal family that does not store it, built as the model builds it. Refused for a model without one."""
+        self.require_table()
+        f, cfg, name = self.family, self.config, self.source.name
+        stored = self.key(f.position) if f.position else None
+        if stored is None and "positions_class" in f.tensors:  # a sinusoidal table the model builds
+            from posprobe.families.sinusoidal import build_table
+
+            n = config_size(cfg, name, "positions")
+            return PositionTable(name, self.source.model_type, build_table(f, cfg, n, self.shape.hidden), 0)
+        table = self.tensor(f.position)
+        if table.ndim != 2:
+            raise PosprobeError(
+                f"position table of '{name}' has shape {table.shape}, expected 2-D", "the checkpoint is malformed"
+            )
+        reserved = reserved_rows(cfg, name)
+        dropped = reserved + f.position_offset
+        stored_rows = table.shape[0]
+        table = table[dropped:]
+        if table.shape[0] < 2:
+            raise PosprobeError(
+                f"position table of '{name}' has {'only 1 usable row' if len(table) else 'no usable rows'}"
+                + (f" (after dropping {dropped} reserved ones)" if dropped else ""),
+                "a position analysis needs at least 2 positions; the checkpoint is malformed",
+            )
+        key = next((k for k in T.CONFIG_KEYS["positions"] if cfg.get(k) is not None), None)
+        rows = cfg.get(key) if key else None
+        if isinstance(rows, int) and not isinstance(rows, bool) and rows + f.position_offset != stored_rows:
+            said = f"{rows} ({reserved} reserved + {rows - reserved} positions)" if reserved else str(rows)
+            held = f"a position table of {stored_rows} rows" + (
+                f" (the model reads rows {f.position_offset}.. for its {rows} positions)" if f.position_offset else ""
+            )
+            raise mixed_checkpoint(name, f"{key} =", said, held)  # fmt: skip
+        if self.word.shape != (table.shape[1],):
+            raise PosprobeError(
+                f"word and position embeddings of '{name}' have different widths", "the checkpoint is malformed"
+            )
+        return PositionTable(name, self.source.model_type, table, dropped)
+
+    def projection(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The factorised embedding's projection (W (d, e), b (d,)) where the checkpoint stores one, else None."""
+        if not self.family.projection or self.key(self.family.projection + ".weight") is None:
+            return None
+        return self.linear(self.family.projection)
+
+    def embedding_rows(self, positions: np.ndarray | None = None) -> np.ndarray:
+        """What the first layer receives for a sequence of the average word (n, d): the word rows (scaled and
+        projected as the model does) plus `positions` (n, e) rows when given (else one row), plus token type 0 and
+        the constant rows, through the embedding norm and the factorised projection in the family's order."""
+        x = self.word_rows(None if positions is None else len(positions))
+        x = x if positions is None else positions + x
+        if self.token_type0 is not None:
+            x = x + self.token_type0[None, :]
+        projection = self.projection()
+        if projection is not None and self.family.projection_first:
+            x = x @ projection[0].T + projection[1]
+        if self.family.embedding_norm and self.switched_on("embedding_norm"):
+            x = self.norm(x, self.family.embedding_norm)
+        if projection is not None and not self.family.projection_first:
+            x = x @ projection[0].T + projection[1]
+        return x
+
+    @cached_property
+    def embedding(self) -> np.ndarray:
+        """The embedding-level input of every position without a position term (d,): e_w scaled, normed and
+        projected as the model does."""
+        return self.embedding_rows()[0]

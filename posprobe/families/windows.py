@@ -1,0 +1,111 @@
+"""How each attention layer attends: globally, in a local window, or block-sparsely (`table.WINDOW_RULES`).
+
+A `LayerKind` per layer, read from the checkpoint's config through its transformers config class (which fills
+in defaults and derived fields: layer types, ModernBERT's half window). The content-free scores of a layer are
+the same whatever its kind (SPEC §9: the scores the layer gives each pair); its kind says which pairs its
+softmax sees: `window` is the largest |k| = |j - i| it attends (causal layers: only k <= 0 of those).
+Where layer types also carry their own rotary setting (Gemma 3, ModernBERT), `layer_type` picks it and
+`rope` names it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+
+from posprobe.families import table as T
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """One layer's attention: `attention` 'full', 'local' (a window) or 'block-sparse'; `window` the largest
+    |j - i| attended (None: no limit); `layer_type` the config's name for it (config.layer_types) where it has
+    one; `rope` the layer's rotary setting in words where layer types differ in it; `note` what else to know."""
+
+    attention: str = "full"
+    window: int | None = None
+    layer_type: str | None = None
+    rope: str | None = None
+    note: str = ""
+
+    def describe(self) -> str:
+        """In words, for JSON and figure titles: 'global', 'local |k| <= 511, rope theta 10000', ..."""
+        words = {"full": "global", "local": f"local |k| <= {self.window}"}.get(self.attention, self.attention)
+        return ", ".join(x for x in (words, self.rope, self.note) if x)
+
+    def allows(self, k: int) -> bool:
+        """True when the layer's window lets a query see the key at offset k (causality is the model's)."""
+        return self.window is None or abs(k) <= self.window
+
+
+def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
+    """The `LayerKind` of every layer of `stack` of the checkpoint `ctx` (a ModelContext) over `n` positions."""
+    rule, count = ctx.family.windows, ctx.layers(stack)
+    types = _layer_types(ctx, count)
+    ropes = _ropes(ctx, types)
+    if rule is None or (rule == "local_radius" and stack == "decoder"):
+        return [LayerKind(layer_type=t, rope=ropes.get(t)) for t in types]
+    cfg = ctx.transformers_config
+    if rule in ("sliding_window", "layer_types", "layer_types_inclusive"):
+        window = getattr(cfg, "sliding_window", None)
+        reach = None if window is None else window if rule == "layer_types_inclusive" else window - 1
+
+        def local(t):  # |j - i| < w (causal: keys i - w < j <= i); inclusive (ModernBERT): |j - i| <= w
+            return window is not None and (rule == "sliding_window" or t == "sliding_attention")
+
+        return [LayerKind("local", reach, t, ropes.get(t)) if local(t)
+                else LayerKind(layer_type=t, rope=ropes.get(t)) for t in types]  # fmt: skip
+    if rule == "attention_layers":  # GPT-Neo: local layers see keys i - window_size < j <= i
+        return [LayerKind("local", cfg.window_size - 1) if kind == "local" else LayerKind()
+                for kind in cfg.attention_layers[:count]]  # fmt: skip
+    if rule == "attention_window":  # Longformer: |j - i| <= w / 2 (plus global tokens, none by default)
+        windows = cfg.attention_window if isinstance(cfg.attention_window, (list, tuple)) else [cfg.attention_window]
+        windows = list(windows) * count if len(windows) == 1 else list(windows)
+        return [LayerKind("local", int(w) // 2) for w in windows[:count]]
+    if rule == "block_sparse":
+        if getattr(cfg, "attention_type", "block_sparse") != "block_sparse":
+            return [LayerKind() for _ in range(count)]
+        full_up_to = (5 + 2 * cfg.num_random_blocks) * cfg.block_size
+        if n <= full_up_to:  # BigBird switches itself to full attention on such sequences
+            return [LayerKind(note=f"full attention up to {full_up_to} positions") for _ in range(count)]
+        return [LayerKind("block-sparse", note=f"random blocks of {cfg.block_size} beyond {full_up_to} positions: "
+                          "F̂ holds the scores of the pairs it attends") for _ in range(count)]  # fmt: skip
+    # local_radius (LongT5's encoder): |j - i| <= local_radius; transient-global adds side keys not in F̂
+    tglobal = getattr(cfg, "encoder_attention_type", "local") == "transient-global"
+    note = "plus transient-global side keys (block sums, not positions; not in F̂)" if tglobal else ""
+    return [LayerKind("local", cfg.local_radius, note=note) for _ in range(count)]
+
+
+def _layer_types(ctx, count: int) -> list[str | None]:
+    """config.layer_types where the family reads them, else None for every layer."""
+    if not (ctx.family.windows or "").startswith("layer_types") and not takes_layer_type(ctx):
+        return [None] * count
+    types = getattr(ctx.transformers_config, "layer_types", None)
+    return list(types[:count]) if types else [None] * count
+
+
+def _ropes(ctx, types: list[str | None]) -> dict:
+    """layer type -> its rotary setting in words, where the family's rotary module has one per layer type and
+    they differ; else {}."""
+    if not takes_layer_type(ctx) or None in types:
+        return {}
+    params = ctx.transformers_config.rope_parameters
+    words = {t: _rope_words(params[t]) for t in set(types)}
+    return words if len(set(words.values())) > 1 else {}
+
+
+def _rope_words(params: dict) -> str:
+    theta = params.get("rope_theta")
+    theta = f"{theta:.0f}" if theta is not None and float(theta).is_integer() else f"{theta}"
+    kind = params.get("rope_type", "default")
+    return ("" if kind == "default" else f"{kind} ") + f"rope theta {theta}"
+
+
+def takes_layer_type(ctx) -> bool:
+    """True when the family's rotary module takes a layer type (one rotary setting per type: Gemma 3, ModernBERT)."""
+    if ctx.kind != T.ROTARY or not ctx.family.rotary_class:
+        return False
+    module, name = ctx.family.rotary_class.split(":")
+    forward = getattr(getattr(importlib.import_module(module), name), "forward", None)
+    return forward is not None and "layer_type" in inspect.signature(forward).parameters
