@@ -1,12 +1,14 @@
 """Benchmark: `posprobe attention` vs a plain eager forward pass with `output_attentions` over the same texts.
 
 Model: the packaged all-MiniLM-L6-v2 (6 layers x 12 heads). Texts: the shared GLUE validation sentences
-(CoLA, then SST-2), tokenised once outside the timings; both sides get the same batches (sorted by length in
-chunks, right padding) and run under `torch.inference_mode`.
+(CoLA, then SST-2), tokenised once outside the timings; every side gets the same batches (sorted by length in
+chunks, right padding) and runs under `torch.inference_mode`.
 - baseline: `model(input_ids, attention_mask, output_attentions=True)` per batch, eager attention;
-- posprobe: `attention_profiles(model, input_ids=...)`: recording attention + streaming accumulators + the check
-  against eager attention on the first batch + the final statistics (profiles, mean distance, Toeplitz R^2).
-Timings alternate between the two and are repeated (the machine is shared): medians reported.
+- posprobe: `attention_profiles(model, input_ids=...)`: the capture layer (recording attention, the check against
+  eager attention on the first batch) + both reducers (SPEC §10 profiles and SPEC §14 sinks) + the final
+  statistics (profiles, mean distance, Toeplitz R^2, sink measures);
+- profiles only / sinks only: `posprobe.capture.capture` with one of the two reducers, to split the cost.
+Timings alternate between the sides and are repeated (the machine is shared): medians reported.
 Peak memory during the run (VmHWM of a fresh process, reset after loading the model) over one pass and four
 passes of all the CoLA + SST-2 sentences shows that memory does not grow with the number of texts.
 
@@ -28,7 +30,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "glue"
+# the shared data beside the checkout (main) or beside the folder of worktrees
+DATA = next(
+    (p / "shared" / "data" / "glue" for p in (ROOT.parent, ROOT.parent.parent) if (p / "shared" / "data").is_dir()),
+    ROOT.parent / "shared" / "data" / "glue",
+)
 ALL_TEXTS = 1043 + 1821  # CoLA + SST-2 validation sentences
 
 
@@ -36,7 +42,7 @@ def token_ids(count: int, max_length: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     from posprobe.checkpoint.resolve import default_model_dir
-    from posprobe.pipelines.attention import iter_texts
+    from posprobe.texts import iter_texts
 
     texts = []
     for task in ("cola", "sst2"):
@@ -50,15 +56,13 @@ def token_ids(count: int, max_length: int) -> list[list[int]]:
 def baseline(model, ids, batch_size: int) -> tuple[float, float]:
     import torch
 
-    from posprobe.pipelines.attention import _batches, _pad
+    from posprobe.capture import id_tokenizer, token_batches
 
     model.set_attn_implementation("eager")
     start, cpu = time.perf_counter(), time.process_time()
     with torch.inference_mode():
-        tokenize = lambda rows: [(r, [0] * len(r)) for r in rows]  # noqa: E731
-        for batch in _batches(ids, tokenize, batch_size, chunk=batch_size * 16):
-            x, mask, _ = _pad(batch, 0, False, "cpu")
-            model(input_ids=x, attention_mask=mask, output_attentions=True)
+        for batch in token_batches(ids, id_tokenizer((), 10**9), batch_size=batch_size, pad_id=0):
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True)
     return time.perf_counter() - start, time.process_time() - cpu
 
 
@@ -67,6 +71,21 @@ def ours(model, ids, max_length: int, batch_size: int) -> tuple[float, float]:
 
     start, cpu = time.perf_counter(), time.process_time()
     attention_profiles(model, input_ids=ids, max_length=max_length, batch_size=batch_size)
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def one_reducer(model, ids, max_length: int, batch_size: int, which: str) -> tuple[float, float]:
+    from posprobe.analysis.empirical import EmpiricalAccumulator
+    from posprobe.analysis.sinks import SinkAccumulator
+    from posprobe.capture import capture
+
+    start, cpu = time.perf_counter(), time.process_time()
+    if which == "profiles":
+        reducer = EmpiricalAccumulator(6, 12, max_length)
+    else:
+        reducer = SinkAccumulator(6, 12)
+    capture(model, [reducer], input_ids=ids, max_length=max_length, batch_size=batch_size)
+    reducer.result()
     return time.perf_counter() - start, time.process_time() - cpu
 
 
@@ -120,11 +139,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     ids = token_ids(args.texts, args.max_length)
     model = load_model(None, attn_implementation="eager").eval()
-    base_t, ours_t = [], []
+    base_t, ours_t, profiles_t, sinks_t = [], [], [], []
     baseline(model, ids[: args.batch_size * 2], args.batch_size)  # warm-up
     for _ in range(args.repeats):
         base_t.append(baseline(model, ids, args.batch_size))
         ours_t.append(ours(model, ids, args.max_length, args.batch_size))
+        profiles_t.append(one_reducer(model, ids, args.max_length, args.batch_size, "profiles"))
+        sinks_t.append(one_reducer(model, ids, args.max_length, args.batch_size, "sinks"))
     small, large = ALL_TEXTS, 4 * ALL_TEXTS  # the same length distribution (whole passes), 4x the texts
     mem_small, mem_large = (
         peak_memory(small, args.max_length, args.batch_size),
@@ -141,8 +162,12 @@ def main() -> None:
         "wall_posprobe_s": [round(t[0], 3) for t in ours_t],
         "cpu_baseline_s": [round(t[1], 3) for t in base_t],
         "cpu_posprobe_s": [round(t[1], 3) for t in ours_t],
+        "cpu_profiles_only_s": [round(t[1], 3) for t in profiles_t],
+        "cpu_sinks_only_s": [round(t[1], 3) for t in sinks_t],
         "median_wall_ratio": _median_ratio(base_t, ours_t, 0),
         "median_cpu_ratio": _median_ratio(base_t, ours_t, 1),
+        "median_cpu_ratio_profiles_only": _median_ratio(base_t, profiles_t, 1),
+        "median_cpu_ratio_sinks_only": _median_ratio(base_t, sinks_t, 1),
         "accumulator_mib": round(EmpiricalAccumulator.nbytes(6, 12, args.max_length) / 2**20, 1),
         "rss_mib": {
             f"{small} texts": {"after load": round(mem_small[0]), "peak during run": round(mem_small[1])},

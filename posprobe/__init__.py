@@ -6,6 +6,8 @@ matplotlib until an analysis or a model needs them):
 - analyses of a model id, folder, None (the packaged all-MiniLM-L6-v2) or a loaded transformers model:
   `toeplitz` (P = E_P E_P^T and its Toeplitz R^2), `fhat` (F_hat_P per head of a layer), `profiles` (head
   profiles over k = j - i), `compare` (several models);
+- on real text: `attention_profiles` (empirical profiles, mean attention distance and attention sinks,
+  `AttentionResult`); `posprobe.capture` runs a model on text for any reducer;
 - TISA kernels: `fit_tisa` (a model's heads, several S) and `TisaKernelFitter` (any profiles, scikit-learn style);
 - models: `load_model`, `retrofit`, `save_retrofitted`, `finetune` / `evaluate` (GLUE, `FinetuneResult`);
 - result types (each with a short repr, `.plot()`, `.to_dict()`, `.to_json()`) and `PosprobeError`.
@@ -28,6 +30,8 @@ _EXPORTS = {
     "ProfileResult": "posprobe.pipelines.analysis",
     "CompareResult": "posprobe.pipelines.analysis",
     "CompareRow": "posprobe.pipelines.analysis",
+    "attention_profiles": "posprobe.pipelines.attention",
+    "AttentionResult": "posprobe.pipelines.attention_result",
     "fit_tisa": "posprobe.pipelines.fitting",
     "load_tisa_kernels": "posprobe.kernels_file",
     "save_tisa_kernels": "posprobe.kernels_file",
@@ -48,7 +52,17 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
-_SUBPACKAGES = ("analysis", "checkpoint", "glue", "mechanisms", "outputs", "pipelines", "plotting", "validation")
+_SUBPACKAGES = (
+    "analysis",
+    "capture",
+    "checkpoint",
+    "glue",
+    "mechanisms",
+    "outputs",
+    "pipelines",
+    "plotting",
+    "validation",
+)
 
 
 def __getattr__(name: str):

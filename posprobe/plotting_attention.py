@@ -1,4 +1,5 @@
-"""Figures of `posprobe attention`: per-layer profile grids and the heads x layers mean-distance chart.
+"""Figures of `posprobe attention`: per-layer profile grids, the heads x layers mean-distance chart (with the
+uniform-attention reference per layer) and the sink chart (first-token mass per head and layer, sink rate per layer).
 
 Functions take an `AttentionResult` and return a matplotlib Figure (no pyplot); the output layer saves them.
 """
@@ -85,14 +86,61 @@ def mean_distance_chart(result):
         colour = "white" if np.isfinite(value) and value < 0.6 * vmax else "black"
         ax.text(layer, h, _f(value), ha="center", va="center", fontsize=6, color=colour)
     ax.set_xticks(range(result.n_layers))
+    sinks = getattr(result, "sinks", None)
+    if sinks is not None:  # the uniform-attention reference under each layer
+        ax.set_xticklabels([f"{layer}\n({_f(u)})" for layer, u in enumerate(sinks.uniform_distance)])
     ax.set_yticks(range(result.n_heads))
-    ax.set_xlabel("layer", fontsize=8)
+    ax.set_xlabel(
+        "layer" + ("  (in brackets: the distance of uniform attention)" if sinks is not None else ""), fontsize=8
+    )
     ax.set_ylabel("head", fontsize=8)
     ax.tick_params(labelsize=7)
     fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03).set_label("tokens", fontsize=7)
     ax.set_title(
         f"{result.model}{quantization_note(result)}: mean attention distance Σ_j A(i,j)|j − i|\n"
         f"{result.n_texts} texts, max length {result.max_length}",
+        fontsize=8,
+    )
+    return fig
+
+
+def sink_chart(result):
+    """Attention sinks (SPEC §14): first-token mass per head (rows) and layer (columns), the value in each cell,
+    and above it the sink rate of each layer (share of heads whose first-token mass exceeds the threshold)."""
+    sinks = result.sinks
+    mass = sinks.first_token_mass.T  # (H, L)
+    L, H = result.n_layers, result.n_heads
+    fig = _figure(1.0 + 0.75 * L, 2.2 + 0.32 * H)
+    top = 1 - 0.75 / fig.get_figheight()
+    bottom = 0.5 / fig.get_figheight()
+    rate_height = 0.9 / fig.get_figheight()
+    rate_ax = fig.add_axes((0.15, top - rate_height, 0.6, rate_height))
+    ax = fig.add_axes((0.15, bottom, 0.6, top - rate_height - bottom - 0.25 / fig.get_figheight()))
+    image = ax.imshow(np.nan_to_num(mass), cmap="magma", vmin=0, vmax=1, aspect="auto")
+    for (h, layer), value in np.ndenumerate(mass):
+        colour = "white" if np.isfinite(value) and value < 0.6 else "black"
+        ax.text(layer, h, _f(value), ha="center", va="center", fontsize=6, color=colour)
+    ax.set_xticks(range(L))
+    ax.set_yticks(range(H))
+    ax.set_xlabel("layer", fontsize=8)
+    ax.set_ylabel("head", fontsize=8)
+    ax.tick_params(labelsize=7)
+    bar = fig.add_axes((0.8, bottom, 0.03, top - rate_height - bottom - 0.25 / fig.get_figheight()))
+    fig.colorbar(image, cax=bar).set_label("first-token mass", fontsize=7)
+    bar.tick_params(labelsize=6)
+    rates = np.nan_to_num(sinks.sink_rate)
+    rate_ax.bar(range(L), rates, color="tab:red", width=0.7)
+    for layer, value in enumerate(sinks.sink_rate):
+        rate_ax.text(layer, min(np.nan_to_num(value), 1.0) + 0.04, _f(value), ha="center", fontsize=6)
+    rate_ax.set_xlim(-0.5, L - 0.5)
+    rate_ax.set_ylim(0, 1.25)
+    rate_ax.set_xticks([])
+    rate_ax.set_yticks([0, 1])
+    rate_ax.tick_params(labelsize=6)
+    rate_ax.set_ylabel("sink rate", fontsize=7)
+    rate_ax.set_title(
+        f"{result.model}: attention on the first token, mean over queries i ≥ 1 — {result.n_texts} texts\n"
+        f"sink rate: share of a layer's heads with first-token mass > {sinks.threshold:g}",
         fontsize=8,
     )
     return fig

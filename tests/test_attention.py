@@ -283,9 +283,15 @@ def test_cli_json_contract_and_fit_tisa_reads_the_npz(tiny_bert_folder, texts_fi
         assert z["score_profiles"].shape == z["prob_profiles"].shape == (2, 4, 31)
         assert z["offsets"].tolist() == list(range(-15, 16)) and z["pair_counts"].shape == (31,)
         assert z["mean_distance"].shape == z["toeplitz_r2"].shape == z["weights_correlation"].shape == (2, 4)
+        for name in ("first_token_mass", "special_token_mass", "distance_without_first"):
+            assert z[name].shape == (2, 4) and np.shape(record[name]) == (2, 4)
+        for name in ("sink_rate", "uniform_distance", "uniform_distance_without_first"):
+            assert z[name].shape == (2,) and np.shape(record[name]) == (2,)
+    assert record["sink_threshold"] == 0.3 and record["n_sink_queries"] > 0
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["attention.npz", "mean_distance.png", "attention_profiles_layer0.png", "attention_profiles_layer1.png"]
-    )
+        ["attention.npz", "mean_distance.png", "attention_profiles_layer0.png", "attention_profiles_layer1.png",
+         "sinks.png"]
+    )  # fmt: skip
     fit = runner.invoke(
         app, ["fit-tisa", record["npz"], "--profile", "score", "--kernels", "1", "--window", "4", "--json",
               "--out", str(tmp_path / "fit")]

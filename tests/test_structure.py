@@ -80,7 +80,7 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_low_layers_import_nothing_above_them():
     """errors / validation / results, file I/O (checkpoint), the family reader, pure numpy analysis and the file
     writer never import pipelines, plotting or the CLI; no writer imports a pipeline."""
-    upper = ("posprobe.pipelines", "posprobe.plotting", "posprobe.cli", "posprobe.glue")
+    upper = ("posprobe.capture", "posprobe.pipelines", "posprobe.plotting", "posprobe.cli", "posprobe.glue")
     lower = ("posprobe.errors", "posprobe.validation", "posprobe.results", "posprobe.checkpoint", "posprobe.families",
              "posprobe.analysis", "posprobe.outputs", "posprobe.kernels_file")  # fmt: skip
     graph = import_graph()

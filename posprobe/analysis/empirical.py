@@ -1,6 +1,7 @@
 """Empirical positional profiles from text (SPEC §10): streaming accumulators over attention scores.
 
-Pure computation: tensors in, arrays out; the model is run elsewhere (`posprobe.pipelines.attention`).
+Pure computation: tensors in, arrays out; the model is run elsewhere (`posprobe.capture`, which hands every batch to
+`EmpiricalAccumulator.add` as a reducer).
 Dimensions: B batch, L layers, H heads, m the batch's sequence length, n = max length (m <= n).
 Convention: query/row i attends to key/column j; offset k = j - i; profiles over k = -(n-1)..n-1 increasing.
 
@@ -55,10 +56,12 @@ def centre_offsets(values: torch.Tensor, n: int) -> torch.Tensor:
 
 
 class EmpiricalAccumulator:
-    """Running sums for every layer and head; `add` one layer of one batch, `result` at the end.
+    """Running sums for every layer and head: a capture reducer (`add` one batch, `result` at the end).
 
     n_layers, n_heads, max_length n; `device` where the sums live (the model's device).
     """
+
+    needs = ("scores", "probs")
 
     def __init__(self, n_layers: int, n_heads: int, max_length: int, device: str | torch.device = "cpu"):
         import torch
@@ -76,7 +79,12 @@ class EmpiricalAccumulator:
         n = max_length
         return 8 * (n_layers * n_heads * (n * n + 2 * n - 1) + n_layers * (n * n + 1))
 
-    def add(self, layer: int, scores: torch.Tensor, probs: torch.Tensor, counted: torch.Tensor) -> None:
+    def add(self, batch) -> None:
+        """Add every layer of one batch (a `posprobe.capture.BatchCapture`: scores, probs, counted_pairs)."""
+        for layer in range(self.n_layers):
+            self.add_layer(layer, batch.scores[layer], batch.probs[layer], batch.counted_pairs[layer])
+
+    def add_layer(self, layer: int, scores: torch.Tensor, probs: torch.Tensor, counted: torch.Tensor) -> None:
         """Add one layer of one batch: `scores` S and `probs` A (B, H, m, m); `counted` (B, m, m) bool."""
         import torch
 
@@ -203,3 +211,11 @@ def profile_correlation(empirical: np.ndarray, weights: np.ndarray) -> np.ndarra
         (cnt < 3) | (sxx <= tiny * np.maximum(1.0, (x * x).sum(-1))) | (syy <= tiny * np.maximum(1.0, (y * y).sum(-1)))
     )
     return np.where(undefined, np.nan, np.clip(r, -1.0, 1.0))
+
+
+def correlation_with_weights(profiles: EmpiricalProfiles, weights_profiles: np.ndarray, min_pairs: int) -> np.ndarray:
+    """(L, H) Pearson r between the score profile s(k) and the weights-based profile (L, H, 2n-1) of each head, over
+    the offsets whose pair count c(k) in that layer is at least `min_pairs` (an offset resting on a few pairs would
+    otherwise weigh as much as one resting on thousands). NaN where fewer than 3 offsets qualify."""
+    enough = profiles.pair_counts[:, None, :] >= min_pairs  # (L, 1, 2n-1)
+    return profile_correlation(np.where(enough, profiles.score_profiles, np.nan), weights_profiles)

@@ -2,9 +2,13 @@
 
 `attention --json` prints one object: `model`, `n_texts`, `max_length`, `npz` (arrays: `score_profiles`,
 `prob_profiles` (L, H, 2n-1), `offsets`, `pair_counts` (2n-1), `mean_distance`, `toeplitz_r2` (L, H),
-`weights_correlation` (L, H) where defined, `mean_scores` (L, H, n, n), ...), `mean_distance`, `toeplitz_r2`,
-`weights_correlation` (null where undefined, or null as a whole), plus `model_type`, `n_layers`, `n_heads`,
-`exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`, `seconds`, `figures`.
+`weights_correlation` (L, H) where defined, `mean_scores` (L, H, n, n), the sink arrays, ...), `mean_distance`,
+`toeplitz_r2`, `weights_correlation` (null where undefined, or null as a whole), the attention sinks (SPEC §14):
+`first_token_mass`, `special_token_mass`, `distance_without_first` (L, H), `sink_rate`, `uniform_distance`,
+`uniform_distance_without_first` (L,), `sink_threshold`, `n_sink_queries`; plus `model_type`, `n_layers`,
+`n_heads`, `exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`,
+`weights_correlation_min_pairs` (offsets with fewer pairs are left out of `weights_correlation`), `seconds`,
+`figures`.
 """
 
 from __future__ import annotations
@@ -61,6 +65,10 @@ def attention(
     exclude_special: Annotated[
         bool, typer.Option("--exclude-special", help="Drop special tokens ([CLS], [SEP], ...) as queries and keys.")
     ] = False,
+    min_pairs: Annotated[
+        int,
+        typer.Option("--min-pairs", help="Offsets with fewer pairs are left out of the weights correlation."),
+    ] = 100,
     window: Annotated[int, typer.Option("--window", help="Figures show k = -W..W.")] = 20,
     device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
     out: OutOpt = None,
@@ -69,16 +77,19 @@ def attention(
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """Run MODEL on real texts and measure, per layer and head, the score and probability profiles over
-    k = j − i, the mean attention distance, the mean score matrix's Toeplitz R² and its correlation with the
-    weights-based profile."""
+    k = j − i, the mean attention distance (and what uniform attention would give), the mean score matrix's
+    Toeplitz R², its correlation with the weights-based profile, and the attention sinks (first-token and
+    special-token mass, sink rate)."""
     from posprobe.checkpoint import resolve_model
-    from posprobe.pipelines.attention import attention_profiles, check_texts, iter_texts, write_attention
+    from posprobe.pipelines.attention import attention_profiles, write_attention
+    from posprobe.texts import check_texts, iter_texts
     from posprobe.validation import as_int
 
     if max_length is not None:
         max_length = as_int(max_length, "max_length", minimum=2, hint="e.g. --max-length 128")
     batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
     window = as_int(window, "window", minimum=1)
+    min_pairs = as_int(min_pairs, "min_pairs", minimum=1)
     if max_texts is not None:
         max_texts = as_int(max_texts, "max_texts", minimum=1)
     total = check_texts(text, column, max_texts)
@@ -99,6 +110,7 @@ def attention(
             max_texts=max_texts,
             batch_size=batch_size,
             exclude_special=exclude_special,
+            min_pairs=min_pairs,
             device=device,
             allow_pickle=allow_pickle,
             progress=lambda k: bar.advance(task, k),
@@ -109,7 +121,7 @@ def attention(
     result = replace(result, model=source.name)
     written = write_attention(result, out_dir, fmt.value, window=min(window, result.max_length - 1))
     if json_out:
-        emit_json(result.to_json(written["npz"], written["figures"]))
+        emit_json(result.record(written["npz"], written["figures"]))
         return
     _print(result, written)
 
@@ -137,6 +149,40 @@ def _print(result, written) -> None:
     console.print(table)
     console.print(
         "[dim]R² M: median over heads of the mean score matrix's Toeplitz R²; r weights: median Pearson r between "
-        f"s(k) and the weights-based profile ({result.weights_note})[/dim]"
+        f"s(k) and the weights-based profile ({result.weights_note}) over the offsets with at least "
+        f"{result.min_pairs} pairs[/dim]"
     )
+    _print_sinks(result)
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
+
+
+def _print_sinks(result) -> None:
+    """One row per layer: distances against the uniform-attention reference, the sink masses, the sink rate."""
+    import numpy as np
+    from rich.table import Table
+
+    s, p = result.sinks, result.profiles
+    table = Table(
+        title="Attention sinks per layer (means over heads; queries i ≥ 1 for the masses)", title_justify="left"
+    )
+    for name in ("layer", "dist", "uniform", "dist w/o 1st", "uniform w/o 1st", "1st mass", "special", "sink rate"):
+        table.add_column(name, justify="right")
+    fmt = lambda v: "—" if not np.isfinite(v) else f"{v:.2f}"  # noqa: E731
+    mean = lambda row: np.nanmean(row) if np.isfinite(row).any() else np.nan  # noqa: E731
+    for layer in range(result.n_layers):
+        table.add_row(
+            f"L{layer}",
+            fmt(mean(p.mean_distance[layer])),
+            fmt(s.uniform_distance[layer]),
+            fmt(mean(s.distance_without_first[layer])),
+            fmt(s.uniform_distance_without_first[layer]),
+            fmt(mean(s.first_token_mass[layer])),
+            fmt(mean(s.special_token_mass[layer])),
+            fmt(s.sink_rate[layer]),
+        )
+    console.print(table)
+    console.print(
+        "[dim]dist: mean attention distance (tokens); uniform: the same if every query attended uniformly over the "
+        f"keys it may see; 1st mass: attention on the first token; sink rate: share of heads with 1st mass > "
+        f"{s.threshold:g}[/dim]"
+    )

@@ -1,0 +1,159 @@
+"""Attention sinks (SPEC §14): how much attention goes to the first token and to special tokens, the mean attention
+distance without the first token, and the distances uniform attention would give on the same texts.
+
+Pure computation: a capture reducer (`SinkAccumulator`: `add` one `posprobe.capture.BatchCapture`, `result` at the
+end), tensors in, arrays out. Dimensions: B batch, L layers, H heads, m the batch's sequence length.
+Query i attends to key j; the first token is position 0 (right padding: every text starts there).
+
+Sink queries: counted tokens (real; not special when special tokens are excluded) at positions i >= 1 (a query at
+0 can only see 0 in a causal model). Over them, every query weighing the same:
+- first-token mass = mean of A(i, 0); special-token mass = mean of the sum of A(i, j) over special keys j;
+- distance without the first token = mean of sum_{j>=1} A(i,j)|j-i| / sum_{j>=1} A(i,j), over the counted pairs
+  (i, j) the model lets attend (a query whose A(i, j>=1) is all zero is left out);
+- sink rate of a layer = share of its heads whose first-token mass exceeds `threshold` (0.3, Gu et al. 2025).
+Uniform references (per layer: masks such as sliding windows may differ between layers): the distances a head
+would have if every query attended uniformly over the keys it may see (its counted pairs):
+- `uniform_distance`: mean over the queries of SPEC §10's mean attention distance (counted tokens with a counted
+  pair, position 0 included) of mean_j |j - i| — what `mean_distance` equals for uniform attention;
+- `uniform_distance_without_first`: mean over sink queries of mean_{j>=1} |j - i| — the reference for
+  `distance_without_first`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+SINK_THRESHOLD = 0.3
+
+
+class SinkAccumulator:
+    """Running sums of the SPEC §14 measures for every layer and head (float64, on `device`)."""
+
+    needs = ("probs",)
+
+    def __init__(self, n_layers: int, n_heads: int, device: str | torch.device = "cpu", threshold: float = 0.3):
+        import torch
+
+        self.n_layers, self.n_heads, self.threshold = int(n_layers), int(n_heads), float(threshold)
+        L, H = self.n_layers, self.n_heads
+        zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
+        self.first = zeros(L, H)  # sum over sink queries of A(i, 0)
+        self.special = zeros(L, H)  # ... of sum_{j special} A(i, j)
+        self.without_first = zeros(L, H)  # ... of the distance without the first token
+        self.without_first_queries = zeros(L, H)
+        self.sink_queries = 0
+        self.uniform = zeros(L)  # sum over §10 queries of mean_j |j - i|
+        self.uniform_queries = zeros(L)
+        self.uniform_without_first = zeros(L)  # sum over sink queries of mean_{j>=1} |j - i|
+        self.uniform_without_first_queries = zeros(L)
+
+    def add(self, batch) -> None:
+        """Add every layer of one batch (a BatchCapture: probs, counted_pairs, counted, special, positions)."""
+        import torch
+
+        queries = batch.counted & (batch.positions >= 1)  # (B, m) sink queries
+        self.sink_queries += int(queries.sum())
+        m = queries.shape[1]
+        at = torch.arange(m, device=queries.device)
+        distance = (at[None, :] - at[:, None]).abs()  # (m, m) |j - i|
+        later = at >= 1  # keys j >= 1
+        special = batch.special.to(batch.probs[0].dtype)[:, None, :, None]  # (B, 1, m, 1)
+        done: dict[int, tuple] = {}
+        for layer in range(self.n_layers):
+            probs, pairs = batch.probs[layer], batch.counted_pairs[layer]  # (B, H, m, m), (B, m, m)
+            self.first[layer] += (probs[..., 0] * queries[:, None]).sum((0, 2), dtype=torch.float64)
+            on_special = torch.matmul(probs, special)[..., 0]  # (B, H, m)
+            self.special[layer] += (on_special * queries[:, None]).sum((0, 2), dtype=torch.float64)
+            pairs_later = pairs & later  # (B, m, m)
+            weight = pairs_later.to(probs.dtype)[:, None]  # (B, 1, m, m)
+            mass = (probs * weight).sum(-1, dtype=torch.float64)  # (B, H, m)
+            moment = (probs * (weight * distance)).sum(-1, dtype=torch.float64)
+            ok = queries[:, None] & (mass > 0)
+            self.without_first[layer] += torch.where(ok, moment / torch.where(ok, mass, 1.0), 0.0).sum((0, 2))
+            self.without_first_queries[layer] += ok.sum((0, 2))
+            if id(pairs) not in done:  # layers with the same mask have the same uniform references
+                done[id(pairs)] = (*_uniform(pairs, distance, None), *_uniform(pairs_later, distance, queries))
+            total, count, total_later, count_later = done[id(pairs)]
+            self.uniform[layer] += total
+            self.uniform_queries[layer] += count
+            self.uniform_without_first[layer] += total_later
+            self.uniform_without_first_queries[layer] += count_later
+
+    def result(self) -> SinkMeasures:
+        return sink_measures(
+            self.first.cpu().numpy(),
+            self.special.cpu().numpy(),
+            self.without_first.cpu().numpy(),
+            self.without_first_queries.cpu().numpy(),
+            self.sink_queries,
+            self.uniform.cpu().numpy(),
+            self.uniform_queries.cpu().numpy(),
+            self.uniform_without_first.cpu().numpy(),
+            self.uniform_without_first_queries.cpu().numpy(),
+            self.threshold,
+        )
+
+
+def _uniform(pairs: torch.Tensor, distance: torch.Tensor, queries: torch.Tensor | None):
+    """(sum over queries of mean_j |j - i| over the pairs, number of queries): queries with at least one pair
+    (and among `queries` when given)."""
+    import torch
+
+    keys = pairs.sum(-1)  # (B, m)
+    spread = (pairs * distance).sum(-1)  # (B, m)
+    ok = keys > 0 if queries is None else queries & (keys > 0)
+    mean = spread.to(torch.float64) / torch.where(ok, keys, 1)
+    return torch.where(ok, mean, 0.0).sum(), ok.sum()
+
+
+@dataclass(frozen=True)
+class SinkMeasures:
+    """SPEC §14 per layer and head (NaN where no query counts):
+
+    first_token_mass, special_token_mass, distance_without_first (L, H); sink_rate (L,): share of heads with
+    first-token mass > threshold; uniform_distance, uniform_distance_without_first (L,): the references for
+    `mean_distance` (SPEC §10) and `distance_without_first`; n_queries: sink queries (counted tokens at i >= 1).
+    """
+
+    first_token_mass: np.ndarray
+    special_token_mass: np.ndarray
+    distance_without_first: np.ndarray
+    sink_rate: np.ndarray
+    uniform_distance: np.ndarray
+    uniform_distance_without_first: np.ndarray
+    n_queries: int
+    threshold: float = SINK_THRESHOLD
+
+
+def sink_measures(
+    first: np.ndarray,
+    special: np.ndarray,
+    without_first: np.ndarray,
+    without_first_queries: np.ndarray,
+    sink_queries: int,
+    uniform: np.ndarray,
+    uniform_queries: np.ndarray,
+    uniform_without_first: np.ndarray,
+    uniform_without_first_queries: np.ndarray,
+    threshold: float = SINK_THRESHOLD,
+) -> SinkMeasures:
+    """The SPEC §14 measures from the accumulated sums (shapes as in `SinkAccumulator`)."""
+    per_query = lambda total, count: total / np.where(count > 0, count, np.nan)  # noqa: E731
+    first_mass = per_query(first, np.float64(sink_queries))
+    rate = np.where(np.isfinite(first_mass).all(-1), (first_mass > threshold).mean(-1), np.nan)
+    return SinkMeasures(
+        first_mass,
+        per_query(special, np.float64(sink_queries)),
+        per_query(without_first, without_first_queries),
+        rate,
+        per_query(uniform, uniform_queries),
+        per_query(uniform_without_first, uniform_without_first_queries),
+        int(sink_queries),
+        float(threshold),
+    )

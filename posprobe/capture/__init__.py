@@ -1,0 +1,61 @@
+"""The capture layer: run a model on text once per batch and hand what it did (attention scores and probabilities,
+hidden states, token masks) to reducers. Every analysis over text (`posprobe attention`'s profiles and sinks, ...)
+is a reducer; none wires the model itself.
+
+- `batches.py`: texts or token ids -> padded `TokenBatch`es (length-sorted chunks, right padding, masks);
+- `recording.py`: the recording attention function (transformers' AttentionInterface) and its check against the
+  model's own eager attention;
+- `model.py`: loading, the checks a capturable model passes, device / max length / pad id;
+- `run.py`: `capture` / `capture_batches`, `BatchCapture` (what one batch did) and the `Reducer` protocol.
+
+A reducer::
+
+    class MeanHidden:
+        needs = ("hidden_states",)
+
+        def __init__(self):
+            self.sum, self.count = 0.0, 0
+
+        def add(self, batch):  # a BatchCapture
+            h = batch.hidden_states[3][batch.counted]  # (tokens, d): layer 3's input on counted tokens
+            self.sum, self.count = self.sum + h.double().sum(0), self.count + h.shape[0]
+
+        def result(self):
+            return (self.sum / self.count).cpu().numpy()
+
+    capture(model, [reducer], texts, tokenizer=tokenizer, max_length=128)
+"""
+
+from posprobe.capture.batches import TokenBatch, id_tokenizer, pad_batch, text_tokenizer, token_batches
+from posprobe.capture.model import (
+    check_model,
+    load_for_capture,
+    max_positions,
+    pad_token_id,
+    resolve_device,
+    resolve_max_length,
+)
+from posprobe.capture.recording import RECORD_NAME, recording_attention, register_recording_attention
+from posprobe.capture.run import BatchCapture, CaptureSummary, Reducer, capture, capture_batches
+
+__all__ = [
+    "RECORD_NAME",
+    "BatchCapture",
+    "CaptureSummary",
+    "Reducer",
+    "TokenBatch",
+    "capture",
+    "capture_batches",
+    "check_model",
+    "id_tokenizer",
+    "load_for_capture",
+    "max_positions",
+    "pad_batch",
+    "pad_token_id",
+    "recording_attention",
+    "register_recording_attention",
+    "resolve_device",
+    "resolve_max_length",
+    "text_tokenizer",
+    "token_batches",
+]

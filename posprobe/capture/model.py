@@ -1,0 +1,137 @@
+"""The model side of a capture: load a model and its tokenizer, check that it can be captured, and the settings
+that depend on it (device, the longest input its positions allow, the id to pad with)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posprobe.errors import ArgumentValueError, PosprobeError
+
+DEFAULT_MAX_LENGTH = 128
+
+
+def text_config(model):
+    """The config of the model's text stack (the model's own config for plain language models)."""
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def check_model(model, attention: bool = True) -> tuple[int, int]:
+    """(layers, heads) of a model whose run can be captured; PosprobeError otherwise.
+
+    Encoder-decoders are refused (there is no decoder input); with `attention` (scores or probabilities are
+    recorded), so are retrofitted models (their attention is a posprobe mechanism) and families whose attention
+    does not go through transformers' AttentionInterface."""
+    from posprobe.retrofitting import is_retrofitted
+
+    kind = getattr(model.config, "model_type", "unknown")
+    if attention and is_retrofitted(model):
+        raise PosprobeError(
+            "this model is retrofitted with a posprobe mechanism, whose attention this command does not record",
+            "measure the original checkpoint",
+        )
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise PosprobeError(
+            f"'{kind}' is an encoder-decoder model; only encoders and decoders are supported",
+            "pass an encoder (BERT-like) or a decoder (GPT-like) model",
+        )
+    if attention and not (hasattr(type(model), "is_backend_compatible") and type(model).is_backend_compatible()):
+        raise PosprobeError(
+            f"'{kind}' models do not route attention through transformers' AttentionInterface, so their scores "
+            "cannot be recorded without editing model code",
+            "use a family that supports attention backends (BERT, RoBERTa, GPT-2, Llama, Mistral, Qwen, Gemma, ...)",
+        )
+    cfg = text_config(model)
+    layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)
+    if not layers or not heads:
+        raise PosprobeError(f"cannot read the number of layers and heads of '{kind}'", "use a standard config")
+    return int(layers), int(heads)
+
+
+def max_positions(model) -> int | None:
+    """Longest input the model's positions allow (RoBERTa family: table minus its reserved rows)."""
+    cfg = text_config(model)
+    n = getattr(cfg, "max_position_embeddings", None)
+    if n is None:
+        return None
+    from posprobe.families.context import reserved_rows
+
+    return int(n) - reserved_rows(cfg.to_dict(), str(getattr(cfg, "_name_or_path", "") or "the model"))
+
+
+def resolve_max_length(model, max_length: int | None) -> int:
+    """`max_length` (tokens per text), default 128 or the model's positions if fewer; refused beyond them."""
+    limit = max_positions(model)
+    if max_length is None:
+        return min(DEFAULT_MAX_LENGTH, limit or DEFAULT_MAX_LENGTH)
+    if limit is not None and max_length > limit:
+        raise ArgumentValueError(
+            "max_length", f"{{arg}} {max_length} exceeds the model's {limit} positions", f"use {{arg}} {limit} or less"
+        )
+    return max_length
+
+
+def resolve_device(name: str | None):
+    """A torch device from a name (None: cuda when available, else cpu)."""
+    import torch
+
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as err:
+        raise ArgumentValueError("device", f"unknown {{arg}} '{name}'", "use cpu, cuda or cuda:N") from err
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ArgumentValueError("device", f"{{arg}} {name}: no CUDA device is available", "use {arg} cpu")
+    return device
+
+
+def model_device(model):
+    """The device the model's parameters live on."""
+    import torch
+
+    for parameter in model.parameters():
+        return parameter.device
+    return torch.device("cpu")
+
+
+def pad_token_id(model, tokenizer=None) -> int:
+    """An id to fill padding with (never attended, never counted): the pad or end token when it exists."""
+    cfg = text_config(model)
+    vocab = getattr(cfg, "vocab_size", None) or 2**31
+    for value in (getattr(tokenizer, "pad_token_id", None), cfg.pad_token_id, getattr(cfg, "eos_token_id", None)):
+        if isinstance(value, int) and 0 <= value < vocab:
+            return value
+    return 0
+
+
+def load_for_capture(model: Any, allow_pickle: bool, need_tokenizer: bool):
+    """(ModelSource or None, model, tokenizer or None) for a hub id, folder, None (packaged MiniLM) or a loaded
+    model (which carries no tokenizer: pass token ids instead). Loaded with eager attention."""
+    from torch import nn
+
+    if isinstance(model, nn.Module):
+        if need_tokenizer:
+            raise PosprobeError("texts need a tokenizer, and a model object carries none", "pass input_ids instead")
+        return None, model, None
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    from posprobe.checkpoint import resolve_model
+    from posprobe.checkpoint.loading import load_tokenizer
+    from posprobe.models import load_model
+
+    source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
+    tokenizer = None
+    if need_tokenizer:
+        tokenizer = load_tokenizer(
+            source.path, "use a model folder that holds its tokenizer files, or pass input_ids from the library"
+        )
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # the weight-loading bar would mix with the caller's progress bar
+    try:
+        net = load_model(str(source.path), AutoModel, allow_pickle=allow_pickle, attn_implementation="eager")
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    return source, net, tokenizer

@@ -1,0 +1,248 @@
+"""Run a model on token batches once each and hand what it did to reducers: the one place that runs a model on text.
+
+Every analysis over text is a reducer (`Reducer`): it says what it `needs` ("scores", "probs", "hidden_states"),
+gets every batch once through `add(batch)` as a `BatchCapture`, keeps running sums, and returns its answer from
+`result()`; memory is set by the reducers' sums and one batch, never by the corpus. Scores and probabilities are
+recorded by posprobe's attention function (`capture.recording`, checked against the model's own eager attention on
+the first batch); hidden states are transformers' `output_hidden_states`. The attention implementation, the
+recorder and the model's train/eval mode are restored when the call ends, also on an error or Ctrl-C.
+
+Dimensions: B texts in the batch, m its longest sequence, L layers, H query heads, d hidden size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from posprobe.capture.batches import TokenBatch, id_tokenizer, text_tokenizer, token_batches
+from posprobe.capture.model import check_model, model_device, pad_token_id
+from posprobe.capture.recording import (
+    RECORD_NAME,
+    LayerRecorder,
+    register_recording_attention,
+    verify_against_eager,
+)
+from posprobe.errors import PosprobeError
+from posprobe.validation import as_bool, as_int
+
+if TYPE_CHECKING:
+    import torch
+
+WHAT = ("scores", "probs", "hidden_states")  # what a reducer may need
+
+
+@dataclass(frozen=True)
+class BatchCapture:
+    """What one forward pass did on one batch (tensors on the model's device; None where no reducer asked).
+
+    index: the batch's number (0-based); tokens: the `TokenBatch` (text ids, input ids, real / special / counted
+    masks, positions); per layer l = 0..L-1: scores[l] S and probs[l] A (B, H, m, m), S pre-softmax with the
+    model's mask/bias added (masked pairs hold -inf or the dtype's minimum, A = 0 there); allowed[l] (B, m, m)
+    bool, the pairs the model's mask lets query i see key j (padding, causality, windows);
+    counted_pairs[l] = allowed[l] & counted_i & counted_j; hidden_states (L+1 entries, (B, m, d)): transformers'
+    `output_hidden_states`, hidden_states[l] the input of layer l, [0] the embedding output, [L] the last output.
+    """
+
+    index: int
+    tokens: TokenBatch
+    scores: tuple[torch.Tensor, ...] | None = None
+    probs: tuple[torch.Tensor, ...] | None = None
+    allowed: tuple[torch.Tensor, ...] | None = None
+    counted_pairs: tuple[torch.Tensor, ...] | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+    @property
+    def text_ids(self) -> torch.Tensor:
+        return self.tokens.text_ids
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.tokens.input_ids
+
+    @property
+    def real(self) -> torch.Tensor:
+        return self.tokens.real
+
+    @property
+    def special(self) -> torch.Tensor:
+        return self.tokens.special
+
+    @property
+    def counted(self) -> torch.Tensor:
+        return self.tokens.counted
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return self.tokens.positions
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Reducer(Protocol):
+    """An analysis over text: `needs` names what it reads (a subset of "scores", "probs", "hidden_states"),
+    `add` takes each batch once, `result` returns the answer after the last batch."""
+
+    needs: Collection[str]
+
+    def add(self, batch: BatchCapture) -> None: ...
+
+    def result(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class CaptureSummary:
+    """What a capture ran: texts, batches, layers and heads of the model, the longest batch."""
+
+    n_texts: int
+    n_batches: int
+    n_layers: int
+    n_heads: int
+    longest: int
+
+
+def capture_batches(
+    model,
+    batches: Iterable[TokenBatch],
+    reducers: Sequence[Reducer],
+    *,
+    verify: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> CaptureSummary:
+    """Run `model` once per batch (inference mode, eval mode) and hand each `BatchCapture` to every reducer.
+
+    Batches must be on the model's device. `verify`: the first batch is also run with the model's own eager
+    attention and the outputs must agree (only when scores or probabilities are recorded). `progress(k)` is
+    called after each batch with the number of texts it held. Raises PosprobeError for a model that cannot be
+    captured, or when there is no batch."""
+    import torch
+
+    needs = set()
+    for reducer in reducers:
+        unknown = set(reducer.needs) - set(WHAT)
+        if unknown:
+            raise ValueError(f"{type(reducer).__name__} needs {sorted(unknown)}; a reducer may need {list(WHAT)}")
+        needs |= set(reducer.needs)
+    attention = bool(needs & {"scores", "probs"})
+    hidden = "hidden_states" in needs
+    n_layers, n_heads = check_model(model, attention=attention)
+    recorder = LayerRecorder("scores" in needs, "probs" in needs, n_layers)
+    previous = model.config._attn_implementation
+    was_training = model.training
+    n_texts = n_batches = longest = 0
+    try:
+        model.eval()
+        if attention:
+            register_recording_attention()
+            model.set_attn_implementation(RECORD_NAME)
+        with torch.inference_mode():
+            for tokens in batches:
+                kwargs = {"output_hidden_states": True} if hidden else {}
+                recorder.begin(len(tokens), tokens.input_ids.shape[1])
+                if attention:
+                    with recorder:
+                        output = model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+                    _check_calls(model, recorder.calls, n_layers)
+                    if verify and n_batches == 0:
+                        verify_against_eager(model, tokens.input_ids, tokens.attention_mask, output)
+                else:
+                    output = model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+                batch = _batch_capture(n_batches, tokens, recorder if attention else None, output if hidden else None)
+                del output
+                for reducer in reducers:
+                    reducer.add(batch)
+                n_texts += len(tokens)
+                n_batches += 1
+                longest = max(longest, int(tokens.input_ids.shape[1]))
+                if progress is not None:
+                    progress(len(tokens))
+    finally:
+        recorder.begin(0, 0)
+        if attention:
+            model.set_attn_implementation(previous if previous != RECORD_NAME else "eager")
+        model.train(was_training)
+    if n_texts == 0:
+        raise PosprobeError("no texts to measure", "pass at least one non-empty text")
+    return CaptureSummary(n_texts, n_batches, n_layers, n_heads, longest)
+
+
+def _batch_capture(index: int, tokens: TokenBatch, recorder: LayerRecorder | None, output) -> BatchCapture:
+    hidden = None if output is None else tuple(output.hidden_states)
+    if recorder is None:
+        return BatchCapture(index, tokens, hidden_states=hidden)
+    counted = tokens.counted
+    token_pairs = counted[:, :, None] & counted[:, None, :]
+    pairs, seen = [], {}
+    for allowed in recorder.allowed:  # layers with the same mask share one tensor
+        if id(allowed) not in seen:
+            seen[id(allowed)] = token_pairs & allowed
+        pairs.append(seen[id(allowed)])
+    return BatchCapture(
+        index,
+        tokens,
+        scores=tuple(recorder.scores) if recorder.keep_scores else None,
+        probs=tuple(recorder.probs) if recorder.keep_probs else None,
+        allowed=tuple(recorder.allowed),
+        counted_pairs=tuple(pairs),
+        hidden_states=hidden,
+    )
+
+
+def _check_calls(model, calls: int, layers: int) -> None:
+    if calls == layers:
+        return
+    kind = getattr(model.config, "model_type", "unknown")
+    if calls == 0:
+        raise PosprobeError(
+            f"'{kind}' did not call the registered attention function, so its attention cannot be recorded",
+            "use a family whose attention goes through transformers' AttentionInterface",
+        )
+    raise PosprobeError(
+        f"'{kind}' made {calls} attention calls for {layers} layers", "this model's layout is not supported"
+    )
+
+
+def capture(
+    model,
+    reducers: Sequence[Reducer],
+    texts: Iterable[str] | None = None,
+    *,
+    tokenizer: Any = None,
+    input_ids: Iterable[Sequence[int]] | None = None,
+    special_ids: Iterable[int] = (),
+    max_length: int,
+    batch_size: int = 32,
+    max_texts: int | None = None,
+    exclude_special: bool = False,
+    verify: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> CaptureSummary:
+    """Run a loaded `model` on `texts` (strings, tokenised by `tokenizer`, special tokens added as it does) or on
+    `input_ids` (token id sequences; `special_ids` says which ids are special), truncated to `max_length`, in
+    padded batches of `batch_size` (length-sorted within chunks of 16 batches), at most `max_texts` texts; feed
+    every batch to `reducers` (see `capture_batches`). `exclude_special` leaves special tokens out of `counted`."""
+    max_length = as_int(max_length, "max_length", minimum=1)
+    batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
+    if max_texts is not None:
+        max_texts = as_int(max_texts, "max_texts", minimum=1)
+    exclude_special = as_bool(exclude_special, "exclude_special")
+    if (texts is None) == (input_ids is None):
+        raise PosprobeError("pass exactly one of texts and input_ids", "texts for strings, input_ids if tokenised")
+    if texts is not None:
+        if tokenizer is None:
+            raise PosprobeError("texts need a tokenizer", "pass tokenizer=, or input_ids instead of texts")
+        items, tokenize = texts, text_tokenizer(tokenizer, max_length)
+    else:
+        items, tokenize = input_ids, id_tokenizer(special_ids or (), max_length)
+    batches = token_batches(
+        items,
+        tokenize,
+        batch_size=batch_size,
+        pad_id=pad_token_id(model, tokenizer),
+        exclude_special=exclude_special,
+        max_texts=max_texts,
+        device=model_device(model),
+    )
+    return capture_batches(model, batches, reducers, verify=verify, progress=progress)

@@ -1,0 +1,182 @@
+"""What `posprobe attention` returns and writes: `AttentionResult` (the SPEC §10 arrays and the SPEC §14 sink
+measures of every layer and head, the weights-based profiles beside them, the run's settings), its `.npz`
+contents and JSON record, and `write_attention` (the `.npz` and the figures as one unit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from posprobe.analysis.empirical import EmpiricalProfiles
+from posprobe.analysis.sinks import SinkMeasures
+from posprobe.results import ResultMixin
+
+SINK_ARRAYS = (
+    "first_token_mass",
+    "special_token_mass",
+    "distance_without_first",
+    "sink_rate",
+    "uniform_distance",
+    "uniform_distance_without_first",
+)
+
+
+@dataclass(frozen=True, repr=False)
+class AttentionResult(ResultMixin):
+    """Empirical profiles and attention sinks of every layer and head.
+
+    profiles: SPEC §10 (`EmpiricalProfiles`: score_profiles, prob_profiles (L, H, 2n-1), pair_counts, mean_distance
+    (L, H), mean_scores, toeplitz_r2, ...); sinks: SPEC §14 (`SinkMeasures`: first_token_mass, special_token_mass,
+    distance_without_first (L, H), sink_rate (L,), uniform_distance, uniform_distance_without_first (L,)).
+    weights_profiles (L, H, 2n-1): the weights-based profile (faithful-mode F̂_P diagonal means over the leading
+    n x n positions) where the family has one, else None; weights_correlation (L, H): Pearson r between s(k) and it
+    over the offsets with at least `min_pairs` pairs (NaN where undefined), or None.
+    """
+
+    model: str
+    model_type: str
+    n_texts: int
+    max_length: int
+    exclude_special: bool
+    n_layers: int
+    n_heads: int
+    profiles: EmpiricalProfiles
+    weights_profiles: np.ndarray | None
+    weights_correlation: np.ndarray | None
+    weights_note: str
+    seconds: float
+    text_source: str | None = None
+    extra: dict = field(default_factory=dict)
+    sinks: SinkMeasures | None = None
+    min_pairs: int = 1
+    quantization: str | None = None  # a GGUF file's quantisation: the model ran on weights de-quantised from it
+
+    _repr_fields = ("model", "n_texts", "max_length", "n_layers", "n_heads", "causal", "mean_distance", "sink_rate")
+
+    @property
+    def mean_distance(self) -> np.ndarray:
+        """(L, H) mean attention distance (SPEC §10)."""
+        return self.profiles.mean_distance
+
+    @property
+    def first_token_mass(self) -> np.ndarray | None:
+        """(L, H) mean attention on the first token over queries i >= 1 (SPEC §14)."""
+        return None if self.sinks is None else self.sinks.first_token_mass
+
+    @property
+    def sink_rate(self) -> np.ndarray | None:
+        """(L,) share of each layer's heads whose first-token mass exceeds the threshold (0.3)."""
+        return None if self.sinks is None else self.sinks.sink_rate
+
+    @property
+    def causal(self) -> bool:
+        """True when no counted pair looks right (k > 0): the model's mask is causal."""
+        n = self.max_length
+        counts = self.profiles.pair_counts
+        return bool(counts[:, n:].sum() == 0 and counts[:, : n - 1].sum() > 0)
+
+    def metadata(self) -> dict:
+        return {
+            "model": self.model,
+            "model_type": self.model_type,
+            "n_texts": self.n_texts,
+            "max_length": self.max_length,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "exclude_special": self.exclude_special,
+            "causal": self.causal,
+            "text": self.text_source,
+            "n_queries": int(self.profiles.n_queries[0]),
+            "n_pairs": int(self.profiles.pair_counts[0].sum()),
+            "weights_profile": self.weights_note,
+            "weights_correlation_min_pairs": self.min_pairs,
+            "layers": list(range(self.n_layers)),
+            "mode": "empirical",
+            "quantization": self.quantization,
+            "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing",
+        } | self._sink_metadata()
+
+    def _sink_metadata(self) -> dict:
+        if self.sinks is None:
+            return {}
+        return {"sink_threshold": self.sinks.threshold, "n_sink_queries": self.sinks.n_queries}
+
+    def arrays(self, profile: str = "score") -> dict[str, np.ndarray]:
+        """The npz contents. `profiles` repeats `score_profiles` (or `prob_profiles`) so that `fit-tisa` reads it."""
+        p = self.profiles
+        out = {
+            "score_profiles": p.score_profiles,
+            "prob_profiles": p.prob_profiles,
+            "offsets": p.offsets,
+            "pair_counts": p.pair_counts[0],
+            "layer_pair_counts": p.pair_counts,
+            "mean_distance": p.mean_distance,
+            "toeplitz_r2": p.toeplitz_r2,
+            "mean_scores": p.mean_scores.astype(np.float32),
+            "count_matrix": p.count_matrix[0],
+            "n_queries": p.n_queries,
+            "layers": np.arange(self.n_layers),
+        }
+        if self.weights_correlation is not None:
+            out["weights_correlation"] = self.weights_correlation
+            out["weights_profiles"] = self.weights_profiles
+        if self.sinks is not None:
+            out |= {name: getattr(self.sinks, name) for name in SINK_ARRAYS}
+        return out
+
+    def to_dict(self) -> dict:
+        """The `--json` record without the output paths (NaN as None)."""
+        out = self.metadata() | {
+            "mean_distance": _nulls(self.profiles.mean_distance),
+            "toeplitz_r2": _nulls(self.profiles.toeplitz_r2),
+            "weights_correlation": None if self.weights_correlation is None else _nulls(self.weights_correlation),
+        }
+        if self.sinks is not None:
+            out |= {name: _nulls(getattr(self.sinks, name)) for name in SINK_ARRAYS}
+        return out | {"seconds": round(self.seconds, 3)}
+
+    def record(self, npz: str | Path | None = None, figures: list | None = None) -> dict:
+        """The CLI's `--json` record: `to_dict()` with the `.npz` path and the figure paths."""
+        out = {"npz": None if npz is None else str(npz)} | self.to_dict()
+        if figures is not None:
+            out["figures"] = [str(f) for f in figures]
+        return out
+
+    def plot(self, layer: int | None = None):
+        """With `layer`: that layer's profile grid; without: the sink figure (first-token mass per head and layer,
+        sink rate per layer)."""
+        from posprobe import plotting_attention as plots
+
+        if layer is None:
+            return plots.sink_chart(self)
+        from posprobe.validation import as_index
+
+        return plots.profile_grid(self, as_index(layer, "layer", self.n_layers))
+
+
+def _nulls(a: np.ndarray) -> list:
+    """Nested lists with NaN as None (JSON null)."""
+    return [_nulls(x) for x in a] if np.ndim(a) > 1 else [None if not np.isfinite(v) else float(v) for v in a]
+
+
+def write_attention(result: AttentionResult, out_dir: str | Path, fmt: str = "png", window: int = 20) -> dict:
+    """Write `attention.npz`, one profile figure per layer, the mean-distance chart and the sink chart into
+    `out_dir`, as one unit (`outputs.write_files`: an interrupted or failed run leaves nothing, not even an `out_dir` it
+    created). Returns the paths."""
+    from posprobe import plotting_attention as plots
+    from posprobe.outputs import figure_writer, write_files
+    from posprobe.profile_files import write_attention as write_npz
+
+    files = {"attention.npz": lambda p: write_npz(p, result)}
+    for layer in range(result.n_layers):
+        files[f"attention_profiles_layer{layer}.{fmt}"] = figure_writer(
+            lambda layer=layer: plots.profile_grid(result, layer, window)
+        )
+    files[f"mean_distance.{fmt}"] = figure_writer(lambda: plots.mean_distance_chart(result))
+    if result.sinks is not None:
+        files[f"sinks.{fmt}"] = figure_writer(lambda: plots.sink_chart(result))
+    paths = list(write_files(out_dir, files).values())
+    return {"npz": paths[0], "figures": paths[1:]}

@@ -1,0 +1,135 @@
+"""Texts to run a model on: a text file (one text per non-empty line), a `.jsonl` / `.csv` column, or a column of a
+hub dataset split (`hub:NAME[:CONFIG]:SPLIT`). Read lazily, one text at a time, and validated where read: a bad
+file is one `PosprobeError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from posprobe.errors import PosprobeError
+
+TEXT_SUFFIXES = (".txt", ".jsonl", ".csv")
+HUB_PREFIX = "hub:"
+
+
+def parse_hub_texts(text: str) -> tuple[str, str | None, str] | None:
+    """`hub:NAME:SPLIT` or `hub:NAME:CONFIG:SPLIT` -> (name, config, split); None for anything else (a file)."""
+    if not str(text).startswith(HUB_PREFIX):
+        return None
+    parts = str(text)[len(HUB_PREFIX) :].split(":")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise PosprobeError(
+            f"'{text}' is not a hub dataset spec",
+            "write hub:NAME:SPLIT or hub:NAME:CONFIG:SPLIT, e.g. hub:nyu-mll/glue:cola:validation",
+        )
+    return parts[0], (parts[1] if len(parts) == 3 else None), parts[-1]
+
+
+def _hub_texts(spec: tuple[str, str | None, str], column: str | None) -> Iterator[str]:
+    """The texts of column `column` of a hub dataset split (cache only when offline)."""
+    from posprobe.glue.data import load_hub_dataset
+
+    name, config, split = spec
+    where = f"hub:{name}" + (f":{config}" if config else "") + f":{split}"
+    if not column:
+        raise PosprobeError(f"'{where}' is a dataset: which column holds the texts?", "pass --column NAME")
+    table = load_hub_dataset(name, config, split, f"'{where}'", "pass a local .txt, .jsonl or .csv file with --text")
+    if column not in table.column_names:
+        raise PosprobeError(
+            f"'{where}' has no column '{column}' (columns: {', '.join(table.column_names)})",
+            "pass one of them with --column",
+        )
+    for number, value in enumerate(table[column], 1):
+        if not isinstance(value, str):
+            raise PosprobeError(
+                f"{where} row {number}: column '{column}' is not text ({value!r})", "choose a text column"
+            )
+        if value.strip():
+            yield value
+
+
+def _text_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".csv"):
+        return suffix[1:]
+    return "txt"
+
+
+def iter_texts(path: str | Path, column: str | None = None) -> Iterator[str]:
+    """The texts of `path`: a text file (one text per non-empty line), `.jsonl` / `.csv` with `column`, or a hub
+    dataset split `hub:NAME[:CONFIG]:SPLIT` with `column`.
+
+    Raises PosprobeError naming the file and line for a missing column, malformed JSON or a non-text value."""
+    spec = parse_hub_texts(str(path))
+    if spec is not None:
+        yield from _hub_texts(spec, column)
+        return
+    path = Path(path).expanduser()
+    kind = _text_format(path)
+    if kind != "txt" and not column:
+        raise PosprobeError(f"'{path}' is a .{kind} file: which column holds the texts?", "pass --column NAME")
+    if kind == "txt" and column:
+        raise PosprobeError(f"--column applies to .jsonl and .csv files, not '{path.name}'", "drop --column")
+    try:
+        with open(path, encoding="utf-8", newline="" if kind == "csv" else None) as fh:
+            if kind == "txt":
+                for line in fh:
+                    text = line.rstrip("\r\n")
+                    if text.strip():
+                        yield text
+            elif kind == "jsonl":
+                for number, line in enumerate(fh, 1):
+                    if line.strip():
+                        yield _field(_json_record(line, path, number), column, path, number)
+            else:
+                reader = csv.DictReader(fh)
+                if reader.fieldnames is not None and column not in reader.fieldnames:
+                    raise PosprobeError(
+                        f"'{path}' has no column '{column}' (columns: {', '.join(reader.fieldnames)})",
+                        "pass one of them with --column",
+                    )
+                for record in reader:
+                    yield _field(record, column, path, reader.line_num)
+    except UnicodeDecodeError as err:
+        raise PosprobeError(f"'{path}' is not UTF-8 text ({err.reason})", "convert it to UTF-8") from err
+
+
+def _json_record(line: str, path: Path, number: int) -> dict:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise PosprobeError(f"{path}:{number}: not valid JSON ({err.msg})", "one JSON object per line") from err
+    if not isinstance(record, dict):
+        raise PosprobeError(f"{path}:{number}: a JSON object was expected", "one JSON object per line")
+    return record
+
+
+def _field(record: dict, column: str, path: Path, number: int) -> str:
+    if column not in record:
+        raise PosprobeError(
+            f"{path}:{number}: no column '{column}' (fields: {', '.join(map(str, record))})",
+            "pass one of them with --column",
+        )
+    value = record[column]
+    if not isinstance(value, str):
+        raise PosprobeError(f"{path}:{number}: column '{column}' is not text ({value!r})", "choose a text column")
+    return value
+
+
+def check_texts(path: str | Path, column: str | None = None, max_texts: int | None = None) -> int:
+    """Validate the text file before any work (exists, readable, right column, not empty); return the number
+    of texts that will be used (at most `max_texts`)."""
+    if parse_hub_texts(str(path)) is None and not Path(path).expanduser().is_file():
+        raise PosprobeError(f"text file '{path}' does not exist", "pass a .txt, .jsonl or .csv file with --text")
+    count = 0
+    for _ in iter_texts(path, column):
+        count += 1
+        if max_texts is not None and count >= max_texts:
+            break
+    if count == 0:
+        raise PosprobeError(f"'{path}' holds no texts", "pass a file with at least one non-empty text")
+    return count

