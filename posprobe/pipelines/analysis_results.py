@@ -1,0 +1,286 @@
+"""The results of the position analyses (`toeplitz`, `fhat`, `profiles`, `compare`): frozen dataclasses with a
+short repr, `to_dict()` / `to_json()` (the CLI's `--json` records, without output paths) and `plot()`.
+
+Convention: row i = query, column j = key; profiles over k = j - i, increasing from -(n-1). An R^2 that is
+undefined (a constant matrix) is None (NaN in per-head arrays, null in JSON).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from posprobe.errors import ArgumentValueError
+from posprobe.families.table import LEARNED
+from posprobe.pipelines.score_reader import _layer_index
+from posprobe.results import ResultMixin, short
+from posprobe.validation import as_int
+
+
+def _r2(value) -> float | None:
+    """An R^2 for JSON: None where undefined (constant matrix)."""
+    return None if value is None or not math.isfinite(float(value)) else float(value)
+
+
+@dataclass(frozen=True, repr=False)
+class ToeplitzResult(ResultMixin):
+    """P = E_P E_P^T of one model and its Toeplitz R^2.
+
+    `matrix` (n, n) float64, row i / column j = positions; `toeplitz_r2` R^2 of the whole matrix (None when
+    undefined: a constant matrix); `blocks` {size: R^2} of the leading size x size blocks; `skipped_blocks`
+    the default block sizes that did not fit the table (e.g. 128 on a 64-position model).
+    """
+
+    model: str
+    model_type: str
+    n_positions: int
+    dropped_rows: int
+    cosine: bool
+    matrix: np.ndarray
+    toeplitz_r2: float | None
+    blocks: dict[int, float | None]
+    skipped_blocks: tuple[int, ...] = ()
+
+    _repr_fields = ("model", "n_positions", "toeplitz_r2", "blocks", "skipped_blocks", "cosine", "matrix")
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "model_type": self.model_type,
+            "n_positions": self.n_positions,
+            "dropped_rows": self.dropped_rows,
+            "cosine": self.cosine,
+            "toeplitz_r2": _r2(self.toeplitz_r2),
+            "blocks": {str(b): _r2(r) for b, r in self.blocks.items()},
+            "skipped_blocks": list(self.skipped_blocks),
+        }
+
+    def plot(self):
+        """Heatmap of P (a matplotlib Figure)."""
+        from posprobe import plotting
+
+        return plotting.heatmap(self)
+
+
+@dataclass(frozen=True, repr=False)
+class FhatResult(ResultMixin):
+    """F_hat_P of one layer: `matrices` (H, n, n) (row i = query, column j = key), `toeplitz_r2` (H,) per head
+    (NaN where undefined: a constant matrix). `weights_layer` is the stored layer used (0 at every ALBERT depth).
+    `mode` is 'paper' or 'faithful' for learned tables, 'content-free' (SPEC §9) for other families;
+    `position_kind` the family's mechanism (posprobe.families.KINDS); `causal`: the model only uses k <= 0
+    (j <= i), the entries above the diagonal are what the scores would be, never seen by its softmax;
+    `stack` the encoder or decoder stack of an encoder-decoder model."""
+
+    model: str
+    model_type: str
+    layer: int
+    weights_layer: int
+    mode: str
+    matrices: np.ndarray
+    toeplitz_r2: np.ndarray
+    position_kind: str = LEARNED
+    causal: bool = False
+    stack: str | None = "encoder"  # None: the model has one stack
+
+    _repr_fields = ("model", "layer", "mode", "mean_toeplitz_r2", "toeplitz_r2", "matrices")
+
+    @property
+    def n_heads(self) -> int:
+        return self.matrices.shape[0]
+
+    @property
+    def mean_toeplitz_r2(self) -> float | None:
+        """Mean R^2 over the heads where it is defined (None if it is defined for none)."""
+        defined = self.toeplitz_r2[np.isfinite(self.toeplitz_r2)]
+        return float(np.mean(defined)) if defined.size else None
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "model_type": self.model_type,
+            "position_kind": self.position_kind,
+            "causal": self.causal,
+            "stack": self.stack,
+            "layer": self.layer,
+            "weights_layer": self.weights_layer,
+            "mode": self.mode,
+            "n_positions": self.matrices.shape[-1],
+            "mean_toeplitz_r2": self.mean_toeplitz_r2,
+            "heads": [{"head": h, "toeplitz_r2": _r2(r)} for h, r in enumerate(self.toeplitz_r2)],
+        }
+
+    def plot(self):
+        """One panel per head (posprobe.plotting.fhat_grid): displays in a notebook, `.savefig(path)` writes it."""
+        from posprobe import plotting
+
+        figure = plotting.fhat_grid(self)
+        if not hasattr(figure, "_repr_png_") and hasattr(plotting, "mosaic_figure"):  # a mosaic that cannot display
+            figure = plotting.mosaic_figure(figure)
+        return figure
+
+
+@dataclass(frozen=True, repr=False)
+class ProfileResult(ResultMixin):
+    """Head profiles over k = j - i: `profiles` (L_sel, H, 2n-1) for `layers`, `offsets` (2n-1,) increasing.
+
+    Index i of the first axis is layer `layers[i]` (use `layer_index(layer)` or `profile(layer, head)`).
+    `sections` (L_sel, H, 5, 2w+1) are rows `section_rows` of F_hat_P re-indexed by k in -w..w;
+    `fhat_r2` (L_sel, H) the Toeplitz R^2 of each head's F_hat_P (NaN where undefined). `shared_layers` is True
+    for ALBERT, where every depth uses the same weights. `causal`: the model only uses k <= 0 (the profile at
+    k > 0 is what its scores would be there, never seen by its softmax); `position_kind` and `stack` as in
+    `FhatResult`.
+    """
+
+    model: str
+    model_type: str
+    mode: str
+    layers: list[int]
+    offsets: np.ndarray
+    profiles: np.ndarray
+    fhat_r2: np.ndarray
+    window: int
+    section_rows: list[int]
+    sections: np.ndarray
+    n_positions: int
+    n_heads: int
+    n_layers: int
+    shared_layers: bool
+    extra: dict = field(default_factory=dict)
+    position_kind: str = LEARNED
+    causal: bool = False
+    stack: str | None = "encoder"  # None: the model has one stack
+
+    _repr_fields = ("model", "mode", "layers", "n_heads", "n_positions", "window", "causal", "profiles", "offsets")
+
+    def layer_index(self, layer: int) -> int:
+        """Position in `layers` (the first axis of the arrays) of model layer `layer` (-1 = the model's last)."""
+        layer = _layer_index(layer, self.n_layers, self.model)
+        if layer not in self.layers:
+            raise ArgumentValueError(
+                "layer",
+                f"layer {layer} was not computed (this result holds layers {self.layers})",
+                "compute it with profiles(model, layers=[...])",
+            )
+        return self.layers.index(layer)
+
+    def profile(self, layer: int, head: int) -> np.ndarray:
+        """The profile (2n-1,) over `offsets` of `head` in model layer `layer`."""
+        head = as_int(head, "head")
+        if not -self.n_heads <= head < self.n_heads:
+            raise ArgumentValueError("head", f"head {head} does not exist (valid: 0..{self.n_heads - 1})")
+        return self.profiles[self.layer_index(layer), head]
+
+    def metadata(self) -> dict:
+        return {
+            "model": self.model,
+            "model_type": self.model_type,
+            "mode": self.mode,
+            "layers": self.layers,
+            "window": self.window,
+            "section_rows": self.section_rows,
+            "n_positions": self.n_positions,
+            "n_heads": self.n_heads,
+            "n_layers": self.n_layers,
+            "shared_layers": self.shared_layers,
+            "position_kind": self.position_kind,
+            "causal": self.causal,
+            "stack": self.stack,
+            "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing"
+            + ("; causal model: only k <= 0 is used" if self.causal else ""),
+        }
+
+    def to_dict(self) -> dict:
+        w = self.window
+        centre = self.n_positions - 1
+        out = dict(self.metadata())
+        out["heads"] = [
+            {
+                "layer": l,
+                "head": h,
+                "toeplitz_r2": _r2(self.fhat_r2[li, h]),
+                "peak_offset": int(
+                    self.offsets[centre - w + int(np.argmax(self.profiles[li, h, centre - w : centre + w + 1]))]
+                ),
+                "profile_window": self.profiles[li, h, centre - w : centre + w + 1].tolist(),
+            }
+            for li, l in enumerate(self.layers)
+            for h in range(self.n_heads)
+        ]
+        return out
+
+    def plot(self, layer: int | None = None):
+        """Profiles and sections of every head of model layer `layer` (default: the first computed one)."""
+        from posprobe import plotting
+
+        index = 0 if layer is None else self.layer_index(layer)
+        return plotting.profile_grid(self, index)
+
+
+@dataclass(frozen=True, repr=False)
+class CompareRow(ResultMixin):
+    """One model of a comparison: positions, R^2 of P (whole, first 128), mean per-head F_hat_P R^2 (layer 0);
+    `matrix` (n, n) is its P (a family without a learned table: the head-mean of its layer-0 content-free
+    scores, and no R^2 of P). An R^2 is None where undefined (or, for the block, where n < 128)."""
+
+    model: str
+    label: str  # a short name, distinct within the comparison (ModelSource.label, or the shortened path)
+    n_positions: int
+    toeplitz_r2: float | None
+    r2_first_128: float | None
+    mean_fhat_r2: float | None
+    matrix: np.ndarray
+    position_kind: str = LEARNED
+    causal: bool = False
+    mode: str = "paper"
+    has_table: bool = True  # `matrix` is P of an absolute table (also one beside a relative bias: MPNet)
+
+    @property
+    def matrix_name(self) -> str:
+        """What `matrix` is: P for a position table, else the head-mean of layer 0's content-free scores."""
+        return "P" if self.has_table else "mean F̂ over heads, layer 0"
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "label": self.label,
+            "position_kind": self.position_kind,
+            "causal": self.causal,
+            "mode": self.mode,
+            "n_positions": self.n_positions,
+            "toeplitz_r2": _r2(self.toeplitz_r2),
+            "r2_first_128": _r2(self.r2_first_128),
+            "mean_fhat_r2": _r2(self.mean_fhat_r2),
+        }
+
+
+@dataclass(frozen=True, repr=False)
+class CompareResult(ResultMixin):
+    """Rows of a comparison, one per model (iterate it, index it, or read `rows`)."""
+
+    mode: str
+    cosine: bool
+    rows: tuple[CompareRow, ...]
+
+    def __iter__(self):
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        return self.rows[index]
+
+    def __repr__(self) -> str:
+        models = ", ".join(f"{r.label}: R²={short(r.toeplitz_r2)}" for r in self.rows)
+        return f"CompareResult(mode={self.mode!r}, cosine={self.cosine}, rows=[{models}])"
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "cosine": self.cosine, "models": [r.to_dict() for r in self.rows]}
+
+    def plot(self):
+        """Side-by-side P heatmaps."""
+        from posprobe import plotting
+
+        return plotting.compare_heatmaps(list(self.rows))
