@@ -147,7 +147,8 @@ class Mosaic:
 
 def fhat_grid(result, scale: str = "shared") -> Mosaic:
     """One F_hat_P image per head of a layer (paper Fig. 8) on a diverging scale centred on 0; R^2 in each
-    label. `scale='shared'` (default): one colour scale for every head, so heads can be compared, with one
+    label (none where the result is Toeplitz by construction: the title says so). `scale='shared'` (default): one
+    colour scale for every head, so heads can be compared, with one
     colorbar; `'per-head'`: each head its own symmetric scale, its limit written in its label.
 
     Axis labels (query i down, key j across, 0 and n-1) on the outer panels only. Returns a `Mosaic`
@@ -159,6 +160,7 @@ def fhat_grid(result, scale: str = "shared") -> Mosaic:
 
     rows, cols = _grid(result.n_heads)
     n = result.matrices.shape[-1]
+    by_construction = getattr(result, "toeplitz_by_construction", False)
     shared = _symmetric_limit(*result.matrices) if scale == "shared" else None
     limits = [shared if shared is not None else _symmetric_limit(m) for m in result.matrices]
     tiles = [_coloured(result.matrices[h], limits[h])[0] for h in range(result.n_heads)]
@@ -174,7 +176,8 @@ def fhat_grid(result, scale: str = "shared") -> Mosaic:
         y, x = header + r * (size + top) + top, left + c * (size + gap)
         pixels[y : y + size, x : x + size] = tile
         extra = f" (±{limits[h]:.3g})" if shared is None else ""
-        labels.append((x + size / 2, y - 4, f"head {h}: R² = {format_r2(result.toeplitz_r2[h], 3)}{extra}", "mb", 11))
+        stat = "" if by_construction else f": R² = {format_r2(result.toeplitz_r2[h], 3)}"
+        labels.append((x + size / 2, y - 4, f"head {h}{stat}{extra}", "mb", 11))
         if c == 0:  # left column: query axis
             labels += [(x - 4, y, "0", "rt", 10), (x - 4, y + size, str(n - 1), "rb", 10)]
             labels.append((x - 6, y + size / 2, "query i", "rm", 11))
@@ -191,6 +194,8 @@ def fhat_grid(result, scale: str = "shared") -> Mosaic:
             labels.append((x0 + 18, y0 + frac * (bar_h - 1), f"{value:+.3g}" if value else "0", "lm", 10))
     scale_note = "one colour scale for all heads" if shared is not None else "each head its own colour scale"
     title = f"{result.model}: F̂_P, layer {result.layer}, {result.mode} mode ({scale_note}){causal_note(result)}"
+    if by_construction:
+        title += "; Toeplitz by construction"
     return Mosaic(pixels, title, tuple(labels))
 
 

@@ -369,7 +369,7 @@ def test_t5_decoder_profiles_known_answer(bias_checkpoints, tmp_path):
         np.testing.assert_allclose(content, content[:, :1].repeat(59, 1), rtol=0, atol=1e-9)
     encoder = posprobe.profiles(str(folder), positions=30, window=5)
     assert encoder.stack == "encoder" and not encoder.causal and not np.allclose(encoder.profiles, profiles)
-    assert np.allclose(encoder.fhat_r2, 1.0)  # encoder: exactly Toeplitz
+    assert encoder.toeplitz_by_construction and np.isnan(encoder.fhat_r2).all()  # exactly Toeplitz: R² not measured
 
 
 @pytest.mark.parametrize("name, stack", [("t5", "encoder"), ("t5", "decoder"), ("deberta", "encoder")])
@@ -402,7 +402,9 @@ def test_fhat_mpnet_and_deberta_cli(bias_checkpoints, tmp_path):
     de = _json(["fhat", str(bias_checkpoints["deberta"]), "--positions", "24", "--out", str(tmp_path / "d"),
                 "--json"])  # fmt: skip
     assert de["position_kind"] == "disentangled" and de["n_positions"] == 24
-    assert all(abs(h["toeplitz_r2"] - 1) < 1e-9 for h in de["heads"])  # v3: no absolute input, exactly Toeplitz
+    assert de["toeplitz_by_construction"] is True  # v3: no absolute input, exactly Toeplitz: R² not measured
+    assert all(h["toeplitz_r2"] is None for h in de["heads"]) and de["mean_toeplitz_r2"] is None
+    assert mp["toeplitz_by_construction"] is False and all(0 <= h["toeplitz_r2"] <= 1 for h in mp["heads"])
 
 
 def test_toeplitz_reads_mpnet_table_and_points_t5_elsewhere(bias_checkpoints, tmp_path, capsys):

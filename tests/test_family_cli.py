@@ -79,7 +79,8 @@ def test_compare_mixes_families(family_checkpoints, tiny_checkpoints, tmp_path):
     bert, llama = record["models"]
     assert bert["position_kind"] == "learned" and bert["toeplitz_r2"] is not None and bert["n_positions"] == 32
     assert llama["position_kind"] == "rotary" and llama["toeplitz_r2"] is None and llama["causal"] is True
-    assert llama["mean_fhat_r2"] is not None
+    assert llama["mean_fhat_r2"] is None and llama["toeplitz_by_construction"] is True  # rotary: R² = 1 by construction
+    assert bert["mean_fhat_r2"] is not None and bert["toeplitz_by_construction"] is False
 
 
 def test_toeplitz_names_the_commands_for_a_rotary_model(family_checkpoints, tmp_path, capsys):

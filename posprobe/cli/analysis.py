@@ -32,6 +32,8 @@ from posprobe.cli.options import (
 )
 from posprobe.outputs import default_out
 
+BY_CONSTRUCTION_MARK = "by constr."
+
 
 def register(app: typer.Typer) -> None:
     app.command("toeplitz")(toeplitz)
@@ -148,6 +150,13 @@ def fhat(
     from rich.table import Table
 
     causal = " (causal: only k ≤ 0 used)" if result.causal else ""
+    if result.toeplitz_by_construction:
+        from posprobe.pipelines.analysis_results import by_construction_note
+
+        console.print(f"F̂_P — {source.label}, layer {layer}, {result.mode} mode{causal}")
+        console.print(by_construction_note(result.position_kind) + "; `posprobe profiles` shows the structure.")
+        console.print(f"figure: {figure}\nrecord: {out_dir / f'{stem}.json'}")
+        return
     table = Table(
         title=f"F̂_P Toeplitz R² — {source.label}, layer {layer}, {result.mode} mode{causal}", title_justify="left"
     )
@@ -166,7 +175,9 @@ def fhat(
 def profiles(
     model: ModelArg = None,
     layers: Annotated[str | None, typer.Option("--layers", help="Layers, e.g. '0,3' or 'all'.")] = "all",
-    window: Annotated[int, typer.Option("--window", help="Plot and summarise k = -K..K.")] = 20,
+    window: Annotated[
+        int | None, typer.Option("--window", help="Plot and summarise k = -K..K (default 20, at most n − 1).")
+    ] = None,
     mode: ModeOpt = Mode.paper,
     positions: PositionsOpt = None,
     stack: StackOpt = Stack.encoder,
@@ -206,7 +217,8 @@ def profiles(
     from rich import box
     from rich.table import Table
 
-    causal = "; causal: only k ≤ 0 used" if result.causal else ""
+    causal = "; causal: only k ≤ 0 used, peaks over k ≤ 0" if result.causal else ""
+    window = result.window
     console.print(f"Head profiles — {source.label}, {result.mode} mode (peak k = j − i within ±{window}{causal})")
     table = Table(  # borderless: 16 heads still fit in 80 columns
         box=box.SIMPLE_HEAD,
@@ -216,11 +228,12 @@ def profiles(
     table.add_column("layer", justify="right")
     for h in range(result.n_heads):
         table.add_column(f"h{h}", justify="right", min_width=3, no_wrap=True)
-    centre = result.n_positions - 1
+    peaks = result.peak_offsets()
     for li, l in enumerate(result.layers):
-        window_part = result.profiles[li, :, centre - window : centre + window + 1]
-        table.add_row(str(l), *[f"{int(k):+d}" for k in np.argmax(window_part, axis=1) - window])
+        table.add_row(str(l), *[f"{int(k):+d}" for k in peaks[li]])
     console.print(table)
+    if result.toeplitz_by_construction:
+        console.print("[dim]F̂_P is Toeplitz by construction here: every profile is exact (the sections equal it)[/dim]")
     console.print(f"arrays:  {npz}\nfigures: {out_dir}/profiles_layer*_{tag}.{fmt.value}")
 
 
@@ -265,19 +278,23 @@ def compare(
     values = []
     for r, label in zip(rows, labels):
         cells = [r.toeplitz_r2, r.r2_first_128, r.mean_fhat_r2]
-        values.append(r.toeplitz_r2)
-        table.add_row(
-            middle_ellipsis(label, 24),
-            str(r.n_positions),
-            *[
-                "n/a" if v is None and i == 1 and r.n_positions < 128 else format_r2(v, short=True)
-                for i, v in enumerate(cells)
-            ],
-        )
+        texts = [
+            "n/a" if v is None and i == 1 and r.n_positions < 128 else format_r2(v, short=True)
+            for i, v in enumerate(cells)
+        ]
+        if r.has_table:
+            values.append(r.toeplitz_r2)
+        else:  # no P to measure: not an undefined R²
+            texts[0] = texts[1] = "no table"
+        if r.toeplitz_by_construction:
+            texts[2] = BY_CONSTRUCTION_MARK
+        table.add_row(middle_ellipsis(label, 24), str(r.n_positions), *texts)
     console.print(table)
     if any_undefined(values):
         print_undefined_note()
+    if any(r.toeplitz_by_construction for r in rows):
+        console.print(
+            f"[dim]{BY_CONSTRUCTION_MARK} = Toeplitz by construction: the model's scores of an input that is the same "
+            "at every position depend on k = j − i alone (R² = 1 whatever the weights)[/dim]"
+        )
     console.print(f"figure: {figure}")
-
-
-import numpy as np  # noqa: E402  (used by `profiles`; numpy is light next to torch)

@@ -19,6 +19,14 @@ stack `stack` ('encoder' or 'decoder'; one-stack families get 'encoder'), for th
 checked against the model's maximum). It reads tensors only through `ctx` (`ctx.reader`, `ctx.family`,
 `ctx.config`, and helpers: `ctx.tensor(pattern, layer, stack)`, `ctx.word_input(layer, stack)`,
 `ctx.query_key(layer, stack)`, ...): lazily, never building the model. Pure numpy/torch; no printing.
+
+and
+
+    toeplitz_by_construction(ctx: ModelContext, stack: str) -> bool
+
+True when, for an input that is the same at every position, the kind's scores depend on k = j - i alone whatever
+the weights (their Toeplitz R^2 is then reported as by construction, not measured; a test checks the matrices of
+every kind where it says True).
 """
 
 from posprobe.families.table import (

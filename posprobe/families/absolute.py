@@ -28,3 +28,8 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
         x = ctx.layer_input(ctx.embedding_rows(table), layer, stack)
         scores = fhat_matrices(LayerInput(full=x), wq, wk, heads, bq, bk, scale=ctx.scaling)
     return ctx.softcap(scores)
+
+
+def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
+    """Never: the scores depend on the positions i and j through the table, so their Toeplitz R^2 is a finding."""
+    return False

@@ -40,3 +40,9 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
     slopes = alibi_slopes(q.shape[0], ctx.family.tensors.get("alibi", BLOOM_SLOPES))
     distance = np.abs(np.arange(n)[None, :] - np.arange(n)[:, None]).astype(np.float64)  # |j - i|
     return content[:, None, None] - slopes[:, None, None] * distance[None]
+
+
+def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
+    """Always, for an input that is the same at every position: q . k is one constant per head and -m_h |j - i|
+    depends on j - i alone, so R^2 = 1 whatever the weights."""
+    return True

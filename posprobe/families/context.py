@@ -539,3 +539,22 @@ def _analysable_family(source: ModelSource) -> T.Family:
 def content_free_scores(ctx: ModelContext, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
     """F_hat (H, n, n) of SPEC §3 / §9 for `layer` of `stack`: dispatched to the score module of the model's kind."""
     return importlib.import_module(T.SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack)
+
+
+#: How a score matrix's input varies along the sequence: the same vector at every position (the average word
+#: embedding e_w of SPEC §9, or one mean of real hidden states, SPEC §13 'mean'), or one per position (SPEC §13
+#: 'position-mean').
+SAME_INPUT = "same at every position"
+PER_POSITION_INPUT = "per position"
+
+
+def toeplitz_by_construction(ctx: ModelContext, stack: str = "encoder", input_mode: str = SAME_INPUT) -> bool:
+    """True when the score matrices of this model (position kind, config) for inputs of `input_mode` depend on
+    k = j - i alone whatever the weights, so their Toeplitz R^2 is 1 by construction and measures nothing: decided
+    by the score module of the model's kind, never by testing numbers. An input that differs along the sequence
+    (`PER_POSITION_INPUT`) makes no matrix Toeplitz by construction."""
+    if input_mode not in (SAME_INPUT, PER_POSITION_INPUT):
+        raise ValueError(f"input_mode must be {SAME_INPUT!r} or {PER_POSITION_INPUT!r}, got {input_mode!r}")
+    if input_mode != SAME_INPUT:
+        return False
+    return bool(importlib.import_module(T.SCORE_MODULES[ctx.kind]).toeplitz_by_construction(ctx, stack))

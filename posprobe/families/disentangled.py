@@ -187,3 +187,10 @@ def config_from(raw: dict, name: str) -> DisentangledConfig:
 
 def _norm_rel_ebd(raw: dict) -> list[str]:
     return [x.strip() for x in str(raw.get("norm_rel_ebd") or "none").lower().split("|")]
+
+
+def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
+    """For an input that is the same at every position, content-to-content is a constant and the position terms
+    are indexed by the bucket of i - j: Toeplitz unless an absolute table is added to the input
+    (`position_biased_input`, DeBERTa-v2's default; v3 turns it off)."""
+    return not ctx.config.get("position_biased_input", True)

@@ -126,3 +126,9 @@ def _malformed(ctx, what: str):
     return PosprobeError(
         f"checkpoint '{ctx.source.name}' has a {what}", "the weights do not match config.json; re-save the checkpoint"
     )
+
+
+def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
+    """T5 / mT5 / UMT5: always, for an input that is the same at every position (a constant q . k plus
+    bias[bucket(j - i)]). MPNet: never, its absolute table enters the input at each position."""
+    return not ctx.family.position

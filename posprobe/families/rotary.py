@@ -75,3 +75,9 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
     grouped = qr.reshape(kv_heads, (heads // kv_heads) * n, dh)
     scores = grouped @ np.ascontiguousarray(kr.transpose(0, 2, 1))  # (H_kv, m n, n)
     return ctx.softcap(scores.reshape(heads, n, n))
+
+
+def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
+    """Always, for an input that is the same at every position: (R_i q) . (R_j k) = q . R_{j-i} k depends on
+    j - i alone (a soft cap applied after keeps that), so R^2 = 1 whatever the weights."""
+    return True

@@ -120,6 +120,8 @@ def _fhat_result(reader: ScoreReader, layer: int) -> FhatResult:
     """The `FhatResult` of model layer `layer` (0-based, already checked) read through `reader`."""
     f = reader.scores(layer)
     source = reader.source
+    by_construction = reader.toeplitz_by_construction  # R^2 = 1 whatever the weights: nothing to measure
+    r2 = np.full(f.shape[0], np.nan) if by_construction else np.asarray(toeplitz_r2(f), dtype=np.float64)
     return FhatResult(
         source.name,
         source.model_type,
@@ -127,10 +129,11 @@ def _fhat_result(reader: ScoreReader, layer: int) -> FhatResult:
         reader.ctx.stored_layer(layer),
         reader.mode,
         f,
-        np.asarray(toeplitz_r2(f), dtype=np.float64),
+        r2,
         reader.kind,
         reader.causal,
         reader.reported_stack,
+        by_construction,
     )
 
 
@@ -163,7 +166,7 @@ def profiles(
     layers: list[int] | str | None = None,
     mode: str = "paper",
     allow_pickle: bool = False,
-    window: int = DEFAULT_PROFILE_WINDOW,
+    window: int | None = None,
     source: ModelSource | None = None,
     positions: int | None = None,
     stack: str = "encoder",
@@ -171,14 +174,15 @@ def profiles(
     """Profiles (diagonal means of F_hat_P over k = j - i) of every head of `layers`, plus 5 sections each.
 
     layers: a list of layer indices (-1 = last), or None / 'all' for every layer. window: half-width w of the
-    sections and of the summary in `to_dict()` (1 <= w <= n - 1). mode: 'paper' or 'faithful' (learned tables;
-    other families give SPEC §9 content-free scores). positions: n analysed (default: the whole learned table,
-    else min(the model's maximum, 512)). stack: 'encoder' or 'decoder' (encoder-decoder models).
+    sections and of the summary in `to_dict()` (1 <= w <= n - 1; None: DEFAULT_PROFILE_WINDOW, at most n - 1).
+    mode: 'paper' or 'faithful' (learned tables; other families give SPEC §9 content-free scores). positions: n
+    analysed (default: the whole learned table, else min(the model's maximum, 512)). stack: 'encoder' or 'decoder'
+    (encoder-decoder models).
     """
     mode = as_choice(mode, "mode", MODES)
     if not (isinstance(layers, str) and layers == "all"):
         layers = as_int_list(layers, "layers")
-    window = as_int(window, "window", minimum=1)
+    window = None if window is None else as_int(window, "window", minimum=1)
     reader = ScoreReader(open_model(model, allow_pickle, source, mode), positions, stack)
     source = reader.source
     n_layers = reader.n_layers
@@ -187,6 +191,8 @@ def profiles(
     else:
         layers = list(dict.fromkeys(_layer_index(x, n_layers, source.name, "layers") for x in layers))
     n = reader.n
+    if window is None:
+        window = min(DEFAULT_PROFILE_WINDOW, n - 1)
     if window > n - 1:
         raise ArgumentValueError(
             "window", f"window {window} does not fit {n} positions", f"use {{arg}} between 1 and {n - 1}"
@@ -219,6 +225,7 @@ def profiles(
         position_kind=reader.kind,
         causal=reader.causal,
         stack=reader.reported_stack,
+        toeplitz_by_construction=reader.toeplitz_by_construction,
     )
 
 
@@ -279,6 +286,7 @@ def compare(
                 reader.causal,
                 reader.mode,
                 has_table,
+                f.toeplitz_by_construction,
             )  # fmt: skip
         )
     return CompareResult(mode, cosine, tuple(rows))

@@ -19,6 +19,17 @@ from posprobe.results import ResultMixin, short
 from posprobe.validation import as_int
 
 
+def by_construction_note(position_kind: str) -> str:
+    """Why a model's score matrices are Toeplitz by construction, in words (for text output and captions)."""
+    from posprobe.families.table import KIND_NAMES
+
+    mechanism = KIND_NAMES.get(position_kind, position_kind)
+    return (
+        f"Toeplitz by construction: with {mechanism} the scores of an input that is the same at every position "
+        "depend on k = j − i alone, so every head's Toeplitz R² is 1 whatever the weights (not measured)"
+    )
+
+
 def _r2(value) -> float | None:
     """An R^2 for JSON: None where undefined (constant matrix)."""
     return None if value is None or not math.isfinite(float(value)) else float(value)
@@ -67,7 +78,9 @@ class ToeplitzResult(ResultMixin):
 @dataclass(frozen=True, repr=False)
 class FhatResult(ResultMixin):
     """F_hat_P of one layer: `matrices` (H, n, n) (row i = query, column j = key), `toeplitz_r2` (H,) per head
-    (NaN where undefined: a constant matrix). `weights_layer` is the stored layer used (0 at every ALBERT depth).
+    (NaN where undefined: a constant matrix; NaN for every head, not measured, where `toeplitz_by_construction`:
+    the model's position kind makes the matrices depend on k = j - i alone whatever the weights, R^2 = 1 by
+    construction). `weights_layer` is the stored layer used (0 at every ALBERT depth).
     `mode` is 'paper' or 'faithful' for learned tables, 'content-free' (SPEC §9) for other families;
     `position_kind` the family's mechanism (posprobe.families.KINDS); `causal`: the model only uses k <= 0
     (j <= i), the entries above the diagonal are what the scores would be, never seen by its softmax;
@@ -83,8 +96,9 @@ class FhatResult(ResultMixin):
     position_kind: str = LEARNED
     causal: bool = False
     stack: str | None = "encoder"  # None: the model has one stack
+    toeplitz_by_construction: bool = False
 
-    _repr_fields = ("model", "layer", "mode", "mean_toeplitz_r2", "toeplitz_r2", "matrices")
+    _repr_fields = ("model", "layer", "mode", "toeplitz_by_construction", "mean_toeplitz_r2", "toeplitz_r2", "matrices")
 
     @property
     def n_heads(self) -> int:
@@ -92,7 +106,8 @@ class FhatResult(ResultMixin):
 
     @property
     def mean_toeplitz_r2(self) -> float | None:
-        """Mean R^2 over the heads where it is defined (None if it is defined for none)."""
+        """Mean R^2 over the heads where it is defined (None if it is defined for none, or not measured because the
+        matrices are Toeplitz by construction)."""
         defined = self.toeplitz_r2[np.isfinite(self.toeplitz_r2)]
         return float(np.mean(defined)) if defined.size else None
 
@@ -107,6 +122,7 @@ class FhatResult(ResultMixin):
             "weights_layer": self.weights_layer,
             "mode": self.mode,
             "n_positions": self.matrices.shape[-1],
+            "toeplitz_by_construction": self.toeplitz_by_construction,
             "mean_toeplitz_r2": self.mean_toeplitz_r2,
             "heads": [{"head": h, "toeplitz_r2": _r2(r)} for h, r in enumerate(self.toeplitz_r2)],
         }
@@ -127,10 +143,11 @@ class ProfileResult(ResultMixin):
 
     Index i of the first axis is layer `layers[i]` (use `layer_index(layer)` or `profile(layer, head)`).
     `sections` (L_sel, H, 5, 2w+1) are rows `section_rows` of F_hat_P re-indexed by k in -w..w;
-    `fhat_r2` (L_sel, H) the Toeplitz R^2 of each head's F_hat_P (NaN where undefined). `shared_layers` is True
-    for ALBERT, where every depth uses the same weights. `causal`: the model only uses k <= 0 (the profile at
-    k > 0 is what its scores would be there, never seen by its softmax); `position_kind` and `stack` as in
-    `FhatResult`.
+    `fhat_r2` (L_sel, H) the Toeplitz R^2 of each head's F_hat_P (NaN where undefined, and everywhere when
+    `toeplitz_by_construction`: then F_hat_P depends on k alone, R^2 = 1 is not measured, and every section equals
+    the profile). `shared_layers` is True for ALBERT, where every depth uses the same weights. `causal`: the
+    model only uses k <= 0 (the profile at k > 0 is what its scores would be there, never seen by its softmax);
+    `position_kind` and `stack` as in `FhatResult`.
     """
 
     model: str
@@ -151,6 +168,7 @@ class ProfileResult(ResultMixin):
     position_kind: str = LEARNED
     causal: bool = False
     stack: str | None = "encoder"  # None: the model has one stack
+    toeplitz_by_construction: bool = False
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "n_positions", "window", "causal", "profiles", "offsets")
 
@@ -187,22 +205,30 @@ class ProfileResult(ResultMixin):
             "position_kind": self.position_kind,
             "causal": self.causal,
             "stack": self.stack,
+            "toeplitz_by_construction": self.toeplitz_by_construction,
             "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing"
             + ("; causal model: only k <= 0 is used" if self.causal else ""),
         }
+
+    def peak_offsets(self) -> np.ndarray:
+        """(L_sel, H) int: the offset k of each profile's maximum within the window, over k = -w..w, or over
+        k = -w..0 for a causal model (it never uses k > 0, so a peak there would describe nothing it does)."""
+        w = self.window
+        centre = self.n_positions - 1
+        window = self.profiles[..., centre - w : centre + (0 if self.causal else w) + 1]
+        return np.argmax(window, axis=-1) - w
 
     def to_dict(self) -> dict:
         w = self.window
         centre = self.n_positions - 1
         out = dict(self.metadata())
+        peaks = self.peak_offsets()
         out["heads"] = [
             {
                 "layer": l,
                 "head": h,
                 "toeplitz_r2": _r2(self.fhat_r2[li, h]),
-                "peak_offset": int(
-                    self.offsets[centre - w + int(np.argmax(self.profiles[li, h, centre - w : centre + w + 1]))]
-                ),
+                "peak_offset": int(peaks[li, h]),
                 "profile_window": self.profiles[li, h, centre - w : centre + w + 1].tolist(),
             }
             for li, l in enumerate(self.layers)
@@ -222,7 +248,8 @@ class ProfileResult(ResultMixin):
 class CompareRow(ResultMixin):
     """One model of a comparison: positions, R^2 of P (whole, first 128), mean per-head F_hat_P R^2 (layer 0);
     `matrix` (n, n) is its P (a family without a learned table: the head-mean of its layer-0 content-free
-    scores, and no R^2 of P). An R^2 is None where undefined (or, for the block, where n < 128)."""
+    scores, and no R^2 of P). An R^2 is None where undefined (or, for the block, where n < 128); `mean_fhat_r2` is
+    None where `toeplitz_by_construction` (the layer-0 matrices depend on k = j - i alone whatever the weights)."""
 
     model: str
     label: str  # a short name, distinct within the comparison (ModelSource.label, or the shortened path)
@@ -235,6 +262,7 @@ class CompareRow(ResultMixin):
     causal: bool = False
     mode: str = "paper"
     has_table: bool = True  # `matrix` is P of an absolute table (also one beside a relative bias: MPNet)
+    toeplitz_by_construction: bool = False  # of the F_hat_P matrices behind `mean_fhat_r2`
 
     @property
     def matrix_name(self) -> str:
@@ -252,6 +280,7 @@ class CompareRow(ResultMixin):
             "toeplitz_r2": _r2(self.toeplitz_r2),
             "r2_first_128": _r2(self.r2_first_128),
             "mean_fhat_r2": _r2(self.mean_fhat_r2),
+            "toeplitz_by_construction": self.toeplitz_by_construction,
         }
 
 

@@ -14,7 +14,15 @@ import numpy as np
 from posprobe.checkpoint import ModelSource, WeightReader, resolve_model
 from posprobe.checkpoint.in_memory import IN_MEMORY, StateDictReader, is_model_object, source_from_model
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
-from posprobe.families.context import CONTENT_FREE, STACKS, ModelContext, check_analysable, content_free_scores
+from posprobe.families.context import (
+    CONTENT_FREE,
+    SAME_INPUT,
+    STACKS,
+    ModelContext,
+    check_analysable,
+    content_free_scores,
+    toeplitz_by_construction,
+)
 from posprobe.validation import as_bool, as_choice, as_int
 
 DEFAULT_POSITIONS = 512  # positions analysed by default where the model has no table: min(its maximum, this)
@@ -75,9 +83,11 @@ class ScoreReader:
     """F_hat_P of any layer of one checkpoint through its model reader: the score module of the model's position
     kind (SPEC §3 for absolute tables in paper or faithful mode, §9 content-free scores otherwise) over
     `positions` positions (default: the whole absolute table, else min(the model's maximum, DEFAULT_POSITIONS))
-    of stack `stack`."""
+    of stack `stack`. `toeplitz_by_construction`: the matrices depend on k = j - i alone whatever the weights (the
+    model's position kind, for inputs of `input_mode`: `families.context.SAME_INPUT` today), so their Toeplitz R^2
+    is not measured."""
 
-    def __init__(self, ctx: ModelContext, positions=None, stack: str = "encoder"):
+    def __init__(self, ctx: ModelContext, positions=None, stack: str = "encoder", input_mode: str = SAME_INPUT):
         stack = as_choice(stack, "stack", STACKS)
         positions = None if positions is None else as_int(positions, "positions", minimum=MIN_POSITIONS)
         self.ctx, self.source, self.family, self.stack = ctx, ctx.source, ctx.family, stack
@@ -90,6 +100,8 @@ class ScoreReader:
         self.kind, self.mode = ctx.kind, ctx.score_mode
         self.n_layers = ctx.layers(stack)
         self.causal = ctx.causal(stack)
+        self.input_mode = input_mode
+        self.toeplitz_by_construction = toeplitz_by_construction(ctx, stack, input_mode)
         maximum = ctx.max_positions
         if ctx.has_table and self.mode != CONTENT_FREE:
             _check_positions(maximum, ctx.source.name)
