@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from posprobe.families.context import head_products
+
 BLOOM_SLOPES = "build_alibi_tensor"  # `Family.tensors['alibi']`: the transformers function whose slopes it uses
 MPT_SLOPES = "build_mpt_alibi_tensor"
 
@@ -33,13 +35,12 @@ def alibi_slopes(heads: int, convention: str = BLOOM_SLOPES) -> np.ndarray:
 
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
     """F_hat (H, n, n): row i = query position, column j = key position (k = j - i)."""
-    q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h)
-    k = np.repeat(k, q.shape[0] // k.shape[0], axis=0)
+    q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h); or (H, n, d_h), (H_kv, n, d_h) per position
     scale = (ctx.config.get("attn_config") or {}).get("softmax_scale") or ctx.scaling  # MPT may set its own
-    content = (q * k).sum(-1) * scale  # (H,)
+    content = head_products(q, k) * scale  # (H, 1, 1), or (H, n, n) per position
     slopes = alibi_slopes(q.shape[0], ctx.family.tensors.get("alibi", BLOOM_SLOPES))
     distance = np.abs(np.arange(n)[None, :] - np.arange(n)[:, None]).astype(np.float64)  # |j - i|
-    return content[:, None, None] - slopes[:, None, None] * distance[None]
+    return content - slopes[:, None, None] * distance[None]
 
 
 def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
