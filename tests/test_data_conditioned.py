@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import build_tiny
-from family_models import RECORD, _layers, _record, _RECORDED, build
+from family_models import _RECORDED, RECORD, _layers, _record, build
 
 import posprobe
 from posprobe.errors import PosprobeError
@@ -63,8 +63,8 @@ def scores_with_input(model, layer: int, x: np.ndarray, n: int) -> tuple[np.ndar
             return (rows, *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": rows}
 
-    module = model.encoder.albert_layer_groups[0] if hasattr(model, "encoder") and hasattr(
-        model.encoder, "albert_layer_groups") else _layers(model)[layer]  # ALBERT: one shared layer, hooked at every depth
+    groups = getattr(getattr(model, "encoder", None), "albert_layer_groups", None)
+    module = groups[0] if groups is not None else _layers(model)[layer]  # ALBERT: one shared layer, every depth
     handle = module.register_forward_pre_hook(hook, with_kwargs=True)
     exact = bool(getattr(type(model), "_supports_attention_backend", False))
     AttentionInterface.register(RECORD, _record)
@@ -178,7 +178,7 @@ def test_bad_settings_are_one_clear_error():
         posprobe.fhat(model, input="position-mean")
     with pytest.raises(PosprobeError, match="min_texts must be at least 1"):
         posprobe.fhat(model, input_ids=texts, min_texts=0)
-    with pytest.raises(PosprobeError, match="only 0 position.s. have at least min_texts=16 texts"):  # 6 texts: none reaches 16
+    with pytest.raises(PosprobeError, match="only 0 position.s. have at least min_texts=16 texts"):  # 6 texts
         posprobe.fhat(model, input_ids=texts, input="position-mean")
     with pytest.raises(PosprobeError, match="do not fit the texts"):
         posprobe.fhat(model, input_ids=texts, input="position-mean", min_texts=1, positions=10)
@@ -192,3 +192,88 @@ def test_encoder_decoders_are_refused_with_one_line():
     with pytest.raises(PosprobeError, match="encoder-decoder") as info:
         posprobe.fhat(build("marian"), input_ids=token_texts(count=4))
     assert "\n" not in str(info.value)
+
+
+# -- the CLI ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bert_with_texts(tmp_path_factory):
+    """A tiny BERT checkpoint with an offline WordPiece tokenizer, and 30 texts in a .jsonl file."""
+    import json
+
+    from transformers import BertTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-bert-texts")
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    build_tiny("bert").save_pretrained(folder)
+    rng = np.random.default_rng(7)
+    rows = [{"sentence": " ".join(f"w{x}" for x in rng.integers(0, 60, size=rng.integers(1, 12)))} for _ in range(30)]
+    texts = folder / "texts.jsonl"
+    texts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder, texts
+
+
+def test_cli_profiles_and_fhat_with_text(bert_with_texts, tmp_path):
+    """--text makes `profiles` / `fhat` data-conditioned: the JSON says so (mode, conditioning with the text
+    file), the .npz keeps its contract, file names carry the input, and the numbers are the library's."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from posprobe.cli import app
+
+    folder, texts = bert_with_texts
+    args = [str(folder), "--text", str(texts), "--column", "sentence", "--input", "position-mean", "--min-texts", "5"]
+    result = CliRunner().invoke(app, ["profiles", *args, "--out", str(tmp_path / "p"), "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["mode"] == "data-conditioned" and record["toeplitz_by_construction"] is False
+    c = record["conditioning"]
+    assert c["input"] == "position-mean" and c["text"] == str(texts) and c["n_texts"] == 30 and c["min_texts"] == 5
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
+        "profiles_data-conditioned-position-mean.npz",
+        "profiles_layer0_data-conditioned-position-mean.png",
+        "profiles_layer1_data-conditioned-position-mean.png",
+    ]
+    n = record["n_positions"]
+    with np.load(record["npz"]) as z:
+        assert z["profiles"].shape == (2, 4, 2 * n - 1) and z["fhat_r2"].shape == (2, 4)
+        lines = (folder / "texts.jsonl").read_text().splitlines()
+        library = posprobe.profiles(
+            str(folder), texts=[json.loads(x)["sentence"] for x in lines], input="position-mean", min_texts=5
+        )
+        np.testing.assert_allclose(z["profiles"], library.profiles, rtol=1e-10)
+    result = CliRunner().invoke(app, ["fhat", *args[:5], "--layer", "1", "--out", str(tmp_path / "f"), "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["mode"] == "data-conditioned" and record["conditioning"]["input"] == "mean"
+    assert record["toeplitz_by_construction"] is True and "position-mean" in record["conditioning"]["note"]
+    assert record["figure"].endswith("fhat_layer1_data-conditioned.png")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--input", "position-mean"], "--input applies only with --text"),
+        (["--max-length", "16"], "--max-length applies only with --text"),
+        (["--text", "missing.txt"], "does not exist"),
+        (["--text", "{texts}"], "--column"),
+        (["--text", "{texts}", "--column", "sentence", "--min-texts", "0"], "--min-texts must be at least 1"),
+        (["--text", "{texts}", "--column", "sentence", "--max-length", "1"], "--max-length must be at least 2"),
+        (["--text", "{texts}", "--column", "sentence", "--input", "position-mean", "--positions", "40"],
+         "do not fit the texts"),
+    ],
+)  # fmt: skip
+def test_cli_bad_text_options_one_line_nothing_written(bert_with_texts, tmp_path, capsys, extra, message):
+    from posprobe.cli import main
+
+    folder, texts = bert_with_texts
+    extra = [e.replace("{texts}", str(texts)) for e in extra]
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as info:
+        main(["profiles", str(folder), *extra, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and err.startswith("posprobe: error: ") and "\n" not in err
+    assert message in err
+    assert not out.exists()

@@ -82,7 +82,8 @@ class HiddenMeanAccumulator:
         for index, layer in enumerate(self.layers):
             h = batch.hidden_states[layer].to(torch.float64) * weight  # (B, m, d), zero off the averaged tokens
             if self.sums is None:
-                shape = (len(self.layers), h.shape[-1]) if self.input == MEAN else (len(self.layers), self.max_length, h.shape[-1])
+                per_position = () if self.input == MEAN else (self.max_length,)
+                shape = (len(self.layers), *per_position, h.shape[-1])  # (L_sel, d) or (L_sel, n, d)
                 self.sums = torch.zeros(shape, dtype=torch.float64, device=h.device)
             if self.input == MEAN:
                 self.sums[index] += h.sum((0, 1))

@@ -74,7 +74,8 @@ def bucket_bias(bias_table: torch.Tensor, n: int, bidirectional: bool, num_bucke
 def t5_scores(content: torch.Tensor, bias_table: torch.Tensor, n: int, *, causal: bool, num_buckets: int,
               max_distance: int) -> torch.Tensor:  # fmt: skip
     """Content-free scores (H, n, n) of one T5 / mT5 / UMT5 self-attention layer: the q . k * scaling of each
-    head, `content` (H,) (a constant per head) or (H, 1, 1) or (H, n, n) (a per-position input), plus the bucketed bias (`bias_table` (B, H): the stack's layer-0 table for T5
+    head, `content` (H,) (a constant per head) or (H, 1, 1) or (H, n, n) (a per-position input), plus the
+    bucketed bias (`bias_table` (B, H): the stack's layer-0 table for T5
     and mT5, this layer's own for UMT5). `causal` = decoder stack."""
     content = content.to(torch.float64)
     content = content[:, None, None] if content.ndim == 1 else content
