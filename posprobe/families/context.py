@@ -509,6 +509,18 @@ class ModelContext:
         q, k = weights.queries(x), weights.keys(x)
         return self.qk_norm(q, k, layer, stack)
 
+    def query_key_of(self, hidden: np.ndarray, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:
+        """Queries (H, T, d_h) and keys (H_kv, T, d_h) of hidden states `hidden` (T, d) entering layer `layer`
+        (transformers' `hidden_states[layer]`: real tokens of real text), before any positional mechanism:
+        `query_key`'s own path (the layer's norm, projections, biases, q/k norms) with those rows as the input."""
+        saved = self.layer_inputs
+        self.layer_inputs = {layer: np.atleast_2d(np.asarray(hidden, dtype=np.float64))}
+        try:
+            q, k = self.query_key(layer, stack)
+        finally:
+            self.layer_inputs = saved
+        return (q, k) if q.ndim == 3 else (q[:, None], k[:, None])
+
     def qk_norm(self, q: np.ndarray, k: np.ndarray, layer: int, stack: str = "encoder"):
         """Per-head q/k norms (Qwen3, Phi with qk_layernorm) over the last axis where the checkpoint has them."""
         f, stored = self.family, self.stored_layer(layer)

@@ -185,18 +185,19 @@ def conditioning_note(kind: str, input: str) -> str:
     return "x_l is the same at every position: only the model's relative mechanism makes scores depend on k = j − i"
 
 
-def _hidden_means(model: Any, layers: list[int], settings: TextSettings, allow_pickle: bool):
-    """(HiddenMeans, CaptureSummary, max_length) of one run over the texts."""
+def run_on_texts(model: Any, make_reducers: Callable, settings: TextSettings, allow_pickle: bool):
+    """Load `model` (what `capture_target` gives) and run it once over the texts of `settings`, feeding the
+    reducers `make_reducers(max_length, device)` returns; (reducers, CaptureSummary, max_length)."""
     from posprobe.capture import capture, load_for_capture, resolve_device, resolve_max_length
 
     _, net, tokenizer = load_for_capture(model, allow_pickle, need_tokenizer=settings.texts is not None)
     max_length = resolve_max_length(net, settings.max_length)
     device = resolve_device(settings.device)
     net = net.to(device)
-    accumulator = HiddenMeanAccumulator(layers, settings.input, max_length, device)
+    reducers = make_reducers(max_length, device)
     summary = capture(
         net,
-        [accumulator],
+        reducers,
         settings.texts,
         tokenizer=tokenizer,
         input_ids=settings.input_ids,
@@ -206,6 +207,15 @@ def _hidden_means(model: Any, layers: list[int], settings: TextSettings, allow_p
         max_texts=settings.max_texts,
         progress=settings.progress,
     )
+    return reducers, summary, max_length
+
+
+def _hidden_means(model: Any, layers: list[int], settings: TextSettings, allow_pickle: bool):
+    """(HiddenMeans, CaptureSummary, max_length) of one run over the texts."""
+    (accumulator,), summary, max_length = run_on_texts(
+        model, lambda length, device: [HiddenMeanAccumulator(layers, settings.input, length, device)], settings,
+        allow_pickle,
+    )  # fmt: skip
     try:
         means = accumulator.result()
     except ValueError as err:
