@@ -4,7 +4,8 @@
 `n_heads`, `n_kv_heads`, `head_dim`, `rotated_dims`, `partial_rotary`, `pairing`, `rotary_scale`, `n_positions`,
 `max_positions`, `context`, `texts` (null, or `text`, `n_texts`, `n_tokens`, `max_length`, `longest_text`), `note`,
 `wavelengths` (L_sel x r/2, tokens), `summary` (per layer: `q_long_band_share` / `k_long_band_share`, the share of
-the summed band norms in bands longer than the context, mean over heads; `q_peak_wavelength` /
+the summed band norms in bands longer than the context, mean over heads; `long_band_fraction`, the same for
+equal band norms (the share of such bands); `q_peak_wavelength` /
 `k_peak_wavelength`, the band with the largest mean norm), `npz` (`q_band_norm` (L_sel, H, r/2), `k_band_norm`
 (L_sel, H_kv, r/2), `frequencies`, `wavelengths` (L_sel, r/2), `q_unrotated_norm`, `k_unrotated_norm`, `layers`)
 and `figure`.
@@ -99,16 +100,18 @@ def _print(result) -> None:
         title=f"Rotary bands — {result.model}, {result.mode} ({result.rotated_dims // 2} bands per head)",
         title_justify="left",
     )
-    for name in ("layer", "q long", "k long", "q peak λ", "k peak λ"):
+    for name in ("layer", "q long", "k long", "equal", "q peak λ", "k peak λ"):
         table.add_column(name, justify="right")
     fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
     peak = lambda v: "—" if v is None else f"{v:,.0f}"  # noqa: E731
     for row in record["summary"]:
         table.add_row(str(row["layer"]), fmt(row["q_long_band_share"]), fmt(row["k_long_band_share"]),
-                      peak(row["q_peak_wavelength"]), peak(row["k_peak_wavelength"]))  # fmt: skip
+                      fmt(row["long_band_fraction"]), peak(row["q_peak_wavelength"]),
+                      peak(row["k_peak_wavelength"]))  # fmt: skip
     console.print(table)
     console.print(
         f"[dim]long: share of the summed band norms (mean over heads) in bands whose wavelength exceeds the context "
-        f"({result.context} tokens); peak λ: wavelength in tokens of the band with the largest mean norm. "
+        f"({result.context} tokens); equal: the same if every band had the same norm (the share of such bands); "
+        f"peak λ: wavelength in tokens of the band with the largest mean norm. "
         f"{result.note()}[/dim]"
     )

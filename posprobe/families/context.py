@@ -207,7 +207,8 @@ class HeadWeights:
 
 
 def _project(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    out = np.einsum("...d,hde->h...e", x, w)
+    # rows (T, d) go through BLAS (one (T, d) x (d, d_h) product per head); other shapes through einsum
+    out = np.matmul(x[None], w) if x.ndim == 2 else np.einsum("...d,hde->h...e", x, w)
     return out + b.reshape(b.shape[0], *([1] * (x.ndim - 1)), b.shape[1])
 
 

@@ -129,7 +129,7 @@ def condition_reader(
             "decoders only, so its scores cannot be conditioned on text",
             "drop --text (texts=) for its content-free scores (SPEC §9)",
         )
-    means, summary, max_length = _hidden_means(model, layers, settings, allow_pickle)
+    means, summary, max_length = hidden_means(model, layers, settings, allow_pickle)
     n = positions
     if settings.per_position:
         available = means.positions_with(settings.min_texts)
@@ -210,7 +210,7 @@ def run_on_texts(model: Any, make_reducers: Callable, settings: TextSettings, al
     return reducers, summary, max_length
 
 
-def _hidden_means(model: Any, layers: list[int], settings: TextSettings, allow_pickle: bool):
+def hidden_means(model: Any, layers: list[int], settings: TextSettings, allow_pickle: bool):
     """(HiddenMeans, CaptureSummary, max_length) of one run over the texts."""
     (accumulator,), summary, max_length = run_on_texts(
         model, lambda length, device: [HiddenMeanAccumulator(layers, settings.input, length, device)], settings,

@@ -68,11 +68,17 @@ class RotaryBandsResult(ResultMixin):
             return int(self.texts["longest_text"])
         return int(self.max_positions or self.n_positions)
 
-    def long_band_share(self, which: str = "q") -> np.ndarray:
-        """(L_sel, H or H_kv): share of the summed band norms in bands whose wavelength exceeds `context` (bands
-        that turn less than once over it)."""
+    def long_band_share(self, which: str = "q", context: float | None = None) -> np.ndarray:
+        """(L_sel, H or H_kv): share of the summed band norms of queries (`which` 'q') or keys ('k') in bands whose
+        wavelength exceeds `context` tokens (default: `context`), bands that turn less than once over it."""
         norms = self.q_band_norm if which == "q" else self.k_band_norm
-        return np.stack([long_band_share(norms[i], self.wavelengths[i], self.context) for i in range(len(self.layers))])
+        context = self.context if context is None else context
+        return np.stack([long_band_share(norms[i], self.wavelengths[i], context) for i in range(len(self.layers))])
+
+    def long_band_fraction(self, context: float | None = None) -> np.ndarray:
+        """(L_sel,): the share of bands whose wavelength exceeds `context` (default: `context`): what
+        `long_band_share` would be if every band had the same norm (the reference to read it against)."""
+        return (self.wavelengths > (self.context if context is None else context)).mean(-1)
 
     def note(self) -> str:
         """What the bands are and are not, in words (partial rotary said)."""
@@ -124,6 +130,7 @@ class RotaryBandsResult(ResultMixin):
 
     def to_dict(self) -> dict:
         q_share, k_share = self.long_band_share("q"), self.long_band_share("k")
+        fraction = self.long_band_fraction()
         per_layer = []
         for i, layer in enumerate(self.layers):
             lengths = self.wavelengths[i]
@@ -132,6 +139,7 @@ class RotaryBandsResult(ResultMixin):
                     "layer": layer,
                     "q_long_band_share": _number(np.nanmean(q_share[i])),
                     "k_long_band_share": _number(np.nanmean(k_share[i])),
+                    "long_band_fraction": _number(fraction[i]),
                     "q_peak_wavelength": _number(lengths[np.argmax(self.q_band_norm[i].mean(0))]),
                     "k_peak_wavelength": _number(lengths[np.argmax(self.k_band_norm[i].mean(0))]),
                 }
