@@ -14,8 +14,8 @@ token ids, batch size and max length, and runs the model object already in memor
 - profiles position-mean: the same with `input='position-mean'` (per-position sums, min_texts 16);
 - rotary: `posprobe.rotary(model, input_ids=ids)`: the capture run, every real token's q/k through the model
   reader (float64 numpy) and its band norms, every layer.
-torch runs on one thread (the machine's 2 cores are shared) and CPU time is reported beside wall time; the sides
-alternate, `--repeats` times each; medians.
+torch and numpy's BLAS run on one thread (the machine's 2 cores are shared) and CPU time is reported beside wall time;
+the sides alternate, `--repeats` times each; medians.
 
     python benchmarks/bench_inside.py [--texts 256] [--batch-size 32] [--repeats 3] [--smollm2 DIR]
 """
@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+for _threads in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # numpy's BLAS on one thread too
+    os.environ.setdefault(_threads, "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 

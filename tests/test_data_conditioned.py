@@ -150,6 +150,28 @@ def test_position_mean_scores_equal_the_model_and_are_not_toeplitz(family):
         assert np.isfinite(r2).all() and r2.max() < 1 - 1e-6  # measured, and not Toeplitz
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mpnet", "deberta-v3", "deberta-v2"])
+def test_bucket_bias_and_disentangled_families(name):
+    """MPNet (absolute table + bucket bias) and DeBERTa-v2/v3 (with and without an absolute input), which have no
+    AttentionInterface: their log-probabilities given x_l equal ours up to a per-row constant, for both inputs; a
+    data-conditioned mean holds any absolute table, so only the relative terms vary: Toeplitz by construction."""
+    from test_by_construction import _bias_model
+
+    model = _bias_model(name).double()
+    texts = token_texts(count=20, longest=10)
+    for input in ("mean", "position-mean"):
+        per_position = input == "position-mean"
+        positions = None if per_position else 8
+        result = posprobe.fhat(model, layer=1, positions=positions, input_ids=texts, input=input, min_texts=4)
+        x = reference_means(model, texts, 1, per_position=per_position, min_texts=4)
+        theirs, exact = scores_with_input(model, 1, x, result.matrices.shape[-1])
+        assert not exact
+        diff = result.matrices - theirs  # every pair allowed (encoders): a constant per row
+        assert np.max(np.abs(diff - diff.mean(-1, keepdims=True))) < 1e-9
+        assert result.toeplitz_by_construction == (not per_position)
+
+
 def test_model_folder_and_texts_through_the_tokenizer(tmp_path):
     """A saved checkpoint with a tokenizer: texts (strings) are tokenised as `attention` tokenises them, and the
     scores are the same as for the same tokens passed as ids."""
