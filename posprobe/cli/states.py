@@ -191,10 +191,11 @@ def _print(result, written) -> None:
         f"{result.max_length}, {result.vectors.n_kept} positions with ≥ {result.vectors.min_texts} texts",
         title_justify="left",
     )
-    for name in ("l", "probe R²", "control", "MAE", "R² VVᵀ", "|v| mean", "max |h|", "at i, c", "token", "/ median"):
-        table.add_column(name, justify="right")
+    for name in ("l", "R²", "ctrl", "MAE", "VVᵀ", "|v|", "max|h|", "i,c", "token", "ratio"):
+        table.add_column(name, justify="right", overflow="fold")
     for layer in range(result.n_states):
         token = result.top_tokens[layer][0] if result.top_tokens is not None else str(int(m.top_token[layer, 0]))
+        token = token if len(token) <= 10 else token[:9] + "…"
         table.add_row(
             str(layer),
             _fmt(numbers["probe_r2"][layer], 3),
@@ -203,16 +204,16 @@ def _print(result, written) -> None:
             _fmt(numbers["positional_toeplitz_r2"][layer], 3),
             _fmt(numbers["positional_norm_mean"][layer]),
             _fmt(m.max[layer], 1),
-            f"{int(m.position[layer])}, {int(m.channel[layer])}",
+            f"{int(m.position[layer])},{int(m.channel[layer])}",
             token,
             _fmt(m.ratio[layer], 0),
         )
     console.print(table)
     console.print(
-        "[dim]l: hidden state (0 = embedding output); probe R²: held-out R² of a ridge probe of the position (5 "
-        "folds by text); control: the same on positions permuted within each text; MAE in positions (over "
-        f"{result.probes.n_sample} sampled tokens); R² VVᵀ: Toeplitz R² of the positional vectors' Gram matrix; "
-        "max |h| at position i, channel c; / median: its ratio to the median |h|[/dim]"
+        "[dim]l: hidden state (0 = embedding output); R²: held-out R² of a ridge probe of the position (5 folds "
+        "by text); ctrl: the same on positions permuted within each text; MAE in positions (over "
+        f"{result.probes.n_sample} sampled tokens); VVᵀ: Toeplitz R² of the positional vectors' Gram matrix; |v|: "
+        "their mean norm; max|h| at position i, channel c, on token; ratio: max|h| / median |h|[/dim]"
     )
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
 
@@ -223,8 +224,8 @@ def _print_series(series, written) -> None:
 
     numbers = series.numbers
     table = Table(title=f"Position in the hidden states over checkpoints — {series.title}", title_justify="left")
-    for name in ("checkpoint", "step", "probe R² l=0", "probe R² last", "control max", "R² VVᵀ mean", "max ratio"):
-        table.add_column(name, justify="right")
+    for name in ("checkpoint", "step", "R² l=0", "R² last", "ctrl max", "VVᵀ mean", "ratio max"):
+        table.add_column(name, justify="right", overflow="fold")
     for c, (checkpoint, step) in enumerate(zip(series.checkpoints, series.steps)):
         r2_vv = numbers["positional_toeplitz_r2"][c]
         table.add_row(
@@ -239,4 +240,9 @@ def _print_series(series, written) -> None:
                  0),
         )  # fmt: skip
     console.print(table)
+    console.print(
+        "[dim]R²: held-out R² of the position probe at the first and last hidden state; ctrl max: the largest "
+        "control R²; VVᵀ mean: mean Toeplitz R² of the positional vectors' Gram matrices; ratio max: the largest "
+        "max|h| / median |h|[/dim]"
+    )
     console.print(f"arrays:  {written['npz']}\nfigure:  {written['figures'][0]}")
