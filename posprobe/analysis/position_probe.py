@@ -131,22 +131,28 @@ class PositionProbeAccumulator:
 
         b, i, y = self.targets(batch)
         fold = batch.text_ids[b] % N_FOLDS
-        order = torch.argsort(fold, stable=True)
+        # each token's row in its fold's block: the folds side by side as (F, longest, .), zero rows elsewhere,
+        # so that one batched product per hidden state gives all five folds' sums
         sizes = torch.bincount(fold, minlength=N_FOLDS)
-        y_sorted = y[order]
+        order = torch.argsort(fold, stable=True)
+        row = torch.empty_like(order)
+        row[order] = torch.arange(len(order), device=order.device) - (torch.cumsum(sizes, 0) - sizes)[fold[order]]
+        longest = int(sizes.max())
+        blocks = y.new_zeros(N_FOLDS, longest, y.shape[1])
+        blocks[fold, row] = y
         self.count += sizes
-        for f, part in enumerate(torch.split(y_sorted, sizes.tolist())):
-            self.ysum[f] += part.sum(0)
-            self.ysq[f] += (part * part).sum(0)
+        self.ysum += blocks.sum(1)
+        self.ysq += (blocks * blocks).sum(1)
         states = [batch.hidden_states[layer][b, i] for layer in self.layers]  # P x (N, d)
         if self.shift is None:
             self.shift = torch.stack([h.to(torch.float64).mean(0) for h in states])
         for p, h in enumerate(states):
-            z = (h.to(torch.float64) - self.shift[p])[order]
-            for f, (zf, yf) in enumerate(zip(torch.split(z, sizes.tolist()), torch.split(y_sorted, sizes.tolist()))):
-                self.gram[p, f] += zf.T @ zf
-                self.first[p, f] += zf.sum(0)
-                self.cross[p, f] += zf.T @ yf
+            z = y.new_zeros(N_FOLDS, longest, h.shape[1])
+            z[fold, row] = h.to(torch.float64) - self.shift[p]
+            zt = z.transpose(1, 2)  # (F, d, longest)
+            self.gram[p] += zt @ z
+            self.first[p] += z.sum(1)
+            self.cross[p] += zt @ blocks
         self._sample(states, y, fold)
 
     def _sample(self, states: list[torch.Tensor], y: torch.Tensor, fold: torch.Tensor) -> None:
