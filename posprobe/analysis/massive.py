@@ -101,13 +101,13 @@ class MassiveActivationAccumulator:
         values, indices = [], []
         for layer, hidden in enumerate(batch.hidden_states):
             h = hidden[b, i]  # (N, d)
-            if not bool(torch.isfinite(h).all()):
+            peak, channel = h.abs().max(dim=-1)  # (N,); NaN propagates through max
+            if not bool(torch.isfinite(peak).all()):
                 raise PosprobeError(
                     f"hidden state {layer} holds NaN or infinite values on real tokens",
                     "check the checkpoint's weights, or run it in float32 (--device cpu)",
                 )
             self.histogram[layer] += torch.bincount(log_bins(h).flatten(), minlength=N_BINS)
-            peak, channel = h.abs().max(dim=-1)  # (N,)
             layer_info = info.clone()
             layer_info[:, 2] = channel
             values.append(peak.to(torch.float64))
