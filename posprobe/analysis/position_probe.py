@@ -174,13 +174,13 @@ class PositionProbeAccumulator:
         import torch
 
         L1, F, T = self.n_states, N_FOLDS, len(TARGETS)
-        r2, mae, sse = np.full((L1, T), np.nan), np.full((L1, T), np.nan), np.full((L1, T), np.nan)
+        r2, mae = np.full((L1, T), np.nan), np.full((L1, T), np.nan)
         alpha = np.full((L1, F, T), np.nan)
         kept = min(self.reservoir.seen, self.reservoir.size)
         for p, layer in enumerate(self.layers):
             stats = FoldStats(self.gram[p], self.first[p], self.cross[p], self.count, self.ysum, self.ysq)
             fit = cross_validated_ridge(stats)
-            r2[layer], sse[layer], alpha[layer] = fit.r2, fit.sse, fit.alpha
+            r2[layer], alpha[layer] = fit.r2, fit.alpha
             if kept and fit.weights is not None:
                 z = self.sample_x[:kept, p].to(torch.float64) - self.shift[p]
                 mae[layer] = _mean_abs_error(fit, z, self.sample_y[:kept], self.sample_fold[:kept])
