@@ -2,6 +2,7 @@
 families (hidden states only: no attention interface needed; encoder-decoders refused), bad input as one line with
 nothing written, the hub revision's offline error, and the checkpoint series (run folders, steps, order)."""
 
+# ruff: noqa: F811 - the fixtures imported from test_attention are parameters of the tests below
 from __future__ import annotations
 
 import json
@@ -25,7 +26,7 @@ def run_json(args: list[str]) -> dict:
     return json.loads(result.stdout)
 
 
-def test_cli_json_contract_and_files(tiny_bert_folder, texts_file, tmp_path):  # noqa: F811
+def test_cli_json_contract_and_files(tiny_bert_folder, texts_file, tmp_path):
     out = tmp_path / "states"
     record = run_json(
         ["states", str(tiny_bert_folder), "--text", str(texts_file), "--column", "sentence", "--max-length", "16",
@@ -118,7 +119,7 @@ def test_cli_bad_input_one_line_exit_2_nothing_written(
     tmp_path,
     capsys,
     extra,
-    message,  # noqa: F811
+    message,
 ):
     extra = [e.replace("{model}", str(tiny_bert_folder)) for e in extra]
     out = tmp_path / "never"
@@ -131,7 +132,7 @@ def test_cli_bad_input_one_line_exit_2_nothing_written(
     assert not out.exists()
 
 
-def test_hub_revision_offline_is_one_line(texts_file, tmp_path, capsys):  # noqa: F811
+def test_hub_revision_offline_is_one_line(texts_file, tmp_path, capsys):
     out = tmp_path / "never"
     with pytest.raises(SystemExit) as info:
         main(["states", "some-org/some-model", "--revision", "step1000", "--text", str(texts_file), "--column",
@@ -144,7 +145,7 @@ def test_hub_revision_offline_is_one_line(texts_file, tmp_path, capsys):  # noqa
 
 # -- the checkpoint series ---------------------------------------------------------------------------------------
 @pytest.fixture()
-def training_run(tiny_bert_folder, tmp_path):  # noqa: F811
+def training_run(tiny_bert_folder, tmp_path):
     """A Trainer-like run folder: checkpoint-{100,20,300}, each a tiny BERT (different weights) with the tokenizer
     and a trainer_state.json whose global_step is the folder's number (100 is written as 'checkpoint-100')."""
     run = tmp_path / "run"
@@ -161,7 +162,7 @@ def training_run(tiny_bert_folder, tmp_path):  # noqa: F811
     return run
 
 
-def test_cli_series_of_a_training_run(training_run, texts_file, tmp_path):  # noqa: F811
+def test_cli_series_of_a_training_run(training_run, texts_file, tmp_path):
     out = tmp_path / "series"
     record = run_json(
         ["states", "--checkpoints", str(training_run), "--text", str(texts_file), "--column", "sentence",
@@ -231,7 +232,7 @@ def test_series_in_the_order_given_uses_positions_on_the_x_axis(training_run, tm
         ("empty-entry", "has an empty entry"),
     ],
 )
-def test_series_bad_input_is_one_line(training_run, texts_file, tmp_path, capsys, setup, message):  # noqa: F811
+def test_series_bad_input_is_one_line(training_run, texts_file, tmp_path, capsys, setup, message):
     target = str(training_run)
     if setup == "damaged":
         (training_run / "checkpoint-100" / "trainer_state.json").write_text('{"global_step": ')
