@@ -43,10 +43,11 @@ def sentences() -> list[str]:
     return [t for task in ("cola", "sst2") for t in iter_texts(DATA / task / "validation.jsonl", "sentence")]
 
 
-def token_ids(folder: str, count: int, max_length: int) -> list[list[int]]:
+def token_ids(folder: str, count: int, max_length: int, base: int | None = None) -> list[list[int]]:
+    """`count` tokenised sentences: the first `base` (default: all) repeated as often as needed."""
     from transformers import AutoTokenizer
 
-    texts = sentences()
+    texts = sentences()[:base]
     texts = (texts * (count // len(texts) + 1))[:count]
     return AutoTokenizer.from_pretrained(folder)(texts, truncation=True, max_length=max_length)["input_ids"]
 
@@ -115,21 +116,24 @@ def ours(model, ids, max_length: int, batch_size: int) -> dict:
     return {"pass": (middle - start, middle_cpu - cpu), "finish": (end - middle, end_cpu - middle_cpu)}
 
 
-def peak_memory(folder: str, count: int, max_length: int, batch_size: int, threads: int) -> tuple[float, float]:
-    """(MiB resident after loading, MiB peak during `posprobe.states`) of a fresh process on `count` texts. The
-    peak is the kernel's high-water mark (VmHWM), reset after loading (`/proc/self/clear_refs`)."""
+def peak_memory(
+    folder: str, count: int, base: int, max_length: int, batch_size: int, threads: int
+) -> tuple[float, float]:
+    """(MiB resident after loading, MiB peak during `posprobe.states`) of a fresh process on `count` texts (whole
+    passes over the first `base` sentences, so that every size has the same lengths). The peak is the kernel's
+    high-water mark (VmHWM), reset after loading (`/proc/self/clear_refs`)."""
     code = (
         "import sys, torch; sys.path.insert(0, sys.argv[1]); torch.set_num_threads(int(sys.argv[6]));"
         "from benchmarks.bench_states import token_ids, load, _status_mib;"
         "import posprobe;"
-        "ids = token_ids(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]));"
+        "ids = token_ids(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[7]));"
         "m = load(sys.argv[2]);"
         "open('/proc/self/clear_refs', 'w').write('5');"
         "r0 = _status_mib('VmRSS');"
         "posprobe.states(m, input_ids=iter(ids), max_length=int(sys.argv[4]), batch_size=int(sys.argv[5]));"
         "print(r0, _status_mib('VmHWM'))"
     )
-    args = [str(ROOT), folder, str(count), str(max_length), str(batch_size), str(threads)]
+    args = [str(ROOT), folder, str(count), str(max_length), str(batch_size), str(threads), str(base)]
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
     r0, peak = out.stdout.split()
     return float(r0), float(peak)
@@ -149,6 +153,8 @@ def measure(name: str, folder: str, count: int, args) -> dict:
 
     model = load(folder)
     ids = token_ids(folder, count, args.max_length)
+    if args.memory_only:
+        args.repeats = 0
     baseline(model, ids[: args.batch_size * 2], args.batch_size)  # warm-up
     base, mine = [], []
     for _ in range(args.repeats):
@@ -156,7 +162,7 @@ def measure(name: str, folder: str, count: int, args) -> dict:
         mine.append(ours(model, ids, args.max_length, args.batch_size))
     median = lambda values: float(np.median(values))  # noqa: E731
     out = {"texts": count, "tokens": sum(map(len, ids))}
-    for i, clock in enumerate(("wall", "cpu")):
+    for i, clock in enumerate(("wall", "cpu") if args.repeats else ()):
         b = median([t[i] for t in base])
         p = median([t["pass"][i] for t in mine])
         f = median([t["finish"][i] for t in mine])
@@ -170,10 +176,10 @@ def measure(name: str, folder: str, count: int, args) -> dict:
     L1, d = model.config.num_hidden_layers + 1, model.config.hidden_size
     out["accumulators_mib"] = round(accumulator_bytes(L1, args.max_length, d, L1, 2048) / 2**20, 1)
     if not args.no_memory:
-        sizes = (ALL_TEXTS, 4 * ALL_TEXTS) if name == "minilm" else (count, 4 * count)
+        base = ALL_TEXTS if name == "minilm" else count
         out["rss_mib"] = {}
-        for size in sizes:
-            r0, peak = peak_memory(folder, size, args.max_length, args.batch_size, args.threads)
+        for size in (base, 4 * base):
+            r0, peak = peak_memory(folder, size, base, args.max_length, args.batch_size, args.threads)
             out["rss_mib"][f"{size} texts"] = {"after load": round(r0), "peak during run": round(peak)}
     return out
 
@@ -188,6 +194,8 @@ def main() -> None:
     parser.add_argument("--smollm2", action="store_true", help="also measure the packaged SmolLM2-135M")
     parser.add_argument("--smollm2-texts", type=int, default=512)
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+    parser.add_argument("--memory-only", action="store_true", help="only the peak-memory runs")
+    parser.add_argument("--no-minilm", action="store_true", help="skip MiniLM (with --smollm2)")
     args = parser.parse_args()
     import torch
 
@@ -199,8 +207,9 @@ def main() -> None:
         "max_length": args.max_length,
         "batch_size": args.batch_size,
         "repeats": args.repeats,
-        "minilm": measure("minilm", str(default_model_dir()), args.texts, args),
     }
+    if not args.no_minilm:
+        report["minilm"] = measure("minilm", str(default_model_dir()), args.texts, args)
     if args.smollm2:
         report["smollm2"] = measure("smollm2", smollm2_folder(), args.smollm2_texts, args)
     print(json.dumps(report, indent=2))

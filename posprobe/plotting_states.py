@@ -46,17 +46,17 @@ def states_summary(result):
     ax.set_xlabel("hidden state l (0 = embedding output)")
     ax.set_ylabel("held-out R²")
     ax.set_title(f"position probe: ridge, {len(p.fold_tokens)} folds by text", fontsize=9)
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7, loc="center left")
 
     ax = axes[1]
     positions = np.nonzero(v.kept)[0]
     if positions.size:
         colours = _depth_colours(result.n_states)
         for layer in spread_layers(result.n_states, 6):
-            norms = v.norms[layer, positions]
-            ax.plot(positions, norms, color=colours[layer], lw=1.2, label=f"l = {layer}")
+            ax.plot(positions, v.norms[layer, positions], color=colours[layer], lw=1.2, label=f"l = {layer}")
+            ax.plot(positions, v.norms_without_first[layer, positions], color=colours[layer], lw=0.8, ls="--")
         ax.set_yscale("log")
-        ax.legend(fontsize=7, ncol=2)
+        ax.legend(fontsize=7, ncol=2, title="dashed: centred over i ≥ 1", title_fontsize=7)
     else:
         ax.text(0.5, 0.5, f"no position has {v.min_texts} texts", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("position i")
@@ -89,21 +89,29 @@ def gram_panels(result, count: int = 4):
     scale centred on 0, titled with its Toeplitz R²."""
     v = result.vectors
     layers = spread_layers(result.n_states, count)
-    fig = _figure(3.4 * len(layers), 3.3)
-    grid = dict(left=0.05, right=0.95, bottom=0.13, top=0.85, wspace=0.5)
-    axes = fig.subplots(1, len(layers), squeeze=False, gridspec_kw=grid)[0]
-    for ax, layer in zip(axes, layers):
-        gram = v.gram[layer]
-        if gram.shape[-1] == 0:
-            ax.axis("off")
-            continue
-        _matrix_panel(fig, ax, gram, _symmetric_limit(gram), label="⟨v_i, v_j⟩")
-        ax.set_title(f"l = {layer}: Toeplitz R² = {format_r2(v.toeplitz_r2[layer], 3)}", fontsize=8)
-        ax.set_xlabel("position j", fontsize=7)
-        ax.set_ylabel("position i", fontsize=7)
-        ax.tick_params(labelsize=6)
+    fig = _figure(3.4 * len(layers), 6.3)
+    grid = dict(left=0.05, right=0.95, bottom=0.07, top=0.88, wspace=0.5, hspace=0.45)
+    axes = fig.subplots(2, len(layers), squeeze=False, gridspec_kw=grid)
+    rows = (
+        (v.gram, v.toeplitz_r2, 0, "V Vᵀ"),
+        (v.gram_without_first, v.toeplitz_r2_without_first, 1, "without position 0"),
+    )
+    for row, (grams, r2, first, what) in zip(axes, rows):
+        for ax, layer in zip(row, layers):
+            gram = grams[layer]
+            if gram.shape[-1] == 0:
+                ax.axis("off")
+                continue
+            n = gram.shape[-1]
+            _matrix_panel(fig, ax, gram, _symmetric_limit(gram), label="⟨v_i, v_j⟩")
+            ax.images[0].set_extent((first - 0.5, first + n - 0.5, first + n - 0.5, first - 0.5))
+            ax.set_title(f"l = {layer}, {what}: R² = {format_r2(r2[layer], 3)}", fontsize=8)
+            ax.set_xlabel("position j", fontsize=7)
+            ax.set_ylabel("position i", fontsize=7)
+            ax.tick_params(labelsize=6)
     fig.suptitle(
-        f"{result.model}: positional vectors' Gram matrix V Vᵀ ({v.n_kept} positions with ≥ {v.min_texts} texts)",
+        f"{result.model}: positional vectors' Gram matrix V Vᵀ ({v.n_kept} positions with ≥ {v.min_texts} texts; "
+        "R²: Toeplitz R²)\nbottom: the vectors centred over positions i ≥ 1 (the first token apart)",
         fontsize=9,
     )
     return fig
@@ -111,14 +119,15 @@ def gram_panels(result, count: int = 4):
 
 def series_chart(series):
     """Four panels against the training step, one line per hidden state (colour = depth): probe R² (and the
-    control, dashed), the Gram matrices' Toeplitz R², the mean positional-vector norm, the massive ratio."""
+    control, dashed), the Gram matrices' Toeplitz R² (and without the first token, dashed), the mean
+    positional-vector norm, the massive ratio."""
     fig = _figure(14.0, 4.0)
     axes = fig.subplots(1, 4, gridspec_kw=dict(left=0.05, right=0.9, bottom=0.15, top=0.8, wspace=0.35))
     steps = np.asarray(series.steps, dtype=float)
     colours = _depth_colours(series.n_states)
     panels = [
         ("probe_r2", "held-out probe R² (control dashed)", False),
-        ("positional_toeplitz_r2", "Toeplitz R² of V Vᵀ", False),
+        ("positional_toeplitz_r2", "Toeplitz R² of V Vᵀ (dashed: i ≥ 1)", False),
         ("positional_norm_mean", "mean |v_l(i)| over positions", True),
         ("massive_ratio", "largest / median |activation|", True),
     ]
@@ -126,10 +135,11 @@ def series_chart(series):
         values = series.numbers[name]  # (C, L+1)
         for layer in range(series.n_states):
             ax.plot(steps, values[:, layer], "o-", color=colours[layer], ms=2.5, lw=1.0)
-            if name == "probe_r2":
-                ax.plot(steps, series.numbers["probe_r2_control"][:, layer], "--", color=colours[layer], lw=0.7)
+            dashed = {"probe_r2": "probe_r2_control", "positional_toeplitz_r2": "positional_toeplitz_r2_without_first"}
+            if name in dashed:
+                ax.plot(steps, series.numbers[dashed[name]][:, layer], "--", color=colours[layer], lw=0.7)
         if log:
-            ax.set_yscale("log")
+            _log_if_wide(ax, values)
         elif name == "probe_r2":
             _r2_axis(ax, values, series.numbers["probe_r2_control"])
         ax.set_title(title, fontsize=9)
@@ -148,6 +158,14 @@ def series_chart(series):
 
 
 _DEPTH = "viridis"
+
+
+def _log_if_wide(ax, values: np.ndarray) -> None:
+    """A log y axis when the positive values span more than a factor of 20 (else linear, easier to read)."""
+    finite = np.asarray(values, dtype=float)
+    finite = finite[np.isfinite(finite) & (finite > 0)]
+    if finite.size and finite.max() / finite.min() > 20:
+        ax.set_yscale("log")
 
 
 def _depth_colours(n_states: int) -> list:

@@ -41,7 +41,8 @@ def test_cli_json_contract_and_files(tiny_bert_folder, texts_file, tmp_path):
         assert kept.sum() == record["n_positions_kept"] and np.isnan(z["positional_vectors"][:, ~kept]).all()
         assert z["positional_gram"].shape == (3, kept.sum(), kept.sum())
         for name in ("probe_r2", "probe_r2_control", "probe_mae", "massive_max", "massive_position",
-                     "massive_channel", "massive_ratio", "positional_toeplitz_r2"):  # fmt: skip
+                     "massive_channel", "massive_ratio", "positional_toeplitz_r2",
+                     "positional_toeplitz_r2_without_first"):  # fmt: skip
             assert z[name].shape == (3,), name
             np.testing.assert_allclose(np.array(record[name], dtype=float), z[name], equal_nan=True)
         assert z["massive_top_value"].shape == z["massive_top_delimiter"].shape == (3, 10)

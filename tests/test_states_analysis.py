@@ -273,9 +273,15 @@ def test_positional_vectors_equal_the_mean_per_position_of_each_text_alone():
         assert np.isnan(vectors.vectors[layer, ~kept]).all() and np.isnan(vectors.norms[layer, ~kept]).all()
         np.testing.assert_allclose(vectors.norms[layer, kept], np.linalg.norm(expected, axis=1), atol=1e-5)
         np.testing.assert_allclose(vectors.gram[layer], expected @ expected.T, atol=1e-5)
+        later = means[1:] - means[1:].mean(0)  # the first token apart: recentred over positions i >= 1
+        np.testing.assert_allclose(vectors.gram_without_first[layer], later @ later.T, atol=1e-5)
+        np.testing.assert_allclose(vectors.norms_without_first[layer, 1 : kept.sum()], np.linalg.norm(later, axis=1),
+                                   atol=1e-5)  # fmt: skip
+        assert np.isnan(vectors.norms_without_first[layer, 0])
     from posprobe.analysis.toeplitz import toeplitz_r2
 
     np.testing.assert_allclose(vectors.toeplitz_r2, toeplitz_r2(vectors.gram), atol=1e-12)
+    np.testing.assert_allclose(vectors.toeplitz_r2_without_first, toeplitz_r2(vectors.gram_without_first), atol=1e-12)
 
 
 def test_known_answer_positional_vectors_of_a_constant_text_are_the_centred_table():

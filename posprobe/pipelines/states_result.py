@@ -22,7 +22,9 @@ PER_LAYER = (
     "probe_mae",
     "probe_mae_control",
     "positional_toeplitz_r2",
+    "positional_toeplitz_r2_without_first",
     "positional_norm_mean",
+    "positional_norm_mean_without_first",
     "massive_max",
     "massive_position",
     "massive_channel",
@@ -99,6 +101,7 @@ class StatesResult(ResultMixin):
         """The per-hidden-state numbers (L+1,) by name (`PER_LAYER`, plus the delimiter share with a tokenizer)."""
         v, p, m = self.vectors, self.probes, self.massive
         kept = v.norms[:, v.kept]
+        later = v.norms_without_first[:, v.kept & (np.arange(len(v.kept)) >= 1)]
         shares = m.shares(None if self.top_delimiter is None else np.array(self.top_delimiter, dtype=bool))
         out = {
             "probe_r2": p.r2,
@@ -106,7 +109,9 @@ class StatesResult(ResultMixin):
             "probe_mae": p.mae,
             "probe_mae_control": p.mae_control,
             "positional_toeplitz_r2": v.toeplitz_r2,
-            "positional_norm_mean": kept.mean(axis=1) if kept.shape[1] else np.full(self.n_states, np.nan),
+            "positional_toeplitz_r2_without_first": v.toeplitz_r2_without_first,
+            "positional_norm_mean": _row_means(kept),
+            "positional_norm_mean_without_first": _row_means(later),
             "massive_max": m.max,
             "massive_position": m.position,
             "massive_channel": m.channel,
@@ -153,6 +158,9 @@ class StatesResult(ResultMixin):
             "positional_norms": v.norms,
             "positional_gram": v.gram.astype(np.float32),
             "positional_toeplitz_r2": v.toeplitz_r2,
+            "positional_norms_without_first": v.norms_without_first,
+            "positional_gram_without_first": v.gram_without_first.astype(np.float32),
+            "positional_toeplitz_r2_without_first": v.toeplitz_r2_without_first,
             "position_counts": v.counts,
             "positions_kept": v.kept,
             "probe_r2": p.r2,
@@ -223,6 +231,11 @@ class StatesResult(ResultMixin):
 
         what = as_choice(what, "what", ("summary", "gram"))
         return plots.states_summary(self) if what == "summary" else plots.gram_panels(self)
+
+
+def _row_means(a: np.ndarray) -> np.ndarray:
+    """(L+1,) the mean of each row of (L+1, k), NaN when k = 0."""
+    return a.mean(axis=1) if a.shape[1] else np.full(a.shape[0], np.nan)
 
 
 def _nulls(a) -> list:
