@@ -74,16 +74,41 @@ def test_library_result_object(tmp_path):
         result.plot("nonsense")
 
 
-def test_families_without_an_attention_interface_work_and_encoder_decoders_are_refused():
+def _hidden_states_only_models():
     import transformers as tf
 
+    small = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+    return {
+        "bloom": tf.BloomModel(tf.BloomConfig(vocab_size=99, hidden_size=32, n_layer=2, n_head=4)),
+        "mpnet": tf.MPNetModel(tf.MPNetConfig(**small, max_position_embeddings=64)),
+        "deberta-v2": tf.DebertaV2Model(
+            tf.DebertaV2Config(**small, relative_attention=True, position_buckets=8, pos_att_type=["p2c", "c2p"])
+        ),
+        "t5-encoder": tf.T5EncoderModel(tf.T5Config(vocab_size=99, d_model=32, d_ff=37, num_layers=2, num_heads=4)),
+    }
+
+
+@pytest.mark.parametrize("family", ["bloom", "mpnet", "deberta-v2", "t5-encoder"])
+def test_families_without_an_attention_interface_work(family):
+    """Hidden states only: families whose attention posprobe cannot record still give every number, and the
+    positional vectors equal the per-position means of `output_hidden_states`."""
+    torch.manual_seed(0)
+    model = _hidden_states_only_models()[family].eval()
     ids = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]] * 4
-    bloom = tf.BloomModel(tf.BloomConfig(vocab_size=99, hidden_size=32, n_layer=2, n_head=4)).eval()
-    result = posprobe.states(bloom, input_ids=ids, max_length=8, min_texts=2)
-    assert result.n_states == 3 and np.isfinite(result.massive_max).all()
+    result = posprobe.states(model, input_ids=ids, max_length=8, min_texts=9)  # positions 0..2: 12 texts each
+    assert result.n_states == 3 and np.isfinite(result.massive_max).all() and result.vectors.n_kept == 3
+    with torch.no_grad():
+        hidden = [model(input_ids=torch.tensor([x]), output_hidden_states=True).hidden_states for x in ids]
+    means = torch.stack([torch.stack([h[-1][0, i] for h in hidden]).double().mean(0) for i in range(3)])
+    np.testing.assert_allclose(result.positional_vectors[-1, :3], (means - means.mean(0)).numpy(), atol=1e-5)
+
+
+def test_encoder_decoders_are_refused():
+    import transformers as tf
+
     t5 = tf.T5Model(tf.T5Config(vocab_size=99, d_model=32, d_ff=37, num_layers=2, num_heads=4, d_kv=8)).eval()
     with pytest.raises(PosprobeError, match="encoder-decoder"):
-        posprobe.states(t5, input_ids=ids, max_length=8)
+        posprobe.states(t5, input_ids=[[5, 6, 7]] * 4, max_length=8)
 
 
 def test_nan_hidden_states_are_one_error():
