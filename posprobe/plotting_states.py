@@ -55,7 +55,7 @@ def states_summary(result):
         for layer in spread_layers(result.n_states, 6):
             ax.plot(positions, v.norms[layer, positions], color=colours[layer], lw=1.2, label=f"l = {layer}")
             ax.plot(positions, v.norms_without_first[layer, positions], color=colours[layer], lw=0.8, ls="--")
-        ax.set_yscale("log")
+        _log_if_wide(ax, v.norms[:, positions])
         ax.legend(fontsize=7, ncol=2, title="dashed: centred over i ≥ 1", title_fontsize=7)
     else:
         ax.text(0.5, 0.5, f"no position has {v.min_texts} texts", ha="center", va="center", transform=ax.transAxes)
@@ -69,7 +69,7 @@ def states_summary(result):
     ax.plot(layers[first], m.max[first], "o", color="tab:red", ms=4, label="… at position 0")
     ax.plot(layers[~first], m.max[~first], "o", mfc="white", color="tab:red", ms=4, label="… elsewhere")
     ax.plot(layers, m.median, "-", color="grey", lw=1.0, label="median |h|")
-    ax.set_yscale("log")
+    _log_if_wide(ax, np.concatenate([m.max, m.median]))
     ax.set_xlabel("hidden state l")
     ax.set_ylabel("|activation|")
     peak = int(np.nanargmax(m.ratio)) if np.isfinite(m.ratio).any() else 0

@@ -275,3 +275,19 @@ def test_series_bad_input_is_one_line(training_run, texts_file, tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and "\n" not in err and message in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("min_texts", [100, 7])  # no position kept; one position kept (none after the first)
+def test_few_kept_positions_still_give_files_and_nulls(tmp_path, min_texts):
+    from posprobe.pipelines.states_result import write_states
+
+    ids = [[5, 6, 7]] * 6 + [[8]]  # position 0: 7 texts, positions 1-2: 6
+    result = posprobe.states(tiny_model("bert"), input_ids=ids, max_length=8, min_texts=min_texts)
+    assert result.vectors.n_kept == (0 if min_texts == 100 else 1)
+    record = json.loads(result.to_json())
+    assert (
+        record["positional_toeplitz_r2"] == [None] * 3 and record["positional_toeplitz_r2_without_first"] == [None] * 3
+    )
+    assert record["positional_norm_mean_without_first"] == [None] * 3
+    written = write_states(result, tmp_path / "out")
+    assert all(p.is_file() for p in [written["npz"], *written["figures"]])

@@ -4,7 +4,8 @@
 (arrays: `positional_vectors` (L+1, n, d), `positional_norms` (L+1, n), `positional_gram`, `probe_r2`,
 `probe_r2_control`, `probe_mae`, `massive_max`, `massive_position`, `massive_channel`, `massive_ratio` (L+1,), ...),
 the per-hidden-state lists `probe_r2`, `probe_r2_control`, `probe_mae`, `probe_mae_control`,
-`positional_toeplitz_r2`, `positional_norm_mean`, `massive_max`, `massive_position`, `massive_channel`,
+`positional_toeplitz_r2`, `positional_norm_mean` (and both `..._without_first`: over positions i >= 1, recentred
+there), `massive_max`, `massive_position`, `massive_channel`,
 `massive_median`, `massive_ratio`, `massive_first_share`, `massive_special_share`, `massive_delimiter_share`
 (null where undefined), `massive_top` (per hidden state, its top tokens), the settings (`min_texts`,
 `n_positions_kept`, `n_tokens`, `probe_layers`, `probe_folds`, `probe_mae_sample`, `seed`, ...), `seconds` and
