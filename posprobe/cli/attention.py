@@ -97,12 +97,9 @@ def attention(
     out_dir = Path(out if out is not None else default_out("attention", source.label)).expanduser()
     _check_writable(out_dir)
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from posprobe.cli.console import text_progress
 
-    with Progress(
-        TextColumn("texts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=True
-    ) as bar:
-        task = bar.add_task("texts", total=total)
+    with text_progress(total) as advance:
         result = attention_profiles(
             str(source.path) if model is not None else None,
             iter_texts(text, column),
@@ -113,7 +110,7 @@ def attention(
             min_pairs=min_pairs,
             device=device,
             allow_pickle=allow_pickle,
-            progress=lambda k: bar.advance(task, k),
+            progress=advance,
             text_source=str(text),
         )
     from dataclasses import replace

@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from posprobe.cli.console import console, emit_json
+from posprobe.cli.console import console, emit_json, text_progress
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt, parse_int_list
 from posprobe.outputs import default_out
 
@@ -118,7 +118,7 @@ def states(
     from posprobe.pipelines.states import states as run_states
     from posprobe.pipelines.states_result import write_states
 
-    with _bar(total) as advance:
+    with text_progress(total) as advance:
         result = run_states(
             str(source.path) if model is not None else None, iter_texts(text, column), progress=advance, **settings
         )
@@ -141,7 +141,7 @@ def _series(checkpoints: str, text: str, column, total: int, settings: dict, out
     first = items[0].model if items[0].revision is not None else str(Path(items[0].model).parent.name or "series")
     out_dir = Path(out if out is not None else default_out("states-series", first)).expanduser()
     _check_writable(out_dir)
-    with _bar(total * len(items)) as advance:
+    with text_progress(total * len(items)) as advance:
         series = states_series(
             [c.model if c.revision is None else f"{c.model}@{c.revision}" for c in items],
             lambda: iter_texts(text, column),
@@ -153,27 +153,6 @@ def _series(checkpoints: str, text: str, column, total: int, settings: dict, out
         emit_json(series.record(written["npz"], written["figures"], written["checkpoint_npz"]))
         return
     _print_series(series, written)
-
-
-class _bar:
-    """A progress bar over texts on stderr (shown only on a terminal); `with _bar(total) as advance`."""
-
-    def __init__(self, total: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.progress = Progress(
-            TextColumn("texts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
-            transient=True,
-        )  # fmt: skip
-        self.total = total
-
-    def __enter__(self):
-        self.progress.__enter__()
-        task = self.progress.add_task("texts", total=self.total)
-        return lambda k: self.progress.advance(task, k)
-
-    def __exit__(self, *exc):
-        return self.progress.__exit__(*exc)
 
 
 def _fmt(value, digits: int = 2) -> str:

@@ -73,20 +73,15 @@ def text_run(text: str | None, total: int | None, **options) -> Iterator[dict]:
     if text is None:
         yield {}
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from posprobe.cli.console import console
+    from posprobe.cli.console import text_progress
     from posprobe.texts import iter_texts
 
     column = options.pop("column", None)
     kwargs = {name: value for name, value in options.items() if value is not None}
     if isinstance(kwargs.get("input"), Enum):
         kwargs["input"] = kwargs["input"].value
-    with Progress(
-        TextColumn("texts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=True
-    ) as bar:
-        task = bar.add_task("texts", total=total)
-        yield kwargs | {"texts": iter_texts(text, column), "progress": lambda k: bar.advance(task, k)}
+    with text_progress(total) as advance:
+        yield kwargs | {"texts": iter_texts(text, column), "progress": advance}
 
 
 def with_text_source(result, text: str | None):
