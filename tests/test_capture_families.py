@@ -289,3 +289,50 @@ def test_bigbird_full_attention_lengths_only_and_twice():
     for index in range(len(texts())):
         for what in ("scores", "probs", "allowed"):
             np.testing.assert_array_equal(runs[0].texts[index][what], runs[1].texts[index][what])
+
+
+# -- the command on checkpoints of the eager route -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def checkpoint_folders(tmp_path_factory):
+    """{name: folder} of tiny T5 and BLOOM checkpoints saved with an offline WordPiece tokenizer (65 words)."""
+    from transformers import BertTokenizerFast
+
+    root = tmp_path_factory.mktemp("eager-checkpoints")
+    vocab = root / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]) + "\n")
+    folders = {}
+    for name in ("t5", "bloom"):
+        folder = root / name
+        make(name).float().save_pretrained(folder)
+        BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(folder)
+        folders[name] = folder
+    return folders
+
+
+def test_cli_runs_an_encoder_decoders_encoder_and_refuses_its_decoder(checkpoint_folders, tmp_path, capsys):
+    import json
+
+    from typer.testing import CliRunner
+
+    from posprobe.cli import app, main
+
+    texts_path = tmp_path / "texts.txt"
+    rng = np.random.default_rng(3)
+    texts_path.write_text("".join(" ".join(f"w{x}" for x in rng.integers(0, 60, 8)) + "\n" for _ in range(6)))
+    for name, causal, stack in (("t5", False, "encoder"), ("bloom", True, None)):
+        out = tmp_path / name
+        args = ["attention", str(checkpoint_folders[name]), "--text", str(texts_path), "--max-length", "12"]
+        run = CliRunner().invoke(app, [*args, "--min-pairs", "1", "--out", str(out), "--json"])
+        assert run.exit_code == 0, run.output
+        record = json.loads(run.stdout)
+        assert record["stack"] == stack and record["causal"] is causal and record["n_texts"] == 6
+        assert np.isfinite(np.array(record["mean_distance"], dtype=float)).all()
+        assert np.isfinite(np.array(record["weights_correlation"], dtype=float)).all()
+        assert "content-free" in record["weights_profile"]  # T5's bucket bias, BLOOM's ALiBi: SPEC §9 scores
+        assert (out / "attention.npz").exists()
+    with pytest.raises(SystemExit) as info:
+        main(["attention", str(checkpoint_folders["t5"]), "--text", str(texts_path), "--stack", "decoder",
+              "--out", str(tmp_path / "never")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and "\n" not in err and "runs the encoder stack" in err
+    assert not (tmp_path / "never").exists()
