@@ -19,10 +19,9 @@ def text_config(model):
 def check_model(model, attention: bool = True) -> tuple[int, int]:
     """(layers, heads) of the stack a capture runs (`stack_to_run`); PosprobeError for a model that cannot be
     captured: with `attention` (scores or probabilities are recorded), a retrofitted model (its attention is a
-    posprobe mechanism), or BigBird attending block-sparsely at every length it may be given. Families whose
-    attention goes through transformers' AttentionInterface are recorded there (`capture.recording`), the
-    others on their eager path (`capture.eager`); whether a family's attention really is reproduced is checked
-    on the first batch."""
+    posprobe mechanism). Families whose attention goes through transformers' AttentionInterface are recorded
+    there (`capture.recording`), the others on their eager path (`capture.eager`); whether a family's attention
+    really is reproduced is checked on the first batch, and input lengths by `check_length`."""
     from posprobe.retrofitting import is_retrofitted
 
     kind = getattr(model.config, "model_type", "unknown")
