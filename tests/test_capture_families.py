@@ -273,15 +273,32 @@ def test_families_the_capture_does_not_reproduce_are_refused(name):
     assert family.capture == REFUSED_ROUTE or "refused" in family.capture_note  # as the family table says
 
 
-def test_hidden_states_alone_work_for_every_refused_family():
-    """Without attention nothing is recorded: hidden states come from the model's own attention whatever it is."""
-    for name in REFUSED:
-        model = make(name).float()
-        keep = Keep()
-        keep.needs = ("hidden_states",)
-        keep.add = lambda batch, keep=keep: keep.texts.update({len(keep.texts): batch.hidden_states})
-        capture(model, [keep], input_ids=texts(3), max_length=16, batch_size=3)
-        assert len(keep.texts[0]) == model.config.num_hidden_layers + 1
+@pytest.mark.parametrize("name", [*sorted(REFUSED), "t5", "bloom"])
+def test_hidden_states_alone_for_refused_and_eager_families(name):
+    """Without attention nothing is recorded: hidden states are the model's own (its default attention, whatever
+    it is; an encoder-decoder's encoder), each text as if run alone."""
+    model = make(name).float()
+    corpus = texts(4)
+    got = {}
+
+    class Hidden:
+        needs = ("hidden_states",)
+
+        def add(self, batch):
+            for row, text in enumerate(batch.text_ids.tolist()):
+                got[text] = [h[row, : len(corpus[text])].double().numpy() for h in batch.hidden_states]
+
+        def result(self):
+            return None
+
+    capture(model, [Hidden()], input_ids=corpus, max_length=16, batch_size=2)
+    net = stack_to_run(model)
+    for index, ids in enumerate(corpus):
+        with torch.no_grad():
+            theirs = net(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+        assert len(got[index]) == len(theirs) == model.config.num_hidden_layers + 1
+        for ours, ref in zip(got[index], theirs, strict=True):
+            np.testing.assert_allclose(ours, ref[0].double().numpy(), rtol=1e-4, atol=1e-4)
 
 
 def test_routes():
