@@ -64,9 +64,10 @@ REFUSED = {
     "longt5": "not one softmax over all keys",  # blockwise local attention
     "deberta-talking-heads": "does not give its returned attention",  # heads mixed after the softmax
 }
-# in the default run: the relative-bias, ALiBi and disentangled families on the eager route, and the variant that
-# returns its scores; the rest (the AttentionInterface families are also covered by tests/test_capture.py) run slow
-QUICK = {"t5", "bloom", "deberta-v2", "mpnet", "squeezebert"}
+# in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
+# and DeBERTa-v2 in the tests below; every other family, the AttentionInterface ones included (also covered by
+# tests/test_capture.py), runs in the slow tier
+QUICK = {"t5", "bloom"}
 RETURNS_SCORES = {"squeezebert"}  # its `output_attentions` are the pre-softmax scores (transformers' code)
 ALL = sorted(set(CASES) - set(REFUSED)) + sorted(set(EXTRA) - set(REFUSED))
 
@@ -181,7 +182,7 @@ def test_capture_equals_each_text_run_alone(name):
 
 
 # ALBERT's one shared layer is not the per-layer list `reference_scores` feeds
-@pytest.mark.parametrize("name", _params([n for n in ALL if n != "albert"], quick={"t5", "bloom"}))
+@pytest.mark.parametrize("name", _params([n for n in ALL if n != "albert"], quick={"mpnet"}))
 def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
     """Every token the average word (`reference_scores` sets row 0 of the word table to the table's mean), no
     padding: layer 0's input is the embedding-level sequence, so its S is the model's own pre-softmax score of
@@ -243,7 +244,7 @@ def brute_force(model, corpus, n: int, first_special: bool) -> dict:
 
 @pytest.mark.parametrize("name", _params(["t5", "bloom", "deberta-v2", "mpnet", "marian", "megatron-bert", "falcon",
                                           "gpt_neo", "xglm", "big_bird", "llama", "gemma3_text"],
-                                         quick={"deberta-v2", "mpnet"}))  # fmt: skip
+                                         quick={"deberta-v2"}))  # fmt: skip
 def test_attention_profiles_and_sinks_equal_loops_over_each_text(name):
     model = make(name)
     corpus = [[5, *ids] for ids in texts(6, seed=7)]  # token 5 first: the one special token
@@ -262,7 +263,7 @@ def test_attention_profiles_and_sinks_equal_loops_over_each_text(name):
     assert result.n_layers == 2 and result.model_type == model.config.model_type
 
 
-@pytest.mark.parametrize("name", sorted(REFUSED))
+@pytest.mark.parametrize("name", _params(sorted(REFUSED), quick={"falcon-alibi", "longformer"}))
 def test_families_the_capture_does_not_reproduce_are_refused(name):
     model = make(name).float()
     previous = model.config._attn_implementation
@@ -273,7 +274,7 @@ def test_families_the_capture_does_not_reproduce_are_refused(name):
     assert family.capture == REFUSED_ROUTE or "refused" in family.capture_note  # as the family table says
 
 
-@pytest.mark.parametrize("name", [*sorted(REFUSED), "t5", "bloom"])
+@pytest.mark.parametrize("name", _params([*sorted(REFUSED), "t5", "bloom"], quick={"t5"}))
 def test_hidden_states_alone_for_refused_and_eager_families(name):
     """Without attention nothing is recorded: hidden states are the model's own (its default attention, whatever
     it is; an encoder-decoder's encoder), each text as if run alone."""
@@ -330,23 +331,28 @@ def test_bigbird_full_attention_lengths_only_and_twice():
 
 # -- the command on checkpoints of the eager route -----------------------------------------------------------------
 @pytest.fixture(scope="module")
-def checkpoint_folders(tmp_path_factory):
-    """{name: folder} of tiny T5 and BLOOM checkpoints saved with an offline WordPiece tokenizer (65 words)."""
+def checkpoint_folder(tmp_path_factory):
+    """name -> folder of a tiny T5 or BLOOM checkpoint saved with an offline WordPiece tokenizer (65 words),
+    written on first use."""
     from transformers import BertTokenizerFast
 
     root = tmp_path_factory.mktemp("eager-checkpoints")
     vocab = root / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]) + "\n")
     folders = {}
-    for name in ("t5", "bloom"):
-        folder = root / name
-        make(name).float().save_pretrained(folder)
-        BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(folder)
-        folders[name] = folder
-    return folders
+
+    def folder(name: str):
+        if name not in folders:
+            folders[name] = root / name
+            make(name).float().save_pretrained(folders[name])
+            BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(folders[name])
+        return folders[name]
+
+    return folder
 
 
-def test_cli_runs_an_encoder_decoders_encoder_and_refuses_its_decoder(checkpoint_folders, tmp_path, capsys):
+@pytest.mark.parametrize("slow", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["t5", "t5-and-bloom"])
+def test_cli_runs_an_encoder_decoders_encoder_and_refuses_its_decoder(checkpoint_folder, tmp_path, capsys, slow):
     import json
 
     from typer.testing import CliRunner
@@ -356,9 +362,9 @@ def test_cli_runs_an_encoder_decoders_encoder_and_refuses_its_decoder(checkpoint
     texts_path = tmp_path / "texts.txt"
     rng = np.random.default_rng(3)
     texts_path.write_text("".join(" ".join(f"w{x}" for x in rng.integers(0, 60, 8)) + "\n" for _ in range(6)))
-    for name, causal, stack in (("t5", False, "encoder"), ("bloom", True, None)):
+    for name, causal, stack in (("t5", False, "encoder"), ("bloom", True, None))[: 2 if slow else 1]:
         out = tmp_path / name
-        args = ["attention", str(checkpoint_folders[name]), "--text", str(texts_path), "--max-length", "12"]
+        args = ["attention", str(checkpoint_folder(name)), "--text", str(texts_path), "--max-length", "12"]
         run = CliRunner().invoke(app, [*args, "--min-pairs", "1", "--out", str(out), "--json"])
         assert run.exit_code == 0, run.output
         record = json.loads(run.stdout)
@@ -367,8 +373,9 @@ def test_cli_runs_an_encoder_decoders_encoder_and_refuses_its_decoder(checkpoint
         assert np.isfinite(np.array(record["weights_correlation"], dtype=float)).all()
         assert "content-free" in record["weights_profile"]  # T5's bucket bias, BLOOM's ALiBi: SPEC §9 scores
         assert (out / "attention.npz").exists()
+    capsys.readouterr()  # what writing the checkpoints printed
     with pytest.raises(SystemExit) as info:
-        main(["attention", str(checkpoint_folders["t5"]), "--text", str(texts_path), "--stack", "decoder",
+        main(["attention", str(checkpoint_folder("t5")), "--text", str(texts_path), "--stack", "decoder",
               "--out", str(tmp_path / "never")])  # fmt: skip
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and "\n" not in err and "runs the encoder stack" in err
