@@ -7,7 +7,10 @@ matplotlib until an analysis or a model needs them):
   `toeplitz` (P = E_P E_P^T and its Toeplitz R^2), `fhat` (F_hat_P per head of a layer), `profiles` (head
   profiles over k = j - i), `compare` (several models);
 - on real text: `attention_profiles` (empirical profiles, mean attention distance and attention sinks,
-  `AttentionResult`); `posprobe.capture` runs a model on text for any reducer;
+  `AttentionResult`); `fhat` / `profiles` with `texts=` (data-conditioned scores); `states` (positional
+  vectors, position probes and massive activations in the hidden states, `StatesResult`) and `states_series` (the
+  same over training checkpoints, `StatesSeries`); `posprobe.capture` runs a model on text for any reducer;
+- rotary models: `rotary` (band norms of queries and keys per rotary frequency, `RotaryBandsResult`);
 - TISA kernels: `fit_tisa` (a model's heads, several S) and `TisaKernelFitter` (any profiles, scikit-learn style);
 - models: `load_model`, `retrofit`, `save_retrofitted`, `finetune` / `evaluate` (GLUE, `FinetuneResult`);
 - result types (each with a short repr, `.plot()`, `.to_dict()`, `.to_json()`) and `PosprobeError`.
@@ -32,6 +35,12 @@ _EXPORTS = {
     "CompareRow": "posprobe.pipelines.analysis",
     "attention_profiles": "posprobe.pipelines.attention",
     "AttentionResult": "posprobe.pipelines.attention_result",
+    "rotary": "posprobe.pipelines.rotary",
+    "RotaryBandsResult": "posprobe.pipelines.rotary_result",
+    "states": "posprobe.pipelines.states",
+    "StatesResult": "posprobe.pipelines.states_result",
+    "states_series": "posprobe.pipelines.states_series",
+    "StatesSeries": "posprobe.pipelines.states_series",
     "fit_tisa": "posprobe.pipelines.fitting",
     "load_tisa_kernels": "posprobe.kernels_file",
     "save_tisa_kernels": "posprobe.kernels_file",

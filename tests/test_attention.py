@@ -351,7 +351,9 @@ def test_ctrl_c_exits_130_and_leaves_no_output(tiny_bert_folder, tmp_path):
         env=env,
         start_new_session=True,
     )
-    time.sleep(5)  # well into the run: 50,000 texts one at a time take minutes
+    # well into the run (50,000 texts one at a time take minutes), and past the imports even on a loaded machine:
+    # a SIGINT that lands while Python is still importing can end `python -m` by the signal itself (exit -2)
+    time.sleep(12)
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert stdout == b"" and not out.exists()  # no JSON, no folder, no partial file

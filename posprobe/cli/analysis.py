@@ -30,6 +30,21 @@ from posprobe.cli.options import (
     StackOpt,
     parse_int_list,
 )
+from posprobe.cli.text_input import (
+    BatchSizeOpt,
+    ColumnOpt,
+    DeviceOpt,
+    InputOpt,
+    MaxLengthOpt,
+    MaxTextsOpt,
+    MinTextsOpt,
+    TextOpt,
+    check_text_options,
+    conditioning_lines,
+    file_tag,
+    text_run,
+    with_text_source,
+)
 from posprobe.outputs import default_out
 
 BY_CONSTRUCTION_MARK = "by constr."
@@ -58,10 +73,10 @@ def _write_figure_and_record(out_dir: Path, stem: str, fmt: str, make_figure, re
     return figure, record
 
 
-def _resolve(model: str | None, allow_pickle: bool):
+def _resolve(model: str | None, allow_pickle: bool, with_tokenizer: bool = False):
     from posprobe.checkpoint import resolve_model
 
-    return resolve_model(model, allow_pickle=allow_pickle)
+    return resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=with_tokenizer)
 
 
 def toeplitz(
@@ -124,6 +139,14 @@ def fhat(
     ] = Scale.shared,
     positions: PositionsOpt = None,
     stack: StackOpt = Stack.encoder,
+    text: TextOpt = None,
+    column: ColumnOpt = None,
+    text_input: InputOpt = None,
+    min_texts: MinTextsOpt = None,
+    max_length: MaxLengthOpt = None,
+    max_texts: MaxTextsOpt = None,
+    batch_size: BatchSizeOpt = None,
+    device: DeviceOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -132,15 +155,23 @@ def fhat(
     """F̂_P, the average positional contribution to every head's attention scores, and its Toeplitz R².
 
     Models without a learned position table (rotary, ALiBi, relative bias, ...) get their content-free
-    scores (SPEC §9): the pre-softmax scores of a sequence of the average word embedding."""
+    scores (SPEC §9): the pre-softmax scores of a sequence of the average word embedding. With --text, the
+    layer's input is the mean hidden state entering it on those texts instead (SPEC §13, data-conditioned)."""
     from posprobe import plotting
     from posprobe.pipelines import analysis as pipeline
 
-    source = _resolve(model, allow_pickle)
+    options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
+                   max_texts=max_texts, batch_size=batch_size, device=device)  # fmt: skip
+    total = check_text_options(text, **options)
+    source = _resolve(model, allow_pickle, with_tokenizer=text is not None)
     out_dir = _out_dir(out, "fhat", source.label)
-    result = pipeline.fhat(None, layer, mode.value, source=source, positions=positions, stack=stack.value)
+    with text_run(text, total, **options) as text_kwargs:
+        result = pipeline.fhat(
+            None, layer, mode.value, source=source, positions=positions, stack=stack.value, **text_kwargs
+        )
+    result = with_text_source(result, text)
     layer = result.layer  # -1 (the last layer) resolved to its number, for file names and titles
-    stem = f"fhat_layer{layer}_{result.mode}" + ("_decoder" if result.stack == "decoder" else "")
+    stem = f"fhat_layer{layer}_{file_tag(result)}" + ("_decoder" if result.stack == "decoder" else "")
     figure, record = _write_figure_and_record(
         out_dir, stem, fmt.value, lambda: plotting.fhat_grid(result, scale.value), result
     )
@@ -150,11 +181,15 @@ def fhat(
     from rich.table import Table
 
     causal = " (causal: only k ≤ 0 used)" if result.causal else ""
+    for line in conditioning_lines(result):
+        console.print(f"[dim]{line}[/dim]")
     if result.toeplitz_by_construction:
+        from posprobe.families.table import TABLE_KINDS
         from posprobe.pipelines.analysis_results import by_construction_note
 
         console.print(f"F̂_P — {source.label}, layer {layer}, {result.mode} mode{causal}")
-        console.print(by_construction_note(result.position_kind) + "; `posprobe profiles` shows the structure.")
+        if result.conditioning is None or result.position_kind not in TABLE_KINDS:  # else: constant, said above
+            console.print(by_construction_note(result.position_kind) + "; `posprobe profiles` shows the structure.")
         console.print(f"figure: {figure}\nrecord: {out_dir / f'{stem}.json'}")
         return
     table = Table(
@@ -181,6 +216,14 @@ def profiles(
     mode: ModeOpt = Mode.paper,
     positions: PositionsOpt = None,
     stack: StackOpt = Stack.encoder,
+    text: TextOpt = None,
+    column: ColumnOpt = None,
+    text_input: InputOpt = None,
+    min_texts: MinTextsOpt = None,
+    max_length: MaxLengthOpt = None,
+    max_texts: MaxTextsOpt = None,
+    batch_size: BatchSizeOpt = None,
+    device: DeviceOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -189,24 +232,31 @@ def profiles(
     """Each head's positional profile over k = j − i, with sections at five rows i; arrays saved as .npz.
 
     Every family posprobe reads: learned tables (paper/faithful mode) and the content-free scores (SPEC §9) of
-    rotary, ALiBi and relative-bias models. Causal models use only k ≤ 0 (marked in titles and JSON)."""
+    rotary, ALiBi and relative-bias models. Causal models use only k ≤ 0 (marked in titles and JSON). With
+    --text, each layer's input is the mean hidden state entering it on those texts (SPEC §13, data-conditioned)."""
     from posprobe.outputs import write_files
     from posprobe.pipelines import analysis as pipeline
     from posprobe.plotting_profiles import profile_pages
     from posprobe.profile_files import write_profiles
 
-    source = _resolve(model, allow_pickle)
+    options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
+                   max_texts=max_texts, batch_size=batch_size, device=device)  # fmt: skip
+    total = check_text_options(text, **options)
+    source = _resolve(model, allow_pickle, with_tokenizer=text is not None)
     out_dir = _out_dir(out, "profiles", source.label)
-    result = pipeline.profiles(
-        None,
-        parse_int_list(layers, "layers"),
-        mode.value,
-        window=window,
-        source=source,
-        positions=positions,
-        stack=stack.value,
-    )
-    tag = result.mode + ("_decoder" if result.stack == "decoder" else "")
+    with text_run(text, total, **options) as text_kwargs:
+        result = pipeline.profiles(
+            None,
+            parse_int_list(layers, "layers"),
+            mode.value,
+            window=window,
+            source=source,
+            positions=positions,
+            stack=stack.value,
+            **text_kwargs,
+        )
+    result = with_text_source(result, text)
+    tag = file_tag(result) + ("_decoder" if result.stack == "decoder" else "")
     files = {f"profiles_{tag}.npz": lambda p: write_profiles(p, result)}
     pages = profile_pages(result)  # one layout for every layer's page, drawn once
     for i, layer in enumerate(result.layers):
@@ -233,6 +283,8 @@ def profiles(
     for li, l in enumerate(result.layers):
         table.add_row(str(l), *[f"{int(k):+d}" for k in peaks[li]])
     console.print(table)
+    for line in conditioning_lines(result):
+        console.print(f"[dim]{line}[/dim]")
     if result.toeplitz_by_construction:
         console.print("[dim]F̂_P is Toeplitz by construction here: every profile is exact (the sections equal it)[/dim]")
     console.print(f"arrays:  {npz}\nfigures: {out_dir}/profiles_layer*_{tag}.{fmt.value}")

@@ -19,17 +19,19 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
     wq, bq, wk, bk = weights.linear()
     table = ctx.position_table.table[:n]
     heads = ctx.shape.heads
-    if ctx.mode == "paper":
+    if ctx.mode == "paper" and not ctx.conditioned:
         key = ("paper", n)
         if key not in ctx.cache:  # the same projected inputs for every layer
             ctx.cache[key] = paper_input(table, ctx.word, ctx.projection())
         scores = fhat_matrices(ctx.cache[key], wq, wk, heads, scale=ctx.scaling)
-    else:
-        x = ctx.layer_input(ctx.embedding_rows(table), layer, stack)
+    else:  # faithful, or data-conditioned (SPEC §13: the table is inside the layer input already)
+        x = np.broadcast_to(ctx.layer_rows(layer, stack, table), (n, ctx.shape.hidden))
         scores = fhat_matrices(LayerInput(full=x), wq, wk, heads, bq, bk, scale=ctx.scaling)
     return ctx.softcap(scores)
 
 
 def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
-    """Never: the scores depend on the positions i and j through the table, so their Toeplitz R^2 is a finding."""
-    return False
+    """Not for the embedding-level input: the scores depend on the positions i and j through the table, so their
+    Toeplitz R^2 is a finding. For a data-conditioned input that is the same at every position (SPEC §13 'mean')
+    the table is inside that one input, so every score of a head is the same number (Toeplitz, R^2 undefined)."""
+    return ctx.conditioned

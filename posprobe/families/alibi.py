@@ -15,6 +15,8 @@ import importlib
 
 import numpy as np
 
+from posprobe.families.context import head_products
+
 BLOOM_BIAS = "transformers.models.bloom.modeling_bloom:build_alibi_tensor"  # default `Family.tensors['alibi']`
 MPT_BIAS = "build_mpt_alibi_tensor"  # MPT's own call (`build_mpt_alibi_tensor`, a different signature)
 
@@ -43,16 +45,15 @@ def alibi_slopes(heads: int, convention: str = BLOOM_BIAS) -> np.ndarray:
 
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
     """F_hat (H, n, n): row i = query position, column j = key position (k = j - i)."""
-    q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h)
-    k = np.repeat(k, q.shape[0] // k.shape[0], axis=0)
+    q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h); or (H, n, d_h), (H_kv, n, d_h) per position
     scale = (ctx.config.get("attn_config") or {}).get("softmax_scale") or ctx.scaling  # MPT may set its own
-    content = (q * k).sum(-1) * scale  # (H,)
+    content = head_products(q, k) * scale  # (H, 1, 1), or (H, n, n) per position
     key = ("alibi", n)
     if key not in ctx.cache:  # the same biases for every layer
         ctx.cache[key] = key_biases(q.shape[0], n, ctx.family.tensors.get("alibi", BLOOM_BIAS))
     b = ctx.cache[key]
     bias_scale = scale if ctx.family.tensors.get("alibi_scaled") else 1.0  # Falcon: (q . k + alibi) / sqrt(d_h)
-    return content[:, None, None] - bias_scale * np.abs(b[:, None, :] - b[:, :, None])
+    return content - bias_scale * np.abs(b[:, None, :] - b[:, :, None])
 
 
 def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:

@@ -70,7 +70,8 @@ class HeadWeights:
 
 
 def _project(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
-    out = np.einsum("...d,hde->h...e", x, w)
+    # rows (T, d) go through BLAS (one (T, d) x (d, d_h) product per head); other shapes through einsum
+    out = np.matmul(x[None], w) if x.ndim == 2 else np.einsum("...d,hde->h...e", x, w)
     return out + b.reshape(b.shape[0], *([1] * (x.ndim - 1)), b.shape[1])
 
 
@@ -92,6 +93,7 @@ class ModelContext(EmbeddingReader):
         self.shape = config_shape(self.config, source.name, self.family)
         self.qkv = T.qkv_layout(self.family, self.config)[0]
         self.cache: dict = {}  # what score functions compute once for every layer (e.g. rotary angles)
+        self.layer_inputs: dict[int, np.ndarray] | None = None  # data-conditioned inputs (SPEC §13), see below
 
     # -- what the model is --------------------------------------------------------------------------
     @property
@@ -102,7 +104,10 @@ class ModelContext(EmbeddingReader):
 
     @property
     def score_mode(self) -> str:
-        """The mode results report: 'paper' / 'faithful' for absolute tables, 'content-free' otherwise."""
+        """The mode results report: 'paper' / 'faithful' for absolute tables, 'content-free' otherwise, and
+        'data-conditioned' while layer inputs from text are in use (`use_layer_inputs`)."""
+        if self.conditioned:
+            return DATA_CONDITIONED
         return self.mode if self.kind in T.TABLE_KINDS else CONTENT_FREE
 
     def require_table(self) -> None:
@@ -265,13 +270,55 @@ class ModelContext(EmbeddingReader):
             x = self.norm(x, f.pre_norm, self.stored_layer(layer), stack)
         return x
 
+    # -- data-conditioned inputs (SPEC §13) ---------------------------------------------------------
+    def use_layer_inputs(self, inputs: dict[int, np.ndarray] | None) -> None:
+        """Feed depth `l` the hidden state `inputs[l]` in place of the embedding-level input: x_l (d,), the same at
+        every position (SPEC §13 'mean'), or x_l(i) (n, d), one row per analysed position ('position-mean'), as
+        transformers' `hidden_states[l]` (the residual stream before the layer's own norm). Everything after it
+        (the layer's norm, projections, biases, q/k norms, positional mechanism, scaling, soft cap) is unchanged:
+        every score module reads its input through `layer_rows` / `query_key`. None restores the embedding-level
+        input. An absolute position table then enters only through x_l (the model added it before layer 0)."""
+        if inputs is not None:
+            inputs = {int(layer): np.asarray(x, dtype=np.float64) for layer, x in inputs.items()}
+            widths = {x.shape[-1] for x in inputs.values()} | {self.shape.hidden}
+            ranks = {x.ndim for x in inputs.values()}
+            if len(widths) != 1 or not ranks <= {1, 2}:
+                raise ValueError(f"layer inputs must be (d,) or (n, d) with d = {self.shape.hidden}")
+        self.layer_inputs = inputs
+
+    @property
+    def conditioned(self) -> bool:
+        """True while data-conditioned layer inputs are in use."""
+        return self.layer_inputs is not None
+
+    @property
+    def per_position_input(self) -> bool:
+        """True when the layer inputs differ along the sequence (SPEC §13 'position-mean')."""
+        return self.conditioned and any(x.ndim == 2 for x in self.layer_inputs.values())
+
+    def layer_rows(self, layer: int, stack: str = "encoder", positions: np.ndarray | None = None) -> np.ndarray:
+        """Rows (m, d) that layer `layer`'s attention projections see, after its pre-attention norm: m = 1 for an
+        input that is the same at every position, m = n for one row per position. By default the embedding-level
+        input of the average word (plus `positions` (n, e) table rows where given: SPEC §3, §9); with
+        data-conditioned inputs (`use_layer_inputs`) the hidden state entering the layer, `positions` ignored
+        (the model already added its table before layer 0)."""
+        if self.layer_inputs is None:
+            x = self.embedding_rows(positions)
+        elif layer not in self.layer_inputs:
+            raise ValueError(f"no data-conditioned input was given for layer {layer}")
+        else:
+            x = np.atleast_2d(self.layer_inputs[layer])
+        return self.layer_input(x, layer, stack)
+
     def word_input(self, layer: int, stack: str = "encoder") -> np.ndarray:
-        """What layer `layer`'s attention projections see for the average word (d,)."""
-        return self.layer_input(self.embedding, layer, stack)
+        """What layer `layer`'s attention projections see at every position (d,) — the average word, or a
+        data-conditioned mean — or, for a per-position input, at each position (n, d)."""
+        rows = self.layer_rows(layer, stack)
+        return rows[0] if rows.shape[0] == 1 and not self.per_position_input else rows
 
     def query_key(self, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:
-        """Query (H, d_h) and key (H_kv, d_h) of the average word at `layer`, biases, clamps and q/k norms
-        applied, before any positional mechanism."""
+        """Query (H, d_h) and key (H_kv, d_h) of the input at `layer` (`word_input`), biases, clamps and q/k norms
+        applied, before any positional mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input."""
         weights = self.attention(layer, stack)
         x = self.word_input(layer, stack)
         q, k = weights.queries(x), weights.keys(x)
@@ -279,6 +326,18 @@ class ModelContext(EmbeddingReader):
         if clip is not None:  # OLMo's clip_qkv
             q, k = np.clip(q, -clip, clip), np.clip(k, -clip, clip)
         return self.qk_norm(q, k, layer, stack)
+
+    def query_key_of(self, hidden: np.ndarray, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:
+        """Queries (H, T, d_h) and keys (H_kv, T, d_h) of hidden states `hidden` (T, d) entering layer `layer`
+        (transformers' `hidden_states[layer]`: real tokens of real text), before any positional mechanism:
+        `query_key`'s own path (the layer's norm, projections, biases, q/k norms) with those rows as the input."""
+        saved = self.layer_inputs
+        self.layer_inputs = {layer: np.atleast_2d(np.asarray(hidden, dtype=np.float64))}
+        try:
+            q, k = self.query_key(layer, stack)
+        finally:
+            self.layer_inputs = saved
+        return (q, k) if q.ndim == 3 else (q[:, None], k[:, None])
 
     def qk_norm(self, q: np.ndarray, k: np.ndarray, layer: int, stack: str = "encoder"):
         """The family's q/k norms where the checkpoint has them (Qwen3, Phi with qk_layernorm, Cohere, StableLM,
@@ -368,6 +427,17 @@ _ALTERNATIVES = re.compile(r"\(([^()|]+(?:\|[^()|]+)+)\)")
 
 
 CONTENT_FREE = "content-free"  # the mode of families without an absolute table (SPEC §9)
+DATA_CONDITIONED = "data-conditioned"  # the mode of scores of layer inputs from real text (SPEC §13)
+
+
+def head_products(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """q . k of every query head with the key head it reads (grouped-query attention: query head h reads key head
+    h // (H / H_kv)): (H, 1, 1) for one query and key per head, q (H, d_h) and k (H_kv, d_h); (H, n, n) (row i =
+    query position, column j = key position) for one per position, q (H, n, d_h) and k (H_kv, n, d_h)."""
+    k = np.repeat(k, q.shape[0] // k.shape[0], axis=0)
+    if q.ndim == 2:
+        return (q * k).sum(-1)[:, None, None]
+    return q @ k.transpose(0, 2, 1)
 
 
 def _has_table(family: T.Family, config: dict) -> bool:
@@ -409,7 +479,10 @@ def _analysable_family(source: ModelSource) -> T.Family:
 
 
 def content_free_scores(ctx: ModelContext, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
-    """F_hat (H, n, n) of SPEC §3 / §9 for `layer` of `stack`: dispatched to the score module of the model's kind."""
+    """F_hat (H, n, n) of SPEC §3 / §9 for `layer` of `stack`: dispatched to the score module of the model's kind
+    (SPEC §13 with data-conditioned layer inputs; a per-position input must have exactly n rows)."""
+    if ctx.per_position_input and np.shape(ctx.layer_inputs.get(layer))[0] != n:
+        raise ValueError(f"the per-position input of layer {layer} does not have {n} rows")
     return importlib.import_module(T.SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack)
 
 

@@ -146,7 +146,7 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
                 f"checkpoint '{ctx.source.name}' has {positions.shape[0]} absolute positions, fewer than {n}",
                 "analyse fewer positions with --positions",
             )
-    x = np.broadcast_to(ctx.layer_input(ctx.embedding_rows(positions), layer, stack), (n, ctx.shape.hidden))
+    x = np.broadcast_to(ctx.layer_rows(layer, stack, positions), (n, ctx.shape.hidden))
     rel = ctx.tensor(f.tensors["rel_embeddings"])
     if rel.shape[0] < 2 * cfg.att_span:
         raise PosprobeError(
@@ -205,5 +205,6 @@ def _norm_rel_ebd(raw: dict) -> list[str]:
 def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
     """For an input that is the same at every position, content-to-content is a constant and the position terms
     are indexed by the bucket of i - j: Toeplitz unless an absolute table is added to the input
-    (`position_biased_input`, DeBERTa-v2's default; v3 turns it off)."""
-    return not ctx.config.get("position_biased_input", True)
+    (`position_biased_input`, DeBERTa-v2's default; v3 turns it off) — or the input is a data-conditioned mean
+    (SPEC §13), which already holds the table."""
+    return not ctx.config.get("position_biased_input", True) or ctx.conditioned

@@ -27,7 +27,7 @@ import torch
 
 from posprobe.checkpoint.config import config_int
 from posprobe.errors import ArgumentValueError, PosprobeError
-from posprobe.families.context import reserved_rows
+from posprobe.families.context import head_products, reserved_rows
 
 MPNET_BUCKETS = 32
 MPNET_MAX_DISTANCE = 128
@@ -73,10 +73,13 @@ def bucket_bias(bias_table: torch.Tensor, n: int, bidirectional: bool, num_bucke
 
 def t5_scores(content: torch.Tensor, bias_table: torch.Tensor, n: int, *, causal: bool, num_buckets: int,
               max_distance: int) -> torch.Tensor:  # fmt: skip
-    """Content-free scores (H, n, n) of one T5 / mT5 / UMT5 self-attention layer: the constant q . k * scaling
-    of each head, `content` (H,), plus the bucketed bias (`bias_table` (B, H): the stack's layer-0 table for T5
+    """Content-free scores (H, n, n) of one T5 / mT5 / UMT5 self-attention layer: the q . k * scaling of each
+    head, `content` (H,) (a constant per head) or (H, 1, 1) or (H, n, n) (a per-position input), plus the
+    bucketed bias (`bias_table` (B, H): the stack's layer-0 table for T5
     and mT5, this layer's own for UMT5). `causal` = decoder stack."""
-    return content.to(torch.float64)[:, None, None] + bucket_bias(bias_table, n, not causal, num_buckets, max_distance)
+    content = content.to(torch.float64)
+    content = content[:, None, None] if content.ndim == 1 else content
+    return content + bucket_bias(bias_table, n, not causal, num_buckets, max_distance)
 
 
 # ------------------------------------------------------------------ checkpoint access (through the family table)
@@ -104,7 +107,7 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
             )
         if table.shape[0] < MPNET_BUCKETS:
             raise _malformed(ctx, f"relative attention bias with {table.shape[0]} buckets, MPNet uses {MPNET_BUCKETS}")
-        x = ctx.layer_input(ctx.embedding_rows(positions), layer, stack)
+        x = ctx.layer_rows(layer, stack, positions)  # (n, d); (1, d) for a data-conditioned mean
         content = weights.queries(x) @ weights.keys(x).transpose(0, 2, 1) * ctx.scaling  # (H, n, n)
         bias = bucket_bias(table, n, True, MPNET_BUCKETS, MPNET_MAX_DISTANCE)
         return content + bias.numpy()
@@ -112,8 +115,8 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
     max_distance = config_int(cfg, name, "relative_attention_max_distance", default=128, minimum=2)
     if table.shape[0] != buckets:
         raise _malformed(ctx, f"relative attention bias with {table.shape[0]} buckets, config says {buckets}")
-    q, k = ctx.query_key(layer, stack)  # (H, d_kv) each
-    content = torch.from_numpy((q * k).sum(-1) * ctx.scaling)
+    q, k = ctx.query_key(layer, stack)  # (H, d_kv) each; (H, n, d_kv) for a per-position input
+    content = torch.from_numpy(head_products(q, k) * ctx.scaling)  # (H, 1, 1) or (H, n, n)
     scores = t5_scores(content, table, n, causal=ctx.causal(stack), num_buckets=buckets, max_distance=max_distance)
     return scores.numpy()
 
@@ -130,5 +133,6 @@ def _malformed(ctx, what: str):
 
 def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
     """T5 / mT5 / UMT5: always, for an input that is the same at every position (a constant q . k plus
-    bias[bucket(j - i)]). MPNet: never, its absolute table enters the input at each position."""
-    return not ctx.family.position
+    bias[bucket(j - i)]). MPNet: not for the embedding-level input, its absolute table enters the input at each
+    position; yes for a data-conditioned mean (SPEC §13), which already holds the table."""
+    return not ctx.family.position or ctx.conditioned

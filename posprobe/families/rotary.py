@@ -89,18 +89,19 @@ def pairing(layout: str, d_h: int, r: int) -> np.ndarray | None:
 
 
 def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Vectors x (G, d_h) at every position: (G, n, d_h), the first r = cos.shape[-1] dims rotated."""
-    r = cos.shape[-1]
-    rot, rest = x[:, None, :r], x[:, None, r:]
+    """Vectors x (G, d_h), the same at every position, or (G, n, d_h), one per position, rotated to their
+    positions: (G, n, d_h), the first r = cos.shape[-1] dims rotated."""
+    n, r = cos.shape
+    x = np.broadcast_to(x[:, None, :] if x.ndim == 2 else x, (x.shape[0], n, x.shape[-1]))
+    rot, rest = x[..., :r], x[..., r:]
     half = r // 2
     rotated = rot * cos + np.concatenate([-rot[..., half:], rot[..., :half]], axis=-1) * sin  # rotate_half
-    n = cos.shape[0]
-    return np.concatenate([rotated, np.broadcast_to(rest, (x.shape[0], n, x.shape[1] - r))], axis=-1)
+    return np.concatenate([rotated, rest], axis=-1)
 
 
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
     """F_hat (H, n, n): row i = query position, column j = key position (k = j - i)."""
-    q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h)
+    q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h); or (H, n, d_h), (H_kv, n, d_h) per position
     layer_type = ctx.layer_kinds(n, stack)[layer].layer_type if takes_layer_type(ctx) else None
     if ("rotary", n, layer_type) not in ctx.cache:  # the same angles for every layer (of a type)
         ctx.cache["rotary", n, layer_type] = rotary_angles(ctx, n, layer_type)
@@ -112,8 +113,8 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
         )
     order = pairing(ctx.family.rotary_layout, q.shape[-1], cos.shape[-1])
     if order is not None:
-        q, k = q[:, order], k[:, order]
-    heads, kv_heads, dh = q.shape[0], k.shape[0], q.shape[1]
+        q, k = q[..., order], k[..., order]
+    heads, kv_heads, dh = q.shape[0], k.shape[0], q.shape[-1]
     qr = rotate(q * ctx.scaling, cos, sin)  # (H, n, d_h)
     kr = rotate(k, cos, sin)  # (H_kv, n, d_h)
     # Query heads h = g * m .. g * m + m - 1 read key head g: one (m n, d_h) x (d_h, n) product per group.

@@ -10,6 +10,7 @@ Reading the model: `score_reader.py`; the result classes: `analysis_results.py` 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from os import PathLike
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ from posprobe.pipelines.analysis_results import (
     ProfileResult,
     ToeplitzResult,
 )
+from posprobe.pipelines.data_conditioned import text_settings
 from posprobe.pipelines.score_reader import (
     DEFAULT_POSITIONS,
     MIN_POSITIONS,
@@ -118,8 +120,9 @@ def toeplitz(
     )
 
 
-def _fhat_result(reader: ScoreReader, layer: int) -> FhatResult:
-    """The `FhatResult` of model layer `layer` (0-based, already checked) read through `reader`."""
+def _fhat_result(reader: ScoreReader, layer: int, conditioning: dict | None = None) -> FhatResult:
+    """The `FhatResult` of model layer `layer` (0-based, already checked) read through `reader` (`conditioning`:
+    the record of data-conditioned inputs, SPEC §13)."""
     f = reader.scores(layer)
     source = reader.source
     by_construction = reader.toeplitz_by_construction  # R^2 = 1 whatever the weights: nothing to measure
@@ -138,7 +141,25 @@ def _fhat_result(reader: ScoreReader, layer: int) -> FhatResult:
         by_construction,
         reader.layer_kind(layer),
         quantization=source.quantization,
+        conditioning=conditioning,
     )
+
+
+_TEXT_ARGUMENTS = """texts / input_ids (token id sequences; special_ids: which ids are special): condition the scores on
+    real text (SPEC §13): layer l gets the mean hidden state entering it in place of the embedding-level input
+    (mode 'data-conditioned'; `mode` does not apply). input: 'mean' (over texts and real tokens at positions >= 1)
+    or 'position-mean' (per position, for positions with at least `min_texts` texts). max_length (tokens per
+    text), max_texts, batch_size, device, progress (called with the number of texts of each batch): the run on
+    text, as for `attention_profiles`."""
+
+
+def _conditioned(reader: ScoreReader, layers: list[int], settings, model, source, allow_pickle, positions):
+    """(reader, conditioning record): `reader` itself without texts, else one fed the texts' mean hidden states."""
+    if settings is None:
+        return reader, None
+    from posprobe.pipelines.data_conditioned import capture_target, condition_reader
+
+    return condition_reader(reader, layers, settings, capture_target(model, source), allow_pickle, positions)
 
 
 def fhat(
@@ -149,6 +170,17 @@ def fhat(
     source: ModelSource | None = None,
     positions: int | None = None,
     stack: str = "encoder",
+    *,
+    texts: Iterable[str] | None = None,
+    input_ids: Iterable[list[int]] | None = None,
+    special_ids: Iterable[int] | None = None,
+    input: str = "mean",
+    min_texts: int = 16,
+    max_length: int | None = None,
+    max_texts: int | None = None,
+    batch_size: int = 32,
+    device: str | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> FhatResult:
     """F_hat_P (H, n, n) for every head of `layer` (SPEC §3, §9) and each head's Toeplitz R^2.
 
@@ -157,12 +189,16 @@ def fhat(
     without a learned table always give the content-free scores of SPEC §9 (mode 'content-free').
     positions: n analysed (default: the whole learned table, else min(the model's maximum, 512)).
     stack: 'encoder' or 'decoder' (encoder-decoder models).
+    {texts}
     """
     mode = as_choice(mode, "mode", MODES)
     as_int(layer, "layer")
+    settings = text_settings(texts, input_ids, special_ids, input, min_texts, max_length, max_texts, batch_size,
+                             device, progress)  # fmt: skip
     reader = ScoreReader(open_model(model, allow_pickle, source, mode), positions, stack)
-    source = reader.source
-    return _fhat_result(reader, _layer_index(layer, reader.n_layers, source.name))
+    layer = _layer_index(layer, reader.n_layers, reader.source.name)
+    reader, conditioning = _conditioned(reader, [layer], settings, model, source, allow_pickle, positions)
+    return _fhat_result(reader, layer, conditioning)
 
 
 def profiles(
@@ -174,6 +210,17 @@ def profiles(
     source: ModelSource | None = None,
     positions: int | None = None,
     stack: str = "encoder",
+    *,
+    texts: Iterable[str] | None = None,
+    input_ids: Iterable[list[int]] | None = None,
+    special_ids: Iterable[int] | None = None,
+    input: str = "mean",
+    min_texts: int = 16,
+    max_length: int | None = None,
+    max_texts: int | None = None,
+    batch_size: int = 32,
+    device: str | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> ProfileResult:
     """Profiles (diagonal means of F_hat_P over k = j - i) of every head of `layers`, plus 5 sections each.
 
@@ -182,23 +229,36 @@ def profiles(
     mode: 'paper' or 'faithful' (learned tables; other families give SPEC §9 content-free scores). positions: n
     analysed (default: the whole learned table, else min(the model's maximum, 512)). stack: 'encoder' or 'decoder'
     (encoder-decoder models).
+    {texts}
     """
     mode = as_choice(mode, "mode", MODES)
     if not (isinstance(layers, str) and layers == "all"):
         layers = as_int_list(layers, "layers")
     window = None if window is None else as_int(window, "window", minimum=1)
-    return profiles_from(ScoreReader(open_model(model, allow_pickle, source, mode), positions, stack), layers, window)
+    settings = text_settings(texts, input_ids, special_ids, input, min_texts, max_length, max_texts, batch_size,
+                             device, progress)  # fmt: skip
+    reader = ScoreReader(open_model(model, allow_pickle, source, mode), positions, stack)
+    layers = _layer_list(layers, reader)
+    reader, conditioning = _conditioned(reader, layers, settings, model, source, allow_pickle, positions)
+    return profiles_from(reader, layers, window, conditioning)
 
 
-def profiles_from(reader: ScoreReader, layers: list[int] | str | None, window: int | None = None) -> ProfileResult:
-    """`profiles` of the model `reader` reads (its positions, stack and mode already chosen): `layers` a checked
-    list of indices (-1 = last) or None / 'all'; `window` a whole number >= 1 or None (the default)."""
+def _layer_list(layers: list[int] | str | None, reader: ScoreReader) -> list[int]:
+    """Checked, distinct, non-negative layer indices of `layers` (-1 = last; None / 'all': every layer)."""
+    if layers is None or layers == "all":
+        return list(range(reader.n_layers))
+    return list(dict.fromkeys(_layer_index(x, reader.n_layers, reader.source.name, "layers") for x in layers))
+
+
+def profiles_from(
+    reader: ScoreReader, layers: list[int] | str | None, window: int | None = None, conditioning: dict | None = None
+) -> ProfileResult:
+    """`profiles` of the model `reader` reads (its positions, stack, mode and any data-conditioned inputs already
+    chosen; `conditioning` their record): `layers` a checked list of indices (-1 = last) or None / 'all';
+    `window` a whole number >= 1 or None (the default)."""
     source = reader.source
     n_layers = reader.n_layers
-    if layers is None or layers == "all":
-        layers = list(range(n_layers))
-    else:
-        layers = list(dict.fromkeys(_layer_index(x, n_layers, source.name, "layers") for x in layers))
+    layers = _layer_list(layers, reader)
     n = reader.n
     if window is None:
         window = min(DEFAULT_PROFILE_WINDOW, n - 1)
@@ -210,7 +270,7 @@ def profiles_from(reader: ScoreReader, layers: list[int] | str | None, window: i
     shared = reader.family.shared_layers
     profiles_, r2s, secs, cache = [], [], [], {}
     for layer in layers:
-        stored = 0 if shared else layer
+        stored = 0 if shared and conditioning is None else layer  # data-conditioned: each depth its own input
         if stored not in cache:
             res = _fhat_result(reader, layer)
             cache[stored] = (diagonal_means(res.matrices), res.toeplitz_r2, sections(res.matrices, rows, window))
@@ -237,7 +297,12 @@ def profiles_from(reader: ScoreReader, layers: list[int] | str | None, window: i
         toeplitz_by_construction=reader.toeplitz_by_construction,
         layer_kinds=[reader.layer_kind(layer) for layer in layers],
         quantization=source.quantization,
+        conditioning=conditioning,
     )
+
+
+fhat.__doc__ = fhat.__doc__.format(texts=_TEXT_ARGUMENTS)
+profiles.__doc__ = profiles.__doc__.format(texts=_TEXT_ARGUMENTS)
 
 
 def section_rows(n: int, window: int, count: int = 5) -> list[int]:

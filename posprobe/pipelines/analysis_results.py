@@ -83,7 +83,8 @@ class FhatResult(ResultMixin):
     (NaN where undefined: a constant matrix; NaN for every head, not measured, where `toeplitz_by_construction`:
     the model's position kind makes the matrices depend on k = j - i alone whatever the weights, R^2 = 1 by
     construction). `weights_layer` is the stored layer used (0 at every ALBERT depth).
-    `mode` is 'paper' or 'faithful' for learned tables, 'content-free' (SPEC §9) for other families;
+    `mode` is 'paper' or 'faithful' for learned tables, 'content-free' (SPEC §9) for other families,
+    'data-conditioned' (SPEC §13) when computed from texts' hidden states (`conditioning` then says how);
     `position_kind` the family's mechanism (posprobe.families.KINDS); `causal`: the model only uses k <= 0
     (j <= i), the entries above the diagonal are what the scores would be, never seen by its softmax;
     `stack` the encoder or decoder stack of an encoder-decoder model; `layer_kind` how the layer attends ('global',
@@ -102,6 +103,7 @@ class FhatResult(ResultMixin):
     toeplitz_by_construction: bool = False
     layer_kind: str = "global"
     quantization: str | None = None  # a GGUF file's quantisation: the weights analysed were de-quantised from it
+    conditioning: dict | None = None  # data-conditioned scores (SPEC §13): the input and the texts behind it
 
     _repr_fields = ("model", "layer", "mode", "toeplitz_by_construction", "mean_toeplitz_r2", "toeplitz_r2", "matrices")
 
@@ -132,7 +134,7 @@ class FhatResult(ResultMixin):
             "mean_toeplitz_r2": self.mean_toeplitz_r2,
             "quantization": self.quantization,
             "heads": [{"head": h, "toeplitz_r2": _r2(r)} for h, r in enumerate(self.toeplitz_r2)],
-        }
+        } | ({"conditioning": self.conditioning} if self.conditioning is not None else {})
 
     def plot(self):
         """One panel per head (posprobe.plotting.fhat_grid): displays in a notebook, `.savefig(path)` writes it."""
@@ -179,6 +181,7 @@ class ProfileResult(ResultMixin):
     toeplitz_by_construction: bool = False
     layer_kinds: list[str] | None = None  # None: not recorded (a profiles file written before issue 22)
     quantization: str | None = None  # a GGUF file's quantisation: the weights analysed were de-quantised from it
+    conditioning: dict | None = None  # data-conditioned profiles (SPEC §13): the input and the texts behind it
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "n_positions", "window", "causal", "profiles", "offsets")
 
@@ -220,7 +223,7 @@ class ProfileResult(ResultMixin):
             "quantization": self.quantization,
             "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing"
             + ("; causal model: only k <= 0 is used" if self.causal else ""),
-        }
+        } | ({"conditioning": self.conditioning} if self.conditioning is not None else {})
 
     def peak_offsets(self) -> np.ndarray:
         """(L_sel, H) int: the offset k of each profile's maximum within the window, over k = -w..w, or over

@@ -1,0 +1,350 @@
+"""Position probes (SPEC §16): per hidden state, a ridge regression of each token's position on its hidden state,
+5 folds split by text, the penalty chosen inside the training folds, held-out R² pooled over the folds and the
+mean absolute error, and the same probe on positions permuted within each text as the control.
+
+Why sums and not scikit-learn on the tokens: scikit-learn's `Ridge` needs every hidden state in memory (tokens x d
+per layer), so memory would grow with the corpus. Every number below is a function of per-fold sufficient statistics
+(for fold f and hidden state l: sum z z^T (d, d), sum z (d), sum z y (d, 2), and the token count, sum y and sum y^2,
+where z = h - s is the hidden state minus a fixed shift s, the first batch's mean, which keeps the sums well
+conditioned), so the probe is exact — the same fits, penalties and held-out errors as scikit-learn's
+`Ridge` + `GridSearchCV` on the same folds, up to float64 rounding (checked in tests/test_states_probe.py) — and its
+memory is 5·d² floats per probed layer, whatever the number of texts.
+
+- Folds: text t goes to fold t mod 5 (t its index in the input order); no text is in two folds (as GroupKFold).
+- Targets: y = the token's position i (0-based, real tokens, special tokens included); the control y' = pi_t(i),
+  a permutation of 0..len_t-1 drawn per text from (seed, t) (`control_positions`). A permutation keeps each text's
+  sum and sum of squares of y, so the control differs from the probe only in which token carries which target;
+  it can still be predicted where a hidden state knows the text's length (the mean of y' over a text is
+  (len_t - 1)/2).
+- Fit (scikit-learn's `Ridge(alpha=λ)`, `fit_intercept=True`): w = (Xc^T Xc + λI)^{-1} Xc^T yc with X and y centred
+  on the training tokens' means; the intercept is not penalised.
+- λ: candidates `ALPHA_GRID` (10^-6 .. 10^2) times tr(C)/d, C the centred Gram matrix of all tokens of that hidden
+  state (features only, no target; it makes the grid scale-free: the same relative penalties whatever the scale of
+  a layer's activations). For each outer fold f, the candidate with the smallest mean over the 4 inner folds g of
+  the MSE on g of the model fitted on the other 3 training folds (ties: the smaller λ) — what
+  `GridSearchCV(Ridge(), {"alpha": grid}, cv=<those inner folds>, scoring="neg_mean_squared_error")` picks — then
+  refitted on all 4 training folds. Control and probe choose their λ separately.
+- Held-out R² = 1 - sum (y - ŷ)^2 / sum (y - ȳ)^2 over every token, ŷ from the model of the fold the token was
+  held out of, ȳ the mean over all tokens (`r2_score` of `cross_val_predict`). At most 0 when the hidden states
+  carry nothing (a constant hidden state predicts the training mean, which is farther from each held-out fold's
+  mean than ȳ is).
+- MAE = mean |y - ŷ| over a uniform random sample of at most `sample` tokens (reservoir sampling, Algorithm R,
+  seeded; every token when there are fewer), predicted the same way: the held-out predictions need the final
+  weights, which only exist after the last batch, and an exact MAE would need every hidden state again. With
+  N tokens and a sample of s < N, the MAE is an unbiased estimate of the all-token MAE; with N <= s it is exact.
+
+Dimensions: B batch, m its longest sequence, N real tokens of a batch, P probed hidden states, F = 5 folds,
+T = 2 targets (position, control), K candidate penalties, d hidden size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+N_FOLDS = 5
+ALPHA_GRID = 10.0 ** np.arange(-6, 3)  # times tr(C)/d
+DEFAULT_SAMPLE = 2048
+TARGETS = ("position", "control")
+
+
+def control_positions(text_id: int, length: int, seed: int = 0) -> np.ndarray:
+    """The control targets of one text: a permutation of 0..length-1 drawn from (seed, text_id) alone, so that it
+    does not depend on batches or order."""
+    return np.random.default_rng([int(seed), int(text_id)]).permutation(int(length))
+
+
+class TokenReservoir:
+    """Algorithm R (Vitter 1985): after N tokens are offered, each one is among the `size` kept with probability
+    size/N (all when N <= size)."""
+
+    def __init__(self, size: int, seed: int = 0):
+        self.size, self.seen = int(size), 0
+        self.rng = np.random.default_rng([int(seed), 7919])
+
+    def offer(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Offer the next `count` tokens: (which of them to keep (k,), the slot each goes to (k,)). A slot chosen
+        twice in one call keeps the later token, as if the tokens had been offered one at a time."""
+        seen = self.seen + np.arange(count)
+        slot = np.where(seen < self.size, seen, self.rng.integers(0, seen + 1))
+        self.seen += count
+        picked = np.nonzero(slot < self.size)[0]
+        slots = slot[picked]
+        _, last = np.unique(slots[::-1], return_index=True)
+        keep = np.sort(len(slots) - 1 - last)
+        return picked[keep], slots[keep]
+
+
+class PositionProbeAccumulator:
+    """Per-fold sufficient statistics of the probe and control for the hidden states `layers` (float64, on
+    `device`), and a reservoir of `sample` tokens for the MAE."""
+
+    needs = ("hidden_states",)
+
+    def __init__(
+        self,
+        n_states: int,
+        layers: list[int],
+        hidden_size: int,
+        device: str | torch.device = "cpu",
+        sample: int = DEFAULT_SAMPLE,
+        seed: int = 0,
+    ):
+        import torch
+
+        self.n_states, self.layers, self.seed = int(n_states), [int(x) for x in layers], int(seed)
+        P, F, d, T = len(self.layers), N_FOLDS, int(hidden_size), len(TARGETS)
+        zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
+        self.shift = None  # (P, d): the first batch's mean hidden state
+        self.gram, self.first, self.cross = zeros(P, F, d, d), zeros(P, F, d), zeros(P, F, d, T)
+        self.count, self.ysum, self.ysq = zeros(F), zeros(F, T), zeros(F, T)
+        self.reservoir = TokenReservoir(sample, seed)
+        self.sample_x = None  # (sample, P, d) in the hidden states' dtype, allocated on the first batch
+        self.sample_y, self.sample_fold = zeros(sample, T), torch.zeros(sample, dtype=torch.int64, device=device)
+
+    @staticmethod
+    def nbytes(n_layers: int, hidden_size: int, sample: int = DEFAULT_SAMPLE) -> int:
+        d = hidden_size
+        return 8 * n_layers * N_FOLDS * (d * d + 3 * d) + 4 * sample * n_layers * d
+
+    def targets(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(b, i) of the batch's real tokens (row-major) and their targets Y (N, 2): position, control."""
+        import torch
+
+        real = batch.real
+        b, i = real.nonzero(as_tuple=True)
+        lengths = real.sum(1).tolist()
+        control = torch.zeros(real.shape, dtype=torch.float64)
+        for row, (text, length) in enumerate(zip(batch.text_ids.tolist(), lengths)):
+            control[row, :length] = torch.from_numpy(control_positions(text, length, self.seed).astype(np.float64))
+        y = torch.stack([i.to(torch.float64), control.to(real.device)[b, i]], dim=1)
+        return b, i, y
+
+    def add(self, batch) -> None:
+        """Add one batch (a BatchCapture: hidden_states, real, text ids)."""
+        import torch
+
+        b, i, y = self.targets(batch)
+        fold = batch.text_ids[b] % N_FOLDS
+        # each token's row in its fold's block: the folds side by side as (F, longest, .), zero rows elsewhere,
+        # so that one batched product per hidden state gives all five folds' sums
+        sizes = torch.bincount(fold, minlength=N_FOLDS)
+        order = torch.argsort(fold, stable=True)
+        row = torch.empty_like(order)
+        row[order] = torch.arange(len(order), device=order.device) - (torch.cumsum(sizes, 0) - sizes)[fold[order]]
+        longest = int(sizes.max())
+        blocks = y.new_zeros(N_FOLDS, longest, y.shape[1])
+        blocks[fold, row] = y
+        self.count += sizes
+        self.ysum += blocks.sum(1)
+        self.ysq += (blocks * blocks).sum(1)
+        states = [batch.hidden_states[layer][b, i] for layer in self.layers]  # P x (N, d)
+        if self.shift is None:
+            self.shift = torch.stack([h.to(torch.float64).mean(0) for h in states])
+        for p, h in enumerate(states):
+            z = y.new_zeros(N_FOLDS, longest, h.shape[1])
+            z[fold, row] = h.to(torch.float64) - self.shift[p]
+            zt = z.transpose(1, 2)  # (F, d, longest)
+            self.gram[p] += zt @ z
+            self.first[p] += z.sum(1)
+            self.cross[p] += zt @ blocks
+        self._sample(states, y, fold)
+
+    def _sample(self, states: list[torch.Tensor], y: torch.Tensor, fold: torch.Tensor) -> None:
+        import torch
+
+        picked, slots = self.reservoir.offer(int(y.shape[0]))
+        if not len(picked):
+            return
+        if self.sample_x is None:
+            self.sample_x = torch.zeros(
+                (self.reservoir.size, len(states), states[0].shape[1]), dtype=states[0].dtype, device=y.device
+            )
+        picked, slots = torch.from_numpy(picked).to(y.device), torch.from_numpy(slots).to(y.device)
+        self.sample_x[slots] = torch.stack([h[picked] for h in states], dim=1)
+        self.sample_y[slots] = y[picked]
+        self.sample_fold[slots] = fold[picked]
+
+    def result(self) -> PositionProbes:
+        import torch
+
+        L1, F, T = self.n_states, N_FOLDS, len(TARGETS)
+        r2, mae = np.full((L1, T), np.nan), np.full((L1, T), np.nan)
+        alpha = np.full((L1, F, T), np.nan)
+        kept = min(self.reservoir.seen, self.reservoir.size)
+        for p, layer in enumerate(self.layers):
+            stats = FoldStats(self.gram[p], self.first[p], self.cross[p], self.count, self.ysum, self.ysq)
+            fit = cross_validated_ridge(stats)
+            r2[layer], alpha[layer] = fit.r2, fit.alpha
+            if kept and fit.weights is not None:
+                z = self.sample_x[:kept, p].to(torch.float64) - self.shift[p]
+                mae[layer] = _mean_abs_error(fit, z, self.sample_y[:kept], self.sample_fold[:kept])
+        return PositionProbes(
+            layers=np.array(self.layers, dtype=np.int64),
+            r2=r2[:, 0],
+            r2_control=r2[:, 1],
+            mae=mae[:, 0],
+            mae_control=mae[:, 1],
+            alpha=alpha[..., 0],
+            alpha_control=alpha[..., 1],
+            n_tokens=int(self.count.sum()),
+            n_sample=kept,
+            fold_tokens=self.count.cpu().numpy().astype(np.int64),
+            seed=self.seed,
+        )
+
+
+def _mean_abs_error(fit: RidgeFolds, z: torch.Tensor, y: torch.Tensor, fold: torch.Tensor) -> np.ndarray:
+    """(T,) mean |y - ŷ| of sampled tokens z (S, d) (shifted), each predicted by its held-out fold's model."""
+    import torch
+
+    weights = torch.as_tensor(fit.weights, device=z.device)[fold]  # (S, d, T)
+    means = torch.as_tensor(fit.means, device=z.device)[fold]  # (S, d)
+    ybar = torch.as_tensor(fit.ybar, device=z.device)[fold]  # (S, T)
+    predicted = torch.einsum("sd,sdt->st", z - means, weights) + ybar
+    return (y - predicted).abs().mean(0).cpu().numpy()
+
+
+@dataclass(frozen=True)
+class FoldStats:
+    """Sufficient statistics per fold (torch float64): gram (F, d, d) = sum z z^T, first (F, d) = sum z,
+    cross (F, d, T) = sum z y^T, count (F,), ysum (F, T) = sum y, ysq (F, T) = sum y^2."""
+
+    gram: torch.Tensor
+    first: torch.Tensor
+    cross: torch.Tensor
+    count: torch.Tensor
+    ysum: torch.Tensor
+    ysq: torch.Tensor
+
+    def pooled(self, folds: list[int]) -> tuple:
+        """(gram, first, cross, count, ysum, ysq) summed over `folds`."""
+        return tuple(x[folds].sum(0) for x in (self.gram, self.first, self.cross, self.count, self.ysum, self.ysq))
+
+    def fold(self, f: int) -> tuple:
+        return tuple(x[f] for x in (self.gram, self.first, self.cross, self.count, self.ysum, self.ysq))
+
+
+@dataclass(frozen=True)
+class RidgeFolds:
+    """The cross-validated probe of one hidden state, per target T: r2 (T,), sse (T,) held-out sum of squares,
+    tss (T,), alpha (F, T) the penalty each outer fold chose; weights (F, d, T), means (F, d) (training mean of
+    z), ybar (F, T) (training mean of y): fold f predicts ŷ = (z - means[f]) · weights[f] + ybar[f]
+    (None when a fold is empty)."""
+
+    r2: np.ndarray
+    sse: np.ndarray
+    tss: np.ndarray
+    alpha: np.ndarray
+    weights: np.ndarray | None
+    means: np.ndarray | None
+    ybar: np.ndarray | None
+
+
+def _centred(gram, first, cross, count, ysum):
+    """Training means and centred statistics: (mu (d,), ybar (T,), C = Xc^T Xc (d, d), b = Xc^T yc (d, T))."""
+    import torch
+
+    mu, ybar = first / count, ysum / count
+    return mu, ybar, gram - count * torch.outer(mu, mu), cross - torch.outer(first, ybar)
+
+
+def ridge_solve(C: torch.Tensor, b: torch.Tensor, alphas: torch.Tensor) -> torch.Tensor:
+    """w_k = (C + alphas[k] I)^{-1} b for every penalty: C (d, d) symmetric positive semi-definite, b (d, T),
+    alphas (K,) > 0 -> (K, d, T). Cholesky; a system that round-off left indefinite is solved in C's eigenbasis
+    with its negative eigenvalues set to 0."""
+    import torch
+
+    d = C.shape[0]
+    eye = torch.eye(d, dtype=C.dtype, device=C.device)
+    systems = C[None] + alphas[:, None, None] * eye  # (K, d, d)
+    factor, info = torch.linalg.cholesky_ex(systems)
+    out = torch.cholesky_solve(b.expand(len(alphas), *b.shape).contiguous(), factor)
+    if bool((info != 0).any()):
+        values, vectors = torch.linalg.eigh(C)
+        projected = vectors.T @ b  # (d, T)
+        for k in torch.nonzero(info != 0).flatten().tolist():
+            out[k] = vectors @ (projected / (values.clamp(min=0) + alphas[k])[:, None])
+    return out
+
+
+def held_out_sse(W: torch.Tensor, mu, ybar, held: tuple) -> torch.Tensor:
+    """sum over the held-out tokens of (y - ŷ)^2, ŷ = (z - mu) · W[k, :, t] + ybar[t], from the held-out fold's
+    statistics `held` (gram, first, cross, count, ysum, ysq): W (K, d, T) -> (K, T)."""
+    import torch
+
+    gram, first, cross, count, ysum, ysq = held
+    yy = ysq - 2 * ybar * ysum + count * ybar**2  # (T,) sum (y - ybar)^2
+    c = cross - torch.outer(mu, ysum) - torch.outer(first, ybar) + count * torch.outer(mu, ybar)  # sum (z-mu)(y-ybar)
+    cw = torch.einsum("dt,kdt->kt", c, W)
+    aw, mw = torch.einsum("d,kdt->kt", first, W), torch.einsum("d,kdt->kt", mu, W)
+    quad = torch.einsum("kdt,de,ket->kt", W, gram, W) - 2 * aw * mw + count * mw**2  # w^T sum (z-mu)(z-mu)^T w
+    return yy - 2 * cw + quad
+
+
+def cross_validated_ridge(stats: FoldStats, grid: np.ndarray = ALPHA_GRID) -> RidgeFolds:
+    """The nested cross-validated ridge probe (see the module docstring) from per-fold statistics."""
+    import torch
+
+    F, T = stats.count.shape[0], stats.ysum.shape[1]
+    nan = np.full(T, np.nan)
+    if bool((stats.count == 0).any()):  # fewer texts than folds
+        return RidgeFolds(nan, nan, nan, np.full((F, T), np.nan), None, None, None)
+    everything = stats.pooled(list(range(F)))
+    _, _, C_all, _ = _centred(*everything[:5])
+    d = C_all.shape[0]
+    scale = float(torch.trace(C_all)) / d
+    alphas = torch.as_tensor(grid, dtype=torch.float64, device=C_all.device) * max(scale, 0.0)
+
+    def fit(folds: list[int], penalties: torch.Tensor):
+        mu, ybar, C, b = _centred(*stats.pooled(folds)[:5])
+        if scale <= 0:  # every hidden state is the same: the model predicts the training mean
+            return mu, ybar, torch.zeros(len(penalties), d, T, dtype=C.dtype, device=C.device)
+        return mu, ybar, ridge_solve(C, b, penalties)
+
+    inner_mse = torch.zeros(F, len(grid), T, dtype=torch.float64, device=C_all.device)
+    for f in range(F):
+        for g in range(f + 1, F):  # the fit without folds f and g serves outer f (held g) and outer g (held f)
+            mu, ybar, W = fit([h for h in range(F) if h not in (f, g)], alphas)
+            inner_mse[f] += held_out_sse(W, mu, ybar, stats.fold(g)) / stats.count[g]
+            inner_mse[g] += held_out_sse(W, mu, ybar, stats.fold(f)) / stats.count[f]
+    best = torch.argmin(inner_mse, dim=1).cpu().numpy()  # (F, T): the first of equal minima
+    sse = np.zeros(T)
+    weights, means, ybars, alpha = np.zeros((F, d, T)), np.zeros((F, d)), np.zeros((F, T)), np.zeros((F, T))
+    for f in range(F):
+        chosen = alphas[torch.as_tensor(best[f], device=alphas.device)]  # (T,)
+        mu, ybar, W = fit([h for h in range(F) if h != f], chosen)  # (T, d, T): row t solved with target t's alpha
+        W = torch.stack([W[t, :, t] for t in range(T)], dim=1)[None]  # (1, d, T)
+        sse += held_out_sse(W, mu, ybar, stats.fold(f))[0].cpu().numpy()
+        weights[f], means[f], ybars[f] = W[0].cpu().numpy(), mu.cpu().numpy(), ybar.cpu().numpy()
+        alpha[f] = chosen.cpu().numpy()
+    tss = (everything[5] - everything[4] ** 2 / everything[3]).cpu().numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = np.where(tss > 0, 1.0 - sse / tss, np.nan)
+    return RidgeFolds(r2, sse, tss, alpha, weights, means, ybars)
+
+
+@dataclass(frozen=True)
+class PositionProbes:
+    """Per hidden state (arrays (L+1,), NaN where not probed): r2, r2_control (held-out R², pooled), mae,
+    mae_control (mean absolute error in positions, over the sample); alpha, alpha_control (L+1, F): the penalty
+    each outer fold chose. layers: the probed hidden states; n_tokens: tokens in the probe; n_sample: tokens the
+    MAE is over (all of them when n_sample == n_tokens); fold_tokens (F,): tokens per fold; seed: the control
+    permutations' and the sample's seed."""
+
+    layers: np.ndarray
+    r2: np.ndarray
+    r2_control: np.ndarray
+    mae: np.ndarray
+    mae_control: np.ndarray
+    alpha: np.ndarray
+    alpha_control: np.ndarray
+    n_tokens: int
+    n_sample: int
+    fold_tokens: np.ndarray
+    seed: int

@@ -1,0 +1,249 @@
+"""Command `states`: position in a model's hidden states on real texts (SPEC §16), or in a series of checkpoints.
+
+`states --json` prints one object: `model`, `n_texts`, `max_length`, `n_layers`, `n_states` (L+1), `npz`
+(arrays: `positional_vectors` (L+1, n, d), `positional_norms` (L+1, n), `positional_gram`, `probe_r2`,
+`probe_r2_control`, `probe_mae`, `massive_max`, `massive_position`, `massive_channel`, `massive_ratio` (L+1,), ...),
+the per-hidden-state lists `probe_r2`, `probe_r2_control`, `probe_mae`, `probe_mae_control`,
+`positional_toeplitz_r2`, `positional_norm_mean` (and both `..._without_first`: over positions i >= 1, recentred
+there), `massive_max`, `massive_position`, `massive_channel`,
+`massive_median`, `massive_ratio`, `massive_first_share`, `massive_special_share`, `massive_delimiter_share`
+(null where undefined), `massive_top` (per hidden state, its top tokens), the settings (`min_texts`,
+`n_positions_kept`, `n_tokens`, `probe_layers`, `probe_folds`, `probe_mae_sample`, `seed`, ...), `seconds` and
+`figures`. With `--checkpoints`: `checkpoints` (label, model, revision, step, step_from), `steps`, each number as
+(checkpoints, L+1) lists, `npz`, `figures` and `checkpoint_npz`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from posprobe.cli.console import console, emit_json
+from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt, parse_int_list
+from posprobe.outputs import default_out
+
+
+def register(app: typer.Typer) -> None:
+    app.command("states")(states)
+
+
+def states(
+    model: ModelArg = None,
+    text: Annotated[
+        str,
+        typer.Option(
+            "--text",
+            help="Texts: one per line (.txt), .jsonl / .csv with --column, or a hub dataset split "
+            "hub:NAME[:CONFIG]:SPLIT with --column.",
+        ),
+    ] = ...,
+    column: Annotated[str | None, typer.Option("--column", help="Column of a .jsonl/.csv file with the texts.")] = None,
+    max_length: Annotated[
+        int | None, typer.Option("--max-length", help="Tokens per text (truncated); default 128 or fewer.")
+    ] = None,
+    max_texts: Annotated[int | None, typer.Option("--max-texts", help="Use at most this many texts.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Texts per forward pass.")] = 32,
+    min_texts: Annotated[
+        int, typer.Option("--min-texts", help="Positional vectors at positions reached by at least this many texts.")
+    ] = 16,
+    probe_layers: Annotated[
+        str | None,
+        typer.Option("--probe-layers", help="Hidden states to probe, e.g. 0,6,12 (default: all; -1 is the last)."),
+    ] = None,
+    mae_sample: Annotated[
+        int, typer.Option("--mae-sample", help="Tokens the probe's mean absolute error is measured on (sampled).")
+    ] = 2048,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the control permutations and the MAE sample.")] = 0,
+    checkpoints: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoints",
+            help="A series instead of MODEL: folders, .gguf files or ID@REVISION separated by commas, or a training "
+            "run folder (its checkpoint-* folders); ordered by step.",
+        ),
+    ] = None,
+    revision: Annotated[str | None, typer.Option("--revision", help="Branch, tag or commit of a hub MODEL.")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
+    out: OutOpt = None,
+    fmt: FormatOpt = FigureFormat.png,
+    json_out: JsonOpt = False,
+    allow_pickle: AllowPickleOpt = False,
+) -> None:
+    """Run MODEL on real texts and measure, for every hidden state (0 = embedding output): the positional vectors
+    (mean hidden state per position, centred) and the Toeplitz R² of their Gram matrix; a ridge probe of the
+    position (5 folds by text, held-out R² and MAE) with a permuted-position control; and the massive activations
+    (largest |activation|, where, its ratio to the median, which tokens hold them). With --checkpoints: each
+    number against the training step."""
+    from posprobe.errors import PosprobeError
+    from posprobe.texts import check_texts, iter_texts
+    from posprobe.validation import as_int
+
+    if max_length is not None:
+        max_length = as_int(max_length, "max_length", minimum=2, hint="e.g. --max-length 128")
+    batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
+    min_texts = as_int(min_texts, "min_texts", minimum=1, hint="e.g. --min-texts 16")
+    mae_sample = as_int(mae_sample, "mae_sample", minimum=1, maximum=2**24)
+    seed = as_int(seed, "seed", minimum=0)
+    if max_texts is not None:
+        max_texts = as_int(max_texts, "max_texts", minimum=1)
+    layers = parse_int_list(probe_layers, "probe-layers")
+    if checkpoints is not None and (model is not None or revision is not None):
+        raise PosprobeError(
+            "--checkpoints replaces MODEL and --revision", "pass MODEL [--revision R], or --checkpoints A,B,... alone"
+        )
+    total = check_texts(text, column, max_texts)
+    settings = dict(
+        max_length=max_length,
+        max_texts=max_texts,
+        batch_size=batch_size,
+        min_texts=min_texts,
+        probe_layers=layers,
+        mae_sample=mae_sample,
+        seed=seed,
+        device=device,
+        allow_pickle=allow_pickle,
+        text_source=str(text),
+    )
+    if checkpoints is not None:
+        _series(checkpoints, text, column, total, settings, out, fmt, json_out)
+        return
+    from posprobe.checkpoint import resolve_model
+    from posprobe.cli.attention import _check_writable
+
+    source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True, revision=revision)
+    out_dir = Path(out if out is not None else default_out("states", source.label)).expanduser()
+    _check_writable(out_dir)
+    from posprobe.pipelines.states import states as run_states
+    from posprobe.pipelines.states_result import write_states
+
+    with _bar(total) as advance:
+        result = run_states(
+            str(source.path) if model is not None else None, iter_texts(text, column), progress=advance, **settings
+        )
+    from dataclasses import replace
+
+    result = replace(result, model=source.name, revision=revision)
+    written = write_states(result, out_dir, fmt.value)
+    if json_out:
+        emit_json(result.record(written["npz"], written["figures"]))
+        return
+    _print(result, written)
+
+
+def _series(checkpoints: str, text: str, column, total: int, settings: dict, out, fmt, json_out: bool) -> None:
+    from posprobe.cli.attention import _check_writable
+    from posprobe.pipelines.states_series import list_checkpoints, states_series, write_series
+    from posprobe.texts import iter_texts
+
+    items = list_checkpoints(checkpoints)
+    first = items[0].model if items[0].revision is not None else str(Path(items[0].model).parent.name or "series")
+    out_dir = Path(out if out is not None else default_out("states-series", first)).expanduser()
+    _check_writable(out_dir)
+    with _bar(total * len(items)) as advance:
+        series = states_series(
+            [c.model if c.revision is None else f"{c.model}@{c.revision}" for c in items],
+            lambda: iter_texts(text, column),
+            progress=advance,
+            **settings,
+        )
+    written = write_series(series, out_dir, fmt.value)
+    if json_out:
+        emit_json(series.record(written["npz"], written["figures"], written["checkpoint_npz"]))
+        return
+    _print_series(series, written)
+
+
+class _bar:
+    """A progress bar over texts on stderr (shown only on a terminal); `with _bar(total) as advance`."""
+
+    def __init__(self, total: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("texts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
+            transient=True,
+        )  # fmt: skip
+        self.total = total
+
+    def __enter__(self):
+        self.progress.__enter__()
+        task = self.progress.add_task("texts", total=self.total)
+        return lambda k: self.progress.advance(task, k)
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+
+def _fmt(value, digits: int = 2) -> str:
+    import numpy as np
+
+    return "—" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _print(result, written) -> None:
+    from rich.table import Table
+
+    numbers = result.per_layer()
+    m = result.massive
+    table = Table(
+        title=f"Position in the hidden states — {result.model}, {result.n_texts} texts, max length "
+        f"{result.max_length}, {result.vectors.n_kept} positions with ≥ {result.vectors.min_texts} texts",
+        title_justify="left",
+    )
+    for name in ("l", "R²", "ctrl", "MAE", "VVᵀ", "|v|", "max|h|", "i,c", "token", "ratio"):
+        table.add_column(name, justify="right", overflow="fold")
+    for layer in range(result.n_states):
+        token = result.top_tokens[layer][0] if result.top_tokens is not None else str(int(m.top_token[layer, 0]))
+        token = token if len(token) <= 10 else token[:9] + "…"
+        table.add_row(
+            str(layer),
+            _fmt(numbers["probe_r2"][layer], 3),
+            _fmt(numbers["probe_r2_control"][layer], 3),
+            _fmt(numbers["probe_mae"][layer]),
+            _fmt(numbers["positional_toeplitz_r2"][layer], 3),
+            _fmt(numbers["positional_norm_mean"][layer]),
+            _fmt(m.max[layer], 1),
+            f"{int(m.position[layer])},{int(m.channel[layer])}",
+            token,
+            _fmt(m.ratio[layer], 0),
+        )
+    console.print(table)
+    console.print(
+        "[dim]l: hidden state (0 = embedding output); R²: held-out R² of a ridge probe of the position (5 folds "
+        "by text); ctrl: the same on positions permuted within each text; MAE in positions (over "
+        f"{result.probes.n_sample} sampled tokens); VVᵀ: Toeplitz R² of the positional vectors' Gram matrix; |v|: "
+        "their mean norm; max|h| at position i, channel c, on token; ratio: max|h| / median |h|[/dim]"
+    )
+    console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
+
+
+def _print_series(series, written) -> None:
+    import numpy as np
+    from rich.table import Table
+
+    numbers = series.numbers
+    table = Table(title=f"Position in the hidden states over checkpoints — {series.title}", title_justify="left")
+    for name in ("checkpoint", "step", "R² l=0", "R² last", "ctrl max", "VVᵀ mean", "ratio max"):
+        table.add_column(name, justify="right", overflow="fold")
+    for c, (checkpoint, step) in enumerate(zip(series.checkpoints, series.steps)):
+        r2_vv = numbers["positional_toeplitz_r2"][c]
+        table.add_row(
+            checkpoint.label,
+            str(int(step)) if series.ordered_by_step else "—",
+            _fmt(numbers["probe_r2"][c, 0], 3),
+            _fmt(numbers["probe_r2"][c, -1], 3),
+            _fmt(np.nanmax(numbers["probe_r2_control"][c]) if np.isfinite(numbers["probe_r2_control"][c]).any()
+                 else None, 3),
+            _fmt(np.nanmean(r2_vv) if np.isfinite(r2_vv).any() else None, 3),
+            _fmt(np.nanmax(numbers["massive_ratio"][c]) if np.isfinite(numbers["massive_ratio"][c]).any() else None,
+                 0),
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        "[dim]R²: held-out R² of the position probe at the first and last hidden state; ctrl max: the largest "
+        "control R²; VVᵀ mean: mean Toeplitz R² of the positional vectors' Gram matrices; ratio max: the largest "
+        "max|h| / median |h|[/dim]"
+    )
+    console.print(f"arrays:  {written['npz']}\nfigure:  {written['figures'][0]}")

@@ -1,0 +1,118 @@
+"""The `--text` options shared by commands that condition on real text (`fhat`, `profiles`: SPEC §13; `rotary`:
+SPEC §15), defined once: the option types, the check of the texts before any model is read, and the progress bar
+over texts while the library runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_MIN_TEXTS = 16
+
+
+class TextInput(str, Enum):
+    mean = "mean"
+    position_mean = "position-mean"
+
+
+TextOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--text",
+        help="Texts: one per line (.txt), .jsonl / .csv with --column, or a hub dataset split "
+        "hub:NAME[:CONFIG]:SPLIT with --column.",
+    ),
+]
+ColumnOpt = Annotated[str | None, typer.Option("--column", help="Column of a .jsonl/.csv file with the texts.")]
+InputOpt = Annotated[
+    TextInput | None,
+    typer.Option(
+        "--input",
+        help="With --text: 'mean' (x_l over tokens at positions ≥ 1; default) or 'position-mean' (x_l(i) per "
+        "position).",
+    ),
+]
+MinTextsOpt = Annotated[
+    int | None, typer.Option("--min-texts", help="position-mean: positions need this many texts (default 16).")
+]
+MaxLengthOpt = Annotated[
+    int | None, typer.Option("--max-length", help="Tokens per text (truncated); default 128 or fewer.")
+]
+MaxTextsOpt = Annotated[int | None, typer.Option("--max-texts", help="Use at most this many texts.")]
+BatchSizeOpt = Annotated[int | None, typer.Option("--batch-size", help="Texts per forward pass (default 32).")]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")]
+
+
+def check_text_options(text: str | None, **options) -> int | None:
+    """The number of texts `--text` will use (the file checked: exists, right column, not empty), or None without
+    `--text`, where every other text option (`options`: name -> value, None when not given) must be unset."""
+    from posprobe.errors import ArgumentValueError
+    from posprobe.texts import check_texts
+    from posprobe.validation import as_int
+
+    if text is None:
+        for name, value in options.items():
+            if value is not None:
+                raise ArgumentValueError(name, "{arg} applies only with --text", "pass --text FILE, or drop {arg}")
+        return None
+    for name in ("max_texts", "batch_size", "min_texts"):
+        if options.get(name) is not None:
+            as_int(options[name], name, minimum=1)
+    return check_texts(text, options.get("column"), options.get("max_texts"))
+
+
+@contextmanager
+def text_run(text: str | None, total: int | None, **options) -> Iterator[dict]:
+    """The library keywords for `--text` (texts read lazily, progress advanced per batch; options left unset keep the
+    library's defaults) inside a progress bar over texts on stderr; {} without `--text`."""
+    if text is None:
+        yield {}
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from posprobe.cli.console import console
+    from posprobe.texts import iter_texts
+
+    column = options.pop("column", None)
+    kwargs = {name: value for name, value in options.items() if value is not None}
+    if isinstance(kwargs.get("input"), Enum):
+        kwargs["input"] = kwargs["input"].value
+    with Progress(
+        TextColumn("texts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=True
+    ) as bar:
+        task = bar.add_task("texts", total=total)
+        yield kwargs | {"texts": iter_texts(text, column), "progress": lambda k: bar.advance(task, k)}
+
+
+def with_text_source(result, text: str | None):
+    """`result` with the `--text` argument recorded in its conditioning record (the library does not know it)."""
+    from dataclasses import replace
+
+    if text is None or getattr(result, "conditioning", None) is None:
+        return result
+    return replace(result, conditioning={**result.conditioning, "text": str(text)})
+
+
+def file_tag(result) -> str:
+    """The mode part of output file names: the result's mode, and the input for 'position-mean'."""
+    conditioning = getattr(result, "conditioning", None) or {}
+    return result.mode + ("-position-mean" if conditioning.get("input") == TextInput.position_mean.value else "")
+
+
+def conditioning_lines(result) -> list[str]:
+    """What a data-conditioned result was computed from, and what it can show, for the text output."""
+    c = getattr(result, "conditioning", None)
+    if c is None:
+        return []
+    where = f" from {c['text']}" if c.get("text") else ""
+    extra = f", positions with at least {c['min_texts']} texts" if c["input"] == TextInput.position_mean.value else ""
+    return [
+        f"data-conditioned (SPEC §13): input {c['input']} of {c['n_texts']} texts{where} ({c['n_tokens']} tokens, "
+        f"max length {c['max_length']}{extra})",
+        c["note"],
+    ]

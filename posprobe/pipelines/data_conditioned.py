@@ -1,0 +1,227 @@
+"""Data-conditioned content-free scores (SPEC §13): `fhat` / `profiles` with texts.
+
+The model runs once over the texts through the capture layer (`posprobe.capture`, hidden states only); one reducer
+(`analysis.hidden_means.HiddenMeanAccumulator`) keeps the running sums of the hidden states entering the analysed
+layers; their means go to the model reader (`ModelContext.use_layer_inputs`), and the score modules compute SPEC §9's
+scores of that input exactly as they do for the embedding-level one (the layer's norm, projections, biases, q/k
+norms, positional mechanism, scaling, soft cap). Two inputs:
+
+- 'mean': x_l, the mean over texts and real tokens at positions i >= 1, the same at every position: the scores
+  of rotary, ALiBi and bucket-bias models depend on k = j - i alone (Toeplitz by construction), and those of an
+  absolute table are one number per head (the table entered only through x_l and the mean averages it away).
+- 'position-mean': x_l(i), the mean over texts at each position i, for the leading positions with at least
+  `min_texts` texts: the matrices are no longer Toeplitz by construction and their R^2 is a finding.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from os import PathLike
+from typing import Any
+
+from posprobe.analysis.hidden_means import INPUTS, MEAN, POSITION_MEAN, HiddenMeanAccumulator
+from posprobe.checkpoint.in_memory import is_model_object
+from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.families.context import PER_POSITION_INPUT, SAME_INPUT
+from posprobe.families.table import KIND_NAMES, TABLE_KINDS
+from posprobe.pipelines.score_reader import MIN_POSITIONS, ScoreReader
+from posprobe.validation import as_choice, as_int
+
+DEFAULT_MIN_TEXTS = 16
+DEFAULT_BATCH_SIZE = 32
+
+
+@dataclass(frozen=True)
+class TextSettings:
+    """How to condition scores on texts (checked by `text_settings`): `texts` (strings, tokenised with the
+    model's tokenizer) or `input_ids` (token id sequences; `special_ids` says which ids are special), the `input`
+    ('mean' or 'position-mean'), `min_texts` (position-mean: positions with fewer texts are not analysed),
+    `max_length` (tokens per text; None: 128 or the model's positions if fewer), `max_texts`, `batch_size`,
+    `device` (None: cuda if available), `progress(k)` called after each batch of k texts, and `text_source` (what
+    the texts are, for the record: a file name)."""
+
+    texts: Iterable[str] | None
+    input_ids: Iterable[list[int]] | None
+    special_ids: tuple[int, ...]
+    input: str
+    min_texts: int
+    max_length: int | None
+    max_texts: int | None
+    batch_size: int
+    device: str | None
+    progress: Callable[[int], None] | None
+    text_source: str | None
+
+    @property
+    def per_position(self) -> bool:
+        return self.input == POSITION_MEAN
+
+
+def text_settings(
+    texts: Iterable[str] | None = None,
+    input_ids: Iterable[list[int]] | None = None,
+    special_ids: Iterable[int] | None = None,
+    input: str = MEAN,
+    min_texts: int = DEFAULT_MIN_TEXTS,
+    max_length: int | None = None,
+    max_texts: int | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    device: str | None = None,
+    progress: Callable[[int], None] | None = None,
+    text_source: str | None = None,
+) -> TextSettings | None:
+    """The checked settings, or None when neither `texts` nor `input_ids` is given (then every other setting must
+    keep its default: they only apply to texts)."""
+    input = as_choice(input, "input", INPUTS)
+    min_texts = as_int(min_texts, "min_texts", minimum=1)
+    if max_length is not None:
+        max_length = as_int(max_length, "max_length", minimum=MIN_POSITIONS)
+    if max_texts is not None:
+        max_texts = as_int(max_texts, "max_texts", minimum=1)
+    batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
+    if isinstance(texts, (str, bytes)):
+        raise ArgumentValueError(
+            "texts", "{arg} must be an iterable of strings, got one string", "e.g. texts=['a text', 'another text']"
+        )
+    if texts is not None and input_ids is not None:
+        raise PosprobeError("pass one of texts and input_ids, not both", "texts for strings, input_ids if tokenised")
+    if texts is None and input_ids is None:
+        given = {
+            "input": input != MEAN,
+            "min_texts": min_texts != DEFAULT_MIN_TEXTS,
+            "max_length": max_length is not None,
+            "max_texts": max_texts is not None,
+            "batch_size": batch_size != DEFAULT_BATCH_SIZE,
+            "special_ids": bool(special_ids),
+        }
+        for name, set_ in given.items():
+            if set_:
+                raise ArgumentValueError(
+                    name, "{arg} applies to data-conditioned scores, and no texts were given", "pass texts too"
+                )
+        return None
+    return TextSettings(texts, input_ids, tuple(special_ids or ()), input, min_texts, max_length, max_texts,
+                        batch_size, device, progress, text_source)  # fmt: skip
+
+
+def capture_target(model: Any, source) -> Any:
+    """What to load for the run on text: the caller's model (hub id, folder, None or a loaded model), or the folder
+    of an already resolved `source`."""
+    if source is not None:
+        return str(source.path)
+    return os.fspath(model) if isinstance(model, PathLike) and not is_model_object(model) else model
+
+
+def condition_reader(
+    reader: ScoreReader, layers: list[int], settings: TextSettings, model: Any, allow_pickle: bool, positions
+) -> tuple[ScoreReader, dict]:
+    """Run the model (`model`: what `capture_target` gives) on the texts, give the reader's model context the mean
+    hidden states entering `layers` (0-based, checked), and return a new `ScoreReader` for them (positions: the
+    caller's `positions`; for 'position-mean' by default every leading position with at least `min_texts` texts)
+    and the conditioning record (`conditioning` in results and JSON)."""
+    ctx = reader.ctx
+    source = ctx.source
+    if ctx.family.encoder_decoder or source.config.get("is_encoder_decoder"):
+        raise PosprobeError(
+            f"'{source.name}' ({source.model_type}) is an encoder-decoder model: texts run through encoders and "
+            "decoders only, so its scores cannot be conditioned on text",
+            "drop --text (texts=) for its content-free scores (SPEC §9)",
+        )
+    means, summary, max_length = hidden_means(model, layers, settings, allow_pickle)
+    n = positions
+    if settings.per_position:
+        available = means.positions_with(settings.min_texts)
+        if available < MIN_POSITIONS:
+            raise ArgumentValueError(
+                "min_texts",
+                f"only {available} position(s) have at least {{arg={settings.min_texts}}} texts; position-mean needs "
+                f"at least {MIN_POSITIONS}",
+                "pass more or longer texts, or a smaller {arg}",
+            )
+        if positions is None:
+            n = min(available, reader.n)  # at most the default number of positions
+        elif positions > available:
+            raise ArgumentValueError(
+                "positions",
+                f"{positions} positions do not fit the texts: {available} positions have at least "
+                f"{settings.min_texts} texts",
+                f"use {{arg}} {available} or less, or pass more or longer texts",
+            )
+        inputs = {layer: means.layer(layer)[:n] for layer in layers}
+    else:
+        inputs = {layer: means.layer(layer) for layer in layers}
+    ctx.use_layer_inputs(inputs)
+    conditioned = ScoreReader(ctx, n, reader.stack, PER_POSITION_INPUT if settings.per_position else SAME_INPUT)
+    record = {
+        "input": settings.input,
+        "text": settings.text_source,
+        "n_texts": summary.n_texts,
+        "n_tokens": means.n_tokens,
+        "max_length": max_length,
+        "longest_text": summary.longest,
+        "layers": list(layers),
+    }
+    if settings.per_position:
+        record |= {"min_texts": settings.min_texts, "texts_at": means.texts_at[: conditioned.n].tolist()}
+    record["note"] = conditioning_note(ctx.kind, settings.input)
+    return conditioned, record
+
+
+def conditioning_note(kind: str, input: str) -> str:
+    """What the data-conditioned scores of a model of position kind `kind` with input `input` can show."""
+    if input == POSITION_MEAN:
+        return (
+            "x_l(i) differs along the sequence: the score matrices are not Toeplitz by construction, and their "
+            "Toeplitz R² is a finding"
+        )
+    if kind in TABLE_KINDS:
+        return (
+            f"the {KIND_NAMES[kind]} enters only through x_l (the model adds it before layer 0) and the mean over "
+            "positions averages it away: every score of a head is the same number, R² is undefined — use "
+            "--input position-mean (input='position-mean') for one input per position"
+        )
+    return "x_l is the same at every position: only the model's relative mechanism makes scores depend on k = j − i"
+
+
+def run_on_texts(model: Any, make_reducers: Callable, settings: TextSettings, allow_pickle: bool):
+    """Load `model` (what `capture_target` gives) and run it once over the texts of `settings`, feeding the
+    reducers `make_reducers(max_length, device)` returns; (reducers, CaptureSummary, max_length)."""
+    from posprobe.capture import capture, load_for_capture, resolve_device, resolve_max_length
+
+    _, net, tokenizer = load_for_capture(model, allow_pickle, need_tokenizer=settings.texts is not None)
+    max_length = resolve_max_length(net, settings.max_length)
+    device = resolve_device(settings.device)
+    net = net.to(device)
+    reducers = make_reducers(max_length, device)
+    summary = capture(
+        net,
+        reducers,
+        settings.texts,
+        tokenizer=tokenizer,
+        input_ids=settings.input_ids,
+        special_ids=settings.special_ids,
+        max_length=max_length,
+        batch_size=settings.batch_size,
+        max_texts=settings.max_texts,
+        progress=settings.progress,
+    )
+    return reducers, summary, max_length
+
+
+def hidden_means(model: Any, layers: list[int], settings: TextSettings, allow_pickle: bool):
+    """(HiddenMeans, CaptureSummary, max_length) of one run over the texts."""
+    (accumulator,), summary, max_length = run_on_texts(
+        model, lambda length, device: [HiddenMeanAccumulator(layers, settings.input, length, device)], settings,
+        allow_pickle,
+    )  # fmt: skip
+    try:
+        means = accumulator.result()
+    except ValueError as err:
+        raise PosprobeError(
+            "the texts have no token after the first one, so there is nothing to average (SPEC §13 leaves out "
+            "position 0)",
+            "pass longer texts, or --input position-mean",
+        ) from err
+    return means, summary, max_length

@@ -1,0 +1,133 @@
+"""`posprobe rotary` (SPEC §15): per layer and head, how much of the query and key norm lives in each rotary frequency
+band, with each band's frequency and wavelength as the family's own rotary module gives them (rope_scaling
+included). Content-free without texts (the constant input of SPEC §9: the average word embedding at the
+embedding level); with texts, the band norms of every real token's query and key (its hidden state through the
+model reader's norm, projections, biases and q/k norms), averaged over the tokens in one streamed pass.
+
+The result type is in `rotary_result.py`; the pure computations in `posprobe.analysis.rotary_bands`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from os import PathLike
+from typing import Any
+
+import numpy as np
+
+from posprobe.analysis.rotary_bands import BandNormAccumulator, band_norms, band_pairs, frequencies_from_angles
+from posprobe.analysis.rotary_bands import unrotated_norm as unrotated
+from posprobe.checkpoint import ModelSource
+from posprobe.errors import PosprobeError
+from posprobe.families import table as T
+from posprobe.pipelines.data_conditioned import capture_target, run_on_texts, text_settings
+from posprobe.pipelines.rotary_result import RotaryBandsResult
+from posprobe.pipelines.score_reader import ScoreReader, _layer_index, open_model
+from posprobe.validation import as_int_list
+
+
+def rotary(
+    model: str | PathLike | Any | None = None,
+    layers: list[int] | str | None = None,
+    *,
+    positions: int | None = None,
+    texts: Iterable[str] | None = None,
+    input_ids: Iterable[list[int]] | None = None,
+    special_ids: Iterable[int] | None = None,
+    max_length: int | None = None,
+    max_texts: int | None = None,
+    batch_size: int = 32,
+    device: str | None = None,
+    progress: Callable[[int], None] | None = None,
+    allow_pickle: bool = False,
+    source: ModelSource | None = None,
+) -> RotaryBandsResult:
+    """Rotary band norms of every head of `layers` (SPEC §15): `q_band_norm` (L_sel, H, r/2), `k_band_norm`
+    (L_sel, H_kv, r/2), each band's `frequencies` and `wavelengths` (L_sel, r/2).
+
+    model: hub id, folder, None or a loaded transformers model of a rotary family. layers: a list of layer indices
+    (-1 = last), or None / 'all'. positions: the sequence length n the rotary module's angles are computed for
+    (default min(the model's maximum, 512); frequencies depend on it only for dynamic / longrope scaling beyond
+    the original context). Without texts the bands of the content-free input (the average word embedding, SPEC
+    §9); with `texts` (strings, tokenised with the model's tokenizer) or `input_ids` (token id sequences), the
+    mean over real tokens of each token's band norms; max_length, max_texts, batch_size, device, progress as for
+    `attention_profiles`.
+    """
+    if not (isinstance(layers, str) and layers == "all"):
+        layers = as_int_list(layers, "layers")
+    settings = text_settings(texts, input_ids, special_ids, max_length=max_length, max_texts=max_texts,
+                             batch_size=batch_size, device=device, progress=progress)  # fmt: skip
+    ctx = open_model(model, allow_pickle, source)
+    _require_rotary(ctx)
+    reader = ScoreReader(ctx, positions)
+    n_layers, name = reader.n_layers, ctx.source.name
+    if layers is None or layers == "all":
+        layers = list(range(n_layers))
+    else:
+        layers = list(dict.fromkeys(_layer_index(x, n_layers, name, "layers") for x in layers))
+    from posprobe.families.rotary import pairing, rotary_angles
+    from posprobe.families.windows import takes_layer_type
+
+    n = max(reader.n, 2)
+    # one rotary setting per layer type where the family has several (Gemma 3, ModernBERT: local / global)
+    types = [ctx.layer_kinds(n)[layer].layer_type if takes_layer_type(ctx) else None for layer in layers]
+    angles = {t: rotary_angles(ctx, n, t) for t in dict.fromkeys(types)}
+    cos, sin = angles[types[0]]
+    s = ctx.shape
+    rotated = cos.shape[-1]
+    if rotated > s.head_dim or rotated % 2 or rotated < 2:
+        raise PosprobeError(
+            f"the rotary module of '{name}' rotates {rotated} dims of {s.head_dim}-dim heads",
+            "the config is malformed; re-save the checkpoint",
+        )
+    order = pairing(ctx.family.rotary_layout, s.head_dim, rotated)
+    pairs = band_pairs(rotated, order)
+    half = f"rotate_half: dims (f, f + {rotated // 2})"
+    words = half if order is None else f"{ctx.family.rotary_layout}: dims (2f, 2f + 1)"
+    per_type = {t: frequencies_from_angles(*a) for t, a in angles.items()}
+    theta = np.stack([per_type[t][0] for t in types])  # (L_sel, F)
+    scale = per_type[types[0]][1]
+    texts_record = None
+    if settings is None:
+        parts = []
+        for layer in layers:
+            q, k = ctx.query_key(layer)  # (H, d_h), (H_kv, d_h)
+            parts.append((band_norms(q, pairs), band_norms(k, pairs), unrotated(q, pairs), unrotated(k, pairs)))
+        q_norm, k_norm, q_rest, k_rest = (np.stack(part) for part in zip(*parts))
+    else:
+        make = lambda length, device: [BandNormAccumulator(layers, ctx.query_key_of, pairs)]  # noqa: E731
+        (accumulator,), summary, length = run_on_texts(capture_target(model, source), make, settings, allow_pickle)
+        q_norm, k_norm, q_rest, k_rest, tokens = accumulator.result()
+        texts_record = {"text": None, "n_texts": summary.n_texts, "n_tokens": tokens, "max_length": length,
+                        "longest_text": summary.longest}  # fmt: skip
+    return RotaryBandsResult(
+        model=name,
+        model_type=ctx.source.model_type,
+        layers=layers,
+        n_layers=n_layers,
+        head_dim=s.head_dim,
+        rotated_dims=rotated,
+        pairing=words,
+        frequencies=theta,
+        rotary_scale=scale,
+        q_band_norm=q_norm,
+        k_band_norm=k_norm,
+        q_unrotated_norm=q_rest,
+        k_unrotated_norm=k_rest,
+        n_positions=n,
+        max_positions=ctx.max_positions,
+        texts=texts_record,
+    )
+
+
+def _require_rotary(ctx) -> None:
+    """Refuse a model whose positions are not rotary, saying what it has and which commands show it."""
+    if ctx.kind == T.ROTARY:
+        return
+    source = ctx.source
+    where = "`posprobe toeplitz` (its table), " if ctx.has_table else ""
+    raise PosprobeError(
+        f"'{source.name}' ({source.model_type}) uses {T.KIND_NAMES.get(ctx.kind, ctx.kind)}, not rotary embeddings: "
+        "it has no rotary frequency bands",
+        f"its positional structure is shown by {where}`posprobe profiles` and `posprobe fhat`",
+    )

@@ -1,0 +1,181 @@
+"""`posprobe states` (SPEC §16): run a model on texts once through the capture layer (`posprobe.capture`, hidden
+states only, so every encoder or decoder transformers runs with `output_hidden_states` works) and reduce its
+hidden states with three reducers at once: positional vectors (`analysis.positional_vectors`), position probes
+(`analysis.position_probe`) and massive activations (`analysis.massive`). Memory is set by their sums (see
+`accumulator_bytes`), never by the number of texts.
+
+The result type and its files are in `states_result.py`; a series of checkpoints in `states_series.py`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from posprobe.analysis.massive import MassiveActivationAccumulator, is_delimiter
+from posprobe.analysis.position_probe import DEFAULT_SAMPLE, PositionProbeAccumulator
+from posprobe.analysis.positional_vectors import DEFAULT_MIN_TEXTS, PositionalVectorAccumulator
+from posprobe.capture import capture, check_model, load_for_capture, resolve_device, resolve_max_length
+from posprobe.capture.model import text_config
+from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.pipelines.states_result import StatesResult
+from posprobe.validation import as_int, as_int_list
+
+MAX_ACCUMULATOR_BYTES = 16 * 2**30
+
+
+class _CheckStates:
+    """Refuses a model whose `output_hidden_states` is not L+1 tensors of (B, m, d) (the first batch tells)."""
+
+    needs = ("hidden_states",)
+
+    def __init__(self, n_states: int, hidden_size: int, kind: str):
+        self.n_states, self.hidden_size, self.kind = n_states, hidden_size, kind
+
+    def add(self, batch) -> None:
+        hidden = batch.hidden_states
+        shapes = {tuple(h.shape) for h in hidden}
+        expected = (*batch.input_ids.shape, self.hidden_size)
+        if len(hidden) != self.n_states or shapes != {expected}:
+            raise PosprobeError(
+                f"'{self.kind}' returned {len(hidden)} hidden states of shapes {sorted(shapes)}; expected "
+                f"{self.n_states} of {expected}",
+                "this model's hidden states are not laid out as one per layer plus the embedding output",
+            )
+
+    def result(self) -> None:
+        return None
+
+
+def accumulator_bytes(n_states: int, n_positions: int, hidden_size: int, probe_layers: int, sample: int) -> int:
+    """Bytes of the reducers' state: positional sums, probe statistics and sample, massive-activation histograms."""
+    return (
+        PositionalVectorAccumulator.nbytes(n_states, n_positions, hidden_size)
+        + PositionProbeAccumulator.nbytes(probe_layers, hidden_size, sample)
+        + MassiveActivationAccumulator.nbytes(n_states)
+    )
+
+
+def states(
+    model: Any = None,
+    texts: Iterable[str] | None = None,
+    *,
+    input_ids: Iterable[Sequence[int]] | None = None,
+    special_ids: Iterable[int] | None = None,
+    max_length: int | None = None,
+    max_texts: int | None = None,
+    batch_size: int = 32,
+    min_texts: int = DEFAULT_MIN_TEXTS,
+    probe_layers: Sequence[int] | None = None,
+    mae_sample: int = DEFAULT_SAMPLE,
+    seed: int = 0,
+    device: str | None = None,
+    allow_pickle: bool = False,
+    revision: str | None = None,
+    progress: Callable[[int], None] | None = None,
+    text_source: str | None = None,
+) -> StatesResult:
+    """Position in the hidden states of `model` on `texts` (SPEC §16), every hidden state l = 0..L in one pass:
+    positional vectors (positions with at least `min_texts` texts) and their Gram matrix's Toeplitz R², position
+    probes (5-fold ridge by text, held-out R² and MAE, and the control on positions permuted within each text),
+    and massive activations (largest |activation|, where, its ratio to the median, the top tokens).
+
+    model: hub id (`revision`: a branch, tag or commit), folder, None (packaged MiniLM) or a loaded transformers
+    model. texts: strings, tokenised by the model's tokenizer (special tokens added as it does), truncated to
+    `max_length` (default 128, or the model's positions if fewer); or `input_ids` (pre-tokenised; `special_ids`
+    marks special tokens). `probe_layers`: the hidden states to probe (default all; -1 is the last), each costing
+    5·d² float64 of memory; `mae_sample`: tokens the MAE is measured on (reservoir sample; all when fewer);
+    `seed`: the control permutations' and the sample's seed. `progress(k)` is called after each batch with the
+    number of texts it held.
+    """
+    if max_length is not None:
+        max_length = as_int(max_length, "max_length", minimum=2)
+    batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
+    if max_texts is not None:
+        max_texts = as_int(max_texts, "max_texts", minimum=1)
+    min_texts = as_int(min_texts, "min_texts", minimum=1)
+    mae_sample = as_int(mae_sample, "mae_sample", minimum=1, maximum=2**24)
+    seed = as_int(seed, "seed", minimum=0)
+    if (texts is None) == (input_ids is None):
+        raise PosprobeError("pass exactly one of texts and input_ids", "texts for strings, input_ids if tokenised")
+    started = time.perf_counter()
+    name = None
+    if revision is not None:
+        from posprobe.checkpoint import resolve_model
+
+        resolved = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True, revision=revision)
+        model, name = str(resolved.path), resolved.name
+    source, net, tokenizer = load_for_capture(model, allow_pickle, need_tokenizer=texts is not None)
+    n_layers, _ = check_model(net, attention=False)
+    n_states = n_layers + 1
+    kind = str(getattr(net.config, "model_type", "unknown"))
+    hidden_size = getattr(text_config(net), "hidden_size", None)
+    if not isinstance(hidden_size, int) or hidden_size < 1:
+        raise PosprobeError(f"cannot read the hidden size of '{kind}' from its config", "use a standard config")
+    max_length = resolve_max_length(net, max_length)
+    layers = _probe_layers(probe_layers, n_states)
+    need = accumulator_bytes(n_states, max_length, hidden_size, len(layers), mae_sample)
+    if need > MAX_ACCUMULATOR_BYTES:
+        raise PosprobeError(
+            f"the probes of {len(layers)} hidden states of size {hidden_size} need {need / 2**30:.1f} GiB of "
+            "accumulators (5 folds x d² float64 each)",
+            "probe fewer hidden states with --probe-layers (e.g. --probe-layers 0,8,16)",
+        )
+    device = resolve_device(device)
+    net = net.to(device)
+    vectors = PositionalVectorAccumulator(n_states, max_length, hidden_size, device)
+    probes = PositionProbeAccumulator(n_states, layers, hidden_size, device, sample=mae_sample, seed=seed)
+    massive = MassiveActivationAccumulator(n_states, device)
+    summary = capture(
+        net,
+        [_CheckStates(n_states, hidden_size, kind), vectors, probes, massive],
+        texts,
+        tokenizer=tokenizer,
+        input_ids=input_ids,
+        special_ids=special_ids or (),
+        max_length=max_length,
+        batch_size=batch_size,
+        max_texts=max_texts,
+        progress=progress,
+    )
+    massive_result = massive.result()
+    tokens = delimiters = None
+    if tokenizer is not None:
+        ids = massive_result.top_token
+        tokens = [[str(t) for t in tokenizer.convert_ids_to_tokens([int(x) for x in row])] for row in ids]
+        delimiters = [[is_delimiter(t) for t in row] for row in tokens]
+    if name is None:
+        name = source.name if source is not None else type(net).__name__
+    return StatesResult(
+        model=name,
+        model_type=kind,
+        n_texts=summary.n_texts,
+        max_length=max_length,
+        n_layers=n_layers,
+        hidden_size=hidden_size,
+        vectors=vectors.result(min_texts),
+        probes=probes.result(),
+        massive=massive_result,
+        top_tokens=tokens,
+        top_delimiter=delimiters,
+        seconds=time.perf_counter() - started,
+        text_source=text_source,
+        revision=revision,
+    )
+
+
+def _probe_layers(value, n_states: int) -> list[int]:
+    """The probed hidden states, sorted (None: all); -1 is the last."""
+    if value is None:
+        return list(range(n_states))
+    layers = as_int_list(value, "probe_layers", hint="e.g. --probe-layers 0,4,8")
+    wrong = [x for x in layers if not -n_states <= x < n_states]
+    if wrong:
+        raise ArgumentValueError(
+            "probe_layers",
+            f"hidden state {wrong[0]} does not exist (this model has 0..{n_states - 1}: the embedding output and "
+            f"{n_states - 1} layers)",
+            "pick from that range with {arg} (-1 is the last)",
+        )
+    return sorted({x % n_states for x in layers})

@@ -1,0 +1,63 @@
+"""Figure of `posprobe rotary` (SPEC §15): band norm against wavelength (log x), one panel per layer.
+
+Each panel: every query head's band norms (thin lines), their mean over heads (black) and the key heads' mean
+(orange, dashed); the context marked: the model's maximum positions (red dotted) and, with texts, the longest
+analysed text (green dashed). Takes a `RotaryBandsResult`, returns a matplotlib Figure (no pyplot).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from posprobe.plotting import _figure, _grid
+
+
+def band_norm_figure(result):
+    """One panel per analysed layer: band norm (y) against the band's wavelength in tokens (x, log scale)."""
+    count = len(result.layers)
+    rows, cols = _grid(count)
+    fig = _figure(3.0 * cols, 2.3 * rows + 0.9)
+    axes = fig.subplots(
+        rows,
+        cols,
+        squeeze=False,
+        gridspec_kw=dict(
+            left=0.55 / fig.get_figwidth(),
+            right=0.98,
+            bottom=0.45 / fig.get_figheight(),
+            top=1 - 0.8 / fig.get_figheight(),
+            wspace=0.3,
+            hspace=0.55,
+        ),  # fmt: skip
+    )
+    lengths = result.wavelengths
+    for i, ax in enumerate(axes.flat):
+        if i >= count:
+            ax.axis("off")
+            continue
+        order = np.argsort(lengths[i])
+        x = lengths[i][order]
+        for head in result.q_band_norm[i]:
+            ax.plot(x, head[order], color="tab:blue", lw=0.5, alpha=0.45)
+        ax.plot(x, result.q_band_norm[i].mean(0)[order], color="black", lw=1.4, label="query (mean over heads)")
+        ax.plot(x, result.k_band_norm[i].mean(0)[order], color="tab:orange", lw=1.2, ls="--", label="key (mean)")
+        if result.max_positions:
+            ax.axvline(result.max_positions, color="tab:red", lw=0.9, ls=":", label="max positions")
+        if result.texts is not None:
+            ax.axvline(result.texts["longest_text"], color="tab:green", lw=0.9, ls="--", label="longest text")
+        ax.set_xscale("log")
+        ax.set_title(f"layer {result.layers[i]}", fontsize=8)
+        ax.tick_params(labelsize=6)
+        if i % cols == 0:
+            ax.set_ylabel("band norm", fontsize=7)
+        if i >= count - cols:
+            ax.set_xlabel("wavelength (tokens)", fontsize=7)
+    axes.flat[0].legend(fontsize=5, loc="upper left")
+    what = "content-free input" if result.texts is None else f"{result.texts['n_texts']} texts, real tokens"
+    partial = f"; partial rotary: {result.rotated_dims} of {result.head_dim} dims rotate" if result.partial else ""
+    fig.suptitle(
+        f"{result.model}: rotary band norms of queries and keys ({what}){partial}\n"
+        f"bands {result.pairing}; wavelength 2π/θ_f after rope scaling",
+        fontsize=9,
+    )
+    return fig

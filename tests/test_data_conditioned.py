@@ -1,0 +1,301 @@
+"""Data-conditioned content-free scores (SPEC §13): `fhat` / `profiles` with texts equal what the model's own
+attention computes when layer l is fed the mean hidden state entering it.
+
+The reference is independent of posprobe's reader and capture: every text runs alone through the model with
+`output_hidden_states`, the means are taken here, then the model itself runs with layer l's input replaced by them
+(a forward pre-hook), and its attention function (transformers' AttentionInterface: the layer's own norm, Q/K
+projections and biases, q/k norms, rotary module, eager scaling, soft cap) records the pre-softmax scores.
+Families without AttentionInterface support (BLOOM) are compared through `output_attentions` (log-probabilities:
+the scores up to a per-row constant on the causal pairs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import build_tiny
+from family_models import _RECORDED, RECORD, _layers, _record, build
+
+import posprobe
+from posprobe.errors import PosprobeError
+
+N = 12
+
+
+def tiny(family: str):
+    return build_tiny(family).double() if family in ("bert", "gpt2", "albert") else build(family)
+
+
+def token_texts(count: int = 30, seed: int = 0, longest: int = 14) -> list[list[int]]:
+    """Token id sequences of 2..longest tokens (ids 3..98), so batches are padded and positions thin out."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, 99, size=int(rng.integers(2, longest + 1))).tolist() for _ in range(count)]
+
+
+def reference_means(model, texts, layer: int, per_position: bool, min_texts: int = 1) -> np.ndarray:
+    """SPEC §13 by brute force: (d,) mean of hidden_states[layer] over tokens at positions >= 1 of every text, or
+    (P, d) per position over the texts that reach it, for the leading positions with at least `min_texts` texts."""
+    with torch.no_grad():
+        states = [
+            model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[layer][0].double().numpy()
+            for ids in texts
+        ]
+    if not per_position:
+        return np.concatenate([h[1:] for h in states]).mean(0)
+    rows = []
+    for i in range(max(len(h) for h in states)):
+        at = [h[i] for h in states if len(h) > i]
+        if len(at) < min_texts:
+            break
+        rows.append(np.mean(at, axis=0))
+    return np.stack(rows)
+
+
+def scores_with_input(model, layer: int, x: np.ndarray, n: int) -> tuple[np.ndarray, bool]:
+    """(H, n, n) pre-softmax scores of `layer` when its input is `x` ((d,) at every position, or (n, d)), from the
+    model's own attention; and whether they are exact (else log-probabilities, equal up to a row constant)."""
+    from transformers import AttentionInterface
+
+    rows = torch.from_numpy(np.broadcast_to(x, (n, x.shape[-1])).copy()).to(model.dtype)[None]
+
+    def hook(module, args, kwargs):
+        if args:
+            return (rows, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": rows}
+
+    groups = getattr(getattr(model, "encoder", None), "albert_layer_groups", None)
+    module = groups[0] if groups is not None else _layers(model)[layer]  # ALBERT: one shared layer, every depth
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    exact = bool(getattr(type(model), "_supports_attention_backend", False))
+    AttentionInterface.register(RECORD, _record)
+    try:
+        _RECORDED.clear()
+        if exact:
+            model.set_attn_implementation(RECORD)
+        with torch.no_grad():
+            out = model(input_ids=torch.full((1, n), 5), output_attentions=not exact)
+        if exact:
+            return _RECORDED[layer][0], True  # (pre-mask scores, mask)
+        with np.errstate(divide="ignore"):
+            return np.log(out.attentions[layer][0].double().numpy()), False
+    finally:
+        handle.remove()
+        model.set_attn_implementation("eager")
+
+
+def assert_scores_equal(ours: np.ndarray, theirs: np.ndarray, exact: bool) -> None:
+    if exact:
+        # float32 inside some modules (RMSNorm variance, rotary angles): as in the SPEC §9 parity tests
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6 * np.abs(theirs).max())
+    else:  # log-probabilities on the causal pairs: equal up to a per-row constant
+        n = ours.shape[-1]
+        diff = np.where(np.tril(np.ones((n, n), dtype=bool)), ours - theirs, np.nan)
+        assert np.nanmax(np.nanmax(diff, -1) - np.nanmin(diff, -1)) < 1e-5
+
+
+# Llama with GQA, Qwen3 with q/k norms, GPT-NeoX and Phi with partial rotary (Phi: q/k LayerNorm), BLOOM (ALiBi,
+# no AttentionInterface), BERT / GPT-2 (learned tables, post- and pre-LN), ALBERT (one layer's weights at every
+# depth, a different input at each). Layers 0 and 1 of each. The default run keeps two; the rest run with -m slow.
+FAST = {"mean": "llama", "position-mean": "gpt2"}
+FAMILIES = ["llama", "qwen3", "gpt_neox", "phi", "bloom", "bert", "gpt2", "albert"]
+
+
+def families(input: str) -> list:
+    return [f if f == FAST[input] else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES]
+
+
+@pytest.mark.parametrize("family", families("mean"))
+def test_mean_input_scores_equal_the_models_attention(family):
+    """'mean': fhat of every layer equals the model's own scores of x_l; rotary / ALiBi scores are Toeplitz by
+    construction; an absolute table's are one number per head (the table is averaged away), and the note says so."""
+    model = tiny(family)
+    texts = token_texts()
+    for layer in (0, 1):
+        result = posprobe.fhat(model, layer=layer, positions=N, input_ids=texts, batch_size=7)
+        assert result.mode == "data-conditioned" and result.conditioning["input"] == "mean"
+        assert result.conditioning["n_texts"] == len(texts)
+        assert result.conditioning["n_tokens"] == sum(len(t) - 1 for t in texts)
+        x = reference_means(model, texts, layer, per_position=False)
+        theirs, exact = scores_with_input(model, layer, x, N)
+        assert_scores_equal(result.matrices, theirs, exact)
+        assert result.toeplitz_by_construction and np.isnan(result.toeplitz_r2).all()
+    if family in ("bert", "gpt2", "albert"):  # the table entered only through x_l: every score of a head equal
+        spread = result.matrices.max((1, 2)) - result.matrices.min((1, 2))
+        assert np.all(spread <= 1e-9 * np.abs(result.matrices).max())
+        assert "position-mean" in result.conditioning["note"]
+    else:
+        assert np.ptp(result.matrices[:, -1, :]) > 1e-6  # scores still vary with k
+
+
+@pytest.mark.parametrize("family", families("position-mean"))
+def test_position_mean_scores_equal_the_model_and_are_not_toeplitz(family):
+    """'position-mean': profiles (every layer) come from F̂ equal to the model's scores of x_l(i), i = 0..P-1, with
+    P the leading positions with at least min_texts texts; with position-dependent inputs the matrices are not
+    Toeplitz, and their R² is measured."""
+    model = tiny(family)
+    texts = token_texts(seed=1)
+    result = posprobe.profiles(model, input_ids=texts, input="position-mean", min_texts=5, batch_size=4)
+    assert result.mode == "data-conditioned" and not result.toeplitz_by_construction
+    for layer in (0, 1):
+        x = reference_means(model, texts, layer, per_position=True, min_texts=5)
+        n = x.shape[0]
+        assert result.n_positions == n and result.conditioning["texts_at"][-1] >= 5
+        theirs, exact = scores_with_input(model, layer, x, n)
+        fhat = posprobe.fhat(model, layer=layer, input_ids=texts, input="position-mean", min_texts=5)
+        assert_scores_equal(fhat.matrices, theirs, exact)
+        from posprobe.analysis.toeplitz import diagonal_means
+
+        np.testing.assert_allclose(result.profile(layer, 0), diagonal_means(fhat.matrices)[0], rtol=1e-12)
+        r2 = result.fhat_r2[result.layer_index(layer)]
+        assert np.isfinite(r2).all() and r2.max() < 1 - 1e-6  # measured, and not Toeplitz
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mpnet", "deberta-v3", "deberta-v2"])
+def test_bucket_bias_and_disentangled_families(name):
+    """MPNet (absolute table + bucket bias) and DeBERTa-v2/v3 (with and without an absolute input), which have no
+    AttentionInterface: their log-probabilities given x_l equal ours up to a per-row constant, for both inputs; a
+    data-conditioned mean holds any absolute table, so only the relative terms vary: Toeplitz by construction."""
+    from test_by_construction import _bias_model
+
+    model = _bias_model(name).double()
+    texts = token_texts(count=20, longest=10)
+    for input in ("mean", "position-mean"):
+        per_position = input == "position-mean"
+        positions = None if per_position else 8
+        result = posprobe.fhat(model, layer=1, positions=positions, input_ids=texts, input=input, min_texts=4)
+        x = reference_means(model, texts, 1, per_position=per_position, min_texts=4)
+        theirs, exact = scores_with_input(model, 1, x, result.matrices.shape[-1])
+        assert not exact
+        diff = result.matrices - theirs  # every pair allowed (encoders): a constant per row
+        assert np.max(np.abs(diff - diff.mean(-1, keepdims=True))) < 1e-9
+        assert result.toeplitz_by_construction == (not per_position)
+
+
+def test_model_folder_and_texts_through_the_tokenizer(tmp_path):
+    """A saved checkpoint with a tokenizer: texts (strings) are tokenised as `attention` tokenises them, and the
+    scores are the same as for the same tokens passed as ids."""
+    from transformers import BertTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]
+    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
+    tokenizer.save_pretrained(tmp_path)
+    build_tiny("bert").save_pretrained(tmp_path)
+    rng = np.random.default_rng(3)
+    texts = [" ".join(f"w{x}" for x in rng.integers(0, 60, size=rng.integers(1, 9))) for _ in range(20)]
+    by_text = posprobe.profiles(str(tmp_path), texts=texts, input="position-mean", min_texts=3, layers=[1])
+    ids = [tokenizer(t)["input_ids"] for t in texts]
+    by_ids = posprobe.profiles(str(tmp_path), input_ids=ids, input="position-mean", min_texts=3, layers=[1])
+    np.testing.assert_allclose(by_text.profiles, by_ids.profiles, rtol=1e-6)
+    assert by_text.conditioning["n_texts"] == 20 and by_text.n_positions == by_ids.n_positions
+
+
+def test_bad_settings_are_one_clear_error():
+    model = tiny("llama")
+    texts = token_texts(count=6, longest=4)
+    with pytest.raises(PosprobeError, match="unknown input 'median'"):
+        posprobe.fhat(model, input_ids=texts, input="median")
+    with pytest.raises(PosprobeError, match="applies to data-conditioned scores"):
+        posprobe.fhat(model, input="position-mean")
+    with pytest.raises(PosprobeError, match="min_texts must be at least 1"):
+        posprobe.fhat(model, input_ids=texts, min_texts=0)
+    with pytest.raises(PosprobeError, match="only 0 position.s. have at least min_texts=16 texts"):  # 6 texts
+        posprobe.fhat(model, input_ids=texts, input="position-mean")
+    with pytest.raises(PosprobeError, match="do not fit the texts"):
+        posprobe.fhat(model, input_ids=texts, input="position-mean", min_texts=1, positions=10)
+    with pytest.raises(PosprobeError, match="no token after the first"):
+        posprobe.fhat(model, input_ids=[[5], [6]])
+    with pytest.raises(PosprobeError, match="one string"):
+        posprobe.fhat(model, texts="a text")
+
+
+def test_encoder_decoders_are_refused_with_one_line():
+    with pytest.raises(PosprobeError, match="encoder-decoder") as info:
+        posprobe.fhat(build("marian"), input_ids=token_texts(count=4))
+    assert "\n" not in str(info.value)
+
+
+# -- the CLI ---------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bert_with_texts(tmp_path_factory):
+    """A tiny BERT checkpoint with an offline WordPiece tokenizer, and 30 texts in a .jsonl file."""
+    import json
+
+    from transformers import BertTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-bert-texts")
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    build_tiny("bert").save_pretrained(folder)
+    rng = np.random.default_rng(7)
+    rows = [{"sentence": " ".join(f"w{x}" for x in rng.integers(0, 60, size=rng.integers(1, 12)))} for _ in range(30)]
+    texts = folder / "texts.jsonl"
+    texts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder, texts
+
+
+def test_cli_profiles_and_fhat_with_text(bert_with_texts, tmp_path):
+    """--text makes `profiles` / `fhat` data-conditioned: the JSON says so (mode, conditioning with the text
+    file), the .npz keeps its contract, file names carry the input, and the numbers are the library's."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from posprobe.cli import app
+
+    folder, texts = bert_with_texts
+    args = [str(folder), "--text", str(texts), "--column", "sentence", "--input", "position-mean", "--min-texts", "5"]
+    result = CliRunner().invoke(app, ["profiles", *args, "--out", str(tmp_path / "p"), "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["mode"] == "data-conditioned" and record["toeplitz_by_construction"] is False
+    c = record["conditioning"]
+    assert c["input"] == "position-mean" and c["text"] == str(texts) and c["n_texts"] == 30 and c["min_texts"] == 5
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
+        "profiles_data-conditioned-position-mean.npz",
+        "profiles_layer0_data-conditioned-position-mean.png",
+        "profiles_layer1_data-conditioned-position-mean.png",
+    ]
+    n = record["n_positions"]
+    with np.load(record["npz"]) as z:
+        assert z["profiles"].shape == (2, 4, 2 * n - 1) and z["fhat_r2"].shape == (2, 4)
+        lines = (folder / "texts.jsonl").read_text().splitlines()
+        library = posprobe.profiles(
+            str(folder), texts=[json.loads(x)["sentence"] for x in lines], input="position-mean", min_texts=5
+        )
+        np.testing.assert_allclose(z["profiles"], library.profiles, rtol=1e-10)
+    result = CliRunner().invoke(app, ["fhat", *args[:5], "--layer", "1", "--out", str(tmp_path / "f"), "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)
+    assert record["mode"] == "data-conditioned" and record["conditioning"]["input"] == "mean"
+    assert record["toeplitz_by_construction"] is True and "position-mean" in record["conditioning"]["note"]
+    assert record["figure"].endswith("fhat_layer1_data-conditioned.png")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--input", "position-mean"], "--input applies only with --text"),
+        (["--max-length", "16"], "--max-length applies only with --text"),
+        (["--text", "missing.txt"], "does not exist"),
+        (["--text", "{texts}"], "--column"),
+        (["--text", "{texts}", "--column", "sentence", "--min-texts", "0"], "--min-texts must be at least 1"),
+        (["--text", "{texts}", "--column", "sentence", "--max-length", "1"], "--max-length must be at least 2"),
+        (["--text", "{texts}", "--column", "sentence", "--input", "position-mean", "--positions", "40"],
+         "do not fit the texts"),
+    ],
+)  # fmt: skip
+def test_cli_bad_text_options_one_line_nothing_written(bert_with_texts, tmp_path, capsys, extra, message):
+    from posprobe.cli import main
+
+    folder, texts = bert_with_texts
+    extra = [e.replace("{texts}", str(texts)) for e in extra]
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as info:
+        main(["profiles", str(folder), *extra, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and err.startswith("posprobe: error: ") and "\n" not in err
+    assert message in err
+    assert not out.exists()
