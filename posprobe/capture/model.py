@@ -16,12 +16,14 @@ def text_config(model):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def check_model(model, attention: bool = True) -> tuple[int, int]:
-    """(layers, heads) of the stack a capture runs (`stack_to_run`); PosprobeError for a model that cannot be
-    captured: with `attention` (scores or probabilities are recorded), a retrofitted model (its attention is a
-    posprobe mechanism). Families whose attention goes through transformers' AttentionInterface are recorded
-    there (`capture.recording`), the others on their eager path (`capture.eager`); whether a family's attention
-    really is reproduced is checked on the first batch, and input lengths by `check_length`."""
+def check_model(model, attention: bool = True, encoder_decoder: bool = False) -> tuple[int, int]:
+    """(layers, heads) of the stack a capture runs; PosprobeError for a model that cannot be captured: with
+    `attention` (scores or probabilities are recorded), a retrofitted model (its attention is a posprobe
+    mechanism); an encoder-decoder unless `encoder_decoder` (then its encoder stack runs, `stack_to_run`: the
+    capture and `posprobe attention` pass it; callers that measure one stack of a model with one keep the
+    refusal). Families whose attention goes through transformers' AttentionInterface are recorded there
+    (`capture.recording`), the others on their eager path (`capture.eager`); whether a family's attention really
+    is reproduced is checked on the first batch, and input lengths by `check_length`."""
     from posprobe.retrofitting import is_retrofitted
 
     kind = getattr(model.config, "model_type", "unknown")
@@ -29,6 +31,11 @@ def check_model(model, attention: bool = True) -> tuple[int, int]:
         raise PosprobeError(
             "this model is retrofitted with a posprobe mechanism, whose attention this command does not record",
             "measure the original checkpoint",
+        )
+    if not encoder_decoder and getattr(model.config, "is_encoder_decoder", False):
+        raise PosprobeError(
+            f"'{kind}' is an encoder-decoder model; only encoders and decoders are supported",
+            "pass an encoder (BERT-like) or a decoder (GPT-like) model",
         )
     cfg = text_config(model)
     layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)

@@ -133,7 +133,7 @@ def capture_batches(
         needs |= set(reducer.needs)
     attention = bool(needs & {"scores", "probs"})
     hidden = "hidden_states" in needs
-    n_layers, n_heads = check_model(model, attention=attention)
+    n_layers, n_heads = check_model(model, attention=attention, encoder_decoder=True)
     net = stack_to_run(model)
     eager = attention and is_eager_route(model)
     recorder = LayerRecorder("scores" in needs, "probs" in needs, n_layers)

@@ -92,7 +92,7 @@ def attention_profiles(
             else f"{{arg}} decoder: '{kind}' has one stack, no decoder",
             "drop {arg}",
         )
-    n_layers, n_heads = check_model(net)
+    n_layers, n_heads = check_model(net, encoder_decoder=True)
     max_length = resolve_max_length(net, max_length)
     if EmpiricalAccumulator.nbytes(n_layers, n_heads, max_length) > MAX_ACCUMULATOR_BYTES:
         raise PosprobeError(
