@@ -233,14 +233,16 @@ def test_profile_correlation():
 
 
 # -- families that cannot be recorded --------------------------------------------------------------------
-def test_model_without_attention_interface_is_refused():
+def test_model_whose_attention_is_not_a_matrix_is_refused():
+    """Longformer attends in sliding chunks; the other families run (tests/test_capture_families.py)."""
     import transformers as tf
 
     from posprobe.errors import PosprobeError
 
-    model = tf.BloomModel(tf.BloomConfig(vocab_size=99, hidden_size=32, n_layer=2, n_head=4)).eval()
-    with pytest.raises(PosprobeError, match="AttentionInterface"):
-        attention_profiles(model, input_ids=sequences(2), max_length=12)
+    config = tf.LongformerConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=37, max_position_embeddings=66, attention_window=4)  # fmt: skip
+    with pytest.raises(PosprobeError, match="not one softmax over all keys"):
+        attention_profiles(tf.LongformerModel(config).eval(), input_ids=sequences(2), max_length=12)
 
 
 # -- weights correlation, CLI ----------------------------------------------------------------------------------

@@ -7,8 +7,8 @@
 `first_token_mass`, `special_token_mass`, `distance_without_first` (L, H), `sink_rate`, `uniform_distance`,
 `uniform_distance_without_first` (L,), `sink_threshold`, `n_sink_queries`; plus `model_type`, `n_layers`,
 `n_heads`, `exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`,
-`weights_correlation_min_pairs` (offsets with fewer pairs are left out of `weights_correlation`), `seconds`,
-`figures`.
+`weights_correlation_min_pairs` (offsets with fewer pairs are left out of `weights_correlation`), `stack`
+('encoder' for an encoder-decoder, whose encoder runs on the texts; else null), `seconds`, `figures`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json
-from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt
+from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt, Stack, StackOpt
 from posprobe.outputs import default_out
 
 
@@ -70,6 +70,7 @@ def attention(
         typer.Option("--min-pairs", help="Offsets with fewer pairs are left out of the weights correlation."),
     ] = 100,
     window: Annotated[int, typer.Option("--window", help="Figures show k = -W..W.")] = 20,
+    stack: StackOpt = Stack.encoder,
     device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
@@ -112,6 +113,7 @@ def attention(
             allow_pickle=allow_pickle,
             progress=advance,
             text_source=str(text),
+            stack=stack.value,
         )
     from dataclasses import replace
 
