@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from posprobe.analysis.toeplitz import format_r2
-from posprobe.plotting import _figure, _matrix_panel, _symmetric_limit
+from posprobe.plotting import _figure, _matrix_panel, _symmetric_limit, quantization_note
 
 
 def spread_layers(n_states: int, count: int) -> list[int]:
@@ -78,7 +78,8 @@ def states_summary(result):
     for ax in axes:
         ax.tick_params(labelsize=7)
     fig.suptitle(
-        f"{result.model}: position in the hidden states — {result.n_texts} texts, max length {result.max_length}",
+        f"{result.model}{quantization_note(result)}: position in the hidden states — {result.n_texts} texts, "
+        f"max length {result.max_length}",
         fontsize=10,
     )
     return fig
@@ -110,8 +111,9 @@ def gram_panels(result, count: int = 4):
             ax.set_ylabel("position i", fontsize=7)
             ax.tick_params(labelsize=6)
     fig.suptitle(
-        f"{result.model}: positional vectors' Gram matrix V Vᵀ ({v.n_kept} positions with ≥ {v.min_texts} texts; "
-        "R²: Toeplitz R²)\nbottom: the vectors centred over positions i ≥ 1 (the first token apart)",
+        f"{result.model}{quantization_note(result)}: positional vectors' Gram matrix V Vᵀ ({v.n_kept} positions with "
+        f"≥ {v.min_texts} texts; R²: Toeplitz R²)\n"
+        "bottom: the vectors centred over positions i ≥ 1 (the first token apart)",
         fontsize=9,
     )
     return fig
