@@ -77,6 +77,7 @@ def states_summary(result):
     ax.legend(fontsize=7)
     for ax in axes:
         ax.tick_params(labelsize=7)
+        _whole_number_ticks(ax.xaxis)
     fig.suptitle(
         f"{result.model}{quantization_note(result)}: position in the hidden states — {result.n_texts} texts, "
         f"max length {result.max_length}",
@@ -110,6 +111,7 @@ def gram_panels(result, count: int = 4):
             ax.set_xlabel("position j", fontsize=7)
             ax.set_ylabel("position i", fontsize=7)
             ax.tick_params(labelsize=6)
+            _whole_number_ticks(ax.xaxis, ax.yaxis)
     fig.suptitle(
         f"{result.model}{quantization_note(result)}: positional vectors' Gram matrix V Vᵀ ({v.n_kept} positions with "
         f"≥ {v.min_texts} texts; R²: Toeplitz R²)\n"
@@ -160,6 +162,14 @@ def series_chart(series):
 
 
 _DEPTH = "viridis"
+
+
+def _whole_number_ticks(*axes) -> None:
+    """Ticks at whole numbers only: positions and hidden-state indices have no halves."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _log_if_wide(ax, values: np.ndarray) -> None:
