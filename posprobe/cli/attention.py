@@ -5,8 +5,8 @@
 `weights_correlation` (L, H) where defined, `mean_scores` (L, H, n, n), the sink arrays, ...), `mean_distance`,
 `toeplitz_r2`, `weights_correlation` (null where undefined, or null as a whole), the attention sinks (SPEC §14):
 `first_token_mass`, `special_token_mass`, `distance_without_first` (L, H), `sink_rate`, `uniform_distance`,
-`uniform_distance_without_first` (L,), `sink_threshold`, `n_sink_queries`; plus `model_type`, `n_layers`,
-`n_heads`, `exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`,
+`uniform_distance_without_first` (L,), `sink_threshold`, `n_sink_queries`, `n_special_tokens`; plus `model_type`,
+`n_layers`, `n_heads`, `exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`,
 `weights_correlation_min_pairs` (offsets with fewer pairs are left out of `weights_correlation`), `stack`
 ('encoder' for an encoder-decoder, whose encoder runs on the texts; else null), `seconds`, `figures`.
 """
@@ -185,3 +185,5 @@ def _print_sinks(result) -> None:
         f"keys it may see; 1st mass: attention on the first token; sink rate: share of heads with 1st mass > "
         f"{s.threshold:g}[/dim]"
     )
+    if s.n_special_tokens == 0:
+        console.print("[dim]special: — (the texts hold no special token: the tokenizer adds none)[/dim]")

@@ -147,23 +147,19 @@ def attention_profiles(
 
 
 def _weights_profiles(source, n: int, n_layers: int) -> tuple[np.ndarray | None, str]:
-    """Faithful-mode F̂_P profiles (L, H, 2n-1) over the leading n x n positions, or None and why not."""
+    """Faithful-mode F̂_P profiles (L, H, 2n-1) over the leading n x n positions, or None and why not: one model
+    reader over n positions (the weights read once), each layer's scores reduced to their diagonal means."""
     if source is None:
         return None, "unavailable: model passed as an object (no checkpoint to read weights from)"
     from posprobe.analysis.toeplitz import diagonal_means
-    from posprobe.pipelines.analysis import fhat as fhat_analysis
+    from posprobe.pipelines.score_reader import ScoreReader, open_model
 
     try:
-        rows, mode = [], "faithful"
-        for layer in range(n_layers):
-            result = fhat_analysis(None, layer, "faithful", source=source)
-            f, mode = result.matrices, result.mode
-            if f.shape[-1] < n:
-                return None, f"unavailable: the position table has {f.shape[-1]} rows, fewer than max_length {n}"
-            rows.append(diagonal_means(f[:, :n, :n]))
+        reader = ScoreReader(open_model(source=source, mode="faithful"), positions=n)
+        rows = [diagonal_means(reader.scores(layer)) for layer in range(n_layers)]
     except PosprobeError as err:
         return None, f"unavailable: {err.message}"
-    what = "faithful-mode F̂_P (SPEC §3)" if mode == "faithful" else "content-free scores (SPEC §9)"
+    what = "faithful-mode F̂_P (SPEC §3)" if reader.mode == "faithful" else "content-free scores (SPEC §9)"
     return np.stack(rows), f"{what} diagonal means over positions 0..n-1"
 
 

@@ -104,7 +104,11 @@ class AttentionResult(ResultMixin):
     def _sink_metadata(self) -> dict:
         if self.sinks is None:
             return {}
-        return {"sink_threshold": self.sinks.threshold, "n_sink_queries": self.sinks.n_queries}
+        return {
+            "sink_threshold": self.sinks.threshold,
+            "n_sink_queries": self.sinks.n_queries,
+            "n_special_tokens": self.sinks.n_special_tokens,
+        }
 
     def arrays(self, profile: str = "score") -> dict[str, np.ndarray]:
         """The npz contents. `profiles` repeats `score_profiles` (or `prob_profiles`) so that `fit-tisa` reads it."""
