@@ -61,7 +61,8 @@ def _text_format(path: Path) -> str:
 
 def iter_texts(path: str | Path, column: str | None = None) -> Iterator[str]:
     """The texts of `path`: a text file (one text per non-empty line), `.jsonl` / `.csv` with `column`, or a hub
-    dataset split `hub:NAME[:CONFIG]:SPLIT` with `column`.
+    dataset split `hub:NAME[:CONFIG]:SPLIT` with `column`. Blank texts (empty or white space only) are skipped in
+    every format.
 
     Raises PosprobeError naming the file and line for a missing column, malformed JSON or a non-text value."""
     spec = parse_hub_texts(str(path))
@@ -83,8 +84,10 @@ def iter_texts(path: str | Path, column: str | None = None) -> Iterator[str]:
                         yield text
             elif kind == "jsonl":
                 for number, line in enumerate(fh, 1):
-                    if line.strip():
-                        yield _field(_json_record(line, path, number), column, path, number)
+                    if not line.strip():
+                        continue
+                    if (text := _field(_json_record(line, path, number), column, path, number)).strip():
+                        yield text
             else:
                 reader = csv.DictReader(fh)
                 if reader.fieldnames is not None and column not in reader.fieldnames:
@@ -93,7 +96,8 @@ def iter_texts(path: str | Path, column: str | None = None) -> Iterator[str]:
                         "pass one of them with --column",
                     )
                 for record in reader:
-                    yield _field(record, column, path, reader.line_num)
+                    if (text := _field(record, column, path, reader.line_num)).strip():
+                        yield text
     except UnicodeDecodeError as err:
         raise PosprobeError(f"'{path}' is not UTF-8 text ({err.reason})", "convert it to UTF-8") from err
 

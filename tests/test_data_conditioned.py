@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import build_tiny
 from family_models import _RECORDED, RECORD, _layers, _record, build
+from tiny_tokenizer import word_tokenizer
 
 import posprobe
 from posprobe.errors import PosprobeError
@@ -175,11 +176,7 @@ def test_bucket_bias_and_disentangled_families(name):
 def test_model_folder_and_texts_through_the_tokenizer(tmp_path):
     """A saved checkpoint with a tokenizer: texts (strings) are tokenised as `attention` tokenises them, and the
     scores are the same as for the same tokens passed as ids."""
-    from transformers import BertTokenizerFast
-
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]
-    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
+    tokenizer = word_tokenizer(60)
     tokenizer.save_pretrained(tmp_path)
     build_tiny("bert").save_pretrained(tmp_path)
     rng = np.random.default_rng(3)
@@ -222,12 +219,8 @@ def bert_with_texts(tmp_path_factory):
     """A tiny BERT checkpoint with an offline WordPiece tokenizer, and 30 texts in a .jsonl file."""
     import json
 
-    from transformers import BertTokenizerFast
-
     folder = tmp_path_factory.mktemp("tiny-bert-texts")
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]
-    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
-    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    word_tokenizer(60).save_pretrained(folder)
     build_tiny("bert").save_pretrained(folder)
     rng = np.random.default_rng(7)
     rows = [{"sentence": " ".join(f"w{x}" for x in rng.integers(0, 60, size=rng.integers(1, 12)))} for _ in range(30)]

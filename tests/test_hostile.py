@@ -15,6 +15,7 @@ import shutil
 
 import pytest
 from test_attention import texts_file, tiny_bert_folder, tiny_model  # noqa: F401 - fixtures
+from tiny_tokenizer import word_tokenizer
 
 from posprobe.cli import main
 
@@ -71,3 +72,64 @@ def test_text_runs_write_nothing_on_stderr_off_a_terminal(
     code, out, err = run_cli([*args, "--out", tmp_path / "out", "--json"], capsys)
     assert code == 0 and err == "", err
     assert len(out.splitlines()) == 1 and isinstance(json.loads(out), dict)
+
+
+# -- texts the tokenizer or the model cannot use ----------------------------------------------------------------
+def test_blank_records_are_skipped_in_every_format(tmp_path):
+    """A .jsonl or .csv whose text column is empty or white space on some rows gives the other rows, as a .txt
+    skips blank lines: a blank text would otherwise reach the tokenizer as special tokens only."""
+    from posprobe.texts import iter_texts
+
+    (tmp_path / "t.jsonl").write_text('{"s": "a b"}\n{"s": "   "}\n{"s": ""}\n{"s": "c"}\n')
+    (tmp_path / "t.csv").write_text('s\n"a b"\n"  "\n""\nc\n')
+    (tmp_path / "t.txt").write_text("a b\n   \n\nc\n")
+    for name, column in (("t.jsonl", "s"), ("t.csv", "s"), ("t.txt", None)):
+        assert list(iter_texts(tmp_path / name, column)) == ["a b", "c"], name
+
+
+def test_text_of_special_tokens_only_is_one_line(tiny_bert_folder, tmp_path, capsys):
+    """A text the tokenizer keeps nothing of but [CLS] [SEP] (control characters only) has no position to measure."""
+    path = tmp_path / "ctrl.txt"
+    path.write_text("w1 w2 w3\n\u200b\u200b\x07\n")
+    args = ["attention", tiny_bert_folder, "--text", path, "--max-length", "12", "--out", tmp_path / "out"]
+    assert_one_line_error(*run_cli(args, capsys), "special tokens only")
+    assert not (tmp_path / "out").exists()
+
+
+def test_tokenizer_of_another_model_is_refused(tiny_bert_folder, tmp_path, capsys):
+    """Tokenizer files that give ids beyond the model's embedding rows (copied from a model with a bigger
+    vocabulary) are one line, not an index error inside the embedding."""
+    folder = tmp_path / "mixed"
+    shutil.copytree(tiny_bert_folder, folder)
+    word_tokenizer(200).save_pretrained(folder)
+    text = tmp_path / "t.txt"
+    text.write_text("w150 w199 w3\n")
+    args = ["attention", folder, "--text", text, "--max-length", "12", "--out", tmp_path / "out"]
+    assert_one_line_error(*run_cli(args, capsys), "outside the model's", "token embeddings")
+    assert not (tmp_path / "out").exists()
+
+
+def test_input_ids_outside_the_vocabulary_are_refused():
+    import posprobe
+    from posprobe.errors import PosprobeError
+
+    with pytest.raises(PosprobeError, match="outside the model's 99 token embeddings"):
+        posprobe.attention_profiles(tiny_model("bert"), input_ids=[[2, 5, 99, 3]], max_length=8)
+
+
+# -- cheap checks before the model is read ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "command, extra",
+    [("states", []), ("profiles", ["--input", "position-mean", "--layers", "0"])],
+)
+def test_min_texts_above_the_number_of_texts_is_refused_first(command, extra, texts_file, tmp_path, capsys):
+    """--min-texts 50 on 20 texts can keep no position: refused before the model (here a missing folder) is read."""
+    args = [command, tmp_path / "no-model", "--text", texts_file, "--column", "sentence", "--min-texts", "50"]
+    line = assert_one_line_error(*run_cli([*args, *extra, "--out", tmp_path / "out"], capsys), "--min-texts 50", "20")
+    assert "no-model" not in line
+
+
+@pytest.mark.parametrize("command", ["fhat", "profiles", "rotary"])
+def test_max_length_below_two_is_refused_first(command, texts_file, tmp_path, capsys):
+    args = [command, tmp_path / "no-model", "--text", texts_file, "--column", "sentence", "--max-length", "1"]
+    assert_one_line_error(*run_cli([*args, "--out", tmp_path / "out"], capsys), "--max-length")

@@ -76,6 +76,7 @@ def states(
     position (5 folds by text, held-out R² and MAE) with a permuted-position control; and the massive activations
     (largest |activation|, where, its ratio to the median, which tokens hold them). With --checkpoints: each
     number against the training step."""
+    from posprobe.cli.text_input import check_min_texts
     from posprobe.errors import PosprobeError
     from posprobe.texts import check_texts, iter_texts
     from posprobe.validation import as_int
@@ -94,6 +95,7 @@ def states(
             "--checkpoints replaces MODEL and --revision", "pass MODEL [--revision R], or --checkpoints A,B,... alone"
         )
     total = check_texts(text, column, max_texts)
+    check_min_texts(min_texts, total, text, "the positional vectors")
     settings = dict(
         max_length=max_length,
         max_texts=max_texts,
