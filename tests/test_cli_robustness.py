@@ -369,3 +369,20 @@ def test_sigterm_while_a_file_is_written_leaves_no_hidden_temporary_file(tmp_pat
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("posprobe: error: terminated"), stderr
     assert not out.exists()
+
+
+def test_help_text_wraps_at_the_terminal_not_at_the_source(capsys, monkeypatch):
+    """`--help` rewraps each docstring paragraph to the terminal: no line of a command's description ends a
+    sentence-middle fragment of one or two words (typer in rich mode kept the docstring's 116-column line breaks,
+    so at 100 columns 'rotary' read '... averaged over real tokens with' / '--text. Rotary families only.')."""
+    from posprobe.cli import app, reflow_help
+
+    assert reflow_help("A b\n    c d.\n\n    E f\n    - g\n    - h") == "A b c d.\n\nE f\n- g\n- h"
+    monkeypatch.setenv("COLUMNS", "100")
+    for command in app.registered_commands:
+        main([command.name, "--help"])
+        text = capsys.readouterr().out.split("╭")[0]  # the description, above the option panels
+        lines = [line.strip() for line in text.splitlines()[3:] if line.strip()]
+        assert lines, command.name
+        short = [line for line in lines[:-1] if len(line) < 40 and not line.endswith((".", ":"))]
+        assert not short, (command.name, short)

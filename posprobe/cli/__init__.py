@@ -64,6 +64,28 @@ def _register_commands() -> None:
 
     for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states):
         module.register(app)
+    for command in app.registered_commands:
+        if command.help is None and command.callback is not None:
+            command.help = reflow_help(command.callback.__doc__ or "")
+
+
+def reflow_help(doc: str) -> str:
+    """A command's docstring as `--help` shows it: each paragraph on one line, for rich to wrap at the terminal's
+    width (in rich markup mode typer keeps the source's line breaks, so a 116-column docstring line broke into a
+    full line and a one-word line at 80-120 columns). Paragraphs stay apart; a line opening with '- ' keeps its own
+    line (a list)."""
+    import inspect
+
+    paragraphs = []
+    for paragraph in inspect.cleandoc(doc).split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            if lines and not line.startswith("- "):
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line.strip())
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
 
 
 _register_commands()

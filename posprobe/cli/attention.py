@@ -25,7 +25,9 @@ from posprobe.outputs import default_out
 
 
 def register(app: typer.Typer) -> None:
-    app.command("attention")(attention)
+    app.command("attention", short_help="Attention profiles, distances and sinks on real texts, per layer and head.")(
+        attention
+    )
 
 
 def _check_writable(out: Path) -> None:

@@ -26,7 +26,10 @@ from posprobe.outputs import default_out
 
 
 def register(app: typer.Typer) -> None:
-    app.command("states")(states)
+    app.command(
+        "states",
+        short_help="Where position lives in the hidden states: positional vectors, probes, massive activations.",
+    )(states)
 
 
 def states(
