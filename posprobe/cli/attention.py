@@ -129,24 +129,18 @@ def attention(
 
 def _print(result, written) -> None:
     import numpy as np
-    from rich.table import Table
 
-    p = result.profiles
-    table = Table(
-        title=f"Mean attention distance (tokens) — {result.model}, {result.n_texts} texts, max length "
-        f"{result.max_length}{', causal' if result.causal else ''}",
-        title_justify="left",
-    )
-    table.add_column("head", justify="right")
-    for layer in range(result.n_layers):
-        table.add_column(f"L{layer}", justify="right")
     fmt = lambda v: "—" if not np.isfinite(v) else f"{v:.2f}"  # noqa: E731
-    for h in range(result.n_heads):
-        table.add_row(f"h{h}", *[fmt(v) for v in p.mean_distance[:, h]])
     medians = lambda a: [fmt(np.nanmedian(row)) if np.isfinite(row).any() else "—" for row in a]  # noqa: E731
-    table.add_row("R² M", *medians(p.toeplitz_r2), style="bold")
-    if result.weights_correlation is not None:
-        table.add_row("r weights", *medians(result.weights_correlation), style="bold")
+    title = (
+        f"Mean attention distance (tokens) — {result.model}, {result.n_texts} texts, max length "
+        f"{result.max_length}{', causal' if result.causal else ''}"
+    )
+    # a column per layer while the table fits the terminal (8 layers at 80 columns), else a row per layer
+    if 12 + 8 * result.n_layers <= max(console.width, 80):
+        table = _heads_by_layers(result, title, fmt, medians)
+    else:
+        table = _layers_summary(result, title, fmt, medians)
     console.print(table)
     console.print(
         "[dim]R² M: median over heads of the mean score matrix's Toeplitz R²; r weights: median Pearson r between "
@@ -155,6 +149,45 @@ def _print(result, written) -> None:
     )
     _print_sinks(result)
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
+
+
+def _heads_by_layers(result, title: str, fmt, medians):
+    """Every head's mean distance: a row per head, a column per layer, the layer medians below."""
+    from rich.table import Table
+
+    p = result.profiles
+    table = Table(title=title, title_justify="left")
+    table.add_column("head", justify="right")
+    for layer in range(result.n_layers):
+        table.add_column(f"L{layer}", justify="right")
+    for h in range(result.n_heads):
+        table.add_row(f"h{h}", *[fmt(v) for v in p.mean_distance[:, h]])
+    table.add_row("R² M", *medians(p.toeplitz_r2), style="bold")
+    if result.weights_correlation is not None:
+        table.add_row("r weights", *medians(result.weights_correlation), style="bold")
+    return table
+
+
+def _layers_summary(result, title: str, fmt, medians):
+    """Too many layers for a column each (SmolLM2's 30 made 30 empty columns at 80): a row per layer with the
+    median, smallest and largest distance over its heads (every head's in mean_distance.png and --json)."""
+    import numpy as np
+    from rich.table import Table
+
+    p = result.profiles
+    table = Table(title=title + " — over heads; each head in mean_distance.png", title_justify="left")
+    names = ["layer", "median", "min", "max", "R² M"] + (
+        ["r weights"] if result.weights_correlation is not None else []
+    )
+    for name in names:
+        table.add_column(name, justify="right")
+    extreme = lambda f, row: fmt(f(row)) if np.isfinite(row).any() else "—"  # noqa: E731
+    r2 = medians(p.toeplitz_r2)
+    r = medians(result.weights_correlation) if result.weights_correlation is not None else None
+    for layer, row in enumerate(p.mean_distance):
+        cells = [medians([row])[0], extreme(np.nanmin, row), extreme(np.nanmax, row), r2[layer]]
+        table.add_row(f"L{layer}", *cells, *([r[layer]] if r is not None else []))
+    return table
 
 
 def _print_sinks(result) -> None:
