@@ -149,6 +149,9 @@ def test_position_mean_scores_equal_the_model_and_are_not_toeplitz(family):
         np.testing.assert_allclose(result.profile(layer, 0), diagonal_means(fhat.matrices)[0], rtol=1e-12)
         r2 = result.fhat_r2[result.layer_index(layer)]
         assert np.isfinite(r2).all() and r2.max() < 1 - 1e-6  # measured, and not Toeplitz
+        # the tokens averaged into x_l(0..n-1): those of the analysed positions, not every real token
+        assert result.conditioning["n_tokens"] == sum(min(len(t), n) for t in texts) < sum(len(t) for t in texts)
+        assert fhat.conditioning["n_tokens"] == result.conditioning["n_tokens"]
 
 
 @pytest.mark.slow
