@@ -149,6 +149,9 @@ def test_position_mean_scores_equal_the_model_and_are_not_toeplitz(family):
         np.testing.assert_allclose(result.profile(layer, 0), diagonal_means(fhat.matrices)[0], rtol=1e-12)
         r2 = result.fhat_r2[result.layer_index(layer)]
         assert np.isfinite(r2).all() and r2.max() < 1 - 1e-6  # measured, and not Toeplitz
+        # the tokens averaged into x_l(0..n-1): those of the analysed positions, not every real token
+        assert result.conditioning["n_tokens"] == sum(min(len(t), n) for t in texts) < sum(len(t) for t in texts)
+        assert fhat.conditioning["n_tokens"] == result.conditioning["n_tokens"]
 
 
 @pytest.mark.slow
@@ -311,3 +314,36 @@ def test_flat_profiles_have_no_peak_and_are_drawn_flat():
         assert np.ptp(line[:, 1]) < 1e-9  # inches: a straight line
     sections = np.concatenate(pages._sections.get_segments())
     assert np.ptp(sections[:, 1]) < 1e-9 and sections[0, 1] == pytest.approx(pages._profile.get_segments()[0][0, 1])
+
+
+def test_hidden_means_ignore_non_finite_padding_and_refuse_non_finite_real_tokens():
+    """Padding may hold NaN or inf (transformers' eager attention gives NaN rows to padding queries that a sliding
+    window leaves without a key, in float64): the means are over real tokens only, so such padding must not reach
+    them (0 * NaN is NaN). NaN on a real token is one clear error, not NaN scores."""
+    from types import SimpleNamespace
+
+    from posprobe.analysis.hidden_means import HiddenMeanAccumulator
+    from posprobe.analysis.positional_vectors import PositionalVectorAccumulator
+
+    rng = np.random.default_rng(0)
+    real = torch.tensor([[True] * 5, [True] * 2 + [False] * 3])
+    hidden = torch.from_numpy(rng.normal(size=(2, 5, 4)))
+    padded = hidden.clone()
+    padded[1, 2:] = float("nan")
+    padded[1, 3, 0] = float("inf")
+    batch = SimpleNamespace(real=real, hidden_states=(padded, padded))
+    tokens = [hidden[0].numpy(), hidden[1, :2].numpy()]
+    for input, expected in [
+        ("mean", np.concatenate([t[1:] for t in tokens]).mean(0)),
+        ("position-mean", np.stack([np.mean([t[i] for t in tokens if len(t) > i], 0) for i in range(5)])),
+    ]:
+        acc = HiddenMeanAccumulator([1], input, 5)
+        acc.add(batch)
+        np.testing.assert_allclose(acc.result().layer(1), expected, rtol=1e-12)
+    vectors = PositionalVectorAccumulator(2, 5, 4)
+    vectors.add(batch)
+    means = np.stack([np.mean([t[i] for t in tokens if len(t) > i], 0) for i in range(5)])
+    np.testing.assert_allclose(vectors.result(min_texts=1).vectors[1], means - means.mean(0), rtol=1e-12)
+    padded[0, 1, 2] = float("nan")
+    with pytest.raises(PosprobeError, match="NaN or infinite values on real tokens"):
+        HiddenMeanAccumulator([0], "mean", 5).add(batch)
