@@ -152,6 +152,7 @@ def _is_usage_error(err: Exception) -> bool:
 def _usage_line(err: Exception) -> str:
     """A click usage error as one line: what is wrong — where to look (`posprobe COMMAND --help`)."""
     message = " ".join(str(err.format_message()).split()) if hasattr(err, "format_message") else str(err)
+    message = message.replace("Value error, ", "").rstrip(".")  # pydantic-style wording inside click's choice error
     context = getattr(err, "ctx", None)
     command = getattr(context, "command_path", None) or "posprobe"
     return f"{message} — see `{command} --help`"
