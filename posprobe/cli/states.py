@@ -169,6 +169,8 @@ def _fmt(value, digits: int = 2) -> str:
 def _print(result, written) -> None:
     from rich.table import Table
 
+    from posprobe.analysis.position_probe import N_FOLDS
+
     numbers = result.per_layer()
     m = result.massive
     table = Table(
@@ -200,6 +202,11 @@ def _print(result, written) -> None:
         f"{result.probes.n_sample} sampled tokens); VVᵀ: Toeplitz R² of the positional vectors' Gram matrix; |v|: "
         "their mean norm; max|h| at position i, channel c, on token; ratio: max|h| / median |h|[/dim]"
     )
+    if result.n_texts < N_FOLDS:
+        console.print(
+            f"[dim]R², ctrl, MAE: — (undefined): the probe holds out each of {N_FOLDS} folds of texts in turn, and "
+            f"{result.n_texts} texts leave a fold empty; pass at least {N_FOLDS} texts[/dim]"
+        )
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
 
 

@@ -79,7 +79,7 @@ def check_min_texts(min_texts: int, total: int, text: str, who: str) -> None:
     if min_texts > total:
         raise ArgumentValueError(
             "min_texts",
-            f"{who} keeps positions reached by at least {{arg={min_texts}}} texts, and '{text}' gives only {total}",
+            f"{who} use only positions reached by at least {{arg={min_texts}}} texts, and '{text}' gives only {total}",
             f"pass {{arg}} {total} or less, or more texts",
         )
 
