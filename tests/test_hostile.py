@@ -133,3 +133,51 @@ def test_min_texts_above_the_number_of_texts_is_refused_first(command, extra, te
 def test_max_length_below_two_is_refused_first(command, texts_file, tmp_path, capsys):
     args = [command, tmp_path / "no-model", "--text", texts_file, "--column", "sentence", "--max-length", "1"]
     assert_one_line_error(*run_cli([*args, "--out", tmp_path / "out"], capsys), "--max-length")
+
+
+# -- text files as editors, spreadsheets and cut-off exports write them --------------------------------------------
+def _hostile_text_files(folder):
+    """{name: (file, column, words the error must hold or None where the file is read)}."""
+    rows = "".join(f"w{i} w{i + 1}\n" for i in range(20))
+    files = {
+        "bom.csv": (b"\xef\xbb\xbfsentence\n" + rows.encode(), "sentence", None),
+        "bom.jsonl": (b"\xef\xbb\xbf" + b'{"s": "w1 w2"}\n' * 3, "s", None),
+        "bom-only.txt": (b"\xef\xbb\xbf\n", None, "holds no texts"),
+        "long-field.csv": (b"s\n" + b"w1 " * 60_000 + b"\nw2\n", "s", None),
+        "no-header.csv": (b"w1 w2,1\nw3,0\n", "s", "first line"),
+        "deep.jsonl": (b'{"s": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "s", "nested too deeply"),
+        "surrogate.jsonl": (b'{"s": "w1 \\ud83d"}\n', "s", "surrogate"),
+        "long-list.jsonl": (b'{"s": [' + b"1, " * 10_000 + b"1]}\n", "s", "is not text"),
+    }
+    out = {}
+    for name, (data, column, words) in files.items():
+        (folder / name).write_bytes(data)
+        out[name] = (folder / name, column, words)
+    return out
+
+
+def test_hostile_text_files_are_read_or_refused_in_one_line(tmp_path):
+    """A byte-order mark is not part of the first text or column name; a 180 kB .csv field is one text (the csv
+    module refused fields over 128 KiB with an internal error); deep JSON nesting (RecursionError) and a lone half
+    of a surrogate pair (the tokenizer's TypeError) are one line naming the file."""
+    from posprobe.errors import PosprobeError
+    from posprobe.texts import check_texts, iter_texts
+
+    for name, (path, column, words) in _hostile_text_files(tmp_path).items():
+        if words is None:
+            texts = list(iter_texts(path, column))
+            assert texts and not any("\ufeff" in t for t in texts), name
+            continue
+        with pytest.raises(PosprobeError) as err:
+            check_texts(path, column)
+        line = str(err.value)
+        assert words in line and "\n" not in line and len(line) < 400 and str(path) in line, (name, line)
+
+
+def test_hostile_text_file_is_refused_before_the_model_is_read(tmp_path, capsys):
+    files = _hostile_text_files(tmp_path)
+    for command in ("states", "attention"):
+        path, column, _ = files["surrogate.jsonl"]
+        args = [command, tmp_path / "no-model", "--text", path, "--column", column, "--out", tmp_path / "out"]
+        line = assert_one_line_error(*run_cli(args, capsys), "surrogate")
+        assert "no-model" not in line and not (tmp_path / "out").exists()
