@@ -181,3 +181,30 @@ def test_hostile_text_file_is_refused_before_the_model_is_read(tmp_path, capsys)
         args = [command, tmp_path / "no-model", "--text", path, "--column", column, "--out", tmp_path / "out"]
         line = assert_one_line_error(*run_cli(args, capsys), "surrogate")
         assert "no-model" not in line and not (tmp_path / "out").exists()
+
+
+# -- tokenizer files a cut-short download leaves -------------------------------------------------------------------
+def test_tokenizer_config_without_its_vocabulary_is_refused(tiny_bert_folder, texts_file, tmp_path, capsys):
+    """tokenizer_config.json without tokenizer.json: transformers builds a tokenizer of the 5 special tokens that
+    maps every word to [UNK], and `states` measured 20 identical [UNK] sequences with exit 0."""
+    folder = tmp_path / "no-vocab"
+    shutil.copytree(tiny_bert_folder, folder)
+    (folder / "tokenizer.json").unlink()
+    args = ["states", folder, "--text", texts_file, "--column", "sentence", "--max-length", "12", "--min-texts", "2"]
+    assert_one_line_error(*run_cli([*args, "--out", tmp_path / "out"], capsys), "no vocabulary", "5 special tokens")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [('{"foo": 1}', "KeyError: 'added_tokens'"), ("{'version'", "JSONDecodeError"), ("", "JSONDecodeError")],
+)
+def test_damaged_tokenizer_json_names_the_failure(content, words, tiny_bert_folder, tmp_path):
+    from posprobe.checkpoint.loading import load_tokenizer
+    from posprobe.errors import PosprobeError
+
+    folder = tmp_path / "damaged"
+    shutil.copytree(tiny_bert_folder, folder)
+    (folder / "tokenizer.json").write_text(content)
+    with pytest.raises(PosprobeError, match=f"no usable tokenizer in .*{words}"):
+        load_tokenizer(folder)

@@ -159,7 +159,27 @@ def load_tokenizer(
     if path.suffix.lower() == ".gguf" and path.is_file():
         path, kwargs["gguf_file"] = path.parent, path.name
     try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, **kwargs)
     except Exception as err:  # missing files, unreadable json, unknown tokenizer class: all "no tokenizer here"
-        reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        reason = first_line(err, 160)
+        if isinstance(err, (KeyError, AttributeError, TypeError, ValueError)):  # a field missing or of a wrong type
+            reason = f"{type(err).__name__}: {reason}"
         raise PosprobeError(f"no usable tokenizer in '{where}' ({reason})", hint) from err
+    _check_vocabulary(tokenizer, where, hint)
+    return tokenizer
+
+
+def _check_vocabulary(tokenizer, where: Path, hint: str) -> None:
+    """Refuse a tokenizer whose vocabulary holds its special tokens only: transformers builds one from a
+    tokenizer_config.json whose tokenizer.json / vocab.txt is missing (a download cut short), and it turns every
+    word into the unknown token, so every text would measure the same [UNK] sequence."""
+    try:
+        size, special = len(tokenizer), set(tokenizer.all_special_ids)
+    except Exception:  # a tokenizer class without these (none known): nothing to check
+        return
+    if size <= len(special):
+        raise PosprobeError(
+            f"the tokenizer in '{where}' has no vocabulary, only its {size} special tokens (its tokenizer.json "
+            "or vocab.txt is missing), so every word would be the unknown token",
+            hint,
+        )
