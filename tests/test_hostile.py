@@ -208,3 +208,90 @@ def test_damaged_tokenizer_json_names_the_failure(content, words, tiny_bert_fold
     (folder / "tokenizer.json").write_text(content)
     with pytest.raises(PosprobeError, match=f"no usable tokenizer in .*{words}"):
         load_tokenizer(folder)
+
+
+# -- checkpoints whose config and weights disagree (crafted GGUF metadata, a tensor lost) --------------------------
+def _gguf_variant(tiny_ggufs, tmp_path, **edits):
+    from gguf_files import rewrite_gguf
+
+    return rewrite_gguf(tiny_ggufs["llama", "Q8_0"], tmp_path / "crafted.gguf", **edits)
+
+
+def _u32(value):
+    import gguf
+
+    return (value, gguf.GGUFValueType.UINT32)
+
+
+@pytest.mark.parametrize(
+    "edits, words",
+    [
+        ({"set_fields": {"llama.block_count": _u32(2**31)}}, "block_count = 2147483648, but the file holds"),
+        ({"set_fields": {"llama.block_count": _u32(1)}}, "block_count = 1, but the file holds the tensors of layers"),
+        ({"drop_fields": ["llama.block_count"]}, "lacks llama.block_count"),
+        ({"set_fields": {"llama.attention.head_count_kv": _u32(0)}}, "num_key_value_heads = 0"),
+        ({"set_fields": {"llama.rope.dimension_count": _u32(0)}}, "head_dim = 0"),
+        ({"set_fields": {"llama.rope.freq_base": ("1e4", 8)}}, "rope_theta = '1e4'"),  # 8: STRING
+        ({"set_fields": {"llama.rope.freq_base": (float("nan"), 6)}}, "rope_theta = nan"),  # 6: FLOAT32
+        ({"set_fields": {"llama.rope.freq_base": (0.0, 6)}}, "rope_theta = 0.0"),
+    ],
+    ids=["block-count-huge", "block-count-short", "block-count-missing", "kv-heads-0", "rope-dims-0", "rope-base-text",
+         "rope-base-nan", "rope-base-0"],
+)  # fmt: skip
+def test_crafted_gguf_metadata_is_refused_when_the_file_is_opened(edits, words, tiny_ggufs, tmp_path):
+    """A block count of 2**31 had transformers build layers until it was killed, one of 1 analysed half the file;
+    0 key/value heads or rotary dimensions, or a rotary base that is text, were ZeroDivisionError / TypeError
+    internal errors; a base of NaN or 0 gave NaN profiles with exit 0. Each is one line naming the GGUF
+    metadata (not config.json) and saying to convert the model again."""
+    from posprobe.checkpoint import resolve_model
+    from posprobe.errors import PosprobeError
+
+    file = _gguf_variant(tiny_ggufs, tmp_path, **edits)
+    with pytest.raises(PosprobeError) as err:
+        resolve_model(file)
+    line = str(err.value)
+    assert words in line and "GGUF metadata" in line and "config.json" not in line and "convert" in line, line
+
+
+def test_crafted_gguf_through_the_cli_is_one_line(tiny_ggufs, tmp_path, capsys):
+    file = _gguf_variant(tiny_ggufs, tmp_path, set_fields={"llama.block_count": _u32(2**31)})
+    for command in (["rotary", file, "--layers", "0"], ["fhat", file], ["profiles", file, "--layers", "0"]):
+        assert_one_line_error(
+            *run_cli([*command, "--positions", "24", "--out", tmp_path / "out"], capsys), "2147483648"
+        )
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_lost_tensor_is_refused_not_filled_with_random_values(tiny_ggufs, tiny_llama_folder, tmp_path):
+    """transformers fills a parameter the file lacks with random values and only logs it: `attention` and `states`
+    measured layer 1 of a file without its key projection as if it were trained."""
+    from safetensors.numpy import load_file, save_file
+
+    import posprobe
+    from posprobe.errors import PosprobeError
+
+    folder = tmp_path / "lost"
+    shutil.copytree(tiny_llama_folder, folder)
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["layers.1.self_attn.k_proj.weight"]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    gguf_file = _gguf_variant(tiny_ggufs, tmp_path, drop_tensors=["blk.1.attn_k.weight"])
+    for model in (folder, gguf_file):
+        with pytest.raises(PosprobeError, match=r"lacks 1 weight tensor .*'layers.1.self_attn.k_proj.weight'.*random"):
+            posprobe.attention_profiles(model, input_ids=[[1, 5, 6, 7, 8, 9]] * 4, max_length=6)
+    posprobe.load_model(tiny_llama_folder)  # a complete checkpoint loads
+
+
+def test_config_claiming_billions_of_layers_is_refused_before_any_model_is_built(
+    tiny_llama_folder, texts_file, tmp_path, capsys
+):
+    """num_hidden_layers = 2**31 beside 2 layers of weights: `profiles` looped over the layers' kinds and `states`
+    had transformers build them, both until killed."""
+    folder = tmp_path / "claims"
+    shutil.copytree(tiny_llama_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2**31}))
+    text = ["--text", texts_file, "--column", "sentence", "--max-length", "8", "--min-texts", "2"]
+    for command in (["profiles", folder, "--layers", "0", "--positions", "16"], ["states", folder, *text]):
+        assert_one_line_error(*run_cli([*command, "--out", tmp_path / "out"], capsys), "2147483648")
+        assert not (tmp_path / "out").exists()

@@ -42,9 +42,26 @@ def check_before_load(source: ModelSource) -> None:
         from posprobe.checkpoint.safetensors_format import read_header
         from posprobe.checkpoint.weights import WeightReader
 
-        WeightReader(source.path, "safetensors")  # the files transformers will read, and the index, checked
+        reader = WeightReader(source.path, "safetensors")  # the files transformers will read, and the index, checked
         for file in sorted(source.path.glob("*.safetensors")):  # and any other it might pick instead
             read_header(file)
+        _check_layer_bound(source, len(list(reader.keys())))
+
+
+def _check_layer_bound(source: ModelSource, n_tensors: int) -> None:
+    """A config claiming more layers than the checkpoint has tensors (every layer stores at least one of its own;
+    ALBERT's shared layers are fewer than its tensors too) is refused before transformers builds them: a crafted
+    num_hidden_layers = 2**31 had it build layers until memory ran out."""
+    from posprobe.checkpoint.config import config_where
+
+    for key in ("num_hidden_layers", "n_layer", "n_layers", "num_layers"):
+        layers = source.config.get(key)
+        if isinstance(layers, int) and layers > max(n_tensors, 1):
+            raise PosprobeError(
+                f"{config_where(source.name)} gives {key} = {layers}, more layers than its weights hold tensors "
+                f"({n_tensors})",
+                "the config and the weights come from different models; download the checkpoint again",
+            )
 
 
 @contextlib.contextmanager
@@ -121,11 +138,28 @@ def build_model(source: ModelSource, model_class=None, *, verbose: bool = False,
     check_before_load(source)
     with quiet_libraries(verbose), _quiet_gguf_progress(source.weight_format == "gguf" and not verbose):
         try:
-            model = model_class.from_pretrained(str(folder), **kwargs)
+            model, info = model_class.from_pretrained(str(folder), output_loading_info=True, **kwargs)
         except Exception as err:  # transformers, safetensors, torch and config classes raise many types
             raise load_failure(source, err) from err
+    check_complete(model, info.get("missing_keys") or (), source.name)
     check_finite(model, source.name)
     return model
+
+
+def check_complete(model, missing_keys, name: str) -> None:
+    """Refuse a model built with base-model weights missing from the checkpoint: transformers fills them with
+    random values and only logs it, so a file that lost a tensor (a crafted or cut-down file, a GGUF file whose
+    header lists fewer tensors) would be measured as if it were trained. A task head (classifier, score) and
+    the pooler are expected to be missing from a base checkpoint and are not refused."""
+    prefix = "" if getattr(model, "base_model", model) is model else f"{model.base_model_prefix}."
+    lost = sorted(k for k in missing_keys if k.startswith(prefix) and "pooler" not in k.split("."))
+    if lost:
+        shown = ", ".join(f"'{k}'" for k in lost[:2]) + (f" and {len(lost) - 2} more" if len(lost) > 2 else "")
+        raise PosprobeError(
+            f"'{name}' lacks {len(lost)} weight tensor{'s' if len(lost) > 1 else ''} its model needs ({shown}); "
+            f"transformers would fill {'them' if len(lost) > 1 else 'it'} with random values",
+            "the file is incomplete or belongs to another model; download or convert it again",
+        )
 
 
 @contextlib.contextmanager
