@@ -133,3 +133,165 @@ def test_min_texts_above_the_number_of_texts_is_refused_first(command, extra, te
 def test_max_length_below_two_is_refused_first(command, texts_file, tmp_path, capsys):
     args = [command, tmp_path / "no-model", "--text", texts_file, "--column", "sentence", "--max-length", "1"]
     assert_one_line_error(*run_cli([*args, "--out", tmp_path / "out"], capsys), "--max-length")
+
+
+# -- text files as editors, spreadsheets and cut-off exports write them --------------------------------------------
+def _hostile_text_files(folder):
+    """{name: (file, column, words the error must hold or None where the file is read)}."""
+    rows = "".join(f"w{i} w{i + 1}\n" for i in range(20))
+    files = {
+        "bom.csv": (b"\xef\xbb\xbfsentence\n" + rows.encode(), "sentence", None),
+        "bom.jsonl": (b"\xef\xbb\xbf" + b'{"s": "w1 w2"}\n' * 3, "s", None),
+        "bom-only.txt": (b"\xef\xbb\xbf\n", None, "holds no texts"),
+        "long-field.csv": (b"s\n" + b"w1 " * 60_000 + b"\nw2\n", "s", None),
+        "no-header.csv": (b"w1 w2,1\nw3,0\n", "s", "first line"),
+        "deep.jsonl": (b'{"s": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "s", "nested too deeply"),
+        "surrogate.jsonl": (b'{"s": "w1 \\ud83d"}\n', "s", "surrogate"),
+        "long-list.jsonl": (b'{"s": [' + b"1, " * 10_000 + b"1]}\n", "s", "is not text"),
+    }
+    out = {}
+    for name, (data, column, words) in files.items():
+        (folder / name).write_bytes(data)
+        out[name] = (folder / name, column, words)
+    return out
+
+
+def test_hostile_text_files_are_read_or_refused_in_one_line(tmp_path):
+    """A byte-order mark is not part of the first text or column name; a 180 kB .csv field is one text (the csv
+    module refused fields over 128 KiB with an internal error); deep JSON nesting (RecursionError) and a lone half
+    of a surrogate pair (the tokenizer's TypeError) are one line naming the file."""
+    from posprobe.errors import PosprobeError
+    from posprobe.texts import check_texts, iter_texts
+
+    for name, (path, column, words) in _hostile_text_files(tmp_path).items():
+        if words is None:
+            texts = list(iter_texts(path, column))
+            assert texts and not any("\ufeff" in t for t in texts), name
+            continue
+        with pytest.raises(PosprobeError) as err:
+            check_texts(path, column)
+        line = str(err.value)
+        assert words in line and "\n" not in line and len(line) < 400 and str(path) in line, (name, line)
+
+
+def test_hostile_text_file_is_refused_before_the_model_is_read(tmp_path, capsys):
+    files = _hostile_text_files(tmp_path)
+    for command in ("states", "attention"):
+        path, column, _ = files["surrogate.jsonl"]
+        args = [command, tmp_path / "no-model", "--text", path, "--column", column, "--out", tmp_path / "out"]
+        line = assert_one_line_error(*run_cli(args, capsys), "surrogate")
+        assert "no-model" not in line and not (tmp_path / "out").exists()
+
+
+# -- tokenizer files a cut-short download leaves -------------------------------------------------------------------
+def test_tokenizer_config_without_its_vocabulary_is_refused(tiny_bert_folder, texts_file, tmp_path, capsys):
+    """tokenizer_config.json without tokenizer.json: transformers builds a tokenizer of the 5 special tokens that
+    maps every word to [UNK], and `states` measured 20 identical [UNK] sequences with exit 0."""
+    folder = tmp_path / "no-vocab"
+    shutil.copytree(tiny_bert_folder, folder)
+    (folder / "tokenizer.json").unlink()
+    args = ["states", folder, "--text", texts_file, "--column", "sentence", "--max-length", "12", "--min-texts", "2"]
+    assert_one_line_error(*run_cli([*args, "--out", tmp_path / "out"], capsys), "no vocabulary", "5 special tokens")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [('{"foo": 1}', "KeyError: 'added_tokens'"), ("{'version'", "JSONDecodeError"), ("", "JSONDecodeError")],
+)
+def test_damaged_tokenizer_json_names_the_failure(content, words, tiny_bert_folder, tmp_path):
+    from posprobe.checkpoint.loading import load_tokenizer
+    from posprobe.errors import PosprobeError
+
+    folder = tmp_path / "damaged"
+    shutil.copytree(tiny_bert_folder, folder)
+    (folder / "tokenizer.json").write_text(content)
+    with pytest.raises(PosprobeError, match=f"no usable tokenizer in .*{words}"):
+        load_tokenizer(folder)
+
+
+# -- checkpoints whose config and weights disagree (crafted GGUF metadata, a tensor lost) --------------------------
+def _gguf_variant(tiny_ggufs, tmp_path, **edits):
+    from gguf_files import rewrite_gguf
+
+    return rewrite_gguf(tiny_ggufs["llama", "Q8_0"], tmp_path / "crafted.gguf", **edits)
+
+
+def _u32(value):
+    import gguf
+
+    return (value, gguf.GGUFValueType.UINT32)
+
+
+@pytest.mark.parametrize(
+    "edits, words",
+    [
+        ({"set_fields": {"llama.block_count": _u32(2**31)}}, "block_count = 2147483648, but the file holds"),
+        ({"set_fields": {"llama.block_count": _u32(1)}}, "block_count = 1, but the file holds the tensors of layers"),
+        ({"drop_fields": ["llama.block_count"]}, "lacks llama.block_count"),
+        ({"set_fields": {"llama.attention.head_count_kv": _u32(0)}}, "num_key_value_heads = 0"),
+        ({"set_fields": {"llama.rope.dimension_count": _u32(0)}}, "head_dim = 0"),
+        ({"set_fields": {"llama.rope.freq_base": ("1e4", 8)}}, "rope_theta = '1e4'"),  # 8: STRING
+        ({"set_fields": {"llama.rope.freq_base": (float("nan"), 6)}}, "rope_theta = nan"),  # 6: FLOAT32
+        ({"set_fields": {"llama.rope.freq_base": (0.0, 6)}}, "rope_theta = 0.0"),
+    ],
+    ids=["block-count-huge", "block-count-short", "block-count-missing", "kv-heads-0", "rope-dims-0", "rope-base-text",
+         "rope-base-nan", "rope-base-0"],
+)  # fmt: skip
+def test_crafted_gguf_metadata_is_refused_when_the_file_is_opened(edits, words, tiny_ggufs, tmp_path):
+    """A block count of 2**31 had transformers build layers until it was killed, one of 1 analysed half the file;
+    0 key/value heads or rotary dimensions, or a rotary base that is text, were ZeroDivisionError / TypeError
+    internal errors; a base of NaN or 0 gave NaN profiles with exit 0. Each is one line naming the GGUF
+    metadata (not config.json) and saying to convert the model again."""
+    from posprobe.checkpoint import resolve_model
+    from posprobe.errors import PosprobeError
+
+    file = _gguf_variant(tiny_ggufs, tmp_path, **edits)
+    with pytest.raises(PosprobeError) as err:
+        resolve_model(file)
+    line = str(err.value)
+    assert words in line and "GGUF metadata" in line and "config.json" not in line and "convert" in line, line
+
+
+def test_crafted_gguf_through_the_cli_is_one_line(tiny_ggufs, tmp_path, capsys):
+    file = _gguf_variant(tiny_ggufs, tmp_path, set_fields={"llama.block_count": _u32(2**31)})
+    for command in (["rotary", file, "--layers", "0"], ["fhat", file], ["profiles", file, "--layers", "0"]):
+        assert_one_line_error(
+            *run_cli([*command, "--positions", "24", "--out", tmp_path / "out"], capsys), "2147483648"
+        )
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_lost_tensor_is_refused_not_filled_with_random_values(tiny_ggufs, tiny_llama_folder, tmp_path):
+    """transformers fills a parameter the file lacks with random values and only logs it: `attention` and `states`
+    measured layer 1 of a file without its key projection as if it were trained."""
+    from safetensors.numpy import load_file, save_file
+
+    import posprobe
+    from posprobe.errors import PosprobeError
+
+    folder = tmp_path / "lost"
+    shutil.copytree(tiny_llama_folder, folder)
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["layers.1.self_attn.k_proj.weight"]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    gguf_file = _gguf_variant(tiny_ggufs, tmp_path, drop_tensors=["blk.1.attn_k.weight"])
+    for model in (folder, gguf_file):
+        with pytest.raises(PosprobeError, match=r"lacks 1 weight tensor .*'layers.1.self_attn.k_proj.weight'.*random"):
+            posprobe.attention_profiles(model, input_ids=[[1, 5, 6, 7, 8, 9]] * 4, max_length=6)
+    posprobe.load_model(tiny_llama_folder)  # a complete checkpoint loads
+
+
+def test_config_claiming_billions_of_layers_is_refused_before_any_model_is_built(
+    tiny_llama_folder, texts_file, tmp_path, capsys
+):
+    """num_hidden_layers = 2**31 beside 2 layers of weights: `profiles` looped over the layers' kinds and `states`
+    had transformers build them, both until killed."""
+    folder = tmp_path / "claims"
+    shutil.copytree(tiny_llama_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2**31}))
+    text = ["--text", texts_file, "--column", "sentence", "--max-length", "8", "--min-texts", "2"]
+    for command in (["profiles", folder, "--layers", "0", "--positions", "16"], ["states", folder, *text]):
+        assert_one_line_error(*run_cli([*command, "--out", tmp_path / "out"], capsys), "2147483648")
+        assert not (tmp_path / "out").exists()

@@ -206,12 +206,13 @@ def _download(
 def _inspect_gguf(name: str, file: Path, require_weights: bool = True) -> ModelSource:
     """A GGUF checkpoint: header checked first, then its config through transformers' GGUF mapping."""
     from posprobe.checkpoint.gguf_format import read_gguf_header
-    from posprobe.checkpoint.gguf_source import gguf_config, quantization
+    from posprobe.checkpoint.gguf_source import check_block_count, gguf_config, quantization
 
     header = read_gguf_header(file)
     if require_weights and not header.tensors:
         raise PosprobeError(f"'{file}' holds no tensors (a vocabulary-only GGUF file)", "pass a GGUF file of a model")
     config = validate_config(gguf_config(header, name), name)
+    check_block_count(header, config, name)
     return ModelSource(name, file, config, "gguf", quantization(header))
 
 
