@@ -92,7 +92,7 @@ def baseline(model, ids, batch_size: int) -> None:
 def measure(label: str, folder: str | None, count: int, batch_size: int, repeats: int, rotary: bool) -> list[dict]:
     import posprobe
     from posprobe.checkpoint.resolve import default_model_dir
-    from posprobe.retrofitting import load_model
+    from posprobe.models import load_model
 
     path = folder or str(default_model_dir())
     ids = token_ids(path, count, 128)

@@ -258,6 +258,7 @@ def kernels_metadata(result, fit) -> dict:
         "seed": result.seed,
         "r2": np.round(fit.r2, 6).tolist(),
         "causal": bool(getattr(result, "causal", False)),
+        "quantization": getattr(result, "quantization", None),
         "fitted_offsets": [-result.window, 0 if getattr(result, "causal", False) else result.window],
         "points": int(getattr(fit, "n_points", 0)),
         "parameters": 3 * fit.n_kernels + 1,

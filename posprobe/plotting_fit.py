@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from posprobe.plotting import quantization_note
+
 PANEL_WIDTH, PANEL_HEIGHT = 1.55, 1.25  # inches per panel (including its title and gaps)
 
 
@@ -24,7 +26,8 @@ def fit_figure(result, fit):
     causal = getattr(result, "causal", False)
     w = result.window
     fitted = f"k = −{w}..0" if causal else f"|k| ≤ {w}"
-    title = f"TISA fit, S={fit.n_kernels} — {result.model} ({result.mode} mode, fitted {fitted})"
+    model = f"{result.model}{quantization_note(result)}"
+    title = f"TISA fit, S={fit.n_kernels} — {model} ({result.mode} mode, fitted {fitted})"
     if causal:
         title += "; causal: only k ≤ 0 used by the model"
     if getattr(fit, "few_points", False):

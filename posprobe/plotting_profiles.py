@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from posprobe.analysis.toeplitz import is_flat
 from posprobe.plotting import FIGURE_DPI, _figure, _grid, causal_note, layer_kind_note, quantization_note
 
 PANEL_WIDTH, PANEL_HEIGHT = 2.35, 1.6  # inches per panel, its title and ticks included
@@ -128,7 +129,7 @@ class ProfilePages:
             values = prof[h] if secs is None else np.concatenate([prof[h], secs[h].ravel()])
             finite = values[np.isfinite(values)]
             lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-            span = hi - lo if hi > lo else max(abs(hi), 1.0)
+            span = max(abs(hi), 1.0) if is_flat(np.array([lo, hi])) else hi - lo  # round-off is not magnified
             lo, hi = lo - 0.06 * span, hi + 0.06 * span
             x, y, _, bh = self._box(h)
             xs = self._x(h, self.ks)

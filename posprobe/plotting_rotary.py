@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posprobe.plotting import _figure, _grid
+from posprobe.plotting import _figure, _grid, quantization_note
 
 
 def band_norm_figure(result):
@@ -56,7 +56,7 @@ def band_norm_figure(result):
     what = "content-free input" if result.texts is None else f"{result.texts['n_texts']} texts, real tokens"
     partial = f"; partial rotary: {result.rotated_dims} of {result.head_dim} dims rotate" if result.partial else ""
     fig.suptitle(
-        f"{result.model}: rotary band norms of queries and keys ({what}){partial}\n"
+        f"{result.model}{quantization_note(result)}: rotary band norms of queries and keys ({what}){partial}\n"
         f"bands {result.pairing}; wavelength 2π/θ_f after rope scaling",
         fontsize=9,
     )

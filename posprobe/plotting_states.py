@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from posprobe.analysis.toeplitz import format_r2
-from posprobe.plotting import _figure, _matrix_panel, _symmetric_limit
+from posprobe.plotting import _figure, _matrix_panel, _symmetric_limit, quantization_note
 
 
 def spread_layers(n_states: int, count: int) -> list[int]:
@@ -77,8 +77,10 @@ def states_summary(result):
     ax.legend(fontsize=7)
     for ax in axes:
         ax.tick_params(labelsize=7)
+        _whole_number_ticks(ax.xaxis)
     fig.suptitle(
-        f"{result.model}: position in the hidden states — {result.n_texts} texts, max length {result.max_length}",
+        f"{result.model}{quantization_note(result)}: position in the hidden states — {result.n_texts} texts, "
+        f"max length {result.max_length}",
         fontsize=10,
     )
     return fig
@@ -109,9 +111,11 @@ def gram_panels(result, count: int = 4):
             ax.set_xlabel("position j", fontsize=7)
             ax.set_ylabel("position i", fontsize=7)
             ax.tick_params(labelsize=6)
+            _whole_number_ticks(ax.xaxis, ax.yaxis)
     fig.suptitle(
-        f"{result.model}: positional vectors' Gram matrix V Vᵀ ({v.n_kept} positions with ≥ {v.min_texts} texts; "
-        "R²: Toeplitz R²)\nbottom: the vectors centred over positions i ≥ 1 (the first token apart)",
+        f"{result.model}{quantization_note(result)}: positional vectors' Gram matrix V Vᵀ ({v.n_kept} positions with "
+        f"≥ {v.min_texts} texts; R²: Toeplitz R²)\n"
+        "bottom: the vectors centred over positions i ≥ 1 (the first token apart)",
         fontsize=9,
     )
     return fig
@@ -158,6 +162,14 @@ def series_chart(series):
 
 
 _DEPTH = "viridis"
+
+
+def _whole_number_ticks(*axes) -> None:
+    """Ticks at whole numbers only: positions and hidden-state indices have no halves."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in axes:
+        axis.set_major_locator(MaxNLocator(integer=True))
 
 
 def _log_if_wide(ax, values: np.ndarray) -> None:

@@ -35,6 +35,7 @@ class ProfileSet:
     shared_layers: bool
     causal: bool = False  # the model only uses k <= 0 (the profile at k > 0 is fitted too, but never used)
     stack: str | None = None  # of a T5-style encoder-decoder: which stack the profiles came from
+    quantization: str | None = None  # a GGUF file's quantisation: the profiles came from de-quantised weights
 
 
 def write_profiles(path: Path, result) -> None:
@@ -100,6 +101,7 @@ def read_profile_file(path: Path, layers: list[int] | None = None, profile: str 
         bool(meta.get("shared_layers", False)),
         bool(meta.get("causal", False)),
         meta.get("stack") if meta.get("stack") in ("encoder", "decoder") else None,
+        meta.get("quantization") if isinstance(meta.get("quantization"), str) else None,
     )
 
 

@@ -30,279 +30,42 @@ model then runs on sequences of any length, including longer than `max_position_
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-import posprobe.mechanisms.flex as flex
 from posprobe.checkpoint.resolve import TOKENIZER_FILES
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
-from posprobe.families.context import reserved_rows
-from posprobe.families.table import Family, family_for_type, model_types
 from posprobe.mechanisms.base import ROLES, PositionalMechanism
-from posprobe.mechanisms.catalogue import LayerShape, MechanismSettings, check_settings, mechanism_info
+from posprobe.mechanisms.catalogue import MechanismSettings, check_settings, mechanism_info
+from posprobe.retrofit_attention import (
+    ATTENTION_NAME,
+    RETROFIT_MODEL_TYPES,
+    _attention_pre_hook,
+    _average_position_table,
+    _encoder,
+    _family,
+    _first_real_row,
+    _layer_shape,
+    _make_constant_position_hook,
+    _make_encoder_pre_hook,
+    _make_input_hook,
+    _make_projection_hook,
+    _position_embedding,
+    _register_attention,
+    depth_slots,
+)
 from posprobe.validation import as_bool, as_int
 
-ATTENTION_NAME = "posprobe"
 CONFIG_KEY = "posprobe"
-RETROFIT_MODEL_TYPES = model_types(retrofit=True)  # families retrofit can install into (the family table says)
 _FORMAT_VERSION = 1
 INITIAL_FILE = "posprobe_initial.safetensors"  # mechanism parameters as retrofit set them (beside the model)
-# Score-bias mechanisms on CPU take the explicit softmax path (faster there than SDPA with a mask gradient);
-# tests switch this off to exercise the SDPA-with-bias path that accelerators use.
-EXPLICIT_ON_CPU = True
 
-
-# -- the attention function ---------------------------------------------------------------------------
-def _key_valid(mask: torch.Tensor | None) -> torch.Tensor | None:
-    """`(B, n_k)` bool (True = real token) from a 2-D mask or a 4-D bidirectional padding mask."""
-    if mask is None:
-        return None
-    if mask.dim() == 4:
-        mask = mask[:, 0, 0, :]
-    if mask.dtype == torch.bool:
-        return mask
-    if mask.is_floating_point():
-        return mask > torch.finfo(mask.dtype).min / 2
-    return mask != 0
-
-
-def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-    return mask.to(dtype)
-
-
-def active_mechanism(module: nn.Module) -> PositionalMechanism | None:
-    """The mechanism of `module` for the depth it is running at now (None if not retrofitted)."""
-    mechanisms = getattr(module, "posprobe_mechanisms", None)
-    if mechanisms is None:
-        return None
-    if len(mechanisms) == 1:
-        return mechanisms[0]
-    return mechanisms[module._posprobe_slot]
-
-
-def posprobe_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Attention with the module's mechanism; same contract as transformers' attention functions.
-
-    query `(B, H, n_q, d_h)`, key/value `(B, H, n_k, d_h)`, attention_mask bool `(B, 1, n_q, n_k)` (True =
-    attend), additive float, or None. Returns `(B, n_q, H, d_h)` and the probabilities (explicit path only).
-
-    Path choice: on CUDA, score-bias mechanisms (tisa, fixed, dynamic, composite, ...) use FlexAttention
-    with the mechanism's `score_mod` when torch has it and no attention dropout is active
-    (`posprobe.mechanisms.flex`). Otherwise: mechanisms without a score bias or value term (cat, conv-qkv,
-    depthwise) use torch's
-    `scaled_dot_product_attention` exactly like the stock "sdpa" path. With a score bias, accelerators use
-    SDPA with the bias as an additive mask; on CPU the explicit softmax(QK^T * scaling + bias) is faster
-    (SDPA's CPU kernels are slow at producing a gradient for the mask). Mechanisms that need the
-    probabilities (value terms) and `output_attentions` always take the explicit path.
-    """
-    if scaling is None:
-        scaling = query.shape[-1] ** -0.5
-    mech = active_mechanism(module)
-    if flex.use_flex(query, mech, dropout, bool(kwargs.get("output_attentions"))):
-        mod = mech.score_mod(query, key)
-        out = None if mod is None else flex.flex_attention(query, key, value, mod, _key_valid(attention_mask), scaling)
-        if out is not None:
-            if mech.has_output_term:
-                out = out + mech.output_term(value, _key_valid(attention_mask))
-            return out.transpose(1, 2).contiguous(), None
-    bias = mech.score_bias(query, key) if mech is not None else None
-    explicit = (
-        (mech is not None and mech.needs_probabilities)
-        or bool(kwargs.get("output_attentions"))
-        or (bias is not None and EXPLICIT_ON_CPU and query.device.type == "cpu")
-    )
-    weights = None
-    if not explicit:
-        attn_mask = attention_mask
-        if bias is not None:
-            shape = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-            attn_mask = bias.expand(shape)  # a full-size mask gradient is much cheaper than a broadcast one
-            if attention_mask is not None:
-                attn_mask = attn_mask + _additive(attention_mask, bias.dtype)
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout, scale=scaling)
-    else:
-        scores = torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
-        if bias is not None:
-            scores = scores.add_(bias)
-        if attention_mask is not None:
-            scores = scores.add_(_additive(attention_mask, scores.dtype))
-        weights = torch.softmax(scores, dim=-1)
-        probs = F.dropout(weights, p=dropout, training=module.training)
-        out = torch.matmul(probs, value)
-        if mech is not None and mech.needs_probabilities:
-            out = out + mech.value_term(probs, value)
-    if mech is not None and mech.has_output_term:
-        out = out + mech.output_term(value, _key_valid(attention_mask))
-    return out.transpose(1, 2).contiguous(), weights
-
-
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ATTENTION_NAME, posprobe_attention)
-    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
-
-
-# -- locating the attention modules ---------------------------------------------------------------------
-def model_type(model: nn.Module) -> str:
-    return str(getattr(getattr(model, "config", None), "model_type", "unknown"))
-
-
-def _family(model: nn.Module) -> Family:
-    """The family-table entry of a model retrofit can install into; one clear error otherwise."""
-    kind = model_type(model)
-    family = family_for_type(kind)
-    if family is None or not family.retrofit:
-        raise PosprobeError(
-            f"cannot retrofit a '{kind}' model: only {', '.join(RETROFIT_MODEL_TYPES)} are supported",
-            "use a BERT, RoBERTa, XLM-R, ALBERT or ELECTRA checkpoint",
-        )
-    return family
-
-
-def _module_at(model: nn.Module, path: str) -> nn.Module | None:
-    """The submodule whose qualified name is `path` or ends in '.' + `path` (a task head's prefix does not
-    matter; the shortest such name wins), or None."""
-    names = [name for name, _ in model.named_modules() if name == path or name.endswith("." + path)]
-    return model.get_submodule(min(names, key=len)) if names else None
-
-
-def _encoder(model: nn.Module) -> nn.Module:
-    base = getattr(model, "base_model", model)
-    encoder = getattr(base, "encoder", None)
-    if encoder is None:
-        raise PosprobeError(f"model of type '{model_type(model)}' has no encoder module", "pass an encoder model")
-    return encoder
-
-
-def depth_slots(model: nn.Module) -> list[tuple[nn.Module, int]]:
-    """`(attention module, slot)` for each attention call of one forward pass, in depth order. The module is
-    the one holding the family table's `query` projection; ALBERT's shared layer groups are called in turn."""
-    family = _family(model)
-    if not family.shared_layers:
-        attention = family.query.rsplit(".", 1)[0]  # the module that owns the query projection
-        modules = [_module_at(model, attention.format(l=i)) for i in range(model.config.num_hidden_layers)]
-        if any(m is None for m in modules):
-            raise PosprobeError(
-                f"model of type '{model_type(model)}' lacks its attention modules", "pass an encoder model"
-            )
-        return [(m, 0) for m in modules]
-    encoder = _encoder(model)
-    cfg = model.config
-    L, G = cfg.num_hidden_layers, cfg.num_hidden_groups
-    slots: list[tuple[nn.Module, int]] = []
-    counts: dict[int, int] = {}
-    for i in range(L):
-        group = encoder.albert_layer_groups[int(i / (L / G))]
-        for layer in group.albert_layers:
-            module = layer.attention
-            slots.append((module, counts.get(id(module), 0)))
-            counts[id(module)] = counts.get(id(module), 0) + 1
-    return slots
-
-
-def _layer_shape(module: nn.Module) -> LayerShape:
-    return LayerShape(
-        num_heads=module.num_attention_heads, head_dim=module.attention_head_size, input_size=module.query.in_features
-    )
-
-
-# -- hooks ------------------------------------------------------------------------------------------------
-def _attention_pre_hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-    n_slots = len(module.posprobe_mechanisms)
-    if n_slots > 1:
-        slot = module._posprobe_calls
-        if slot >= n_slots:
-            raise PosprobeError(
-                "a shared (ALBERT) attention layer ran more often than the model has layers",
-                "gradient checkpointing and calling layers outside the encoder are not supported "
-                "for retrofitted ALBERT models",
-            )
-        module._posprobe_calls = slot + 1
-        module._posprobe_slot = slot
-    if module._posprobe_needs_padding:
-        mask = kwargs.get("attention_mask", args[1] if len(args) > 1 else None)
-        module._posprobe_key_valid = _key_valid(mask)
-
-
-def _make_encoder_pre_hook(shared: list[nn.Module]):
-    def hook(encoder: nn.Module, args: tuple) -> None:
-        for module in shared:
-            module._posprobe_calls = 0
-
-    return hook
-
-
-def _make_input_hook(attention: nn.Module, role: str):
-    def hook(linear: nn.Module, args: tuple):
-        mech = active_mechanism(attention)
-        return (mech.transform_inputs(role, args[0], attention._posprobe_key_valid),) + tuple(args[1:])
-
-    return hook
-
-
-def _make_projection_hook(attention: nn.Module, role: str):
-    def hook(linear: nn.Module, args: tuple, out: torch.Tensor):
-        mech = active_mechanism(attention)
-        return mech.transform_projection(role, args[0], out, attention._posprobe_key_valid)
-
-    return hook
-
-
-def _position_embedding(model: nn.Module) -> nn.Embedding:
-    position = _family(model).position
-    table = _module_at(model, position.rsplit(".", 1)[0]) if position else None
-    if not isinstance(table, nn.Embedding):
-        raise PosprobeError(
-            f"model of type '{model_type(model)}' has no learned position table to drop",
-            "drop --drop-position-embeddings",
-        )
-    return table
-
-
-def _first_real_row(model: nn.Module) -> int:
-    """RoBERTa-family tables reserve `padding_idx + 1` leading rows (SPEC §1)."""
-    return reserved_rows(model.config.to_dict(), str(getattr(model.config, "_name_or_path", "") or "the model"))
-
-
-def _make_constant_position_hook(row: int):
-    """Pre-hook for the embeddings module: every token (any sequence length) gets position id `row`."""
-
-    def hook(embeddings: nn.Module, args: tuple, kwargs: dict):
-        bound = inspect.signature(embeddings.forward).bind_partial(*args, **kwargs).arguments
-        ref = bound.get("input_ids")
-        ref = ref if ref is not None else bound.get("inputs_embeds")
-        bound["position_ids"] = torch.full((1, ref.shape[1]), row, dtype=torch.long, device=ref.device)
-        return (), dict(bound)
-
-    return hook
-
-
-def _average_position_table(model: nn.Module) -> None:
-    table = _position_embedding(model)
-    with torch.no_grad():
-        mean = table.weight[_first_real_row(model) :].mean(dim=0)
-        table.weight.copy_(mean.expand_as(table.weight))
+__all__ = ["ATTENTION_NAME", "RETROFIT_MODEL_TYPES", "depth_slots"]  # re-exported; the rest is defined below
 
 
 # -- public API ---------------------------------------------------------------------------------------------

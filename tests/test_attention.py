@@ -233,14 +233,16 @@ def test_profile_correlation():
 
 
 # -- families that cannot be recorded --------------------------------------------------------------------
-def test_model_without_attention_interface_is_refused():
+def test_model_whose_attention_is_not_a_matrix_is_refused():
+    """Longformer attends in sliding chunks; the other families run (tests/test_capture_families.py)."""
     import transformers as tf
 
     from posprobe.errors import PosprobeError
 
-    model = tf.BloomModel(tf.BloomConfig(vocab_size=99, hidden_size=32, n_layer=2, n_head=4)).eval()
-    with pytest.raises(PosprobeError, match="AttentionInterface"):
-        attention_profiles(model, input_ids=sequences(2), max_length=12)
+    config = tf.LongformerConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=37, max_position_embeddings=66, attention_window=4)  # fmt: skip
+    with pytest.raises(PosprobeError, match="not one softmax over all keys"):
+        attention_profiles(tf.LongformerModel(config).eval(), input_ids=sequences(2), max_length=12)
 
 
 # -- weights correlation, CLI ----------------------------------------------------------------------------------
@@ -426,3 +428,25 @@ def test_hub_texts_are_read_from_the_named_split_and_column(tiny_bert_folder, tm
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and "column 'label' is not text" in err and "\n" not in err
     assert not (tmp_path / "b").exists()
+
+
+def test_weights_profiles_read_the_model_once_at_max_length(tmp_path, monkeypatch):
+    """The weights-based profiles behind weights_correlation come from one model reader over max_length positions:
+    a rotary model allowing more than 512 positions gets them at max_length 600 (they were refused as 'the position
+    table has 512 rows': it has no table), and the checkpoint's weights are opened once, not once per layer."""
+    import posprobe.pipelines.score_reader as score_reader
+    from posprobe.analysis.toeplitz import diagonal_means
+    from posprobe.pipelines.analysis import fhat
+
+    model = tiny_model("llama")
+    model.config.max_position_embeddings = 2048
+    model.save_pretrained(tmp_path / "llama")
+    opened = []
+    real_open = score_reader.open_weights
+    monkeypatch.setattr(score_reader, "open_weights", lambda source: opened.append(source) or real_open(source))
+    ids = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
+    result = attention_profiles(str(tmp_path / "llama"), input_ids=ids, max_length=600, verify=False)
+    assert len(opened) == 1, result.weights_note
+    assert result.weights_profiles.shape == (2, 4, 1199) and "content-free" in result.weights_note
+    expected = diagonal_means(fhat(str(tmp_path / "llama"), 1, positions=600).matrices)
+    np.testing.assert_allclose(result.weights_profiles[1], expected, rtol=1e-12, atol=1e-12)

@@ -91,13 +91,17 @@ def test_hidden_states_only_leave_the_models_attention_alone(family):
 
 
 def test_hidden_states_of_a_model_whose_attention_cannot_be_recorded():
+    """Longformer attends in sliding chunks (no (queries x keys) matrix): refused for attention, not for hidden
+    states."""
     import transformers as tf
 
-    model = tf.BloomModel(tf.BloomConfig(vocab_size=99, hidden_size=32, n_layer=2, n_head=4)).eval()
+    config = tf.LongformerConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=37, max_position_embeddings=66, attention_window=4)  # fmt: skip
+    model = tf.LongformerModel(config).eval()
     keep = Keep(needs=("hidden_states",))
     capture(model, [keep], input_ids=sequences(3), max_length=16)
     assert len(keep.texts) == 3 and len(keep.texts[0]["hidden"]) == 3
-    with pytest.raises(PosprobeError, match="AttentionInterface"):
+    with pytest.raises(PosprobeError, match="not one softmax over all keys"):
         capture(model, [Keep(needs=("probs",))], input_ids=sequences(3), max_length=16)
 
 

@@ -299,3 +299,22 @@ def test_cli_bad_text_options_one_line_nothing_written(bert_with_texts, tmp_path
     assert info.value.code == 2 and err.startswith("posprobe: error: ") and "\n" not in err
     assert message in err
     assert not out.exists()
+
+
+def test_flat_profiles_have_no_peak_and_are_drawn_flat():
+    """With input 'mean' an absolute table is averaged away: every score of a head is one number, up to round-off
+    (~1e-17). Such a profile has no peak (None in JSON, '—' in text, NaN in `peak_offsets`), and its figure does
+    not magnify the round-off into a shape (the profile is drawn as a straight line, the sections on top of it)."""
+    from posprobe.plotting_profiles import profile_pages
+
+    result = posprobe.profiles(tiny("bert"), layers=[0], positions=N, window=5, input_ids=token_texts())
+    window = result.profiles[..., N - 1 - 5 : N + 5]
+    assert np.ptp(window, axis=-1).max() <= 1e-12 * np.abs(window).max()  # flat up to round-off
+    assert np.isnan(result.peak_offsets()).all()
+    assert all(h["peak_offset"] is None for h in result.to_dict()["heads"])
+    pages = profile_pages(result)
+    pages.figure(0)
+    for line in pages._profile.get_segments():
+        assert np.ptp(line[:, 1]) < 1e-9  # inches: a straight line
+    sections = np.concatenate(pages._sections.get_segments())
+    assert np.ptp(sections[:, 1]) < 1e-9 and sections[0, 1] == pytest.approx(pages._profile.get_segments()[0][0, 1])

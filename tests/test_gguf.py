@@ -231,3 +231,21 @@ def test_quantization_is_reported_in_json_and_figure_titles(tiny_ggufs, tiny_che
         except SystemExit as exit_info:
             assert exit_info.code in (0, None)
         assert json.loads(capsys.readouterr().out)["quantization"] == "Q8_0"
+
+
+def test_quantization_is_reported_by_rotary_states_and_fit_tisa(tiny_ggufs):
+    """The commands added beside the GGUF route say too that they analysed de-quantised weights (JSON and title)."""
+    import posprobe
+
+    llama = tiny_ggufs["llama", "Q8_0"]
+    note = "(Q8_0 GGUF, de-quantised)"
+    rotary = posprobe.rotary(llama, layers=[0], positions=24)
+    assert rotary.to_dict()["quantization"] == "Q8_0" and note in rotary.plot()._suptitle.get_text()
+    ids = [[5 + (t + i) % 20 for i in range(3 + t % 5)] for t in range(12)]
+    states = posprobe.states(llama, input_ids=ids, min_texts=2)
+    assert states.to_dict()["quantization"] == "Q8_0" and note in states.plot()._suptitle.get_text()
+    fit = posprobe.fit_tisa(llama, kernels=1, window=4, layers=[0], positions=24)
+    assert fit.to_dict()["quantization"] == "Q8_0" and any(note in t.get_text() for t in fit.plot().axes[0].texts)
+    from posprobe.kernels_file import kernels_metadata
+
+    assert kernels_metadata(fit, fit.fits[0])["quantization"] == "Q8_0"

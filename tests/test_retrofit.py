@@ -164,7 +164,7 @@ def test_eager_models_and_attention_outputs():
 
 @pytest.mark.parametrize("name", ["tisa", "composite", "key-dynamic", "shaw-values", "depthwise"])
 def test_sdpa_and_explicit_paths_agree(name, monkeypatch):
-    import posprobe.retrofitting as rf
+    import posprobe.retrofit_attention as rf
 
     model = retrofit(build_tiny("bert").double(), name, radius=3, init="random")
     ids = torch.randint(5, 99, (2, 9))

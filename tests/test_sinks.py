@@ -209,3 +209,16 @@ def test_smollm2_first_token_mass_equals_eager_attention_on_real_sentences():
     for name in ("first_token_mass", "distance_without_first", "sink_rate", "uniform_distance"):
         np.testing.assert_allclose(getattr(sinks, name), ref[name], rtol=1e-4, atol=1e-5, err_msg=name)
     assert sinks.first_token_mass.shape == (30, 9) and (sinks.first_token_mass > 0.5).sum() > 100  # real sinks
+
+
+def test_special_token_mass_is_undefined_without_special_tokens():
+    """A tokenizer that adds no special token (SmolLM2 on CoLA) leaves no special key to attend to: the mass is not a
+    measured 0 but undefined (NaN; null in JSON), and the record says how many special tokens the texts held."""
+    model = tiny_model("gpt2")
+    texts = sequences(6, seed=3)
+    none = attention_profiles(model, input_ids=texts, special_ids=[], max_length=12).sinks
+    assert np.isnan(none.special_token_mass).all() and none.n_special_tokens == 0
+    assert np.isfinite(none.first_token_mass).all()
+    some = attention_profiles(model, input_ids=texts, special_ids=[texts[0][0]], max_length=12)
+    assert some.sinks.n_special_tokens >= 1 and np.isfinite(some.sinks.special_token_mass).all()
+    assert some.to_dict()["n_special_tokens"] == some.sinks.n_special_tokens

@@ -291,3 +291,19 @@ def test_few_kept_positions_still_give_files_and_nulls(tmp_path, min_texts):
     assert record["positional_norm_mean_without_first"] == [None] * 3
     written = write_states(result, tmp_path / "out")
     assert all(p.is_file() for p in [written["npz"], *written["figures"]])
+
+
+def test_position_axes_have_whole_number_ticks():
+    """Positions and hidden states are whole numbers: no tick reads 2.5 (matplotlib's default locator put one at
+    every half position on MiniLM's 20 kept positions)."""
+    model = tiny_model("gpt2")
+    rng = np.random.default_rng(1)
+    ids = [rng.integers(5, 99, size=int(rng.integers(6, 12))).tolist() for _ in range(40)]
+    result = posprobe.states(model, input_ids=ids, max_length=16, min_texts=3, mae_sample=50)
+    summary, gram = result.plot("summary"), result.plot("gram")
+    summary.canvas.draw(), gram.canvas.draw()
+    axes = [summary.axes[0], summary.axes[2], summary.axes[3]] + [a for a in gram.axes if a.images]
+    assert len(axes) > 3
+    for ax in axes:
+        for tick in [*ax.get_xticks(), *(ax.get_yticks() if ax.images else [])]:
+            assert float(tick) == int(tick), (ax.get_title(), tick)

@@ -181,7 +181,8 @@ def test_known_answer_no_position_anywhere_gives_r2_at_most_zero():
 
 def test_constant_hidden_states_predict_the_training_mean():
     """Every token the same and no positions: the hidden states are identical (scale 0), the weights are zero and
-    each fold is predicted by the mean of the other four: R² < 0 exactly as the closed form says."""
+    each fold is predicted by the mean of the other four. Every fold holds positions 0..5, so that mean is the
+    overall mean: R² = 0 and MAE = mean |i - 2.5| = 1.5 exactly."""
     model = tiny_model("bert")
     with torch.no_grad():
         model.embeddings.position_embeddings.weight.zero_()
@@ -189,7 +190,6 @@ def test_constant_hidden_states_predict_the_training_mean():
     acc = PositionProbeAccumulator(3, [0], 32, sample=10_000)
     capture(model, [acc], input_ids=texts, max_length=8, batch_size=12)
     probes = acc.result()
-    # every fold holds the same positions 0..5, so the training mean is the overall mean: R² = 0
     assert probes.r2[0] == pytest.approx(0.0, abs=1e-12) and probes.mae[0] == pytest.approx(1.5)
 
 

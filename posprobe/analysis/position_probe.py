@@ -7,7 +7,7 @@ per layer), so memory would grow with the corpus. Every number below is a functi
 (for fold f and hidden state l: sum z z^T (d, d), sum z (d), sum z y (d, 2), and the token count, sum y and sum y^2,
 where z = h - s is the hidden state minus a fixed shift s, the first batch's mean, which keeps the sums well
 conditioned), so the probe is exact — the same fits, penalties and held-out errors as scikit-learn's
-`Ridge` + `GridSearchCV` on the same folds, up to float64 rounding (checked in tests/test_states_probe.py) — and its
+`Ridge` + `GridSearchCV` on the same folds, up to float64 rounding (checked in tests/test_states_analysis.py) — and its
 memory is 5·d² floats per probed layer, whatever the number of texts.
 
 - Folds: text t goes to fold t mod 5 (t its index in the input order); no text is in two folds (as GroupKFold).

@@ -7,7 +7,8 @@ Query i attends to key j; the first token is position 0 (right padding: every te
 
 Sink queries: counted tokens (real; not special when special tokens are excluded) at positions i >= 1 (a query at
 0 can only see 0 in a causal model). Over them, every query weighing the same:
-- first-token mass = mean of A(i, 0); special-token mass = mean of the sum of A(i, j) over special keys j;
+- first-token mass = mean of A(i, 0); special-token mass = mean of the sum of A(i, j) over special keys j (NaN
+  when the texts hold no special token: a tokenizer that adds none leaves nothing to measure, not a mass of 0);
 - distance without the first token = mean of sum_{j>=1} A(i,j)|j-i| / sum_{j>=1} A(i,j), over the counted pairs
   (i, j) the model lets attend (a query whose A(i, j>=1) is all zero is left out);
 - sink rate of a layer = share of its heads whose first-token mass exceeds `threshold` (0.3, Gu et al. 2025).
@@ -37,7 +38,9 @@ class SinkAccumulator:
 
     needs = ("probs",)
 
-    def __init__(self, n_layers: int, n_heads: int, device: str | torch.device = "cpu", threshold: float = 0.3):
+    def __init__(
+        self, n_layers: int, n_heads: int, device: str | torch.device = "cpu", threshold: float = SINK_THRESHOLD
+    ):
         import torch
 
         self.n_layers, self.n_heads, self.threshold = int(n_layers), int(n_heads), float(threshold)
@@ -48,6 +51,7 @@ class SinkAccumulator:
         self.without_first = zeros(L, H)  # ... of the distance without the first token
         self.without_first_queries = zeros(L, H)
         self.sink_queries = 0
+        self.special_tokens = 0  # special tokens among the real tokens
         self.uniform = zeros(L)  # sum over §10 queries of mean_j |j - i|
         self.uniform_queries = zeros(L)
         self.uniform_without_first = zeros(L)  # sum over sink queries of mean_{j>=1} |j - i|
@@ -59,6 +63,7 @@ class SinkAccumulator:
 
         queries = batch.counted & (batch.positions >= 1)  # (B, m) sink queries
         self.sink_queries += int(queries.sum())
+        self.special_tokens += int((batch.special & batch.real).sum())
         m = queries.shape[1]
         at = torch.arange(m, device=queries.device)
         distance = (at[None, :] - at[:, None]).abs()  # (m, m) |j - i|
@@ -97,6 +102,7 @@ class SinkAccumulator:
             self.uniform_without_first.cpu().numpy(),
             self.uniform_without_first_queries.cpu().numpy(),
             self.threshold,
+            self.special_tokens,
         )
 
 
@@ -118,7 +124,8 @@ class SinkMeasures:
 
     first_token_mass, special_token_mass, distance_without_first (L, H); sink_rate (L,): share of heads with
     first-token mass > threshold; uniform_distance, uniform_distance_without_first (L,): the references for
-    `mean_distance` (SPEC §10) and `distance_without_first`; n_queries: sink queries (counted tokens at i >= 1).
+    `mean_distance` (SPEC §10) and `distance_without_first`; n_queries: sink queries (counted tokens at i >= 1);
+    n_special_tokens: special tokens among the real tokens (none: special_token_mass is NaN, not measured).
     """
 
     first_token_mass: np.ndarray
@@ -129,6 +136,7 @@ class SinkMeasures:
     uniform_distance_without_first: np.ndarray
     n_queries: int
     threshold: float = SINK_THRESHOLD
+    n_special_tokens: int | None = None  # None: not counted (measures built by hand)
 
 
 def sink_measures(
@@ -142,18 +150,21 @@ def sink_measures(
     uniform_without_first: np.ndarray,
     uniform_without_first_queries: np.ndarray,
     threshold: float = SINK_THRESHOLD,
+    n_special_tokens: int | None = None,
 ) -> SinkMeasures:
-    """The SPEC §14 measures from the accumulated sums (shapes as in `SinkAccumulator`)."""
+    """The SPEC §14 measures from the accumulated sums (shapes as in `SinkAccumulator`); `n_special_tokens` 0 makes
+    the special-token mass NaN (there was no special key to attend to)."""
     per_query = lambda total, count: total / np.where(count > 0, count, np.nan)  # noqa: E731
     first_mass = per_query(first, np.float64(sink_queries))
     rate = np.where(np.isfinite(first_mass).all(-1), (first_mass > threshold).mean(-1), np.nan)
     return SinkMeasures(
         first_mass,
-        per_query(special, np.float64(sink_queries)),
+        per_query(special, np.float64(sink_queries)) if n_special_tokens != 0 else np.full_like(first, np.nan),
         per_query(without_first, without_first_queries),
         rate,
         per_query(uniform, uniform_queries),
         per_query(uniform_without_first, uniform_without_first_queries),
         int(sink_queries),
         float(threshold),
+        None if n_special_tokens is None else int(n_special_tokens),
     )

@@ -89,6 +89,14 @@ def toeplitz_r2(a: np.ndarray) -> np.ndarray | float | None:
     return r2
 
 
+def is_flat(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """True where `values` do not vary along `axis` beyond round-off (the tolerance of `toeplitz_r2`): their range
+    is at most R2_RELATIVE_TOL * max|values|. Such a profile has no shape: no peak, nothing to draw but a line."""
+    values = np.asarray(values, dtype=np.float64)
+    scale = np.max(np.abs(values), axis=axis)
+    return np.ptp(values, axis=axis) <= R2_RELATIVE_TOL * scale
+
+
 def block_r2(a: np.ndarray, block: int) -> np.ndarray | float | None:
     """Toeplitz R^2 of the leading `block` x `block` sub-matrix (e.g. BERT's first 128 positions)."""
     n = _check_square(np.asarray(a))

@@ -5,7 +5,11 @@ is a reducer; none wires the model itself.
 - `batches.py`: texts or token ids -> padded `TokenBatch`es (length-sorted chunks, right padding, masks);
 - `recording.py`: the recording attention function (transformers' AttentionInterface) and its check against the
   model's own eager attention;
-- `model.py`: loading, the checks a capturable model passes, device / max length / pad id;
+- `eager.py`: the route for families outside AttentionInterface (T5, BLOOM, MPT, Falcon, DeBERTa, MPNet, BART's
+  encoder, ...): their own eager attention with `output_attentions`, the softmax inputs observed on the way, and
+  its first-batch checks;
+- `model.py`: loading, the checks a capturable model passes, the stack that runs (an encoder-decoder's encoder),
+  device / max length / pad id;
 - `run.py`: `capture` / `capture_batches`, `BatchCapture` (what one batch did) and the `Reducer` protocol.
 
 A reducer::
@@ -27,6 +31,7 @@ A reducer::
 """
 
 from posprobe.capture.batches import TokenBatch, id_tokenizer, pad_batch, text_tokenizer, token_batches
+from posprobe.capture.eager import is_eager_route
 from posprobe.capture.model import (
     check_model,
     load_for_capture,
@@ -34,6 +39,7 @@ from posprobe.capture.model import (
     pad_token_id,
     resolve_device,
     resolve_max_length,
+    stack_to_run,
 )
 from posprobe.capture.recording import RECORD_NAME, recording_attention, register_recording_attention
 from posprobe.capture.run import BatchCapture, CaptureSummary, Reducer, capture, capture_batches
@@ -48,6 +54,7 @@ __all__ = [
     "capture_batches",
     "check_model",
     "id_tokenizer",
+    "is_eager_route",
     "load_for_capture",
     "max_positions",
     "pad_batch",
@@ -56,6 +63,7 @@ __all__ = [
     "register_recording_attention",
     "resolve_device",
     "resolve_max_length",
+    "stack_to_run",
     "text_tokenizer",
     "token_batches",
 ]

@@ -16,12 +16,14 @@ def text_config(model):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def check_model(model, attention: bool = True) -> tuple[int, int]:
-    """(layers, heads) of a model whose run can be captured; PosprobeError otherwise.
-
-    Encoder-decoders are refused (there is no decoder input); with `attention` (scores or probabilities are
-    recorded), so are retrofitted models (their attention is a posprobe mechanism) and families whose attention
-    does not go through transformers' AttentionInterface."""
+def check_model(model, attention: bool = True, encoder_decoder: bool = False) -> tuple[int, int]:
+    """(layers, heads) of the stack a capture runs; PosprobeError for a model that cannot be captured: with
+    `attention` (scores or probabilities are recorded), a retrofitted model (its attention is a posprobe
+    mechanism); an encoder-decoder unless `encoder_decoder` (then its encoder stack runs, `stack_to_run`: the
+    capture and `posprobe attention` pass it; callers that measure one stack of a model with one keep the
+    refusal). Families whose attention goes through transformers' AttentionInterface are recorded there
+    (`capture.recording`), the others on their eager path (`capture.eager`); whether a family's attention really
+    is reproduced is checked on the first batch, and input lengths by `check_length`."""
     from posprobe.retrofitting import is_retrofitted
 
     kind = getattr(model.config, "model_type", "unknown")
@@ -30,22 +32,50 @@ def check_model(model, attention: bool = True) -> tuple[int, int]:
             "this model is retrofitted with a posprobe mechanism, whose attention this command does not record",
             "measure the original checkpoint",
         )
-    if getattr(model.config, "is_encoder_decoder", False):
+    if not encoder_decoder and getattr(model.config, "is_encoder_decoder", False):
         raise PosprobeError(
             f"'{kind}' is an encoder-decoder model; only encoders and decoders are supported",
             "pass an encoder (BERT-like) or a decoder (GPT-like) model",
-        )
-    if attention and not (hasattr(type(model), "is_backend_compatible") and type(model).is_backend_compatible()):
-        raise PosprobeError(
-            f"'{kind}' models do not route attention through transformers' AttentionInterface, so their scores "
-            "cannot be recorded without editing model code",
-            "use a family that supports attention backends (BERT, RoBERTa, GPT-2, Llama, Mistral, Qwen, Gemma, ...)",
         )
     cfg = text_config(model)
     layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)
     if not layers or not heads:
         raise PosprobeError(f"cannot read the number of layers and heads of '{kind}'", "use a standard config")
     return int(layers), int(heads)
+
+
+def stack_to_run(model):
+    """The module a capture runs on text: the model itself, or the encoder stack of an encoder-decoder (its
+    decoder's self-attention needs decoder inputs, a target text, and reads the encoder's output as well)."""
+    if getattr(model.config, "is_encoder_decoder", False):
+        encoder = model.get_encoder() if hasattr(model, "get_encoder") else None
+        if encoder is None or encoder is model:
+            raise PosprobeError(
+                f"cannot find the encoder stack of the encoder-decoder '{getattr(model.config, 'model_type', '?')}'",
+                "pass an encoder, a decoder, or an encoder-decoder with get_encoder()",
+            )
+        return encoder
+    return model
+
+
+def block_sparse_limit(model) -> int | None:
+    """The longest input a block-sparse BigBird still attends fully ((5 + 2 random blocks) x block size; it
+    switches itself to full attention there and attends random blocks beyond), or None for other models."""
+    cfg = text_config(model)
+    if getattr(cfg, "attention_type", None) != "block_sparse" or not hasattr(cfg, "num_random_blocks"):
+        return None
+    return (5 + 2 * int(cfg.num_random_blocks)) * int(cfg.block_size)
+
+
+def check_length(model, longest: int) -> None:
+    """Refuse inputs of `longest` tokens that the model attends in a way no (queries x keys) matrix holds."""
+    limit = block_sparse_limit(model)
+    if limit is not None and longest > limit:
+        raise PosprobeError(
+            f"'{getattr(model.config, 'model_type', 'unknown')}' attends block-sparsely (random blocks) beyond "
+            f"{limit} tokens, where no (queries x keys) attention matrix exists; inputs may be {longest} long",
+            f"use --max-length {limit} or less",
+        )
 
 
 def max_positions(model) -> int | None:
@@ -99,7 +129,11 @@ def pad_token_id(model, tokenizer=None) -> int:
     """An id to fill padding with (never attended, never counted): the pad or end token when it exists."""
     cfg = text_config(model)
     vocab = getattr(cfg, "vocab_size", None) or 2**31
-    for value in (getattr(tokenizer, "pad_token_id", None), cfg.pad_token_id, getattr(cfg, "eos_token_id", None)):
+    for value in (
+        getattr(tokenizer, "pad_token_id", None),
+        getattr(cfg, "pad_token_id", None),
+        getattr(cfg, "eos_token_id", None),
+    ):
         if isinstance(value, int) and 0 <= value < vocab:
             return value
     return 0

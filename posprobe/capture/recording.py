@@ -149,24 +149,31 @@ def final_output(output) -> torch.Tensor:
     return value if value is not None else output.logits
 
 
+def relative_gap(output, reference, attention_mask) -> tuple[float, float]:
+    """(largest |difference| of the two runs' final outputs on real tokens, relative to the reference's largest
+    value; the tolerance for their dtype)."""
+    import torch
+
+    ours, ref = final_output(output), final_output(reference)
+    real = attention_mask.bool()
+    scale = ref[real].abs().max().clamp(min=1e-6)
+    tol = 1e-4 if ref.dtype == torch.float32 or ref.dtype == torch.float64 else 3e-2
+    gap = float((ours[real] - ref[real]).abs().max() / scale)
+    return (gap if gap == gap else float("inf")), tol  # NaN counts as a failure
+
+
 def verify_against_eager(model, input_ids, attention_mask, output) -> None:
     """Refuse a model whose recorded attention does not reproduce its own eager attention on this batch: the same
     batch is run again with the model's "eager" attention and the final outputs must agree on real tokens."""
-    import torch
-
     model.set_attn_implementation("eager")
     try:
         reference = model(input_ids=input_ids, attention_mask=attention_mask)
     finally:
         model.set_attn_implementation(RECORD_NAME)
-    ours, ref = final_output(output), final_output(reference)
-    real = attention_mask.bool()
-    scale = ref[real].abs().max().clamp(min=1e-6)
-    tol = 1e-4 if ref.dtype == torch.float32 or ref.dtype == torch.float64 else 3e-2
-    gap = (ours[real] - ref[real]).abs().max() / scale
-    if not torch.isfinite(gap) or gap > tol:
+    gap, tol = relative_gap(output, reference, attention_mask)
+    if gap > tol:
         raise PosprobeError(
             f"recording the attention of '{getattr(model.config, 'model_type', 'unknown')}' changes its outputs "
-            f"(relative difference {float(gap):.2e} from its eager attention)",
+            f"(relative difference {gap:.2e} from its eager attention)",
             "this family computes attention in a way posprobe attention does not reproduce; please report it",
         )

@@ -3,9 +3,12 @@
 Every analysis over text is a reducer (`Reducer`): it says what it `needs` ("scores", "probs", "hidden_states"),
 gets every batch once through `add(batch)` as a `BatchCapture`, keeps running sums, and returns its answer from
 `result()`; memory is set by the reducers' sums and one batch, never by the corpus. Scores and probabilities are
-recorded by posprobe's attention function (`capture.recording`, checked against the model's own eager attention on
-the first batch); hidden states are transformers' `output_hidden_states`. The attention implementation, the
-recorder and the model's train/eval mode are restored when the call ends, also on an error or Ctrl-C.
+recorded by posprobe's attention function where the family's attention goes through transformers'
+AttentionInterface (`capture.recording`, checked against the model's own eager attention on the first batch), and
+on the model's own eager path otherwise (`capture.eager`: its returned attentions and the inputs of its softmax,
+checked on the first batch); hidden states are transformers' `output_hidden_states`. An encoder-decoder runs its
+encoder stack on the text. The attention implementation, the recorder and the model's train/eval mode are restored
+when the call ends, also on an error or Ctrl-C.
 
 Dimensions: B texts in the batch, m its longest sequence, L layers, H query heads, d hidden size.
 """
@@ -17,7 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from posprobe.capture.batches import TokenBatch, id_tokenizer, text_tokenizer, token_batches
-from posprobe.capture.model import check_model, model_device, pad_token_id
+from posprobe.capture.eager import EagerRecorder, is_eager_route
+from posprobe.capture.model import check_length, check_model, model_device, pad_token_id, stack_to_run
 from posprobe.capture.recording import (
     RECORD_NAME,
     LayerRecorder,
@@ -113,10 +117,12 @@ def capture_batches(
 ) -> CaptureSummary:
     """Run `model` once per batch (inference mode, eval mode) and hand each `BatchCapture` to every reducer.
 
-    Batches must be on the model's device. `verify`: the first batch is also run with the model's own eager
-    attention and the outputs must agree (only when scores or probabilities are recorded). `progress(k)` is
-    called after each batch with the number of texts it held. Raises PosprobeError for a model that cannot be
-    captured, or when there is no batch."""
+    Encoder-decoders run their encoder stack (`stack_to_run`). Batches must be on the model's device. `verify`:
+    the first batch's recorded attention is checked against the model's own (only when scores or probabilities
+    are recorded): through AttentionInterface, the batch is run again with eager attention and the outputs must
+    agree; on the eager path, the recorded softmax inputs must give the returned attentions and the masks must be
+    understood (`capture.eager`). `progress(k)` is called after each batch with the number of texts it held.
+    Raises PosprobeError for a model that cannot be captured, or when there is no batch."""
     import torch
 
     needs = set()
@@ -127,30 +133,53 @@ def capture_batches(
         needs |= set(reducer.needs)
     attention = bool(needs & {"scores", "probs"})
     hidden = "hidden_states" in needs
-    n_layers, n_heads = check_model(model, attention=attention)
+    n_layers, n_heads = check_model(model, attention=attention, encoder_decoder=True)
+    net = stack_to_run(model)
+    eager = attention and is_eager_route(model)
     recorder = LayerRecorder("scores" in needs, "probs" in needs, n_layers)
-    previous = model.config._attn_implementation
+    eager_recorder = EagerRecorder(n_layers, n_heads)
+    previous = net.config._attn_implementation
+    base = getattr(net, "base_model", net)
+    sparse = getattr(base, "attention_type", None)  # BigBird switches itself to full attention on short inputs
     was_training = model.training
     n_texts = n_batches = longest = 0
     try:
         model.eval()
-        if attention:
+        if attention and sparse == "block_sparse" and hasattr(base, "set_attention_type"):
+            base.set_attention_type("original_full")  # what BigBird does itself on the lengths check_length allows
+        if eager:
+            eager_recorder.start(net)
+        elif attention:
             register_recording_attention()
-            model.set_attn_implementation(RECORD_NAME)
+            net.set_attn_implementation(RECORD_NAME)
         with torch.inference_mode():
             for tokens in batches:
                 kwargs = {"output_hidden_states": True} if hidden else {}
-                recorder.begin(len(tokens), tokens.input_ids.shape[1])
                 if attention:
-                    with recorder:
-                        output = model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
-                    _check_calls(model, recorder.calls, n_layers)
+                    check_length(net, int(tokens.input_ids.shape[1]))
+                if eager:
+                    output, scores, probs, allowed = eager_recorder.forward(net, tokens, **kwargs)
                     if verify and n_batches == 0:
-                        verify_against_eager(model, tokens.input_ids, tokens.attention_mask, output)
+                        eager_recorder.verify(net, tokens, output, scores, probs, allowed)
+                    recorded = (scores if "scores" in needs else None, probs if "probs" in needs else None, allowed)
+                    del scores, probs
+                elif attention:
+                    recorder.begin(len(tokens), tokens.input_ids.shape[1])
+                    with recorder:
+                        output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+                    _check_calls(net, recorder.calls, n_layers)
+                    if verify and n_batches == 0:
+                        verify_against_eager(net, tokens.input_ids, tokens.attention_mask, output)
+                    recorded = (
+                        recorder.scores if recorder.keep_scores else None,
+                        recorder.probs if recorder.keep_probs else None,
+                        recorder.allowed,
+                    )
                 else:
-                    output = model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
-                batch = _batch_capture(n_batches, tokens, recorder if attention else None, output if hidden else None)
-                del output
+                    output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+                    recorded = None
+                batch = _batch_capture(n_batches, tokens, recorded, output if hidden else None)
+                del output, recorded
                 for reducer in reducers:
                     reducer.add(batch)
                 n_texts += len(tokens)
@@ -160,31 +189,37 @@ def capture_batches(
                     progress(len(tokens))
     finally:
         recorder.begin(0, 0)
-        if attention:
-            model.set_attn_implementation(previous if previous != RECORD_NAME else "eager")
+        if eager:
+            eager_recorder.stop(net)
+        elif attention:
+            net.set_attn_implementation(previous if previous != RECORD_NAME else "eager")
+        if sparse is not None and getattr(base, "attention_type", sparse) != sparse:
+            base.set_attention_type(sparse)
         model.train(was_training)
     if n_texts == 0:
         raise PosprobeError("no texts to measure", "pass at least one non-empty text")
     return CaptureSummary(n_texts, n_batches, n_layers, n_heads, longest)
 
 
-def _batch_capture(index: int, tokens: TokenBatch, recorder: LayerRecorder | None, output) -> BatchCapture:
+def _batch_capture(index: int, tokens: TokenBatch, recorded: tuple | None, output) -> BatchCapture:
+    """recorded: (scores or None, probs or None, allowed) per layer, or None when no attention was recorded."""
     hidden = None if output is None else tuple(output.hidden_states)
-    if recorder is None:
+    if recorded is None:
         return BatchCapture(index, tokens, hidden_states=hidden)
+    scores, probs, allowed_per_layer = recorded
     counted = tokens.counted
     token_pairs = counted[:, :, None] & counted[:, None, :]
     pairs, seen = [], {}
-    for allowed in recorder.allowed:  # layers with the same mask share one tensor
+    for allowed in allowed_per_layer:  # layers with the same mask share one tensor
         if id(allowed) not in seen:
             seen[id(allowed)] = token_pairs & allowed
         pairs.append(seen[id(allowed)])
     return BatchCapture(
         index,
         tokens,
-        scores=tuple(recorder.scores) if recorder.keep_scores else None,
-        probs=tuple(recorder.probs) if recorder.keep_probs else None,
-        allowed=tuple(recorder.allowed),
+        scores=None if scores is None else tuple(scores),
+        probs=None if probs is None else tuple(probs),
+        allowed=tuple(allowed_per_layer),
         counted_pairs=tuple(pairs),
         hidden_states=hidden,
     )
@@ -228,6 +263,8 @@ def capture(
     if max_texts is not None:
         max_texts = as_int(max_texts, "max_texts", minimum=1)
     exclude_special = as_bool(exclude_special, "exclude_special")
+    if any(set(r.needs) & {"scores", "probs"} for r in reducers):
+        check_length(stack_to_run(model), max_length)  # at once, rather than at the first long batch
     if (texts is None) == (input_ids is None):
         raise PosprobeError("pass exactly one of texts and input_ids", "texts for strings, input_ids if tokenised")
     if texts is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -281,7 +282,7 @@ def profiles(
         table.add_column(f"h{h}", justify="right", min_width=3, no_wrap=True)
     peaks = result.peak_offsets()
     for li, l in enumerate(result.layers):
-        table.add_row(str(l), *[f"{int(k):+d}" for k in peaks[li]])
+        table.add_row(str(l), *["—" if math.isnan(k) else f"{int(k):+d}" for k in peaks[li]])
     console.print(table)
     for line in conditioning_lines(result):
         console.print(f"[dim]{line}[/dim]")

@@ -5,10 +5,10 @@
 `weights_correlation` (L, H) where defined, `mean_scores` (L, H, n, n), the sink arrays, ...), `mean_distance`,
 `toeplitz_r2`, `weights_correlation` (null where undefined, or null as a whole), the attention sinks (SPEC §14):
 `first_token_mass`, `special_token_mass`, `distance_without_first` (L, H), `sink_rate`, `uniform_distance`,
-`uniform_distance_without_first` (L,), `sink_threshold`, `n_sink_queries`; plus `model_type`, `n_layers`,
-`n_heads`, `exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`,
-`weights_correlation_min_pairs` (offsets with fewer pairs are left out of `weights_correlation`), `seconds`,
-`figures`.
+`uniform_distance_without_first` (L,), `sink_threshold`, `n_sink_queries`, `n_special_tokens`; plus `model_type`,
+`n_layers`, `n_heads`, `exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`,
+`weights_correlation_min_pairs` (offsets with fewer pairs are left out of `weights_correlation`), `stack`
+('encoder' for an encoder-decoder, whose encoder runs on the texts; else null), `seconds`, `figures`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json
-from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt
+from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt, Stack, StackOpt
 from posprobe.outputs import default_out
 
 
@@ -70,6 +70,7 @@ def attention(
         typer.Option("--min-pairs", help="Offsets with fewer pairs are left out of the weights correlation."),
     ] = 100,
     window: Annotated[int, typer.Option("--window", help="Figures show k = -W..W.")] = 20,
+    stack: StackOpt = Stack.encoder,
     device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
@@ -115,6 +116,7 @@ def attention(
             allow_pickle=allow_pickle,
             progress=lambda k: bar.advance(task, k),
             text_source=str(text),
+            stack=stack.value,
         )
     from dataclasses import replace
 
@@ -186,3 +188,5 @@ def _print_sinks(result) -> None:
         f"keys it may see; 1st mass: attention on the first token; sink rate: share of heads with 1st mass > "
         f"{s.threshold:g}[/dim]"
     )
+    if s.n_special_tokens == 0:
+        console.print("[dim]special: — (the texts hold no special token: the tokenizer adds none)[/dim]")

@@ -70,6 +70,13 @@ WINDOW_RULES = (
     "block_sparse",  # config.attention_type 'block_sparse': full attention up to (5 + 2 r) blocks, then sparse
     "local_radius",  # encoder stack: |j - i| <= config.local_radius (LongT5); decoder: full
 )
+# How `posprobe attention` records a family's attention (`Family.capture`; posprobe.capture picks the route from the
+# model class at run time, and tests/test_capture_families.py checks that each tested family takes the route named
+# here). An encoder-decoder runs its encoder stack.
+INTERFACE = "interface"  # through transformers' AttentionInterface: posprobe's recording attention function
+EAGER = "eager"  # the family's own eager attention: its returned attentions and the inputs of its softmax
+REFUSED = "refused"  # no (queries x keys) softmax per layer to record; `capture_note` says why
+CAPTURES = (INTERFACE, EAGER, REFUSED)
 # Norms (`Family.norm`): the layer norm applied before attention (and to the embeddings, where there is one).
 LAYERNORM = "layernorm"  # (x - mean) / sqrt(var + eps) * w + b (b optional)
 RMSNORM = "rmsnorm"  # x / sqrt(mean(x^2) + eps) * w
@@ -182,6 +189,8 @@ class Family:
     # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32)
     softcap: str | None = None  # config key of a logit soft cap: scores -> cap * tanh(scores / cap) (Gemma 2)
     tensors: dict[str, str] = field(default_factory=dict)
+    capture: str = INTERFACE  # how `attention` records it (`CAPTURES`; tested for analysable families)
+    capture_note: str = ""
     description: str = ""
 
     def __post_init__(self):
@@ -194,6 +203,7 @@ class Family:
             "rotary_layout": (self.rotary_layout, ROTARY_LAYOUTS),
             "windows": (self.windows, (None, *WINDOW_RULES)),
             "qk_norm_scope": (self.qk_norm_scope, ("head", "all")),
+            "capture": (self.capture, CAPTURES),
         }
         checks |= {f"switches key {k!r}": (k, SWITCHABLE) for k in self.switches}
         checks |= {f"switch kind {k!r}": (k, KINDS) for k in self.switch_kinds}
@@ -257,6 +267,8 @@ _T5 = dict(
     pre_norm="{stack}.block.{l}.layer.0.layer_norm",
     norm=RMSNORM,
     scaling="none",  # T5 folds the scale into its weights: q.k is not divided by sqrt(d_kv)
+    capture=EAGER,
+    capture_note="encoder stack",
 )
 _T5_BIAS = "{stack}.block.{l}.layer.0.SelfAttention.relative_attention_bias.weight"
 # LongT5's encoder names its attention after its kind; its decoder is T5's.
@@ -270,6 +282,8 @@ _SEQ2SEQ = dict(
     embed_scale="scale_embedding",
     query="encoder.layers.{l}.self_attn.q_proj",
     key="encoder.layers.{l}.self_attn.k_proj",
+    capture=EAGER,
+    capture_note="encoder stack",
 )
 # BART / mBART (learned, offset 2; encoder stack): words scaled when scale_embedding, layernorm_embedding.
 _BART = dict(**_SEQ2SEQ, position_offset=2, embedding_norm="encoder.layernorm_embedding")
@@ -338,6 +352,7 @@ FAMILIES: tuple[Family, ...] = (
         query=_BERT["query"],
         key=_BERT["key"],
         pre_norm="encoder.layer.{l}.attention.ln",  # pre-LN: no embedding norm, one before each attention
+        capture=EAGER,
     ),
     Family(
         "rembert",
@@ -345,6 +360,7 @@ FAMILIES: tuple[Family, ...] = (
         LEARNED,
         projection="encoder.embedding_hidden_mapping_in",  # input_embedding_size -> hidden, after the norm
         position_width=("input_embedding_size",),
+        capture=EAGER,
         **_BERT,
     ),
     Family(
@@ -363,6 +379,7 @@ FAMILIES: tuple[Family, ...] = (
         # bbox defaults to zeros: every token adds row 0 of x (left, right), y (upper, lower), h and w
         constant_rows=tuple(f"embeddings.{t}_position_embeddings.weight" for t in ("x", "y", "x", "y", "h", "w")),
         description="learned absolute table (the 1-D one; its 2-D box tables enter at box 0)",
+        capture=EAGER,
         **_BERT,
     ),
     Family(
@@ -371,9 +388,20 @@ FAMILIES: tuple[Family, ...] = (
         LEARNED,
         embed_scale="rescale_embeddings",
         windows="block_sparse",
+        capture=EAGER,
+        capture_note="up to (5 + 2 random blocks) x block size tokens, where it attends fully",
         **_BERT,
     ),
-    Family("longformer", ("longformer",), LEARNED, reserved_rows=True, windows="attention_window", **_BERT),
+    Family(
+        "longformer",
+        ("longformer",),
+        LEARNED,
+        reserved_rows=True,
+        windows="attention_window",
+        capture=REFUSED,
+        capture_note="sliding-chunk attention",
+        **_BERT,
+    ),
     Family(
         "esm",
         ("esm",),
@@ -417,6 +445,7 @@ FAMILIES: tuple[Family, ...] = (
         query="encoder.layers.{l}.attention.query",
         key="encoder.layers.{l}.attention.key",
         qkv=GROUPED_CONV,
+        capture=EAGER,
         **{k: _BERT[k] for k in ("word", "position", "token_type", "embedding_norm")},
     ),
     Family(
@@ -443,11 +472,12 @@ FAMILIES: tuple[Family, ...] = (
         pre_norm="h.{l}.ln_1",
         scaling="none",  # GPT-Neo does not divide q.k by sqrt(d_h)
         windows="attention_layers",
+        capture=EAGER,
     ),
     Family(
         "opt", ("opt",), LEARNED, word_projection="project_in", switches={"pre_norm": "do_layer_norm_before"}, **_OPT
     ),  # fmt: skip
-    Family("biogpt", ("biogpt",), LEARNED, embed_scale="scale_embedding", **{**_OPT, "eps": 1e-5}),
+    Family("biogpt", ("biogpt",), LEARNED, embed_scale="scale_embedding", **{**_OPT, "eps": 1e-5, "capture": EAGER}),
     Family("bart", ("bart",), LEARNED, **_BART),  # post-LN: no norm before attention
     Family("mbart", ("mbart",), LEARNED, pre_norm="encoder.layers.{l}.self_attn_layer_norm", **_BART),
     # -- rotary (SPEC §9)
@@ -523,7 +553,7 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("stablelm", "StableLm"),  # partial rotary
         qk_norm=tuple(p + ".norms.{h}" for p in _QK_LAYERNORM),  # one LayerNorm per head, when qk_layernorm
         switches={"qk_norm": "qk_layernorm"},
-        **{**_LLAMA, "norm": LAYERNORM},
+        **{**_LLAMA, "norm": LAYERNORM, "capture": EAGER},
     ),
     Family(
         "olmo",
@@ -614,6 +644,8 @@ FAMILIES: tuple[Family, ...] = (
         pre_norm="h.{l}.(ln_attn|input_layernorm)",
         rotary_class=_rotary("falcon", "Falcon"),
         tensors={"alibi": "transformers.models.falcon.modeling_falcon:build_alibi_tensor", "alibi_scaled": "yes"},
+        capture=EAGER,
+        capture_note="ALiBi configs refused: transformers' eager Falcon adds the bias twice, unlike its sdpa",
         description="rotary embeddings or ALiBi (config.alibi)",
     ),
     Family(
@@ -625,6 +657,7 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class="transformers.models.roformer.modeling_roformer:RoFormerSinusoidalPositionalEmbedding",
         rotary_layout=SIN_COS_TABLE,
         tensors={"rotary_table": "encoder.embed_positions.weight"},
+        capture=EAGER,
     ),
     Family(
         "modernbert",
@@ -670,6 +703,7 @@ FAMILIES: tuple[Family, ...] = (
         key="layers.{l}.self_attn.k_proj",
         pre_norm="layers.{l}.self_attn_layer_norm",
         tensors={**_sinusoidal("xglm", "XGLM"), "positions_from": "position_ids"},
+        capture=EAGER,
     ),
     # -- ALiBi
     Family(
@@ -683,6 +717,7 @@ FAMILIES: tuple[Family, ...] = (
         key="h.{l}.self_attention.query_key_value",
         qkv=PER_HEAD,
         pre_norm="h.{l}.input_layernorm",
+        capture=EAGER,
     ),
     Family(
         "mpt",
@@ -695,6 +730,7 @@ FAMILIES: tuple[Family, ...] = (
         qkv=STACKED,
         pre_norm="blocks.{l}.norm_1",
         tensors={"alibi": "build_mpt_alibi_tensor"},  # MPT's bias code (posprobe.families.alibi), not BLOOM's
+        capture=EAGER,
     ),
     # -- bucketed relative bias (posprobe.families.relative_bias): 'relative_bias' names the (buckets, heads) table
     Family("t5", ("t5", "mt5"), tensors={"relative_bias": _T5_BIAS.replace("{l}", "0")}, **_T5),  # layer 0's, for all
@@ -708,6 +744,8 @@ FAMILIES: tuple[Family, ...] = (
             **_T5,
             "query": _T5["query"].replace("SelfAttention", _LONGT5_ATTENTION),
             "key": _T5["key"].replace("SelfAttention", _LONGT5_ATTENTION),
+            "capture": REFUSED,
+            "capture_note": "blockwise local attention",
         },
     ),  # fmt: skip
     Family(
@@ -721,6 +759,7 @@ FAMILIES: tuple[Family, ...] = (
         key="encoder.layer.{l}.attention.attn.k",
         reserved_rows=2,
         tensors={"relative_bias": "encoder.relative_attention_bias.weight"},
+        capture=EAGER,
     ),
     # -- disentangled (posprobe.families.disentangled); without relative_attention their absolute table is all
     Family(
@@ -745,6 +784,7 @@ FAMILIES: tuple[Family, ...] = (
             "pos_key": "encoder.layer.{l}.attention.self.pos_key_proj",
         },
         description="disentangled relative positions (relative_attention off: its learned absolute table)",
+        capture=EAGER,
     ),
     Family(
         "deberta",
@@ -771,6 +811,8 @@ FAMILIES: tuple[Family, ...] = (
             "scale_terms": "pos_att_type",  # the scale counts every listed term (v2: c2p and p2c only)
         },
         description="disentangled relative positions, v1 layout (relative_attention off: its learned absolute table)",
+        capture=EAGER,
+        capture_note="talking-head configs refused (heads mixed after the softmax)",
     ),
     # -- known, not analysed
     Family("speech_to_text", ("speech_to_text",), SINUSOIDAL),  # audio input: no word table to average
@@ -903,11 +945,19 @@ def qkv_layout(family: Family, config: dict) -> tuple[str, int | None]:
 _PER_TYPE_ROPE = ("gemma3_text", "modernbert")  # rotary modules with one setting per layer type
 
 
+def _capture_words(f: Family) -> str:
+    """How `attention` records the family, for the README's table."""
+    if not f.analysable:
+        return "not tested"
+    words = {INTERFACE: "AttentionInterface", EAGER: "eager path", REFUSED: "refused"}[f.capture]
+    return words + (f" ({f.capture_note})" if f.capture_note else "")
+
+
 def families_markdown() -> str:
     """The README's table of families (tests/test_family_table.py checks that the README holds exactly this)."""
     rows = [
-        "| family | model types | positions | causal | posprobe computes |",
-        "|---|---|---|---|---|",
+        "| family | model types | positions | causal | posprobe computes | `attention` on text |",
+        "|---|---|---|---|---|---|",
     ]
     for f in FAMILIES:
         table = f.learned_table or any(k in TABLE_KINDS for k in f.kinds)
@@ -922,5 +972,5 @@ def families_markdown() -> str:
             does += "; each layer's kind (local window" + (", rotary setting" if f.name in _PER_TYPE_ROPE else "") + ")"
         types = ", ".join(f"`{t}`" for t in f.model_types)
         causal = "yes" if f.causal else ("decoder" if f.encoder_decoder else "no")
-        rows.append(f"| {f.name} | {types} | {f.mechanism} | {causal} | {does} |")
+        rows.append(f"| {f.name} | {types} | {f.mechanism} | {causal} | {does} | {_capture_words(f)} |")
     return "\n".join(rows)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from posprobe.analysis.toeplitz import is_flat
 from posprobe.errors import ArgumentValueError
 from posprobe.families.table import LEARNED
 from posprobe.pipelines.score_reader import _layer_index
@@ -226,12 +227,16 @@ class ProfileResult(ResultMixin):
         } | ({"conditioning": self.conditioning} if self.conditioning is not None else {})
 
     def peak_offsets(self) -> np.ndarray:
-        """(L_sel, H) int: the offset k of each profile's maximum within the window, over k = -w..w, or over
-        k = -w..0 for a causal model (it never uses k > 0, so a peak there would describe nothing it does)."""
+        """(L_sel, H) float: the offset k of each profile's maximum within the window, over k = -w..w, or over
+        k = -w..0 for a causal model (it never uses k > 0, so a peak there would describe nothing it does); NaN
+        where the profile is flat there up to round-off (`analysis.toeplitz.is_flat`: e.g. an absolute table
+        averaged away by a data-conditioned mean), whose argmax would be a pick among round-off errors."""
         w = self.window
         centre = self.n_positions - 1
         window = self.profiles[..., centre - w : centre + (0 if self.causal else w) + 1]
-        return np.argmax(window, axis=-1) - w
+        peaks = (np.argmax(window, axis=-1) - w).astype(np.float64)
+        peaks[is_flat(window)] = np.nan
+        return peaks
 
     def to_dict(self) -> dict:
         w = self.window
@@ -243,7 +248,7 @@ class ProfileResult(ResultMixin):
                 "layer": l,
                 "head": h,
                 "toeplitz_r2": _r2(self.fhat_r2[li, h]),
-                "peak_offset": int(peaks[li, h]),
+                "peak_offset": None if np.isnan(peaks[li, h]) else int(peaks[li, h]),
                 "profile_window": self.profiles[li, h, centre - w : centre + w + 1].tolist(),
             }
             for li, l in enumerate(self.layers)

@@ -25,10 +25,10 @@ from posprobe.capture import (
     resolve_device,
     resolve_max_length,
 )
-from posprobe.errors import PosprobeError
+from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.attention_result import AttentionResult, write_attention
 from posprobe.texts import check_texts, iter_texts, parse_hub_texts
-from posprobe.validation import as_bool, as_int
+from posprobe.validation import as_bool, as_choice, as_int
 
 MAX_ACCUMULATOR_BYTES = 16 * 2**30
 DEFAULT_MIN_PAIRS = 100  # offsets with fewer pairs do not enter weights_correlation
@@ -51,6 +51,7 @@ def attention_profiles(
     verify: bool = True,
     progress: Callable[[int], None] | None = None,
     text_source: str | None = None,
+    stack: str = "encoder",
 ) -> AttentionResult:
     """Empirical score/probability profiles, mean attention distance and mean score matrix (SPEC §10), and the
     attention-sink measures (SPEC §14: first-token and special-token mass, sink rate, distance without the first
@@ -63,8 +64,10 @@ def attention_profiles(
     (j <= i in causal models); `exclude_special` drops special tokens as queries and keys (for the sink masses:
     as queries; the first token and special tokens are what they measure). `weights_correlation`: correlate s(k)
     with the weights-based profile, over the offsets with at least `min_pairs` pairs. `verify` checks on
-    the first batch that the recorded attention reproduces the model's own eager attention. `progress(k)` is
-    called after each batch with the number of texts it held.
+    the first batch that the recorded attention reproduces the model's own (`posprobe.capture`). `progress(k)` is
+    called after each batch with the number of texts it held. An encoder-decoder (T5, BART, ...) runs its encoder
+    stack on the texts (`stack` 'encoder', the default; 'decoder' is refused: its self-attention needs a target
+    text and reads the encoder's output).
     """
     if max_length is not None:
         max_length = as_int(max_length, "max_length", minimum=2)
@@ -75,9 +78,21 @@ def attention_profiles(
     min_pairs = as_int(min_pairs, "min_pairs", minimum=1)
     if (texts is None) == (input_ids is None):
         raise PosprobeError("pass exactly one of texts and input_ids", "texts for strings, input_ids if tokenised")
+    stack = as_choice(stack, "stack", ("encoder", "decoder"))
     started = time.perf_counter()
     source, net, tokenizer = load_for_capture(model, allow_pickle, need_tokenizer=texts is not None)
-    n_layers, n_heads = check_model(net)
+    encoder_decoder = bool(getattr(net.config, "is_encoder_decoder", False))
+    if stack == "decoder":
+        kind = getattr(net.config, "model_type", "unknown")
+        raise ArgumentValueError(
+            "stack",
+            f"{{arg}} decoder: posprobe attention runs the encoder stack of the encoder-decoder '{kind}' on the texts "
+            "(its decoder's self-attention needs a target text and reads the encoder's output)"
+            if encoder_decoder
+            else f"{{arg}} decoder: '{kind}' has one stack, no decoder",
+            "drop {arg}",
+        )
+    n_layers, n_heads = check_model(net, encoder_decoder=True)
     max_length = resolve_max_length(net, max_length)
     if EmpiricalAccumulator.nbytes(n_layers, n_heads, max_length) > MAX_ACCUMULATOR_BYTES:
         raise PosprobeError(
@@ -127,27 +142,24 @@ def attention_profiles(
         sinks=sinks.result(),
         min_pairs=min_pairs,
         quantization=None if source is None else source.quantization,
+        stack="encoder" if encoder_decoder else None,
     )
 
 
 def _weights_profiles(source, n: int, n_layers: int) -> tuple[np.ndarray | None, str]:
-    """Faithful-mode F̂_P profiles (L, H, 2n-1) over the leading n x n positions, or None and why not."""
+    """Faithful-mode F̂_P profiles (L, H, 2n-1) over the leading n x n positions, or None and why not: one model
+    reader over n positions (the weights read once), each layer's scores reduced to their diagonal means."""
     if source is None:
         return None, "unavailable: model passed as an object (no checkpoint to read weights from)"
     from posprobe.analysis.toeplitz import diagonal_means
-    from posprobe.pipelines.analysis import fhat as fhat_analysis
+    from posprobe.pipelines.score_reader import ScoreReader, open_model
 
     try:
-        rows, mode = [], "faithful"
-        for layer in range(n_layers):
-            result = fhat_analysis(None, layer, "faithful", source=source)
-            f, mode = result.matrices, result.mode
-            if f.shape[-1] < n:
-                return None, f"unavailable: the position table has {f.shape[-1]} rows, fewer than max_length {n}"
-            rows.append(diagonal_means(f[:, :n, :n]))
+        reader = ScoreReader(open_model(source=source, mode="faithful"), positions=n)
+        rows = [diagonal_means(reader.scores(layer)) for layer in range(n_layers)]
     except PosprobeError as err:
         return None, f"unavailable: {err.message}"
-    what = "faithful-mode F̂_P (SPEC §3)" if mode == "faithful" else "content-free scores (SPEC §9)"
+    what = "faithful-mode F̂_P (SPEC §3)" if reader.mode == "faithful" else "content-free scores (SPEC §9)"
     return np.stack(rows), f"{what} diagonal means over positions 0..n-1"
 
 

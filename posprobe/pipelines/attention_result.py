@@ -53,6 +53,7 @@ class AttentionResult(ResultMixin):
     sinks: SinkMeasures | None = None
     min_pairs: int = 1
     quantization: str | None = None  # a GGUF file's quantisation: the model ran on weights de-quantised from it
+    stack: str | None = None  # 'encoder' for an encoder-decoder (its encoder stack ran on the texts), else None
 
     _repr_fields = ("model", "n_texts", "max_length", "n_layers", "n_heads", "causal", "mean_distance", "sink_rate")
 
@@ -96,13 +97,18 @@ class AttentionResult(ResultMixin):
             "layers": list(range(self.n_layers)),
             "mode": "empirical",
             "quantization": self.quantization,
+            "stack": self.stack,
             "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing",
         } | self._sink_metadata()
 
     def _sink_metadata(self) -> dict:
         if self.sinks is None:
             return {}
-        return {"sink_threshold": self.sinks.threshold, "n_sink_queries": self.sinks.n_queries}
+        return {
+            "sink_threshold": self.sinks.threshold,
+            "n_sink_queries": self.sinks.n_queries,
+            "n_special_tokens": self.sinks.n_special_tokens,
+        }
 
     def arrays(self, profile: str = "score") -> dict[str, np.ndarray]:
         """The npz contents. `profiles` repeats `score_profiles` (or `prob_profiles`) so that `fit-tisa` reads it."""

@@ -107,6 +107,7 @@ def fit_tisa(
         data.causal,
         data.stack,
         tuple(int(k) for k in holdout_offsets(_fitted_side(data.offsets, causal), used_window, causal)),
+        data.quantization,
     )
 
 
@@ -189,6 +190,7 @@ def _profile_set(res) -> ProfileSet:
         bool(res.shared_layers),
         bool(res.causal),
         res.stack,
+        res.quantization,
     )
 
 

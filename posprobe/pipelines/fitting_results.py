@@ -124,6 +124,7 @@ class TisaFitResult(ResultMixin):
     causal: bool = False  # profiles of a causal model: only k <= 0 is used by it, and only k <= 0 is fitted
     stack: str | None = None  # which stack of an encoder-decoder model (T5-style) the profiles came from
     holdout_offsets: tuple[int, ...] = ()  # the offsets beyond the window each fit is scored on (held out)
+    quantization: str | None = None  # a GGUF file's quantisation: the profiles came from de-quantised weights
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "window", "kernels", "median_r2", "profiles")
 
@@ -196,6 +197,7 @@ class TisaFitResult(ResultMixin):
             "orientation": self.orientation,
             "causal": self.causal,
             "stack": self.stack,
+            "quantization": self.quantization,
             "fitted_offsets": [-self.window, 0 if self.causal else self.window],
             "holdout_offsets": list(self.holdout_offsets),
         }

@@ -117,6 +117,7 @@ def rotary(
         n_positions=n,
         max_positions=ctx.max_positions,
         texts=texts_record,
+        quantization=ctx.source.quantization,
     )
 
 

@@ -42,6 +42,7 @@ class RotaryBandsResult(ResultMixin):
     n_positions: int
     max_positions: int | None
     texts: dict | None = None
+    quantization: str | None = None  # a GGUF file's quantisation: the weights analysed were de-quantised from it
 
     _repr_fields = ("model", "mode", "layers", "rotated_dims", "context", "q_band_norm", "k_band_norm", "wavelengths")
 
@@ -125,6 +126,7 @@ class RotaryBandsResult(ResultMixin):
             "max_positions": self.max_positions,
             "context": self.context,
             "texts": self.texts,
+            "quantization": self.quantization,
             "note": self.note(),
         }
 

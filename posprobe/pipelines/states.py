@@ -162,6 +162,7 @@ def states(
         seconds=time.perf_counter() - started,
         text_source=text_source,
         revision=revision,
+        quantization=None if source is None else source.quantization,
     )
 
 

@@ -60,6 +60,7 @@ class StatesResult(ResultMixin):
     seconds: float
     text_source: str | None = None
     revision: str | None = None
+    quantization: str | None = None  # a GGUF file's quantisation: the model ran on weights de-quantised from it
 
     _repr_fields = ("model", "n_texts", "max_length", "n_layers", "probe_r2", "probe_r2_control", "massive_ratio")
 
@@ -129,6 +130,7 @@ class StatesResult(ResultMixin):
             "model": self.model,
             "model_type": self.model_type,
             "revision": self.revision,
+            "quantization": self.quantization,
             "n_texts": self.n_texts,
             "max_length": self.max_length,
             "n_layers": self.n_layers,

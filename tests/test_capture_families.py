@@ -1,0 +1,382 @@
+"""The capture layer on every family of the family test matrix (tests/family_models.py) and the relative-bias and
+disentangled families (T5, UMT5, MPNet, DeBERTa-v2, DeBERTa): what reducers see equals what each model computes on
+each text alone, and `posprobe attention`'s numbers equal a direct computation from them.
+
+- per text, unpadded, the model's own eager run (`output_attentions`, `output_hidden_states`; an encoder-decoder's
+  encoder) gives the probabilities and hidden states the capture handed over from padded batches; the captured
+  pre-softmax scores S give those probabilities (S - log A is constant along each query row over the pairs the
+  model attends) and mark exactly the pairs it does not attend;
+- on the constant sequence of the average word, layer 0's S equals the model's own pre-softmax scores as the
+  family parity tests record them (`family_models.reference_scores`);
+- profiles and sinks of `attention_profiles` equal explicit loops over the pairs of each text alone, from its
+  returned attentions and its softmax inputs (recorded by patching `softmax`, not through the capture);
+- families whose attention is not one (queries x keys) softmax per layer, or whose eager path is another model
+  than the one it runs by default, are refused in one line.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import transformers as tf
+from conftest import build_tiny
+from family_models import CASES, FLOAT32, _SoftmaxInputs, build, reference_scores
+
+from posprobe.capture import capture
+from posprobe.capture.eager import is_eager_route
+from posprobe.capture.model import stack_to_run
+from posprobe.errors import PosprobeError
+from posprobe.families import family_for_type
+from posprobe.families.table import EAGER
+from posprobe.families.table import REFUSED as REFUSED_ROUTE
+from posprobe.pipelines.attention import attention_profiles
+
+_T5 = dict(vocab_size=99, d_model=32, d_kv=8, num_heads=4, d_ff=37, num_layers=2, num_decoder_layers=2,
+           relative_attention_num_buckets=10, relative_attention_max_distance=24, dropout_rate=0.0)  # fmt: skip
+_BERT_LIKE = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                  max_position_embeddings=64)  # fmt: skip
+# families whose scores are tested in tests/test_families_bias.py, built here the same way
+EXTRA = {
+    "t5": lambda: tf.T5Model(tf.T5Config(**_T5)),
+    "umt5": lambda: tf.UMT5Model(tf.UMT5Config(**_T5)),
+    "mpnet": lambda: tf.MPNetModel(tf.MPNetConfig(**_BERT_LIKE)),
+    "deberta-v2": lambda: tf.DebertaV2Model(tf.DebertaV2Config(
+        **_BERT_LIKE, relative_attention=True, pos_att_type="p2c|c2p", share_att_key=True, position_buckets=8,
+        max_relative_positions=32, norm_rel_ebd="layer_norm", position_biased_input=False, type_vocab_size=0)),
+    "deberta": lambda: tf.DebertaModel(tf.DebertaConfig(
+        **_BERT_LIKE, relative_attention=True, pos_att_type=["c2p", "p2c"], max_relative_positions=12,
+        type_vocab_size=2)),
+    # the BERT-family checkpoints of tests/conftest.py
+    **{family: (lambda family=family: build_tiny(family)) for family in
+       ("roberta", "xlm-roberta", "albert", "electra", "distilbert")},
+    # refused (below)
+    "longt5": lambda: tf.LongT5Model(tf.LongT5Config(**_T5, local_radius=5)),
+    "deberta-talking-heads": lambda: tf.DebertaModel(tf.DebertaConfig(
+        **_BERT_LIKE, relative_attention=True, pos_att_type="p2c|c2p|p2p", max_relative_positions=-1,
+        type_vocab_size=0, position_biased_input=False, talking_head=True)),
+}  # fmt: skip
+REFUSED = {
+    "falcon-alibi": "eager attention .* gives other outputs than its sdpa",  # transformers' eager adds ALiBi twice
+    "longformer": "not one softmax over all keys",  # sliding chunks
+    "longt5": "not one softmax over all keys",  # blockwise local attention
+    "deberta-talking-heads": "does not give its returned attention",  # heads mixed after the softmax
+}
+# in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
+# and DeBERTa-v2 in the tests below; every other family, the AttentionInterface ones included (also covered by
+# tests/test_capture.py), runs in the slow tier
+QUICK = {"t5", "bloom"}
+RETURNS_SCORES = {"squeezebert"}  # its `output_attentions` are the pre-softmax scores (transformers' code)
+ALL = sorted(set(CASES) - set(REFUSED)) + sorted(set(EXTRA) - set(REFUSED))
+
+
+def _params(names, quick=QUICK):
+    return [pytest.param(n, marks=() if n in quick else pytest.mark.slow) for n in names]
+
+
+# transformers' float64 Gemma 2 / 3 give NaN on real tokens when a sliding window meets padding (a padded query
+# row with every key masked, then 0 x NaN in later layers): these run in float32, as real checkpoints do
+IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional"}
+
+
+def tolerance(name: str) -> float:
+    """On probabilities (<= 1), between a padded batch and each text alone: float64 models agree to the float32
+    rounding of softmaxes that several families (and the AttentionInterface route) take in float32."""
+    return 2e-5 if name in IN_FLOAT32 else 1e-6
+
+
+def make(name: str):
+    """A tiny random model of case `name` (eval mode; float64 unless the family cannot run in it)."""
+    if name in EXTRA:
+        torch.manual_seed(0)
+        model = EXTRA[name]().double().eval()
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if "norm" in pname.lower() or pname.endswith("bias"):
+                    p.add_(0.1 * torch.randn_like(p))
+        return model
+    return build(name, torch.float32 if name in IN_FLOAT32 else None)
+
+
+def texts(count: int = 7, seed: int = 1) -> list[list[int]]:
+    """Token ids 4..98 (never a family's pad, mask or special id), lengths 2..11: batches of 3 are padded."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(4, 99, size=int(rng.integers(2, 12))).tolist() for _ in range(count)]
+
+
+def alone(model, ids: list[int], returns_scores: bool = False) -> dict:
+    """The model's own eager run on one unpadded text: probabilities A and hidden states from its outputs, the
+    softmax inputs S recorded by patching softmax (L, H, n, n); the pairs it attends, A > 0."""
+    net = stack_to_run(model)
+    previous = net.config._attn_implementation
+    net.set_attn_implementation("eager")
+    if getattr(net, "attention_type", None) == "block_sparse":  # what BigBird does itself on short inputs
+        net.set_attention_type("original_full")
+    n = len(ids)
+    try:
+        with torch.no_grad(), _SoftmaxInputs(n) as softmax:
+            out = net(input_ids=torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
+    finally:
+        net.set_attn_implementation(previous)
+    returned = np.stack([a[0].double().numpy() for a in out.attentions])
+    if returns_scores:
+        scores = returned
+        probs = torch.softmax(torch.from_numpy(returned), -1).numpy()
+    else:
+        scores, probs = np.stack(softmax.inputs), returned
+    return dict(
+        probs=probs,
+        scores=scores,
+        allowed=probs[:, 0] > 0,  # (L, n, n)
+        hidden=[h[0].double().numpy() for h in out.hidden_states],
+    )
+
+
+class Keep:
+    """Keeps, per text, what the capture handed over for its real tokens."""
+
+    needs = ("scores", "probs", "hidden_states")
+
+    def __init__(self):
+        self.texts: dict[int, dict] = {}
+
+    def add(self, batch) -> None:
+        for row, text in enumerate(batch.text_ids.tolist()):
+            n = int(batch.real[row].sum())
+            self.texts[text] = dict(
+                scores=np.stack([s[row, :, :n, :n].double().numpy() for s in batch.scores]),
+                probs=np.stack([a[row, :, :n, :n].double().numpy() for a in batch.probs]),
+                allowed=np.stack([p[row, :n, :n].numpy() for p in batch.allowed]),
+                hidden=[h[row, :n].double().numpy() for h in batch.hidden_states],
+            )
+
+    def result(self):
+        return self.texts
+
+
+@pytest.mark.parametrize("name", _params(ALL))
+def test_capture_equals_each_text_run_alone(name):
+    model = make(name)
+    reference = copy.deepcopy(model)
+    corpus = texts()
+    keep = Keep()
+    summary = capture(model, [keep], input_ids=corpus, max_length=16, batch_size=3)
+    tol = tolerance(name)
+    family = family_for_type(model.config.model_type)
+    assert is_eager_route(model) == (family.capture == EAGER)  # the route the family table names
+    assert summary.n_batches == 3 and sorted(keep.texts) == list(range(len(corpus)))
+    for index, ids in enumerate(corpus):
+        got, ref = keep.texts[index], alone(reference, ids, name in RETURNS_SCORES)
+        np.testing.assert_allclose(got["probs"], ref["probs"], rtol=tol, atol=tol, err_msg=f"{name} text {index}")
+        for ours, theirs in zip(got["hidden"], ref["hidden"], strict=True):
+            np.testing.assert_allclose(ours, theirs, rtol=tol * 100, atol=tol * 100)
+        np.testing.assert_array_equal(got["allowed"], ref["allowed"])  # masks: padding, causality, windows
+        allowed = np.broadcast_to(ref["allowed"][:, None], got["scores"].shape)
+        assert (got["scores"][~allowed] < -1e30).all()
+        with np.errstate(divide="ignore", invalid="ignore"):  # masked pairs: -inf - log 0
+            shift = np.where(allowed, got["scores"] - np.log(ref["probs"]), np.nan)  # log-sum-exp of each row
+        spread = np.nanmax(shift, -1) - np.nanmin(shift, -1)
+        assert spread.max() < 10 * tol, f"{name}: S is not the input of the softmax that gave A"
+
+
+# ALBERT's one shared layer is not the per-layer list `reference_scores` feeds
+@pytest.mark.parametrize("name", _params([n for n in ALL if n != "albert"], quick={"mpnet"}))
+def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
+    """Every token the average word (`reference_scores` sets row 0 of the word table to the table's mean), no
+    padding: layer 0's input is the embedding-level sequence, so its S is the model's own pre-softmax score of
+    the parity tests (masked pairs aside)."""
+    model = make(name)
+    n = 12
+    ref = reference_scores(model, n)  # also sets the average word
+    keep = Keep()
+    capture(model, [keep], input_ids=[[0] * n], max_length=n)
+    got = keep.texts[0]
+    allowed = np.broadcast_to(ref.allowed[0][None], got["scores"][0].shape)
+    tol = 1e-4 if name in IN_FLOAT32 else 1e-9
+    np.testing.assert_allclose(got["scores"][0][allowed], ref.scores[0][allowed], rtol=tol, atol=tol)
+    np.testing.assert_array_equal(got["allowed"][0], ref.allowed[0])
+
+
+def brute_force(model, corpus, n: int, first_special: bool) -> dict:
+    """SPEC §10 profiles and SPEC §14 sinks by loops over each text alone: pairs (i, j) it attends, S and A from
+    `alone`; the first token of every text marked special."""
+    L = model.config.num_hidden_layers
+    H = model.config.num_attention_heads
+    s_sum, a_sum, c = np.zeros((L, H, 2 * n - 1)), np.zeros((L, H, 2 * n - 1)), np.zeros((L, 2 * n - 1))
+    dist, queries = np.zeros((L, H)), np.zeros(L)
+    first, special, later_dist, later_n, sink_queries = np.zeros((L, H)), np.zeros((L, H)), 0.0, 0, 0
+    later_dist = np.zeros((L, H))
+    for ids in corpus:
+        ref = alone(model, ids)
+        S, A, allowed = ref["scores"], ref["probs"], ref["allowed"]
+        m = len(ids)
+        for layer in range(L):
+            for i in range(m):
+                keys = [j for j in range(m) if allowed[layer, i, j]]
+                queries[layer] += 1
+                for j in keys:
+                    c[layer, j - i + n - 1] += 1
+                    s_sum[layer, :, j - i + n - 1] += S[layer, :, i, j]
+                    a_sum[layer, :, j - i + n - 1] += A[layer, :, i, j]
+                    dist[layer] += A[layer, :, i, j] * abs(j - i)
+                if i == 0:
+                    continue
+                first[layer] += A[layer, :, i, 0]
+                special[layer] += A[layer, :, i, 0] if first_special else 0.0
+                later = [j for j in keys if j >= 1]
+                mass = sum(A[layer, :, i, j] for j in later)
+                later_dist[layer] += sum(A[layer, :, i, j] * abs(j - i) for j in later) / mass
+        sink_queries += m - 1
+        later_n += m - 1
+    with np.errstate(invalid="ignore"):
+        return dict(
+            score_profiles=s_sum / c[:, None],
+            prob_profiles=a_sum / c[:, None],
+            pair_counts=c,
+            mean_distance=dist / queries[:, None],
+            first_token_mass=first / sink_queries,
+            special_token_mass=special / sink_queries,
+            distance_without_first=later_dist / later_n,
+        )
+
+
+@pytest.mark.parametrize("name", _params(["t5", "bloom", "deberta-v2", "mpnet", "marian", "megatron-bert", "falcon",
+                                          "gpt_neo", "xglm", "big_bird", "llama", "gemma3_text"],
+                                         quick={"deberta-v2"}))  # fmt: skip
+def test_attention_profiles_and_sinks_equal_loops_over_each_text(name):
+    model = make(name)
+    corpus = [[5, *ids] for ids in texts(6, seed=7)]  # token 5 first: the one special token
+    n = 13
+    ref = brute_force(copy.deepcopy(model), corpus, n, first_special=True)
+    result = attention_profiles(
+        model, input_ids=corpus, special_ids=[5], max_length=n, batch_size=3, weights_correlation=False
+    )
+    tol = tolerance(name)
+    p, sinks = result.profiles, result.sinks
+    np.testing.assert_array_equal(p.pair_counts, ref["pair_counts"])
+    for what in ("score_profiles", "prob_profiles", "mean_distance"):
+        np.testing.assert_allclose(getattr(p, what), ref[what], rtol=tol, atol=tol, err_msg=what)
+    for what in ("first_token_mass", "special_token_mass", "distance_without_first"):
+        np.testing.assert_allclose(getattr(sinks, what), ref[what], rtol=tol, atol=tol, err_msg=what)
+    assert result.n_layers == 2 and result.model_type == model.config.model_type
+
+
+@pytest.mark.parametrize("name", _params(sorted(REFUSED), quick={"falcon-alibi", "longformer"}))
+def test_families_the_capture_does_not_reproduce_are_refused(name):
+    model = make(name).float()
+    previous = model.config._attn_implementation
+    with pytest.raises(PosprobeError, match=REFUSED[name]):
+        capture(model, [Keep()], input_ids=texts(3), max_length=16)
+    assert model.config._attn_implementation == previous  # restored
+    family = family_for_type(model.config.model_type)
+    assert family.capture == REFUSED_ROUTE or "refused" in family.capture_note  # as the family table says
+
+
+@pytest.mark.parametrize("name", _params([*sorted(REFUSED), "t5", "bloom"], quick={"t5"}))
+def test_hidden_states_alone_for_refused_and_eager_families(name):
+    """Without attention nothing is recorded: hidden states are the model's own (its default attention, whatever
+    it is; an encoder-decoder's encoder), each text as if run alone."""
+    model = make(name).float()
+    corpus = texts(4)
+    got = {}
+
+    class Hidden:
+        needs = ("hidden_states",)
+
+        def add(self, batch):
+            for row, text in enumerate(batch.text_ids.tolist()):
+                got[text] = [h[row, : len(corpus[text])].double().numpy() for h in batch.hidden_states]
+
+        def result(self):
+            return None
+
+    capture(model, [Hidden()], input_ids=corpus, max_length=16, batch_size=2)
+    net = stack_to_run(model)
+    for index, ids in enumerate(corpus):
+        with torch.no_grad():
+            theirs = net(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+        assert len(got[index]) == len(theirs) == model.config.num_hidden_layers + 1
+        for ours, ref in zip(got[index], theirs, strict=True):
+            np.testing.assert_allclose(ours, ref[0].double().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_routes():
+    assert is_eager_route(make("t5")) and is_eager_route(build("bloom"))
+    assert not is_eager_route(build("llama"))
+
+
+@pytest.mark.slow
+def test_bigbird_full_attention_lengths_only_and_twice():
+    """BigBird attends fully up to (5 + 2 random blocks) x block size (28 here) and block-sparsely beyond: longer
+    inputs are refused for attention (not for hidden states); its attention type is restored after a run, and a
+    second run (where transformers' BigBird returns no attentions) gives the same numbers from its softmax."""
+    model = build("big_bird")
+    long = [list(range(4, 40))]
+    with pytest.raises(PosprobeError, match="block-sparsely .* beyond 28 tokens"):
+        capture(model, [Keep()], input_ids=long, max_length=40)
+    hidden = Keep()
+    hidden.needs = ("hidden_states",)
+    hidden.add = lambda batch: hidden.texts.update({0: batch.hidden_states})
+    capture(model, [hidden], input_ids=long, max_length=40)  # block-sparse: hidden states only
+    runs = [Keep(), Keep()]
+    for keep in runs:
+        capture(model, [keep], input_ids=texts(), max_length=16, batch_size=3)
+        assert model.attention_type == "block_sparse"
+    for index in range(len(texts())):
+        for what in ("scores", "probs", "allowed"):
+            np.testing.assert_array_equal(runs[0].texts[index][what], runs[1].texts[index][what])
+
+
+# -- the command on checkpoints of the eager route -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def checkpoint_folder(tmp_path_factory):
+    """name -> folder of a tiny T5 or BLOOM checkpoint saved with an offline WordPiece tokenizer (65 words),
+    written on first use."""
+    from transformers import BertTokenizerFast
+
+    root = tmp_path_factory.mktemp("eager-checkpoints")
+    vocab = root / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]) + "\n")
+    folders = {}
+
+    def folder(name: str):
+        if name not in folders:
+            folders[name] = root / name
+            make(name).float().save_pretrained(folders[name])
+            BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(folders[name])
+        return folders[name]
+
+    return folder
+
+
+@pytest.mark.parametrize("slow", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["t5", "t5-and-bloom"])
+def test_cli_runs_an_encoder_decoders_encoder_and_refuses_its_decoder(checkpoint_folder, tmp_path, capsys, slow):
+    import json
+
+    from typer.testing import CliRunner
+
+    from posprobe.cli import app, main
+
+    texts_path = tmp_path / "texts.txt"
+    rng = np.random.default_rng(3)
+    texts_path.write_text("".join(" ".join(f"w{x}" for x in rng.integers(0, 60, 8)) + "\n" for _ in range(6)))
+    for name, causal, stack in (("t5", False, "encoder"), ("bloom", True, None))[: 2 if slow else 1]:
+        out = tmp_path / name
+        args = ["attention", str(checkpoint_folder(name)), "--text", str(texts_path), "--max-length", "12"]
+        run = CliRunner().invoke(app, [*args, "--min-pairs", "1", "--out", str(out), "--json"])
+        assert run.exit_code == 0, run.output
+        record = json.loads(run.stdout)
+        assert record["stack"] == stack and record["causal"] is causal and record["n_texts"] == 6
+        assert np.isfinite(np.array(record["mean_distance"], dtype=float)).all()
+        assert np.isfinite(np.array(record["weights_correlation"], dtype=float)).all()
+        assert "content-free" in record["weights_profile"]  # T5's bucket bias, BLOOM's ALiBi: SPEC §9 scores
+        assert (out / "attention.npz").exists()
+    capsys.readouterr()  # what writing the checkpoints printed
+    with pytest.raises(SystemExit) as info:
+        main(["attention", str(checkpoint_folder("t5")), "--text", str(texts_path), "--stack", "decoder",
+              "--out", str(tmp_path / "never")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and "\n" not in err and "runs the encoder stack" in err
+    assert not (tmp_path / "never").exists()
