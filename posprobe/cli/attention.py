@@ -129,26 +129,7 @@ def attention(
 
 
 def _print(result, written) -> None:
-    import numpy as np
-    from rich.table import Table
-
-    p = result.profiles
-    table = Table(
-        title=f"Mean attention distance (tokens) — {result.model}, {result.n_texts} texts, max length "
-        f"{result.max_length}{', causal' if result.causal else ''}",
-        title_justify="left",
-    )
-    table.add_column("head", justify="right")
-    for layer in range(result.n_layers):
-        table.add_column(f"L{layer}", justify="right")
-    fmt = lambda v: "—" if not np.isfinite(v) else f"{v:.2f}"  # noqa: E731
-    for h in range(result.n_heads):
-        table.add_row(f"h{h}", *[fmt(v) for v in p.mean_distance[:, h]])
-    medians = lambda a: [fmt(np.nanmedian(row)) if np.isfinite(row).any() else "—" for row in a]  # noqa: E731
-    table.add_row("R² M", *medians(p.toeplitz_r2), style="bold")
-    if result.weights_correlation is not None:
-        table.add_row("r weights", *medians(result.weights_correlation), style="bold")
-    console.print(table)
+    console.print(distance_table(result))
     console.print(
         "[dim]R² M: median over heads of the mean score matrix's Toeplitz R²; r weights: median Pearson r between "
         f"s(k) and the weights-based profile ({result.weights_note}) over the offsets with at least "
@@ -156,6 +137,48 @@ def _print(result, written) -> None:
     )
     _print_sinks(result)
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
+
+
+def distance_table(result):
+    """A title line and a table of the mean attention distance of every head and layer, with the per-layer medians
+    of the mean score matrix's Toeplitz R² and of the weights correlation: layers as columns (heads as rows) where
+    there are fewer layers than heads, else layers as rows, so that 6 x 12 (MiniLM) and 30 x 9 (SmolLM2) both fit in
+    80 columns (30 layer columns squeezed every cell of SmolLM2's table to nothing)."""
+    import numpy as np
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    p = result.profiles
+    title = Text(  # above the table, not its title: a narrow table would wrap it
+        f"Mean attention distance (tokens) — {result.model}, {result.n_texts} texts, max length "
+        f"{result.max_length}{', causal' if result.causal else ''}"
+    )
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False)  # borderless, one space between columns
+    fmt = lambda v: "—" if not np.isfinite(v) else f"{v:.2f}"  # noqa: E731
+    median = lambda row: fmt(np.nanmedian(row)) if np.isfinite(row).any() else "—"  # noqa: E731
+    summaries = [("R² M", p.toeplitz_r2)]
+    if result.weights_correlation is not None:
+        summaries.append(("r weights", result.weights_correlation))
+    if result.n_layers < result.n_heads:
+        table.add_column("head", justify="right")
+        for layer in range(result.n_layers):
+            table.add_column(f"L{layer}", justify="right", no_wrap=True)
+        for h in range(result.n_heads):
+            table.add_row(f"h{h}", *[fmt(v) for v in p.mean_distance[:, h]])
+        for name, values in summaries:
+            table.add_row(name, *[median(row) for row in values], style="bold")
+        return Group(title, table)
+    table.add_column("layer", justify="right")
+    for h in range(result.n_heads):
+        table.add_column(f"h{h}", justify="right", no_wrap=True)
+    for name, _ in summaries:
+        table.add_column(name, justify="right", style="bold", no_wrap=True)
+    for layer in range(result.n_layers):
+        cells = [fmt(v) for v in p.mean_distance[layer]] + [median(values[layer]) for _, values in summaries]
+        table.add_row(f"L{layer}", *cells)
+    return Group(title, table)
 
 
 def _print_sinks(result) -> None:
