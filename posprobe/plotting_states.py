@@ -36,17 +36,23 @@ def states_summary(result):
     p, v, m = result.probes, result.vectors, result.massive
 
     ax = axes[0]
-    ax.plot(layers, p.r2, "o-", color="black", ms=3, lw=1.3, label="probe R² (held out)")
-    ax.plot(layers, p.r2_control, "s--", color="tab:orange", ms=3, lw=1.0, label="control (permuted positions)")
-    _r2_axis(ax, p.r2, p.r2_control)
-    twin = ax.twinx()
-    twin.plot(layers, p.mae, ":", color="tab:blue", lw=1.0, label="MAE (positions)")
-    twin.tick_params(labelsize=7, colors="tab:blue")
-    twin.set_ylabel("mean absolute error (positions)", fontsize=8, color="tab:blue")
     ax.set_xlabel("hidden state l (0 = embedding output)")
     ax.set_ylabel("held-out R²")
     ax.set_title(f"position probe: ridge, {len(p.fold_tokens)} folds by text", fontsize=9)
-    ax.legend(fontsize=7, loc="center left")
+    if np.isfinite(p.r2).any():
+        ax.plot(layers, p.r2, "o-", color="black", ms=3, lw=1.3, label="probe R² (held out)")
+        ax.plot(layers, p.r2_control, "s--", color="tab:orange", ms=3, lw=1.0, label="control (permuted positions)")
+        _r2_axis(ax, p.r2, p.r2_control)
+        twin = ax.twinx()
+        twin.plot(layers, p.mae, ":", color="tab:blue", lw=1.0, label="MAE (positions)")
+        twin.tick_params(labelsize=7, colors="tab:blue")
+        twin.set_ylabel("mean absolute error (positions)", fontsize=8, color="tab:blue")
+        ax.legend(fontsize=7, loc="center left")
+    else:  # fewer texts than folds: nothing was held out
+        _r2_axis(ax, p.r2)
+        ax.set_xlim(-0.5, result.n_states - 0.5)
+        message = f"probe undefined: {result.n_texts} texts leave\none of its {len(p.fold_tokens)} folds without a text"
+        ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize=9)
 
     ax = axes[1]
     positions = np.nonzero(v.kept)[0]

@@ -13,6 +13,7 @@ from pathlib import Path
 from posprobe.errors import PosprobeError
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".csv")
+_CSV_FIELD_LIMIT = 2**31 - 1  # the csv module's default refuses fields over 128 KiB
 HUB_PREFIX = "hub:"
 
 
@@ -61,7 +62,8 @@ def _text_format(path: Path) -> str:
 
 def iter_texts(path: str | Path, column: str | None = None) -> Iterator[str]:
     """The texts of `path`: a text file (one text per non-empty line), `.jsonl` / `.csv` with `column`, or a hub
-    dataset split `hub:NAME[:CONFIG]:SPLIT` with `column`.
+    dataset split `hub:NAME[:CONFIG]:SPLIT` with `column`. Blank texts (empty or white space only) are skipped in
+    every format.
 
     Raises PosprobeError naming the file and line for a missing column, malformed JSON or a non-text value."""
     spec = parse_hub_texts(str(path))
@@ -75,7 +77,8 @@ def iter_texts(path: str | Path, column: str | None = None) -> Iterator[str]:
     if kind == "txt" and column:
         raise PosprobeError(f"--column applies to .jsonl and .csv files, not '{path.name}'", "drop --column")
     try:
-        with open(path, encoding="utf-8", newline="" if kind == "csv" else None) as fh:
+        # utf-8-sig: a byte-order mark (Excel's "CSV UTF-8", Notepad) is not part of the first text or column name
+        with open(path, encoding="utf-8-sig", newline="" if kind == "csv" else None) as fh:
             if kind == "txt":
                 for line in fh:
                     text = line.rstrip("\r\n")
@@ -83,19 +86,28 @@ def iter_texts(path: str | Path, column: str | None = None) -> Iterator[str]:
                         yield text
             elif kind == "jsonl":
                 for number, line in enumerate(fh, 1):
-                    if line.strip():
-                        yield _field(_json_record(line, path, number), column, path, number)
+                    if not line.strip():
+                        continue
+                    if (text := _field(_json_record(line, path, number), column, path, number)).strip():
+                        yield text
             else:
+                csv.field_size_limit(_CSV_FIELD_LIMIT)  # one long text is a text, not an error
                 reader = csv.DictReader(fh)
                 if reader.fieldnames is not None and column not in reader.fieldnames:
                     raise PosprobeError(
-                        f"'{path}' has no column '{column}' (columns: {', '.join(reader.fieldnames)})",
-                        "pass one of them with --column",
+                        f"'{path}' has no column '{column}' (its first line, read as the column names: "
+                        f"{_short_repr(', '.join(reader.fieldnames))})",
+                        "pass one of them with --column, or add a first line naming the columns",
                     )
                 for record in reader:
-                    yield _field(record, column, path, reader.line_num)
+                    if (text := _field(record, column, path, reader.line_num)).strip():
+                        yield text
     except UnicodeDecodeError as err:
         raise PosprobeError(f"'{path}' is not UTF-8 text ({err.reason})", "convert it to UTF-8") from err
+    except csv.Error as err:  # a NUL byte in a quoted field, an unterminated quote at the end of the file
+        raise PosprobeError(f"'{path}' is not a readable .csv file ({err})", "save it again as CSV (UTF-8)") from err
+    except OSError as err:  # permission denied, an I/O error of the disk, a folder named like a file
+        raise PosprobeError(f"cannot read '{path}' ({err.strerror or err})", "pass a readable text file") from err
 
 
 def _json_record(line: str, path: Path, number: int) -> dict:
@@ -103,6 +115,8 @@ def _json_record(line: str, path: Path, number: int) -> dict:
         record = json.loads(line)
     except json.JSONDecodeError as err:
         raise PosprobeError(f"{path}:{number}: not valid JSON ({err.msg})", "one JSON object per line") from err
+    except RecursionError as err:  # arrays nested thousands deep: Python's parser runs out of stack
+        raise PosprobeError(f"{path}:{number}: JSON nested too deeply", "one flat JSON object per line") from err
     if not isinstance(record, dict):
         raise PosprobeError(f"{path}:{number}: a JSON object was expected", "one JSON object per line")
     return record
@@ -116,8 +130,29 @@ def _field(record: dict, column: str, path: Path, number: int) -> str:
         )
     value = record[column]
     if not isinstance(value, str):
-        raise PosprobeError(f"{path}:{number}: column '{column}' is not text ({value!r})", "choose a text column")
-    return value
+        raise PosprobeError(
+            f"{path}:{number}: column '{column}' is not text ({_short_repr(value)})", "choose a text column"
+        )
+    return _encodable(value, f"{path}:{number}")
+
+
+def _short_repr(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _encodable(text: str, where: str) -> str:
+    """`text` when it is valid Unicode; a JSON escape such as "\\ud800" (half of a surrogate pair, cut where a
+    tool truncated the string) gives a str the tokenizer cannot take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise PosprobeError(
+            f"{where}: the text holds {err.object[err.start : err.end]!r}, half of a UTF-16 surrogate pair "
+            "(not a character)",
+            "fix or drop that record (it was probably cut in the middle of an emoji)",
+        ) from err
+    return text
 
 
 def check_texts(path: str | Path, column: str | None = None, max_texts: int | None = None) -> int:

@@ -186,3 +186,33 @@ def save_dequantized(model, folder: Path) -> Path:
     fresh.load_state_dict(model.state_dict())
     fresh.save_pretrained(folder)
     return Path(folder)
+
+
+def rewrite_gguf(source: Path, target: Path, set_fields=None, drop_fields=(), drop_tensors=()) -> Path:
+    """Copy a GGUF file with metadata fields replaced (`set_fields`: {key: (value, GGUFValueType)}) or dropped,
+    and tensors dropped: a crafted file, written with the gguf package's own writer (so its header is valid)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(target), reader.fields["general.architecture"].contents())
+    set_fields = dict(set_fields or {})
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop_fields or key in set_fields:
+            continue
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub_type)
+    for key, (value, value_type) in set_fields.items():
+        writer.add_key_value(key, value, value_type)
+    for tensor in reader.tensors:
+        if tensor.name in drop_tensors:
+            continue
+        data = np.array(tensor.data)
+        if tensor.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            writer.add_tensor(tensor.name, data)
+        else:
+            writer.add_tensor(tensor.name, data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(target)

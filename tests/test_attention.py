@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_tokenizer import word_tokenizer
 from typer.testing import CliRunner
 
 from posprobe.analysis.empirical import masked_toeplitz_r2, offset_sums, profile_correlation
@@ -249,13 +250,8 @@ def test_model_whose_attention_is_not_a_matrix_is_refused():
 @pytest.fixture(scope="module")
 def tiny_bert_folder(tmp_path_factory):
     """A tiny BERT checkpoint with an offline WordPiece tokenizer."""
-    from transformers import BertTokenizerFast
-
     folder = tmp_path_factory.mktemp("tiny-bert-tok")
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]
-    vocab = folder / "vocab.txt"
-    vocab.write_text("\n".join(words) + "\n")
-    BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(folder)
+    word_tokenizer(60).save_pretrained(folder)
     tiny_model("bert").save_pretrained(folder)
     return folder
 

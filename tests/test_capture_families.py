@@ -24,6 +24,7 @@ import torch
 import transformers as tf
 from conftest import build_tiny
 from family_models import CASES, FLOAT32, _SoftmaxInputs, build, reference_scores
+from tiny_tokenizer import word_tokenizer
 
 from posprobe.capture import capture
 from posprobe.capture.eager import is_eager_route
@@ -334,18 +335,14 @@ def test_bigbird_full_attention_lengths_only_and_twice():
 def checkpoint_folder(tmp_path_factory):
     """name -> folder of a tiny T5 or BLOOM checkpoint saved with an offline WordPiece tokenizer (65 words),
     written on first use."""
-    from transformers import BertTokenizerFast
-
     root = tmp_path_factory.mktemp("eager-checkpoints")
-    vocab = root / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]) + "\n")
     folders = {}
 
     def folder(name: str):
         if name not in folders:
             folders[name] = root / name
             make(name).float().save_pretrained(folders[name])
-            BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(folders[name])
+            word_tokenizer(60).save_pretrained(folders[name])
         return folders[name]
 
     return folder

@@ -267,6 +267,7 @@ def test_usage_errors_are_one_line(args, words, capsys):
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and err.startswith("posprobe: error: ") and "\n" not in err
     assert words in err and "--help`" in err
+    assert "Value error" not in err and ". —" not in err  # click's wording of a choice error, cleaned
 
 
 def test_fhat_last_layer_is_named_by_its_number(tiny_checkpoints, tmp_path, capsys):
@@ -369,3 +370,50 @@ def test_sigterm_while_a_file_is_written_leaves_no_hidden_temporary_file(tmp_pat
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("posprobe: error: terminated"), stderr
     assert not out.exists()
+
+
+def test_help_text_wraps_at_the_terminal_not_at_the_source(capsys, monkeypatch):
+    """`--help` rewraps each docstring paragraph to the terminal: no line of a command's description ends a
+    sentence-middle fragment of one or two words (typer in rich mode kept the docstring's 116-column line breaks,
+    so at 100 columns 'rotary' read '... averaged over real tokens with' / '--text. Rotary families only.')."""
+    from posprobe.cli import app, reflow_help
+
+    assert reflow_help("A b\n    c d.\n\n    E f\n    - g\n    - h") == "A b c d.\n\nE f\n- g\n- h"
+    monkeypatch.setenv("COLUMNS", "100")
+    for command in app.registered_commands:
+        main([command.name, "--help"])
+        text = capsys.readouterr().out.split("╭")[0]  # the description, above the option panels
+        lines = [line.strip() for line in text.splitlines()[3:] if line.strip()]
+        assert lines, command.name
+        short = [line for line in lines[:-1] if len(line) < 40 and not line.endswith((".", ":"))]
+        assert not short, (command.name, short)
+
+
+@pytest.mark.parametrize("n_layers", [pytest.param(3, marks=pytest.mark.slow), 12])
+def test_attention_tables_fit_80_columns_with_many_layers(n_layers, tmp_path):
+    """`attention` at COLUMNS=80 off a terminal: a 30-layer model's heads x layers table came out as 30 columns of
+    empty cells; with more layers than fit, the distances are summarised per layer (median, min, max over heads),
+    every cell holding a number."""
+    from conftest import build_tiny
+    from tiny_tokenizer import word_tokenizer
+
+    folder = tmp_path / "model"
+    build_tiny("bert", num_hidden_layers=n_layers).save_pretrained(folder)
+    word_tokenizer(60).save_pretrained(folder)
+    (tmp_path / "t.txt").write_text("".join(f"w{i} w{i + 1} w{i + 2} w3 w4 w5\n" for i in range(20)))
+    cmd = [sys.executable, "-m", "posprobe", "attention", str(folder), "--text", str(tmp_path / "t.txt")]
+    done = subprocess.run(
+        [*cmd, "--max-length", "8", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=child_env(COLUMNS="80"),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert max(cell_len(line) for line in done.stderr.splitlines() if line[:1] in "┏┃┡│└") <= 80
+    table = done.stderr.split("Attention sinks")[0]
+    rows = [line for line in table.splitlines() if re.match(r"^[│|]\s*(L|h)\d+\s", line)]
+    assert len(rows) == (n_layers if n_layers > 8 else 4), table  # a row per layer, or per head (4 heads)
+    for row in rows:
+        cells = [c.strip() for c in row.strip("│| ").split("│")]
+        assert all(re.fullmatch(r"-?\d+\.\d\d|—", c) for c in cells[1:]) and len(cells) > 3, row

@@ -286,6 +286,28 @@ def test_hub_id_offline_fails_at_once(monkeypatch):
     assert time.perf_counter() - start < 5
 
 
+@pytest.mark.parametrize(
+    "typed, meant",
+    [
+        ("SmolLM2-135M", "SmolLM2-135M-Instruct"),
+        ("smollm2-135m-instruct", "SmolLM2-135M-Instruct"),
+        ("all-minilm-l6-v2", "all-MiniLM-L6-v2"),
+        ("bert-base-uncased", None),
+    ],
+)
+def test_a_mistyped_packaged_name_offline_names_the_packaged_model(typed, meant, monkeypatch):
+    """A packaged name in another case or cut short is not a hub id to fetch: the offline error asks whether the
+    packaged model was meant (and says nothing of the kind for an unrelated hub id)."""
+    from posprobe.checkpoint.resolve import packaged_suggestion
+    from posprobe.models import load_model
+
+    assert packaged_suggestion(typed) == meant
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(PosprobeError) as info:
+        load_model(typed)
+    assert (f"did you mean the packaged model '{meant}'" in str(info.value)) == (meant is not None), str(info.value)
+
+
 def test_params_reads_config_only(tiny_checkpoints, tmp_path, capfd):
     """`params` needs no weights (issue 8 #7)."""
     folder = tmp_path / "cfg-only"

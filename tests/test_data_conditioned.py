@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import build_tiny
 from family_models import _RECORDED, RECORD, _layers, _record, build
+from tiny_tokenizer import word_tokenizer
 
 import posprobe
 from posprobe.errors import PosprobeError
@@ -148,6 +149,9 @@ def test_position_mean_scores_equal_the_model_and_are_not_toeplitz(family):
         np.testing.assert_allclose(result.profile(layer, 0), diagonal_means(fhat.matrices)[0], rtol=1e-12)
         r2 = result.fhat_r2[result.layer_index(layer)]
         assert np.isfinite(r2).all() and r2.max() < 1 - 1e-6  # measured, and not Toeplitz
+        # the tokens averaged into x_l(0..n-1): those of the analysed positions, not every real token
+        assert result.conditioning["n_tokens"] == sum(min(len(t), n) for t in texts) < sum(len(t) for t in texts)
+        assert fhat.conditioning["n_tokens"] == result.conditioning["n_tokens"]
 
 
 @pytest.mark.slow
@@ -175,11 +179,7 @@ def test_bucket_bias_and_disentangled_families(name):
 def test_model_folder_and_texts_through_the_tokenizer(tmp_path):
     """A saved checkpoint with a tokenizer: texts (strings) are tokenised as `attention` tokenises them, and the
     scores are the same as for the same tokens passed as ids."""
-    from transformers import BertTokenizerFast
-
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]
-    (tmp_path / "vocab.txt").write_text("\n".join(words) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
+    tokenizer = word_tokenizer(60)
     tokenizer.save_pretrained(tmp_path)
     build_tiny("bert").save_pretrained(tmp_path)
     rng = np.random.default_rng(3)
@@ -222,12 +222,8 @@ def bert_with_texts(tmp_path_factory):
     """A tiny BERT checkpoint with an offline WordPiece tokenizer, and 30 texts in a .jsonl file."""
     import json
 
-    from transformers import BertTokenizerFast
-
     folder = tmp_path_factory.mktemp("tiny-bert-texts")
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]
-    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
-    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    word_tokenizer(60).save_pretrained(folder)
     build_tiny("bert").save_pretrained(folder)
     rng = np.random.default_rng(7)
     rows = [{"sentence": " ".join(f"w{x}" for x in rng.integers(0, 60, size=rng.integers(1, 12)))} for _ in range(30)]
@@ -318,3 +314,36 @@ def test_flat_profiles_have_no_peak_and_are_drawn_flat():
         assert np.ptp(line[:, 1]) < 1e-9  # inches: a straight line
     sections = np.concatenate(pages._sections.get_segments())
     assert np.ptp(sections[:, 1]) < 1e-9 and sections[0, 1] == pytest.approx(pages._profile.get_segments()[0][0, 1])
+
+
+def test_hidden_means_ignore_non_finite_padding_and_refuse_non_finite_real_tokens():
+    """Padding may hold NaN or inf (transformers' eager attention gives NaN rows to padding queries that a sliding
+    window leaves without a key, in float64): the means are over real tokens only, so such padding must not reach
+    them (0 * NaN is NaN). NaN on a real token is one clear error, not NaN scores."""
+    from types import SimpleNamespace
+
+    from posprobe.analysis.hidden_means import HiddenMeanAccumulator
+    from posprobe.analysis.positional_vectors import PositionalVectorAccumulator
+
+    rng = np.random.default_rng(0)
+    real = torch.tensor([[True] * 5, [True] * 2 + [False] * 3])
+    hidden = torch.from_numpy(rng.normal(size=(2, 5, 4)))
+    padded = hidden.clone()
+    padded[1, 2:] = float("nan")
+    padded[1, 3, 0] = float("inf")
+    batch = SimpleNamespace(real=real, hidden_states=(padded, padded))
+    tokens = [hidden[0].numpy(), hidden[1, :2].numpy()]
+    for input, expected in [
+        ("mean", np.concatenate([t[1:] for t in tokens]).mean(0)),
+        ("position-mean", np.stack([np.mean([t[i] for t in tokens if len(t) > i], 0) for i in range(5)])),
+    ]:
+        acc = HiddenMeanAccumulator([1], input, 5)
+        acc.add(batch)
+        np.testing.assert_allclose(acc.result().layer(1), expected, rtol=1e-12)
+    vectors = PositionalVectorAccumulator(2, 5, 4)
+    vectors.add(batch)
+    means = np.stack([np.mean([t[i] for t in tokens if len(t) > i], 0) for i in range(5)])
+    np.testing.assert_allclose(vectors.result(min_texts=1).vectors[1], means - means.mean(0), rtol=1e-12)
+    padded[0, 1, 2] = float("nan")
+    with pytest.raises(PosprobeError, match="NaN or infinite values on real tokens"):
+        HiddenMeanAccumulator([0], "mean", 5).add(batch)

@@ -3,18 +3,17 @@ data-conditioned profiles (layers 0, 15, 29, 64 positions) and `q_band_norm` / `
 a direct computation from transformers' own modules (`output_hidden_states`, the layer's `input_layernorm`,
 `q_proj` / `k_proj`, the model's rotary module and `apply_rotary_pos_emb`, the attention's `scaling`).
 
-Sentences: the first 48 of CoLA's validation set where the project's shared data folder is present, else a small
-fixture. Slow (the model is converted from its packaged GGUF file once per module, ~40 s)."""
+Sentences: the first 48 of tests/data/sentences.txt. Slow (the model is converted from its packaged GGUF file once
+per module, ~40 s)."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from real_texts import real_sentences
 
 import posprobe
 from posprobe.analysis.rotary_bands import band_norms, band_pairs
@@ -22,20 +21,8 @@ from posprobe.analysis.toeplitz import diagonal_means
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
-COLA = [p / "shared/data/glue/cola/validation.jsonl" for p in (ROOT.parent, ROOT.parent.parent)]
 LAYERS = [0, 15, 29]
 N = 64
-FALLBACK = [
-    "the sailors rode the breeze clear of the rocks",
-    "the weights made the rope stretch over the pulley",
-    "a cat sat on the mat and looked at the rain for a long time",
-    "she gave the book to her brother before the train left",
-    "which report did the committee say that nobody had read",
-    "the more you read the less you seem to know about it",
-    "they wondered whether the bridge would hold until spring",
-    "it rained",
-] * 3
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +48,7 @@ def smollm2(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def sentences() -> list[str]:
-    found = next((p for p in COLA if p.is_file()), None)
-    if found is None:
-        return FALLBACK
-    with open(found) as fh:
-        return [json.loads(line)["sentence"] for line, _ in zip(fh, range(48))]
+    return real_sentences(48)
 
 
 @pytest.fixture(scope="module")

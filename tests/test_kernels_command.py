@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import build_tiny
 from safetensors.numpy import save_file
+from tiny_tokenizer import word_tokenizer
 from typer.testing import CliRunner
 
 from posprobe.analysis.learned import correlation_per_head, learned_functions, tisa_functions
@@ -27,11 +28,7 @@ runner = CliRunner()
 
 def _tokenizer_folder(folder):
     """A WordPiece tokenizer with the tiny models' 99-token vocabulary, saved into `folder`."""
-    from transformers import BertTokenizerFast
-
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(94)]
-    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
-    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(str(folder))
+    word_tokenizer(94).save_pretrained(str(folder))
 
 
 def _retrofitted(tmp_path, mechanism, name="m", seed=0, **kw):

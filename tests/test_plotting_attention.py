@@ -1,7 +1,6 @@
 """Figures of `posprobe attention` (posprobe/plotting_attention.py): a causal model's profile pages show only the
 offsets it has (k <= 0), one legend per page names the weights-based profile, and the heads x layers charts keep
-fixed margins in inches (a 30-layer chart has no wide empty bands) with the numbers of the result in their cells.
-Also its text table of mean distances, which must show every number at 80 columns for 6 x 12 and 30 x 9 models."""
+fixed margins in inches (a 30-layer chart has no wide empty bands) with the numbers of the result in their cells."""
 
 from __future__ import annotations
 
@@ -72,31 +71,3 @@ def test_uniform_reference_is_written_once_when_every_layer_has_the_same(results
     ax = next(ax for ax in plotting_attention.mean_distance_chart(causal).axes if ax.get_images())
     assert f"uniform attention would give {uniform[0]:.2f} in every layer" in ax.get_xlabel()
     assert [t.get_text() for t in ax.get_xticklabels()] == [str(layer) for layer in range(causal.n_layers)]
-
-
-@pytest.mark.parametrize("layers, heads", [(6, 12), (30, 9), (2, 4)])
-def test_distance_table_shows_every_number_in_80_columns(layers, heads):
-    from types import SimpleNamespace
-
-    from rich.console import Console
-
-    from posprobe.cli.attention import distance_table
-
-    rng = np.random.default_rng(layers)
-    distance = rng.uniform(0, 9.99, size=(layers, heads))
-    r2, r = rng.uniform(0, 1, size=(layers, heads)), rng.uniform(-1, 1, size=(layers, heads))
-    profiles = SimpleNamespace(mean_distance=distance, toeplitz_r2=r2)
-    result = SimpleNamespace(profiles=profiles, weights_correlation=r, n_layers=layers, n_heads=heads, model="m",
-                             n_texts=3, max_length=12, causal=True)  # fmt: skip
-    console = Console(width=80, record=True)
-    console.print(distance_table(result))
-    lines = console.export_text().splitlines()
-    assert max(len(line) for line in lines) <= 80
-    rows = {line.split()[0]: line.split()[1:] for line in lines[3:]}  # title, header, rule, then the rows
-    if layers < heads:  # a row per head, then the two medians, a column per layer
-        assert [rows[f"h{h}"] for h in range(heads)] == [[f"{v:.2f}" for v in distance[:, h]] for h in range(heads)]
-        assert rows["r"][1:] == [f"{np.median(r[layer]):.2f}" for layer in range(layers)]  # "r weights"
-    else:  # a row per layer: the heads, then the two medians
-        for layer in range(layers):
-            expected = [f"{v:.2f}" for v in distance[layer]] + [f"{np.median(a[layer]):.2f}" for a in (r2, r)]
-            assert rows[f"L{layer}"] == expected

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from family_models import build
+from tiny_tokenizer import word_tokenizer
 
 import posprobe
 from posprobe.analysis.rotary_bands import band_norms, band_pairs, band_terms, frequencies_from_angles, wavelengths
@@ -161,12 +162,8 @@ def test_non_rotary_families_are_refused_in_one_line(tiny_checkpoints):
 @pytest.fixture(scope="module")
 def llama_folder(tmp_path_factory):
     """A tiny Llama checkpoint with an offline WordPiece tokenizer (any tokenizer with ids < 99 will do)."""
-    from transformers import BertTokenizerFast
-
     folder = tmp_path_factory.mktemp("tiny-llama-tok")
-    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(60)]
-    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
-    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    word_tokenizer(60).save_pretrained(folder)
     build("llama").save_pretrained(folder)
     texts = folder / "texts.txt"
     rng = np.random.default_rng(5)

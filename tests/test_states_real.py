@@ -1,32 +1,21 @@
 """`posprobe states` on the real packaged models and real sentences (slow tier): on SmolLM2 (a rotary LLM) the
 positional vectors and the largest activations equal a direct computation from `output_hidden_states` with each
 sentence run alone; on MiniLM (learned position table) the embedding output decodes position (held-out R² >= 0.9)
-and the permuted-position control does not (|R²| <= 0.2). Skipped where the shared CoLA data is absent."""
+and the permuted-position control does not (|R²| <= 0.2). Sentences: tests/data/sentences.txt."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from real_texts import real_sentences
 
 import posprobe
 
-ROOT = Path(__file__).resolve().parents[1]
-COLA = (
-    next((p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if (p / "data/glue/cola").is_dir()), ROOT)
-    / "data/glue/cola/validation.jsonl"
-)
-needs_cola = pytest.mark.skipif(not COLA.is_file(), reason="shared CoLA data not present")
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cola_sentences(count: int) -> list[str]:
-    with open(COLA, encoding="utf-8") as fh:
-        return [json.loads(line)["sentence"] for line, _ in zip(fh, range(count))]
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +41,10 @@ def smollm2(tmp_path_factory):
 
 
 @pytest.mark.slow
-@needs_cola
 def test_smollm2_positional_vectors_and_massive_activations_equal_output_hidden_states(smollm2):
     from transformers import AutoModel, AutoTokenizer
 
-    texts = cola_sentences(48)
+    texts = real_sentences(48)
     result = posprobe.states(smollm2, texts, max_length=32, min_texts=16, probe_layers=[0], batch_size=16)
     tokenizer = AutoTokenizer.from_pretrained(smollm2)
     model = AutoModel.from_pretrained(smollm2, attn_implementation="eager").eval()
@@ -87,11 +75,8 @@ def test_smollm2_positional_vectors_and_massive_activations_equal_output_hidden_
 
 
 @pytest.mark.slow
-@needs_cola
 def test_minilm_embedding_output_decodes_position_and_the_control_does_not():
-    from posprobe.texts import iter_texts
-
-    result = posprobe.states(None, iter_texts(COLA, "sentence"), probe_layers=[0])
-    assert result.n_texts == 1043
+    result = posprobe.states(None, real_sentences(), probe_layers=[0])
+    assert result.n_texts == 144
     assert result.probe_r2[0] >= 0.9
     assert abs(result.probe_r2_control[0]) <= 0.2

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from posprobe.errors import PosprobeError
+
 if TYPE_CHECKING:
     import torch
 
@@ -74,13 +76,19 @@ class HiddenMeanAccumulator:
         m = real.shape[1]
         if m > self.max_length:
             raise ValueError(f"a batch of {m} tokens is longer than max_length {self.max_length}")
-        weight = real.to(torch.float64)[..., None]  # (B, m, 1)
+        averaged = real.clone()
         if self.input == MEAN:
-            weight = weight.clone()
-            weight[:, 0] = 0.0  # position 0 is left out
+            averaged[:, 0] = False  # position 0 is left out
         self.texts_at[:m] += real.sum(0, dtype=torch.float64)
         for index, layer in enumerate(self.layers):
-            h = batch.hidden_states[layer].to(torch.float64) * weight  # (B, m, d), zero off the averaged tokens
+            hidden = batch.hidden_states[layer]
+            if not bool(torch.isfinite(hidden[real]).all()):
+                raise PosprobeError(
+                    f"the hidden state entering layer {layer} holds NaN or infinite values on real tokens",
+                    "check the checkpoint's weights, or run it in float32 (--device cpu)",
+                )
+            # selected, not multiplied by a 0/1 weight: padding may hold NaN or inf, and 0 * NaN is NaN
+            h = torch.where(averaged[..., None], hidden.to(torch.float64), 0.0)  # (B, m, d)
             if self.sums is None:
                 per_position = () if self.input == MEAN else (self.max_length,)
                 shape = (len(self.layers), *per_position, h.shape[-1])  # (L_sel, d) or (L_sel, n, d)

@@ -54,9 +54,9 @@ class PositionalVectorAccumulator:
         real = batch.real  # (B, m)
         m = real.shape[1]
         self.counts[:m] += real.sum(0)
-        weight = real.to(torch.float64)
         for layer, hidden in enumerate(batch.hidden_states):  # (B, m, d)
-            self.sums[layer, :m] += torch.einsum("bm,bmd->md", weight, hidden.to(torch.float64))
+            # selected, not multiplied by a 0/1 weight: padding may hold NaN or inf, and 0 * NaN is NaN
+            self.sums[layer, :m] += torch.where(real[..., None], hidden.to(torch.float64), 0.0).sum(0)
 
     def result(self, min_texts: int = DEFAULT_MIN_TEXTS) -> PositionalVectors:
         return positional_vectors(self.sums.cpu().numpy(), self.counts.cpu().numpy(), min_texts)

@@ -56,26 +56,50 @@ class TokenBatch:
         return int(self.input_ids.shape[0])
 
 
-def text_tokenizer(tokenizer: Any, max_length: int) -> Callable[[list[str]], list[tuple[list[int], list[int]]]]:
+def text_tokenizer(
+    tokenizer: Any, max_length: int, vocab_size: int | None = None
+) -> Callable[[list[str]], list[tuple[list[int], list[int]]]]:
     """Tokenise strings with the model's tokenizer (special tokens added as it does), truncated to `max_length`;
-    returns (ids, special flags) per text. An empty tokenisation is refused."""
+    returns (ids, special flags) per text. Refused: a text that gives no token, or only special tokens (nothing of
+    it reaches the model), and ids at or beyond `vocab_size` (the model's embedding rows: a tokenizer of another
+    model)."""
 
     def tokenize(texts: list[str]) -> list[tuple[list[int], list[int]]]:
         enc = tokenizer(texts, truncation=True, max_length=max_length, return_special_tokens_mask=True)
-        return [
-            (ids, mask) if ids else _empty(texts[i])
-            for i, (ids, mask) in enumerate(zip(enc["input_ids"], enc["special_tokens_mask"]))
-        ]
+        out = list(zip(enc["input_ids"], enc["special_tokens_mask"]))
+        for text, (ids, mask) in zip(texts, out):
+            _check_tokens(text, ids, mask, tokenizer, vocab_size)
+        return out
 
     return tokenize
 
 
-def _empty(text: str):
-    raise PosprobeError(f"the tokenizer turned the text {text[:40]!r} into no tokens", "remove empty texts")
+def _check_tokens(text: str, ids: list[int], mask: list[int], tokenizer: Any, vocab_size: int | None) -> None:
+    if not ids:
+        raise PosprobeError(f"the tokenizer turned the text {text[:40]!r} into no tokens", "remove empty texts")
+    if all(mask):
+        tokens = " ".join(str(t) for t in tokenizer.convert_ids_to_tokens(ids))
+        raise PosprobeError(
+            f"the tokenizer turned the text {text[:40]!r} into special tokens only ({tokens[:60]})",
+            "remove texts without words the tokenizer keeps (control or zero-width characters only)",
+        )
+    _check_ids(ids, vocab_size, f"for the text {text[:40]!r}")
 
 
-def id_tokenizer(special_ids: Iterable[int], max_length: int) -> Callable:
-    """Pre-tokenised sequences (lists of ints), truncated to `max_length`; ids in `special_ids` are special."""
+def _check_ids(ids: Sequence[int], vocab_size: int | None, where: str) -> None:
+    if vocab_size is None:
+        return
+    bad = next((x for x in ids if not 0 <= x < vocab_size), None)
+    if bad is not None:
+        raise PosprobeError(
+            f"token id {bad} {where} is outside the model's {vocab_size} token embeddings",
+            "use the tokenizer saved with the model (its tokenizer files belong to another model)",
+        )
+
+
+def id_tokenizer(special_ids: Iterable[int], max_length: int, vocab_size: int | None = None) -> Callable:
+    """Pre-tokenised sequences (lists of ints), truncated to `max_length`; ids in `special_ids` are special; ids
+    outside 0..`vocab_size`-1 are refused."""
     specials = {int(x) for x in special_ids}
 
     def tokenize(rows: list[Sequence[int]]) -> list[tuple[list[int], list[int]]]:
@@ -84,6 +108,7 @@ def id_tokenizer(special_ids: Iterable[int], max_length: int) -> Callable:
             ids = [int(x) for x in row][:max_length]
             if not ids:
                 raise PosprobeError("an input_ids sequence is empty", "pass sequences of at least one token")
+            _check_ids(ids, vocab_size, "in input_ids")
             out.append((ids, [int(x in specials) for x in ids]))
         return out
 

@@ -125,6 +125,15 @@ def model_device(model):
     return torch.device("cpu")
 
 
+def embedding_rows(model) -> int | None:
+    """How many token ids the model embeds (its input embedding's rows), or None where it cannot be read."""
+    try:
+        rows = model.get_input_embeddings().weight.shape[0]
+    except (AttributeError, NotImplementedError, TypeError, IndexError):
+        rows = getattr(text_config(model), "vocab_size", None)
+    return int(rows) if isinstance(rows, int) and rows > 0 else None
+
+
 def pad_token_id(model, tokenizer=None) -> int:
     """An id to fill padding with (never attended, never counted): the pad or end token when it exists."""
     cfg = text_config(model)

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from posprobe.capture.batches import TokenBatch, id_tokenizer, text_tokenizer, token_batches
 from posprobe.capture.eager import EagerRecorder, is_eager_route
-from posprobe.capture.model import check_length, check_model, model_device, pad_token_id, stack_to_run
+from posprobe.capture.model import (
+    check_length,
+    check_model,
+    embedding_rows,
+    model_device,
+    pad_token_id,
+    stack_to_run,
+)
 from posprobe.capture.recording import (
     RECORD_NAME,
     LayerRecorder,
@@ -270,9 +277,9 @@ def capture(
     if texts is not None:
         if tokenizer is None:
             raise PosprobeError("texts need a tokenizer", "pass tokenizer=, or input_ids instead of texts")
-        items, tokenize = texts, text_tokenizer(tokenizer, max_length)
+        items, tokenize = texts, text_tokenizer(tokenizer, max_length, embedding_rows(model))
     else:
-        items, tokenize = input_ids, id_tokenizer(special_ids or (), max_length)
+        items, tokenize = input_ids, id_tokenizer(special_ids or (), max_length, embedding_rows(model))
     batches = token_batches(
         items,
         tokenize,

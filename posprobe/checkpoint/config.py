@@ -16,6 +16,7 @@ from posprobe.families.table import FAMILIES, model_types
 # Families whose config fields posprobe reads (analyses) or relies on (retrofit): checked in depth.
 CHECKED_FAMILIES = model_types(analysable=True)
 _HINT = "fix config.json or re-save the checkpoint with `save_pretrained`"
+_GGUF_HINT = "convert the model again with llama.cpp's convert_hf_to_gguf.py, or use its safetensors checkpoint"
 # Sizes: whole numbers >= 1 wherever they appear (under any family's name for them).
 _SIZES = (
     "hidden_size",
@@ -36,7 +37,8 @@ _SIZES = (
     "hidden_dim",
 )
 _COUNTS = ("type_vocab_size",)  # may be 0 (DeBERTa-v2 has no token types)
-_NULLABLE_SIZES = ("n_inner", "embedding_size", "intermediate_size")  # GPT-2 / GPT-Neo: null means 4 * hidden
+# GPT-2 / GPT-Neo: null means 4 * hidden; Llama-like: null key/value heads or head size mean the defaults
+_NULLABLE_SIZES = ("n_inner", "embedding_size", "intermediate_size", "num_key_value_heads", "head_dim")
 _TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id")
 _EPSILONS = ("layer_norm_eps", "layer_norm_epsilon")
 _PROBABILITIES = (
@@ -62,8 +64,22 @@ def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _where(name: str) -> str:
-    return f"config.json of '{name}'"
+def _is_gguf(name: str) -> bool:
+    return str(name).lower().endswith(".gguf")
+
+
+def config_where(name: str) -> str:
+    """Where the config of checkpoint `name` came from, for a message: config.json, or the metadata of a GGUF
+    file (which transformers maps to a config)."""
+    return f"the GGUF metadata of '{name}'" if _is_gguf(name) else f"config.json of '{name}'"
+
+
+def config_hint(name: str, default: str = _HINT) -> str:
+    """What to do about a bad config of `name`: `default` for a folder, re-converting for a GGUF file."""
+    return _GGUF_HINT if _is_gguf(name) else default
+
+
+_where, _hint = config_where, config_hint
 
 
 def config_int(config: dict, name: str, *keys: str, default=None, minimum: int | None = 1, nullable: bool = False):
@@ -78,10 +94,10 @@ def config_int(config: dict, name: str, *keys: str, default=None, minimum: int |
                 need = "a whole number" + (f" >= {minimum}" if minimum is not None else "")
                 if nullable:
                     need += " or null"
-                raise PosprobeError(f"{_where(name)} has {key} = {value!r}, expected {need}", _HINT)
+                raise PosprobeError(f"{_where(name)} has {key} = {value!r}, expected {need}", _hint(name))
             return value
     if default is None and not nullable:
-        raise PosprobeError(f"{_where(name)} lacks {' / '.join(keys)}", _HINT)
+        raise PosprobeError(f"{_where(name)} lacks {' / '.join(keys)}", _hint(name))
     return default
 
 
@@ -95,10 +111,10 @@ def config_float(config: dict, name: str, *keys: str, default=None, positive: bo
             if not ok:
                 need = "a positive number" if positive else "a number"
                 need += f" <= {maximum:g}" if maximum is not None else ""
-                raise PosprobeError(f"{_where(name)} has {key} = {value!r}, expected {need}", _HINT)
+                raise PosprobeError(f"{_where(name)} has {key} = {value!r}, expected {need}", _hint(name))
             return float(value)
     if default is None:
-        raise PosprobeError(f"{_where(name)} lacks {' / '.join(keys)}", _HINT)
+        raise PosprobeError(f"{_where(name)} lacks {' / '.join(keys)}", _hint(name))
     return default
 
 
@@ -111,10 +127,10 @@ def validate_config(config, name: str) -> dict:
     of per-stage heads, floats) and are left to transformers, whose errors `load_model` maps to one line.
     """
     if not isinstance(config, dict):
-        raise PosprobeError(f"{_where(name)} is not a JSON object", _HINT)
+        raise PosprobeError(f"{_where(name)} is not a JSON object", _hint(name))
     model_type = config.get("model_type")
     if model_type is not None and (not isinstance(model_type, str) or not model_type):
-        raise PosprobeError(f"{_where(name)} has model_type = {model_type!r}, expected a name", _HINT)
+        raise PosprobeError(f"{_where(name)} has model_type = {model_type!r}, expected a name", _hint(name))
     _check_names(config, name)
     if model_type in CHECKED_FAMILIES:
         _check_sizes(config, name, model_type)
@@ -137,15 +153,16 @@ def _check_sizes(config: dict, name: str, model_type: str) -> None:
             config_int(config, name, key, minimum=None, nullable=True)
     for key in _EPSILONS:
         config_float(config, name, key, default=0.0, positive=True)
+    _check_rope(config, name)
     for key in _PROBABILITIES:
         if config.get(key) is not None:
             config_float(config, name, key, default=0.0, maximum=1.0)
             if config[key] < 0:
-                raise PosprobeError(f"{_where(name)} has {key} = {config[key]!r}, expected 0..1", _HINT)
+                raise PosprobeError(f"{_where(name)} has {key} = {config[key]!r}, expected 0..1", _hint(name))
     for heads, width in _HEAD_PAIRS:
         if heads in config and width in config and "head_dim" not in config and config[width] % config[heads]:
             raise PosprobeError(
-                f"{_where(name)} has {width} = {config[width]} not divisible by {heads} = {config[heads]}", _HINT
+                f"{_where(name)} has {width} = {config[width]} not divisible by {heads} = {config[heads]}", _hint(name)
             )
     reserved_pad = config.get("pad_token_id", 1)
     if model_type in _RESERVED_ROWS and (reserved_pad is None or reserved_pad < 0):
@@ -156,18 +173,34 @@ def _check_sizes(config: dict, name: str, model_type: str) -> None:
         )
     vocab, pad = config.get("vocab_size"), config.get("pad_token_id")
     if _whole(vocab) and _whole(pad) and not -vocab <= pad < vocab:
-        raise PosprobeError(f"{_where(name)} has pad_token_id = {pad} outside the vocabulary of {vocab}", _HINT)
+        raise PosprobeError(f"{_where(name)} has pad_token_id = {pad} outside the vocabulary of {vocab}", _hint(name))
+
+
+def _check_rope(config: dict, name: str) -> None:
+    """The rotary base (`rope_theta`, top level or in transformers 5's `rope_parameters`) is a positive finite
+    number, and a partial rotary factor lies in (0, 1]: 0, a negative, NaN or a string gave NaN frequencies or a
+    ZeroDivisionError where the model is built."""
+    for where in (config, config.get("rope_parameters")):
+        if isinstance(where, dict):
+            if where.get("rope_theta") is not None:
+                config_float(where, name, "rope_theta", positive=True)
+            if where.get("partial_rotary_factor") is not None:
+                config_float(where, name, "partial_rotary_factor", positive=True, maximum=1.0)
+            if where.get("factor") is not None:
+                config_float(where, name, "factor", positive=True)
 
 
 def _check_names(config: dict, name: str) -> None:
     for key in ("position_embedding_type", "_name_or_path"):
         if config.get(key) is not None and not isinstance(config[key], str):
-            raise PosprobeError(f"{_where(name)} has {key} = {config[key]!r}, expected a string", _HINT)
+            raise PosprobeError(f"{_where(name)} has {key} = {config[key]!r}, expected a string", _hint(name))
     architectures = config.get("architectures")
     if architectures is not None and not (
         isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)
     ):
-        raise PosprobeError(f"{_where(name)} has architectures = {architectures!r}, expected a list of names", _HINT)
+        raise PosprobeError(
+            f"{_where(name)} has architectures = {architectures!r}, expected a list of names", _hint(name)
+        )
     recipe = config.get("posprobe")
     if recipe is not None and not isinstance(recipe, dict):
-        raise PosprobeError(f"{_where(name)} has a 'posprobe' entry that is not an object", _HINT)
+        raise PosprobeError(f"{_where(name)} has a 'posprobe' entry that is not an object", _hint(name))

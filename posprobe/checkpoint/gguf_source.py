@@ -70,6 +70,28 @@ def _quiet_transformers():
         hf_logging.set_verbosity(verbosity)
 
 
+def check_block_count(header: GGUFHeader, config: dict, name: str) -> None:
+    """The layer count the metadata gives (`<arch>.block_count`, in the config) must be the number of `blk.N`
+    layers whose tensors the file holds: a larger one (2**31 from a crafted file) had transformers build billions
+    of layers, a smaller one silently analysed part of the model."""
+    key = next((k for k in ("num_hidden_layers", "n_layer", "n_layers") if k in config), None)
+    stored = {
+        int(parts[1])
+        for parts in (t.split(".") for t in header.tensors)
+        if parts[0] == "blk" and parts[1:2] and parts[1].isdigit()
+    }
+    if key is None or not stored:
+        return
+    count = config[key]
+    if stored != set(range(len(stored))) or count != len(stored):
+        held = f"layers 0..{max(stored)}" if stored == set(range(len(stored))) else f"{len(stored)} layers"
+        field = f"{shown(header.architecture)[1:-1]}.block_count"
+        says = f"gives {field} = {count}" if field in header.metadata else f"lacks {field} (read as {count})"
+        raise PosprobeError(
+            f"the GGUF metadata of '{name}' {says}, but the file holds the tensors of {held}", GGUF_HINT
+        )
+
+
 def is_attention_weight(gguf_name: str) -> bool:
     """A Q/K/V/output projection of attention in llama.cpp's tensor names (`blk.N.attn_q.weight`, `attn_qkv`, ...;
     not `attn_norm`)."""

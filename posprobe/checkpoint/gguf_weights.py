@@ -251,6 +251,12 @@ def meta_model(config: dict):
                 return build(cfg)
         except (ValueError, KeyError) as err:  # the auto class has no entry for this model type
             last = err
+        except Exception as err:  # the model class fails on the config (a size of 0, a number that is a string)
+            raise PosprobeError(
+                f"transformers cannot build a model from the GGUF metadata of '{config.get('_name_or_path')}' "
+                f"({type(err).__name__}: {first_line(err, 160)})",
+                GGUF_HINT,
+            ) from err
     raise PosprobeError(
         f"transformers has no model class for the GGUF model type '{config['model_type']}'", GGUF_HINT
     ) from last

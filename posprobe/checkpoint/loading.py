@@ -42,9 +42,26 @@ def check_before_load(source: ModelSource) -> None:
         from posprobe.checkpoint.safetensors_format import read_header
         from posprobe.checkpoint.weights import WeightReader
 
-        WeightReader(source.path, "safetensors")  # the files transformers will read, and the index, checked
+        reader = WeightReader(source.path, "safetensors")  # the files transformers will read, and the index, checked
         for file in sorted(source.path.glob("*.safetensors")):  # and any other it might pick instead
             read_header(file)
+        _check_layer_bound(source, len(list(reader.keys())))
+
+
+def _check_layer_bound(source: ModelSource, n_tensors: int) -> None:
+    """A config claiming more layers than the checkpoint has tensors (every layer stores at least one of its own;
+    ALBERT's shared layers are fewer than its tensors too) is refused before transformers builds them: a crafted
+    num_hidden_layers = 2**31 had it build layers until memory ran out."""
+    from posprobe.checkpoint.config import config_where
+
+    for key in ("num_hidden_layers", "n_layer", "n_layers", "num_layers"):
+        layers = source.config.get(key)
+        if isinstance(layers, int) and layers > max(n_tensors, 1):
+            raise PosprobeError(
+                f"{config_where(source.name)} gives {key} = {layers}, more layers than its weights hold tensors "
+                f"({n_tensors})",
+                "the config and the weights come from different models; download the checkpoint again",
+            )
 
 
 @contextlib.contextmanager
@@ -121,11 +138,28 @@ def build_model(source: ModelSource, model_class=None, *, verbose: bool = False,
     check_before_load(source)
     with quiet_libraries(verbose), _quiet_gguf_progress(source.weight_format == "gguf" and not verbose):
         try:
-            model = model_class.from_pretrained(str(folder), **kwargs)
+            model, info = model_class.from_pretrained(str(folder), output_loading_info=True, **kwargs)
         except Exception as err:  # transformers, safetensors, torch and config classes raise many types
             raise load_failure(source, err) from err
+    check_complete(model, info.get("missing_keys") or (), source.name)
     check_finite(model, source.name)
     return model
+
+
+def check_complete(model, missing_keys, name: str) -> None:
+    """Refuse a model built with base-model weights missing from the checkpoint: transformers fills them with
+    random values and only logs it, so a file that lost a tensor (a crafted or cut-down file, a GGUF file whose
+    header lists fewer tensors) would be measured as if it were trained. A task head (classifier, score) and
+    the pooler are expected to be missing from a base checkpoint and are not refused."""
+    prefix = "" if getattr(model, "base_model", model) is model else f"{model.base_model_prefix}."
+    lost = sorted(k for k in missing_keys if k.startswith(prefix) and "pooler" not in k.split("."))
+    if lost:
+        shown = ", ".join(f"'{k}'" for k in lost[:2]) + (f" and {len(lost) - 2} more" if len(lost) > 2 else "")
+        raise PosprobeError(
+            f"'{name}' lacks {len(lost)} weight tensor{'s' if len(lost) > 1 else ''} its model needs ({shown}); "
+            f"transformers would fill {'them' if len(lost) > 1 else 'it'} with random values",
+            "the file is incomplete or belongs to another model; download or convert it again",
+        )
 
 
 @contextlib.contextmanager
@@ -159,7 +193,27 @@ def load_tokenizer(
     if path.suffix.lower() == ".gguf" and path.is_file():
         path, kwargs["gguf_file"] = path.parent, path.name
     try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False, **kwargs)
     except Exception as err:  # missing files, unreadable json, unknown tokenizer class: all "no tokenizer here"
-        reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        reason = first_line(err, 160)
+        if isinstance(err, (KeyError, AttributeError, TypeError, ValueError)):  # a field missing or of a wrong type
+            reason = f"{type(err).__name__}: {reason}"
         raise PosprobeError(f"no usable tokenizer in '{where}' ({reason})", hint) from err
+    _check_vocabulary(tokenizer, where, hint)
+    return tokenizer
+
+
+def _check_vocabulary(tokenizer, where: Path, hint: str) -> None:
+    """Refuse a tokenizer whose vocabulary holds its special tokens only: transformers builds one from a
+    tokenizer_config.json whose tokenizer.json / vocab.txt is missing (a download cut short), and it turns every
+    word into the unknown token, so every text would measure the same [UNK] sequence."""
+    try:
+        size, special = len(tokenizer), set(tokenizer.all_special_ids)
+    except Exception:  # a tokenizer class without these (none known): nothing to check
+        return
+    if size <= len(special):
+        raise PosprobeError(
+            f"the tokenizer in '{where}' has no vocabulary, only its {size} special tokens (its tokenizer.json "
+            "or vocab.txt is missing), so every word would be the unknown token",
+            hint,
+        )

@@ -177,6 +177,9 @@ def _download(
         "or pass a local folder (e.g. one written by `save_pretrained`)"
     )
     what = f"'{repo_id}'" if revision is None else f"'{repo_id}' (revision '{revision}')"
+    suggestion = packaged_suggestion(repo_id)
+    if suggestion:
+        offline_hint = f"did you mean the packaged model '{suggestion}'? Otherwise " + offline_hint
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns, revision=revision))
     except GatedRepoError as err:
@@ -190,9 +193,9 @@ def _download(
             f"'{repo_id}' has no revision '{revision}' on the hub", "check the branch, tag or commit name"
         ) from err
     except RepositoryNotFoundError as err:
-        raise PosprobeError(
-            f"no model '{repo_id}' exists on the hub (or it is private)", "check the id, or pass a local folder"
-        ) from err
+        hint = "check the id, or pass a local folder"
+        hint = f"did you mean the packaged model '{suggestion}'?" if suggestion else hint
+        raise PosprobeError(f"no model '{repo_id}' exists on the hub (or it is private)", hint) from err
     except (LocalEntryNotFoundError, OfflineModeIsEnabled) as err:
         if _offline():
             raise PosprobeError(
@@ -203,15 +206,32 @@ def _download(
         raise PosprobeError(f"could not fetch '{repo_id}' from the hub ({type(err).__name__})", offline_hint) from err
 
 
+def packaged_suggestion(name: str) -> str | None:
+    """The packaged model a mistyped name most likely meant ('smollm2-135m-instruct', 'SmolLM2-135M',
+    'all-minilm-l6-v2'), or None: the same name in another case, a name it begins, or a close spelling."""
+    import difflib
+
+    lowered = {key.lower(): key for key in PACKAGED}
+    wanted = name.strip().lower()
+    if wanted in lowered:
+        return lowered[wanted]
+    starts = [key for low, key in lowered.items() if len(wanted) >= 6 and low.startswith(wanted)]
+    if starts:
+        return starts[0]
+    close = difflib.get_close_matches(wanted, list(lowered), n=1, cutoff=0.75)
+    return lowered[close[0]] if close else None
+
+
 def _inspect_gguf(name: str, file: Path, require_weights: bool = True) -> ModelSource:
     """A GGUF checkpoint: header checked first, then its config through transformers' GGUF mapping."""
     from posprobe.checkpoint.gguf_format import read_gguf_header
-    from posprobe.checkpoint.gguf_source import gguf_config, quantization
+    from posprobe.checkpoint.gguf_source import check_block_count, gguf_config, quantization
 
     header = read_gguf_header(file)
     if require_weights and not header.tensors:
         raise PosprobeError(f"'{file}' holds no tensors (a vocabulary-only GGUF file)", "pass a GGUF file of a model")
     config = validate_config(gguf_config(header, name), name)
+    check_block_count(header, config, name)
     return ModelSource(name, file, config, "gguf", quantization(header))
 
 

@@ -64,6 +64,28 @@ def _register_commands() -> None:
 
     for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states):
         module.register(app)
+    for command in app.registered_commands:
+        if command.help is None and command.callback is not None:
+            command.help = reflow_help(command.callback.__doc__ or "")
+
+
+def reflow_help(doc: str) -> str:
+    """A command's docstring as `--help` shows it: each paragraph on one line, for rich to wrap at the terminal's
+    width (in rich markup mode typer keeps the source's line breaks, so a 116-column docstring line broke into a
+    full line and a one-word line at 80-120 columns). Paragraphs stay apart; a line opening with '- ' keeps its own
+    line (a list)."""
+    import inspect
+
+    paragraphs = []
+    for paragraph in inspect.cleandoc(doc).split("\n\n"):
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            if lines and not line.startswith("- "):
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line.strip())
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
 
 
 _register_commands()
@@ -130,6 +152,7 @@ def _is_usage_error(err: Exception) -> bool:
 def _usage_line(err: Exception) -> str:
     """A click usage error as one line: what is wrong — where to look (`posprobe COMMAND --help`)."""
     message = " ".join(str(err.format_message()).split()) if hasattr(err, "format_message") else str(err)
+    message = message.replace("Value error, ", "").rstrip(".")  # pydantic-style wording inside click's choice error
     context = getattr(err, "ctx", None)
     command = getattr(context, "command_path", None) or "posprobe"
     return f"{message} — see `{command} --help`"

@@ -25,7 +25,9 @@ from posprobe.outputs import default_out
 
 
 def register(app: typer.Typer) -> None:
-    app.command("attention")(attention)
+    app.command("attention", short_help="Attention profiles, distances and sinks on real texts, per layer and head.")(
+        attention
+    )
 
 
 def _check_writable(out: Path) -> None:
@@ -98,12 +100,9 @@ def attention(
     out_dir = Path(out if out is not None else default_out("attention", source.label)).expanduser()
     _check_writable(out_dir)
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from posprobe.cli.console import text_progress
 
-    with Progress(
-        TextColumn("texts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=True
-    ) as bar:
-        task = bar.add_task("texts", total=total)
+    with text_progress(total) as advance:
         result = attention_profiles(
             str(source.path) if model is not None else None,
             iter_texts(text, column),
@@ -114,7 +113,7 @@ def attention(
             min_pairs=min_pairs,
             device=device,
             allow_pickle=allow_pickle,
-            progress=lambda k: bar.advance(task, k),
+            progress=advance,
             text_source=str(text),
             stack=stack.value,
         )
@@ -129,7 +128,20 @@ def attention(
 
 
 def _print(result, written) -> None:
-    console.print(distance_table(result))
+    import numpy as np
+
+    fmt = lambda v: "—" if not np.isfinite(v) else f"{v:.2f}"  # noqa: E731
+    medians = lambda a: [fmt(np.nanmedian(row)) if np.isfinite(row).any() else "—" for row in a]  # noqa: E731
+    title = (
+        f"Mean attention distance (tokens) — {result.model}, {result.n_texts} texts, max length "
+        f"{result.max_length}{', causal' if result.causal else ''}"
+    )
+    # a column per layer while the table fits the terminal (8 layers at 80 columns), else a row per layer
+    if 12 + 8 * result.n_layers <= max(console.width, 80):
+        table = _heads_by_layers(result, title, fmt, medians)
+    else:
+        table = _layers_summary(result, title, fmt, medians)
+    console.print(table)
     console.print(
         "[dim]R² M: median over heads of the mean score matrix's Toeplitz R²; r weights: median Pearson r between "
         f"s(k) and the weights-based profile ({result.weights_note}) over the offsets with at least "
@@ -139,46 +151,43 @@ def _print(result, written) -> None:
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
 
 
-def distance_table(result):
-    """A title line and a table of the mean attention distance of every head and layer, with the per-layer medians
-    of the mean score matrix's Toeplitz R² and of the weights correlation: layers as columns (heads as rows) where
-    there are fewer layers than heads, else layers as rows, so that 6 x 12 (MiniLM) and 30 x 9 (SmolLM2) both fit in
-    80 columns (30 layer columns squeezed every cell of SmolLM2's table to nothing)."""
-    import numpy as np
-    from rich import box
-    from rich.console import Group
+def _heads_by_layers(result, title: str, fmt, medians):
+    """Every head's mean distance: a row per head, a column per layer, the layer medians below."""
     from rich.table import Table
-    from rich.text import Text
 
     p = result.profiles
-    title = Text(  # above the table, not its title: a narrow table would wrap it
-        f"Mean attention distance (tokens) — {result.model}, {result.n_texts} texts, max length "
-        f"{result.max_length}{', causal' if result.causal else ''}"
-    )
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False)  # borderless, one space between columns
-    fmt = lambda v: "—" if not np.isfinite(v) else f"{v:.2f}"  # noqa: E731
-    median = lambda row: fmt(np.nanmedian(row)) if np.isfinite(row).any() else "—"  # noqa: E731
-    summaries = [("R² M", p.toeplitz_r2)]
-    if result.weights_correlation is not None:
-        summaries.append(("r weights", result.weights_correlation))
-    if result.n_layers < result.n_heads:
-        table.add_column("head", justify="right")
-        for layer in range(result.n_layers):
-            table.add_column(f"L{layer}", justify="right", no_wrap=True)
-        for h in range(result.n_heads):
-            table.add_row(f"h{h}", *[fmt(v) for v in p.mean_distance[:, h]])
-        for name, values in summaries:
-            table.add_row(name, *[median(row) for row in values], style="bold")
-        return Group(title, table)
-    table.add_column("layer", justify="right")
-    for h in range(result.n_heads):
-        table.add_column(f"h{h}", justify="right", no_wrap=True)
-    for name, _ in summaries:
-        table.add_column(name, justify="right", style="bold", no_wrap=True)
+    table = Table(title=title, title_justify="left")
+    table.add_column("head", justify="right")
     for layer in range(result.n_layers):
-        cells = [fmt(v) for v in p.mean_distance[layer]] + [median(values[layer]) for _, values in summaries]
-        table.add_row(f"L{layer}", *cells)
-    return Group(title, table)
+        table.add_column(f"L{layer}", justify="right")
+    for h in range(result.n_heads):
+        table.add_row(f"h{h}", *[fmt(v) for v in p.mean_distance[:, h]])
+    table.add_row("R² M", *medians(p.toeplitz_r2), style="bold")
+    if result.weights_correlation is not None:
+        table.add_row("r weights", *medians(result.weights_correlation), style="bold")
+    return table
+
+
+def _layers_summary(result, title: str, fmt, medians):
+    """Too many layers for a column each (SmolLM2's 30 made 30 empty columns at 80): a row per layer with the
+    median, smallest and largest distance over its heads (every head's in mean_distance.png and --json)."""
+    import numpy as np
+    from rich.table import Table
+
+    p = result.profiles
+    table = Table(title=title + " — over heads; each head in mean_distance.png", title_justify="left")
+    names = ["layer", "median", "min", "max", "R² M"] + (
+        ["r weights"] if result.weights_correlation is not None else []
+    )
+    for name in names:
+        table.add_column(name, justify="right")
+    extreme = lambda f, row: fmt(f(row)) if np.isfinite(row).any() else "—"  # noqa: E731
+    r2 = medians(p.toeplitz_r2)
+    r = medians(result.weights_correlation) if result.weights_correlation is not None else None
+    for layer, row in enumerate(p.mean_distance):
+        cells = [medians([row])[0], extreme(np.nanmin, row), extreme(np.nanmax, row), r2[layer]]
+        table.add_row(f"L{layer}", *cells, *([r[layer]] if r is not None else []))
+    return table
 
 
 def _print_sinks(result) -> None:

@@ -52,6 +52,24 @@ def progress_reporter(description: str):
         yield report
 
 
+@contextmanager
+def text_progress(total: int | None):
+    """A progress bar over texts on stderr, yielding an `advance(k)` callback (k texts more done).
+
+    Drawn only when stderr is a terminal: rich's live display, even transient, ends with a blank line on a pipe or
+    a log file, so off a terminal the callback does nothing and nothing at all is written."""
+    if not console.is_terminal:
+        yield lambda k: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(
+        TextColumn("texts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=True
+    ) as bar:
+        task = bar.add_task("texts", total=total)
+        yield lambda k: bar.advance(task, k)
+
+
 UNDEFINED_R2 = "undefined (constant matrix)"
 UNDEFINED_MARK = "—"
 

@@ -42,7 +42,7 @@ from posprobe.outputs import default_out
 
 
 def register(app: typer.Typer) -> None:
-    app.command("rotary")(rotary)
+    app.command("rotary", short_help="Query and key norm in each rotary frequency band, per layer and head.")(rotary)
 
 
 def rotary(

@@ -20,13 +20,16 @@ from typing import Annotated
 
 import typer
 
-from posprobe.cli.console import console, emit_json
+from posprobe.cli.console import console, emit_json, text_progress
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt, parse_int_list
 from posprobe.outputs import default_out
 
 
 def register(app: typer.Typer) -> None:
-    app.command("states")(states)
+    app.command(
+        "states",
+        short_help="Where position lives in the hidden states: positional vectors, probes, massive activations.",
+    )(states)
 
 
 def states(
@@ -76,6 +79,7 @@ def states(
     position (5 folds by text, held-out R² and MAE) with a permuted-position control; and the massive activations
     (largest |activation|, where, its ratio to the median, which tokens hold them). With --checkpoints: each
     number against the training step."""
+    from posprobe.cli.text_input import check_min_texts
     from posprobe.errors import PosprobeError
     from posprobe.texts import check_texts, iter_texts
     from posprobe.validation import as_int
@@ -94,6 +98,7 @@ def states(
             "--checkpoints replaces MODEL and --revision", "pass MODEL [--revision R], or --checkpoints A,B,... alone"
         )
     total = check_texts(text, column, max_texts)
+    check_min_texts(min_texts, total, text, "the positional vectors")
     settings = dict(
         max_length=max_length,
         max_texts=max_texts,
@@ -118,7 +123,7 @@ def states(
     from posprobe.pipelines.states import states as run_states
     from posprobe.pipelines.states_result import write_states
 
-    with _bar(total) as advance:
+    with text_progress(total) as advance:
         result = run_states(
             str(source.path) if model is not None else None, iter_texts(text, column), progress=advance, **settings
         )
@@ -141,7 +146,7 @@ def _series(checkpoints: str, text: str, column, total: int, settings: dict, out
     first = items[0].model if items[0].revision is not None else str(Path(items[0].model).parent.name or "series")
     out_dir = Path(out if out is not None else default_out("states-series", first)).expanduser()
     _check_writable(out_dir)
-    with _bar(total * len(items)) as advance:
+    with text_progress(total * len(items)) as advance:
         series = states_series(
             [c.model if c.revision is None else f"{c.model}@{c.revision}" for c in items],
             lambda: iter_texts(text, column),
@@ -155,27 +160,6 @@ def _series(checkpoints: str, text: str, column, total: int, settings: dict, out
     _print_series(series, written)
 
 
-class _bar:
-    """A progress bar over texts on stderr (shown only on a terminal); `with _bar(total) as advance`."""
-
-    def __init__(self, total: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.progress = Progress(
-            TextColumn("texts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console,
-            transient=True,
-        )  # fmt: skip
-        self.total = total
-
-    def __enter__(self):
-        self.progress.__enter__()
-        task = self.progress.add_task("texts", total=self.total)
-        return lambda k: self.progress.advance(task, k)
-
-    def __exit__(self, *exc):
-        return self.progress.__exit__(*exc)
-
-
 def _fmt(value, digits: int = 2) -> str:
     import numpy as np
 
@@ -184,6 +168,8 @@ def _fmt(value, digits: int = 2) -> str:
 
 def _print(result, written) -> None:
     from rich.table import Table
+
+    from posprobe.analysis.position_probe import N_FOLDS
 
     numbers = result.per_layer()
     m = result.massive
@@ -216,6 +202,11 @@ def _print(result, written) -> None:
         f"{result.probes.n_sample} sampled tokens); VVᵀ: Toeplitz R² of the positional vectors' Gram matrix; |v|: "
         "their mean norm; max|h| at position i, channel c, on token; ratio: max|h| / median |h|[/dim]"
     )
+    if result.n_texts < N_FOLDS:
+        console.print(
+            f"[dim]R², ctrl, MAE: — (undefined): the probe holds out each of {N_FOLDS} folds of texts in turn, and "
+            f"{result.n_texts} texts leave a fold empty; pass at least {N_FOLDS} texts[/dim]"
+        )
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
 
 

@@ -63,7 +63,25 @@ def check_text_options(text: str | None, **options) -> int | None:
     for name in ("max_texts", "batch_size", "min_texts"):
         if options.get(name) is not None:
             as_int(options[name], name, minimum=1)
-    return check_texts(text, options.get("column"), options.get("max_texts"))
+    if options.get("max_length") is not None:
+        as_int(options["max_length"], "max_length", minimum=2)
+    total = check_texts(text, options.get("column"), options.get("max_texts"))
+    if options.get("input") == TextInput.position_mean:
+        check_min_texts(options.get("min_texts") or DEFAULT_MIN_TEXTS, total, text, "position-mean")
+    return total
+
+
+def check_min_texts(min_texts: int, total: int, text: str, who: str) -> None:
+    """Refuse, before any model is read, a `--min-texts` above the number of texts: no position can then be reached
+    by that many texts (`who` says what would have been left without positions)."""
+    from posprobe.errors import ArgumentValueError
+
+    if min_texts > total:
+        raise ArgumentValueError(
+            "min_texts",
+            f"{who} use only positions reached by at least {{arg={min_texts}}} texts, and '{text}' gives only {total}",
+            f"pass {{arg}} {total} or less, or more texts",
+        )
 
 
 @contextmanager
@@ -73,20 +91,15 @@ def text_run(text: str | None, total: int | None, **options) -> Iterator[dict]:
     if text is None:
         yield {}
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from posprobe.cli.console import console
+    from posprobe.cli.console import text_progress
     from posprobe.texts import iter_texts
 
     column = options.pop("column", None)
     kwargs = {name: value for name, value in options.items() if value is not None}
     if isinstance(kwargs.get("input"), Enum):
         kwargs["input"] = kwargs["input"].value
-    with Progress(
-        TextColumn("texts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=True
-    ) as bar:
-        task = bar.add_task("texts", total=total)
-        yield kwargs | {"texts": iter_texts(text, column), "progress": lambda k: bar.advance(task, k)}
+    with text_progress(total) as advance:
+        yield kwargs | {"texts": iter_texts(text, column), "progress": advance}
 
 
 def with_text_source(result, text: str | None):

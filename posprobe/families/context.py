@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from posprobe.checkpoint.config import config_hint, config_where
 from posprobe.errors import PosprobeError
 from posprobe.families import table as T
 from posprobe.families.embeddings import EmbeddingReader, PositionTable, apply_norm
@@ -94,6 +95,21 @@ class ModelContext(EmbeddingReader):
         self.qkv = T.qkv_layout(self.family, self.config)[0]
         self.cache: dict = {}  # what score functions compute once for every layer (e.g. rotary angles)
         self.layer_inputs: dict[int, np.ndarray] | None = None  # data-conditioned inputs (SPEC §13), see below
+        self._check_layer_count()
+
+    def _check_layer_count(self) -> None:
+        """The config's layer count L must be the weights': where layer 0's query weight is found but layer
+        L - 1's is not, the config claims layers the checkpoint lacks (2**31 from a crafted file had every
+        analysis loop over them before reading a weight)."""
+        query, last = self.family.query + ".weight", self.stored_layer(self.shape.layers - 1)
+        if last == 0 or self.key(query, 0) is None or self.key(query, last) is not None:
+            return
+        held = next(n for n in range(1, last + 1) if self.key(query, n) is None)  # first missing layer
+        raise PosprobeError(
+            f"{config_where(self.source.name)} gives {self.shape.layers} layers, but the weights hold the query "
+            f"weights of layers 0..{held - 1} only",
+            config_hint(self.source.name, MIXED_HINT),
+        )
 
     # -- what the model is --------------------------------------------------------------------------
     @property
@@ -182,7 +198,7 @@ class ModelContext(EmbeddingReader):
             suffix = pattern.format(l=layer, stack=stack)
             raise PosprobeError(
                 f"checkpoint '{self.source.name}' has no tensor named '*{suffix}' for a {self.source.model_type} model",
-                "the weights do not match config.json; re-save the checkpoint",
+                config_hint(self.source.name, "the weights do not match config.json; re-save the checkpoint"),
             )
         return self.reader.get(key)
 
@@ -232,9 +248,10 @@ class ModelContext(EmbeddingReader):
         width = q[0].shape[1] if q is not None else None
         if q is None or k[0].shape[1] != width or width != self.attention_width:
             raise PosprobeError(
-                f"query/key weights of '{self.source.name}' layer {layer} do not match config.json "
-                f"({s.heads} heads of size {s.head_dim}, {s.kv_heads} key heads)",
-                MIXED_HINT,
+                f"query/key weights of '{self.source.name}' layer {layer} do not match "
+                f"{config_where(self.source.name).split(' of ')[0]} ({s.heads} heads of size {s.head_dim}, "
+                f"{s.kv_heads} key heads)",
+                config_hint(self.source.name, MIXED_HINT),
             )
         if "q_bias" in f.tensors:  # a query bias stored apart from the projection (DeBERTa v1)
             q = q[0], self.tensor(f.tensors["q_bias"], stored, stack).reshape(s.heads, s.head_dim)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from posprobe.checkpoint.config import config_int
+from posprobe.checkpoint.config import config_hint, config_int, config_where
 from posprobe.errors import PosprobeError
 from posprobe.families import table as T
 from posprobe.families.table import config_default
@@ -37,15 +37,17 @@ class Shape:
 def config_size(config: dict, name: str | None, what: str, default=None, required: bool = True) -> int | None:
     """Size `what` (a `table.CONFIG_KEYS` entry: 'heads', 'hidden', ...) under whatever name the config uses, a
     whole number >= 1; `default` (or None when not `required`) if absent. `name` names the checkpoint in errors."""
-    where = f"config.json of '{name}'" if name else "the config"
+    where = config_where(name) if name else "the config"
     value = T.config_value(config, what)
     if value is None:
         if default is not None or not required:
             return default
-        raise PosprobeError(f"{where} has no {what} field (looked for {', '.join(T.CONFIG_KEYS[what])})", CONFIG_HINT)
+        raise PosprobeError(
+            f"{where} has no {what} field (looked for {', '.join(T.CONFIG_KEYS[what])})", config_hint(name or "")
+        )
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         key = next(k for k in T.CONFIG_KEYS[what] if config.get(k) is not None)
-        raise PosprobeError(f"{where} has {key} = {value!r}, expected a whole number >= 1", CONFIG_HINT)
+        raise PosprobeError(f"{where} has {key} = {value!r}, expected a whole number >= 1", config_hint(name or ""))
     return value
 
 
@@ -59,25 +61,25 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
     head_dim = config_size(config, name, "head_dim", default=width // heads)
     if T.config_value(config, "head_dim") is None and width % heads:
         raise PosprobeError(
-            f"config.json of '{name}' has hidden size {width} not divisible by {heads} heads",
-            "the config is malformed; re-save the checkpoint",
+            f"{config_where(name)} has hidden size {width} not divisible by {heads} heads",
+            config_hint(name, "the config is malformed; re-save the checkpoint"),
         )
     if heads % kv_heads:
         raise PosprobeError(
-            f"config.json of '{name}' has {heads} query heads, not a multiple of {kv_heads} key/value heads",
-            "the config is malformed; re-save the checkpoint",
+            f"{config_where(name)} has {heads} query heads, not a multiple of {kv_heads} key/value heads",
+            config_hint(name, "the config is malformed; re-save the checkpoint"),
         )
     eps = family.eps if family.eps is not None else T.config_value(config, "eps")  # the family's code decides first
     if eps is None:  # a hand-written config: its transformers config's default
         eps = config_default(config, T.CONFIG_KEYS["eps"])
         if eps is None:
             raise PosprobeError(
-                f"config.json of '{name}' gives no norm epsilon (looked for {', '.join(T.CONFIG_KEYS['eps'])})",
-                "add the model's layer_norm_eps / rms_norm_eps to config.json",
+                f"{config_where(name)} gives no norm epsilon (looked for {', '.join(T.CONFIG_KEYS['eps'])})",
+                config_hint(name, "add the model's layer_norm_eps / rms_norm_eps to config.json"),
             )
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0 or not math.isfinite(eps):
         raise PosprobeError(
-            f"config.json of '{name}' has a norm epsilon {eps!r}, expected a positive number", CONFIG_HINT
+            f"{config_where(name)} has a norm epsilon {eps!r}, expected a positive number", config_hint(name)
         )
     positions = T.config_value(config, "positions")
     positions = config_size(config, name, "positions") if positions is not None else None
@@ -103,7 +105,7 @@ def reserved_rows(config: dict, name: str) -> int:
     pad = config_int(config, name, "pad_token_id", default=1, minimum=0, nullable=True)
     if pad is None:
         raise PosprobeError(
-            f"config.json of '{name}' has pad_token_id null, but a {config.get('model_type')} position table "
+            f"{config_where(name)} has pad_token_id null, but a {config.get('model_type')} position table "
             "reserves pad_token_id + 1 leading rows",
             "set pad_token_id in config.json (1 for RoBERTa, XLM-R and CamemBERT)",
         )
@@ -112,5 +114,5 @@ def reserved_rows(config: dict, name: str) -> int:
 
 def mixed_checkpoint(name: str, what: str, config_says, weights_hold) -> PosprobeError:
     """The error for a config.json that disagrees with the weights beside it."""
-    return PosprobeError(f"config.json of '{name}' says {what} {config_says} but the weights hold {weights_hold}",
-                         MIXED_HINT)  # fmt: skip
+    return PosprobeError(f"{config_where(name)} says {what} {config_says} but the weights hold {weights_hold}",
+                         config_hint(name, MIXED_HINT))  # fmt: skip

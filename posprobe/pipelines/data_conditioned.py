@@ -158,7 +158,8 @@ def condition_reader(
         "input": settings.input,
         "text": settings.text_source,
         "n_texts": summary.n_texts,
-        "n_tokens": means.n_tokens,
+        # the tokens averaged into the analysed inputs: position-mean uses only positions 0..n-1
+        "n_tokens": int(means.texts_at[: conditioned.n].sum()) if settings.per_position else means.n_tokens,
         "max_length": max_length,
         "longest_text": summary.longest,
         "layers": list(layers),
