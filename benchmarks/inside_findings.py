@@ -2,13 +2,15 @@
 what heads do on text, for the embedding-level input e_w (SPEC §9 / faithful §3) and the data-conditioned inputs
 (SPEC §13), and where SmolLM2's query/key norm sits among the rotary bands (SPEC §15).
 
-For a model and the first `--texts` CoLA validation sentences: the empirical score profiles s(k) of `posprobe
-attention` (SPEC §10), and per head the Pearson r between s(k) and each weights-based profile over the offsets k with
-at least `--min-pairs` pairs (causal models have none at k > 0); per layer the mean r over heads. Also the cosine
-between each layer's mean input x_l and the embedding-level input e_w (after the layer's own norm, as the
-projections see them), and, for a rotary model, the rotary bands of the content-free input and of the texts.
+For a model and the first `--texts` CoLA validation sentences (or texts of `--text FILE`, with `--column` for a
+.jsonl/.csv): the empirical score profiles s(k) of `posprobe attention` (SPEC §10), and per head the Pearson r
+between s(k) and each weights-based profile over the offsets k with at least `--min-pairs` pairs (causal models have
+none at k > 0); per layer the mean r over heads. Also the cosine between each layer's mean input x_l and the
+embedding-level input e_w (after the layer's own norm, as the projections see them), and, for a rotary model, the
+rotary bands of the content-free input and of the texts.
 
     python benchmarks/inside_findings.py MODEL [--texts 200] [--max-length 128] [--min-pairs 100] [--json FILE]
+        [--text FILE [--column NAME]]
 """
 
 from __future__ import annotations
@@ -53,13 +55,16 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--min-pairs", type=int, default=100)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--text", default=None, help="texts instead of CoLA validation (.txt, .jsonl/.csv)")
+    parser.add_argument("--column", default=None, help="the column of a .jsonl/.csv --text")
     args = parser.parse_args()
     import posprobe
     from posprobe.pipelines.score_reader import open_model
     from posprobe.texts import iter_texts
 
     model = None if args.model in ("", "none", "minilm") else args.model
-    texts = [t for t, _ in zip(iter_texts(COLA, "sentence"), range(args.texts))]
+    source = (args.text, args.column) if args.text else (COLA, "sentence")
+    texts = [t for t, _ in zip(iter_texts(*source), range(args.texts))]
     n = args.max_length
     attention = posprobe.attention_profiles(model, texts, max_length=n, weights_correlation=False)
     p = attention.profiles

@@ -1,8 +1,30 @@
 #!/bin/sh
 # Regenerate the README's figures (run from the repository root with the project's virtualenv active).
 # These are the only commands that write into figures/; default runs write into the git-ignored posprobe-out/.
+# GLUE: the folder holding the GLUE tasks as .jsonl (default ../shared/data/glue, beside the repository).
+# Not here: figures/kernels/ and figures/states/minilm-cola-series/ need a fine-tune first (figures/README.md).
 set -e
+GLUE=${GLUE:-../shared/data/glue}
+COLA=$GLUE/cola/validation.jsonl
+SMOL=SmolLM2-135M-Instruct
+
+# all-MiniLM-L6-v2, the packaged default: from its weights
 posprobe toeplitz --out figures/toeplitz/all-MiniLM-L6-v2
 posprobe fhat --out figures/fhat/all-MiniLM-L6-v2
 posprobe profiles --layers 0 --out figures/profiles/all-MiniLM-L6-v2
 posprobe fit-tisa --out figures/fit-tisa/all-MiniLM-L6-v2
+# ... and on text (figures/attention/README.md, figures/states/README.md)
+posprobe attention --text "$COLA" --column sentence --out figures/attention/all-MiniLM-L6-v2-cola
+posprobe attention --text "$GLUE/sst2/validation.jsonl" --column sentence \
+    --out figures/attention/all-MiniLM-L6-v2-sst2
+posprobe states --text "$COLA" --column sentence --out figures/states/all-MiniLM-L6-v2-cola
+
+# SmolLM2-135M-Instruct, the packaged rotary causal LLM (Q4_1 GGUF): the README's "A real rotary LLM"
+posprobe profiles $SMOL --layers 0,15,29 --out figures/profiles/$SMOL
+posprobe fit-tisa $SMOL --layers 0,15,29 --out figures/fit-tisa/$SMOL
+posprobe profiles $SMOL --layers 0,15,29 --text "$COLA" --column sentence --max-texts 200 \
+    --out figures/profiles/$SMOL-cola
+posprobe attention $SMOL --text "$COLA" --column sentence --max-texts 200 --out figures/attention/$SMOL-cola
+posprobe rotary $SMOL --layers 0,4,8,12,16,20,24,29 --text "$COLA" --column sentence --max-texts 200 \
+    --out figures/rotary/$SMOL-cola
+posprobe states $SMOL --text "$COLA" --column sentence --out figures/states/$SMOL-cola

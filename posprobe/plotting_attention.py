@@ -12,16 +12,20 @@ from posprobe.plotting import _figure, _grid, quantization_note
 
 
 def profile_grid(result, layer: int, window: int = 20):
-    """One panel per head of `layer` over k = j - i in -window..window: the score profile s(k) (black, left
-    axis), the probability profile a(k) (blue, right axis) and, where it exists, the weights-based profile
-    (grey dashes) shifted and scaled to s(k)'s mean and spread over the window, so shapes can be compared."""
+    """One panel per head of `layer` over k = j - i in -window..window (a causal model's -window..0: it has no pairs
+    at k > 0): the score profile s(k) (black, left axis), the probability profile a(k) (blue, right axis) and, where
+    it exists, the weights-based profile (grey dashes) shifted and scaled to s(k)'s mean and spread over the window,
+    so shapes can be compared. One legend for the page, above the panels."""
+    from matplotlib.lines import Line2D
+
     p = result.profiles
     n = result.max_length
     w = max(1, min(int(window), n - 1))
-    sl = slice(n - 1 - w, n + w)
+    causal = bool(getattr(result, "causal", False))
+    sl = slice(n - 1 - w, n if causal else n + w)
     ks = p.offsets[sl]
     rows, cols = _grid(result.n_heads)
-    fig = _figure(2.9 * cols, 2.3 * rows + 0.7)
+    fig = _figure(2.9 * cols, 2.3 * rows + 1.1)
     axes = fig.subplots(
         rows,
         cols,
@@ -30,36 +34,48 @@ def profile_grid(result, layer: int, window: int = 20):
             left=0.05,
             right=0.95,
             bottom=0.35 / fig.get_figheight(),
-            top=1 - 0.65 / fig.get_figheight(),
+            top=1 - 1.05 / fig.get_figheight(),
             wspace=0.45,
             hspace=0.5,
         ),
     )
+    weights_drawn = False
     for h, ax in enumerate(axes.flat):
         if h >= result.n_heads:
             ax.axis("off")
             continue
         s = p.score_profiles[layer, h, sl]
-        ax.plot(ks, s, color="black", lw=1.5, label="score s(k)")
+        ax.plot(ks, s, color="black", lw=1.5)
         if result.weights_profiles is not None:
             f = result.weights_profiles[layer, h, sl]
             ok = np.isfinite(s) & np.isfinite(f)
             if ok.sum() > 1 and np.std(f[ok]) > 0:
                 scaled = (f - f[ok].mean()) / np.std(f[ok]) * np.std(s[ok]) + s[ok].mean()
-                ax.plot(ks, scaled, color="grey", lw=1.0, ls="--", label="weights (rescaled)")
+                ax.plot(ks, scaled, color="grey", lw=1.0, ls="--")
+                weights_drawn = True
         twin = ax.twinx()
-        twin.plot(ks, p.prob_profiles[layer, h, sl], color="tab:blue", lw=1.0, label="prob a(k)")
+        twin.plot(ks, p.prob_profiles[layer, h, sl], color="tab:blue", lw=1.0)
         twin.tick_params(labelsize=6, colors="tab:blue")
         ax.axvline(0, color="grey", lw=0.5)
+        ax.set_xlim(ks[0] - 0.5, ks[-1] + 0.5)
         r = "" if result.weights_correlation is None else _r(result.weights_correlation[layer, h])
         ax.set_title(f"head {h}: dist {_f(p.mean_distance[layer, h])}{r}", fontsize=8)
         ax.tick_params(labelsize=6)
-    axes.flat[0].legend(fontsize=5, loc="upper left")
+    handles = [
+        Line2D([], [], color="black", lw=1.5, label="mean score s(k) (left axis)"),
+        Line2D([], [], color="tab:blue", lw=1.0, label="mean probability a(k) (right axis)"),
+    ]
+    if weights_drawn:
+        label = "weights-based profile (input e_w), rescaled to s(k)"
+        handles.append(Line2D([], [], color="grey", lw=1.0, ls="--", label=label))
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.55 / fig.get_figheight()),
+               ncol=len(handles), fontsize=7, frameon=False)  # fmt: skip
     special = ", special tokens excluded" if result.exclude_special else ""
+    side = "; causal: no pairs at k > 0" if causal else ""
+    r_note = "" if result.weights_correlation is None else "; r: Pearson r of s(k) and the weights-based profile"
     fig.suptitle(
         f"{result.model}{quantization_note(result)}: empirical profiles, layer {layer} — {result.n_texts} texts, "
-        f"max length {n}{special}\n"
-        "x: k = j − i (positive = later key); black: mean score s(k); blue (right axis): mean probability a(k)",
+        f"max length {n}{special}\nx: k = j − i (positive = later key){side}; dist: mean attention distance{r_note}",
         fontsize=9,
     )
     return fig
@@ -76,9 +92,8 @@ def _r(value: float) -> str:
 def mean_distance_chart(result):
     """Mean attention distance (tokens) per head (rows) and layer (columns), with the value in each cell."""
     d = result.profiles.mean_distance.T  # (H, L)
-    fig = _figure(1.0 + 0.75 * result.n_layers, 1.2 + 0.32 * result.n_heads)
-    ax = fig.add_subplot()
-    fig.subplots_adjust(left=0.15, right=0.88, top=1 - 0.75 / fig.get_figheight(), bottom=0.5 / fig.get_figheight())
+    fig = _figure(2.3 + 0.6 * result.n_layers, 1.2 + 0.32 * result.n_heads)
+    ax, bar = _heatmap_axes(fig, top=0.75, bottom=0.5)
     finite = d[np.isfinite(d)]
     vmax = float(finite.max()) if finite.size else 1.0
     image = ax.imshow(np.nan_to_num(d), cmap="viridis", vmin=0, vmax=vmax or 1.0, aspect="auto")
@@ -87,15 +102,20 @@ def mean_distance_chart(result):
         ax.text(layer, h, _f(value), ha="center", va="center", fontsize=6, color=colour)
     ax.set_xticks(range(result.n_layers))
     sinks = getattr(result, "sinks", None)
-    if sinks is not None:  # the uniform-attention reference under each layer
-        ax.set_xticklabels([f"{layer}\n({_f(u)})" for layer, u in enumerate(sinks.uniform_distance)])
+    label = "layer"
+    if sinks is not None:  # the uniform-attention reference: once if every layer has the same (a causal model's)
+        uniform = np.asarray(sinks.uniform_distance, dtype=float)
+        if np.isfinite(uniform).all() and np.ptp(uniform) <= 1e-9 * max(1.0, abs(uniform[0])):
+            label += f"  (uniform attention would give {_f(uniform[0])} in every layer)"
+        else:
+            ax.set_xticklabels([f"{layer}\n({_f(u)})" for layer, u in enumerate(uniform)])
+            label += "  (in brackets: the distance of uniform attention)"
     ax.set_yticks(range(result.n_heads))
-    ax.set_xlabel(
-        "layer" + ("  (in brackets: the distance of uniform attention)" if sinks is not None else ""), fontsize=8
-    )
+    ax.set_xlabel(label, fontsize=8)
     ax.set_ylabel("head", fontsize=8)
     ax.tick_params(labelsize=7)
-    fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03).set_label("tokens", fontsize=7)
+    fig.colorbar(image, cax=bar).set_label("tokens", fontsize=7)
+    bar.tick_params(labelsize=6)
     ax.set_title(
         f"{result.model}{quantization_note(result)}: mean attention distance Σ_j A(i,j)|j − i|\n"
         f"{result.n_texts} texts, max length {result.max_length}",
@@ -104,18 +124,28 @@ def mean_distance_chart(result):
     return fig
 
 
+def _heatmap_axes(fig, top: float, bottom: float):
+    """The axes of a heads x layers chart and of its colour bar, with margins fixed in inches (`top`, `bottom`
+    and the sides), so a wide chart of many layers gets no wide empty bands beside it."""
+    width, height = fig.get_figwidth(), fig.get_figheight()
+    left, right = 0.6, 1.0  # head labels; colour bar, its ticks and label
+    y0, y1 = bottom / height, 1 - top / height
+    ax = fig.add_axes((left / width, y0, (width - left - right) / width, y1 - y0))
+    bar = fig.add_axes(((width - right + 0.15) / width, y0, 0.15 / width, y1 - y0))
+    return ax, bar
+
+
 def sink_chart(result):
     """Attention sinks (SPEC §14): first-token mass per head (rows) and layer (columns), the value in each cell,
     and above it the sink rate of each layer (share of heads whose first-token mass exceeds the threshold)."""
     sinks = result.sinks
     mass = sinks.first_token_mass.T  # (H, L)
     L, H = result.n_layers, result.n_heads
-    fig = _figure(1.0 + 0.75 * L, 2.2 + 0.32 * H)
-    top = 1 - 0.75 / fig.get_figheight()
-    bottom = 0.5 / fig.get_figheight()
+    fig = _figure(2.3 + 0.6 * L, 2.2 + 0.32 * H)
+    ax, bar = _heatmap_axes(fig, top=0.75 + 0.9 + 0.25, bottom=0.5)
+    left, width = ax.get_position().x0, ax.get_position().width
     rate_height = 0.9 / fig.get_figheight()
-    rate_ax = fig.add_axes((0.15, top - rate_height, 0.6, rate_height))
-    ax = fig.add_axes((0.15, bottom, 0.6, top - rate_height - bottom - 0.25 / fig.get_figheight()))
+    rate_ax = fig.add_axes((left, 1 - 0.75 / fig.get_figheight() - rate_height, width, rate_height))
     image = ax.imshow(np.nan_to_num(mass), cmap="magma", vmin=0, vmax=1, aspect="auto")
     for (h, layer), value in np.ndenumerate(mass):
         colour = "white" if np.isfinite(value) and value < 0.6 else "black"
@@ -125,7 +155,6 @@ def sink_chart(result):
     ax.set_xlabel("layer", fontsize=8)
     ax.set_ylabel("head", fontsize=8)
     ax.tick_params(labelsize=7)
-    bar = fig.add_axes((0.8, bottom, 0.03, top - rate_height - bottom - 0.25 / fig.get_figheight()))
     fig.colorbar(image, cax=bar).set_label("first-token mass", fontsize=7)
     bar.tick_params(labelsize=6)
     rates = np.nan_to_num(sinks.sink_rate)
@@ -139,7 +168,8 @@ def sink_chart(result):
     rate_ax.tick_params(labelsize=6)
     rate_ax.set_ylabel("sink rate", fontsize=7)
     rate_ax.set_title(
-        f"{result.model}: attention on the first token, mean over queries i ≥ 1 — {result.n_texts} texts\n"
+        f"{result.model}{quantization_note(result)}: attention on the first token, mean over queries i ≥ 1 — "
+        f"{result.n_texts} texts\n"
         f"sink rate: share of a layer's heads with first-token mass > {sinks.threshold:g}",
         fontsize=8,
     )

@@ -195,13 +195,14 @@ def _inches(text: str, points: float) -> float:
 
 def profile_pages(result) -> ProfilePages:
     """The pages of a `ProfileResult`: one per computed layer, one panel per head, the profile over k = -w..w and
-    the sections at its `section_rows`."""
+    the sections at its `section_rows` (none where the matrices are Toeplitz by construction: they equal it)."""
     w = result.window
     centre = result.n_positions - 1
     ks = np.arange(-w, w + 1)
     notes = causal_note(result)
-    if getattr(result, "toeplitz_by_construction", False):
-        notes += "; Toeplitz by construction (the sections equal the profile)"
+    by_construction = bool(getattr(result, "toeplitz_by_construction", False))
+    if by_construction:  # every section equals the profile: drawing them (and a legend for them) shows nothing
+        notes += "; Toeplitz by construction (every section equals the profile)"
     kinds = getattr(result, "layer_kinds", None) or [None] * len(result.layers)
     titles = [
         f"{result.model}{quantization_note(result)}\npositional profiles, layer {l}{layer_kind_note(kind)}, "
@@ -211,8 +212,8 @@ def profile_pages(result) -> ProfilePages:
     return ProfilePages(
         ks,
         result.profiles[:, :, centre - w : centre + w + 1],
-        result.sections,
-        [f"i = {row}" for row in result.section_rows],
+        None if by_construction else result.sections,
+        [] if by_construction else [f"i = {row}" for row in result.section_rows],
         titles,
         causal=bool(getattr(result, "causal", False)),
     )

@@ -13,10 +13,13 @@ from posprobe.plotting import _figure, _grid, quantization_note
 
 
 def band_norm_figure(result):
-    """One panel per analysed layer: band norm (y) against the band's wavelength in tokens (x, log scale)."""
+    """One panel per analysed layer: band norm (y) against the band's wavelength in tokens (x, log scale); one
+    legend for the figure, above the panels, with the context lengths marked."""
+    from matplotlib.lines import Line2D
+
     count = len(result.layers)
     rows, cols = _grid(count)
-    fig = _figure(3.0 * cols, 2.3 * rows + 0.9)
+    fig = _figure(3.0 * cols, 2.3 * rows + 1.15)
     axes = fig.subplots(
         rows,
         cols,
@@ -25,7 +28,7 @@ def band_norm_figure(result):
             left=0.55 / fig.get_figwidth(),
             right=0.98,
             bottom=0.45 / fig.get_figheight(),
-            top=1 - 0.8 / fig.get_figheight(),
+            top=1 - 1.05 / fig.get_figheight(),
             wspace=0.3,
             hspace=0.55,
         ),  # fmt: skip
@@ -39,12 +42,12 @@ def band_norm_figure(result):
         x = lengths[i][order]
         for head in result.q_band_norm[i]:
             ax.plot(x, head[order], color="tab:blue", lw=0.5, alpha=0.45)
-        ax.plot(x, result.q_band_norm[i].mean(0)[order], color="black", lw=1.4, label="query (mean over heads)")
-        ax.plot(x, result.k_band_norm[i].mean(0)[order], color="tab:orange", lw=1.2, ls="--", label="key (mean)")
+        ax.plot(x, result.q_band_norm[i].mean(0)[order], color="black", lw=1.4)
+        ax.plot(x, result.k_band_norm[i].mean(0)[order], color="tab:orange", lw=1.2, ls="--")
         if result.max_positions:
-            ax.axvline(result.max_positions, color="tab:red", lw=0.9, ls=":", label="max positions")
+            ax.axvline(result.max_positions, color="tab:red", lw=0.9, ls=":")
         if result.texts is not None:
-            ax.axvline(result.texts["longest_text"], color="tab:green", lw=0.9, ls="--", label="longest text")
+            ax.axvline(result.texts["longest_text"], color="tab:green", lw=0.9, ls="--")
         ax.set_xscale("log")
         ax.set_title(f"layer {result.layers[i]}", fontsize=8)
         ax.tick_params(labelsize=6)
@@ -52,7 +55,19 @@ def band_norm_figure(result):
             ax.set_ylabel("band norm", fontsize=7)
         if i >= count - cols:
             ax.set_xlabel("wavelength (tokens)", fontsize=7)
-    axes.flat[0].legend(fontsize=5, loc="upper left")
+    handles = [
+        Line2D([], [], color="tab:blue", lw=0.5, alpha=0.6, label="each query head"),
+        Line2D([], [], color="black", lw=1.4, label="queries, mean over heads"),
+        Line2D([], [], color="tab:orange", lw=1.2, ls="--", label="keys, mean over key heads"),
+    ]
+    if result.max_positions:
+        label = f"max positions ({result.max_positions:,})"
+        handles.append(Line2D([], [], color="tab:red", lw=0.9, ls=":", label=label))
+    if result.texts is not None:
+        label = f"longest text ({result.texts['longest_text']:,} tokens)"
+        handles.append(Line2D([], [], color="tab:green", lw=0.9, ls="--", label=label))
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.55 / fig.get_figheight()),
+               ncol=len(handles), fontsize=7, frameon=False)  # fmt: skip
     what = "content-free input" if result.texts is None else f"{result.texts['n_texts']} texts, real tokens"
     partial = f"; partial rotary: {result.rotated_dims} of {result.head_dim} dims rotate" if result.partial else ""
     fig.suptitle(

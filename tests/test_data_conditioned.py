@@ -300,7 +300,8 @@ def test_cli_bad_text_options_one_line_nothing_written(bert_with_texts, tmp_path
 def test_flat_profiles_have_no_peak_and_are_drawn_flat():
     """With input 'mean' an absolute table is averaged away: every score of a head is one number, up to round-off
     (~1e-17). Such a profile has no peak (None in JSON, '—' in text, NaN in `peak_offsets`), and its figure does
-    not magnify the round-off into a shape (the profile is drawn as a straight line, the sections on top of it)."""
+    not magnify the round-off into a shape (the profile is drawn as a straight line; the sections, equal to it by
+    construction, are not drawn)."""
     from posprobe.plotting_profiles import profile_pages
 
     result = posprobe.profiles(tiny("bert"), layers=[0], positions=N, window=5, input_ids=token_texts())
@@ -312,8 +313,7 @@ def test_flat_profiles_have_no_peak_and_are_drawn_flat():
     pages.figure(0)
     for line in pages._profile.get_segments():
         assert np.ptp(line[:, 1]) < 1e-9  # inches: a straight line
-    sections = np.concatenate(pages._sections.get_segments())
-    assert np.ptp(sections[:, 1]) < 1e-9 and sections[0, 1] == pytest.approx(pages._profile.get_segments()[0][0, 1])
+    assert result.toeplitz_by_construction and pages.sections is None and not pages._sections.get_segments()
 
 
 def test_hidden_means_ignore_non_finite_padding_and_refuse_non_finite_real_tokens():

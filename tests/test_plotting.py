@@ -196,3 +196,26 @@ def test_profile_pages_png_equals_the_figure(tmp_path):
         fast = np.asarray(Image.open(tmp_path / f"fast{page}.png").convert("RGB"), dtype=np.int16)
         slow = np.asarray(Image.open(tmp_path / f"slow{page}.png").convert("RGB"), dtype=np.int16)
         assert fast.shape == slow.shape and np.mean(np.abs(fast - slow) > 8) < 0.002
+
+
+@pytest.mark.parametrize("by_construction", [True, False])
+def test_profile_pages_draw_no_sections_where_they_equal_the_profile(by_construction):
+    """Toeplitz by construction: every section equals the profile, so none is drawn nor listed in the legend (the
+    legend named five lines hidden under the profile); otherwise the sections are drawn and listed."""
+    from types import SimpleNamespace
+
+    from posprobe.plotting_profiles import profile_pages
+
+    n, w = 6, 3
+    profiles = np.arange(2 * (2 * n - 1), dtype=float).reshape(1, 2, 2 * n - 1)
+    sections = profiles[:, :, None, n - 1 - w : n + w].repeat(2, 2)  # (L, H, R, 2w + 1)
+    result = SimpleNamespace(window=w, n_positions=n, profiles=profiles, sections=sections, section_rows=[0, 5],
+                             layers=[0], model="m", mode="content-free", causal=True, quantization=None,
+                             toeplitz_by_construction=by_construction, layer_kinds=None)  # fmt: skip
+    pages = profile_pages(result)
+    legend = [t.get_text() for t in pages.ax.get_legend().get_texts()]
+    if by_construction:
+        assert pages.sections is None and legend == ["profile", "k > 0: never used (causal)"]
+        assert "Toeplitz by construction (every section equals the profile)" in pages.page_titles[0]
+    else:
+        assert pages.sections.shape == (1, 2, 2, 2 * w + 1) and legend[1:3] == ["i = 0", "i = 5"]

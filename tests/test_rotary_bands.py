@@ -223,3 +223,16 @@ def test_layer_types_get_their_own_frequencies():
     f = np.arange(4)  # head_dim 8: 4 bands
     np.testing.assert_allclose(result.frequencies[0], 100.0 ** (-2 * f / 8), rtol=1e-6)
     np.testing.assert_allclose(result.frequencies[1], 10000.0 ** (-2 * f / 8) / 2, rtol=1e-6)
+
+
+def test_band_figure_has_one_legend_above_the_panels(llama_folder):
+    """The legend sat inside layer 0's panel, over its lines: now one figure legend naming every line, the context
+    lengths with their values, and no legend inside a panel."""
+    folder, texts = llama_folder
+    result = posprobe.rotary(str(folder), texts=texts.read_text().splitlines())
+    fig = result.plot()
+    assert len(fig.legends) == 1 and not any(ax.get_legend() for ax in fig.axes)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:3] == ["each query head", "queries, mean over heads", "keys, mean over key heads"]
+    assert labels[3:] == [f"max positions ({result.max_positions:,})",
+                          f"longest text ({result.texts['longest_text']:,} tokens)"]  # fmt: skip

@@ -71,7 +71,7 @@ def attention(
         int,
         typer.Option("--min-pairs", help="Offsets with fewer pairs are left out of the weights correlation."),
     ] = 100,
-    window: Annotated[int, typer.Option("--window", help="Figures show k = -W..W.")] = 20,
+    window: Annotated[int, typer.Option("--window", help="Figures show k = -W..W (a causal model: -W..0).")] = 20,
     stack: StackOpt = Stack.encoder,
     device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
     out: OutOpt = None,
