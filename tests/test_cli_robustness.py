@@ -390,7 +390,7 @@ def test_help_text_wraps_at_the_terminal_not_at_the_source(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("n_layers", [pytest.param(3, marks=pytest.mark.slow), 12])
-def test_attention_tables_fit_80_columns_with_many_layers(n_layers, tmp_path):
+def test_attention_tables_fit_80_columns_with_many_layers(n_layers, tmp_path, capsys, monkeypatch):
     """`attention` at COLUMNS=80 off a terminal: a 30-layer model's heads x layers table came out as 30 columns of
     empty cells; with more layers than fit, the distances are summarised per layer (median, min, max over heads),
     every cell holding a number."""
@@ -401,17 +401,12 @@ def test_attention_tables_fit_80_columns_with_many_layers(n_layers, tmp_path):
     build_tiny("bert", num_hidden_layers=n_layers).save_pretrained(folder)
     word_tokenizer(60).save_pretrained(folder)
     (tmp_path / "t.txt").write_text("".join(f"w{i} w{i + 1} w{i + 2} w3 w4 w5\n" for i in range(20)))
-    cmd = [sys.executable, "-m", "posprobe", "attention", str(folder), "--text", str(tmp_path / "t.txt")]
-    done = subprocess.run(
-        [*cmd, "--max-length", "8", "--out", str(tmp_path / "out")],
-        capture_output=True,
-        text=True,
-        env=child_env(COLUMNS="80"),
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    assert max(cell_len(line) for line in done.stderr.splitlines() if line[:1] in "┏┃┡│└") <= 80
-    table = done.stderr.split("Attention sinks")[0]
+    monkeypatch.setenv("COLUMNS", "80")
+    args = ["attention", str(folder), "--text", str(tmp_path / "t.txt"), "--max-length", "8"]
+    code, captured = run_main([*args, "--out", str(tmp_path / "out")], capsys)
+    assert code == 0, captured.err
+    assert max(cell_len(line) for line in captured.err.splitlines() if line[:1] in "┏┃┡│└") <= 80
+    table = captured.err.split("Attention sinks")[0]
     rows = [line for line in table.splitlines() if re.match(r"^[│|]\s*(L|h)\d+\s", line)]
     assert len(rows) == (n_layers if n_layers > 8 else 4), table  # a row per layer, or per head (4 heads)
     for row in rows:
