@@ -8,77 +8,60 @@ from __future__ import annotations
 
 import numpy as np
 
-from posprobe.plotting import _figure, _grid, quantization_note
+from posprobe.plotting import _figure, quantization_note
 
 
-def profile_grid(result, layer: int, window: int = 20):
-    """One panel per head of `layer` over k = j - i in -window..window (a causal model's -window..0: it has no pairs
-    at k > 0): the score profile s(k) (black, left axis), the probability profile a(k) (blue, right axis) and, where
-    it exists, the weights-based profile (grey dashes) shifted and scaled to s(k)'s mean and spread over the window,
-    so shapes can be compared. One legend for the page, above the panels."""
-    from matplotlib.lines import Line2D
+def attention_pages(result, window: int = 20):
+    """The profile pages of an `AttentionResult` (`plotting_profiles.ProfilePages`, drawn once and redrawn per
+    layer): one page per layer, one panel per head over k = j - i in -window..window (a causal model's -window..0:
+    it has no pairs at k > 0) with the score profile s(k) (black, its scale on the left), the probability profile
+    a(k) (blue, its scale on the right) and, where it exists, the weights-based profile (grey dashes) shifted and
+    scaled to s(k)'s mean and spread over the window, so shapes can be compared. Panel titles: the head's mean
+    attention distance and the Pearson r of s(k) and the weights-based profile."""
+    from posprobe.plotting_profiles import ProfilePages
 
     p = result.profiles
     n = result.max_length
     w = max(1, min(int(window), n - 1))
     causal = bool(getattr(result, "causal", False))
     sl = slice(n - 1 - w, n if causal else n + w)
-    ks = p.offsets[sl]
-    rows, cols = _grid(result.n_heads)
-    fig = _figure(2.9 * cols, 2.3 * rows + 1.1)
-    axes = fig.subplots(
-        rows,
-        cols,
-        squeeze=False,
-        gridspec_kw=dict(
-            left=0.05,
-            right=0.95,
-            bottom=0.35 / fig.get_figheight(),
-            top=1 - 1.05 / fig.get_figheight(),
-            wspace=0.45,
-            hspace=0.5,
-        ),
-    )
-    weights_drawn = False
-    for h, ax in enumerate(axes.flat):
-        if h >= result.n_heads:
-            ax.axis("off")
-            continue
-        s = p.score_profiles[layer, h, sl]
-        ax.plot(ks, s, color="black", lw=1.5)
-        if result.weights_profiles is not None:
-            f = result.weights_profiles[layer, h, sl]
+    scores = p.score_profiles[:, :, sl]
+    guides = None
+    if result.weights_profiles is not None:
+        guides = np.full(scores.shape, np.nan)
+        for layer, h in np.ndindex(scores.shape[:2]):
+            s, f = scores[layer, h], result.weights_profiles[layer, h, sl]
             ok = np.isfinite(s) & np.isfinite(f)
             if ok.sum() > 1 and np.std(f[ok]) > 0:
-                scaled = (f - f[ok].mean()) / np.std(f[ok]) * np.std(s[ok]) + s[ok].mean()
-                ax.plot(ks, scaled, color="grey", lw=1.0, ls="--")
-                weights_drawn = True
-        twin = ax.twinx()
-        twin.plot(ks, p.prob_profiles[layer, h, sl], color="tab:blue", lw=1.0)
-        twin.tick_params(labelsize=6, colors="tab:blue")
-        ax.axvline(0, color="grey", lw=0.5)
-        ax.set_xlim(ks[0] - 0.5, ks[-1] + 0.5)
-        r = "" if result.weights_correlation is None else _r(result.weights_correlation[layer, h])
-        ax.set_title(f"head {h}: dist {_f(p.mean_distance[layer, h])}{r}", fontsize=8)
-        ax.tick_params(labelsize=6)
-    handles = [
-        Line2D([], [], color="black", lw=1.5, label="mean score s(k) (left axis)"),
-        Line2D([], [], color="tab:blue", lw=1.0, label="mean probability a(k) (right axis)"),
+                guides[layer, h] = (f - f[ok].mean()) / np.std(f[ok]) * np.std(s[ok]) + s[ok].mean()
+    titles = [
+        [
+            f"head {h}: dist {_f(p.mean_distance[layer, h])}"
+            + ("" if result.weights_correlation is None else _r(result.weights_correlation[layer, h]))
+            for h in range(result.n_heads)
+        ]
+        for layer in range(result.n_layers)
     ]
-    if weights_drawn:
-        label = "weights-based profile (input e_w), rescaled to s(k)"
-        handles.append(Line2D([], [], color="grey", lw=1.0, ls="--", label=label))
-    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.55 / fig.get_figheight()),
-               ncol=len(handles), fontsize=7, frameon=False)  # fmt: skip
     special = ", special tokens excluded" if result.exclude_special else ""
     side = "; causal: no pairs at k > 0" if causal else ""
     r_note = "" if result.weights_correlation is None else "; r: Pearson r of s(k) and the weights-based profile"
-    fig.suptitle(
+    page_titles = [
         f"{result.model}{quantization_note(result)}: empirical profiles, layer {layer} — {result.n_texts} texts, "
-        f"max length {n}{special}\nx: k = j − i (positive = later key){side}; dist: mean attention distance{r_note}",
-        fontsize=9,
-    )
-    return fig
+        f"max length {n}{special}\nx: k = j − i (positive = later key){side}; dist: mean attention distance{r_note}"
+        for layer in range(result.n_layers)
+    ]
+    labels = {
+        "profile": "mean score s(k) (left scale)",
+        "overlay": "mean probability a(k) (right scale)",
+        "guide": "weights-based profile (input e_w), rescaled to s(k)",
+    }
+    return ProfilePages(p.offsets[sl], scores, page_titles=page_titles, panel_titles=titles,
+                        overlays=p.prob_profiles[:, :, sl], guides=guides, labels=labels)  # fmt: skip
+
+
+def profile_grid(result, layer: int, window: int = 20):
+    """Layer `layer`'s profile page (see `attention_pages`) as a matplotlib Figure."""
+    return attention_pages(result, window).figure(layer)
 
 
 def _f(value: float) -> str:

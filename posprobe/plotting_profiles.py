@@ -21,39 +21,55 @@ PANEL_WIDTH, PANEL_HEIGHT = 2.35, 1.6  # inches per panel, its title and ticks i
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_BOTTOM, HEADER = 0.15, 0.15, 0.45, 0.72  # inches around the grid
 _PAD_L, _PAD_R, _PAD_B, _PAD_T = 0.42, 0.08, 0.2, 0.24  # inches inside each cell around the plot box
 SECTION_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+OVERLAY_COLOUR = "tab:blue"
 
 
 class ProfilePages:
     """Pages of profile panels sharing one layout.
 
     `ks` (K,) integer offsets k = j - i; `profiles` (P, H, K) for P pages of H panels; `sections` (P, H, R, K) or
-    None, labelled `section_labels` (R,); `page_titles` (P,) and `panel_titles` (H,); `causal`: the unused side
-    k > 0 is shaded. `figure(p)` is page p as a matplotlib Figure; `write(p, path, fmt)` writes it (PNG from the
-    kept background, the fast path)."""
+    None, labelled `section_labels` (R,); `page_titles` (P,); `panel_titles` (H,), or (P, H) when they change from
+    page to page; `causal`: the unused side k > 0 is shaded. Optional, (P, H, K) each: `guides`, drawn dashed grey
+    on the profile's scale, and `overlays`, drawn blue on a scale of their own (its values on the right of each
+    panel). `labels` names the profile, overlay and guide lines in the legend. `figure(p)` is page p as a
+    matplotlib Figure; `write(p, path, fmt)` writes it (PNG from the kept background, the fast path)."""
 
-    def __init__(self, ks, profiles, sections=None, section_labels=(), page_titles=(), panel_titles=(), causal=False):
+    def __init__(self, ks, profiles, sections=None, section_labels=(), page_titles=(), panel_titles=(), causal=False,
+                 overlays=None, guides=None, labels=None):  # fmt: skip
         self.ks = np.asarray(ks, dtype=np.float64)
         self.profiles = np.asarray(profiles, dtype=np.float64)
         self.sections = None if sections is None else np.asarray(sections, dtype=np.float64)
+        self.overlays = None if overlays is None else np.asarray(overlays, dtype=np.float64)
+        self.guides = None if guides is None or not np.isfinite(guides).any() else np.asarray(guides, np.float64)
+        self.labels = {"profile": "profile", "overlay": "overlay", "guide": "guide", **(labels or {})}
         n_pages, self.n_panels, _ = self.profiles.shape
         self.page_titles = list(page_titles) or [""] * n_pages
-        self.panel_titles = list(panel_titles) or [f"head {h}" for h in range(self.n_panels)]
+        titles = list(panel_titles) or [f"head {h}" for h in range(self.n_panels)]
+        self._titles_per_page = bool(titles) and not isinstance(titles[0], str)
+        self.panel_titles = [list(t) for t in titles] if self._titles_per_page else titles
         self.section_labels, self.causal = list(section_labels), causal
+        self.pad_r = _PAD_R + (0.3 if self.overlays is not None else 0.0)  # room for the overlay's scale
         self.rows, self.cols = _grid(self.n_panels)
         self._title_lines = max((t.count("\n") + 1 for t in self.page_titles), default=1)
         grid = MARGIN_LEFT + MARGIN_RIGHT + PANEL_WIDTH * self.cols
         widest = max((_inches(line, 10) for t in self.page_titles for line in t.split("\n")), default=0.0)
         self.width = max(grid, widest + 0.4)  # the title fits
         self.left = MARGIN_LEFT + (self.width - grid) / 2  # the grid centred under a wider title
-        labels = ["profile", *self.section_labels] + (["k > 0: never used (causal)"] if causal else [])
-        entry = max(_inches(label, 6.5) for label in labels) + 0.45  # a label, its handle and the spacing
-        self._legend_cols = max(1, min(len(labels), int((self.width - 2 * MARGIN_LEFT) // entry)))
-        extra_rows = -(-len(labels) // self._legend_cols) - 1
+        entry = max(_inches(label, 6.5) for label in self._legend_labels()) + 0.45  # a label, its handle, spacing
+        n_labels = len(self._legend_labels())
+        self._legend_cols = max(1, min(n_labels, int((self.width - 2 * MARGIN_LEFT) // entry)))
+        extra_rows = -(-n_labels // self._legend_cols) - 1
         self.height = MARGIN_BOTTOM + HEADER + 0.16 * (self._title_lines - 1) + 0.14 * extra_rows
         self.height += PANEL_HEIGHT * self.rows
         self._build()
         self._page = None
         self._background = None
+
+    def _legend_labels(self) -> list[str]:
+        labels = [self.labels["profile"]]
+        labels += [self.labels["overlay"]] if self.overlays is not None else []
+        labels += [self.labels["guide"]] if self.guides is not None else []
+        return labels + self.section_labels + (["k > 0: never used (causal)"] if self.causal else [])
 
     # -- layout ------------------------------------------------------------------------------------
     def _box(self, panel: int) -> tuple[float, float, float, float]:
@@ -61,7 +77,7 @@ class ProfilePages:
         r, c = divmod(panel, self.cols)
         x = self.left + c * PANEL_WIDTH + _PAD_L
         y = MARGIN_BOTTOM + (self.rows - 1 - r) * PANEL_HEIGHT + _PAD_B
-        return x, y, PANEL_WIDTH - _PAD_L - _PAD_R, PANEL_HEIGHT - _PAD_B - _PAD_T
+        return x, y, PANEL_WIDTH - _PAD_L - self.pad_r, PANEL_HEIGHT - _PAD_B - _PAD_T
 
     def _x(self, panel: int, k) -> np.ndarray:
         x, _, w, _ = self._box(panel)
@@ -87,7 +103,8 @@ class ProfilePages:
             if self.causal and hi_k > 0:  # the side a causal model never uses
                 x0 = float(self._x(h, 0))
                 ax.add_patch(Rectangle((x0, y), x + w - x0, bh, facecolor="0.93", edgecolor="none", zorder=0))
-            ax.text(x + w / 2, y + bh + 0.05, self.panel_titles[h], fontsize=8, ha="center", va="bottom")
+            if not self._titles_per_page:
+                ax.text(x + w / 2, y + bh + 0.05, self.panel_titles[h], fontsize=8, ha="center", va="bottom")
             bottom_of_column[h % self.cols] = h
         for h in bottom_of_column.values():  # k ticks under the lowest panel of each column
             _, y, _, _ = self._box(h)
@@ -97,7 +114,11 @@ class ProfilePages:
         ax.add_collection(LineCollection(zeros, colors="0.75", linewidths=0.6, zorder=1))
         ax.add_collection(LineCollection(frames, colors="0.35", linewidths=0.6, zorder=3))
         ax.text(self.width / 2, 0.1, "k = j − i (positive = later key)", fontsize=8.5, ha="center", va="bottom")
-        handles = [Line2D([], [], color="black", lw=1.8, label="profile")]
+        handles = [Line2D([], [], color="black", lw=1.8, label=self.labels["profile"])]
+        if self.overlays is not None:
+            handles.append(Line2D([], [], color=OVERLAY_COLOUR, lw=1.0, label=self.labels["overlay"]))
+        if self.guides is not None:
+            handles.append(Line2D([], [], color="grey", lw=1.0, ls="--", label=self.labels["guide"]))
         handles += [Line2D([], [], color=SECTION_COLOURS[s % len(SECTION_COLOURS)], lw=0.8, label=label)
                     for s, label in enumerate(self.section_labels)]  # fmt: skip
         if self.causal:
@@ -108,15 +129,26 @@ class ProfilePages:
         # what changes from page to page
         self._sections = LineCollection([], linewidths=0.8, alpha=0.75, zorder=2)
         self._profile = LineCollection([], colors="black", linewidths=1.8, zorder=2)
-        ax.add_collection(self._sections), ax.add_collection(self._profile)
-        self._scale = []
+        self._overlay = LineCollection([], colors=OVERLAY_COLOUR, linewidths=1.0, zorder=2)
+        self._guide = LineCollection([], colors="grey", linewidths=1.0, linestyles="--", zorder=2)
+        for lines in (self._sections, self._guide, self._overlay, self._profile):
+            ax.add_collection(lines)
+        self._scale, self._overlay_scale, self._panel_title = [], [], []
         for h in range(self.n_panels):
             x, y, w, bh = self._box(h)
             self._scale.append(ax.text(x - 0.04, y + bh, "", fontsize=6, ha="right", va="top", color="0.3"))
             self._scale.append(ax.text(x - 0.04, y, "", fontsize=6, ha="right", va="bottom", color="0.3"))
+            if self.overlays is not None:
+                for at, va in ((y + bh, "top"), (y, "bottom")):
+                    label = ax.text(x + w + 0.04, at, "", fontsize=6, ha="left", va=va, color=OVERLAY_COLOUR)
+                    self._overlay_scale.append(label)
+            if self._titles_per_page:
+                title = ax.text(x + w / 2, y + bh + 0.05, "", fontsize=8, ha="center", va="bottom")
+                self._panel_title.append(title)
         self._title = fig.suptitle(" ", fontsize=10, y=1 - 0.1 / self.height, va="top")  # the page's
         self.fig, self.ax = fig, ax
-        self._dynamic = [self._sections, self._profile, *self._scale, self._title]
+        self._dynamic = [self._sections, self._guide, self._overlay, self._profile, *self._scale,
+                         *self._overlay_scale, *self._panel_title, self._title]  # fmt: skip
 
     def _set_page(self, page: int) -> None:
         """Point the changing artists at page `page`'s data."""
@@ -124,29 +156,47 @@ class ProfilePages:
             return
         prof = self.profiles[page]  # (H, K)
         secs = None if self.sections is None else self.sections[page]  # (H, R, K)
-        profile_lines, section_lines, colours = [], [], []
+        guides = None if self.guides is None else self.guides[page]  # (H, K)
+        lines = {"profile": [], "sections": [], "guide": [], "overlay": []}
+        colours = []
         for h in range(self.n_panels):
-            values = prof[h] if secs is None else np.concatenate([prof[h], secs[h].ravel()])
-            finite = values[np.isfinite(values)]
-            lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-            span = max(abs(hi), 1.0) if is_flat(np.array([lo, hi])) else hi - lo  # round-off is not magnified
-            lo, hi = lo - 0.06 * span, hi + 0.06 * span
+            parts = (
+                [prof[h]]
+                + ([secs[h].ravel()] if secs is not None else [])
+                + ([guides[h]] if guides is not None else [])
+            )
+            lo, hi = _padded_range(np.concatenate(parts))
             x, y, _, bh = self._box(h)
             xs = self._x(h, self.ks)
 
             def to_y(v, y=y, bh=bh, lo=lo, hi=hi):
                 return y + (v - lo) / (hi - lo) * bh
 
-            profile_lines.append(np.column_stack([xs, to_y(prof[h])]))
+            lines["profile"] += _runs(xs, to_y(prof[h]))
             if secs is not None:
                 for s in range(secs.shape[1]):
-                    section_lines.append(np.column_stack([xs, to_y(secs[h, s])]))
-                    colours.append(SECTION_COLOURS[s % len(SECTION_COLOURS)])
+                    runs = _runs(xs, to_y(secs[h, s]))
+                    lines["sections"] += runs
+                    colours += [SECTION_COLOURS[s % len(SECTION_COLOURS)]] * len(runs)
+            if guides is not None:
+                lines["guide"] += _runs(xs, to_y(guides[h]))
             self._scale[2 * h].set_text(f"{hi:.3g}")
             self._scale[2 * h + 1].set_text(f"{lo:.3g}")
-        self._profile.set_segments(profile_lines)
-        self._sections.set_segments(section_lines)
+            if self.overlays is not None:
+                over = self.overlays[page, h]
+                o_lo, o_hi = _padded_range(over)
+                if np.nanmin(over, initial=np.inf) >= 0:  # a non-negative overlay (probabilities) stays so
+                    o_lo = max(o_lo, 0.0)
+                lines["overlay"] += _runs(xs, y + (over - o_lo) / (o_hi - o_lo) * bh)
+                self._overlay_scale[2 * h].set_text(f"{o_hi:.3g}")
+                self._overlay_scale[2 * h + 1].set_text(f"{o_lo:.3g}")
+            if self._titles_per_page:
+                self._panel_title[h].set_text(self.panel_titles[page][h])
+        self._profile.set_segments(lines["profile"])
+        self._sections.set_segments(lines["sections"])
         self._sections.set_colors(colours or ["none"])
+        self._guide.set_segments(lines["guide"])
+        self._overlay.set_segments(lines["overlay"])
         self._title.set_text(self.page_titles[page])
         self._page = page
 
@@ -184,6 +234,23 @@ class ProfilePages:
     def writer(self, page: int, fmt: str = "png"):
         """A `posprobe.outputs.write_files` writer of page `page`."""
         return lambda path: self.write(page, path, fmt)
+
+
+def _padded_range(values: np.ndarray) -> tuple[float, float]:
+    """(lo, hi) of the finite `values`, padded by 6%; a flat line's round-off is not magnified into a shape."""
+    finite = values[np.isfinite(values)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    span = max(abs(hi), 1.0) if is_flat(np.array([lo, hi])) else hi - lo
+    return lo - 0.06 * span, hi + 0.06 * span
+
+
+def _runs(xs: np.ndarray, ys: np.ndarray) -> list[np.ndarray]:
+    """The (x, y) polylines of the runs of consecutive finite values of `ys` (offsets without data break a line)."""
+    ok = np.isfinite(ys)
+    if ok.all():
+        return [np.column_stack([xs, ys])]
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], ok.astype(np.int8), [0]])))
+    return [np.column_stack([xs[a:b], ys[a:b]]) for a, b in zip(edges[::2], edges[1::2])]
 
 
 def _inches(text: str, points: float) -> float:

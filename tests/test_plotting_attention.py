@@ -22,31 +22,53 @@ def results(tmp_path_factory):
     return causal, both
 
 
-def _data_x(fig) -> np.ndarray:
-    return np.concatenate([line.get_xdata() for ax in fig.axes for line in ax.get_lines() if len(line.get_xdata())])
-
-
 def test_causal_profile_page_shows_only_the_offsets_the_model_has(results):
     causal, both = results
     assert causal.causal and not both.causal
-    fig = plotting_attention.profile_grid(causal, 1, window=8)
-    x = _data_x(fig)
-    assert x.max() == 0 and x.min() == -8
-    assert all(ax.get_xlim()[1] <= 0.5 for ax in fig.axes if ax.get_lines())
-    assert "causal: no pairs at k > 0" in fig._suptitle.get_text()
-    fig = plotting_attention.profile_grid(both, 1, window=8)
-    assert _data_x(fig).max() == 8 and "causal" not in fig._suptitle.get_text()
+    pages = plotting_attention.attention_pages(causal, window=8)
+    assert pages.ks.min() == -8 and pages.ks.max() == 0
+    assert "causal: no pairs at k > 0" in pages.page_titles[1]
+    pages = plotting_attention.attention_pages(both, window=8)
+    assert pages.ks.min() == -8 and pages.ks.max() == 8 and "causal" not in pages.page_titles[1]
 
 
 def test_profile_page_has_one_legend_naming_every_line(results):
     causal, both = results
     assert causal.weights_profiles is not None and both.weights_profiles is None
-    labels = [t.get_text() for t in plotting_attention.profile_grid(causal, 0).legends[0].get_texts()]
-    assert labels[:2] == ["mean score s(k) (left axis)", "mean probability a(k) (right axis)"]
+    fig = plotting_attention.profile_grid(causal, 0)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels[:2] == ["mean score s(k) (left scale)", "mean probability a(k) (right scale)"]
     assert labels[2].startswith("weights-based profile")
     fig = plotting_attention.profile_grid(both, 0)
-    assert len(fig.legends) == 1 and len(fig.legends[0].get_texts()) == 2  # no weights-based line drawn
-    assert not any(ax.get_legend() for ax in fig.axes)  # none inside a panel, over the data
+    assert len(fig.axes) == 1 and len(fig.axes[0].get_legend().get_texts()) == 2  # no weights-based line
+
+
+def test_profile_pages_carry_each_layers_numbers(results):
+    """Page p holds layer p's s(k), a(k) and panel titles (distance, r), each head on its own scales."""
+    causal, _ = results
+    pages = plotting_attention.attention_pages(causal, window=8)
+    n = causal.max_length
+    np.testing.assert_array_equal(pages.profiles[1], causal.profiles.score_profiles[1, :, n - 9 : n])
+    np.testing.assert_array_equal(pages.overlays[1], causal.profiles.prob_profiles[1, :, n - 9 : n])
+    assert pages.panel_titles[1][2].startswith(f"head 2: dist {causal.profiles.mean_distance[1, 2]:.2f}")
+    pages.figure(1)
+    assert pages._panel_title[2].get_text() == pages.panel_titles[1][2]
+    assert float(pages._overlay_scale[0].get_text()) > float(pages._overlay_scale[1].get_text())
+
+
+def test_attention_pages_png_equals_the_figure(results, tmp_path):
+    """The fast path (kept background, changing artists redrawn) draws what the plain Figure draws, page by page."""
+    from PIL import Image
+
+    causal, _ = results
+    pages = plotting_attention.attention_pages(causal, window=8)
+    for page in (1, 0):
+        pages.write(page, tmp_path / f"fast{page}.png")
+    for page in range(2):
+        plotting_attention.attention_pages(causal, window=8).figure(page).savefig(tmp_path / f"slow{page}.png", dpi=110)
+        fast = np.asarray(Image.open(tmp_path / f"fast{page}.png").convert("RGB"), dtype=np.int16)
+        slow = np.asarray(Image.open(tmp_path / f"slow{page}.png").convert("RGB"), dtype=np.int16)
+        assert fast.shape == slow.shape and np.mean(np.abs(fast - slow) > 8) < 0.002
 
 
 @pytest.mark.parametrize("chart", ["mean_distance_chart", "sink_chart"])

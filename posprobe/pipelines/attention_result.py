@@ -177,10 +177,9 @@ def write_attention(result: AttentionResult, out_dir: str | Path, fmt: str = "pn
     from posprobe.profile_files import write_attention as write_npz
 
     files = {"attention.npz": lambda p: write_npz(p, result)}
+    pages = plots.attention_pages(result, window)  # laid out once, redrawn per layer
     for layer in range(result.n_layers):
-        files[f"attention_profiles_layer{layer}.{fmt}"] = figure_writer(
-            lambda layer=layer: plots.profile_grid(result, layer, window)
-        )
+        files[f"attention_profiles_layer{layer}.{fmt}"] = pages.writer(layer, fmt)
     files[f"mean_distance.{fmt}"] = figure_writer(lambda: plots.mean_distance_chart(result))
     if result.sinks is not None:
         files[f"sinks.{fmt}"] = figure_writer(lambda: plots.sink_chart(result))
