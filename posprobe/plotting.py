@@ -201,7 +201,8 @@ def fhat_grid(result, scale: str = "shared") -> Mosaic:
     scale_note = "one colour scale for all heads" if shared is not None else "each head its own colour scale"
     notes = causal_note(result) + ("; Toeplitz by construction" if by_construction else "")
     kind = layer_kind_note(getattr(result, "layer_kind", None))
-    title = f"{result.model}{quantization_note(result)}\nF̂_P, layer {result.layer}{kind}, {result.mode} mode "
+    title = f"{result.model}{quantization_note(result)}\nF̂_P, layer {result.layer}{kind}, {result.mode} mode"
+    title += f"{conditioning_note(result)} "
     title += f"({scale_note}){notes}"
     title_font = _font(TITLE_SIZE)
     title_w = max(title_font.getlength(line) for line in title.split("\n"))
@@ -301,6 +302,12 @@ def layer_kind_note(kind: str | None) -> str:
 def causal_note(result) -> str:
     """A title suffix for causal models, whose softmax only ever sees k <= 0."""
     return "; causal: only k ≤ 0 used" if getattr(result, "causal", False) else ""
+
+
+def conditioning_note(result) -> str:
+    """A suffix for data-conditioned results (SPEC §13): how many texts, and which input (mean or position-mean)."""
+    c = getattr(result, "conditioning", None)
+    return f" on {c['n_texts']} texts ({c['input']} input)" if c else ""
 
 
 def quantization_note(result) -> str:

@@ -15,7 +15,15 @@ from __future__ import annotations
 import numpy as np
 
 from posprobe.analysis.toeplitz import is_flat
-from posprobe.plotting import FIGURE_DPI, _figure, _grid, causal_note, layer_kind_note, quantization_note
+from posprobe.plotting import (
+    FIGURE_DPI,
+    _figure,
+    _grid,
+    causal_note,
+    conditioning_note,
+    layer_kind_note,
+    quantization_note,
+)
 
 PANEL_WIDTH, PANEL_HEIGHT = 2.35, 1.6  # inches per panel, its title and ticks included
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_BOTTOM, HEADER = 0.15, 0.15, 0.45, 0.72  # inches around the grid
@@ -273,7 +281,7 @@ def profile_pages(result) -> ProfilePages:
     kinds = getattr(result, "layer_kinds", None) or [None] * len(result.layers)
     titles = [
         f"{result.model}{quantization_note(result)}\npositional profiles, layer {l}{layer_kind_note(kind)}, "
-        f"{result.mode} mode{notes}"
+        f"{result.mode} mode{conditioning_note(result)}{notes}"
         for l, kind in zip(result.layers, kinds)
     ]
     return ProfilePages(

@@ -347,3 +347,17 @@ def test_hidden_means_ignore_non_finite_padding_and_refuse_non_finite_real_token
     padded[0, 1, 2] = float("nan")
     with pytest.raises(PosprobeError, match="NaN or infinite values on real tokens"):
         HiddenMeanAccumulator([0], "mean", 5).add(batch)
+
+
+def test_titles_say_how_many_texts_and_which_input():
+    """A data-conditioned figure names its texts and input, as its JSON does (`conditioning`)."""
+    from posprobe.plotting_profiles import profile_pages
+
+    model = build_tiny("bert")
+    ids = [[2, 5, 6, 7, 8, 3]] * 4
+    p = posprobe.profiles(model, layers=[1], input_ids=ids, input="position-mean", min_texts=2)
+    assert "data-conditioned mode on 4 texts (position-mean input)" in profile_pages(p).page_titles[0]
+    f = posprobe.fhat(model, layer=1, input_ids=ids)
+    assert "data-conditioned mode on 4 texts (mean input)" in f.plot().title
+    plain = posprobe.profiles(model, layers=[1])
+    assert " texts (" not in profile_pages(plain).page_titles[0]

@@ -321,3 +321,20 @@ def test_fewer_texts_than_folds_say_why_the_probe_is_undefined(tmp_path, capsys)
     texts = [t.get_text() for t in result.plot("summary").axes[0].texts]
     assert any("probe undefined: 3 texts" in t for t in texts), texts
     assert len(result.plot("summary").axes[0].get_lines()) == 1  # only the zero line: no NaN curves, no legend
+
+
+def test_text_table_rows_stay_one_line_at_80_columns(tmp_path, capsys, monkeypatch):
+    """SmolLM2's activations of ~28,900 and its BPE tokens folded every row of the table in two at 80 columns:
+    numbers of 100 and more lose their decimals, tokens are cut to 5 characters (whole in --json)."""
+    from dataclasses import replace
+
+    from posprobe.cli import states as cli_states
+
+    assert cli_states._fmt(28921.94, 1) == "28922" and cli_states._fmt(40.56, 1) == "40.6"
+    assert cli_states._fmt(float("nan")) == "—"
+    result = posprobe.states(tiny_model("bert"), input_ids=[[5, 6, 7, 8]] * 6, max_length=8, min_texts=2)
+    result = replace(result, top_tokens=[["ĠNobody"] * 3] * result.n_states)
+    monkeypatch.setattr(cli_states.console, "width", 80)
+    cli_states._print(result, {"npz": str(tmp_path / "states.npz")})
+    rows = [line for line in capsys.readouterr().err.splitlines() if line.startswith("│")]
+    assert len(rows) == result.n_states and all("ĠNob…" in row for row in rows)

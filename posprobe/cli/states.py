@@ -163,7 +163,9 @@ def _series(checkpoints: str, text: str, column, total: int, settings: dict, out
 def _fmt(value, digits: int = 2) -> str:
     import numpy as np
 
-    return "—" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
+    if value is None or not np.isfinite(value):
+        return "—"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.{digits}f}"  # 28922, not 28921.9 folded at 80 columns
 
 
 def _print(result, written) -> None:
@@ -179,10 +181,10 @@ def _print(result, written) -> None:
         title_justify="left",
     )
     for name in ("l", "R²", "ctrl", "MAE", "VVᵀ", "|v|", "max|h|", "i,c", "token", "ratio"):
-        table.add_column(name, justify="right", overflow="fold")
+        table.add_column(name, justify="right", overflow="fold", min_width=len(name))
     for layer in range(result.n_states):
         token = result.top_tokens[layer][0] if result.top_tokens is not None else str(int(m.top_token[layer, 0]))
-        token = token if len(token) <= 10 else token[:9] + "…"
+        token = token if len(token) <= 5 else token[:4] + "…"  # one line at 80 columns (the full tokens: --json)
         table.add_row(
             str(layer),
             _fmt(numbers["probe_r2"][layer], 3),
