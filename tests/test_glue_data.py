@@ -307,6 +307,7 @@ def test_offline_without_data_dir_says_how_to_pass_data(tmp_path):
     assert "--data-dir" in proc.stdout and "rte/train.jsonl" in proc.stdout
 
 
+@pytest.mark.slow  # a child process importing datasets (2 s)
 def test_unreachable_hub_fails_at_once_with_one_line(tmp_path):
     """No offline variable set and no network (here: an endpoint whose port refuses connections): one quick
     failed connection decides it; no retry lines with back-off (25 s before the fix)."""

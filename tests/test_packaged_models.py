@@ -14,6 +14,7 @@ from posprobe.errors import PosprobeError
 
 
 @pytest.mark.integration
+@pytest.mark.slow  # 3 s: the whole GGUF header and transformers' metadata mapping
 def test_smollm2_by_name_is_the_packaged_gguf_file(smollm2_gguf):
     source = resolve_model(SMOLLM2_NAME)
     assert source.path == smollm2_gguf and source.weight_format == "gguf"
