@@ -128,19 +128,15 @@ def attention(
 
 
 def _print(result, written) -> None:
-    import numpy as np
-
-    fmt = lambda v: "—" if not np.isfinite(v) else f"{v:.2f}"  # noqa: E731
-    medians = lambda a: [fmt(np.nanmedian(row)) if np.isfinite(row).any() else "—" for row in a]  # noqa: E731
     title = (
         f"Mean attention distance (tokens) — {result.model}, {result.n_texts} texts, max length "
         f"{result.max_length}{', causal' if result.causal else ''}"
     )
     # a column per layer while the table fits the terminal (8 layers at 80 columns), else a row per layer
     if 12 + 8 * result.n_layers <= max(console.width, 80):
-        table = _heads_by_layers(result, title, fmt, medians)
+        table = _heads_by_layers(result, title)
     else:
-        table = _layers_summary(result, title, fmt, medians)
+        table = _layers_summary(result, title)
     console.print(table)
     console.print(
         "[dim]R² M: median over heads of the mean score matrix's Toeplitz R²; r weights: median Pearson r between "
@@ -151,8 +147,9 @@ def _print(result, written) -> None:
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
 
 
-def _heads_by_layers(result, title: str, fmt, medians):
+def _heads_by_layers(result, title: str):
     """Every head's mean distance: a row per head, a column per layer, the layer medians below."""
+    import numpy as np
     from rich.table import Table
 
     p = result.profiles
@@ -161,14 +158,15 @@ def _heads_by_layers(result, title: str, fmt, medians):
     for layer in range(result.n_layers):
         table.add_column(f"L{layer}", justify="right")
     for h in range(result.n_heads):
-        table.add_row(f"h{h}", *[fmt(v) for v in p.mean_distance[:, h]])
+        table.add_row(f"h{h}", *[_num(v) for v in p.mean_distance[:, h]])
+    medians = lambda per_layer: [_num(_over_heads(np.nanmedian, row)) for row in per_layer]  # noqa: E731
     table.add_row("R² M", *medians(p.toeplitz_r2), style="bold")
     if result.weights_correlation is not None:
         table.add_row("r weights", *medians(result.weights_correlation), style="bold")
     return table
 
 
-def _layers_summary(result, title: str, fmt, medians):
+def _layers_summary(result, title: str):
     """Too many layers for a column each (SmolLM2's 30 made 30 empty columns at 80): a row per layer with the
     median, smallest and largest distance over its heads (every head's in mean_distance.png and --json)."""
     import numpy as np
@@ -181,13 +179,27 @@ def _layers_summary(result, title: str, fmt, medians):
     )
     for name in names:
         table.add_column(name, justify="right")
-    extreme = lambda f, row: fmt(f(row)) if np.isfinite(row).any() else "—"  # noqa: E731
-    r2 = medians(p.toeplitz_r2)
-    r = medians(result.weights_correlation) if result.weights_correlation is not None else None
     for layer, row in enumerate(p.mean_distance):
-        cells = [medians([row])[0], extreme(np.nanmin, row), extreme(np.nanmax, row), r2[layer]]
-        table.add_row(f"L{layer}", *cells, *([r[layer]] if r is not None else []))
+        cells = [_num(_over_heads(f, row)) for f in (np.nanmedian, np.nanmin, np.nanmax)]
+        cells.append(_num(_over_heads(np.nanmedian, p.toeplitz_r2[layer])))
+        if result.weights_correlation is not None:
+            cells.append(_num(_over_heads(np.nanmedian, result.weights_correlation[layer])))
+        table.add_row(f"L{layer}", *cells)
     return table
+
+
+def _num(value: float) -> str:
+    """A table cell: two decimals, or '—' where undefined."""
+    import numpy as np
+
+    return "—" if not np.isfinite(value) else f"{value:.2f}"
+
+
+def _over_heads(reduce, row) -> float:
+    """`reduce` (np.nanmedian, np.nanmin, ...) of a layer's per-head values; NaN where no head has one."""
+    import numpy as np
+
+    return float(reduce(row)) if np.isfinite(row).any() else float("nan")
 
 
 def _print_sinks(result) -> None:
@@ -201,18 +213,16 @@ def _print_sinks(result) -> None:
     )
     for name in ("layer", "dist", "uniform", "dist w/o 1st", "uniform w/o 1st", "1st mass", "special", "sink rate"):
         table.add_column(name, justify="right")
-    fmt = lambda v: "—" if not np.isfinite(v) else f"{v:.2f}"  # noqa: E731
-    mean = lambda row: np.nanmean(row) if np.isfinite(row).any() else np.nan  # noqa: E731
     for layer in range(result.n_layers):
         table.add_row(
             f"L{layer}",
-            fmt(mean(p.mean_distance[layer])),
-            fmt(s.uniform_distance[layer]),
-            fmt(mean(s.distance_without_first[layer])),
-            fmt(s.uniform_distance_without_first[layer]),
-            fmt(mean(s.first_token_mass[layer])),
-            fmt(mean(s.special_token_mass[layer])),
-            fmt(s.sink_rate[layer]),
+            _num(_over_heads(np.nanmean, p.mean_distance[layer])),
+            _num(s.uniform_distance[layer]),
+            _num(_over_heads(np.nanmean, s.distance_without_first[layer])),
+            _num(s.uniform_distance_without_first[layer]),
+            _num(_over_heads(np.nanmean, s.first_token_mass[layer])),
+            _num(_over_heads(np.nanmean, s.special_token_mass[layer])),
+            _num(s.sink_rate[layer]),
         )
     console.print(table)
     console.print(
