@@ -21,6 +21,7 @@ import typer
 
 from posprobe.cli.console import console, emit_json
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt, Stack, StackOpt
+from posprobe.cli.text_input import DEFAULT_BATCH_SIZE, BatchSizeOpt, ColumnOpt, MaxTextsOpt, RequiredTextOpt
 from posprobe.outputs import default_out
 
 
@@ -49,21 +50,14 @@ def _check_writable(out: Path) -> None:
 
 def attention(
     model: ModelArg = None,
-    text: Annotated[
-        str,
-        typer.Option(
-            "--text",
-            help="Texts: one per line (.txt), .jsonl / .csv with --column, or a hub dataset split "
-            "hub:NAME[:CONFIG]:SPLIT with --column (e.g. hub:nyu-mll/glue:cola:validation).",
-        ),
-    ] = ...,
-    column: Annotated[str | None, typer.Option("--column", help="Column of a .jsonl/.csv file with the texts.")] = None,
+    text: RequiredTextOpt = ...,
+    column: ColumnOpt = None,
     max_length: Annotated[
         int | None,
         typer.Option("--max-length", help="Tokens per text (truncated), n of the profiles; default 128 or fewer."),
     ] = None,
-    max_texts: Annotated[int | None, typer.Option("--max-texts", help="Use at most this many texts.")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Texts per forward pass.")] = 32,
+    max_texts: MaxTextsOpt = None,
+    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
     exclude_special: Annotated[
         bool, typer.Option("--exclude-special", help="Drop special tokens ([CLS], [SEP], ...) as queries and keys.")
     ] = False,

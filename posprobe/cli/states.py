@@ -22,6 +22,14 @@ import typer
 
 from posprobe.cli.console import console, emit_json, text_progress
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt, parse_int_list
+from posprobe.cli.text_input import (
+    DEFAULT_BATCH_SIZE,
+    BatchSizeOpt,
+    ColumnOpt,
+    MaxLengthOpt,
+    MaxTextsOpt,
+    RequiredTextOpt,
+)
 from posprobe.outputs import default_out
 
 
@@ -34,20 +42,11 @@ def register(app: typer.Typer) -> None:
 
 def states(
     model: ModelArg = None,
-    text: Annotated[
-        str,
-        typer.Option(
-            "--text",
-            help="Texts: one per line (.txt), .jsonl / .csv with --column, or a hub dataset split "
-            "hub:NAME[:CONFIG]:SPLIT with --column.",
-        ),
-    ] = ...,
-    column: Annotated[str | None, typer.Option("--column", help="Column of a .jsonl/.csv file with the texts.")] = None,
-    max_length: Annotated[
-        int | None, typer.Option("--max-length", help="Tokens per text (truncated); default 128 or fewer.")
-    ] = None,
-    max_texts: Annotated[int | None, typer.Option("--max-texts", help="Use at most this many texts.")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Texts per forward pass.")] = 32,
+    text: RequiredTextOpt = ...,
+    column: ColumnOpt = None,
+    max_length: MaxLengthOpt = None,
+    max_texts: MaxTextsOpt = None,
+    batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
     min_texts: Annotated[
         int, typer.Option("--min-texts", help="Positional vectors at positions reached by at least this many texts.")
     ] = 16,

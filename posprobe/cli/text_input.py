@@ -1,6 +1,6 @@
-"""The `--text` options shared by commands that condition on real text (`fhat`, `profiles`: SPEC §13; `rotary`:
-SPEC §15), defined once: the option types, the check of the texts before any model is read, and the progress bar
-over texts while the library runs."""
+"""The `--text` options shared by commands that read real text (`fhat`, `profiles`: SPEC §13; `rotary`: SPEC §15;
+`attention`, `states`), defined once: the option types, the check of the texts before any model is read, and the
+progress bar over texts while the library runs."""
 
 from __future__ import annotations
 
@@ -20,14 +20,12 @@ class TextInput(str, Enum):
     position_mean = "position-mean"
 
 
-TextOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--text",
-        help="Texts: one per line (.txt), .jsonl / .csv with --column, or a hub dataset split "
-        "hub:NAME[:CONFIG]:SPLIT with --column.",
-    ),
-]
+_TEXT_HELP = (
+    "Texts: one per line (.txt), .jsonl / .csv with --column, or a hub dataset split hub:NAME[:CONFIG]:SPLIT with "
+    "--column (e.g. hub:nyu-mll/glue:cola:validation)."
+)
+TextOpt = Annotated[str | None, typer.Option("--text", help=_TEXT_HELP)]
+RequiredTextOpt = Annotated[str, typer.Option("--text", help=_TEXT_HELP)]  # attention, states: nothing without texts
 ColumnOpt = Annotated[str | None, typer.Option("--column", help="Column of a .jsonl/.csv file with the texts.")]
 InputOpt = Annotated[
     TextInput | None,
