@@ -79,9 +79,6 @@ def config_hint(name: str, default: str = _HINT) -> str:
     return _GGUF_HINT if _is_gguf(name) else default
 
 
-_where, _hint = config_where, config_hint
-
-
 def config_int(config: dict, name: str, *keys: str, default=None, minimum: int | None = 1, nullable: bool = False):
     """The first of `keys` present in `config` as an int >= `minimum` (`default` if none is present; None
     accepted when `nullable`). `name` names the checkpoint in the error."""
@@ -94,10 +91,10 @@ def config_int(config: dict, name: str, *keys: str, default=None, minimum: int |
                 need = "a whole number" + (f" >= {minimum}" if minimum is not None else "")
                 if nullable:
                     need += " or null"
-                raise PosprobeError(f"{_where(name)} has {key} = {value!r}, expected {need}", _hint(name))
+                raise PosprobeError(f"{config_where(name)} has {key} = {value!r}, expected {need}", config_hint(name))
             return value
     if default is None and not nullable:
-        raise PosprobeError(f"{_where(name)} lacks {' / '.join(keys)}", _hint(name))
+        raise PosprobeError(f"{config_where(name)} lacks {' / '.join(keys)}", config_hint(name))
     return default
 
 
@@ -111,10 +108,10 @@ def config_float(config: dict, name: str, *keys: str, default=None, positive: bo
             if not ok:
                 need = "a positive number" if positive else "a number"
                 need += f" <= {maximum:g}" if maximum is not None else ""
-                raise PosprobeError(f"{_where(name)} has {key} = {value!r}, expected {need}", _hint(name))
+                raise PosprobeError(f"{config_where(name)} has {key} = {value!r}, expected {need}", config_hint(name))
             return float(value)
     if default is None:
-        raise PosprobeError(f"{_where(name)} lacks {' / '.join(keys)}", _hint(name))
+        raise PosprobeError(f"{config_where(name)} lacks {' / '.join(keys)}", config_hint(name))
     return default
 
 
@@ -127,10 +124,10 @@ def validate_config(config, name: str) -> dict:
     of per-stage heads, floats) and are left to transformers, whose errors `load_model` maps to one line.
     """
     if not isinstance(config, dict):
-        raise PosprobeError(f"{_where(name)} is not a JSON object", _hint(name))
+        raise PosprobeError(f"{config_where(name)} is not a JSON object", config_hint(name))
     model_type = config.get("model_type")
     if model_type is not None and (not isinstance(model_type, str) or not model_type):
-        raise PosprobeError(f"{_where(name)} has model_type = {model_type!r}, expected a name", _hint(name))
+        raise PosprobeError(f"{config_where(name)} has model_type = {model_type!r}, expected a name", config_hint(name))
     _check_names(config, name)
     if model_type in CHECKED_FAMILIES:
         _check_sizes(config, name, model_type)
@@ -158,22 +155,27 @@ def _check_sizes(config: dict, name: str, model_type: str) -> None:
         if config.get(key) is not None:
             config_float(config, name, key, default=0.0, maximum=1.0)
             if config[key] < 0:
-                raise PosprobeError(f"{_where(name)} has {key} = {config[key]!r}, expected 0..1", _hint(name))
+                raise PosprobeError(
+                    f"{config_where(name)} has {key} = {config[key]!r}, expected 0..1", config_hint(name)
+                )
     for heads, width in _HEAD_PAIRS:
         if heads in config and width in config and "head_dim" not in config and config[width] % config[heads]:
             raise PosprobeError(
-                f"{_where(name)} has {width} = {config[width]} not divisible by {heads} = {config[heads]}", _hint(name)
+                f"{config_where(name)} has {width} = {config[width]} not divisible by {heads} = {config[heads]}",
+                config_hint(name),
             )
     reserved_pad = config.get("pad_token_id", 1)
     if model_type in _RESERVED_ROWS and (reserved_pad is None or reserved_pad < 0):
         raise PosprobeError(
-            f"{_where(name)} has pad_token_id = {reserved_pad!r}, but a {model_type} model reserves "
+            f"{config_where(name)} has pad_token_id = {reserved_pad!r}, but a {model_type} model reserves "
             "pad_token_id + 1 leading rows of its position table (and needs it to number positions)",
             "set pad_token_id in config.json (1 for RoBERTa, XLM-R and CamemBERT)",
         )
     vocab, pad = config.get("vocab_size"), config.get("pad_token_id")
     if _whole(vocab) and _whole(pad) and not -vocab <= pad < vocab:
-        raise PosprobeError(f"{_where(name)} has pad_token_id = {pad} outside the vocabulary of {vocab}", _hint(name))
+        raise PosprobeError(
+            f"{config_where(name)} has pad_token_id = {pad} outside the vocabulary of {vocab}", config_hint(name)
+        )
 
 
 def _check_rope(config: dict, name: str) -> None:
@@ -193,14 +195,16 @@ def _check_rope(config: dict, name: str) -> None:
 def _check_names(config: dict, name: str) -> None:
     for key in ("position_embedding_type", "_name_or_path"):
         if config.get(key) is not None and not isinstance(config[key], str):
-            raise PosprobeError(f"{_where(name)} has {key} = {config[key]!r}, expected a string", _hint(name))
+            raise PosprobeError(
+                f"{config_where(name)} has {key} = {config[key]!r}, expected a string", config_hint(name)
+            )
     architectures = config.get("architectures")
     if architectures is not None and not (
         isinstance(architectures, list) and all(isinstance(a, str) for a in architectures)
     ):
         raise PosprobeError(
-            f"{_where(name)} has architectures = {architectures!r}, expected a list of names", _hint(name)
+            f"{config_where(name)} has architectures = {architectures!r}, expected a list of names", config_hint(name)
         )
     recipe = config.get("posprobe")
     if recipe is not None and not isinstance(recipe, dict):
-        raise PosprobeError(f"{_where(name)} has a 'posprobe' entry that is not an object", _hint(name))
+        raise PosprobeError(f"{config_where(name)} has a 'posprobe' entry that is not an object", config_hint(name))
