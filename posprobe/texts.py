@@ -1,5 +1,6 @@
-"""Texts to run a model on: a text file (one text per non-empty line), a `.jsonl` / `.csv` column, or a column of a
-hub dataset split (`hub:NAME[:CONFIG]:SPLIT`). Read lazily, one text at a time, and validated where read: a bad
+"""Texts to run a model on: a text file (one text per non-empty line), a `.jsonl` / `.csv` column, a column of a
+hub dataset split (`hub:NAME[:CONFIG]:SPLIT`), or a text in the box (`builtin:sentences`, `builtin:kjv`:
+`posprobe.corpora`). Read lazily, one text at a time, and validated where read: a bad
 file is one `PosprobeError` naming the file and line.
 """
 
@@ -10,6 +11,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from posprobe.corpora import builtin_name, is_builtin, iter_builtin
 from posprobe.errors import PosprobeError
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".csv")
@@ -66,6 +68,11 @@ def iter_texts(path: str | Path, column: str | None = None) -> Iterator[str]:
     every format.
 
     Raises PosprobeError naming the file and line for a missing column, malformed JSON or a non-text value."""
+    if is_builtin(path):
+        if column:
+            raise PosprobeError(f"--column applies to .jsonl and .csv files, not '{path}'", "drop --column")
+        yield from iter_builtin(path)
+        return
     spec = parse_hub_texts(str(path))
     if spec is not None:
         yield from _hub_texts(spec, column)
@@ -158,7 +165,9 @@ def _encodable(text: str, where: str) -> str:
 def check_texts(path: str | Path, column: str | None = None, max_texts: int | None = None) -> int:
     """Validate the text file before any work (exists, readable, right column, not empty); return the number
     of texts that will be used (at most `max_texts`)."""
-    if parse_hub_texts(str(path)) is None and not Path(path).expanduser().is_file():
+    if is_builtin(path):
+        builtin_name(path)
+    elif parse_hub_texts(str(path)) is None and not Path(path).expanduser().is_file():
         raise PosprobeError(f"text file '{path}' does not exist", "pass a .txt, .jsonl or .csv file with --text")
     count = 0
     for _ in iter_texts(path, column):
