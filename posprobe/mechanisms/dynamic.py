@@ -19,6 +19,7 @@ from posprobe.mechanisms.base import (
     reset_parameter,
 )
 from posprobe.mechanisms.catalogue import Options
+from posprobe.mechanisms.flex import clip_bound
 
 
 class RelativeTable(PositionalMechanism):
@@ -48,7 +49,7 @@ class DynamicConvolution(RelativeTable):
 
     def score_mod(self, query: torch.Tensor, key: torch.Tensor):
         rel = _offset_scores(query, self.w)  # (B, H, n_q, 2r+1)
-        r = self.radius
+        r = clip_bound(self.radius, query.device)
 
         def dynamic_mod(score, b, h, q_idx, kv_idx):
             return score + rel[b, h, q_idx, torch.clamp(kv_idx - q_idx, -r, r) + r]
@@ -71,7 +72,7 @@ class KeyDynamicConvolution(RelativeTable):
 
     def score_mod(self, query: torch.Tensor, key: torch.Tensor):
         rel = _offset_scores(key, self.w)  # (B, H, n_k, 2r+1)
-        r = self.radius
+        r = clip_bound(self.radius, query.device)
 
         def key_dynamic_mod(score, b, h, q_idx, kv_idx):
             return score + rel[b, h, kv_idx, torch.clamp(q_idx - kv_idx, -r, r) + r]

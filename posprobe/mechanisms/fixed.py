@@ -19,6 +19,7 @@ from posprobe.mechanisms.base import (
     toeplitz,
 )
 from posprobe.mechanisms.catalogue import Options
+from posprobe.mechanisms.flex import clip_bound
 
 
 @register
@@ -39,7 +40,7 @@ class FixedConvolution(PositionalMechanism):
         return toeplitz(profile, n_q, n_k).unsqueeze(0).to(query.dtype)  # (1, H, n_q, n_k)
 
     def score_mod(self, query: torch.Tensor, key: torch.Tensor):
-        beta, r = self.beta.to(query.dtype), self.radius  # (H, 2r+1), row kc + r
+        beta, r = self.beta.to(query.dtype), clip_bound(self.radius, query.device)  # (H, 2r+1), row kc + r
 
         def fixed_mod(score, b, h, q_idx, kv_idx):
             return score + beta[h, torch.clamp(kv_idx - q_idx, -r, r) + r]

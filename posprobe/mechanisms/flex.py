@@ -37,6 +37,16 @@ def has_score_bias(mechanism) -> bool:
     return type(mechanism).score_bias is not PositionalMechanism.score_bias
 
 
+def clip_bound(radius: int, device: torch.device) -> torch.Tensor:
+    """The clip radius as a 0-dim integer tensor, for `score_mod`s that clamp `kv_idx - q_idx` to `[-r, r]`.
+
+    A plain Python `int` captured by a `score_mod` becomes a symbolic size under `torch.compile(dynamic=True)`,
+    and torch 2.11's inductor could not lower the backward of a clamp with symbolic bounds on CUDA
+    ("'ShapeAsConstantBuffer' object has no attribute 'dtype'"; seen on an H100, benchmarks/RESULTS.md §8): every
+    relative-table mechanism then fell back to the SDPA path. A tensor bound is an ordinary captured buffer."""
+    return torch.tensor(radius, device=device)
+
+
 def sum_mods(mods: list[ScoreMod | None]) -> ScoreMod | None:
     """One score_mod adding every part's bias; None if a part has no score_mod (no flex path then)."""
     if not mods or any(m is None for m in mods):
