@@ -1,8 +1,9 @@
 """The `posprobe` command line: a thin layer over the library.
 
 Each command module registers its commands on `app`; `main()` is the one place that turns a
-`PosprobeError` (or any unexpected failure, or Ctrl-C) into a single line on stderr and a non-zero exit,
-and that discards what a failed run wrote into output folders it created.
+`PosprobeError` (or any unexpected failure, or Ctrl-C) into a single line on stderr and a non-zero exit
+(with `--json`, also one JSON object `{"error", "hint", "exit_code"}` on stdout), and that discards what a failed
+run wrote into output folders it created. Results go to stdout, progress and logs to stderr (`cli.console`).
 Importing this package must stay light: no torch, transformers or matplotlib at import time.
 """
 
@@ -104,7 +105,11 @@ def main(argv: list[str] | None = None) -> None:
     import threading
 
     from posprobe import outputs
+    from posprobe.cli import console
 
+    global _json_mode
+    _json_mode = console.json_requested(sys.argv[1:] if argv is None else list(argv))
+    console.use_json_mode(_json_mode)
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -112,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = app(args=argv, standalone_mode=False)
     except PosprobeError as err:
-        _fail(err.render(cli=True), 2)
+        _fail(err.render(cli=True), 2, *err.render_parts(cli=True))
     except (KeyboardInterrupt, typer.Abort):
         _fail(_INTERRUPTED, EXIT_INTERRUPTED)
     except _Terminated:
@@ -123,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
         raise
     except Exception as err:  # usage errors (typer's bundled click) and genuine bugs
         if _is_usage_error(err):
-            _fail(_usage_line(err), 2)
+            what, hint = _usage_parts(err)
+            _fail(f"{what} — {hint}", 2, what, hint)
         if os.environ.get("POSPROBE_DEBUG"):
             outputs.discard_run()
             raise
@@ -149,19 +155,29 @@ def _is_usage_error(err: Exception) -> bool:
     return callable(getattr(err, "show", None)) and isinstance(getattr(err, "exit_code", None), int)
 
 
-def _usage_line(err: Exception) -> str:
-    """A click usage error as one line: what is wrong — where to look (`posprobe COMMAND --help`)."""
+def _usage_parts(err: Exception) -> tuple[str, str]:
+    """A click usage error as (what is wrong, where to look: `posprobe COMMAND --help`)."""
     message = " ".join(str(err.format_message()).split()) if hasattr(err, "format_message") else str(err)
     message = message.replace("Value error, ", "").rstrip(".")  # pydantic-style wording inside click's choice error
     context = getattr(err, "ctx", None)
     command = getattr(context, "command_path", None) or "posprobe"
-    return f"{message} — see `{command} --help`"
+    return message, f"see `{command} --help`"
 
 
-def _fail(message: str, code: int) -> None:
-    """Discard the failed run's outputs, print one line on stderr, exit with `code`."""
+_json_mode = False  # this run was asked for `--json` (set by `main`)
+
+
+def _fail(message: str, code: int, what: str | None = None, hint: str | None = None) -> None:
+    """Discard the failed run's outputs, print one line on stderr, exit with `code`. Under `--json`, stdout also gets
+    one object `{"error": what, "hint": hint, "exit_code": code}` (`what` defaults to the whole line), so a script
+    always has something to parse."""
     from posprobe import outputs
 
     outputs.discard_run()
     print(f"posprobe: error: {message}", file=sys.stderr, flush=True)
+    if _json_mode:
+        import json
+
+        record = {"error": what if what is not None else message, "hint": hint, "exit_code": code}
+        print(json.dumps(record, ensure_ascii=False), file=sys.stdout, flush=True)
     sys.exit(code)

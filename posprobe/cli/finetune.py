@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from posprobe.cli.console import console, emit_json
+from posprobe.cli.console import console, emit_json, log_console
 from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg
 from posprobe.cli.retrofit import DropOpt, KernelsOpt, RadiusOpt
 from posprobe.errors import PosprobeError
@@ -33,8 +33,8 @@ DataDirOpt = Annotated[
     typer.Option(
         "--data-dir",
         help="Local GLUE data: <DIR>/<task>/<split>.jsonl|json|csv|parquet (HF glue "
-        "schema) or the official TSV folders (<DIR>/CoLA/train.tsv, ...). "
-        "Default: the nyu-mll/glue dataset from the hub.",
+        "schema) or the official TSV folders (<DIR>/CoLA/train.tsv, ...); builtin:glue = a small packaged "
+        "cola/sst2 sample (not GLUE). Default: the nyu-mll/glue dataset from the hub.",
     ),
 ]
 MaxEvalOpt = Annotated[
@@ -161,7 +161,7 @@ def finetune_command(
         return
     config = FinetuneConfig(task=task, mechanism=mechanism, **settings)
     main = is_main_process()
-    log = (lambda msg: console.print(msg, markup=False)) if main else None
+    log = (lambda msg: log_console.print(msg, markup=False)) if main else None
     # the Trainer prints its log lines on stdout: keep stdout for the one JSON object
     with contextlib.redirect_stdout(sys.stderr):
         # bars and Trainer log dicts only on a terminal: piped or CI output stays clean
@@ -180,7 +180,7 @@ def _grid(tasks: list[str], mechanisms: list[str], settings: dict, *, wait: bool
     from posprobe.glue.runtime import is_main_process
 
     main = is_main_process()
-    log = (lambda msg: console.print(msg, markup=False)) if main else None
+    log = (lambda msg: log_console.print(msg, markup=False)) if main else None
     with contextlib.redirect_stdout(sys.stderr):
         result = finetune_grid(tasks, mechanisms, log=log, progress=main and sys.stderr.isatty(), wait=wait, **settings)
     if not main:
@@ -226,7 +226,7 @@ def evaluate_command(
     from posprobe.glue.runtime import is_main_process
 
     main = is_main_process()
-    log = (lambda msg: console.print(msg, markup=False)) if main else None
+    log = (lambda msg: log_console.print(msg, markup=False)) if main else None
     with contextlib.redirect_stdout(sys.stderr):
         result = evaluate(
             model_dir, task, data_dir, max_eval_samples=max_eval_samples, allow_new_head=allow_new_head, log=log

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from posprobe.cli.console import console, emit_json
+from posprobe.cli.console import console, emit_json, log_console
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt
 from posprobe.outputs import default_out
 
@@ -50,7 +50,7 @@ def kernels(
     check_window(window)
     path, _ = _check_folder(folder)
     out_dir = out if out is not None else default_out("kernels", path.resolve().name)
-    with console.status(f"reading {folder}"):
+    with log_console.status(f"reading {folder}"):
         report = learned_kernels(
             folder, window=window, text=text, compare=compare, profiles=profiles, allow_pickle=allow_pickle
         )

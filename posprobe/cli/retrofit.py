@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from posprobe.cli.console import console, emit_json
+from posprobe.cli.console import console, emit_json, log_console
 from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg
 from posprobe.mechanisms.catalogue import DEFAULT_KERNELS, DEFAULT_RADIUS, MECHANISM_NAMES
 from posprobe.outputs import default_out
@@ -90,14 +90,14 @@ def retrofit_command(
     from posprobe.retrofitting import added_parameters, retrofit, save_retrofitted, saved_model_class
 
     hf_logging.disable_progress_bar()
-    with console.status(f"loading {source.name}"):
+    with log_console.status(f"loading {source.name}"):
         net = load_model(source.path, saved_model_class(source.config), allow_pickle=allow_pickle)
     with tempfile.TemporaryDirectory(prefix="posprobe-fit-") as tmp:
         if settings.init.kind == "fit" and settings.init.path is None:
             # the TISA paper's initialisation: kernels fitted to this model's own profiles
             from posprobe.pipelines.fitting import fit_kernels_file
 
-            with console.status(f"fitting S={settings.kernels} TISA kernels to {source.name}"):
+            with log_console.status(f"fitting S={settings.kernels} TISA kernels to {source.name}"):
                 init = f"fit:{fit_kernels_file(str(source.path), settings.kernels, tmp, allow_pickle)}"
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", PosprobeWarning)
@@ -112,7 +112,7 @@ def retrofit_command(
             )
     notes = [str(w.message) for w in caught if issubclass(w.category, PosprobeWarning)]
     count = added_parameters(net)
-    with console.status(f"writing {out}"):
+    with log_console.status(f"writing {out}"):
         save_retrofitted(net, out, tokenizer_from=source.path)
     spec = dict(net.config.posprobe)
     if json_output:

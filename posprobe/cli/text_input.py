@@ -25,7 +25,9 @@ _TEXT_HELP = (
     "--column (e.g. hub:nyu-mll/glue:cola:validation), or builtin:sentences / builtin:kjv (texts in the box)."
 )
 TextOpt = Annotated[str | None, typer.Option("--text", help=_TEXT_HELP)]
-RequiredTextOpt = Annotated[str, typer.Option("--text", help=_TEXT_HELP)]  # attention, states: nothing without texts
+DEFAULT_TEXT = "builtin:sentences"  # posprobe.corpora.SENTENCES: what `attention` and `states` read without --text
+# attention, states: they need texts, so without --text they read the 144 packaged sentences
+DefaultTextOpt = Annotated[str, typer.Option("--text", help=_TEXT_HELP + " Default: the 144 packaged sentences.")]
 ColumnOpt = Annotated[str | None, typer.Option("--column", help="Column of a .jsonl/.csv file with the texts.")]
 InputOpt = Annotated[
     TextInput | None,
