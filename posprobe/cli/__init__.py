@@ -60,6 +60,23 @@ def _root(
     """Measure, fit and retrofit positional mechanisms in pretrained transformers."""
 
 
+def _flags_show_no_type() -> None:
+    """`--help` lists a flag (`--json`, `--allow-pickle`, `--help`) without a type: typer's rich help showed
+    `--json <bool>`, as if the flag took a value. One change to typer's option class here, so that every command
+    (new ones too) inherits it."""
+    import typer.core
+
+    shown = typer.core.TyperOption.display_type_rich
+    if getattr(shown, "_posprobe", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag and self.metavar is None else shown(self, ctx)
+
+    display_type_rich._posprobe = True
+    typer.core.TyperOption.display_type_rich = display_type_rich
+
+
 def _register_commands() -> None:
     from posprobe.cli import analysis, attention, finetune, fitting, learned_kernels, retrofit, rotary, states
 
@@ -89,6 +106,7 @@ def reflow_help(doc: str) -> str:
     return "\n\n".join(paragraphs)
 
 
+_flags_show_no_type()
 _register_commands()
 
 

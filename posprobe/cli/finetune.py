@@ -32,7 +32,7 @@ DataDirOpt = Annotated[
     Path | None,
     typer.Option(
         "--data-dir",
-        help="Local GLUE data: <DIR>/<task>/<split>.jsonl|json|csv|parquet (HF glue "
+        help="Local GLUE data: <DIR>/<task>/<split>.jsonl (or .json, .csv, .parquet; HF glue "
         "schema) or the official TSV folders (<DIR>/CoLA/train.tsv, ...); builtin:glue = a small packaged "
         "cola/sst2 sample (not GLUE). Default: the nyu-mll/glue dataset from the hub.",
     ),
@@ -97,7 +97,7 @@ def finetune_command(
         typer.Option(
             "--out",
             help="Run folder for checkpoints, models and results "
-            "(default: posprobe-out/finetune/<model>/<task>-<mechanism>).",
+            "(default: <task>-<mechanism> in the folder <model> of posprobe-out/finetune).",
         ),
     ] = None,
     resume: Annotated[

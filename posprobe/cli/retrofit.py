@@ -23,7 +23,7 @@ RetrofitOutOpt = Annotated[
     Path | None,
     typer.Option(
         "--out",
-        help="Folder to write (must not exist or be empty; default: posprobe-out/retrofit/<model>-<mechanism>).",
+        help="Folder to write (must not exist or be empty; default: <model>-<mechanism> in posprobe-out/retrofit).",
         show_default=False,
     ),
 ]

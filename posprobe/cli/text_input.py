@@ -22,7 +22,8 @@ class TextInput(str, Enum):
 
 _TEXT_HELP = (
     "Texts: one per line (.txt), .jsonl / .csv with --column, or a hub dataset split hub:NAME[:CONFIG]:SPLIT with "
-    "--column (e.g. hub:nyu-mll/glue:cola:validation), or builtin:sentences / builtin:kjv (texts in the box)."
+    "--column (e.g. NAME nyu-mll/glue, CONFIG cola, SPLIT validation), or builtin:sentences / builtin:kjv (texts "
+    "in the box)."
 )
 TextOpt = Annotated[str | None, typer.Option("--text", help=_TEXT_HELP)]
 DEFAULT_TEXT = "builtin:sentences"  # posprobe.corpora.SENTENCES: what `attention` and `states` read without --text
