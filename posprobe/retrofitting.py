@@ -116,6 +116,17 @@ def _kernels_by_depth(kernels_file, n_depths: int, n_heads: int, shared: bool) -
     return {layer: (a[t], b[t], c[t]) for t, layer in enumerate(layers)}
 
 
+FIT_PROVENANCE_KEYS = ("model", "model_type", "quantization", "mode", "n_kernels", "window", "fitted_offsets", "layers")
+
+
+def fit_provenance(kernels_file) -> dict:
+    """What made the kernels of an ``init='fit:FILE'`` retrofit (recorded as `init_fit` in `config.posprobe`): the
+    file, and from its metadata the model fitted, its quantisation, the mode, S, the window, the fitted offsets
+    and layers — so the recipe still says where the start came from when the file is gone."""
+    metadata = kernels_file.metadata or {}
+    return {"kernels_file": str(kernels_file.path)} | {k: metadata[k] for k in FIT_PROVENANCE_KEYS if k in metadata}
+
+
 def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
     """Attach mechanisms and hooks as described by `spec` (no initialisation); returns the depth slots."""
     _family(model)
@@ -230,6 +241,7 @@ def _retrofit_loaded(model: nn.Module, settings: MechanismSettings, drop_positio
     }
     fitted: dict[int, tuple] = {}
     if settings.kernels_file is not None:
+        spec["init_fit"] = fit_provenance(settings.kernels_file)
         shared = _family(model).shared_layers or settings.kernels_file.shared_layers
         slots = depth_slots(model)
         fitted = _kernels_by_depth(settings.kernels_file, len(slots), slots[0][0].num_attention_heads, shared)

@@ -92,8 +92,9 @@ def retrofit_command(
     hf_logging.disable_progress_bar()
     with log_console.status(f"loading {source.name}"):
         net = load_model(source.path, saved_model_class(source.config), allow_pickle=allow_pickle)
+    fitted_here = settings.init.kind == "fit" and settings.init.path is None
     with tempfile.TemporaryDirectory(prefix="posprobe-fit-") as tmp:
-        if settings.init.kind == "fit" and settings.init.path is None:
+        if fitted_here:
             # the TISA paper's initialisation: kernels fitted to this model's own profiles
             from posprobe.pipelines.fitting import fit_kernels_file
 
@@ -110,6 +111,12 @@ def retrofit_command(
                 drop_position_embeddings=drop_position_embeddings,
                 seed=seed,
             )
+    if fitted_here:  # the kernels file was temporary: record what made the fit, not a path that is gone
+        recipe = net.config.posprobe
+        recipe["init"] = init = "fit"
+        recipe["init_fit"] = {"kernels_file": None} | {
+            k: v for k, v in recipe["init_fit"].items() if k != "kernels_file"
+        }
     notes = [str(w.message) for w in caught if issubclass(w.category, PosprobeWarning)]
     count = added_parameters(net)
     with log_console.status(f"writing {out}"):
@@ -126,6 +133,7 @@ def retrofit_command(
                 "radius": spec["radius"],
                 "kernels": spec["kernels"],
                 "init": init,
+                "init_fit": spec.get("init_fit"),
                 "drop_position_embeddings": drop_position_embeddings,
                 "notes": notes,
             }
