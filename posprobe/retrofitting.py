@@ -41,7 +41,13 @@ from torch import nn
 from posprobe.checkpoint.resolve import TOKENIZER_FILES
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.mechanisms.base import ROLES, PositionalMechanism
-from posprobe.mechanisms.catalogue import MechanismSettings, check_settings, mechanism_info
+from posprobe.mechanisms.catalogue import (
+    CONFIG_KEY,
+    MechanismSettings,
+    check_retrofittable,
+    check_settings,
+    mechanism_info,
+)
 from posprobe.retrofit_attention import (
     ATTENTION_NAME,
     RETROFIT_MODEL_TYPES,
@@ -61,7 +67,6 @@ from posprobe.retrofit_attention import (
 )
 from posprobe.validation import as_bool, as_int
 
-CONFIG_KEY = "posprobe"
 _FORMAT_VERSION = 1
 INITIAL_FILE = "posprobe_initial.safetensors"  # mechanism parameters as retrofit set them (beside the model)
 
@@ -217,8 +222,7 @@ def retrofit(
         from posprobe.checkpoint.loading import build_model
 
         source = resolve_model(None if model is None else str(model), allow_pickle=allow_pickle)
-        if source.config.get(CONFIG_KEY):
-            raise PosprobeError("this model is already retrofitted", "start from the original checkpoint")
+        check_retrofittable(source.config)
         model = build_model(source, saved_model_class(source.config))
     return _retrofit_loaded(model, settings, drop_position_embeddings, seed)
 

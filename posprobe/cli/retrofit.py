@@ -77,6 +77,9 @@ def retrofit_command(
 
     settings = check_settings(mechanism, radius=radius, kernels=kernels, init=init)  # before any model is loaded
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
+    from posprobe.mechanisms.catalogue import check_retrofittable
+
+    check_retrofittable(source.config)  # a family retrofit cannot use is refused before its weights are read
     out = (out if out is not None else default_out("retrofit", f"{source.label}-{settings.mechanism}")).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise PosprobeError(
