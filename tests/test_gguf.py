@@ -7,6 +7,7 @@ The tiny files are written in code as llama.cpp converts models (tests/gguf_file
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,7 +170,11 @@ def test_a_second_command_reads_the_config_from_the_cache_without_torch(tiny_ggu
         "import json, sys; from posprobe.checkpoint import resolve_model; c = resolve_model(sys.argv[1]).config; "
         "print(json.dumps([c, 'torch' in sys.modules, 'transformers.configuration_utils' in sys.modules]))"
     )
-    env = {**os.environ, "POSPROBE_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {
+        **os.environ,
+        "POSPROBE_CACHE_DIR": str(tmp_path / "cache"),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
 
     def run():
         done = subprocess.run([sys.executable, "-c", code, str(file)], capture_output=True, text=True, env=env)

@@ -139,3 +139,26 @@ def test_finetune_hub_hint_names_the_sample_offline(monkeypatch):
     with pytest.raises(PosprobeError) as info:
         data.load_glue("rte")
     assert "builtin:glue" not in str(info.value)
+
+
+def test_long_phases_say_what_they_do(tiny_bert_folder, monkeypatch):  # noqa: F811
+    """`states` sat at 0/300 texts, then at 300/300, with no word: reading the weights and fitting the probes are now
+    named as they begin (`posprobe.phases`); the CLI shows them on a terminal, as one dim line each."""
+    import io
+
+    from rich.console import Console
+
+    import posprobe
+    from posprobe.cli import console
+    from posprobe.phases import phase, reporting_phases
+
+    said: list[str] = []
+    with reporting_phases(said.append):
+        posprobe.states(str(tiny_bert_folder), ["w1 w2 w3 w4"] * 6, max_length=8, min_texts=2)
+    phase("outside the block: nobody listens")  # no listener: nothing happens
+    assert said[0].startswith("reading the weights of ") and str(tiny_bert_folder) in said[0]
+    assert said[-1].startswith("fitting the position probes of 3 hidden states")
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=200)
+    monkeypatch.setattr(console, "log_console", terminal)
+    console.show_phase("reading the weights of [model]")
+    assert "reading the weights of [model]…" in terminal.file.getvalue()

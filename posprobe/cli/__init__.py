@@ -132,8 +132,11 @@ def main(argv: list[str] | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     outputs.begin_run()
+    from posprobe.phases import reporting_phases
+
     try:
-        code = app(args=argv, standalone_mode=False)
+        with reporting_phases(console.show_phase):  # long steps say what they do (stderr, on a terminal)
+            code = app(args=argv, standalone_mode=False)
     except PosprobeError as err:
         _fail(err.render(cli=True), 2, *err.render_parts(cli=True))
     except (KeyboardInterrupt, typer.Abort):

@@ -39,6 +39,15 @@ def json_requested(argv: list[str]) -> bool:
     return False
 
 
+def show_phase(message: str) -> None:
+    """A phase of long work (`posprobe.phases.phase`) as one dim line on stderr — only on a terminal, like the
+    progress bars, so that pipes and logs stay as they were."""
+    if log_console.is_terminal:
+        from rich.text import Text
+
+        log_console.print(Text(f"{message}…", style="dim"))  # Text: a name with [brackets] is not markup
+
+
 def emit_json(obj: Any) -> None:
     from posprobe.outputs import _json_default
 
