@@ -170,11 +170,12 @@ def _tile(matrix: np.ndarray, limit: float, size: int) -> np.ndarray:
     return _coloured(matrix, limit, pixels=size)[0]
 
 
-def fhat_grid(result, scale: str = "shared") -> Mosaic:
+def fhat_grid(result, scale: str = "per-head") -> Mosaic:
     """One F_hat_P image per head of a layer (paper Fig. 8) on a diverging scale centred on 0; R^2 in each
-    label (none where the result is Toeplitz by construction: the title says so). `scale='shared'` (default): one
-    colour scale for every head, so heads can be compared, with one colorbar; `'per-head'`: each head its own
-    symmetric scale, its limit written in its label.
+    label (none where the result is Toeplitz by construction: the title says so). `scale='per-head'` (default):
+    each head its own symmetric scale, its limit written in its label — on a shared scale one head with large
+    scores (MiniLM's layer 0) left ten of twelve panels looking empty; `'shared'`: one colour scale for every
+    head, so their sizes can be compared, with one colorbar. The title says which scale the figure uses.
 
     Axis labels (query i down, key j across, 0 and n-1) on the outer panels only. Panels are about TILE_PIXELS
     wide whatever n (`tile_pixels`), cells and the whole image wide enough for their texts. Returns a `Mosaic`
@@ -198,7 +199,7 @@ def fhat_grid(result, scale: str = "shared") -> Mosaic:
         names.append(f"head {h}{stat}{extra}")
     label_font = _font(LABEL_SIZE)
     cell = max(size, math.ceil(max(label_font.getlength(name) for name in names)) + 6)  # a label fits its cell
-    scale_note = "one colour scale for all heads" if shared is not None else "each head its own colour scale"
+    scale_note = "one colour scale for all heads" if shared is not None else "each head its own colour scale: ±limit"
     notes = causal_note(result) + ("; Toeplitz by construction" if by_construction else "")
     kind = layer_kind_note(getattr(result, "layer_kind", None))
     title = f"{result.model}{quantization_note(result)}\nF̂_P, layer {result.layer}{kind}, {result.mode} mode"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from rich.cells import cell_len
 from test_attention import tiny_bert_folder  # noqa: F401 - fixture
@@ -162,3 +163,27 @@ def test_long_phases_say_what_they_do(tiny_bert_folder, monkeypatch):  # noqa: F
     monkeypatch.setattr(console, "log_console", terminal)
     console.show_phase("reading the weights of [model]")
     assert "reading the weights of [model]…" in terminal.file.getvalue()
+
+
+def test_fhat_defaults_show_what_is_there(tiny_bert_folder):  # noqa: F811
+    """`fhat --text F` on a model with a learned table defaulted to the 'mean' input, constant by construction
+    (every score of a head one number, R² undefined); the default is now 'position-mean' there and 'mean' for a
+    relative mechanism (whose 'mean' scores show it). The grid's default colour scale is per head, and the title
+    says so (one head with large scores made ten of twelve shared-scale panels look empty)."""
+    from family_models import build
+
+    import posprobe
+    from posprobe import plotting
+    from posprobe.pipelines.data_conditioned import default_input
+
+    texts = [" ".join(f"w{(7 * t + i) % 60}" for i in range(10)) for t in range(8)]
+    result = posprobe.fhat(str(tiny_bert_folder), texts=texts, min_texts=2)
+    assert result.conditioning["input"] == "position-mean"
+    assert np.isfinite(np.asarray(result.toeplitz_r2, dtype=float)).all()  # defined: the scores vary
+    forced = posprobe.fhat(str(tiny_bert_folder), texts=texts, input="mean")
+    assert all(np.ptp(m) < 1e-9 for m in forced.matrices)  # what the old default gave: one number per head
+    assert default_input("rotary") == "mean" and default_input("learned") == "position-mean"
+    llama = build("llama")
+    assert posprobe.fhat(llama, input_ids=[[3, 4, 5, 6, 7, 8]] * 4).conditioning["input"] == "mean"
+    assert "each head its own colour scale" in plotting.fhat_grid(result).title
+    assert "one colour scale for all heads" in plotting.fhat_grid(result, scale="shared").title

@@ -34,8 +34,9 @@ InputOpt = Annotated[
     TextInput | None,
     typer.Option(
         "--input",
-        help="With --text: 'mean' (x_l over tokens at positions ≥ 1; default) or 'position-mean' (x_l(i) per "
-        "position).",
+        help="With --text: 'mean' (x_l over tokens at positions ≥ 1) or 'position-mean' (x_l(i) per position). "
+        "Default: position-mean for a model with a position table (learned or sinusoidal: 'mean' would average "
+        "it away), mean otherwise.",
     ),
 ]
 MinTextsOpt = Annotated[
