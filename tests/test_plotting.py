@@ -50,8 +50,8 @@ def test_fhat_grid_displays_and_saves_like_the_cli(tmp_path):
 
 def test_fhat_grid_scales():
     result = fhat_result()
-    shared = plotting.fhat_grid(result)
-    per_head = plotting.fhat_grid(result, scale="per-head")
+    shared = plotting.fhat_grid(result, scale="shared")
+    per_head = plotting.fhat_grid(result)  # the default
     assert "one colour scale" in shared.title and "each head its own" in per_head.title
     assert any("±" in label[2] for label in per_head.labels) and not any("±" in lab[2] for lab in shared.labels)
     assert shared.size[0] > per_head.size[0]  # the shared scale has a colorbar
