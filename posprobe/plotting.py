@@ -324,7 +324,7 @@ def compare_heatmaps(rows, labels: list[str] | None = None):
     labels = list(labels) if labels is not None else [row.label for row in rows]
     fig = _figure(4.2 * len(rows), 4.1)
     axes = fig.subplots(
-        1, len(rows), squeeze=False, gridspec_kw=dict(left=0.06, right=0.92, bottom=0.09, top=0.84, wspace=0.35)
+        1, len(rows), squeeze=False, gridspec_kw=dict(left=0.06, right=0.92, bottom=0.09, top=0.8, wspace=0.35)
     )
     for row, label, ax in zip(rows, labels, axes.flat):
         _matrix_panel(fig, ax, row.matrix, _symmetric_limit(row.matrix))
@@ -333,8 +333,8 @@ def compare_heatmaps(rows, labels: list[str] | None = None):
         shaded = name != "P" and bool(getattr(row, "causal", False))
         if shaded:  # scores a causal model never uses (key after query, k = j - i > 0), as `profiles` shades them
             ax.fill([-0.5, n - 0.5, n - 0.5], [-0.5, -0.5, n - 0.5], color="0.8", alpha=0.85, lw=0)
-        stat = f"R² = {format_r2(row.toeplitz_r2, 3)}" if name == "P" else name + causal_note(row)
-        stat += "; k > 0 shaded (unused)" if shaded else ""
+        stat = f"R² = {format_r2(row.toeplitz_r2, 3)}" if name == "P" else name
+        stat += "\ncausal: k > 0 shaded (unused)" if shaded else ""
         ax.set_title(f"{label}{quantization_note(row)}\n{stat}", fontsize=9)
         ax.set_xticks([0, n - 1]), ax.set_yticks([0, n - 1])
         ax.tick_params(labelsize=7, length=2)
