@@ -187,3 +187,29 @@ def test_fhat_defaults_show_what_is_there(tiny_bert_folder):  # noqa: F811
     assert posprobe.fhat(llama, input_ids=[[3, 4, 5, 6, 7, 8]] * 4).conditioning["input"] == "mean"
     assert "each head its own colour scale" in plotting.fhat_grid(result).title
     assert "one colour scale for all heads" in plotting.fhat_grid(result, scale="shared").title
+
+
+def test_grid_table_of_every_metric_keeps_each_row_on_one_line_at_80_columns():
+    """The grid's Δ cell (mean ± s.e. [95% interval], p) took 4 lines at 80 columns: the terminal table now has Δ
+    and p columns (the interval stays in the main-metric table and results.md), each row one line."""
+    import io
+
+    from rich.console import Console
+
+    from posprobe.cli.finetune import _all_metrics_table, _grid_table
+
+    delta = {"mean": 0.016, "stderr": 0.018, "ci95": [-0.019, 0.052], "p_value": 0.5, "n": 3, "p_exact": True}
+    summary = [
+        {"task": "mrpc", "metric": metric, "mechanism": mech, "median": 0.8123, "mean": 0.8101, "stderr": 0.0123,
+         "n": 3, "delta": None if mech == "none" else delta}
+        for metric in ("f1", "accuracy") for mech in ("none", "composite")
+    ]  # fmt: skip
+    title, header, rows = _all_metrics_table({"mechanisms": ["none", "composite"], "summary": summary})
+    assert rows[1][-2:] == ["+0.0160 ± 0.0180", "0.5"] and rows[0][-2:] == ["baseline", ""]
+    table = _grid_table(title, header, rows)
+    console = Console(file=io.StringIO(), width=80)
+    console.print(table)
+    text = console.file.getvalue()
+    body = text.split("─")[-1].strip("\n").splitlines()  # under the header rule
+    assert len(body) == 4 and all(line.lstrip().startswith("mrpc") for line in body), text  # a row, a line
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
