@@ -213,3 +213,16 @@ def test_grid_table_of_every_metric_keeps_each_row_on_one_line_at_80_columns():
     body = text.split("─")[-1].strip("\n").splitlines()  # under the header rule
     assert len(body) == 4 and all(line.lstrip().startswith("mrpc") for line in body), text  # a row, a line
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+
+
+def test_params_title_and_fit_tisa_sweep_fit_80_columns(tiny_checkpoints, tmp_path, capsys, monkeypatch):
+    """`params`' title was 85–92 columns; `fit-tisa --kernels 1,3,5` folded a kernels file name over two lines."""
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run_cli(["params", tiny_checkpoints["bert"]], capsys)
+    title = out.split("┏")[0].splitlines()
+    assert code == 0 and len(title) == 2 and max(cell_len(line) for line in title) <= 80
+    assert title[0].startswith("Positional parameters — ") and title[1].startswith("n=64, d=32, H=4, L=2")
+    code, out, _ = run_cli(["fit-tisa", tiny_checkpoints["bert"], "--kernels", "1,3", "--out", tmp_path], capsys)
+    names = [line for line in out.splitlines() if ".safetensors" in line]
+    assert code == 0 and [line.split(": ")[0] for line in names] == ["S=1", "S=3"]
+    assert all(line.endswith(".safetensors") and "tisa_kernels_S" in line for line in names)
