@@ -23,37 +23,28 @@ from posprobe.errors import PosprobeError, first_line
 GGUF_HINT = "convert the model with llama.cpp's convert_hf_to_gguf.py, or use its safetensors checkpoint"
 
 
-# what transformers' `load_gguf_checkpoint` special-cases (renamed architectures, settings read from tensor names,
-# extra fields); any architecture containing one of these goes through transformers' own route
-_SPECIAL_ARCHITECTURES = (
-    "t5",
-    "qwen2moe",
-    "qwen3moe",
-    "gpt_oss",
-    "gpt-oss",
-    "minimax-m2",
-    "stablelm",
-    "lfm2",
-    "gemma4",
-)
-_TIED_ANYWAY = ("falcon", "bloom")  # transformers marks these tied whatever tensors the file holds
-
-
 def raw_config_from_header(header: GGUFHeader) -> dict | None:
     """The config keys transformers' GGUF loader reads from this file's metadata (`load_gguf_checkpoint(path,
     return_tensors=False)["config"]`), computed from the parsed header; None where the loader special-cases the
     architecture or does not support it (then ask it: `gguf_config` does)."""
     from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
 
+    from posprobe.families.table import (
+        GGUF_LOADER_SPECIAL,
+        GGUF_NAME_RENAMES,
+        GGUF_RENAMED_MODEL_TYPES,
+        GGUF_TIED_ANYWAY,
+    )
+
     arch = header.metadata.get("general.architecture")
-    name = header.metadata.get("general.name")
+    name = str(header.metadata.get("general.name", ""))
     if not isinstance(arch, str) or arch not in GGUF_CONFIG_MAPPING:
         return None
-    if any(special in arch for special in _SPECIAL_ARCHITECTURES):
+    if any(special in arch for special in GGUF_LOADER_SPECIAL):
         return None
-    if "llama" in arch and name is not None and "mistral" in (name if isinstance(name, str) else str(name)):
+    if any(family in arch and word in name for family, word in GGUF_NAME_RENAMES):
         return None
-    config: dict = {"tie_word_embeddings": "output.weight" not in header.tensors or arch in _TIED_ANYWAY}
+    config: dict = {"tie_word_embeddings": "output.weight" not in header.tensors or arch in GGUF_TIED_ANYWAY}
     for key, value in (GGUF_CONFIG_DEFAULTS_MAPPING.get(arch) or {}).items():
         config.setdefault(key, value)
     for key, value in header.metadata.items():
@@ -67,8 +58,8 @@ def raw_config_from_header(header: GGUFHeader) -> dict | None:
             if len(value) == 1:  # a one-item array reads as its item, as in transformers' loader
                 value = value[0]
         config[renamed] = value
-    if config.get("model_type") == "gemma3":  # a Gemma 3 GGUF holds the text backbone only
-        config["model_type"] = "gemma3_text"
+    if config.get("model_type") in GGUF_RENAMED_MODEL_TYPES:
+        config["model_type"] = GGUF_RENAMED_MODEL_TYPES[config["model_type"]]
     tokens = header.metadata.get("tokenizer.ggml.tokens")
     if "vocab_size" not in config and isinstance(tokens, list):
         config["vocab_size"] = len(tokens)
