@@ -35,7 +35,12 @@ class PosprobeError(Exception):
 
     def render(self, cli: bool = False) -> str:
         """One line: message — hint (`cli` words argument names as command-line flags)."""
-        return f"{self.message} — {self.hint}" if self.hint else self.message
+        message, hint = self.render_parts(cli)
+        return f"{message} — {hint}" if hint else message
+
+    def render_parts(self, cli: bool = False) -> tuple[str, str | None]:
+        """(message, hint) as `render` words them (for the `--json` error object)."""
+        return self.message, self.hint
 
     def __str__(self) -> str:
         return self.render(cli=False)
@@ -50,15 +55,14 @@ class ArgumentError(PosprobeError):
         self.argument = argument
         self.flag = flag or "--" + argument.replace("_", "-")
 
-    def render(self, cli: bool = False) -> str:
+    def render_parts(self, cli: bool = False) -> tuple[str, str | None]:
         """`{arg}` -> `--layer` (cli) or `layer`; `{arg=5}` -> `--layer 5` (cli) or `layer=5`."""
-        import re
 
         def word(text: str) -> str:
             text = re.sub(r"\{arg=([^{}]*)\}", (rf"{self.flag} \1" if cli else rf"{self.argument}=\1"), text)
             return text.replace("{arg}", self.flag if cli else self.argument)
 
-        return f"{word(self.message)} — {word(self.hint)}" if self.hint else word(self.message)
+        return word(self.message), (word(self.hint) if self.hint else None)
 
 
 class ArgumentValueError(ArgumentError, ValueError):

@@ -170,11 +170,12 @@ def _tile(matrix: np.ndarray, limit: float, size: int) -> np.ndarray:
     return _coloured(matrix, limit, pixels=size)[0]
 
 
-def fhat_grid(result, scale: str = "shared") -> Mosaic:
+def fhat_grid(result, scale: str = "per-head") -> Mosaic:
     """One F_hat_P image per head of a layer (paper Fig. 8) on a diverging scale centred on 0; R^2 in each
-    label (none where the result is Toeplitz by construction: the title says so). `scale='shared'` (default): one
-    colour scale for every head, so heads can be compared, with one colorbar; `'per-head'`: each head its own
-    symmetric scale, its limit written in its label.
+    label (none where the result is Toeplitz by construction: the title says so). `scale='per-head'` (default):
+    each head its own symmetric scale, its limit written in its label — on a shared scale one head with large
+    scores (MiniLM's layer 0) left ten of twelve panels looking empty; `'shared'`: one colour scale for every
+    head, so their sizes can be compared, with one colorbar. The title says which scale the figure uses.
 
     Axis labels (query i down, key j across, 0 and n-1) on the outer panels only. Panels are about TILE_PIXELS
     wide whatever n (`tile_pixels`), cells and the whole image wide enough for their texts. Returns a `Mosaic`
@@ -198,7 +199,7 @@ def fhat_grid(result, scale: str = "shared") -> Mosaic:
         names.append(f"head {h}{stat}{extra}")
     label_font = _font(LABEL_SIZE)
     cell = max(size, math.ceil(max(label_font.getlength(name) for name in names)) + 6)  # a label fits its cell
-    scale_note = "one colour scale for all heads" if shared is not None else "each head its own colour scale"
+    scale_note = "one colour scale for all heads" if shared is not None else "each head its own colour scale: ±limit"
     notes = causal_note(result) + ("; Toeplitz by construction" if by_construction else "")
     kind = layer_kind_note(getattr(result, "layer_kind", None))
     title = f"{result.model}{quantization_note(result)}\nF̂_P, layer {result.layer}{kind}, {result.mode} mode"
@@ -323,12 +324,20 @@ def compare_heatmaps(rows, labels: list[str] | None = None):
     labels = list(labels) if labels is not None else [row.label for row in rows]
     fig = _figure(4.2 * len(rows), 4.1)
     axes = fig.subplots(
-        1, len(rows), squeeze=False, gridspec_kw=dict(left=0.02, right=0.92, bottom=0.04, top=0.84, wspace=0.35)
+        1, len(rows), squeeze=False, gridspec_kw=dict(left=0.06, right=0.92, bottom=0.09, top=0.8, wspace=0.35)
     )
     for row, label, ax in zip(rows, labels, axes.flat):
         _matrix_panel(fig, ax, row.matrix, _symmetric_limit(row.matrix))
         name = getattr(row, "matrix_name", "P")
-        stat = f"R² = {format_r2(row.toeplitz_r2, 3)}" if name == "P" else name + causal_note(row)
+        n = row.matrix.shape[0]
+        shaded = name != "P" and bool(getattr(row, "causal", False))
+        if shaded:  # scores a causal model never uses (key after query, k = j - i > 0), as `profiles` shades them
+            ax.fill([-0.5, n - 0.5, n - 0.5], [-0.5, -0.5, n - 0.5], color="0.8", alpha=0.85, lw=0)
+        stat = f"R² = {format_r2(row.toeplitz_r2, 3)}" if name == "P" else name
+        stat += "\ncausal: k > 0 shaded (unused)" if shaded else ""
         ax.set_title(f"{label}{quantization_note(row)}\n{stat}", fontsize=9)
-        ax.set_xticks([]), ax.set_yticks([])
+        ax.set_xticks([0, n - 1]), ax.set_yticks([0, n - 1])
+        ax.tick_params(labelsize=7, length=2)
+        ax.set_xlabel("position j" if name == "P" else "key j", fontsize=8, labelpad=-6)
+        ax.set_ylabel("position i" if name == "P" else "query i", fontsize=8, labelpad=-8)
     return fig

@@ -22,10 +22,18 @@ def _axes(fig, rows: int, cols: int, **space):
 
 
 def head_grid(offsets, curves: list[tuple[str, np.ndarray, dict]], title: str):
-    """Rows = layers, columns = heads; each curve `(label, (L, H, K), line style)` drawn in every panel."""
+    """Rows = layers, columns = heads; each curve `(label, (L, H, K), line style)` drawn in every panel.
+
+    Tick labels carry their own exponent ('2e-05'): matplotlib's shared offset text ('1e-5' above the axis) sat on
+    the head titles. The legend is one row under the figure title, outside every panel (in panel L0 H0 it hid
+    the curves and the 'layer 0' label)."""
+    from matplotlib.ticker import FuncFormatter
+
     L, H = curves[0][1].shape[:2]
-    fig = _figure(1.5 * H + 0.6, 1.15 * L + 0.9)
-    axes = _axes(fig, L, H, left=0.6 / (1.5 * H + 0.6), wspace=0.35, hspace=0.55)
+    height = 1.15 * L + 1.2
+    fig = _figure(1.5 * H + 0.6, height)
+    axes = _axes(fig, L, H, left=0.6 / (1.5 * H + 0.6), wspace=0.45, hspace=0.55, top=1 - 0.85 / height)
+    compact = FuncFormatter(lambda v, _: f"{v:.2g}")
     for li in range(L):
         for h in range(H):
             ax = axes[li, h]
@@ -33,13 +41,16 @@ def head_grid(offsets, curves: list[tuple[str, np.ndarray, dict]], title: str):
                 ax.plot(offsets, values[li, h], label=label, **style)
             ax.axvline(0, color="grey", lw=0.4)
             ax.tick_params(labelsize=5, length=2)
+            ax.yaxis.set_major_formatter(compact)
             if li == 0:
                 ax.set_title(f"head {h}", fontsize=7)
             if h == 0:
                 ax.set_ylabel(f"layer {li}", fontsize=7)
+    fig.suptitle(title, fontsize=9, y=1 - 0.08 / height, va="top")
     if len(curves) > 1:
-        axes[0, 0].legend(fontsize=5, loc="best")
-    fig.suptitle(title, fontsize=9)
+        handles, labels = axes[0, 0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.4 / height), ncol=len(curves),
+                   fontsize=6, frameon=False)  # fmt: skip
     return fig
 
 

@@ -18,7 +18,7 @@ from torch import nn
 import posprobe.mechanisms.flex as flex
 from posprobe.errors import PosprobeError
 from posprobe.families.context import reserved_rows
-from posprobe.families.table import Family, family_for_type, model_types
+from posprobe.families.table import Family, model_types
 from posprobe.mechanisms.base import PositionalMechanism
 from posprobe.mechanisms.catalogue import LayerShape
 
@@ -139,14 +139,9 @@ def model_type(model: nn.Module) -> str:
 
 def _family(model: nn.Module) -> Family:
     """The family-table entry of a model retrofit can install into; one clear error otherwise."""
-    kind = model_type(model)
-    family = family_for_type(kind)
-    if family is None or not family.retrofit:
-        raise PosprobeError(
-            f"cannot retrofit a '{kind}' model: only {', '.join(RETROFIT_MODEL_TYPES)} are supported",
-            "use a BERT, RoBERTa, XLM-R, ALBERT or ELECTRA checkpoint",
-        )
-    return family
+    from posprobe.mechanisms.catalogue import retrofit_family
+
+    return retrofit_family(model_type(model))
 
 
 def _module_at(model: nn.Module, path: str) -> nn.Module | None:

@@ -41,7 +41,13 @@ from torch import nn
 from posprobe.checkpoint.resolve import TOKENIZER_FILES
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.mechanisms.base import ROLES, PositionalMechanism
-from posprobe.mechanisms.catalogue import MechanismSettings, check_settings, mechanism_info
+from posprobe.mechanisms.catalogue import (
+    CONFIG_KEY,
+    MechanismSettings,
+    check_retrofittable,
+    check_settings,
+    mechanism_info,
+)
 from posprobe.retrofit_attention import (
     ATTENTION_NAME,
     RETROFIT_MODEL_TYPES,
@@ -61,7 +67,6 @@ from posprobe.retrofit_attention import (
 )
 from posprobe.validation import as_bool, as_int
 
-CONFIG_KEY = "posprobe"
 _FORMAT_VERSION = 1
 INITIAL_FILE = "posprobe_initial.safetensors"  # mechanism parameters as retrofit set them (beside the model)
 
@@ -114,6 +119,17 @@ def _kernels_by_depth(kernels_file, n_depths: int, n_heads: int, shared: bool) -
             stacklevel=4,
         )
     return {layer: (a[t], b[t], c[t]) for t, layer in enumerate(layers)}
+
+
+FIT_PROVENANCE_KEYS = ("model", "model_type", "quantization", "mode", "n_kernels", "window", "fitted_offsets", "layers")
+
+
+def fit_provenance(kernels_file) -> dict:
+    """What made the kernels of an ``init='fit:FILE'`` retrofit (recorded as `init_fit` in `config.posprobe`): the
+    file, and from its metadata the model fitted, its quantisation, the mode, S, the window, the fitted offsets
+    and layers — so the recipe still says where the start came from when the file is gone."""
+    metadata = kernels_file.metadata or {}
+    return {"kernels_file": str(kernels_file.path)} | {k: metadata[k] for k in FIT_PROVENANCE_KEYS if k in metadata}
 
 
 def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
@@ -206,8 +222,7 @@ def retrofit(
         from posprobe.checkpoint.loading import build_model
 
         source = resolve_model(None if model is None else str(model), allow_pickle=allow_pickle)
-        if source.config.get(CONFIG_KEY):
-            raise PosprobeError("this model is already retrofitted", "start from the original checkpoint")
+        check_retrofittable(source.config)
         model = build_model(source, saved_model_class(source.config))
     return _retrofit_loaded(model, settings, drop_position_embeddings, seed)
 
@@ -230,6 +245,7 @@ def _retrofit_loaded(model: nn.Module, settings: MechanismSettings, drop_positio
     }
     fitted: dict[int, tuple] = {}
     if settings.kernels_file is not None:
+        spec["init_fit"] = fit_provenance(settings.kernels_file)
         shared = _family(model).shared_layers or settings.kernels_file.shared_layers
         slots = depth_slots(model)
         fitted = _kernels_by_depth(settings.kernels_file, len(slots), slots[0][0].num_attention_heads, shared)

@@ -202,7 +202,10 @@ def test_kernels_from_the_file_are_said(tiny_checkpoints, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "S = 2 kernels per head, from" in result.output
-    assert json.loads((out / "config.json").read_text())["posprobe"]["kernels"] == 2
+    recipe = json.loads((out / "config.json").read_text())["posprobe"]
+    assert (
+        recipe["kernels"] == 2 and recipe["init"] == f"fit:{path}" and recipe["init_fit"]["kernels_file"] == str(path)
+    )
 
 
 def test_default_out_folder(tiny_checkpoints, tmp_path, monkeypatch):
@@ -240,7 +243,12 @@ def test_init_fit_fits_this_models_kernels(tiny_checkpoints, tmp_path):
     )
     assert result.exit_code == 0, result.output
     model = load_model(out)
-    assert model.config.posprobe["kernels"] == 2 and model.config.posprobe["init"].startswith("fit:")
+    recipe = model.config.posprobe
+    assert recipe["kernels"] == 2 and recipe["init"] == "fit"  # not the path of a temporary file, deleted since
+    fit = recipe["init_fit"]  # what made the fit instead: model, mode, S, window, layers
+    assert fit["kernels_file"] is None and fit["model"] == str(tiny_checkpoints["bert"]) and fit["n_kernels"] == 2
+    assert fit["mode"] == "paper" and fit["layers"] == [0, 1] and fit["window"] >= 1
+    assert "posprobe-fit-" not in (out / "config.json").read_text()
     assert added_parameters(model) == 3 * 2 * 4 * 2
     tisa = model.encoder.layer[0].attention.self.posprobe_mechanisms[0]
     assert tisa.a.abs().sum() > 0  # fitted amplitudes, not the zero start
@@ -254,7 +262,7 @@ def test_a_partial_kernels_file_is_said(tiny_checkpoints, tmp_path, capsys):
     path = _kernels(tmp_path / "k.safetensors", 2, layers=1)
     args = ["retrofit", str(tiny_checkpoints["bert"]), "-m", "tisa", "--init", f"fit:{path}"]
     code, captured = run_main([*args, "--out", str(tmp_path / "o")], capsys)
-    assert code == 0 and "note: " in captured.err and "layers [1] start at zero" in " ".join(captured.err.split())
+    assert code == 0 and "note: " in captured.out and "layers [1] start at zero" in " ".join(captured.out.split())
     code, captured = run_main([*args, "--out", str(tmp_path / "j"), "--json"], capsys)
     assert code == 0 and "layers [1] start at zero" in json.loads(captured.out)["notes"][0]
     with pytest.warns(PosprobeWarning, match=r"layers \[1\] start at zero"):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from rich.cells import cell_len
 
-from posprobe.cli import main
+from posprobe.cli import _INTERRUPTED, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def test_ctrl_c_during_fit_tisa_exits_130_with_one_line_and_no_files(tmp_path):
         delay=1.5,
     )
     assert done.returncode == 130, done
-    assert done.stdout == ""  # --json prints nothing on an interrupt
+    assert json.loads(done.stdout) == {"error": _INTERRUPTED, "hint": None, "exit_code": 130}  # --json: one object
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("posprobe: error: interrupted"), done.stderr
     assert not out.exists()  # the folder it created is gone, with nothing half-written in it
@@ -96,7 +96,7 @@ def test_ctrl_c_during_an_analysis_exits_130(tmp_path):
     done = interrupt_when_folder_appears(
         [sys.executable, "-c", code, "toeplitz", "--json", "--out", str(out)], out, delay=0.3
     )
-    assert done.returncode == 130 and done.stdout == "", done
+    assert done.returncode == 130 and json.loads(done.stdout)["exit_code"] == 130, done
     assert done.stderr.startswith("posprobe: error: interrupted") and len(done.stderr.strip().splitlines()) == 1
     assert not out.exists()
 
@@ -161,21 +161,21 @@ def test_version(capsys):
     assert code == 0 and captured.out.strip() == f"posprobe {__version__}"
 
 
-def _widest_table_line(stderr: str, tmp_path: Path) -> int:
-    """Widest stderr line, leaving out the lines that name an output path: those are never wrapped off a terminal
+def _widest_table_line(stdout: str, tmp_path: Path) -> int:
+    """Widest stdout line, leaving out the lines that name an output path: those are never wrapped off a terminal
     (issue 23: a path split in two cannot be copied), tables are laid out to fit."""
-    return max(cell_len(line) for line in stderr.splitlines() if str(tmp_path) not in line)
+    return max(cell_len(line) for line in stdout.splitlines() if str(tmp_path) not in line)
 
 
 def test_tables_fit_80_columns_without_ansi_codes(tmp_path):
-    """Piped stderr (not a terminal) at COLUMNS=80: no escape codes, no table line over 80, R² values whole,
+    """Piped stdout (not a terminal) at COLUMNS=80: no escape codes, no table line over 80, R² values whole,
     and paths whole on one line."""
     cmd = [sys.executable, "-m", "posprobe", "fit-tisa", "--kernels", "1,5", "--layers", "0", "--out", str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(COLUMNS="80"), timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "\x1b[" not in done.stderr and _widest_table_line(done.stderr, tmp_path) <= 80
-    assert any(line.endswith("tisa_kernels_S5_layers0.safetensors") for line in done.stderr.splitlines())
-    assert "1.…" not in done.stderr and "tisa_kernels_S5_layers0.safetensors" in done.stderr
+    assert "\x1b[" not in done.stdout and _widest_table_line(done.stdout, tmp_path) <= 80
+    assert any(line.endswith("tisa_kernels_S5_layers0.safetensors") for line in done.stdout.splitlines())
+    assert "1.…" not in done.stdout and "tisa_kernels_S5_layers0.safetensors" in done.stdout
     done = subprocess.run(
         [sys.executable, "-m", "posprobe", "fit-tisa", "--kernels", "5", "--layers", "0", "--out", str(tmp_path / "s")],
         capture_output=True,
@@ -183,9 +183,9 @@ def test_tables_fit_80_columns_without_ansi_codes(tmp_path):
         env=child_env(COLUMNS="80"),
         timeout=300,
     )
-    assert done.returncode == 0 and "\x1b[" not in done.stderr
-    assert _widest_table_line(done.stderr, tmp_path) <= 80
-    per_head = done.stderr.split("R² per head")[1].split("median")[0]  # 12 heads fit across 80 columns
+    assert done.returncode == 0 and "\x1b[" not in done.stdout
+    assert _widest_table_line(done.stdout, tmp_path) <= 80
+    per_head = done.stdout.split("R² per head")[1].split("median")[0]  # 12 heads fit across 80 columns
     assert "…" not in per_head and len(re.findall(r"\b[01]\.\d{3}\b", per_head)) == 12
 
 
@@ -217,10 +217,10 @@ def test_compare_table_at_80_columns(tiny_checkpoints, tmp_path, capsys, monkeyp
     code, captured = run_main(
         ["compare", str(deep), str(tiny_checkpoints["gpt2"]), "--out", str(tmp_path / "c")], capsys
     )
-    table = captured.err.split("figure:")[0]  # the figure's path is as long as it is
+    table = captured.out.split("figure:")[0]  # the figure's path is as long as it is
     assert code == 0 and max(cell_len(line) for line in table.splitlines()) <= 80
-    assert "…" in captured.err or "checkpoint-with-a-long-name-as-well" in captured.err
-    assert str(tmp_path) not in captured.err.split("figure:")[0]  # labels, not paths, in the table
+    assert "…" in captured.out or "checkpoint-with-a-long-name-as-well" in captured.out
+    assert str(tmp_path) not in captured.out.split("figure:")[0]  # labels, not paths, in the table
 
 
 def test_undefined_r2_reads_undefined_in_text_and_null_in_json(monkeypatch, tmp_path, capsys):
@@ -242,11 +242,11 @@ def test_undefined_r2_reads_undefined_in_text_and_null_in_json(monkeypatch, tmp_
         lambda *a, **k: FhatResult("m", "bert", 0, 0, "paper", np.stack([const, np.eye(8)]), np.array([np.nan, 0.5])),
     )
     code, captured = run_main(["toeplitz", "--out", str(tmp_path / "t")], capsys)
-    assert code == 0 and "undefined (constant matrix)" in captured.err
+    assert code == 0 and "undefined (constant matrix)" in captured.out
     code, captured = run_main(["toeplitz", "--json", "--out", str(tmp_path / "t")], capsys)
     assert code == 0 and json.loads(captured.out)["toeplitz_r2"] is None
     code, captured = run_main(["fhat", "--out", str(tmp_path / "f")], capsys)
-    assert code == 0 and "undefined (constant matrix)" in captured.err and "0.5000" in captured.err
+    assert code == 0 and "undefined (constant matrix)" in captured.out and "0.5000" in captured.out
 
 
 @pytest.mark.parametrize(
@@ -275,13 +275,13 @@ def test_fhat_last_layer_is_named_by_its_number(tiny_checkpoints, tmp_path, caps
     code, captured = run_main(["fhat", str(tiny_checkpoints["bert"]), "--layer", "-1", "--out", str(out)], capsys)
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == ["fhat_layer1_paper.json", "fhat_layer1_paper.png"]
-    assert "layer 1" in captured.err
+    assert "layer 1" in captured.out
 
 
 def test_toeplitz_says_when_the_default_block_is_skipped(tiny_checkpoints, tmp_path, capsys):
     code, captured = run_main(["toeplitz", str(tiny_checkpoints["bert"]), "--out", str(tmp_path / "t")], capsys)
     assert code == 0
-    assert "block 128 skipped: the table has only 64 positions" in " ".join(captured.err.split())
+    assert "block 128 skipped: the table has only 64 positions" in " ".join(captured.out.split())
 
 
 def test_compare_default_folder_name_stays_short(tiny_checkpoints, tmp_path, capsys, monkeypatch):
@@ -326,7 +326,7 @@ def test_lines_are_not_wrapped_off_a_terminal(tiny_checkpoints, tmp_path, capsys
     out = tmp_path / ("a-folder-name-long-enough-to-pass-eighty-columns-" * 2) / "toeplitz"
     code, captured = run_main(["toeplitz", str(tiny_checkpoints["bert"]), "--out", str(out)], capsys)
     assert code == 0
-    assert any(line.endswith(str(out / "P.png")) for line in captured.err.splitlines()), captured.err
+    assert any(line.endswith(str(out / "P.png")) for line in captured.out.splitlines()), captured.err
 
 
 def test_an_out_of_range_number_says_what_to_do(capsys):
@@ -405,8 +405,8 @@ def test_attention_tables_fit_80_columns_with_many_layers(n_layers, tmp_path, ca
     args = ["attention", str(folder), "--text", str(tmp_path / "t.txt"), "--max-length", "8"]
     code, captured = run_main([*args, "--out", str(tmp_path / "out")], capsys)
     assert code == 0, captured.err
-    assert max(cell_len(line) for line in captured.err.splitlines() if line[:1] in "┏┃┡│└") <= 80
-    table = captured.err.split("Attention sinks")[0]
+    assert max(cell_len(line) for line in captured.out.splitlines() if line[:1] in "┏┃┡│└") <= 80
+    table = captured.out.split("Attention sinks")[0]
     rows = [line for line in table.splitlines() if re.match(r"^[│|]\s*(L|h)\d+\s", line)]
     assert len(rows) == (n_layers if n_layers > 8 else 4), table  # a row per layer, or per head (4 heads)
     for row in rows:

@@ -262,7 +262,8 @@ def test_cli_profiles_and_fhat_with_text(bert_with_texts, tmp_path):
             str(folder), texts=[json.loads(x)["sentence"] for x in lines], input="position-mean", min_texts=5
         )
         np.testing.assert_allclose(z["profiles"], library.profiles, rtol=1e-10)
-    result = CliRunner().invoke(app, ["fhat", *args[:5], "--layer", "1", "--out", str(tmp_path / "f"), "--json"])
+    mean = [*args[:5], "--input", "mean"]  # not the default for a table model (constant by construction), asked for
+    result = CliRunner().invoke(app, ["fhat", *mean, "--layer", "1", "--out", str(tmp_path / "f"), "--json"])
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
     assert record["mode"] == "data-conditioned" and record["conditioning"]["input"] == "mean"
@@ -304,7 +305,7 @@ def test_flat_profiles_have_no_peak_and_are_drawn_flat():
     construction, are not drawn)."""
     from posprobe.plotting_profiles import profile_pages
 
-    result = posprobe.profiles(tiny("bert"), layers=[0], positions=N, window=5, input_ids=token_texts())
+    result = posprobe.profiles(tiny("bert"), layers=[0], positions=N, window=5, input_ids=token_texts(), input="mean")
     window = result.profiles[..., N - 1 - 5 : N + 5]
     assert np.ptp(window, axis=-1).max() <= 1e-12 * np.abs(window).max()  # flat up to round-off
     assert np.isnan(result.peak_offsets()).all()
@@ -357,7 +358,7 @@ def test_titles_say_how_many_texts_and_which_input():
     ids = [[2, 5, 6, 7, 8, 3]] * 4
     p = posprobe.profiles(model, layers=[1], input_ids=ids, input="position-mean", min_texts=2)
     assert "data-conditioned mode on 4 texts (position-mean input)" in profile_pages(p).page_titles[0]
-    f = posprobe.fhat(model, layer=1, input_ids=ids)
+    f = posprobe.fhat(model, layer=1, input_ids=ids, input="mean")
     assert "data-conditioned mode on 4 texts (mean input)" in f.plot().title
     plain = posprobe.profiles(model, layers=[1])
     assert " texts (" not in profile_pages(plain).page_titles[0]

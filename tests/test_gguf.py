@@ -7,6 +7,7 @@ The tiny files are written in code as llama.cpp converts models (tests/gguf_file
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,6 +113,82 @@ def _assert_header_matches(file, reference=None):
     for key, value in fields.items():
         assert header.metadata[key] == (pytest.approx(value) if isinstance(value, float) else value)
     return header
+
+
+def _transformers_raw_config(file) -> dict:
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from posprobe.checkpoint.gguf_source import _quiet_transformers
+
+    with _quiet_transformers():
+        return load_gguf_checkpoint(str(file), return_tensors=False)["config"]
+
+
+@pytest.mark.parametrize("family, qtype", CASES, ids=[f"{f}-{q}" for f, q in CASES])
+def test_config_from_the_header_equals_transformers_gguf_loader(family, qtype, tiny_ggufs, tmp_path):
+    """The config keys posprobe reads from its own parsed header (no second parse of the file by gguf's reader)
+    equal those transformers' loader reads, key for key and type for type; a tied file says so; the architectures
+    the loader special-cases go to the loader."""
+    from gguf_files import rewrite_gguf
+
+    from posprobe.checkpoint.gguf_source import raw_config_from_header
+
+    file = tiny_ggufs[family, qtype]
+    ours, theirs = raw_config_from_header(read_gguf_header(file)), _transformers_raw_config(file)
+    assert ours == theirs and [type(ours[k]) for k in theirs] == [type(v) for v in theirs.values()]
+    if family == "llama":
+        import gguf
+
+        name = {"general.name": ("mistral-7b-tiny", gguf.GGUFValueType.STRING)}
+        renamed = rewrite_gguf(file, tmp_path / "m.gguf", set_fields=name)
+        assert raw_config_from_header(read_gguf_header(renamed)) is None  # transformers renames it: ask it
+        no_vocab = rewrite_gguf(file, tmp_path / "v.gguf", drop_fields=["llama.vocab_size"])
+        ours, theirs = raw_config_from_header(read_gguf_header(no_vocab)), _transformers_raw_config(no_vocab)
+        assert ours == theirs and ours.get("vocab_size") == theirs.get("vocab_size")  # the token list's length
+
+
+@pytest.mark.integration
+def test_config_of_smollm2_from_the_header_equals_transformers_gguf_loader(smollm2_gguf):
+    from posprobe.checkpoint.gguf_source import raw_config_from_header
+
+    ours = raw_config_from_header(read_gguf_header(smollm2_gguf))
+    assert ours == _transformers_raw_config(smollm2_gguf) and ours["tie_word_embeddings"] is True
+
+
+def test_a_second_command_reads_the_config_from_the_cache_without_torch(tiny_ggufs, tmp_path):
+    """The GGUF config is kept between runs (keyed by the file and the library versions): a second process reads
+    the same dict without importing transformers' config classes (and with them torch); a changed file is read
+    again; an unwritable cache folder only costs time."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    file = tmp_path / "m.gguf"
+    shutil.copy(tiny_ggufs["llama", "Q8_0"], file)
+    code = (
+        "import json, sys; from posprobe.checkpoint import resolve_model; c = resolve_model(sys.argv[1]).config; "
+        "print(json.dumps([c, 'torch' in sys.modules, 'transformers.configuration_utils' in sys.modules]))"
+    )
+    env = {
+        **os.environ,
+        "POSPROBE_CACHE_DIR": str(tmp_path / "cache"),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", code, str(file)], capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)
+
+    built, torch_first, _ = run()
+    assert torch_first and len(list((tmp_path / "cache" / "gguf-config").glob("*.json"))) == 1
+    cached, torch_second, config_classes = run()
+    assert cached == built and not torch_second and not config_classes
+    os.utime(file, ns=(os.stat(file).st_atime_ns, os.stat(file).st_mtime_ns + 10**9))  # the file changed
+    assert run()[1] and len(list((tmp_path / "cache" / "gguf-config").glob("*.json"))) == 2
+    env["POSPROBE_CACHE_DIR"] = str(file)  # a file, not a folder: nothing can be written there
+    assert run()[0] == built
 
 
 def test_config_equals_autoconfig_from_the_file(tiny_ggufs):

@@ -206,6 +206,30 @@ def test_compare_and_profiles_json(tmp_path):
         assert npz["functions"].shape == (L, H, 2 * R + 1) and npz["compare_functions"].shape == (L, H, 2 * R + 1)
     r, common = correlation_per_head(lf.arrays["functions"], k, lf.arrays["functions"], k)
     np.testing.assert_allclose(r, 1.0) and common.tolist() == k.tolist()
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "text")])  # the correlations asked for, in text too
+    assert result.exit_code == 0, result.output
+    table = result.stdout.split("Pearson r per head")[1]
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in table.splitlines() if line.startswith("│")]
+    assert ["functions", "profiles", "1.00", "1.00", "1.00"] in cells, table  # median, min, max over layers, heads
+    assert any(row[:2] == ["functions", "compared"] for row in cells)
+    assert "compared" in table and max(len(line) for line in table.splitlines() if line[:1] in "┏┃┡│└") <= 80
+
+
+def test_head_grid_keeps_titles_and_panels_clear():
+    """The kernels figure: no shared '1e-5' offset text over the head titles (each tick label carries its own
+    exponent) and the legend outside every panel (in panel L0 H0 it hid the curves and the 'layer 0' label)."""
+    from posprobe.plotting_learned_kernels import head_grid
+
+    k = np.arange(-3, 4)
+    tiny = 1e-5 * np.random.default_rng(0).normal(size=(2, 3, k.size))
+    fig = head_grid(k, [("learned", tiny, {}), ("initial", 0 * tiny, {"ls": "--"})], "t")
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert ax.yaxis.get_offset_text().get_text() == "" and ax.get_legend() is None
+        assert any("e-05" in t.get_text() or t.get_text() == "0" for t in ax.get_yticklabels())
+    assert len(fig.legends) == 1
+    legend = fig.legends[0].get_window_extent()
+    assert all(not legend.overlaps(ax.get_window_extent()) for ax in fig.axes)
 
 
 def run_main(args, capsys):

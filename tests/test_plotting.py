@@ -50,8 +50,8 @@ def test_fhat_grid_displays_and_saves_like_the_cli(tmp_path):
 
 def test_fhat_grid_scales():
     result = fhat_result()
-    shared = plotting.fhat_grid(result)
-    per_head = plotting.fhat_grid(result, scale="per-head")
+    shared = plotting.fhat_grid(result, scale="shared")
+    per_head = plotting.fhat_grid(result)  # the default
     assert "one colour scale" in shared.title and "each head its own" in per_head.title
     assert any("±" in label[2] for label in per_head.labels) and not any("±" in lab[2] for lab in shared.labels)
     assert shared.size[0] > per_head.size[0]  # the shared scale has a colorbar
@@ -85,6 +85,25 @@ def test_heatmap_and_compare_are_figures_with_colorbars(tmp_path):
     assert [ax.get_title().splitlines()[0] for ax in images] == ["model (a)", "model (b)"]
     fig.savefig(tmp_path / "c.png")
     assert not_blank(Image.open(tmp_path / "c.png"))
+    for ax in images:  # ticks at the first and last position, axes named
+        assert list(ax.get_xticks()) == [0, 29] and ax.get_xlabel() == "position j" and ax.get_ylabel()
+        assert not ax.patches  # P is symmetric and used whole: nothing shaded
+
+
+def test_compare_shades_what_a_causal_model_never_uses():
+    """A causal model's panel (its head-mean layer-0 scores) shades k = j - i > 0, as `profiles` does, and says so;
+    the shaded triangle is exactly the region above the diagonal."""
+    m = np.random.default_rng(2).normal(size=(12, 12))
+    rows = [
+        CompareRow("gpt", "gpt", 12, None, None, 0.5, m, position_kind="rotary", causal=True, has_table=False),
+        CompareRow("bert", "bert", 12, 0.4, None, 0.5, m),
+    ]
+    fig = plotting.compare_heatmaps(rows)
+    causal, table = [ax for ax in fig.axes if ax.images]
+    assert "k > 0 shaded" in causal.get_title() and causal.get_xlabel() == "key j" and len(causal.patches) == 1
+    corners = causal.patches[0].get_xy()[:3].tolist()
+    assert corners == [[-0.5, -0.5], [11.5, -0.5], [11.5, 11.5]]  # row i (down) < column j: k > 0
+    assert not table.patches and "shaded" not in table.get_title()
 
 
 def test_fit_figure_draws_the_fit_at_integer_k_only():

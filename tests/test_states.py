@@ -317,7 +317,7 @@ def test_fewer_texts_than_folds_say_why_the_probe_is_undefined(tmp_path, capsys)
     result = posprobe.states(tiny_model("bert"), input_ids=[[5, 6, 7, 8]] * 3, max_length=8, min_texts=2)
     assert np.isnan(result.probe_r2).all()
     _print(result, {"npz": str(tmp_path / "states.npz")})
-    assert "3 texts leave a fold empty; pass at least 5 texts" in " ".join(capsys.readouterr().err.split())
+    assert "3 texts leave a fold empty; pass at least 5 texts" in " ".join(capsys.readouterr().out.split())
     texts = [t.get_text() for t in result.plot("summary").axes[0].texts]
     assert any("probe undefined: 3 texts" in t for t in texts), texts
     assert len(result.plot("summary").axes[0].get_lines()) == 1  # only the zero line: no NaN curves, no legend
@@ -336,5 +336,5 @@ def test_text_table_rows_stay_one_line_at_80_columns(tmp_path, capsys, monkeypat
     result = replace(result, top_tokens=[["ĠNobody"] * 3] * result.n_states)
     monkeypatch.setattr(cli_states.console, "width", 80)
     cli_states._print(result, {"npz": str(tmp_path / "states.npz")})
-    rows = [line for line in capsys.readouterr().err.splitlines() if line.startswith("│")]
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("│")]
     assert len(rows) == result.n_states and all("ĠNob…" in row for row in rows)

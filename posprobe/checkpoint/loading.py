@@ -136,6 +136,12 @@ def build_model(source: ModelSource, model_class=None, *, verbose: bool = False,
     else:
         kwargs.setdefault("use_safetensors", source.weight_format == "safetensors")
     check_before_load(source)
+    from posprobe.phases import phase
+
+    phase(
+        f"reading the weights of {source.name}"
+        + (" (de-quantising the GGUF file)" if source.weight_format == "gguf" else "")
+    )
     with quiet_libraries(verbose), _quiet_gguf_progress(source.weight_format == "gguf" and not verbose):
         try:
             model, info = model_class.from_pretrained(str(folder), output_loading_info=True, **kwargs)

@@ -1,8 +1,9 @@
 """The `posprobe` command line: a thin layer over the library.
 
 Each command module registers its commands on `app`; `main()` is the one place that turns a
-`PosprobeError` (or any unexpected failure, or Ctrl-C) into a single line on stderr and a non-zero exit,
-and that discards what a failed run wrote into output folders it created.
+`PosprobeError` (or any unexpected failure, or Ctrl-C) into a single line on stderr and a non-zero exit
+(with `--json`, also one JSON object `{"error", "hint", "exit_code"}` on stdout), and that discards what a failed
+run wrote into output folders it created. Results go to stdout, progress and logs to stderr (`cli.console`).
 Importing this package must stay light: no torch, transformers or matplotlib at import time.
 """
 
@@ -59,6 +60,23 @@ def _root(
     """Measure, fit and retrofit positional mechanisms in pretrained transformers."""
 
 
+def _flags_show_no_type() -> None:
+    """`--help` lists a flag (`--json`, `--allow-pickle`, `--help`) without a type: typer's rich help showed
+    `--json <bool>`, as if the flag took a value. One change to typer's option class here, so that every command
+    (new ones too) inherits it."""
+    import typer.core
+
+    shown = typer.core.TyperOption.display_type_rich
+    if getattr(shown, "_posprobe", False):
+        return
+
+    def display_type_rich(self, ctx):
+        return None if self.is_flag and self.metavar is None else shown(self, ctx)
+
+    display_type_rich._posprobe = True
+    typer.core.TyperOption.display_type_rich = display_type_rich
+
+
 def _register_commands() -> None:
     from posprobe.cli import analysis, attention, finetune, fitting, learned_kernels, retrofit, rotary, states
 
@@ -88,6 +106,7 @@ def reflow_help(doc: str) -> str:
     return "\n\n".join(paragraphs)
 
 
+_flags_show_no_type()
 _register_commands()
 
 
@@ -104,15 +123,22 @@ def main(argv: list[str] | None = None) -> None:
     import threading
 
     from posprobe import outputs
+    from posprobe.cli import console
 
+    global _json_mode
+    _json_mode = console.json_requested(sys.argv[1:] if argv is None else list(argv))
+    console.use_json_mode(_json_mode)
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     outputs.begin_run()
+    from posprobe.phases import reporting_phases
+
     try:
-        code = app(args=argv, standalone_mode=False)
+        with reporting_phases(console.show_phase):  # long steps say what they do (stderr, on a terminal)
+            code = app(args=argv, standalone_mode=False)
     except PosprobeError as err:
-        _fail(err.render(cli=True), 2)
+        _fail(err.render(cli=True), 2, *err.render_parts(cli=True))
     except (KeyboardInterrupt, typer.Abort):
         _fail(_INTERRUPTED, EXIT_INTERRUPTED)
     except _Terminated:
@@ -123,7 +149,8 @@ def main(argv: list[str] | None = None) -> None:
         raise
     except Exception as err:  # usage errors (typer's bundled click) and genuine bugs
         if _is_usage_error(err):
-            _fail(_usage_line(err), 2)
+            what, hint = _usage_parts(err)
+            _fail(f"{what} — {hint}", 2, what, hint)
         if os.environ.get("POSPROBE_DEBUG"):
             outputs.discard_run()
             raise
@@ -149,19 +176,29 @@ def _is_usage_error(err: Exception) -> bool:
     return callable(getattr(err, "show", None)) and isinstance(getattr(err, "exit_code", None), int)
 
 
-def _usage_line(err: Exception) -> str:
-    """A click usage error as one line: what is wrong — where to look (`posprobe COMMAND --help`)."""
+def _usage_parts(err: Exception) -> tuple[str, str]:
+    """A click usage error as (what is wrong, where to look: `posprobe COMMAND --help`)."""
     message = " ".join(str(err.format_message()).split()) if hasattr(err, "format_message") else str(err)
     message = message.replace("Value error, ", "").rstrip(".")  # pydantic-style wording inside click's choice error
     context = getattr(err, "ctx", None)
     command = getattr(context, "command_path", None) or "posprobe"
-    return f"{message} — see `{command} --help`"
+    return message, f"see `{command} --help`"
 
 
-def _fail(message: str, code: int) -> None:
-    """Discard the failed run's outputs, print one line on stderr, exit with `code`."""
+_json_mode = False  # this run was asked for `--json` (set by `main`)
+
+
+def _fail(message: str, code: int, what: str | None = None, hint: str | None = None) -> None:
+    """Discard the failed run's outputs, print one line on stderr, exit with `code`. Under `--json`, stdout also gets
+    one object `{"error": what, "hint": hint, "exit_code": code}` (`what` defaults to the whole line), so a script
+    always has something to parse."""
     from posprobe import outputs
 
     outputs.discard_run()
     print(f"posprobe: error: {message}", file=sys.stderr, flush=True)
+    if _json_mode:
+        import json
+
+        record = {"error": what if what is not None else message, "hint": hint, "exit_code": code}
+        print(json.dumps(record, ensure_ascii=False), file=sys.stdout, flush=True)
     sys.exit(code)

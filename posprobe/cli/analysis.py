@@ -136,8 +136,13 @@ def fhat(
     layer: Annotated[int, typer.Option("--layer", help="Layer whose Q/K weights are used (0 = first).")] = 0,
     mode: ModeOpt = Mode.paper,
     scale: Annotated[
-        Scale, typer.Option("--scale", help="Colour scale of the figure: one for all heads, or one per head.")
-    ] = Scale.shared,
+        Scale,
+        typer.Option(
+            "--scale",
+            help="Colour scale of the figure: one per head (default: a head with small scores still shows its "
+            "pattern; each limit in its label), or one shared by all heads (to compare their sizes).",
+        ),
+    ] = Scale.per_head,
     positions: PositionsOpt = None,
     stack: StackOpt = Stack.encoder,
     text: TextOpt = None,

@@ -21,7 +21,14 @@ import typer
 
 from posprobe.cli.console import console, emit_json
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt, Stack, StackOpt
-from posprobe.cli.text_input import DEFAULT_BATCH_SIZE, BatchSizeOpt, ColumnOpt, MaxTextsOpt, RequiredTextOpt
+from posprobe.cli.text_input import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_TEXT,
+    BatchSizeOpt,
+    ColumnOpt,
+    DefaultTextOpt,
+    MaxTextsOpt,
+)
 from posprobe.outputs import default_out
 
 
@@ -50,7 +57,7 @@ def _check_writable(out: Path) -> None:
 
 def attention(
     model: ModelArg = None,
-    text: RequiredTextOpt = ...,
+    text: DefaultTextOpt = DEFAULT_TEXT,
     column: ColumnOpt = None,
     max_length: Annotated[
         int | None,

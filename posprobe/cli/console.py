@@ -1,4 +1,8 @@
-"""Where human output goes: rich on stderr, so that `--json` keeps stdout for exactly one JSON object."""
+"""Where output goes: results (tables, paths of what was written) on stdout through `console`; progress, status
+lines and logs on stderr through `log_console`. Under `--json` (`use_json_mode`) stdout carries exactly one JSON
+object, so `console` moves to stderr too.
+
+`posprobe toeplitz > r.txt` keeps the table; `posprobe toeplitz 2> /dev/null` hides only the progress."""
 
 from __future__ import annotations
 
@@ -11,9 +15,37 @@ from rich.console import Console
 
 from posprobe.results import middle_ellipsis  # noqa: F401  (re-exported for the commands)
 
-console = Console(stderr=True, highlight=False)
+console = Console(highlight=False)  # results: stdout (sys.stdout at print time, so captured output sees it)
+log_console = Console(stderr=True, highlight=False)  # progress bars, status spinners, logs: stderr
 # Off a terminal (a pipe, a log file, CI) lines are not wrapped, so a long path stays one line a script can read.
 console.soft_wrap = not console.is_terminal
+log_console.soft_wrap = not log_console.is_terminal
+
+
+def use_json_mode(enabled: bool) -> None:
+    """With `--json`, stdout holds one JSON object and nothing else: results printed through `console` (there
+    should be none) go to stderr instead. Called once per run by `posprobe.cli.main`."""
+    console.stderr = enabled
+    console.soft_wrap = not console.is_terminal
+
+
+def json_requested(argv: list[str]) -> bool:
+    """Whether a command line asks for `--json` (before `--`, where options end)."""
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg == "--json":
+            return True
+    return False
+
+
+def show_phase(message: str) -> None:
+    """A phase of long work (`posprobe.phases.phase`) as one dim line on stderr — only on a terminal, like the
+    progress bars, so that pipes and logs stay as they were."""
+    if log_console.is_terminal:
+        from rich.text import Text
+
+        log_console.print(Text(f"{message}…", style="dim"))  # Text: a name with [brackets] is not markup
 
 
 def emit_json(obj: Any) -> None:
@@ -29,7 +61,7 @@ def progress_reporter(description: str):
 
     Drawn only when stderr is a terminal (rich writes nothing live otherwise, and the bar is transient),
     so pipes and logs get no ANSI codes and no stray lines."""
-    if not console.is_terminal:
+    if not log_console.is_terminal:
         yield None
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -39,7 +71,7 @@ def progress_reporter(description: str):
         BarColumn(),
         TextColumn("{task.completed}/{task.total} heads"),
         TimeElapsedColumn(),
-        console=console,
+        console=log_console,
         transient=True,
     ) as bar:
         tasks: dict[str, int] = {}
@@ -58,13 +90,18 @@ def text_progress(total: int | None):
 
     Drawn only when stderr is a terminal: rich's live display, even transient, ends with a blank line on a pipe or
     a log file, so off a terminal the callback does nothing and nothing at all is written."""
-    if not console.is_terminal:
+    if not log_console.is_terminal:
         yield lambda k: None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     with Progress(
-        TextColumn("texts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=True
+        TextColumn("texts"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=log_console,
+        transient=True,
     ) as bar:
         task = bar.add_task("texts", total=total)
         yield lambda k: bar.advance(task, k)

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from posprobe.cli.console import console, emit_json
+from posprobe.cli.console import console, emit_json, log_console
 from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg
 from posprobe.cli.retrofit import DropOpt, KernelsOpt, RadiusOpt
 from posprobe.errors import PosprobeError
@@ -32,9 +32,9 @@ DataDirOpt = Annotated[
     Path | None,
     typer.Option(
         "--data-dir",
-        help="Local GLUE data: <DIR>/<task>/<split>.jsonl|json|csv|parquet (HF glue "
-        "schema) or the official TSV folders (<DIR>/CoLA/train.tsv, ...). "
-        "Default: the nyu-mll/glue dataset from the hub.",
+        help="Local GLUE data: <DIR>/<task>/<split>.jsonl (or .json, .csv, .parquet; HF glue "
+        "schema) or the official TSV folders (<DIR>/CoLA/train.tsv, ...); builtin:glue = a small packaged "
+        "cola/sst2 sample (not GLUE). Default: the nyu-mll/glue dataset from the hub.",
     ),
 ]
 MaxEvalOpt = Annotated[
@@ -97,7 +97,7 @@ def finetune_command(
         typer.Option(
             "--out",
             help="Run folder for checkpoints, models and results "
-            "(default: posprobe-out/finetune/<model>/<task>-<mechanism>).",
+            "(default: <task>-<mechanism> in the folder <model> of posprobe-out/finetune).",
         ),
     ] = None,
     resume: Annotated[
@@ -161,7 +161,7 @@ def finetune_command(
         return
     config = FinetuneConfig(task=task, mechanism=mechanism, **settings)
     main = is_main_process()
-    log = (lambda msg: console.print(msg, markup=False)) if main else None
+    log = (lambda msg: log_console.print(msg, markup=False)) if main else None
     # the Trainer prints its log lines on stdout: keep stdout for the one JSON object
     with contextlib.redirect_stdout(sys.stderr):
         # bars and Trainer log dicts only on a terminal: piped or CI output stays clean
@@ -180,26 +180,55 @@ def _grid(tasks: list[str], mechanisms: list[str], settings: dict, *, wait: bool
     from posprobe.glue.runtime import is_main_process
 
     main = is_main_process()
-    log = (lambda msg: console.print(msg, markup=False)) if main else None
+    log = (lambda msg: log_console.print(msg, markup=False)) if main else None
     with contextlib.redirect_stdout(sys.stderr):
         result = finetune_grid(tasks, mechanisms, log=log, progress=main and sys.stderr.isatty(), wait=wait, **settings)
     if not main:
         return
-    from rich.table import Table
-
     from posprobe.glue.grid_report import summary_tables
 
     data = result.to_dict()
-    for title, header, rows in summary_tables(data):
-        table = Table(title=title)
-        for i, name in enumerate(header):
-            table.add_column(name, justify="left" if i == 0 else "right")
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
+    for title, header, rows in summary_tables(data)[:2] + [_all_metrics_table(data)]:
+        console.print(_grid_table(title, header, rows))
     console.print(f"results: {result.out}/results.json, results.md, results.png", markup=False)
     if json_output:
         emit_json(data)
+
+
+def _grid_table(title: str, header: list[str], rows: list[list[str]]):
+    """A grid summary as a compact rich table (no side borders, one space between columns)."""
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False)
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _all_metrics_table(data: dict) -> tuple[str, list[str], list[list[str]]]:
+    """The grid's every-metric table for a terminal: the paired difference as 'Δ ± s.e.' and 'p' columns (one line
+    per row at 80 columns; the whole cell, 95% interval included, took 4 lines), the interval being in the table of
+    main metrics above and in results.md."""
+    from posprobe.glue.report import fmt
+
+    base = data["mechanisms"][0]
+    rows = []
+    for r in data["summary"]:
+        d = r["delta"]
+        mean = fmt(r["mean"]) if r["stderr"] is None else f"{fmt(r['mean'])} ± {fmt(r['stderr'])}"
+        if r["mechanism"] == base:
+            change, p = "baseline", ""
+        elif d is None:
+            change, p = "—", "—"
+        else:
+            change = f"{d['mean']:+.4f}" + ("" if d.get("stderr") is None else f" ± {d['stderr']:.4f}")
+            p = f"{'' if d.get('p_exact', True) else '≈'}{d['p_value']:.2g}"
+        rows.append([r["task"], r["metric"], r["mechanism"], fmt(r["median"]), mean, str(r["n"]), change, p])
+    header = ["task", "metric", "mechanism", "median", "mean ± s.e.", "n", f"Δ vs {base}", "p"]
+    return "all metrics (95% intervals: the table above, results.md)", header, rows
 
 
 def evaluate_command(
@@ -226,7 +255,7 @@ def evaluate_command(
     from posprobe.glue.runtime import is_main_process
 
     main = is_main_process()
-    log = (lambda msg: console.print(msg, markup=False)) if main else None
+    log = (lambda msg: log_console.print(msg, markup=False)) if main else None
     with contextlib.redirect_stdout(sys.stderr):
         result = evaluate(
             model_dir, task, data_dir, max_eval_samples=max_eval_samples, allow_new_head=allow_new_head, log=log

@@ -162,8 +162,8 @@ def _print_fit(result) -> None:
         table = Table(
             title=head + " (sweep)", title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 0), show_edge=False
         )
-        for name in ("S", "params", "R²", "held-out", "min R²", "flagged", "s", "kernels file"):
-            table.add_column(name, justify="left" if name == "kernels file" else "right", overflow="fold")
+        for name in ("S", "params", "R²", "held-out", "min R²", "flagged", "s"):  # file names below: never folded
+            table.add_column(name, justify="right", overflow="fold")
         n_layers = len(result.layers)
         for f in result.fits:
             flagged = sum(bool(x) for row in f.flags for x in row)
@@ -175,11 +175,13 @@ def _print_fit(result) -> None:
                 format_r2(float(np.min(f.r2))),
                 str(flagged),
                 f"{f.seconds:.2f}",
-                Path(f.kernels_file).name if f.kernels_file else "",
             )
         console.print(table)
         console.print("R², held-out: medians over heads; s: seconds of fitting")
         console.print(f"folder: {', '.join(sorted(folders))}")
+        for f in result.fits:
+            if f.kernels_file:
+                console.print(f"S={f.n_kernels}: {Path(f.kernels_file).name}", soft_wrap=True)
     else:
         f = result.fits[0]
         held = f.holdout_r2 if f.holdout_r2 is not None else np.full(f.r2.shape, np.nan)
@@ -286,7 +288,7 @@ def params(
 
     c = counts
     table = Table(
-        title=f"Positional parameters — {source.name} ({c.model_type}): "
+        title=f"Positional parameters — {source.name} ({c.model_type})\n"  # two lines: each fits 80 columns
         f"n={'no limit' if c.n_positions is None else c.n_positions}, "
         f"d={c.table_width}, H={c.n_heads}, L={c.n_layers}, d_h={c.head_dim}, r={c.radius}",
         title_justify="left",

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from posprobe.cli.console import console, emit_json
+from posprobe.cli.console import console, emit_json, log_console
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt
 from posprobe.outputs import default_out
 
@@ -50,7 +50,7 @@ def kernels(
     check_window(window)
     path, _ = _check_folder(folder)
     out_dir = out if out is not None else default_out("kernels", path.resolve().name)
-    with console.status(f"reading {folder}"):
+    with log_console.status(f"reading {folder}"):
         report = learned_kernels(
             folder, window=window, text=text, compare=compare, profiles=profiles, allow_pickle=allow_pickle
         )
@@ -74,10 +74,11 @@ def kernels(
         return
     from rich.table import Table
 
+    rows = summary(report)
     table = Table(title=f"{report.model}: {learned.mechanism}, k = j − i in ±{report.window}", title_justify="left")
     for name in ("array", "shape", "max |value|", "max |change from init|"):
         table.add_column(name, justify="left" if name == "array" else "right")
-    for key, row in summary(report).items():
+    for key, row in rows.items():
         change = row["max_abs_change"]
         table.add_row(
             key,
@@ -86,8 +87,35 @@ def kernels(
             "unknown" if change is None else f"{change:.4g}",
         )
     console.print(table)
+    _print_correlations(rows)
     for note in report.notes:
         console.print(f"[dim]{note}[/dim]")
     console.print(f"npz: {written['npz']}")
     for path in written["figures"]:
         console.print(f"figure: {path}")
+
+
+def _print_correlations(rows: dict) -> None:
+    """The correlations asked for (--profiles, --compare) as a table: per array, median, min and max over layers and
+    heads (per layer and head: --json, kernels.npz)."""
+    import numpy as np
+    from rich.table import Table
+
+    asked = [(k, w) for k, w in (("profile_correlation", "profiles"), ("compare_correlation", "compared")) if any(
+        k in row for row in rows.values())]  # fmt: skip
+    if not asked:
+        return
+    table = Table(title="Pearson r per head over the shared offsets", title_justify="left")
+    for name in ("array", "with", "median", "min", "max"):
+        table.add_column(name, justify="left" if name in ("array", "with") else "right", no_wrap=True)
+    for key, row in rows.items():
+        for name, who in asked:
+            values = np.array([[np.nan if x is None else x for x in r] for r in row.get(name) or []], dtype=float)
+            values = values[np.isfinite(values)]
+            cells = ["—"] * 3 if values.size == 0 else [f"{f(values):.2f}" for f in (np.median, np.min, np.max)]
+            table.add_row(key, who, *cells)
+    console.print(table)
+    console.print(
+        "[dim]profiles: with the base model's profiles (--profiles); compared: with the model of --compare; over "
+        "layers and heads (per layer and head: --json and kernels.npz)[/dim]"
+    )

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from posprobe.cli.console import console, emit_json
+from posprobe.cli.console import console, emit_json, log_console
 from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg
 from posprobe.mechanisms.catalogue import DEFAULT_KERNELS, DEFAULT_RADIUS, MECHANISM_NAMES
 from posprobe.outputs import default_out
@@ -23,7 +23,7 @@ RetrofitOutOpt = Annotated[
     Path | None,
     typer.Option(
         "--out",
-        help="Folder to write (must not exist or be empty; default: posprobe-out/retrofit/<model>-<mechanism>).",
+        help="Folder to write (must not exist or be empty; default: <model>-<mechanism> in posprobe-out/retrofit).",
         show_default=False,
     ),
 ]
@@ -77,6 +77,9 @@ def retrofit_command(
 
     settings = check_settings(mechanism, radius=radius, kernels=kernels, init=init)  # before any model is loaded
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
+    from posprobe.mechanisms.catalogue import check_retrofittable
+
+    check_retrofittable(source.config)  # a family retrofit cannot use is refused before its weights are read
     out = (out if out is not None else default_out("retrofit", f"{source.label}-{settings.mechanism}")).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise PosprobeError(
@@ -90,14 +93,15 @@ def retrofit_command(
     from posprobe.retrofitting import added_parameters, retrofit, save_retrofitted, saved_model_class
 
     hf_logging.disable_progress_bar()
-    with console.status(f"loading {source.name}"):
+    with log_console.status(f"loading {source.name}"):
         net = load_model(source.path, saved_model_class(source.config), allow_pickle=allow_pickle)
+    fitted_here = settings.init.kind == "fit" and settings.init.path is None
     with tempfile.TemporaryDirectory(prefix="posprobe-fit-") as tmp:
-        if settings.init.kind == "fit" and settings.init.path is None:
+        if fitted_here:
             # the TISA paper's initialisation: kernels fitted to this model's own profiles
             from posprobe.pipelines.fitting import fit_kernels_file
 
-            with console.status(f"fitting S={settings.kernels} TISA kernels to {source.name}"):
+            with log_console.status(f"fitting S={settings.kernels} TISA kernels to {source.name}"):
                 init = f"fit:{fit_kernels_file(str(source.path), settings.kernels, tmp, allow_pickle)}"
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", PosprobeWarning)
@@ -110,9 +114,15 @@ def retrofit_command(
                 drop_position_embeddings=drop_position_embeddings,
                 seed=seed,
             )
+    if fitted_here:  # the kernels file was temporary: record what made the fit, not a path that is gone
+        recipe = net.config.posprobe
+        recipe["init"] = init = "fit"
+        recipe["init_fit"] = {"kernels_file": None} | {
+            k: v for k, v in recipe["init_fit"].items() if k != "kernels_file"
+        }
     notes = [str(w.message) for w in caught if issubclass(w.category, PosprobeWarning)]
     count = added_parameters(net)
-    with console.status(f"writing {out}"):
+    with log_console.status(f"writing {out}"):
         save_retrofitted(net, out, tokenizer_from=source.path)
     spec = dict(net.config.posprobe)
     if json_output:
@@ -126,6 +136,7 @@ def retrofit_command(
                 "radius": spec["radius"],
                 "kernels": spec["kernels"],
                 "init": init,
+                "init_fit": spec.get("init_fit"),
                 "drop_position_embeddings": drop_position_embeddings,
                 "notes": notes,
             }

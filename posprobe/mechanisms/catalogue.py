@@ -338,3 +338,32 @@ def check_settings(mechanism, *, radius=None, kernels=None, init="zero") -> Mech
             kernels = kernels_file.n_kernels
     options = info.options(radius=radius, kernels=kernels)
     return MechanismSettings(info.name, options, spec, kernels_file)
+
+
+# -- what retrofit can install into, from a config alone ---------------------------------------------------------
+CONFIG_KEY = "posprobe"  # the retrofit recipe's key in a checkpoint's config (config.json)
+
+
+def retrofit_family(kind: str):
+    """The family-table entry (`posprobe.families.table.Family`) of config `model_type` `kind` if retrofit can
+    install into it; one clear error otherwise."""
+    from posprobe.errors import PosprobeError
+    from posprobe.families.table import family_for_type, model_types
+
+    family = family_for_type(kind)
+    if family is None or not family.retrofit:
+        raise PosprobeError(
+            f"cannot retrofit a '{kind}' model: only {', '.join(model_types(retrofit=True))} are supported",
+            "use a BERT, RoBERTa, XLM-R, ALBERT or ELECTRA checkpoint",
+        )
+    return family
+
+
+def check_retrofittable(config: dict) -> None:
+    """Refuse, from a checkpoint's config alone (before any weights are read, without torch), a model retrofit
+    cannot install into: a family it does not support, or one already retrofitted."""
+    from posprobe.errors import PosprobeError
+
+    retrofit_family(str(config.get("model_type", "unknown")))
+    if config.get(CONFIG_KEY):
+        raise PosprobeError("this model is already retrofitted", "start from the original checkpoint")

@@ -148,7 +148,9 @@ def _fhat_result(reader: ScoreReader, layer: int, conditioning: dict | None = No
 _TEXT_ARGUMENTS = """texts / input_ids (token id sequences; special_ids: which ids are special): condition the scores on
     real text (SPEC §13): layer l gets the mean hidden state entering it in place of the embedding-level input
     (mode 'data-conditioned'; `mode` does not apply). input: 'mean' (over texts and real tokens at positions >= 1)
-    or 'position-mean' (per position, for positions with at least `min_texts` texts). max_length (tokens per
+    or 'position-mean' (per position, for positions with at least `min_texts` texts); None (default): position-mean
+    for a model with an absolute position table (where 'mean' leaves every score of a head the same number), mean
+    otherwise (`data_conditioned.default_input`). max_length (tokens per
     text), max_texts, batch_size, device, progress (called with the number of texts of each batch): the run on
     text, as for `attention_profiles`."""
 
@@ -174,7 +176,7 @@ def fhat(
     texts: Iterable[str] | None = None,
     input_ids: Iterable[list[int]] | None = None,
     special_ids: Iterable[int] | None = None,
-    input: str = "mean",
+    input: str | None = None,
     min_texts: int = 16,
     max_length: int | None = None,
     max_texts: int | None = None,
@@ -214,7 +216,7 @@ def profiles(
     texts: Iterable[str] | None = None,
     input_ids: Iterable[list[int]] | None = None,
     special_ids: Iterable[int] | None = None,
-    input: str = "mean",
+    input: str | None = None,
     min_texts: int = 16,
     max_length: int | None = None,
     max_texts: int | None = None,

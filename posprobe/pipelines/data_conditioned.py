@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from os import PathLike
 from typing import Any
 
@@ -63,7 +63,7 @@ def text_settings(
     texts: Iterable[str] | None = None,
     input_ids: Iterable[list[int]] | None = None,
     special_ids: Iterable[int] | None = None,
-    input: str = MEAN,
+    input: str | None = MEAN,
     min_texts: int = DEFAULT_MIN_TEXTS,
     max_length: int | None = None,
     max_texts: int | None = None,
@@ -74,7 +74,8 @@ def text_settings(
 ) -> TextSettings | None:
     """The checked settings, or None when neither `texts` nor `input_ids` is given (then every other setting must
     keep its default: they only apply to texts)."""
-    input = as_choice(input, "input", INPUTS)
+    if input is not None:  # None: chosen by the model (`default_input`)
+        input = as_choice(input, "input", INPUTS)
     min_texts = as_int(min_texts, "min_texts", minimum=1)
     if max_length is not None:
         max_length = as_int(max_length, "max_length", minimum=MIN_POSITIONS)
@@ -89,7 +90,7 @@ def text_settings(
         raise PosprobeError("pass one of texts and input_ids, not both", "texts for strings, input_ids if tokenised")
     if texts is None and input_ids is None:
         given = {
-            "input": input != MEAN,
+            "input": input not in (None, MEAN),
             "min_texts": min_texts != DEFAULT_MIN_TEXTS,
             "max_length": max_length is not None,
             "max_texts": max_texts is not None,
@@ -123,6 +124,8 @@ def condition_reader(
     and the conditioning record (`conditioning` in results and JSON)."""
     ctx = reader.ctx
     source = ctx.source
+    if settings.input is None:
+        settings = replace(settings, input=default_input(ctx.kind))
     if ctx.family.encoder_decoder or source.config.get("is_encoder_decoder"):
         raise PosprobeError(
             f"'{source.name}' ({source.model_type}) is an encoder-decoder model: texts run through encoders and "
@@ -168,6 +171,13 @@ def condition_reader(
         record |= {"min_texts": settings.min_texts, "texts_at": means.texts_at[: conditioned.n].tolist()}
     record["note"] = conditioning_note(ctx.kind, settings.input)
     return conditioned, record
+
+
+def default_input(kind: str) -> str:
+    """The input used when none is asked for: 'position-mean' for a model whose positions are an absolute table
+    (learned or sinusoidal), where 'mean' averages the table away and leaves every score of a head the same
+    number; 'mean' for every other position kind (rotary, ALiBi, relative biases), which 'mean' shows as they are."""
+    return POSITION_MEAN if kind in TABLE_KINDS else MEAN
 
 
 def conditioning_note(kind: str, input: str) -> str:

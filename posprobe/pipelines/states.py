@@ -19,6 +19,7 @@ from posprobe.analysis.positional_vectors import DEFAULT_MIN_TEXTS, PositionalVe
 from posprobe.capture import capture, check_model, load_for_capture, resolve_device, resolve_max_length
 from posprobe.capture.model import text_config
 from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.phases import phase
 from posprobe.pipelines.states_result import StatesResult
 from posprobe.validation import as_int, as_int_list
 
@@ -147,6 +148,8 @@ def states(
         delimiters = [[is_delimiter(t) for t in row] for row in tokens]
     if name is None:
         name = source.name if source is not None else type(net).__name__
+    phase(f"fitting the position probes of {len(layers)} hidden states (5 folds, and the permuted control)")
+    probe_result = probes.result()
     return StatesResult(
         model=name,
         model_type=kind,
@@ -155,7 +158,7 @@ def states(
         n_layers=n_layers,
         hidden_size=hidden_size,
         vectors=vectors.result(min_texts),
-        probes=probes.result(),
+        probes=probe_result,
         massive=massive_result,
         top_tokens=tokens,
         top_delimiter=delimiters,
