@@ -60,9 +60,9 @@ def _root(
 
 
 def _register_commands() -> None:
-    from posprobe.cli import analysis, attention, finetune, fitting, learned_kernels, retrofit, rotary, states
+    from posprobe.cli import analysis, attention, finetune, fitting, learned_kernels, report, retrofit, rotary, states
 
-    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states):
+    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states, report):
         module.register(app)
     for command in app.registered_commands:
         if command.help is None and command.callback is not None:
