@@ -1,7 +1,8 @@
 """Command `report`: every analysis that applies to a model on one self-contained page (`report.html`).
 
 `report --json` prints one object: `html` (the page), `model`, `model_type`, `position_kind`, `causal`, `text`,
-`headline` (list of {`section`, `label`, `value`}: the page's summary numbers, each read from its command's record)
+`headline` (list of {`section`, `label`, `value`, `text`}: the page's summary numbers, each read from its command's
+record; `text` as the page prints it)
 and `sections` (name -> `status` ('ok', 'not applicable', 'failed', 'left out'), `title`, `command` (the command
 that reproduces it), and `headline`, `folder`, `reused`, `seconds` when it ran, or `reason`).
 """
@@ -58,9 +59,7 @@ def report(
         emit_json(summary)
         return
     for item in summary["headline"]:
-        value = item["value"]
-        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
-        console.print(f"{item['section']:>14}  {item['label']}: {shown}", markup=False)
+        console.print(f"{item['section']:>14}  {item['label']}: {item['text']}", markup=False)
     console.print(f"page: {summary['html']}", markup=False)
 
 

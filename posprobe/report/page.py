@@ -107,7 +107,7 @@ def _section(o) -> str:
     parts.append(f"<h3>Reproduce</h3><pre><code>{html.escape(o.command_line or '')}</code></pre>")
     ran = "reused from an earlier run" if o.reused else "ran"
     when = f" in {o.seconds:.1f} s" if o.seconds is not None else ""
-    parts.append(f'<p class="note">{ran}{when}; files: {html.escape(str(Path(o.argv[-1])))}</p>')
+    parts.append(f'<p class="note">{ran}{when}; files: {html.escape(o.argv[o.argv.index("--out") + 1])}</p>')
     return "".join(parts) + "</section>"
 
 

@@ -57,7 +57,7 @@ class SectionOutcome:
             out["reason"] = self.reason
         if self.view is not None:
             out["headline"] = {h.label: h.value for h in self.view.headline}
-            out["folder"] = str(Path(self.argv[self.argv.index("--out") + 1]))
+            out["folder"] = self.argv[self.argv.index("--out") + 1]
             out["reused"] = self.reused
             out["seconds"] = self.seconds
         return out
@@ -93,14 +93,14 @@ def model_facts(source) -> ModelFacts:
 
 
 def run_command(argv: list[str]) -> dict:
-    """Run `posprobe <argv> --json` in this process and return the one JSON object it prints.
+    """Run `posprobe <argv>` (argv ends in --json) in this process and return the one JSON object it prints.
 
     A `PosprobeError` (the command refusing this model or input) propagates; so does Ctrl-C."""
     from posprobe.cli import app
 
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        code = app(args=[*argv, "--json"], standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
     if code == 130:
         raise KeyboardInterrupt
     if isinstance(code, int) and not isinstance(code, bool) and code != 0:
@@ -130,7 +130,13 @@ def _reusable(folder: Path, argv: list[str], section: Section, facts: ModelFacts
 
 
 def run_section(
-    section: Section, facts: ModelFacts, model_args: list[str], text_args: list[str], out: Path, force: bool
+    section: Section,
+    facts: ModelFacts,
+    model_args: list[str],
+    text_args: list[str],
+    n_texts: int,
+    out: Path,
+    force: bool,
 ) -> SectionOutcome:
     """Run (or reuse) one section; a command that refuses the model becomes a 'failed' outcome with its one line."""
     from posprobe.outputs import json_writer, write_files
@@ -139,8 +145,8 @@ def run_section(
     if reason is not None:
         return SectionOutcome(section, "not applicable", reason=reason)
     folder = out / section.name
-    argv = [section.command, *model_args, *section.args(facts), *(text_args if section.uses_text else []),
-            "--out", str(folder)]  # fmt: skip
+    argv = [section.command, *model_args, *section.args(facts, n_texts), *(text_args if section.uses_text else []),
+            "--out", str(folder), "--json"]  # fmt: skip
     if not force:
         reused = _reusable(folder, argv, section, facts)
         if reused is not None:
@@ -172,7 +178,7 @@ def build_report(
 ) -> dict:
     """Run the sections that apply to `model` and write `report.html` into `out` (default
     `posprobe-out/report/<model>`). Returns the summary written to `report.json`: `html`, `model`, `headline` (list of
-    {section, label, value}) and `sections` (name -> status, command, headline or reason).
+    {section, label, value, text}) and `sections` (name -> status, command, headline or reason).
 
     Every argument is checked, and the texts read once, before any model is run. `text` defaults to the packaged
     `builtin:sentences`, `max_texts` to 32."""
@@ -188,8 +194,7 @@ def build_report(
         raise ArgumentValueError("column", "{arg} applies only with --text", "pass --text FILE, or drop {arg}")
     text = DEFAULT_TEXT if text is None else str(text)
     wants_text = any(SECTIONS[name].uses_text for name in chosen)
-    if wants_text:
-        check_texts(text, column, max_texts)
+    n_texts = check_texts(text, column, max_texts) if wants_text else 0
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=wants_text)
     facts = model_facts(source)
     out_dir = prepare_out_dir(out if out is not None else default_out("report", source.label))
@@ -204,7 +209,7 @@ def build_report(
             continue
         if section.reason(facts) is None:
             say(f"[{i}/{len(SECTIONS)}] {name}: posprobe {section.command} …")
-        outcome = run_section(section, facts, model_args, text_args, out_dir, force)
+        outcome = run_section(section, facts, model_args, text_args, n_texts, out_dir, force)
         say(f"[{i}/{len(SECTIONS)}] {name}: {_outcome_words(outcome)}")
         keep_written()  # a later failure or Ctrl-C keeps the finished sections, for the next run to reuse
         outcomes.append(outcome)
@@ -231,7 +236,7 @@ def write_report(out_dir: Path, facts: ModelFacts, outcomes: list[SectionOutcome
         "causal": facts.causal,
         "text": text,
         "headline": [
-            {"section": o.section.name, "label": h.label, "value": h.value}
+            {"section": o.section.name, "label": h.label, "value": h.value, "text": h.text}
             for o in outcomes
             if o.view is not None
             for h in o.view.headline

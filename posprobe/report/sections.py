@@ -12,7 +12,7 @@ A new section (e.g. `context`, `needle`) is one decorated function:
     def needle(record: dict, facts: ModelFacts) -> View:
         return View(headline=[...], table=Table(...), figures=record["figures"])
 
-with `args=` giving the command's arguments after the model (default: none).
+with `args=` giving the command's arguments after the model, `args(facts, n_texts) -> list[str]` (default: none).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Section:
     command: str  # the posprobe command it runs
     how_to_read: str
     uses_text: bool
-    args: Callable[[ModelFacts], list[str]]
+    args: Callable[[ModelFacts, int], list[str]]  # (facts, number of texts the text sections read) -> arguments
     reason: Callable[[ModelFacts], str | None]  # why it does not apply; None when it does
     view: Callable[[dict, ModelFacts], View]
 
@@ -84,7 +84,7 @@ def section(
     how_to_read: str,
     command: str | None = None,
     uses_text: bool = False,
-    args: Callable[[ModelFacts], list[str]] = lambda facts: [],
+    args: Callable[[ModelFacts, int], list[str]] = lambda facts, n_texts: [],
     reason: Callable[[ModelFacts], str | None] = lambda facts: None,
 ) -> Callable:
     """Register the decorated `view(record, facts) -> View` as section `name` (page order = registration order)."""
@@ -141,7 +141,7 @@ def _needs_rotary(facts: ModelFacts) -> str | None:
     return None
 
 
-def _profile_layers(facts: ModelFacts) -> list[str]:
+def _profile_layers(facts: ModelFacts, n_texts: int) -> list[str]:
     """Every layer for up to 12 layers; else the first, middle and last (the profiles of 30 layers take minutes)."""
     n = facts.n_layers
     if n is None or n <= 12:
@@ -167,7 +167,7 @@ def _peaks_view(record: dict, facts: ModelFacts, what: str) -> View:
     table = Table(["layer", *[f"h{h}" for h in range(n_heads)]], rows)
     side = "k ≤ 0 (causal)" if record["causal"] else f"|k| ≤ {record['window']}"
     flat = len(peaks) - len(defined)
-    value = f"{at_zero} / {len(defined)}" if defined else "—"
+    value = f"{at_zero} / {len(defined)}" if defined else "none (all flat)"
     notes = [f"peak offset k = j − i of each head's {what} profile, within {side}; — = flat up to round-off"]
     if flat:
         notes.append(f"{flat} of {len(peaks)} profiles are flat (no peak)")
@@ -238,6 +238,7 @@ def profiles(record: dict, facts: ModelFacts) -> View:
     "fit-tisa",
     "TISA kernels fitted to the profiles",
     reason=_unknown_kind,
+    args=_profile_layers,
     how_to_read="""Five Gaussian kernels per head, f(k) = Σ a·exp(−|b|(k−c)²), fitted to each profile within the
     window. A high held-out R² (offsets just beyond the window) says the profiles really are smooth functions of k
     that a relative-position mechanism (TISA) could carry; the in-window R² alone is high almost by construction
@@ -346,6 +347,7 @@ def profiles_text(record: dict, facts: ModelFacts) -> View:
     "states",
     "Position in the hidden states",
     uses_text=True,
+    args=lambda facts, n_texts: ["--min-texts", str(min(16, n_texts))],  # 16: the command's default
     how_to_read="""For every hidden state (0 = the embedding output): a ridge probe's held-out R² for the token's
     position (beside a permuted-position control, near 0 by construction), the Toeplitz R² of the positional
     vectors' Gram matrix, and the largest activation over its median (a 'massive activation'). A probe R² that
