@@ -177,6 +177,29 @@ def test_rerun_reuses_finished_sections_unless_force(bert_report, tiny_bert_fold
     assert forced["sections"]["fhat"]["reused"] is False
 
 
+def test_ctrl_c_keeps_finished_sections_for_the_next_run(tiny_bert_folder, tmp_path, monkeypatch, capsys):
+    import posprobe.report.run as report_run
+
+    calls, real = [], report_run.run_command
+
+    def interrupted_second(argv):
+        calls.append(argv[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(argv)
+
+    monkeypatch.setattr(report_run, "run_command", interrupted_second)
+    out = tmp_path / "r"
+    with pytest.raises(SystemExit) as info:
+        main(["report", str(tiny_bert_folder), "--only", "fhat,profiles", "--out", str(out)])
+    assert info.value.code == 130 and calls == ["fhat", "profiles"]
+    assert (out / "fhat" / "section.json").is_file() and not (out / "profiles").exists()
+    assert not (out / "report.html").exists()
+    monkeypatch.setattr(report_run, "run_command", real)
+    again = run_report([str(tiny_bert_folder), "--only", "fhat,profiles", "--out", str(out)])
+    assert again["sections"]["fhat"]["reused"] and not again["sections"]["profiles"]["reused"]
+
+
 def test_the_page_is_self_contained(bert_report):
     page = Path(bert_report[0]["html"]).read_text()
     assert "<script" not in page.lower() and "<link" not in page.lower() and "@import" not in page
@@ -198,6 +221,8 @@ def test_the_page_is_self_contained(bert_report):
         (["--text", "/nonexistent/texts.txt"], "text file '/nonexistent/texts.txt' does not exist"),
         (["--column", "sentence"], "--column applies only with --text"),
         (["/nonexistent/model"], "/nonexistent/model"),
+        (["--max-texts", "many"], "Invalid value for '--max-texts'"),
+        (["--only", ""], "--only is empty"),
     ],
 )
 def test_hostile_input_is_one_line_and_writes_nothing(args, message, tmp_path, capsys):

@@ -66,6 +66,8 @@ class SectionOutcome:
 def select_sections(only: list[str] | None, skip: list[str] | None) -> list[str]:
     """The section names to run, in page order; unknown names refused (before any work)."""
     for flag, names in (("only", only), ("skip", skip)):
+        if names is not None and not names:
+            raise ArgumentValueError(flag, "{arg} is empty", f"name sections, e.g. {{arg}} {next(iter(SECTIONS))}")
         for name in names or []:
             if name not in SECTIONS:
                 raise ArgumentValueError(
