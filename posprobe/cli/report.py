@@ -16,8 +16,9 @@ import typer
 from posprobe.cli.console import console, emit_json
 from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg, OutOpt
 from posprobe.cli.text_input import ColumnOpt
+from posprobe.report.sections import SECTIONS  # the registry only: no torch, no matplotlib
 
-_NAMES = "toeplitz, fhat, profiles, fit-tisa, rotary, attention, profiles-text, states"
+_NAMES = ", ".join(SECTIONS)
 
 
 def register(app: typer.Typer) -> None:

@@ -200,7 +200,8 @@ def build_report(
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=wants_text)
     facts = model_facts(source)
     out_dir = prepare_out_dir(out if out is not None else default_out("report", source.label))
-    model_args = ([] if model is None or model == "" else [str(model)]) + (["--allow-pickle"] if allow_pickle else [])
+    # the model always named (the packaged default by its name), so that every reproducing command says which
+    model_args = [source.name] + (["--allow-pickle"] if allow_pickle else [])
     text_args = ["--text", text, *(["--column", column] if column else []), "--max-texts", str(max_texts)]
 
     outcomes = []
