@@ -166,7 +166,8 @@ def _peaks_view(record: dict, facts: ModelFacts, what: str) -> View:
         cells = [h["peak_offset"] for h in heads if h["layer"] == layer]
         rows.append([str(layer), *["—" if p is None else f"{int(p):+d}" for p in cells]])
     table = Table(["layer", *[f"h{h}" for h in range(n_heads)]], rows)
-    side = "k ≤ 0 (causal)" if record["causal"] else f"|k| ≤ {record['window']}"
+    window = record["window"]
+    side = f"−{window} ≤ k ≤ 0 (causal: k > 0 is never used)" if record["causal"] else f"|k| ≤ {window}"
     flat = len(peaks) - len(defined)
     value = f"{at_zero} / {len(defined)}" if defined else "none (all flat)"
     notes = [f"peak offset k = j − i of each head's {what} profile, within {side}; — = flat up to round-off"]
