@@ -278,7 +278,8 @@ def _median(values) -> float | None:
     args=_profile_layers,
     how_to_read="""The share of each head's query and key norm in each rotary band, against the band's wavelength.
     Norm in bands longer than the context (they barely rotate within it) means the head uses those dimensions for
-    content, not position; 'equal' is that share if every band had the same norm, the baseline to compare with.""",
+    content, not position; 'equal' is that share if every band had the same norm, the baseline to compare with.
+    The rotary budget, where shown, follows from the config alone (theta, dims, trained length): by construction.""",
 )
 def rotary(record: dict, facts: ModelFacts) -> View:
     summary = record["summary"]
@@ -293,7 +294,17 @@ def rotary(record: dict, facts: ModelFacts) -> View:
                  mean_defined(r["q_long_band_share"] for r in summary), 2),
         headline("the same for equal band norms", mean_defined(r["long_band_fraction"] for r in summary), 2),
     ]  # fmt: skip
-    return View(lines, table, [record["figure"]], [f"context: {record['context']} tokens; λ in tokens"])
+    notes = [f"context: {record['context']} tokens; λ in tokens"]
+    budget = record.get("budget")  # the rotary budget (SPEC §17), where the rotary module is built from rope parameters
+    if budget:
+        lines.append(headline("rotary budget: extrapolation limit (tokens)", budget["extrapolation_limit"], 0))
+        notes.append(
+            f"rotary budget (Liu et al. 2023): critical dimension {budget['critical_dimension']} of "
+            f"{budget['rotated_dims']} rotated dims ({budget['pairs_with_full_period']} of {budget['pairs']} pairs "
+            f"turn a full period within the trained {budget['trained_length']} tokens; rope theta "
+            f"{budget['rope_theta']:g})"
+        )
+    return View(lines, table, [record["figure"]], notes)
 
 
 @section(
