@@ -60,10 +60,13 @@ def _root(
 
 
 def _register_commands() -> None:
-    from posprobe.cli import analysis, attention, finetune, fitting, learned_kernels, report, retrofit, rotary, states
+    from posprobe.cli import analysis, attention, finetune, fitting, learned_kernels, retrofit, rotary, states
 
-    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states, report):
+    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states):
         module.register(app)
+    from posprobe.cli import report  # `posprobe report` (issue 35), registered on its own line
+
+    report.register(app)
     for command in app.registered_commands:
         if command.help is None and command.callback is not None:
             command.help = reflow_help(command.callback.__doc__ or "")
