@@ -137,8 +137,8 @@ def test_each_variant_uses_transformers_rope_init_and_the_model_is_restored():
 def test_layer_type_configs_scale_only_their_full_attention_setting():
     import transformers as tf
 
-    config = tf.Gemma3TextConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                 head_dim=8, intermediate_size=37, vocab_size=99, max_position_embeddings=64)  # fmt: skip
+    sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    config = tf.Gemma3TextConfig(**sizes, intermediate_size=37, vocab_size=99, max_position_embeddings=64)
     scaled = R.variant_config(config, R.RopeVariant("yarn:4", "yarn", 4.0))
     assert scaled.rope_parameters["full_attention"]["rope_type"] == "yarn"
     assert scaled.rope_parameters["sliding_attention"] == config.rope_parameters["sliding_attention"]

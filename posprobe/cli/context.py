@@ -24,9 +24,7 @@ DEFAULT_TEXT = "builtin:kjv"
 
 
 def register(app: typer.Typer) -> None:
-    app.command("context", short_help="Loss by position and perplexity by length, per rotary scaling variant.")(
-        context
-    )
+    app.command("context", short_help="Loss by position and perplexity by length, per rotary scaling variant.")(context)
 
 
 def context(
@@ -37,7 +35,8 @@ def context(
     ] = DEFAULT_TEXT,
     column: ColumnOpt = None,
     lengths: Annotated[
-        str, typer.Option("--lengths", help="Window lengths in tokens, e.g. 512,1024,2048 (past the trained length too).")
+        str,
+        typer.Option("--lengths", help="Window lengths in tokens, e.g. 512,1024,2048 (past the trained length too)."),
     ] = "512,1024,2048",
     windows: Annotated[int, typer.Option("--windows", help="Windows per length.")] = 4,
     rope_scaling: Annotated[

@@ -51,8 +51,7 @@ def parse_variants(spec: str | Sequence[str] | None) -> list[RopeVariant]:
                 "rope_scaling",
                 "{arg} longrope needs the per-pair short_factor / long_factor lists found by LongRoPE's search, "
                 "which no factor alone gives",
-                "measure a checkpoint whose config carries them (variant 'none'), or use linear, dynamic, yarn, "
-                "llama3",
+                "measure a checkpoint whose config carries them (variant 'none'), or use linear, dynamic, yarn, llama3",
             )
         if kind not in SCALING_TYPES:
             raise ArgumentValueError(

@@ -53,7 +53,8 @@ class ContextResult(ResultMixin):
 
     def note(self) -> str:
         """What the numbers are, in words."""
-        bos = "a BOS first in each window" if self.text.get("bos_id") is not None else "no BOS (the tokenizer adds none)"
+        with_bos = self.text.get("bos_id") is not None
+        bos = "a BOS first in each window" if with_bos else "no BOS (the tokenizer adds none)"
         where = f" of {self.text['source']}" if self.text.get("source") else ""
         past = (
             f"; lengths {', '.join(map(str, self.beyond_trained))} lie past the trained length "
@@ -100,17 +101,22 @@ class ContextResult(ResultMixin):
 
     def to_dict(self) -> dict:
         edges, means = self.octaves()
-        return self.metadata() | {
-            "windows": [int(x) for x in self.windows],
-            "tokens": [int(x) for x in self.tokens],
-            "perplexity": {v: {str(n): _number(p) for n, p in zip(self.lengths, row)}
-                           for v, row in zip(self.variants, self.perplexity)},  # fmt: skip
-            "loss_by_octave": {
-                "position_bins": [[int(a), int(b)] for a, b in zip(edges[:-1], edges[1:])],
-                **{v: [_number(x) for x in row] for v, row in zip(self.variants, means)},
-            },
-            "budget": self.budget,
-        }
+        return (
+            self.metadata()
+            | {
+                "windows": [int(x) for x in self.windows],
+                "tokens": [int(x) for x in self.tokens],
+                "perplexity": {
+                    v: {str(n): _number(p) for n, p in zip(self.lengths, row)}
+                    for v, row in zip(self.variants, self.perplexity)
+                },  # fmt: skip
+                "loss_by_octave": {
+                    "position_bins": [[int(a), int(b)] for a, b in zip(edges[:-1], edges[1:])],
+                    **{v: [_number(x) for x in row] for v, row in zip(self.variants, means)},
+                },
+                "budget": self.budget,
+            }
+        )
 
     def plot(self):
         """Loss by position per variant (raw points and a smoothed curve, log x), the trained length marked."""
