@@ -61,8 +61,9 @@ def _root(
 
 def _register_commands() -> None:
     from posprobe.cli import analysis, attention, finetune, fitting, learned_kernels, retrofit, rotary, states
+    from posprobe.cli import needle
 
-    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states):
+    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states, needle):
         module.register(app)
     for command in app.registered_commands:
         if command.help is None and command.callback is not None:
