@@ -36,7 +36,7 @@ def _cells(fig, ax, values: np.ndarray, result, cmap: str, label: str, limits, f
 def grid_figure(result):
     """Accuracy (left) and mean log-probability of the answer (right) per (length, depth)."""
     fig = _figure(10.0, 0.5 * len(result.lengths) + 2.6)
-    left, right = fig.subplots(1, 2, gridspec_kw=dict(left=0.09, right=0.97, bottom=0.2, top=0.8, wspace=0.3))
+    left, right = fig.subplots(1, 2, gridspec_kw=dict(left=0.09, right=0.95, bottom=0.2, top=0.8, wspace=0.3))
     _cells(fig, left, result.accuracy, result, "RdYlGn", "accuracy (greedy exact match)", (0.0, 1.0), ".0%")
     lp = result.mean_log_prob
     low = float(np.nanmin(lp)) if np.isfinite(lp).any() else -1.0
@@ -61,6 +61,7 @@ def depth_figure(result):
         ax.set_xlabel("measured depth of the needle")
         ax.set_ylabel(label)
         ax.set_xlim(-0.03, 1.03)
+        ax.ticklabel_format(axis="y", useOffset=False, style="plain")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     left.set_ylim(-0.05, 1.05)
@@ -74,9 +75,13 @@ def heads_figure(result, top: int = 10):
     attention = result.head_attention  # (L, H)
     fig = _figure(10.0, max(3.2, 0.16 * attention.shape[0] + 1.4))
     left, right = fig.subplots(
-        1, 2, gridspec_kw=dict(left=0.07, right=0.97, bottom=0.14, top=0.84, wspace=0.35, width_ratios=[1.2, 1])
+        1, 2, gridspec_kw=dict(left=0.08, right=0.97, bottom=0.14, top=0.84, wspace=0.35, width_ratios=[1.2, 1])
     )
     image = left.imshow(attention, cmap="magma", aspect="auto", origin="lower", vmin=0.0)
+    from matplotlib.ticker import MaxNLocator
+
+    left.xaxis.set_major_locator(MaxNLocator(integer=True))
+    left.yaxis.set_major_locator(MaxNLocator(integer=True))
     left.set_xlabel("head")
     left.set_ylabel("layer")
     left.set_title("attention of the last prompt token on the needle", fontsize=9)

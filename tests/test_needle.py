@@ -242,13 +242,20 @@ def test_cli_writes_the_grid(planted_folder, tmp_path, capsys):
         (["--question", " It is {answer}"], ["--question", "give the answer away"]),
         (["--lengths", "1e3"], ["--lengths", "whole numbers"]),
     ],
-    ids=["short-haystack", "needle-without-answer", "depth-outside", "past-window", "too-short", "question-answer",
-         "bad-length"],  # fmt: skip
+    ids=[
+        "short-haystack",
+        "needle-without-answer",
+        "depth-outside",
+        "past-window",
+        "too-short",
+        "question-answer",
+        "bad-length",
+    ],  # fmt: skip
 )
 def test_hostile_input_is_one_line(planted_folder, tmp_path, capsys, extra, words):
     out = tmp_path / "out"
     flags = dict(zip(TASK_FLAGS[::2], TASK_FLAGS[1::2]))
-    for flag, value in zip(extra[::2], extra[1::2]):
+    for flag in extra[::2]:
         flags.pop(flag, None)
     args = ["needle", planted_folder, "--haystack", planted_folder / "haystack.txt", "--out", out,
             *[x for pair in flags.items() for x in pair], *extra]  # fmt: skip

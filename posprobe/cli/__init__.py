@@ -60,8 +60,7 @@ def _root(
 
 
 def _register_commands() -> None:
-    from posprobe.cli import analysis, attention, finetune, fitting, learned_kernels, retrofit, rotary, states
-    from posprobe.cli import needle
+    from posprobe.cli import analysis, attention, finetune, fitting, learned_kernels, needle, retrofit, rotary, states
 
     for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states, needle):
         module.register(app)

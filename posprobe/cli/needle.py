@@ -31,8 +31,10 @@ def register(app: typer.Typer) -> None:
 def needle(
     model: Annotated[
         str | None,
-        typer.Argument(help=f"Causal LM: hub id, folder or .gguf file (default: the packaged {_DEFAULT_MODEL}).",
-                       show_default=False),
+        typer.Argument(
+            help=f"Causal LM: hub id, folder or .gguf file (default: the packaged {_DEFAULT_MODEL}).",
+            show_default=False,
+        ),
     ] = None,  # fmt: skip
     haystack: Annotated[
         str, typer.Option("--haystack", help="Text file (one text per line) or builtin:kjv / builtin:sentences.")
@@ -50,8 +52,9 @@ def needle(
     question: Annotated[
         str | None, typer.Option("--question", help="The prompt's end; the answer is its continuation.")
     ] = None,
-    intro: Annotated[str | None, typer.Option("--intro", help="Text before the haystack (default: the pass-key one).")]
-    = None,  # fmt: skip
+    intro: Annotated[
+        str | None, typer.Option("--intro", help="Text before the haystack (default: the pass-key one).")
+    ] = None,  # fmt: skip
     answer: Annotated[
         str | None, typer.Option("--answer", help="A fixed answer (default: a random pass key per trial).")
     ] = None,
@@ -149,4 +152,3 @@ def _prompt_progress():
     ) as bar:
         task = bar.add_task("prompts", total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
-

@@ -119,7 +119,8 @@ def needle(
     if net is not None:
         if tokenizer is None:
             raise ArgumentValueError("tokenizer", "a model object carries no tokenizer", "pass {arg}=its tokenizer")
-        config, name, quantization = net.config.to_dict(), str(getattr(net.config, "_name_or_path", "") or "model"), None
+        name = str(getattr(net.config, "_name_or_path", "") or "model")
+        config, quantization = net.config.to_dict(), None
     else:
         from posprobe.checkpoint import resolve_model
 

@@ -97,7 +97,12 @@ class NeedleResult(ResultMixin):
         what uniform attention would give it."""
         uniform = float(np.nanmean(self.uniform_share))
         return [
-            {"layer": layer, "head": head, "needle_attention": _number(value), "times_uniform": _number(value / uniform)}
+            {
+                "layer": layer,
+                "head": head,
+                "needle_attention": _number(value),
+                "times_uniform": _number(value / uniform),
+            }
             for layer, head, value in ranked_heads(self.head_attention, top)
         ]
 
