@@ -54,7 +54,9 @@ def tiny_causal_lm(kind: str = "llama", **overrides):
         config = tf.BloomConfig(vocab_size=98, hidden_size=32, n_layer=2, n_head=4, eos_token_id=1, bos_token_id=1)
         return tf.BloomForCausalLM(config).eval()
     cls_config, cls_model = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
-                             "mistral": (tf.MistralConfig, tf.MistralForCausalLM)}[kind]  # fmt: skip
+                             "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+                             "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM),
+                             "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM)}[kind]  # fmt: skip
     config = cls_config(**size, intermediate_size=48, num_key_value_heads=2, max_position_embeddings=512,
                         eos_token_id=1, bos_token_id=1, **overrides)  # fmt: skip
     return cls_model(config).eval()
@@ -99,8 +101,14 @@ def eager_rows(model, ids: torch.Tensor, row: int, span: tuple[int, int]) -> tor
 
 @pytest.mark.parametrize(
     "kind, overrides",
-    [("llama", {}), ("mistral", {"sliding_window": 40}), ("bloom", {})],
-    ids=["llama-gqa", "mistral-window", "bloom-eager-route"],
+    [
+        ("llama", {}),
+        ("mistral", {"sliding_window": 40}),
+        ("gemma2", {"attn_logit_softcapping": 5.0, "sliding_window": 40, "head_dim": 8}),
+        ("gemma3", {"sliding_window": 40, "head_dim": 8, "sliding_window_pattern": 2}),
+        ("bloom", {}),
+    ],
+    ids=["llama-gqa", "mistral-window", "gemma2-softcap", "gemma3-local-global", "bloom-eager-route"],
 )
 def test_retrieval_attention_equals_the_eager_row(kind, overrides):
     from posprobe.capture.retrieval import RetrievalRun

@@ -105,6 +105,7 @@ def retrieval_attention(
 ):
     """transformers' attention-function contract: returns the family's usual output ((B, m, H, d_h), None) and,
     while a `SpanAttention` is active, hands it the probabilities of its query row."""
+    import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from posprobe.capture.recording import recording_attention
@@ -113,7 +114,11 @@ def retrieval_attention(
         scaling = query.shape[-1] ** -0.5
     softcap = kwargs.get("softcap")
     if softcap is not None or kwargs.get("s_aux") is not None:  # sdpa has neither; recording refuses sinks
-        out, _ = recording_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+        mask = attention_mask
+        if mask is None:  # sdpa's causal shortcut: the eager computation needs the causal mask written out
+            queries, keys = query.shape[-2], key.shape[-2]
+            mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)[None, None]
+        out, _ = recording_attention(module, query, key, value, mask, scaling, dropout, **kwargs)
     else:
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                         **kwargs)  # fmt: skip
