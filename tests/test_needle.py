@@ -237,6 +237,11 @@ def test_cli_writes_the_grid(planted_folder, tmp_path, capsys):
     lines = (out / "prompts.jsonl").read_text().splitlines()
     assert len(lines) == 6 and json.loads(lines[0])["needle_span"][0] == 14
     assert {p.name for p in out.iterdir()} >= {"needle_grid.png", "needle_depth.png", "needle_heads.png"}
+    from posprobe.pipelines.needle_result import NeedleResult
+
+    loaded = NeedleResult.load(out)  # what was written reads back to the same result
+    assert loaded.to_dict() == {k: v for k, v in record.items() if k != "files"}
+    assert loaded.table() + "\n" == (out / "needle.txt").read_text()
 
 
 @pytest.mark.parametrize(

@@ -73,6 +73,24 @@ class NeedleResult(ResultMixin):
                    exact=exact, needle_attention=attention, achieved_length=lengths, needle_tokens=needles,
                    records=records, **arrays, **fields)  # fmt: skip
 
+    @classmethod
+    def load(cls, folder) -> NeedleResult:
+        """The result a `posprobe needle` run wrote into `folder` (needle.npz and prompts.jsonl), e.g. to redraw
+        its figures."""
+        from pathlib import Path
+
+        from posprobe.outputs import load_npz
+
+        metadata, arrays = load_npz(Path(folder) / "needle.npz")
+        text = (Path(folder) / "prompts.jsonl").read_text(encoding="utf-8")
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        names = ("log_prob", "exact", "needle_attention", "achieved_length", "achieved_depth", "needle_tokens",
+                 "uniform_share")  # fmt: skip
+        kept = {k: metadata[k] for k in ("model", "model_type", "quantization", "haystack", "task", "trials", "seed",
+                                         "window", "n_layers", "n_heads", "route")}  # fmt: skip
+        return cls(lengths=tuple(metadata["lengths"]), depths=tuple(metadata["depths"]), records=records,
+                   **{k: arrays[k] for k in names}, **kept)  # fmt: skip
+
     @property
     def accuracy(self) -> np.ndarray:
         """(Lg, D): share of trials whose greedy continuation is exactly the answer."""
@@ -170,16 +188,24 @@ class NeedleResult(ResultMixin):
         }
 
     def table(self) -> str:
-        """The grid as plain text: accuracy and mean log-probability per length and depth, the gaps, the top
-        heads."""
-        depths = "  ".join(f"{d:>11.2f}" for d in self.depths)
-        lines = [f"{'length':>7}  {'depth →':<8}{depths}  {'primacy':>8} {'recency':>8}"]
-        acc_first, acc_last = self.gaps("accuracy")
-        lp_first, lp_last = self.gaps("log_prob")
-        for i, length in enumerate(self.lengths):
-            cells = "  ".join(f"{a:>4.0%} {lp:>6.2f}" for a, lp in zip(self.accuracy[i], self.mean_log_prob[i]))
-            lines.append(f"{length:>7}  {'acc lp':<8}{cells}  {acc_first[i]:>+8.2f} {acc_last[i]:>+8.2f}")
-            lines.append(f"{'':>7}  {'':<8}{'':{len(cells)}}  {lp_first[i]:>+8.2f} {lp_last[i]:>+8.2f}")
+        """The grid as plain text: accuracy and mean log-probability per length (rows) and depth (columns) with the
+        primacy and recency gaps, the measured depths, and the top heads."""
+        head = f"{'length':>7}" + "".join(f"{d:>9.2f}" for d in self.depths) + f"{'primacy':>10}{'recency':>10}"
+        lines = []
+        for of, title, values, cell in (
+            ("accuracy", "accuracy (greedy exact match) by length and depth", self.accuracy, "{:>9.0%}"),
+            ("log_prob", "mean log p(answer), nats", self.mean_log_prob, "{:>9.2f}"),
+        ):
+            first, last = self.gaps(of)
+            lines += [title, head]
+            for i, length in enumerate(self.lengths):
+                row = "".join(cell.format(v) if np.isfinite(v) else f"{'—':>9}" for v in values[i])
+                gaps = "".join(f"{g:>+10.2f}" if np.isfinite(g) else f"{'—':>10}" for g in (first[i], last[i]))
+                lines.append(f"{length:>7}{row}{gaps}")
+        measured = cell_means(self.achieved_depth)
+        lines.append("measured depth (mean over trials): " + "; ".join(
+            f"{length}: " + " ".join(f"{d:.2f}" for d in measured[i]) for i, length in enumerate(self.lengths)
+        ))  # fmt: skip
         heads = ", ".join(
             f"L{h['layer']}.H{h['head']} {h['needle_attention']:.2f} ({h['times_uniform']:.0f}x)"
             for h in self.top_heads(5)
