@@ -10,6 +10,7 @@ matplotlib until an analysis or a model needs them):
   `AttentionResult`); `fhat` / `profiles` with `texts=` (data-conditioned scores); `states` (positional
   vectors, position probes and massive activations in the hidden states, `StatesResult`) and `states_series` (the
   same over training checkpoints, `StatesSeries`); `posprobe.capture` runs a model on text for any reducer;
+- causal LMs: `needle` (retrieval by length and depth, `NeedleGrid`, `NeedleTask`, `NeedleResult`);
 - rotary models: `rotary` (band norms of queries and keys per rotary frequency, `RotaryBandsResult`);
 - causal LMs across long windows: `context` (loss by position, perplexity per length, rotary scaling variants,
   `ContextResult`);
@@ -45,6 +46,10 @@ _EXPORTS = {
     "StatesResult": "posprobe.pipelines.states_result",
     "states_series": "posprobe.pipelines.states_series",
     "StatesSeries": "posprobe.pipelines.states_series",
+    "needle": "posprobe.pipelines.needle",
+    "NeedleGrid": "posprobe.pipelines.needle",
+    "NeedleTask": "posprobe.pipelines.needle_prompts",
+    "NeedleResult": "posprobe.pipelines.needle_result",
     "fit_tisa": "posprobe.pipelines.fitting",
     "load_tisa_kernels": "posprobe.kernels_file",
     "save_tisa_kernels": "posprobe.kernels_file",

@@ -60,9 +60,20 @@ def _root(
 
 
 def _register_commands() -> None:
-    from posprobe.cli import analysis, attention, context, finetune, fitting, learned_kernels, retrofit, rotary, states
+    from posprobe.cli import (
+        analysis,
+        attention,
+        context,
+        finetune,
+        fitting,
+        learned_kernels,
+        needle,
+        retrofit,
+        rotary,
+        states,
+    )
 
-    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states, context):
+    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states, context, needle):
         module.register(app)
     from posprobe.cli import report  # `posprobe report` (issue 35), registered on its own line
 
