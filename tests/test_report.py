@@ -165,6 +165,46 @@ def test_section_that_does_not_apply_says_why_in_one_line(bert_report, llama_fol
     )
 
 
+@pytest.fixture(scope="module")
+def causal_folder(tmp_path_factory):
+    """A tiny Llama causal LM (512 positions) with a character tokenizer, as in tests/test_needle.py."""
+    from test_needle import char_tokenizer, tiny_causal_lm
+
+    folder = tmp_path_factory.mktemp("tiny-causal")
+    char_tokenizer().save_pretrained(folder)
+    tiny_causal_lm().save_pretrained(folder)
+    return folder
+
+
+def test_context_section_equals_its_record_and_encoders_say_why_not(bert_report, causal_folder, tmp_path):
+    for name in ("context", "needle"):
+        section = bert_report[0]["sections"][name]
+        assert section["status"] == "not applicable" and section["reason"].startswith("not a causal language model")
+    summary = run_report([str(causal_folder), "--only", "context", "--out", str(tmp_path / "r")])
+    record = record_of(tmp_path / "r", "context")
+    assert record["lengths"] == [256, 512] and record["variants"] == ["none"]
+    page = Path(summary["html"]).read_text()
+    assert (
+        summary_rows(page)["context", "perplexity at 512 tokens (none)"] == f"{record['perplexity']['none']['512']:.2f}"
+    )
+    rows = table_rows(section_html(page, "context"))
+    assert rows == [[str(n), f"{record['perplexity']['none'][str(n)]:.2f}", str(t)]
+                    for n, t in zip(record["lengths"], record["tokens"])]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_needle_section_equals_its_record(causal_folder, tmp_path):
+    summary = run_report([str(causal_folder), "--only", "needle", "--out", str(tmp_path / "r")])
+    record = record_of(tmp_path / "r", "needle")
+    assert record["lengths"] == [240, 480] and record["n_prompts"] == 2 * 3 * 2  # 512 - 32: room for the answer
+    page = Path(summary["html"]).read_text()
+    exact = np.mean([[g["accuracy"] for g in record["grid"]]])
+    assert summary_rows(page)["needle", "needle retrieval accuracy (all prompts)"] == f"{exact:.2f}"
+    assert table_rows(section_html(page, "needle")) == [
+        [str(g["length"]), *[f"{a:.2f}" for a in g["accuracy"]]] for g in record["grid"]
+    ]
+
+
 def test_rerun_reuses_finished_sections_unless_force(bert_report, tiny_bert_folder, texts_file):
     summary, out, args = bert_report
     again = run_report(args)
@@ -254,16 +294,8 @@ def test_a_refused_section_fails_alone_in_one_line(texts_file, tmp_path):
 
 
 def test_every_section_is_registered_once_with_its_command():
-    assert list(SECTIONS) == [
-        "toeplitz",
-        "fhat",
-        "profiles",
-        "fit-tisa",
-        "rotary",
-        "attention",
-        "profiles-text",
-        "states",
-    ]
+    assert list(SECTIONS) == ["toeplitz", "fhat", "profiles", "fit-tisa", "rotary", "attention", "profiles-text",
+                              "states", "context", "needle"]  # fmt: skip
     assert SECTIONS["profiles-text"].command == "profiles" and SECTIONS["profiles-text"].uses_text
     registered = {c.name for c in app.registered_commands}
     assert {s.command for s in SECTIONS.values()} <= registered and "report" in registered

@@ -87,11 +87,15 @@ def model_facts(source) -> ModelFacts:
     kind, mechanism = position_kind(config)
     family = family_for_type(source.model_type)
     causal = bool(family.causal) if family is not None else False
-    n_layers = next(
-        (config[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if isinstance(config.get(k), int)), None
-    )
+    n_layers = _first_int(config, ("num_hidden_layers", "n_layer", "num_layers"))
+    max_positions = _first_int(config, ("max_position_embeddings", "n_positions", "n_ctx"))
     return ModelFacts(source.label, source.model_type, kind, mechanism, causal,
-                      kind in TABLE_KINDS or has_learned_table(config), n_layers)  # fmt: skip
+                      kind in TABLE_KINDS or has_learned_table(config), n_layers, max_positions)  # fmt: skip
+
+
+def _first_int(config: dict, keys: tuple[str, ...]) -> int | None:
+    """The first of `keys` whose value in `config` is a whole number."""
+    return next((config[k] for k in keys if isinstance(config.get(k), int) and not isinstance(config[k], bool)), None)
 
 
 def run_command(argv: list[str]) -> dict:

@@ -33,6 +33,7 @@ class ModelFacts:
     causal: bool
     has_table: bool  # an absolute position table E_P exists (learned or sinusoidal)
     n_layers: int | None
+    max_positions: int | None = None  # trained positions from the config (max_position_embeddings, n_positions)
 
 
 @dataclass(frozen=True)
@@ -385,3 +386,59 @@ def states(record: dict, facts: ModelFacts) -> View:
     ]
     notes = [f"{record['n_texts']} texts ({record['text']}), {record['n_positions_kept']} positions kept"]
     return View(lines, table, list(record["figures"]), notes)
+
+
+def _long_lengths(facts: ModelFacts, room: int = 0) -> str:
+    """Window / prompt lengths for `context` and `needle` that a laptop's CPU runs in a minute or two: 256 and 512
+    tokens, within the trained positions less `room` (the needle's answer follows its prompt); for a model trained
+    on fewer, half and all of what fits."""
+    if facts.max_positions is None or facts.max_positions - room >= 512:
+        return "256,512"
+    limit = max(facts.max_positions - room, 2)
+    return f"{limit // 2},{limit}"
+
+
+def _needs_causal(facts: ModelFacts) -> str | None:
+    if not facts.causal:
+        return f"not a causal language model ({facts.mechanism}, attends both ways): there is no next-token loss"
+    return None
+
+
+@section(
+    "context",
+    "Loss by position and perplexity by window length",
+    reason=_needs_causal,
+    args=lambda facts, n_texts: ["--lengths", _long_lengths(facts), "--windows", "2"],
+    how_to_read="""The next-token loss at each position of long windows of the King James Bible, and the perplexity
+    per window length (SPEC §17). Loss that keeps falling with position says the model uses the longer context;
+    loss that rises past the trained length says its positions do not extrapolate. Perplexity is measured, nothing
+    here is by construction.""",
+)
+def context(record: dict, facts: ModelFacts) -> View:
+    variant = record["variants"][0]
+    perplexity = record["perplexity"][variant]
+    rows = [[str(n), number(perplexity[str(n)], 2), str(t)] for n, t in zip(record["lengths"], record["tokens"])]
+    longest = record["lengths"][-1]
+    lines = [headline(f"perplexity at {longest} tokens ({variant})", perplexity[str(longest)], 2)]
+    notes = [record["note"]] if record.get("note") else []
+    return View(lines, Table(["window length", "perplexity", "tokens"], rows), list(record["figures"]), notes)
+
+
+@section(
+    "needle",
+    "Needle in a haystack: retrieval by length and depth",
+    reason=_needs_causal,
+    args=lambda facts, n_texts: ["--lengths", _long_lengths(facts, room=32), "--depths", "0,0.5,1", "--trials", "2"],
+    how_to_read="""A random pass key hidden at several depths of a King James haystack, asked for at the end (SPEC
+    §18): the share of greedy continuations that are exactly the key, per prompt length and depth. Accuracy that
+    drops in the middle depths is the 'lost in the middle' pattern; the note names the heads whose last-token
+    attention falls most on the needle. Nothing here is by construction: the model has to find the key.""",
+)
+def needle(record: dict, facts: ModelFacts) -> View:
+    depths = record["depths"]
+    rows = [[str(g["length"]), *[number(a, 2) for a in g["accuracy"]]] for g in record["grid"]]
+    lines = [headline("needle retrieval accuracy (all prompts)", record["overall_accuracy"], 2)]
+    figures = [record["files"][name] for name in ("needle_grid", "needle_heads") if name in record["files"]]
+    heads = ", ".join(f"L{h['layer']}.H{h['head']}" for h in record["top_heads"][:5])
+    notes = [f"{record['n_prompts']} prompts; heads attending most to the needle: {heads}"] if heads else []
+    return View(lines, Table(["length", *[f"depth {d:g}" for d in depths]], rows), figures, notes)
