@@ -47,7 +47,8 @@ def report(
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """Run every analysis that applies to MODEL's family — each through its own command (toeplitz, fhat, profiles,
-    fit-tisa, rotary; on texts: attention with sinks, data-conditioned profiles, states) — and write report.html:
+    fit-tisa, rotary; on texts: attention with sinks, data-conditioned profiles, states; causal models: context
+    and needle at 256 and 512 tokens) — and write report.html:
     one self-contained page with a summary, each section's figure, key table, how to read it, and the command
     that reproduces it. Finished sections are reused on a re-run unless --force."""
     from posprobe.report import build_report
