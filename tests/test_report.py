@@ -220,22 +220,27 @@ def test_rerun_reuses_finished_sections_unless_force(bert_report, tiny_bert_fold
 def test_ctrl_c_keeps_finished_sections_for_the_next_run(tiny_bert_folder, tmp_path, monkeypatch, capsys):
     import posprobe.report.run as report_run
 
-    calls, real = [], report_run.run_command
+    calls, real = [], report_run.command_runner
 
-    def interrupted_second(argv):
-        calls.append(argv[0])
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(argv)
+    def interrupted_second(root):
+        run = real(root)
 
-    monkeypatch.setattr(report_run, "run_command", interrupted_second)
+        def runner(argv):
+            calls.append(argv[0])
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return run(argv)
+
+        return runner
+
+    monkeypatch.setattr(report_run, "command_runner", interrupted_second)
     out = tmp_path / "r"
     with pytest.raises(SystemExit) as info:
         main(["report", str(tiny_bert_folder), "--only", "fhat,profiles", "--out", str(out)])
     assert info.value.code == 130 and calls == ["fhat", "profiles"]
     assert (out / "fhat" / "section.json").is_file() and not (out / "profiles").exists()
     assert not (out / "report.html").exists()
-    monkeypatch.setattr(report_run, "run_command", real)
+    monkeypatch.setattr(report_run, "command_runner", real)
     again = run_report([str(tiny_bert_folder), "--only", "fhat,profiles", "--out", str(out)])
     assert again["sections"]["fhat"]["reused"] and not again["sections"]["profiles"]["reused"]
 

@@ -26,6 +26,7 @@ def register(app: typer.Typer) -> None:
 
 
 def report(
+    ctx: typer.Context,
     model: ModelArg = None,
     text: Annotated[
         str | None,
@@ -48,13 +49,16 @@ def report(
 ) -> None:
     """Run every analysis that applies to MODEL's family — each through its own command (toeplitz, fhat, profiles,
     fit-tisa, rotary; on texts: attention with sinks, data-conditioned profiles, states; causal models: context
-    and needle at 256 and 512 tokens) — and write report.html:
-    one self-contained page with a summary, each section's figure, key table, how to read it, and the command
-    that reproduces it. Finished sections are reused on a re-run unless --force."""
+    and needle at 256 and 512 tokens) — and write report.html: one self-contained page with a summary, each
+    section's figure, key table, how to read it, and the command that reproduces it. Finished sections are reused
+    on a re-run unless --force."""
     from posprobe.report import build_report
+    from posprobe.report.run import command_runner
 
     summary = build_report(
-        model, text=text, column=column, max_texts=max_texts, out=out, only=_names(only), skip=_names(skip),
+        model,
+        run_command=command_runner(ctx.find_root().command),  # each section: its own command, in this process
+        text=text, column=column, max_texts=max_texts, out=out, only=_names(only), skip=_names(skip),
         force=force, allow_pickle=allow_pickle, progress=lambda line: console.print(line, markup=False),
     )  # fmt: skip
     if json_out:

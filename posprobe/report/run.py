@@ -98,21 +98,24 @@ def _first_int(config: dict, keys: tuple[str, ...]) -> int | None:
     return next((config[k] for k in keys if isinstance(config.get(k), int) and not isinstance(config[k], bool)), None)
 
 
-def run_command(argv: list[str]) -> dict:
-    """Run `posprobe <argv>` (argv ends in --json) in this process and return the one JSON object it prints.
+def command_runner(root) -> Callable[[list[str]], dict]:
+    """`run(argv)`: run `posprobe <argv>` (argv ends in --json) in this process on `root`, the CLI's click command
+    (the CLI passes its own, so this layer never imports the CLI), and return the one JSON object it prints.
 
     A `PosprobeError` (the command refusing this model or input) propagates; so does Ctrl-C."""
-    from posprobe.cli import app
 
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        code = app(args=argv, standalone_mode=False)
-    if code == 130:
-        raise KeyboardInterrupt
-    if isinstance(code, int) and not isinstance(code, bool) and code != 0:
-        raise PosprobeError(f"`posprobe {argv[0]}` exited with code {code}")
-    lines = [line for line in buffer.getvalue().splitlines() if line.strip()]
-    return json.loads(lines[-1])
+    def run(argv: list[str]) -> dict:
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            code = root.main(args=argv, prog_name="posprobe", standalone_mode=False)
+        if code == 130:
+            raise KeyboardInterrupt
+        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+            raise PosprobeError(f"`posprobe {argv[0]}` exited with code {code}")
+        lines = [line for line in buffer.getvalue().splitlines() if line.strip()]
+        return json.loads(lines[-1])
+
+    return run
 
 
 def _figures_exist(view: View) -> bool:
@@ -143,6 +146,7 @@ def run_section(
     n_texts: int,
     out: Path,
     force: bool,
+    run_command: Callable[[list[str]], dict],
 ) -> SectionOutcome:
     """Run (or reuse) one section; a command that refuses the model becomes a 'failed' outcome with its one line."""
     from posprobe.outputs import json_writer, write_files
@@ -172,6 +176,7 @@ def run_section(
 def build_report(
     model: str | None = None,
     *,
+    run_command: Callable[[list[str]], dict],
     text: str | None = None,
     column: str | None = None,
     max_texts: int | None = None,
@@ -186,6 +191,7 @@ def build_report(
     `posprobe-out/report/<model>`). Returns the summary written to `report.json`: `html`, `model`, `headline` (list of
     {section, label, value, text}) and `sections` (name -> status, command, headline or reason).
 
+    `run_command(argv) -> record` runs one posprobe command (`command_runner` of the CLI's command; the CLI passes it).
     Every argument is checked, and the texts read once, before any model is run. `text` defaults to the packaged
     `builtin:sentences`, `max_texts` to 32."""
     from posprobe.checkpoint import resolve_model
@@ -216,7 +222,7 @@ def build_report(
             continue
         if section.reason(facts) is None:
             say(f"[{i}/{len(SECTIONS)}] {name}: posprobe {section.command} …")
-        outcome = run_section(section, facts, model_args, text_args, n_texts, out_dir, force)
+        outcome = run_section(section, facts, model_args, text_args, n_texts, out_dir, force, run_command)
         say(f"[{i}/{len(SECTIONS)}] {name}: {_outcome_words(outcome)}")
         keep_written()  # a later failure or Ctrl-C keeps the finished sections, for the next run to reuse
         outcomes.append(outcome)
