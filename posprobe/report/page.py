@@ -105,9 +105,9 @@ def _section(o) -> str:
     parts.extend(f'<p class="note">{html.escape(n)}</p>' for n in o.view.notes)
     parts.append(f"<h3>How to read it</h3><p>{html.escape(o.section.how_to_read)}</p>")
     parts.append(f"<h3>Reproduce</h3><pre><code>{html.escape(o.command_line or '')}</code></pre>")
-    ran = "reused from an earlier run" if o.reused else "ran"
-    when = f" in {o.seconds:.1f} s" if o.seconds is not None else ""
-    parts.append(f'<p class="note">{ran}{when}; files: {html.escape(o.argv[o.argv.index("--out") + 1])}</p>')
+    took = f"{o.seconds:.1f} s" if o.seconds is not None else "?"
+    ran = f"reused from an earlier run (which took {took})" if o.reused else f"ran in {took}"
+    parts.append(f'<p class="note">{ran}; files: {html.escape(o.argv[o.argv.index("--out") + 1])}</p>')
     return "".join(parts) + "</section>"
 
 
