@@ -147,8 +147,10 @@ def run_section(
     out: Path,
     force: bool,
     run_command: Callable[[list[str]], dict],
+    on_start: Callable[[str], None] = lambda command_line: None,
 ) -> SectionOutcome:
-    """Run (or reuse) one section; a command that refuses the model becomes a 'failed' outcome with its one line."""
+    """Run (or reuse) one section; a command that refuses the model becomes a 'failed' outcome with its one line.
+    `on_start(command line)` is called when the command really runs (not when reused)."""
     from posprobe.outputs import json_writer, write_files
 
     reason = section.reason(facts)
@@ -162,6 +164,7 @@ def run_section(
         if reused is not None:
             record, seconds, view = reused
             return SectionOutcome(section, "ok", argv, record, view, seconds=seconds, reused=True)
+    on_start(shlex.join(["posprobe", *argv]))
     start = time.perf_counter()
     try:
         record = run_command(argv)
@@ -220,10 +223,10 @@ def build_report(
         if name not in chosen:
             outcomes.append(SectionOutcome(section, "left out", reason="left out by --only / --skip"))
             continue
-        if section.reason(facts) is None:
-            say(f"[{i}/{len(SECTIONS)}] {name}: posprobe {section.command} …")
-        outcome = run_section(section, facts, model_args, text_args, n_texts, out_dir, force, run_command)
-        say(f"[{i}/{len(SECTIONS)}] {name}: {_outcome_words(outcome)}")
+        step = f"[{i}/{len(SECTIONS)}] {name}"
+        outcome = run_section(section, facts, model_args, text_args, n_texts, out_dir, force, run_command,
+                              on_start=lambda line, step=step: say(f"{step}: {line} …"))  # fmt: skip
+        say(f"{step}: {_outcome_words(outcome)}")
         keep_written()  # a later failure or Ctrl-C keeps the finished sections, for the next run to reuse
         outcomes.append(outcome)
     return write_report(out_dir, facts, outcomes, text if wants_text else None)
