@@ -221,7 +221,9 @@ def fhat(record: dict, facts: ModelFacts) -> View:
         else headline("mean F̂_P Toeplitz R², layer 0", record["mean_toeplitz_r2"])
     )
     notes = ["causal: only k ≤ 0 is ever used"] if record["causal"] else []
-    return View([value], Table(["head", "Toeplitz R²"], rows), [record["figure"]], notes)
+    if by_construction:  # no per-head number to show: every head's R² is 1 whatever the weights
+        notes.append("Toeplitz by construction: the scores depend on k = j − i alone, so no head has an R² to show")
+    return View([value], None if by_construction else Table(["head", "Toeplitz R²"], rows), [record["figure"]], notes)
 
 
 @section(
@@ -419,7 +421,8 @@ def context(record: dict, facts: ModelFacts) -> View:
     perplexity = record["perplexity"][variant]
     rows = [[str(n), number(perplexity[str(n)], 2), str(t)] for n, t in zip(record["lengths"], record["tokens"])]
     longest = record["lengths"][-1]
-    lines = [headline(f"perplexity at {longest} tokens ({variant})", perplexity[str(longest)], 2)]
+    scaled = "" if variant == "none" else f" ({variant})"  # 'none': the model's own rotary setting, unscaled
+    lines = [headline(f"perplexity at {longest} tokens{scaled}", perplexity[str(longest)], 2)]
     notes = [record["note"]] if record.get("note") else []
     return View(lines, Table(["window length", "perplexity", "tokens"], rows), list(record["figures"]), notes)
 
