@@ -6,13 +6,15 @@ headline numbers, a key table, the figures the command wrote, and notes. Nothing
 statistic: every number shown is read from, or is a plain mean / count over, the command's record, so the page
 agrees with the command by construction (tests/test_report.py checks it against the records).
 
-A new section (e.g. `context`, `needle`) is one decorated function:
+A new section is one decorated function (see `context` and `needle` at the end):
 
-    @section("needle", "Needle retrieval", how_to_read="...", uses_text=False, reason=needs_causal)
+    @section("needle", "Needle in a haystack", how_to_read="...", reason=_needs_causal,
+             args=lambda facts, n_texts: ["--lengths", "256,512"])
     def needle(record: dict, facts: ModelFacts) -> View:
-        return View(headline=[...], table=Table(...), figures=record["figures"])
+        return View([headline("accuracy", record["overall_accuracy"])], Table(...), figures=[...])
 
-with `args=` giving the command's arguments after the model, `args(facts, n_texts) -> list[str]` (default: none).
+`args(facts, n_texts) -> list[str]`: the command's arguments after the model (default none); `uses_text=True` adds
+the report's `--text`, `--column`, `--max-texts`; `command=` when the section's name is not the command's.
 """
 
 from __future__ import annotations
