@@ -278,6 +278,24 @@ def test_hostile_input_is_one_line_and_writes_nothing(args, message, tmp_path, c
     assert not out.exists()
 
 
+def test_pickle_only_checkpoint_refused_unless_allowed_and_passed_on(tiny_models, tmp_path, capsys):
+    """As for every command: pickle weights are refused in one line before anything is written; --allow-pickle is
+    passed on to each section's command (and shown in the command that reproduces it)."""
+    import torch
+
+    folder = tmp_path / "pickled"
+    tiny_models["bert"].config.save_pretrained(folder)
+    torch.save(tiny_models["bert"].state_dict(), folder / "pytorch_model.bin")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as info:
+        main(["report", str(folder), "--only", "toeplitz", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and "--allow-pickle" in err and "\n" not in err and not out.exists()
+    summary = run_report([str(folder), "--only", "toeplitz", "--allow-pickle", "--out", str(out)])
+    assert summary["sections"]["toeplitz"]["status"] == "ok"
+    assert "--allow-pickle" in shlex.split(summary["sections"]["toeplitz"]["command"])
+
+
 def test_a_refused_section_fails_alone_in_one_line(texts_file, tmp_path):
     """`states` refuses an encoder-decoder (T5): the command's own one-line error; the other sections run."""
     import transformers as tf
