@@ -28,3 +28,12 @@ posprobe attention $SMOL --text "$COLA" --column sentence --max-texts 200 --out 
 posprobe rotary $SMOL --layers 0,4,8,12,16,20,24,29 --text "$COLA" --column sentence --max-texts 200 \
     --out figures/rotary/$SMOL-cola
 posprobe states $SMOL --text "$COLA" --column sentence --out figures/states/$SMOL-cola
+
+# `posprobe report` (the README's Quick start): the page's top as headless Chromium draws it; the page itself and
+# its section folders go to a temporary folder (only the screenshot is kept)
+REPORT=$(mktemp -d)
+posprobe report --out "$REPORT"
+mkdir -p figures/report
+chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1000,1500 \
+    --screenshot=figures/report/report-all-MiniLM-L6-v2.png "file://$REPORT/report.html"
+rm -rf "$REPORT"

@@ -10,7 +10,10 @@ matplotlib until an analysis or a model needs them):
   `AttentionResult`); `fhat` / `profiles` with `texts=` (data-conditioned scores); `states` (positional
   vectors, position probes and massive activations in the hidden states, `StatesResult`) and `states_series` (the
   same over training checkpoints, `StatesSeries`); `posprobe.capture` runs a model on text for any reducer;
+- causal LMs: `needle` (retrieval by length and depth, `NeedleGrid`, `NeedleTask`, `NeedleResult`);
 - rotary models: `rotary` (band norms of queries and keys per rotary frequency, `RotaryBandsResult`);
+- causal LMs across long windows: `context` (loss by position, perplexity per length, rotary scaling variants,
+  `ContextResult`);
 - TISA kernels: `fit_tisa` (a model's heads, several S) and `TisaKernelFitter` (any profiles, scikit-learn style);
 - models: `load_model`, `retrofit`, `save_retrofitted`, `finetune` / `evaluate` (GLUE, `FinetuneResult`);
 - result types (each with a short repr, `.plot()`, `.to_dict()`, `.to_json()`) and `PosprobeError`.
@@ -37,10 +40,16 @@ _EXPORTS = {
     "AttentionResult": "posprobe.pipelines.attention_result",
     "rotary": "posprobe.pipelines.rotary",
     "RotaryBandsResult": "posprobe.pipelines.rotary_result",
+    "context": "posprobe.pipelines.context",
+    "ContextResult": "posprobe.pipelines.context_result",
     "states": "posprobe.pipelines.states",
     "StatesResult": "posprobe.pipelines.states_result",
     "states_series": "posprobe.pipelines.states_series",
     "StatesSeries": "posprobe.pipelines.states_series",
+    "needle": "posprobe.pipelines.needle",
+    "NeedleGrid": "posprobe.pipelines.needle",
+    "NeedleTask": "posprobe.pipelines.needle_prompts",
+    "NeedleResult": "posprobe.pipelines.needle_result",
     "fit_tisa": "posprobe.pipelines.fitting",
     "load_tisa_kernels": "posprobe.kernels_file",
     "save_tisa_kernels": "posprobe.kernels_file",

@@ -283,3 +283,9 @@ def disk_full_error(err: BaseException, where: Path) -> PosprobeError:
         f"no space left on the device while writing to '{where}'",
         "free some disk space or choose another --out; nothing half-written was kept",
     )
+
+
+def keep_written() -> None:
+    """Keep what the current run has written so far, even if it fails later: `discard_run` then removes only what
+    comes after (`posprobe report` calls it after each finished section, so that a re-run can reuse them)."""
+    _RUN.files, _RUN.folders = [], []

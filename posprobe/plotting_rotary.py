@@ -2,7 +2,8 @@
 
 Each panel: every query head's band norms (thin lines), their mean over heads (black) and the key heads' mean
 (orange, dashed); the context marked: the model's maximum positions (red dotted) and, with texts, the longest
-analysed text (green dashed). Takes a `RotaryBandsResult`, returns a matplotlib Figure (no pyplot).
+analysed text (green dashed), a layer's sliding window (purple), and the rotary budget's extrapolation limit (grey,
+SPEC §17). Takes a `RotaryBandsResult`, returns a matplotlib Figure (no pyplot).
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ def band_norm_figure(result):
 
     count = len(result.layers)
     rows, cols = _grid(count)
-    fig = _figure(3.0 * cols, 2.3 * rows + 1.15)
+    limit = result.budget["extrapolation_limit"] if result.budget else None
+    windowed = any(w is not None for w in result.layer_windows or [])
+    entries = 3 + bool(result.max_positions) + (result.texts is not None) + windowed + (limit is not None)
+    legend_rows = -(-entries // 4)
+    fig = _figure(3.0 * cols, 2.3 * rows + 0.95 + 0.2 * legend_rows)
     axes = fig.subplots(
         rows,
         cols,
@@ -28,7 +33,7 @@ def band_norm_figure(result):
             left=0.55 / fig.get_figwidth(),
             right=0.98,
             bottom=0.45 / fig.get_figheight(),
-            top=1 - 1.05 / fig.get_figheight(),
+            top=1 - (0.85 + 0.2 * legend_rows) / fig.get_figheight(),
             wspace=0.3,
             hspace=0.55,
         ),  # fmt: skip
@@ -48,8 +53,13 @@ def band_norm_figure(result):
             ax.axvline(result.max_positions, color="tab:red", lw=0.9, ls=":")
         if result.texts is not None:
             ax.axvline(result.texts["longest_text"], color="tab:green", lw=0.9, ls="--")
+        window = (result.layer_windows or [None] * count)[i]
+        if window is not None:
+            ax.axvline(result.layer_contexts[i], color="tab:purple", lw=0.9, ls="-.")
+        if limit is not None:
+            ax.axvline(limit, color="tab:gray", lw=1.0, ls=(0, (4, 1, 1, 1)))
         ax.set_xscale("log")
-        ax.set_title(f"layer {result.layers[i]}", fontsize=8)
+        ax.set_title(f"layer {result.layers[i]}" + ("" if window is None else f" (window {window:,})"), fontsize=8)
         ax.tick_params(labelsize=6)
         if i % cols == 0:
             ax.set_ylabel("band norm", fontsize=7)
@@ -66,8 +76,14 @@ def band_norm_figure(result):
     if result.texts is not None:
         label = f"longest text ({result.texts['longest_text']:,} tokens)"
         handles.append(Line2D([], [], color="tab:green", lw=0.9, ls="--", label=label))
+    if windowed:
+        handles.append(Line2D([], [], color="tab:purple", lw=0.9, ls="-.", label="the layer's sliding window"))
+    if limit is not None:
+        b = result.budget
+        label = f"extrapolation limit ({limit:,.0f}; critical dim {b['critical_dimension']} of {b['rotated_dims']})"
+        handles.append(Line2D([], [], color="tab:gray", lw=1.0, ls=(0, (4, 1, 1, 1)), label=label))
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 1 - 0.55 / fig.get_figheight()),
-               ncol=len(handles), fontsize=7, frameon=False)  # fmt: skip
+               ncol=min(len(handles), 4), fontsize=7, frameon=False)  # fmt: skip
     what = "content-free input" if result.texts is None else f"{result.texts['n_texts']} texts, real tokens"
     partial = f"; partial rotary: {result.rotated_dims} of {result.head_dim} dims rotate" if result.partial else ""
     fig.suptitle(

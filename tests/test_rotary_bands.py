@@ -234,5 +234,5 @@ def test_band_figure_has_one_legend_above_the_panels(llama_folder):
     assert len(fig.legends) == 1 and not any(ax.get_legend() for ax in fig.axes)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels[:3] == ["each query head", "queries, mean over heads", "keys, mean over key heads"]
-    assert labels[3:] == [f"max positions ({result.max_positions:,})",
+    assert labels[3:5] == [f"max positions ({result.max_positions:,})",
                           f"longest text ({result.texts['longest_text']:,} tokens)"]  # fmt: skip

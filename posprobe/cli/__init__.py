@@ -78,10 +78,24 @@ def _flags_show_no_type() -> None:
 
 
 def _register_commands() -> None:
-    from posprobe.cli import analysis, attention, finetune, fitting, learned_kernels, retrofit, rotary, states
+    from posprobe.cli import (
+        analysis,
+        attention,
+        context,
+        finetune,
+        fitting,
+        learned_kernels,
+        needle,
+        retrofit,
+        rotary,
+        states,
+    )
 
-    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states):
+    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states, context, needle):
         module.register(app)
+    from posprobe.cli import report  # `posprobe report` (issue 35), registered on its own line
+
+    report.register(app)
     for command in app.registered_commands:
         if command.help is None and command.callback is not None:
             command.help = reflow_help(command.callback.__doc__ or "")

@@ -3,12 +3,15 @@
 `rotary --json` prints one object: `model`, `model_type`, `mode` ('content-free' or 'text'), `layers`, `n_layers`,
 `n_heads`, `n_kv_heads`, `head_dim`, `rotated_dims`, `partial_rotary`, `pairing`, `rotary_scale`, `n_positions`,
 `max_positions`, `context`, `texts` (null, or `text`, `n_texts`, `n_tokens`, `max_length`, `longest_text`), `note`,
-`wavelengths` (L_sel x r/2, tokens), `summary` (per layer: `q_long_band_share` / `k_long_band_share`, the share of
-the summed band norms in bands longer than the context, mean over heads; `long_band_fraction`, the same for
-equal band norms (the share of such bands); `q_peak_wavelength` /
-`k_peak_wavelength`, the band with the largest mean norm), `npz` (`q_band_norm` (L_sel, H, r/2), `k_band_norm`
-(L_sel, H_kv, r/2), `frequencies`, `wavelengths` (L_sel, r/2), `q_unrotated_norm`, `k_unrotated_norm`, `layers`)
-and `figure`.
+`layer_contexts` (the context each layer is read against: its sliding window, else `context`), `budget`
+(`critical_dimension`, `extrapolation_limit`, `trained_length`, `rotated_dims`, `rope_theta`, `pairs`,
+`pairs_with_full_period`, `variants`: per --rope-scaling variant its `wavelengths`, `pairs_beyond_trained_length`,
+`longest_wavelength`; null for a rotary module not built from rope parameters), `wavelengths` (L_sel x r/2,
+tokens), `summary` (per layer: `q_long_band_share` / `k_long_band_share`, the share of the summed band norms in
+bands longer than the layer's context, mean over heads; `long_band_fraction`, the same for equal band norms (the
+share of such bands); `q_peak_wavelength` / `k_peak_wavelength`, the band with the largest mean norm), `npz`
+(`q_band_norm` (L_sel, H, r/2), `k_band_norm` (L_sel, H_kv, r/2), `frequencies`, `wavelengths` (L_sel, r/2),
+`q_unrotated_norm`, `k_unrotated_norm`, `layers`) and `figure`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from posprobe.cli.text_input import (
     check_text_options,
     text_run,
 )
+from posprobe.errors import ArgumentValueError
 from posprobe.outputs import default_out
 
 
@@ -59,22 +63,43 @@ def rotary(
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
+    rope_scaling: Annotated[
+        str,
+        typer.Option("--rope-scaling", help="Variants for the budget: none, linear:F, dynamic:F, yarn:F, llama3:F."),
+    ] = "none",
 ) -> None:
     """Per layer and head, the norm of the queries and keys in each rotary frequency band, with the band's
     wavelength in tokens (rope scaling included): of the content-free input, or averaged over real tokens with
-    --text. Rotary families only."""
+    --text; each layer read against what it sees (its sliding window, else the model's context). With the rotary
+    budget (critical dimension, extrapolation limit), which needs only the config: a folder with a config.json and
+    no weights gets the budget alone. Rotary families only."""
     from dataclasses import replace
 
     from posprobe.checkpoint import resolve_model
+    from posprobe.families.rope_variants import parse_variants
     from posprobe.outputs import figure_writer, prepare_out_dir, write_files, write_npz
+    from posprobe.pipelines.rotary import config_budget
     from posprobe.pipelines.rotary import rotary as rotary_bands
 
+    parse_variants(rope_scaling)
     options = dict(column=column, max_length=max_length, max_texts=max_texts, batch_size=batch_size, device=device)
     total = check_text_options(text, **options)
+    if _config_only(model):
+        if text is not None:
+            raise ArgumentValueError("text", f"{{arg}}: band norms on text need weights, and '{model}' holds only a "
+                                     "config", "pass the folder with its weights, or drop {arg}")  # fmt: skip
+        record = config_budget(resolve_model(model, require_weights=False), rope_scaling)
+        if json_out:
+            emit_json(record)
+            return
+        console.print(f"Rotary budget — {record['model']}\n{_budget_line(record['budget'])}")
+        console.print(f"[dim]{record['note']}[/dim]")
+        return
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=text is not None)
     out_dir = prepare_out_dir(out if out is not None else default_out("rotary", source.label))
     with text_run(text, total, **options) as text_kwargs:
-        result = rotary_bands(None, parse_int_list(layers, "layers"), positions=positions, source=source, **text_kwargs)
+        result = rotary_bands(None, parse_int_list(layers, "layers"), positions=positions, source=source,
+                              rope_scaling=rope_scaling, **text_kwargs)  # fmt: skip
     if text is not None:
         result = replace(result, texts={**result.texts, "text": str(text)})
     written = write_files(
@@ -111,7 +136,38 @@ def _print(result) -> None:
     console.print(table)
     console.print(
         f"[dim]long: share of the summed band norms (mean over heads) in bands whose wavelength exceeds the context "
-        f"({result.context} tokens); equal: the same if every band had the same norm (the share of such bands); "
+        f"({result.context} tokens; a layer with a sliding window: its window); equal: "
+        "the same if every band had the same norm (the share of such bands); "
         f"peak λ: wavelength in tokens of the band with the largest mean norm. "
         f"{result.note()}[/dim]"
     )
+    if result.budget:
+        console.print(_budget_line(result.budget))
+
+
+def _budget_line(budget: dict) -> str:
+    """The rotary budget in words (SPEC §17)."""
+    variants = "; ".join(
+        f"{v['variant']}: {v['pairs_beyond_trained_length']} of {budget['pairs']} pairs, longest "
+        f"{v['longest_wavelength']:,.0f}"
+        for v in budget["variants"]
+    )
+    return (
+        f"rotary budget (Liu et al. 2023): critical dimension {budget['critical_dimension']} of "
+        f"{budget['rotated_dims']} rotated dims (pairs below it complete a period within the trained length "
+        f"{budget['trained_length']:,}), extrapolation limit {budget['extrapolation_limit']:,.0f} tokens (theta "
+        f"{budget['rope_theta']:g}); wavelengths past the trained length — {variants}"
+    )
+
+
+def _config_only(model) -> bool:
+    """True for a local folder with a config.json and no weights (no safetensors, pickle or GGUF file)."""
+    from pathlib import Path
+
+    if model is None:
+        return False
+    path = Path(model).expanduser()
+    if not path.is_dir() or not (path / "config.json").is_file():
+        return False
+    patterns = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.gguf")
+    return not any(any(path.glob(pattern)) for pattern in patterns)

@@ -9,17 +9,20 @@ The result type is in `rotary_result.py`; the pure computations in `posprobe.ana
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import importlib
+from collections.abc import Callable, Iterable, Sequence
 from os import PathLike
 from typing import Any
 
 import numpy as np
 
+from posprobe.analysis.context_loss import rotary_budget
 from posprobe.analysis.rotary_bands import BandNormAccumulator, band_norms, band_pairs, frequencies_from_angles
 from posprobe.analysis.rotary_bands import unrotated_norm as unrotated
 from posprobe.checkpoint import ModelSource
 from posprobe.errors import PosprobeError
 from posprobe.families import table as T
+from posprobe.families.rope_variants import parse_variants
 from posprobe.pipelines.data_conditioned import capture_target, run_on_texts, text_settings
 from posprobe.pipelines.rotary_result import RotaryBandsResult
 from posprobe.pipelines.score_reader import ScoreReader, _layer_index, open_model
@@ -41,6 +44,7 @@ def rotary(
     progress: Callable[[int], None] | None = None,
     allow_pickle: bool = False,
     source: ModelSource | None = None,
+    rope_scaling: str | Sequence[str] = "none",
 ) -> RotaryBandsResult:
     """Rotary band norms of every head of `layers` (SPEC §15): `q_band_norm` (L_sel, H, r/2), `k_band_norm`
     (L_sel, H_kv, r/2), each band's `frequencies` and `wavelengths` (L_sel, r/2).
@@ -51,8 +55,10 @@ def rotary(
     the original context). Without texts the bands of the content-free input (the average word embedding, SPEC
     §9); with `texts` (strings, tokenised with the model's tokenizer) or `input_ids` (token id sequences), the
     mean over real tokens of each token's band norms; max_length, max_texts, batch_size, device, progress as for
-    `attention_profiles`.
+    `attention_profiles`. rope_scaling: the variants of the budget (SPEC §17), e.g. 'none,yarn:4'. Each layer's
+    bands are read against the context it sees: its sliding window where it has one, else the model's.
     """
+    variants = parse_variants(rope_scaling)
     if not (isinstance(layers, str) and layers == "all"):
         layers = as_int_list(layers, "layers")
     settings = text_settings(texts, input_ids, special_ids, max_length=max_length, max_texts=max_texts,
@@ -71,6 +77,7 @@ def rotary(
     n = max(reader.n, 2)
     # one rotary setting per layer type where the family has several (Gemma 3, ModernBERT: local / global)
     types = [ctx.layer_kinds(n)[layer].layer_type if takes_layer_type(ctx) else None for layer in layers]
+    windows = [ctx.layer_kinds(n)[layer].window for layer in layers]  # the largest |j - i| a layer attends
     angles = {t: rotary_angles(ctx, n, t) for t in dict.fromkeys(types)}
     cos, sin = angles[types[0]]
     s = ctx.shape
@@ -118,7 +125,39 @@ def rotary(
         max_positions=ctx.max_positions,
         texts=texts_record,
         quantization=ctx.source.quantization,
+        layer_windows=[None if w is None else int(w) + 1 for w in windows],
+        budget=budget_of(ctx, variants),
     )
+
+
+def budget_of(ctx, variants: list) -> dict | None:
+    """The rotary budget (SPEC §17) of a rotary model from its config alone (`ctx`: anything with `.config`,
+    `.source` and `.family`): the base of its rope parameters (the full-attention setting of a model with one per
+    layer type), the trained length, and each variant's inverse frequencies as the family's own rotary module
+    builds them. None for a family whose rotary module is not built from rope parameters (GPT-J's rotary_dim,
+    RoFormer's table)."""
+    from posprobe.families import rope_variants as R
+    from posprobe.families.rotary import transformers_config
+
+    f = ctx.family
+    if not f.rotary_class or f.rotary_layout == T.SIN_COS_TABLE:
+        return None
+    config = transformers_config(ctx)
+    module_name, class_name = f.rotary_class.split(":")
+    rotary_class = getattr(importlib.import_module(module_name), class_name)
+    try:
+        base = R.base_parameters(config)
+        theta, key = float(base["rope_theta"]), R.variant_key(config)
+        freqs = {}
+        for variant in variants:
+            module = rotary_class(config=R.variant_config(config, variant))
+            freqs[variant.name] = R.inv_freq_of(module, key)[0].double().numpy()
+    except (KeyError, TypeError, AttributeError, ValueError):  # a rotary module that takes no rope parameters
+        return None
+    trained = R.trained_length(config)
+    if trained is None:
+        return None
+    return rotary_budget(2 * len(next(iter(freqs.values()))), theta, trained, freqs)
 
 
 def _require_rotary(ctx) -> None:
@@ -132,3 +171,33 @@ def _require_rotary(ctx) -> None:
         "it has no rotary frequency bands",
         f"its positional structure is shown by {where}`posprobe profiles` and `posprobe fhat`",
     )
+
+
+CONFIG_ONLY_NOTE = "config only: band norms need the weights; the budget needs only the config"
+
+
+def config_budget(source: ModelSource, rope_scaling: str | Sequence[str] = "none") -> dict:
+    """The rotary budget (SPEC §17) of a checkpoint read from its config alone (a folder with a config.json and no
+    weights): {model, model_type, mode 'config-only', budget, note}. Refused in one line for a family without
+    rotary embeddings."""
+    from types import SimpleNamespace
+
+    from posprobe.families.context import check_analysable
+
+    variants = parse_variants(rope_scaling)
+    family = check_analysable(source)
+    kind, mechanism = T.position_kind(source.config)
+    if kind != T.ROTARY:
+        raise PosprobeError(
+            f"'{source.name}' ({source.model_type}) uses {mechanism}, not rotary embeddings: it has no rotary budget",
+            "pass a rotary model (Llama, Qwen, Gemma, SmolLM2, ...)",
+        )
+    budget = budget_of(SimpleNamespace(config=source.config, source=source, family=family), variants)
+    if budget is None:
+        raise PosprobeError(
+            f"the rotary module of '{source.name}' ({source.model_type}) is not built from rope parameters, so "
+            "posprobe has no budget for it from the config alone",
+            "pass the checkpoint with its weights: `posprobe rotary` then reports its bands",
+        )
+    return {"model": source.name, "model_type": source.model_type, "mode": "config-only", "budget": budget,
+            "note": CONFIG_ONLY_NOTE}  # fmt: skip

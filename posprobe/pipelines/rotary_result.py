@@ -24,7 +24,10 @@ class RotaryBandsResult(ResultMixin):
     scale² * sum_f |q_f||k_f| cos(...)); `q_unrotated_norm` / `k_unrotated_norm` (L_sel, H / H_kv) the mean norm of
     the dims a partial rotary leaves alone (0 when every dim rotates). `pairing` says how bands pair a head's dims.
     `texts`: None (content-free) or what was averaged (`n_texts`, `n_tokens`, `max_length`, `longest_text`,
-    `text`). Index i of the first axis is model layer `layers[i]`."""
+    `text`). Index i of the first axis is model layer `layers[i]`. `layer_windows`: the tokens a layer with a
+    sliding window sees (window + 1), None for a global layer; `layer_contexts` reads each layer against
+    min(its window, `context`). `budget`: critical dimension, extrapolation limit and each variant's wavelengths
+    against the trained length (SPEC §17)."""
 
     model: str
     model_type: str
@@ -43,6 +46,8 @@ class RotaryBandsResult(ResultMixin):
     max_positions: int | None
     texts: dict | None = None
     quantization: str | None = None  # a GGUF file's quantisation: the weights analysed were de-quantised from it
+    layer_windows: list[int | None] | None = None  # tokens each layer sees (sliding window + 1); None: no window
+    budget: dict | None = None  # the rotary budget (SPEC §17), from the config
 
     _repr_fields = ("model", "mode", "layers", "rotated_dims", "context", "q_band_norm", "k_band_norm", "wavelengths")
 
@@ -69,17 +74,26 @@ class RotaryBandsResult(ResultMixin):
             return int(self.texts["longest_text"])
         return int(self.max_positions or self.n_positions)
 
+    @property
+    def layer_contexts(self) -> list[int]:
+        """The context each analysed layer is read against: what it can see, min(its sliding window, `context`)
+        for a layer with a window, else `context`."""
+        windows = self.layer_windows or [None] * len(self.layers)
+        return [self.context if w is None else min(int(w), self.context) for w in windows]
+
     def long_band_share(self, which: str = "q", context: float | None = None) -> np.ndarray:
         """(L_sel, H or H_kv): share of the summed band norms of queries (`which` 'q') or keys ('k') in bands whose
-        wavelength exceeds `context` tokens (default: `context`), bands that turn less than once over it."""
+        wavelength exceeds `context` tokens (default: each layer's own, `layer_contexts`), bands that turn less
+        than once over it."""
         norms = self.q_band_norm if which == "q" else self.k_band_norm
-        context = self.context if context is None else context
-        return np.stack([long_band_share(norms[i], self.wavelengths[i], context) for i in range(len(self.layers))])
+        contexts = self.layer_contexts if context is None else [context] * len(self.layers)
+        return np.stack([long_band_share(norms[i], self.wavelengths[i], contexts[i]) for i in range(len(self.layers))])
 
     def long_band_fraction(self, context: float | None = None) -> np.ndarray:
-        """(L_sel,): the share of bands whose wavelength exceeds `context` (default: `context`): what
-        `long_band_share` would be if every band had the same norm (the reference to read it against)."""
-        return (self.wavelengths > (self.context if context is None else context)).mean(-1)
+        """(L_sel,): the share of bands whose wavelength exceeds `context` (default: each layer's own context):
+        what `long_band_share` would be if every band had the same norm (the reference to read it against)."""
+        contexts = np.asarray(self.layer_contexts if context is None else [context] * len(self.layers), dtype=float)
+        return (self.wavelengths > contexts[:, None]).mean(-1)
 
     def note(self) -> str:
         """What the bands are and are not, in words (partial rotary said)."""
@@ -125,9 +139,11 @@ class RotaryBandsResult(ResultMixin):
             "n_positions": self.n_positions,
             "max_positions": self.max_positions,
             "context": self.context,
+            "layer_contexts": self.layer_contexts,
             "texts": self.texts,
             "quantization": self.quantization,
             "note": self.note(),
+            "budget": self.budget,
         }
 
     def to_dict(self) -> dict:

@@ -1,0 +1,155 @@
+"""Loss across the context and the rotary budget (SPEC §17): pure numpy, no model.
+
+- `cut_windows`: a token stream cut into consecutive non-overlapping windows of L tokens (a BOS first in each).
+- `PositionLoss`: float64 sums of -log p(x[t+1] | x[0..t]) per position t = 0..L-2 and an integer count of windows,
+  so that sums from several batches, processes or machines add (SPEC §19); `mean` is loss(t), `perplexity` exp of
+  the mean over t and windows.
+- `token_nll`: that loss per position from one batch of logits, in float64, a chunk of positions at a time.
+- `rotary_budget`: Liu et al. 2023's critical dimension and extrapolation limit, and each pair's wavelength
+  against the trained length.
+- `octave_means` / `log_smooth`: the loss curve summarised by octaves of position, and smoothed for a log-x figure.
+
+Dimensions: W windows, L tokens per window, V vocabulary, F = d/2 rotary pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def cut_windows(stream: Sequence[int], length: int, count: int, bos_id: int | None = None) -> np.ndarray:
+    """(count, length) int64: windows i = 0..count-1 of `stream`, consecutive and non-overlapping. With `bos_id`
+    each window is [bos] + the next length-1 stream tokens (the BOS takes one of the L); without, the next L.
+    ValueError when the stream is too short for `count` windows."""
+    body = length - (bos_id is not None)
+    if length < 2 or body < 1 or count < 1:
+        raise ValueError(f"need length >= 2 (with a BOS) and count >= 1, got length {length}, count {count}")
+    if len(stream) < body * count:
+        raise ValueError(f"the stream has {len(stream)} tokens, fewer than {count} windows of {body}")
+    tokens = np.asarray(stream[: body * count], dtype=np.int64).reshape(count, body)
+    if bos_id is None:
+        return tokens
+    return np.concatenate([np.full((count, 1), bos_id, dtype=np.int64), tokens], axis=1)
+
+
+def windows_available(stream_length: int, length: int, with_bos: bool) -> int:
+    """How many windows of `length` tokens a stream of `stream_length` tokens gives."""
+    return stream_length // (length - with_bos)
+
+
+def token_nll(logits, input_ids, chunk: int = 256) -> np.ndarray:
+    """(B, L-1) float64: -log p(x[t+1] | x[0..t]) from logits (B, L, V) (torch, any float dtype) and input_ids
+    (B, L): log-softmax in float64 over `chunk` positions at a time, so no float64 copy of all logits is held."""
+    import torch
+
+    batch, length = input_ids.shape
+    out = torch.empty(batch, length - 1, dtype=torch.float64, device=logits.device)
+    targets = input_ids[:, 1:].to(logits.device)
+    for start in range(0, length - 1, chunk):
+        stop = min(start + chunk, length - 1)
+        part = logits[:, start:stop].double()  # (B, c, V)
+        picked = part.gather(-1, targets[:, start:stop, None])[..., 0]
+        out[:, start:stop] = torch.logsumexp(part, dim=-1) - picked
+    return out.cpu().numpy()
+
+
+class PositionLoss:
+    """Running float64 sums of the loss at each position t = 0..L-2 over windows, and the number of windows.
+
+    `add(nll)` takes (B, L-1) losses; `merge` adds another PositionLoss (or all-reduced arrays) of the same L."""
+
+    def __init__(self, length: int):
+        self.length = int(length)
+        self.sums = np.zeros(self.length - 1, dtype=np.float64)  # (L-1,)
+        self.windows = 0
+
+    def add(self, nll: np.ndarray) -> None:
+        nll = np.asarray(nll, dtype=np.float64)
+        if nll.ndim != 2 or nll.shape[1] != self.length - 1:
+            raise ValueError(f"expected losses (B, {self.length - 1}), got {nll.shape}")
+        self.sums += nll.sum(0)
+        self.windows += nll.shape[0]
+
+    def merge(self, other: PositionLoss) -> PositionLoss:
+        if other.length != self.length:
+            raise ValueError("position losses of different lengths do not add")
+        self.sums += other.sums
+        self.windows += other.windows
+        return self
+
+    @property
+    def mean(self) -> np.ndarray:
+        """loss(t) (L-1,): the mean over windows."""
+        if self.windows == 0:
+            raise ValueError("no window was added")
+        return self.sums / self.windows
+
+    @property
+    def perplexity(self) -> float:
+        """exp of the mean loss over positions and windows."""
+        return float(np.exp(self.sums.sum() / (self.windows * (self.length - 1))))
+
+
+def critical_dimension(rotated_dims: int, theta: float, trained_length: float) -> int:
+    """d_extra = 2 ceil((d/2) log_theta(T / 2 pi)), clipped to [0, d]: the dims below it complete a full period
+    within T tokens (Liu et al. 2023)."""
+    value = 2 * math.ceil((rotated_dims / 2) * math.log(trained_length / (2 * math.pi)) / math.log(theta))
+    return int(min(max(value, 0), rotated_dims))
+
+
+def rotary_budget(rotated_dims: int, theta: float, trained_length: int, inv_freq: dict | None = None) -> dict:
+    """The rotary budget (SPEC §17) of d rotated dims with base theta, trained on T tokens: `critical_dimension`
+    d_extra, `extrapolation_limit` T_extra = 2 pi theta^(d_extra / d) (the wavelength of the first pair that does
+    not complete a period in T), and per variant (`inv_freq`: name -> (F,) radians per token) each pair's
+    wavelength 2 pi / theta_f and how many exceed T."""
+    d_extra = critical_dimension(rotated_dims, theta, trained_length)
+    budget = {
+        "rotated_dims": int(rotated_dims),
+        "rope_theta": float(theta),
+        "trained_length": int(trained_length),
+        "critical_dimension": d_extra,
+        "extrapolation_limit": float(2 * math.pi * theta ** (d_extra / rotated_dims)),
+        "pairs": int(rotated_dims // 2),
+        "pairs_with_full_period": d_extra // 2,
+    }
+    variants = []
+    for name, freq in (inv_freq or {}).items():
+        lengths = 2 * np.pi / np.asarray(freq, dtype=np.float64)
+        variants.append({
+            "variant": name,
+            "wavelengths": [float(x) for x in lengths],
+            "pairs_beyond_trained_length": int((lengths > trained_length).sum()),
+            "longest_wavelength": float(lengths.max()),
+        })  # fmt: skip
+    budget["variants"] = variants
+    return budget
+
+
+def octave_edges(length: int) -> np.ndarray:
+    """Position bins [1, 2), [2, 4), ..., up to L-1 (t = 0 alone first): edges (K+1,) of t."""
+    edges = [0, 1]
+    while edges[-1] < length - 1:
+        edges.append(min(edges[-1] * 2, length - 1))
+    return np.asarray(edges)
+
+
+def octave_means(loss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(edges (K+1,), means (..., K)) of loss (..., L-1) over t in [edges[k], edges[k+1])."""
+    edges = octave_edges(loss.shape[-1] + 1)
+    means = np.stack([loss[..., a:b].mean(-1) for a, b in zip(edges[:-1], edges[1:])], axis=-1)
+    return edges, means
+
+
+def log_smooth(loss: np.ndarray, bins_per_octave: int = 6) -> tuple[np.ndarray, np.ndarray]:
+    """(t, mean loss) of loss (L-1,) in geometric position bins (`bins_per_octave` per doubling of t+1): a smooth
+    curve for a log-x axis. t is the mean position of each non-empty bin."""
+    positions = np.arange(1, loss.shape[-1] + 1)  # t + 1 >= 1
+    edges = np.unique(np.floor(2 ** np.arange(0, np.log2(positions[-1]) + 1 / bins_per_octave, 1 / bins_per_octave)))
+    index = np.searchsorted(edges, positions, side="right") - 1
+    counts = np.bincount(index)
+    keep = counts > 0
+    t = np.bincount(index, weights=positions - 1.0)[keep] / counts[keep]
+    return t, np.bincount(index, weights=loss)[keep] / counts[keep]

@@ -1,0 +1,70 @@
+"""Needle-in-a-haystack scores and their summaries (SPEC §18), pure arrays in and out.
+
+Per prompt, from the logits of one teacher-forced pass over prompt + answer: the answer's log-probability
+`sum_i log p(a_i | prompt, a_<i)` (float64), and greedy exact match, which needs no generation: the greedy
+continuation equals the answer exactly when every teacher-forced argmax equals the answer token (by induction on
+the prefix), and up to the first token where they differ it *is* the teacher-forced argmax.
+
+Summaries over the grid: arrays shaped (lengths, depths, trials[, layers, heads]); NaN marks a cell not run.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+
+def answer_scores(answer_logits, answer_ids) -> tuple[float, bool, list[int]]:
+    """(log-probability, exact match, greedy prefix) of an answer of A tokens from `answer_logits` (A, V), the
+    logits at the last prompt position and the first A-1 answer positions. The greedy prefix is the teacher-forced
+    argmax up to and including its first token that differs from the answer (all A when it matches)."""
+    import torch
+
+    logits = torch.as_tensor(answer_logits).double()
+    targets = torch.as_tensor(list(answer_ids), dtype=torch.long, device=logits.device)
+    log_prob = float(torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).sum())
+    greedy = logits.argmax(-1).tolist()
+    wrong = [i for i, (g, t) in enumerate(zip(greedy, targets.tolist())) if g != t]
+    prefix = greedy if not wrong else greedy[: wrong[0] + 1]
+    return log_prob, not wrong, prefix
+
+
+def cell_means(values: np.ndarray) -> np.ndarray:
+    """(lengths, depths): the mean over trials (axis 2) of `values` (lengths, depths, trials), NaN cells left out."""
+    values = np.asarray(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        counts = np.isfinite(values).sum(2)
+        sums = np.where(np.isfinite(values), values, 0.0).sum(2)
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def position_gaps(curve: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Primacy and recency gaps of depth curves `curve` (lengths, depths), depths in increasing order: the first
+    depth's value minus the mean of the middle depths (all but the first and last), and the last depth's value
+    minus that mean (Liu et al. 2023, "Lost in the middle": both positive = a U-curve). NaN with fewer than 3
+    depths."""
+    curve = np.asarray(curve, dtype=np.float64)
+    if curve.shape[1] < 3:
+        nan = np.full(curve.shape[0], np.nan)
+        return nan, nan.copy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a length whose middle depths were all NaN
+        middle = np.nanmean(curve[:, 1:-1], axis=1)
+    return curve[:, 0] - middle, curve[:, -1] - middle
+
+
+def head_means(needle_attention: np.ndarray) -> np.ndarray:
+    """(layers, heads): the mean over all prompts of the retrieval attention (lengths, depths, trials, L, H)."""
+    attention = np.asarray(needle_attention, dtype=np.float64)
+    flat = attention.reshape(-1, *attention.shape[-2:])
+    keep = np.isfinite(flat).all(axis=(1, 2))
+    return flat[keep].mean(0) if keep.any() else np.full(attention.shape[-2:], np.nan)
+
+
+def ranked_heads(mean_attention: np.ndarray, top: int | None = None) -> list[tuple[int, int, float]]:
+    """(layer, head, mean retrieval attention) of every head, the largest first (`top` of them)."""
+    order = np.argsort(-np.nan_to_num(mean_attention, nan=-np.inf), axis=None, kind="stable")
+    layers, heads = np.unravel_index(order, mean_attention.shape)
+    rows = [(int(layer), int(head), float(mean_attention[layer, head])) for layer, head in zip(layers, heads)]
+    return rows if top is None else rows[:top]

@@ -1,0 +1,200 @@
+"""Retrieval attention (SPEC §18): the attention weight one query token gives a span of key tokens, per layer and
+head, read during an ordinary forward pass without keeping any layer's (queries x keys) matrix.
+
+Two routes, like the rest of the capture layer:
+- families whose attention goes through transformers' AttentionInterface run `retrieval_attention`, registered as
+  `RETRIEVAL_NAME` with the masks that sdpa gets: the layer's output is transformers' own sdpa attention (or the
+  eager computation of `capture.recording` where the family softcaps its scores), and beside it the one query row
+  `row` is recomputed from the layer's query and keys, softmax(q_row K^T * scaling + mask_row) in float32, and
+  summed over the span: memory per layer is one (B, H, keys) row;
+- the other causal families (BLOOM, Falcon, MPT, GPT-Neo, XGLM) run their own eager attention, and a
+  `TorchFunctionMode` reads row `row` off each (B, H, m, m) softmax output as it is made (the matrix is the
+  model's own, freed by the layer as usual; only the row is kept).
+
+Dimensions: B batch, H query heads, H_kv key/value heads, m sequence length, d_h head size, L layers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from posprobe.errors import PosprobeError
+
+if TYPE_CHECKING:
+    import torch
+
+RETRIEVAL_NAME = "posprobe-retrieval"
+_ACTIVE: list[SpanAttention] = []  # the reader of the forward pass running now (at most one)
+
+
+class SpanAttention:
+    """Collects, for one forward pass, the attention of query `row` on keys [start, end) of each example:
+    `spans` one (start, end) per batch row. `per_layer` gets one (B, H) float64 tensor per layer, in depth order."""
+
+    def __init__(self, row: int, spans: list[tuple[int, int]], n_layers: int):
+        self.row, self.spans, self.n_layers = row, spans, n_layers
+        self.per_layer: list[torch.Tensor] = []
+
+    def __enter__(self) -> SpanAttention:
+        _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _ACTIVE.remove(self)
+
+    def add_row(self, probs_row: torch.Tensor) -> None:
+        """probs_row (B, H, keys): the attention probabilities of query `row`; keeps their sums over each span."""
+        if len(self.per_layer) >= self.n_layers:
+            raise PosprobeError(
+                f"the model ran more attention calls than it has layers ({self.n_layers})",
+                "models with several attention stacks are not supported by posprobe needle",
+            )
+        import torch
+
+        sums = [probs_row[b, :, start:end].double().sum(-1) for b, (start, end) in enumerate(self.spans)]
+        self.per_layer.append(torch.stack(sums))
+
+    def result(self) -> torch.Tensor:
+        """(B, L, H) float64: attention of query `row` on each example's span, per layer and head."""
+        import torch
+
+        if len(self.per_layer) != self.n_layers:
+            raise PosprobeError(
+                f"the forward pass made {len(self.per_layer)} attention calls for {self.n_layers} layers",
+                "this family computes attention in a way posprobe needle does not read; please report it",
+            )
+        return torch.stack(self.per_layer, dim=1)
+
+
+def row_probabilities(query, key, attention_mask, row: int, scaling: float, softcap: float | None = None):
+    """(B, H, keys) float32: softmax over keys of query row `row`, as eager attention computes it.
+
+    query (B, H, m, d_h), key (B, H_kv, keys, d_h); attention_mask None (sdpa's causal shortcut: query i sees keys
+    0..i), bool (B or 1, 1, m, keys) (True = attend), or additive float of that shape."""
+    import torch
+
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+    q = query[:, :, row : row + 1, :]  # (B, H, 1, d_h)
+    scores = torch.matmul(q.float(), key.float().transpose(-1, -2))[:, :, 0, :] * scaling  # (B, H, keys)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    keys = key.shape[-2]
+    if attention_mask is None:
+        allowed = torch.arange(keys, device=scores.device) <= row
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    else:
+        mask_row = attention_mask[:, :, row, :keys]  # (B or 1, 1, keys)
+        if mask_row.dtype == torch.bool:
+            scores = scores.masked_fill(~mask_row, float("-inf"))
+        else:
+            scores = scores + mask_row.float()
+    return torch.softmax(scores, dim=-1)
+
+
+def retrieval_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+):
+    """transformers' attention-function contract: returns the family's usual output ((B, m, H, d_h), None) and,
+    while a `SpanAttention` is active, hands it the probabilities of its query row."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from posprobe.capture.recording import recording_attention
+
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    softcap = kwargs.get("softcap")
+    if softcap is not None or kwargs.get("s_aux") is not None:  # sdpa has neither; recording refuses sinks
+        mask = attention_mask
+        if mask is None:  # sdpa's causal shortcut: the eager computation needs the causal mask written out
+            queries, keys = query.shape[-2], key.shape[-2]
+            mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)[None, None]
+        out, _ = recording_attention(module, query, key, value, mask, scaling, dropout, **kwargs)
+    else:
+        out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                        **kwargs)  # fmt: skip
+    if _ACTIVE:
+        reader = _ACTIVE[-1]
+        reader.add_row(row_probabilities(query, key, attention_mask, reader.row, scaling, softcap))
+    return out, None
+
+
+def register_retrieval_attention() -> None:
+    """Register `retrieval_attention` (with sdpa's masks) under `RETRIEVAL_NAME`; idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(RETRIEVAL_NAME, retrieval_attention)
+    AttentionMaskInterface.register(RETRIEVAL_NAME, sdpa_mask)
+
+
+def eager_softmax_rows(reader: SpanAttention, batch: int, heads: int, m: int):
+    """A TorchFunctionMode that hands `reader` row `reader.row` of every softmax over the keys of a (batch, H, m, m)
+    tensor (or a (batch * H, m, m) one) made while it is active; it changes nothing."""
+    from torch.overrides import TorchFunctionMode
+
+    from posprobe.capture.eager import _softmax_functions
+
+    functions = _softmax_functions()
+
+    class SoftmaxRows(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            if func in functions and args:
+                x = args[0]
+                dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+                if x.dim() >= 3 and tuple(x.shape[-2:]) == (m, m) and dim in (-1, x.dim() - 1):
+                    if x.dim() == 4 and x.shape[0] == batch:
+                        reader.add_row(out[:, :, reader.row, :].detach())
+                    elif x.dim() == 3 and x.shape[0] == batch * heads:  # heads folded into the batch (XGLM)
+                        reader.add_row(out.detach().view(batch, heads, m, m)[:, :, reader.row, :])
+            return out
+
+    return SoftmaxRows()
+
+
+class RetrievalRun:
+    """Switches a causal LM to the route that reads retrieval attention (`start`), runs forward passes that return
+    (output, (B, L, H) span attention) (`forward`), and restores the model's attention implementation (`stop`)."""
+
+    def __init__(self, model, n_layers: int, n_heads: int):
+        from posprobe.capture.eager import is_eager_route
+
+        self.model, self.n_layers, self.n_heads = model, n_layers, n_heads
+        self.eager = is_eager_route(model)
+        self.previous = getattr(model.config, "_attn_implementation", None)
+
+    def __enter__(self) -> RetrievalRun:
+        if self.eager:
+            if self.previous != "eager":
+                self.model.set_attn_implementation("eager")
+        else:
+            register_retrieval_attention()
+            self.model.set_attn_implementation(RETRIEVAL_NAME)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None and self.previous != getattr(self.model.config, "_attn_implementation", None):
+            self.model.set_attn_implementation(self.previous)
+
+    def forward(self, input_ids, row: int, spans: list[tuple[int, int]], **kwargs):
+        """The model's output on `input_ids` (B, m) and the (B, L, H) attention of query `row` on each span."""
+        reader = SpanAttention(row, spans, self.n_layers)
+        with reader:
+            if self.eager:
+                batch, m = input_ids.shape
+                with eager_softmax_rows(reader, batch, self.n_heads, m):
+                    output = self.model(input_ids=input_ids, **kwargs)
+            else:
+                output = self.model(input_ids=input_ids, **kwargs)
+        return output, reader.result()

@@ -1,0 +1,146 @@
+"""Command `context`: loss by position across long windows and perplexity per length, per rotary scaling variant,
+with the rotary budget (SPEC §17).
+
+`context --json` prints one object: `model`, `model_type`, `position_kind`, `variants`, `lengths`,
+`trained_length`, `max_positions`, `beyond_trained_length`, `text` (`source`, `documents_used`, `stream_tokens`,
+`bos_id`, `eos_id`), `windows`, `tokens` (per length), `perplexity` (variant -> length -> value), `loss_by_octave`
+(`position_bins` and variant -> mean loss per bin), `budget` (null without rotary embeddings), `note`, `npz`
+(`position_loss` (V, L-1), `perplexity` (V, n), `inv_freq` (V, d/2), `attention_scaling` (V,), `variants`,
+`lengths`, `windows`, `tokens`) and `figures`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from posprobe.cli.console import console, emit_json
+from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt
+from posprobe.cli.text_input import ColumnOpt, DeviceOpt
+from posprobe.outputs import default_out
+
+DEFAULT_TEXT = "builtin:kjv"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("context", short_help="Loss by position and perplexity by length, per rotary scaling variant.")(context)
+
+
+def context(
+    model: ModelArg = None,
+    text: Annotated[
+        str,
+        typer.Option("--text", help="Long texts (documents): a file as for other commands, or builtin:kjv (default)."),
+    ] = DEFAULT_TEXT,
+    column: ColumnOpt = None,
+    lengths: Annotated[
+        str,
+        typer.Option("--lengths", help="Window lengths in tokens, e.g. 512,1024,2048 (past the trained length too)."),
+    ] = "512,1024,2048",
+    windows: Annotated[int, typer.Option("--windows", help="Windows per length.")] = 4,
+    rope_scaling: Annotated[
+        str,
+        typer.Option("--rope-scaling", help="Variants: none, linear:F, dynamic:F, yarn:F, llama3:F (comma list)."),
+    ] = "none",
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Windows per forward pass.")] = 1,
+    device: DeviceOpt = None,
+    out: OutOpt = None,
+    fmt: FormatOpt = FigureFormat.png,
+    json_out: JsonOpt = False,
+    allow_pickle: AllowPickleOpt = False,
+) -> None:
+    """Loss at each position of long windows (documents joined with EOS, a BOS per window where the tokenizer adds
+    one) and perplexity per window length, for the model as it is and for each rotary scaling variant (transformers'
+    own rope initialisation), with the rotary budget. Lengths past the trained length are allowed and said so."""
+    from posprobe.checkpoint import resolve_model
+    from posprobe.families.rope_variants import parse_variants
+    from posprobe.outputs import figure_writer, json_writer, prepare_out_dir, write_files, write_npz
+    from posprobe.pipelines.context import check_family, check_lengths
+    from posprobe.pipelines.context import context as run_context
+    from posprobe.texts import check_texts, iter_texts
+    from posprobe.validation import as_int
+
+    length_list = check_lengths(lengths)
+    as_int(windows, "windows", minimum=1)
+    as_int(batch_size, "batch_size", minimum=1)
+    variants = parse_variants(rope_scaling)
+    check_texts(text, column, 1)
+    source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
+    check_family(source, variants, length_list)
+    with _progress() as advance:
+        result = run_context(None, length_list, texts=iter_texts(text, column), windows=windows,
+                             rope_scaling=rope_scaling, batch_size=batch_size, device=device, progress=advance,
+                             allow_pickle=allow_pickle, source=source)  # fmt: skip
+    from dataclasses import replace
+
+    result = replace(result, text={"source": text, **result.text})
+    out_dir = prepare_out_dir(out if out is not None else default_out("context", source.label))
+    written = write_files(
+        out_dir,
+        {
+            "context.npz": lambda p: write_npz(p, result.metadata(), **result.arrays()),
+            "context.json": json_writer(result.to_dict()),
+            f"context_loss_by_position.{fmt.value}": figure_writer(result.plot),
+            f"context_perplexity.{fmt.value}": figure_writer(result.plot_perplexity),
+        },
+    )
+    npz, record, *figures = written.values()
+    if json_out:
+        emit_json(result.to_dict() | {"npz": str(npz), "json": str(record), "figures": [str(f) for f in figures]})
+        return
+    _print(result)
+    console.print(f"arrays: {npz}\njson: {record}\nfigures: {', '.join(str(f) for f in figures)}")
+
+
+def _progress():
+    """A progress bar over forward passes on stderr (only on a terminal), yielding `advance(done, total)`."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def bar():
+        if not console.is_terminal:
+            yield None
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        with Progress(TextColumn("forward passes"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=console, transient=True) as progress:  # fmt: skip
+            task = progress.add_task("forward", total=None)
+            yield lambda done, total: progress.update(task, completed=done, total=total)
+
+    return bar()
+
+
+def _print(result) -> None:
+    from rich.table import Table
+
+    record = result.to_dict()
+    table = Table(title=f"Perplexity by window length — {result.model}", title_justify="left")
+    table.add_column("variant")
+    for n in result.lengths:
+        past = " *" if n in result.beyond_trained else ""
+        table.add_column(f"{n:,}{past}", justify="right")
+    for name in result.variants:
+        table.add_row(name, *(f"{record['perplexity'][name][str(n)]:.3f}" for n in result.lengths))
+    console.print(table)
+    octaves = record["loss_by_octave"]
+    bins = Table(title="Mean loss (nats) by position bin t in [a, b)", title_justify="left")
+    bins.add_column("variant")
+    for a, b in octaves["position_bins"]:
+        bins.add_column(f"{a}-{b}", justify="right")
+    for name in result.variants:
+        bins.add_row(name, *(f"{x:.2f}" for x in octaves[name]))
+    console.print(bins)
+    lines = [f"trained length: {result.trained_length:,}" if result.trained_length else "trained length: unknown"]
+    if result.beyond_trained:
+        lines.append(f"* past the trained length: {', '.join(map(str, result.beyond_trained))} (extrapolation)")
+    if result.budget:
+        b = result.budget
+        lines.append(
+            f"rotary budget (Liu et al. 2023): critical dimension {b['critical_dimension']} of {b['rotated_dims']}, "
+            f"extrapolation limit {b['extrapolation_limit']:,.0f} tokens (theta {b['rope_theta']:g}, trained length "
+            f"{b['trained_length']:,}); pairs with a wavelength past the trained length: "
+            + ", ".join(f"{v['variant']} {v['pairs_beyond_trained_length']}" for v in b["variants"])
+        )
+    console.print("[dim]" + "\n".join(lines + [result.note()]) + "[/dim]")

@@ -1,0 +1,154 @@
+"""Command `needle`: retrieval by length and depth — a pass key (or any needle) in a haystack of real text, scored
+per prompt by log-probability, greedy exact match and retrieval attention per head (SPEC §18).
+
+Writes needle.npz (`log_prob`, `exact`, `needle_attention` shaped (lengths, depths, trials[, layers, heads]),
+`lengths`, `depths`, `achieved_length`, `achieved_depth`, `needle_tokens`, `uniform_share`, `accuracy`,
+`mean_log_prob`), prompts.jsonl (one record per prompt), needle.txt (the table) and three figures.
+`needle --json` prints `NeedleResult.to_dict()` plus the paths of the files.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+
+from posprobe.cli.console import console, emit_json
+from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt
+from posprobe.cli.text_input import DeviceOpt
+from posprobe.outputs import default_out
+
+_DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("needle", short_help="Needle in a haystack: retrieval by length and depth, and the heads that do it.")(
+        needle
+    )
+
+
+def needle(
+    model: Annotated[
+        str | None,
+        typer.Argument(
+            help=f"Causal LM: hub id, folder or .gguf file (default: the packaged {_DEFAULT_MODEL}).",
+            show_default=False,
+        ),
+    ] = None,  # fmt: skip
+    haystack: Annotated[
+        str, typer.Option("--haystack", help="Text file (one text per line) or builtin:kjv / builtin:sentences.")
+    ] = "builtin:kjv",
+    lengths: Annotated[str, typer.Option("--lengths", help="Prompt lengths in tokens, e.g. 256,512,1024.")] = (
+        "256,512,1024"
+    ),
+    depths: Annotated[str, typer.Option("--depths", help="Needle depths (0..1), e.g. 0,0.25,0.5,0.75,1.")] = (
+        "0,0.25,0.5,0.75,1"
+    ),
+    trials: Annotated[int, typer.Option("--trials", help="Prompts per (length, depth), each its own key.")] = 3,
+    needle_template: Annotated[
+        str | None, typer.Option("--needle", help="Needle sentence with {answer}, e.g. ' The secret word is {answer}.'")
+    ] = None,
+    question: Annotated[
+        str | None, typer.Option("--question", help="The prompt's end; the answer is its continuation.")
+    ] = None,
+    intro: Annotated[
+        str | None, typer.Option("--intro", help="Text before the haystack (default: the pass-key one).")
+    ] = None,  # fmt: skip
+    answer: Annotated[
+        str | None, typer.Option("--answer", help="A fixed answer (default: a random pass key per trial).")
+    ] = None,
+    digits: Annotated[int, typer.Option("--digits", help="Digits of the random pass key.")] = 5,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the pass keys.")] = 0,
+    beyond_window: Annotated[
+        bool, typer.Option("--beyond-window", help="Allow lengths past the model's trained positions.")
+    ] = False,
+    device: DeviceOpt = None,
+    out: OutOpt = None,
+    fmt: FormatOpt = FigureFormat.png,
+    json_out: JsonOpt = False,
+    allow_pickle: AllowPickleOpt = False,
+) -> None:
+    """A needle (by default a random 5-digit pass key) hidden in a haystack of real text (default: the King James
+    Bible) at each prompt length and depth; per prompt the answer's teacher-forced log-probability, greedy exact
+    match, and the attention the last prompt token gives the needle in every layer and head. Lengths and depths are
+    measured in tokens, never capped: a haystack too short for a length is refused. Plain continuation, no chat
+    template."""
+    from posprobe.checkpoint import resolve_model
+    from posprobe.outputs import figure_writer, prepare_out_dir, write_files, write_npz
+    from posprobe.pipelines.needle import NeedleGrid
+    from posprobe.pipelines.needle import needle as run_needle
+    from posprobe.pipelines.needle_prompts import DEFAULT_INTRO, DEFAULT_NEEDLE, DEFAULT_QUESTION, NeedleTask
+
+    grid = NeedleGrid(
+        lengths=_numbers(lengths, "lengths", int),
+        depths=_numbers(depths, "depths", float),
+        trials=trials,
+        seed=seed,
+        beyond_window=beyond_window,
+    )
+    task = NeedleTask(
+        intro=DEFAULT_INTRO if intro is None else intro,
+        needle=DEFAULT_NEEDLE if needle_template is None else needle_template,
+        question=DEFAULT_QUESTION if question is None else question,
+        answer=answer,
+        digits=digits,
+    )
+    source = resolve_model(model or _DEFAULT_MODEL, allow_pickle=allow_pickle, with_tokenizer=True)
+    out_dir = prepare_out_dir(out if out is not None else default_out("needle", source.label))
+    with _prompt_progress() as progress:
+        result = run_needle(None, haystack=haystack, grid=grid, task=task, device=device, progress=progress,
+                            allow_pickle=allow_pickle, source=source)  # fmt: skip
+    written = write_files(
+        out_dir,
+        {
+            "needle.npz": lambda p: write_npz(p, result.metadata(), **result.arrays()),
+            "prompts.jsonl": lambda p: p.write_text(result.jsonl(), encoding="utf-8"),
+            "needle.txt": lambda p: p.write_text(result.table() + "\n", encoding="utf-8"),
+            f"needle_grid.{fmt.value}": figure_writer(result.plot),
+            f"needle_depth.{fmt.value}": figure_writer(result.plot_depth),
+            f"needle_heads.{fmt.value}": figure_writer(result.plot_heads),
+        },
+    )
+    paths = {name.split(".")[0]: str(path) for name, path in written.items()}
+    if json_out:
+        emit_json(result.to_dict() | {"files": paths})
+        return
+    console.print(f"Needle — {result.model}, haystack {result.haystack}, {len(result.records)} prompts")
+    console.print(result.table(), markup=False)
+    console.print(
+        "[dim]acc: share of trials whose greedy continuation is exactly the answer; lp: mean log p(answer) in nats; "
+        "primacy / recency: first / last depth minus the mean of the middle depths (accuracy, then log p); "
+        "(Nx): times the attention a uniform query row would give the needle.[/dim]"
+    )
+    console.print("\n".join(f"{name}: {path}" for name, path in paths.items()))
+
+
+def _numbers(text: str, name: str, kind):
+    """'256,512' -> [256, 512] (kind int or float); one-line error for anything else."""
+    from posprobe.errors import ArgumentValueError
+
+    try:
+        values = [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        word = "whole numbers" if kind is int else "numbers"
+        raise ArgumentValueError(name, f"{{arg}} '{text}' is not a list of {word}", "e.g. {arg} "
+                                 + ("256,512,1024" if kind is int else "0,0.5,1")) from None  # fmt: skip
+    if not values:
+        raise ArgumentValueError(name, "{arg} is empty", "pass at least one value")
+    return values
+
+
+@contextmanager
+def _prompt_progress():
+    """A progress bar over prompts on stderr (a terminal only), yielding `progress(done, total)`."""
+    if not console.is_terminal:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(
+        TextColumn("prompts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=True
+    ) as bar:
+        task = bar.add_task("prompts", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)

@@ -1,0 +1,279 @@
+"""`posprobe context` (SPEC §17): loss by position across long windows, perplexity per length, per rotary scaling
+variant, with the rotary budget.
+
+Cheap checks come first (arguments, the config: a causal family, variants only for rotary embeddings, lengths
+within a learned table), then the texts are tokenized (only as many documents as the windows need), then the
+model is loaded once and run: for each variant, for each length, windows in batches; each batch's logits are
+reduced at once to float64 losses per position (`token_nll`) and added into float64 sums with a window count
+(`PositionLoss`), so no batch's logits are kept and sums from several processes can be all-reduced (SPEC §19).
+
+The result type is in `context_result.py`; the pure computations in `posprobe.analysis.context_loss`; the
+variants in `posprobe.families.rope_variants`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from os import PathLike
+from typing import Any
+
+import numpy as np
+
+from posprobe.analysis.context_loss import PositionLoss, cut_windows, rotary_budget, token_nll, windows_available
+from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
+from posprobe.families import rope_variants as R
+from posprobe.families import table as T
+from posprobe.pipelines.context_result import ContextResult
+from posprobe.validation import as_int
+
+DEFAULT_LENGTHS = (512, 1024, 2048)
+DEFAULT_WINDOWS = 4
+
+
+def check_lengths(lengths: Sequence[int] | str | None) -> list[int]:
+    """Window lengths, each >= 2, sorted, duplicates dropped (default `DEFAULT_LENGTHS`)."""
+    if lengths is None:
+        return list(DEFAULT_LENGTHS)
+    if isinstance(lengths, str):
+        parts = [x.strip() for x in lengths.split(",") if x.strip()]
+        try:
+            lengths = [int(x) for x in parts]
+        except ValueError as err:
+            raise ArgumentValueError("lengths", f"{{arg}} '{','.join(parts)}' is not a list of whole numbers",
+                                     "e.g. --lengths 512,1024,2048") from err  # fmt: skip
+    if isinstance(lengths, int) or not isinstance(lengths, Iterable):
+        raise ArgumentTypeError("lengths", "{arg} must be a list of window lengths", "e.g. [512, 1024]")
+    values = sorted({as_int(x, "lengths", minimum=2) for x in lengths})
+    if not values:
+        raise ArgumentValueError("lengths", "{arg} names no length", "e.g. --lengths 512,1024,2048")
+    return values
+
+
+def check_family(source, variants: list[R.RopeVariant], lengths: list[int]) -> str:
+    """The position kind of a causal model posprobe reads; refused in one line: a family that is not a causal
+    language model, a variant for a model without rotary embeddings, a length past a learned position table."""
+    family = T.family_for_type(source.model_type)
+    kind, mechanism = T.position_kind(source.config)
+    if family is None or not family.causal or source.config.get("is_encoder_decoder"):
+        raise PosprobeError(
+            f"'{source.name}' ({source.model_type}) is not a causal language model posprobe reads: loss by position "
+            "needs next-token predictions",
+            "pass a decoder such as SmolLM2-135M-Instruct, a Llama/Qwen/Gemma folder or a .gguf file",
+        )
+    scaled = [v.name for v in variants if v.rope_type is not None]
+    if scaled and kind != T.ROTARY:
+        raise ArgumentValueError(
+            "rope_scaling",
+            f"{{arg}} {', '.join(scaled)}: '{source.name}' uses {mechanism}, not rotary embeddings, so there is no "
+            "rope to scale",
+            "use {arg} none",
+        )
+    limit = source.config.get("max_position_embeddings") or source.config.get("n_positions")
+    if kind in T.TABLE_KINDS and isinstance(limit, int) and lengths[-1] > limit:
+        raise ArgumentValueError(
+            "lengths",
+            f"{{arg}} {lengths[-1]}: '{source.name}' has a learned table of {limit} positions and cannot run beyond it",
+            f"use lengths of at most {limit}",
+        )
+    return kind
+
+
+def bos_of(tokenizer) -> int | None:
+    """The BOS id when the tokenizer puts one first in an encoded text (SPEC §17), else None."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return None
+    ids = tokenizer("a")["input_ids"]
+    return bos if ids and ids[0] == bos else None
+
+
+def token_stream(documents: Iterable, needed: int, encode: Callable | None, eos_id: int | None) -> tuple[list, int]:
+    """(stream, documents used): documents (texts encoded with `encode`, or token id lists) joined with `eos_id`
+    between consecutive ones, read only until the stream holds `needed` tokens."""
+    stream: list[int] = []
+    used = 0
+    for document in documents:
+        ids = list(encode(document)) if encode is not None else [int(x) for x in document]
+        if not ids:
+            continue
+        if stream and eos_id is not None:
+            stream.append(int(eos_id))
+        stream.extend(ids)
+        used += 1
+        if len(stream) >= needed:
+            break
+    return stream, used
+
+
+def context(
+    model: str | PathLike | Any = None,
+    lengths: Sequence[int] | str | None = None,
+    *,
+    texts: Iterable[str] | None = None,
+    documents: Iterable[Sequence[int]] | None = None,
+    windows: int = DEFAULT_WINDOWS,
+    rope_scaling: str | Sequence[str] = "none",
+    batch_size: int = 1,
+    device: str | None = None,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    allow_pickle: bool = False,
+    source=None,
+) -> ContextResult:
+    """Loss by position and perplexity per length for each rotary variant (SPEC §17).
+
+    model: hub id, folder, .gguf file, packaged name, or a loaded causal LM (transformers `...ForCausalLM`; then
+    pass `documents`, token id lists, and optionally `bos_id`; `eos_id` defaults to its config's). texts: strings
+    tokenized with the model's tokenizer (its BOS and EOS found there). lengths: window lengths in tokens
+    (default 512, 1024, 2048); windows: windows per length; rope_scaling: 'none,linear:2,dynamic:2,yarn:4,
+    llama3:8' or a list; batch_size: windows per forward pass; progress(done, total) after each forward pass.
+    """
+    from posprobe.capture.model import resolve_device
+
+    lengths = check_lengths(lengths)
+    windows = as_int(windows, "windows", minimum=1)
+    batch_size = as_int(batch_size, "batch_size", minimum=1)
+    variants = R.parse_variants(rope_scaling)
+    if (texts is None) == (documents is None):
+        raise ArgumentValueError("texts", "pass exactly one of {arg} (strings) and documents (token ids)",
+                                 "e.g. context('SmolLM2-135M-Instruct', texts=open('book.txt'))")  # fmt: skip
+    net, tokenizer, source = _open(model, texts is not None, allow_pickle, source)
+    kind = check_family(source, variants, lengths)
+    if tokenizer is not None:
+        bos_id = bos_of(tokenizer)
+        eos_id = getattr(tokenizer, "eos_token_id", None)
+        encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    else:
+        eos_id = eos_id if eos_id is not None else _config_eos(source.config)
+        encode = None
+    with_bos = bos_id is not None
+    needed = windows * (lengths[-1] - with_bos)
+    stream, used = token_stream(texts if texts is not None else documents, needed, encode, eos_id)
+    _check_enough(stream, used, lengths, windows, with_bos)
+    if net is None:
+        net = _load(source, allow_pickle)
+    dev = resolve_device(device)
+    net = net.to(dev).eval()
+    if any(v.rope_type for v in variants):
+        R.require_rotary_module(net, source.name)
+    config = _text_config(net)
+    rotary = kind == T.ROTARY and bool(R.rotary_modules(net))
+    key = R.variant_key(config) if rotary else None
+    total = len(variants) * len(lengths) * -(-windows // batch_size)
+    done = 0
+    position_loss, perplexity, inv_freq, scaling = [], [], [], []
+    for variant in variants:
+        row = []
+        with R.applied(net, variant) as modules:
+            for length in lengths:
+                sums = PositionLoss(length)
+                batches = cut_windows(stream, length, windows, bos_id)
+                for start in range(0, windows, batch_size):
+                    sums.add(_window_loss(net, batches[start : start + batch_size], dev))
+                    done += 1
+                    if progress is not None:
+                        progress(done, total)
+                row.append(sums.perplexity)
+            position_loss.append(sums.mean)
+            if rotary:
+                freq, scale = R.inv_freq_of(modules[0], key)
+                inv_freq.append(freq.detach().double().cpu().numpy())
+                scaling.append(scale)
+        perplexity.append(row)
+    trained = R.trained_length(config, rotary)
+    budget = None
+    if rotary:
+        freqs = dict(zip((v.name for v in variants), inv_freq))
+        budget = rotary_budget(2 * len(inv_freq[0]), R.base_parameters(config)["rope_theta"], trained, freqs)
+    return ContextResult(
+        model=source.name,
+        model_type=source.model_type,
+        position_kind=kind,
+        variants=[v.name for v in variants],
+        lengths=lengths,
+        position_loss=np.stack(position_loss),
+        perplexity=np.asarray(perplexity, dtype=np.float64),
+        inv_freq=np.stack(inv_freq) if rotary else np.zeros((len(variants), 0)),
+        attention_scaling=np.asarray(scaling if rotary else [1.0] * len(variants), dtype=np.float64),
+        windows=np.full(len(lengths), windows, dtype=np.int64),
+        tokens=np.asarray([windows * (n - 1) for n in lengths], dtype=np.int64),
+        trained_length=trained,
+        max_positions=R.max_positions(config),
+        text={"documents_used": used, "stream_tokens": len(stream), "bos_id": bos_id, "eos_id": eos_id},
+        budget=budget,
+        quantization=source.quantization,
+    )
+
+
+def _open(model, need_tokenizer: bool, allow_pickle: bool, source):
+    """(loaded model or None, tokenizer or None, ModelSource); nothing heavier than the config and the tokenizer
+    is read for a checkpoint (its weights are loaded after the texts are checked)."""
+    from torch import nn
+
+    from posprobe.checkpoint import resolve_model
+    from posprobe.checkpoint.in_memory import source_from_model
+
+    if isinstance(model, nn.Module):
+        if need_tokenizer:
+            raise ArgumentValueError("texts", "a model object carries no tokenizer", "pass documents (token ids)")
+        if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
+            raise PosprobeError(f"'{type(model).__name__}' has no language-model head",
+                                "pass a ...ForCausalLM model (AutoModelForCausalLM)")  # fmt: skip
+        return model, None, source_from_model(model)
+    if source is None:
+        source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
+    tokenizer = None
+    if need_tokenizer:
+        from posprobe.checkpoint.loading import load_tokenizer
+
+        tokenizer = load_tokenizer(source.path, "use a model folder that holds its tokenizer files")
+    return None, tokenizer, source
+
+
+def _load(source, allow_pickle: bool):
+    from transformers import AutoModelForCausalLM
+
+    from posprobe.models import load_model
+
+    return load_model(str(source.path), AutoModelForCausalLM, allow_pickle=allow_pickle)
+
+
+def _text_config(net):
+    config = net.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _config_eos(config: dict) -> int | None:
+    eos = config.get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    return eos if isinstance(eos, int) else None
+
+
+def _check_enough(stream: list, used: int, lengths: list[int], windows: int, with_bos: bool) -> None:
+    """Refuse, before the model is loaded, a text too short for `windows` windows of every length."""
+    longest = lengths[-1]
+    available = windows_available(len(stream), longest, with_bos)
+    if available >= windows:
+        return
+    fits = [n for n in lengths if windows_available(len(stream), n, with_bos) >= windows]
+    hint = f"pass --windows {available}" if available else "pass a longer text"
+    if fits and not available:
+        hint = f"use --lengths up to {fits[-1]}, or a longer text"
+    raise ArgumentValueError(
+        "windows",
+        f"the text gives {len(stream):,} tokens ({used} document{'s' if used != 1 else ''}), {available} window(s) of "
+        f"{longest} tokens, and {{arg={windows}}} were asked for",
+        hint,
+    )
+
+
+def _window_loss(net, ids: np.ndarray, device) -> np.ndarray:
+    """(B, L-1) float64 losses of one batch of windows (B, L): one forward pass, logits reduced at once."""
+    import torch
+
+    with torch.inference_mode():
+        batch = torch.as_tensor(ids, device=device)
+        logits = net(input_ids=batch, use_cache=False).logits  # (B, L, V)
+        return token_nll(logits, batch)

@@ -1,0 +1,136 @@
+"""The result of `posprobe context` (SPEC §17): `ContextResult`, its .npz arrays, JSON record, text table and figures.
+
+Dimensions: V variants, n lengths, L the longest length (loss by position has L-1 entries: t = 0..L-2), F = d/2
+rotary pairs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from posprobe.analysis.context_loss import octave_means
+from posprobe.results import ResultMixin
+
+
+@dataclass(frozen=True, repr=False)
+class ContextResult(ResultMixin):
+    """Loss across the context per rotary variant.
+
+    `position_loss` (V, L-1) float64: loss(t) = mean over the windows of the longest length of
+    -log p(x[t+1] | x[0..t]); `perplexity` (V, n): exp of the mean loss over positions and windows of each length;
+    `inv_freq` (V, F): each variant's inverse frequencies as its rotary module used them at the longest length
+    (dynamic: recomputed for it), empty (V, 0) for a family without rotary embeddings; `attention_scaling` (V,)
+    the factor the module multiplies cos and sin by; `windows` (n,) windows per length; `tokens` (n,) tokens
+    scored per length (windows x (L-1)). `trained_length`: the length the model was trained on (SPEC §17);
+    `budget`: the rotary budget (None without rotary embeddings)."""
+
+    model: str
+    model_type: str
+    position_kind: str
+    variants: list[str]
+    lengths: list[int]
+    position_loss: np.ndarray
+    perplexity: np.ndarray
+    inv_freq: np.ndarray
+    attention_scaling: np.ndarray
+    windows: np.ndarray
+    tokens: np.ndarray
+    trained_length: int | None
+    max_positions: int | None
+    text: dict = field(default_factory=dict)
+    budget: dict | None = None
+    quantization: str | None = None
+
+    _repr_fields = ("model", "variants", "lengths", "trained_length", "perplexity")
+
+    @property
+    def beyond_trained(self) -> list[int]:
+        """The lengths longer than the trained length."""
+        return [n for n in self.lengths if self.trained_length is not None and n > self.trained_length]
+
+    def note(self) -> str:
+        """What the numbers are, in words."""
+        with_bos = self.text.get("bos_id") is not None
+        bos = "a BOS first in each window" if with_bos else "no BOS (the tokenizer adds none)"
+        where = f" of {self.text['source']}" if self.text.get("source") else ""
+        past = (
+            f"; lengths {', '.join(map(str, self.beyond_trained))} lie past the trained length "
+            f"{self.trained_length:,}: extrapolation"
+            if self.beyond_trained
+            else ""
+        )
+        return (
+            f"loss in nats, float64 from the model's logits; documents{where} joined with "
+            f"{'EOS' if self.text.get('eos_id') is not None else 'nothing'}, cut into consecutive windows, {bos}"
+            f"{past}"
+        )
+
+    def octaves(self) -> tuple[np.ndarray, np.ndarray]:
+        """(edges (K+1,), mean loss (V, K)) over position bins t in [edges[k], edges[k+1])."""
+        return octave_means(self.position_loss)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "position_loss": self.position_loss,
+            "perplexity": self.perplexity,
+            "inv_freq": self.inv_freq,
+            "attention_scaling": self.attention_scaling,
+            "variants": np.asarray(self.variants),
+            "lengths": np.asarray(self.lengths),
+            "windows": self.windows,
+            "tokens": self.tokens,
+        }
+
+    def metadata(self) -> dict:
+        return {
+            "model": self.model,
+            "model_type": self.model_type,
+            "position_kind": self.position_kind,
+            "variants": self.variants,
+            "lengths": self.lengths,
+            "trained_length": self.trained_length,
+            "max_positions": self.max_positions,
+            "beyond_trained_length": self.beyond_trained,
+            "text": self.text,
+            "quantization": self.quantization,
+            "note": self.note(),
+        }
+
+    def to_dict(self) -> dict:
+        edges, means = self.octaves()
+        return (
+            self.metadata()
+            | {
+                "windows": [int(x) for x in self.windows],
+                "tokens": [int(x) for x in self.tokens],
+                "perplexity": {
+                    v: {str(n): _number(p) for n, p in zip(self.lengths, row)}
+                    for v, row in zip(self.variants, self.perplexity)
+                },  # fmt: skip
+                "loss_by_octave": {
+                    "position_bins": [[int(a), int(b)] for a, b in zip(edges[:-1], edges[1:])],
+                    **{v: [_number(x) for x in row] for v, row in zip(self.variants, means)},
+                },
+                "budget": self.budget,
+            }
+        )
+
+    def plot(self):
+        """Loss by position per variant (raw points and a smoothed curve, log x), the trained length marked."""
+        from posprobe.plotting_context import position_loss_figure
+
+        return position_loss_figure(self)
+
+    def plot_perplexity(self):
+        """Perplexity by length per variant (log x), the trained length marked."""
+        from posprobe.plotting_context import perplexity_figure
+
+        return perplexity_figure(self)
+
+
+def _number(value) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None

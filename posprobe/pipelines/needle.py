@@ -1,0 +1,286 @@
+"""`posprobe needle` (SPEC §18): retrieval by length and depth — a needle (by default a random pass key) hidden in
+a haystack of real text at each (length, depth), scored per prompt by the answer's teacher-forced log-probability,
+greedy exact match, and the attention the last prompt token gives the needle in every layer and head.
+
+Order of work: cheap checks first (arguments, the config, the window, the tokenizer and the haystack: every prompt
+is built before any weight is read), then the model, then one forward pass per prompt over prompt + answer. Each
+prompt's scores depend on that prompt alone (`score_prompt`), so prompts can be shared out between ranks.
+
+The result type is in `needle_result.py`, the prompts in `needle_prompts.py`, the pure scores in
+`posprobe.analysis.needle`, the retrieval attention in `posprobe.capture.retrieval`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from os import PathLike
+from typing import Any
+
+import numpy as np
+
+from posprobe.analysis.needle import answer_scores
+from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
+from posprobe.pipelines.needle_prompts import Haystack, NeedlePrompt, NeedleTask, PromptBuilder
+from posprobe.pipelines.needle_result import NeedleResult
+from posprobe.validation import as_bool, as_int
+
+DEFAULT_LENGTHS = (256, 512, 1024)
+DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+DEFAULT_TRIALS = 3
+DEFAULT_HAYSTACK = "builtin:kjv"
+
+
+@dataclass(frozen=True)
+class NeedleGrid:
+    """The grid of a run, validated once: `lengths` (tokens, increasing), `depths` (0..1, increasing), `trials`,
+    `seed`, and `beyond_window` (lengths past the model's positions allowed)."""
+
+    lengths: tuple[int, ...] = DEFAULT_LENGTHS
+    depths: tuple[float, ...] = DEFAULT_DEPTHS
+    trials: int = DEFAULT_TRIALS
+    seed: int = 0
+    beyond_window: bool = False
+
+    def __post_init__(self) -> None:
+        lengths = _as_list(self.lengths, "lengths")
+        depths = _as_list(self.depths, "depths")
+        for length in lengths:
+            as_int(length, "lengths", minimum=8, hint="pass lengths in tokens, e.g. {arg} 256,512,1024")
+        for depth in depths:
+            if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0.0 <= float(depth) <= 1.0:
+                raise ArgumentValueError(
+                    "depths",
+                    f"depth {depth!r} is outside 0..1 (the share of the haystack before the needle)",
+                    "pass depths between 0 and 1, e.g. {arg} 0,0.25,0.5,0.75,1",
+                )
+        object.__setattr__(self, "lengths", tuple(sorted({int(x) for x in lengths})))
+        object.__setattr__(self, "depths", tuple(sorted({float(x) for x in depths})))
+        object.__setattr__(self, "trials", as_int(self.trials, "trials", minimum=1, maximum=10_000))
+        object.__setattr__(self, "seed", as_int(self.seed, "seed", minimum=0))
+        object.__setattr__(self, "beyond_window", as_bool(self.beyond_window, "beyond_window"))
+
+    def cells(self) -> list[tuple[int, int, int]]:
+        """(length index, depth index, trial) of every prompt, in the order they run."""
+        return [
+            (i, j, t) for i in range(len(self.lengths)) for j in range(len(self.depths)) for t in range(self.trials)
+        ]
+
+
+def _as_list(values, name: str) -> list:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise ArgumentTypeError(name, f"{{arg}} must be a list of numbers, got {values!r}", "e.g. [0, 0.5, 1]")
+    values = list(values)
+    if not values:
+        raise ArgumentValueError(name, "{arg} is empty", "pass at least one value")
+    return values
+
+
+@dataclass(frozen=True)
+class PromptScore:
+    """What one prompt gave: `log_prob` of the answer (float64), `exact` greedy match, `greedy_ids` the greedy
+    continuation (len(answer) tokens, fewer where it ended at an end-of-text token), `needle_attention` (L, H)."""
+
+    log_prob: float
+    exact: bool
+    greedy_ids: list[int]
+    needle_attention: np.ndarray
+
+
+def needle(
+    model: str | PathLike | Any | None = "SmolLM2-135M-Instruct",
+    *,
+    tokenizer: Any = None,
+    haystack: str | PathLike | Iterable[str] = DEFAULT_HAYSTACK,
+    grid: NeedleGrid | None = None,
+    task: NeedleTask | None = None,
+    device: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    allow_pickle: bool = False,
+    source: Any = None,
+) -> NeedleResult:
+    """The needle grid of a causal language model (SPEC §18).
+
+    model: hub id, folder, .gguf file, packaged name, or a loaded causal LM (then pass its `tokenizer`).
+    haystack: a text file or builtin name (`posprobe.texts.iter_texts`), or an iterable of texts. grid: lengths,
+    depths, trials, seed (`NeedleGrid`); task: intro, needle and question templates, answer (`NeedleTask`).
+    progress(done, total) after each prompt. Returns a `NeedleResult` whose arrays are shaped
+    (lengths, depths, trials[, layers, heads]).
+    """
+    import torch
+    from torch import nn
+
+    grid = NeedleGrid() if grid is None else grid
+    task = NeedleTask() if task is None else task
+    if not isinstance(grid, NeedleGrid) or not isinstance(task, NeedleTask):
+        raise ArgumentTypeError("grid", "{arg} must be a NeedleGrid and task a NeedleTask", "build them from there")
+    net = model if isinstance(model, nn.Module) else None
+    if net is not None:
+        if tokenizer is None:
+            raise ArgumentValueError("tokenizer", "a model object carries no tokenizer", "pass {arg}=its tokenizer")
+        name = str(getattr(net.config, "_name_or_path", "") or "model")
+        config, quantization = net.config.to_dict(), None
+    else:
+        from posprobe.checkpoint import resolve_model
+
+        source = source or resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
+        config, name, quantization = source.config, source.label, source.quantization
+    _check_causal(config, name)
+    window = _window(config)
+    _check_window(grid.lengths, 0, window, grid.beyond_window)
+    if tokenizer is None:
+        from posprobe.checkpoint.loading import load_tokenizer
+
+        tokenizer = load_tokenizer(source.path, "use a model folder or .gguf file that holds its tokenizer")
+    hay_name, texts = _haystack_texts(haystack)
+    encode = lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    builder = PromptBuilder(task, Haystack(texts, encode, hay_name), tokenizer, grid.seed)
+    prompts = [builder.build(grid.lengths[i], grid.depths[j], t) for i, j, t in grid.cells()]
+    _check_window(grid.lengths, max(len(p.answer_ids) for p in prompts), window, grid.beyond_window)
+    if net is None:
+        net = _load_causal_lm(source)
+    from posprobe.capture.model import check_model, model_device, resolve_device
+
+    if device is not None:
+        net = net.to(resolve_device(device))
+    n_layers, n_heads = check_model(net)
+    was_training = net.training
+    net.eval()
+    scores: list[PromptScore] = []
+    try:
+        from posprobe.capture.retrieval import RetrievalRun
+
+        with RetrievalRun(net, n_layers, n_heads) as run, torch.no_grad():
+            dev = model_device(net)
+            for done, prompt in enumerate(prompts, 1):
+                scores.append(score_prompt(run, prompt, dev))
+                if progress is not None:
+                    progress(done, len(prompts))
+    finally:
+        net.train(was_training)
+    return NeedleResult.from_scores(
+        model=name,
+        model_type=str(config.get("model_type", "unknown")),
+        quantization=quantization,
+        haystack=hay_name,
+        task=task,
+        grid=grid,
+        window=window,
+        prompts=prompts,
+        scores=scores,
+        decode=lambda ids: tokenizer.decode(list(ids)),
+        n_layers=n_layers,
+        n_heads=n_heads,
+        route="eager (the model's own softmax rows)" if run.eager else "sdpa output + the last query row recomputed",
+    )
+
+
+def score_prompt(run, prompt: NeedlePrompt, device) -> PromptScore:
+    """One prompt's scores from one forward pass over prompt + answer (`run` a `capture.retrieval.RetrievalRun`):
+    the logits at the last prompt position and the answer's positions, and the last prompt token's attention on
+    the needle. Where greedy decoding departs from the answer, the rest of its continuation is generated."""
+    import torch
+
+    prompt_len, answer_len = len(prompt.prompt_ids), len(prompt.answer_ids)
+    ids = torch.tensor([list(prompt.prompt_ids) + list(prompt.answer_ids)], device=device)
+    kwargs: dict[str, Any] = {"use_cache": False}
+    keep = _takes(run.model, "logits_to_keep")
+    if keep:
+        kwargs["logits_to_keep"] = answer_len + 1
+    output, attention = run.forward(ids, prompt_len - 1, [prompt.needle_span], **kwargs)
+    logits = output.logits[0, -(answer_len + 1) : -1] if keep else output.logits[0, prompt_len - 1 : -1]
+    log_prob, exact, greedy = answer_scores(logits, prompt.answer_ids)
+    if not exact and len(greedy) < answer_len:
+        greedy = _continue_greedy(run.model, list(prompt.prompt_ids) + greedy, answer_len - len(greedy), device)[
+            prompt_len:
+        ]
+    return PromptScore(log_prob, exact, greedy, attention[0].cpu().numpy())
+
+
+def _continue_greedy(model, ids: list[int], new_tokens: int, device) -> list[int]:
+    """`ids` followed by `new_tokens` greedy tokens (transformers' generate, no sampling, no penalties)."""
+    import torch
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=new_tokens, repetition_penalty=1.0)
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    config.eos_token_id, config.pad_token_id = eos, eos if isinstance(eos, int) else None
+    out = model.generate(torch.tensor([ids], device=device), attention_mask=None, generation_config=config)
+    return out[0].tolist()
+
+
+def _takes(model, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _check_causal(config: dict, name: str) -> None:
+    """Refuse encoders and encoder-decoders (the answer must be the model's own continuation): the family table says
+    whether a family is causal (a Gemma 3 set to attend both ways is not); a type it lacks must be one transformers
+    builds a causal LM for."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from posprobe.families import table as T
+
+    kind = str(config.get("model_type", "unknown"))
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    family = T.family_for_type(kind) or T.family_for_type(str(text.get("model_type", kind)))
+    if family is not None:
+        causal = family.causal and not (family.bidirectional and T.config_flag(text, family.bidirectional))
+    else:
+        causal = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if config.get("is_encoder_decoder") or not causal:
+        raise PosprobeError(
+            f"'{name}' ({kind}) is not a causal language model: posprobe needle asks for the answer as the model's "
+            "continuation",
+            "pass a decoder (GPT-like) model, e.g. SmolLM2-135M-Instruct",
+        )
+
+
+def _window(config: dict) -> int | None:
+    """The model's trained positions (max_position_embeddings / n_positions), None where the config has none."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = text.get(key) or config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _check_window(lengths: Sequence[int], answer_tokens: int, window: int | None, beyond: bool) -> None:
+    """Refuse a length whose prompt + answer passes the model's positions, unless `beyond` says so."""
+    if window is None or beyond:
+        return
+    longest = max(lengths)
+    if longest + answer_tokens > window:
+        answer = f" plus the answer's {answer_tokens} tokens" if answer_tokens else ""
+        raise ArgumentValueError(
+            "lengths",
+            f"a length of {longest} tokens{answer} passes the model's window of {window} positions",
+            f"use {{arg}} up to {window - max(answer_tokens, 1)}, or --beyond-window to measure past the window",
+        )
+
+
+def _haystack_texts(haystack) -> tuple[str, Iterable[str]]:
+    """(name, texts) of a haystack given as a file or builtin name, or as an iterable of texts."""
+    import os
+
+    if isinstance(haystack, (str, os.PathLike)):
+        from posprobe.texts import iter_texts
+
+        return str(haystack), iter_texts(haystack)
+    if isinstance(haystack, Iterable) and not isinstance(haystack, bytes):
+        return "the given texts", (str(text) for text in haystack)
+    raise ArgumentTypeError("haystack", f"{{arg}} must be a file, a builtin name or texts, got {haystack!r}", None)
+
+
+def _load_causal_lm(source):
+    """The causal LM of a resolved checkpoint (its sdpa attention; the retrieval run switches it)."""
+    from transformers import AutoModelForCausalLM
+
+    from posprobe.checkpoint.loading import build_model
+
+    return build_model(source, AutoModelForCausalLM)

@@ -1,0 +1,76 @@
+"""Figures of `posprobe context` (SPEC §17): loss by position per variant (raw points and a curve smoothed over
+geometric position bins, log x) and perplexity by length per variant (log x); the trained length is marked on
+both (the x axis reaches it, so a trained length past the lengths run is still drawn). Each function takes a
+`ContextResult` and returns a matplotlib Figure (no pyplot)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from posprobe.analysis.context_loss import log_smooth
+from posprobe.plotting import _figure, quantization_note
+
+_COLOURS = ("black", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
+
+
+def _mark_trained(ax, result, right: float) -> None:
+    """The trained length as a vertical line, the axis extended to it."""
+    if result.trained_length is None:
+        return
+    ax.axvline(result.trained_length, color="grey", lw=1.0, ls=":",
+               label=f"trained length ({result.trained_length:,})")  # fmt: skip
+    ax.set_xlim(right=max(right, result.trained_length) * 1.25)
+
+
+def position_loss_figure(result):
+    """Loss at position t (nats) against t + 1 (log x), one colour per variant."""
+    fig = _figure(7.0, 4.2)
+    ax = fig.add_subplot(1, 1, 1)
+    length = result.position_loss.shape[1]
+    t = np.arange(length)
+    for i, (name, loss) in enumerate(zip(result.variants, result.position_loss)):
+        colour = _COLOURS[i % len(_COLOURS)]
+        ax.plot(t + 1, loss, ".", ms=1.2, color=colour, alpha=0.18, rasterized=True)
+        smooth_t, smooth = log_smooth(loss)
+        ax.plot(smooth_t + 1, smooth, color=colour, lw=1.5, label=name)
+    ax.set_xscale("log")
+    ax.set_xlim(0.9, length * 1.1)
+    _mark_trained(ax, result, length)
+    low, high = np.percentile(result.position_loss, [0.5, 99.5])
+    ax.set_ylim(max(0.0, low - 0.3), high + 0.3)
+    ax.set_xlabel("position t + 1 (tokens seen when predicting token t + 1)", fontsize=8)
+    ax.set_ylabel("loss at position t (nats)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, frameon=False, loc="upper right")
+    windows = int(result.windows[-1])
+    fig.suptitle(
+        f"{result.model}{quantization_note(result)}: loss by position, {windows} windows of {length + 1:,} tokens\n"
+        "dots: each position (mean over windows); lines: mean over geometric position bins",
+        fontsize=9,
+    )
+    fig.subplots_adjust(left=0.09, right=0.98, bottom=0.12, top=0.86)
+    return fig
+
+
+def perplexity_figure(result):
+    """Perplexity against window length (log x), one line per variant."""
+    fig = _figure(6.0, 4.0)
+    ax = fig.add_subplot(1, 1, 1)
+    for i, (name, row) in enumerate(zip(result.variants, result.perplexity)):
+        ax.plot(result.lengths, row, "o-", color=_COLOURS[i % len(_COLOURS)], lw=1.3, ms=4, label=name)
+    ax.set_xscale("log")
+    ax.set_xticks(result.lengths, [f"{n:,}" for n in result.lengths])
+    ax.minorticks_off()
+    ax.set_xlim(result.lengths[0] / 1.3, result.lengths[-1] * 1.3)
+    _mark_trained(ax, result, result.lengths[-1] * 1.3)
+    ax.set_xlabel("window length (tokens)", fontsize=8)
+    ax.set_ylabel("perplexity", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=7, frameon=False)
+    fig.suptitle(
+        f"{result.model}{quantization_note(result)}: perplexity by window length ({int(result.windows[0])} windows "
+        "per length)",
+        fontsize=9,
+    )
+    fig.subplots_adjust(left=0.11, right=0.97, bottom=0.13, top=0.9)
+    return fig

@@ -1,0 +1,135 @@
+"""The report page: one self-contained HTML file (figures as PNG data URIs, one inline style sheet, no script, and a
+Content-Security-Policy that forbids loading anything from elsewhere), readable from a phone to a laptop."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import struct
+from pathlib import Path
+
+from posprobe.report.sections import ModelFacts, Table
+
+# default-src 'none': no script, font, frame or fetch; images only from data: URIs; the one inline style sheet.
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+STYLE = """
+:root { color-scheme: light; --ink: #1b1f24; --dim: #57606a; --line: #d0d7de; --soft: #f6f8fa; --accent: #0b5cad; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 16px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--ink); }
+main { max-width: 62rem; margin: 0 auto; padding: 1rem; }
+h1 { font-size: 1.6rem; margin: 0.5rem 0; } h2 { font-size: 1.3rem; margin: 0 0 0.5rem; }
+h3 { font-size: 1rem; margin: 1rem 0 0.25rem; }
+section { border-top: 1px solid var(--line); padding: 1.25rem 0; }
+.meta, .note, .status { color: var(--dim); font-size: 0.92rem; }
+.status.na, .status.failed { margin: 0; }
+.table-wrap { overflow-x: auto; margin: 0.5rem 0; }
+table { border-collapse: collapse; font-size: 0.88rem; font-variant-numeric: tabular-nums; }
+th, td { border-bottom: 1px solid var(--line); padding: 0.2rem 0.5rem; text-align: right; white-space: nowrap; }
+th:first-child, td:first-child { text-align: left; }
+table.summary td.label { white-space: normal; }
+thead th { background: var(--soft); }
+ul.headline { padding-left: 1.2rem; } ul.headline b { font-variant-numeric: tabular-nums; }
+figure { margin: 0.75rem 0; } img { display: block; max-width: 100%; height: auto; border: 1px solid var(--line); }
+figcaption { color: var(--dim); font-size: 0.85rem; }
+pre { background: var(--soft); padding: 0.6rem; overflow-x: auto; white-space: pre-wrap; word-break: break-all; }
+a { color: var(--accent); }
+@media (max-width: 40rem) { body { font-size: 15px; } main { padding: 0.6rem; } th, td { padding: 0.15rem 0.3rem; } }
+"""
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """(width, height) in pixels from a PNG's IHDR chunk."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+        raise ValueError("not a PNG file")
+    return struct.unpack(">II", data[16:24])
+
+
+def figure_html(path: str) -> str:
+    """An <img> holding the PNG at `path` as a data URI, with its pixel size (the page scales it to its width)."""
+    file = Path(path)
+    try:
+        data = file.read_bytes()
+        width, height = png_size(data)
+    except (OSError, ValueError):
+        return f'<p class="note">figure {html.escape(file.name)} could not be read</p>'
+    encoded = base64.b64encode(data).decode("ascii")
+    name = html.escape(file.name)
+    return (f'<figure><img src="data:image/png;base64,{encoded}" width="{width}" height="{height}" alt="{name}">'
+            f"<figcaption>{name}</figcaption></figure>")  # fmt: skip
+
+
+def table_html(table: Table) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in table.rows)
+    return f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
+
+
+def _summary(outcomes) -> str:
+    rows, lines = [], []
+    for o in outcomes:
+        name, title = html.escape(o.section.name), html.escape(o.section.title)
+        if o.view is not None:
+            for h in o.view.headline:
+                rows.append(f'<tr><td class="label"><a href="#{name}">{html.escape(h.label)}</a></td>'
+                            f'<td class="value">{html.escape(h.text)}</td></tr>')  # fmt: skip
+        else:
+            lines.append(
+                f'<li><a href="#{name}">{title}</a>: {html.escape(o.status)} — {html.escape(str(o.reason))}</li>'
+            )
+    table = (
+        '<div class="table-wrap"><table class="summary"><thead><tr><th>headline</th><th>value</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table></div>"
+        if rows
+        else '<p class="note">no section ran</p>'
+    )
+    others = f'<ul class="note">{"".join(lines)}</ul>' if lines else ""
+    return f'<section id="summary"><h2>Summary</h2>{table}{others}</section>'
+
+
+def _section(o) -> str:
+    name = html.escape(o.section.name)
+    parts = [f'<section id="{name}"><h2>{html.escape(o.section.title)}</h2>']
+    if o.view is None:
+        css = "na" if o.status == "not applicable" else "failed"
+        parts.append(f'<p class="status {css}">{html.escape(o.status.capitalize())}: {html.escape(str(o.reason))}</p>')
+        if o.command_line:
+            parts.append(f"<h3>Command</h3><pre><code>{html.escape(o.command_line)}</code></pre>")
+        return "".join(parts) + "</section>"
+    items = "".join(f"<li>{html.escape(h.label)}: <b>{html.escape(h.text)}</b></li>" for h in o.view.headline)
+    parts.append(f'<ul class="headline">{items}</ul>')
+    parts.extend(figure_html(f) for f in o.view.figures)
+    if o.view.table is not None:
+        parts.append(table_html(o.view.table))
+    parts.extend(f'<p class="note">{html.escape(n)}</p>' for n in o.view.notes)
+    parts.append(f"<h3>How to read it</h3><p>{html.escape(o.section.how_to_read)}</p>")
+    parts.append(f"<h3>Reproduce</h3><pre><code>{html.escape(o.command_line or '')}</code></pre>")
+    took = f"{o.seconds:.1f} s" if o.seconds is not None else "?"
+    ran = f"reused from an earlier run (which took {took})" if o.reused else f"ran in {took}"
+    parts.append(f'<p class="note">{ran}; files: {html.escape(o.argv[o.argv.index("--out") + 1])}</p>')
+    return "".join(parts) + "</section>"
+
+
+def render_page(facts: ModelFacts, outcomes, text: str | None) -> str:
+    """The whole page as one string."""
+    from posprobe import __version__
+
+    label = html.escape(facts.label)
+    causal = "causal (decoder)" if facts.causal else "bidirectional"
+    texts = f"; texts: {html.escape(text)}" if text else ""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = (
+        f"<header><h1>How {label} handles position</h1>"
+        f'<p class="meta">model type {html.escape(facts.model_type)}; positions: {html.escape(facts.mechanism)}; '
+        f"{causal}{texts}. Conventions: query i attends to key j, offset k = j − i. "
+        f"Made by posprobe {html.escape(__version__)} on {stamp}.</p></header>"
+    )
+    body = header + _summary(outcomes) + "".join(_section(o) for o in outcomes)
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        f"<title>posprobe report — {label}</title><style>{STYLE}</style></head>"
+        f"<body><main>{body}</main></body></html>\n"
+    )

@@ -1,0 +1,267 @@
+"""`build_report`: run every section that applies to a model, each through its own posprobe command, and write one
+self-contained `report.html` (and `report.json`, the summary `--json` prints).
+
+Layout of the output folder `out`::
+
+    out/report.html, out/report.json
+    out/<section>/            the command's own `--out` (its figures, arrays and files, as the command writes them)
+    out/<section>/section.json   {"argv", "record" (the command's --json object), "seconds"}
+
+A section is run by calling the posprobe command line in this process (`posprobe <command> ... --json --out
+out/<section>`) and reading the one JSON object it prints: the record, figures and files are exactly the command's,
+and the page shows the command that reproduces them. A finished section (its section.json with the same arguments
+and its figures present) is reused on the next run unless `force`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.report.sections import SECTIONS, ModelFacts, Section, View
+
+DEFAULT_TEXT = "builtin:sentences"
+DEFAULT_MAX_TEXTS = 32  # a few dozen: every text section of MiniLM in under a minute on two loaded CPU cores
+SECTION_RECORD = "section.json"
+
+
+@dataclass(frozen=True)
+class SectionOutcome:
+    """One section after the run: status 'ok' (with its record and view), 'not applicable', 'failed' (the command's
+    one-line error) or 'left out' (--only / --skip)."""
+
+    section: Section
+    status: str
+    argv: list[str] | None = None
+    record: dict | None = None
+    view: View | None = None
+    reason: str | None = None
+    seconds: float | None = None
+    reused: bool = False
+
+    @property
+    def command_line(self) -> str | None:
+        return None if self.argv is None else shlex.join(["posprobe", *self.argv])
+
+    def summary(self) -> dict:
+        out = {"status": self.status, "title": self.section.title, "command": self.command_line}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        if self.view is not None:
+            out["headline"] = {h.label: h.value for h in self.view.headline}
+            out["folder"] = self.argv[self.argv.index("--out") + 1]
+            out["reused"] = self.reused
+            out["seconds"] = self.seconds
+        return out
+
+
+def select_sections(only: list[str] | None, skip: list[str] | None) -> list[str]:
+    """The section names to run, in page order; unknown names refused (before any work)."""
+    for flag, names in (("only", only), ("skip", skip)):
+        if names is not None and not names:
+            raise ArgumentValueError(flag, "{arg} is empty", f"name sections, e.g. {{arg}} {next(iter(SECTIONS))}")
+        for name in names or []:
+            if name not in SECTIONS:
+                raise ArgumentValueError(
+                    flag, f"unknown section '{name}' in {{arg}}", f"use names from: {', '.join(SECTIONS)}"
+                )
+    if only and skip:
+        raise ArgumentValueError("skip", "{arg} and --only cannot be combined", "pass one of them")
+    chosen = [name for name in SECTIONS if (not only or name in only) and name not in (skip or [])]
+    return chosen
+
+
+def model_facts(source) -> ModelFacts:
+    """The facts that decide which sections apply, from a resolved checkpoint's config."""
+    from posprobe.families.table import TABLE_KINDS, family_for_type, has_learned_table, position_kind
+
+    config = source.config
+    kind, mechanism = position_kind(config)
+    family = family_for_type(source.model_type)
+    causal = bool(family.causal) if family is not None else False
+    n_layers = _first_int(config, ("num_hidden_layers", "n_layer", "num_layers"))
+    max_positions = _first_int(config, ("max_position_embeddings", "n_positions", "n_ctx"))
+    return ModelFacts(source.label, source.model_type, kind, mechanism, causal,
+                      kind in TABLE_KINDS or has_learned_table(config), n_layers, max_positions)  # fmt: skip
+
+
+def _first_int(config: dict, keys: tuple[str, ...]) -> int | None:
+    """The first of `keys` whose value in `config` is a whole number."""
+    return next((config[k] for k in keys if isinstance(config.get(k), int) and not isinstance(config[k], bool)), None)
+
+
+def command_runner(root) -> Callable[[list[str]], dict]:
+    """`run(argv)`: run `posprobe <argv>` (argv ends in --json) in this process on `root`, the CLI's click command
+    (the CLI passes its own, so this layer never imports the CLI), and return the one JSON object it prints.
+
+    A `PosprobeError` (the command refusing this model or input) propagates; so does Ctrl-C."""
+
+    def run(argv: list[str]) -> dict:
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            code = root.main(args=argv, prog_name="posprobe", standalone_mode=False)
+        if code == 130:
+            raise KeyboardInterrupt
+        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+            raise PosprobeError(f"`posprobe {argv[0]}` exited with code {code}")
+        lines = [line for line in buffer.getvalue().splitlines() if line.strip()]
+        return json.loads(lines[-1])
+
+    return run
+
+
+def _figures_exist(view: View) -> bool:
+    return all(Path(f).is_file() for f in view.figures)
+
+
+def _reusable(folder: Path, argv: list[str], section: Section, facts: ModelFacts):
+    """(record, seconds) of a finished earlier run of the same command, or None."""
+    path = folder / SECTION_RECORD
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict) or saved.get("argv") != argv or not isinstance(saved.get("record"), dict):
+        return None
+    try:
+        view = section.view(saved["record"], facts)
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None  # written by another posprobe version: run it again
+    return (saved["record"], saved.get("seconds"), view) if _figures_exist(view) else None
+
+
+def run_section(
+    section: Section,
+    facts: ModelFacts,
+    model_args: list[str],
+    text_args: list[str],
+    n_texts: int,
+    out: Path,
+    force: bool,
+    run_command: Callable[[list[str]], dict],
+    on_start: Callable[[str], None] = lambda command_line: None,
+) -> SectionOutcome:
+    """Run (or reuse) one section; a command that refuses the model becomes a 'failed' outcome with its one line.
+    `on_start(command line)` is called when the command really runs (not when reused)."""
+    from posprobe.outputs import json_writer, write_files
+
+    reason = section.reason(facts)
+    if reason is not None:
+        return SectionOutcome(section, "not applicable", reason=reason)
+    folder = out / section.name
+    argv = [section.command, *model_args, *section.args(facts, n_texts), *(text_args if section.uses_text else []),
+            "--out", str(folder), "--json"]  # fmt: skip
+    if not force:
+        reused = _reusable(folder, argv, section, facts)
+        if reused is not None:
+            record, seconds, view = reused
+            return SectionOutcome(section, "ok", argv, record, view, seconds=seconds, reused=True)
+    on_start(shlex.join(["posprobe", *argv]))
+    start = time.perf_counter()
+    try:
+        record = run_command(argv)
+    except PosprobeError as err:
+        return SectionOutcome(section, "failed", argv, reason=err.render(cli=True))
+    seconds = round(time.perf_counter() - start, 2)
+    view = section.view(record, facts)
+    write_files(folder, {SECTION_RECORD: json_writer({"argv": argv, "record": record, "seconds": seconds})})
+    return SectionOutcome(section, "ok", argv, record, view, seconds=seconds)
+
+
+def build_report(
+    model: str | None = None,
+    *,
+    run_command: Callable[[list[str]], dict],
+    text: str | None = None,
+    column: str | None = None,
+    max_texts: int | None = None,
+    out: str | Path | None = None,
+    only: list[str] | None = None,
+    skip: list[str] | None = None,
+    force: bool = False,
+    allow_pickle: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Run the sections that apply to `model` and write `report.html` into `out` (default
+    `posprobe-out/report/<model>`). Returns the summary written to `report.json`: `html`, `model`, `headline` (list of
+    {section, label, value, text}) and `sections` (name -> status, command, headline or reason).
+
+    `run_command(argv) -> record` runs one posprobe command (`command_runner` of the CLI's command; the CLI passes it).
+    Every argument is checked, and the texts read once, before any model is run. `text` defaults to the packaged
+    `builtin:sentences`, `max_texts` to 32."""
+    from posprobe.checkpoint import resolve_model
+    from posprobe.outputs import default_out, keep_written, prepare_out_dir
+    from posprobe.texts import check_texts
+    from posprobe.validation import as_int
+
+    say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    chosen = select_sections(only, skip)
+    max_texts = DEFAULT_MAX_TEXTS if max_texts is None else as_int(max_texts, "max_texts", minimum=1)
+    if text is None and column is not None:
+        raise ArgumentValueError("column", "{arg} applies only with --text", "pass --text FILE, or drop {arg}")
+    text = DEFAULT_TEXT if text is None else str(text)
+    wants_text = any(SECTIONS[name].uses_text for name in chosen)
+    n_texts = check_texts(text, column, max_texts) if wants_text else 0
+    source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=wants_text)
+    facts = model_facts(source)
+    out_dir = prepare_out_dir(out if out is not None else default_out("report", source.label))
+    # the model always named (the packaged default by its name), so that every reproducing command says which
+    model_args = [source.name] + (["--allow-pickle"] if allow_pickle else [])
+    text_args = ["--text", text, *(["--column", column] if column else []), "--max-texts", str(max_texts)]
+
+    outcomes = []
+    for i, name in enumerate(SECTIONS, start=1):
+        section = SECTIONS[name]
+        if name not in chosen:
+            outcomes.append(SectionOutcome(section, "left out", reason="left out by --only / --skip"))
+            continue
+        step = f"[{i}/{len(SECTIONS)}] {name}"
+        outcome = run_section(section, facts, model_args, text_args, n_texts, out_dir, force, run_command,
+                              on_start=lambda line, step=step: say(f"{step}: {line} …"))  # fmt: skip
+        say(f"{step}: {_outcome_words(outcome)}")
+        keep_written()  # a later failure or Ctrl-C keeps the finished sections, for the next run to reuse
+        outcomes.append(outcome)
+    return write_report(out_dir, facts, outcomes, text if wants_text else None)
+
+
+def _outcome_words(outcome: SectionOutcome) -> str:
+    if outcome.status != "ok":
+        return f"{outcome.status} — {outcome.reason}"
+    return "reused (--force runs it again)" if outcome.reused else f"done in {outcome.seconds:.1f} s"
+
+
+def write_report(out_dir: Path, facts: ModelFacts, outcomes: list[SectionOutcome], text: str | None) -> dict:
+    """Write report.html and report.json into `out_dir` (together, atomically); the summary dict."""
+    from posprobe.outputs import json_writer, write_files
+    from posprobe.report.page import render_page
+
+    html_path = out_dir / "report.html"
+    summary = {
+        "html": str(html_path),
+        "model": facts.label,
+        "model_type": facts.model_type,
+        "position_kind": facts.kind,
+        "causal": facts.causal,
+        "text": text,
+        "headline": [
+            {"section": o.section.name, "label": h.label, "value": h.value, "text": h.text}
+            for o in outcomes
+            if o.view is not None
+            for h in o.view.headline
+        ],
+        "sections": {o.section.name: o.summary() for o in outcomes},
+    }
+    page = render_page(facts, outcomes, text)
+    write_files(
+        out_dir,
+        {"report.html": lambda p: p.write_text(page, encoding="utf-8"), "report.json": json_writer(summary)},
+    )
+    return summary

@@ -1,0 +1,284 @@
+"""`posprobe needle` (SPEC §18) on tiny in-code causal LMs with a character tokenizer (every character one token,
+digits included, so a pass key is a few tokens and nothing else in the haystack is a digit).
+
+- retrieval attention equals the row of the model's own eager attention, for a rotary GQA Llama, a sliding-window
+  Mistral (the window shorter than the prompt) and an eager-route family (BLOOM, ALiBi), and the model's logits are
+  unchanged by the reading;
+- a Llama whose heads are planted to attend to digit tokens: those heads come out on top, with the attention
+  planted;
+- log-probability and exact match equal a naive computation (one forward per answer token; transformers'
+  generate);
+- recorded spans decode to the needle, lengths are exact, depths are measured;
+- hostile input: one line, exit 2, no output folder.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_hostile import assert_one_line_error, run_cli
+
+from posprobe.analysis.needle import answer_scores, position_gaps, ranked_heads
+from posprobe.pipelines.needle import NeedleGrid, needle
+from posprobe.pipelines.needle_prompts import NeedleTask
+
+HAYSTACK = [
+    "The river ran past the old mill. Birds sang in the tall trees! Who built the mill? Nobody remembers now. "
+    "Wheat grew on the hills around it, and the farmers brought their grain each autumn. " * 12
+]
+TASK = NeedleTask(intro="Find the key.\n", needle=" The key is {answer}.", question="\nThe key is")
+PLANTED = [(0, 2), (1, 1)]  # (layer, head) whose last-token attention is planted on digit tokens
+
+
+def char_tokenizer():
+    """A character-level fast tokenizer: <unk> 0, <eos> 1, then printable ASCII and newline."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {"<unk>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tokenizer.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="<eos>")
+
+
+def tiny_causal_lm(kind: str = "llama", **overrides):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    size = dict(vocab_size=98, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    if kind == "bloom":
+        config = tf.BloomConfig(vocab_size=98, hidden_size=32, n_layer=2, n_head=4, eos_token_id=1, bos_token_id=1)
+        return tf.BloomForCausalLM(config).eval()
+    cls_config, cls_model = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+                             "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+                             "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM),
+                             "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM)}[kind]  # fmt: skip
+    config = cls_config(**size, intermediate_size=48, num_key_value_heads=2, max_position_embeddings=512,
+                        eos_token_id=1, bos_token_id=1, **overrides)  # fmt: skip
+    return cls_model(config).eval()
+
+
+def planted_llama():
+    """A tiny Llama where heads `PLANTED` attend from every query to digit tokens: channel 0 of every embedding is
+    1 and channel 1 is 1 on digits only; the head's query reads channel 0 and its key channel 1, in the rotary
+    pair with the lowest frequency (rope_theta 1e12: it turns by < 1e-6 rad over the prompt)."""
+    tokenizer = char_tokenizer()
+    model = tiny_causal_lm(rope_theta=1e12)
+    digits = tokenizer.convert_tokens_to_ids(list("0123456789"))
+    head_dim = 8
+    slot = head_dim // 2 - 1  # rotate_half pairs (f, f + d/2): f = d/2 - 1 has the lowest frequency
+    with torch.no_grad():
+        embed = model.model.embed_tokens.weight
+        embed[:, :2] = 0.0
+        embed[:, 0] = 1.0
+        embed[digits, 1] = 1.0
+        for layer, head in PLANTED:
+            attn = model.model.layers[layer].self_attn
+            model.model.layers[layer].input_layernorm.weight.fill_(1.0)
+            kv_head = head // 2
+            attn.q_proj.weight[head * head_dim : (head + 1) * head_dim] = 0.0
+            attn.k_proj.weight[kv_head * head_dim : (kv_head + 1) * head_dim] = 0.0
+            attn.q_proj.weight[head * head_dim + slot, 0] = 400.0
+            attn.k_proj.weight[kv_head * head_dim + slot, 1] = 10.0
+    return model, tokenizer
+
+
+def eager_rows(model, ids: torch.Tensor, row: int, span: tuple[int, int]) -> torch.Tensor:
+    """(L, H) the brute-force reference: the model's own eager attention matrices, row `row` summed over `span`."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids, output_attentions=True)
+    finally:
+        model.set_attn_implementation(previous)
+    return torch.stack([a[0, :, row, span[0] : span[1]].double().sum(-1) for a in out.attentions]), out.logits
+
+
+@pytest.mark.parametrize(
+    "kind, overrides",
+    [
+        ("llama", {}),
+        ("mistral", {"sliding_window": 40}),
+        ("gemma2", {"attn_logit_softcapping": 5.0, "sliding_window": 40, "head_dim": 8}),
+        ("gemma3", {"sliding_window": 40, "head_dim": 8, "sliding_window_pattern": 2}),
+        ("bloom", {}),
+    ],
+    ids=["llama-gqa", "mistral-window", "gemma2-softcap", "gemma3-local-global", "bloom-eager-route"],
+)
+def test_retrieval_attention_equals_the_eager_row(kind, overrides):
+    from posprobe.capture.retrieval import RetrievalRun
+
+    model = tiny_causal_lm(kind, **overrides)
+    torch.manual_seed(1)
+    ids = torch.randint(2, 98, (1, 90))
+    row, span = 70, (20, 35)
+    expected, logits = eager_rows(model, ids, row, span)
+    with RetrievalRun(model, 2, 4) as run, torch.no_grad():
+        output, attention = run.forward(ids, row, [span])
+    assert attention.shape == (1, 2, 4)
+    torch.testing.assert_close(attention[0], expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(output.logits, logits, atol=1e-4, rtol=1e-4)
+    if kind == "mistral":  # the window hides keys 0..30 from query 70: a span there gets nothing
+        with RetrievalRun(model, 2, 4) as run, torch.no_grad():
+            _, hidden = run.forward(ids, row, [(0, 30)])
+        assert float(hidden.abs().max()) == 0.0
+
+
+@pytest.fixture(scope="module")
+def planted_result():
+    model, tokenizer = planted_llama()
+    grid = NeedleGrid(lengths=(150, 220), depths=(0.0, 0.5, 1.0), trials=2, seed=3)
+    return needle(model, tokenizer=tokenizer, haystack=HAYSTACK, grid=grid, task=TASK), model, tokenizer
+
+
+def test_planted_heads_are_the_top_retrieval_heads(planted_result):
+    result, _, _ = planted_result
+    assert result.needle_attention.shape == (2, 3, 2, 2, 4)
+    top = {(h["layer"], h["head"]) for h in result.top_heads(2)}
+    assert top == set(PLANTED)
+    for layer, head in PLANTED:  # planted: nearly all of the row on the needle's digits, at every length and depth
+        assert result.needle_attention[..., layer, head].min() > 0.95
+    others = [(layer, head) for layer in range(2) for head in range(4) if (layer, head) not in PLANTED]
+    assert max(result.needle_attention[..., layer, head].max() for layer, head in others) < 0.6
+    assert [row[:2] for row in ranked_heads(result.head_attention, 2)] == sorted(
+        PLANTED, key=lambda p: -result.head_attention[p]
+    )
+
+
+def test_scores_equal_a_naive_computation(planted_result):
+    result, model, tokenizer = planted_result
+    for record in result.records[::3]:
+        prompt, answer = record["prompt_ids"], record["answer_ids"]
+        log_prob = 0.0
+        with torch.no_grad():
+            for i, token in enumerate(answer):  # one forward per answer token, no cache
+                logits = model(input_ids=torch.tensor([prompt + answer[:i]])).logits[0, -1].double()
+                log_prob += float(torch.log_softmax(logits, -1)[token])
+            generated = model.generate(
+                torch.tensor([prompt]), max_new_tokens=len(answer), do_sample=False, num_beams=1, eos_token_id=None,
+                pad_token_id=1,
+            )[0, len(prompt):].tolist()  # fmt: skip
+        assert record["log_prob"] == pytest.approx(log_prob, abs=1e-6)
+        assert record["greedy_ids"] == generated
+        assert record["exact"] == (generated == answer)
+        i, j, t = result.lengths.index(record["length"]), result.depths.index(record["depth"]), record["trial"]
+        assert result.log_prob[i, j, t] == record["log_prob"] and result.exact[i, j, t] == record["exact"]
+
+
+def test_spans_decode_to_the_needle_and_lengths_are_exact(planted_result):
+    result, _, tokenizer = planted_result
+    for record in result.records:
+        ids = record["prompt_ids"]
+        start, end = record["needle_span"]
+        assert tokenizer.decode(ids[start:end]) == f" The key is {record['answer']}."
+        assert tokenizer.decode(record["answer_ids"]) == " " + record["answer"]
+        assert len(ids) == record["length"] == record["achieved_length"]
+        h0, h1 = record["haystack_span"]
+        assert h0 <= start < end <= h1 and tokenizer.decode(ids[:h0]) == "Find the key.\n"
+        assert tokenizer.decode(ids[h1:]) == "\nThe key is"
+        hay = (h1 - h0) - (end - start)
+        assert record["achieved_depth"] == (start - h0) / hay
+        assert abs(record["achieved_depth"] - record["depth"]) < 60 / hay  # the nearest sentence boundary
+        if record["depth"] in (0.0, 1.0):
+            assert record["achieved_depth"] == record["depth"]
+        assert record["text"] == tokenizer.decode(ids)
+    keys = {r["trial"]: r["answer"] for r in result.records}
+    assert all(r["answer"] == keys[r["trial"]] for r in result.records) and len(set(keys.values())) == 2
+
+
+def test_answer_scores_known_answers():
+    logits = torch.full((3, 5), -10.0)
+    logits[0, 2] = logits[1, 4] = logits[2, 1] = 10.0
+    log_prob, exact, greedy = answer_scores(logits, [2, 4, 1])
+    assert exact and greedy == [2, 4, 1]
+    assert log_prob == pytest.approx(3 * float(torch.log_softmax(logits[0].double(), -1)[2]))
+    _, exact, greedy = answer_scores(logits, [2, 3, 1])
+    assert not exact and greedy == [2, 4]  # the greedy prefix stops at its first departure
+
+
+def test_position_gaps_of_a_u_curve():
+    first, last = position_gaps(np.array([[1.0, 0.5, 0.25, 0.75, 0.9], [1.0, 1.0, 1.0, 1.0, 1.0]]))
+    assert first.tolist() == pytest.approx([0.5, 0.0]) and last.tolist() == pytest.approx([0.4, 0.0])
+    assert np.isnan(position_gaps(np.ones((1, 2)))[0]).all()
+
+
+@pytest.fixture(scope="module")
+def planted_folder(tmp_path_factory):
+    model, tokenizer = planted_llama()
+    folder = tmp_path_factory.mktemp("planted-llama")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    haystack = folder / "haystack.txt"
+    haystack.write_text(HAYSTACK[0] + "\n", encoding="utf-8")
+    return folder
+
+
+TASK_FLAGS = ["--intro", "Find the key.\n", "--needle", " The key is {answer}.", "--question", "\nThe key is"]
+
+
+def test_cli_writes_the_grid(planted_folder, tmp_path, capsys):
+    out = tmp_path / "out"
+    args = ["needle", planted_folder, "--haystack", planted_folder / "haystack.txt", "--lengths", "150",
+            "--depths", "0,0.5,1", "--trials", "2", *TASK_FLAGS, "--out", out, "--json"]  # fmt: skip
+    code, stdout, err = run_cli(args, capsys)
+    assert code == 0, err
+    record = json.loads(stdout)
+    assert (record["top_heads"][0]["layer"], record["top_heads"][0]["head"]) in PLANTED
+    from posprobe.outputs import load_npz
+
+    metadata, arrays = load_npz(out / "needle.npz")
+    assert arrays["needle_attention"].shape == (1, 3, 2, 2, 4) and arrays["log_prob"].shape == (1, 3, 2)
+    assert arrays["lengths"].tolist() == [150] and arrays["depths"].tolist() == [0.0, 0.5, 1.0]
+    lines = (out / "prompts.jsonl").read_text().splitlines()
+    assert len(lines) == 6 and json.loads(lines[0])["needle_span"][0] == 14
+    assert {p.name for p in out.iterdir()} >= {"needle_grid.png", "needle_depth.png", "needle_heads.png"}
+    from posprobe.pipelines.needle_result import NeedleResult
+
+    loaded = NeedleResult.load(out)  # what was written reads back to the same result
+    assert loaded.to_dict() == {k: v for k, v in record.items() if k != "files"}
+    assert loaded.table() + "\n" == (out / "needle.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--lengths", "5000", "--beyond-window"], ["haystack", "fewer than"]),
+        (["--needle", " The key is here."], ["{answer}"]),
+        (["--depths", "0,1.5"], ["--depths", "outside 0..1"]),
+        (["--lengths", "600"], ["--lengths", "window of 512", "--beyond-window"]),
+        (["--lengths", "20"], ["leaves no room"]),
+        (["--question", " It is {answer}"], ["--question", "give the answer away"]),
+        (["--lengths", "1e3"], ["--lengths", "whole numbers"]),
+    ],
+    ids=[
+        "short-haystack",
+        "needle-without-answer",
+        "depth-outside",
+        "past-window",
+        "too-short",
+        "question-answer",
+        "bad-length",
+    ],  # fmt: skip
+)
+def test_hostile_input_is_one_line(planted_folder, tmp_path, capsys, extra, words):
+    out = tmp_path / "out"
+    flags = dict(zip(TASK_FLAGS[::2], TASK_FLAGS[1::2]))
+    for flag in extra[::2]:
+        flags.pop(flag, None)
+    args = ["needle", planted_folder, "--haystack", planted_folder / "haystack.txt", "--out", out,
+            *[x for pair in flags.items() for x in pair], *extra]  # fmt: skip
+    code, stdout, err = run_cli(args, capsys)
+    assert_one_line_error(code, stdout, err, *words)
+    assert not out.exists()
+
+
+def test_encoder_is_refused(capsys, tmp_path):
+    out = tmp_path / "o"
+    code, stdout, err = run_cli(["needle", "all-MiniLM-L6-v2", "--out", out], capsys)
+    assert_one_line_error(code, stdout, err, "not a causal language model")
+    assert not out.exists()
