@@ -101,6 +101,7 @@ def test_batch_size_does_not_change_the_loss():
     model, docs = tiny_llama(), documents()
     one = posprobe.context(model, [10, 20], documents=docs, windows=3)
     many = posprobe.context(model, [10, 20], documents=docs, windows=3, batch_size=2)
+    assert one.windows.tolist() == [6, 3]  # length 10 scores the same 60 tokens as 3 windows of 20
     np.testing.assert_allclose(one.position_loss, many.position_loss, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(one.perplexity, many.perplexity, rtol=1e-6)
 
@@ -213,7 +214,8 @@ def test_cli_context_contract(llama_folder, tmp_path):
     with np.load(record["npz"]) as z:
         assert z["position_loss"].shape == (2, 47) and z["perplexity"].shape == (2, 2)
         assert z["inv_freq"].shape == (2, 4) and z["variants"].tolist() == ["none", "yarn:2"]
-        assert z["tokens"].tolist() == [2 * 15, 2 * 47]
+        # the same 94 stream tokens at both lengths: 2 windows of 1 + 47, 6 of 1 + 15 (the BOS takes one of L)
+        assert z["windows"].tolist() == [6, 2] and z["tokens"].tolist() == [6 * 15, 2 * 47]
         library = posprobe.context(str(folder), [16, 48], texts=texts.read_text().splitlines(), windows=2,
                                    rope_scaling="none,yarn:2")  # fmt: skip
         np.testing.assert_allclose(z["position_loss"], library.position_loss, rtol=1e-12)

@@ -40,12 +40,14 @@ def windows_available(stream_length: int, length: int, with_bos: bool) -> int:
     return stream_length // (length - with_bos)
 
 
-def token_nll(logits, input_ids, chunk: int = 256) -> np.ndarray:
+def token_nll(logits, input_ids, chunk: int | None = None) -> np.ndarray:
     """(B, L-1) float64: -log p(x[t+1] | x[0..t]) from logits (B, L, V) (torch, any float dtype) and input_ids
-    (B, L): log-softmax in float64 over `chunk` positions at a time, so no float64 copy of all logits is held."""
+    (B, L): log-softmax in float64 over `chunk` positions at a time (default L/8, at least 16: a float64 chunk is
+    a quarter of float32 logits' size), so no float64 copy of all logits is held."""
     import torch
 
     batch, length = input_ids.shape
+    chunk = max(16, length // 8) if chunk is None else chunk
     out = torch.empty(batch, length - 1, dtype=torch.float64, device=logits.device)
     targets = input_ids[:, 1:].to(logits.device)
     for start in range(0, length - 1, chunk):
