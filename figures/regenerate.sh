@@ -30,6 +30,6 @@ posprobe rotary $SMOL --layers 0,4,8,12,16,20,24,29 --text "$COLA" --column sent
 posprobe states $SMOL --text "$COLA" --column sentence --out figures/states/$SMOL-cola
 
 # SmolLM2 across the context (README "Across the context"): loss by position and perplexity per length on the
-# King James Bible (builtin:kjv, the default text), four lengths within the trained 8,192, five rotary variants
-posprobe context $SMOL --lengths 256,512,1024,2048 --windows 2 --rope-scaling none,linear:2,dynamic:2,yarn:4,llama3:8 \
+# King James Bible (builtin:kjv, the default text), three lengths within the trained 8,192, four rotary variants
+posprobe context $SMOL --lengths 512,1024,2048 --windows 2 --rope-scaling none,linear:2,yarn:4,llama3:8 \
     --out figures/context/$SMOL

@@ -289,3 +289,13 @@ def test_library_refusals():
         posprobe.context(model, [8], texts=["a b c"])
     with pytest.raises(PosprobeError, match="no language-model head"):
         posprobe.context(model.model, [8], documents=documents())
+
+
+def test_dynamic_changes_nothing_within_the_trained_length():
+    """Dynamic NTK recomputes frequencies only past max_position_embeddings: within it (lengths <= 32 here) its loss
+    is the unchanged model's, to the last bit; past it (48) it differs."""
+    model, docs = tiny_llama(), documents(60)
+    within = posprobe.context(model, [16, 32], documents=docs, windows=2, rope_scaling="none,dynamic:2")
+    np.testing.assert_array_equal(within.position_loss[0], within.position_loss[1])
+    past = posprobe.context(model, [48], documents=docs, windows=2, rope_scaling="none,dynamic:2")
+    assert not np.allclose(past.position_loss[0, 32:], past.position_loss[1, 32:])
