@@ -7,8 +7,8 @@ same windows on both sides). For each length, one fresh process per side (so eac
 - baseline: `model(input_ids=window, labels=window, use_cache=False).loss` per window (transformers' float32
   cross-entropy: one number per window);
 - posprobe: `posprobe.context(model, [L], documents=..., windows=N)` on the loaded model (the variant 'none'):
-  the same forward without labels, then the float64 loss at every position from the logits, L/8 positions at a
-  time.
+  the same forward without labels, then the loss at every position from the logits (the float32 log-sum-exp of
+  each position, the loss and its sums in float64).
 Each process loads the model, resets the kernel's resident high-water mark (/proc/self/clear_refs), runs one
 warm-up window, then times N windows (wall and CPU seconds) and reports VmHWM - VmRSS before the run (the peak
 memory the run adds). Sides alternate; each length is measured `--repeats` times; medians are reported.

@@ -83,6 +83,21 @@ def test_position_loss_equals_a_naive_loop_and_transformers_labels_loss():
     assert list(result.tokens) == [count * (length - 1)] and result.inv_freq.shape == (1, 4)
 
 
+def test_token_loss_is_within_a_millionth_of_a_nat_of_float64():
+    """The log-sum-exp runs in float32 (the logits' precision); the loss it gives is within 1e-6 nats of a float64
+    log-softmax, for logits as large as a real model's (|x| up to ~40) and a large vocabulary."""
+    from posprobe.analysis.context_loss import token_nll
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 50, 5000, generator=generator) * 10
+    logits[:, :, 7] += 30  # one dominant token, as real next-token distributions have
+    ids = torch.randint(0, 5000, (2, 50), generator=generator)
+    reference = -torch.log_softmax(logits[:, :-1].double(), -1).gather(-1, ids[:, 1:, None])[..., 0]
+    ours = token_nll(logits, ids)
+    assert ours.dtype == np.float64 and ours.shape == (2, 49)
+    np.testing.assert_allclose(ours, reference.numpy(), atol=1e-6, rtol=0)
+
+
 def test_position_loss_sums_add_across_batches():
     """Batches of windows (or processes, SPEC §19) add: float64 sums and an integer count of windows."""
     rng = np.random.default_rng(0)
