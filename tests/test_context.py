@@ -314,3 +314,16 @@ def test_dynamic_changes_nothing_within_the_trained_length():
     np.testing.assert_array_equal(within.position_loss[0], within.position_loss[1])
     past = posprobe.context(model, [48], documents=docs, windows=2, rope_scaling="none,dynamic:2")
     assert not np.allclose(past.position_loss[0, 32:], past.position_loss[1, 32:])
+
+
+def test_alibi_runs_without_variants_and_refuses_them():
+    """BLOOM (ALiBi): any length runs with 'none' (no position table, no budget); a rope variant is refused."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.BloomForCausalLM(tf.BloomConfig(vocab_size=99, hidden_size=32, n_layer=2, n_head=4)).eval()
+    result = posprobe.context(model, [8, 40], documents=documents(), windows=2)
+    assert result.position_kind == "alibi" and result.budget is None and result.inv_freq.shape == (1, 0)
+    assert np.isfinite(result.position_loss).all() and result.windows.tolist() == [10, 2]
+    with pytest.raises(PosprobeError, match="ALiBi attention biases, not rotary embeddings"):
+        posprobe.context(model, [8], documents=documents(), rope_scaling="none,yarn:2")
