@@ -64,7 +64,8 @@ class ContextResult(ResultMixin):
             else ""
         )
         return (
-            f"loss in nats, float64 from the model's logits; documents{where} joined with "
+            f"loss in nats from the model's logits (each token's within 1e-6 of float64, sums in float64); "
+            f"documents{where} joined with "
             f"{'EOS' if self.text.get('eos_id') is not None else 'nothing'}, cut into consecutive windows, {bos}"
             f"{past}"
         )
