@@ -37,3 +37,8 @@ mkdir -p figures/report
 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1000,1500 \
     --screenshot=figures/report/report-all-MiniLM-L6-v2.png "file://$REPORT/report.html"
 rm -rf "$REPORT"
+
+# SmolLM2 across the context (README "Across the context"): loss by position and perplexity per length on the
+# King James Bible (builtin:kjv, the default text), three lengths within the trained 8,192, four rotary variants
+posprobe context $SMOL --lengths 512,1024,2048 --windows 2 --rope-scaling none,linear:2,yarn:4,llama3:8 \
+    --out figures/context/$SMOL

@@ -11,6 +11,7 @@ from posprobe.analysis.context_loss import log_smooth
 from posprobe.plotting import _figure, quantization_note
 
 _COLOURS = ("black", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
+_STYLES = ("-", "-", "--", "-.", ":", "-", "--", "-.")  # lines that coincide (dynamic below its length) stay visible
 
 
 def _mark_trained(ax, result, right: float) -> None:
@@ -32,19 +33,20 @@ def position_loss_figure(result):
         colour = _COLOURS[i % len(_COLOURS)]
         ax.plot(t + 1, loss, ".", ms=1.2, color=colour, alpha=0.18, rasterized=True)
         smooth_t, smooth = log_smooth(loss)
-        ax.plot(smooth_t + 1, smooth, color=colour, lw=1.5, label=name)
+        ax.plot(smooth_t + 1, smooth, color=colour, lw=1.5, ls=_STYLES[i % len(_STYLES)], label=name)
     ax.set_xscale("log")
     ax.set_xlim(0.9, length * 1.1)
     _mark_trained(ax, result, length)
-    low, high = np.percentile(result.position_loss, [0.5, 99.5])
-    ax.set_ylim(max(0.0, low - 0.3), high + 0.3)
+    curves = np.concatenate([log_smooth(loss)[1] for loss in result.position_loss])
+    ax.set_ylim(max(0.0, curves.min() - 0.5), curves.max() + 0.5)
     ax.set_xlabel("position t + 1 (tokens seen when predicting token t + 1)", fontsize=8)
     ax.set_ylabel("loss at position t (nats)", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7, frameon=False, loc="upper right")
     windows = int(result.windows[-1])
     fig.suptitle(
-        f"{result.model}{quantization_note(result)}: loss by position, {windows} windows of {length + 1:,} tokens\n"
+        f"{result.model}{quantization_note(result)}: loss by position, {windows} windows of {length + 1:,} tokens "
+        f"({result.text.get('source') or 'documents'})\n"
         "dots: each position (mean over windows); lines: mean over geometric position bins",
         fontsize=9,
     )
@@ -57,7 +59,8 @@ def perplexity_figure(result):
     fig = _figure(6.0, 4.0)
     ax = fig.add_subplot(1, 1, 1)
     for i, (name, row) in enumerate(zip(result.variants, result.perplexity)):
-        ax.plot(result.lengths, row, "o-", color=_COLOURS[i % len(_COLOURS)], lw=1.3, ms=4, label=name)
+        style = _STYLES[i % len(_STYLES)]
+        ax.plot(result.lengths, row, marker="o", ls=style, color=_COLOURS[i % len(_COLOURS)], lw=1.3, ms=4, label=name)
     ax.set_xscale("log")
     ax.set_xticks(result.lengths, [f"{n:,}" for n in result.lengths])
     ax.minorticks_off()
@@ -68,9 +71,10 @@ def perplexity_figure(result):
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7, frameon=False)
     fig.suptitle(
-        f"{result.model}{quantization_note(result)}: perplexity by window length ({int(result.windows[0])} windows "
-        "per length)",
+        f"{result.model}{quantization_note(result)}: perplexity by window length\n"
+        f"the same {int(result.tokens[-1]) + int(result.windows[-1]):,} tokens at every length "
+        f"({int(result.windows[-1])} windows of {result.lengths[-1]:,})",
         fontsize=9,
     )
-    fig.subplots_adjust(left=0.11, right=0.97, bottom=0.13, top=0.9)
+    fig.subplots_adjust(left=0.11, right=0.97, bottom=0.13, top=0.86)
     return fig

@@ -83,6 +83,21 @@ def test_position_loss_equals_a_naive_loop_and_transformers_labels_loss():
     assert list(result.tokens) == [count * (length - 1)] and result.inv_freq.shape == (1, 4)
 
 
+def test_token_loss_is_within_a_millionth_of_a_nat_of_float64():
+    """The log-sum-exp runs in float32 (the logits' precision); the loss it gives is within 1e-6 nats of a float64
+    log-softmax, for logits as large as a real model's (|x| up to ~40) and a large vocabulary."""
+    from posprobe.analysis.context_loss import token_nll
+
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 50, 5000, generator=generator) * 10
+    logits[:, :, 7] += 30  # one dominant token, as real next-token distributions have
+    ids = torch.randint(0, 5000, (2, 50), generator=generator)
+    reference = -torch.log_softmax(logits[:, :-1].double(), -1).gather(-1, ids[:, 1:, None])[..., 0]
+    ours = token_nll(logits, ids)
+    assert ours.dtype == np.float64 and ours.shape == (2, 49)
+    np.testing.assert_allclose(ours, reference.numpy(), atol=1e-6, rtol=0)
+
+
 def test_position_loss_sums_add_across_batches():
     """Batches of windows (or processes, SPEC §19) add: float64 sums and an integer count of windows."""
     rng = np.random.default_rng(0)
@@ -101,6 +116,7 @@ def test_batch_size_does_not_change_the_loss():
     model, docs = tiny_llama(), documents()
     one = posprobe.context(model, [10, 20], documents=docs, windows=3)
     many = posprobe.context(model, [10, 20], documents=docs, windows=3, batch_size=2)
+    assert one.windows.tolist() == [6, 3]  # length 10 scores the same 60 tokens as 3 windows of 20
     np.testing.assert_allclose(one.position_loss, many.position_loss, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(one.perplexity, many.perplexity, rtol=1e-6)
 
@@ -213,7 +229,8 @@ def test_cli_context_contract(llama_folder, tmp_path):
     with np.load(record["npz"]) as z:
         assert z["position_loss"].shape == (2, 47) and z["perplexity"].shape == (2, 2)
         assert z["inv_freq"].shape == (2, 4) and z["variants"].tolist() == ["none", "yarn:2"]
-        assert z["tokens"].tolist() == [2 * 15, 2 * 47]
+        # the same 94 stream tokens at both lengths: 2 windows of 1 + 47, 6 of 1 + 15 (the BOS takes one of L)
+        assert z["windows"].tolist() == [6, 2] and z["tokens"].tolist() == [6 * 15, 2 * 47]
         library = posprobe.context(str(folder), [16, 48], texts=texts.read_text().splitlines(), windows=2,
                                    rope_scaling="none,yarn:2")  # fmt: skip
         np.testing.assert_allclose(z["position_loss"], library.position_loss, rtol=1e-12)
@@ -287,3 +304,26 @@ def test_library_refusals():
         posprobe.context(model, [8], texts=["a b c"])
     with pytest.raises(PosprobeError, match="no language-model head"):
         posprobe.context(model.model, [8], documents=documents())
+
+
+def test_dynamic_changes_nothing_within_the_trained_length():
+    """Dynamic NTK recomputes frequencies only past max_position_embeddings: within it (lengths <= 32 here) its loss
+    is the unchanged model's, to the last bit; past it (48) it differs."""
+    model, docs = tiny_llama(), documents(60)
+    within = posprobe.context(model, [16, 32], documents=docs, windows=2, rope_scaling="none,dynamic:2")
+    np.testing.assert_array_equal(within.position_loss[0], within.position_loss[1])
+    past = posprobe.context(model, [48], documents=docs, windows=2, rope_scaling="none,dynamic:2")
+    assert not np.allclose(past.position_loss[0, 32:], past.position_loss[1, 32:])
+
+
+def test_alibi_runs_without_variants_and_refuses_them():
+    """BLOOM (ALiBi): any length runs with 'none' (no position table, no budget); a rope variant is refused."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    model = tf.BloomForCausalLM(tf.BloomConfig(vocab_size=99, hidden_size=32, n_layer=2, n_head=4)).eval()
+    result = posprobe.context(model, [8, 40], documents=documents(), windows=2)
+    assert result.position_kind == "alibi" and result.budget is None and result.inv_freq.shape == (1, 0)
+    assert np.isfinite(result.position_loss).all() and result.windows.tolist() == [10, 2]
+    with pytest.raises(PosprobeError, match="ALiBi attention biases, not rotary embeddings"):
+        posprobe.context(model, [8], documents=documents(), rope_scaling="none,yarn:2")

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json
-from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt
+from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt
 from posprobe.cli.text_input import ColumnOpt, DeviceOpt
 from posprobe.outputs import default_out
 
@@ -28,7 +28,12 @@ def register(app: typer.Typer) -> None:
 
 
 def context(
-    model: ModelArg = None,
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="A causal LM: hub id, folder or .gguf file ('SmolLM2-135M-Instruct' = packaged).", show_default=False
+        ),  # fmt: skip
+    ],
     text: Annotated[
         str,
         typer.Option("--text", help="Long texts (documents): a file as for other commands, or builtin:kjv (default)."),
@@ -38,7 +43,9 @@ def context(
         str,
         typer.Option("--lengths", help="Window lengths in tokens, e.g. 512,1024,2048 (past the trained length too)."),
     ] = "512,1024,2048",
-    windows: Annotated[int, typer.Option("--windows", help="Windows per length.")] = 4,
+    windows: Annotated[
+        int, typer.Option("--windows", help="Windows of the longest length; shorter ones score the same tokens.")
+    ] = 4,
     rope_scaling: Annotated[
         str,
         typer.Option("--rope-scaling", help="Variants: none, linear:F, dynamic:F, yarn:F, llama3:F (comma list)."),
@@ -116,7 +123,8 @@ def _print(result) -> None:
     from rich.table import Table
 
     record = result.to_dict()
-    table = Table(title=f"Perplexity by window length — {result.model}", title_justify="left")
+    windows = ", ".join(f"{n:,}: {w}" for n, w in zip(result.lengths, result.windows))
+    table = Table(title=f"Perplexity by window length — {result.model} (windows {windows})", title_justify="left")
     table.add_column("variant")
     for n in result.lengths:
         past = " *" if n in result.beyond_trained else ""
@@ -125,12 +133,12 @@ def _print(result) -> None:
         table.add_row(name, *(f"{record['perplexity'][name][str(n)]:.3f}" for n in result.lengths))
     console.print(table)
     octaves = record["loss_by_octave"]
-    bins = Table(title="Mean loss (nats) by position bin t in [a, b)", title_justify="left")
-    bins.add_column("variant")
-    for a, b in octaves["position_bins"]:
-        bins.add_column(f"{a}-{b}", justify="right")
+    bins = Table(title=f"Mean loss (nats) by position t, windows of {result.lengths[-1]:,}", title_justify="left")
+    bins.add_column("t")
     for name in result.variants:
-        bins.add_row(name, *(f"{x:.2f}" for x in octaves[name]))
+        bins.add_column(name, justify="right")
+    for k, (a, b) in enumerate(octaves["position_bins"]):
+        bins.add_row(f"{a}" if b == a + 1 else f"{a}-{b - 1}", *(f"{octaves[name][k]:.3f}" for name in result.variants))
     console.print(bins)
     lines = [f"trained length: {result.trained_length:,}" if result.trained_length else "trained length: unknown"]
     if result.beyond_trained:

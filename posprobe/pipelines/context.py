@@ -128,6 +128,8 @@ def context(
     tokenized with the model's tokenizer (its BOS and EOS found there). lengths: window lengths in tokens
     (default 512, 1024, 2048); windows: windows per length; rope_scaling: 'none,linear:2,dynamic:2,yarn:4,
     llama3:8' or a list; batch_size: windows per forward pass; progress(done, total) after each forward pass.
+    `windows` windows of the longest length are scored; a shorter length L scores the same tokens, in
+    windows x (L_max - b) // (L - b) windows (b = 1 with a BOS, else 0), so perplexities differ by context alone.
     """
     from posprobe.capture.model import resolve_device
 
@@ -160,16 +162,18 @@ def context(
     config = _text_config(net)
     rotary = kind == T.ROTARY and bool(R.rotary_modules(net))
     key = R.variant_key(config) if rotary else None
-    total = len(variants) * len(lengths) * -(-windows // batch_size)
+    # every length covers the same tokens as the longest's windows, so perplexities differ by context alone
+    counts = [windows * (lengths[-1] - with_bos) // (n - with_bos) for n in lengths]
+    total = len(variants) * sum(-(-count // batch_size) for count in counts)
     done = 0
     position_loss, perplexity, inv_freq, scaling = [], [], [], []
     for variant in variants:
         row = []
         with R.applied(net, variant) as modules:
-            for length in lengths:
+            for length, count in zip(lengths, counts):
                 sums = PositionLoss(length)
-                batches = cut_windows(stream, length, windows, bos_id)
-                for start in range(0, windows, batch_size):
+                batches = cut_windows(stream, length, count, bos_id)
+                for start in range(0, count, batch_size):
                     sums.add(_window_loss(net, batches[start : start + batch_size], dev))
                     done += 1
                     if progress is not None:
@@ -196,8 +200,8 @@ def context(
         perplexity=np.asarray(perplexity, dtype=np.float64),
         inv_freq=np.stack(inv_freq) if rotary else np.zeros((len(variants), 0)),
         attention_scaling=np.asarray(scaling if rotary else [1.0] * len(variants), dtype=np.float64),
-        windows=np.full(len(lengths), windows, dtype=np.int64),
-        tokens=np.asarray([windows * (n - 1) for n in lengths], dtype=np.int64),
+        windows=np.asarray(counts, dtype=np.int64),
+        tokens=np.asarray([count * (n - 1) for count, n in zip(counts, lengths)], dtype=np.int64),
         trained_length=trained,
         max_positions=R.max_positions(config),
         text={"documents_used": used, "stream_tokens": len(stream), "bos_id": bos_id, "eos_id": eos_id},

@@ -23,9 +23,10 @@ class ContextResult(ResultMixin):
     -log p(x[t+1] | x[0..t]); `perplexity` (V, n): exp of the mean loss over positions and windows of each length;
     `inv_freq` (V, F): each variant's inverse frequencies as its rotary module used them at the longest length
     (dynamic: recomputed for it), empty (V, 0) for a family without rotary embeddings; `attention_scaling` (V,)
-    the factor the module multiplies cos and sin by; `windows` (n,) windows per length; `tokens` (n,) tokens
-    scored per length (windows x (L-1)). `trained_length`: the length the model was trained on (SPEC §17);
-    `budget`: the rotary budget (None without rotary embeddings)."""
+    the factor the module multiplies cos and sin by; `windows` (n,) windows per length (each length covers the
+    same stream prefix as the longest's windows); `tokens` (n,) tokens scored per length (windows x (L-1)).
+    `trained_length`: the length the model was trained on (SPEC §17); `budget`: the rotary budget (None without
+    rotary embeddings)."""
 
     model: str
     model_type: str
@@ -63,7 +64,8 @@ class ContextResult(ResultMixin):
             else ""
         )
         return (
-            f"loss in nats, float64 from the model's logits; documents{where} joined with "
+            f"loss in nats from the model's logits (each token's within 1e-6 of float64, sums in float64); "
+            f"documents{where} joined with "
             f"{'EOS' if self.text.get('eos_id') is not None else 'nothing'}, cut into consecutive windows, {bos}"
             f"{past}"
         )

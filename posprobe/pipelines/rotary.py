@@ -143,6 +143,8 @@ def budget_of(ctx, variants: list) -> dict | None:
     if not f.rotary_class or f.rotary_layout == T.SIN_COS_TABLE:
         return None
     config = transformers_config(ctx)
+    if not getattr(config, "rope_parameters", None):  # GPT-J, CodeGen: a rotary_dim and no rope parameters
+        return None
     module_name, class_name = f.rotary_class.split(":")
     rotary_class = getattr(importlib.import_module(module_name), class_name)
     try:
