@@ -97,6 +97,20 @@ CASES = {
     "glm": ("glm", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0,
                         attention_bias=True)),
     "persimmon": ("persimmon", dict(max_position_embeddings=64, qk_layernorm=True, partial_rotary_factor=0.5)),
+    # issue 34: NoPE layers (SmolLM3: no_rope_layers; Cohere 2: global layers), learned sinks (gpt-oss)
+    "smollm3": ("smollm3", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+                                no_rope_layers=[1, 0], rope_theta=100.0)),
+    "smollm3-sliding": ("smollm3", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+                                        no_rope_layers=[0, 1], use_sliding_window=True, sliding_window=12,
+                                        layer_types=["sliding_attention", "full_attention"])),
+    "cohere2": ("cohere2", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0,
+                                sliding_window=12, layer_types=["sliding_attention", "full_attention"])),
+    "gpt_oss": ("gpt_oss", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0,
+                                num_local_experts=2, num_experts_per_tok=1, sliding_window=12, attention_bias=True,
+                                layer_types=["sliding_attention", "full_attention"],
+                                rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
+                                                     truncate=False, original_max_position_embeddings=16,
+                                                     rope_theta=1000.0))),
     "gptj": ("gptj", _GPTJ, dict(own=True)),
     "codegen": ("codegen", _GPTJ, dict(own=True)),
     "falcon": ("falcon", _FALCON, dict(own=True)),  # multi_query (one key head), rotary
@@ -188,7 +202,7 @@ def build(name: str, dtype=None):
     dtype = dtype or (torch.float32 if name in FLOAT32 else torch.float64)
     torch.manual_seed(0)
     config = AutoConfig.for_model(c.model_type, **c.config)
-    extra = {"experts_implementation": "eager"} if c.model_type in ("mixtral", "qwen3_moe") else {}
+    extra = {"experts_implementation": "eager"} if c.model_type in ("mixtral", "qwen3_moe", "gpt_oss") else {}
     model = AutoModel.from_config(config, attn_implementation=c.attention, **extra).to(dtype).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
@@ -252,6 +266,8 @@ class _SoftmaxInputs:
                 return
             if x.shape[-2:] == (n, n) and (x.ndim == 3 or x.ndim == 4 and x.shape[0] == 1):
                 inputs.append(x.reshape(-1, n, n).detach().double().numpy())  # (H, n, n); batch 1 (or merged)
+            elif x.shape[-2:] == (n, n + 1) and x.ndim == 4 and x.shape[0] == 1:  # learned sinks: last column
+                inputs.append(x[0, ..., :-1].detach().double().numpy())
             elif x.ndim == 4 and x.shape[:2] == (1, n) and x.shape[-1] % 2 and x.shape[-1] < n:
                 inputs.append(_from_band(x[0].detach().double().numpy()))  # Longformer's (n, H, 2w + 1) band
 

@@ -58,6 +58,8 @@ def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarra
     first, second = first[0].double().numpy(), second[0].double().numpy()
     if f.rotary_layout == T.ROTATE_HALF:
         return first, second
+    if f.rotary_layout == T.HALF_ANGLES:  # one column per pair, pairs (i, i + r/2): already rotate_half order
+        return np.concatenate([first, first], -1), np.concatenate([second, second], -1)
     if f.rotary_layout == T.SIN_COS_PAIRS:  # (sin, cos), one column per pair
         cos, sin = second, first
     elif f.rotary_layout == T.INTERLEAVED:  # each pair's angle repeated: columns 2i, 2i + 1
@@ -83,7 +85,7 @@ def _rotary_table(ctx, rotary_class, n: int) -> np.ndarray:
 def pairing(layout: str, d_h: int, r: int) -> np.ndarray | None:
     """The permutation of a head's dims that turns the layout's pairs into rotate_half pairs (i, i + r/2), or
     None for rotate_half itself: interleaved pairs (2i, 2i + 1) -> even dims first, then odd, then the rest."""
-    if layout == T.ROTATE_HALF:
+    if layout in (T.ROTATE_HALF, T.HALF_ANGLES):
         return None
     return np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, d_h)])
 
@@ -102,7 +104,10 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
     """F_hat (H, n, n): row i = query position, column j = key position (k = j - i)."""
     q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h); or (H, n, d_h), (H_kv, n, d_h) per position
-    layer_type = ctx.layer_kinds(n, stack)[layer].layer_type if takes_layer_type(ctx) else None
+    kind = ctx.layer_kinds(n, stack)[layer]
+    if kind.nope:  # a NoPE layer: no rotation, F̂(i, j) = q_i . k_j * scaling (one value for a constant input)
+        return ctx.softcap(nope_scores(q * ctx.scaling, k, n))
+    layer_type = kind.layer_type if takes_layer_type(ctx) else None
     if ("rotary", n, layer_type) not in ctx.cache:  # the same angles for every layer (of a type)
         ctx.cache["rotary", n, layer_type] = rotary_angles(ctx, n, layer_type)
     cos, sin = ctx.cache["rotary", n, layer_type]
@@ -123,7 +128,18 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
     return ctx.softcap(scores.reshape(heads, n, n))
 
 
+def nope_scores(q: np.ndarray, k: np.ndarray, n: int) -> np.ndarray:
+    """q . k of a layer without a positional mechanism, (H, n, n): q (H, d_h) and k (H_kv, d_h) give the same
+    value at every pair (the layer's content-free score carries no position); per-position q (H, n, d_h) and
+    k (H_kv, n, d_h) give q_i . k_j (grouped-query heads read their key head)."""
+    k = np.repeat(k, q.shape[0] // k.shape[0], axis=0)
+    if q.ndim == 2:
+        return np.broadcast_to((q * k).sum(-1)[:, None, None], (q.shape[0], n, n)).copy()
+    return q @ k.transpose(0, 2, 1)
+
+
 def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
     """Always, for an input that is the same at every position: (R_i q) . (R_j k) = q . R_{j-i} k depends on
-    j - i alone (a soft cap applied after keeps that), so R^2 = 1 whatever the weights."""
+    j - i alone (a soft cap applied after keeps that), so R^2 = 1 whatever the weights; a NoPE layer's scores are
+    one constant, trivially Toeplitz."""
     return True

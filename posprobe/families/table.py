@@ -59,7 +59,13 @@ INTERLEAVED = "interleaved"  # the module's (cos, sin), each (n, r) repeated per
 HALF_INTERLEAVED = "half-interleaved"  # the first half of the module's (cos, sin), each repeated twice; 2i, 2i+1 (GLM)
 SIN_COS_PAIRS = "sin-cos-pairs"  # the module gives (sin, cos), each (n, r/2) per pair; dims 2i, 2i+1 (GPT-J, CodeGen)
 SIN_COS_TABLE = "sin-cos-table"  # a table (n, d_h) of [sin | cos] per pair (stored or built); 2i, 2i+1 (RoFormer)
-ROTARY_LAYOUTS = (ROTATE_HALF, INTERLEAVED, HALF_INTERLEAVED, SIN_COS_PAIRS, SIN_COS_TABLE)
+HALF_ANGLES = "half-angles"  # the module's (cos, sin), each (n, r/2), one column per pair; dim i pairs with i + r/2
+ROTARY_LAYOUTS = (ROTATE_HALF, INTERLEAVED, HALF_INTERLEAVED, SIN_COS_PAIRS, SIN_COS_TABLE, HALF_ANGLES)
+# Which layers of a rotary family apply no rotary embedding at all (`Family.nope`: NoPE layers, SPEC §9).
+NOPE_RULES = (
+    "no_rope_layers",  # config.no_rope_layers[l] == 0: layer l is NoPE (SmolLM3, Llama 4)
+    "global_layers",  # layers whose config.layer_types[l] is not 'sliding_attention' are NoPE (Cohere 2)
+)
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
     "sliding_window",  # config.sliding_window (when set) for every layer, causal: keys i - w < j <= i (Mistral)
@@ -184,6 +190,8 @@ class Family:
     switch_kinds: tuple[str, ...] = ()
     switches: dict[str, str] = field(default_factory=dict)
     windows: str | None = None
+    nope: str | None = None  # how the config names its NoPE layers (`NOPE_RULES`), for rotary families
+    sinks: str | None = None  # per-head learned sink logits s_h (one extra softmax column, no value): gpt-oss
     bidirectional: str | None = None
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
     # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32)
@@ -202,6 +210,7 @@ class Family:
             "embed_scale": (self.embed_scale, EMBED_SCALES),
             "rotary_layout": (self.rotary_layout, ROTARY_LAYOUTS),
             "windows": (self.windows, (None, *WINDOW_RULES)),
+            "nope": (self.nope, (None, *NOPE_RULES)),
             "qk_norm_scope": (self.qk_norm_scope, ("head", "all")),
             "capture": (self.capture, CAPTURES),
         }
@@ -588,6 +597,37 @@ FAMILIES: tuple[Family, ...] = (
         **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
     ),
     Family("glm", ("glm",), rotary_class=_rotary("glm", "Glm"), rotary_layout=HALF_INTERLEAVED, **_LLAMA),
+    # -- rotary with NoPE layers, learned sinks (issue 34: the newest position designs)
+    Family(
+        "smollm3",
+        ("smollm3",),
+        rotary_class=_rotary("smollm3", "SmolLM3"),
+        windows="layer_types",
+        nope="no_rope_layers",  # every fourth layer by default
+        description="rotary embeddings (RoPE); NoPE layers (config.no_rope_layers)",
+        **_LLAMA,
+    ),
+    Family(
+        "cohere2",
+        ("cohere2",),
+        rotary_class=_rotary("cohere2", "Cohere2"),
+        rotary_layout=INTERLEAVED,
+        windows="layer_types",
+        nope="global_layers",
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE",
+        **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
+    ),
+    Family(
+        "gpt_oss",
+        ("gpt_oss",),
+        rotary_class=_rotary("gpt_oss", "GptOss"),
+        rotary_layout=HALF_ANGLES,
+        windows="layer_types",
+        sinks="layers.{l}.self_attn.sinks",
+        description="rotary embeddings (RoPE, YaRN); learned per-head attention sinks",
+        **_LLAMA,
+    ),
+
     Family(
         "persimmon",
         ("persimmon",),

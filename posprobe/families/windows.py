@@ -5,16 +5,20 @@ in defaults and derived fields: layer types, ModernBERT's half window). The cont
 the same whatever its kind (SPEC §9: the scores the layer gives each pair); its kind says which pairs its
 softmax sees: `window` is the largest |k| = |j - i| it attends (causal layers: only k <= 0 of those).
 Where layer types also carry their own rotary setting (Gemma 3, ModernBERT), `layer_type` picks it and
-`rope` names it.
+`rope` names it. A rotary family's NoPE layers (`Family.nope`: SmolLM3, Cohere 2) apply no rotary embedding:
+`nope` marks them (SPEC §9: their content-free scores are the same for every pair).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from posprobe.families import table as T
+
+
+NOPE_WORDS = "NoPE (no positional term: F̂ is the same for every pair)"
 
 
 @dataclass(frozen=True)
@@ -28,11 +32,13 @@ class LayerKind:
     layer_type: str | None = None
     rope: str | None = None
     note: str = ""
+    nope: bool = False  # no positional mechanism in this layer (NoPE): F̂ is the same for every pair
 
     def describe(self) -> str:
-        """In words, for JSON and figure titles: 'global', 'local |k| <= 511, rope theta 10000', ..."""
+        """In words, for JSON and figure titles: 'global', 'local |k| <= 511, rope theta 10000', 'global, NoPE', ..."""
         words = {"full": "global", "local": f"local |k| <= {self.window}"}.get(self.attention, self.attention)
-        return ", ".join(x for x in (words, self.rope, self.note) if x)
+        rope = NOPE_WORDS if self.nope else self.rope
+        return ", ".join(x for x in (words, rope, self.note) if x)
 
     def allows(self, k: int) -> bool:
         """True when the layer's window lets a query see the key at offset k (causality is the model's)."""
@@ -41,6 +47,27 @@ class LayerKind:
 
 def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
     """The `LayerKind` of every layer of `stack` of the checkpoint `ctx` (a ModelContext) over `n` positions."""
+    kinds = _attention_kinds(ctx, n, stack)
+    nope = nope_layers(ctx, len(kinds))
+    return [replace(kind, nope=True) if layer in nope else kind for layer, kind in enumerate(kinds)]
+
+
+def nope_layers(ctx, count: int) -> set[int]:
+    """The layers that apply no rotary embedding (`Family.nope`), read from the config as the model reads it."""
+    rule = ctx.family.nope
+    if rule is None or ctx.kind != T.ROTARY:
+        return set()
+    cfg = ctx.transformers_config
+    if rule == "no_rope_layers":  # SmolLM3 / Llama 4: use_rope = no_rope_layers[l]
+        flags = list(cfg.no_rope_layers or [])
+        return {layer for layer in range(count) if layer < len(flags) and not flags[layer]}
+    # global_layers (Cohere 2): only sliding layers rotate, and only when a window is set
+    types = list(getattr(cfg, "layer_types", None) or [None] * count)
+    window = getattr(cfg, "sliding_window", None)
+    return {layer for layer in range(count) if window is None or types[layer] != "sliding_attention"}
+
+
+def _attention_kinds(ctx, n: int, stack: str) -> list[LayerKind]:
     rule, count = ctx.family.windows, ctx.layers(stack)
     types = _layer_types(ctx, count)
     ropes = _ropes(ctx, types)
