@@ -245,8 +245,14 @@ def _print_learned_sinks(result) -> None:
         table.add_column(name, justify="right")
     for layer in range(result.n_layers):
         row = shares.learned_sink_share[layer]
-        table.add_row(f"L{layer}", _num(_over_heads(np.nanmean, row)),
-                      _num(_over_heads(np.nanmean, shares.real_token_share[layer])), _num(_over_heads(np.nanmax, row)))
+        table.add_row(
+            f"L{layer}",
+            _num(_over_heads(np.nanmean, row)),
+            _num(_over_heads(np.nanmean, shares.real_token_share[layer])),
+            _num(_over_heads(np.nanmax, row)),
+        )
     console.print(table)
-    console.print("[dim]sink share: the attention each head's learned sink logit takes (no token, no value); the "
-                  "profiles' probabilities are the real tokens' share[/dim]")
+    console.print(
+        "[dim]sink share: the attention each head's learned sink logit takes (no token, no value); the "
+        "profiles' probabilities are the real tokens' share[/dim]"
+    )

@@ -627,7 +627,6 @@ FAMILIES: tuple[Family, ...] = (
         description="rotary embeddings (RoPE, YaRN); learned per-head attention sinks",
         **_LLAMA,
     ),
-
     Family(
         "persimmon",
         ("persimmon",),

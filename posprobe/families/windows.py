@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 
 from posprobe.families import table as T
 
-
 NOPE_WORDS = "NoPE (no positional term: F̂ is the same for every pair)"
 
 
