@@ -484,6 +484,12 @@ def _analysable_family(source: ModelSource) -> T.Family:
             f"'{source.name}' has unsupported architecture '{model_type}'",
             f"supported: {', '.join(T.model_types(analysable=True))}",
         )
+    if not family.softmax_attention:
+        raise PosprobeError(
+            f"'{source.name}' ({model_type}) has {family.mechanism}, so there are no attention scores or positional "
+            "terms for posprobe to analyse",
+            "posprobe reads models with softmax attention in at least one layer (the README's table of families)",
+        )
     kind, mechanism = T.position_kind(cfg)
     table = kind in T.TABLE_KINDS and any(k in T.TABLE_KINDS for k in family.kinds)
     scores = kind in family.kinds and kind in T.SCORE_MODULES

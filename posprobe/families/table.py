@@ -192,6 +192,7 @@ class Family:
     windows: str | None = None
     nope: str | None = None  # how the config names its NoPE layers (`NOPE_RULES`), for rotary families
     sinks: str | None = None  # per-head learned sink logits s_h (one extra softmax column, no value): gpt-oss
+    softmax_attention: bool = True  # False: no layer has softmax attention (Mamba, RWKV, xLSTM): refused as such
     bidirectional: str | None = None
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
     # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32)
@@ -864,6 +865,31 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("xlm", ("xlm", "flaubert"), LEARNED),  # their own layouts: not read yet
     Family("xlnet", ("xlnet",), OTHER, description="sinusoidal relative positions"),
+    # -- no softmax attention in any layer: nothing for posprobe's scores to read (refused in one line)
+    Family(
+        "mamba",
+        ("mamba", "mamba2", "falcon_mamba"),
+        OTHER,
+        causal=True,
+        softmax_attention=False,
+        description="no softmax attention: a selective state-space recurrence carries position",
+    ),
+    Family(
+        "rwkv",
+        ("rwkv",),
+        OTHER,
+        causal=True,
+        softmax_attention=False,
+        description="no softmax attention: a linear recurrence with learned per-channel decay carries position",
+    ),
+    Family(
+        "xlstm",
+        ("xlstm",),
+        OTHER,
+        causal=True,
+        softmax_attention=False,
+        description="no softmax attention: recurrent memory cells (sLSTM / mLSTM) carry position",
+    ),
     Family("funnel", ("funnel",), OTHER, description="relative attention"),
     Family("reformer", ("reformer",), OTHER, description="axial position embeddings"),
 )
