@@ -48,6 +48,21 @@ _RELATIVE_OFF = dict(
     max_position_embeddings=64,
     intermediate_size=37,
 )
+_MLA = dict(
+    num_key_value_heads=4,
+    max_position_embeddings=64,
+    pad_token_id=0,
+    kv_lora_rank=8,
+    qk_rope_head_dim=4,
+    qk_nope_head_dim=8,
+    v_head_dim=8,
+    n_routed_experts=2,
+    num_experts_per_tok=1,
+    first_k_dense_replace=1,
+    moe_intermediate_size=16,
+    n_group=1,
+    topk_group=1,
+)
 _GEMMA3_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
     "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
@@ -111,6 +126,14 @@ CASES = {
                                 rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
                                                      truncate=False, original_max_position_embeddings=16,
                                                      rope_theta=1000.0))),
+    # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
+    "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
+                                        rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
+                                                             beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
+                                                             original_max_position_embeddings=16,
+                                                             rope_theta=1000.0))),
+    "deepseek_v3-rotate-half": ("deepseek_v3", dict(_MLA, q_lora_rank=None, rope_interleave=False)),
+    "deepseek_v2": ("deepseek_v2", dict(_MLA, q_lora_rank=12, n_shared_experts=1)),
     "gptj": ("gptj", _GPTJ, dict(own=True)),
     "codegen": ("codegen", _GPTJ, dict(own=True)),
     "falcon": ("falcon", _FALCON, dict(own=True)),  # multi_query (one key head), rotary
@@ -174,6 +197,7 @@ CASES = {
     "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
 }  # fmt: skip
+_EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2")
 FLOAT32 = {"xglm"}  # XGLM's eager attention clamps with a float32 constant: it cannot run in float64
 
 
@@ -202,7 +226,7 @@ def build(name: str, dtype=None):
     dtype = dtype or (torch.float32 if name in FLOAT32 else torch.float64)
     torch.manual_seed(0)
     config = AutoConfig.for_model(c.model_type, **c.config)
-    extra = {"experts_implementation": "eager"} if c.model_type in ("mixtral", "qwen3_moe", "gpt_oss") else {}
+    extra = {"experts_implementation": "eager"} if c.model_type in _EAGER_EXPERTS else {}
     model = AutoModel.from_config(config, attn_implementation=c.attention, **extra).to(dtype).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():

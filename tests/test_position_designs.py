@@ -5,6 +5,8 @@
   and the model's own softmax on the constant sequence is uniform over the keys each query may see;
 - a learned per-head sink (gpt-oss) takes exp(s_h) / (exp(s_h) + sum_j exp(S(i, j))) of each query's attention:
   `attention` reports that share and the share left to real tokens, and multiplies the first-token mass by it;
+- multi-head latent attention (DeepSeek V3) splits every head's score into a position-free part (q_pass . k_pass,
+  one constant) and a rotary part: zeroing either part's weights leaves the other, and the two add to F̂;
 - model types with no softmax attention at all (Mamba, RWKV, xLSTM) are refused in one line that says why.
 """
 
@@ -156,6 +158,50 @@ def test_content_free_sink_share_is_the_models_own_on_the_constant_sequence(tmp_
     allowed = (k <= 0) & np.vectorize(kind.allows)(k)
     share = content_free_sink_share(content_free_scores(ctx, 0, n), ctx.tensor(ctx.family.sinks, 0), allowed)
     np.testing.assert_allclose(share, 1.0 - probs.sum(-1), atol=1e-9)
+
+
+def _mla_scores(model, path, layer: int = 0) -> np.ndarray:
+    model.save_pretrained(path)
+    return content_free_scores(_context(path), layer, N)
+
+
+def test_mla_scores_split_into_a_position_free_constant_and_a_rotary_part(tmp_path):
+    import copy
+
+    model = build("deepseek_v3")  # kv_lora_rank 8, 4 rotary dims, 8 position-free dims per head
+    attention = model.layers[0].self_attn
+    full = _mla_scores(model, tmp_path / "full")
+    rank, p = model.config.kv_lora_rank, model.config.qk_nope_head_dim
+    no_rotary = copy.deepcopy(model)  # the shared rotary key k_rot = 0: only q_pass . k_pass is left
+    with torch.no_grad():
+        no_rotary.layers[0].self_attn.kv_a_proj_with_mqa.weight[rank:] = 0
+        no_rotary.layers[0].self_attn.kv_a_proj_with_mqa.bias[rank:] = 0
+    position_free = _mla_scores(no_rotary, tmp_path / "pass")
+    no_pass = copy.deepcopy(model)  # every head's k_pass = 0: only the rotary part is left
+    with torch.no_grad():
+        rows = no_pass.layers[0].self_attn.kv_b_proj.weight.view(4, p + model.config.v_head_dim, rank)
+        rows[:, :p] = 0
+    rotary_part = _mla_scores(no_pass, tmp_path / "rot")
+    np.testing.assert_allclose(position_free + rotary_part, full, atol=1e-12)
+    assert np.ptp(position_free, axis=(1, 2)).max() < 1e-12  # the position-free part: one constant per head
+    assert np.ptp(rotary_part[:, -1, :], axis=-1).min() > 1e-5  # the rotary part varies with the key's position
+    # the constant is q_pass . k_pass * scaling from the model's own modules on the average word
+    x = model.embed_tokens.weight.mean(0)[None]
+    with torch.no_grad():
+        h = model.layers[0].input_layernorm(x)
+        q = attention.q_b_proj(attention.q_a_layernorm(attention.q_a_proj(h))).view(4, -1)[:, :p]
+        latent = attention.kv_a_layernorm(attention.kv_a_proj_with_mqa(h)[:, :rank])
+        k = attention.kv_b_proj(latent).view(4, -1)[:, :p]
+        expected = ((q * k).sum(-1) * attention.scaling).double().numpy()
+    np.testing.assert_allclose(position_free[:, 0, 0], expected, rtol=1e-6)
+    bands = posprobe.rotary(str(tmp_path / "full"), layers=[0])
+    assert (bands.rotated_dims, bands.head_dim) == (4, 12) and "position-free part" in bands.note()
+
+
+def test_rotary_bands_say_which_layers_are_nope(tmp_path):
+    build("smollm3").save_pretrained(tmp_path)
+    bands = posprobe.rotary(str(tmp_path))
+    assert "NoPE" in bands.layer_kinds[1] and "NoPE layers [1]" in bands.note()
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "rwkv", "xlstm"])

@@ -336,8 +336,13 @@ class ModelContext(EmbeddingReader):
     def query_key(self, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:
         """Query (H, d_h) and key (H_kv, d_h) of the input at `layer` (`word_input`), biases, clamps and q/k norms
         applied, before any positional mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input."""
-        weights = self.attention(layer, stack)
         x = self.word_input(layer, stack)
+        if self.qkv == T.LATENT:  # MLA: rotary part first, then the position-free part (families.latent)
+            from posprobe.families.latent import latent_query_key
+
+            q, k = latent_query_key(self, np.atleast_2d(x), self.stored_layer(layer))
+            return (q[:, 0], k[:, 0]) if x.ndim == 1 else (q, k)
+        weights = self.attention(layer, stack)
         q, k = weights.queries(x), weights.keys(x)
         clip = self.config.get(self.family.clip) if self.family.clip else None
         if clip is not None:  # OLMo's clip_qkv
@@ -401,6 +406,10 @@ class ModelContext(EmbeddingReader):
             return self.shape.head_dim**-0.5
         if how == "disentangled":
             return 1.0 / disentangled_scale(self.config, self.shape.head_dim, self.family)
+        if how == "latent":
+            from posprobe.families.latent import latent_scaling
+
+            return latent_scaling(self)
         rule, key = how.split(":")
         value = self.config.get(key)
         value = value if value is not None else config_default(self.config, (key,))

@@ -54,15 +54,19 @@ def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarra
         rotary = rotary_class(config=ctx.transformers_config)
         x = torch.zeros(1, n, 1, dtype=torch.float64)
         extra = {} if layer_type is None else {"layer_type": layer_type}
-        first, second = rotary(x, torch.arange(n)[None], **extra)
-    first, second = first[0].double().numpy(), second[0].double().numpy()
-    if f.rotary_layout == T.ROTATE_HALF:
+        angles = rotary(x, torch.arange(n)[None], **extra)
+    layout = T.rotary_layout(f, ctx.config)
+    if layout == T.COMPLEX:  # e^{i angle} per pair (n, r/2), dims 2i, 2i + 1
+        angles = angles[0].cdouble().numpy()
+        return np.concatenate([angles.real, angles.real], -1), np.concatenate([angles.imag, angles.imag], -1)
+    first, second = angles[0][0].double().numpy(), angles[1][0].double().numpy()
+    if layout == T.ROTATE_HALF:
         return first, second
-    if f.rotary_layout == T.HALF_ANGLES:  # one column per pair, pairs (i, i + r/2): already rotate_half order
+    if layout == T.HALF_ANGLES:  # one column per pair, pairs (i, i + r/2): already rotate_half order
         return np.concatenate([first, first], -1), np.concatenate([second, second], -1)
-    if f.rotary_layout == T.SIN_COS_PAIRS:  # (sin, cos), one column per pair
+    if layout == T.SIN_COS_PAIRS:  # (sin, cos), one column per pair
         cos, sin = second, first
-    elif f.rotary_layout == T.INTERLEAVED:  # each pair's angle repeated: columns 2i, 2i + 1
+    elif layout == T.INTERLEAVED:  # each pair's angle repeated: columns 2i, 2i + 1
         cos, sin = first[:, ::2], second[:, ::2]
     else:  # HALF_INTERLEAVED: the first half of rotate_half-ordered angles, each repeated for a pair
         cos, sin = first[:, : first.shape[1] // 2], second[:, : second.shape[1] // 2]
@@ -116,7 +120,7 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
             f"the rotary module of '{ctx.source.name}' rotates {cos.shape[-1]} dims of {q.shape[-1]}-dim heads",
             "the config is malformed; re-save the checkpoint",
         )
-    order = pairing(ctx.family.rotary_layout, q.shape[-1], cos.shape[-1])
+    order = pairing(T.rotary_layout(ctx.family, ctx.config), q.shape[-1], cos.shape[-1])
     if order is not None:
         q, k = q[..., order], k[..., order]
     heads, kv_heads, dh = q.shape[0], k.shape[0], q.shape[-1]

@@ -52,7 +52,8 @@ STACKED = "stacked"  # one Linear whose rows are [q (H*d_h); k (H_kv*d_h); v (H_
 KV_GROUPED = "kv-grouped"  # one Linear, per key head g: [q of its H/H_kv query heads; k_g; v_g] (Falcon's new layout)
 BLOCKED = "blocked"  # one Linear in `Family.qkv_blocks` equal row blocks, each [q; v; k] slices (CodeGen, mp_num 4)
 GROUPED_CONV = "grouped-conv1d"  # kernel-1 Conv1d q and k with groups: weight (out, in / groups, 1) (SqueezeBERT)
-QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV)
+LATENT = "latent"  # multi-head latent attention: rotary and position-free parts (DeepSeek V2 / V3; families.latent)
+QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT)
 # How a rotary family pairs the rotated dims and where its angles come from (`Family.rotary_layout`).
 ROTATE_HALF = "rotate-half"  # the rotary module's (cos, sin), each (n, r); dim i pairs with i + r/2 (Llama)
 INTERLEAVED = "interleaved"  # the module's (cos, sin), each (n, r) repeated per pair; dims 2i, 2i+1 pair (Cohere)
@@ -60,7 +61,8 @@ HALF_INTERLEAVED = "half-interleaved"  # the first half of the module's (cos, si
 SIN_COS_PAIRS = "sin-cos-pairs"  # the module gives (sin, cos), each (n, r/2) per pair; dims 2i, 2i+1 (GPT-J, CodeGen)
 SIN_COS_TABLE = "sin-cos-table"  # a table (n, d_h) of [sin | cos] per pair (stored or built); 2i, 2i+1 (RoFormer)
 HALF_ANGLES = "half-angles"  # the module's (cos, sin), each (n, r/2), one column per pair; dim i pairs with i + r/2
-ROTARY_LAYOUTS = (ROTATE_HALF, INTERLEAVED, HALF_INTERLEAVED, SIN_COS_PAIRS, SIN_COS_TABLE, HALF_ANGLES)
+COMPLEX = "complex"  # the module gives complex e^{i angle}, (n, r/2), one per pair; dims 2i, 2i+1 (DeepSeek V2)
+ROTARY_LAYOUTS = (ROTATE_HALF, INTERLEAVED, HALF_INTERLEAVED, SIN_COS_PAIRS, SIN_COS_TABLE, HALF_ANGLES, COMPLEX)
 # Which layers of a rotary family apply no rotary embedding at all (`Family.nope`: NoPE layers, SPEC §9).
 NOPE_RULES = (
     "no_rope_layers",  # config.no_rope_layers[l] == 0: layer l is NoPE (SmolLM3, Llama 4)
@@ -102,12 +104,14 @@ CONFIG_KEYS = {
     "vocab": ("vocab_size", "n_vocab"),
     "eps": ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "layernorm_epsilon", "norm_epsilon", "norm_eps"),
     "attention_width": ("true_hidden_size",),  # the width Q/K read where it is not the hidden size (MobileBERT)
+    "latent_head_dim": ("qk_nope_head_dim",),  # MLA: position-free dims of each head's q and k
+    "latent_rope_dim": ("qk_rope_head_dim",),  # MLA: rotary dims of each head's q and k
 }
 
 
 # How each table field reads a config switch (`Family.switches`): a field listed there applies only when the config
 # key is true (missing keys take the default of the family's transformers config class).
-SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram")
+SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram", "rotary_layout")
 EMBED_SCALES = (None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier")
 
 
@@ -195,7 +199,8 @@ class Family:
     softmax_attention: bool = True  # False: no layer has softmax attention (Mamba, RWKV, xLSTM): refused as such
     bidirectional: str | None = None
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
-    # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32)
+    # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32),
+    # 'latent' (MLA: the module's own yarn_apply_mscale, `families.latent`)
     softcap: str | None = None  # config key of a logit soft cap: scores -> cap * tanh(scores / cap) (Gemma 2)
     tensors: dict[str, str] = field(default_factory=dict)
     capture: str = INTERFACE  # how `attention` records it (`CAPTURES`; tested for analysable families)
@@ -220,7 +225,10 @@ class Family:
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"family '{self.name}': {name} {value!r} is not one of {allowed}")
-        if not (self.scaling in ("head_dim", "none", "disentangled") or self.scaling.startswith(("rsqrt:", "value:"))):
+        if not (
+            self.scaling in ("head_dim", "none", "disentangled", "latent")
+            or self.scaling.startswith(("rsqrt:", "value:"))
+        ):
             raise ValueError(f"family '{self.name}': scaling {self.scaling!r} is not one of head_dim, none, "
                              "disentangled, rsqrt:KEY, value:KEY")  # fmt: skip
 
@@ -597,6 +605,38 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=_QK_NORM,  # when use_qk_norm: one weight per head
         **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
     ),
+    # -- multi-head latent attention (families.latent): a rotary part and a position-free part of each head
+    Family(
+        "deepseek_v3",
+        ("deepseek_v3",),
+        rotary_class=_rotary("deepseek_v3", "DeepseekV3"),
+        rotary_layout=HALF_INTERLEAVED,  # rope_interleave (the default); rotate_half when off
+        switches={"rotary_layout": "rope_interleave"},
+        scaling="latent",
+        tensors={"scaling_function": "transformers.models.deepseek_v3.modeling_deepseek_v3:yarn_apply_mscale"},
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),  # fmt: skip
+    Family(
+        "deepseek_v2",
+        ("deepseek_v2",),
+        rotary_class=_rotary("deepseek_v2", "DeepseekV2"),
+        rotary_layout=COMPLEX,
+        scaling="latent",
+        tensors={"scaling_function": "transformers.models.deepseek_v2.modeling_deepseek_v2:yarn_apply_mscale"},
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),  # fmt: skip
     Family("glm", ("glm",), rotary_class=_rotary("glm", "Glm"), rotary_layout=HALF_INTERLEAVED, **_LLAMA),
     # -- rotary with NoPE layers, learned sinks (issue 34: the newest position designs)
     Family(
@@ -1005,6 +1045,12 @@ def qkv_layout(family: Family, config: dict) -> tuple[str, int | None]:
             return KV_GROUPED, None
         return (STACKED, 1) if config_flag(config, "multi_query") else (PER_HEAD, None)
     return family.qkv, None
+
+
+def rotary_layout(family: Family, config: dict) -> str:
+    """How the model `config` describes pairs its rotated dims: the entry's `rotary_layout`, or rotate_half where
+    the config switch that selects it is off (DeepSeek V3's rope_interleave)."""
+    return family.rotary_layout if switched_on(family, config, "rotary_layout") else ROTATE_HALF
 
 
 _PER_TYPE_ROPE = ("gemma3_text", "modernbert")  # rotary modules with one setting per layer type

@@ -24,7 +24,9 @@ class RotaryBandsResult(ResultMixin):
     scale² * sum_f |q_f||k_f| cos(...)); `q_unrotated_norm` / `k_unrotated_norm` (L_sel, H / H_kv) the mean norm of
     the dims a partial rotary leaves alone (0 when every dim rotates). `pairing` says how bands pair a head's dims.
     `texts`: None (content-free) or what was averaged (`n_texts`, `n_tokens`, `max_length`, `longest_text`,
-    `text`). Index i of the first axis is model layer `layers[i]`."""
+    `text`). Index i of the first axis is model layer `layers[i]`. `layer_kinds` how each layer of `layers` attends
+    (`FhatResult.layer_kind`: NoPE layers apply no rotation, their band norms weigh nothing positional);
+    `latent_split` says, for multi-head latent attention (DeepSeek), which dims are the rotary part (empty else)."""
 
     model: str
     model_type: str
@@ -43,6 +45,8 @@ class RotaryBandsResult(ResultMixin):
     max_positions: int | None
     texts: dict | None = None
     quantization: str | None = None  # a GGUF file's quantisation: the weights analysed were de-quantised from it
+    layer_kinds: list[str] | None = None
+    latent_split: str = ""
 
     _repr_fields = ("model", "mode", "layers", "rotated_dims", "context", "q_band_norm", "k_band_norm", "wavelengths")
 
@@ -94,7 +98,10 @@ class RotaryBandsResult(ResultMixin):
             if self.partial
             else ""
         )
-        return f"band norms of the pre-rotation queries and keys (after q/k norms), {what}{partial}"
+        nope = [layer for layer, kind in zip(self.layers, self.layer_kinds or [], strict=False) if "NoPE" in kind]
+        nope_words = f"; NoPE layers {nope} do not rotate: their bands carry no position" if nope else ""
+        latent = f"; {self.latent_split}" if self.latent_split else ""
+        return f"band norms of the pre-rotation queries and keys (after q/k norms), {what}{partial}{latent}{nope_words}"
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The .npz arrays."""
@@ -127,6 +134,7 @@ class RotaryBandsResult(ResultMixin):
             "context": self.context,
             "texts": self.texts,
             "quantization": self.quantization,
+            "layer_kinds": self.layer_kinds,
             "note": self.note(),
         }
 
