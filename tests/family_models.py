@@ -126,6 +126,16 @@ CASES = {
                                 rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0,
                                                      truncate=False, original_max_position_embeddings=16,
                                                      rope_theta=1000.0))),
+    # per-layer local / global: Olmo 3 (a rotary setting per layer type), Exaone 4 (global layers NoPE)
+    "olmo3": ("olmo3", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, sliding_window=12,
+                            layer_types=["sliding_attention", "full_attention"],
+                            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                             "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                "rope_theta": 10000.0}})),
+    "exaone4": ("exaone4", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, sliding_window=12,
+                                layer_types=["sliding_attention", "full_attention"])),
+    "exaone4-no-window": ("exaone4", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+                                          sliding_window=None, layer_types=["full_attention", "full_attention"])),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,

@@ -66,7 +66,9 @@ ROTARY_LAYOUTS = (ROTATE_HALF, INTERLEAVED, HALF_INTERLEAVED, SIN_COS_PAIRS, SIN
 # Which layers of a rotary family apply no rotary embedding at all (`Family.nope`: NoPE layers, SPEC §9).
 NOPE_RULES = (
     "no_rope_layers",  # config.no_rope_layers[l] == 0: layer l is NoPE (SmolLM3, Llama 4)
-    "global_layers",  # layers whose config.layer_types[l] is not 'sliding_attention' are NoPE (Cohere 2)
+    "global_layers",  # layers whose config.layer_types[l] is not 'sliding_attention' are NoPE (Cohere 2; all
+    # layers when config.sliding_window is None)
+    "global_layers_if_windowed",  # the same while config.sliding_window is set; every layer rotates without (Exaone 4)
 )
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
@@ -230,7 +232,7 @@ class Family:
             or self.scaling.startswith(("rsqrt:", "value:"))
         ):
             raise ValueError(f"family '{self.name}': scaling {self.scaling!r} is not one of head_dim, none, "
-                             "disentangled, rsqrt:KEY, value:KEY")  # fmt: skip
+                             "disentangled, latent, rsqrt:KEY, value:KEY")  # fmt: skip
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -604,6 +606,26 @@ FAMILIES: tuple[Family, ...] = (
         rotary_layout=INTERLEAVED,
         qk_norm=_QK_NORM,  # when use_qk_norm: one weight per head
         **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
+    ),
+    # -- per-layer local / global attention (issue 34)
+    Family(
+        "olmo3",
+        ("olmo3",),
+        rotary_class=_rotary("olmo3", "Olmo3"),  # one rotary setting per layer type
+        qk_norm=_QK_NORM,
+        qk_norm_scope="all",
+        windows="layer_types",
+        **{**_LLAMA, "pre_norm": None},  # post-norm, as OLMo-2
+    ),
+    Family(
+        "exaone4",
+        ("exaone4",),
+        rotary_class=_rotary("exaone4", "Exaone4"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers_if_windowed",
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE (with a window)",
+        **{**_LLAMA, "pre_norm": None},  # post-norm: the attention reads the layer input itself
     ),
     # -- multi-head latent attention (families.latent): a rotary part and a position-free part of each head
     Family(

@@ -60,10 +60,13 @@ def nope_layers(ctx, count: int) -> set[int]:
     if rule == "no_rope_layers":  # SmolLM3 / Llama 4: use_rope = no_rope_layers[l]
         flags = list(cfg.no_rope_layers or [])
         return {layer for layer in range(count) if layer < len(flags) and not flags[layer]}
-    # global_layers (Cohere 2): only sliding layers rotate, and only when a window is set
+    # global_layers (Cohere 2): only sliding layers rotate, and only when a window is set;
+    # global_layers_if_windowed (Exaone 4): the same, but every layer rotates when no window is set
     types = list(getattr(cfg, "layer_types", None) or [None] * count)
     window = getattr(cfg, "sliding_window", None)
-    return {layer for layer in range(count) if window is None or types[layer] != "sliding_attention"}
+    if window is None:
+        return set(range(count)) if rule == "global_layers" else set()
+    return {layer for layer in range(count) if types[layer] != "sliding_attention"}
 
 
 def _attention_kinds(ctx, n: int, stack: str) -> list[LayerKind]:
