@@ -136,6 +136,15 @@ CASES = {
                                 layer_types=["sliding_attention", "full_attention"])),
     "exaone4-no-window": ("exaone4", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
                                           sliding_window=None, layer_types=["full_attention", "full_attention"])),
+    # hybrids: attention layers between convolution (LFM2) or state-space (Bamba, Jamba) layers
+    "lfm2": ("lfm2", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=3,
+                          layer_types=["full_attention", "conv", "full_attention"], conv_L_cache=3)),
+    "bamba": ("bamba", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=3,
+                            attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+                            mamba_d_state=8, mamba_chunk_size=8, partial_rotary_factor=0.5)),
+    "jamba": ("jamba", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=3,
+                            attn_layer_period=2, attn_layer_offset=1, expert_layer_period=4, expert_layer_offset=3,
+                            num_experts=1, mamba_d_state=8, mamba_dt_rank=4)),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,

@@ -102,6 +102,10 @@ class ModelContext(EmbeddingReader):
         L - 1's is not, the config claims layers the checkpoint lacks (2**31 from a crafted file had every
         analysis loop over them before reading a weight)."""
         query, last = self.family.query + ".weight", self.stored_layer(self.shape.layers - 1)
+        if self.family.hybrid:  # only the attention layers hold a query weight
+            from posprobe.families.windows import attention_layers
+
+            last = max(attention_layers(self), default=0)
         if last == 0 or self.key(query, 0) is None or self.key(query, last) is not None:
             return
         held = next(n for n in range(1, last + 1) if self.key(query, n) is None)  # first missing layer
@@ -512,9 +516,12 @@ def _analysable_family(source: ModelSource) -> T.Family:
 
 def content_free_scores(ctx: ModelContext, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
     """F_hat (H, n, n) of SPEC §3 / §9 for `layer` of `stack`: dispatched to the score module of the model's kind
-    (SPEC §13 with data-conditioned layer inputs; a per-position input must have exactly n rows)."""
+    (SPEC §13 with data-conditioned layer inputs; a per-position input must have exactly n rows). A hybrid's layer
+    without softmax attention (Mamba, convolution) has no positional score: all NaN."""
     if ctx.per_position_input and np.shape(ctx.layer_inputs.get(layer))[0] != n:
         raise ValueError(f"the per-position input of layer {layer} does not have {n} rows")
+    if ctx.family.hybrid and ctx.layer_kinds(n, stack)[layer].attention == "none":
+        return np.full((ctx.shape.heads, n, n), np.nan)  # a recurrent / convolution layer: no positional score
     return importlib.import_module(T.SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack)
 
 

@@ -27,7 +27,7 @@ def transformers_config(ctx):
     """The checkpoint's config as its transformers config class (rope_scaling etc. normalised by it)."""
     from transformers import AutoConfig
 
-    config = {k: v for k, v in ctx.config.items() if k not in ("model_type", "transformers_version")}
+    config = {k: _floats(v) for k, v in ctx.config.items() if k not in ("model_type", "transformers_version")}
     try:
         return AutoConfig.for_model(ctx.source.model_type, **config)
     except Exception as err:  # config classes validate rope parameters with several exception types
@@ -35,6 +35,18 @@ def transformers_config(ctx):
             f"transformers refuses the config of '{ctx.source.name}': {str(err).splitlines()[0][:200]}",
             "fix config.json (rope_scaling / rope_parameters) or re-save the checkpoint",
         ) from err
+
+
+def _floats(value):
+    """A config value with transformers' JSON spelling of non-finite floats ({"__float__": "Infinity"}, written by
+    `save_pretrained`: Bamba's time_step_limit) turned back into floats."""
+    if isinstance(value, dict):
+        if set(value) == {"__float__"}:
+            return float(value["__float__"])
+        return {k: _floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_floats(v) for v in value]
+    return value
 
 
 def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -25,8 +25,9 @@ ROTARY = "rotary"  # RoPE on q and k
 BUCKET_BIAS = "bucket_bias"  # learned bias[h, bucket(j - i)] (T5, MPNet)
 ALIBI = "alibi"  # -m_h |j - i|
 DISENTANGLED = "disentangled"  # DeBERTa-v2 c2p + p2c
+NOPE = "nope"  # no positional term in any attention layer (Jamba: its Mamba layers carry position)
 OTHER = "other"  # known, not analysed (see `Family.description`)
-KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, OTHER)
+KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, NOPE, OTHER)
 SCORE_MODULES = {
     LEARNED: "posprobe.families.absolute",
     SINUSOIDAL: "posprobe.families.absolute",
@@ -34,6 +35,7 @@ SCORE_MODULES = {
     ALIBI: "posprobe.families.alibi",
     BUCKET_BIAS: "posprobe.families.relative_bias",
     DISENTANGLED: "posprobe.families.disentangled",
+    NOPE: "posprobe.families.rotary",  # rotary scores without rotation: every layer a NoPE layer
 }
 TABLE_KINDS = (LEARNED, SINUSOIDAL)  # an absolute table E_P exists (stored or built): sections 1-3 of SPEC apply
 KIND_NAMES = {
@@ -43,6 +45,7 @@ KIND_NAMES = {
     BUCKET_BIAS: "relative position buckets (learned bias)",
     ALIBI: "ALiBi attention biases",
     DISENTANGLED: "disentangled relative positions",
+    NOPE: "no positional encoding in attention (NoPE)",
 }
 # How Q/K weights are stored (`Family.qkv`).
 SEPARATE = "separate"  # Linear q and k: weight (H*d_h, d), q = x @ W.T + b
@@ -80,6 +83,8 @@ WINDOW_RULES = (
     "block_sparse",  # config.attention_type 'block_sparse': full attention up to (5 + 2 r) blocks, then sparse
     "local_radius",  # encoder stack: |j - i| <= config.local_radius (LongT5); decoder: full
 )
+# config.layer_types values of softmax-attention layers; a hybrid's other layers (`Family.hybrid`) have none.
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "hybrid")
 # How `posprobe attention` records a family's attention (`Family.capture`; posprobe.capture picks the route from the
 # model class at run time, and tests/test_capture_families.py checks that each tested family takes the route named
 # here). An encoder-decoder runs its encoder stack.
@@ -199,6 +204,8 @@ class Family:
     nope: str | None = None  # how the config names its NoPE layers (`NOPE_RULES`), for rotary families
     sinks: str | None = None  # per-head learned sink logits s_h (one extra softmax column, no value): gpt-oss
     softmax_attention: bool = True  # False: no layer has softmax attention (Mamba, RWKV, xLSTM): refused as such
+    hybrid: str = ""  # what the layers without softmax attention are, in words (config.layer_types names them;
+    # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
     # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32),
@@ -626,6 +633,38 @@ FAMILIES: tuple[Family, ...] = (
         nope="global_layers_if_windowed",
         description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE (with a window)",
         **{**_LLAMA, "pre_norm": None},  # post-norm: the attention reads the layer input itself
+    ),
+    # -- hybrids: softmax attention in some layers, recurrent / state-space / convolution layers in the others
+    Family(
+        "lfm2",
+        ("lfm2",),
+        rotary_class=_rotary("lfm2", "Lfm2"),
+        qk_norm=_QK_LAYERNORM,  # RMS norms per head
+        hybrid="gated short-convolution layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
+        description="rotary embeddings (RoPE) in its attention layers; short convolutions between them",
+        **{**_LLAMA, "pre_norm": "layers.{l}.operator_norm"},
+    ),
+    Family(
+        "bamba",
+        ("bamba",),
+        rotary_class=_rotary("bamba", "Bamba"),
+        hybrid="Mamba-2 state-space layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
+        description="rotary embeddings (RoPE) in its attention layers; Mamba-2 layers between them",
+        **_LLAMA,
+    ),
+    Family(
+        "jamba",
+        ("jamba",),
+        NOPE,
+        hybrid="Mamba state-space layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
+        description="no positional encoding in its attention layers (NoPE); Mamba layers carry position",
+        **{k: v for k, v in _LLAMA.items() if k != "kind"},
     ),
     # -- multi-head latent attention (families.latent): a rotary part and a position-free part of each head
     Family(

@@ -18,11 +18,14 @@ from dataclasses import dataclass, replace
 from posprobe.families import table as T
 
 NOPE_WORDS = "NoPE (no positional term: F̂ is the same for every pair)"
+NO_ATTENTION = "none"  # a hybrid's layer without softmax attention (`LayerKind.attention`)
+NO_SCORE = "no positional score"
 
 
 @dataclass(frozen=True)
 class LayerKind:
-    """One layer's attention: `attention` 'full', 'local' (a window) or 'block-sparse'; `window` the largest
+    """One layer's attention: `attention` 'full', 'local' (a window), 'block-sparse' or 'none' (a hybrid's
+    recurrent / state-space / convolution layer: no softmax attention, no positional score); `window` the largest
     |j - i| attended (None: no limit); `layer_type` the config's name for it (config.layer_types) where it has
     one; `rope` the layer's rotary setting in words where layer types differ in it; `note` what else to know."""
 
@@ -35,7 +38,9 @@ class LayerKind:
 
     def describe(self) -> str:
         """In words, for JSON and figure titles: 'global', 'local |k| <= 511, rope theta 10000', 'global, NoPE', ..."""
-        words = {"full": "global", "local": f"local |k| <= {self.window}"}.get(self.attention, self.attention)
+        words = {"full": "global", "local": f"local |k| <= {self.window}", NO_ATTENTION: self.layer_type}.get(
+            self.attention, self.attention
+        )
         rope = NOPE_WORDS if self.nope else self.rope
         return ", ".join(x for x in (words, rope, self.note) if x)
 
@@ -48,12 +53,25 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
     """The `LayerKind` of every layer of `stack` of the checkpoint `ctx` (a ModelContext) over `n` positions."""
     kinds = _attention_kinds(ctx, n, stack)
     nope = nope_layers(ctx, len(kinds))
-    return [replace(kind, nope=True) if layer in nope else kind for layer, kind in enumerate(kinds)]
+    kinds = [replace(kind, nope=True) if layer in nope else kind for layer, kind in enumerate(kinds)]
+    if not ctx.family.hybrid:
+        return kinds
+    types = list(getattr(ctx.transformers_config, "layer_types", None) or [])
+    return [kind if layer >= len(types) or types[layer] in T.ATTENTION_LAYER_TYPES
+            else LayerKind(NO_ATTENTION, layer_type=types[layer], note=f"{ctx.family.hybrid}: {NO_SCORE}")
+            for layer, kind in enumerate(kinds)]  # fmt: skip
+
+
+def attention_layers(ctx, stack: str = "encoder") -> list[int]:
+    """The layers of `stack` with softmax attention (every layer but a hybrid's recurrent / convolution ones)."""
+    return [layer for layer, kind in enumerate(ctx.layer_kinds(1, stack)) if kind.attention != NO_ATTENTION]
 
 
 def nope_layers(ctx, count: int) -> set[int]:
     """The layers that apply no rotary embedding (`Family.nope`), read from the config as the model reads it."""
     rule = ctx.family.nope
+    if ctx.kind == T.NOPE:  # no layer has a positional term (Jamba)
+        return set(range(count))
     if rule is None or ctx.kind != T.ROTARY:
         return set()
     cfg = ctx.transformers_config

@@ -91,7 +91,10 @@ def rotary(
     if settings is None:
         parts = []
         for layer in layers:
-            q, k = ctx.query_key(layer)  # (H, d_h), (H_kv, d_h)
+            if ctx.layer_kinds(n)[layer].attention == "none":  # a hybrid's recurrent / convolution layer: no bands
+                q, k = np.full((s.heads, s.head_dim), np.nan), np.full((s.kv_heads, s.head_dim), np.nan)
+            else:
+                q, k = ctx.query_key(layer)  # (H, d_h), (H_kv, d_h)
             parts.append((band_norms(q, pairs), band_norms(k, pairs), unrotated(q, pairs), unrotated(k, pairs)))
         q_norm, k_norm, q_rest, k_rest = (np.stack(part) for part in zip(*parts))
     else:
