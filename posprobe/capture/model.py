@@ -44,7 +44,7 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False) ->
         raise PosprobeError(
             f"'{kind}' is a hybrid: softmax attention in some layers, {family.hybrid} in the others; this command "
             "records models whose every layer attends",
-            "use `posprobe profiles` / `fhat` / `rotary` for its attention layers and `posprobe states` for every layer",
+            "use `posprobe profiles` / `fhat` / `rotary` for its attention layers, `posprobe states` for every layer",
         )
     cfg = text_config(model)
     layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)

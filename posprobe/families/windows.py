@@ -38,7 +38,7 @@ class LayerKind:
 
     def describe(self) -> str:
         """In words, for JSON and figure titles: 'global', 'local |k| <= 511, rope theta 10000', 'global, NoPE', ..."""
-        words = {"full": "global", "local": f"local |k| <= {self.window}", NO_ATTENTION: self.layer_type}.get(
+        words = {"full": "global", "local": f"local |k| <= {self.window}", NO_ATTENTION: "no softmax attention"}.get(
             self.attention, self.attention
         )
         rope = NOPE_WORDS if self.nope else self.rope
@@ -58,7 +58,8 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
         return kinds
     types = list(getattr(ctx.transformers_config, "layer_types", None) or [])
     return [kind if layer >= len(types) or types[layer] in T.ATTENTION_LAYER_TYPES
-            else LayerKind(NO_ATTENTION, layer_type=types[layer], note=f"{ctx.family.hybrid}: {NO_SCORE}")
+            else LayerKind(NO_ATTENTION, layer_type=types[layer],
+                           note=f"{ctx.family.hybrid} (layer type '{types[layer]}'): {NO_SCORE}")
             for layer, kind in enumerate(kinds)]  # fmt: skip
 
 

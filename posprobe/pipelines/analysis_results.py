@@ -235,7 +235,7 @@ class ProfileResult(ResultMixin):
         centre = self.n_positions - 1
         window = self.profiles[..., centre - w : centre + (0 if self.causal else w) + 1]
         peaks = (np.argmax(window, axis=-1) - w).astype(np.float64)
-        peaks[is_flat(window)] = np.nan
+        peaks[is_flat(window) | np.isnan(window).all(-1)] = np.nan  # flat, or no score (a hybrid's other layers)
         return peaks
 
     def to_dict(self) -> dict:
