@@ -7,6 +7,8 @@
   `attention` reports that share and the share left to real tokens, and multiplies the first-token mass by it;
 - multi-head latent attention (DeepSeek V3) splits every head's score into a position-free part (q_pass . k_pass,
   one constant) and a rotary part: zeroing either part's weights leaves the other, and the two add to F̂;
+- a hybrid (LFM2: convolutions between attention layers) has its attention layers analysed and its other layers
+  listed with their kind and no positional score (NaN) in the text table, JSON and figure titles;
 - model types with no softmax attention at all (Mamba, RWKV, xLSTM) are refused in one line that says why.
 """
 
@@ -202,6 +204,23 @@ def test_rotary_bands_say_which_layers_are_nope(tmp_path):
     build("smollm3").save_pretrained(tmp_path)
     bands = posprobe.rotary(str(tmp_path))
     assert "NoPE" in bands.layer_kinds[1] and "NoPE layers [1]" in bands.note()
+
+
+def test_a_hybrids_other_layers_are_listed_with_their_kind_and_no_positional_score(tmp_path, capsys):
+    from posprobe.cli import main
+
+    model = build("lfm2")  # layer types: full_attention, conv, full_attention
+    model.save_pretrained(tmp_path / "model")
+    result = posprobe.profiles(str(tmp_path / "model"), layers="all", positions=N)
+    assert np.isnan(result.profiles[1]).all() and np.isfinite(result.profiles[[0, 2]]).all()
+    assert "no positional score" in result.layer_kinds[1] and "'conv'" in result.layer_kinds[1]
+    assert "no positional score" not in result.layer_kinds[0] + result.layer_kinds[2]
+    code = main(["profiles", str(tmp_path / "model"), "--positions", str(N), "--out", str(tmp_path / "out")])
+    text = "".join(capsys.readouterr())  # the table goes to stderr
+    assert code in (0, None) and "layer 1: no softmax attention" in text and "layer 0:" not in text
+    with pytest.raises(PosprobeError, match="is a hybrid") as err:
+        posprobe.attention_profiles(model, input_ids=[[5, 6, 7]], max_length=4)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "rwkv", "xlstm"])
