@@ -48,6 +48,7 @@ _RELATIVE_OFF = dict(
     max_position_embeddings=64,
     intermediate_size=37,
 )
+_KV2 = dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
 _MLA = dict(
     num_key_value_heads=4,
     max_position_embeddings=64,
@@ -145,6 +146,35 @@ CASES = {
     "jamba": ("jamba", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=3,
                             attn_layer_period=2, attn_layer_offset=1, expert_layer_period=4, expert_layer_offset=3,
                             num_experts=1, mamba_d_state=8, mamba_dt_rank=4)),
+    # MoE and other cousins of covered rotary families (Llama's layout)
+    "qwen2_moe": ("qwen2_moe", dict(_KV2, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                                    shared_expert_intermediate_size=16, rope_theta=100.0)),
+    "phimoe": ("phimoe", dict(_KV2, num_local_experts=2, num_experts_per_tok=1, sliding_window=12)),
+    "olmoe": ("olmoe", dict(_KV2, num_experts=2, num_experts_per_tok=1)),
+    "granitemoe": ("granitemoe", dict(_KV2, num_local_experts=2, num_experts_per_tok=1, attention_multiplier=0.3,
+                                      embedding_multiplier=2.5)),
+    "granitemoeshared": ("granitemoeshared", dict(_KV2, num_local_experts=2, num_experts_per_tok=1,
+                                                  attention_multiplier=0.3, embedding_multiplier=2.5,
+                                                  shared_intermediate_size=16)),
+    "glm4_moe": ("glm4_moe", dict(_KV2, head_dim=8, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                                  first_k_dense_replace=1, n_group=1, topk_group=1, use_qk_norm=True,
+                                  partial_rotary_factor=0.5, attention_bias=True)),
+    "minimax_m2": ("minimax_m2", dict(_KV2, head_dim=8, num_local_experts=2, num_experts_per_tok=1,
+                                      partial_rotary_factor=0.5)),
+    "ernie4_5": ("ernie4_5", dict(_KV2, use_bias=True)),
+    "ernie4_5_moe": ("ernie4_5_moe", dict(_KV2, moe_num_experts=2, moe_k=1, moe_intermediate_size=16,
+                                          moe_layer_start_index=1)),
+    "helium": ("helium", dict(_KV2, head_dim=8)),
+    "arcee": ("arcee", dict(_KV2)),
+    "seed_oss": ("seed_oss", dict(_KV2, head_dim=8, attention_bias=True)),
+    "internlm3": ("internlm3", dict(_KV2, head_dim=8, qkv_bias=True, bias=True)),
+    "ministral3": ("ministral3", dict(_KV2, head_dim=8, sliding_window=12)),
+    "cwm": ("cwm", dict(_KV2, head_dim=8, sliding_window=12, layer_types=["full_attention", "sliding_attention"])),
+    "bitnet": ("bitnet", dict(_KV2)),
+    "apertus": ("apertus", dict(_KV2, rope_parameters=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                          high_freq_factor=4.0, original_max_position_embeddings=16,
+                                                          rope_theta=1000.0))),
+    "flex_olmo": ("flex_olmo", dict(_KV2, num_experts=2, num_experts_per_tok=1)),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
@@ -216,7 +246,22 @@ CASES = {
     "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
 }  # fmt: skip
-_EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2")
+_EAGER_EXPERTS = (
+    "mixtral",
+    "qwen3_moe",
+    "gpt_oss",
+    "deepseek_v3",
+    "deepseek_v2",
+    "qwen2_moe",
+    "phimoe",
+    "olmoe",
+    "granitemoe",
+    "granitemoeshared",
+    "glm4_moe",
+    "minimax_m2",
+    "ernie4_5_moe",
+    "flex_olmo",
+)
 FLOAT32 = {"xglm"}  # XGLM's eager attention clamps with a float32 constant: it cannot run in float64
 
 

@@ -283,6 +283,7 @@ _LLAMA = dict(
 )
 _QK_NORM = ("layers.{l}.self_attn.q_norm", "layers.{l}.self_attn.k_norm")
 _QK_LAYERNORM = ("layers.{l}.self_attn.q_layernorm", "layers.{l}.self_attn.k_layernorm")
+_GRANITE = dict(scaling="value:attention_multiplier", embed_scale="embedding_multiplier")
 
 # T5 layout: shared word table, {stack}.block.{l}.layer.0 = (pre-attention RMS norm, SelfAttention q/k, no bias).
 _T5 = dict(
@@ -614,6 +615,45 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=_QK_NORM,  # when use_qk_norm: one weight per head
         **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
     ),
+    # -- MoE and other cousins of covered rotary families (issue 34): Llama's layout, their own rotary modules
+    *(
+        Family(t, (t,), rotary_class=rotary, windows=windows, **{**_LLAMA, **extra})
+        for t, rotary, windows, extra in (
+            ("qwen2_moe", _rotary("qwen2_moe", "Qwen2Moe"), "layer_types", {}),
+            ("phimoe", _rotary("phimoe", "Phimoe"), "sliding_window", {"norm": LAYERNORM}),
+            ("olmoe", _rotary("olmoe", "Olmoe"), None, {"qk_norm": _QK_NORM, "qk_norm_scope": "all"}),
+            ("granitemoe", _rotary("granitemoe", "GraniteMoe"), None, _GRANITE),
+            ("granitemoeshared", _rotary("granitemoeshared", "GraniteMoeShared"), None, _GRANITE),
+            (
+                "glm4_moe",
+                _rotary("glm4_moe", "Glm4Moe"),
+                None,
+                {"qk_norm": _QK_NORM, "switches": {"qk_norm": "use_qk_norm"}},
+            ),
+            ("minimax_m2", _rotary("minimax_m2", "MiniMaxM2"), None, {"qk_norm": _QK_NORM, "qk_norm_scope": "all"}),
+            ("ernie4_5", _rotary("ernie4_5", "Ernie4_5"), None, {"rotary_layout": HALF_INTERLEAVED}),
+            ("ernie4_5_moe", _rotary("ernie4_5_moe", "Ernie4_5_Moe"), None, {"rotary_layout": HALF_INTERLEAVED}),
+            ("helium", _rotary("helium", "Helium"), None, {"rotary_layout": HALF_INTERLEAVED}),
+            ("arcee", _rotary("arcee", "Arcee"), None, {}),
+            ("seed_oss", _rotary("seed_oss", "SeedOss"), None, {}),
+            ("internlm3", _rotary("llama", "Llama"), None, {}),
+            ("ministral3", _rotary("ministral3", "Ministral3"), "sliding_window", {}),
+            ("cwm", _rotary("cwm", "Cwm"), "layer_types", {}),
+            ("bitnet", _rotary("bitnet", "BitNet"), None, {}),
+            (
+                "apertus",
+                _rotary("apertus", "Apertus"),
+                None,
+                {"qk_norm": _QK_NORM, "pre_norm": "layers.{l}.attention_layernorm"},
+            ),
+            (
+                "flex_olmo",
+                _rotary("flex_olmo", "FlexOlmo"),
+                None,
+                {"qk_norm": _QK_NORM, "qk_norm_scope": "all", "pre_norm": None},
+            ),
+        )
+    ),  # fmt: skip
     # -- per-layer local / global attention (issue 34)
     Family(
         "olmo3",
