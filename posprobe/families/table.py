@@ -1154,7 +1154,7 @@ def rotary_layout(family: Family, config: dict) -> str:
     return family.rotary_layout if switched_on(family, config, "rotary_layout") else ROTATE_HALF
 
 
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert")  # rotary modules with one setting per layer type
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3")  # rotary modules with one setting per layer type
 
 
 def _capture_words(f: Family) -> str:
@@ -1165,24 +1165,49 @@ def _capture_words(f: Family) -> str:
     return words + (f" ({f.capture_note})" if f.capture_note else "")
 
 
+def _layer_kind_words(f: Family) -> str:
+    """The kinds of layer the family can have, for the README's table (`windows.LayerKind` says them per layer)."""
+    if not f.softmax_attention:
+        return "no softmax attention (refused)"
+    if not f.analysable:
+        return "—"
+    kinds = {ROTARY: ["rope"], NOPE: ["NoPE"], ALIBI: ["ALiBi bias"], BUCKET_BIAS: ["bucket bias"],
+             DISENTANGLED: ["disentangled"]}.get(f.kind, ["absolute table"])  # fmt: skip
+    if f.qkv == LATENT:
+        kinds = ["MLA: rotary part + position-free part"]
+    if f.name in _PER_TYPE_ROPE:
+        kinds[0] += " (a setting per layer type)"
+    if f.nope:
+        kinds.append("NoPE layers")
+    if f.windows:
+        kinds.append(
+            {"block_sparse": "block-sparse", "attention_window": "sliding chunks"}.get(f.windows, "local window")
+        )
+    if f.sinks:
+        kinds.append("learned sinks")
+    if f.hybrid:
+        kinds.append(f"{f.hybrid} (no positional score)")
+    return " / ".join(kinds)
+
+
 def families_markdown() -> str:
     """The README's table of families (tests/test_family_table.py checks that the README holds exactly this)."""
     rows = [
-        "| family | model types | positions | causal | posprobe computes | `attention` on text |",
-        "|---|---|---|---|---|---|",
+        "| family | model types | positions | layer kinds | causal | posprobe computes | `attention` on text |",
+        "|---|---|---|---|---|---|---|",
     ]
     for f in FAMILIES:
         table = f.learned_table or any(k in TABLE_KINDS for k in f.kinds)
         if not f.analysable:
             does = "named in messages; `params`" + (" counts its table" if f.learned_table else "")
+            does = does if f.softmax_attention else "refused in one line"
         elif all(k in TABLE_KINDS for k in f.kinds):
             does = "`toeplitz`, `fhat`, `profiles`, `fit-tisa`, `compare`" + (", `retrofit`" if f.retrofit else "")
         else:
             does = "`fhat`, `profiles`, `fit-tisa`, `compare` (content-free scores)"
             does = ("`toeplitz` (its table), " if table else "") + does  # MPNet: a table beside its bias
-        if f.windows:
-            does += "; each layer's kind (local window" + (", rotary setting" if f.name in _PER_TYPE_ROPE else "") + ")"
         types = ", ".join(f"`{t}`" for t in f.model_types)
         causal = "yes" if f.causal else ("decoder" if f.encoder_decoder else "no")
-        rows.append(f"| {f.name} | {types} | {f.mechanism} | {causal} | {does} | {_capture_words(f)} |")
+        row = [f.name, types, f.mechanism, _layer_kind_words(f), causal, does, _capture_words(f)]
+        rows.append("| " + " | ".join(row) + " |")
     return "\n".join(rows)
