@@ -28,3 +28,11 @@ posprobe attention $SMOL --text "$COLA" --column sentence --max-texts 200 --out 
 posprobe rotary $SMOL --layers 0,4,8,12,16,20,24,29 --text "$COLA" --column sentence --max-texts 200 \
     --out figures/rotary/$SMOL-cola
 posprobe states $SMOL --text "$COLA" --column sentence --out figures/states/$SMOL-cola
+
+# The newest position designs (README "New position designs"): tiny RANDOM models built in code (no real checkpoint
+# offline; figures/tiny_designs.py), labelled tiny-random in every title
+TINY=posprobe-out/tiny-random
+python figures/tiny_designs.py $TINY
+posprobe profiles $TINY/tiny-random-smollm3 --layers 2,3 --positions 64 --out figures/designs/tiny-random-smollm3
+posprobe profiles $TINY/tiny-random-deepseek_v3 --layers 0 --positions 64 --out figures/designs/tiny-random-deepseek_v3
+posprobe profiles $TINY/tiny-random-lfm2 --layers 0,1 --positions 64 --out figures/designs/tiny-random-lfm2

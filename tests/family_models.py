@@ -140,10 +140,10 @@ CASES = {
     # hybrids: attention layers between convolution (LFM2) or state-space (Bamba, Jamba) layers
     "lfm2": ("lfm2", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=3,
                           layer_types=["full_attention", "conv", "full_attention"], conv_L_cache=3)),
-    "bamba": ("bamba", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=3,
+    "bamba": ("bamba", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=2,
                             attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
                             mamba_d_state=8, mamba_chunk_size=8, partial_rotary_factor=0.5)),
-    "jamba": ("jamba", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=3,
+    "jamba": ("jamba", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=2,
                             attn_layer_period=2, attn_layer_offset=1, expert_layer_period=4, expert_layer_offset=3,
                             num_experts=1, mamba_d_state=8, mamba_dt_rank=4)),
     # MoE and other cousins of covered rotary families (Llama's layout)

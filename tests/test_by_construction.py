@@ -19,7 +19,7 @@ from test_families_bias import DEBERTA_V2_OLD, DEBERTA_V3, _randomise, _t5_stack
 import posprobe
 from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
 from posprobe.families.context import PER_POSITION_INPUT, SAME_INPUT, ModelContext, toeplitz_by_construction
-from posprobe.families.table import ALIBI, ROTARY, position_kind
+from posprobe.families.table import ALIBI, NOPE, ROTARY, position_kind
 
 N = 24
 
@@ -40,9 +40,10 @@ def _bias_model(name: str):
 
 
 def _by_kind(name: str) -> bool:
-    """Rotary and ALiBi test models (tests/family_models.py) are Toeplitz by construction; absolute tables are not."""
+    """Rotary, ALiBi and NoPE test models (tests/family_models.py) are Toeplitz by construction; absolute tables are
+    not."""
     c = case(name)
-    return position_kind({**c.config, "model_type": c.model_type})[0] in (ROTARY, ALIBI)
+    return position_kind({**c.config, "model_type": c.model_type})[0] in (ROTARY, ALIBI, NOPE)
 
 
 # family -> (how to build it, stacks, Toeplitz by construction?): every case of the family test matrix, and the

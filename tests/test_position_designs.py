@@ -218,6 +218,15 @@ def test_a_hybrids_other_layers_are_listed_with_their_kind_and_no_positional_sco
     code = main(["profiles", str(tmp_path / "model"), "--positions", str(N), "--out", str(tmp_path / "out")])
     text = "".join(capsys.readouterr())  # the table goes to stderr
     assert code in (0, None) and "layer 1: no softmax attention" in text and "layer 0:" not in text
+    # a hybrid whose last layer has no attention (and so no query weight) is read, not taken for a truncated file
+    ending = build("lfm2")
+    ending.config.layer_types = ["full_attention", "conv", "conv"]
+    from transformers import AutoModel
+
+    torch.manual_seed(0)
+    AutoModel.from_config(ending.config).save_pretrained(tmp_path / "ending")
+    kinds = _context(tmp_path / "ending").layer_kinds(N)
+    assert [k.attention for k in kinds] == ["full", "none", "none"]
     with pytest.raises(PosprobeError, match="is a hybrid") as err:
         posprobe.attention_profiles(model, input_ids=[[5, 6, 7]], max_length=4)
     assert "\n" not in str(err.value)

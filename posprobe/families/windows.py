@@ -20,6 +20,7 @@ from posprobe.families import table as T
 NOPE_WORDS = "NoPE (no positional term: F̂ is the same for every pair)"
 NO_ATTENTION = "none"  # a hybrid's layer without softmax attention (`LayerKind.attention`)
 NO_SCORE = "no positional score"
+LATENT_WORDS = "MLA: F̂ = a position-free constant + the rotary part's score"
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
     kinds = _attention_kinds(ctx, n, stack)
     nope = nope_layers(ctx, len(kinds))
     kinds = [replace(kind, nope=True) if layer in nope else kind for layer, kind in enumerate(kinds)]
+    if ctx.qkv == T.LATENT:  # multi-head latent attention: say the split (families.latent)
+        kinds = [replace(kind, note=", ".join(x for x in (kind.note, LATENT_WORDS) if x)) for kind in kinds]
     if not ctx.family.hybrid:
         return kinds
     types = list(getattr(ctx.transformers_config, "layer_types", None) or [])
