@@ -175,6 +175,11 @@ CASES = {
                                                           high_freq_factor=4.0, original_max_position_embeddings=16,
                                                           rope_theta=1000.0))),
     "flex_olmo": ("flex_olmo", dict(_KV2, num_experts=2, num_experts_per_tok=1)),
+    "qwen3_next": ("qwen3_next", dict(_KV2, head_dim=16, num_hidden_layers=2, partial_rotary_factor=0.5,
+                                      layer_types=["linear_attention", "full_attention"], num_experts=2,
+                                      num_experts_per_tok=1, moe_intermediate_size=16,
+                                      shared_expert_intermediate_size=16, linear_num_value_heads=4,
+                                      linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
@@ -262,7 +267,8 @@ _EAGER_EXPERTS = (
     "ernie4_5_moe",
     "flex_olmo",
 )
-FLOAT32 = {"xglm"}  # XGLM's eager attention clamps with a float32 constant: it cannot run in float64
+FLOAT32 = {"xglm", "qwen3_next"}  # XGLM's eager attention clamps with a float32 constant, Qwen3-Next's gated
+# DeltaNet layers use grouped matmuls that take no float64: they cannot run in float64
 
 
 @dataclass(frozen=True)

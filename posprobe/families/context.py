@@ -239,7 +239,10 @@ class ModelContext(EmbeddingReader):
         w = self.tensor(f.query + ".weight", stored, stack)
         b = self.optional(f.query + ".bias", stored, stack)
         try:
-            if self.qkv in (T.SEPARATE, T.GROUPED_CONV):
+            if self.qkv == T.GATED_QUERY:  # per head [q_h; gate_h] rows: keep the query's
+                w = w.reshape(s.heads, 2, s.head_dim, -1)[:, 0].reshape(s.heads * s.head_dim, -1)
+                b = None if b is None else b.reshape(s.heads, 2, s.head_dim)[:, 0].reshape(-1)
+            if self.qkv in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY):
                 wk = self.tensor(f.key + ".weight", stored, stack)
                 bk = self.optional(f.key + ".bias", stored, stack)
                 if self.qkv == T.GROUPED_CONV:

@@ -56,7 +56,8 @@ KV_GROUPED = "kv-grouped"  # one Linear, per key head g: [q of its H/H_kv query 
 BLOCKED = "blocked"  # one Linear in `Family.qkv_blocks` equal row blocks, each [q; v; k] slices (CodeGen, mp_num 4)
 GROUPED_CONV = "grouped-conv1d"  # kernel-1 Conv1d q and k with groups: weight (out, in / groups, 1) (SqueezeBERT)
 LATENT = "latent"  # multi-head latent attention: rotary and position-free parts (DeepSeek V2 / V3; families.latent)
-QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT)
+GATED_QUERY = "gated-query"  # separate Linears; q's rows per head [q_h (d_h); output gate_h (d_h)] (Qwen3-Next)
+QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT, GATED_QUERY)
 # How a rotary family pairs the rotated dims and where its angles come from (`Family.rotary_layout`).
 ROTATE_HALF = "rotate-half"  # the rotary module's (cos, sin), each (n, r); dim i pairs with i + r/2 (Llama)
 INTERLEAVED = "interleaved"  # the module's (cos, sin), each (n, r) repeated per pair; dims 2i, 2i+1 pair (Cohere)
@@ -695,6 +696,17 @@ FAMILIES: tuple[Family, ...] = (
         capture_note="hybrid: `attention` records models whose every layer attends",
         description="rotary embeddings (RoPE) in its attention layers; Mamba-2 layers between them",
         **_LLAMA,
+    ),
+    Family(
+        "qwen3_next",
+        ("qwen3_next",),
+        rotary_class=_rotary("qwen3_next", "Qwen3Next"),  # partial rotary
+        qk_norm=_QK_NORM,
+        hybrid="gated DeltaNet linear-attention layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
+        description="rotary embeddings (RoPE) in its gated attention layers; gated DeltaNet layers between them",
+        **{**_LLAMA, "qkv": GATED_QUERY, "norm": RMSNORM_PLUS1},
     ),
     Family(
         "jamba",
