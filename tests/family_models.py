@@ -49,6 +49,20 @@ _RELATIVE_OFF = dict(
     intermediate_size=37,
 )
 _KV2 = dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+_GRANITE_HYBRID = dict(
+    _KV2,
+    num_hidden_layers=2,
+    layer_types=["mamba", "attention"],
+    mamba_n_heads=4,
+    mamba_d_head=16,
+    mamba_n_groups=1,
+    mamba_d_state=8,
+    mamba_chunk_size=8,
+    num_local_experts=2,
+    num_experts_per_tok=1,
+    attention_multiplier=0.3,
+    embedding_multiplier=2.5,
+)
 _MLA = dict(
     num_key_value_heads=4,
     max_position_embeddings=64,
@@ -180,6 +194,8 @@ CASES = {
                                       num_experts_per_tok=1, moe_intermediate_size=16,
                                       shared_expert_intermediate_size=16, linear_num_value_heads=4,
                                       linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)),
+    "granitemoehybrid": ("granitemoehybrid", dict(_GRANITE_HYBRID, position_embedding_type="rope")),
+    "granitemoehybrid-nope": ("granitemoehybrid", dict(_GRANITE_HYBRID, position_embedding_type=None)),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
@@ -267,8 +283,8 @@ _EAGER_EXPERTS = (
     "ernie4_5_moe",
     "flex_olmo",
 )
-FLOAT32 = {"xglm", "qwen3_next"}  # XGLM's eager attention clamps with a float32 constant, Qwen3-Next's gated
-# DeltaNet layers use grouped matmuls that take no float64: they cannot run in float64
+FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope"}  # XGLM's eager attention clamps
+# with a float32 constant, Qwen3-Next's and Granite-MoE-hybrid's MoE layers use grouped matmuls that take no float64
 
 
 @dataclass(frozen=True)

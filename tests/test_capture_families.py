@@ -64,7 +64,10 @@ REFUSED = {
     "longformer": "not one softmax over all keys",  # sliding chunks
     "longt5": "not one softmax over all keys",  # blockwise local attention
     "deberta-talking-heads": "does not give its returned attention",  # heads mixed after the softmax
-    **{name: "is a hybrid" for name in ("lfm2", "bamba", "jamba", "qwen3_next")},  # some layers have no softmax attention
+    **{
+        name: "is a hybrid"
+        for name in ("lfm2", "bamba", "jamba", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope")
+    },  # some layers have no softmax attention
 }
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
 # and DeBERTa-v2 in the tests below; every other family, the AttentionInterface ones included (also covered by

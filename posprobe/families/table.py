@@ -709,6 +709,18 @@ FAMILIES: tuple[Family, ...] = (
         **{**_LLAMA, "qkv": GATED_QUERY, "norm": RMSNORM_PLUS1},
     ),
     Family(
+        "granitemoehybrid",
+        ("granitemoehybrid",),
+        switch_kinds=(NOPE,),  # position_embedding_type other than 'rope': no positional term
+        rotary_class=_rotary("granitemoehybrid", "GraniteMoeHybrid"),
+        hybrid="Mamba-2 state-space layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
+        description="rotary embeddings (RoPE) or none (position_embedding_type) in its attention layers; Mamba-2 "
+        "layers between them",
+        **{**_LLAMA, **_GRANITE},
+    ),
+    Family(
         "jamba",
         ("jamba",),
         NOPE,
@@ -1127,6 +1139,8 @@ def position_kind(config: dict) -> tuple[str, str]:
         return OTHER, "no position information (relative_attention and position_biased_input both off)"
     if model_type == "falcon":
         return (ALIBI, KIND_NAMES[ALIBI]) if config.get("alibi") else (ROTARY, KIND_NAMES[ROTARY])
+    if model_type == "granitemoehybrid" and config.get("position_embedding_type") != "rope":
+        return NOPE, "no positional encoding in its attention layers (position_embedding_type not 'rope')"
     if model_type == "mobilebert" and config.get("normalization_type", "no_norm") != "no_norm":
         return OTHER, (
             "a learned absolute table behind LayerNorm bottlenecks (normalization_type "
