@@ -63,6 +63,7 @@ _GRANITE_HYBRID = dict(
     attention_multiplier=0.3,
     embedding_multiplier=2.5,
 )
+_LINEAR_FULL = ["linear_attention", "full_attention"]
 _MLA = dict(
     num_key_value_heads=4,
     max_position_embeddings=64,
@@ -196,6 +197,11 @@ CASES = {
                                       linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)),
     "granitemoehybrid": ("granitemoehybrid", dict(_GRANITE_HYBRID, position_embedding_type="rope")),
     "granitemoehybrid-nope": ("granitemoehybrid", dict(_GRANITE_HYBRID, position_embedding_type=None)),
+    "minimax": ("minimax", dict(_KV2, head_dim=8, num_hidden_layers=2, layer_types=_LINEAR_FULL,
+                                num_local_experts=2, num_experts_per_tok=1, partial_rotary_factor=0.5)),
+    "olmo_hybrid": ("olmo_hybrid", dict(_KV2, num_hidden_layers=2, layer_types=_LINEAR_FULL,
+                                        linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
+                                        linear_value_head_dim=8)),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
@@ -283,8 +289,9 @@ _EAGER_EXPERTS = (
     "ernie4_5_moe",
     "flex_olmo",
 )
-FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope"}  # XGLM's eager attention clamps
-# with a float32 constant, Qwen3-Next's and Granite-MoE-hybrid's MoE layers use grouped matmuls that take no float64
+# XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
+# MiniMax use grouped matmuls that take no float64: they cannot run in float64
+FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax"}
 
 
 @dataclass(frozen=True)
