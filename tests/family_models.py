@@ -202,6 +202,13 @@ CASES = {
     "olmo_hybrid": ("olmo_hybrid", dict(_KV2, num_hidden_layers=2, layer_types=_LINEAR_FULL,
                                         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
                                         linear_value_head_dim=8)),
+    # Llama 4: chunked rotary layers with a weightless qk norm, NoPE global layers with temperature tuning
+    "llama4_text": ("llama4_text", dict(_KV2, head_dim=8, no_rope_layers=[1, 0], attention_chunk_size=12,
+                                        layer_types=["chunked_attention", "full_attention"], use_qk_norm=True,
+                                        attn_temperature_tuning=True, floor_scale=4, attn_scale=0.5,
+                                        num_local_experts=1, interleave_moe_layer_step=1,
+                                        intermediate_size_mlp=48, rope_parameters=dict(rope_type="default",
+                                                                                       rope_theta=1000.0))),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,

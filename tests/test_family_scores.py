@@ -54,7 +54,7 @@ def test_content_free_scores_equal_the_model(name, tmp_path):
     k = np.arange(N)[None, :] - np.arange(N)[:, None]
     kinds = [ctx.layer_kinds(N)[layer] for layer in attention]
     for layer, kind in enumerate(kinds):
-        expected = np.vectorize(kind.allows)(k) & ((k <= 0) if ctx.causal() else True)
+        expected = np.vectorize(kind.allows)(k) & kind.allowed(N) & ((k <= 0) if ctx.causal() else True)
         np.testing.assert_array_equal(ref.allowed[layer], expected, err_msg=f"{name} layer {layer}: {kind}")
     allowed = ref.allowed[:, None]
     tolerance = 1e-4 if name in FLOAT32 else 1e-5

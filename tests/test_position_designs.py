@@ -89,6 +89,22 @@ def test_a_nope_layer_attends_uniformly_on_the_constant_sequence():
     assert not np.allclose(probs_rotary, np.broadcast_to(expected, probs.shape))
 
 
+def test_llama4_nope_layers_scale_each_query_by_its_temperature_and_rotary_layers_attend_in_chunks(tmp_path):
+    """Llama 4: a NoPE layer's F̂(i, j) = t(i) q.k scaling, t(i) = 1 + attn_scale log(1 + floor((i + 1) /
+    floor_scale)) (here floor_scale 4, attn_scale 0.5): no longer Toeplitz, and said so; its rotary layers attend
+    within chunks of attention_chunk_size (12)."""
+    build("llama4_text").save_pretrained(tmp_path)
+    ctx = _context(tmp_path)
+    n = 16
+    kinds = ctx.layer_kinds(n)
+    assert kinds[0].attention == "chunked" and kinds[0].chunk == 12 and "chunks of 12" in kinds[0].describe()
+    assert kinds[0].allowed(n)[11, 0] and not kinds[0].allowed(n)[12, 11] and kinds[1].nope
+    scores = content_free_scores(ctx, 1, n)
+    t = 1 + 0.5 * np.log1p(np.floor((np.arange(n) + 1) / 4))
+    np.testing.assert_allclose(scores / scores[:, :1, :1], np.broadcast_to(t[None, :, None], scores.shape), rtol=1e-6)
+    assert not posprobe.fhat(str(tmp_path), layer=1, positions=n).toeplitz_by_construction
+
+
 def test_cohere2_global_layers_are_nope_and_its_windowed_layers_rotate(tmp_path):
     model = build("cohere2")
     model.save_pretrained(tmp_path)

@@ -122,7 +122,9 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
     q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h); or (H, n, d_h), (H_kv, n, d_h) per position
     kind = ctx.layer_kinds(n, stack)[layer]
     if kind.nope:  # a NoPE layer: no rotation, F̂(i, j) = q_i . k_j * scaling (one value for a constant input)
-        return ctx.softcap(nope_scores(q * ctx.scaling, k, n))
+        scores = nope_scores(q * ctx.scaling, k, n)
+        temperature = query_temperature(ctx, n)
+        return ctx.softcap(scores if temperature is None else scores * temperature[:, None])
     layer_type = kind.layer_type if takes_layer_type(ctx) else None
     if ("rotary", n, layer_type) not in ctx.cache:  # the same angles for every layer (of a type)
         ctx.cache["rotary", n, layer_type] = rotary_angles(ctx, n, layer_type)
@@ -136,12 +138,37 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
     if order is not None:
         q, k = q[..., order], k[..., order]
     heads, kv_heads, dh = q.shape[0], k.shape[0], q.shape[-1]
-    qr = rotate(q * ctx.scaling, cos, sin)  # (H, n, d_h)
+    qr = rotate(q, cos, sin)  # (H, n, d_h)
     kr = rotate(k, cos, sin)  # (H_kv, n, d_h)
+    eps = post_rotary_norm_eps(ctx)
+    if eps is not None:  # Llama 4: an RMS ("L2") norm without weights of the rotated q and k
+        qr, kr = (x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) for x in (qr, kr))
+    qr = qr * ctx.scaling
     # Query heads h = g * m .. g * m + m - 1 read key head g: one (m n, d_h) x (d_h, n) product per group.
     grouped = qr.reshape(kv_heads, (heads // kv_heads) * n, dh)
     scores = grouped @ np.ascontiguousarray(kr.transpose(0, 2, 1))  # (H_kv, m n, n)
     return ctx.softcap(scores.reshape(heads, n, n))
+
+
+def post_rotary_norm_eps(ctx) -> float | None:
+    """The epsilon of a weightless RMS norm the family applies to rotated q and k (Llama 4's qk L2 norm, on its
+    rotary layers when config.use_qk_norm), else None."""
+    key = ctx.family.tensors.get("post_rotary_l2_norm")
+    return ctx.shape.eps if key and T.config_flag(ctx.config, key) else None
+
+
+def query_temperature(ctx, n: int) -> np.ndarray | None:
+    """(n,) the factor a NoPE layer multiplies the query at position i by (Llama 4's attention temperature tuning:
+    1 + attn_scale * log(1 + floor((i + 1) / floor_scale)), in float32 as the model computes it), else None."""
+    import torch
+
+    key = ctx.family.tensors.get("temperature_tuning")
+    if not key or not T.config_flag(ctx.config, key):
+        return None
+    cfg = ctx.transformers_config
+    positions = torch.arange(n, dtype=torch.float32)
+    scales = torch.log1p(torch.floor((positions + 1.0) / cfg.floor_scale)) * cfg.attn_scale + 1.0
+    return scales.double().numpy()
 
 
 def nope_scores(q: np.ndarray, k: np.ndarray, n: int) -> np.ndarray:
@@ -157,5 +184,11 @@ def nope_scores(q: np.ndarray, k: np.ndarray, n: int) -> np.ndarray:
 def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
     """Always, for an input that is the same at every position: (R_i q) . (R_j k) = q . R_{j-i} k depends on
     j - i alone (a soft cap applied after keeps that), so R^2 = 1 whatever the weights; a NoPE layer's scores are
-    one constant, trivially Toeplitz."""
-    return True
+    one constant, trivially Toeplitz — unless its queries are scaled by their position (Llama 4's temperature
+    tuning), which makes them depend on i as well."""
+    key = ctx.family.tensors.get("temperature_tuning")
+    return not (key and T.config_flag(ctx.config, key) and ctx.layer_kinds(1, stack) and _has_nope(ctx, stack))
+
+
+def _has_nope(ctx, stack: str) -> bool:
+    return any(kind.nope for kind in ctx.layer_kinds(1, stack))

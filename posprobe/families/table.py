@@ -77,7 +77,8 @@ NOPE_RULES = (
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
     "sliding_window",  # config.sliding_window (when set) for every layer, causal: keys i - w < j <= i (Mistral)
-    "layer_types",  # config.layer_types[l] == 'sliding_attention' layers see |j - i| < config.sliding_window (Gemma)
+    "layer_types",  # config.layer_types[l] == 'sliding_attention' layers see |j - i| < config.sliding_window (Gemma);
+    # 'chunked_attention' layers the keys of the query's own chunk of config.attention_chunk_size (Llama 4)
     "layer_types_inclusive",  # the same with |j - i| <= config.sliding_window (ModernBERT: local_attention / 2)
     "attention_layers",  # config.attention_layers[l] == 'local': causal window config.window_size (GPT-Neo)
     "attention_window",  # config.attention_window (per layer or one), |j - i| <= w / 2 (Longformer)
@@ -655,6 +656,18 @@ FAMILIES: tuple[Family, ...] = (
             ),
         )
     ),  # fmt: skip
+    Family(
+        "llama4_text",
+        ("llama4_text",),
+        rotary_class=_rotary("llama4", "Llama4Text"),
+        rotary_layout=COMPLEX,
+        windows="layer_types",  # chunked attention in the rotary layers
+        nope="no_rope_layers",
+        tensors={"post_rotary_l2_norm": "use_qk_norm", "temperature_tuning": "attn_temperature_tuning"},
+        description="rotary embeddings (RoPE) in chunked-attention layers; global NoPE layers with attention "
+        "temperature tuning",
+        **_LLAMA,
+    ),
     # -- per-layer local / global attention (issue 34)
     Family(
         "olmo3",

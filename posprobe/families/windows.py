@@ -15,6 +15,8 @@ import importlib
 import inspect
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from posprobe.families import table as T
 
 NOPE_WORDS = "NoPE (no positional term: F̂ is the same for every pair)"
@@ -36,18 +38,30 @@ class LayerKind:
     rope: str | None = None
     note: str = ""
     nope: bool = False  # no positional mechanism in this layer (NoPE): F̂ is the same for every pair
+    chunk: int | None = None  # chunked attention (Llama 4): keys in the query's own chunk of this many positions
 
     def describe(self) -> str:
         """In words, for JSON and figure titles: 'global', 'local |k| <= 511, rope theta 10000', 'global, NoPE', ..."""
-        words = {"full": "global", "local": f"local |k| <= {self.window}", NO_ATTENTION: "no softmax attention"}.get(
-            self.attention, self.attention
-        )
+        words = {
+            "full": "global",
+            "local": f"local |k| <= {self.window}",
+            NO_ATTENTION: "no softmax attention",
+            "chunked": f"chunks of {self.chunk} tokens",
+        }.get(self.attention, self.attention)
         rope = NOPE_WORDS if self.nope else self.rope
         return ", ".join(x for x in (words, rope, self.note) if x)
 
     def allows(self, k: int) -> bool:
-        """True when the layer's window lets a query see the key at offset k (causality is the model's)."""
+        """True when the layer's window lets a query see the key at offset k (causality is the model's; a chunked
+        layer also needs `allowed`: whether k is seen depends on where the query sits in its chunk)."""
         return self.window is None or abs(k) <= self.window
+
+    def allowed(self, n: int) -> np.ndarray:
+        """(n, n) bool: the pairs (query i, key j) the layer's window and chunks let attend (causality is the
+        model's): |j - i| <= window, and for a chunked layer (Llama 4) i and j in the same chunk of `chunk`."""
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        seen = np.abs(j - i) <= (n if self.window is None else self.window)
+        return seen & (i // self.chunk == j // self.chunk) if self.chunk else seen
 
 
 def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
@@ -105,8 +119,16 @@ def _attention_kinds(ctx, n: int, stack: str) -> list[LayerKind]:
         def local(t):  # |j - i| < w (causal: keys i - w < j <= i); inclusive (ModernBERT): |j - i| <= w
             return window is not None and (rule == "sliding_window" or t == "sliding_attention")
 
-        return [LayerKind("local", reach, t, ropes.get(t)) if local(t)
-                else LayerKind(layer_type=t, rope=ropes.get(t)) for t in types]  # fmt: skip
+        chunk = getattr(cfg, "attention_chunk_size", None)
+
+        def kind(t):
+            if t == "chunked_attention" and chunk:  # Llama 4: keys of the query's own chunk
+                return LayerKind("chunked", None, t, ropes.get(t), chunk=int(chunk))
+            return (
+                LayerKind("local", reach, t, ropes.get(t)) if local(t) else LayerKind(layer_type=t, rope=ropes.get(t))
+            )
+
+        return [kind(t) for t in types]
     if rule == "attention_layers":  # GPT-Neo: local layers see keys i - window_size < j <= i
         return [LayerKind("local", cfg.window_size - 1) if kind == "local" else LayerKind()
                 for kind in cfg.attention_layers[:count]]  # fmt: skip
