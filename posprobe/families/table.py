@@ -1217,6 +1217,7 @@ def rotary_layout(family: Family, config: dict) -> str:
 
 
 _PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3")  # rotary modules with one setting per layer type
+_CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 
 def _capture_words(f: Family) -> str:
