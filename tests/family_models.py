@@ -209,6 +209,9 @@ CASES = {
                                         num_local_experts=1, interleave_moe_layer_step=1,
                                         intermediate_size_mlp=48, rope_parameters=dict(rope_type="default",
                                                                                        rope_theta=1000.0))),
+    "falcon_h1": ("falcon_h1", dict(_KV2, head_dim=8, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
+                                    mamba_d_ssm=64, mamba_d_state=8, mamba_chunk_size=8, attention_bias=True,
+                                    embedding_multiplier=2.5, attention_in_multiplier=0.7, key_multiplier=1.3)),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,

@@ -292,6 +292,8 @@ class ModelContext(EmbeddingReader):
         f = self.family
         if f.pre_norm and layer >= f.pre_norm_from and self.switched_on("pre_norm"):
             x = self.norm(x, f.pre_norm, self.stored_layer(layer), stack)
+        if "attention_in_multiplier" in f.tensors:  # Falcon-H1's muP factor on the attention branch's input
+            x = x * float(self.config.get(f.tensors["attention_in_multiplier"], 1.0))
         return x
 
     # -- data-conditioned inputs (SPEC §13) ---------------------------------------------------------
@@ -354,6 +356,8 @@ class ModelContext(EmbeddingReader):
         clip = self.config.get(self.family.clip) if self.family.clip else None
         if clip is not None:  # OLMo's clip_qkv
             q, k = np.clip(q, -clip, clip), np.clip(k, -clip, clip)
+        if "key_multiplier" in self.family.tensors:  # Falcon-H1's muP factor on the keys
+            k = k * float(self.config.get(self.family.tensors["key_multiplier"], 1.0))
         return self.qk_norm(q, k, layer, stack)
 
     def query_key_of(self, hidden: np.ndarray, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:

@@ -757,6 +757,16 @@ FAMILIES: tuple[Family, ...] = (
         **{**_LLAMA, "pre_norm": None},  # post-norm, as OLMo-2
     ),
     Family(
+        "falcon_h1",
+        ("falcon_h1",),
+        rotary_class=_rotary("falcon_h1", "FalconH1"),
+        embed_scale="embedding_multiplier",
+        tensors={"attention_in_multiplier": "attention_in_multiplier", "key_multiplier": "key_multiplier"},
+        capture=EAGER,
+        description="rotary embeddings (RoPE) in attention run in parallel with a Mamba-2 branch in every layer",
+        **_LLAMA,
+    ),
+    Family(
         "jamba",
         ("jamba",),
         NOPE,
