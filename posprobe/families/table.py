@@ -617,6 +617,41 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=_QK_NORM,  # when use_qk_norm: one weight per head
         **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
     ),
+    # -- further encoders and decoders of covered layouts (issue 34)
+    Family("bert-generation", ("bert-generation",), LEARNED, **{k: v for k, v in _BERT.items() if k != "token_type"}),
+    Family("ibert", ("ibert",), LEARNED, reserved_rows=True, capture=EAGER, **_BERT),
+    Family("splinter", ("splinter",), LEARNED, capture=EAGER, **_BERT),
+    Family(
+        "roberta-prelayernorm",
+        ("roberta-prelayernorm",),
+        LEARNED,
+        reserved_rows=True,
+        pre_norm="encoder.layer.{l}.attention.LayerNorm",
+        **_BERT,
+    ),
+    Family(
+        "xlm-roberta-xl",
+        ("xlm-roberta-xl",),
+        LEARNED,
+        reserved_rows=True,
+        pre_norm="encoder.layer.{l}.attention.self_attn_layer_norm",
+        **{k: v for k, v in _BERT.items() if k != "embedding_norm"},
+    ),
+    Family("eurobert", ("eurobert",), rotary_class=_rotary("eurobert", "EuroBert"), **{**_LLAMA, "causal": False}),
+    Family(
+        "modernbert-decoder",
+        ("modernbert-decoder",),
+        ROTARY,
+        causal=True,
+        word="embeddings.tok_embeddings.weight",
+        embedding_norm="embeddings.norm",
+        query="layers.{l}.attn.q_proj",
+        key="layers.{l}.attn.k_proj",
+        pre_norm="layers.{l}.attn_norm",
+        pre_norm_from=1,  # layer 0 reads the embedding norm's output directly
+        rotary_class=_rotary("modernbert_decoder", "ModernBertDecoder"),
+        windows="layer_types",
+    ),
     # -- MoE and other cousins of covered rotary families (issue 34): Llama's layout, their own rotary modules
     *(
         Family(t, (t,), rotary_class=rotary, windows=windows, **{**_LLAMA, **extra})
