@@ -317,6 +317,19 @@ _EAGER_EXPERTS = (
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax"}
 
 
+# Cases added for issue 34 (the newest position designs and the further families). Tests over every case keep them
+# in the slow tier (CI runs it), except one per design in DESIGNS_QUICK, to hold the default tier's time.
+ISSUE_34_CASES = frozenset({
+    "apertus", "arcee", "bamba", "bert-generation", "bitnet", "cohere2", "cwm", "deepseek_v2", "deepseek_v3",
+    "deepseek_v3-rotate-half", "ernie4_5", "ernie4_5_moe", "eurobert", "exaone4", "exaone4-no-window", "falcon_h1",
+    "flex_olmo", "glm4_moe", "gpt_oss", "granitemoe", "granitemoehybrid", "granitemoehybrid-nope", "granitemoeshared",
+    "helium", "ibert", "internlm3", "jamba", "lfm2", "llama4_text", "minimax", "minimax_m2", "ministral3",
+    "modernbert-decoder", "olmo3", "olmo_hybrid", "olmoe", "phimoe", "qwen2_moe", "qwen3_next",
+    "roberta-prelayernorm", "seed_oss", "smollm3", "smollm3-sliding", "splinter", "xlm-roberta-xl",
+})  # fmt: skip
+DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
