@@ -176,6 +176,9 @@ def test_content_free_sink_share_is_the_models_own_on_the_constant_sequence(tmp_
     allowed = (k <= 0) & np.vectorize(kind.allows)(k)
     share = content_free_sink_share(content_free_scores(ctx, 0, n), ctx.tensor(ctx.family.sinks, 0), allowed)
     np.testing.assert_allclose(share, 1.0 - probs.sum(-1), atol=1e-9)
+    result = posprobe.profiles(str(tmp_path), layers=[0], positions=n)  # the mean over queries, in its JSON
+    np.testing.assert_allclose(result.learned_sink_share[0], share.mean(-1), atol=1e-12)
+    assert len(json.loads(result.to_json())["content_free_learned_sink_share"][0]) == 4
 
 
 def _mla_scores(model, path, layer: int = 0) -> np.ndarray:
