@@ -225,6 +225,14 @@ CASES = {
     "falcon_h1": ("falcon_h1", dict(_KV2, head_dim=8, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=1,
                                     mamba_d_ssm=64, mamba_d_state=8, mamba_chunk_size=8, attention_bias=True,
                                     embedding_multiplier=2.5, attention_in_multiplier=0.7, key_multiplier=1.3)),
+    "ministral": ("ministral", dict(_KV2, head_dim=8, sliding_window=12,
+                                    layer_types=["sliding_attention", "full_attention"])),
+    "glm4": ("glm4", dict(_KV2, head_dim=8, attention_bias=True, partial_rotary_factor=0.5)),
+    "solar_open": ("solar_open", dict(_KV2, head_dim=8, n_routed_experts=2, num_experts_per_tok=1,
+                                      moe_intermediate_size=16, first_k_dense_replace=1, n_group=1, topk_group=1)),
+    "glm4_moe_lite": ("glm4_moe_lite", dict(_MLA, q_lora_rank=12)),
+    "youtu": ("youtu", dict(_MLA, q_lora_rank=12)),
+    "mistral4": ("mistral4", dict(_MLA, q_lora_rank=12)),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
@@ -296,22 +304,10 @@ CASES = {
     "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
 }  # fmt: skip
-_EAGER_EXPERTS = (
-    "mixtral",
-    "qwen3_moe",
-    "gpt_oss",
-    "deepseek_v3",
-    "deepseek_v2",
-    "qwen2_moe",
-    "phimoe",
-    "olmoe",
-    "granitemoe",
-    "granitemoeshared",
-    "glm4_moe",
-    "minimax_m2",
-    "ernie4_5_moe",
-    "flex_olmo",
-)
+# MoE families built with transformers' eager experts (its grouped kernels take no float64)
+_EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
+                  "granitemoe", "granitemoeshared", "glm4_moe", "minimax_m2", "ernie4_5_moe", "flex_olmo",
+                  "solar_open", "glm4_moe_lite", "youtu", "mistral4")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax"}
@@ -325,7 +321,8 @@ ISSUE_34_CASES = frozenset({
     "flex_olmo", "glm4_moe", "gpt_oss", "granitemoe", "granitemoehybrid", "granitemoehybrid-nope", "granitemoeshared",
     "helium", "ibert", "internlm3", "jamba", "lfm2", "llama4_text", "minimax", "minimax_m2", "ministral3",
     "modernbert-decoder", "olmo3", "olmo_hybrid", "olmoe", "phimoe", "qwen2_moe", "qwen3_next",
-    "roberta-prelayernorm", "seed_oss", "smollm3", "smollm3-sliding", "splinter", "xlm-roberta-xl",
+    "roberta-prelayernorm", "seed_oss", "smollm3", "smollm3-sliding", "splinter", "xlm-roberta-xl", "ministral",
+    "glm4", "solar_open", "glm4_moe_lite", "youtu", "mistral4",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

@@ -683,6 +683,9 @@ FAMILIES: tuple[Family, ...] = (
                 None,
                 {"qk_norm": _QK_NORM, "pre_norm": "layers.{l}.attention_layernorm"},
             ),
+            ("ministral", _rotary("ministral", "Ministral"), "layer_types", {}),
+            ("glm4", _rotary("glm4", "Glm4"), None, {"rotary_layout": HALF_INTERLEAVED}),
+            ("solar_open", _rotary("solar_open", "SolarOpen"), None, {}),
             (
                 "flex_olmo",
                 _rotary("flex_olmo", "FlexOlmo"),
@@ -828,6 +831,25 @@ FAMILIES: tuple[Family, ...] = (
             "qkv": LATENT,
         },
     ),  # fmt: skip
+    *(
+        Family(
+            t,
+            (t,),
+            rotary_class=_rotary(t, prefix),
+            rotary_layout=HALF_INTERLEAVED,  # rope_interleave; rotate_half when off
+            switches={"rotary_layout": "rope_interleave"},
+            scaling="latent",
+            tensors={"scaling_function": f"transformers.models.{t}.modeling_{t}:yarn_apply_mscale"},
+            description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free",
+            **{
+                **_LLAMA,
+                "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+                "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+                "qkv": LATENT,
+            },
+        )
+        for t, prefix in (("glm4_moe_lite", "Glm4MoeLite"), ("youtu", "Youtu"), ("mistral4", "Mistral4"))
+    ),
     Family(
         "deepseek_v2",
         ("deepseek_v2",),
