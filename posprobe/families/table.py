@@ -164,6 +164,10 @@ class Family:
     `windows`: how the config says which layers attend locally (`WINDOW_RULES`); `bidirectional`: config key
     that makes a causal family attend both ways (Gemma 3's use_bidirectional_attention).
     `description`: what the family uses for positions where `KIND_NAMES` does not say it all.
+    The newest designs (issue 34): `nope` how the config names NoPE layers (`NOPE_RULES`), `sinks` the per-head
+    learned sink logits (gpt-oss), `hybrid` what a hybrid's layers without softmax attention are (config.layer_types
+    names them), `softmax_attention` False for models with none at all (refused), `qkv` LATENT for multi-head latent
+    attention (`families.latent`).
     An entry without `word` is known (`params` counts it, analyses name its mechanism) but not analysed.
     """
 
