@@ -261,3 +261,12 @@ def test_models_without_softmax_attention_are_refused_in_one_line(model_type, tm
         posprobe.profiles(str(tmp_path))
     message = str(err.value)
     assert "no softmax attention" in message and "\n" not in message
+
+
+def test_attention_on_text_refuses_a_model_without_softmax_attention_before_running_it():
+    from transformers import MambaConfig, MambaModel
+
+    model = MambaModel(MambaConfig(vocab_size=99, hidden_size=16, state_size=4, num_hidden_layers=1))
+    with pytest.raises(PosprobeError, match="no softmax attention") as err:
+        posprobe.attention_profiles(model, input_ids=[[5, 6, 7]], max_length=4)
+    assert "\n" not in str(err.value) and "posprobe states" in str(err.value)

@@ -40,6 +40,11 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False) ->
     from posprobe.families import family_for_type
 
     family = family_for_type(str(kind))
+    if attention and family is not None and not family.softmax_attention:
+        raise PosprobeError(
+            f"'{kind}' has {family.mechanism}, so there is no attention to record",
+            "`posprobe states` reads its hidden states (every layer)",
+        )
     if attention and family is not None and family.hybrid:
         raise PosprobeError(
             f"'{kind}' is a hybrid: softmax attention in some layers, {family.hybrid} in the others; this command "
