@@ -42,3 +42,11 @@ rm -rf "$REPORT"
 # King James Bible (builtin:kjv, the default text), three lengths within the trained 8,192, four rotary variants
 posprobe context $SMOL --lengths 512,1024,2048 --windows 2 --rope-scaling none,linear:2,yarn:4,llama3:8 \
     --out figures/context/$SMOL
+
+# The newest position designs (README "New position designs"): tiny RANDOM models built in code (no real checkpoint
+# offline; figures/tiny_designs.py), labelled tiny-random in every title
+TINY=posprobe-out/tiny-random
+python figures/tiny_designs.py $TINY
+posprobe profiles $TINY/tiny-random-smollm3 --layers 2,3 --positions 64 --out figures/designs/tiny-random-smollm3
+posprobe profiles $TINY/tiny-random-deepseek_v3 --layers 0 --positions 64 --out figures/designs/tiny-random-deepseek_v3
+posprobe profiles $TINY/tiny-random-lfm2 --layers 0,1 --positions 64 --out figures/designs/tiny-random-lfm2

@@ -59,11 +59,14 @@ EXTRA = {
         **_BERT_LIKE, relative_attention=True, pos_att_type="p2c|c2p|p2p", max_relative_positions=-1,
         type_vocab_size=0, position_biased_input=False, talking_head=True)),
 }  # fmt: skip
+HYBRIDS = ("lfm2", "bamba", "jamba", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax",
+           "olmo_hybrid")  # fmt: skip
 REFUSED = {
     "falcon-alibi": "eager attention .* gives other outputs than its sdpa",  # transformers' eager adds ALiBi twice
     "longformer": "not one softmax over all keys",  # sliding chunks
     "longt5": "not one softmax over all keys",  # blockwise local attention
     "deberta-talking-heads": "does not give its returned attention",  # heads mixed after the softmax
+    **{name: "is a hybrid" for name in HYBRIDS},  # some layers have no softmax attention
 }
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
 # and DeBERTa-v2 in the tests below; every other family, the AttentionInterface ones included (also covered by

@@ -166,6 +166,8 @@ def test_profiles_of_every_layer_are_finite(name, tmp_path):
     build(name).save_pretrained(folder)
     record = run_json(["profiles", str(folder), "--layers", "all", "--positions", "16", "--window", "4",
                        "--out", str(tmp_path / "out"), "--json"])  # fmt: skip
+    scored = np.array(["no positional score" not in kind for kind in record["layer_kinds"]])  # a hybrid's others
     with np.load(record["npz"]) as npz:
-        assert np.isfinite(npz["profiles"]).all() and npz["profiles"].shape[-1] == 31
+        assert np.isfinite(npz["profiles"][scored]).all() and npz["profiles"].shape[-1] == 31
+        assert np.isnan(npz["profiles"][~scored]).all() and scored.any()
     assert len(record["layer_kinds"]) == len(record["layers"]) == record["n_layers"]

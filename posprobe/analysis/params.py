@@ -118,6 +118,9 @@ def positional_parameter_counts(
             "check max_position_embeddings and pad_token_id in config.json",
         )
     head_dim = config_size(config, None, "head_dim", required=False)  # T5's d_kv; else hidden / heads
+    latent = [config_size(config, None, k, required=False) for k in ("latent_head_dim", "latent_rope_dim")]
+    if family is not None and family.qkv == T.LATENT and None not in latent:  # MLA: q.k spans both parts of a head
+        head_dim = sum(latent)
     if head_dim is None:
         if hidden % heads:
             raise PosprobeError(f"hidden size {hidden} is not divisible by {heads} heads", "check config.json")

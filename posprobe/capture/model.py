@@ -37,6 +37,20 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False) ->
             f"'{kind}' is an encoder-decoder model; only encoders and decoders are supported",
             "pass an encoder (BERT-like) or a decoder (GPT-like) model",
         )
+    from posprobe.families import family_for_type
+
+    family = family_for_type(str(kind))
+    if attention and family is not None and not family.softmax_attention:
+        raise PosprobeError(
+            f"'{kind}' has {family.mechanism}, so there is no attention to record",
+            "`posprobe states` reads its hidden states (every layer)",
+        )
+    if attention and family is not None and family.hybrid:
+        raise PosprobeError(
+            f"'{kind}' is a hybrid: softmax attention in some layers, {family.hybrid} in the others; this command "
+            "records models whose every layer attends",
+            "use `posprobe profiles` / `fhat` / `rotary` for its attention layers, `posprobe states` for every layer",
+        )
     cfg = text_config(model)
     layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)
     if not layers or not heads:

@@ -102,15 +102,12 @@ def recording_attention(
 
     query (B, H, m, d_h), key/value (B, H_kv, m, d_h) (grouped-query heads repeated as `repeat_kv` does),
     attention_mask additive (B, 1, m, m) or None. S = QK^T * scaling (softcapped when the family asks),
-    plus the mask/bias; A = softmax(S) in float32, cast back. Returns ((B, m, H, d_h), A).
+    plus the mask/bias; A = softmax(S) in float32, cast back. With learned sinks (`s_aux` (H,), gpt-oss) the
+    softmax also runs over one sink logit per head and A keeps the real keys' columns: each row sums to one minus
+    the sink's share. Returns ((B, m, H, d_h), A).
     """
     import torch
 
-    if kwargs.get("s_aux") is not None:
-        raise PosprobeError(
-            "this model uses attention sinks, which posprobe attention does not reproduce",
-            "use a model without sinks",
-        )
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     groups = query.shape[1] // key.shape[1]
@@ -126,7 +123,13 @@ def recording_attention(
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + attention_mask[..., : key.shape[-2]]
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    sinks = kwargs.get("s_aux")  # learned per-head sink logits (gpt-oss): one more softmax column, no value
+    if sinks is not None:
+        column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(scores.shape[0], -1, scores.shape[-2], 1)
+        probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+        probs = probs.to(query.dtype)  # rows sum to 1 - the sink's share: A holds the real keys only
+    else:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     dropped = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
     out = torch.matmul(dropped, value).transpose(1, 2).contiguous()
     if _ACTIVE:

@@ -289,11 +289,21 @@ def profiles(
     for li, l in enumerate(result.layers):
         table.add_row(str(l), *["—" if math.isnan(k) else f"{int(k):+d}" for k in peaks[li]])
     console.print(table)
+    _print_position_free_layers(result)
     for line in conditioning_lines(result):
         console.print(f"[dim]{line}[/dim]")
     if result.toeplitz_by_construction:
         console.print("[dim]F̂_P is Toeplitz by construction here: every profile is exact (the sections equal it)[/dim]")
     console.print(f"arrays:  {npz}\nfigures: {out_dir}/profiles_layer*_{tag}.{fmt.value}")
+
+
+def _print_position_free_layers(result) -> None:
+    """One line per layer without a positional term (NoPE) or without softmax attention (a hybrid's others)."""
+    from posprobe.families.windows import NO_SCORE, NOPE_WORDS
+
+    for layer, kind in zip(result.layers, result.layer_kinds or [], strict=False):
+        if NOPE_WORDS in kind or NO_SCORE in kind:
+            console.print(f"[dim]layer {layer}: {kind}[/dim]")
 
 
 def compare(

@@ -9,6 +9,8 @@
 `n_layers`, `n_heads`, `exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`,
 `weights_correlation_min_pairs` (offsets with fewer pairs are left out of `weights_correlation`), `stack`
 ('encoder' for an encoder-decoder, whose encoder runs on the texts; else null), `seconds`, `figures`.
+Models with learned per-head sinks (gpt-oss) add `learned_sink_share` and `real_token_share` (L, H: the sink
+logit's own share of each query's attention, the share left to real tokens) and `learned_sink_queries`.
 """
 
 from __future__ import annotations
@@ -145,6 +147,7 @@ def _print(result, written) -> None:
         f"{result.min_pairs} pairs[/dim]"
     )
     _print_sinks(result)
+    _print_learned_sinks(result)
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
 
 
@@ -233,3 +236,30 @@ def _print_sinks(result) -> None:
     )
     if s.n_special_tokens == 0:
         console.print("[dim]special: — (the texts hold no special token: the tokenizer adds none)[/dim]")
+
+
+def _print_learned_sinks(result) -> None:
+    """Models with learned sink logits (gpt-oss): per layer, the sink's own share and the share left to real
+    tokens (means over heads and real queries)."""
+    import numpy as np
+    from rich.table import Table
+
+    shares = result.learned_sinks
+    if shares is None:
+        return
+    table = Table(title="Learned sinks per layer (means over heads and real queries)", title_justify="left")
+    for name in ("layer", "sink share", "real tokens", "max head sink share"):
+        table.add_column(name, justify="right")
+    for layer in range(result.n_layers):
+        row = shares.learned_sink_share[layer]
+        table.add_row(
+            f"L{layer}",
+            _num(_over_heads(np.nanmean, row)),
+            _num(_over_heads(np.nanmean, shares.real_token_share[layer])),
+            _num(_over_heads(np.nanmax, row)),
+        )
+    console.print(table)
+    console.print(
+        "[dim]sink share: the attention each head's learned sink logit takes (no token, no value); the "
+        "profiles' probabilities are the real tokens' share[/dim]"
+    )

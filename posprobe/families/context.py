@@ -102,6 +102,10 @@ class ModelContext(EmbeddingReader):
         L - 1's is not, the config claims layers the checkpoint lacks (2**31 from a crafted file had every
         analysis loop over them before reading a weight)."""
         query, last = self.family.query + ".weight", self.stored_layer(self.shape.layers - 1)
+        if self.family.hybrid:  # only the attention layers hold a query weight
+            from posprobe.families.windows import attention_layers
+
+            last = max(attention_layers(self), default=0)
         if last == 0 or self.key(query, 0) is None or self.key(query, last) is not None:
             return
         held = next(n for n in range(1, last + 1) if self.key(query, n) is None)  # first missing layer
@@ -235,7 +239,10 @@ class ModelContext(EmbeddingReader):
         w = self.tensor(f.query + ".weight", stored, stack)
         b = self.optional(f.query + ".bias", stored, stack)
         try:
-            if self.qkv in (T.SEPARATE, T.GROUPED_CONV):
+            if self.qkv == T.GATED_QUERY:  # per head [q_h; gate_h] rows: keep the query's
+                w = w.reshape(s.heads, 2, s.head_dim, -1)[:, 0].reshape(s.heads * s.head_dim, -1)
+                b = None if b is None else b.reshape(s.heads, 2, s.head_dim)[:, 0].reshape(-1)
+            if self.qkv in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY):
                 wk = self.tensor(f.key + ".weight", stored, stack)
                 bk = self.optional(f.key + ".bias", stored, stack)
                 if self.qkv == T.GROUPED_CONV:
@@ -285,6 +292,8 @@ class ModelContext(EmbeddingReader):
         f = self.family
         if f.pre_norm and layer >= f.pre_norm_from and self.switched_on("pre_norm"):
             x = self.norm(x, f.pre_norm, self.stored_layer(layer), stack)
+        if "attention_in_multiplier" in f.tensors:  # Falcon-H1's muP factor on the attention branch's input
+            x = x * float(self.config.get(f.tensors["attention_in_multiplier"], 1.0))
         return x
 
     # -- data-conditioned inputs (SPEC §13) ---------------------------------------------------------
@@ -336,12 +345,19 @@ class ModelContext(EmbeddingReader):
     def query_key(self, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:
         """Query (H, d_h) and key (H_kv, d_h) of the input at `layer` (`word_input`), biases, clamps and q/k norms
         applied, before any positional mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input."""
-        weights = self.attention(layer, stack)
         x = self.word_input(layer, stack)
+        if self.qkv == T.LATENT:  # MLA: rotary part first, then the position-free part (families.latent)
+            from posprobe.families.latent import latent_query_key
+
+            q, k = latent_query_key(self, np.atleast_2d(x), self.stored_layer(layer))
+            return (q[:, 0], k[:, 0]) if x.ndim == 1 else (q, k)
+        weights = self.attention(layer, stack)
         q, k = weights.queries(x), weights.keys(x)
         clip = self.config.get(self.family.clip) if self.family.clip else None
         if clip is not None:  # OLMo's clip_qkv
             q, k = np.clip(q, -clip, clip), np.clip(k, -clip, clip)
+        if "key_multiplier" in self.family.tensors:  # Falcon-H1's muP factor on the keys
+            k = k * float(self.config.get(self.family.tensors["key_multiplier"], 1.0))
         return self.qk_norm(q, k, layer, stack)
 
     def query_key_of(self, hidden: np.ndarray, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:
@@ -401,6 +417,10 @@ class ModelContext(EmbeddingReader):
             return self.shape.head_dim**-0.5
         if how == "disentangled":
             return 1.0 / disentangled_scale(self.config, self.shape.head_dim, self.family)
+        if how == "latent":
+            from posprobe.families.latent import latent_scaling
+
+            return latent_scaling(self)
         rule, key = how.split(":")
         value = self.config.get(key)
         value = value if value is not None else config_default(self.config, (key,))
@@ -484,6 +504,12 @@ def _analysable_family(source: ModelSource) -> T.Family:
             f"'{source.name}' has unsupported architecture '{model_type}'",
             f"supported: {', '.join(T.model_types(analysable=True))}",
         )
+    if not family.softmax_attention:
+        raise PosprobeError(
+            f"'{source.name}' ({model_type}) has {family.mechanism}, so there are no attention scores or positional "
+            "terms for posprobe to analyse",
+            "posprobe reads models with softmax attention in at least one layer (the README's table of families)",
+        )
     kind, mechanism = T.position_kind(cfg)
     table = kind in T.TABLE_KINDS and any(k in T.TABLE_KINDS for k in family.kinds)
     scores = kind in family.kinds and kind in T.SCORE_MODULES
@@ -497,9 +523,12 @@ def _analysable_family(source: ModelSource) -> T.Family:
 
 def content_free_scores(ctx: ModelContext, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
     """F_hat (H, n, n) of SPEC §3 / §9 for `layer` of `stack`: dispatched to the score module of the model's kind
-    (SPEC §13 with data-conditioned layer inputs; a per-position input must have exactly n rows)."""
+    (SPEC §13 with data-conditioned layer inputs; a per-position input must have exactly n rows). A hybrid's layer
+    without softmax attention (Mamba, convolution) has no positional score: all NaN."""
     if ctx.per_position_input and np.shape(ctx.layer_inputs.get(layer))[0] != n:
         raise ValueError(f"the per-position input of layer {layer} does not have {n} rows")
+    if ctx.family.hybrid and ctx.layer_kinds(n, stack)[layer].attention == "none":
+        return np.full((ctx.shape.heads, n, n), np.nan)  # a recurrent / convolution layer: no positional score
     return importlib.import_module(T.SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack)
 
 

@@ -27,7 +27,7 @@ def transformers_config(ctx):
     """The checkpoint's config as its transformers config class (rope_scaling etc. normalised by it)."""
     from transformers import AutoConfig
 
-    config = {k: v for k, v in ctx.config.items() if k not in ("model_type", "transformers_version")}
+    config = {k: _floats(v) for k, v in ctx.config.items() if k not in ("model_type", "transformers_version")}
     try:
         return AutoConfig.for_model(ctx.source.model_type, **config)
     except Exception as err:  # config classes validate rope parameters with several exception types
@@ -35,6 +35,18 @@ def transformers_config(ctx):
             f"transformers refuses the config of '{ctx.source.name}': {str(err).splitlines()[0][:200]}",
             "fix config.json (rope_scaling / rope_parameters) or re-save the checkpoint",
         ) from err
+
+
+def _floats(value):
+    """A config value with transformers' JSON spelling of non-finite floats ({"__float__": "Infinity"}, written by
+    `save_pretrained`: Bamba's time_step_limit) turned back into floats."""
+    if isinstance(value, dict):
+        if set(value) == {"__float__"}:
+            return float(value["__float__"])
+        return {k: _floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_floats(v) for v in value]
+    return value
 
 
 def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -54,13 +66,19 @@ def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarra
         rotary = rotary_class(config=ctx.transformers_config)
         x = torch.zeros(1, n, 1, dtype=torch.float64)
         extra = {} if layer_type is None else {"layer_type": layer_type}
-        first, second = rotary(x, torch.arange(n)[None], **extra)
-    first, second = first[0].double().numpy(), second[0].double().numpy()
-    if f.rotary_layout == T.ROTATE_HALF:
+        angles = rotary(x, torch.arange(n)[None], **extra)
+    layout = T.rotary_layout(f, ctx.config)
+    if layout == T.COMPLEX:  # e^{i angle} per pair (n, r/2), dims 2i, 2i + 1
+        angles = angles[0].cdouble().numpy()
+        return np.concatenate([angles.real, angles.real], -1), np.concatenate([angles.imag, angles.imag], -1)
+    first, second = angles[0][0].double().numpy(), angles[1][0].double().numpy()
+    if layout == T.ROTATE_HALF:
         return first, second
-    if f.rotary_layout == T.SIN_COS_PAIRS:  # (sin, cos), one column per pair
+    if layout == T.HALF_ANGLES:  # one column per pair, pairs (i, i + r/2): already rotate_half order
+        return np.concatenate([first, first], -1), np.concatenate([second, second], -1)
+    if layout == T.SIN_COS_PAIRS:  # (sin, cos), one column per pair
         cos, sin = second, first
-    elif f.rotary_layout == T.INTERLEAVED:  # each pair's angle repeated: columns 2i, 2i + 1
+    elif layout == T.INTERLEAVED:  # each pair's angle repeated: columns 2i, 2i + 1
         cos, sin = first[:, ::2], second[:, ::2]
     else:  # HALF_INTERLEAVED: the first half of rotate_half-ordered angles, each repeated for a pair
         cos, sin = first[:, : first.shape[1] // 2], second[:, : second.shape[1] // 2]
@@ -83,7 +101,7 @@ def _rotary_table(ctx, rotary_class, n: int) -> np.ndarray:
 def pairing(layout: str, d_h: int, r: int) -> np.ndarray | None:
     """The permutation of a head's dims that turns the layout's pairs into rotate_half pairs (i, i + r/2), or
     None for rotate_half itself: interleaved pairs (2i, 2i + 1) -> even dims first, then odd, then the rest."""
-    if layout == T.ROTATE_HALF:
+    if layout in (T.ROTATE_HALF, T.HALF_ANGLES):
         return None
     return np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, d_h)])
 
@@ -102,7 +120,12 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
     """F_hat (H, n, n): row i = query position, column j = key position (k = j - i)."""
     q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h); or (H, n, d_h), (H_kv, n, d_h) per position
-    layer_type = ctx.layer_kinds(n, stack)[layer].layer_type if takes_layer_type(ctx) else None
+    kind = ctx.layer_kinds(n, stack)[layer]
+    if kind.nope:  # a NoPE layer: no rotation, F̂(i, j) = q_i . k_j * scaling (one value for a constant input)
+        scores = nope_scores(q * ctx.scaling, k, n)
+        temperature = query_temperature(ctx, n)
+        return ctx.softcap(scores if temperature is None else scores * temperature[:, None])
+    layer_type = kind.layer_type if takes_layer_type(ctx) else None
     if ("rotary", n, layer_type) not in ctx.cache:  # the same angles for every layer (of a type)
         ctx.cache["rotary", n, layer_type] = rotary_angles(ctx, n, layer_type)
     cos, sin = ctx.cache["rotary", n, layer_type]
@@ -111,19 +134,61 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
             f"the rotary module of '{ctx.source.name}' rotates {cos.shape[-1]} dims of {q.shape[-1]}-dim heads",
             "the config is malformed; re-save the checkpoint",
         )
-    order = pairing(ctx.family.rotary_layout, q.shape[-1], cos.shape[-1])
+    order = pairing(T.rotary_layout(ctx.family, ctx.config), q.shape[-1], cos.shape[-1])
     if order is not None:
         q, k = q[..., order], k[..., order]
     heads, kv_heads, dh = q.shape[0], k.shape[0], q.shape[-1]
-    qr = rotate(q * ctx.scaling, cos, sin)  # (H, n, d_h)
+    qr = rotate(q, cos, sin)  # (H, n, d_h)
     kr = rotate(k, cos, sin)  # (H_kv, n, d_h)
+    eps = post_rotary_norm_eps(ctx)
+    if eps is not None:  # Llama 4: an RMS ("L2") norm without weights of the rotated q and k
+        qr, kr = (x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) for x in (qr, kr))
+    qr = qr * ctx.scaling
     # Query heads h = g * m .. g * m + m - 1 read key head g: one (m n, d_h) x (d_h, n) product per group.
     grouped = qr.reshape(kv_heads, (heads // kv_heads) * n, dh)
     scores = grouped @ np.ascontiguousarray(kr.transpose(0, 2, 1))  # (H_kv, m n, n)
     return ctx.softcap(scores.reshape(heads, n, n))
 
 
+def post_rotary_norm_eps(ctx) -> float | None:
+    """The epsilon of a weightless RMS norm the family applies to rotated q and k (Llama 4's qk L2 norm, on its
+    rotary layers when config.use_qk_norm), else None."""
+    key = ctx.family.tensors.get("post_rotary_l2_norm")
+    return ctx.shape.eps if key and T.config_flag(ctx.config, key) else None
+
+
+def query_temperature(ctx, n: int) -> np.ndarray | None:
+    """(n,) the factor a NoPE layer multiplies the query at position i by (Llama 4's attention temperature tuning:
+    1 + attn_scale * log(1 + floor((i + 1) / floor_scale)), in float32 as the model computes it), else None."""
+    import torch
+
+    key = ctx.family.tensors.get("temperature_tuning")
+    if not key or not T.config_flag(ctx.config, key):
+        return None
+    cfg = ctx.transformers_config
+    positions = torch.arange(n, dtype=torch.float32)
+    scales = torch.log1p(torch.floor((positions + 1.0) / cfg.floor_scale)) * cfg.attn_scale + 1.0
+    return scales.double().numpy()
+
+
+def nope_scores(q: np.ndarray, k: np.ndarray, n: int) -> np.ndarray:
+    """q . k of a layer without a positional mechanism, (H, n, n): q (H, d_h) and k (H_kv, d_h) give the same
+    value at every pair (the layer's content-free score carries no position); per-position q (H, n, d_h) and
+    k (H_kv, n, d_h) give q_i . k_j (grouped-query heads read their key head)."""
+    k = np.repeat(k, q.shape[0] // k.shape[0], axis=0)
+    if q.ndim == 2:
+        return np.broadcast_to((q * k).sum(-1)[:, None, None], (q.shape[0], n, n)).copy()
+    return q @ k.transpose(0, 2, 1)
+
+
 def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
     """Always, for an input that is the same at every position: (R_i q) . (R_j k) = q . R_{j-i} k depends on
-    j - i alone (a soft cap applied after keeps that), so R^2 = 1 whatever the weights."""
-    return True
+    j - i alone (a soft cap applied after keeps that), so R^2 = 1 whatever the weights; a NoPE layer's scores are
+    one constant, trivially Toeplitz — unless its queries are scaled by their position (Llama 4's temperature
+    tuning), which makes them depend on i as well."""
+    key = ctx.family.tensors.get("temperature_tuning")
+    return not (key and T.config_flag(ctx.config, key) and ctx.layer_kinds(1, stack) and _has_nope(ctx, stack))
+
+
+def _has_nope(ctx, stack: str) -> bool:
+    return any(kind.nope for kind in ctx.layer_kinds(1, stack))

@@ -90,6 +90,9 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
             f"'{name}' is an ALBERT with {config.get('num_hidden_groups')} layer groups",
             "posprobe analyses ALBERT checkpoints with one shared layer group (all released ones)",
         )
+    if family.qkv == T.LATENT:  # MLA: each head's q and k hold the rotary and the position-free part
+        head_dim = config_size(config, name, "latent_head_dim") + config_size(config, name, "latent_rope_dim")
+        kv_heads = heads  # every head has its own key (one shared rotary part, its own position-free part)
     return Shape(heads, kv_heads, head_dim, hidden, layers, float(eps), positions, vocab)
 
 

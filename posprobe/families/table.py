@@ -25,8 +25,9 @@ ROTARY = "rotary"  # RoPE on q and k
 BUCKET_BIAS = "bucket_bias"  # learned bias[h, bucket(j - i)] (T5, MPNet)
 ALIBI = "alibi"  # -m_h |j - i|
 DISENTANGLED = "disentangled"  # DeBERTa-v2 c2p + p2c
+NOPE = "nope"  # no positional term in any attention layer (Jamba: its Mamba layers carry position)
 OTHER = "other"  # known, not analysed (see `Family.description`)
-KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, OTHER)
+KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, NOPE, OTHER)
 SCORE_MODULES = {
     LEARNED: "posprobe.families.absolute",
     SINUSOIDAL: "posprobe.families.absolute",
@@ -34,6 +35,7 @@ SCORE_MODULES = {
     ALIBI: "posprobe.families.alibi",
     BUCKET_BIAS: "posprobe.families.relative_bias",
     DISENTANGLED: "posprobe.families.disentangled",
+    NOPE: "posprobe.families.rotary",  # rotary scores without rotation: every layer a NoPE layer
 }
 TABLE_KINDS = (LEARNED, SINUSOIDAL)  # an absolute table E_P exists (stored or built): sections 1-3 of SPEC apply
 KIND_NAMES = {
@@ -43,6 +45,7 @@ KIND_NAMES = {
     BUCKET_BIAS: "relative position buckets (learned bias)",
     ALIBI: "ALiBi attention biases",
     DISENTANGLED: "disentangled relative positions",
+    NOPE: "no positional encoding in attention (NoPE)",
 }
 # How Q/K weights are stored (`Family.qkv`).
 SEPARATE = "separate"  # Linear q and k: weight (H*d_h, d), q = x @ W.T + b
@@ -52,24 +55,38 @@ STACKED = "stacked"  # one Linear whose rows are [q (H*d_h); k (H_kv*d_h); v (H_
 KV_GROUPED = "kv-grouped"  # one Linear, per key head g: [q of its H/H_kv query heads; k_g; v_g] (Falcon's new layout)
 BLOCKED = "blocked"  # one Linear in `Family.qkv_blocks` equal row blocks, each [q; v; k] slices (CodeGen, mp_num 4)
 GROUPED_CONV = "grouped-conv1d"  # kernel-1 Conv1d q and k with groups: weight (out, in / groups, 1) (SqueezeBERT)
-QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV)
+LATENT = "latent"  # multi-head latent attention: rotary and position-free parts (DeepSeek V2 / V3; families.latent)
+GATED_QUERY = "gated-query"  # separate Linears; q's rows per head [q_h (d_h); output gate_h (d_h)] (Qwen3-Next)
+QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT, GATED_QUERY)
 # How a rotary family pairs the rotated dims and where its angles come from (`Family.rotary_layout`).
 ROTATE_HALF = "rotate-half"  # the rotary module's (cos, sin), each (n, r); dim i pairs with i + r/2 (Llama)
 INTERLEAVED = "interleaved"  # the module's (cos, sin), each (n, r) repeated per pair; dims 2i, 2i+1 pair (Cohere)
 HALF_INTERLEAVED = "half-interleaved"  # the first half of the module's (cos, sin), each repeated twice; 2i, 2i+1 (GLM)
 SIN_COS_PAIRS = "sin-cos-pairs"  # the module gives (sin, cos), each (n, r/2) per pair; dims 2i, 2i+1 (GPT-J, CodeGen)
 SIN_COS_TABLE = "sin-cos-table"  # a table (n, d_h) of [sin | cos] per pair (stored or built); 2i, 2i+1 (RoFormer)
-ROTARY_LAYOUTS = (ROTATE_HALF, INTERLEAVED, HALF_INTERLEAVED, SIN_COS_PAIRS, SIN_COS_TABLE)
+HALF_ANGLES = "half-angles"  # the module's (cos, sin), each (n, r/2), one column per pair; dim i pairs with i + r/2
+COMPLEX = "complex"  # the module gives complex e^{i angle}, (n, r/2), one per pair; dims 2i, 2i+1 (DeepSeek V2)
+ROTARY_LAYOUTS = (ROTATE_HALF, INTERLEAVED, HALF_INTERLEAVED, SIN_COS_PAIRS, SIN_COS_TABLE, HALF_ANGLES, COMPLEX)
+# Which layers of a rotary family apply no rotary embedding at all (`Family.nope`: NoPE layers, SPEC §9).
+NOPE_RULES = (
+    "no_rope_layers",  # config.no_rope_layers[l] == 0: layer l is NoPE (SmolLM3, Llama 4)
+    "global_layers",  # layers whose config.layer_types[l] is not 'sliding_attention' are NoPE (Cohere 2; all
+    # layers when config.sliding_window is None)
+    "global_layers_if_windowed",  # the same while config.sliding_window is set; every layer rotates without (Exaone 4)
+)
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
     "sliding_window",  # config.sliding_window (when set) for every layer, causal: keys i - w < j <= i (Mistral)
-    "layer_types",  # config.layer_types[l] == 'sliding_attention' layers see |j - i| < config.sliding_window (Gemma)
+    "layer_types",  # config.layer_types[l] == 'sliding_attention' layers see |j - i| < config.sliding_window (Gemma);
+    # 'chunked_attention' layers the keys of the query's own chunk of config.attention_chunk_size (Llama 4)
     "layer_types_inclusive",  # the same with |j - i| <= config.sliding_window (ModernBERT: local_attention / 2)
     "attention_layers",  # config.attention_layers[l] == 'local': causal window config.window_size (GPT-Neo)
     "attention_window",  # config.attention_window (per layer or one), |j - i| <= w / 2 (Longformer)
     "block_sparse",  # config.attention_type 'block_sparse': full attention up to (5 + 2 r) blocks, then sparse
     "local_radius",  # encoder stack: |j - i| <= config.local_radius (LongT5); decoder: full
 )
+# config.layer_types values of softmax-attention layers; a hybrid's other layers (`Family.hybrid`) have none.
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "hybrid")
 # How `posprobe attention` records a family's attention (`Family.capture`; posprobe.capture picks the route from the
 # model class at run time, and tests/test_capture_families.py checks that each tested family takes the route named
 # here). An encoder-decoder runs its encoder stack.
@@ -96,12 +113,14 @@ CONFIG_KEYS = {
     "vocab": ("vocab_size", "n_vocab"),
     "eps": ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "layernorm_epsilon", "norm_epsilon", "norm_eps"),
     "attention_width": ("true_hidden_size",),  # the width Q/K read where it is not the hidden size (MobileBERT)
+    "latent_head_dim": ("qk_nope_head_dim",),  # MLA: position-free dims of each head's q and k
+    "latent_rope_dim": ("qk_rope_head_dim",),  # MLA: rotary dims of each head's q and k
 }
 
 
 # How each table field reads a config switch (`Family.switches`): a field listed there applies only when the config
 # key is true (missing keys take the default of the family's transformers config class).
-SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram")
+SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram", "rotary_layout")
 EMBED_SCALES = (None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier")
 
 
@@ -145,6 +164,10 @@ class Family:
     `windows`: how the config says which layers attend locally (`WINDOW_RULES`); `bidirectional`: config key
     that makes a causal family attend both ways (Gemma 3's use_bidirectional_attention).
     `description`: what the family uses for positions where `KIND_NAMES` does not say it all.
+    The newest designs (issue 34): `nope` how the config names NoPE layers (`NOPE_RULES`), `sinks` the per-head
+    learned sink logits (gpt-oss), `hybrid` what a hybrid's layers without softmax attention are (config.layer_types
+    names them), `softmax_attention` False for models with none at all (refused), `qkv` LATENT for multi-head latent
+    attention (`families.latent`).
     An entry without `word` is known (`params` counts it, analyses name its mechanism) but not analysed.
     """
 
@@ -184,9 +207,15 @@ class Family:
     switch_kinds: tuple[str, ...] = ()
     switches: dict[str, str] = field(default_factory=dict)
     windows: str | None = None
+    nope: str | None = None  # how the config names its NoPE layers (`NOPE_RULES`), for rotary families
+    sinks: str | None = None  # per-head learned sink logits s_h (one extra softmax column, no value): gpt-oss
+    softmax_attention: bool = True  # False: no layer has softmax attention (Mamba, RWKV, xLSTM): refused as such
+    hybrid: str = ""  # what the layers without softmax attention are, in words (config.layer_types names them;
+    # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
-    # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32)
+    # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32),
+    # 'latent' (MLA: the module's own yarn_apply_mscale, `families.latent`)
     softcap: str | None = None  # config key of a logit soft cap: scores -> cap * tanh(scores / cap) (Gemma 2)
     tensors: dict[str, str] = field(default_factory=dict)
     capture: str = INTERFACE  # how `attention` records it (`CAPTURES`; tested for analysable families)
@@ -202,6 +231,7 @@ class Family:
             "embed_scale": (self.embed_scale, EMBED_SCALES),
             "rotary_layout": (self.rotary_layout, ROTARY_LAYOUTS),
             "windows": (self.windows, (None, *WINDOW_RULES)),
+            "nope": (self.nope, (None, *NOPE_RULES)),
             "qk_norm_scope": (self.qk_norm_scope, ("head", "all")),
             "capture": (self.capture, CAPTURES),
         }
@@ -210,9 +240,12 @@ class Family:
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"family '{self.name}': {name} {value!r} is not one of {allowed}")
-        if not (self.scaling in ("head_dim", "none", "disentangled") or self.scaling.startswith(("rsqrt:", "value:"))):
+        if not (
+            self.scaling in ("head_dim", "none", "disentangled", "latent")
+            or self.scaling.startswith(("rsqrt:", "value:"))
+        ):
             raise ValueError(f"family '{self.name}': scaling {self.scaling!r} is not one of head_dim, none, "
-                             "disentangled, rsqrt:KEY, value:KEY")  # fmt: skip
+                             "disentangled, latent, rsqrt:KEY, value:KEY")  # fmt: skip
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -256,6 +289,7 @@ _LLAMA = dict(
 )
 _QK_NORM = ("layers.{l}.self_attn.q_norm", "layers.{l}.self_attn.k_norm")
 _QK_LAYERNORM = ("layers.{l}.self_attn.q_layernorm", "layers.{l}.self_attn.k_layernorm")
+_GRANITE = dict(scaling="value:attention_multiplier", embed_scale="embedding_multiplier")
 
 # T5 layout: shared word table, {stack}.block.{l}.layer.0 = (pre-attention RMS norm, SelfAttention q/k, no bias).
 _T5 = dict(
@@ -587,7 +621,285 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=_QK_NORM,  # when use_qk_norm: one weight per head
         **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
     ),
+    # -- further encoders and decoders of covered layouts (issue 34)
+    Family("bert-generation", ("bert-generation",), LEARNED, **{k: v for k, v in _BERT.items() if k != "token_type"}),
+    Family("ibert", ("ibert",), LEARNED, reserved_rows=True, capture=EAGER, **_BERT),
+    Family("splinter", ("splinter",), LEARNED, capture=EAGER, **_BERT),
+    Family(
+        "roberta-prelayernorm",
+        ("roberta-prelayernorm",),
+        LEARNED,
+        reserved_rows=True,
+        pre_norm="encoder.layer.{l}.attention.LayerNorm",
+        **_BERT,
+    ),
+    Family(
+        "xlm-roberta-xl",
+        ("xlm-roberta-xl",),
+        LEARNED,
+        reserved_rows=True,
+        pre_norm="encoder.layer.{l}.attention.self_attn_layer_norm",
+        **{k: v for k, v in _BERT.items() if k != "embedding_norm"},
+    ),
+    Family("eurobert", ("eurobert",), rotary_class=_rotary("eurobert", "EuroBert"), **{**_LLAMA, "causal": False}),
+    Family(
+        "modernbert-decoder",
+        ("modernbert-decoder",),
+        ROTARY,
+        causal=True,
+        word="embeddings.tok_embeddings.weight",
+        embedding_norm="embeddings.norm",
+        query="layers.{l}.attn.q_proj",
+        key="layers.{l}.attn.k_proj",
+        pre_norm="layers.{l}.attn_norm",
+        pre_norm_from=1,  # layer 0 reads the embedding norm's output directly
+        rotary_class=_rotary("modernbert_decoder", "ModernBertDecoder"),
+        windows="layer_types",
+    ),
+    # -- MoE and other cousins of covered rotary families (issue 34): Llama's layout, their own rotary modules
+    *(
+        Family(t, (t,), rotary_class=rotary, windows=windows, **{**_LLAMA, **extra})
+        for t, rotary, windows, extra in (
+            ("qwen2_moe", _rotary("qwen2_moe", "Qwen2Moe"), "layer_types", {}),
+            ("phimoe", _rotary("phimoe", "Phimoe"), "sliding_window", {"norm": LAYERNORM}),
+            ("olmoe", _rotary("olmoe", "Olmoe"), None, {"qk_norm": _QK_NORM, "qk_norm_scope": "all"}),
+            ("granitemoe", _rotary("granitemoe", "GraniteMoe"), None, _GRANITE),
+            ("granitemoeshared", _rotary("granitemoeshared", "GraniteMoeShared"), None, _GRANITE),
+            (
+                "glm4_moe",
+                _rotary("glm4_moe", "Glm4Moe"),
+                None,
+                {"qk_norm": _QK_NORM, "switches": {"qk_norm": "use_qk_norm"}},
+            ),
+            ("minimax_m2", _rotary("minimax_m2", "MiniMaxM2"), None, {"qk_norm": _QK_NORM, "qk_norm_scope": "all"}),
+            ("ernie4_5", _rotary("ernie4_5", "Ernie4_5"), None, {"rotary_layout": HALF_INTERLEAVED}),
+            ("ernie4_5_moe", _rotary("ernie4_5_moe", "Ernie4_5_Moe"), None, {"rotary_layout": HALF_INTERLEAVED}),
+            ("helium", _rotary("helium", "Helium"), None, {"rotary_layout": HALF_INTERLEAVED}),
+            ("arcee", _rotary("arcee", "Arcee"), None, {}),
+            ("seed_oss", _rotary("seed_oss", "SeedOss"), None, {}),
+            ("internlm3", _rotary("llama", "Llama"), None, {}),
+            ("ministral3", _rotary("ministral3", "Ministral3"), "sliding_window", {}),
+            ("cwm", _rotary("cwm", "Cwm"), "layer_types", {}),
+            ("bitnet", _rotary("bitnet", "BitNet"), None, {}),
+            (
+                "apertus",
+                _rotary("apertus", "Apertus"),
+                None,
+                {"qk_norm": _QK_NORM, "pre_norm": "layers.{l}.attention_layernorm"},
+            ),
+            ("ministral", _rotary("ministral", "Ministral"), "layer_types", {}),
+            ("glm4", _rotary("glm4", "Glm4"), None, {"rotary_layout": HALF_INTERLEAVED}),
+            ("solar_open", _rotary("solar_open", "SolarOpen"), None, {}),
+            (
+                "flex_olmo",
+                _rotary("flex_olmo", "FlexOlmo"),
+                None,
+                {"qk_norm": _QK_NORM, "qk_norm_scope": "all", "pre_norm": None},
+            ),
+        )
+    ),  # fmt: skip
+    Family(
+        "llama4_text",
+        ("llama4_text",),
+        rotary_class=_rotary("llama4", "Llama4Text"),
+        rotary_layout=COMPLEX,
+        windows="layer_types",  # chunked attention in the rotary layers
+        nope="no_rope_layers",
+        tensors={"post_rotary_l2_norm": "use_qk_norm", "temperature_tuning": "attn_temperature_tuning"},
+        description="rotary embeddings (RoPE) in chunked-attention layers; global NoPE layers with attention "
+        "temperature tuning",
+        **_LLAMA,
+    ),
+    # -- per-layer local / global attention (issue 34)
+    Family(
+        "olmo3",
+        ("olmo3",),
+        rotary_class=_rotary("olmo3", "Olmo3"),  # one rotary setting per layer type
+        qk_norm=_QK_NORM,
+        qk_norm_scope="all",
+        windows="layer_types",
+        **{**_LLAMA, "pre_norm": None},  # post-norm, as OLMo-2
+    ),
+    Family(
+        "exaone4",
+        ("exaone4",),
+        rotary_class=_rotary("exaone4", "Exaone4"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers_if_windowed",
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE (with a window)",
+        **{**_LLAMA, "pre_norm": None},  # post-norm: the attention reads the layer input itself
+    ),
+    # -- hybrids: softmax attention in some layers, recurrent / state-space / convolution layers in the others
+    Family(
+        "lfm2",
+        ("lfm2",),
+        rotary_class=_rotary("lfm2", "Lfm2"),
+        qk_norm=_QK_LAYERNORM,  # RMS norms per head
+        hybrid="gated short-convolution layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
+        description="rotary embeddings (RoPE) in its attention layers; short convolutions between them",
+        **{**_LLAMA, "pre_norm": "layers.{l}.operator_norm"},
+    ),
+    Family(
+        "bamba",
+        ("bamba",),
+        rotary_class=_rotary("bamba", "Bamba"),
+        hybrid="Mamba-2 state-space layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
+        description="rotary embeddings (RoPE) in its attention layers; Mamba-2 layers between them",
+        **_LLAMA,
+    ),
+    Family(
+        "qwen3_next",
+        ("qwen3_next",),
+        rotary_class=_rotary("qwen3_next", "Qwen3Next"),  # partial rotary
+        qk_norm=_QK_NORM,
+        hybrid="gated DeltaNet linear-attention layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
+        description="rotary embeddings (RoPE) in its gated attention layers; gated DeltaNet layers between them",
+        **{**_LLAMA, "qkv": GATED_QUERY, "norm": RMSNORM_PLUS1},
+    ),
+    Family(
+        "granitemoehybrid",
+        ("granitemoehybrid",),
+        switch_kinds=(NOPE,),  # position_embedding_type other than 'rope': no positional term
+        rotary_class=_rotary("granitemoehybrid", "GraniteMoeHybrid"),
+        hybrid="Mamba-2 state-space layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
+        description="rotary embeddings (RoPE) or none (position_embedding_type) in its attention layers; Mamba-2 "
+        "layers between them",
+        **{**_LLAMA, **_GRANITE},
+    ),
+    Family(
+        "minimax",
+        ("minimax",),
+        rotary_class=_rotary("minimax", "MiniMax"),
+        windows="sliding_window",
+        hybrid="lightning (linear) attention layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
+        description="rotary embeddings (RoPE) in its softmax attention layers; linear attention layers between them",
+        **_LLAMA,
+    ),
+    Family(
+        "olmo_hybrid",
+        ("olmo_hybrid",),
+        rotary_class=_rotary("olmo_hybrid", "OlmoHybrid"),
+        qk_norm=_QK_NORM,
+        qk_norm_scope="all",
+        hybrid="gated DeltaNet linear-attention layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
+        description="rotary embeddings (RoPE) in its attention layers; gated DeltaNet layers between them",
+        **{**_LLAMA, "pre_norm": None},  # post-norm, as OLMo-2
+    ),
+    Family(
+        "falcon_h1",
+        ("falcon_h1",),
+        rotary_class=_rotary("falcon_h1", "FalconH1"),
+        embed_scale="embedding_multiplier",
+        tensors={"attention_in_multiplier": "attention_in_multiplier", "key_multiplier": "key_multiplier"},
+        capture=EAGER,
+        description="rotary embeddings (RoPE) in attention run in parallel with a Mamba-2 branch in every layer",
+        **_LLAMA,
+    ),
+    Family(
+        "jamba",
+        ("jamba",),
+        NOPE,
+        hybrid="Mamba state-space layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
+        description="no positional encoding in its attention layers (NoPE); Mamba layers carry position",
+        **{k: v for k, v in _LLAMA.items() if k != "kind"},
+    ),
+    # -- multi-head latent attention (families.latent): a rotary part and a position-free part of each head
+    Family(
+        "deepseek_v3",
+        ("deepseek_v3",),
+        rotary_class=_rotary("deepseek_v3", "DeepseekV3"),
+        rotary_layout=HALF_INTERLEAVED,  # rope_interleave (the default); rotate_half when off
+        switches={"rotary_layout": "rope_interleave"},
+        scaling="latent",
+        tensors={"scaling_function": "transformers.models.deepseek_v3.modeling_deepseek_v3:yarn_apply_mscale"},
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),  # fmt: skip
+    *(
+        Family(
+            t,
+            (t,),
+            rotary_class=_rotary(t, prefix),
+            rotary_layout=HALF_INTERLEAVED,  # rope_interleave; rotate_half when off
+            switches={"rotary_layout": "rope_interleave"},
+            scaling="latent",
+            tensors={"scaling_function": f"transformers.models.{t}.modeling_{t}:yarn_apply_mscale"},
+            description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free",
+            **{
+                **_LLAMA,
+                "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+                "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+                "qkv": LATENT,
+            },
+        )
+        for t, prefix in (("glm4_moe_lite", "Glm4MoeLite"), ("youtu", "Youtu"), ("mistral4", "Mistral4"))
+    ),
+    Family(
+        "deepseek_v2",
+        ("deepseek_v2",),
+        rotary_class=_rotary("deepseek_v2", "DeepseekV2"),
+        rotary_layout=COMPLEX,
+        scaling="latent",
+        tensors={"scaling_function": "transformers.models.deepseek_v2.modeling_deepseek_v2:yarn_apply_mscale"},
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),  # fmt: skip
     Family("glm", ("glm",), rotary_class=_rotary("glm", "Glm"), rotary_layout=HALF_INTERLEAVED, **_LLAMA),
+    # -- rotary with NoPE layers, learned sinks (issue 34: the newest position designs)
+    Family(
+        "smollm3",
+        ("smollm3",),
+        rotary_class=_rotary("smollm3", "SmolLM3"),
+        windows="layer_types",
+        nope="no_rope_layers",  # every fourth layer by default
+        description="rotary embeddings (RoPE); NoPE layers (config.no_rope_layers)",
+        **_LLAMA,
+    ),
+    Family(
+        "cohere2",
+        ("cohere2",),
+        rotary_class=_rotary("cohere2", "Cohere2"),
+        rotary_layout=INTERLEAVED,
+        windows="layer_types",
+        nope="global_layers",
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE",
+        **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
+    ),
+    Family(
+        "gpt_oss",
+        ("gpt_oss",),
+        rotary_class=_rotary("gpt_oss", "GptOss"),
+        rotary_layout=HALF_ANGLES,
+        windows="layer_types",
+        sinks="layers.{l}.self_attn.sinks",
+        description="rotary embeddings (RoPE, YaRN); learned per-head attention sinks",
+        **_LLAMA,
+    ),
     Family(
         "persimmon",
         ("persimmon",),
@@ -825,6 +1137,31 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("xlm", ("xlm", "flaubert"), LEARNED),  # their own layouts: not read yet
     Family("xlnet", ("xlnet",), OTHER, description="sinusoidal relative positions"),
+    # -- no softmax attention in any layer: nothing for posprobe's scores to read (refused in one line)
+    Family(
+        "mamba",
+        ("mamba", "mamba2", "falcon_mamba"),
+        OTHER,
+        causal=True,
+        softmax_attention=False,
+        description="no softmax attention: a selective state-space recurrence carries position",
+    ),
+    Family(
+        "rwkv",
+        ("rwkv",),
+        OTHER,
+        causal=True,
+        softmax_attention=False,
+        description="no softmax attention: a linear recurrence with learned per-channel decay carries position",
+    ),
+    Family(
+        "xlstm",
+        ("xlstm",),
+        OTHER,
+        causal=True,
+        softmax_attention=False,
+        description="no softmax attention: recurrent memory cells (sLSTM / mLSTM) carry position",
+    ),
     Family("funnel", ("funnel",), OTHER, description="relative attention"),
     Family("reformer", ("reformer",), OTHER, description="axial position embeddings"),
 )
@@ -909,6 +1246,8 @@ def position_kind(config: dict) -> tuple[str, str]:
         return OTHER, "no position information (relative_attention and position_biased_input both off)"
     if model_type == "falcon":
         return (ALIBI, KIND_NAMES[ALIBI]) if config.get("alibi") else (ROTARY, KIND_NAMES[ROTARY])
+    if model_type == "granitemoehybrid" and config.get("position_embedding_type") != "rope":
+        return NOPE, "no positional encoding in its attention layers (position_embedding_type not 'rope')"
     if model_type == "mobilebert" and config.get("normalization_type", "no_norm") != "no_norm":
         return OTHER, (
             "a learned absolute table behind LayerNorm bottlenecks (normalization_type "
@@ -942,7 +1281,14 @@ def qkv_layout(family: Family, config: dict) -> tuple[str, int | None]:
     return family.qkv, None
 
 
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert")  # rotary modules with one setting per layer type
+def rotary_layout(family: Family, config: dict) -> str:
+    """How the model `config` describes pairs its rotated dims: the entry's `rotary_layout`, or rotate_half where
+    the config switch that selects it is off (DeepSeek V3's rope_interleave)."""
+    return family.rotary_layout if switched_on(family, config, "rotary_layout") else ROTATE_HALF
+
+
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3")  # rotary modules with one setting per layer type
+_CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 
 def _capture_words(f: Family) -> str:
@@ -953,26 +1299,51 @@ def _capture_words(f: Family) -> str:
     return words + (f" ({f.capture_note})" if f.capture_note else "")
 
 
+def _layer_kind_words(f: Family) -> str:
+    """The kinds of layer the family can have, for the README's table (`windows.LayerKind` says them per layer)."""
+    if not f.softmax_attention:
+        return "no softmax attention (refused)"
+    if not f.analysable:
+        return "—"
+    kinds = {ROTARY: ["rope"], NOPE: ["NoPE"], ALIBI: ["ALiBi bias"], BUCKET_BIAS: ["bucket bias"],
+             DISENTANGLED: ["disentangled"]}.get(f.kind, ["absolute table"])  # fmt: skip
+    if f.qkv == LATENT:
+        kinds = ["MLA: rotary part + position-free part"]
+    if f.name in _PER_TYPE_ROPE:
+        kinds[0] += " (a setting per layer type)"
+    if f.nope:
+        kinds.append("NoPE layers")
+    if f.windows:
+        kinds.append(
+            {"block_sparse": "block-sparse", "attention_window": "sliding chunks"}.get(f.windows, "local window")
+        )
+    if f.sinks:
+        kinds.append("learned sinks")
+    if f.hybrid:
+        kinds.append(f"{f.hybrid} (no positional score)")
+    return " / ".join(kinds)
+
+
 def families_markdown() -> str:
     """The README's table of families (tests/test_family_table.py checks that the README holds exactly this)."""
     rows = [
-        "| family | model types | positions | causal | posprobe computes | `attention` on text |",
-        "|---|---|---|---|---|---|",
+        "| family | model types | positions | layer kinds | causal | posprobe computes | `attention` on text |",
+        "|---|---|---|---|---|---|---|",
     ]
     for f in FAMILIES:
         table = f.learned_table or any(k in TABLE_KINDS for k in f.kinds)
         if not f.analysable:
             does = "named in messages; `params`" + (" counts its table" if f.learned_table else "")
+            does = does if f.softmax_attention else "refused in one line"
         elif all(k in TABLE_KINDS for k in f.kinds):
             does = "`toeplitz`, `fhat`, `profiles`, `fit-tisa`, `compare`" + (", `retrofit`" if f.retrofit else "")
         else:
             does = "`fhat`, `profiles`, `fit-tisa`, `compare` (content-free scores)"
             does = ("`toeplitz` (its table), " if table else "") + does  # MPNet: a table beside its bias
-        if f.windows:
-            does += "; each layer's kind (local window" + (", rotary setting" if f.name in _PER_TYPE_ROPE else "") + ")"
         types = ", ".join(f"`{t}`" for t in f.model_types)
         causal = "yes" if f.causal else ("decoder" if f.encoder_decoder else "no")
-        rows.append(f"| {f.name} | {types} | {f.mechanism} | {causal} | {does} | {_capture_words(f)} |")
+        row = [f.name, types, f.mechanism, _layer_kind_words(f), causal, does, _capture_words(f)]
+        rows.append("| " + " | ".join(row) + " |")
     return "\n".join(rows)
 
 

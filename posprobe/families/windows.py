@@ -5,21 +5,30 @@ in defaults and derived fields: layer types, ModernBERT's half window). The cont
 the same whatever its kind (SPEC §9: the scores the layer gives each pair); its kind says which pairs its
 softmax sees: `window` is the largest |k| = |j - i| it attends (causal layers: only k <= 0 of those).
 Where layer types also carry their own rotary setting (Gemma 3, ModernBERT), `layer_type` picks it and
-`rope` names it.
+`rope` names it. A rotary family's NoPE layers (`Family.nope`: SmolLM3, Cohere 2) apply no rotary embedding:
+`nope` marks them (SPEC §9: their content-free scores are the same for every pair).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from posprobe.families import table as T
+
+NOPE_WORDS = "NoPE (no positional term: F̂ is the same for every pair)"
+NO_ATTENTION = "none"  # a hybrid's layer without softmax attention (`LayerKind.attention`)
+NO_SCORE = "no positional score"
+LATENT_WORDS = "MLA: F̂ = a position-free constant + the rotary part's score"
 
 
 @dataclass(frozen=True)
 class LayerKind:
-    """One layer's attention: `attention` 'full', 'local' (a window) or 'block-sparse'; `window` the largest
+    """One layer's attention: `attention` 'full', 'local' (a window), 'block-sparse' or 'none' (a hybrid's
+    recurrent / state-space / convolution layer: no softmax attention, no positional score); `window` the largest
     |j - i| attended (None: no limit); `layer_type` the config's name for it (config.layer_types) where it has
     one; `rope` the layer's rotary setting in words where layer types differ in it; `note` what else to know."""
 
@@ -28,19 +37,75 @@ class LayerKind:
     layer_type: str | None = None
     rope: str | None = None
     note: str = ""
+    nope: bool = False  # no positional mechanism in this layer (NoPE): F̂ is the same for every pair
+    chunk: int | None = None  # chunked attention (Llama 4): keys in the query's own chunk of this many positions
 
     def describe(self) -> str:
-        """In words, for JSON and figure titles: 'global', 'local |k| <= 511, rope theta 10000', ..."""
-        words = {"full": "global", "local": f"local |k| <= {self.window}"}.get(self.attention, self.attention)
-        return ", ".join(x for x in (words, self.rope, self.note) if x)
+        """In words, for JSON and figure titles: 'global', 'local |k| <= 511, rope theta 10000', 'global, NoPE', ..."""
+        words = {
+            "full": "global",
+            "local": f"local |k| <= {self.window}",
+            NO_ATTENTION: "no softmax attention",
+            "chunked": f"chunks of {self.chunk} tokens",
+        }.get(self.attention, self.attention)
+        rope = NOPE_WORDS if self.nope else self.rope
+        return ", ".join(x for x in (words, rope, self.note) if x)
 
     def allows(self, k: int) -> bool:
-        """True when the layer's window lets a query see the key at offset k (causality is the model's)."""
+        """True when the layer's window lets a query see the key at offset k (causality is the model's; a chunked
+        layer also needs `allowed`: whether k is seen depends on where the query sits in its chunk)."""
         return self.window is None or abs(k) <= self.window
+
+    def allowed(self, n: int) -> np.ndarray:
+        """(n, n) bool: the pairs (query i, key j) the layer's window and chunks let attend (causality is the
+        model's): |j - i| <= window, and for a chunked layer (Llama 4) i and j in the same chunk of `chunk`."""
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        seen = np.abs(j - i) <= (n if self.window is None else self.window)
+        return seen & (i // self.chunk == j // self.chunk) if self.chunk else seen
 
 
 def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
     """The `LayerKind` of every layer of `stack` of the checkpoint `ctx` (a ModelContext) over `n` positions."""
+    kinds = _attention_kinds(ctx, n, stack)
+    nope = nope_layers(ctx, len(kinds))
+    kinds = [replace(kind, nope=True) if layer in nope else kind for layer, kind in enumerate(kinds)]
+    if ctx.qkv == T.LATENT:  # multi-head latent attention: say the split (families.latent)
+        kinds = [replace(kind, note=", ".join(x for x in (kind.note, LATENT_WORDS) if x)) for kind in kinds]
+    if not ctx.family.hybrid:
+        return kinds
+    types = list(getattr(ctx.transformers_config, "layer_types", None) or [])
+    return [kind if layer >= len(types) or types[layer] in T.ATTENTION_LAYER_TYPES
+            else LayerKind(NO_ATTENTION, layer_type=types[layer],
+                           note=f"{ctx.family.hybrid} (layer type '{types[layer]}'): {NO_SCORE}")
+            for layer, kind in enumerate(kinds)]  # fmt: skip
+
+
+def attention_layers(ctx, stack: str = "encoder") -> list[int]:
+    """The layers of `stack` with softmax attention (every layer but a hybrid's recurrent / convolution ones)."""
+    return [layer for layer, kind in enumerate(ctx.layer_kinds(1, stack)) if kind.attention != NO_ATTENTION]
+
+
+def nope_layers(ctx, count: int) -> set[int]:
+    """The layers that apply no rotary embedding (`Family.nope`), read from the config as the model reads it."""
+    rule = ctx.family.nope
+    if ctx.kind == T.NOPE:  # no layer has a positional term (Jamba)
+        return set(range(count))
+    if rule is None or ctx.kind != T.ROTARY:
+        return set()
+    cfg = ctx.transformers_config
+    if rule == "no_rope_layers":  # SmolLM3 / Llama 4: use_rope = no_rope_layers[l]
+        flags = list(cfg.no_rope_layers or [])
+        return {layer for layer in range(count) if layer < len(flags) and not flags[layer]}
+    # global_layers (Cohere 2): only sliding layers rotate, and only when a window is set;
+    # global_layers_if_windowed (Exaone 4): the same, but every layer rotates when no window is set
+    types = list(getattr(cfg, "layer_types", None) or [None] * count)
+    window = getattr(cfg, "sliding_window", None)
+    if window is None:
+        return set(range(count)) if rule == "global_layers" else set()
+    return {layer for layer in range(count) if types[layer] != "sliding_attention"}
+
+
+def _attention_kinds(ctx, n: int, stack: str) -> list[LayerKind]:
     rule, count = ctx.family.windows, ctx.layers(stack)
     types = _layer_types(ctx, count)
     ropes = _ropes(ctx, types)
@@ -54,8 +119,16 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
         def local(t):  # |j - i| < w (causal: keys i - w < j <= i); inclusive (ModernBERT): |j - i| <= w
             return window is not None and (rule == "sliding_window" or t == "sliding_attention")
 
-        return [LayerKind("local", reach, t, ropes.get(t)) if local(t)
-                else LayerKind(layer_type=t, rope=ropes.get(t)) for t in types]  # fmt: skip
+        chunk = getattr(cfg, "attention_chunk_size", None)
+
+        def kind(t):
+            if t == "chunked_attention" and chunk:  # Llama 4: keys of the query's own chunk
+                return LayerKind("chunked", None, t, ropes.get(t), chunk=int(chunk))
+            return (
+                LayerKind("local", reach, t, ropes.get(t)) if local(t) else LayerKind(layer_type=t, rope=ropes.get(t))
+            )
+
+        return [kind(t) for t in types]
     if rule == "attention_layers":  # GPT-Neo: local layers see keys i - window_size < j <= i
         return [LayerKind("local", cfg.window_size - 1) if kind == "local" else LayerKind()
                 for kind in cfg.attention_layers[:count]]  # fmt: skip

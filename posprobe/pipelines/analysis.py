@@ -270,12 +270,14 @@ def profiles_from(
         )
     rows = section_rows(n, window)
     shared = reader.family.shared_layers
-    profiles_, r2s, secs, cache = [], [], [], {}
+    profiles_, r2s, secs, cache, sink_shares = [], [], [], {}, []
     for layer in layers:
         stored = 0 if shared and conditioning is None else layer  # data-conditioned: each depth its own input
         if stored not in cache:
             res = _fhat_result(reader, layer)
             cache[stored] = (diagonal_means(res.matrices), res.toeplitz_r2, sections(res.matrices, rows, window))
+            if reader.family.sinks:  # learned sinks (gpt-oss): the sink's share under these scores
+                sink_shares.append(_content_free_sink_share(reader, layer, res.matrices))
         p, r, s = cache[stored]
         profiles_.append(p), r2s.append(r), secs.append(s)
     return ProfileResult(
@@ -300,7 +302,19 @@ def profiles_from(
         layer_kinds=[reader.layer_kind(layer) for layer in layers],
         quantization=source.quantization,
         conditioning=conditioning,
+        learned_sink_share=np.stack(sink_shares) if sink_shares else None,
     )
+
+
+def _content_free_sink_share(reader: ScoreReader, layer: int, matrices: np.ndarray) -> np.ndarray:
+    """(H,) the learned sink's mean share over the n queries under the layer's F̂ and its mask (SPEC §9)."""
+    from posprobe.analysis.learned_sinks import content_free_sink_share
+
+    ctx = reader.ctx
+    k = np.arange(reader.n)[None, :] - np.arange(reader.n)[:, None]
+    allowed = ctx.layer_kinds(reader.n, reader.stack)[layer].allowed(reader.n) & ((k <= 0) if reader.causal else True)
+    logits = ctx.tensor(reader.family.sinks, ctx.stored_layer(layer), reader.stack)
+    return content_free_sink_share(matrices, logits, allowed).mean(-1)
 
 
 fhat.__doc__ = fhat.__doc__.format(texts=_TEXT_ARGUMENTS)

@@ -183,6 +183,8 @@ class ProfileResult(ResultMixin):
     layer_kinds: list[str] | None = None  # None: not recorded (a profiles file written before issue 22)
     quantization: str | None = None  # a GGUF file's quantisation: the weights analysed were de-quantised from it
     conditioning: dict | None = None  # data-conditioned profiles (SPEC §13): the input and the texts behind it
+    learned_sink_share: np.ndarray | None = None  # (L_sel, H) learned sinks (gpt-oss): the sink's mean share of the
+    # queries' attention under F̂ and each layer's mask (SPEC §9); None for models without learned sinks
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "n_positions", "window", "causal", "profiles", "offsets")
 
@@ -205,26 +207,35 @@ class ProfileResult(ResultMixin):
         return self.profiles[self.layer_index(layer), head]
 
     def metadata(self) -> dict:
-        return {
-            "model": self.model,
-            "model_type": self.model_type,
-            "mode": self.mode,
-            "layers": self.layers,
-            "window": self.window,
-            "section_rows": self.section_rows,
-            "n_positions": self.n_positions,
-            "n_heads": self.n_heads,
-            "n_layers": self.n_layers,
-            "shared_layers": self.shared_layers,
-            "position_kind": self.position_kind,
-            "causal": self.causal,
-            "stack": self.stack,
-            "toeplitz_by_construction": self.toeplitz_by_construction,
-            "layer_kinds": self.layer_kinds,
-            "quantization": self.quantization,
-            "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing"
-            + ("; causal model: only k <= 0 is used" if self.causal else ""),
-        } | ({"conditioning": self.conditioning} if self.conditioning is not None else {})
+        return (
+            {
+                "model": self.model,
+                "model_type": self.model_type,
+                "mode": self.mode,
+                "layers": self.layers,
+                "window": self.window,
+                "section_rows": self.section_rows,
+                "n_positions": self.n_positions,
+                "n_heads": self.n_heads,
+                "n_layers": self.n_layers,
+                "shared_layers": self.shared_layers,
+                "position_kind": self.position_kind,
+                "causal": self.causal,
+                "stack": self.stack,
+                "toeplitz_by_construction": self.toeplitz_by_construction,
+                "layer_kinds": self.layer_kinds,
+                "quantization": self.quantization,
+                "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing"
+                + ("; causal model: only k <= 0 is used" if self.causal else ""),
+            }
+            | ({"conditioning": self.conditioning} if self.conditioning is not None else {})
+            | self._sink_metadata()
+        )
+
+    def _sink_metadata(self) -> dict:
+        if self.learned_sink_share is None:
+            return {}
+        return {"content_free_learned_sink_share": [[float(x) for x in row] for row in self.learned_sink_share]}
 
     def peak_offsets(self) -> np.ndarray:
         """(L_sel, H) float: the offset k of each profile's maximum within the window, over k = -w..w, or over
@@ -235,7 +246,7 @@ class ProfileResult(ResultMixin):
         centre = self.n_positions - 1
         window = self.profiles[..., centre - w : centre + (0 if self.causal else w) + 1]
         peaks = (np.argmax(window, axis=-1) - w).astype(np.float64)
-        peaks[is_flat(window)] = np.nan
+        peaks[is_flat(window) | np.isnan(window).all(-1)] = np.nan  # flat, or no score (a hybrid's other layers)
         return peaks
 
     def to_dict(self) -> dict:

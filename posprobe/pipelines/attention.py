@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from posprobe.analysis.empirical import EmpiricalAccumulator, correlation_with_weights
+from posprobe.analysis.learned_sinks import LearnedSinkAccumulator
 from posprobe.analysis.sinks import SinkAccumulator
 from posprobe.capture import (
     RECORD_NAME,
@@ -104,9 +105,10 @@ def attention_profiles(
     net = net.to(device)
     acc = EmpiricalAccumulator(n_layers, n_heads, max_length, device)
     sinks = SinkAccumulator(n_layers, n_heads, device)
+    learned = LearnedSinkAccumulator(n_layers, n_heads, device) if has_learned_sinks(net) else None
     summary = capture(
         net,
-        [acc, sinks],
+        [acc, sinks] + ([learned] if learned is not None else []),
         texts,
         tokenizer=tokenizer,
         input_ids=input_ids,
@@ -140,10 +142,19 @@ def attention_profiles(
         time.perf_counter() - started,
         text_source,
         sinks=sinks.result(),
+        learned_sinks=None if learned is None else learned.result(),
         min_pairs=min_pairs,
         quantization=None if source is None else source.quantization,
         stack="encoder" if encoder_decoder else None,
     )
+
+
+def has_learned_sinks(net) -> bool:
+    """True when the model's family gives its heads learned sink logits (`Family.sinks`: gpt-oss)."""
+    from posprobe.families import family_for_type
+
+    family = family_for_type(str(getattr(net.config, "model_type", "")))
+    return family is not None and family.sinks is not None
 
 
 def _weights_profiles(source, n: int, n_layers: int) -> tuple[np.ndarray | None, str]:

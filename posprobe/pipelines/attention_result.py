@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from posprobe.analysis.empirical import EmpiricalProfiles
+from posprobe.analysis.learned_sinks import LearnedSinkShares
 from posprobe.analysis.sinks import SinkMeasures
 from posprobe.results import ResultMixin
 
@@ -23,6 +24,8 @@ SINK_ARRAYS = (
     "uniform_distance_without_first",
 )
 
+LEARNED_SINK_ARRAYS = ("learned_sink_share", "real_token_share")  # (L, H); only for models with learned sinks
+
 
 @dataclass(frozen=True, repr=False)
 class AttentionResult(ResultMixin):
@@ -31,6 +34,9 @@ class AttentionResult(ResultMixin):
     profiles: SPEC §10 (`EmpiricalProfiles`: score_profiles, prob_profiles (L, H, 2n-1), pair_counts, mean_distance
     (L, H), mean_scores, toeplitz_r2, ...); sinks: SPEC §14 (`SinkMeasures`: first_token_mass, special_token_mass,
     distance_without_first (L, H), sink_rate (L,), uniform_distance, uniform_distance_without_first (L,)).
+    learned_sinks: for heads with learned sink logits (gpt-oss), the sink's own share of each query's attention and
+    the share left to real tokens (`LearnedSinkShares`, (L, H) each); None for models without them. The profiles'
+    probabilities are those of the real keys (rows sum to the share left to real tokens).
     weights_profiles (L, H, 2n-1): the weights-based profile (faithful-mode F̂_P diagonal means over the leading
     n x n positions) where the family has one, else None; weights_correlation (L, H): Pearson r between s(k) and it
     over the offsets with at least `min_pairs` pairs (NaN where undefined), or None.
@@ -54,6 +60,7 @@ class AttentionResult(ResultMixin):
     min_pairs: int = 1
     quantization: str | None = None  # a GGUF file's quantisation: the model ran on weights de-quantised from it
     stack: str | None = None  # 'encoder' for an encoder-decoder (its encoder stack ran on the texts), else None
+    learned_sinks: LearnedSinkShares | None = None  # learned per-head sink logits (gpt-oss), else None
 
     _repr_fields = ("model", "n_texts", "max_length", "n_layers", "n_heads", "causal", "mean_distance", "sink_rate")
 
@@ -131,6 +138,8 @@ class AttentionResult(ResultMixin):
             out["weights_profiles"] = self.weights_profiles
         if self.sinks is not None:
             out |= {name: getattr(self.sinks, name) for name in SINK_ARRAYS}
+        if self.learned_sinks is not None:
+            out |= {name: getattr(self.learned_sinks, name) for name in LEARNED_SINK_ARRAYS}
         return out
 
     def to_dict(self) -> dict:
@@ -142,6 +151,9 @@ class AttentionResult(ResultMixin):
         }
         if self.sinks is not None:
             out |= {name: _nulls(getattr(self.sinks, name)) for name in SINK_ARRAYS}
+        if self.learned_sinks is not None:
+            out |= {name: _nulls(getattr(self.learned_sinks, name)) for name in LEARNED_SINK_ARRAYS}
+            out["learned_sink_queries"] = self.learned_sinks.n_queries
         return out | {"seconds": round(self.seconds, 3)}
 
     def record(self, npz: str | Path | None = None, figures: list | None = None) -> dict:

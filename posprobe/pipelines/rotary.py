@@ -87,10 +87,10 @@ def rotary(
             f"the rotary module of '{name}' rotates {rotated} dims of {s.head_dim}-dim heads",
             "the config is malformed; re-save the checkpoint",
         )
-    order = pairing(ctx.family.rotary_layout, s.head_dim, rotated)
+    order = pairing(T.rotary_layout(ctx.family, ctx.config), s.head_dim, rotated)
     pairs = band_pairs(rotated, order)
     half = f"rotate_half: dims (f, f + {rotated // 2})"
-    words = half if order is None else f"{ctx.family.rotary_layout}: dims (2f, 2f + 1)"
+    words = half if order is None else f"{T.rotary_layout(ctx.family, ctx.config)}: dims (2f, 2f + 1)"
     per_type = {t: frequencies_from_angles(*a) for t, a in angles.items()}
     theta = np.stack([per_type[t][0] for t in types])  # (L_sel, F)
     scale = per_type[types[0]][1]
@@ -98,7 +98,10 @@ def rotary(
     if settings is None:
         parts = []
         for layer in layers:
-            q, k = ctx.query_key(layer)  # (H, d_h), (H_kv, d_h)
+            if ctx.layer_kinds(n)[layer].attention == "none":  # a hybrid's recurrent / convolution layer: no bands
+                q, k = np.full((s.heads, s.head_dim), np.nan), np.full((s.kv_heads, s.head_dim), np.nan)
+            else:
+                q, k = ctx.query_key(layer)  # (H, d_h), (H_kv, d_h)
             parts.append((band_norms(q, pairs), band_norms(k, pairs), unrotated(q, pairs), unrotated(k, pairs)))
         q_norm, k_norm, q_rest, k_rest = (np.stack(part) for part in zip(*parts))
     else:
@@ -127,6 +130,13 @@ def rotary(
         quantization=ctx.source.quantization,
         layer_windows=[None if w is None else int(w) + 1 for w in windows],
         budget=budget_of(ctx, variants),
+        layer_kinds=[ctx.layer_kinds(n)[layer].describe() for layer in layers],
+        latent_split=(
+            f"multi-head latent attention: the bands are each head's rotary part ({rotated} dims); its other "
+            f"{s.head_dim - rotated} dims are the position-free part (q/k_unrotated_norm)"
+            if ctx.qkv == T.LATENT
+            else ""
+        ),
     )
 
 

@@ -27,7 +27,9 @@ class RotaryBandsResult(ResultMixin):
     `text`). Index i of the first axis is model layer `layers[i]`. `layer_windows`: the tokens a layer with a
     sliding window sees (window + 1), None for a global layer; `layer_contexts` reads each layer against
     min(its window, `context`). `budget`: critical dimension, extrapolation limit and each variant's wavelengths
-    against the trained length (SPEC §17)."""
+    against the trained length (SPEC §17). `layer_kinds` how each layer of `layers` attends
+    (`FhatResult.layer_kind`: NoPE layers apply no rotation, their band norms weigh nothing positional);
+    `latent_split` says, for multi-head latent attention (DeepSeek), which dims are the rotary part (empty else)."""
 
     model: str
     model_type: str
@@ -48,6 +50,8 @@ class RotaryBandsResult(ResultMixin):
     quantization: str | None = None  # a GGUF file's quantisation: the weights analysed were de-quantised from it
     layer_windows: list[int | None] | None = None  # tokens each layer sees (sliding window + 1); None: no window
     budget: dict | None = None  # the rotary budget (SPEC §17), from the config
+    layer_kinds: list[str] | None = None
+    latent_split: str = ""
 
     _repr_fields = ("model", "mode", "layers", "rotated_dims", "context", "q_band_norm", "k_band_norm", "wavelengths")
 
@@ -108,7 +112,10 @@ class RotaryBandsResult(ResultMixin):
             if self.partial
             else ""
         )
-        return f"band norms of the pre-rotation queries and keys (after q/k norms), {what}{partial}"
+        nope = [layer for layer, kind in zip(self.layers, self.layer_kinds or [], strict=False) if "NoPE" in kind]
+        nope_words = f"; NoPE layers {nope} do not rotate: their bands carry no position" if nope else ""
+        latent = f"; {self.latent_split}" if self.latent_split else ""
+        return f"band norms of the pre-rotation queries and keys (after q/k norms), {what}{partial}{latent}{nope_words}"
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The .npz arrays."""
@@ -142,6 +149,7 @@ class RotaryBandsResult(ResultMixin):
             "layer_contexts": self.layer_contexts,
             "texts": self.texts,
             "quantization": self.quantization,
+            "layer_kinds": self.layer_kinds,
             "note": self.note(),
             "budget": self.budget,
         }
