@@ -30,6 +30,7 @@ MARGIN_LEFT, MARGIN_RIGHT, MARGIN_BOTTOM, HEADER = 0.15, 0.15, 0.45, 0.72  # inc
 _PAD_L, _PAD_R, _PAD_B, _PAD_T = 0.42, 0.08, 0.2, 0.24  # inches inside each cell around the plot box
 SECTION_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
 OVERLAY_COLOUR = "tab:blue"
+SECOND_COLOUR = "tab:orange"  # a variant of the overlay (a(k) without the first token)
 
 
 class ProfilePages:
@@ -39,17 +40,20 @@ class ProfilePages:
     None, labelled `section_labels` (R,); `page_titles` (P,); `panel_titles` (H,), or (P, H) when they change from
     page to page; `causal`: the unused side k > 0 is shaded. Optional, (P, H, K) each: `guides`, drawn dashed grey
     on the profile's scale, and `overlays`, drawn blue on a scale of their own (its values on the right of each
-    panel). `labels` names the profile, overlay and guide lines in the legend. `figure(p)` is page p as a
+    panel); `second_overlays`, drawn dotted on the overlay's scale (a variant of the overlay). `labels` names the
+    profile, overlay, second overlay and guide lines in the legend. `figure(p)` is page p as a
     matplotlib Figure; `write(p, path, fmt)` writes it (PNG from the kept background, the fast path)."""
 
     def __init__(self, ks, profiles, sections=None, section_labels=(), page_titles=(), panel_titles=(), causal=False,
-                 overlays=None, guides=None, labels=None):  # fmt: skip
+                 overlays=None, guides=None, labels=None, second_overlays=None):  # fmt: skip
         self.ks = np.asarray(ks, dtype=np.float64)
         self.profiles = np.asarray(profiles, dtype=np.float64)
         self.sections = None if sections is None else np.asarray(sections, dtype=np.float64)
         self.overlays = None if overlays is None else np.asarray(overlays, dtype=np.float64)
+        self.second = None if second_overlays is None or overlays is None else np.asarray(second_overlays, np.float64)
         self.guides = None if guides is None or not np.isfinite(guides).any() else np.asarray(guides, np.float64)
-        self.labels = {"profile": "profile", "overlay": "overlay", "guide": "guide", **(labels or {})}
+        self.labels = {"profile": "profile", "overlay": "overlay", "second": "second overlay", "guide": "guide",
+                       **(labels or {})}  # fmt: skip
         n_pages, self.n_panels, _ = self.profiles.shape
         self.page_titles = list(page_titles) or [""] * n_pages
         titles = list(panel_titles) or [f"head {h}" for h in range(self.n_panels)]
@@ -76,6 +80,7 @@ class ProfilePages:
     def _legend_labels(self) -> list[str]:
         labels = [self.labels["profile"]]
         labels += [self.labels["overlay"]] if self.overlays is not None else []
+        labels += [self.labels["second"]] if self.second is not None else []
         labels += [self.labels["guide"]] if self.guides is not None else []
         return labels + self.section_labels + (["k > 0: never used (causal)"] if self.causal else [])
 
@@ -125,6 +130,8 @@ class ProfilePages:
         handles = [Line2D([], [], color="black", lw=1.8, label=self.labels["profile"])]
         if self.overlays is not None:
             handles.append(Line2D([], [], color=OVERLAY_COLOUR, lw=1.0, label=self.labels["overlay"]))
+        if self.second is not None:
+            handles.append(Line2D([], [], color=SECOND_COLOUR, lw=1.2, ls=":", label=self.labels["second"]))
         if self.guides is not None:
             handles.append(Line2D([], [], color="grey", lw=1.0, ls="--", label=self.labels["guide"]))
         handles += [Line2D([], [], color=SECTION_COLOURS[s % len(SECTION_COLOURS)], lw=0.8, label=label)
@@ -139,7 +146,8 @@ class ProfilePages:
         self._profile = LineCollection([], colors="black", linewidths=1.8, zorder=2)
         self._overlay = LineCollection([], colors=OVERLAY_COLOUR, linewidths=1.0, zorder=2)
         self._guide = LineCollection([], colors="grey", linewidths=1.0, linestyles="--", zorder=2)
-        for lines in (self._sections, self._guide, self._overlay, self._profile):
+        self._second = LineCollection([], colors=SECOND_COLOUR, linewidths=1.2, linestyles=":", zorder=2)
+        for lines in (self._sections, self._guide, self._second, self._overlay, self._profile):
             ax.add_collection(lines)
         self._scale, self._overlay_scale, self._panel_title = [], [], []
         for h in range(self.n_panels):
@@ -155,7 +163,7 @@ class ProfilePages:
                 self._panel_title.append(title)
         self._title = fig.suptitle(" ", fontsize=10, y=1 - 0.1 / self.height, va="top")  # the page's
         self.fig, self.ax = fig, ax
-        self._dynamic = [self._sections, self._guide, self._overlay, self._profile, *self._scale,
+        self._dynamic = [self._sections, self._guide, self._second, self._overlay, self._profile, *self._scale,
                          *self._overlay_scale, *self._panel_title, self._title]  # fmt: skip
 
     def _set_page(self, page: int) -> None:
@@ -165,7 +173,7 @@ class ProfilePages:
         prof = self.profiles[page]  # (H, K)
         secs = None if self.sections is None else self.sections[page]  # (H, R, K)
         guides = None if self.guides is None else self.guides[page]  # (H, K)
-        lines = {"profile": [], "sections": [], "guide": [], "overlay": []}
+        lines = {"profile": [], "sections": [], "guide": [], "overlay": [], "second": []}
         colours = []
         for h in range(self.n_panels):
             parts = (
@@ -192,10 +200,13 @@ class ProfilePages:
             self._scale[2 * h + 1].set_text(f"{lo:.3g}")
             if self.overlays is not None:
                 over = self.overlays[page, h]
-                o_lo, o_hi = _padded_range(over)
-                if np.nanmin(over, initial=np.inf) >= 0:  # a non-negative overlay (probabilities) stays so
+                both = over if self.second is None else np.concatenate([over, self.second[page, h]])
+                o_lo, o_hi = _padded_range(both)
+                if np.nanmin(both, initial=np.inf) >= 0:  # a non-negative overlay (probabilities) stays so
                     o_lo = max(o_lo, 0.0)
                 lines["overlay"] += _runs(xs, y + (over - o_lo) / (o_hi - o_lo) * bh)
+                if self.second is not None:
+                    lines["second"] += _runs(xs, y + (self.second[page, h] - o_lo) / (o_hi - o_lo) * bh)
                 self._overlay_scale[2 * h].set_text(f"{o_hi:.3g}")
                 self._overlay_scale[2 * h + 1].set_text(f"{o_lo:.3g}")
             if self._titles_per_page:
@@ -205,6 +216,7 @@ class ProfilePages:
         self._sections.set_colors(colours or ["none"])
         self._guide.set_segments(lines["guide"])
         self._overlay.set_segments(lines["overlay"])
+        self._second.set_segments(lines["second"])
         self._title.set_text(self.page_titles[page])
         self._page = page
 

@@ -37,10 +37,14 @@ def test_profile_page_has_one_legend_naming_every_line(results):
     assert causal.weights_profiles is not None and both.weights_profiles is None
     fig = plotting_attention.profile_grid(causal, 0)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert labels[:2] == ["mean score s(k) (left scale)", "mean probability a(k) (right scale)"]
-    assert labels[2].startswith("weights-based profile")
+    assert labels[:3] == [
+        "mean score s(k) (left scale)",
+        "mean probability a(k) (right scale)",
+        "a(k) without key 0 / query 0 (right scale)",
+    ]
+    assert labels[3].startswith("weights-based profile")
     fig = plotting_attention.profile_grid(both, 0)
-    assert len(fig.axes) == 1 and len(fig.axes[0].get_legend().get_texts()) == 2  # no weights-based line
+    assert len(fig.axes) == 1 and len(fig.axes[0].get_legend().get_texts()) == 3  # no weights-based line
 
 
 def test_profile_pages_carry_each_layers_numbers(results):
