@@ -296,12 +296,23 @@ def profile_pages(result) -> ProfilePages:
         f"{result.mode} mode{conditioning_note(result)}{notes}"
         for l, kind in zip(result.layers, kinds)
     ]
+    panel_titles = []
+    if hasattr(result, "peak_offsets"):  # a peak the window cuts off is named in its panel's title
+        peaks = result.peak_offsets()
+        if (np.abs(np.nan_to_num(peaks)) > w).any():
+            titles = [t + f"\n(peak k): the head's maximum lies beyond the drawn ±{w}" for t in titles]
+        panel_titles = [
+            [f"head {h}" + (f" (peak {int(k):+d})" if np.isfinite(k) and abs(k) > w else "") for h, k in
+             enumerate(row)]
+            for row in peaks
+        ]  # fmt: skip
     return ProfilePages(
         ks,
         result.profiles[:, :, centre - w : centre + w + 1],
         None if by_construction else result.sections,
         [] if by_construction else [f"i = {row}" for row in result.section_rows],
         titles,
+        panel_titles,
         causal=bool(getattr(result, "causal", False)),
     )
 
