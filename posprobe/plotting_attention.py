@@ -55,12 +55,14 @@ def attention_pages(result, window: int = 20):
         "profile": "mean score s(k) (left scale)",
         "overlay": "mean probability a(k) (right scale)",
         "second": "a(k) without key 0 / query 0 (right scale)",
+        "sparse": f"fewer than {result.min_pairs} pairs (not in r)",
         "guide": "weights-based profile (input e_w), rescaled to s(k)",
     }
     without_first = None if p.prob_profiles_without_first is None else p.prob_profiles_without_first[:, :, sl]
     return ProfilePages(p.offsets[sl], scores, page_titles=page_titles, panel_titles=titles,
                         overlays=p.prob_profiles[:, :, sl], guides=guides, labels=labels,
-                        second_overlays=without_first)  # fmt: skip
+                        second_overlays=without_first,
+                        sparse=p.pair_counts[:, sl] < result.min_pairs)  # fmt: skip
 
 
 def profile_grid(result, layer: int, window: int = 20):
