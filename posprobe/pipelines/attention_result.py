@@ -22,6 +22,9 @@ SINK_ARRAYS = (
     "sink_rate",
     "uniform_distance",
     "uniform_distance_without_first",
+    "uniform_first_token_mass",
+    "first_token_queries",
+    "first_token_ratio",
 )
 
 LEARNED_SINK_ARRAYS = ("learned_sink_share", "real_token_share")  # (L, H); only for models with learned sinks
@@ -31,9 +34,10 @@ LEARNED_SINK_ARRAYS = ("learned_sink_share", "real_token_share")  # (L, H); only
 class AttentionResult(ResultMixin):
     """Empirical profiles and attention sinks of every layer and head.
 
-    profiles: SPEC §10 (`EmpiricalProfiles`: score_profiles, prob_profiles (L, H, 2n-1), pair_counts, mean_distance
-    (L, H), mean_scores, toeplitz_r2, ...); sinks: SPEC §14 (`SinkMeasures`: first_token_mass, special_token_mass,
-    distance_without_first (L, H), sink_rate (L,), uniform_distance, uniform_distance_without_first (L,)).
+    profiles: SPEC §10 (`EmpiricalProfiles`: score_profiles, prob_profiles, prob_profiles_without_first
+    (L, H, 2n-1), pair_counts, mean_distance (L, H), mean_scores, toeplitz_r2, ...); sinks: SPEC §14
+    (`SinkMeasures`: first_token_mass, special_token_mass, distance_without_first, first_token_ratio (L, H),
+    sink_rate, uniform_distance, uniform_distance_without_first, uniform_first_token_mass, first_token_queries (L,)).
     learned_sinks: for heads with learned sink logits (gpt-oss), the sink's own share of each query's attention and
     the share left to real tokens (`LearnedSinkShares`, (L, H) each); None for models without them. The profiles'
     probabilities are those of the real keys (rows sum to the share left to real tokens).
@@ -133,11 +137,14 @@ class AttentionResult(ResultMixin):
             "n_queries": p.n_queries,
             "layers": np.arange(self.n_layers),
         }
+        if p.prob_profiles_without_first is not None:
+            out["prob_profiles_without_first"] = p.prob_profiles_without_first
+            out["layer_pair_counts_without_first"] = p.pair_counts_without_first
         if self.weights_correlation is not None:
             out["weights_correlation"] = self.weights_correlation
             out["weights_profiles"] = self.weights_profiles
         if self.sinks is not None:
-            out |= {name: getattr(self.sinks, name) for name in SINK_ARRAYS}
+            out |= {name: getattr(self.sinks, name) for name in SINK_ARRAYS if getattr(self.sinks, name) is not None}
         if self.learned_sinks is not None:
             out |= {name: getattr(self.learned_sinks, name) for name in LEARNED_SINK_ARRAYS}
         return out
@@ -150,7 +157,11 @@ class AttentionResult(ResultMixin):
             "weights_correlation": None if self.weights_correlation is None else _nulls(self.weights_correlation),
         }
         if self.sinks is not None:
-            out |= {name: _nulls(getattr(self.sinks, name)) for name in SINK_ARRAYS}
+            out |= {
+                name: _nulls(np.asarray(getattr(self.sinks, name), dtype=np.float64))
+                for name in SINK_ARRAYS
+                if getattr(self.sinks, name) is not None
+            }
         if self.learned_sinks is not None:
             out |= {name: _nulls(getattr(self.learned_sinks, name)) for name in LEARNED_SINK_ARRAYS}
             out["learned_sink_queries"] = self.learned_sinks.n_queries
