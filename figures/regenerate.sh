@@ -28,3 +28,5 @@ posprobe attention $SMOL --text "$COLA" --column sentence --max-texts 200 --out 
 posprobe rotary $SMOL --layers 0,4,8,12,16,20,24,29 --text "$COLA" --column sentence --max-texts 200 \
     --out figures/rotary/$SMOL-cola
 posprobe states $SMOL --text "$COLA" --column sentence --out figures/states/$SMOL-cola
+# ... and retrieval by length and depth (the README's "Retrieval by length and depth" section)
+posprobe needle $SMOL --lengths 256,512,1024 --trials 3 --out figures/needle/$SMOL

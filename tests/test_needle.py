@@ -164,6 +164,7 @@ def test_scores_equal_a_naive_computation(planted_result):
                 pad_token_id=1,
             )[0, len(prompt):].tolist()  # fmt: skip
         assert record["log_prob"] == pytest.approx(log_prob, abs=1e-6)
+        assert sum(record["answer_token_log_probs"]) == pytest.approx(log_prob, abs=1e-6)
         assert record["greedy_ids"] == generated
         assert record["exact"] == (generated == answer)
         i, j, t = result.lengths.index(record["length"]), result.depths.index(record["depth"]), record["trial"]
@@ -183,6 +184,8 @@ def test_spans_decode_to_the_needle_and_lengths_are_exact(planted_result):
         assert tokenizer.decode(ids[h1:]) == "\nThe key is"
         hay = (h1 - h0) - (end - start)
         assert record["achieved_depth"] == (start - h0) / hay
+        if start > h0:  # the needle follows a whole sentence (only the haystack's first fragment is cut)
+            assert tokenizer.decode(ids[start - 1]) in ".!?"
         assert abs(record["achieved_depth"] - record["depth"]) < 60 / hay  # the nearest sentence boundary
         if record["depth"] in (0.0, 1.0):
             assert record["achieved_depth"] == record["depth"]
@@ -194,9 +197,9 @@ def test_spans_decode_to_the_needle_and_lengths_are_exact(planted_result):
 def test_answer_scores_known_answers():
     logits = torch.full((3, 5), -10.0)
     logits[0, 2] = logits[1, 4] = logits[2, 1] = 10.0
-    log_prob, exact, greedy = answer_scores(logits, [2, 4, 1])
+    token_log_probs, exact, greedy = answer_scores(logits, [2, 4, 1])
     assert exact and greedy == [2, 4, 1]
-    assert log_prob == pytest.approx(3 * float(torch.log_softmax(logits[0].double(), -1)[2]))
+    assert token_log_probs == pytest.approx([float(torch.log_softmax(logits[0].double(), -1)[2])] * 3)
     _, exact, greedy = answer_scores(logits, [2, 3, 1])
     assert not exact and greedy == [2, 4]  # the greedy prefix stops at its first departure
 

@@ -13,6 +13,7 @@ The result type is in `needle_result.py`, the prompts in `needle_prompts.py`, th
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -80,12 +81,14 @@ def _as_list(values, name: str) -> list:
 @dataclass(frozen=True)
 class PromptScore:
     """What one prompt gave: `log_prob` of the answer (float64), `exact` greedy match, `greedy_ids` the greedy
-    continuation (len(answer) tokens, fewer where it ended at an end-of-text token), `needle_attention` (L, H)."""
+    continuation (len(answer) tokens, fewer where it ended at an end-of-text token), `needle_attention` (L, H),
+    `token_log_probs` log p of each answer token (they sum to `log_prob`)."""
 
     log_prob: float
     exact: bool
     greedy_ids: list[int]
     needle_attention: np.ndarray
+    token_log_probs: list[float]
 
 
 def needle(
@@ -190,12 +193,12 @@ def score_prompt(run, prompt: NeedlePrompt, device) -> PromptScore:
         kwargs["logits_to_keep"] = answer_len + 1
     output, attention = run.forward(ids, prompt_len - 1, [prompt.needle_span], **kwargs)
     logits = output.logits[0, -(answer_len + 1) : -1] if keep else output.logits[0, prompt_len - 1 : -1]
-    log_prob, exact, greedy = answer_scores(logits, prompt.answer_ids)
+    token_log_probs, exact, greedy = answer_scores(logits, prompt.answer_ids)
     if not exact and len(greedy) < answer_len:
         greedy = _continue_greedy(run.model, list(prompt.prompt_ids) + greedy, answer_len - len(greedy), device)[
             prompt_len:
         ]
-    return PromptScore(log_prob, exact, greedy, attention[0].cpu().numpy())
+    return PromptScore(math.fsum(token_log_probs), exact, greedy, attention[0].cpu().numpy(), token_log_probs)
 
 
 def _continue_greedy(model, ids: list[int], new_tokens: int, device) -> list[int]:
@@ -206,7 +209,8 @@ def _continue_greedy(model, ids: list[int], new_tokens: int, device) -> list[int
     config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=new_tokens, repetition_penalty=1.0)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     config.eos_token_id, config.pad_token_id = eos, eos if isinstance(eos, int) else None
-    out = model.generate(torch.tensor([ids], device=device), attention_mask=None, generation_config=config)
+    input_ids = torch.tensor([ids], device=device)
+    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
     return out[0].tolist()
 
 
