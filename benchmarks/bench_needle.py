@@ -11,12 +11,13 @@ to get the retrieval attention: every layer's full matrix is returned).
 Each way runs every prompt once per round, the ways alternating, rounds repeated; the median round is reported.
 The results must agree (log-probability to 1e-4, exact match equal) or the script stops.
 
-    python benchmarks/bench_needle.py [--model SmolLM2-135M-Instruct] [--lengths 256,1024] [--rounds 3]
+    python benchmarks/bench_needle.py [--model SmolLM2-135M-Instruct] [--lengths 256,1024] [--rounds 3] [--miss]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -51,6 +52,9 @@ def main() -> None:
     parser.add_argument("--lengths", default="256,1024")
     parser.add_argument("--depths", default="0.25,0.75")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--miss", action="store_true", help="score a wrong key (another trial's): greedy departs, posprobe generates"
+    )
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM
@@ -74,6 +78,9 @@ def main() -> None:
     print(f"model {args.model}: {layers} layers x {heads} heads; threads {torch.get_num_threads()}")
     for length in lengths:
         prompts = [builder.build(length, depth, 0) for depth in depths]
+        if args.miss:  # the answer scored is another trial's key: the worst case for posprobe (it generates too)
+            wrong = builder.build(length, depths[0], 1).answer_ids
+            prompts = [dataclasses.replace(p, answer_ids=wrong) for p in prompts]
         times: dict[str, list[float]] = {"posprobe": [], "reference": [], "naive-attention": []}
         for round_ in range(args.rounds + 1):  # round 0 warms up
             results = {}
@@ -91,8 +98,9 @@ def main() -> None:
                 assert torch.allclose(torch.as_tensor(ours.needle_attention).float(), naive[2].float(), atol=1e-4)
         medians = {way: statistics.median(t) for way, t in times.items()}
         exact = sum(s.exact for s in results["posprobe"])
+        miss = " (wrong key scored)" if args.miss else ""
         print(
-            f"length {length}: {len(prompts)} prompts ({exact} exact), median of {args.rounds} rounds: "
+            f"length {length}{miss}: {len(prompts)} prompts ({exact} exact), median of {args.rounds} rounds: "
             + ", ".join(f"{way} {t:.2f} s" for way, t in medians.items())
             + f"; posprobe / reference = {medians['posprobe'] / medians['reference']:.2f}, "
             f"naive-attention / reference = {medians['naive-attention'] / medians['reference']:.2f}"
