@@ -257,6 +257,9 @@ def test_cli_writes_the_grid(planted_folder, tmp_path, capsys):
         (["--lengths", "20"], ["leaves no room"]),
         (["--question", " It is {answer}"], ["--question", "give the answer away"]),
         (["--lengths", "1e3"], ["--lengths", "whole numbers"]),
+        (["--haystack", "/no/such/haystack.txt"], ["haystack.txt"]),
+        (["--haystack", "builtin:nothing"], ["builtin:nothing", "builtin:kjv"]),
+        (["--trials", "0"], ["--trials"]),
     ],
     ids=[
         "short-haystack",
@@ -266,15 +269,21 @@ def test_cli_writes_the_grid(planted_folder, tmp_path, capsys):
         "too-short",
         "question-answer",
         "bad-length",
+        "missing-haystack",
+        "unknown-builtin",
+        "no-trials",
     ],  # fmt: skip
 )
 def test_hostile_input_is_one_line(planted_folder, tmp_path, capsys, extra, words):
     out = tmp_path / "out"
-    flags = dict(zip(TASK_FLAGS[::2], TASK_FLAGS[1::2]))
+    flags = {
+        "--haystack": planted_folder / "haystack.txt",
+        "--lengths": "150",
+        **dict(zip(TASK_FLAGS[::2], TASK_FLAGS[1::2])),
+    }
     for flag in extra[::2]:
         flags.pop(flag, None)
-    args = ["needle", planted_folder, "--haystack", planted_folder / "haystack.txt", "--out", out,
-            *[x for pair in flags.items() for x in pair], *extra]  # fmt: skip
+    args = ["needle", planted_folder, "--out", out, *[x for pair in flags.items() for x in pair], *extra]
     code, stdout, err = run_cli(args, capsys)
     assert_one_line_error(code, stdout, err, *words)
     assert not out.exists()

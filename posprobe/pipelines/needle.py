@@ -116,8 +116,12 @@ def needle(
 
     grid = NeedleGrid() if grid is None else grid
     task = NeedleTask() if task is None else task
-    if not isinstance(grid, NeedleGrid) or not isinstance(task, NeedleTask):
-        raise ArgumentTypeError("grid", "{arg} must be a NeedleGrid and task a NeedleTask", "build them from there")
+    if not isinstance(grid, NeedleGrid):
+        raise ArgumentTypeError("grid", f"{{arg}} must be a NeedleGrid, got {type(grid).__name__}",
+                                "e.g. grid=NeedleGrid(lengths=[256, 512], depths=[0, 0.5, 1])")  # fmt: skip
+    if not isinstance(task, NeedleTask):
+        raise ArgumentTypeError("task", f"{{arg}} must be a NeedleTask, got {type(task).__name__}",
+                                "e.g. task=NeedleTask(needle=' The secret word is {answer}.')")  # fmt: skip
     net = model if isinstance(model, nn.Module) else None
     if net is not None:
         if tokenizer is None:
