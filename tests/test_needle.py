@@ -221,7 +221,8 @@ def planted_folder(tmp_path_factory):
     return folder
 
 
-TASK_FLAGS = ["--intro", "Find the key.\n", "--needle", " The key is {answer}.", "--question", "\nThe key is"]
+# \\n as typed on a command line (the CLI makes it a new line)
+TASK_FLAGS = ["--intro", "Find the key.\\n", "--needle", " The key is {answer}.", "--question", "\\nThe key is"]
 
 
 def test_cli_writes_the_grid(planted_folder, tmp_path, capsys):
