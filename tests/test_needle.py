@@ -53,6 +53,9 @@ def tiny_causal_lm(kind: str = "llama", **overrides):
     if kind == "bloom":
         config = tf.BloomConfig(vocab_size=98, hidden_size=32, n_layer=2, n_head=4, eos_token_id=1, bos_token_id=1)
         return tf.BloomForCausalLM(config).eval()
+    if kind == "falcon":  # cannot switch to eager after loading: built with it
+        config = tf.FalconConfig(**size, max_position_embeddings=512, eos_token_id=1, bos_token_id=1)
+        return tf.FalconForCausalLM._from_config(config, attn_implementation="eager").eval()
     cls_config, cls_model = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
                              "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
                              "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM),
@@ -107,8 +110,9 @@ def eager_rows(model, ids: torch.Tensor, row: int, span: tuple[int, int]) -> tor
         ("gemma2", {"attn_logit_softcapping": 5.0, "sliding_window": 40, "head_dim": 8}),
         ("gemma3", {"sliding_window": 40, "head_dim": 8, "sliding_window_pattern": 2}),
         ("bloom", {}),
+        ("falcon", {}),
     ],
-    ids=["llama-gqa", "mistral-window", "gemma2-softcap", "gemma3-local-global", "bloom-eager-route"],
+    ids=["llama-gqa", "mistral-window", "gemma2-softcap", "gemma3-local-global", "bloom-eager-route", "falcon-eager"],
 )
 def test_retrieval_attention_equals_the_eager_row(kind, overrides):
     from posprobe.capture.retrieval import RetrievalRun
@@ -295,3 +299,15 @@ def test_encoder_is_refused(capsys, tmp_path):
     code, stdout, err = run_cli(["needle", "all-MiniLM-L6-v2", "--out", out], capsys)
     assert_one_line_error(code, stdout, err, "not a causal language model")
     assert not out.exists()
+
+
+def test_a_model_that_cannot_switch_to_eager_is_refused():
+    import transformers as tf
+
+    from posprobe.errors import PosprobeError
+
+    config = tf.FalconConfig(vocab_size=98, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    model = tf.FalconForCausalLM._from_config(config, attn_implementation="sdpa").eval()
+    grid = NeedleGrid(lengths=(150,), depths=(0.5,), trials=1)
+    with pytest.raises(PosprobeError, match="attn_implementation='eager'"):
+        needle(model, tokenizer=char_tokenizer(), haystack=HAYSTACK, grid=grid, task=TASK)

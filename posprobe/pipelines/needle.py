@@ -286,9 +286,16 @@ def _haystack_texts(haystack) -> tuple[str, Iterable[str]]:
 
 
 def _load_causal_lm(source):
-    """The causal LM of a resolved checkpoint (its sdpa attention; the retrieval run switches it)."""
+    """The causal LM of a resolved checkpoint (its default attention, eager for families outside
+    AttentionInterface; the retrieval run switches it)."""
+    import transformers
     from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from posprobe.checkpoint.loading import build_model
 
-    return build_model(source, AutoModelForCausalLM)
+    # families outside AttentionInterface are read on their eager path, and some (Falcon) cannot switch to it
+    # after loading
+    cls = getattr(transformers, str(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(source.model_type, "")), None)
+    eager_only = hasattr(cls, "is_backend_compatible") and not cls.is_backend_compatible()
+    return build_model(source, AutoModelForCausalLM, **({"attn_implementation": "eager"} if eager_only else {}))

@@ -128,7 +128,7 @@ class Haystack:
 
     def __init__(self, texts: Iterable[str], encode: Callable[[str], list[int]], name: str):
         self._sentences = sentences(texts)
-        self._encode = encode
+        self.encode = encode
         self.name = name
         self.pieces: list[list[int]] = []  # token ids of each sentence read so far, " " + sentence
         self.tokens = 0  # tokens read so far
@@ -139,7 +139,7 @@ class Haystack:
             sentence = next(self._sentences, None)
             if sentence is None:
                 return None
-            ids = self._encode(" " + sentence)
+            ids = self.encode(" " + sentence)
             if ids:
                 self.pieces.append(ids)
                 self.tokens += len(ids)
@@ -185,7 +185,7 @@ class PromptBuilder:
 
     def __init__(self, task: NeedleTask, haystack: Haystack, tokenizer, seed: int):
         self.task, self.haystack, self.seed = task, haystack, seed
-        self.encode = haystack._encode
+        self.encode = haystack.encode
         self.decode = lambda ids: tokenizer.decode(list(ids))
         self.prefix = leading_special_ids(tokenizer) + self.encode(task.intro)
         self.question = self.encode(task.question)
