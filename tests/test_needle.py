@@ -311,3 +311,36 @@ def test_a_model_that_cannot_switch_to_eager_is_refused():
     grid = NeedleGrid(lengths=(150,), depths=(0.5,), trials=1)
     with pytest.raises(PosprobeError, match="attn_implementation='eager'"):
         needle(model, tokenizer=char_tokenizer(), haystack=HAYSTACK, grid=grid, task=TASK)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gpt2", "gpt_neox", "qwen3", "phi", "opt", "gpt_neo", "mpt"])
+def test_retrieval_rows_across_causal_families(kind):
+    """More families (learned tables, partial rotary, q/k norms, GPT-Neo's local layers, MPT's ALiBi on the eager
+    route): the rows equal eager attention's and the logits are unchanged."""
+    import transformers as tf
+
+    from posprobe.capture.retrieval import RetrievalRun
+
+    torch.manual_seed(0)
+    small = dict(vocab_size=98, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    small["max_position_embeddings"] = 128
+    neo = dict(attention_types=[[["global", "local"], 1]], window_size=16, max_position_embeddings=128)
+    build = {
+        "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=98, n_positions=128, n_embd=32, n_layer=2, n_head=4)),
+        "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(**small, intermediate_size=48)),
+        "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(**small, num_key_value_heads=2, head_dim=8)),
+        "phi": ("PhiForCausalLM", "PhiConfig", dict(**small, intermediate_size=48)),
+        "opt": ("OPTForCausalLM", "OPTConfig", dict(**small, ffn_dim=48, word_embed_proj_dim=32)),
+        "gpt_neo": ("GPTNeoForCausalLM", "GPTNeoConfig", dict(vocab_size=98, hidden_size=32, num_layers=2,
+                                                              num_heads=4, **neo)),
+        "mpt": ("MptForCausalLM", "MptConfig", dict(vocab_size=98, d_model=32, n_layers=2, n_heads=4, max_seq_len=128)),
+    }  # fmt: skip
+    model_class, config_class, config = build[kind]
+    model = getattr(tf, model_class)(getattr(tf, config_class)(**config)).eval()
+    ids = torch.randint(2, 98, (1, 90))
+    expected, logits = eager_rows(model, ids, 70, (20, 35))
+    with RetrievalRun(model, 2, 4) as run, torch.no_grad():
+        output, attention = run.forward(ids, 70, [(20, 35)], use_cache=False)
+    torch.testing.assert_close(attention[0], expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(output.logits, logits, atol=1e-4, rtol=1e-4)
