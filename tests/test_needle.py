@@ -344,3 +344,21 @@ def test_retrieval_rows_across_causal_families(kind):
         output, attention = run.forward(ids, 70, [(20, 35)], use_cache=False)
     torch.testing.assert_close(attention[0], expected, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(output.logits, logits, atol=1e-4, rtol=1e-4)
+
+
+def test_task_answers_are_fixed_or_drawn_from_seed_and_trial():
+    fixed = NeedleTask(
+        intro="Find the city.\n", needle=" The city is {answer}.", question=" The city is", answer=" Paris "
+    )
+    assert fixed.answer_for(0, 0) == fixed.answer_for(5, 9) == "Paris"
+    keys = [NeedleTask(digits=4).answer_for(7, t) for t in range(50)]
+    assert keys == [NeedleTask(digits=4).answer_for(7, t) for t in range(50)]  # the same on any rank, any run
+    assert all(len(k) == 4 and k.isdigit() and k[0] != "0" for k in keys) and len(set(keys)) > 40
+    tokenizer = char_tokenizer()
+    model = tiny_causal_lm()
+    grid = NeedleGrid(lengths=(120,), depths=(0.5,), trials=2)
+    result = needle(model, tokenizer=tokenizer, haystack=HAYSTACK, grid=grid, task=fixed)
+    for record in result.records:
+        start, end = record["needle_span"]
+        assert tokenizer.decode(record["prompt_ids"][start:end]) == " The city is Paris."
+        assert tokenizer.decode(record["answer_ids"]) == " Paris"
