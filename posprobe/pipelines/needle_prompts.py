@@ -190,10 +190,6 @@ class PromptBuilder:
         self.prefix = leading_special_ids(tokenizer) + self.encode(task.intro)
         self.question = self.encode(task.question)
 
-    def fixed_tokens(self, trial: int = 0) -> int:
-        """Tokens of a prompt that are not haystack (special prefix, intro, needle, question)."""
-        return len(self.prefix) + len(self._needle(trial)[0]) + len(self.question)
-
     def _needle(self, trial: int) -> tuple[list[int], str]:
         answer = self.task.answer_for(self.seed, trial)
         return self.encode(self.task.needle.replace(ANSWER_FIELD, answer)), answer
