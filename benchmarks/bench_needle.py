@@ -8,15 +8,17 @@ greedy tokens (exact match) — and no retrieval attention at all.
 naive-attention: the reference with the forward run as eager attention with `output_attentions=True` (the usual way
 to get the retrieval attention: every layer's full matrix is returned).
 
-Each way runs every prompt once per round, the ways alternating, rounds repeated; the median round is reported.
+Each way runs every prompt once per round, the ways alternating, rounds repeated; the median round is reported, in
+CPU seconds of this process (one thread: what a loaded machine's wall clock does not show) and in wall seconds.
 The results must agree (log-probability to 1e-4, exact match equal) or the script stops.
 
-    python benchmarks/bench_needle.py [--model SmolLM2-135M-Instruct] [--lengths 256,1024] [--rounds 3]
+    python benchmarks/bench_needle.py [--model SmolLM2-135M-Instruct] [--lengths 256,1024] [--rounds 3] [--miss]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -51,14 +53,15 @@ def main() -> None:
     parser.add_argument("--lengths", default="256,1024")
     parser.add_argument("--depths", default="0.25,0.75")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--miss", action="store_true", help="also score a wrong key (another trial's): posprobe generates too"
+    )
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM
 
-    from posprobe.capture.retrieval import RetrievalRun
     from posprobe.checkpoint import resolve_model
     from posprobe.checkpoint.loading import build_model, load_tokenizer
-    from posprobe.pipelines.needle import score_prompt
     from posprobe.pipelines.needle_prompts import Haystack, NeedleTask, PromptBuilder
     from posprobe.texts import iter_texts
 
@@ -73,30 +76,48 @@ def main() -> None:
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     print(f"model {args.model}: {layers} layers x {heads} heads; threads {torch.get_num_threads()}")
     for length in lengths:
-        prompts = [builder.build(length, depth, 0) for depth in depths]
-        times: dict[str, list[float]] = {"posprobe": [], "reference": [], "naive-attention": []}
-        for round_ in range(args.rounds + 1):  # round 0 warms up
-            results = {}
-            for way in times:
-                start = time.perf_counter()
-                if way == "posprobe":
-                    with RetrievalRun(model, layers, heads) as run:
-                        results[way] = [score_prompt(run, p, torch.device("cpu")) for p in prompts]
-                else:
-                    results[way] = [reference(model, p, way == "naive-attention") for p in prompts]
-                if round_:
-                    times[way].append(time.perf_counter() - start)
-            for ours, ref, naive in zip(results["posprobe"], results["reference"], results["naive-attention"]):
-                assert abs(ours.log_prob - ref[0]) < 1e-3 and ours.exact == ref[1], (ours.log_prob, ref)
-                assert torch.allclose(torch.as_tensor(ours.needle_attention).float(), naive[2].float(), atol=1e-4)
-        medians = {way: statistics.median(t) for way, t in times.items()}
-        exact = sum(s.exact for s in results["posprobe"])
-        print(
-            f"length {length}: {len(prompts)} prompts ({exact} exact), median of {args.rounds} rounds: "
-            + ", ".join(f"{way} {t:.2f} s" for way, t in medians.items())
-            + f"; posprobe / reference = {medians['posprobe'] / medians['reference']:.2f}, "
-            f"naive-attention / reference = {medians['naive-attention'] / medians['reference']:.2f}"
-        )
+        for miss in [False, True] if args.miss else [False]:
+            prompts = [builder.build(length, depth, 0) for depth in depths]
+            if miss:  # the answer scored is another trial's key: the worst case for posprobe (it generates too)
+                wrong = builder.build(length, depths[0], 1).answer_ids
+                prompts = [dataclasses.replace(p, answer_ids=wrong) for p in prompts]
+            run_ways(model, prompts, length, miss, args.rounds, layers, heads)
+
+
+def run_ways(model, prompts, length: int, miss: bool, rounds: int, layers: int, heads: int) -> None:
+    """Time the three ways on `prompts` (CPU seconds of this process and wall seconds), check they agree, print."""
+    from posprobe.capture.retrieval import RetrievalRun
+    from posprobe.pipelines.needle import score_prompt
+
+    ways = ("posprobe", "reference", "naive-attention")
+    cpu: dict[str, list[float]] = {way: [] for way in ways}
+    wall: dict[str, list[float]] = {way: [] for way in ways}
+    for round_ in range(rounds + 1):  # round 0 warms up
+        results = {}
+        for way in ways:
+            start_cpu, start_wall = time.process_time(), time.perf_counter()
+            if way == "posprobe":
+                with RetrievalRun(model, layers, heads) as run:
+                    results[way] = [score_prompt(run, p, torch.device("cpu")) for p in prompts]
+            else:
+                results[way] = [reference(model, p, way == "naive-attention") for p in prompts]
+            if round_:
+                cpu[way].append(time.process_time() - start_cpu)
+                wall[way].append(time.perf_counter() - start_wall)
+        for ours, ref, naive in zip(results["posprobe"], results["reference"], results["naive-attention"]):
+            assert abs(ours.log_prob - ref[0]) < 1e-3 and ours.exact == ref[1], (ours.log_prob, ref)
+            assert torch.allclose(torch.as_tensor(ours.needle_attention).float(), naive[2].float(), atol=1e-4)
+    c = {way: statistics.median(t) for way, t in cpu.items()}
+    w = {way: statistics.median(t) for way, t in wall.items()}
+    exact = sum(s.exact for s in results["posprobe"])
+    what = "wrong key scored" if miss else "the answer scored"
+    print(
+        f"length {length}, {what}: {len(prompts)} prompts ({exact} exact), median of {rounds} rounds, CPU s: "
+        + ", ".join(f"{way} {t:.2f}" for way, t in c.items())
+        + f"; posprobe / reference = {c['posprobe'] / c['reference']:.2f} CPU ({w['posprobe'] / w['reference']:.2f} "
+        f"wall), naive-attention / reference = {c['naive-attention'] / c['reference']:.2f} CPU",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -50,3 +50,6 @@ python figures/tiny_designs.py $TINY
 posprobe profiles $TINY/tiny-random-smollm3 --layers 2,3 --positions 64 --out figures/designs/tiny-random-smollm3
 posprobe profiles $TINY/tiny-random-deepseek_v3 --layers 0 --positions 64 --out figures/designs/tiny-random-deepseek_v3
 posprobe profiles $TINY/tiny-random-lfm2 --layers 0,1 --positions 64 --out figures/designs/tiny-random-lfm2
+
+# SmolLM2: retrieval by length and depth (the README's "Retrieval by length and depth" section)
+posprobe needle $SMOL --lengths 256,512,1024 --trials 3 --out figures/needle/$SMOL

@@ -53,6 +53,9 @@ def tiny_causal_lm(kind: str = "llama", **overrides):
     if kind == "bloom":
         config = tf.BloomConfig(vocab_size=98, hidden_size=32, n_layer=2, n_head=4, eos_token_id=1, bos_token_id=1)
         return tf.BloomForCausalLM(config).eval()
+    if kind == "falcon":  # cannot switch to eager after loading: built with it
+        config = tf.FalconConfig(**size, max_position_embeddings=512, eos_token_id=1, bos_token_id=1)
+        return tf.FalconForCausalLM._from_config(config, attn_implementation="eager").eval()
     cls_config, cls_model = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
                              "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
                              "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM),
@@ -107,8 +110,9 @@ def eager_rows(model, ids: torch.Tensor, row: int, span: tuple[int, int]) -> tor
         ("gemma2", {"attn_logit_softcapping": 5.0, "sliding_window": 40, "head_dim": 8}),
         ("gemma3", {"sliding_window": 40, "head_dim": 8, "sliding_window_pattern": 2}),
         ("bloom", {}),
+        ("falcon", {}),
     ],
-    ids=["llama-gqa", "mistral-window", "gemma2-softcap", "gemma3-local-global", "bloom-eager-route"],
+    ids=["llama-gqa", "mistral-window", "gemma2-softcap", "gemma3-local-global", "bloom-eager-route", "falcon-eager"],
 )
 def test_retrieval_attention_equals_the_eager_row(kind, overrides):
     from posprobe.capture.retrieval import RetrievalRun
@@ -164,6 +168,7 @@ def test_scores_equal_a_naive_computation(planted_result):
                 pad_token_id=1,
             )[0, len(prompt):].tolist()  # fmt: skip
         assert record["log_prob"] == pytest.approx(log_prob, abs=1e-6)
+        assert sum(record["answer_token_log_probs"]) == pytest.approx(log_prob, abs=1e-6)
         assert record["greedy_ids"] == generated
         assert record["exact"] == (generated == answer)
         i, j, t = result.lengths.index(record["length"]), result.depths.index(record["depth"]), record["trial"]
@@ -183,6 +188,8 @@ def test_spans_decode_to_the_needle_and_lengths_are_exact(planted_result):
         assert tokenizer.decode(ids[h1:]) == "\nThe key is"
         hay = (h1 - h0) - (end - start)
         assert record["achieved_depth"] == (start - h0) / hay
+        if start > h0:  # the needle follows a whole sentence (only the haystack's first fragment is cut)
+            assert tokenizer.decode(ids[start - 1]) in ".!?"
         assert abs(record["achieved_depth"] - record["depth"]) < 60 / hay  # the nearest sentence boundary
         if record["depth"] in (0.0, 1.0):
             assert record["achieved_depth"] == record["depth"]
@@ -194,9 +201,9 @@ def test_spans_decode_to_the_needle_and_lengths_are_exact(planted_result):
 def test_answer_scores_known_answers():
     logits = torch.full((3, 5), -10.0)
     logits[0, 2] = logits[1, 4] = logits[2, 1] = 10.0
-    log_prob, exact, greedy = answer_scores(logits, [2, 4, 1])
+    token_log_probs, exact, greedy = answer_scores(logits, [2, 4, 1])
     assert exact and greedy == [2, 4, 1]
-    assert log_prob == pytest.approx(3 * float(torch.log_softmax(logits[0].double(), -1)[2]))
+    assert token_log_probs == pytest.approx([float(torch.log_softmax(logits[0].double(), -1)[2])] * 3)
     _, exact, greedy = answer_scores(logits, [2, 3, 1])
     assert not exact and greedy == [2, 4]  # the greedy prefix stops at its first departure
 
@@ -218,7 +225,8 @@ def planted_folder(tmp_path_factory):
     return folder
 
 
-TASK_FLAGS = ["--intro", "Find the key.\n", "--needle", " The key is {answer}.", "--question", "\nThe key is"]
+# \\n as typed on a command line (the CLI makes it a new line)
+TASK_FLAGS = ["--intro", "Find the key.\\n", "--needle", " The key is {answer}.", "--question", "\\nThe key is"]
 
 
 def test_cli_writes_the_grid(planted_folder, tmp_path, capsys):
@@ -254,6 +262,9 @@ def test_cli_writes_the_grid(planted_folder, tmp_path, capsys):
         (["--lengths", "20"], ["leaves no room"]),
         (["--question", " It is {answer}"], ["--question", "give the answer away"]),
         (["--lengths", "1e3"], ["--lengths", "whole numbers"]),
+        (["--haystack", "/no/such/haystack.txt"], ["haystack.txt"]),
+        (["--haystack", "builtin:nothing"], ["builtin:nothing", "builtin:kjv"]),
+        (["--trials", "0"], ["--trials"]),
     ],
     ids=[
         "short-haystack",
@@ -263,15 +274,21 @@ def test_cli_writes_the_grid(planted_folder, tmp_path, capsys):
         "too-short",
         "question-answer",
         "bad-length",
+        "missing-haystack",
+        "unknown-builtin",
+        "no-trials",
     ],  # fmt: skip
 )
 def test_hostile_input_is_one_line(planted_folder, tmp_path, capsys, extra, words):
     out = tmp_path / "out"
-    flags = dict(zip(TASK_FLAGS[::2], TASK_FLAGS[1::2]))
+    flags = {
+        "--haystack": planted_folder / "haystack.txt",
+        "--lengths": "150",
+        **dict(zip(TASK_FLAGS[::2], TASK_FLAGS[1::2])),
+    }
     for flag in extra[::2]:
         flags.pop(flag, None)
-    args = ["needle", planted_folder, "--haystack", planted_folder / "haystack.txt", "--out", out,
-            *[x for pair in flags.items() for x in pair], *extra]  # fmt: skip
+    args = ["needle", planted_folder, "--out", out, *[x for pair in flags.items() for x in pair], *extra]
     code, stdout, err = run_cli(args, capsys)
     assert_one_line_error(code, stdout, err, *words)
     assert not out.exists()
@@ -282,3 +299,66 @@ def test_encoder_is_refused(capsys, tmp_path):
     code, stdout, err = run_cli(["needle", "all-MiniLM-L6-v2", "--out", out], capsys)
     assert_one_line_error(code, stdout, err, "not a causal language model")
     assert not out.exists()
+
+
+def test_a_model_that_cannot_switch_to_eager_is_refused():
+    import transformers as tf
+
+    from posprobe.errors import PosprobeError
+
+    config = tf.FalconConfig(vocab_size=98, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    model = tf.FalconForCausalLM._from_config(config, attn_implementation="sdpa").eval()
+    grid = NeedleGrid(lengths=(150,), depths=(0.5,), trials=1)
+    with pytest.raises(PosprobeError, match="attn_implementation='eager'"):
+        needle(model, tokenizer=char_tokenizer(), haystack=HAYSTACK, grid=grid, task=TASK)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["gpt2", "gpt_neox", "qwen3", "phi", "opt", "gpt_neo", "mpt"])
+def test_retrieval_rows_across_causal_families(kind):
+    """More families (learned tables, partial rotary, q/k norms, GPT-Neo's local layers, MPT's ALiBi on the eager
+    route): the rows equal eager attention's and the logits are unchanged."""
+    import transformers as tf
+
+    from posprobe.capture.retrieval import RetrievalRun
+
+    torch.manual_seed(0)
+    small = dict(vocab_size=98, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    small["max_position_embeddings"] = 128
+    neo = dict(attention_types=[[["global", "local"], 1]], window_size=16, max_position_embeddings=128)
+    build = {
+        "gpt2": ("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=98, n_positions=128, n_embd=32, n_layer=2, n_head=4)),
+        "gpt_neox": ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(**small, intermediate_size=48)),
+        "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(**small, num_key_value_heads=2, head_dim=8)),
+        "phi": ("PhiForCausalLM", "PhiConfig", dict(**small, intermediate_size=48)),
+        "opt": ("OPTForCausalLM", "OPTConfig", dict(**small, ffn_dim=48, word_embed_proj_dim=32)),
+        "gpt_neo": ("GPTNeoForCausalLM", "GPTNeoConfig", dict(vocab_size=98, hidden_size=32, num_layers=2,
+                                                              num_heads=4, **neo)),
+        "mpt": ("MptForCausalLM", "MptConfig", dict(vocab_size=98, d_model=32, n_layers=2, n_heads=4, max_seq_len=128)),
+    }  # fmt: skip
+    model_class, config_class, config = build[kind]
+    model = getattr(tf, model_class)(getattr(tf, config_class)(**config)).eval()
+    ids = torch.randint(2, 98, (1, 90))
+    expected, logits = eager_rows(model, ids, 70, (20, 35))
+    with RetrievalRun(model, 2, 4) as run, torch.no_grad():
+        output, attention = run.forward(ids, 70, [(20, 35)], use_cache=False)
+    torch.testing.assert_close(attention[0], expected, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(output.logits, logits, atol=1e-4, rtol=1e-4)
+
+
+def test_task_answers_are_fixed_or_drawn_from_seed_and_trial():
+    fixed = NeedleTask(
+        intro="Find the city.\n", needle=" The city is {answer}.", question=" The city is", answer=" Paris "
+    )
+    assert fixed.answer_for(0, 0) == fixed.answer_for(5, 9) == "Paris"
+    keys = [NeedleTask(digits=4).answer_for(7, t) for t in range(50)]
+    assert keys == [NeedleTask(digits=4).answer_for(7, t) for t in range(50)]  # the same on any rank, any run
+    assert all(len(k) == 4 and k.isdigit() and k[0] != "0" for k in keys) and len(set(keys)) > 40
+    tokenizer = char_tokenizer()
+    model = tiny_causal_lm()
+    grid = NeedleGrid(lengths=(120,), depths=(0.5,), trials=2)
+    result = needle(model, tokenizer=tokenizer, haystack=HAYSTACK, grid=grid, task=fixed)
+    for record in result.records:
+        start, end = record["needle_span"]
+        assert tokenizer.decode(record["prompt_ids"][start:end]) == " The city is Paris."
+        assert tokenizer.decode(record["answer_ids"]) == " Paris"

@@ -15,19 +15,20 @@ import warnings
 import numpy as np
 
 
-def answer_scores(answer_logits, answer_ids) -> tuple[float, bool, list[int]]:
-    """(log-probability, exact match, greedy prefix) of an answer of A tokens from `answer_logits` (A, V), the
-    logits at the last prompt position and the first A-1 answer positions. The greedy prefix is the teacher-forced
-    argmax up to and including its first token that differs from the answer (all A when it matches)."""
+def answer_scores(answer_logits, answer_ids) -> tuple[list[float], bool, list[int]]:
+    """(per-token log-probabilities, exact match, greedy prefix) of an answer of A tokens from `answer_logits`
+    (A, V), the logits at the last prompt position and the first A-1 answer positions; the answer's
+    log-probability is the sum of the first. The greedy prefix is the teacher-forced argmax up to and including its
+    first token that differs from the answer (all A when it matches)."""
     import torch
 
     logits = torch.as_tensor(answer_logits).double()
     targets = torch.as_tensor(list(answer_ids), dtype=torch.long, device=logits.device)
-    log_prob = float(torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).sum())
+    token_log_probs = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0].tolist()
     greedy = logits.argmax(-1).tolist()
     wrong = [i for i, (g, t) in enumerate(zip(greedy, targets.tolist())) if g != t]
     prefix = greedy if not wrong else greedy[: wrong[0] + 1]
-    return log_prob, not wrong, prefix
+    return token_log_probs, not wrong, prefix
 
 
 def cell_means(values: np.ndarray) -> np.ndarray:

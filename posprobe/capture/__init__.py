@@ -11,6 +11,8 @@ is a reducer; none wires the model itself.
 - `model.py`: loading, the checks a capturable model passes, the stack that runs (an encoder-decoder's encoder),
   device / max length / pad id;
 - `run.py`: `capture` / `capture_batches`, `BatchCapture` (what one batch did) and the `Reducer` protocol.
+- `retrieval.py`: the attention one query row gives a span of keys, per layer and head, read during an ordinary
+  forward pass without keeping any (queries x keys) matrix (`posprobe needle`'s retrieval attention).
 
 A reducer::
 

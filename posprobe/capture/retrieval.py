@@ -178,6 +178,13 @@ class RetrievalRun:
         if self.eager:
             if self.previous != "eager":
                 self.model.set_attn_implementation("eager")
+            if getattr(self.model.config, "_attn_implementation", None) != "eager":  # some cannot switch (Falcon)
+                kind = getattr(self.model.config, "model_type", "unknown")
+                raise PosprobeError(
+                    f"'{kind}' was loaded with {self.previous} attention and cannot switch to its eager attention, "
+                    "the only path whose attention rows can be read",
+                    "load it with attn_implementation='eager'",
+                )
         else:
             register_retrieval_attention()
             self.model.set_attn_implementation(RETRIEVAL_NAME)

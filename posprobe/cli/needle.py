@@ -50,7 +50,7 @@ def needle(
         str | None, typer.Option("--needle", help="Needle sentence with {answer}, e.g. ' The secret word is {answer}.'")
     ] = None,
     question: Annotated[
-        str | None, typer.Option("--question", help="The prompt's end; the answer is its continuation.")
+        str | None, typer.Option("--question", help="The prompt's end; the answer follows it (\\n: a new line).")
     ] = None,
     intro: Annotated[
         str | None, typer.Option("--intro", help="Text before the haystack (default: the pass-key one).")
@@ -88,9 +88,9 @@ def needle(
         beyond_window=beyond_window,
     )
     task = NeedleTask(
-        intro=DEFAULT_INTRO if intro is None else intro,
-        needle=DEFAULT_NEEDLE if needle_template is None else needle_template,
-        question=DEFAULT_QUESTION if question is None else question,
+        intro=DEFAULT_INTRO if intro is None else _newlines(intro),
+        needle=DEFAULT_NEEDLE if needle_template is None else _newlines(needle_template),
+        question=DEFAULT_QUESTION if question is None else _newlines(question),
         answer=answer,
         digits=digits,
     )
@@ -122,6 +122,11 @@ def needle(
         "(Nx): times the attention a uniform query row would give the needle.[/dim]"
     )
     console.print("\n".join(f"{name}: {path}" for name, path in paths.items()))
+
+
+def _newlines(template: str) -> str:
+    """A template as typed on a command line: the two characters \\n stand for a new line."""
+    return template.replace("\\n", "\n")
 
 
 def _numbers(text: str, name: str, kind):

@@ -13,6 +13,7 @@ The result type is in `needle_result.py`, the prompts in `needle_prompts.py`, th
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from os import PathLike
@@ -80,12 +81,14 @@ def _as_list(values, name: str) -> list:
 @dataclass(frozen=True)
 class PromptScore:
     """What one prompt gave: `log_prob` of the answer (float64), `exact` greedy match, `greedy_ids` the greedy
-    continuation (len(answer) tokens, fewer where it ended at an end-of-text token), `needle_attention` (L, H)."""
+    continuation (len(answer) tokens, fewer where it ended at an end-of-text token), `needle_attention` (L, H),
+    `token_log_probs` log p of each answer token (they sum to `log_prob`)."""
 
     log_prob: float
     exact: bool
     greedy_ids: list[int]
     needle_attention: np.ndarray
+    token_log_probs: list[float]
 
 
 def needle(
@@ -113,8 +116,12 @@ def needle(
 
     grid = NeedleGrid() if grid is None else grid
     task = NeedleTask() if task is None else task
-    if not isinstance(grid, NeedleGrid) or not isinstance(task, NeedleTask):
-        raise ArgumentTypeError("grid", "{arg} must be a NeedleGrid and task a NeedleTask", "build them from there")
+    if not isinstance(grid, NeedleGrid):
+        raise ArgumentTypeError("grid", f"{{arg}} must be a NeedleGrid, got {type(grid).__name__}",
+                                "e.g. grid=NeedleGrid(lengths=[256, 512], depths=[0, 0.5, 1])")  # fmt: skip
+    if not isinstance(task, NeedleTask):
+        raise ArgumentTypeError("task", f"{{arg}} must be a NeedleTask, got {type(task).__name__}",
+                                "e.g. task=NeedleTask(needle=' The secret word is {answer}.')")  # fmt: skip
     net = model if isinstance(model, nn.Module) else None
     if net is not None:
         if tokenizer is None:
@@ -190,12 +197,12 @@ def score_prompt(run, prompt: NeedlePrompt, device) -> PromptScore:
         kwargs["logits_to_keep"] = answer_len + 1
     output, attention = run.forward(ids, prompt_len - 1, [prompt.needle_span], **kwargs)
     logits = output.logits[0, -(answer_len + 1) : -1] if keep else output.logits[0, prompt_len - 1 : -1]
-    log_prob, exact, greedy = answer_scores(logits, prompt.answer_ids)
+    token_log_probs, exact, greedy = answer_scores(logits, prompt.answer_ids)
     if not exact and len(greedy) < answer_len:
         greedy = _continue_greedy(run.model, list(prompt.prompt_ids) + greedy, answer_len - len(greedy), device)[
             prompt_len:
         ]
-    return PromptScore(log_prob, exact, greedy, attention[0].cpu().numpy())
+    return PromptScore(math.fsum(token_log_probs), exact, greedy, attention[0].cpu().numpy(), token_log_probs)
 
 
 def _continue_greedy(model, ids: list[int], new_tokens: int, device) -> list[int]:
@@ -206,7 +213,8 @@ def _continue_greedy(model, ids: list[int], new_tokens: int, device) -> list[int
     config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=new_tokens, repetition_penalty=1.0)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     config.eos_token_id, config.pad_token_id = eos, eos if isinstance(eos, int) else None
-    out = model.generate(torch.tensor([ids], device=device), attention_mask=None, generation_config=config)
+    input_ids = torch.tensor([ids], device=device)
+    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
     return out[0].tolist()
 
 
@@ -278,9 +286,16 @@ def _haystack_texts(haystack) -> tuple[str, Iterable[str]]:
 
 
 def _load_causal_lm(source):
-    """The causal LM of a resolved checkpoint (its sdpa attention; the retrieval run switches it)."""
+    """The causal LM of a resolved checkpoint (its default attention, eager for families outside
+    AttentionInterface; the retrieval run switches it)."""
+    import transformers
     from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from posprobe.checkpoint.loading import build_model
 
-    return build_model(source, AutoModelForCausalLM)
+    # families outside AttentionInterface are read on their eager path, and some (Falcon) cannot switch to it
+    # after loading
+    cls = getattr(transformers, str(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(source.model_type, "")), None)
+    eager_only = hasattr(cls, "is_backend_compatible") and not cls.is_backend_compatible()
+    return build_model(source, AutoModelForCausalLM, **({"attn_implementation": "eager"} if eager_only else {}))

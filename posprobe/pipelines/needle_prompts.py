@@ -1,10 +1,11 @@
 """Needle-in-a-haystack prompts built in tokens (SPEC §18), so that length and depth are measured, not assumed.
 
 A prompt is the concatenation of separately tokenised pieces: the tokenizer's leading special tokens (a BOS where
-it adds one), the intro, the haystack (whole sentences of the haystack text, the last one cut to the token so that
-the prompt has exactly the requested length), the needle inserted at the sentence boundary nearest to the requested
-depth, then the question. The answer (`" " + answer`) is the continuation the model should produce. Every piece's
-token span is known by construction and recorded; nothing is capped: a haystack too short for a length is refused.
+it adds one), the intro, the haystack (the tail of one sentence of the haystack text, cut to the token so that the
+prompt has exactly the requested length, then whole sentences), the needle inserted at the sentence boundary
+nearest to the requested depth, then the question. The answer (`" " + answer`) is the continuation the model
+should produce. Every piece's token span is known by construction and recorded; nothing is capped: a haystack too
+short for a length is refused.
 
 Token spans are [start, end) indices into the prompt's ids. depth = haystack tokens before the needle / haystack
 tokens (the needle excluded).
@@ -127,36 +128,46 @@ class Haystack:
 
     def __init__(self, texts: Iterable[str], encode: Callable[[str], list[int]], name: str):
         self._sentences = sentences(texts)
-        self._encode = encode
+        self.encode = encode
         self.name = name
         self.pieces: list[list[int]] = []  # token ids of each sentence read so far, " " + sentence
-        self.tokens = 0
+        self.tokens = 0  # tokens read so far
 
-    def _read_until(self, n_tokens: int) -> None:
-        while self.tokens < n_tokens:
+    def _piece(self, index: int) -> list[int] | None:
+        """The token ids of sentence `index` (reading on as far as needed), None past the end of the text."""
+        while len(self.pieces) <= index:
             sentence = next(self._sentences, None)
             if sentence is None:
-                return
-            ids = self._encode(" " + sentence)
+                return None
+            ids = self.encode(" " + sentence)
             if ids:
                 self.pieces.append(ids)
                 self.tokens += len(ids)
+        return self.pieces[index]
 
     def take(self, n_tokens: int) -> tuple[list[int], list[int]] | None:
-        """(ids, sentence boundaries) of the first `n_tokens` haystack tokens: whole sentences, the last one cut to
-        the token; boundaries are the token offsets between sentences, 0 and n_tokens included. None when the
-        haystack holds fewer tokens."""
-        self._read_until(n_tokens)
-        if self.tokens < n_tokens:
-            return None
-        ids: list[int] = []
-        boundaries = [0]
-        for piece in self.pieces:
-            if len(ids) >= n_tokens:
-                break
-            ids.extend(piece[: n_tokens - len(ids)])
-            boundaries.append(len(ids))
-        return ids, boundaries
+        """(ids, sentence boundaries) of exactly `n_tokens` haystack tokens: the tail of one sentence, cut to the
+        token, then whole sentences, so that every boundary after the first fragment, the end included, lies
+        between whole sentences. Boundaries are token offsets: 0, the end of the fragment, the end of each
+        sentence. The window starts at the text's second sentence and moves on only where the first one is
+        shorter than the fragment needed. None when the text holds too few tokens."""
+        first = 1
+        while (lead := self._piece(first - 1)) is not None:
+            total, last, ends = 0, first, []
+            while (piece := self._piece(last)) is not None and total + len(piece) <= n_tokens:
+                total, last = total + len(piece), last + 1
+                ends.append(total)
+            fragment = n_tokens - total
+            if piece is None and fragment > len(lead):
+                return None
+            if fragment <= len(lead):
+                ids = lead[len(lead) - fragment :] if fragment else []
+                for index in range(first, last):
+                    ids = ids + self.pieces[index]
+                boundaries = sorted({0, fragment, *(fragment + end for end in ends)})
+                return ids, boundaries
+            first += 1
+        return None
 
 
 def leading_special_ids(tokenizer) -> list[int]:
@@ -174,14 +185,10 @@ class PromptBuilder:
 
     def __init__(self, task: NeedleTask, haystack: Haystack, tokenizer, seed: int):
         self.task, self.haystack, self.seed = task, haystack, seed
-        self.encode = haystack._encode
+        self.encode = haystack.encode
         self.decode = lambda ids: tokenizer.decode(list(ids))
         self.prefix = leading_special_ids(tokenizer) + self.encode(task.intro)
         self.question = self.encode(task.question)
-
-    def fixed_tokens(self, trial: int = 0) -> int:
-        """Tokens of a prompt that are not haystack (special prefix, intro, needle, question)."""
-        return len(self.prefix) + len(self._needle(trial)[0]) + len(self.question)
 
     def _needle(self, trial: int) -> tuple[list[int], str]:
         answer = self.task.answer_for(self.seed, trial)

@@ -68,7 +68,8 @@ class NeedleResult(ResultMixin):
             exact[i, j, t], lengths[i, j, t], needles[i, j, t] = score.exact, prompt.achieved_length, span
             attention[i, j, t] = score.needle_attention
             greedy = {"greedy_ids": list(score.greedy_ids), "greedy": decode(score.greedy_ids)}
-            records.append(prompt.record() | {"log_prob": score.log_prob, "exact": bool(score.exact)} | greedy)
+            scored = {"log_prob": score.log_prob, "answer_token_log_probs": list(score.token_log_probs)}
+            records.append(prompt.record() | scored | {"exact": bool(score.exact)} | greedy)
         return cls(task=asdict(task), lengths=grid.lengths, depths=grid.depths, trials=grid.trials, seed=grid.seed,
                    exact=exact, needle_attention=attention, achieved_length=lengths, needle_tokens=needles,
                    records=records, **arrays, **fields)  # fmt: skip
