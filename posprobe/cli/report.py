@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from posprobe.cli.console import console, emit_json
+from posprobe.cli.console import console, emit_json, log_console
 from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg, OutOpt
 from posprobe.cli.text_input import ColumnOpt
 from posprobe.report.sections import SECTIONS  # the registry only: no torch, no matplotlib
@@ -59,7 +59,7 @@ def report(
         model,
         run_command=command_runner(ctx.find_root().command),  # each section: its own command, in this process
         text=text, column=column, max_texts=max_texts, out=out, only=_names(only), skip=_names(skip),
-        force=force, allow_pickle=allow_pickle, progress=lambda line: console.print(line, markup=False),
+        force=force, allow_pickle=allow_pickle, progress=lambda line: log_console.print(line, markup=False),
     )  # fmt: skip
     if json_out:
         emit_json(summary)
