@@ -35,6 +35,7 @@ class PositionalVectorAccumulator:
     """Running sums of the hidden states per layer and position over real tokens (float64, on `device`)."""
 
     needs = ("hidden_states",)
+    rank_sums = ("sums", "counts")  # added over torchrun ranks (SPEC §19)
 
     def __init__(self, n_states: int, n_positions: int, hidden_size: int, device: str | torch.device = "cpu"):
         import torch

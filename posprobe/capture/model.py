@@ -102,13 +102,15 @@ def resolve_max_length(model, max_length: int | None) -> int:
 
 
 def resolve_device(name: str | None):
-    """A torch device from a name (None: cuda when available, else cpu)."""
+    """A torch device from a name (None: cuda when available, else cpu; 'cuda' under torchrun: cuda:LOCAL_RANK)."""
     import torch
 
+    from posprobe.capture.distributed import local_cuda_device
+
     if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        device = torch.device(name)
+        device = torch.device(local_cuda_device() if name == "cuda" else name)  # under torchrun: one GPU per rank
     except (RuntimeError, TypeError) as err:
         raise ArgumentValueError("device", f"unknown {{arg}} '{name}'", "use cpu, cuda or cuda:N") from err
     if device.type == "cuda" and not torch.cuda.is_available():

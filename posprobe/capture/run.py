@@ -8,7 +8,8 @@ AttentionInterface (`capture.recording`, checked against the model's own eager a
 on the model's own eager path otherwise (`capture.eager`: its returned attentions and the inputs of its softmax,
 checked on the first batch); hidden states are transformers' `output_hidden_states`. An encoder-decoder runs its
 encoder stack on the text. The attention implementation, the recorder and the model's train/eval mode are restored
-when the call ends, also on an error or Ctrl-C.
+when the call ends, also on an error or Ctrl-C. Under torchrun (SPEC §19) each rank runs every world-th batch and
+the reducers' sums are added over the ranks once at the end (`capture.distributed`).
 
 Dimensions: B texts in the batch, m its longest sequence, L layers, H query heads, d hidden size.
 """
@@ -19,6 +20,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from posprobe.capture import distributed
 from posprobe.capture.batches import TokenBatch, id_tokenizer, text_tokenizer, token_batches
 from posprobe.capture.eager import EagerRecorder, is_eager_route
 from posprobe.capture.model import (
@@ -48,7 +50,7 @@ WHAT = ("scores", "probs", "hidden_states")  # what a reducer may need
 class BatchCapture:
     """What one forward pass did on one batch (tensors on the model's device; None where no reducer asked).
 
-    index: the batch's number (0-based); tokens: the `TokenBatch` (text ids, input ids, real / special / counted
+    index: the batch's number (0-based, among all ranks' batches under torchrun); tokens: the `TokenBatch` (text ids, input ids, real / special / counted
     masks, positions); per layer l = 0..L-1: scores[l] S and probs[l] A (B, H, m, m), S pre-softmax with the
     model's mask/bias added (masked pairs hold -inf or the dtype's minimum, A = 0 there); allowed[l] (B, m, m)
     bool, the pairs the model's mask lets query i see key j (padding, causality, windows);
@@ -128,7 +130,9 @@ def capture_batches(
     the first batch's recorded attention is checked against the model's own (only when scores or probabilities
     are recorded): through AttentionInterface, the batch is run again with eager attention and the outputs must
     agree; on the eager path, the recorded softmax inputs must give the returned attentions and the masks must be
-    understood (`capture.eager`). `progress(k)` is called after each batch with the number of texts it held.
+    understood (`capture.eager`). `progress(k)` is called after each batch with the number of texts it held (under
+    torchrun: after each of this rank's batches, with the texts of that round of batches over all ranks), and the
+    summary counts every rank's texts.
     Raises PosprobeError for a model that cannot be captured, or when there is no batch."""
     import torch
 
@@ -141,6 +145,9 @@ def capture_batches(
     attention = bool(needs & {"scores", "probs"})
     hidden = "hidden_states" in needs
     n_layers, n_heads = check_model(model, attention=attention, encoder_decoder=True)
+    parallel = distributed.join_process_group(model_device(model))
+    if parallel:
+        distributed.check_mergeable(reducers)
     net = stack_to_run(model)
     eager = attention and is_eager_route(model)
     recorder = LayerRecorder("scores" in needs, "probs" in needs, n_layers)
@@ -150,6 +157,7 @@ def capture_batches(
     sparse = getattr(base, "attention_type", None)  # BigBird switches itself to full attention on short inputs
     was_training = model.training
     n_texts = n_batches = longest = 0
+    round_texts = 0  # texts of the current round of `world` batches, for a global progress count under torchrun
     try:
         model.eval()
         if attention and sparse == "block_sparse" and hasattr(base, "set_attention_type"):
@@ -160,7 +168,13 @@ def capture_batches(
             register_recording_attention()
             net.set_attn_implementation(RECORD_NAME)
         with torch.inference_mode():
-            for tokens in batches:
+            for index, tokens in enumerate(batches):
+                if parallel and not distributed.mine(index):  # another rank's batch (SPEC §19)
+                    round_texts += len(tokens)
+                    continue
+                if progress is not None and round_texts:
+                    progress(round_texts)  # the other ranks' batches of the last round, run beside this rank's
+                round_texts = 0
                 kwargs = {"output_hidden_states": True} if hidden else {}
                 if attention:
                     check_length(net, int(tokens.input_ids.shape[1]))
@@ -185,7 +199,7 @@ def capture_batches(
                 else:
                     output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
                     recorded = None
-                batch = _batch_capture(n_batches, tokens, recorded, output if hidden else None)
+                batch = _batch_capture(index, tokens, recorded, output if hidden else None)
                 del output, recorded
                 for reducer in reducers:
                     reducer.add(batch)
@@ -194,6 +208,8 @@ def capture_batches(
                 longest = max(longest, int(tokens.input_ids.shape[1]))
                 if progress is not None:
                     progress(len(tokens))
+            if progress is not None and round_texts:
+                progress(round_texts)
     finally:
         recorder.begin(0, 0)
         if eager:
@@ -203,6 +219,11 @@ def capture_batches(
         if sparse is not None and getattr(base, "attention_type", sparse) != sparse:
             base.set_attention_type(sparse)
         model.train(was_training)
+    if parallel:  # once, after the last batch: every rank then holds the sums of all texts
+        n_texts, n_batches = distributed.reduce_counts([n_texts, n_batches])
+        (longest,) = distributed.reduce_counts([longest], op="max")
+        if n_texts:
+            distributed.merge_reducers(reducers)
     if n_texts == 0:
         raise PosprobeError("no texts to measure", "pass at least one non-empty text")
     return CaptureSummary(n_texts, n_batches, n_layers, n_heads, longest)

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from posprobe.cli.console import quiet_other_ranks, rank_prefix
 from posprobe.errors import PosprobeError
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a process stopped by Ctrl-C
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     outputs.begin_run()
+    quiet_other_ranks()  # under torchrun rank 0 alone prints (SPEC §19)
     try:
         code = app(args=argv, standalone_mode=False)
     except PosprobeError as err:
@@ -163,5 +165,5 @@ def _fail(message: str, code: int) -> None:
     from posprobe import outputs
 
     outputs.discard_run()
-    print(f"posprobe: error: {message}", file=sys.stderr, flush=True)
+    print(f"posprobe: error: {rank_prefix()}{message}", file=sys.stderr, flush=True)
     sys.exit(code)

@@ -29,6 +29,7 @@ class _CheckStates:
     """Refuses a model whose `output_hidden_states` is not L+1 tensors of (B, m, d) (the first batch tells)."""
 
     needs = ("hidden_states",)
+    rank_sums = ()  # keeps nothing
 
     def __init__(self, n_states: int, hidden_size: int, kind: str):
         self.n_states, self.hidden_size, self.kind = n_states, hidden_size, kind
