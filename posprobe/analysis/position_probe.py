@@ -182,19 +182,25 @@ class PositionProbeAccumulator:
 
         shifts = all_gather_or_zeros(self.shift)
         has = all_gather(torch.tensor([self.shift is not None], dtype=torch.int64, device=self.count.device))
-        target = shifts[next(r for r, flag in enumerate(has) if int(flag))].to(self.gram.device)
-        if self.shift is not None:  # z' = h - target = z + delta
-            delta = self.shift - target  # (P, d)
+        self.recentre(shifts[next(r for r, flag in enumerate(has) if int(flag))].to(self.gram.device))
+        for name in ("gram", "first", "cross", "count", "ysum", "ysq"):
+            setattr(self, name, all_reduce_sum(getattr(self, name)))
+        self._merge_samples()
+
+    def recentre(self, shift: torch.Tensor) -> None:
+        """Express the sums with z = h - `shift` (P, d) instead of the current shift (sums of a rank that saw no
+        batch are zeros and stay zeros): with delta = old - new, z' = z + delta, so sum z'z'^T = sum zz^T +
+        delta (sum z)^T + (sum z) delta^T + n delta delta^T, sum z' = sum z + n delta, sum z' y^T = sum z y^T +
+        delta (sum y)^T."""
+        if self.shift is not None:
+            delta = self.shift - shift  # (P, d)
             n = self.count[None, :, None]  # (1, F, 1)
             delta_first = delta[:, None, :, None] * self.first[:, :, None, :]  # (P, F, d, d): delta_a first_b
             self.gram += delta_first + delta_first.transpose(-1, -2)
             self.gram += n[..., None] * (delta[:, None, :, None] * delta[:, None, None, :])
             self.cross += delta[:, None, :, None] * self.ysum[None, :, None, :]
             self.first += n * delta[:, None, :]
-        self.shift = target
-        for name in ("gram", "first", "cross", "count", "ysum", "ysq"):
-            setattr(self, name, all_reduce_sum(getattr(self, name)))
-        self._merge_samples()
+        self.shift = shift
 
     def _merge_samples(self) -> None:
         import torch

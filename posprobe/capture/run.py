@@ -50,12 +50,13 @@ WHAT = ("scores", "probs", "hidden_states")  # what a reducer may need
 class BatchCapture:
     """What one forward pass did on one batch (tensors on the model's device; None where no reducer asked).
 
-    index: the batch's number (0-based, among all ranks' batches under torchrun); tokens: the `TokenBatch` (text ids, input ids, real / special / counted
-    masks, positions); per layer l = 0..L-1: scores[l] S and probs[l] A (B, H, m, m), S pre-softmax with the
-    model's mask/bias added (masked pairs hold -inf or the dtype's minimum, A = 0 there); allowed[l] (B, m, m)
-    bool, the pairs the model's mask lets query i see key j (padding, causality, windows);
-    counted_pairs[l] = allowed[l] & counted_i & counted_j; hidden_states (L+1 entries, (B, m, d)): transformers'
-    `output_hidden_states`, hidden_states[l] the input of layer l, [0] the embedding output, [L] the last output.
+    index: the batch's number (0-based, among all ranks' batches under torchrun); tokens: the `TokenBatch` (text
+    ids, input ids, real / special / counted masks, positions); per layer l = 0..L-1: scores[l] S and probs[l] A
+    (B, H, m, m), S pre-softmax with the model's mask/bias added (masked pairs hold -inf or the dtype's minimum,
+    A = 0 there); allowed[l] (B, m, m) bool, the pairs the model's mask lets query i see key j (padding,
+    causality, windows); counted_pairs[l] = allowed[l] & counted_i & counted_j; hidden_states (L+1 entries,
+    (B, m, d)): transformers' `output_hidden_states`, hidden_states[l] the input of layer l, [0] the embedding
+    output, [L] the last output.
     """
 
     index: int

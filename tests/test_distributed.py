@@ -1,0 +1,229 @@
+"""Data-parallel capture (SPEC §19): `torchrun --nproc-per-node 2` (gloo on CPU) gives the same files as one process
+for attention, states, rotary --text and profiles --text; a rank that fails ends the run with its one-line error
+and nothing written. Default tier: the pieces without a process group (batch sharding and the global progress
+count, the probe's re-centring, rank 0 alone writing, the rank in error lines)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_attention import tiny_model
+from tiny_tokenizer import word_tokenizer
+
+from posprobe.analysis.empirical import EmpiricalAccumulator
+from posprobe.analysis.position_probe import PositionProbeAccumulator
+from posprobe.capture import distributed, run
+from posprobe.capture.batches import id_tokenizer, token_batches
+
+ROOT = Path(__file__).resolve().parents[1]
+NAN_WORD = 59  # "w59": token id 63, whose embedding the failing-rank test sets to NaN
+
+
+# ----------------------------------------------------------------------------------------------------
+# default tier: no process group
+
+
+class _Batches:
+    """Records which batches a reducer saw."""
+
+    needs = ("hidden_states",)
+    rank_sums = ()
+
+    def __init__(self):
+        self.indices, self.texts = [], []
+
+    def add(self, batch):
+        self.indices.append(batch.index)
+        self.texts += batch.text_ids.tolist()
+
+    def result(self):
+        return self.indices
+
+
+def test_a_rank_runs_every_world_th_batch_and_progress_counts_every_rank(monkeypatch):
+    """Rank 1 of 3 runs batches 1, 4, 7 (numbered among all batches) and its progress adds up to every text."""
+    monkeypatch.setattr(distributed, "join_process_group", lambda device: True)
+    monkeypatch.setattr(distributed, "rank_and_world", lambda: (1, 3))
+    monkeypatch.setattr(distributed, "reduce_counts", lambda values, op="sum": list(values))
+    model = tiny_model("llama")
+    rows = [[5 + (t % 7)] * (1 + t % 5) for t in range(17)]  # 17 texts, batches of 2: 9 batches
+    batches = token_batches(rows, id_tokenizer((), 16, 99), batch_size=2, pad_id=0)
+    seen, done = _Batches(), []
+    run.capture_batches(model, batches, [seen], progress=done.append)
+    assert seen.indices == [1, 4, 7]
+    assert sum(done) == 17  # the other ranks' batches are counted as this rank passes them
+    assert done[:4] == [2, 2, 4, 2]  # batch 0 (rank 0), batch 1 (its own), batches 2-3, batch 4
+    everyone = [b.text_ids.tolist() for b in token_batches(rows, id_tokenizer((), 16, 99), batch_size=2, pad_id=0)]
+    assert seen.texts == everyone[1] + everyone[4] + everyone[7]
+
+
+def test_a_reducer_without_rank_sums_is_refused_before_any_batch(monkeypatch):
+    monkeypatch.setattr(distributed, "join_process_group", lambda device: True)
+
+    class NoSums:
+        needs = ("hidden_states",)
+
+        def add(self, batch):
+            raise AssertionError("ran a batch")
+
+    with pytest.raises(Exception, match="cannot be combined over torchrun ranks"):
+        run.capture_batches(tiny_model("llama"), [], [NoSums()])
+
+
+def test_probe_sums_recentred_on_another_shift_equal_sums_taken_with_it():
+    """Sums taken with the first batch's shift, re-centred on another rank's shift, equal sums taken with that
+    shift from the start (the merge of SPEC §19 adds sums that share one shift)."""
+    torch.manual_seed(3)
+    model = tiny_model("bert")
+    rows = [list(np.random.default_rng(t).integers(5, 90, size=3 + t % 6)) for t in range(12)]
+    first, second = PositionProbeAccumulator(3, [0, 2], 32), PositionProbeAccumulator(3, [0, 2], 32)
+    second.shift = torch.randn(2, 32, dtype=torch.float64)  # another rank's shift
+    for acc in (first, second):
+        run.capture(model, [acc], input_ids=rows, max_length=16, batch_size=4)
+    assert not torch.allclose(first.shift, second.shift)
+    gram_before = first.gram.clone()
+    first.recentre(second.shift)
+    assert not torch.allclose(gram_before, first.gram)
+    for name in ("gram", "first", "cross", "count", "ysum", "ysq"):
+        torch.testing.assert_close(getattr(first, name), getattr(second, name), rtol=1e-10, atol=1e-9)
+
+
+def test_only_rank_zero_writes_once_a_capture_ran_data_parallel(monkeypatch, tmp_path):
+    from posprobe import outputs
+
+    monkeypatch.setattr(distributed, "rank_and_world", lambda: (1, 2))
+    monkeypatch.setattr(distributed, "_DATA_PARALLEL", [True])
+    paths = outputs.write_files(tmp_path / "out", {"a.txt": lambda p: p.write_text("a")})
+    assert paths == {"a.txt": tmp_path / "out" / "a.txt"} and not (tmp_path / "out").exists()
+    assert outputs.prepare_out_dir(tmp_path / "other") == tmp_path / "other" and not (tmp_path / "other").exists()
+    monkeypatch.setattr(distributed, "rank_and_world", lambda: (0, 2))
+    outputs.write_files(tmp_path / "out", {"a.txt": lambda p: p.write_text("a")})
+    assert (tmp_path / "out" / "a.txt").read_text() == "a"
+
+
+def test_error_lines_name_the_rank_under_torchrun(monkeypatch):
+    from posprobe.cli.console import rank_prefix
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert distributed.env_rank_and_world() == (1, 2) and not distributed.is_main_process()
+    assert rank_prefix() == "rank 1: "
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert rank_prefix() == "" and distributed.is_main_process()
+
+
+def test_a_plain_run_is_not_data_parallel():
+    assert distributed.join_process_group("cpu") is False
+    assert distributed.mine(0) and distributed.mine(5)  # world size 1: every batch
+    assert EmpiricalAccumulator.rank_sums == ("score_sum", "prob_sum", "count", "queries")
+
+
+# ----------------------------------------------------------------------------------------------------
+# slow tier: real torchrun processes
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory):
+    """A tiny rotary Llama with an offline word tokenizer."""
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    word_tokenizer(60).save_pretrained(folder)
+    tiny_model("llama").save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    path = tmp_path_factory.mktemp("texts") / "texts.txt"
+    rows = [" ".join(f"w{x}" for x in rng.integers(0, NAN_WORD, size=rng.integers(1, 14))) for _ in range(23)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+
+
+def _run(args: list[str], ranks: int) -> subprocess.CompletedProcess:
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] if ranks > 1 else []
+    cmd = [sys.executable, *launcher, "-m", "posprobe", *args]
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def _same_arrays(one: Path, two: Path) -> None:
+    """Integers (and NaN places) equal, floats equal up to float64 summation order."""
+    with np.load(one) as a, np.load(two) as b:
+        assert a.files == b.files
+        for name in a.files:
+            x, y = a[name], b[name]
+            if x.dtype.kind == "f":
+                np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-12, equal_nan=True, err_msg=name)
+            else:
+                np.testing.assert_array_equal(x, y, err_msg=name)
+
+
+COMMANDS = {
+    "attention": (["attention"], "attention.npz"),
+    "states": (["states"], "states.npz"),
+    "rotary": (["rotary"], "rotary.npz"),
+    "profiles": (["profiles", "--positions", "16"], "profiles_data-conditioned.npz"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_two_ranks_equal_one_process(llama_folder, texts, tmp_path, command):
+    """Batches of 3 texts: the 2 ranks run 4 batches each of 8; every array of the .npz equals one process's,
+    one JSON object on stdout (rank 0's), one set of files."""
+    head, npz = COMMANDS[command]
+    records = {}
+    for ranks in (1, 2):
+        out = tmp_path / f"ranks{ranks}"
+        args = [*head, str(llama_folder), "--text", str(texts), "--max-length", "16", "--batch-size", "3"]
+        proc = _run([*args, "--out", str(out), "--json"], ranks)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        lines = [line for line in proc.stdout.splitlines() if line.strip()]
+        assert len(lines) == 1, proc.stdout
+        records[ranks] = json.loads(lines[0])
+        assert "posprobe: error" not in proc.stderr
+    _same_arrays(tmp_path / "ranks1" / npz, tmp_path / "ranks2" / npz)
+    assert sorted(p.name for p in (tmp_path / "ranks1").iterdir()) == sorted(
+        p.name for p in (tmp_path / "ranks2").iterdir()
+    )
+    for key in ("n_texts", "n_tokens", "n_pairs", "n_queries"):
+        if key in records[1]:
+            assert records[1][key] == records[2][key], key
+
+
+@pytest.mark.slow
+def test_a_failing_rank_ends_the_run_with_its_error_and_nothing_written(llama_folder, tmp_path):
+    """Only the text that goes to batch 1 (rank 1) holds the word whose embedding is NaN: rank 1 stops with its
+    one-line error, torchrun stops rank 0 (waiting for the sums), the run exits non-zero, no folder is left."""
+    from transformers import LlamaModel
+
+    folder = tmp_path / "nan-llama"
+    model = LlamaModel.from_pretrained(llama_folder)
+    with torch.no_grad():
+        model.embed_tokens.weight[5 + NAN_WORD, 0] = float("nan")
+    model.save_pretrained(folder)
+    word_tokenizer(60).save_pretrained(folder)
+    # batch size 1, sorted by length (longest first): the second-longest text is batch 1, rank 1's
+    rows = ["w1 w2 w3 w4 w5 w6", f"w1 w2 w{NAN_WORD} w4 w5", "w1 w2 w3 w4", "w1 w2 w3"]
+    path = tmp_path / "texts.txt"
+    path.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    proc = _run(["states", str(folder), "--text", str(path), "--max-length", "16", "--batch-size", "1",
+                 "--min-texts", "1", "--out", str(out), "--json"], 2)  # fmt: skip
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("posprobe: error: rank 1:")]
+    assert len(errors) == 1 and "NaN or infinite" in errors[0], proc.stderr[-3000:]
+    assert proc.stdout.strip() == ""
+    assert not out.exists() or not any(out.iterdir())
