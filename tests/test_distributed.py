@@ -120,6 +120,37 @@ def test_error_lines_name_the_rank_under_torchrun(monkeypatch):
     assert rank_prefix() == "" and distributed.is_main_process()
 
 
+def test_a_batch_that_cannot_fit_is_refused_in_one_line_before_it_runs(monkeypatch, tmp_path, capsys):
+    """The estimate from the shapes against the free memory: exit 2, one line, no folder; the estimate itself is
+    the counted tensors times the calibration."""
+    from posprobe.capture import memory
+    from posprobe.cli import main
+
+    assert memory.attention_batch_bytes(2, 4, 3, 100, 4, True, True) == int(
+        memory.CALIBRATION * (2 * 3 * 4 * 100**2 * 4 * 2 + 2 * 3 * 4 * 100**2 * 4 + 2 * 3 * 100**2 + 2 * 4 * 100**2 * 8)
+    )
+    folder = tmp_path / "llama"
+    word_tokenizer(60).save_pretrained(folder)
+    tiny_model("llama").save_pretrained(folder)
+    texts = tmp_path / "texts.txt"
+    texts.write_text(" ".join(f"w{i}" for i in range(14)) + "\nw4 w5\n")  # 16 tokens with [CLS] and [SEP]
+    monkeypatch.setattr(run, "_CHECKED_FROM", 0)
+    accumulators = EmpiricalAccumulator.nbytes(2, 4, 16)
+    batch = memory.attention_batch_bytes(2, 4, 2, 16, 4, True, True)
+    assert accumulators < batch
+    out = tmp_path / "out"
+    args = ["attention", str(folder), "--text", str(texts), "--max-length", "16", "--out", str(out)]
+    for free, what, hint in ((accumulators - 1, "accumulators", "--max-length"), (batch - 1, "batch", "--batch-size")):
+        monkeypatch.setattr(memory, "available_bytes", lambda device, free=free: free)
+        with pytest.raises(SystemExit) as exit_info:
+            main(args)
+        assert exit_info.value.code == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("posprobe: error")]
+        assert len(lines) == 1 and what in lines[0] and "estimated from the shapes" in lines[0], lines
+        assert hint in lines[0]
+    assert not out.exists()
+
+
 def test_a_plain_run_is_not_data_parallel():
     assert distributed.join_process_group("cpu") is False
     assert distributed.mine(0) and distributed.mine(5)  # world size 1: every batch

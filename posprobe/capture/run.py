@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from posprobe.capture import distributed
 from posprobe.capture.batches import TokenBatch, id_tokenizer, text_tokenizer, token_batches
 from posprobe.capture.eager import EagerRecorder, is_eager_route
+from posprobe.capture.memory import attention_batch_bytes, check_fits
 from posprobe.capture.model import (
     check_length,
     check_model,
@@ -179,6 +180,7 @@ def capture_batches(
                 kwargs = {"output_hidden_states": True} if hidden else {}
                 if attention:
                     check_length(net, int(tokens.input_ids.shape[1]))
+                    _check_attention_fits(model, needs, n_layers, n_heads, tokens)
                 if eager:
                     output, scores, probs, allowed = eager_recorder.forward(net, tokens, **kwargs)
                     if verify and n_batches == 0:
@@ -228,6 +230,24 @@ def capture_batches(
     if n_texts == 0:
         raise PosprobeError("no texts to measure", "pass at least one non-empty text")
     return CaptureSummary(n_texts, n_batches, n_layers, n_heads, longest)
+
+
+_CHECKED_FROM = 256 * 2**20  # smaller batches are not checked against the free memory
+
+
+def _check_attention_fits(model, needs: set, n_layers: int, n_heads: int, tokens: TokenBatch) -> None:
+    """Refuse in one line a batch whose recorded attention cannot fit in the free memory (`capture.memory`)."""
+    batch, length = tokens.input_ids.shape
+    element = next((p.element_size() for p in model.parameters()), 4)
+    needed = attention_batch_bytes(n_layers, n_heads, batch, length, element, "scores" in needs, "probs" in needs)
+    if needed >= _CHECKED_FROM:
+        check_fits(
+            needed,
+            model_device(model),
+            f"recording the attention of a batch of {batch} text(s) x {length} tokens ({n_layers} layers x "
+            f"{n_heads} heads x {length}²)",
+            "use a smaller --batch-size, or a smaller --max-length",
+        )
 
 
 def _batch_capture(index: int, tokens: TokenBatch, recorded: tuple | None, output) -> BatchCapture:

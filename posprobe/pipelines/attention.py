@@ -25,6 +25,7 @@ from posprobe.capture import (
     resolve_device,
     resolve_max_length,
 )
+from posprobe.capture.memory import check_fits
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.attention_result import AttentionResult, write_attention
 from posprobe.texts import check_texts, iter_texts, parse_hub_texts
@@ -101,6 +102,12 @@ def attention_profiles(
             "use a smaller --max-length",
         )
     device = resolve_device(device)
+    check_fits(
+        EmpiricalAccumulator.nbytes(n_layers, n_heads, max_length),
+        device,
+        f"the accumulators of max_length {max_length} ({n_layers} layers x {n_heads} heads x n² float64)",
+        "use a smaller --max-length",
+    )
     net = net.to(device)
     acc = EmpiricalAccumulator(n_layers, n_heads, max_length, device)
     sinks = SinkAccumulator(n_layers, n_heads, device)
