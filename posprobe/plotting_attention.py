@@ -15,9 +15,10 @@ def attention_pages(result, window: int = 20):
     """The profile pages of an `AttentionResult` (`plotting_profiles.ProfilePages`, drawn once and redrawn per
     layer): one page per layer, one panel per head over k = j - i in -window..window (a causal model's -window..0:
     it has no pairs at k > 0) with the score profile s(k) (black, its scale on the left), the probability profile
-    a(k) (blue, its scale on the right) and, where it exists, the weights-based profile (grey dashes) shifted and
-    scaled to s(k)'s mean and spread over the window, so shapes can be compared. Panel titles: the head's mean
-    attention distance and the Pearson r of s(k) and the weights-based profile."""
+    a(k) (blue, its scale on the right), a(k) without the first token (orange dots, pairs with i, j >= 1, same scale:
+    where a first-token sink pools into every offset, the two differ) and, where it exists, the weights-based
+    profile (grey dashes) shifted and scaled to s(k)'s mean and spread over the window, so shapes can be compared.
+    Panel titles: the head's mean attention distance and the Pearson r of s(k) and the weights-based profile."""
     from posprobe.plotting_profiles import ProfilePages
 
     p = result.profiles
@@ -53,10 +54,15 @@ def attention_pages(result, window: int = 20):
     labels = {
         "profile": "mean score s(k) (left scale)",
         "overlay": "mean probability a(k) (right scale)",
+        "second": "a(k) without key 0 / query 0 (right scale)",
+        "sparse": f"fewer than {result.min_pairs} pairs (not in r)",
         "guide": "weights-based profile (input e_w), rescaled to s(k)",
     }
+    without_first = None if p.prob_profiles_without_first is None else p.prob_profiles_without_first[:, :, sl]
     return ProfilePages(p.offsets[sl], scores, page_titles=page_titles, panel_titles=titles,
-                        overlays=p.prob_profiles[:, :, sl], guides=guides, labels=labels)  # fmt: skip
+                        overlays=p.prob_profiles[:, :, sl], guides=guides, labels=labels,
+                        second_overlays=without_first,
+                        sparse=p.pair_counts[:, sl] < result.min_pairs)  # fmt: skip
 
 
 def profile_grid(result, layer: int, window: int = 20):

@@ -30,6 +30,8 @@ MARGIN_LEFT, MARGIN_RIGHT, MARGIN_BOTTOM, HEADER = 0.15, 0.15, 0.45, 0.72  # inc
 _PAD_L, _PAD_R, _PAD_B, _PAD_T = 0.42, 0.08, 0.2, 0.24  # inches inside each cell around the plot box
 SECTION_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
 OVERLAY_COLOUR = "tab:blue"
+SECOND_COLOUR = "tab:orange"  # a variant of the overlay (a(k) without the first token)
+SPARSE_COLOUR = "#f3e9d2"  # offsets resting on few data
 
 
 class ProfilePages:
@@ -39,17 +41,24 @@ class ProfilePages:
     None, labelled `section_labels` (R,); `page_titles` (P,); `panel_titles` (H,), or (P, H) when they change from
     page to page; `causal`: the unused side k > 0 is shaded. Optional, (P, H, K) each: `guides`, drawn dashed grey
     on the profile's scale, and `overlays`, drawn blue on a scale of their own (its values on the right of each
-    panel). `labels` names the profile, overlay and guide lines in the legend. `figure(p)` is page p as a
+    panel); `second_overlays`, drawn dotted on the overlay's scale (a variant of the overlay); `sparse` (P, K) bool:
+    offsets resting on few data (shaded light grey, `labels["sparse"]` in the legend). Each panel's top-left corner
+    gives the span of its profile (its own scale: a panel spanning 0.4 is drawn as tall as one spanning 3). `labels`
+    names the
+    profile, overlay, second overlay and guide lines in the legend. `figure(p)` is page p as a
     matplotlib Figure; `write(p, path, fmt)` writes it (PNG from the kept background, the fast path)."""
 
     def __init__(self, ks, profiles, sections=None, section_labels=(), page_titles=(), panel_titles=(), causal=False,
-                 overlays=None, guides=None, labels=None):  # fmt: skip
+                 overlays=None, guides=None, labels=None, second_overlays=None, sparse=None):  # fmt: skip
         self.ks = np.asarray(ks, dtype=np.float64)
         self.profiles = np.asarray(profiles, dtype=np.float64)
         self.sections = None if sections is None else np.asarray(sections, dtype=np.float64)
         self.overlays = None if overlays is None else np.asarray(overlays, dtype=np.float64)
+        self.second = None if second_overlays is None or overlays is None else np.asarray(second_overlays, np.float64)
+        self.sparse = None if sparse is None or not np.any(sparse) else np.asarray(sparse, dtype=bool)
         self.guides = None if guides is None or not np.isfinite(guides).any() else np.asarray(guides, np.float64)
-        self.labels = {"profile": "profile", "overlay": "overlay", "guide": "guide", **(labels or {})}
+        self.labels = {"profile": "profile", "overlay": "overlay", "second": "second overlay", "guide": "guide",
+                       "sparse": "few data", **(labels or {})}  # fmt: skip
         n_pages, self.n_panels, _ = self.profiles.shape
         self.page_titles = list(page_titles) or [""] * n_pages
         titles = list(panel_titles) or [f"head {h}" for h in range(self.n_panels)]
@@ -76,7 +85,9 @@ class ProfilePages:
     def _legend_labels(self) -> list[str]:
         labels = [self.labels["profile"]]
         labels += [self.labels["overlay"]] if self.overlays is not None else []
+        labels += [self.labels["second"]] if self.second is not None else []
         labels += [self.labels["guide"]] if self.guides is not None else []
+        labels += [self.labels["sparse"]] if self.sparse is not None else []
         return labels + self.section_labels + (["k > 0: never used (causal)"] if self.causal else [])
 
     # -- layout ------------------------------------------------------------------------------------
@@ -125,10 +136,14 @@ class ProfilePages:
         handles = [Line2D([], [], color="black", lw=1.8, label=self.labels["profile"])]
         if self.overlays is not None:
             handles.append(Line2D([], [], color=OVERLAY_COLOUR, lw=1.0, label=self.labels["overlay"]))
+        if self.second is not None:
+            handles.append(Line2D([], [], color=SECOND_COLOUR, lw=1.2, ls=":", label=self.labels["second"]))
         if self.guides is not None:
             handles.append(Line2D([], [], color="grey", lw=1.0, ls="--", label=self.labels["guide"]))
         handles += [Line2D([], [], color=SECTION_COLOURS[s % len(SECTION_COLOURS)], lw=0.8, label=label)
                     for s, label in enumerate(self.section_labels)]  # fmt: skip
+        if self.sparse is not None:
+            handles.append(Rectangle((0, 0), 1, 1, facecolor=SPARSE_COLOUR, label=self.labels["sparse"]))
         if self.causal:
             handles.append(Rectangle((0, 0), 1, 1, facecolor="0.93", label="k > 0: never used (causal)"))
         top = 1 - (0.42 + 0.16 * (self._title_lines - 1)) / self.height
@@ -139,11 +154,17 @@ class ProfilePages:
         self._profile = LineCollection([], colors="black", linewidths=1.8, zorder=2)
         self._overlay = LineCollection([], colors=OVERLAY_COLOUR, linewidths=1.0, zorder=2)
         self._guide = LineCollection([], colors="grey", linewidths=1.0, linestyles="--", zorder=2)
-        for lines in (self._sections, self._guide, self._overlay, self._profile):
+        self._second = LineCollection([], colors=SECOND_COLOUR, linewidths=1.2, linestyles=":", zorder=2)
+        from matplotlib.collections import PolyCollection
+
+        self._sparse = PolyCollection([], facecolors=SPARSE_COLOUR, edgecolors="none", zorder=0.5)
+        ax.add_collection(self._sparse)
+        for lines in (self._sections, self._guide, self._second, self._overlay, self._profile):
             ax.add_collection(lines)
-        self._scale, self._overlay_scale, self._panel_title = [], [], []
+        self._scale, self._overlay_scale, self._panel_title, self._span = [], [], [], []
         for h in range(self.n_panels):
             x, y, w, bh = self._box(h)
+            self._span.append(ax.text(x + 0.04, y + bh - 0.03, "", fontsize=5.5, ha="left", va="top", color="0.4"))
             self._scale.append(ax.text(x - 0.04, y + bh, "", fontsize=6, ha="right", va="top", color="0.3"))
             self._scale.append(ax.text(x - 0.04, y, "", fontsize=6, ha="right", va="bottom", color="0.3"))
             if self.overlays is not None:
@@ -155,7 +176,8 @@ class ProfilePages:
                 self._panel_title.append(title)
         self._title = fig.suptitle(" ", fontsize=10, y=1 - 0.1 / self.height, va="top")  # the page's
         self.fig, self.ax = fig, ax
-        self._dynamic = [self._sections, self._guide, self._overlay, self._profile, *self._scale,
+        self._dynamic = [self._sparse, *self._span, self._sections, self._guide, self._second, self._overlay,
+                         self._profile, *self._scale,
                          *self._overlay_scale, *self._panel_title, self._title]  # fmt: skip
 
     def _set_page(self, page: int) -> None:
@@ -165,8 +187,8 @@ class ProfilePages:
         prof = self.profiles[page]  # (H, K)
         secs = None if self.sections is None else self.sections[page]  # (H, R, K)
         guides = None if self.guides is None else self.guides[page]  # (H, K)
-        lines = {"profile": [], "sections": [], "guide": [], "overlay": []}
-        colours = []
+        lines = {"profile": [], "sections": [], "guide": [], "overlay": [], "second": []}
+        colours, bands = [], []
         for h in range(self.n_panels):
             parts = (
                 [prof[h]]
@@ -190,12 +212,22 @@ class ProfilePages:
                 lines["guide"] += _runs(xs, to_y(guides[h]))
             self._scale[2 * h].set_text(f"{hi:.3g}")
             self._scale[2 * h + 1].set_text(f"{lo:.3g}")
+            finite = prof[h][np.isfinite(prof[h])]
+            self._span[h].set_text(f"span {np.ptp(finite):.2g}" if finite.size > 1 else "")
+            if self.sparse is not None:  # runs of sparse offsets as bands, half a step beyond each end
+                step = (xs[1] - xs[0]) / 2 if len(xs) > 1 else 0.0
+                for a, b in _true_runs(self.sparse[page]):
+                    x0, x1 = max(xs[a] - step, x), min(xs[b - 1] + step, x + self._box(h)[2])
+                    bands.append([(x0, y), (x1, y), (x1, y + bh), (x0, y + bh)])
             if self.overlays is not None:
                 over = self.overlays[page, h]
-                o_lo, o_hi = _padded_range(over)
-                if np.nanmin(over, initial=np.inf) >= 0:  # a non-negative overlay (probabilities) stays so
+                both = over if self.second is None else np.concatenate([over, self.second[page, h]])
+                o_lo, o_hi = _padded_range(both)
+                if np.nanmin(both, initial=np.inf) >= 0:  # a non-negative overlay (probabilities) stays so
                     o_lo = max(o_lo, 0.0)
                 lines["overlay"] += _runs(xs, y + (over - o_lo) / (o_hi - o_lo) * bh)
+                if self.second is not None:
+                    lines["second"] += _runs(xs, y + (self.second[page, h] - o_lo) / (o_hi - o_lo) * bh)
                 self._overlay_scale[2 * h].set_text(f"{o_hi:.3g}")
                 self._overlay_scale[2 * h + 1].set_text(f"{o_lo:.3g}")
             if self._titles_per_page:
@@ -205,6 +237,8 @@ class ProfilePages:
         self._sections.set_colors(colours or ["none"])
         self._guide.set_segments(lines["guide"])
         self._overlay.set_segments(lines["overlay"])
+        self._second.set_segments(lines["second"])
+        self._sparse.set_verts(bands)
         self._title.set_text(self.page_titles[page])
         self._page = page
 
@@ -252,6 +286,12 @@ def _padded_range(values: np.ndarray) -> tuple[float, float]:
     return lo - 0.06 * span, hi + 0.06 * span
 
 
+def _true_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """(start, stop) of each run of consecutive True values of `mask`."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(mask, dtype=np.int8), [0]])))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
+
+
 def _runs(xs: np.ndarray, ys: np.ndarray) -> list[np.ndarray]:
     """The (x, y) polylines of the runs of consecutive finite values of `ys` (offsets without data break a line)."""
     ok = np.isfinite(ys)
@@ -284,12 +324,23 @@ def profile_pages(result) -> ProfilePages:
         f"{result.mode} mode{conditioning_note(result)}{notes}"
         for l, kind in zip(result.layers, kinds)
     ]
+    panel_titles = []
+    if hasattr(result, "peak_offsets"):  # a peak the window cuts off is named in its panel's title
+        peaks = result.peak_offsets()
+        if (np.abs(np.nan_to_num(peaks)) > w).any():
+            titles = [t + f"\n(peak k): the head's maximum lies beyond the drawn ±{w}" for t in titles]
+        panel_titles = [
+            [f"head {h}" + (f" (peak {int(k):+d})" if np.isfinite(k) and abs(k) > w else "") for h, k in
+             enumerate(row)]
+            for row in peaks
+        ]  # fmt: skip
     return ProfilePages(
         ks,
         result.profiles[:, :, centre - w : centre + w + 1],
         None if by_construction else result.sections,
         [] if by_construction else [f"i = {row}" for row in result.section_rows],
         titles,
+        panel_titles,
         causal=bool(getattr(result, "causal", False)),
     )
 

@@ -41,13 +41,21 @@ def states_summary(result):
     ax.set_title(f"position probe: ridge, {len(p.fold_tokens)} folds by text", fontsize=9)
     if np.isfinite(p.r2).any():
         ax.plot(layers, p.r2, "o-", color="black", ms=3, lw=1.3, label="probe R² (held out)")
-        ax.plot(layers, p.r2_control, "s--", color="tab:orange", ms=3, lw=1.0, label="control (permuted positions)")
-        _r2_axis(ax, p.r2, p.r2_control)
+        draws = 0 if p.r2_controls is None else p.r2_controls.shape[1]
+        ax.plot(layers, p.r2_control, "s--", color="tab:orange", ms=3, lw=1.0,
+                label=f"control (permuted positions, mean of {draws})")  # fmt: skip
+        if p.r2_control_std is not None and np.isfinite(p.r2_control_std).any():
+            lo, hi = p.r2_control - 2 * p.r2_control_std, p.r2_control + 2 * p.r2_control_std
+            ax.fill_between(layers, lo, hi, color="tab:orange", alpha=0.2, lw=0, label="control ± 2 sd")
+        if np.isfinite(p.r2_baseline):
+            ax.axhline(p.r2_baseline, color="tab:green", lw=1.0, ls="-.",
+                       label=f"baseline, no hidden state: first token + length ({p.r2_baseline:.2f})")  # fmt: skip
+        _r2_axis(ax, p.r2, p.r2_control, np.array([p.r2_baseline]))
         twin = ax.twinx()
         twin.plot(layers, p.mae, ":", color="tab:blue", lw=1.0, label="MAE (positions)")
         twin.tick_params(labelsize=7, colors="tab:blue")
         twin.set_ylabel("mean absolute error (positions)", fontsize=8, color="tab:blue")
-        ax.legend(fontsize=7, loc="center left")
+        ax.legend(fontsize=6.5, loc="lower right")
     else:  # fewer texts than folds: nothing was held out
         _r2_axis(ax, p.r2)
         ax.set_xlim(-0.5, result.n_states - 0.5)
@@ -61,8 +69,12 @@ def states_summary(result):
         for layer in spread_layers(result.n_states, 6):
             ax.plot(positions, v.norms[layer, positions], color=colours[layer], lw=1.2, label=f"l = {layer}")
             ax.plot(positions, v.norms_without_first[layer, positions], color=colours[layer], lw=0.8, ls="--")
+            if v.within_noise is not None:  # sampling alone would give norms this large
+                noisy = positions[v.within_noise[layer, positions]]
+                ax.plot(noisy, v.norms[layer, noisy], "x", color=colours[layer], ms=4, mew=0.9)
         _log_if_wide(ax, v.norms[:, positions])
-        ax.legend(fontsize=7, ncol=2, title="dashed: centred over i ≥ 1", title_fontsize=7)
+        title = "dashed: centred over i ≥ 1" + ("\n×: within 2 noise floors" if v.within_noise is not None else "")
+        ax.legend(fontsize=7, ncol=2, title=title, title_fontsize=7)
     else:
         ax.text(0.5, 0.5, f"no position has {v.min_texts} texts", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("position i")
@@ -100,28 +112,38 @@ def gram_panels(result, count: int = 4):
     fig = _figure(3.4 * len(layers), 6.3)
     grid = dict(left=0.05, right=0.95, bottom=0.07, top=0.88, wspace=0.5, hspace=0.45)
     axes = fig.subplots(2, len(layers), squeeze=False, gridspec_kw=grid)
+    numbers = result.per_layer()
     rows = (
-        (v.gram, v.toeplitz_r2, 0, "V Vᵀ"),
-        (v.gram_without_first, v.toeplitz_r2_without_first, 1, "without position 0"),
+        (v.gram, v.toeplitz_r2, 0, "V Vᵀ", "positional_toeplitz_r2"),
+        (v.gram_without_first, v.toeplitz_r2_without_first, 1, "i ≥ 1", "positional_toeplitz_r2_without_first"),
     )
-    for row, (grams, r2, first, what) in zip(axes, rows):
+    saturated = False
+    for row, (grams, r2, first, what, name) in zip(axes, rows):
         for ax, layer in zip(row, layers):
             gram = grams[layer]
             if gram.shape[-1] == 0:
                 ax.axis("off")
                 continue
             n = gram.shape[-1]
-            _matrix_panel(fig, ax, gram, _symmetric_limit(gram), label="⟨v_i, v_j⟩")
+            limit = _symmetric_limit(gram)
+            if first == 0 and n > 2:  # a first token far larger than the rest would leave every other entry blank
+                rest = _symmetric_limit(gram[1:, 1:])
+                if 0 < rest < limit / 4:
+                    limit, saturated = rest, True
+            _matrix_panel(fig, ax, gram, limit, label="⟨v_i, v_j⟩")
             ax.images[0].set_extent((first - 0.5, first + n - 0.5, first + n - 0.5, first - 0.5))
-            ax.set_title(f"l = {layer}, {what}: R² = {format_r2(r2[layer], 3)}", fontsize=8)
+            mean, sd = numbers[f"{name}_null_mean"][layer], numbers[f"{name}_null_std"][layer]
+            null = "" if not np.isfinite(mean) else f"\nnull {mean:.2f}" + (f" ± {sd:.2f}" if np.isfinite(sd) else "")
+            ax.set_title(f"l = {layer}, {what}: R² = {format_r2(r2[layer], 3)}{null}", fontsize=8)
             ax.set_xlabel("position j", fontsize=7)
             ax.set_ylabel("position i", fontsize=7)
             ax.tick_params(labelsize=6)
             _whole_number_ticks(ax.xaxis, ax.yaxis)
     fig.suptitle(
         f"{result.model}{quantization_note(result)}: positional vectors' Gram matrix V Vᵀ ({v.n_kept} positions with "
-        f"≥ {v.min_texts} texts; R²: Toeplitz R²)\n"
-        "bottom: the vectors centred over positions i ≥ 1 (the first token apart)",
+        f"≥ {v.min_texts} texts; R²: Toeplitz R²; null: the same with positions 1.. permuted within each text)\n"
+        "bottom: the vectors centred over positions i ≥ 1 (the first token apart)"
+        + ("; top: colours scaled to positions ≥ 1, position 0's row and column saturate" if saturated else ""),
         fontsize=9,
     )
     return fig

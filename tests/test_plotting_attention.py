@@ -37,10 +37,30 @@ def test_profile_page_has_one_legend_naming_every_line(results):
     assert causal.weights_profiles is not None and both.weights_profiles is None
     fig = plotting_attention.profile_grid(causal, 0)
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert labels[:2] == ["mean score s(k) (left scale)", "mean probability a(k) (right scale)"]
-    assert labels[2].startswith("weights-based profile")
+    assert labels[:3] == [
+        "mean score s(k) (left scale)",
+        "mean probability a(k) (right scale)",
+        "a(k) without key 0 / query 0 (right scale)",
+    ]
+    assert labels[3].startswith("weights-based profile")
     fig = plotting_attention.profile_grid(both, 0)
-    assert len(fig.axes) == 1 and len(fig.axes[0].get_legend().get_texts()) == 2  # no weights-based line
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert len(fig.axes) == 1 and not any(x.startswith("weights-based") for x in labels)
+    assert labels[3] == "fewer than 100 pairs (not in r)"  # 6 short texts: every offset has fewer than 100 pairs
+
+
+def test_offsets_with_few_pairs_are_shaded_and_each_panel_states_its_span(results):
+    """Issue 38 item 10: the offsets r leaves out (fewer than --min-pairs pairs) are shaded, and each panel says
+    how much its own-scaled profile spans."""
+    causal, both = results
+    pages = plotting_attention.attention_pages(both, window=8)
+    n = both.max_length
+    np.testing.assert_array_equal(pages.sparse, both.profiles.pair_counts[:, n - 9 : n + 8] < both.min_pairs)
+    pages.figure(1)
+    assert len(pages._sparse.get_paths()) >= 1
+    s = both.profiles.score_profiles[1, 0, n - 9 : n + 8]
+    assert pages._span[0].get_text() == f"span {np.ptp(s[np.isfinite(s)]):.2g}"
+    assert plotting_attention.attention_pages(causal, window=8).sparse is None  # min_pairs 1: nothing to shade
 
 
 def test_profile_pages_carry_each_layers_numbers(results):

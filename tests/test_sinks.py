@@ -218,3 +218,114 @@ def test_special_token_mass_is_undefined_without_special_tokens():
     some = attention_profiles(model, input_ids=texts, special_ids=[texts[0][0]], max_length=12)
     assert some.sinks.n_special_tokens >= 1 and np.isfinite(some.sinks.special_token_mass).all()
     assert some.to_dict()["n_special_tokens"] == some.sinks.n_special_tokens
+
+
+# --- issue 38: references for the sink measures and a(k) without the first token ---
+
+
+def windowed_model(window: int = 4, uniform: bool = False):
+    """A tiny Mistral whose every layer attends within a sliding window (query i sees keys i - window < j <= i);
+    `uniform`: zero queries, so each query attends uniformly over the keys it may see."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.MistralConfig(vocab_size=99, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                              sliding_window=window)  # fmt: skip
+    model = tf.MistralModel(config).eval()
+    if uniform:
+        model = model.double()
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.self_attn.q_proj.weight.zero_()
+    return model
+
+
+def eager_probs(model, ids) -> np.ndarray:
+    """(L, H, m, m) float64 attention probabilities of one text run alone through eager attention."""
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), output_attentions=True)
+    return np.stack([a[0].double().numpy() for a in out.attentions])
+
+
+def test_first_token_mass_counts_only_queries_that_can_see_key_0():
+    """A sliding window of 4 hides key 0 from queries i >= 4: the first-token mass and the uniform reference run over
+    queries 1..3 alone (by a loop over eager attention); uniform attention gives exactly the uniform reference."""
+    texts = [[CLS, *range(10, 10 + n), SEP] for n in (3, 6, 9)]
+    model = windowed_model(4)
+    result = attention_profiles(model, input_ids=texts, special_ids=[CLS, SEP], max_length=12, batch_size=2)
+    s = result.sinks
+    first, uniform, queries = np.zeros((2, 4)), 0.0, 0
+    for ids in texts:
+        A = eager_probs(model, ids)
+        for i in range(1, min(len(ids), 4)):  # queries that see key 0
+            first += A[:, :, i, 0]
+            uniform += 1 / (i + 1)
+            queries += 1
+    assert s.n_queries == sum(len(t) - 1 for t in texts) > queries
+    np.testing.assert_array_equal(s.first_token_queries, [queries, queries])
+    np.testing.assert_allclose(s.first_token_mass, first / queries, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(s.uniform_first_token_mass, [uniform / queries] * 2, rtol=1e-12)
+    flat = attention_profiles(windowed_model(4, uniform=True), input_ids=texts, special_ids=[CLS, SEP], batch_size=2)
+    np.testing.assert_allclose(flat.sinks.first_token_mass, np.full((2, 4), uniform / queries), rtol=1e-7)
+    np.testing.assert_allclose(flat.sinks.first_token_ratio, 1.0, rtol=1e-7)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_uniform_first_token_mass_is_one_over_the_keys_seen(family):
+    """Without windows: mean over queries i >= 1 of 1 / (keys the query may see), i.e. 1/n (encoder) or 1/(i+1)."""
+    texts = sequences(9, seed=5)
+    s = attention_profiles(tiny_model(family), input_ids=texts, special_ids=[CLS, SEP], batch_size=4).sinks
+    keys = [len(t) if not CAUSAL[family] else i + 1 for t in texts for i in range(1, len(t))]
+    np.testing.assert_allclose(s.uniform_first_token_mass, [np.mean([1 / k for k in keys])] * 2, rtol=1e-12)
+    np.testing.assert_array_equal(s.first_token_queries, [len(keys)] * 2)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_prob_profiles_without_first_equal_a_loop_over_eager_attention(family):
+    """a(k) without the first token: mean of A(i, j) over pairs with i >= 1, j >= 1 at each k, not renormalised."""
+    model = tiny_model(family)
+    texts = sequences(6, seed=3)
+    n = 12
+    result = attention_profiles(model, input_ids=texts, special_ids=[CLS, SEP], max_length=n, batch_size=4)
+    total, count = np.zeros((2, 4, 2 * n - 1)), np.zeros(2 * n - 1)
+    for ids in texts:
+        A = eager_probs(model, ids)
+        for i in range(1, len(ids)):
+            for j in range(1, len(ids) if not CAUSAL[family] else i + 1):
+                total[:, :, j - i + n - 1] += A[:, :, i, j]
+                count[j - i + n - 1] += 1
+    with np.errstate(invalid="ignore"):
+        expected = total / np.where(count > 0, count, np.nan)
+    got = result.profiles.prob_profiles_without_first
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-7, equal_nan=True)
+    np.testing.assert_array_equal(result.profiles.pair_counts_without_first[0], count)
+    arrays = result.arrays()
+    assert "prob_profiles_without_first" in arrays and "uniform_first_token_mass" in arrays
+
+
+def test_a_planted_sink_pools_into_every_offset_of_a_k_but_not_without_the_first_token():
+    """Known answer at the reducer: every query i >= 1 of a causal text puts 0.9 on key 0 and 0.1 / i on each key
+    1..i. a(k) then peaks far back (the sink enters offset -i of every query i); without the first token a(k) is
+    the mean of 0.1 / i over the queries with a pair at k, largest at k = 0, and never near 0.9."""
+    from posprobe.analysis.empirical import EmpiricalAccumulator
+
+    n = 8
+    A = np.zeros((n, n))
+    A[0, 0] = 1.0
+    for i in range(1, n):
+        A[i, 0] = 0.9
+        A[i, 1 : i + 1] = 0.1 / i
+    counted = torch.tensor(np.tril(np.ones((n, n), bool)))[None]
+    probs = torch.tensor(A)[None, None]
+    acc = EmpiricalAccumulator(1, 1, n)
+    acc.add_layer(0, torch.zeros_like(probs), probs, counted)
+    p = acc.result()
+    k = p.offsets
+    a, without = p.prob_profiles[0, 0], p.prob_profiles_without_first[0, 0]
+    assert k[np.nanargmax(a)] == -(n - 1)  # the sink at the farthest offset (only query n-1 has a pair there)
+    for offset in range(-(n - 2), 1):  # pairs (i, i + offset) with i >= 1, i + offset >= 1
+        queries = [i for i in range(1, n) if i + offset >= 1]
+        assert without[k == offset][0] == pytest.approx(np.mean([0.1 / i for i in queries]))
+    assert k[np.nanargmax(without)] == 0 and np.isnan(without[k == -(n - 1)][0])

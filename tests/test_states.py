@@ -6,6 +6,7 @@ nothing written, the hub revision's offline error, and the checkpoint series (ru
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -336,5 +337,84 @@ def test_text_table_rows_stay_one_line_at_80_columns(tmp_path, capsys, monkeypat
     result = replace(result, top_tokens=[["ĠNobody"] * 3] * result.n_states)
     monkeypatch.setattr(cli_states.console, "width", 80)
     cli_states._print(result, {"npz": str(tmp_path / "states.npz")})
-    rows = [line for line in capsys.readouterr().err.splitlines() if line.startswith("│")]
-    assert len(rows) == result.n_states and all("ĠNob…" in row for row in rows)
+    lines = capsys.readouterr().err.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Massive activations"))
+    rows = [line for line in lines[:at] if re.match(r"^\s*\d+\s", line)]
+    massive = [line for line in lines[at:] if re.match(r"^\s*\d+\s", line)]
+    assert len(rows) == len(massive) == result.n_states and all("ĠNobody" in row for row in massive)
+    assert all(len(line) <= 80 for line in rows + massive)
+    assert any(line.startswith("baseline (no hidden state") for line in lines)
+
+
+# --- issue 38: references for the positional vectors (permutation null, noise floor) ---
+
+
+def test_permutation_null_equals_the_gram_r2_of_explicitly_permuted_texts():
+    """The null's draw r is the Toeplitz R² of the positional vectors computed from each text's hidden states with
+    its positions 1..len-1 shuffled by `permuted_later_positions(t, len, seed, r)` (by hand here, from
+    `output_hidden_states` of each text alone), for all kept positions and for i >= 1."""
+    from posprobe.analysis.positional_vectors import permuted_later_positions, positional_vectors
+
+    model = tiny_model("gpt2")
+    rng = np.random.default_rng(3)
+    ids = [rng.integers(5, 99, size=int(rng.integers(3, 8))).tolist() for _ in range(14)]
+    result = posprobe.states(model, input_ids=ids, max_length=8, min_texts=5, null_draws=3, seed=4, batch_size=4)
+    with torch.no_grad():
+        hidden = [model(input_ids=torch.tensor([x]), output_hidden_states=True).hidden_states for x in ids]
+    for r in range(3):
+        sums, counts = np.zeros((3, 8, 32)), np.zeros(8, dtype=np.int64)
+        for t, (x, h) in enumerate(zip(ids, hidden)):
+            where = permuted_later_positions(t, len(x), 4, r)
+            assert where[0] == 0 and sorted(where) == list(range(len(x)))
+            for i, j in enumerate(where):
+                counts[j] += 1
+                sums[:, j] += np.stack([layer[0, i].double().numpy() for layer in h])
+        expected = positional_vectors(sums, counts, 5)
+        np.testing.assert_allclose(result.null_r2[r], expected.toeplitz_r2, atol=1e-6)
+        np.testing.assert_allclose(result.null_r2_without_first[r], expected.toeplitz_r2_without_first, atol=1e-6)
+    numbers = result.per_layer()
+    np.testing.assert_allclose(numbers["positional_toeplitz_r2_null_mean"], result.null_r2.mean(0))
+    np.testing.assert_allclose(numbers["positional_toeplitz_r2_null_std"], result.null_r2.std(0, ddof=1))
+    assert "positional_toeplitz_r2_null" in result.arrays() and result.metadata()["positional_null_draws"] == 3
+
+
+def test_a_planted_position_stands_clear_of_the_null_and_the_noise_floor_and_no_position_does_not():
+    """GPT-2's embedding output with a strong smooth learned table (wpe[i] = 3 cos/sin of i/4) stands far above
+    the null and the noise floor; the same model with wpe = 0 has no position at l = 0: its Gram R² sits within the
+    null's spread and every kept position's norm is within the noise floor."""
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(5, 99, size=int(rng.integers(6, 12))).tolist() for _ in range(60)]
+    out = {}
+    for planted in (True, False):
+        model = tiny_model("gpt2")
+        with torch.no_grad():
+            i = torch.arange(64.0)[:, None]
+            freq = torch.arange(16.0)[None] / 4 + 0.25
+            table = 3 * torch.cat([torch.cos(i / 4 * freq), torch.sin(i / 4 * freq)], 1) if planted else 0 * i
+            model.wpe.weight.copy_(table.expand(64, 32))
+        out[planted] = posprobe.states(model, input_ids=ids, max_length=12, min_texts=20, null_draws=6, batch_size=16)
+    for planted, r in out.items():
+        numbers = r.per_layer()
+        real = numbers["positional_toeplitz_r2_without_first"][0]
+        mean, sd = (numbers[f"positional_toeplitz_r2_without_first_null_{s}"][0] for s in ("mean", "std"))
+        floor, within = r.vectors.noise_floor[0], r.vectors.within_noise[0]
+        kept = r.vectors.kept
+        assert np.isfinite(floor[kept]).all() and np.isnan(floor[~kept]).all()
+        if planted:
+            assert real > mean + 4 * sd and not within[kept].any()
+        else:
+            assert abs(real - mean) < 3 * sd and within[kept].all()
+            np.testing.assert_allclose(np.median(r.vectors.norms[0, kept] / floor[kept]), 1.0, atol=0.35)
+
+
+def test_noise_floor_is_the_standard_error_of_each_positions_mean():
+    """sqrt(tr Σ / c) from the per-position sums of |h|²: equal to a direct computation over the texts."""
+    from posprobe.analysis.positional_vectors import positional_vectors
+
+    rng = np.random.default_rng(1)
+    h = rng.normal(size=(2, 5, 9, 4)) * [1.0, 3.0, 1.0, 0.5]  # (L+1, n, texts, d)
+    counts = np.array([9, 9, 9, 9, 9])
+    v = positional_vectors(h.sum(2), counts, 3, (h**2).sum((2, 3)))
+    direct = np.sqrt(h.var(2, ddof=1).sum(-1) / 9)
+    np.testing.assert_allclose(v.noise_floor, direct, rtol=1e-12)
+    np.testing.assert_array_equal(v.within_noise, v.norms < 2 * direct)

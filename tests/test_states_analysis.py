@@ -112,7 +112,7 @@ def test_probe_streamed_through_a_padded_capture_equals_sklearn_on_each_text_alo
     token)."""
     model = tiny_model("gpt2")
     texts = random_texts(23, seed=3)
-    acc = PositionProbeAccumulator(3, [0, 2], 32, sample=10_000, seed=5)
+    acc = PositionProbeAccumulator(3, [0, 2], 32, sample=10_000, seed=5, controls=1)  # one draw: means = draw 0
     capture(model, [acc], input_ids=texts, max_length=16, batch_size=4)
     probes = acc.result()
     ids = np.concatenate([[t] * len(x) for t, x in enumerate(texts)])
@@ -132,6 +132,66 @@ def test_probe_streamed_through_a_padded_capture_equals_sklearn_on_each_text_alo
             assert mae[layer] == pytest.approx(mean_absolute_error(target, pred), abs=1e-4)
             np.testing.assert_allclose(alpha[layer], chosen, rtol=1e-6)
     assert probes.r2[0] > 0.5 > probes.r2_control[0]  # GPT-2 adds its learned table at the embedding output
+
+
+def test_every_control_draw_and_the_baseline_equal_sklearn():
+    """Three control draws, each its own permutation per text (`control_positions(t, n, seed, r)`), each equal to
+    scikit-learn's nested probe; their mean and standard deviation are what is reported. The baseline is the same
+    probe on (first-token flag, text length), same folds. A planted answer: texts whose tokens carry nothing about
+    position still get the baseline's R² from the flag and the length, and a hidden-state probe of a model
+    without positions does no better than it."""
+    model = tiny_model("gpt2")
+    texts = random_texts(26, seed=6, low=2, high=14)
+    acc = PositionProbeAccumulator(3, [2], 32, sample=10_000, seed=2, controls=3)
+    capture(model, [acc], input_ids=texts, max_length=16, batch_size=5)
+    probes = acc.result()
+    ids = np.concatenate([[t] * len(x) for t, x in enumerate(texts)])
+    X = np.concatenate([s[2] for s in alone(model, texts)])
+    draws = []
+    for r in range(3):
+        control = np.concatenate([control_positions(t, len(x), 2, r) for t, x in enumerate(texts)]).astype(float)
+        pred, _ = sklearn_probe(X, control, ids)
+        draws.append(r2_score(control, pred))
+        assert probes.r2_controls[2, r] == pytest.approx(draws[-1], abs=1e-5)
+    assert len({round(v, 6) for v in draws}) == 3  # the draws differ
+    assert probes.r2_control[2] == pytest.approx(np.mean(draws), abs=1e-5)
+    assert probes.r2_control_std[2] == pytest.approx(np.std(draws, ddof=1), abs=1e-5)
+    y = np.concatenate([np.arange(len(x)) for x in texts]).astype(float)
+    features = np.stack([(y == 0).astype(float), np.concatenate([[len(x)] * len(x) for x in texts])], 1)
+    pred, _ = sklearn_probe(features, y, ids)
+    assert probes.r2_baseline == pytest.approx(r2_score(y, pred), abs=1e-9)
+    assert probes.mae_baseline == pytest.approx(mean_absolute_error(y, pred), abs=1e-9)
+    assert 0.2 < probes.r2_baseline < 0.9  # the flag and the length alone say a good deal about the position
+
+
+def test_dual_form_with_fewer_tokens_than_dimensions_equals_sklearn():
+    """With every token at hand and fewer training tokens than dimensions (d = 150, about 110 tokens), the fits
+    are solved in the dual form: still scikit-learn's nested probe."""
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(2, 5, size=36)
+    texts = np.repeat(np.arange(36), lengths)
+    y = np.concatenate([np.arange(n) for n in lengths]).astype(float)
+    X = rng.normal(size=(len(y), 150)) + 0.5 * y[:, None] * rng.normal(size=150)
+    Y = np.stack([y, rng.permutation(y)], 1)
+    tokens = (torch.tensor(X), torch.tensor(Y), torch.tensor(texts % N_FOLDS))
+    fit = cross_validated_ridge(fold_stats(X, Y, texts), tokens=tokens)
+    for t in range(2):
+        pred, chosen = sklearn_probe(X, Y[:, t], texts)
+        assert fit.r2[t] == pytest.approx(r2_score(Y[:, t], pred), abs=1e-8)
+        np.testing.assert_allclose(fit.alpha[:, t], chosen, rtol=1e-12)
+
+
+def test_dual_and_primal_solutions_agree():
+    """Fewer training tokens than dimensions: the dual form gives the primal's weights for every penalty."""
+    from posprobe.analysis.position_probe import dual_ridge_solve
+
+    rng = np.random.default_rng(1)
+    Z = torch.tensor(rng.normal(size=(7, 12)) * np.r_[100.0, np.ones(11)])
+    Zc = Z - Z.mean(0)
+    y = torch.tensor(rng.normal(size=(7, 3)))
+    yc = y - y.mean(0)
+    alphas = torch.tensor([1e-3, 1.0, 50.0])
+    torch.testing.assert_close(dual_ridge_solve(Zc, yc, alphas), ridge_solve(Zc.T @ Zc, Zc.T @ yc, alphas))
 
 
 def test_probe_results_do_not_depend_on_batches():

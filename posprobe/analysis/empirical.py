@@ -9,6 +9,9 @@ What is kept per layer (memory set by these, never by the corpus):
 - `score_sum` (L, H, n, n) float64: sum of the pre-softmax score S(i, j) over counted pairs, the numerator of the
   mean score matrix M; its diagonal sums give the score profile s(k);
 - `prob_sum` (L, H, 2n-1) float64: sum of A(i, j) over counted pairs at each offset k (a(k), mean distance);
+- `prob_without_first_sum` (L, H, 2n-1) float64: the same over the counted pairs with i >= 1 and j >= 1 (key 0 and
+  query 0 left out, no renormalisation): a(k) without the first token, whose sink otherwise enters every offset;
+  its pair counts are the diagonal sums of `count[:, 1:, 1:]`;
 - `count` (L, n, n) int64: counted pairs per (i, j) (the same for every head);
 - `queries` (L,) int64: query tokens with at least one counted pair.
 A pair (b, i, j) is counted when the model lets query i see key j (its mask: padding, causality, windows) and both
@@ -71,6 +74,7 @@ class EmpiricalAccumulator:
         n, L, H = self.n, self.n_layers, self.n_heads
         self.score_sum = torch.zeros(L, H, n, n, dtype=torch.float64, device=device)
         self.prob_sum = torch.zeros(L, H, 2 * n - 1, dtype=torch.float64, device=device)
+        self.prob_without_first_sum = torch.zeros(L, H, 2 * n - 1, dtype=torch.float64, device=device)
         self.count = torch.zeros(L, n, n, dtype=torch.int64, device=device)
         self.queries = torch.zeros(L, dtype=torch.int64, device=device)
 
@@ -78,7 +82,7 @@ class EmpiricalAccumulator:
     def nbytes(n_layers: int, n_heads: int, max_length: int) -> int:
         """Memory the accumulators take (bytes)."""
         n = max_length
-        return 8 * (n_layers * n_heads * (n * n + 2 * n - 1) + n_layers * (n * n + 1))
+        return 8 * (n_layers * n_heads * (n * n + 2 * (2 * n - 1)) + n_layers * (n * n + 1))
 
     def add(self, batch) -> None:
         """Add every layer of one batch (a `posprobe.capture.BatchCapture`: scores, probs, counted_pairs)."""
@@ -98,6 +102,8 @@ class EmpiricalAccumulator:
         a = (probs * weight).sum(0, dtype=torch.float64)  # (H, m, m)
         self.score_sum[layer, :, :m, :m] += s
         self.prob_sum[layer] += centre_offsets(offset_sums(a), self.n)
+        if m > 1:  # pairs with i >= 1 and j >= 1: the same offsets k = j - i, one row and column fewer
+            self.prob_without_first_sum[layer] += centre_offsets(offset_sums(a[:, 1:, 1:]), self.n)
         self.count[layer, :m, :m] += counted.sum(0)
         self.queries[layer] += counted.any(-1).sum()
 
@@ -107,6 +113,7 @@ class EmpiricalAccumulator:
             self.prob_sum.cpu().numpy(),
             self.count.cpu().numpy(),
             self.queries.cpu().numpy(),
+            self.prob_without_first_sum.cpu().numpy(),
         )
 
 
@@ -115,6 +122,8 @@ class EmpiricalProfiles:
     """SPEC §10 per layer and head. Arrays (NaN where no pair has the offset / entry):
 
     offsets (2n-1,) k = j - i increasing; score_profiles s(k), prob_profiles a(k) (L, H, 2n-1);
+    prob_profiles_without_first (L, H, 2n-1): a(k) over the pairs with i >= 1 and j >= 1 (no renormalisation; a
+    first-token sink no longer pools into every offset); pair_counts_without_first (L, 2n-1);
     pair_counts c(k) (L, 2n-1) (identical rows unless layers mask differently, e.g. sliding windows);
     mean_distance (L, H): mean over counted queries of sum_j A(i, j)|j - i|; mean_scores M (L, H, n, n);
     count_matrix (L, n, n); toeplitz_r2 (L, H): R^2 of M over the entries with data (NaN when undefined);
@@ -130,19 +139,31 @@ class EmpiricalProfiles:
     count_matrix: np.ndarray
     toeplitz_r2: np.ndarray
     n_queries: np.ndarray
+    prob_profiles_without_first: np.ndarray | None = None
+    pair_counts_without_first: np.ndarray | None = None
 
 
 def empirical_profiles(
-    score_sum: np.ndarray, prob_sum: np.ndarray, count: np.ndarray, queries: np.ndarray
+    score_sum: np.ndarray,
+    prob_sum: np.ndarray,
+    count: np.ndarray,
+    queries: np.ndarray,
+    prob_without_first_sum: np.ndarray | None = None,
 ) -> EmpiricalProfiles:
     """The SPEC §10 quantities from the accumulated sums (shapes as in `EmpiricalAccumulator`)."""
     L, H, n, _ = score_sum.shape
     pair_counts = offset_sums(count)  # (L, 2n-1)
+    later = np.zeros_like(count)
+    later[:, 1:, 1:] = count[:, 1:, 1:]
+    pair_counts_later = offset_sums(later)  # (L, 2n-1): pairs with i >= 1 and j >= 1
     score_diag = offset_sums(score_sum)  # (L, H, 2n-1)
     with np.errstate(invalid="ignore", divide="ignore"):
         denom = np.where(pair_counts > 0, pair_counts, np.nan)[:, None, :]
         score_profiles = score_diag / denom
         prob_profiles = prob_sum / denom
+        prob_later = None
+        if prob_without_first_sum is not None:
+            prob_later = prob_without_first_sum / np.where(pair_counts_later > 0, pair_counts_later, np.nan)[:, None]
         k = np.abs(np.arange(-(n - 1), n))
         q = np.where(queries > 0, queries, np.nan).astype(np.float64)
         mean_distance = (prob_sum * k).sum(-1) / q[:, None]
@@ -158,6 +179,8 @@ def empirical_profiles(
         count,
         masked_toeplitz_r2(np.nan_to_num(mean_scores), has_data),
         np.asarray(queries),
+        prob_later,
+        pair_counts_later,
     )
 
 

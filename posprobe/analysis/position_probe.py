@@ -1,6 +1,9 @@
 """Position probes (SPEC §16): per hidden state, a ridge regression of each token's position on its hidden state,
 5 folds split by text, the penalty chosen inside the training folds, held-out R² pooled over the folds and the
-mean absolute error, and the same probe on positions permuted within each text as the control.
+mean absolute error; the same probe on positions permuted within each text as the control, over `N_CONTROLS`
+permutation draws (mean and spread: one draw moves by a few hundredths); and a baseline from features that need no
+hidden state (the first-token flag and the text's length; same folds, same fit), the R² any hidden state gets for
+free from knowing where a text starts and how long it is.
 
 Why sums and not scikit-learn on the tokens: scikit-learn's `Ridge` needs every hidden state in memory (tokens x d
 per layer), so memory would grow with the corpus. Every number below is a function of per-fold sufficient statistics
@@ -11,11 +14,11 @@ conditioned), so the probe is exact — the same fits, penalties and held-out er
 memory is 5·d² floats per probed layer, whatever the number of texts.
 
 - Folds: text t goes to fold t mod 5 (t its index in the input order); no text is in two folds (as GroupKFold).
-- Targets: y = the token's position i (0-based, real tokens, special tokens included); the control y' = pi_t(i),
-  a permutation of 0..len_t-1 drawn per text from (seed, t) (`control_positions`). A permutation keeps each text's
-  sum and sum of squares of y, so the control differs from the probe only in which token carries which target;
-  it can still be predicted where a hidden state knows the text's length (the mean of y' over a text is
-  (len_t - 1)/2).
+- Targets: y = the token's position i (0-based, real tokens, special tokens included); the controls y'_r = pi(i),
+  a permutation of 0..len_t-1 drawn per text from (seed, t, draw r) (`control_positions`), r = 0..N_CONTROLS-1.
+  A permutation keeps each text's sum and sum of squares of y, so the control differs from the probe only in
+  which token carries which target; it can still be predicted where a hidden state knows the text's length (the
+  mean of y' over a text is (len_t - 1)/2).
 - Fit (scikit-learn's `Ridge(alpha=λ)`, `fit_intercept=True`): w = (Xc^T Xc + λI)^{-1} Xc^T yc with X and y centred
   on the training tokens' means; the intercept is not penalised.
 - λ: candidates `ALPHA_GRID` (10^-6 .. 10^2) times tr(C)/d, C the centred Gram matrix of all tokens of that hidden
@@ -32,6 +35,10 @@ memory is 5·d² floats per probed layer, whatever the number of texts.
   seeded; every token when there are fewer), predicted the same way: the held-out predictions need the final
   weights, which only exist after the last batch, and an exact MAE would need every hidden state again. With
   N tokens and a sample of s < N, the MAE is an unbiased estimate of the all-token MAE; with N <= s it is exact.
+- Solving: one eigendecomposition per training set gives every penalty and every target at once
+  (w = V diag(1/(s + λ)) V^T b); when the sample holds every token and a training set has fewer tokens than d, the
+  same fit is solved in its dual form, w = Xc^T (Xc Xc^T + λI)^{-1} yc (an N x N eigendecomposition instead of
+  d x d): short runs, where the d x d solves used to dominate, cost little (benchmarks/RESULTS.md).
 
 Dimensions: B batch, m its longest sequence, N real tokens of a batch, P probed hidden states, F = 5 folds,
 T = 2 targets (position, control), K candidate penalties, d hidden size.
@@ -50,13 +57,22 @@ if TYPE_CHECKING:
 N_FOLDS = 5
 ALPHA_GRID = 10.0 ** np.arange(-6, 3)  # times tr(C)/d
 DEFAULT_SAMPLE = 2048
-TARGETS = ("position", "control")
+N_CONTROLS = 5  # control permutation draws
+BASELINE_FEATURES = ("first_token", "text_length")
 
 
-def control_positions(text_id: int, length: int, seed: int = 0) -> np.ndarray:
-    """The control targets of one text: a permutation of 0..length-1 drawn from (seed, text_id) alone, so that it
-    does not depend on batches or order."""
-    return np.random.default_rng([int(seed), int(text_id)]).permutation(int(length))
+def control_positions(text_id: int, length: int, seed: int = 0, draw: int = 0) -> np.ndarray:
+    """The control targets of one text: a permutation of 0..length-1 drawn from (seed, text_id, draw) alone, so
+    that it does not depend on batches or order (draw 0 from (seed, text_id), as before draws existed)."""
+    key = [int(seed), int(text_id)] + ([int(draw)] if draw else [])
+    return np.random.default_rng(key).permutation(int(length))
+
+
+def baseline_features(positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """(N, 2) float64 features of tokens that need no hidden state: 1 at a text's first token, the text's length."""
+    import torch
+
+    return torch.stack([(positions == 0).to(torch.float64), lengths.to(torch.float64)], dim=1)
 
 
 class TokenReservoir:
@@ -94,42 +110,50 @@ class PositionProbeAccumulator:
         device: str | torch.device = "cpu",
         sample: int = DEFAULT_SAMPLE,
         seed: int = 0,
+        controls: int = N_CONTROLS,
     ):
         import torch
 
         self.n_states, self.layers, self.seed = int(n_states), [int(x) for x in layers], int(seed)
-        P, F, d, T = len(self.layers), N_FOLDS, int(hidden_size), len(TARGETS)
+        self.controls = int(controls)
+        P, F, d, T = len(self.layers), N_FOLDS, int(hidden_size), 1 + self.controls
         zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
         self.shift = None  # (P, d): the first batch's mean hidden state
         self.gram, self.first, self.cross = zeros(P, F, d, d), zeros(P, F, d), zeros(P, F, d, T)
         self.count, self.ysum, self.ysq = zeros(F), zeros(F, T), zeros(F, T)
+        B = len(BASELINE_FEATURES)  # the baseline: the same statistics of features that need no hidden state
+        self.base_gram, self.base_first, self.base_cross = zeros(F, B, B), zeros(F, B), zeros(F, B, T)
         self.reservoir = TokenReservoir(sample, seed)
         self.sample_x = None  # (sample, P, d) in the hidden states' dtype, allocated on the first batch
         self.sample_y, self.sample_fold = zeros(sample, T), torch.zeros(sample, dtype=torch.int64, device=device)
+        self.sample_base = zeros(sample, B)
 
     @staticmethod
     def nbytes(n_layers: int, hidden_size: int, sample: int = DEFAULT_SAMPLE) -> int:
         d = hidden_size
-        return 8 * n_layers * N_FOLDS * (d * d + 3 * d) + 4 * sample * n_layers * d
+        return 8 * n_layers * N_FOLDS * (d * d + (2 + N_CONTROLS) * d) + 4 * sample * n_layers * d
 
-    def targets(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(b, i) of the batch's real tokens (row-major) and their targets Y (N, 2): position, control."""
+    def targets(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(b, i) of the batch's real tokens (row-major), their targets Y (N, 1 + controls): position, then each
+        control draw, and their baseline features (N, 2)."""
         import torch
 
         real = batch.real
         b, i = real.nonzero(as_tuple=True)
-        lengths = real.sum(1).tolist()
-        control = torch.zeros(real.shape, dtype=torch.float64)
-        for row, (text, length) in enumerate(zip(batch.text_ids.tolist(), lengths)):
-            control[row, :length] = torch.from_numpy(control_positions(text, length, self.seed).astype(np.float64))
-        y = torch.stack([i.to(torch.float64), control.to(real.device)[b, i]], dim=1)
-        return b, i, y
+        lengths = real.sum(1)
+        control = torch.zeros((self.controls, *real.shape), dtype=torch.float64)
+        for row, (text, length) in enumerate(zip(batch.text_ids.tolist(), lengths.tolist())):
+            for r in range(self.controls):
+                drawn = control_positions(text, length, self.seed, r).astype(np.float64)
+                control[r, row, :length] = torch.from_numpy(drawn)
+        y = torch.cat([i.to(torch.float64)[:, None], control.to(real.device)[:, b, i].T], dim=1)
+        return b, i, y, baseline_features(i, lengths[b])
 
     def add(self, batch) -> None:
         """Add one batch (a BatchCapture: hidden_states, real, text ids)."""
         import torch
 
-        b, i, y = self.targets(batch)
+        b, i, y, base = self.targets(batch)
         fold = batch.text_ids[b] % N_FOLDS
         # each token's row in its fold's block: the folds side by side as (F, longest, .), zero rows elsewhere,
         # so that one batched product per hidden state gives all five folds' sums
@@ -143,6 +167,11 @@ class PositionProbeAccumulator:
         self.count += sizes
         self.ysum += blocks.sum(1)
         self.ysq += (blocks * blocks).sum(1)
+        zb = y.new_zeros(N_FOLDS, longest, base.shape[1])
+        zb[fold, row] = base
+        self.base_gram += zb.transpose(1, 2) @ zb
+        self.base_first += zb.sum(1)
+        self.base_cross += zb.transpose(1, 2) @ blocks
         states = [batch.hidden_states[layer][b, i] for layer in self.layers]  # P x (N, d)
         if self.shift is None:
             self.shift = torch.stack([h.to(torch.float64).mean(0) for h in states])
@@ -153,9 +182,9 @@ class PositionProbeAccumulator:
             self.gram[p] += zt @ z
             self.first[p] += z.sum(1)
             self.cross[p] += zt @ blocks
-        self._sample(states, y, fold)
+        self._sample(states, y, fold, base)
 
-    def _sample(self, states: list[torch.Tensor], y: torch.Tensor, fold: torch.Tensor) -> None:
+    def _sample(self, states: list[torch.Tensor], y: torch.Tensor, fold: torch.Tensor, base: torch.Tensor) -> None:
         import torch
 
         picked, slots = self.reservoir.offer(int(y.shape[0]))
@@ -169,6 +198,7 @@ class PositionProbeAccumulator:
         self.sample_x[slots] = torch.stack([h[picked] for h in states], dim=1)
         self.sample_y[slots] = y[picked]
         self.sample_fold[slots] = fold[picked]
+        self.sample_base[slots] = base[picked]
 
     def merge_ranks(self) -> None:
         """Under torchrun (SPEC §19): re-centre every rank's sums on one shift (that of the lowest rank that saw a
@@ -230,29 +260,43 @@ class PositionProbeAccumulator:
     def result(self) -> PositionProbes:
         import torch
 
-        L1, F, T = self.n_states, N_FOLDS, len(TARGETS)
+        L1, F, T = self.n_states, N_FOLDS, 1 + self.controls
         r2, mae = np.full((L1, T), np.nan), np.full((L1, T), np.nan)
         alpha = np.full((L1, F, T), np.nan)
         kept = min(self.reservoir.seen, self.reservoir.size)
+        every_token = kept == int(self.count.sum())  # the sample holds every token: the dual form is available
+        sample_y, sample_fold = self.sample_y[:kept], self.sample_fold[:kept]
         for p, layer in enumerate(self.layers):
             stats = FoldStats(self.gram[p], self.first[p], self.cross[p], self.count, self.ysum, self.ysq)
-            fit = cross_validated_ridge(stats)
+            z = None if not kept else self.sample_x[:kept, p].to(torch.float64) - self.shift[p]
+            fit = cross_validated_ridge(stats, tokens=(z, sample_y, sample_fold) if every_token else None)
             r2[layer], alpha[layer] = fit.r2, fit.alpha
             if kept and fit.weights is not None:
-                z = self.sample_x[:kept, p].to(torch.float64) - self.shift[p]
-                mae[layer] = _mean_abs_error(fit, z, self.sample_y[:kept], self.sample_fold[:kept])
+                mae[layer] = _mean_abs_error(fit, z, sample_y, sample_fold)
+        base_stats = FoldStats(self.base_gram, self.base_first, self.base_cross, self.count, self.ysum, self.ysq)
+        base = cross_validated_ridge(base_stats)
+        base_mae = np.full(T, np.nan)
+        if kept and base.weights is not None:
+            base_mae = _mean_abs_error(base, self.sample_base[:kept], sample_y, sample_fold)
+        control = r2[:, 1:]
+        spread = np.std(control, axis=1, ddof=1) if self.controls > 1 else np.full(L1, np.nan)
         return PositionProbes(
             layers=np.array(self.layers, dtype=np.int64),
             r2=r2[:, 0],
-            r2_control=r2[:, 1],
+            r2_control=control.mean(1),
             mae=mae[:, 0],
-            mae_control=mae[:, 1],
+            mae_control=mae[:, 1:].mean(1),
             alpha=alpha[..., 0],
             alpha_control=alpha[..., 1],
             n_tokens=int(self.count.sum()),
             n_sample=kept,
             fold_tokens=self.count.cpu().numpy().astype(np.int64),
             seed=self.seed,
+            r2_control_std=spread,
+            r2_controls=control,
+            r2_baseline=float(base.r2[0]),
+            r2_baseline_control=float(np.mean(base.r2[1:])),
+            mae_baseline=float(base_mae[0]),
         )
 
 
@@ -260,6 +304,7 @@ def _mean_abs_error(fit: RidgeFolds, z: torch.Tensor, y: torch.Tensor, fold: tor
     """(T,) mean |y - ŷ| of sampled tokens z (S, d) (shifted), each predicted by its held-out fold's model."""
     import torch
 
+    z = z.to(torch.float64)
     weights = torch.as_tensor(fit.weights, device=z.device)[fold]  # (S, d, T)
     means = torch.as_tensor(fit.means, device=z.device)[fold]  # (S, d)
     ybar = torch.as_tensor(fit.ybar, device=z.device)[fold]  # (S, T)
@@ -313,21 +358,26 @@ def _centred(gram, first, cross, count, ysum):
 
 def ridge_solve(C: torch.Tensor, b: torch.Tensor, alphas: torch.Tensor) -> torch.Tensor:
     """w_k = (C + alphas[k] I)^{-1} b for every penalty: C (d, d) symmetric positive semi-definite, b (d, T),
-    alphas (K,) > 0 -> (K, d, T). Cholesky; a system that round-off left indefinite is solved in C's eigenbasis
-    with its negative eigenvalues set to 0."""
+    alphas (K,) > 0 -> (K, d, T). One eigendecomposition C = V diag(s) V^T serves every penalty and target;
+    eigenvalues that round-off left below 0 are set to 0."""
     import torch
 
-    d = C.shape[0]
-    eye = torch.eye(d, dtype=C.dtype, device=C.device)
-    systems = C[None] + alphas[:, None, None] * eye  # (K, d, d)
-    factor, info = torch.linalg.cholesky_ex(systems)
-    out = torch.cholesky_solve(b.expand(len(alphas), *b.shape).contiguous(), factor)
-    if bool((info != 0).any()):
-        values, vectors = torch.linalg.eigh(C)
-        projected = vectors.T @ b  # (d, T)
-        for k in torch.nonzero(info != 0).flatten().tolist():
-            out[k] = vectors @ (projected / (values.clamp(min=0) + alphas[k])[:, None])
-    return out
+    values, vectors = torch.linalg.eigh(C)
+    projected = vectors.T @ b  # (d, T)
+    scaled = projected[None] / (values.clamp(min=0)[None, :, None] + alphas[:, None, None])  # (K, d, T)
+    return torch.matmul(vectors, scaled)
+
+
+def dual_ridge_solve(Zc: torch.Tensor, yc: torch.Tensor, alphas: torch.Tensor) -> torch.Tensor:
+    """The same solutions as `ridge_solve(Zc^T Zc, Zc^T yc, alphas)` from the centred training tokens Zc (N, d)
+    and targets yc (N, T): w_k = Zc^T (Zc Zc^T + alphas[k] I)^{-1} yc -> (K, d, T); an N x N eigendecomposition,
+    cheaper when N < d."""
+    import torch
+
+    values, vectors = torch.linalg.eigh(Zc @ Zc.T)
+    projected = vectors.T @ yc  # (N, T)
+    scaled = projected[None] / (values.clamp(min=0)[None, :, None] + alphas[:, None, None])  # (K, N, T)
+    return torch.matmul(Zc.T, torch.matmul(vectors, scaled))
 
 
 def held_out_sse(W: torch.Tensor, mu, ybar, held: tuple) -> torch.Tensor:
@@ -344,8 +394,10 @@ def held_out_sse(W: torch.Tensor, mu, ybar, held: tuple) -> torch.Tensor:
     return yy - 2 * cw + quad
 
 
-def cross_validated_ridge(stats: FoldStats, grid: np.ndarray = ALPHA_GRID) -> RidgeFolds:
-    """The nested cross-validated ridge probe (see the module docstring) from per-fold statistics."""
+def cross_validated_ridge(stats: FoldStats, grid: np.ndarray = ALPHA_GRID, tokens: tuple | None = None) -> RidgeFolds:
+    """The nested cross-validated ridge probe (see the module docstring) from per-fold statistics. `tokens`:
+    (z (N, d) the tokens as shifted in the statistics, y (N, T), fold (N,)) when every token is at hand, so that
+    training sets with fewer tokens than d are solved in the dual form (the same fits)."""
     import torch
 
     F, T = stats.count.shape[0], stats.ysum.shape[1]
@@ -358,28 +410,34 @@ def cross_validated_ridge(stats: FoldStats, grid: np.ndarray = ALPHA_GRID) -> Ri
     scale = float(torch.trace(C_all)) / d
     alphas = torch.as_tensor(grid, dtype=torch.float64, device=C_all.device) * max(scale, 0.0)
 
-    def fit(folds: list[int], penalties: torch.Tensor):
+    def fit(folds: list[int]):
+        """(mu, ybar, W (K, d, T)) of the fit on `folds`, every penalty and target."""
         mu, ybar, C, b = _centred(*stats.pooled(folds)[:5])
         if scale <= 0:  # every hidden state is the same: the model predicts the training mean
-            return mu, ybar, torch.zeros(len(penalties), d, T, dtype=C.dtype, device=C.device)
-        return mu, ybar, ridge_solve(C, b, penalties)
+            return mu, ybar, torch.zeros(len(alphas), d, T, dtype=C.dtype, device=C.device)
+        if tokens is not None:
+            z, y, fold = tokens
+            inside = torch.isin(fold, torch.as_tensor(folds, device=fold.device))
+            if int(inside.sum()) < d:
+                return mu, ybar, dual_ridge_solve(z[inside] - mu, y[inside] - ybar, alphas)
+        return mu, ybar, ridge_solve(C, b, alphas)
 
     inner_mse = torch.zeros(F, len(grid), T, dtype=torch.float64, device=C_all.device)
     for f in range(F):
         for g in range(f + 1, F):  # the fit without folds f and g serves outer f (held g) and outer g (held f)
-            mu, ybar, W = fit([h for h in range(F) if h not in (f, g)], alphas)
+            mu, ybar, W = fit([h for h in range(F) if h not in (f, g)])
             inner_mse[f] += held_out_sse(W, mu, ybar, stats.fold(g)) / stats.count[g]
             inner_mse[g] += held_out_sse(W, mu, ybar, stats.fold(f)) / stats.count[f]
-    best = torch.argmin(inner_mse, dim=1).cpu().numpy()  # (F, T): the first of equal minima
+    best = torch.argmin(inner_mse, dim=1)  # (F, T): the first of equal minima
     sse = np.zeros(T)
     weights, means, ybars, alpha = np.zeros((F, d, T)), np.zeros((F, d)), np.zeros((F, T)), np.zeros((F, T))
+    targets = torch.arange(T, device=best.device)
     for f in range(F):
-        chosen = alphas[torch.as_tensor(best[f], device=alphas.device)]  # (T,)
-        mu, ybar, W = fit([h for h in range(F) if h != f], chosen)  # (T, d, T): row t solved with target t's alpha
-        W = torch.stack([W[t, :, t] for t in range(T)], dim=1)[None]  # (1, d, T)
+        mu, ybar, W = fit([h for h in range(F) if h != f])
+        W = W[best[f], :, targets].T[None]  # (1, d, T): target t with its own chosen penalty
         sse += held_out_sse(W, mu, ybar, stats.fold(f))[0].cpu().numpy()
         weights[f], means[f], ybars[f] = W[0].cpu().numpy(), mu.cpu().numpy(), ybar.cpu().numpy()
-        alpha[f] = chosen.cpu().numpy()
+        alpha[f] = alphas[best[f]].cpu().numpy()
     tss = (everything[5] - everything[4] ** 2 / everything[3]).cpu().numpy()
     with np.errstate(divide="ignore", invalid="ignore"):
         r2 = np.where(tss > 0, 1.0 - sse / tss, np.nan)
@@ -392,7 +450,10 @@ class PositionProbes:
     mae_control (mean absolute error in positions, over the sample); alpha, alpha_control (L+1, F): the penalty
     each outer fold chose. layers: the probed hidden states; n_tokens: tokens in the probe; n_sample: tokens the
     MAE is over (all of them when n_sample == n_tokens); fold_tokens (F,): tokens per fold; seed: the control
-    permutations' and the sample's seed."""
+    permutations' and the sample's seed. The control is over `N_CONTROLS` permutation draws: r2_control and
+    mae_control are their means, r2_control_std (L+1,) their standard deviation, r2_controls (L+1, draws) each;
+    alpha_control is draw 0's. The baseline (no hidden state: first-token flag and text length, same folds):
+    r2_baseline (position), r2_baseline_control (mean over the control draws), mae_baseline."""
 
     layers: np.ndarray
     r2: np.ndarray
@@ -405,3 +466,8 @@ class PositionProbes:
     n_sample: int
     fold_tokens: np.ndarray
     seed: int
+    r2_control_std: np.ndarray | None = None
+    r2_controls: np.ndarray | None = None
+    r2_baseline: float = float("nan")
+    r2_baseline_control: float = float("nan")
+    mae_baseline: float = float("nan")

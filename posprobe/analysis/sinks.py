@@ -7,8 +7,13 @@ Query i attends to key j; the first token is position 0 (right padding: every te
 
 Sink queries: counted tokens (real; not special when special tokens are excluded) at positions i >= 1 (a query at
 0 can only see 0 in a causal model). Over them, every query weighing the same:
-- first-token mass = mean of A(i, 0); special-token mass = mean of the sum of A(i, j) over special keys j (NaN
-  when the texts hold no special token: a tokenizer that adds none leaves nothing to measure, not a mass of 0);
+- first-token mass = mean of A(i, 0) over the sink queries that may see key 0 (per layer: a sliding window or a
+  chunk hides key 0 from later queries, whose A(i, 0) = 0 says nothing about a sink); special-token mass = mean of
+  the sum of A(i, j) over special keys j over all sink queries (NaN when the texts hold no special token: a
+  tokenizer that adds none leaves nothing to measure, not a mass of 0);
+- uniform first-token mass (per layer) = mean of 1 / (number of keys the query may see) over the same queries as
+  the first-token mass: what uniform attention would put on key 0, the reference for the first-token mass and the
+  sink threshold (short texts give uniform masses near the threshold; a sink is a head far above it);
 - distance without the first token = mean of sum_{j>=1} A(i,j)|j-i| / sum_{j>=1} A(i,j), over the counted pairs
   (i, j) the model lets attend (a query whose A(i, j>=1) is all zero is left out);
 - sink rate of a layer = share of its heads whose first-token mass exceeds `threshold` (0.3, Gu et al. 2025).
@@ -58,7 +63,9 @@ class SinkAccumulator:
         self.n_layers, self.n_heads, self.threshold = int(n_layers), int(n_heads), float(threshold)
         L, H = self.n_layers, self.n_heads
         zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
-        self.first = zeros(L, H)  # sum over sink queries of A(i, 0)
+        self.first = zeros(L, H)  # sum over sink queries that may see key 0 of A(i, 0)
+        self.first_queries = zeros(L)  # sink queries that may see key 0
+        self.uniform_first = zeros(L)  # sum over them of 1 / (keys the query may see)
         self.special = zeros(L, H)  # ... of sum_{j special} A(i, j)
         self.without_first = zeros(L, H)  # ... of the distance without the first token
         self.without_first_queries = zeros(L, H)
@@ -84,7 +91,9 @@ class SinkAccumulator:
         done: dict[int, tuple] = {}
         for layer in range(self.n_layers):
             probs, pairs = batch.probs[layer], batch.counted_pairs[layer]  # (B, H, m, m), (B, m, m)
-            self.first[layer] += (probs[..., 0] * queries[:, None]).sum((0, 2), dtype=torch.float64)
+            allowed = batch.allowed[layer]  # (B, m, m)
+            sees_first = queries & allowed[:, :, 0]  # (B, m)
+            self.first[layer] += (probs[..., 0] * sees_first[:, None]).sum((0, 2), dtype=torch.float64)
             on_special = torch.matmul(probs, special)[..., 0]  # (B, H, m)
             self.special[layer] += (on_special * queries[:, None]).sum((0, 2), dtype=torch.float64)
             pairs_later = pairs & later  # (B, m, m)
@@ -95,8 +104,17 @@ class SinkAccumulator:
             self.without_first[layer] += torch.where(ok, moment / torch.where(ok, mass, 1.0), 0.0).sum((0, 2))
             self.without_first_queries[layer] += ok.sum((0, 2))
             if id(pairs) not in done:  # layers with the same mask have the same uniform references
-                done[id(pairs)] = (*_uniform(pairs, distance, None), *_uniform(pairs_later, distance, queries))
-            total, count, total_later, count_later = done[id(pairs)]
+                keys = (allowed & batch.real[:, None, :]).sum(-1)  # (B, m) keys each query may see
+                uniform_first = torch.where(sees_first, 1.0 / keys.clamp(min=1).to(torch.float64), 0.0).sum()
+                done[id(pairs)] = (
+                    *_uniform(pairs, distance, None),
+                    *_uniform(pairs_later, distance, queries),
+                    uniform_first,
+                    sees_first.sum(),
+                )
+            total, count, total_later, count_later, uniform_first, first_queries = done[id(pairs)]
+            self.uniform_first[layer] += uniform_first
+            self.first_queries[layer] += first_queries
             self.uniform[layer] += total
             self.uniform_queries[layer] += count
             self.uniform_without_first[layer] += total_later
@@ -115,6 +133,8 @@ class SinkAccumulator:
             self.uniform_without_first_queries.cpu().numpy(),
             self.threshold,
             self.special_tokens,
+            self.first_queries.cpu().numpy(),
+            self.uniform_first.cpu().numpy(),
         )
 
 
@@ -137,7 +157,10 @@ class SinkMeasures:
     first_token_mass, special_token_mass, distance_without_first (L, H); sink_rate (L,): share of heads with
     first-token mass > threshold; uniform_distance, uniform_distance_without_first (L,): the references for
     `mean_distance` (SPEC §10) and `distance_without_first`; n_queries: sink queries (counted tokens at i >= 1);
-    n_special_tokens: special tokens among the real tokens (none: special_token_mass is NaN, not measured).
+    n_special_tokens: special tokens among the real tokens (none: special_token_mass is NaN, not measured);
+    uniform_first_token_mass (L,): the first-token mass of uniform attention over the same queries (the reference
+    for first_token_mass and the threshold); first_token_queries (L,): the sink queries that may see key 0, over
+    which first_token_mass is taken (fewer than n_queries in sliding-window or chunked layers).
     """
 
     first_token_mass: np.ndarray
@@ -149,6 +172,16 @@ class SinkMeasures:
     n_queries: int
     threshold: float = SINK_THRESHOLD
     n_special_tokens: int | None = None  # None: not counted (measures built by hand)
+    uniform_first_token_mass: np.ndarray | None = None
+    first_token_queries: np.ndarray | None = None
+
+    @property
+    def first_token_ratio(self) -> np.ndarray | None:
+        """(L, H) first-token mass / the uniform first-token mass of its layer (1: no more than uniform)."""
+        if self.uniform_first_token_mass is None:
+            return None
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.first_token_mass / self.uniform_first_token_mass[:, None]
 
 
 def sink_measures(
@@ -163,11 +196,15 @@ def sink_measures(
     uniform_without_first_queries: np.ndarray,
     threshold: float = SINK_THRESHOLD,
     n_special_tokens: int | None = None,
+    first_queries: np.ndarray | None = None,
+    uniform_first: np.ndarray | None = None,
 ) -> SinkMeasures:
     """The SPEC §14 measures from the accumulated sums (shapes as in `SinkAccumulator`); `n_special_tokens` 0 makes
-    the special-token mass NaN (there was no special key to attend to)."""
+    the special-token mass NaN (there was no special key to attend to). Without `first_queries` (L,) the first-token
+    mass is taken over all sink queries (every query may see key 0)."""
     per_query = lambda total, count: total / np.where(count > 0, count, np.nan)  # noqa: E731
-    first_mass = per_query(first, np.float64(sink_queries))
+    first_count = np.float64(sink_queries) if first_queries is None else np.asarray(first_queries, np.float64)
+    first_mass = per_query(first, first_count if np.ndim(first_count) == 0 else first_count[:, None])
     rate = np.where(np.isfinite(first_mass).all(-1), (first_mass > threshold).mean(-1), np.nan)
     return SinkMeasures(
         first_mass,
@@ -179,4 +216,6 @@ def sink_measures(
         int(sink_queries),
         float(threshold),
         None if n_special_tokens is None else int(n_special_tokens),
+        None if uniform_first is None else per_query(np.asarray(uniform_first, np.float64), first_count),
+        None if first_queries is None else np.asarray(first_queries, np.int64),
     )

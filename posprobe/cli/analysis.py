@@ -271,7 +271,10 @@ def profiles(
 
     causal = "; causal: only k ≤ 0 used, peaks over k ≤ 0" if result.causal else ""
     window = result.window
-    console.print(f"Head profiles — {source.label}, {result.mode} mode (peak k = j − i within ±{window}{causal})")
+    console.print(
+        f"Head profiles — {source.label}, {result.mode} mode (peak k = j − i over every offset the layer uses"
+        f"{causal}; figures show ±{window})"
+    )
     table = Table(  # borderless: 16 heads still fit in 80 columns
         box=box.SIMPLE_HEAD,
         padding=(0, 0),
@@ -282,8 +285,12 @@ def profiles(
         table.add_column(f"h{h}", justify="right", min_width=3, no_wrap=True)
     peaks = result.peak_offsets()
     for li, l in enumerate(result.layers):
-        table.add_row(str(l), *["—" if math.isnan(k) else f"{int(k):+d}" for k in peaks[li]])
+        cells = ["—" if math.isnan(k) else f"{int(k):+d}" + ("*" if abs(k) > window else "") for k in peaks[li]]
+        table.add_row(str(l), *cells)
     console.print(table)
+    beyond = int(result.peak_beyond_window().sum())
+    if beyond:
+        console.print(f"[dim]*: {beyond} peaks lie beyond the figures' window ±{window} (--window to see them)[/dim]")
     for line in conditioning_lines(result):
         console.print(f"[dim]{line}[/dim]")
     if result.toeplitz_by_construction:

@@ -205,8 +205,12 @@ def _print_sinks(result) -> None:
     table = Table(
         title="Attention sinks per layer (means over heads; queries i ≥ 1 for the masses)", title_justify="left"
     )
-    for name in ("layer", "dist", "uniform", "dist w/o 1st", "uniform w/o 1st", "1st mass", "special", "sink rate"):
+    names = ("layer", "dist", "uniform", "dist w/o 1st", "uniform w/o 1st", "1st mass", "uniform 1st", "special")
+    for name in (*names, "sink rate"):
         table.add_column(name, justify="right")
+    uniform_first = s.uniform_first_token_mass
+    if uniform_first is None:
+        uniform_first = np.full(result.n_layers, np.nan)
     for layer in range(result.n_layers):
         table.add_row(
             f"L{layer}",
@@ -215,6 +219,7 @@ def _print_sinks(result) -> None:
             _num(_over_heads(np.nanmean, s.distance_without_first[layer])),
             _num(s.uniform_distance_without_first[layer]),
             _num(_over_heads(np.nanmean, s.first_token_mass[layer])),
+            _num(uniform_first[layer]),
             _num(_over_heads(np.nanmean, s.special_token_mass[layer])),
             _num(s.sink_rate[layer]),
         )

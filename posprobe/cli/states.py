@@ -5,7 +5,9 @@
 `probe_r2_control`, `probe_mae`, `massive_max`, `massive_position`, `massive_channel`, `massive_ratio` (L+1,), ...),
 the per-hidden-state lists `probe_r2`, `probe_r2_control`, `probe_mae`, `probe_mae_control`,
 `positional_toeplitz_r2`, `positional_norm_mean` (and both `..._without_first`: over positions i >= 1, recentred
-there), `massive_max`, `massive_position`, `massive_channel`,
+there), the references `probe_r2_control_std`, `positional_toeplitz_r2[_without_first]_null_mean` / `_null_std`,
+`positional_positions_within_noise` and the scalars `probe_r2_baseline`, `probe_mae_baseline`, `massive_max`,
+`massive_position`, `massive_channel`,
 `massive_median`, `massive_ratio`, `massive_first_share`, `massive_special_share`, `massive_delimiter_share`
 (null where undefined), `massive_top` (per hidden state, its top tokens), the settings (`min_texts`,
 `n_positions_kept`, `n_tokens`, `probe_layers`, `probe_folds`, `probe_mae_sample`, `seed`, ...), `seconds` and
@@ -57,7 +59,13 @@ def states(
     mae_sample: Annotated[
         int, typer.Option("--mae-sample", help="Tokens the probe's mean absolute error is measured on (sampled).")
     ] = 2048,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the control permutations and the MAE sample.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seed of the control permutations, the null and the MAE sample.")
+    ] = 0,
+    null_draws: Annotated[
+        int, typer.Option("--null-draws", help="Permutation-null draws of the Gram R² (0: none).")
+    ] = 8,
+    controls: Annotated[int, typer.Option("--controls", help="Control permutation draws of the probe.")] = 5,
     checkpoints: Annotated[
         str | None,
         typer.Option(
@@ -89,6 +97,8 @@ def states(
     min_texts = as_int(min_texts, "min_texts", minimum=1, hint="e.g. --min-texts 16")
     mae_sample = as_int(mae_sample, "mae_sample", minimum=1, maximum=2**24)
     seed = as_int(seed, "seed", minimum=0)
+    null_draws = as_int(null_draws, "null_draws", minimum=0, maximum=1000)
+    controls = as_int(controls, "controls", minimum=1, maximum=100)
     if max_texts is not None:
         max_texts = as_int(max_texts, "max_texts", minimum=1)
     layers = parse_int_list(probe_layers, "probe-layers")
@@ -106,6 +116,8 @@ def states(
         probe_layers=layers,
         mae_sample=mae_sample,
         seed=seed,
+        null_draws=null_draws,
+        controls=controls,
         device=device,
         allow_pickle=allow_pickle,
         text_source=str(text),
@@ -173,35 +185,64 @@ def _print(result, written) -> None:
     from posprobe.analysis.position_probe import N_FOLDS
 
     numbers = result.per_layer()
-    m = result.massive
-    table = Table(
+    m, p, v = result.massive, result.probes, result.vectors
+    from rich import box
+
+    table = Table(  # borderless: ten columns fit in 80
         title=f"Position in the hidden states — {result.model}, {result.n_texts} texts, max length "
-        f"{result.max_length}, {result.vectors.n_kept} positions with ≥ {result.vectors.min_texts} texts",
+        f"{result.max_length}, {v.n_kept} positions with ≥ {v.min_texts} texts",
         title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 0, 0, 1),
     )
-    for name in ("l", "R²", "ctrl", "MAE", "VVᵀ", "|v|", "max|h|", "i,c", "token", "ratio"):
-        table.add_column(name, justify="right", overflow="fold", min_width=len(name))
+    for name in ("l", "R²", "ctrl", "±", "MAE", "VVᵀ", "null", "VVᵀ i≥1", "null", "noise"):
+        table.add_column(name, justify="right", no_wrap=True)
     for layer in range(result.n_states):
-        token = result.top_tokens[layer][0] if result.top_tokens is not None else str(int(m.top_token[layer, 0]))
-        token = token if len(token) <= 5 else token[:4] + "…"  # one line at 80 columns (the full tokens: --json)
+        within = numbers["positional_positions_within_noise"][layer]
         table.add_row(
             str(layer),
             _fmt(numbers["probe_r2"][layer], 3),
             _fmt(numbers["probe_r2_control"][layer], 3),
+            _fmt(numbers["probe_r2_control_std"][layer], 3),
             _fmt(numbers["probe_mae"][layer]),
-            _fmt(numbers["positional_toeplitz_r2"][layer], 3),
-            _fmt(numbers["positional_norm_mean"][layer]),
-            _fmt(m.max[layer], 1),
-            f"{int(m.position[layer])},{int(m.channel[layer])}",
-            token,
-            _fmt(m.ratio[layer], 0),
+            _fmt(numbers["positional_toeplitz_r2"][layer], 2),
+            _null(numbers, "positional_toeplitz_r2", layer),
+            _fmt(numbers["positional_toeplitz_r2_without_first"][layer], 2),
+            _null(numbers, "positional_toeplitz_r2_without_first", layer),
+            "—" if within != within else f"{int(within)}/{v.n_kept}",
         )
     console.print(table)
     console.print(
         "[dim]l: hidden state (0 = embedding output); R²: held-out R² of a ridge probe of the position (5 folds "
-        "by text); ctrl: the same on positions permuted within each text; MAE in positions (over "
-        f"{result.probes.n_sample} sampled tokens); VVᵀ: Toeplitz R² of the positional vectors' Gram matrix; |v|: "
-        "their mean norm; max|h| at position i, channel c, on token; ratio: max|h| / median |h|[/dim]"
+        f"by text); ctrl ±: the same on positions permuted within each text, mean and sd over "
+        f"{0 if p.r2_controls is None else p.r2_controls.shape[1]} permutations; MAE in positions (over "
+        f"{p.n_sample} sampled tokens); VVᵀ: Toeplitz R² of the positional vectors' Gram matrix (i≥1: without the "
+        "first token); null: its mean ± sd with positions 1.. permuted within each text (what any tokens give); "
+        "noise: positions whose |v| is within 2 noise floors (sampling alone)[/dim]"
+    )
+    console.print(
+        f"baseline (no hidden state: first-token flag + text length, same folds): R² {_fmt(p.r2_baseline, 3)}, "
+        f"MAE {_fmt(p.mae_baseline)}; a probe R² at or below it reads nothing the text's shape does not give"
+    )
+    massive = Table(title="Massive activations", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
+    for name in ("l", "max|h|", "i,c", "token", "ratio", "|v| mean"):
+        massive.add_column(name, justify="right", overflow="fold", min_width=len(name))
+    for layer in range(result.n_states):
+        token = result.top_tokens[layer][0] if result.top_tokens is not None else str(int(m.top_token[layer, 0]))
+        token = token if len(token) <= 12 else token[:11] + "…"  # the full tokens: --json
+        massive.add_row(
+            str(layer),
+            _fmt(m.max[layer], 1),
+            f"{int(m.position[layer])},{int(m.channel[layer])}",
+            token,
+            _fmt(m.ratio[layer], 0),
+            _fmt(numbers["positional_norm_mean"][layer]),
+        )
+    console.print(massive)
+    console.print(
+        "[dim]max|h| at position i, channel c, on token; ratio: max|h| / median |h|; |v| mean: the positional "
+        "vectors' mean norm[/dim]"
     )
     if result.n_texts < N_FOLDS:
         console.print(
@@ -209,6 +250,14 @@ def _print(result, written) -> None:
             f"{result.n_texts} texts leave a fold empty; pass at least {N_FOLDS} texts[/dim]"
         )
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
+
+
+def _null(numbers: dict, name: str, layer: int) -> str:
+    """'mean±sd' of the permutation null of `name` at `layer`, or '—'."""
+    mean, sd = numbers[f"{name}_null_mean"][layer], numbers[f"{name}_null_std"][layer]
+    if mean != mean:
+        return "—"
+    return f"{mean:.2f}" + ("" if sd != sd else f"±{sd:.2f}")
 
 
 def _print_series(series, written) -> None:

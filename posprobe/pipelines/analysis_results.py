@@ -226,17 +226,39 @@ class ProfileResult(ResultMixin):
             + ("; causal model: only k <= 0 is used" if self.causal else ""),
         } | ({"conditioning": self.conditioning} if self.conditioning is not None else {})
 
+    def layer_reach(self) -> list[int | None]:
+        """The largest |k| each layer of `layers` attends (a local window's reach), None where unlimited; read
+        from `layer_kinds` ('local |k| <= 511, ...')."""
+        import re
+
+        kinds = self.layer_kinds or [None] * len(self.layers)
+        found = [re.search(r"local \|k\| <= (\d+)", kind or "") for kind in kinds]
+        return [int(m.group(1)) if m else None for m in found]
+
     def peak_offsets(self) -> np.ndarray:
-        """(L_sel, H) float: the offset k of each profile's maximum within the window, over k = -w..w, or over
-        k = -w..0 for a causal model (it never uses k > 0, so a peak there would describe nothing it does); NaN
-        where the profile is flat there up to round-off (`analysis.toeplitz.is_flat`: e.g. an absolute table
-        averaged away by a data-conditioned mean), whose argmax would be a pick among round-off errors."""
-        w = self.window
-        centre = self.n_positions - 1
-        window = self.profiles[..., centre - w : centre + (0 if self.causal else w) + 1]
-        peaks = (np.argmax(window, axis=-1) - w).astype(np.float64)
-        peaks[is_flat(window)] = np.nan
+        """(L_sel, H) float: the offset k of each profile's maximum over every offset the layer can use — all of
+        k = -(n-1)..n-1, only k <= 0 for a causal model (it never uses k > 0, so a peak there would describe
+        nothing it does), only |k| <= its window for a local layer — never the edge of the figure window (see
+        `peak_beyond_window`). NaN where the profile is flat there up to round-off (`analysis.toeplitz.is_flat`:
+        e.g. an absolute table averaged away by a data-conditioned mean), whose argmax would be a pick among
+        round-off errors."""
+        k = np.asarray(self.offsets)
+        peaks = np.full(self.profiles.shape[:2], np.nan)
+        for li, reach in enumerate(self.layer_reach()):
+            usable = (k <= 0) if self.causal else np.ones(k.shape, dtype=bool)
+            if reach is not None:
+                usable &= np.abs(k) <= reach
+            values = self.profiles[li][:, usable]
+            finite = np.isfinite(values)
+            best = k[usable][np.argmax(np.where(finite, values, -np.inf), axis=-1)].astype(np.float64)
+            flat = is_flat(np.where(finite, values, np.nanmean(values, axis=-1, keepdims=True)))
+            peaks[li] = np.where(flat | ~finite.any(-1), np.nan, best)
         return peaks
+
+    def peak_beyond_window(self) -> np.ndarray:
+        """(L_sel, H) bool: the peak lies outside the figure window -w..w (the figures and `profile_window` do not
+        show it)."""
+        return np.abs(np.nan_to_num(self.peak_offsets())) > self.window
 
     def to_dict(self) -> dict:
         w = self.window
@@ -249,6 +271,7 @@ class ProfileResult(ResultMixin):
                 "head": h,
                 "toeplitz_r2": _r2(self.fhat_r2[li, h]),
                 "peak_offset": None if np.isnan(peaks[li, h]) else int(peaks[li, h]),
+                "peak_beyond_window": bool(abs(np.nan_to_num(peaks[li, h])) > w),
                 "profile_window": self.profiles[li, h, centre - w : centre + w + 1].tolist(),
             }
             for li, l in enumerate(self.layers)

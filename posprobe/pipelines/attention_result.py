@@ -21,6 +21,9 @@ SINK_ARRAYS = (
     "sink_rate",
     "uniform_distance",
     "uniform_distance_without_first",
+    "uniform_first_token_mass",
+    "first_token_queries",
+    "first_token_ratio",
 )
 
 
@@ -28,9 +31,10 @@ SINK_ARRAYS = (
 class AttentionResult(ResultMixin):
     """Empirical profiles and attention sinks of every layer and head.
 
-    profiles: SPEC §10 (`EmpiricalProfiles`: score_profiles, prob_profiles (L, H, 2n-1), pair_counts, mean_distance
-    (L, H), mean_scores, toeplitz_r2, ...); sinks: SPEC §14 (`SinkMeasures`: first_token_mass, special_token_mass,
-    distance_without_first (L, H), sink_rate (L,), uniform_distance, uniform_distance_without_first (L,)).
+    profiles: SPEC §10 (`EmpiricalProfiles`: score_profiles, prob_profiles, prob_profiles_without_first
+    (L, H, 2n-1), pair_counts, mean_distance (L, H), mean_scores, toeplitz_r2, ...); sinks: SPEC §14
+    (`SinkMeasures`: first_token_mass, special_token_mass, distance_without_first, first_token_ratio (L, H),
+    sink_rate, uniform_distance, uniform_distance_without_first, uniform_first_token_mass, first_token_queries (L,)).
     weights_profiles (L, H, 2n-1): the weights-based profile (faithful-mode F̂_P diagonal means over the leading
     n x n positions) where the family has one, else None; weights_correlation (L, H): Pearson r between s(k) and it
     over the offsets with at least `min_pairs` pairs (NaN where undefined), or None.
@@ -126,11 +130,14 @@ class AttentionResult(ResultMixin):
             "n_queries": p.n_queries,
             "layers": np.arange(self.n_layers),
         }
+        if p.prob_profiles_without_first is not None:
+            out["prob_profiles_without_first"] = p.prob_profiles_without_first
+            out["layer_pair_counts_without_first"] = p.pair_counts_without_first
         if self.weights_correlation is not None:
             out["weights_correlation"] = self.weights_correlation
             out["weights_profiles"] = self.weights_profiles
         if self.sinks is not None:
-            out |= {name: getattr(self.sinks, name) for name in SINK_ARRAYS}
+            out |= {name: getattr(self.sinks, name) for name in SINK_ARRAYS if getattr(self.sinks, name) is not None}
         return out
 
     def to_dict(self) -> dict:
@@ -141,7 +148,11 @@ class AttentionResult(ResultMixin):
             "weights_correlation": None if self.weights_correlation is None else _nulls(self.weights_correlation),
         }
         if self.sinks is not None:
-            out |= {name: _nulls(getattr(self.sinks, name)) for name in SINK_ARRAYS}
+            out |= {
+                name: _nulls(np.asarray(getattr(self.sinks, name), dtype=np.float64))
+                for name in SINK_ARRAYS
+                if getattr(self.sinks, name) is not None
+            }
         return out | {"seconds": round(self.seconds, 3)}
 
     def record(self, npz: str | Path | None = None, figures: list | None = None) -> dict:

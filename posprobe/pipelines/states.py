@@ -14,8 +14,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from posprobe.analysis.massive import MassiveActivationAccumulator, is_delimiter
-from posprobe.analysis.position_probe import DEFAULT_SAMPLE, PositionProbeAccumulator
-from posprobe.analysis.positional_vectors import DEFAULT_MIN_TEXTS, PositionalVectorAccumulator
+from posprobe.analysis.position_probe import DEFAULT_SAMPLE, N_CONTROLS, PositionProbeAccumulator
+from posprobe.analysis.positional_vectors import (
+    DEFAULT_MIN_TEXTS,
+    NULL_DRAWS,
+    PermutedPositionAccumulator,
+    PositionalVectorAccumulator,
+)
 from posprobe.capture import capture, check_model, load_for_capture, resolve_device, resolve_max_length
 from posprobe.capture.model import text_config
 from posprobe.errors import ArgumentValueError, PosprobeError
@@ -49,10 +54,14 @@ class _CheckStates:
         return None
 
 
-def accumulator_bytes(n_states: int, n_positions: int, hidden_size: int, probe_layers: int, sample: int) -> int:
-    """Bytes of the reducers' state: positional sums, probe statistics and sample, massive-activation histograms."""
+def accumulator_bytes(
+    n_states: int, n_positions: int, hidden_size: int, probe_layers: int, sample: int, null_draws: int = NULL_DRAWS
+) -> int:
+    """Bytes of the reducers' state: positional sums (and their permutation null's), probe statistics and sample,
+    massive-activation histograms."""
     return (
         PositionalVectorAccumulator.nbytes(n_states, n_positions, hidden_size)
+        + PermutedPositionAccumulator.nbytes(null_draws, n_states, n_positions, hidden_size)
         + PositionProbeAccumulator.nbytes(probe_layers, hidden_size, sample)
         + MassiveActivationAccumulator.nbytes(n_states)
     )
@@ -71,6 +80,8 @@ def states(
     probe_layers: Sequence[int] | None = None,
     mae_sample: int = DEFAULT_SAMPLE,
     seed: int = 0,
+    null_draws: int = NULL_DRAWS,
+    controls: int = N_CONTROLS,
     device: str | None = None,
     allow_pickle: bool = False,
     revision: str | None = None,
@@ -87,8 +98,10 @@ def states(
     `max_length` (default 128, or the model's positions if fewer); or `input_ids` (pre-tokenised; `special_ids`
     marks special tokens). `probe_layers`: the hidden states to probe (default all; -1 is the last), each costing
     5·d² float64 of memory; `mae_sample`: tokens the MAE is measured on (reservoir sample; all when fewer);
-    `seed`: the control permutations' and the sample's seed. `progress(k)` is called after each batch with the
-    number of texts it held.
+    `seed`: the control permutations', the null's and the sample's seed; `controls`: control permutation draws
+    (mean and spread reported); `null_draws`: permutation-null draws of the positional Gram R² (0: none; each
+    costs the positional sums' memory again). The probe's baseline (first-token flag and text length) comes
+    with every run. `progress(k)` is called after each batch with the number of texts it held.
     """
     if max_length is not None:
         max_length = as_int(max_length, "max_length", minimum=2)
@@ -98,6 +111,8 @@ def states(
     min_texts = as_int(min_texts, "min_texts", minimum=1)
     mae_sample = as_int(mae_sample, "mae_sample", minimum=1, maximum=2**24)
     seed = as_int(seed, "seed", minimum=0)
+    null_draws = as_int(null_draws, "null_draws", minimum=0, maximum=1000)
+    controls = as_int(controls, "controls", minimum=1, maximum=100)
     if (texts is None) == (input_ids is None):
         raise PosprobeError("pass exactly one of texts and input_ids", "texts for strings, input_ids if tokenised")
     started = time.perf_counter()
@@ -116,21 +131,24 @@ def states(
         raise PosprobeError(f"cannot read the hidden size of '{kind}' from its config", "use a standard config")
     max_length = resolve_max_length(net, max_length)
     layers = _probe_layers(probe_layers, n_states)
-    need = accumulator_bytes(n_states, max_length, hidden_size, len(layers), mae_sample)
+    need = accumulator_bytes(n_states, max_length, hidden_size, len(layers), mae_sample, null_draws)
     if need > MAX_ACCUMULATOR_BYTES:
         raise PosprobeError(
-            f"the probes of {len(layers)} hidden states of size {hidden_size} need {need / 2**30:.1f} GiB of "
-            "accumulators (5 folds x d² float64 each)",
-            "probe fewer hidden states with --probe-layers (e.g. --probe-layers 0,8,16)",
+            f"the probes of {len(layers)} hidden states of size {hidden_size} and {null_draws} null draws need "
+            f"{need / 2**30:.1f} GiB of accumulators (5 folds x d² float64 per probe, (L+1)·n·d per draw)",
+            "probe fewer hidden states with --probe-layers (e.g. --probe-layers 0,8,16) or lower --null-draws",
         )
     device = resolve_device(device)
     net = net.to(device)
     vectors = PositionalVectorAccumulator(n_states, max_length, hidden_size, device)
-    probes = PositionProbeAccumulator(n_states, layers, hidden_size, device, sample=mae_sample, seed=seed)
+    probes = PositionProbeAccumulator(
+        n_states, layers, hidden_size, device, sample=mae_sample, seed=seed, controls=controls
+    )
+    null = PermutedPositionAccumulator(n_states, max_length, hidden_size, device, draws=null_draws, seed=seed)
     massive = MassiveActivationAccumulator(n_states, device)
     summary = capture(
         net,
-        [_CheckStates(n_states, hidden_size, kind), vectors, probes, massive],
+        [_CheckStates(n_states, hidden_size, kind), vectors, null, probes, massive],
         texts,
         tokenizer=tokenizer,
         input_ids=input_ids,
@@ -148,6 +166,7 @@ def states(
         delimiters = [[is_delimiter(t) for t in row] for row in tokens]
     if name is None:
         name = source.name if source is not None else type(net).__name__
+    null_r2, null_r2_without_first = null.result(min_texts)
     return StatesResult(
         model=name,
         model_type=kind,
@@ -164,6 +183,8 @@ def states(
         text_source=text_source,
         revision=revision,
         quantization=None if source is None else source.quantization,
+        null_r2=null_r2,
+        null_r2_without_first=null_r2_without_first,
     )
 
 

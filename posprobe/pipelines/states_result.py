@@ -12,19 +12,25 @@ import numpy as np
 
 from posprobe.analysis.massive import BINS_PER_OCTAVE, MEDIAN_RELATIVE_ERROR, MassiveActivations
 from posprobe.analysis.position_probe import ALPHA_GRID, N_FOLDS, PositionProbes
-from posprobe.analysis.positional_vectors import PositionalVectors
+from posprobe.analysis.positional_vectors import NOISE_MARGIN, PositionalVectors
 from posprobe.results import ResultMixin
 
 #: the per-hidden-state numbers (L+1,) of the JSON record and the checkpoint series, by their .npz name
 PER_LAYER = (
     "probe_r2",
     "probe_r2_control",
+    "probe_r2_control_std",
     "probe_mae",
     "probe_mae_control",
     "positional_toeplitz_r2",
+    "positional_toeplitz_r2_null_mean",
+    "positional_toeplitz_r2_null_std",
     "positional_toeplitz_r2_without_first",
+    "positional_toeplitz_r2_without_first_null_mean",
+    "positional_toeplitz_r2_without_first_null_std",
     "positional_norm_mean",
     "positional_norm_mean_without_first",
+    "positional_positions_within_noise",
     "massive_max",
     "massive_position",
     "massive_channel",
@@ -43,7 +49,9 @@ class StatesResult(ResultMixin):
     probes: `PositionProbes` (r2, r2_control, mae, mae_control (L+1,), the chosen penalties, token counts);
     massive: `MassiveActivations` (max, position, channel, median, ratio (L+1,), the top tokens (L+1, K));
     top_tokens / top_delimiter (L+1, K): the top tokens as the tokenizer writes them and whether each is a
-    delimiter (punctuation / white space), None without a tokenizer.
+    delimiter (punctuation / white space), None without a tokenizer. References: null_r2, null_r2_without_first
+    (draws, L+1), the Gram R² of permuted positions (`analysis.positional_vectors`); the probe's baseline and
+    control draws in `probes`; the norms' noise floor in `vectors`.
     """
 
     model: str
@@ -61,6 +69,8 @@ class StatesResult(ResultMixin):
     text_source: str | None = None
     revision: str | None = None
     quantization: str | None = None  # a GGUF file's quantisation: the model ran on weights de-quantised from it
+    null_r2: np.ndarray | None = None  # (draws, L+1): the Gram R² with positions 1.. permuted within each text
+    null_r2_without_first: np.ndarray | None = None  # (draws, L+1): the same over positions i >= 1
 
     _repr_fields = ("model", "n_texts", "max_length", "n_layers", "probe_r2", "probe_r2_control", "massive_ratio")
 
@@ -104,15 +114,27 @@ class StatesResult(ResultMixin):
         kept = v.norms[:, v.kept]
         later = v.norms_without_first[:, v.kept & (np.arange(len(v.kept)) >= 1)]
         shares = m.shares(None if self.top_delimiter is None else np.array(self.top_delimiter, dtype=bool))
+        nan = np.full(self.n_states, np.nan)
+        within = nan if v.within_noise is None else v.within_noise.sum(1).astype(np.float64)
         out = {
             "probe_r2": p.r2,
             "probe_r2_control": p.r2_control,
+            "probe_r2_control_std": nan if p.r2_control_std is None else p.r2_control_std,
             "probe_mae": p.mae,
             "probe_mae_control": p.mae_control,
             "positional_toeplitz_r2": v.toeplitz_r2,
+            "positional_toeplitz_r2_null_mean": _draw_stat(self.null_r2, np.mean, self.n_states),
+            "positional_toeplitz_r2_null_std": _draw_stat(self.null_r2, _std, self.n_states),
             "positional_toeplitz_r2_without_first": v.toeplitz_r2_without_first,
+            "positional_toeplitz_r2_without_first_null_mean": _draw_stat(
+                self.null_r2_without_first, np.mean, self.n_states
+            ),
+            "positional_toeplitz_r2_without_first_null_std": _draw_stat(
+                self.null_r2_without_first, _std, self.n_states
+            ),
             "positional_norm_mean": _row_means(kept),
             "positional_norm_mean_without_first": _row_means(later),
+            "positional_positions_within_noise": within,
             "massive_max": m.max,
             "massive_position": m.position,
             "massive_channel": m.channel,
@@ -147,6 +169,14 @@ class StatesResult(ResultMixin):
             "probe_alpha_relative": ALPHA_GRID.tolist(),
             "probe_mae_sample": self.probes.n_sample,
             "seed": self.probes.seed,
+            "probe_r2_baseline": _number(self.probes.r2_baseline),
+            "probe_r2_baseline_control": _number(self.probes.r2_baseline_control),
+            "probe_mae_baseline": _number(self.probes.mae_baseline),
+            "probe_baseline_features": "first-token flag, text length (no hidden state; same folds and fit)",
+            "probe_control_draws": None if self.probes.r2_controls is None else int(self.probes.r2_controls.shape[1]),
+            "positional_null_draws": None if self.null_r2 is None else int(self.null_r2.shape[0]),
+            "positional_null": "positions 1..len-1 permuted within each text (the first token stays at 0)",
+            "positional_noise_margin": NOISE_MARGIN,
             "median_bins_per_octave": BINS_PER_OCTAVE,
             "median_relative_error": MEDIAN_RELATIVE_ERROR,
             "convention": "hidden state l = 0..L as output_hidden_states (0: embedding output); positions 0-based",
@@ -172,6 +202,9 @@ class StatesResult(ResultMixin):
             "probe_alpha": p.alpha,
             "probe_alpha_control": p.alpha_control,
             "probe_layers": p.layers,
+            "probe_r2_baseline": np.float64(p.r2_baseline),
+            "probe_r2_baseline_control": np.float64(p.r2_baseline_control),
+            "probe_mae_baseline": np.float64(p.mae_baseline),
             "massive_max": m.max,
             "massive_position": m.position,
             "massive_channel": m.channel,
@@ -186,6 +219,14 @@ class StatesResult(ResultMixin):
             "massive_top_special": m.top_special,
             "layers": np.arange(self.n_states),
         }
+        if p.r2_controls is not None:
+            out["probe_r2_controls"] = p.r2_controls
+        if v.noise_floor is not None:
+            out["positional_noise_floor"] = v.noise_floor
+            out["positional_within_noise"] = v.within_noise
+        if self.null_r2 is not None:
+            out["positional_toeplitz_r2_null"] = self.null_r2
+            out["positional_toeplitz_r2_without_first_null"] = self.null_r2_without_first
         if self.top_delimiter is not None:
             out["massive_top_delimiter"] = np.array(self.top_delimiter, dtype=bool)
         return out | {k: val for k, val in self.per_layer().items() if k not in out}
@@ -233,6 +274,22 @@ class StatesResult(ResultMixin):
 
         what = as_choice(what, "what", ("summary", "gram"))
         return plots.states_summary(self) if what == "summary" else plots.gram_panels(self)
+
+
+def _draw_stat(draws: np.ndarray | None, stat, n_states: int) -> np.ndarray:
+    """(L+1,) `stat` over the null draws (draws, L+1); NaN without draws."""
+    if draws is None or not len(draws):
+        return np.full(n_states, np.nan)
+    return stat(draws, axis=0)
+
+
+def _std(a: np.ndarray, axis: int = 0) -> np.ndarray:
+    """Sample standard deviation (NaN with fewer than 2 draws)."""
+    return np.std(a, axis=axis, ddof=1) if a.shape[axis] > 1 else np.full(a.shape[1 - axis], np.nan)
+
+
+def _number(value: float) -> float | None:
+    return None if not np.isfinite(value) else float(value)
 
 
 def _row_means(a: np.ndarray) -> np.ndarray:
