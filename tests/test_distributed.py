@@ -151,10 +151,35 @@ def test_a_batch_that_cannot_fit_is_refused_in_one_line_before_it_runs(monkeypat
     assert not out.exists()
 
 
+def test_every_reducer_of_the_text_commands_lists_every_array_it_keeps(monkeypatch):
+    """`check_mergeable` on each reducer after a batch (lazily sized sums exist then): an array kept by a reducer
+    but combined by no rule would hold one rank's texts only. A reducer with a forgotten sum is refused."""
+    from posprobe.analysis.hidden_means import HiddenMeanAccumulator
+    from posprobe.analysis.massive import MassiveActivationAccumulator
+    from posprobe.analysis.positional_vectors import PermutedPositionAccumulator, PositionalVectorAccumulator
+    from posprobe.analysis.sinks import SinkAccumulator
+
+    model = tiny_model("llama")
+    reducers = [
+        EmpiricalAccumulator(2, 4, 16),
+        SinkAccumulator(2, 4),
+        HiddenMeanAccumulator([0, 1], "position-mean", 16),
+        PositionalVectorAccumulator(3, 16, 32),
+        PermutedPositionAccumulator(3, 16, 32, draws=2),
+        PositionProbeAccumulator(3, [0, 2], 32),
+        MassiveActivationAccumulator(3),
+    ]
+    run.capture(model, reducers, input_ids=[[5, 6, 7, 8], [9, 10]], max_length=16)
+    distributed.check_mergeable(reducers)
+    reducers[0].forgotten = torch.zeros(3)
+    with pytest.raises(Exception, match="forgotten is not combined"):
+        distributed.check_mergeable(reducers)
+
+
 def test_a_plain_run_is_not_data_parallel():
     assert distributed.join_process_group("cpu") is False
     assert distributed.mine(0) and distributed.mine(5)  # world size 1: every batch
-    assert EmpiricalAccumulator.rank_sums == ("score_sum", "prob_sum", "count", "queries")
+    assert distributed.mine(0) and not distributed.skips_writes()
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -72,6 +72,7 @@ class MassiveActivationAccumulator:
 
     needs = ("hidden_states",)
     rank_sums = ("histogram", "seen")  # added over torchrun ranks (SPEC §19); the top-K in `merge_ranks`
+    rank_kept = ("top_value", "top_index")
 
     def __init__(self, n_states: int, device: str | torch.device = "cpu", top: int = TOP_TOKENS):
         import torch

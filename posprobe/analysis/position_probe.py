@@ -101,6 +101,9 @@ class PositionProbeAccumulator:
     `device`), and a reservoir of `sample` tokens for the MAE."""
 
     needs = ("hidden_states",)
+    # combined over torchrun ranks in `merge_ranks` (SPEC §19): the sums after re-centring, then the samples
+    _SUMMED = ("gram", "first", "cross", "count", "ysum", "ysq", "base_gram", "base_first", "base_cross")
+    rank_kept = ("shift", *_SUMMED, "sample_x", "sample_y", "sample_fold", "sample_base")
 
     def __init__(
         self,
@@ -213,7 +216,7 @@ class PositionProbeAccumulator:
         shifts = all_gather_or_zeros(self.shift)
         has = all_gather(torch.tensor([self.shift is not None], dtype=torch.int64, device=self.count.device))
         self.recentre(shifts[next(r for r, flag in enumerate(has) if int(flag))].to(self.gram.device))
-        for name in ("gram", "first", "cross", "count", "ysum", "ysq"):
+        for name in self._SUMMED:
             setattr(self, name, all_reduce_sum(getattr(self, name)))
         self._merge_samples()
 
@@ -240,7 +243,7 @@ class PositionProbeAccumulator:
         size = self.reservoir.size
         seen = [int(s) for s in all_gather(torch.tensor([self.reservoir.seen], dtype=torch.int64))]
         xs = all_gather_or_zeros(self.sample_x)
-        ys, folds = all_gather(self.sample_y), all_gather(self.sample_fold)
+        ys, folds, bases = all_gather(self.sample_y), all_gather(self.sample_fold), all_gather(self.sample_base)
         if xs is None:
             return
         total = sum(seen)
@@ -255,6 +258,7 @@ class PositionProbeAccumulator:
         kept = min(total, size)
         self.sample_x = torch.zeros((size, *xs[0].shape[1:]), dtype=xs[0].dtype, device=device)
         self.sample_x[:kept], self.sample_y[:kept], self.sample_fold[:kept] = rows(xs), rows(ys), rows(folds)
+        self.sample_base[:kept] = rows(bases)
         self.reservoir.seen = total
 
     def result(self) -> PositionProbes:

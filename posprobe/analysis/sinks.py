@@ -44,6 +44,8 @@ class SinkAccumulator:
     needs = ("probs",)
     rank_sums = (  # added over torchrun ranks (SPEC §19)
         "first",
+        "first_queries",
+        "uniform_first",
         "special",
         "without_first",
         "without_first_queries",

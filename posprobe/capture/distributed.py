@@ -10,8 +10,9 @@ The contract, the same code path with a world size of 1:
   (`all_reduce(SUM)`), so that `result()` gives the same answer on every rank. A reducer says what to add in
   `rank_sums` (attribute names: float64 / int64 tensors, numpy arrays or Python numbers; an attribute that is still
   None on a rank that saw no batch is taken as zeros of the other ranks' shape); a reducer whose state is not a
-  sum (a top-K list, a sample) also defines `merge_ranks()`, called after the sums are added. A reducer with
-  neither cannot run data-parallel and is refused before any batch.
+  sum (a top-K list, a sample) also defines `merge_ranks()`, called after the sums are added, and lists what it
+  combines there (and arrays that are settings) in `rank_kept`. A reducer with neither `rank_sums` nor
+  `merge_ranks`, or holding an array listed in neither tuple, is refused before any batch (`check_mergeable`).
 - `is_main_process()`: rank 0 (or a plain run): the CLI prints only there; once a capture ran data-parallel,
   `posprobe.outputs` writes only there too (`skips_writes`).
 
@@ -107,14 +108,27 @@ def mine(index: int) -> bool:
 
 
 def check_mergeable(reducers: Sequence[Any]) -> None:
-    """Refuse, before any batch, a reducer that cannot be combined over ranks (neither `rank_sums` nor
-    `merge_ranks`)."""
+    """Refuse, before any batch, a reducer that cannot be combined over ranks: one with neither `rank_sums` nor
+    `merge_ranks`, or holding an array listed neither in `rank_sums` nor in `rank_kept` (arrays `merge_ranks`
+    combines, or settings the same on every rank): a sum added to a reducer and forgotten here would otherwise
+    hold one rank's texts only."""
+    import numpy as np
+    import torch
+
     for reducer in reducers:
+        name = type(reducer).__name__
         if getattr(reducer, "rank_sums", None) is None and not hasattr(reducer, "merge_ranks"):
             raise PosprobeError(
-                f"{type(reducer).__name__} cannot be combined over torchrun ranks (it declares no rank_sums)",
+                f"{name} cannot be combined over torchrun ranks (it declares no rank_sums)",
                 "run it in one process (without torchrun)",
             )
+        listed = set(getattr(reducer, "rank_sums", None) or ()) | set(getattr(reducer, "rank_kept", ()))
+        for attribute, value in vars(reducer).items():
+            if isinstance(value, torch.Tensor | np.ndarray) and attribute not in listed:
+                raise PosprobeError(
+                    f"{name}.{attribute} is not combined over torchrun ranks (not in rank_sums or rank_kept)",
+                    "run it in one process (without torchrun); this is a bug in posprobe, please report it",
+                )
 
 
 def reduce_counts(values: Sequence[int], op: str = "sum") -> list[int]:
