@@ -3,7 +3,7 @@ in one line before the batch that would not fit runs, instead of being killed by
 
 The estimate counts the largest tensors a batch makes (the recorded scores and probabilities, the model's own for
 one layer, the masks, the reducers' float64 sums) and multiplies them by `CALIBRATION`, below the measured ratio of
-the peak to those tensors (1.9 on a 2-layer, 2-head Llama at 4096 tokens, benchmarks/RESULTS.md §18: the rest is
+the peak to those tensors (1.9 on a 2-layer, 2-head Llama at 4096 tokens, RESULTS.md "Scale-out": the rest is
 temporaries of the reducers and the first batch's check), so that a refusal stays true; a run the estimate lets
 through may still need more.
 Dimensions: B texts in a batch, m its longest sequence, L layers, H heads.
