@@ -285,3 +285,62 @@ def test_a_failing_rank_ends_the_run_with_its_error_and_nothing_written(llama_fo
     assert len(errors) == 1 and "NaN or infinite" in errors[0], proc.stderr[-3000:]
     assert proc.stdout.strip() == ""
     assert not out.exists() or not any(out.iterdir())
+
+
+# ----------------------------------------------------------------------------------------------------
+# models larger than memory: accelerate's big-model inference
+
+
+def test_a_model_offloaded_to_disk_gives_the_plain_models_results(tmp_path):
+    """A tiny Llama loaded with device_map='auto' and a max_memory that sends its layers to disk (accelerate's
+    hooks load each layer's weights as it runs) gives the same attention statistics and hidden-state analyses as
+    the model loaded plainly."""
+    import posprobe
+    from posprobe.models import load_model
+
+    folder = tmp_path / "llama"
+    tiny_model("llama").save_pretrained(folder)
+    offloaded = load_model(
+        str(folder), device_map="auto", max_memory={"cpu": "20KB"}, offload_folder=str(tmp_path / "offload")
+    )
+    assert "disk" in set(offloaded.hf_device_map.values())
+    assert any(p.device.type == "meta" for p in offloaded.parameters())  # weights not in memory
+    plain = load_model(str(folder))
+    ids = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14], [20, 21, 22, 23]]
+    settings = dict(input_ids=ids, max_length=16, batch_size=2, weights_correlation=False)
+    a, b = posprobe.attention_profiles(offloaded, **settings), posprobe.attention_profiles(plain, **settings)
+    for name in ("score_profiles", "prob_profiles", "mean_distance", "mean_scores", "count_matrix"):
+        np.testing.assert_allclose(getattr(a.profiles, name), getattr(b.profiles, name), rtol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(a.sinks.first_token_mass, b.sinks.first_token_mass, rtol=1e-6)
+    s1 = posprobe.states(offloaded, input_ids=ids, max_length=16, min_texts=1)
+    s2 = posprobe.states(plain, input_ids=ids, max_length=16, min_texts=1)
+    np.testing.assert_allclose(s1.vectors.norms, s2.vectors.norms, rtol=1e-5, equal_nan=True)
+
+
+def test_cli_device_auto_with_max_memory_offloads_to_disk_and_equals_the_plain_run(tmp_path, capsys):
+    """`attention --device auto --max-memory cpu=20KB` (every layer to disk) writes the same arrays as the plain
+    run; --max-memory without --device auto, or malformed, is one line and exit 2."""
+    from posprobe.cli import main
+
+    folder = tmp_path / "llama"
+    word_tokenizer(60).save_pretrained(folder)
+    tiny_model("llama").save_pretrained(folder)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("w1 w2 w3 w4 w5\nw6 w7\nw8 w9 w10\n")
+    base = ["attention", str(folder), "--text", str(texts), "--max-length", "16", "--batch-size", "2"]
+    for extra, out in (([], "plain"), (["--device", "auto", "--max-memory", "cpu=20KB"], "offloaded")):
+        main([*base, *extra, "--out", str(tmp_path / out), "--json"])  # returns on success
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["n_texts"] == 3
+    with np.load(tmp_path / "plain" / "attention.npz") as a, np.load(tmp_path / "offloaded" / "attention.npz") as b:
+        for name in ("score_profiles", "prob_profiles", "mean_distance", "count_matrix", "first_token_mass"):
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-6, equal_nan=True, err_msg=name)
+    for extra, message in (
+        (["--max-memory", "cpu=1GiB"], "--max-memory applies only with --device auto"),
+        (["--device", "auto", "--max-memory", "lots"], "DEVICE=SIZE"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main([*base, *extra, "--out", str(tmp_path / "bad")])
+        assert exit_info.value.code == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("posprobe: error")]
+        assert len(lines) == 1 and message in lines[0], lines
+        assert not (tmp_path / "bad").exists()

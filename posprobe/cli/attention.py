@@ -21,7 +21,15 @@ import typer
 
 from posprobe.cli.console import console, emit_json
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt, Stack, StackOpt
-from posprobe.cli.text_input import DEFAULT_BATCH_SIZE, BatchSizeOpt, ColumnOpt, MaxTextsOpt, RequiredTextOpt
+from posprobe.cli.text_input import (
+    DEFAULT_BATCH_SIZE,
+    BatchSizeOpt,
+    ColumnOpt,
+    DeviceOpt,
+    MaxMemoryOpt,
+    MaxTextsOpt,
+    RequiredTextOpt,
+)
 from posprobe.outputs import default_out
 
 
@@ -67,7 +75,8 @@ def attention(
     ] = 100,
     window: Annotated[int, typer.Option("--window", help="Figures show k = -W..W (a causal model: -W..0).")] = 20,
     stack: StackOpt = Stack.encoder,
-    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
+    device: DeviceOpt = None,
+    max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -106,6 +115,7 @@ def attention(
             exclude_special=exclude_special,
             min_pairs=min_pairs,
             device=device,
+            max_memory=max_memory,
             allow_pickle=allow_pickle,
             progress=advance,
             text_source=str(text),
