@@ -251,11 +251,14 @@ def _check_attention_fits(model, needs: set, n_layers: int, n_heads: int, tokens
 
 
 def _batch_capture(index: int, tokens: TokenBatch, recorded: tuple | None, output) -> BatchCapture:
-    """recorded: (scores or None, probs or None, allowed) per layer, or None when no attention was recorded."""
-    hidden = None if output is None else tuple(output.hidden_states)
+    """recorded: (scores or None, probs or None, allowed) per layer, or None when no attention was recorded.
+    Every tensor is put beside the inputs (a no-op unless accelerate spread the layers over several devices)."""
+    here = tokens.input_ids.device
+    beside = lambda tensors: None if tensors is None else tuple(t.to(here) for t in tensors)  # noqa: E731
+    hidden = None if output is None else beside(output.hidden_states)
     if recorded is None:
         return BatchCapture(index, tokens, hidden_states=hidden)
-    scores, probs, allowed_per_layer = recorded
+    scores, probs, allowed_per_layer = (beside(part) for part in recorded)
     counted = tokens.counted
     token_pairs = counted[:, :, None] & counted[:, None, :]
     pairs, seen = [], {}
@@ -266,9 +269,9 @@ def _batch_capture(index: int, tokens: TokenBatch, recorded: tuple | None, outpu
     return BatchCapture(
         index,
         tokens,
-        scores=None if scores is None else tuple(scores),
-        probs=None if probs is None else tuple(probs),
-        allowed=tuple(allowed_per_layer),
+        scores=scores,
+        probs=probs,
+        allowed=allowed_per_layer,
         counted_pairs=tuple(pairs),
         hidden_states=hidden,
     )
