@@ -196,6 +196,14 @@ def dispatch_settings(device: Any, max_memory: Any) -> dict:
     import shutil
     import tempfile
 
+    from posprobe.capture.distributed import env_rank_and_world
+
+    if env_rank_and_world()[1] > 1:
+        raise ArgumentValueError(
+            "device",
+            "{arg} auto spreads one model over every device of the machine, which torchrun's ranks would each take",
+            "run {arg} auto in one process, or torchrun without it",
+        )
     folder = tempfile.mkdtemp(prefix="posprobe-offload-")
     atexit.register(shutil.rmtree, folder, True)
     return {"device_map": "auto", "max_memory": max_memory, "offload_folder": folder}
