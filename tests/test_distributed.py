@@ -17,9 +17,10 @@ import torch
 from test_attention import tiny_model
 from tiny_tokenizer import word_tokenizer
 
+from posprobe import distributed
 from posprobe.analysis.empirical import EmpiricalAccumulator
 from posprobe.analysis.position_probe import PositionProbeAccumulator
-from posprobe.capture import distributed, run
+from posprobe.capture import run
 from posprobe.capture.batches import id_tokenizer, token_batches
 
 ROOT = Path(__file__).resolve().parents[1]

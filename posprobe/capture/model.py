@@ -105,7 +105,7 @@ def resolve_device(name: str | None):
     """A torch device from a name (None: cuda when available, else cpu; 'cuda' under torchrun: cuda:LOCAL_RANK)."""
     import torch
 
-    from posprobe.capture.distributed import local_cuda_device
+    from posprobe.distributed import local_cuda_device
 
     if name is None:
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -196,7 +196,7 @@ def dispatch_settings(device: Any, max_memory: Any) -> dict:
     import shutil
     import tempfile
 
-    from posprobe.capture.distributed import env_rank_and_world
+    from posprobe.distributed import env_rank_and_world
 
     if env_rank_and_world()[1] > 1:
         raise ArgumentValueError(

@@ -18,7 +18,7 @@ console.soft_wrap = not console.is_terminal
 
 def quiet_other_ranks() -> None:
     """Under torchrun, silence every rank but 0 (SPEC §19: rank 0 alone prints; errors still reach stderr)."""
-    from posprobe.capture.distributed import is_main_process
+    from posprobe.distributed import is_main_process
 
     if not is_main_process():
         console.quiet = True
@@ -26,7 +26,7 @@ def quiet_other_ranks() -> None:
 
 def rank_prefix() -> str:
     """'rank R: ' for an error line under torchrun (world size > 1), '' in a plain run."""
-    from posprobe.capture.distributed import rank_and_world
+    from posprobe.distributed import rank_and_world
 
     rank, world = rank_and_world()
     return f"rank {rank}: " if world > 1 else ""
