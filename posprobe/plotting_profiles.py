@@ -42,8 +42,8 @@ class ProfilePages:
     page to page; `causal`: the unused side k > 0 is shaded. Optional, (P, H, K) each: `guides`, drawn dashed grey
     on the profile's scale, and `overlays`, drawn blue on a scale of their own (its values on the right of each
     panel); `second_overlays`, drawn dotted on the overlay's scale (a variant of the overlay); `sparse` (P, K) bool:
-    offsets resting on few data (shaded light grey, `labels["sparse"]` in the legend). Each panel's top-left corner
-    gives the span of its profile (its own scale: a panel spanning 0.4 is drawn as tall as one spanning 3). `labels`
+    offsets resting on few data (shaded, `labels["sparse"]` in the legend). Each panel's left margin gives the span
+    Δ of its profile (its own scale: a panel spanning 0.4 is drawn as tall as one spanning 3). `labels`
     names the
     profile, overlay, second overlay and guide lines in the legend. `figure(p)` is page p as a
     matplotlib Figure; `write(p, path, fmt)` writes it (PNG from the kept background, the fast path)."""
@@ -132,7 +132,8 @@ class ProfilePages:
                 ax.text(self._x(h, kk), y - 0.04, f"{kk:+d}" if kk else "0", fontsize=6.5, ha=ha, va="top")
         ax.add_collection(LineCollection(zeros, colors="0.75", linewidths=0.6, zorder=1))
         ax.add_collection(LineCollection(frames, colors="0.35", linewidths=0.6, zorder=3))
-        ax.text(self.width / 2, 0.1, "k = j − i (positive = later key)", fontsize=8.5, ha="center", va="bottom")
+        ax.text(self.width / 2, 0.1, "k = j − i (positive = later key);  Δ: span of the black line (own scale)",
+                fontsize=8.5, ha="center", va="bottom")  # fmt: skip
         handles = [Line2D([], [], color="black", lw=1.8, label=self.labels["profile"])]
         if self.overlays is not None:
             handles.append(Line2D([], [], color=OVERLAY_COLOUR, lw=1.0, label=self.labels["overlay"]))
@@ -164,7 +165,7 @@ class ProfilePages:
         self._scale, self._overlay_scale, self._panel_title, self._span = [], [], [], []
         for h in range(self.n_panels):
             x, y, w, bh = self._box(h)
-            self._span.append(ax.text(x + 0.04, y + bh - 0.03, "", fontsize=5.5, ha="left", va="top", color="0.4"))
+            self._span.append(ax.text(x - 0.04, y + bh / 2, "", fontsize=6, ha="right", va="center", color="0.3"))
             self._scale.append(ax.text(x - 0.04, y + bh, "", fontsize=6, ha="right", va="top", color="0.3"))
             self._scale.append(ax.text(x - 0.04, y, "", fontsize=6, ha="right", va="bottom", color="0.3"))
             if self.overlays is not None:
@@ -213,7 +214,7 @@ class ProfilePages:
             self._scale[2 * h].set_text(f"{hi:.3g}")
             self._scale[2 * h + 1].set_text(f"{lo:.3g}")
             finite = prof[h][np.isfinite(prof[h])]
-            self._span[h].set_text(f"span {np.ptp(finite):.2g}" if finite.size > 1 else "")
+            self._span[h].set_text(f"Δ {np.ptp(finite):.2g}" if finite.size > 1 else "")
             if self.sparse is not None:  # runs of sparse offsets as bands, half a step beyond each end
                 step = (xs[1] - xs[0]) / 2 if len(xs) > 1 else 0.0
                 for a, b in _true_runs(self.sparse[page]):

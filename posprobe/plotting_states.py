@@ -72,6 +72,8 @@ def states_summary(result):
             if v.within_noise is not None:  # sampling alone would give norms this large
                 noisy = positions[v.within_noise[layer, positions]]
                 ax.plot(noisy, v.norms[layer, noisy], "x", color=colours[layer], ms=4, mew=0.9)
+                noisy = positions[v.within_noise_without_first[layer, positions]]
+                ax.plot(noisy, v.norms_without_first[layer, noisy], "x", color=colours[layer], ms=4, mew=0.9)
         _log_if_wide(ax, v.norms[:, positions])
         title = "dashed: centred over i ≥ 1" + ("\n×: within 2 noise floors" if v.within_noise is not None else "")
         ax.legend(fontsize=7, ncol=2, title=title, title_fontsize=7)
@@ -132,6 +134,11 @@ def gram_panels(result, count: int = 4):
                     limit, saturated = rest, True
             _matrix_panel(fig, ax, gram, limit, label="⟨v_i, v_j⟩")
             ax.images[0].set_extent((first - 0.5, first + n - 0.5, first + n - 0.5, first - 0.5))
+            later = v.norms_without_first[layer][np.isfinite(v.norms_without_first[layer])]
+            if first == 0 and later.size and v.norms[layer, 0] > 10 * np.median(later):
+                box = dict(facecolor="white", alpha=0.85, lw=0)
+                ax.text(0.5, 0.5, "position 0 dominates V Vᵀ:\nread the row below", transform=ax.transAxes,
+                        ha="center", va="center", fontsize=7.5, bbox=box)  # fmt: skip
             mean, sd = numbers[f"{name}_null_mean"][layer], numbers[f"{name}_null_std"][layer]
             null = "" if not np.isfinite(mean) else f"\nnull {mean:.2f}" + (f" ± {sd:.2f}" if np.isfinite(sd) else "")
             ax.set_title(f"l = {layer}, {what}: R² = {format_r2(r2[layer], 3)}{null}", fontsize=8)

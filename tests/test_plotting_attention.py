@@ -59,7 +59,7 @@ def test_offsets_with_few_pairs_are_shaded_and_each_panel_states_its_span(result
     pages.figure(1)
     assert len(pages._sparse.get_paths()) >= 1
     s = both.profiles.score_profiles[1, 0, n - 9 : n + 8]
-    assert pages._span[0].get_text() == f"span {np.ptp(s[np.isfinite(s)]):.2g}"
+    assert pages._span[0].get_text() == f"Δ {np.ptp(s[np.isfinite(s)]):.2g}"
     assert plotting_attention.attention_pages(causal, window=8).sparse is None  # min_pairs 1: nothing to shade
 
 

@@ -400,10 +400,13 @@ def test_a_planted_position_stands_clear_of_the_null_and_the_noise_floor_and_no_
         floor, within = r.vectors.noise_floor[0], r.vectors.within_noise[0]
         kept = r.vectors.kept
         assert np.isfinite(floor[kept]).all() and np.isnan(floor[~kept]).all()
+        later = kept & (np.arange(len(kept)) >= 1)
         if planted:
             assert real > mean + 4 * sd and not within[kept].any()
+            assert not r.vectors.within_noise_without_first[0].any()
         else:
             assert abs(real - mean) < 3 * sd and within[kept].all()
+            np.testing.assert_array_equal(r.vectors.within_noise_without_first[0], later)
             np.testing.assert_allclose(np.median(r.vectors.norms[0, kept] / floor[kept]), 1.0, atol=0.35)
 
 
@@ -418,3 +421,5 @@ def test_noise_floor_is_the_standard_error_of_each_positions_mean():
     direct = np.sqrt(h.var(2, ddof=1).sum(-1) / 9)
     np.testing.assert_allclose(v.noise_floor, direct, rtol=1e-12)
     np.testing.assert_array_equal(v.within_noise, v.norms < 2 * direct)
+    later = np.arange(5) >= 1
+    np.testing.assert_array_equal(v.within_noise_without_first, later & (v.norms_without_first < 2 * direct))

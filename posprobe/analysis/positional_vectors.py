@@ -150,7 +150,9 @@ class PositionalVectors:
     over them): norms_without_first (L+1, n) (NaN at 0), gram_without_first (L+1, n_kept-1, n_kept-1),
     toeplitz_r2_without_first (L+1,). noise_floor (L+1, n): the expected norm of a kept position's mean from
     sampling alone, sqrt(tr Σ_l(i) / c_i) (NaN where not kept or not measured); within_noise (L+1, n) bool: kept
-    positions whose |v_l(i)| < NOISE_MARGIN x noise_floor."""
+    positions whose |v_l(i)| < NOISE_MARGIN x noise_floor; within_noise_without_first (L+1, n) bool: the same for the
+    norms centred over i >= 1 (False at 0) — in a model whose first token is huge, the plain norms all carry its
+    share of the mean and never look like noise."""
 
     vectors: np.ndarray
     norms: np.ndarray
@@ -164,6 +166,7 @@ class PositionalVectors:
     toeplitz_r2_without_first: np.ndarray
     noise_floor: np.ndarray | None = None
     within_noise: np.ndarray | None = None
+    within_noise_without_first: np.ndarray | None = None
 
     @property
     def n_kept(self) -> int:
@@ -183,15 +186,16 @@ def positional_vectors(
     vectors, norms, gram, r2 = _centred(means, kept, n)
     later = kept & (np.arange(n) >= 1)
     _, norms_later, gram_later, r2_later = _centred(means[:, 1:], later, n)
-    floor = within = None
+    floor = within = within_later = None
     if squares is not None:
         c = counts.astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             spread = (np.asarray(squares, np.float64) - (sums**2).sum(-1) / c) / (c - 1)  # tr Σ_l(i), (L+1, n)
             floor = np.where(kept & (counts >= 2), np.sqrt(np.clip(spread, 0, None) / c), np.nan)
         within = kept & (norms < NOISE_MARGIN * floor)
+        within_later = later & (norms_later < NOISE_MARGIN * floor)
     return PositionalVectors(vectors, norms, gram, r2, counts, kept, int(min_texts), norms_later, gram_later, r2_later,
-                             floor, within)  # fmt: skip
+                             floor, within, within_later)  # fmt: skip
 
 
 def _centred(means: np.ndarray, where: np.ndarray, n: int):

@@ -203,7 +203,7 @@ def _print(result, written) -> None:
     for name in ("l", "R²", "ctrl", "±", "MAE", "VVᵀ", "null", "VVᵀ i≥1", "null", "noise"):
         table.add_column(name, justify="right", no_wrap=True)
     for layer in range(result.n_states):
-        within = numbers["positional_positions_within_noise"][layer]
+        within = numbers["positional_positions_within_noise_without_first"][layer]
         table.add_row(
             str(layer),
             _fmt(numbers["probe_r2"][layer], 3),
@@ -214,7 +214,7 @@ def _print(result, written) -> None:
             _null(numbers, "positional_toeplitz_r2", layer),
             _fmt(numbers["positional_toeplitz_r2_without_first"][layer], 2),
             _null(numbers, "positional_toeplitz_r2_without_first", layer),
-            "—" if within != within else f"{int(within)}/{v.n_kept}",
+            "—" if within != within else f"{int(within)}/{max(v.n_kept - 1, 0)}",
         )
     console.print(table)
     console.print(
@@ -223,7 +223,7 @@ def _print(result, written) -> None:
         f"{0 if p.r2_controls is None else p.r2_controls.shape[1]} permutations; MAE in positions (over "
         f"{p.n_sample} sampled tokens); VVᵀ: Toeplitz R² of the positional vectors' Gram matrix (i≥1: without the "
         "first token); null: its mean ± sd with positions 1.. permuted within each text (what any tokens give); "
-        "noise: positions whose |v| is within 2 noise floors (sampling alone)[/dim]"
+        "noise: positions i ≥ 1 whose |v| (centred over i ≥ 1) is within 2 noise floors (sampling alone)[/dim]"
     )
     console.print(
         f"baseline (no hidden state: first-token flag + text length, same folds): R² {_fmt(p.r2_baseline, 3)}, "

@@ -31,6 +31,7 @@ PER_LAYER = (
     "positional_norm_mean",
     "positional_norm_mean_without_first",
     "positional_positions_within_noise",
+    "positional_positions_within_noise_without_first",
     "massive_max",
     "massive_position",
     "massive_channel",
@@ -116,6 +117,7 @@ class StatesResult(ResultMixin):
         shares = m.shares(None if self.top_delimiter is None else np.array(self.top_delimiter, dtype=bool))
         nan = np.full(self.n_states, np.nan)
         within = nan if v.within_noise is None else v.within_noise.sum(1).astype(np.float64)
+        within_later = nan if v.within_noise_without_first is None else v.within_noise_without_first.sum(1) * 1.0
         out = {
             "probe_r2": p.r2,
             "probe_r2_control": p.r2_control,
@@ -135,6 +137,7 @@ class StatesResult(ResultMixin):
             "positional_norm_mean": _row_means(kept),
             "positional_norm_mean_without_first": _row_means(later),
             "positional_positions_within_noise": within,
+            "positional_positions_within_noise_without_first": within_later,
             "massive_max": m.max,
             "massive_position": m.position,
             "massive_channel": m.channel,
@@ -224,6 +227,7 @@ class StatesResult(ResultMixin):
         if v.noise_floor is not None:
             out["positional_noise_floor"] = v.noise_floor
             out["positional_within_noise"] = v.within_noise
+            out["positional_within_noise_without_first"] = v.within_noise_without_first
         if self.null_r2 is not None:
             out["positional_toeplitz_r2_null"] = self.null_r2
             out["positional_toeplitz_r2_without_first_null"] = self.null_r2_without_first
