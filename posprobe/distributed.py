@@ -17,6 +17,12 @@ The contract, the same code path with a world size of 1:
   `posprobe.outputs` writes only there too (`skips_writes`).
 
 N ranks give the same sums as one process up to float64 summation order; integer counts are equal.
+
+A loop that runs the model outside `capture.capture_batches` (windows of a long text, prompts) adopts the same
+contract in a few lines: `parallel = join_process_group(device)`; skip item k where `not mine(k)`; after the loop,
+`merge_reducers([sums])` for running sums, or, for one result per item, fill a zero array at the items this rank
+ran and `all_reduce_sum` it (every item was run by exactly one rank); write and print only where
+`is_main_process()`.
 """
 
 from __future__ import annotations

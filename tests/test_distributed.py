@@ -345,3 +345,40 @@ def test_cli_device_auto_with_max_memory_offloads_to_disk_and_equals_the_plain_r
         lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("posprobe: error")]
         assert len(lines) == 1 and message in lines[0], lines
         assert not (tmp_path / "bad").exists()
+
+
+_LIBRARY_SCRIPT = """
+import sys, numpy as np, torch.distributed as dist
+import posprobe
+dist.init_process_group("gloo")
+ids = [[5 + (7 * t + i) % 60 for i in range(2 + t % 9)] for t in range(13)]
+result = posprobe.attention_profiles(sys.argv[1], input_ids=ids, max_length=16, batch_size=2,
+                                     weights_correlation=False)
+np.savez(f"{sys.argv[2]}-rank{dist.get_rank()}.npz", score=result.profiles.score_profiles,
+         prob=result.profiles.prob_profiles, count=result.profiles.count_matrix, n=result.n_texts,
+         first=result.sinks.first_token_mass)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_the_library_takes_the_same_path_in_a_process_group_the_caller_made(llama_folder, tmp_path):
+    """A script that initialises the process group itself and calls `attention_profiles`: every rank returns the
+    result over all texts, equal to one process."""
+    script = tmp_path / "script.py"
+    script.write_text(_LIBRARY_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    proc = subprocess.run([*cmd, str(llama_folder), str(tmp_path / "two")], env=_env(), capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    single = subprocess.run([sys.executable, str(script), str(llama_folder), str(tmp_path / "one")],
+                            env={**_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533", "RANK": "0",
+                                 "WORLD_SIZE": "1"}, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert single.returncode == 0, single.stderr[-3000:]
+    with np.load(tmp_path / "one-rank0.npz") as one:
+        for rank in (0, 1):
+            with np.load(tmp_path / f"two-rank{rank}.npz") as two:
+                assert int(two["n"]) == int(one["n"]) == 13
+                np.testing.assert_array_equal(two["count"], one["count"])
+                for name in ("score", "prob", "first"):
+                    np.testing.assert_allclose(two[name], one[name], rtol=1e-9, atol=1e-12, equal_nan=True)
