@@ -141,7 +141,16 @@ def sink_chart(result):
         ax.text(layer, h, _f(value), ha="center", va="center", fontsize=6, color=colour)
     ax.set_xticks(range(L))
     ax.set_yticks(range(H))
-    ax.set_xlabel("layer", fontsize=8)
+    label = "layer"
+    uniform = sinks.uniform_first_token_mass
+    if uniform is not None:  # the reference: what uniform attention puts on the first token
+        uniform = np.asarray(uniform, dtype=float)
+        if np.isfinite(uniform).all() and np.ptp(uniform) <= 1e-9:
+            label += f"  (uniform attention: {_f(uniform[0])} on the first token)"
+        else:
+            ax.set_xticklabels([f"{layer}\n({_f(u)})" for layer, u in enumerate(uniform)])
+            label += "  (in brackets: uniform attention's)"
+    ax.set_xlabel(label, fontsize=8)
     ax.set_ylabel("head", fontsize=8)
     ax.tick_params(labelsize=7)
     fig.colorbar(image, cax=bar).set_label("first-token mass", fontsize=7)
@@ -157,8 +166,8 @@ def sink_chart(result):
     rate_ax.tick_params(labelsize=6)
     rate_ax.set_ylabel("sink rate", fontsize=7)
     rate_ax.set_title(
-        f"{result.model}{quantization_note(result)}: attention on the first token, mean over queries i ≥ 1 — "
-        f"{result.n_texts} texts\n"
+        f"{result.model}{quantization_note(result)}: attention on the first token, mean over queries i ≥ 1 that see "
+        f"it — {result.n_texts} texts\n"
         f"sink rate: share of a layer's heads with first-token mass > {sinks.threshold:g}",
         fontsize=8,
     )

@@ -202,13 +202,17 @@ def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
 
 def brute_force(model, corpus, n: int, first_special: bool) -> dict:
     """SPEC §10 profiles and SPEC §14 sinks by loops over each text alone: pairs (i, j) it attends, S and A from
-    `alone`; the first token of every text marked special."""
+    `alone`; the first token of every text marked special. The first-token mass and its uniform reference run over
+    the queries i >= 1 that may see key 0 (a sliding window hides it from later ones); a(k) without the first token
+    over the pairs with i, j >= 1."""
     L = model.config.num_hidden_layers
     H = model.config.num_attention_heads
     s_sum, a_sum, c = np.zeros((L, H, 2 * n - 1)), np.zeros((L, H, 2 * n - 1)), np.zeros((L, 2 * n - 1))
     dist, queries = np.zeros((L, H)), np.zeros(L)
     first, special, later_dist, later_n, sink_queries = np.zeros((L, H)), np.zeros((L, H)), 0.0, 0, 0
     later_dist = np.zeros((L, H))
+    first_n, uniform_first = np.zeros(L), np.zeros(L)
+    a_later, c_later = np.zeros((L, H, 2 * n - 1)), np.zeros((L, 2 * n - 1))
     for ids in corpus:
         ref = alone(model, ids)
         S, A, allowed = ref["scores"], ref["probs"], ref["allowed"]
@@ -224,7 +228,14 @@ def brute_force(model, corpus, n: int, first_special: bool) -> dict:
                     dist[layer] += A[layer, :, i, j] * abs(j - i)
                 if i == 0:
                     continue
-                first[layer] += A[layer, :, i, 0]
+                for j in keys:
+                    if j >= 1:
+                        c_later[layer, j - i + n - 1] += 1
+                        a_later[layer, :, j - i + n - 1] += A[layer, :, i, j]
+                if allowed[layer, i, 0]:
+                    first[layer] += A[layer, :, i, 0]
+                    first_n[layer] += 1
+                    uniform_first[layer] += 1 / len(keys)
                 special[layer] += A[layer, :, i, 0] if first_special else 0.0
                 later = [j for j in keys if j >= 1]
                 mass = sum(A[layer, :, i, j] for j in later)
@@ -237,7 +248,10 @@ def brute_force(model, corpus, n: int, first_special: bool) -> dict:
             prob_profiles=a_sum / c[:, None],
             pair_counts=c,
             mean_distance=dist / queries[:, None],
-            first_token_mass=first / sink_queries,
+            first_token_mass=first / first_n[:, None],
+            first_token_queries=first_n,
+            uniform_first_token_mass=uniform_first / first_n,
+            prob_profiles_without_first=a_later / c_later[:, None],
             special_token_mass=special / sink_queries,
             distance_without_first=later_dist / later_n,
         )
@@ -259,8 +273,10 @@ def test_attention_profiles_and_sinks_equal_loops_over_each_text(name):
     np.testing.assert_array_equal(p.pair_counts, ref["pair_counts"])
     for what in ("score_profiles", "prob_profiles", "mean_distance"):
         np.testing.assert_allclose(getattr(p, what), ref[what], rtol=tol, atol=tol, err_msg=what)
-    for what in ("first_token_mass", "special_token_mass", "distance_without_first"):
+    for what in ("first_token_mass", "special_token_mass", "distance_without_first", "uniform_first_token_mass"):
         np.testing.assert_allclose(getattr(sinks, what), ref[what], rtol=tol, atol=tol, err_msg=what)
+    np.testing.assert_array_equal(sinks.first_token_queries, ref["first_token_queries"])
+    np.testing.assert_allclose(p.prob_profiles_without_first, ref["prob_profiles_without_first"], rtol=tol, atol=tol)
     assert result.n_layers == 2 and result.model_type == model.config.model_type
 
 
