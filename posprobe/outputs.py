@@ -75,11 +75,21 @@ def _write_error(path: Path, err: OSError) -> PosprobeError:
     return PosprobeError(f"cannot write '{path}' ({err.strerror or err})", hint)
 
 
+def _writes() -> bool:
+    """Whether this process writes: not a rank other than 0 of a data-parallel capture (SPEC §19: rank 0 alone
+    writes; the others computed the same result and return the paths rank 0 writes)."""
+    from posprobe.distributed import skips_writes
+
+    return not skips_writes()
+
+
 def prepare_out_dir(out: str | Path) -> Path:
     """Create `out` if needed and prove it is writable, before any expensive work starts.
 
     Folders created here are recorded: if the run then fails, `discard_run` removes them again."""
     path = Path(out).expanduser()
+    if not _writes():
+        return path
     try:
         if path.exists() and not path.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, "it is a file, not a folder")
@@ -99,6 +109,8 @@ def atomic_write(path: str | Path, write: Callable[[Path], None]) -> Path:
     A missing parent folder is created (and recorded for `discard_run`). An `OSError` (e.g. ENOSPC, a
     full disk) becomes a `PosprobeError`; either way no temporary or partial file is left behind."""
     path = Path(path)
+    if not _writes():
+        return path
     tmp_path: Path | None = None
     try:
         _make_dirs(path.parent)
@@ -127,6 +139,8 @@ def write_files(out_dir: str | Path, files: dict[str, Callable[[Path], None]]) -
     On failure (an error, Ctrl-C, a full disk) nothing new appears: the staging folder goes, and so does any
     folder this call created. Returns {name: final path}, in the order given."""
     out = Path(out_dir).expanduser()
+    if not _writes():
+        return {name: out / name for name in files}
     created = next((f for f in reversed((out, *out.parents)) if not f.exists()), None)  # outermost missing folder
     staging: Path | None = None
     try:

@@ -65,6 +65,8 @@ class EmpiricalAccumulator:
     """
 
     needs = ("scores", "probs")
+    # added over torchrun ranks (SPEC §19)
+    rank_sums = ("score_sum", "prob_sum", "prob_without_first_sum", "count", "queries")
 
     def __init__(self, n_layers: int, n_heads: int, max_length: int, device: str | torch.device = "cpu"):
         import torch

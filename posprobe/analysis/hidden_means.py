@@ -57,6 +57,7 @@ class HiddenMeanAccumulator:
     over positions >= 1 (`input` 'mean') or per position 0..max_length-1 ('position-mean')."""
 
     needs = ("hidden_states",)
+    rank_sums = ("sums", "texts_at")  # added over torchrun ranks (SPEC §19)
 
     def __init__(self, layers: Sequence[int], input: str, max_length: int, device: str | torch.device = "cpu"):
         import torch

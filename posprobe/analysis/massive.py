@@ -71,6 +71,8 @@ class MassiveActivationAccumulator:
     log2-histogram of every |h| (on `device`)."""
 
     needs = ("hidden_states",)
+    rank_sums = ("histogram", "seen")  # added over torchrun ranks (SPEC §19); the top-K in `merge_ranks`
+    rank_kept = ("top_value", "top_index")
 
     def __init__(self, n_states: int, device: str | torch.device = "cpu", top: int = TOP_TOKENS):
         import torch
@@ -93,7 +95,8 @@ class MassiveActivationAccumulator:
 
         real = batch.real  # (B, m)
         b, i = real.nonzero(as_tuple=True)  # real tokens, row-major (text order within the batch)
-        order = self.seen + torch.arange(b.numel(), device=real.device)
+        # order seen: (batch number, row-major place in the batch), the same under torchrun as in one process
+        order = (batch.index << 32) + torch.arange(b.numel(), device=real.device)
         self.seen += b.numel()
         info = torch.stack(
             [batch.text_ids[b], i, i, batch.input_ids[b, i], batch.special[b, i].long(), order], dim=1
@@ -126,6 +129,23 @@ class MassiveActivationAccumulator:
         by_value = torch.argsort(values, dim=1, descending=True, stable=True)[:, : self.top]
         self.top_value = values.gather(1, by_value)
         self.top_index = indices.gather(1, by_value[..., None].expand(-1, -1, indices.shape[-1]))
+
+    def merge_ranks(self) -> None:
+        """Under torchrun (SPEC §19): keep the K largest of every rank's top-K (ties: the token seen first, by
+        batch number, as in one process)."""
+        import torch
+
+        from posprobe.distributed import all_gather
+
+        kept = self.top_value.shape[1]  # the same for every hidden state
+        values = torch.full((self.n_states, self.top), -1.0, dtype=torch.float64, device=self.top_value.device)
+        index = torch.zeros((self.n_states, self.top, 6), dtype=torch.int64, device=self.top_index.device)
+        values[:, :kept], index[:, :kept] = self.top_value, self.top_index
+        every_value, every_index = all_gather(values), all_gather(index)
+        values, index = torch.cat(every_value, dim=1), torch.cat(every_index, dim=1)
+        real = values[0] >= 0  # |h| >= 0; -1 marks the padding of a rank that kept fewer than K
+        self.top_value, self.top_index = self.top_value[:, :0], self.top_index[:, :0]
+        self._merge(values[:, real], index[:, real])
 
     def result(self) -> MassiveActivations:
         histogram = self.histogram.cpu().numpy()

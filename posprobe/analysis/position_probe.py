@@ -101,6 +101,9 @@ class PositionProbeAccumulator:
     `device`), and a reservoir of `sample` tokens for the MAE."""
 
     needs = ("hidden_states",)
+    # combined over torchrun ranks in `merge_ranks` (SPEC §19): the sums after re-centring, then the samples
+    _SUMMED = ("gram", "first", "cross", "count", "ysum", "ysq", "base_gram", "base_first", "base_cross")
+    rank_kept = ("shift", *_SUMMED, "sample_x", "sample_y", "sample_fold", "sample_base")
 
     def __init__(
         self,
@@ -199,6 +202,64 @@ class PositionProbeAccumulator:
         self.sample_y[slots] = y[picked]
         self.sample_fold[slots] = fold[picked]
         self.sample_base[slots] = base[picked]
+
+    def merge_ranks(self) -> None:
+        """Under torchrun (SPEC §19): re-centre every rank's sums on one shift (that of the lowest rank that saw a
+        batch: rank 0's first batch is the first batch of a plain run), add them over the ranks, and merge the
+        token samples: every rank's kept tokens when all tokens fit the sample (then the same tokens as one
+        process), else a uniform sample of the union (how many from each rank drawn from the multivariate
+        hypergeometric law, seeded), so the MAE stays an unbiased estimate."""
+        import torch
+
+        from posprobe.distributed import all_gather, all_gather_or_zeros, all_reduce_sum
+
+        shifts = all_gather_or_zeros(self.shift)
+        has = all_gather(torch.tensor([self.shift is not None], dtype=torch.int64, device=self.count.device))
+        self.recentre(shifts[next(r for r, flag in enumerate(has) if int(flag))].to(self.gram.device))
+        for name in self._SUMMED:
+            setattr(self, name, all_reduce_sum(getattr(self, name)))
+        self._merge_samples()
+
+    def recentre(self, shift: torch.Tensor) -> None:
+        """Express the sums with z = h - `shift` (P, d) instead of the current shift (sums of a rank that saw no
+        batch are zeros and stay zeros): with delta = old - new, z' = z + delta, so sum z'z'^T = sum zz^T +
+        delta (sum z)^T + (sum z) delta^T + n delta delta^T, sum z' = sum z + n delta, sum z' y^T = sum z y^T +
+        delta (sum y)^T."""
+        if self.shift is not None:
+            delta = self.shift - shift  # (P, d)
+            n = self.count[None, :, None]  # (1, F, 1)
+            delta_first = delta[:, None, :, None] * self.first[:, :, None, :]  # (P, F, d, d): delta_a first_b
+            self.gram += delta_first + delta_first.transpose(-1, -2)
+            self.gram += n[..., None] * (delta[:, None, :, None] * delta[:, None, None, :])
+            self.cross += delta[:, None, :, None] * self.ysum[None, :, None, :]
+            self.first += n * delta[:, None, :]
+        self.shift = shift
+
+    def _merge_samples(self) -> None:
+        import torch
+
+        from posprobe.distributed import all_gather, all_gather_or_zeros
+
+        size = self.reservoir.size
+        seen = [int(s) for s in all_gather(torch.tensor([self.reservoir.seen], dtype=torch.int64))]
+        xs = all_gather_or_zeros(self.sample_x)
+        ys, folds, bases = all_gather(self.sample_y), all_gather(self.sample_fold), all_gather(self.sample_base)
+        if xs is None:
+            return
+        total = sum(seen)
+        if total <= size:
+            take = [np.arange(count) for count in seen]
+        else:
+            rng = np.random.default_rng([self.seed, 7919, total])
+            per_rank = rng.multivariate_hypergeometric(np.array(seen, dtype=np.int64), size)
+            take = [np.sort(rng.choice(min(s, size), c, replace=False)) for s, c in zip(seen, per_rank)]
+        device = self.sample_y.device
+        rows = lambda parts: torch.cat([p.to(device)[torch.from_numpy(t).to(device)] for p, t in zip(parts, take)])  # noqa: E731
+        kept = min(total, size)
+        self.sample_x = torch.zeros((size, *xs[0].shape[1:]), dtype=xs[0].dtype, device=device)
+        self.sample_x[:kept], self.sample_y[:kept], self.sample_fold[:kept] = rows(xs), rows(ys), rows(folds)
+        self.sample_base[:kept] = rows(bases)
+        self.reservoir.seen = total
 
     def result(self) -> PositionProbes:
         import torch

@@ -47,6 +47,7 @@ class PositionalVectorAccumulator:
     """Running sums of the hidden states per layer and position over real tokens (float64, on `device`)."""
 
     needs = ("hidden_states",)
+    rank_sums = ("sums", "counts", "squares")  # added over torchrun ranks (SPEC §19)
 
     def __init__(self, n_states: int, n_positions: int, hidden_size: int, device: str | torch.device = "cpu"):
         import torch
@@ -91,6 +92,7 @@ class PermutedPositionAccumulator:
     permuted positions (draws, L+1, n, d) float64 (counts per position are those of the real positions)."""
 
     needs = ("hidden_states",)
+    rank_sums = ("sums", "counts")  # added over torchrun ranks (SPEC §19): the permutations depend on the text alone
 
     def __init__(
         self,

@@ -82,6 +82,8 @@ class BandNormAccumulator:
     d_h)) before rotation (the model reader's norm, projections, biases and q/k norms); `pairs` (F, 2) the bands."""
 
     needs = ("hidden_states",)
+    rank_sums = ("q", "k", "q_rest", "k_rest", "tokens")  # added over torchrun ranks (SPEC §19)
+    rank_kept = ("pairs",)  # a setting, the same on every rank
 
     def __init__(self, layers: Sequence[int], project: Callable, pairs: np.ndarray):
         self.layers, self.project, self.pairs = tuple(int(x) for x in layers), project, np.asarray(pairs)

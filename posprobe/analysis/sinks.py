@@ -42,6 +42,20 @@ class SinkAccumulator:
     """Running sums of the SPEC §14 measures for every layer and head (float64, on `device`)."""
 
     needs = ("probs",)
+    rank_sums = (  # added over torchrun ranks (SPEC §19)
+        "first",
+        "first_queries",
+        "uniform_first",
+        "special",
+        "without_first",
+        "without_first_queries",
+        "sink_queries",
+        "special_tokens",
+        "uniform",
+        "uniform_queries",
+        "uniform_without_first",
+        "uniform_without_first_queries",
+    )
 
     def __init__(
         self, n_layers: int, n_heads: int, device: str | torch.device = "cpu", threshold: float = SINK_THRESHOLD

@@ -116,23 +116,39 @@ def resolve_max_length(model, max_length: int | None) -> int:
 
 
 def resolve_device(name: str | None):
-    """A torch device from a name (None: cuda when available, else cpu)."""
+    """A torch device from a name (None: cuda when available, else cpu; 'cuda' under torchrun: cuda:LOCAL_RANK)."""
     import torch
 
+    from posprobe.distributed import local_cuda_device
+
     if name is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        device = torch.device(name)
+        device = torch.device(local_cuda_device() if name == "cuda" else name)  # under torchrun: one GPU per rank
     except (RuntimeError, TypeError) as err:
-        raise ArgumentValueError("device", f"unknown {{arg}} '{name}'", "use cpu, cuda or cuda:N") from err
+        raise ArgumentValueError("device", f"unknown {{arg}} '{name}'", "use cpu, cuda, cuda:N or auto") from err
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ArgumentValueError("device", f"{{arg}} {name}: no CUDA device is available", "use {arg} cpu")
     return device
 
 
+def place_on(model, device):
+    """`model` moved to `device`, or left where it is when accelerate dispatched it (`device_map`: layers on
+    several devices, the CPU or disk, moved in by accelerate's hooks as they run)."""
+    if getattr(model, "hf_device_map", None):
+        return model
+    return model.to(device)
+
+
 def model_device(model):
-    """The device the model's parameters live on."""
+    """The device the model's inputs go to: where its parameters live; for a model dispatched by accelerate, the
+    first GPU of its device map, else the CPU (offloaded weights are brought there by accelerate's hooks)."""
     import torch
+
+    device_map = getattr(model, "hf_device_map", None)
+    if device_map:
+        gpus = [d for d in device_map.values() if isinstance(d, int) or str(d).startswith("cuda")]
+        return torch.device(f"cuda:{gpus[0]}" if isinstance(gpus[0], int) else gpus[0]) if gpus else torch.device("cpu")
 
     for parameter in model.parameters():
         return parameter.device
@@ -162,9 +178,61 @@ def pad_token_id(model, tokenizer=None) -> int:
     return 0
 
 
-def load_for_capture(model: Any, allow_pickle: bool, need_tokenizer: bool):
+def parse_max_memory(value: Any) -> dict | None:
+    """accelerate's `max_memory` from 'cpu=2GiB,0=20GiB' (device=size; a GPU by its index) or a dict; None stays
+    None. Sizes as accelerate reads them: '500MB', '2GiB', or a number of bytes."""
+    if value is None or isinstance(value, dict):
+        return value
+    out: dict = {}
+    for part in str(value).split(","):
+        device, _, size = part.strip().partition("=")
+        device, size = device.strip(), size.strip()
+        if not device or not size or not (device in ("cpu", "mps") or device.isdigit()):
+            raise ArgumentValueError(
+                "max_memory",
+                f"{{arg}} '{value}': each entry is DEVICE=SIZE with DEVICE cpu or a GPU index",
+                "e.g. {arg} cpu=8GiB,0=20GiB",
+            )
+        out[int(device) if device.isdigit() else device] = int(size) if size.isdigit() else size
+    return out
+
+
+def dispatch_settings(device: Any, max_memory: Any) -> dict:
+    """`from_pretrained` keywords for `device` 'auto' (accelerate's big-model inference: layers spread over the
+    GPUs, the CPU and, past `max_memory`, a temporary folder on disk, removed when the process ends); {} otherwise.
+    `max_memory` without `device` 'auto' is refused."""
+    max_memory = parse_max_memory(max_memory)
+    if device != "auto":
+        if max_memory is not None:
+            raise ArgumentValueError("max_memory", "{arg} applies only with --device auto", "add --device auto")
+        return {}
+    import atexit
+    import shutil
+    import tempfile
+
+    from posprobe.distributed import env_rank_and_world
+
+    if env_rank_and_world()[1] > 1:
+        raise ArgumentValueError(
+            "device",
+            "{arg} auto spreads one model over every device of the machine, which torchrun's ranks would each take",
+            "run {arg} auto in one process, or torchrun without it",
+        )
+    folder = tempfile.mkdtemp(prefix="posprobe-offload-")
+    atexit.register(shutil.rmtree, folder, True)
+    return {"device_map": "auto", "max_memory": max_memory, "offload_folder": folder}
+
+
+def capture_device(model, device: Any):
+    """Where a capture's inputs and sums go: the model's input device for `device` 'auto' (a dispatched model),
+    else `resolve_device(device)`."""
+    return model_device(model) if device == "auto" else resolve_device(device)
+
+
+def load_for_capture(model: Any, allow_pickle: bool, need_tokenizer: bool, dispatch: dict | None = None):
     """(ModelSource or None, model, tokenizer or None) for a hub id, folder, None (packaged MiniLM) or a loaded
-    model (which carries no tokenizer: pass token ids instead). Loaded with eager attention."""
+    model (which carries no tokenizer: pass token ids instead). Loaded with eager attention; `dispatch`: the
+    keywords of `dispatch_settings` (accelerate's device map)."""
     from torch import nn
 
     if isinstance(model, nn.Module):
@@ -187,7 +255,9 @@ def load_for_capture(model: Any, allow_pickle: bool, need_tokenizer: bool):
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # the weight-loading bar would mix with the caller's progress bar
     try:
-        net = load_model(str(source.path), AutoModel, allow_pickle=allow_pickle, attn_implementation="eager")
+        net = load_model(
+            str(source.path), AutoModel, allow_pickle=allow_pickle, attn_implementation="eager", **(dispatch or {})
+        )
     finally:
         if bars:
             hf_logging.enable_progress_bar()

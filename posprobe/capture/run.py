@@ -8,7 +8,8 @@ AttentionInterface (`capture.recording`, checked against the model's own eager a
 on the model's own eager path otherwise (`capture.eager`: its returned attentions and the inputs of its softmax,
 checked on the first batch); hidden states are transformers' `output_hidden_states`. An encoder-decoder runs its
 encoder stack on the text. The attention implementation, the recorder and the model's train/eval mode are restored
-when the call ends, also on an error or Ctrl-C.
+when the call ends, also on an error or Ctrl-C. Under torchrun (SPEC §19) each rank runs every world-th batch and
+the reducers' sums are added over the ranks once at the end (`posprobe.distributed`).
 
 Dimensions: B texts in the batch, m its longest sequence, L layers, H query heads, d hidden size.
 """
@@ -19,8 +20,10 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from posprobe import distributed
 from posprobe.capture.batches import TokenBatch, id_tokenizer, text_tokenizer, token_batches
 from posprobe.capture.eager import EagerRecorder, is_eager_route
+from posprobe.capture.memory import attention_batch_bytes, check_fits
 from posprobe.capture.model import (
     check_length,
     check_model,
@@ -48,12 +51,13 @@ WHAT = ("scores", "probs", "hidden_states")  # what a reducer may need
 class BatchCapture:
     """What one forward pass did on one batch (tensors on the model's device; None where no reducer asked).
 
-    index: the batch's number (0-based); tokens: the `TokenBatch` (text ids, input ids, real / special / counted
-    masks, positions); per layer l = 0..L-1: scores[l] S and probs[l] A (B, H, m, m), S pre-softmax with the
-    model's mask/bias added (masked pairs hold -inf or the dtype's minimum, A = 0 there); allowed[l] (B, m, m)
-    bool, the pairs the model's mask lets query i see key j (padding, causality, windows);
-    counted_pairs[l] = allowed[l] & counted_i & counted_j; hidden_states (L+1 entries, (B, m, d)): transformers'
-    `output_hidden_states`, hidden_states[l] the input of layer l, [0] the embedding output, [L] the last output.
+    index: the batch's number (0-based, among all ranks' batches under torchrun); tokens: the `TokenBatch` (text
+    ids, input ids, real / special / counted masks, positions); per layer l = 0..L-1: scores[l] S and probs[l] A
+    (B, H, m, m), S pre-softmax with the model's mask/bias added (masked pairs hold -inf or the dtype's minimum,
+    A = 0 there); allowed[l] (B, m, m) bool, the pairs the model's mask lets query i see key j (padding,
+    causality, windows); counted_pairs[l] = allowed[l] & counted_i & counted_j; hidden_states (L+1 entries,
+    (B, m, d)): transformers' `output_hidden_states`, hidden_states[l] the input of layer l, [0] the embedding
+    output, [L] the last output.
     """
 
     index: int
@@ -128,7 +132,9 @@ def capture_batches(
     the first batch's recorded attention is checked against the model's own (only when scores or probabilities
     are recorded): through AttentionInterface, the batch is run again with eager attention and the outputs must
     agree; on the eager path, the recorded softmax inputs must give the returned attentions and the masks must be
-    understood (`capture.eager`). `progress(k)` is called after each batch with the number of texts it held.
+    understood (`capture.eager`). `progress(k)` is called after each batch with the number of texts it held (under
+    torchrun: after each of this rank's batches, with the texts of that round of batches over all ranks), and the
+    summary counts every rank's texts.
     Raises PosprobeError for a model that cannot be captured, or when there is no batch."""
     import torch
 
@@ -141,6 +147,9 @@ def capture_batches(
     attention = bool(needs & {"scores", "probs"})
     hidden = "hidden_states" in needs
     n_layers, n_heads = check_model(model, attention=attention, encoder_decoder=True)
+    parallel = distributed.join_process_group(model_device(model))
+    if parallel:
+        distributed.check_mergeable(reducers)
     net = stack_to_run(model)
     eager = attention and is_eager_route(model)
     recorder = LayerRecorder("scores" in needs, "probs" in needs, n_layers)
@@ -150,6 +159,7 @@ def capture_batches(
     sparse = getattr(base, "attention_type", None)  # BigBird switches itself to full attention on short inputs
     was_training = model.training
     n_texts = n_batches = longest = 0
+    round_texts = 0  # texts of the current round of `world` batches, for a global progress count under torchrun
     try:
         model.eval()
         if attention and sparse == "block_sparse" and hasattr(base, "set_attention_type"):
@@ -160,10 +170,17 @@ def capture_batches(
             register_recording_attention()
             net.set_attn_implementation(RECORD_NAME)
         with torch.inference_mode():
-            for tokens in batches:
+            for index, tokens in enumerate(batches):
+                if parallel and not distributed.mine(index):  # another rank's batch (SPEC §19)
+                    round_texts += len(tokens)
+                    continue
+                if progress is not None and round_texts:
+                    progress(round_texts)  # the other ranks' batches of the last round, run beside this rank's
+                round_texts = 0
                 kwargs = {"output_hidden_states": True} if hidden else {}
                 if attention:
                     check_length(net, int(tokens.input_ids.shape[1]))
+                    _check_attention_fits(model, needs, n_layers, n_heads, tokens)
                 if eager:
                     output, scores, probs, allowed = eager_recorder.forward(net, tokens, **kwargs)
                     if verify and n_batches == 0:
@@ -185,7 +202,7 @@ def capture_batches(
                 else:
                     output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
                     recorded = None
-                batch = _batch_capture(n_batches, tokens, recorded, output if hidden else None)
+                batch = _batch_capture(index, tokens, recorded, output if hidden else None)
                 del output, recorded
                 for reducer in reducers:
                     reducer.add(batch)
@@ -194,6 +211,8 @@ def capture_batches(
                 longest = max(longest, int(tokens.input_ids.shape[1]))
                 if progress is not None:
                     progress(len(tokens))
+            if progress is not None and round_texts:
+                progress(round_texts)
     finally:
         recorder.begin(0, 0)
         if eager:
@@ -203,17 +222,43 @@ def capture_batches(
         if sparse is not None and getattr(base, "attention_type", sparse) != sparse:
             base.set_attention_type(sparse)
         model.train(was_training)
+    if parallel:  # once, after the last batch: every rank then holds the sums of all texts
+        n_texts, n_batches = distributed.reduce_counts([n_texts, n_batches])
+        (longest,) = distributed.reduce_counts([longest], op="max")
+        if n_texts:
+            distributed.merge_reducers(reducers)
     if n_texts == 0:
         raise PosprobeError("no texts to measure", "pass at least one non-empty text")
     return CaptureSummary(n_texts, n_batches, n_layers, n_heads, longest)
 
 
+_CHECKED_FROM = 256 * 2**20  # smaller batches are not checked against the free memory
+
+
+def _check_attention_fits(model, needs: set, n_layers: int, n_heads: int, tokens: TokenBatch) -> None:
+    """Refuse in one line a batch whose recorded attention cannot fit in the free memory (`capture.memory`)."""
+    batch, length = tokens.input_ids.shape
+    element = next((p.element_size() for p in model.parameters()), 4)
+    needed = attention_batch_bytes(n_layers, n_heads, batch, length, element, "scores" in needs, "probs" in needs)
+    if needed >= _CHECKED_FROM:
+        check_fits(
+            needed,
+            model_device(model),
+            f"recording the attention of a batch of {batch} text(s) x {length} tokens ({n_layers} layers x "
+            f"{n_heads} heads x {length}²)",
+            "use a smaller --batch-size, or a smaller --max-length",
+        )
+
+
 def _batch_capture(index: int, tokens: TokenBatch, recorded: tuple | None, output) -> BatchCapture:
-    """recorded: (scores or None, probs or None, allowed) per layer, or None when no attention was recorded."""
-    hidden = None if output is None else tuple(output.hidden_states)
+    """recorded: (scores or None, probs or None, allowed) per layer, or None when no attention was recorded.
+    Every tensor is put beside the inputs (a no-op unless accelerate spread the layers over several devices)."""
+    here = tokens.input_ids.device
+    beside = lambda tensors: None if tensors is None else tuple(t.to(here) for t in tensors)  # noqa: E731
+    hidden = None if output is None else beside(output.hidden_states)
     if recorded is None:
         return BatchCapture(index, tokens, hidden_states=hidden)
-    scores, probs, allowed_per_layer = recorded
+    scores, probs, allowed_per_layer = (beside(part) for part in recorded)
     counted = tokens.counted
     token_pairs = counted[:, :, None] & counted[:, None, :]
     pairs, seen = [], {}
@@ -224,9 +269,9 @@ def _batch_capture(index: int, tokens: TokenBatch, recorded: tuple | None, outpu
     return BatchCapture(
         index,
         tokens,
-        scores=None if scores is None else tuple(scores),
-        probs=None if probs is None else tuple(probs),
-        allowed=tuple(allowed_per_layer),
+        scores=scores,
+        probs=probs,
+        allowed=allowed_per_layer,
         counted_pairs=tuple(pairs),
         hidden_states=hidden,
     )

@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from posprobe.cli.console import quiet_other_ranks, rank_prefix
 from posprobe.errors import PosprobeError
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a process stopped by Ctrl-C
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     outputs.begin_run()
     from posprobe.phases import reporting_phases
 
+    quiet_other_ranks()  # under torchrun rank 0 alone prints (SPEC §19)
     try:
         with reporting_phases(console.show_phase):  # long steps say what they do (stderr, on a terminal)
             code = app(args=argv, standalone_mode=False)
@@ -209,7 +211,7 @@ def _fail(message: str, code: int, what: str | None = None, hint: str | None = N
     from posprobe import outputs
 
     outputs.discard_run()
-    print(f"posprobe: error: {message}", file=sys.stderr, flush=True)
+    print(f"posprobe: error: {rank_prefix()}{message}", file=sys.stderr, flush=True)
     if _json_mode:
         import json
 

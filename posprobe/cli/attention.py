@@ -29,6 +29,8 @@ from posprobe.cli.text_input import (
     BatchSizeOpt,
     ColumnOpt,
     DefaultTextOpt,
+    DeviceOpt,
+    MaxMemoryOpt,
     MaxTextsOpt,
 )
 from posprobe.outputs import default_out
@@ -76,7 +78,8 @@ def attention(
     ] = 100,
     window: Annotated[int, typer.Option("--window", help="Figures show k = -W..W (a causal model: -W..0).")] = 20,
     stack: StackOpt = Stack.encoder,
-    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
+    device: DeviceOpt = None,
+    max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -115,6 +118,7 @@ def attention(
             exclude_special=exclude_special,
             min_pairs=min_pairs,
             device=device,
+            max_memory=max_memory,
             allow_pickle=allow_pickle,
             progress=advance,
             text_source=str(text),

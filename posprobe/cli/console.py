@@ -48,8 +48,28 @@ def show_phase(message: str) -> None:
         log_console.print(Text(f"{message}…", style="dim"))  # Text: a name with [brackets] is not markup
 
 
+def quiet_other_ranks() -> None:
+    """Under torchrun, silence every rank but 0 (SPEC §19: rank 0 alone prints; errors still reach stderr)."""
+    from posprobe.distributed import is_main_process
+
+    if not is_main_process():
+        console.quiet = True
+        log_console.quiet = True
+
+
+def rank_prefix() -> str:
+    """'rank R: ' for an error line under torchrun (world size > 1), '' in a plain run."""
+    from posprobe.distributed import rank_and_world
+
+    rank, world = rank_and_world()
+    return f"rank {rank}: " if world > 1 else ""
+
+
 def emit_json(obj: Any) -> None:
     from posprobe.outputs import _json_default
+
+    if console.quiet:
+        return
 
     sys.stdout.write(json.dumps(obj, default=_json_default) + "\n")
     sys.stdout.flush()
@@ -61,7 +81,7 @@ def progress_reporter(description: str):
 
     Drawn only when stderr is a terminal (rich writes nothing live otherwise, and the bar is transient),
     so pipes and logs get no ANSI codes and no stray lines."""
-    if not log_console.is_terminal:
+    if not log_console.is_terminal or log_console.quiet:
         yield None
         return
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -90,7 +110,7 @@ def text_progress(total: int | None):
 
     Drawn only when stderr is a terminal: rich's live display, even transient, ends with a blank line on a pipe or
     a log file, so off a terminal the callback does nothing and nothing at all is written."""
-    if not log_console.is_terminal:
+    if not log_console.is_terminal or log_console.quiet:
         yield lambda k: None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn

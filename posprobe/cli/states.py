@@ -30,7 +30,9 @@ from posprobe.cli.text_input import (
     BatchSizeOpt,
     ColumnOpt,
     DefaultTextOpt,
+    DeviceOpt,
     MaxLengthOpt,
+    MaxMemoryOpt,
     MaxTextsOpt,
 )
 from posprobe.outputs import default_out
@@ -76,7 +78,8 @@ def states(
         ),
     ] = None,
     revision: Annotated[str | None, typer.Option("--revision", help="Branch, tag or commit of a hub MODEL.")] = None,
-    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")] = None,
+    device: DeviceOpt = None,
+    max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -120,6 +123,7 @@ def states(
         null_draws=null_draws,
         controls=controls,
         device=device,
+        max_memory=max_memory,
         allow_pickle=allow_pickle,
         text_source=str(text),
     )

@@ -47,7 +47,18 @@ MaxLengthOpt = Annotated[
 ]
 MaxTextsOpt = Annotated[int | None, typer.Option("--max-texts", help="Use at most this many texts.")]
 BatchSizeOpt = Annotated[int | None, typer.Option("--batch-size", help="Texts per forward pass (default 32).")]
-DeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu, cuda, ... (default: cuda if available).")]
+DeviceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--device",
+        help="cpu, cuda, ... (default: cuda if available); auto: accelerate's big-model inference (layers over the "
+        "GPUs, the CPU and disk), for models larger than memory.",
+    ),
+]
+MaxMemoryOpt = Annotated[
+    str | None,
+    typer.Option("--max-memory", help="With --device auto: memory per device, e.g. cpu=8GiB,0=20GiB (past it: disk)."),
+]
 
 
 def check_text_options(text: str | None, **options) -> int | None:

@@ -22,10 +22,12 @@ from posprobe.capture import (
     capture,
     check_model,
     load_for_capture,
+    place_on,
     register_recording_attention,
-    resolve_device,
     resolve_max_length,
 )
+from posprobe.capture.memory import check_fits
+from posprobe.capture.model import capture_device, dispatch_settings
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.attention_result import AttentionResult, write_attention
 from posprobe.texts import check_texts, iter_texts, parse_hub_texts
@@ -47,6 +49,7 @@ def attention_profiles(
     exclude_special: bool = False,
     device: str | None = None,
     allow_pickle: bool = False,
+    max_memory: dict | str | None = None,
     weights_correlation: bool = True,
     min_pairs: int = DEFAULT_MIN_PAIRS,
     verify: bool = True,
@@ -81,7 +84,8 @@ def attention_profiles(
         raise PosprobeError("pass exactly one of texts and input_ids", "texts for strings, input_ids if tokenised")
     stack = as_choice(stack, "stack", ("encoder", "decoder"))
     started = time.perf_counter()
-    source, net, tokenizer = load_for_capture(model, allow_pickle, need_tokenizer=texts is not None)
+    dispatch = dispatch_settings(device, max_memory)  # device 'auto': accelerate's big-model inference
+    source, net, tokenizer = load_for_capture(model, allow_pickle, need_tokenizer=texts is not None, dispatch=dispatch)
     encoder_decoder = bool(getattr(net.config, "is_encoder_decoder", False))
     if stack == "decoder":
         kind = getattr(net.config, "model_type", "unknown")
@@ -101,8 +105,14 @@ def attention_profiles(
             f"GiB of accumulators ({n_layers} layers x {n_heads} heads x n² float64)",
             "use a smaller --max-length",
         )
-    device = resolve_device(device)
-    net = net.to(device)
+    device = capture_device(net, device)
+    check_fits(
+        EmpiricalAccumulator.nbytes(n_layers, n_heads, max_length),
+        device,
+        f"the accumulators of max_length {max_length} ({n_layers} layers x {n_heads} heads x n² float64)",
+        "use a smaller --max-length",
+    )
+    net = place_on(net, device)
     acc = EmpiricalAccumulator(n_layers, n_heads, max_length, device)
     sinks = SinkAccumulator(n_layers, n_heads, device)
     learned = LearnedSinkAccumulator(n_layers, n_heads, device) if has_learned_sinks(net) else None

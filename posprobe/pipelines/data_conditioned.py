@@ -199,12 +199,14 @@ def conditioning_note(kind: str, input: str) -> str:
 def run_on_texts(model: Any, make_reducers: Callable, settings: TextSettings, allow_pickle: bool):
     """Load `model` (what `capture_target` gives) and run it once over the texts of `settings`, feeding the
     reducers `make_reducers(max_length, device)` returns; (reducers, CaptureSummary, max_length)."""
-    from posprobe.capture import capture, load_for_capture, resolve_device, resolve_max_length
+    from posprobe.capture import capture, load_for_capture, place_on, resolve_max_length
+    from posprobe.capture.model import capture_device, dispatch_settings
 
-    _, net, tokenizer = load_for_capture(model, allow_pickle, need_tokenizer=settings.texts is not None)
+    dispatch = dispatch_settings(settings.device, None)  # device 'auto': accelerate's big-model inference
+    _, net, tokenizer = load_for_capture(model, allow_pickle, settings.texts is not None, dispatch=dispatch)
     max_length = resolve_max_length(net, settings.max_length)
-    device = resolve_device(settings.device)
-    net = net.to(device)
+    device = capture_device(net, settings.device)
+    net = place_on(net, device)
     reducers = make_reducers(max_length, device)
     summary = capture(
         net,

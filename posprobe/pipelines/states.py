@@ -21,8 +21,8 @@ from posprobe.analysis.positional_vectors import (
     PermutedPositionAccumulator,
     PositionalVectorAccumulator,
 )
-from posprobe.capture import capture, check_model, load_for_capture, resolve_device, resolve_max_length
-from posprobe.capture.model import text_config
+from posprobe.capture import capture, check_model, load_for_capture, place_on, resolve_max_length
+from posprobe.capture.model import capture_device, dispatch_settings, text_config
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.phases import phase
 from posprobe.pipelines.states_result import StatesResult
@@ -35,6 +35,7 @@ class _CheckStates:
     """Refuses a model whose `output_hidden_states` is not L+1 tensors of (B, m, d) (the first batch tells)."""
 
     needs = ("hidden_states",)
+    rank_sums = ()  # keeps nothing
 
     def __init__(self, n_states: int, hidden_size: int, kind: str):
         self.n_states, self.hidden_size, self.kind = n_states, hidden_size, kind
@@ -85,6 +86,7 @@ def states(
     device: str | None = None,
     allow_pickle: bool = False,
     revision: str | None = None,
+    max_memory: dict | str | None = None,
     progress: Callable[[int], None] | None = None,
     text_source: str | None = None,
 ) -> StatesResult:
@@ -116,13 +118,14 @@ def states(
     if (texts is None) == (input_ids is None):
         raise PosprobeError("pass exactly one of texts and input_ids", "texts for strings, input_ids if tokenised")
     started = time.perf_counter()
+    dispatch = dispatch_settings(device, max_memory)  # device 'auto': accelerate's big-model inference
     name = None
     if revision is not None:
         from posprobe.checkpoint import resolve_model
 
         resolved = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True, revision=revision)
         model, name = str(resolved.path), resolved.name
-    source, net, tokenizer = load_for_capture(model, allow_pickle, need_tokenizer=texts is not None)
+    source, net, tokenizer = load_for_capture(model, allow_pickle, need_tokenizer=texts is not None, dispatch=dispatch)
     n_layers, _ = check_model(net, attention=False)
     n_states = n_layers + 1
     kind = str(getattr(net.config, "model_type", "unknown"))
@@ -138,8 +141,8 @@ def states(
             f"{need / 2**30:.1f} GiB of accumulators (5 folds x d² float64 per probe, (L+1)·n·d per draw)",
             "probe fewer hidden states with --probe-layers (e.g. --probe-layers 0,8,16) or lower --null-draws",
         )
-    device = resolve_device(device)
-    net = net.to(device)
+    device = capture_device(net, device)
+    net = place_on(net, device)
     vectors = PositionalVectorAccumulator(n_states, max_length, hidden_size, device)
     probes = PositionProbeAccumulator(
         n_states, layers, hidden_size, device, sample=mae_sample, seed=seed, controls=controls
