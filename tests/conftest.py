@@ -12,6 +12,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("POSPROBE_CACHE_DIR", "off")  # no GGUF config cache in ~/.cache; tests that need one set it
+if "PYTEST_XDIST_WORKER" in os.environ:  # the default tier's worker processes: one thread each, not one per core each
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 

@@ -90,6 +90,7 @@ def test_header_equals_the_gguf_reader(family, qtype, tiny_ggufs):
     _assert_header_matches(tiny_ggufs[family, qtype])
 
 
+@pytest.mark.slow  # ~4 s: the whole SmolLM2 header, twice
 @pytest.mark.integration
 def test_header_of_smollm2_equals_the_gguf_reader(smollm2_gguf, smollm2_reader):
     header = _assert_header_matches(smollm2_gguf, smollm2_reader)
@@ -147,6 +148,7 @@ def test_config_from_the_header_equals_transformers_gguf_loader(family, qtype, t
         assert ours == theirs and ours.get("vocab_size") == theirs.get("vocab_size")  # the token list's length
 
 
+@pytest.mark.slow  # ~3 s: transformers' GGUF loader
 @pytest.mark.integration
 def test_config_of_smollm2_from_the_header_equals_transformers_gguf_loader(smollm2_gguf):
     from posprobe.checkpoint.gguf_source import raw_config_from_header
@@ -155,6 +157,7 @@ def test_config_of_smollm2_from_the_header_equals_transformers_gguf_loader(smoll
     assert ours == _transformers_raw_config(smollm2_gguf) and ours["tie_word_embeddings"] is True
 
 
+@pytest.mark.slow  # ~11 s: two fresh processes
 def test_a_second_command_reads_the_config_from_the_cache_without_torch(tiny_ggufs, tmp_path):
     """The GGUF config is kept between runs (keyed by the file and the library versions): a second process reads
     the same dict without importing transformers' config classes (and with them torch); a changed file is read

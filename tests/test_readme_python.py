@@ -19,6 +19,7 @@ def test_the_readme_has_python_examples():
     assert not [b for b in BLOCKS if "figures/" in b]  # nothing that exists only in the repository
 
 
+@pytest.mark.slow  # ~30 s: the README's Python blocks load SmolLM2's GGUF
 @pytest.mark.integration
 def test_readme_python_blocks_run(tmp_path):
     """All blocks in order in one interpreter (as a reader pasting them into one notebook), in an empty folder."""

@@ -373,6 +373,7 @@ def test_the_harness_sees_console_errors_and_requests(tmp_path):
     assert any("example.invalid" in line for line in seen.requests)
 
 
+@pytest.mark.slow  # ~3 s: a real browser
 def test_page_in_headless_chromium(bert_report, tmp_path):
     if chromium_path() is None:
         pytest.skip(NO_CHROMIUM)

@@ -21,7 +21,7 @@ from typing import Annotated
 
 import typer
 
-from posprobe.cli.console import console, emit_json
+from posprobe.cli.console import console, emit_json, middle_ellipsis
 from posprobe.cli.options import (
     AllowPickleOpt,
     FigureFormat,
@@ -287,8 +287,10 @@ def params(
     from rich.table import Table
 
     c = counts
+    head = f"Positional parameters —  ({c.model_type})"
+    name = middle_ellipsis(source.name, max(20, console.width - len(head) - 1))  # a long path: its middle cut
     table = Table(
-        title=f"Positional parameters — {source.name} ({c.model_type})\n"  # two lines: each fits 80 columns
+        title=f"Positional parameters — {name} ({c.model_type})\n"  # two lines: each fits the terminal
         f"n={'no limit' if c.n_positions is None else c.n_positions}, "
         f"d={c.table_width}, H={c.n_heads}, L={c.n_layers}, d_h={c.head_dim}, r={c.radius}",
         title_justify="left",
