@@ -352,7 +352,8 @@ def test_ctrl_c_exits_130_and_leaves_no_output(tiny_bert_folder, tmp_path):
     time.sleep(12)
     os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
-    assert stdout == b"" and not out.exists()  # no JSON, no folder, no partial file
+    # no result, no folder, no partial file; under --json the failure itself is one JSON object on stdout
+    assert json.loads(stdout)["exit_code"] == 130 and not out.exists()
     assert proc.returncode == 130, stderr.decode()
     assert stderr.decode().strip().splitlines()[-1].startswith("posprobe: error: interrupted")
 

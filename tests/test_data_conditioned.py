@@ -112,7 +112,7 @@ def test_mean_input_scores_equal_the_models_attention(family):
     model = tiny(family)
     texts = token_texts()
     for layer in (0, 1):
-        result = posprobe.fhat(model, layer=layer, positions=N, input_ids=texts, batch_size=7)
+        result = posprobe.fhat(model, layer=layer, positions=N, input_ids=texts, batch_size=7, input="mean")
         assert result.mode == "data-conditioned" and result.conditioning["input"] == "mean"
         assert result.conditioning["n_texts"] == len(texts)
         assert result.conditioning["n_tokens"] == sum(len(t) - 1 for t in texts)

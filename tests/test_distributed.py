@@ -284,7 +284,8 @@ def test_a_failing_rank_ends_the_run_with_its_error_and_nothing_written(llama_fo
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("posprobe: error: rank 1:")]
     assert len(errors) == 1 and "NaN or infinite" in errors[0], proc.stderr[-3000:]
-    assert proc.stdout.strip() == ""
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert len(records) == 1 and records[0]["exit_code"] == 2  # --json: rank 0 alone prints the error object
     assert not out.exists() or not any(out.iterdir())
 
 

@@ -212,7 +212,9 @@ def _fail(message: str, code: int, what: str | None = None, hint: str | None = N
 
     outputs.discard_run()
     print(f"posprobe: error: {rank_prefix()}{message}", file=sys.stderr, flush=True)
-    if _json_mode:
+    from posprobe.distributed import is_main_process
+
+    if _json_mode and is_main_process():  # under torchrun one object on stdout, from rank 0
         import json
 
         record = {"error": what if what is not None else message, "hint": hint, "exit_code": code}
