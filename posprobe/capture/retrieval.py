@@ -140,27 +140,9 @@ def register_retrieval_attention() -> None:
 def eager_softmax_rows(reader: SpanAttention, batch: int, heads: int, m: int):
     """A TorchFunctionMode that hands `reader` row `reader.row` of every softmax over the keys of a (batch, H, m, m)
     tensor (or a (batch * H, m, m) one) made while it is active; it changes nothing."""
-    from torch.overrides import TorchFunctionMode
+    from posprobe.capture.eager import observe_attention_softmaxes
 
-    from posprobe.capture.eager import _softmax_functions
-
-    functions = _softmax_functions()
-
-    class SoftmaxRows(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            out = func(*args, **kwargs)
-            if func in functions and args:
-                x = args[0]
-                dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-                if x.dim() >= 3 and tuple(x.shape[-2:]) == (m, m) and dim in (-1, x.dim() - 1):
-                    if x.dim() == 4 and x.shape[0] == batch:
-                        reader.add_row(out[:, :, reader.row, :].detach())
-                    elif x.dim() == 3 and x.shape[0] == batch * heads:  # heads folded into the batch (XGLM)
-                        reader.add_row(out.detach().view(batch, heads, m, m)[:, :, reader.row, :])
-            return out
-
-    return SoftmaxRows()
+    return observe_attention_softmaxes(batch, heads, m, lambda x, out: reader.add_row(out[:, :, reader.row, :]))
 
 
 class RetrievalRun:
