@@ -42,7 +42,7 @@ def token_ids(count: int, max_length: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
     from posprobe.checkpoint.resolve import default_model_dir
-    from posprobe.texts import iter_texts
+    from posprobe.texts.reading import iter_texts
 
     texts = []
     for task in ("cola", "sst2"):
@@ -98,7 +98,7 @@ def peak_memory(count: int, max_length: int, batch_size: int) -> tuple[float, fl
         "import sys; sys.path.insert(0, sys.argv[1]);"
         "from benchmarks.bench_attention import token_ids, _status_mib;"
         "from posprobe.pipelines.attention import attention_profiles;"
-        "from posprobe.models import load_model;"
+        "from posprobe.retrofitting.loading import load_model;"
         "ids = token_ids(int(sys.argv[2]), int(sys.argv[3]));"
         "m = load_model(None, attn_implementation='eager');"
         "open('/proc/self/clear_refs', 'w').write('5');"
@@ -133,7 +133,7 @@ def main() -> None:
     import torch
 
     from posprobe.analysis.empirical import EmpiricalAccumulator
-    from posprobe.models import load_model
+    from posprobe.retrofitting.loading import load_model
 
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)

@@ -30,7 +30,7 @@ CHILD = """
 import sys, time, tempfile
 sys.path.insert(0, {tests!r})
 import posprobe
-from posprobe import plotting_attention as pa
+from posprobe.plotting import attention as pa
 from real_texts import real_sentences
 assert not hasattr(pa, "attention_pages"), posprobe.__file__  # the code before, not this tree's
 r = posprobe.attention_profiles("SmolLM2-135M-Instruct", real_sentences({texts}), max_length=128)
@@ -54,7 +54,7 @@ def main() -> None:
     from real_texts import real_sentences
 
     import posprobe
-    from posprobe import plotting_attention as pa
+    from posprobe.plotting import attention as pa
 
     start = time.process_time()
     result = posprobe.attention_profiles("SmolLM2-135M-Instruct", real_sentences(args.texts), max_length=128)

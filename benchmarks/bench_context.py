@@ -40,7 +40,7 @@ def documents(folder: str, tokens: int) -> list[list[int]]:
     """KJV books tokenized (no special tokens) until they hold `tokens` tokens."""
     from transformers import AutoTokenizer
 
-    from posprobe.texts import iter_texts
+    from posprobe.texts.reading import iter_texts
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     out, total = [], 0

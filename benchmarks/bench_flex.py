@@ -38,8 +38,8 @@ def worker(args: argparse.Namespace) -> list[dict]:
 
     sys.path.insert(0, str(ROOT))
     import posprobe.mechanisms.flex as flex
-    import posprobe.retrofit_attention as retrofit_attention
-    from posprobe.retrofitting import retrofit
+    import posprobe.retrofitting.attention as retrofit_attention
+    from posprobe.retrofitting.install import retrofit
 
     device = torch.device(args.device)
     lengths = sorted(int(n) for n in args.lengths.split(","))
@@ -112,7 +112,7 @@ def worker(args: argparse.Namespace) -> list[dict]:
 
 
 class _ExplicitAttention:
-    """Stands in for `torch.nn.functional` inside posprobe.retrofit_attention: its `scaled_dot_product_attention`
+    """Stands in for `torch.nn.functional` inside posprobe.retrofitting.attention: its `scaled_dot_product_attention`
     is the explicit softmax(QK^T * scale + mask) V (the "eager" baseline); everything else is torch's."""
 
     def __getattr__(self, name):

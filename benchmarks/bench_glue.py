@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
 def write_report(args, command, started, notes, tisa_init, tasks, mechanisms, runs, aggregate) -> None:
     import torch
 
-    from posprobe.outputs import write_json, write_text
+    from posprobe.formats.writing import write_json, write_text
 
     lines = [
         "# GLUE benchmark: packaged all-MiniLM-L6-v2, positional mechanisms",

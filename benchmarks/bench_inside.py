@@ -67,7 +67,7 @@ def smollm2_folder(given: str | None) -> str:
 def token_ids(folder: str, count: int, max_length: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
-    from posprobe.texts import iter_texts
+    from posprobe.texts.reading import iter_texts
 
     texts = [t for t, _ in zip(iter_texts(COLA, "sentence"), range(count))]
     return AutoTokenizer.from_pretrained(folder)(texts, truncation=True, max_length=max_length)["input_ids"]
@@ -92,7 +92,7 @@ def baseline(model, ids, batch_size: int) -> None:
 def measure(label: str, folder: str | None, count: int, batch_size: int, repeats: int, rotary: bool) -> list[dict]:
     import posprobe
     from posprobe.checkpoint.resolve import default_model_dir
-    from posprobe.models import load_model
+    from posprobe.retrofitting.loading import load_model
 
     path = folder or str(default_model_dir())
     ids = token_ids(path, count, 128)

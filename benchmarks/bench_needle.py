@@ -63,7 +63,7 @@ def main() -> None:
     from posprobe.checkpoint import resolve_model
     from posprobe.checkpoint.loading import build_model, load_tokenizer
     from posprobe.pipelines.needle_prompts import Haystack, NeedleTask, PromptBuilder
-    from posprobe.texts import iter_texts
+    from posprobe.texts.reading import iter_texts
 
     torch.set_grad_enabled(False)
     source = resolve_model(args.model, with_tokenizer=True)

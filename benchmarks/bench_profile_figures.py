@@ -40,7 +40,7 @@ LIBRARY = """
 import sys, json, time, tempfile
 import numpy as np
 import posprobe
-from posprobe.plotting_profiles import profile_pages
+from posprobe.plotting.profiles import profile_pages
 start = time.perf_counter()
 r = posprobe.profiles(sys.argv[1], layers="all", positions=int(sys.argv[2]))
 computed = time.perf_counter()

@@ -43,8 +43,8 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    from posprobe.models import load_model
-    from posprobe.retrofitting import added_parameters, retrofit
+    from posprobe.retrofitting.install import added_parameters, retrofit
+    from posprobe.retrofitting.loading import load_model
 
     model = load_model(None)
     if args.mechanism == "eager":

@@ -38,7 +38,7 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def sentences() -> list[str]:
-    from posprobe.texts import iter_texts
+    from posprobe.texts.reading import iter_texts
 
     return [t for task in ("cola", "sst2") for t in iter_texts(DATA / task / "validation.jsonl", "sentence")]
 

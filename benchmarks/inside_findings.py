@@ -60,7 +60,7 @@ def main() -> None:
     args = parser.parse_args()
     import posprobe
     from posprobe.pipelines.score_reader import open_model
-    from posprobe.texts import iter_texts
+    from posprobe.texts.reading import iter_texts
 
     model = None if args.model in ("", "none", "minilm") else args.model
     source = (args.text, args.column) if args.text else (COLA, "sentence")

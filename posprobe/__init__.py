@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+from posprobe.version import __version__
 
 # public name -> module that defines it (imported on first access)
 _EXPORTS = {
@@ -51,15 +51,15 @@ _EXPORTS = {
     "NeedleTask": "posprobe.pipelines.needle_prompts",
     "NeedleResult": "posprobe.pipelines.needle_result",
     "fit_tisa": "posprobe.pipelines.fitting",
-    "load_tisa_kernels": "posprobe.kernels_file",
-    "save_tisa_kernels": "posprobe.kernels_file",
+    "load_tisa_kernels": "posprobe.formats.tisa_kernels",
+    "save_tisa_kernels": "posprobe.formats.tisa_kernels",
     "TisaFitResult": "posprobe.pipelines.fitting",
     "TisaFit": "posprobe.pipelines.fitting",
     "TisaKernelFitter": "posprobe.analysis.tisa_fit",
     "tisa_function": "posprobe.analysis.tisa_fit",
-    "load_model": "posprobe.models",
-    "retrofit": "posprobe.retrofitting",
-    "save_retrofitted": "posprobe.retrofitting",
+    "load_model": "posprobe.retrofitting.loading",
+    "retrofit": "posprobe.retrofitting.install",
+    "save_retrofitted": "posprobe.retrofitting.install",
     "finetune": "posprobe.glue",
     "evaluate": "posprobe.glue",
     "FinetuneConfig": "posprobe.glue",
@@ -86,7 +86,7 @@ _SUBPACKAGES = (
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
-        if name in _SUBPACKAGES:  # `posprobe.plotting` etc. without an explicit import, as in a notebook
+        if name in _SUBPACKAGES:  # `posprobe.plotting.base` etc. without an explicit import, as in a notebook
             return importlib.import_module(f"{__name__}.{name}")
         raise AttributeError(f"module 'posprobe' has no attribute '{name}'")
     loaded = importlib.import_module(module)

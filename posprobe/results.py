@@ -1,7 +1,7 @@
 """What every posprobe result offers in a notebook: a one-line repr (arrays shown by shape) and `to_json`.
 
 A result class lists the fields its repr shows in `_repr_fields` and defines `to_dict()` (plain JSON types,
-an undefined R^2 as None) and `plot()` (a matplotlib Figure from posprobe.plotting).
+an undefined R^2 as None) and `plot()` (a matplotlib Figure from posprobe.plotting.base).
 """
 
 from __future__ import annotations

@@ -360,8 +360,8 @@ def test_ctrl_c_exits_130_and_leaves_no_output(tiny_bert_folder, tmp_path):
 
 def test_interrupted_write_leaves_nothing(monkeypatch, tmp_path):
     """A Ctrl-C while the files are written: no file, no staging folder, no folder the run created."""
-    from posprobe import plotting_attention
     from posprobe.pipelines.attention import write_attention
+    from posprobe.plotting import attention as plotting_attention
 
     result = attention_profiles(tiny_model("bert"), input_ids=sequences(3), max_length=12)
 

@@ -17,9 +17,9 @@ from family_models import DESIGNS_QUICK, ISSUE_34_CASES, build, case
 from test_families_bias import DEBERTA_V2_OLD, DEBERTA_V3, _randomise, _t5_stack
 
 import posprobe
+from posprobe.architectures.table import ALIBI, NOPE, ROTARY, position_kind
 from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
 from posprobe.families.context import PER_POSITION_INPUT, SAME_INPUT, ModelContext, toeplitz_by_construction
-from posprobe.families.table import ALIBI, NOPE, ROTARY, position_kind
 
 N = 24
 

@@ -26,13 +26,13 @@ from conftest import build_tiny
 from family_models import CASES, FLOAT32, _SoftmaxInputs, build, reference_scores
 from tiny_tokenizer import word_tokenizer
 
+from posprobe.architectures.table import EAGER
+from posprobe.architectures.table import REFUSED as REFUSED_ROUTE
 from posprobe.capture import capture
 from posprobe.capture.eager import is_eager_route
 from posprobe.capture.model import stack_to_run
 from posprobe.errors import PosprobeError
 from posprobe.families import family_for_type
-from posprobe.families.table import EAGER
-from posprobe.families.table import REFUSED as REFUSED_ROUTE
 from posprobe.pipelines.attention import attention_profiles
 
 _T5 = dict(vocab_size=99, d_model=32, d_kv=8, num_heads=4, d_ff=37, num_layers=2, num_decoder_layers=2,

@@ -54,7 +54,7 @@ def test_peak_offsets_of_a_rotary_model_against_an_independent_argmax(tmp_path):
 def test_a_peak_beyond_the_figure_window_is_the_true_maximum_and_is_marked(tmp_path):
     """A profile rising towards k = -(n-1) peaks there, not at the window's edge -W (issue 38 item 3); the JSON
     says it is beyond the window, the text table stars it, the figure's panel title names it."""
-    from posprobe.plotting_profiles import profile_pages
+    from posprobe.plotting.profiles import profile_pages
 
     result = posprobe.profiles(build("llama"), layers=[0], positions=N, window=W)
     k = result.offsets

@@ -85,7 +85,7 @@ def test_fhat_json_contract(tiny_checkpoints, tmp_path, mode, fmt):
 
 
 def test_profiles_npz_round_trip(tiny_checkpoints, tmp_path):
-    from posprobe.outputs import load_npz
+    from posprobe.formats.writing import load_npz
 
     record = run_json(["profiles", str(tiny_checkpoints["electra"]), "--window", "5", "--out", str(tmp_path), "--json"])
     metadata, arrays = load_npz(record["npz"])

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from posprobe.cli import app, main
 from posprobe.errors import PosprobeError
-from posprobe.kernels_file import load_tisa_kernels
+from posprobe.formats.tisa_kernels import load_tisa_kernels
 from posprobe.pipelines.fitting import ProfileSet, fit_tisa
 
 runner = CliRunner()
@@ -81,7 +81,7 @@ def test_shared_layers_fit_once_and_replicate(tmp_path):
 
 
 def test_npz_profiles_input(tmp_path):
-    from posprobe.outputs import save_npz
+    from posprobe.formats.writing import save_npz
 
     data = synthetic(n_layers=3)
     path = save_npz(

@@ -12,8 +12,8 @@ import torch
 from typer.testing import CliRunner
 
 from posprobe.cli import app, main
-from posprobe.models import load_model
-from posprobe.retrofitting import added_parameters
+from posprobe.retrofitting.install import added_parameters
+from posprobe.retrofitting.loading import load_model
 
 runner = CliRunner()
 
@@ -257,7 +257,7 @@ def test_init_fit_fits_this_models_kernels(tiny_checkpoints, tmp_path):
 def test_a_partial_kernels_file_is_said(tiny_checkpoints, tmp_path, capsys):
     """`fit-tisa --layers 0` then `retrofit --init fit:FILE`: layer 1 starts at zero, and the user is told so."""
     from posprobe.errors import PosprobeWarning
-    from posprobe.retrofitting import retrofit
+    from posprobe.retrofitting.install import retrofit
 
     path = _kernels(tmp_path / "k.safetensors", 2, layers=1)
     args = ["retrofit", str(tiny_checkpoints["bert"]), "-m", "tisa", "--init", f"fit:{path}"]

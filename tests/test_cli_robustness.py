@@ -119,7 +119,7 @@ def test_full_disk_is_one_line_with_no_folder_left(monkeypatch, tmp_path, capsys
 
 def test_full_disk_in_the_final_rename_keeps_the_existing_folder_clean(monkeypatch, tmp_path, capsys):
     """ENOSPC at any step of the atomic write, into a folder that existed: it stays, with no temporary file."""
-    import posprobe.outputs as outputs
+    import posprobe.formats.writing as outputs
 
     real_replace = os.replace
 
@@ -155,7 +155,7 @@ def test_fit_tisa_refuses_too_many_kernels_at_once(tmp_path, capsys):
 
 
 def test_version(capsys):
-    from posprobe import __version__
+    from posprobe.version import __version__
 
     code, captured = run_main(["--version"], capsys)
     assert code == 0 and captured.out.strip() == f"posprobe {__version__}"
@@ -288,7 +288,7 @@ def test_compare_default_folder_name_stays_short(tiny_checkpoints, tmp_path, cap
     """Four models with long folder names made a default folder name over the 255-byte limit (OSError)."""
     import shutil
 
-    from posprobe.outputs import SLUG_MAX, slug
+    from posprobe.formats.writing import SLUG_MAX, slug
 
     models = []
     for i in range(4):
@@ -343,7 +343,7 @@ def test_sigterm_while_a_file_is_written_leaves_no_hidden_temporary_file(tmp_pat
     cleans up as for Ctrl-C (exit 143, one line, no staged or temporary file, no folder it created)."""
     out = tmp_path / "toeplitz"
     code = (
-        "import time, posprobe.outputs as o; real = o._savefig; "
+        "import time, posprobe.formats.writing as o; real = o._savefig; "
         "o._savefig = lambda fig, p, *a: (p.write_bytes(b'partial'), time.sleep(60), real(fig, p, *a)); "
         "from posprobe.cli import main; main()"
     )

@@ -5,7 +5,7 @@ import pytest
 
 from posprobe.corpora import KJV, SENTENCES, kjv_books, sentences_path
 from posprobe.errors import PosprobeError
-from posprobe.texts import check_texts, iter_texts
+from posprobe.texts.reading import check_texts, iter_texts
 
 
 def test_builtin_sentences_are_the_packaged_file():

@@ -224,7 +224,7 @@ def test_hostile_pickle_never_runs_through_the_installed_cli(tiny_checkpoints, t
 # -- the library entry point -------------------------------------------------------------------------------------
 def test_load_model_refuses_nan_anywhere(tiny_checkpoints, tmp_path):
     """NaN in a tensor the analyses never read: load_model (retrofit, finetune, evaluate) still refuses."""
-    from posprobe.models import load_model
+    from posprobe.retrofitting.loading import load_model
 
     folder = _model(
         "nan", "bert", _set_tensor("layer.1.output.dense.weight", lambda t: t * np.nan), tiny_checkpoints, tmp_path
@@ -235,14 +235,14 @@ def test_load_model_refuses_nan_anywhere(tiny_checkpoints, tmp_path):
 
 @pytest.mark.parametrize("value", [123, 1.5, ["a"], b"bert"])
 def test_load_model_argument_type(value):
-    from posprobe.models import load_model
+    from posprobe.retrofitting.loading import load_model
 
     with pytest.raises(ArgumentTypeError, match="path_or_id must be a hub id or a folder path"):
         load_model(value)
 
 
 def test_load_model_accepts_pathlike_and_refuses_remote_code(tiny_checkpoints):
-    from posprobe.models import load_model
+    from posprobe.retrofitting.loading import load_model
 
     assert load_model(tiny_checkpoints["bert"]).config.model_type == "bert"
     with pytest.raises(PosprobeError, match="never runs code"):
@@ -258,8 +258,8 @@ def test_load_model_is_quiet_and_restores_logging(tiny_checkpoints, tmp_path, ca
     """A retrofitted checkpoint makes transformers report unknown tensors; by default nothing is printed."""
     from transformers.utils import logging as hf_logging
 
-    from posprobe.models import load_model
-    from posprobe.retrofitting import retrofit, save_retrofitted
+    from posprobe.retrofitting.install import retrofit, save_retrofitted
+    from posprobe.retrofitting.loading import load_model
 
     save_retrofitted(retrofit(load_model(tiny_checkpoints["bert"]), "tisa", init="random"), tmp_path / "r")
     previous = hf_logging.get_verbosity()
@@ -277,7 +277,7 @@ def test_load_model_is_quiet_and_restores_logging(tiny_checkpoints, tmp_path, ca
 def test_hub_id_offline_fails_at_once(monkeypatch):
     import time
 
-    from posprobe.models import load_model
+    from posprobe.retrofitting.loading import load_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
@@ -299,7 +299,7 @@ def test_a_mistyped_packaged_name_offline_names_the_packaged_model(typed, meant,
     """A packaged name in another case or cut short is not a hub id to fetch: the offline error asks whether the
     packaged model was meant (and says nothing of the kind for an unrelated hub id)."""
     from posprobe.checkpoint.resolve import packaged_suggestion
-    from posprobe.models import load_model
+    from posprobe.retrofitting.loading import load_model
 
     assert packaged_suggestion(typed) == meant
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -333,7 +333,7 @@ def test_default_configs_of_checked_families_pass(family):
     """The config checks must not refuse what transformers itself writes (e.g. GPT-2's `n_inner: null`)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    from posprobe.checkpoint.config import validate_config
+    from posprobe.architectures.config import validate_config
 
     config = json.loads(CONFIG_MAPPING[family]().to_json_string())
     assert validate_config(config, family) is config
@@ -341,7 +341,7 @@ def test_default_configs_of_checked_families_pass(family):
 
 def test_other_families_keep_their_own_conventions():
     """Lists of per-stage heads or -1 pad ids belong to other families: only transformers judges them."""
-    from posprobe.checkpoint.config import validate_config
+    from posprobe.architectures.config import validate_config
 
     validate_config({"model_type": "segformer", "num_attention_heads": [1, 2, 5, 8]}, "x")
     validate_config({"model_type": "llama", "pad_token_id": -1, "eos_token_id": [1, 2]}, "x")

@@ -303,7 +303,7 @@ def test_flat_profiles_have_no_peak_and_are_drawn_flat():
     (~1e-17). Such a profile has no peak (None in JSON, '—' in text, NaN in `peak_offsets`), and its figure does
     not magnify the round-off into a shape (the profile is drawn as a straight line; the sections, equal to it by
     construction, are not drawn)."""
-    from posprobe.plotting_profiles import profile_pages
+    from posprobe.plotting.profiles import profile_pages
 
     result = posprobe.profiles(tiny("bert"), layers=[0], positions=N, window=5, input_ids=token_texts(), input="mean")
     window = result.profiles[..., N - 1 - 5 : N + 5]
@@ -352,7 +352,7 @@ def test_hidden_means_ignore_non_finite_padding_and_refuse_non_finite_real_token
 
 def test_titles_say_how_many_texts_and_which_input():
     """A data-conditioned figure names its texts and input, as its JSON does (`conditioning`)."""
-    from posprobe.plotting_profiles import profile_pages
+    from posprobe.plotting.profiles import profile_pages
 
     model = build_tiny("bert")
     ids = [[2, 5, 6, 7, 8, 3]] * 4

@@ -17,11 +17,11 @@ import torch
 from test_attention import tiny_model
 from tiny_tokenizer import word_tokenizer
 
-from posprobe import distributed
 from posprobe.analysis.empirical import EmpiricalAccumulator
 from posprobe.analysis.position_probe import PositionProbeAccumulator
 from posprobe.capture import run
 from posprobe.capture.batches import id_tokenizer, token_batches
+from posprobe.runtime import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 NAN_WORD = 59  # "w59": token id 63, whose embedding the failing-rank test sets to NaN
@@ -97,7 +97,7 @@ def test_probe_sums_recentred_on_another_shift_equal_sums_taken_with_it():
 
 
 def test_only_rank_zero_writes_once_a_capture_ran_data_parallel(monkeypatch, tmp_path):
-    from posprobe import outputs
+    from posprobe.formats import writing as outputs
 
     monkeypatch.setattr(distributed, "rank_and_world", lambda: (1, 2))
     monkeypatch.setattr(distributed, "_DATA_PARALLEL", [True])
@@ -298,7 +298,7 @@ def test_a_model_offloaded_to_disk_gives_the_plain_models_results(tmp_path):
     hooks load each layer's weights as it runs) gives the same attention statistics and hidden-state analyses as
     the model loaded plainly."""
     import posprobe
-    from posprobe.models import load_model
+    from posprobe.retrofitting.loading import load_model
 
     folder = tmp_path / "llama"
     tiny_model("llama").save_pretrained(folder)

@@ -10,10 +10,10 @@ import pytest
 from family_models import CASES, FLOAT32, case, reference_scores
 
 import posprobe
+from posprobe.architectures.table import NOPE, SINUSOIDAL, TABLE_KINDS
 from posprobe.checkpoint import WeightReader, resolve_model
 from posprobe.families import FAMILIES, family_for_type
-from posprobe.families.context import ModelContext, content_free_scores
-from posprobe.families.table import NOPE, SCORE_MODULES, SINUSOIDAL, TABLE_KINDS
+from posprobe.families.context import SCORE_MODULES, ModelContext, content_free_scores
 from posprobe.families.windows import attention_layers
 
 N = 16

@@ -8,10 +8,11 @@ import shutil
 import pytest
 
 from posprobe.analysis.params import positional_parameter_counts
+from posprobe.architectures.table import LEARNED, OTHER, ROTARY, TABLE_KINDS
 from posprobe.cli import main
 from posprobe.errors import PosprobeError
 from posprobe.families import FAMILIES, family_for_type, model_types, position_kind
-from posprobe.families.table import LEARNED, OTHER, ROTARY, SCORE_MODULES, TABLE_KINDS
+from posprobe.families.context import SCORE_MODULES
 
 
 def test_every_model_type_has_one_entry_and_known_kind():
@@ -33,8 +34,8 @@ def test_known_transformers_types():
 
 def test_params_and_analyses_read_the_same_table():
     """Issue 9: the learned-table knowledge of `params` and of the analyses came from two lists."""
-    from posprobe.families.table import table_model_types
-    from posprobe.retrofitting import RETROFIT_MODEL_TYPES
+    from posprobe.architectures.table import table_model_types
+    from posprobe.retrofitting.install import RETROFIT_MODEL_TYPES
 
     assert set(RETROFIT_MODEL_TYPES) <= set(table_model_types())
     for model_type in model_types():
@@ -121,7 +122,7 @@ def test_config_disagreeing_with_weights_is_refused(tiny_checkpoints, tmp_path, 
 def test_readme_table_is_the_family_table():
     from pathlib import Path
 
-    from posprobe.families.table import families_markdown
+    from posprobe.architectures.table import families_markdown
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     block = readme.split("<!-- families:begin -->\n", 1)[1].split("\n<!-- families:end -->", 1)[0]
@@ -130,7 +131,7 @@ def test_readme_table_is_the_family_table():
 
 @pytest.mark.parametrize("field, value", [("kind", "rotery"), ("norm", "rms"), ("qkv", "fused"), ("embed_scale", "x")])
 def test_a_typo_in_a_family_entry_fails_at_once(field, value):
-    from posprobe.families.table import Family
+    from posprobe.architectures.table import Family
 
     with pytest.raises(ValueError, match=f"{field} '{value}' is not one of"):
         Family("x", ("x",), **({"kind": ROTARY} | {field: value}))
@@ -152,7 +153,7 @@ def test_config_switches_decide_the_kind_and_no_message_points_in_a_circle():
     """A DeBERTa with relative_attention off is not read as disentangled (`fhat` sent users to `toeplitz`,
     `toeplitz` back to `fhat`): its absolute table is its position mechanism, or it has none; Falcon's `alibi` and
     ESM's `position_embedding_type` pick their kinds."""
-    from posprobe.families.table import ALIBI, OTHER, has_learned_table
+    from posprobe.architectures.table import ALIBI, OTHER, has_learned_table
 
     for model_type in ("deberta-v2", "deberta"):
         off = {"model_type": model_type, "relative_attention": False}
@@ -193,7 +194,7 @@ def test_the_family_table_is_the_only_place_that_names_model_types():
 def test_what_is_not_read_exactly_is_refused_in_one_line(tmp_path, capsys):
     """A MobileBERT with LayerNorm bottlenecks (not released; posprobe folds only the affine NoNorm ones) and a
     multimodal Gemma 3 checkpoint are refused, each saying why, rather than read approximately."""
-    from posprobe.families.table import OTHER
+    from posprobe.architectures.table import OTHER
 
     kind, words = position_kind({"model_type": "mobilebert", "normalization_type": "layer_norm"})
     assert kind == OTHER and "'no_norm'" in words

@@ -350,9 +350,9 @@ def test_unknown_mechanism_and_bad_init(tiny_model, sst2_dir, tmp_path):
 
 def test_init_fit_fits_the_models_own_profiles(tiny_model, sst2_dir, tmp_path):
     """`--init fit` is the TISA paper's initialisation: kernels regressed onto the model's F̂_P profiles."""
+    from posprobe.formats.tisa_kernels import load_tisa_kernels
     from posprobe.glue import finetune
-    from posprobe.kernels_file import load_tisa_kernels
-    from posprobe.models import load_model
+    from posprobe.retrofitting.loading import load_model
 
     result = finetune(
         _config(tiny_model, sst2_dir, tmp_path / "fit", mechanism="tisa", init="fit", kernels=2, epochs=1)
@@ -366,8 +366,8 @@ def test_init_fit_fits_the_models_own_profiles(tiny_model, sst2_dir, tmp_path):
 
 def test_finetuning_a_retrofitted_checkpoint_keeps_its_mechanism(tiny_model, sst2_dir, tmp_path):
     from posprobe.glue import finetune
-    from posprobe.models import load_model
-    from posprobe.retrofitting import retrofit, save_retrofitted
+    from posprobe.retrofitting.install import retrofit, save_retrofitted
+    from posprobe.retrofitting.loading import load_model
 
     save_retrofitted(retrofit(load_model(tiny_model), "composite", init="random"), tmp_path / "retro")
     result = finetune(_config(tmp_path / "retro", sst2_dir, tmp_path / "run", epochs=1))
@@ -443,8 +443,8 @@ def test_evaluate_scores_the_retrofitted_mechanism(tiny_model, tmp_path, monkeyp
 
     from posprobe.glue import evaluate
     from posprobe.glue.data import load_split
-    from posprobe.models import load_model
-    from posprobe.retrofitting import retrofit, save_retrofitted
+    from posprobe.retrofitting.install import retrofit, save_retrofitted
+    from posprobe.retrofitting.loading import load_model
 
     rng = random.Random(3)
     for split in ("train", "validation"):

@@ -16,7 +16,7 @@ from posprobe.analysis.tisa_fit import TisaKernelFitter, tisa_function
 from posprobe.analysis.tisa_window import default_window, parameters, points
 from posprobe.cli import app, main
 from posprobe.errors import ArgumentValueError, PosprobeError
-from posprobe.kernels_file import read_kernels_file
+from posprobe.formats.tisa_kernels import read_kernels_file
 from posprobe.pipelines.fitting import ProfileSet, fit_tisa
 
 runner = CliRunner()
@@ -181,7 +181,7 @@ def test_too_few_positions_advises_more_positions():
 
 def test_a_causal_attention_file_is_fitted_over_k_up_to_0(tmp_path, fast_fits):
     """`posprobe attention` on a causal model has data at k <= 0 only: fit-tisa fits that side (it used to refuse)."""
-    from posprobe.outputs import save_npz
+    from posprobe.formats.writing import save_npz
 
     n = 30
     k = np.arange(-(n - 1), n)

@@ -11,7 +11,7 @@ from conftest import build_tiny
 
 from posprobe.mechanisms import REGISTRY
 from posprobe.mechanisms.catalogue import LayerShape, combined_info, mechanism_info
-from posprobe.retrofitting import retrofit
+from posprobe.retrofitting.install import retrofit
 
 BIAS_MECHANISMS = ["tisa", "fixed", "dynamic", "key-dynamic", "composite"]
 

@@ -24,7 +24,7 @@ _REPORT: list[dict] = []
 def _model(name: str):
     import transformers as tf
 
-    from posprobe.retrofitting import retrofit
+    from posprobe.retrofitting.install import retrofit
 
     torch.manual_seed(0)
     config = tf.BertConfig(

@@ -326,6 +326,6 @@ def test_quantization_is_reported_by_rotary_states_and_fit_tisa(tiny_ggufs):
     assert states.to_dict()["quantization"] == "Q8_0" and note in states.plot()._suptitle.get_text()
     fit = posprobe.fit_tisa(llama, kernels=1, window=4, layers=[0], positions=24)
     assert fit.to_dict()["quantization"] == "Q8_0" and any(note in t.get_text() for t in fit.plot().axes[0].texts)
-    from posprobe.kernels_file import kernels_metadata
+    from posprobe.formats.tisa_kernels import kernels_metadata
 
     assert kernels_metadata(fit, fit.fits[0])["quantization"] == "Q8_0"

@@ -78,7 +78,7 @@ def test_text_runs_write_nothing_on_stderr_off_a_terminal(
 def test_blank_records_are_skipped_in_every_format(tmp_path):
     """A .jsonl or .csv whose text column is empty or white space on some rows gives the other rows, as a .txt
     skips blank lines: a blank text would otherwise reach the tokenizer as special tokens only."""
-    from posprobe.texts import iter_texts
+    from posprobe.texts.reading import iter_texts
 
     (tmp_path / "t.jsonl").write_text('{"s": "a b"}\n{"s": "   "}\n{"s": ""}\n{"s": "c"}\n')
     (tmp_path / "t.csv").write_text('s\n"a b"\n"  "\n""\nc\n')
@@ -161,7 +161,7 @@ def test_hostile_text_files_are_read_or_refused_in_one_line(tmp_path):
     module refused fields over 128 KiB with an internal error); deep JSON nesting (RecursionError) and a lone half
     of a surrogate pair (the tokenizer's TypeError) are one line naming the file."""
     from posprobe.errors import PosprobeError
-    from posprobe.texts import check_texts, iter_texts
+    from posprobe.texts.reading import check_texts, iter_texts
 
     for name, (path, column, words) in _hostile_text_files(tmp_path).items():
         if words is None:

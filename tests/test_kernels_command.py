@@ -18,9 +18,9 @@ from posprobe.analysis.learned import correlation_per_head, learned_functions, t
 from posprobe.cli import app, main
 from posprobe.mechanisms._sequence import naive_filter
 from posprobe.mechanisms.catalogue import MECHANISM_NAMES
-from posprobe.models import load_model
 from posprobe.pipelines.learned_kernels import learned_kernels, mean_vectors
-from posprobe.retrofitting import INITIAL_FILE, mechanism_at, retrofit, save_retrofitted
+from posprobe.retrofitting.install import INITIAL_FILE, mechanism_at, retrofit, save_retrofitted
+from posprobe.retrofitting.loading import load_model
 
 H, L, D, R = 4, 2, 32, 3  # tiny models: d_h = 8, clip radius 3
 runner = CliRunner()
@@ -218,7 +218,7 @@ def test_compare_and_profiles_json(tmp_path):
 def test_head_grid_keeps_titles_and_panels_clear():
     """The kernels figure: no shared '1e-5' offset text over the head titles (each tick label carries its own
     exponent) and the legend outside every panel (in panel L0 H0 it hid the curves and the 'layer 0' label)."""
-    from posprobe.plotting_learned_kernels import head_grid
+    from posprobe.plotting.learned import head_grid
 
     k = np.arange(-3, 4)
     tiny = 1e-5 * np.random.default_rng(0).normal(size=(2, 3, k.size))
@@ -262,7 +262,7 @@ def test_fit_tisa_official_orientation_brute_force(tmp_path, tiny_checkpoints):
     give exactly posprobe's f(j - i) for every pair; posprobe itself refuses to read it as its own."""
     from safetensors.numpy import load_file
 
-    from posprobe.kernels_file import read_kernels_file
+    from posprobe.formats.tisa_kernels import read_kernels_file
     from posprobe.pipelines.fitting import ProfileSet, fit_tisa
 
     k = np.arange(-20, 21)
@@ -336,7 +336,7 @@ def test_combined_fast_path_equals_per_pair_loop(name):
 @pytest.mark.parametrize("family", ["bert", "albert"])
 def test_combined_zero_init_unchanged_and_counts(name, family):
     from posprobe.mechanisms.catalogue import CATALOGUE, mechanism_info
-    from posprobe.retrofitting import added_parameters, expected_parameters
+    from posprobe.retrofitting.install import added_parameters, expected_parameters
 
     base = build_tiny(family).double()
     ids = torch.randint(5, 99, (2, 9), generator=torch.Generator().manual_seed(0))

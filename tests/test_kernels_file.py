@@ -1,4 +1,4 @@
-"""The kernels file (posprobe.kernels_file): one validation for every reader, `--init` parsing, and
+"""The kernels file (posprobe.formats.tisa_kernels): one validation for every reader, `--init` parsing, and
 `check_settings`, the one check of a whole retrofit request (mechanism, radius, kernels, init)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
-from posprobe.kernels_file import InitSpec, load_tisa_kernels, parse_init, read_kernels_file, save_tisa_kernels
+from posprobe.formats.tisa_kernels import InitSpec, load_tisa_kernels, parse_init, read_kernels_file, save_tisa_kernels
 from posprobe.mechanisms import TisaOptions, check_settings
 
 

@@ -45,7 +45,7 @@ def test_every_exported_name_resolves():
     assert set(posprobe.__all__) <= set(dir(posprobe))
     assert not hasattr(posprobe, "toeplitz_analysis")  # one name per function (the long aliases went at 0.1.0)
     assert posprobe.PosprobeError is PosprobeError
-    assert posprobe.plotting.heatmap and posprobe.analysis.toeplitz.toeplitz_r2  # subpackages without an import
+    assert posprobe.plotting.base.heatmap and posprobe.analysis.toeplitz.toeplitz_r2  # subpackages without an import
 
 
 def test_load_model_and_retrofit_show_their_real_signatures():
@@ -53,7 +53,7 @@ def test_load_model_and_retrofit_show_their_real_signatures():
     assert list(params)[:2] == ["path_or_id", "model_class"] and "allow_pickle" in params
     assert "path_or_id" in pydoc.render_doc(posprobe.load_model)
     assert "mechanism" in inspect.signature(posprobe.retrofit).parameters
-    import posprobe.retrofitting as module  # the module has its own name: posprobe.retrofit stays the function
+    import posprobe.retrofitting.install as module  # the module has its own name: posprobe.retrofit stays the function
 
     assert posprobe.retrofit is module.retrofit and posprobe.retrofit.__name__ == "retrofit"
 

@@ -13,14 +13,14 @@ import torch
 from conftest import build_tiny
 
 from posprobe.mechanisms import CATALOGUE, MECHANISM_NAMES, REGISTRY, ROLES, LayerShape
-from posprobe.models import load_model
-from posprobe.retrofitting import (
+from posprobe.retrofitting.install import (
     added_parameters,
     expected_parameters,
     mechanism_at,
     retrofit,
     save_retrofitted,
 )
+from posprobe.retrofitting.loading import load_model
 
 MECHANISMS = sorted(REGISTRY)
 FAMILIES = ["bert", "roberta", "xlm-roberta", "albert", "electra"]

@@ -237,7 +237,7 @@ def test_cli_writes_the_grid(planted_folder, tmp_path, capsys):
     assert code == 0, err
     record = json.loads(stdout)
     assert (record["top_heads"][0]["layer"], record["top_heads"][0]["head"]) in PLANTED
-    from posprobe.outputs import load_npz
+    from posprobe.formats.writing import load_npz
 
     metadata, arrays = load_npz(out / "needle.npz")
     assert arrays["needle_attention"].shape == (1, 3, 2, 2, 4) and arrays["log_prob"].shape == (1, 3, 2)

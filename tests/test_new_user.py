@@ -144,14 +144,14 @@ def test_finetune_hub_hint_names_the_sample_offline(monkeypatch):
 
 def test_long_phases_say_what_they_do(tiny_bert_folder, monkeypatch):  # noqa: F811
     """`states` sat at 0/300 texts, then at 300/300, with no word: reading the weights and fitting the probes are now
-    named as they begin (`posprobe.phases`); the CLI shows them on a terminal, as one dim line each."""
+    named as they begin (`posprobe.runtime.phases`); the CLI shows them on a terminal, as one dim line each."""
     import io
 
     from rich.console import Console
 
     import posprobe
     from posprobe.cli import console
-    from posprobe.phases import phase, reporting_phases
+    from posprobe.runtime.phases import phase, reporting_phases
 
     said: list[str] = []
     with reporting_phases(said.append):
@@ -173,8 +173,8 @@ def test_fhat_defaults_show_what_is_there(tiny_bert_folder):  # noqa: F811
     from family_models import build
 
     import posprobe
-    from posprobe import plotting
     from posprobe.pipelines.data_conditioned import default_input
+    from posprobe.plotting import base as plotting
 
     texts = [" ".join(f"w{(7 * t + i) % 60}" for i in range(10)) for t in range(8)]
     result = posprobe.fhat(str(tiny_bert_folder), texts=texts, min_texts=2)

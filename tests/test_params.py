@@ -243,9 +243,9 @@ def test_counts_equal_the_models_own_position_table(name):
     table where the model has none (rotary ESM, Falcon, ...)."""
     from family_models import build
 
+    from posprobe.architectures.table import SINUSOIDAL
     from posprobe.families import family_for_type, position_kind
     from posprobe.families.context import reserved_rows
-    from posprobe.families.table import SINUSOIDAL
 
     model = build(name)
     config = model.config.to_dict()

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from posprobe import plotting
 from posprobe.pipelines.analysis import CompareRow, FhatResult, ToeplitzResult
+from posprobe.plotting import base as plotting
 
 
 def fhat_result(n_heads=6, n=40, seed=0) -> FhatResult:
@@ -26,7 +26,7 @@ def not_blank(image: Image.Image) -> bool:
 
 
 def test_fhat_grid_displays_and_saves_like_the_cli(tmp_path):
-    from posprobe.outputs import save_figure
+    from posprobe.formats.writing import save_figure
 
     mosaic = plotting.fhat_grid(fhat_result(n_heads=12))  # 2 rows of 6 columns
     png = Image.open(io.BytesIO(mosaic._repr_png_()))
@@ -110,7 +110,7 @@ def test_fit_figure_draws_the_fit_at_integer_k_only():
     """A needle kernel (b = 10) between integers must not draw a spike: the fit line's x values are the
     panel positions of the integer offsets, and its heights are f(k) at those integers."""
     from posprobe.analysis.tisa_fit import tisa_function
-    from posprobe.plotting_fit import tisa_fit_grid
+    from posprobe.plotting.fit import tisa_fit_grid
 
     w = 4
     k = np.arange(-10, 11)
@@ -133,7 +133,7 @@ def test_fit_figure_cost_is_linear_in_panels():
     """Twice the panels must not cost four times as much (shared axes made it quadratic)."""
     import time
 
-    from posprobe.plotting_fit import tisa_fit_grid
+    from posprobe.plotting.fit import tisa_fit_grid
 
     k = np.arange(-20, 21)
 
@@ -156,7 +156,7 @@ def test_fit_figure_cost_is_linear_in_panels():
 def test_fhat_grid_is_sized_by_its_panels_not_by_n(n_heads):
     """Issue 19: `fhat --positions 64` gave a 644 x 246 px grid with clipped titles and overlapping labels. The
     panels are about the same size for any n, every label fits its cell, and the title fits the image."""
-    from posprobe.plotting import LABEL_SIZE, TITLE_SIZE, _font
+    from posprobe.plotting.base import LABEL_SIZE, TITLE_SIZE, _font
 
     sizes = {}
     for n in (16, 64, 512):
@@ -181,7 +181,7 @@ def test_fhat_grid_is_sized_by_its_panels_not_by_n(n_heads):
 
 
 def test_profile_pages_are_sized_by_their_panels_and_texts(tmp_path):
-    from posprobe.plotting_profiles import ProfilePages
+    from posprobe.plotting.profiles import ProfilePages
 
     sizes = []
     for n in (16, 64, 512):
@@ -195,12 +195,14 @@ def test_profile_pages_are_sized_by_their_panels_and_texts(tmp_path):
     assert len(set(sizes)) == 1  # n does not change the page
     long_title = "x" * 300
     narrow = ProfilePages(np.arange(-3, 4), np.zeros((1, 1, 7)), None, (), [long_title])
-    assert narrow.width * 110 >= __import__("posprobe.plotting", fromlist=["_font"])._font(15).getlength(long_title)
+    assert narrow.width * 110 >= __import__("posprobe.plotting.base", fromlist=["_font"])._font(15).getlength(
+        long_title
+    )
 
 
 def test_profile_pages_png_equals_the_figure(tmp_path):
     """The fast path (a kept background plus the changing artists) draws what the plain Figure draws."""
-    from posprobe.plotting_profiles import ProfilePages
+    from posprobe.plotting.profiles import ProfilePages
 
     rng = np.random.default_rng(0)
     k = np.arange(-8, 9)
@@ -223,7 +225,7 @@ def test_profile_pages_draw_no_sections_where_they_equal_the_profile(by_construc
     legend named five lines hidden under the profile); otherwise the sections are drawn and listed."""
     from types import SimpleNamespace
 
-    from posprobe.plotting_profiles import profile_pages
+    from posprobe.plotting.profiles import profile_pages
 
     n, w = 6, 3
     profiles = np.arange(2 * (2 * n - 1), dtype=float).reshape(1, 2, 2 * n - 1)

@@ -1,4 +1,4 @@
-"""Figures of `posprobe attention` (posprobe/plotting_attention.py): a causal model's profile pages show only the
+"""Figures of `posprobe attention` (posprobe/plotting/attention.py): a causal model's profile pages show only the
 offsets it has (k <= 0), one legend per page names the weights-based profile, and the heads x layers charts keep
 fixed margins in inches (a 30-layer chart has no wide empty bands) with the numbers of the result in their cells."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from test_attention import sequences, tiny_model
 
-from posprobe import plotting_attention
 from posprobe.pipelines.attention import attention_profiles
+from posprobe.plotting import attention as plotting_attention
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from conftest import build_tiny
 from safetensors.numpy import save_file
 
 from posprobe.errors import PosprobeError, PosprobeWarning
-from posprobe.models import load_model
-from posprobe.retrofitting import added_parameters, depth_slots, mechanism_at, retrofit, save_retrofitted
+from posprobe.retrofitting.install import added_parameters, depth_slots, mechanism_at, retrofit, save_retrofitted
+from posprobe.retrofitting.loading import load_model
 
 H, L, D = 4, 2, 32  # tiny models: 4 heads, 2 layers, hidden 32 -> d_h = 8
 
@@ -164,7 +164,7 @@ def test_eager_models_and_attention_outputs():
 
 @pytest.mark.parametrize("name", ["tisa", "composite", "key-dynamic", "shaw-values", "depthwise"])
 def test_sdpa_and_explicit_paths_agree(name, monkeypatch):
-    import posprobe.retrofit_attention as rf
+    import posprobe.retrofitting.attention as rf
 
     model = retrofit(build_tiny("bert").double(), name, radius=3, init="random")
     ids = torch.randint(5, 99, (2, 9))

@@ -150,7 +150,7 @@ def test_cli_prints_the_per_layer_sink_summary(tiny_bert_folder, texts_file, tmp
 
 # -- weights_correlation over offsets with at least --min-pairs pairs (issue 20, item 4) ---------------------------
 def test_weights_correlation_uses_only_offsets_with_enough_pairs(tiny_bert_folder, texts_file, tmp_path):  # noqa: F811
-    from posprobe.texts import iter_texts
+    from posprobe.texts.reading import iter_texts
 
     texts = list(iter_texts(texts_file, "sentence"))
     every = attention_profiles(str(tiny_bert_folder), texts, max_length=16, min_pairs=1)

@@ -135,7 +135,7 @@ class MassiveActivationAccumulator:
         batch number, as in one process)."""
         import torch
 
-        from posprobe.distributed import all_gather
+        from posprobe.runtime.distributed import all_gather
 
         kept = self.top_value.shape[1]  # the same for every hidden state
         values = torch.full((self.n_states, self.top), -1.0, dtype=torch.float64, device=self.top_value.device)

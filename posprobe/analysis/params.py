@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from posprobe.architectures import table as T
+from posprobe.architectures.config import config_size, reserved_rows
+from posprobe.architectures.table import KIND_NAMES, LEARNED, family_for_type, position_kind
 from posprobe.errors import PosprobeError
-from posprobe.families import table as T
-from posprobe.families.context import config_size, reserved_rows
-from posprobe.families.table import KIND_NAMES, LEARNED, family_for_type, position_kind
 from posprobe.mechanisms.catalogue import CATALOGUE, DEFAULT_RADIUS, LayerShape, check_kernels, check_radius
 from posprobe.validation import as_int_list
 

@@ -211,7 +211,7 @@ class PositionProbeAccumulator:
         hypergeometric law, seeded), so the MAE stays an unbiased estimate."""
         import torch
 
-        from posprobe.distributed import all_gather, all_gather_or_zeros, all_reduce_sum
+        from posprobe.runtime.distributed import all_gather, all_gather_or_zeros, all_reduce_sum
 
         shifts = all_gather_or_zeros(self.shift)
         has = all_gather(torch.tensor([self.shift is not None], dtype=torch.int64, device=self.count.device))
@@ -238,7 +238,7 @@ class PositionProbeAccumulator:
     def _merge_samples(self) -> None:
         import torch
 
-        from posprobe.distributed import all_gather, all_gather_or_zeros
+        from posprobe.runtime.distributed import all_gather, all_gather_or_zeros
 
         size = self.reservoir.size
         seen = [int(s) for s in all_gather(torch.tensor([self.reservoir.seen], dtype=torch.int64))]

@@ -1,5 +1,7 @@
-"""The capture layer: run a model on text once per batch and hand what it did (attention scores and probabilities,
-hidden states, token masks) to reducers. Every analysis over text (`posprobe attention`'s profiles and sinks, ...)
+"""Running a model on text: once per batch, what it did goes to reducers.
+
+The capture layer hands each batch's attention scores and probabilities, hidden states and token masks to
+reducers. Every analysis over text (`posprobe attention`'s profiles and sinks, ...)
 is a reducer; none wires the model itself.
 
 - `batches.py`: texts or token ids -> padded `TokenBatch`es (length-sorted chunks, right padding, masks);

@@ -24,7 +24,7 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False) ->
     refusal). Families whose attention goes through transformers' AttentionInterface are recorded there
     (`capture.recording`), the others on their eager path (`capture.eager`); whether a family's attention really
     is reproduced is checked on the first batch, and input lengths by `check_length`."""
-    from posprobe.retrofitting import is_retrofitted
+    from posprobe.retrofitting.install import is_retrofitted
 
     kind = getattr(model.config, "model_type", "unknown")
     if attention and is_retrofitted(model):
@@ -98,7 +98,7 @@ def max_positions(model) -> int | None:
     n = getattr(cfg, "max_position_embeddings", None)
     if n is None:
         return None
-    from posprobe.families.context import reserved_rows
+    from posprobe.architectures.config import reserved_rows
 
     return int(n) - reserved_rows(cfg.to_dict(), str(getattr(cfg, "_name_or_path", "") or "the model"))
 
@@ -119,7 +119,7 @@ def resolve_device(name: str | None):
     """A torch device from a name (None: cuda when available, else cpu; 'cuda' under torchrun: cuda:LOCAL_RANK)."""
     import torch
 
-    from posprobe.distributed import local_cuda_device
+    from posprobe.runtime.distributed import local_cuda_device
 
     if name is None:
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -210,7 +210,7 @@ def dispatch_settings(device: Any, max_memory: Any) -> dict:
     import shutil
     import tempfile
 
-    from posprobe.distributed import env_rank_and_world
+    from posprobe.runtime.distributed import env_rank_and_world
 
     if env_rank_and_world()[1] > 1:
         raise ArgumentValueError(
@@ -244,7 +244,7 @@ def load_for_capture(model: Any, allow_pickle: bool, need_tokenizer: bool, dispa
 
     from posprobe.checkpoint import resolve_model
     from posprobe.checkpoint.loading import load_tokenizer
-    from posprobe.models import load_model
+    from posprobe.retrofitting.loading import load_model
 
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
     tokenizer = None

@@ -9,7 +9,7 @@ on the model's own eager path otherwise (`capture.eager`: its returned attention
 checked on the first batch); hidden states are transformers' `output_hidden_states`. An encoder-decoder runs its
 encoder stack on the text. The attention implementation, the recorder and the model's train/eval mode are restored
 when the call ends, also on an error or Ctrl-C. Under torchrun (SPEC §19) each rank runs every world-th batch and
-the reducers' sums are added over the ranks once at the end (`posprobe.distributed`).
+the reducers' sums are added over the ranks once at the end (`posprobe.runtime.distributed`).
 
 Dimensions: B texts in the batch, m its longest sequence, L layers, H query heads, d hidden size.
 """
@@ -20,7 +20,6 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from posprobe import distributed
 from posprobe.capture.batches import TokenBatch, id_tokenizer, text_tokenizer, token_batches
 from posprobe.capture.eager import EagerRecorder, is_eager_route
 from posprobe.capture.memory import attention_batch_bytes, check_fits
@@ -39,6 +38,7 @@ from posprobe.capture.recording import (
     verify_against_eager,
 )
 from posprobe.errors import PosprobeError
+from posprobe.runtime import distributed
 from posprobe.validation import as_bool, as_int
 
 if TYPE_CHECKING:

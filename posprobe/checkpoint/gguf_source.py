@@ -29,7 +29,7 @@ def raw_config_from_header(header: GGUFHeader) -> dict | None:
     architecture or does not support it (then ask it: `gguf_config` does)."""
     from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
 
-    from posprobe.families.table import (
+    from posprobe.architectures.table import (
         GGUF_LOADER_SPECIAL,
         GGUF_NAME_RENAMES,
         GGUF_RENAMED_MODEL_TYPES,

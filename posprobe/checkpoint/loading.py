@@ -52,7 +52,7 @@ def _check_layer_bound(source: ModelSource, n_tensors: int) -> None:
     """A config claiming more layers than the checkpoint has tensors (every layer stores at least one of its own;
     ALBERT's shared layers are fewer than its tensors too) is refused before transformers builds them: a crafted
     num_hidden_layers = 2**31 had it build layers until memory ran out."""
-    from posprobe.checkpoint.config import config_where
+    from posprobe.architectures.config import config_where
 
     for key in ("num_hidden_layers", "n_layer", "n_layers", "num_layers"):
         layers = source.config.get(key)
@@ -136,7 +136,7 @@ def build_model(source: ModelSource, model_class=None, *, verbose: bool = False,
     else:
         kwargs.setdefault("use_safetensors", source.weight_format == "safetensors")
     check_before_load(source)
-    from posprobe.phases import phase
+    from posprobe.runtime.phases import phase
 
     phase(
         f"reading the weights of {source.name}"

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from posprobe.checkpoint.config import validate_config
+from posprobe.architectures.config import validate_config
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError, first_line
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"

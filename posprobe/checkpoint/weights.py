@@ -204,7 +204,7 @@ def _read_index(file: Path) -> dict[str, str]:
 def open_weights(source):
     """The lazy tensor reader of a resolved checkpoint (`ModelSource`): a `WeightReader` for safetensors and
     pickle weights, a `GGUFWeightReader` (same interface, transformers' names) for a GGUF file."""
-    from posprobe.phases import phase
+    from posprobe.runtime.phases import phase
 
     phase(f"reading the weights of {source.name}")
     if source.weight_format == "gguf":

@@ -45,7 +45,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from posprobe import __version__
+        from posprobe.version import __version__
 
         print(f"posprobe {__version__}")
         raise typer.Exit()
@@ -137,8 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     import signal
     import threading
 
-    from posprobe import outputs
     from posprobe.cli import console
+    from posprobe.formats import writing as outputs
 
     global _json_mode
     _json_mode = console.json_requested(sys.argv[1:] if argv is None else list(argv))
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
     outputs.begin_run()
-    from posprobe.phases import reporting_phases
+    from posprobe.runtime.phases import reporting_phases
 
     quiet_other_ranks()  # under torchrun rank 0 alone prints (SPEC §19)
     try:
@@ -208,11 +208,11 @@ def _fail(message: str, code: int, what: str | None = None, hint: str | None = N
     """Discard the failed run's outputs, print one line on stderr, exit with `code`. Under `--json`, stdout also gets
     one object `{"error": what, "hint": hint, "exit_code": code}` (`what` defaults to the whole line), so a script
     always has something to parse."""
-    from posprobe import outputs
+    from posprobe.formats import writing as outputs
 
     outputs.discard_run()
     print(f"posprobe: error: {rank_prefix()}{message}", file=sys.stderr, flush=True)
-    from posprobe.distributed import is_main_process
+    from posprobe.runtime.distributed import is_main_process
 
     if _json_mode and is_main_process():  # under torchrun one object on stdout, from rank 0
         import json

@@ -46,7 +46,7 @@ from posprobe.cli.text_input import (
     text_run,
     with_text_source,
 )
-from posprobe.outputs import default_out
+from posprobe.formats.writing import default_out
 
 BY_CONSTRUCTION_MARK = "by constr."
 
@@ -59,14 +59,14 @@ def register(app: typer.Typer) -> None:
 
 
 def _out_dir(out: Path | None, command: str, model_name: str) -> Path:
-    from posprobe.outputs import prepare_out_dir
+    from posprobe.formats.writing import prepare_out_dir
 
     return prepare_out_dir(out if out is not None else default_out(command, model_name))
 
 
 def _write_figure_and_record(out_dir: Path, stem: str, fmt: str, make_figure, result) -> tuple[Path, dict]:
     """`{stem}.{fmt}` and `{stem}.json` (the result's dict, with both paths) written together; (figure, record)."""
-    from posprobe.outputs import figure_writer, json_writer, write_files
+    from posprobe.formats.writing import figure_writer, json_writer, write_files
 
     figure, record_file = out_dir / f"{stem}.{fmt}", out_dir / f"{stem}.json"
     record = result.to_dict() | {"figure": str(figure), "record": str(record_file)}
@@ -95,8 +95,8 @@ def toeplitz(
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """P = E_P E_Pᵀ of the learned position embeddings, its Toeplitz R², and a heatmap."""
-    from posprobe import plotting
     from posprobe.pipelines import analysis as pipeline
+    from posprobe.plotting import base as plotting
 
     source = _resolve(model, allow_pickle)
     out_dir = _out_dir(out, "toeplitz", source.label)
@@ -163,8 +163,8 @@ def fhat(
     Models without a learned position table (rotary, ALiBi, relative bias, ...) get their content-free
     scores (SPEC §9): the pre-softmax scores of a sequence of the average word embedding. With --text, the
     layer's input is the mean hidden state entering it on those texts instead (SPEC §13, data-conditioned)."""
-    from posprobe import plotting
     from posprobe.pipelines import analysis as pipeline
+    from posprobe.plotting import base as plotting
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
                    max_texts=max_texts, batch_size=batch_size, device=device)  # fmt: skip
@@ -190,7 +190,7 @@ def fhat(
     for line in conditioning_lines(result):
         console.print(f"[dim]{line}[/dim]")
     if result.toeplitz_by_construction:
-        from posprobe.families.table import TABLE_KINDS
+        from posprobe.architectures.table import TABLE_KINDS
         from posprobe.pipelines.analysis_results import by_construction_note
 
         console.print(f"F̂_P — {source.label}, layer {layer}, {result.mode} mode{causal}")
@@ -240,10 +240,10 @@ def profiles(
     Every family posprobe reads: learned tables (paper/faithful mode) and the content-free scores (SPEC §9) of
     rotary, ALiBi and relative-bias models. Causal models use only k ≤ 0 (marked in titles and JSON). With
     --text, each layer's input is the mean hidden state entering it on those texts (SPEC §13, data-conditioned)."""
-    from posprobe.outputs import write_files
+    from posprobe.formats.profiles import write_profiles
+    from posprobe.formats.writing import write_files
     from posprobe.pipelines import analysis as pipeline
-    from posprobe.plotting_profiles import profile_pages
-    from posprobe.profile_files import write_profiles
+    from posprobe.plotting.profiles import profile_pages
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
                    max_texts=max_texts, batch_size=batch_size, device=device)  # fmt: skip
@@ -328,10 +328,10 @@ def compare(
     """One table of Toeplitz statistics for several models, and side-by-side heatmaps (paper Fig. 1).
 
     A model without a learned table shows the head-mean of its layer-0 content-free scores, and no R² of P."""
-    from posprobe import plotting
     from posprobe.errors import ArgumentValueError
-    from posprobe.outputs import prepare_out_dir
+    from posprobe.formats.writing import prepare_out_dir
     from posprobe.pipelines import analysis as pipeline
+    from posprobe.plotting import base as plotting
 
     if len(models) < 2:
         raise ArgumentValueError(

@@ -33,7 +33,7 @@ from posprobe.cli.text_input import (
     MaxMemoryOpt,
     MaxTextsOpt,
 )
-from posprobe.outputs import default_out
+from posprobe.formats.writing import default_out
 
 
 def register(app: typer.Typer) -> None:
@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
 def _check_writable(out: Path) -> None:
     """Fail before the run if `out` cannot be written, without creating it (an interrupted run leaves nothing)."""
     from posprobe.errors import PosprobeError
-    from posprobe.outputs import prepare_out_dir
+    from posprobe.formats.writing import prepare_out_dir
 
     if out.exists():
         prepare_out_dir(out)
@@ -91,7 +91,7 @@ def attention(
     special-token mass, sink rate)."""
     from posprobe.checkpoint import resolve_model
     from posprobe.pipelines.attention import attention_profiles, write_attention
-    from posprobe.texts import check_texts, iter_texts
+    from posprobe.texts.reading import check_texts, iter_texts
     from posprobe.validation import as_int
 
     if max_length is not None:

@@ -40,7 +40,7 @@ def json_requested(argv: list[str]) -> bool:
 
 
 def show_phase(message: str) -> None:
-    """A phase of long work (`posprobe.phases.phase`) as one dim line on stderr — only on a terminal, like the
+    """A phase of long work (`posprobe.runtime.phases.phase`) as one dim line on stderr — only on a terminal, like the
     progress bars, so that pipes and logs stay as they were."""
     if log_console.is_terminal:
         from rich.text import Text
@@ -50,7 +50,7 @@ def show_phase(message: str) -> None:
 
 def quiet_other_ranks() -> None:
     """Under torchrun, silence every rank but 0 (SPEC §19: rank 0 alone prints; errors still reach stderr)."""
-    from posprobe.distributed import is_main_process
+    from posprobe.runtime.distributed import is_main_process
 
     if not is_main_process():
         console.quiet = True
@@ -59,14 +59,14 @@ def quiet_other_ranks() -> None:
 
 def rank_prefix() -> str:
     """'rank R: ' for an error line under torchrun (world size > 1), '' in a plain run."""
-    from posprobe.distributed import rank_and_world
+    from posprobe.runtime.distributed import rank_and_world
 
     rank, world = rank_and_world()
     return f"rank {rank}: " if world > 1 else ""
 
 
 def emit_json(obj: Any) -> None:
-    from posprobe.outputs import _json_default
+    from posprobe.formats.writing import _json_default
 
     if console.quiet:
         return

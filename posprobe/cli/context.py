@@ -18,7 +18,7 @@ import typer
 from posprobe.cli.console import console, emit_json
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt
 from posprobe.cli.text_input import ColumnOpt, DeviceOpt
-from posprobe.outputs import default_out
+from posprobe.formats.writing import default_out
 
 DEFAULT_TEXT = "builtin:kjv"
 
@@ -62,10 +62,10 @@ def context(
     own rope initialisation), with the rotary budget. Lengths past the trained length are allowed and said so."""
     from posprobe.checkpoint import resolve_model
     from posprobe.families.rope_variants import parse_variants
-    from posprobe.outputs import figure_writer, json_writer, prepare_out_dir, write_files, write_npz
+    from posprobe.formats.writing import figure_writer, json_writer, prepare_out_dir, write_files, write_npz
     from posprobe.pipelines.context import check_family, check_lengths
     from posprobe.pipelines.context import context as run_context
-    from posprobe.texts import check_texts, iter_texts
+    from posprobe.texts.reading import check_texts, iter_texts
     from posprobe.validation import as_int
 
     length_list = check_lengths(lengths)

@@ -35,7 +35,7 @@ from posprobe.cli.options import (
     Stack,
     StackOpt,
 )
-from posprobe.outputs import default_out
+from posprobe.formats.writing import default_out
 
 
 def register(app: typer.Typer) -> None:
@@ -110,8 +110,8 @@ def fit_tisa(
     """
     from posprobe.cli.console import progress_reporter
     from posprobe.cli.options import parse_int_list
-    from posprobe.kernels_file import ORIENTATIONS
-    from posprobe.outputs import prepare_out_dir
+    from posprobe.formats.tisa_kernels import ORIENTATIONS
+    from posprobe.formats.writing import prepare_out_dir
     from posprobe.pipelines.fitting import fit_tisa as run_fit
     from posprobe.validation import as_choice
 

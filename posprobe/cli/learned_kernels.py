@@ -16,7 +16,7 @@ import typer
 
 from posprobe.cli.console import console, emit_json, log_console
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt
-from posprobe.outputs import default_out
+from posprobe.formats.writing import default_out
 
 
 def register(app: typer.Typer) -> None:

@@ -17,7 +17,7 @@ import typer
 from posprobe.cli.console import console, emit_json
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt
 from posprobe.cli.text_input import DeviceOpt
-from posprobe.outputs import default_out
+from posprobe.formats.writing import default_out
 
 _DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
@@ -75,7 +75,7 @@ def needle(
     measured in tokens, never capped: a haystack too short for a length is refused. Plain continuation, no chat
     template."""
     from posprobe.checkpoint import resolve_model
-    from posprobe.outputs import figure_writer, prepare_out_dir, write_files, write_npz
+    from posprobe.formats.writing import figure_writer, prepare_out_dir, write_files, write_npz
     from posprobe.pipelines.needle import NeedleGrid
     from posprobe.pipelines.needle import needle as run_needle
     from posprobe.pipelines.needle_prompts import DEFAULT_INTRO, DEFAULT_NEEDLE, DEFAULT_QUESTION, NeedleTask

@@ -13,8 +13,8 @@ import typer
 
 from posprobe.cli.console import console, emit_json, log_console
 from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg
+from posprobe.formats.writing import default_out
 from posprobe.mechanisms.catalogue import DEFAULT_KERNELS, DEFAULT_RADIUS, MECHANISM_NAMES
-from posprobe.outputs import default_out
 
 MechanismOpt = Annotated[
     str, typer.Option("--mechanism", "-m", help=f"One of: {', '.join(MECHANISM_NAMES)}.", show_default=False)
@@ -89,8 +89,8 @@ def retrofit_command(
 
     from transformers.utils import logging as hf_logging
 
-    from posprobe.models import load_model
-    from posprobe.retrofitting import added_parameters, retrofit, save_retrofitted, saved_model_class
+    from posprobe.retrofitting.install import added_parameters, retrofit, save_retrofitted, saved_model_class
+    from posprobe.retrofitting.loading import load_model
 
     hf_logging.disable_progress_bar()
     with log_console.status(f"loading {source.name}"):

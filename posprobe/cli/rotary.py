@@ -42,7 +42,7 @@ from posprobe.cli.text_input import (
     text_run,
 )
 from posprobe.errors import ArgumentValueError
-from posprobe.outputs import default_out
+from posprobe.formats.writing import default_out
 
 
 def register(app: typer.Typer) -> None:
@@ -77,7 +77,7 @@ def rotary(
 
     from posprobe.checkpoint import resolve_model
     from posprobe.families.rope_variants import parse_variants
-    from posprobe.outputs import figure_writer, prepare_out_dir, write_files, write_npz
+    from posprobe.formats.writing import figure_writer, prepare_out_dir, write_files, write_npz
     from posprobe.pipelines.rotary import config_budget
     from posprobe.pipelines.rotary import rotary as rotary_bands
 

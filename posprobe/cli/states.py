@@ -35,7 +35,7 @@ from posprobe.cli.text_input import (
     MaxMemoryOpt,
     MaxTextsOpt,
 )
-from posprobe.outputs import default_out
+from posprobe.formats.writing import default_out
 
 
 def register(app: typer.Typer) -> None:
@@ -92,7 +92,7 @@ def states(
     number against the training step."""
     from posprobe.cli.text_input import check_min_texts
     from posprobe.errors import PosprobeError
-    from posprobe.texts import check_texts, iter_texts
+    from posprobe.texts.reading import check_texts, iter_texts
     from posprobe.validation import as_int
 
     if max_length is not None:
@@ -156,7 +156,7 @@ def states(
 def _series(checkpoints: str, text: str, column, total: int, settings: dict, out, fmt, json_out: bool) -> None:
     from posprobe.cli.attention import _check_writable
     from posprobe.pipelines.states_series import list_checkpoints, states_series, write_series
-    from posprobe.texts import iter_texts
+    from posprobe.texts.reading import iter_texts
 
     items = list_checkpoints(checkpoints)
     first = items[0].model if items[0].revision is not None else str(Path(items[0].model).parent.name or "series")

@@ -65,7 +65,7 @@ def check_text_options(text: str | None, **options) -> int | None:
     """The number of texts `--text` will use (the file checked: exists, right column, not empty), or None without
     `--text`, where every other text option (`options`: name -> value, None when not given) must be unset."""
     from posprobe.errors import ArgumentValueError
-    from posprobe.texts import check_texts
+    from posprobe.texts.reading import check_texts
     from posprobe.validation import as_int
 
     if text is None:
@@ -105,7 +105,7 @@ def text_run(text: str | None, total: int | None, **options) -> Iterator[dict]:
         yield {}
         return
     from posprobe.cli.console import text_progress
-    from posprobe.texts import iter_texts
+    from posprobe.texts.reading import iter_texts
 
     column = options.pop("column", None)
     kwargs = {name: value for name, value in options.items() if value is not None}

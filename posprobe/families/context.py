@@ -2,8 +2,8 @@
 
 Everything that knows where a family keeps a tensor, how its Q/K are laid out, which norm it applies with which
 epsilon, how it scales and caps scores, and whether posprobe can analyse it, lives here and in the family table
-(`posprobe.families.table`), with its helpers: `sizes` (config sizes), `embeddings` (the embedding level),
-`layouts` (fused Q/K/V) and `windows` (each layer's kind). The score modules (`table.SCORE_MODULES`) read only
+(`posprobe.architectures.table`), with its helpers: `sizes` (config sizes), `embeddings` (the embedding level),
+`layouts` (fused Q/K/V) and `windows` (each layer's kind). The score modules (`SCORE_MODULES`) read only
 through a context.
 
 Shapes: d hidden width, e embedding width (e != d for factorised embeddings: ALBERT, ELECTRA-small), H query
@@ -21,13 +21,33 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from posprobe.checkpoint.config import config_hint, config_where
+from posprobe.architectures import table as T
+from posprobe.architectures.config import (
+    MIXED_HINT,
+    Shape,
+    config_hint,
+    config_shape,
+    config_size,
+    config_where,
+    mixed_checkpoint,
+    reserved_rows,
+)
+from posprobe.architectures.table import config_default
 from posprobe.errors import PosprobeError
-from posprobe.families import table as T
 from posprobe.families.embeddings import EmbeddingReader, PositionTable, apply_norm
 from posprobe.families.layouts import grouped_conv_dense, head_split, split_fused
-from posprobe.families.sizes import MIXED_HINT, Shape, config_shape, config_size, mixed_checkpoint, reserved_rows
-from posprobe.families.table import config_default
+
+# The module that computes each position kind's content-free scores (see `posprobe.families` for its interface).
+SCORE_MODULES = {
+    T.LEARNED: "posprobe.families.absolute",
+    T.SINUSOIDAL: "posprobe.families.absolute",
+    T.ROTARY: "posprobe.families.rotary",
+    T.ALIBI: "posprobe.families.alibi",
+    T.BUCKET_BIAS: "posprobe.families.relative_bias",
+    T.DISENTANGLED: "posprobe.families.disentangled",
+    T.NOPE: "posprobe.families.rotary",  # rotary scores without rotation: every layer a NoPE layer
+}
+
 
 # Re-exported: where callers have always found them.
 __all__ = ["STACKS", "CONTENT_FREE", "HeadWeights", "ModelContext", "PositionTable", "Shape", "apply_norm",
@@ -512,7 +532,7 @@ def _analysable_family(source: ModelSource) -> T.Family:
         )
     kind, mechanism = T.position_kind(cfg)
     table = kind in T.TABLE_KINDS and any(k in T.TABLE_KINDS for k in family.kinds)
-    scores = kind in family.kinds and kind in T.SCORE_MODULES
+    scores = kind in family.kinds and kind in SCORE_MODULES
     if family.analysable and (table or scores):
         return family
     raise PosprobeError(
@@ -529,7 +549,7 @@ def content_free_scores(ctx: ModelContext, layer: int, n: int, stack: str = "enc
         raise ValueError(f"the per-position input of layer {layer} does not have {n} rows")
     if ctx.family.hybrid and ctx.layer_kinds(n, stack)[layer].attention == "none":
         return np.full((ctx.shape.heads, n, n), np.nan)  # a recurrent / convolution layer: no positional score
-    return importlib.import_module(T.SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack)
+    return importlib.import_module(SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack)
 
 
 #: How a score matrix's input varies along the sequence: the same vector at every position (the average word
@@ -548,4 +568,4 @@ def toeplitz_by_construction(ctx: ModelContext, stack: str = "encoder", input_mo
         raise ValueError(f"input_mode must be {SAME_INPUT!r} or {PER_POSITION_INPUT!r}, got {input_mode!r}")
     if input_mode != SAME_INPUT:
         return False
-    return bool(importlib.import_module(T.SCORE_MODULES[ctx.kind]).toeplitz_by_construction(ctx, stack))
+    return bool(importlib.import_module(SCORE_MODULES[ctx.kind]).toeplitz_by_construction(ctx, stack))

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from posprobe.checkpoint.config import config_int
+from posprobe.architectures.config import config_int
 from posprobe.errors import PosprobeError
 from posprobe.families.context import HeadWeights, head_split
 

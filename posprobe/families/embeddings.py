@@ -18,10 +18,10 @@ from functools import cached_property
 
 import numpy as np
 
+from posprobe.architectures import table as T
+from posprobe.architectures.config import config_size, mixed_checkpoint, reserved_rows
+from posprobe.architectures.table import config_default
 from posprobe.errors import PosprobeError
-from posprobe.families import table as T
-from posprobe.families.sizes import config_size, mixed_checkpoint, reserved_rows
-from posprobe.families.table import config_default
 
 
 def apply_norm(x: np.ndarray, kind: str, weight, bias: np.ndarray | None, eps: float) -> np.ndarray:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posprobe.families import table as T
+from posprobe.architectures import table as T
 
 
 def head_split(w: np.ndarray, b: np.ndarray | None, heads: int, head_dim: int) -> tuple[np.ndarray, np.ndarray]:

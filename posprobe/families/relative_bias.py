@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from posprobe.checkpoint.config import config_int
+from posprobe.architectures.config import config_int
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.families.context import head_products, reserved_rows
 

@@ -18,8 +18,8 @@ import importlib
 
 import numpy as np
 
+from posprobe.architectures import table as T
 from posprobe.errors import PosprobeError
-from posprobe.families import table as T
 from posprobe.families.windows import takes_layer_type
 
 

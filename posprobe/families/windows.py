@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from posprobe.families import table as T
+from posprobe.architectures import table as T
 
 NOPE_WORDS = "NoPE (no positional term: F̂ is the same for every pair)"
 NO_ATTENTION = "none"  # a hybrid's layer without softmax attention (`LayerKind.attention`)

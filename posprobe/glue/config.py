@@ -135,7 +135,7 @@ def default_model_folder(model: str | None) -> Path:
     """`posprobe-out/finetune/<model label>`: the CLI's default output rule, with the model's label worked out
     without loading anything (a local folder's own name, a hub id as given)."""
     from posprobe.checkpoint.resolve import DEFAULT_MODEL_NAME, ModelSource
-    from posprobe.outputs import default_out
+    from posprobe.formats.writing import default_out
 
     source = ModelSource(model or DEFAULT_MODEL_NAME, Path(model or "."), {}, "safetensors")
     return default_out("finetune", source.label)

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.formats.writing import save_figure, write_json, write_text
 from posprobe.glue.config import FinetuneConfig
 from posprobe.glue.grid_report import GridResult, grid_markdown, grid_summary
 from posprobe.glue.tasks import get_task
 from posprobe.mechanisms.catalogue import mechanism_info
-from posprobe.outputs import save_figure, write_json, write_text
 
 GRID_FILE = "grid.json"
 GRID_KEYS = ("tasks", "mechanisms")  # must match on resume (each cell checks its own settings)
@@ -148,9 +148,10 @@ def finetune_grid(
             data = result.to_dict(settings=True)
             write_json(folder / "results.json", data)
             write_text(folder / "results.md", grid_markdown(data))
-            from posprobe.plotting_grid import grid_figure
+            from posprobe.glue.grid_report import grid_panels
+            from posprobe.plotting.grid import grid_figure
 
-            save_figure(grid_figure(data), folder / "results.png")
+            save_figure(grid_figure(grid_panels(data), data["mechanisms"], data["seeds"]), folder / "results.png")
     return result
 
 

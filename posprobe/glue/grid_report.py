@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from posprobe.glue.report import fmt
 from posprobe.glue.stats import paired_delta, summarize
 
@@ -194,3 +196,27 @@ class GridResult:
             f"GridResult(tasks={self.tasks}, mechanisms={self.mechanisms}, seeds={self.seeds}, "
             f"runs={len(self.runs)}, out='{self.out}')"
         )
+
+
+def grid_panels(result: dict) -> list[tuple[str, np.ndarray, list[tuple[float, float | None] | None]]]:
+    """What the grid figure draws, per task (plus `average` with two or more tasks): its title, the values
+    (seeds, mechanisms) of its main metric with NaN where a run is missing or undefined, and per mechanism the
+    summary's (mean, s.e.) or None. Input: `GridResult.to_dict()`."""
+    tasks = list(result["tasks"]) + ([AVERAGE] if len(result["tasks"]) > 1 else [])
+    main = dict(result["main_metrics"]) | {AVERAGE: AVERAGE}
+    summary = {(r["task"], r["mechanism"], r["metric"]): r for r in result["summary"]}
+    seeds, runs = list(result["seeds"]), result["runs"]
+    panels = []
+    for task in tasks:
+        metric = main[task]
+        columns = [  # per mechanism, its value for every seed (None: missing or undefined)
+            average_seed_values(runs, result["tasks"], main, m, seeds)
+            if task == AVERAGE
+            else seed_values(runs, task, m, metric, seeds)
+            for m in result["mechanisms"]
+        ]
+        values = np.array([[np.nan if v is None else float(v) for v in col] for col in columns]).T
+        rows = [summary.get((task, m, metric)) for m in result["mechanisms"]]
+        means = [None if r is None or r["mean"] is None else (r["mean"], r["stderr"]) for r in rows]
+        panels.append((f"{task} ({metric})" if task != AVERAGE else "average over tasks", values, means))
+    return panels

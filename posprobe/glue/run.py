@@ -34,6 +34,7 @@ from typing import Any
 
 from posprobe.checkpoint.loading import load_tokenizer
 from posprobe.errors import PosprobeError
+from posprobe.formats.writing import disk_full, disk_full_error, write_json, write_text
 from posprobe.glue.config import RESUME_KEYS, FinetuneConfig, check_mechanism_options
 from posprobe.glue.data import load_glue
 from posprobe.glue.report import FinetuneResult, aggregate, fmt, results_markdown
@@ -51,7 +52,6 @@ from posprobe.glue.runtime import (
     world_size,
 )
 from posprobe.glue.tasks import GlueTask, get_task
-from posprobe.outputs import disk_full, disk_full_error, write_json, write_text
 
 META_FILE = "posprobe_glue.json"
 RUN_FILE = "run.json"
@@ -327,8 +327,8 @@ def build_model(config: FinetuneConfig, task: GlueTask, model_path: Path, seed: 
     mechanism comes back with it. The task head is new (initialised from `seed`): training is what fits it."""
     from transformers import AutoModelForSequenceClassification
 
-    from posprobe.models import load_model
-    from posprobe.retrofitting import retrofit
+    from posprobe.retrofitting.install import retrofit
+    from posprobe.retrofitting.loading import load_model
 
     model = load_model(
         str(model_path),
@@ -430,7 +430,7 @@ def _run_seed(
 def _save_model(trainer, model_dir: Path, meta: dict[str, Any]) -> None:
     """Write the fine-tuned model, its tokenizer and `posprobe_glue.json` into a temporary sibling folder and
     rename it to `model_dir` once complete. A retrofitted model goes through `save_retrofitted`."""
-    from posprobe.retrofitting import is_retrofitted, save_retrofitted
+    from posprobe.retrofitting.install import is_retrofitted, save_retrofitted
 
     partial = model_dir.with_name(f".{model_dir.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)

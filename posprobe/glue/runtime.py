@@ -179,7 +179,7 @@ def load_classifier(folder: Path, *, allow_new_head: bool = False, allow_pickle:
     back with it). Refuses a checkpoint without trained head weights unless `allow_new_head`."""
     from transformers import AutoModelForSequenceClassification
 
-    from posprobe.models import load_model
+    from posprobe.retrofitting.loading import load_model
 
     model = load_model(str(folder), model_class=AutoModelForSequenceClassification, allow_pickle=allow_pickle, **kwargs)
     if not allow_new_head and any(Path(folder).glob("*.safetensors")):

@@ -281,11 +281,11 @@ def load_all() -> dict[str, type]:
 @dataclass(frozen=True)
 class MechanismSettings:
     """A validated retrofit request: the mechanism, its options, the parsed init and (for ``fit:FILE``)
-    the validated kernels file (`posprobe.kernels_file.KernelsFile`)."""
+    the validated kernels file (`posprobe.formats.tisa_kernels.KernelsFile`)."""
 
     mechanism: str
     options: Options
-    init: object  # posprobe.kernels_file.InitSpec
+    init: object  # posprobe.formats.tisa_kernels.InitSpec
     kernels_file: object | None = None
 
     @property
@@ -310,7 +310,7 @@ def check_settings(mechanism, *, radius=None, kernels=None, init="zero") -> Mech
     Errors are `ArgumentError`s naming `mechanism`, `radius`, `kernels` or `init`, or `PosprobeError`s
     naming the kernels file.
     """
-    from posprobe.kernels_file import parse_init, read_kernels_file
+    from posprobe.formats.tisa_kernels import parse_init, read_kernels_file
 
     info = mechanism_info(mechanism)
     if radius is not None:
@@ -345,10 +345,10 @@ CONFIG_KEY = "posprobe"  # the retrofit recipe's key in a checkpoint's config (c
 
 
 def retrofit_family(kind: str):
-    """The family-table entry (`posprobe.families.table.Family`) of config `model_type` `kind` if retrofit can
+    """The family-table entry (`posprobe.architectures.table.Family`) of config `model_type` `kind` if retrofit can
     install into it; one clear error otherwise."""
+    from posprobe.architectures.table import family_for_type, model_types
     from posprobe.errors import PosprobeError
-    from posprobe.families.table import family_for_type, model_types
 
     family = family_for_type(kind)
     if family is None or not family.retrofit:

@@ -3,7 +3,7 @@
 
 A mechanism's `score_mod(query, key)` returns `mod(score, b, h, q_idx, kv_idx) -> score + bias[b, h, q_idx,
 kv_idx]` (the same numbers as its `score_bias`; the tests compare them on index grids and through
-`flex_attention` on CPU). `posprobe.retrofit_attention.posprobe_attention` uses it on the devices in `FLEX_DEVICES`
+`flex_attention` on CPU). `posprobe.retrofitting.attention.posprobe_attention` uses it on the devices in `FLEX_DEVICES`
 (CUDA) when `torch.nn.attention.flex_attention` exists and no attention dropout is active (FlexAttention has
 none); any other case, or a first failure to compile, takes today's path.
 """

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from posprobe.analysis.toeplitz import is_flat
+from posprobe.architectures.table import LEARNED
 from posprobe.errors import ArgumentValueError
-from posprobe.families.table import LEARNED
 from posprobe.pipelines.score_reader import _layer_index
 from posprobe.results import ResultMixin, short
 from posprobe.validation import as_int
@@ -22,7 +22,7 @@ from posprobe.validation import as_int
 
 def by_construction_note(position_kind: str) -> str:
     """Why a model's score matrices are Toeplitz by construction, in words (for text output and captions)."""
-    from posprobe.families.table import KIND_NAMES
+    from posprobe.architectures.table import KIND_NAMES
 
     mechanism = KIND_NAMES.get(position_kind, position_kind)
     return (
@@ -73,7 +73,7 @@ class ToeplitzResult(ResultMixin):
 
     def plot(self):
         """Heatmap of P (a matplotlib Figure)."""
-        from posprobe import plotting
+        from posprobe.plotting import base as plotting
 
         return plotting.heatmap(self)
 
@@ -138,8 +138,8 @@ class FhatResult(ResultMixin):
         } | ({"conditioning": self.conditioning} if self.conditioning is not None else {})
 
     def plot(self):
-        """One panel per head (posprobe.plotting.fhat_grid): displays in a notebook, `.savefig(path)` writes it."""
-        from posprobe import plotting
+        """One panel per head (posprobe.plotting.base.fhat_grid): displays in a notebook, `.savefig(path)` writes it."""
+        from posprobe.plotting import base as plotting
 
         figure = plotting.fhat_grid(self)
         if not hasattr(figure, "_repr_png_") and hasattr(plotting, "mosaic_figure"):  # a mosaic that cannot display
@@ -293,7 +293,7 @@ class ProfileResult(ResultMixin):
 
     def plot(self, layer: int | None = None):
         """Profiles and sections of every head of model layer `layer` (default: the first computed one)."""
-        from posprobe.plotting_profiles import profile_grid
+        from posprobe.plotting.profiles import profile_grid
 
         index = 0 if layer is None else self.layer_index(layer)
         return profile_grid(self, index)
@@ -367,6 +367,6 @@ class CompareResult(ResultMixin):
 
     def plot(self):
         """Side-by-side P heatmaps."""
-        from posprobe import plotting
+        from posprobe.plotting import base as plotting
 
         return plotting.compare_heatmaps(list(self.rows))

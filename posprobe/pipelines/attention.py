@@ -2,7 +2,7 @@
 the recording attention function checked against eager attention on the first batch), reduce its attention with
 `posprobe.analysis.empirical.EmpiricalAccumulator`, and set the weights-based profiles beside the result.
 
-The result type and its files are in `attention_result.py`; reading texts in `posprobe.texts` (both re-exported
+The result type and its files are in `attention_result.py`; reading texts in `posprobe.texts.reading` (both re-exported
 here, as are the recording attention's name and registration).
 """
 
@@ -30,7 +30,7 @@ from posprobe.capture.memory import check_fits
 from posprobe.capture.model import capture_device, dispatch_settings
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.attention_result import AttentionResult, write_attention
-from posprobe.texts import check_texts, iter_texts, parse_hub_texts
+from posprobe.texts.reading import check_texts, iter_texts, parse_hub_texts
 from posprobe.validation import as_bool, as_choice, as_int
 
 MAX_ACCUMULATOR_BYTES = 16 * 2**30

@@ -177,7 +177,7 @@ class AttentionResult(ResultMixin):
     def plot(self, layer: int | None = None):
         """With `layer`: that layer's profile grid; without: the sink figure (first-token mass per head and layer,
         sink rate per layer)."""
-        from posprobe import plotting_attention as plots
+        from posprobe.plotting import attention as plots
 
         if layer is None:
             return plots.sink_chart(self)
@@ -195,9 +195,9 @@ def write_attention(result: AttentionResult, out_dir: str | Path, fmt: str = "pn
     """Write `attention.npz`, one profile figure per layer, the mean-distance chart and the sink chart into
     `out_dir`, as one unit (`outputs.write_files`: an interrupted or failed run leaves nothing, not even an `out_dir` it
     created). Returns the paths."""
-    from posprobe import plotting_attention as plots
-    from posprobe.outputs import figure_writer, write_files
-    from posprobe.profile_files import write_attention as write_npz
+    from posprobe.formats.profiles import write_attention as write_npz
+    from posprobe.formats.writing import figure_writer, write_files
+    from posprobe.plotting import attention as plots
 
     files = {"attention.npz": lambda p: write_npz(p, result)}
     pages = plots.attention_pages(result, window)  # laid out once, redrawn per layer

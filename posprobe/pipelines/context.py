@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from posprobe.analysis.context_loss import PositionLoss, cut_windows, rotary_budget, token_nll, windows_available
+from posprobe.architectures import table as T
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.families import rope_variants as R
-from posprobe.families import table as T
 from posprobe.pipelines.context_result import ContextResult
 from posprobe.validation import as_int
 
@@ -238,7 +238,7 @@ def _open(model, need_tokenizer: bool, allow_pickle: bool, source):
 def _load(source, allow_pickle: bool):
     from transformers import AutoModelForCausalLM
 
-    from posprobe.models import load_model
+    from posprobe.retrofitting.loading import load_model
 
     return load_model(str(source.path), AutoModelForCausalLM, allow_pickle=allow_pickle)
 

@@ -122,13 +122,13 @@ class ContextResult(ResultMixin):
 
     def plot(self):
         """Loss by position per variant (raw points and a smoothed curve, log x), the trained length marked."""
-        from posprobe.plotting_context import position_loss_figure
+        from posprobe.plotting.context import position_loss_figure
 
         return position_loss_figure(self)
 
     def plot_perplexity(self):
         """Perplexity by length per variant (log x), the trained length marked."""
-        from posprobe.plotting_context import perplexity_figure
+        from posprobe.plotting.context import perplexity_figure
 
         return perplexity_figure(self)
 

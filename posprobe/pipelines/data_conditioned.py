@@ -22,10 +22,10 @@ from os import PathLike
 from typing import Any
 
 from posprobe.analysis.hidden_means import INPUTS, MEAN, POSITION_MEAN, HiddenMeanAccumulator
+from posprobe.architectures.table import KIND_NAMES, TABLE_KINDS
 from posprobe.checkpoint.in_memory import is_model_object
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.families.context import PER_POSITION_INPUT, SAME_INPUT
-from posprobe.families.table import KIND_NAMES, TABLE_KINDS
 from posprobe.pipelines.score_reader import MIN_POSITIONS, ScoreReader
 from posprobe.validation import as_choice, as_int
 

@@ -6,13 +6,13 @@ profiles are fitted over k <= 0 only.
 This module reads the profiles (a model's, computed by the analysis pipeline, or a .npz), checks the window against
 them (`posprobe.analysis.tisa_window`) and runs the fitter; the results (`TisaFitResult`, `TisaFit`: records,
 figures, `save()`) live in `posprobe.pipelines.fitting_results`. Fitting writes nothing; `save()` writes the
-kernels files (format: `posprobe.kernels_file`) and figures.
+kernels files (format: `posprobe.formats.tisa_kernels`) and figures.
 The kernels file (``tisa_kernels_S{S}.safetensors``; ``..._layers0,2`` when only some layers were
 fitted) holds tensors ``a``, ``b``, ``c`` of shape
 (L, H, S) and ``offset`` (L, H), float32, with L = the fitted layers in order, plus one metadata key
 ``posprobe`` whose value is a JSON object (model, mode, n_kernels, window, convention, layers,
 per-head r2, shared_layers, ...). The offset is the constant softmax ignores; it is *not* part of the
-kernels. The format (save, load, validation) lives in `posprobe.kernels_file`.
+kernels. The format (save, load, validation) lives in `posprobe.formats.tisa_kernels`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import numpy as np
 from posprobe.analysis.tisa_fit import TisaKernelFitter
 from posprobe.analysis.tisa_window import check_points, default_window, holdout_offsets
 from posprobe.errors import ArgumentError, ArgumentValueError, PosprobeError
-from posprobe.kernels_file import ORIENTATIONS
+from posprobe.formats.profiles import ProfileSet, read_profile_file
+from posprobe.formats.tisa_kernels import ORIENTATIONS
 from posprobe.pipelines.fitting_results import TisaFit, TisaFitResult, figure_file_name
-from posprobe.profile_files import ProfileSet, read_profile_file
 from posprobe.validation import as_bool, as_int, as_int_list
 
 if TYPE_CHECKING:

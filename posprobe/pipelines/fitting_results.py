@@ -1,6 +1,6 @@
 """The results of `fit_tisa` (`posprobe.pipelines.fitting`): `TisaFit` (one number of kernels S) and `TisaFitResult`
 (every S of one model, with the profiles they were fitted to): their JSON records, figures and `save()`, which
-writes the kernels files (format: `posprobe.kernels_file`) and figures.
+writes the kernels files (format: `posprobe.formats.tisa_kernels`) and figures.
 
 Convention: k = j - i (query i, key j); a kernel with c > 0 scores later tokens. A causal model's fits use k <= 0.
 """
@@ -14,7 +14,7 @@ import numpy as np
 
 from posprobe.analysis.tisa_window import POINTS_PER_PARAMETER, parameters, span, window_for
 from posprobe.errors import ArgumentValueError, PosprobeError
-from posprobe.kernels_file import (
+from posprobe.formats.tisa_kernels import (
     CONVENTION,
     FUNCTION,
     kernels_file_name,
@@ -140,7 +140,7 @@ class TisaFitResult(ResultMixin):
     def plot(self, n_kernels: int | None = None):
         """Profiles (dots) against the fitted functions at integer k, one panel per head, for S = `n_kernels`
         (default: the first fitted S); a matplotlib Figure."""
-        from posprobe.plotting_fit import fit_figure
+        from posprobe.plotting.fit import fit_figure
 
         return fit_figure(self, self.fits[0] if n_kernels is None else self.fit(n_kernels))
 
@@ -150,8 +150,8 @@ class TisaFitResult(ResultMixin):
         not all were fitted (`kernels_file.kernels_file_name`)."""
         from dataclasses import replace
 
-        from posprobe.outputs import FIGURE_FORMATS, prepare_out_dir, save_figure
-        from posprobe.plotting_fit import fit_figure
+        from posprobe.formats.writing import FIGURE_FORMATS, prepare_out_dir, save_figure
+        from posprobe.plotting.fit import fit_figure
 
         if fmt not in FIGURE_FORMATS:
             raise PosprobeError(f"unknown figure format '{fmt}'", f"use one of: {', '.join(FIGURE_FORMATS)}")

@@ -96,7 +96,7 @@ def mean_vectors(model, tokenizer, texts: list[str]) -> tuple[dict[str, np.ndarr
     projection outputs the attention sees, after any mechanism rewrote them), and the token count."""
     import torch
 
-    from posprobe.retrofitting import depth_slots
+    from posprobe.retrofitting.install import depth_slots
 
     slots = depth_slots(model)
     modules = list({id(m): m for m, _ in slots}.values())
@@ -144,8 +144,8 @@ def learned_from_folder(
     folder, *, window: int | None = None, texts: list[str] | None = None, allow_pickle: bool = False
 ) -> tuple[str, LearnedFunctions, int, int, int]:
     """(name, learned functions, window used, radius, text tokens) of one retrofitted folder."""
-    from posprobe.models import load_model
-    from posprobe.retrofitting import depth_slots, initial_state, mechanism_state
+    from posprobe.retrofitting.install import depth_slots, initial_state, mechanism_state
+    from posprobe.retrofitting.loading import load_model
 
     path, recipe = _check_folder(folder)
     mechanism = str(recipe["mechanism"])
@@ -259,8 +259,8 @@ def _profile_correlations(learned: LearnedFunctions, profiles, allow_pickle: boo
 def write_kernels(report: LearnedKernelsReport, out_dir, fmt: str = "png") -> dict:
     """Write `kernels.npz` (every array, `offsets`, metadata) and the figures into `out_dir` as one unit
     (`outputs.write_files`), after all computing succeeded; returns {"npz": path, "figures": [paths]}."""
-    from posprobe import plotting_learned_kernels as pk
-    from posprobe.outputs import figure_writer, write_files, write_npz
+    from posprobe.formats.writing import figure_writer, write_files, write_npz
+    from posprobe.plotting import learned as pk
 
     learned = report.learned
     arrays = {"offsets": learned.offsets, **learned.arrays}

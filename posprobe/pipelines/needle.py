@@ -106,7 +106,7 @@ def needle(
     """The needle grid of a causal language model (SPEC §18).
 
     model: hub id, folder, .gguf file, packaged name, or a loaded causal LM (then pass its `tokenizer`).
-    haystack: a text file or builtin name (`posprobe.texts.iter_texts`), or an iterable of texts. grid: lengths,
+    haystack: a text file or builtin name (`posprobe.texts.reading.iter_texts`), or an iterable of texts. grid: lengths,
     depths, trials, seed (`NeedleGrid`); task: intro, needle and question templates, answer (`NeedleTask`).
     progress(done, total) after each prompt. Returns a `NeedleResult` whose arrays are shaped
     (lengths, depths, trials[, layers, heads]).
@@ -231,7 +231,7 @@ def _check_causal(config: dict, name: str) -> None:
     builds a causal LM for."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from posprobe.families import table as T
+    from posprobe.architectures import table as T
 
     kind = str(config.get("model_type", "unknown"))
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
@@ -277,7 +277,7 @@ def _haystack_texts(haystack) -> tuple[str, Iterable[str]]:
     import os
 
     if isinstance(haystack, (str, os.PathLike)):
-        from posprobe.texts import iter_texts
+        from posprobe.texts.reading import iter_texts
 
         return str(haystack), iter_texts(haystack)
     if isinstance(haystack, Iterable) and not isinstance(haystack, bytes):

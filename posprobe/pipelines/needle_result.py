@@ -80,7 +80,7 @@ class NeedleResult(ResultMixin):
         its figures."""
         from pathlib import Path
 
-        from posprobe.outputs import load_npz
+        from posprobe.formats.writing import load_npz
 
         metadata, arrays = load_npz(Path(folder) / "needle.npz")
         text = (Path(folder) / "prompts.jsonl").read_text(encoding="utf-8")
@@ -216,19 +216,19 @@ class NeedleResult(ResultMixin):
 
     def plot(self):
         """The length x depth heatmaps (accuracy, mean log-probability)."""
-        from posprobe.plotting_needle import grid_figure
+        from posprobe.plotting.needle import grid_figure
 
         return grid_figure(self)
 
     def plot_depth(self):
         """The depth curve of each length, with its primacy and recency gaps."""
-        from posprobe.plotting_needle import depth_figure
+        from posprobe.plotting.needle import depth_figure
 
         return depth_figure(self)
 
     def plot_heads(self):
         """Retrieval attention per layer and head, the top heads named."""
-        from posprobe.plotting_needle import heads_figure
+        from posprobe.plotting.needle import heads_figure
 
         return heads_figure(self)
 

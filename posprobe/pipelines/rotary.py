@@ -19,9 +19,9 @@ import numpy as np
 from posprobe.analysis.context_loss import rotary_budget
 from posprobe.analysis.rotary_bands import BandNormAccumulator, band_norms, band_pairs, frequencies_from_angles
 from posprobe.analysis.rotary_bands import unrotated_norm as unrotated
+from posprobe.architectures import table as T
 from posprobe.checkpoint import ModelSource
 from posprobe.errors import PosprobeError
-from posprobe.families import table as T
 from posprobe.families.rope_variants import parse_variants
 from posprobe.pipelines.data_conditioned import capture_target, run_on_texts, text_settings
 from posprobe.pipelines.rotary_result import RotaryBandsResult

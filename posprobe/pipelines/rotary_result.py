@@ -177,7 +177,7 @@ class RotaryBandsResult(ResultMixin):
 
     def plot(self):
         """Band norm against wavelength (log x), one panel per layer, the context lengths marked."""
-        from posprobe.plotting_rotary import band_norm_figure
+        from posprobe.plotting.rotary import band_norm_figure
 
         return band_norm_figure(self)
 

@@ -24,8 +24,8 @@ from posprobe.analysis.positional_vectors import (
 from posprobe.capture import capture, check_model, load_for_capture, place_on, resolve_max_length
 from posprobe.capture.model import capture_device, dispatch_settings, text_config
 from posprobe.errors import ArgumentValueError, PosprobeError
-from posprobe.phases import phase
 from posprobe.pipelines.states_result import StatesResult
+from posprobe.runtime.phases import phase
 from posprobe.validation import as_int, as_int_list
 
 MAX_ACCUMULATOR_BYTES = 16 * 2**30

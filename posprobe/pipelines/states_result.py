@@ -273,7 +273,7 @@ class StatesResult(ResultMixin):
     def plot(self, what: str = "summary"):
         """`summary`: probe R² and control, norms per position, massive activations per layer; `gram`: the
         positional vectors' Gram matrices of a few hidden states."""
-        from posprobe import plotting_states as plots
+        from posprobe.plotting import states as plots
         from posprobe.validation import as_choice
 
         what = as_choice(what, "what", ("summary", "gram"))
@@ -311,7 +311,7 @@ def _nulls(a) -> list:
 
 def states_arrays_writer(result: StatesResult):
     """A `write_files` writer of the result's `.npz` (arrays and JSON metadata)."""
-    from posprobe.outputs import write_npz
+    from posprobe.formats.writing import write_npz
 
     return lambda p: write_npz(p, result.metadata(), **result.arrays())
 
@@ -319,8 +319,8 @@ def states_arrays_writer(result: StatesResult):
 def write_states(result: StatesResult, out_dir: str | Path, fmt: str = "png") -> dict:
     """Write `states.npz`, `states.<fmt>` (summary) and `positional_gram.<fmt>` into `out_dir` as one unit
     (`outputs.write_files`: a failed or interrupted run leaves nothing). Returns the paths."""
-    from posprobe import plotting_states as plots
-    from posprobe.outputs import figure_writer, write_files
+    from posprobe.formats.writing import figure_writer, write_files
+    from posprobe.plotting import states as plots
 
     files = {
         "states.npz": states_arrays_writer(result),

@@ -192,7 +192,7 @@ class StatesSeries(ResultMixin):
 
     def plot(self):
         """Each number against the training step, one line per hidden state."""
-        from posprobe import plotting_states as plots
+        from posprobe.plotting import states as plots
 
         return plots.series_chart(self)
 
@@ -248,8 +248,8 @@ def _common_title(items: list[Checkpoint]) -> str:
 def write_series(series: StatesSeries, out_dir: str | Path, fmt: str = "png") -> dict:
     """Write `states_series.npz` (steps, labels, every number (C, L+1)), `states_series.<fmt>` and each checkpoint's
     full `states_<label>.npz` into `out_dir`, as one unit. Returns the paths."""
-    from posprobe import plotting_states as plots
-    from posprobe.outputs import figure_writer, slug, write_files, write_npz
+    from posprobe.formats.writing import figure_writer, slug, write_files, write_npz
+    from posprobe.plotting import states as plots
 
     files = {
         "states_series.npz": lambda p: write_npz(p, series.metadata(), **series.arrays()),

@@ -113,7 +113,7 @@ def _section(o) -> str:
 
 def render_page(facts: ModelFacts, outcomes, text: str | None) -> str:
     """The whole page as one string."""
-    from posprobe import __version__
+    from posprobe.version import __version__
 
     label = html.escape(facts.label)
     causal = "causal (decoder)" if facts.causal else "bidirectional"

@@ -81,7 +81,7 @@ def select_sections(only: list[str] | None, skip: list[str] | None) -> list[str]
 
 def model_facts(source) -> ModelFacts:
     """The facts that decide which sections apply, from a resolved checkpoint's config."""
-    from posprobe.families.table import TABLE_KINDS, family_for_type, has_learned_table, position_kind
+    from posprobe.architectures.table import TABLE_KINDS, family_for_type, has_learned_table, position_kind
 
     config = source.config
     kind, mechanism = position_kind(config)
@@ -151,7 +151,7 @@ def run_section(
 ) -> SectionOutcome:
     """Run (or reuse) one section; a command that refuses the model becomes a 'failed' outcome with its one line.
     `on_start(command line)` is called when the command really runs (not when reused)."""
-    from posprobe.outputs import json_writer, write_files
+    from posprobe.formats.writing import json_writer, write_files
 
     reason = section.reason(facts)
     if reason is not None:
@@ -198,8 +198,8 @@ def build_report(
     Every argument is checked, and the texts read once, before any model is run. `text` defaults to the packaged
     `builtin:sentences`, `max_texts` to 32."""
     from posprobe.checkpoint import resolve_model
-    from posprobe.outputs import default_out, keep_written, prepare_out_dir
-    from posprobe.texts import check_texts
+    from posprobe.formats.writing import default_out, keep_written, prepare_out_dir
+    from posprobe.texts.reading import check_texts
     from posprobe.validation import as_int
 
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -240,7 +240,7 @@ def _outcome_words(outcome: SectionOutcome) -> str:
 
 def write_report(out_dir: Path, facts: ModelFacts, outcomes: list[SectionOutcome], text: str | None) -> dict:
     """Write report.html and report.json into `out_dir` (together, atomically); the summary dict."""
-    from posprobe.outputs import json_writer, write_files
+    from posprobe.formats.writing import json_writer, write_files
     from posprobe.report.page import render_page
 
     html_path = out_dir / "report.html"

@@ -30,7 +30,9 @@ class ModelFacts:
 
     label: str
     model_type: str
-    kind: str  # posprobe.families.table KINDS: learned, sinusoidal, rotary, bucket-bias, alibi, disentangled, other
+    kind: (
+        str  # posprobe.architectures.table KINDS: learned, sinusoidal, rotary, bucket-bias, alibi, disentangled, other
+    )
     mechanism: str  # the kind in words
     causal: bool
     has_table: bool  # an absolute position table E_P exists (learned or sinusoidal)

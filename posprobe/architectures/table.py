@@ -8,9 +8,9 @@ change how a family reads (ESM's rotary, Falcon's layouts, DeBERTa without relat
 here too (`position_kind`, `has_learned_table`, `qkv_layout`, `switched_on`): the only place that names model types.
 
 Who reads it: `posprobe.families.context` (the one model reader: tensors, layouts, norms, what is analysable;
-with `sizes`, `embeddings`, `layouts` and `windows`) and the score modules (`SCORE_MODULES`, one per kind: SPEC
-§3, §9), `posprobe.analysis.params` (which families have a learned table), `posprobe.retrofitting`
-(`retrofit=True` entries), `posprobe.checkpoint.config` (which configs are checked in depth), the tests (one tiny
+with `embeddings`, `layouts` and `windows`) and the score modules (`context.SCORE_MODULES`, one per kind: SPEC
+§3, §9), `posprobe.analysis.params` (which families have a learned table), `posprobe.retrofitting.install`
+(`retrofit=True` entries), `posprobe.architectures.config` (which configs are checked in depth), the tests (one tiny
 config per entry) and the README's table of families.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Position mechanism kinds (SPEC §1, §9) and the module that computes each kind's content-free scores.
+# Position mechanism kinds (SPEC §1, §9); `posprobe.families.context.SCORE_MODULES` computes each kind's scores.
 LEARNED = "learned"  # learned absolute table E_P (SPEC §1-3)
 SINUSOIDAL = "sinusoidal"  # fixed sin/cos absolute table, built as the model builds it
 ROTARY = "rotary"  # RoPE on q and k
@@ -28,15 +28,6 @@ DISENTANGLED = "disentangled"  # DeBERTa-v2 c2p + p2c
 NOPE = "nope"  # no positional term in any attention layer (Jamba: its Mamba layers carry position)
 OTHER = "other"  # known, not analysed (see `Family.description`)
 KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, NOPE, OTHER)
-SCORE_MODULES = {
-    LEARNED: "posprobe.families.absolute",
-    SINUSOIDAL: "posprobe.families.absolute",
-    ROTARY: "posprobe.families.rotary",
-    ALIBI: "posprobe.families.alibi",
-    BUCKET_BIAS: "posprobe.families.relative_bias",
-    DISENTANGLED: "posprobe.families.disentangled",
-    NOPE: "posprobe.families.rotary",  # rotary scores without rotation: every layer a NoPE layer
-}
 TABLE_KINDS = (LEARNED, SINUSOIDAL)  # an absolute table E_P exists (stored or built): sections 1-3 of SPEC apply
 KIND_NAMES = {
     LEARNED: "learned absolute table",
@@ -157,7 +148,7 @@ class Family:
     with this many whatever the config says (MPNet: 2, its padding index is fixed at 1).
     `tensors`: further family-specific names and settings for its score module (a relative-bias table, the
     sinusoidal module and how it numbers positions, whose ALiBi slope code the family runs).
-    `retrofit`: posprobe.retrofitting can install mechanisms into it. `rotary_class`: 'module:Class' of the
+    `retrofit`: posprobe.retrofitting.install can install mechanisms into it. `rotary_class`: 'module:Class' of the
     family's own transformers rotary module (its rope initialisation gives the frequencies), `rotary_layout`
     how its angles pair the dims (`ROTARY_LAYOUTS`). `switch_kinds`: further kinds a config switch selects
     (`position_kind` says which: ESM's rotary, Falcon's ALiBi, a DeBERTa without relative attention).

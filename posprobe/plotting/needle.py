@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posprobe.plotting import _figure, quantization_note
+from posprobe.plotting.base import _figure, quantization_note
 
 
 def _title(result) -> str:

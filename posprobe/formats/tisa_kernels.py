@@ -101,7 +101,7 @@ def save_tisa_kernels(path: str | Path, fit, metadata: dict) -> Path:
     `metadata` as JSON under 'posprobe' (atomically). The arrays are validated as a reader would."""
     from safetensors.numpy import save_file
 
-    from posprobe.outputs import _json_default, atomic_write
+    from posprobe.formats.writing import _json_default, atomic_write
 
     tensors = {name: np.ascontiguousarray(getattr(fit, name), dtype=np.float32) for name in ("a", "b", "c", "offset")}
     _check_arrays(Path(path), tensors, metadata)
@@ -227,7 +227,7 @@ def save_official_kernels(path: Path, fit, metadata: dict) -> Path:
     naming that convention (so posprobe's own reader refuses it)."""
     from safetensors.numpy import save_file
 
-    from posprobe.outputs import _json_default, atomic_write
+    from posprobe.formats.writing import _json_default, atomic_write
 
     a, b, c = official_orientation(fit.a, fit.b, fit.c)
     tensors = {n: np.ascontiguousarray(x, dtype=np.float32) for n, x in zip("abc", (a, b, c))}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posprobe.plotting import _figure, _grid, quantization_note
+from posprobe.plotting.base import _figure, _grid, quantization_note
 
 
 def band_norm_figure(result):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from posprobe.analysis.context_loss import log_smooth
-from posprobe.plotting import _figure, quantization_note
+from posprobe.plotting.base import _figure, quantization_note
 
 _COLOURS = ("black", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink")
 _STYLES = ("-", "-", "--", "-.", ":", "-", "--", "-.")  # lines that coincide (dynamic below its length) stay visible

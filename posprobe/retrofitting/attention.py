@@ -1,6 +1,6 @@
 """How a retrofitted model runs: the one attention function registered in transformers' AttentionInterface, the
 attention modules the family table names, and the hooks that hand each mechanism its depth slot, the key-padding
-mask and (CAT, conv-qkv) the inputs or outputs of the Q/K/V projections. `posprobe.retrofitting` installs
+mask and (CAT, conv-qkv) the inputs or outputs of the Q/K/V projections. `posprobe.retrofitting.install` installs
 mechanisms with these pieces; the module docstring there says what retrofitting does to a model.
 
 Shapes: B batch, H heads, m sequence length, d_h head size; scores (B, H, m, m), row i = query, column j = key.
@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import posprobe.mechanisms.flex as flex
+from posprobe.architectures.config import reserved_rows
+from posprobe.architectures.table import Family, model_types
 from posprobe.errors import PosprobeError
-from posprobe.families.context import reserved_rows
-from posprobe.families.table import Family, model_types
 from posprobe.mechanisms.base import PositionalMechanism
 from posprobe.mechanisms.catalogue import LayerShape
 

@@ -48,7 +48,7 @@ from posprobe.mechanisms.catalogue import (
     check_settings,
     mechanism_info,
 )
-from posprobe.retrofit_attention import (
+from posprobe.retrofitting.attention import (
     ATTENTION_NAME,
     RETROFIT_MODEL_TYPES,
     _attention_pre_hook,
@@ -352,7 +352,7 @@ def save_retrofitted(model: nn.Module, out_dir, *, tokenizer_from=None) -> Path:
         os.replace(tmp, out)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        from posprobe.outputs import disk_full, disk_full_error
+        from posprobe.formats.writing import disk_full, disk_full_error
 
         if disk_full(err):  # also when safetensors wraps the OSError in its own error
             raise disk_full_error(err, out) from err

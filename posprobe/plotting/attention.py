@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posprobe.plotting import _figure, quantization_note
+from posprobe.plotting.base import _figure, quantization_note
 
 
 def attention_pages(result, window: int = 20):
@@ -19,7 +19,7 @@ def attention_pages(result, window: int = 20):
     where a first-token sink pools into every offset, the two differ) and, where it exists, the weights-based
     profile (grey dashes) shifted and scaled to s(k)'s mean and spread over the window, so shapes can be compared.
     Panel titles: the head's mean attention distance and the Pearson r of s(k) and the weights-based profile."""
-    from posprobe.plotting_profiles import ProfilePages
+    from posprobe.plotting.profiles import ProfilePages
 
     p = result.profiles
     n = result.max_length

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from posprobe.errors import PosprobeError
-from posprobe.outputs import load_npz, write_npz
+from posprobe.formats.writing import load_npz, write_npz
 
 _HINT = "pass a .npz written by `posprobe profiles`"
 

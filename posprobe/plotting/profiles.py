@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from posprobe.analysis.toeplitz import is_flat
-from posprobe.plotting import (
+from posprobe.plotting.base import (
     FIGURE_DPI,
     _figure,
     _grid,
@@ -275,7 +275,7 @@ class ProfilePages:
         Image.fromarray(pixels).save(path, format="PNG", compress_level=1)
 
     def writer(self, page: int, fmt: str = "png"):
-        """A `posprobe.outputs.write_files` writer of page `page`."""
+        """A `posprobe.formats.writing.write_files` writer of page `page`."""
         return lambda path: self.write(page, path, fmt)
 
 
@@ -304,7 +304,7 @@ def _runs(xs: np.ndarray, ys: np.ndarray) -> list[np.ndarray]:
 
 def _inches(text: str, points: float) -> float:
     """Width of `text` in DejaVu Sans at `points`, in inches (what sizes the page around its texts)."""
-    from posprobe.plotting import _font
+    from posprobe.plotting.base import _font
 
     return _font(max(1, round(points * FIGURE_DPI / 72))).getlength(text) / FIGURE_DPI
 

@@ -22,7 +22,7 @@ from posprobe.analysis.toeplitz import format_r2
 PANEL_PIXELS = 300  # display resolution of a matrix panel; larger matrices are block-averaged to about this
 TILE_PIXELS = 256  # side of one F_hat_P grid panel (of up to 16 panels): whatever n, see `tile_pixels`
 TITLE_SIZE, TITLE_LINE, LABEL_SIZE = 14, 19, 11  # font sizes and the title's line height, in pixels
-FIGURE_DPI = 110  # the resolution posprobe.outputs.save_figure writes raster figures at
+FIGURE_DPI = 110  # the resolution posprobe.formats.writing.save_figure writes raster figures at
 
 
 def _figure(width: float, height: float):

@@ -78,7 +78,7 @@ def _write_error(path: Path, err: OSError) -> PosprobeError:
 def _writes() -> bool:
     """Whether this process writes: not a rank other than 0 of a data-parallel capture (SPEC §19: rank 0 alone
     writes; the others computed the same result and return the paths rank 0 writes)."""
-    from posprobe.distributed import skips_writes
+    from posprobe.runtime.distributed import skips_writes
 
     return not skips_writes()
 

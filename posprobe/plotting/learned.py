@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posprobe.plotting import _figure
+from posprobe.plotting.base import _figure
 
 
 def _axes(fig, rows: int, cols: int, **space):

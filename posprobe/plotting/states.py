@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from posprobe.analysis.toeplitz import format_r2
-from posprobe.plotting import _figure, _matrix_panel, _symmetric_limit, quantization_note
+from posprobe.plotting.base import _figure, _matrix_panel, _symmetric_limit, quantization_note
 
 
 def spread_layers(n_states: int, count: int) -> list[int]:

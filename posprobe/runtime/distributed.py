@@ -14,7 +14,7 @@ The contract, the same code path with a world size of 1:
   combines there (and arrays that are settings) in `rank_kept`. A reducer with neither `rank_sums` nor
   `merge_ranks`, or holding an array listed in neither tuple, is refused before any batch (`check_mergeable`).
 - `is_main_process()`: rank 0 (or a plain run): the CLI prints only there; once a capture ran data-parallel,
-  `posprobe.outputs` writes only there too (`skips_writes`).
+  `posprobe.formats.writing` writes only there too (`skips_writes`).
 
 N ranks give the same sums as one process up to float64 summation order; integer counts are equal.
 
@@ -65,7 +65,7 @@ def is_main_process() -> bool:
 
 
 def skips_writes() -> bool:
-    """True on a rank other than 0 once a capture ran data-parallel (`join_process_group`): `posprobe.outputs`
+    """True on a rank other than 0 once a capture ran data-parallel (`join_process_group`): `posprobe.formats.writing`
     writes nothing there. Other torchrun users (finetune) keep their own rules."""
     return _DATA_PARALLEL[0] and rank_and_world()[0] != 0
 

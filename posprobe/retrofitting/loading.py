@@ -3,7 +3,7 @@
 The plain model is built by `posprobe.checkpoint.loading.build_model` (checks before, quiet while transformers
 loads, finite after; safetensors, pickle when allowed, GGUF through `gguf_file=`). A checkpoint saved by
 `save_retrofitted` (config.json has a `posprobe` recipe) then gets its mechanism re-installed through
-`posprobe.retrofitting` and the mechanism weights (and their initial values) read back, so outputs match the
+`posprobe.retrofitting.install` and the mechanism weights (and their initial values) read back, so outputs match the
 saved model.
 """
 
@@ -19,7 +19,7 @@ from torch import nn
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.mechanisms import REGISTRY
 from posprobe.mechanisms.catalogue import mechanism_info
-from posprobe.retrofitting import CONFIG_KEY, INITIAL_FILE, _family, _install
+from posprobe.retrofitting.install import CONFIG_KEY, INITIAL_FILE, _family, _install
 
 
 def load_model(

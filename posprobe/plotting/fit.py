@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posprobe.plotting import quantization_note
+from posprobe.plotting.base import quantization_note
 
 PANEL_WIDTH, PANEL_HEIGHT = 1.55, 1.25  # inches per panel (including its title and gaps)
 
@@ -79,8 +79,8 @@ def tisa_fit_grid(
     from matplotlib.lines import Line2D
 
     from posprobe.analysis.tisa_fit import tisa_function
-    from posprobe.plotting import _figure
-    from posprobe.plotting_profiles import _inches
+    from posprobe.plotting.base import _figure
+    from posprobe.plotting.profiles import _inches
 
     offsets = np.asarray(offsets)
     profiles = np.asarray(profiles, dtype=np.float64)

@@ -1,0 +1,1 @@
+"""File formats: atomic writes (`writing`), the TISA kernels file (`tisa_kernels`), profile files (`profiles`)."""

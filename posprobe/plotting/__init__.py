@@ -1,0 +1,1 @@
+"""Figures drawn from results (matplotlib Figures, or a Mosaic of matrix panels); `base` has what all share."""

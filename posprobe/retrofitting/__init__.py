@@ -1,0 +1,1 @@
+"""Retrofitting: install a mechanism (`install`), run its attention (`attention`), load any model (`loading`)."""
