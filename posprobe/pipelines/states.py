@@ -22,7 +22,7 @@ from posprobe.analysis.positional_vectors import (
     PositionalVectorAccumulator,
 )
 from posprobe.capture import capture, check_model, load_for_capture, place_on, resolve_max_length
-from posprobe.capture.model import capture_device, dispatch_settings, text_config
+from posprobe.capture.model import capture_device, dispatch_settings, layer_kind_words, text_config
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.phases import phase
 from posprobe.pipelines.states_result import StatesResult
@@ -190,6 +190,7 @@ def states(
         quantization=None if source is None else source.quantization,
         null_r2=null_r2,
         null_r2_without_first=null_r2_without_first,
+        layer_kinds=layer_kind_words(net, max_length),
     )
 
 
