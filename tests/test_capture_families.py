@@ -71,7 +71,7 @@ REFUSED = {
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
 # and DeBERTa-v2 in the tests below; every other family, the AttentionInterface ones included (also covered by
 # tests/test_capture.py), runs in the slow tier
-QUICK = {"t5", "bloom", "lfm2"}
+QUICK = {"t5", "bloom"}
 RETURNS_SCORES = {"squeezebert"}  # its `output_attentions` are the pre-softmax scores (transformers' code)
 ALL = sorted(set(CASES) - set(REFUSED)) + sorted(set(EXTRA) - set(REFUSED))
 
@@ -462,3 +462,31 @@ def test_cli_runs_an_encoder_decoders_encoder_and_refuses_its_decoder(checkpoint
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and "\n" not in err and "runs the encoder stack" in err
     assert not (tmp_path / "never").exists()
+
+
+def test_cli_attention_on_a_hybrid_lists_its_other_layers(checkpoint_folder, tmp_path, capsys):
+    """`posprobe attention` on a saved LFM2 (attention, convolution, attention): the table's convolution column is
+    empty and a line names its kind; --json and the .npz metadata carry every layer's kind."""
+    import json
+
+    from posprobe.cli import main
+    from posprobe.outputs import load_npz
+
+    texts_path = tmp_path / "texts.txt"
+    texts_path.write_text("".join(" ".join(f"w{x}" for x in range(i, i + 8)) + "\n" for i in range(6)))
+    args = ["attention", str(checkpoint_folder("lfm2")), "--text", str(texts_path), "--max-length", "12"]
+    capsys.readouterr()  # what writing the checkpoint printed
+    assert main([*args, "--out", str(tmp_path / "text")]) in (0, None)
+    shown = "".join(capsys.readouterr())
+    assert "layer 1: no softmax attention, gated short-convolution layers (layer type 'conv'): no positional score" in (
+        " ".join(shown.split())
+    )
+    assert "layer 0:" not in shown and "layer 2:" not in shown  # global rotary layers: nothing to add
+    assert main([*args, "--out", str(tmp_path / "json"), "--json"]) in (0, None)
+    record = json.loads(capsys.readouterr().out)
+    assert record["attention_layers"] == [0, 2] and record["layer_kinds"][0] == "global"
+    assert record["mean_distance"][1] == [None] * 4 and None not in record["mean_distance"][2]
+    assert str(tmp_path / "json" / "attention_profiles_layer1.png") in record["figures"]
+    meta, arrays = load_npz(tmp_path / "json" / "attention.npz")
+    assert meta["layer_kinds"] == record["layer_kinds"] and np.isnan(arrays["mean_distance"][1]).all()
+    assert (arrays["layer_pair_counts"][1] == 0).all() and (arrays["layer_pair_counts"][[0, 2]].sum(-1) > 0).all()
