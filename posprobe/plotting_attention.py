@@ -1,5 +1,6 @@
 """Figures of `posprobe attention`: per-layer profile grids, the heads x layers mean-distance chart (with the
-uniform-attention reference per layer) and the sink chart (first-token mass per head and layer, sink rate per layer).
+uniform-attention reference per layer), the sink chart (first-token mass per head and layer, sink rate per layer)
+and, for models with learned sink logits (gpt-oss), the learned-sink chart (the sink's own share per head and layer).
 
 Functions take an `AttentionResult` and return a matplotlib Figure (no pyplot); the output layer saves them.
 """
@@ -199,6 +200,36 @@ def sink_chart(result):
         f"{result.model}{quantization_note(result)}: attention on the first token, mean over queries i ≥ 1 that see "
         f"it — {result.n_texts} texts\n"
         f"sink rate: share of a layer's heads with first-token mass > {sinks.threshold:g}",
+        fontsize=8,
+    )
+    return fig
+
+
+def learned_sink_chart(result):
+    """Learned sinks (gpt-oss): the mean share of each query's attention that the sink logit takes, per head (rows)
+    and layer (columns), the value in each cell; real tokens get the rest (`LearnedSinkShares.real_token_share`)."""
+    shares = result.learned_sinks
+    share = shares.learned_sink_share.T  # (H, L)
+    L, H = result.n_layers, result.n_heads
+    fig = _figure(2.3 + 0.6 * L, 1.2 + 0.32 * H)
+    ax, bar = _heatmap_axes(fig, top=0.75, bottom=0.5)
+    image = ax.imshow(np.nan_to_num(share), cmap="cividis", vmin=0, vmax=1, aspect="auto")
+    others = _mark_other_layers(ax, result)
+    for (h, layer), value in np.ndenumerate(share):
+        if layer in others:
+            continue
+        colour = "white" if np.isfinite(value) and value < 0.6 else "black"
+        ax.text(layer, h, _f(value), ha="center", va="center", fontsize=6, color=colour)
+    ax.set_xticks(range(L))
+    ax.set_yticks(range(H))
+    ax.set_xlabel("layer", fontsize=8)
+    ax.set_ylabel("head", fontsize=8)
+    ax.tick_params(labelsize=7)
+    fig.colorbar(image, cax=bar).set_label("sink's share", fontsize=7)
+    bar.tick_params(labelsize=6)
+    ax.set_title(
+        f"{result.model}{quantization_note(result)}: learned sinks, the sink logit's share of each query's "
+        f"attention\n{shares.n_queries} queries; real tokens get 1 − share",
         fontsize=8,
     )
     return fig

@@ -159,6 +159,10 @@ def test_a_learned_sink_scales_first_token_mass_by_the_share_left_to_real_tokens
     record = result.to_dict()
     assert len(record["learned_sink_share"]) == 2 and record["learned_sink_queries"] == 8
     assert record["learned_sink_share"][0][3] < 1e-9 < record["learned_sink_share"][0][0]
+    from posprobe.plotting_attention import learned_sink_chart
+
+    cells = [t.get_text() for t in learned_sink_chart(result).axes[0].texts]  # heads x layers, row by row
+    assert cells == [f"{v:.2f}" for v in result.learned_sinks.learned_sink_share.T.ravel()]
 
 
 def test_content_free_sink_share_is_the_models_own_on_the_constant_sequence(tmp_path):

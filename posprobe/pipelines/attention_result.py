@@ -211,9 +211,9 @@ def _nulls(a: np.ndarray) -> list:
 
 
 def write_attention(result: AttentionResult, out_dir: str | Path, fmt: str = "png", window: int = 20) -> dict:
-    """Write `attention.npz`, one profile figure per layer, the mean-distance chart and the sink chart into
-    `out_dir`, as one unit (`outputs.write_files`: an interrupted or failed run leaves nothing, not even an `out_dir` it
-    created). Returns the paths."""
+    """Write `attention.npz`, one profile figure per layer, the mean-distance chart, the sink chart and (learned
+    sinks, gpt-oss) the learned-sink chart into `out_dir`, as one unit (`outputs.write_files`: an interrupted or
+    failed run leaves nothing, not even an `out_dir` it created). Returns the paths."""
     from posprobe import plotting_attention as plots
     from posprobe.outputs import figure_writer, write_files
     from posprobe.profile_files import write_attention as write_npz
@@ -225,5 +225,7 @@ def write_attention(result: AttentionResult, out_dir: str | Path, fmt: str = "pn
     files[f"mean_distance.{fmt}"] = figure_writer(lambda: plots.mean_distance_chart(result))
     if result.sinks is not None:
         files[f"sinks.{fmt}"] = figure_writer(lambda: plots.sink_chart(result))
+    if result.learned_sinks is not None:
+        files[f"learned_sinks.{fmt}"] = figure_writer(lambda: plots.learned_sink_chart(result))
     paths = list(write_files(out_dir, files).values())
     return {"npz": paths[0], "figures": paths[1:]}
