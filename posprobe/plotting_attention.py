@@ -211,7 +211,7 @@ def learned_sink_chart(result):
     shares = result.learned_sinks
     share = shares.learned_sink_share.T  # (H, L)
     L, H = result.n_layers, result.n_heads
-    fig = _figure(2.3 + 0.6 * L, 1.2 + 0.32 * H)
+    fig = _figure(max(5.5, 2.3 + 0.6 * L), 1.2 + 0.32 * H)  # wide enough for the title's two lines
     ax, bar = _heatmap_axes(fig, top=0.75, bottom=0.5)
     image = ax.imshow(np.nan_to_num(share), cmap="cividis", vmin=0, vmax=1, aspect="auto")
     others = _mark_other_layers(ax, result)
@@ -228,8 +228,8 @@ def learned_sink_chart(result):
     fig.colorbar(image, cax=bar).set_label("sink's share", fontsize=7)
     bar.tick_params(labelsize=6)
     ax.set_title(
-        f"{result.model}{quantization_note(result)}: learned sinks, the sink logit's share of each query's "
-        f"attention\n{shares.n_queries} queries; real tokens get 1 − share",
+        f"{result.model}{quantization_note(result)}: learned sinks\nthe sink logit's mean share of a query's "
+        f"attention ({shares.n_queries} queries); real tokens get 1 − share",
         fontsize=8,
     )
     return fig
