@@ -88,7 +88,8 @@ def attention(
     """Run MODEL on real texts and measure, per layer and head, the score and probability profiles over
     k = j − i, the mean attention distance (and what uniform attention would give), the mean score matrix's
     Toeplitz R², its correlation with the weights-based profile, and the attention sinks (first-token and
-    special-token mass, sink rate)."""
+    special-token mass, sink rate). A hybrid's attention layers are measured; its recurrent / convolution layers are
+    listed with their kind and no positional score."""
     from posprobe.checkpoint import resolve_model
     from posprobe.pipelines.attention import attention_profiles, write_attention
     from posprobe.texts import check_texts, iter_texts
