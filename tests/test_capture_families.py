@@ -490,3 +490,12 @@ def test_cli_attention_on_a_hybrid_lists_its_other_layers(checkpoint_folder, tmp
     meta, arrays = load_npz(tmp_path / "json" / "attention.npz")
     assert meta["layer_kinds"] == record["layer_kinds"] and np.isnan(arrays["mean_distance"][1]).all()
     assert (arrays["layer_pair_counts"][1] == 0).all() and (arrays["layer_pair_counts"][[0, 2]].sum(-1) > 0).all()
+    # fit-tisa on the file: the convolution layer has nothing to fit (one line naming the layers that do)
+    npz, fitted = str(tmp_path / "json" / "attention.npz"), tmp_path / "fit"
+    with pytest.raises(SystemExit) as info:
+        main(["fit-tisa", npz, "--kernels", "2", "--out", str(fitted)])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and "\n" not in err and not fitted.exists()
+    assert "layer 1 of" in err and "no positional score to fit" in err and err.endswith("pass --layers 0,2")
+    assert main(["fit-tisa", npz, "--kernels", "2", "--layers", "0,2", "--out", str(fitted), "--json"]) in (0, None)
+    assert json.loads(capsys.readouterr().out)["layers"] == [0, 2]
