@@ -283,6 +283,12 @@ def test_a_hybrids_other_layers_are_listed_with_their_kind_and_no_positional_sco
         check_model(model)
     assert "\n" not in str(err.value)
     assert check_model(model, hybrid=True) == (3, 4)
+    from posprobe.capture.model import attention_layers
+
+    model.config.layer_types = None  # which layers attend is then unknown: one line, not a guess
+    with pytest.raises(PosprobeError, match="names the kind of 0 of its 3 layers") as err:
+        attention_layers(model)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "rwkv", "xlstm"])
