@@ -103,6 +103,7 @@ def attention_profiles(
     n_layers, n_heads = check_model(net, encoder_decoder=True, hybrid=True)
     attending = attention_layers(net, n_layers)  # a hybrid's attention layers; every layer otherwise
     max_length = resolve_max_length(net, max_length)
+    kinds = layer_kind_words(net, max_length)  # read from the config before the run
     n_acc = len(attending)
     if EmpiricalAccumulator.nbytes(n_acc, n_heads, max_length) > MAX_ACCUMULATOR_BYTES:
         raise PosprobeError(
@@ -166,7 +167,7 @@ def attention_profiles(
         min_pairs=min_pairs,
         quantization=None if source is None else source.quantization,
         stack="encoder" if encoder_decoder else None,
-        layer_kinds=layer_kind_words(net, max_length),
+        layer_kinds=kinds,
     )
 
 
