@@ -50,6 +50,15 @@ python figures/tiny_designs.py $TINY
 posprobe profiles $TINY/tiny-random-smollm3 --layers 2,3 --positions 64 --out figures/designs/tiny-random-smollm3
 posprobe profiles $TINY/tiny-random-deepseek_v3 --layers 0 --positions 64 --out figures/designs/tiny-random-deepseek_v3
 posprobe profiles $TINY/tiny-random-lfm2 --layers 0,1 --positions 64 --out figures/designs/tiny-random-lfm2
+# ... and on text (builtin:sentences, byte tokens); figures/designs/ keeps the figures figures/README.md lists
+posprobe attention $TINY/tiny-random-lfm2 --max-length 48 --out posprobe-out/designs/tiny-random-lfm2-attention
+posprobe attention $TINY/tiny-random-gpt_oss --max-length 48 --out posprobe-out/designs/tiny-random-gpt_oss-attention
+mkdir -p figures/designs/tiny-random-lfm2-attention figures/designs/tiny-random-gpt_oss-attention
+cp posprobe-out/designs/tiny-random-lfm2-attention/mean_distance.png \
+    posprobe-out/designs/tiny-random-lfm2-attention/attention_profiles_layer1.png figures/designs/tiny-random-lfm2-attention/
+cp posprobe-out/designs/tiny-random-gpt_oss-attention/learned_sinks.png \
+    posprobe-out/designs/tiny-random-gpt_oss-attention/attention_profiles_layer0.png \
+    figures/designs/tiny-random-gpt_oss-attention/
 
 # SmolLM2: retrieval by length and depth (the README's "Retrieval by length and depth" section)
 posprobe needle $SMOL --lengths 256,512,1024 --trials 3 --out figures/needle/$SMOL

@@ -23,14 +23,14 @@ import pytest
 import torch
 import transformers as tf
 from conftest import build_tiny
-from family_models import CASES, FLOAT32, _SoftmaxInputs, build, reference_scores
+from family_models import CASES, FLOAT32, _layers, _SoftmaxInputs, build, reference_scores
 from tiny_tokenizer import word_tokenizer
 
 from posprobe.architectures.table import EAGER
 from posprobe.architectures.table import REFUSED as REFUSED_ROUTE
 from posprobe.capture import capture
 from posprobe.capture.eager import is_eager_route
-from posprobe.capture.model import stack_to_run
+from posprobe.capture.model import attention_layers, stack_to_run
 from posprobe.errors import PosprobeError
 from posprobe.families import family_for_type
 from posprobe.pipelines.attention import attention_profiles
@@ -59,6 +59,7 @@ EXTRA = {
         **_BERT_LIKE, relative_attention=True, pos_att_type="p2c|c2p|p2p", max_relative_positions=-1,
         type_vocab_size=0, position_biased_input=False, talking_head=True)),
 }  # fmt: skip
+# hybrids: softmax attention in some layers (recorded), recurrent / state-space / convolution layers in the others
 HYBRIDS = ("lfm2", "bamba", "jamba", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax",
            "olmo_hybrid")  # fmt: skip
 REFUSED = {
@@ -66,7 +67,6 @@ REFUSED = {
     "longformer": "not one softmax over all keys",  # sliding chunks
     "longt5": "not one softmax over all keys",  # blockwise local attention
     "deberta-talking-heads": "does not give its returned attention",  # heads mixed after the softmax
-    **{name: "is a hybrid" for name in HYBRIDS},  # some layers have no softmax attention
 }
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
 # and DeBERTa-v2 in the tests below; every other family, the AttentionInterface ones included (also covered by
@@ -110,21 +110,35 @@ def texts(count: int = 7, seed: int = 1) -> list[list[int]]:
     return [rng.integers(4, 99, size=int(rng.integers(2, 12))).tolist() for _ in range(count)]
 
 
-def alone(model, ids: list[int], returns_scores: bool = False) -> dict:
+def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool = False) -> dict:
     """The model's own eager run on one unpadded text: probabilities A and hidden states from its outputs, the
-    softmax inputs S recorded by patching softmax (L, H, n, n); the pairs it attends, A > 0."""
+    softmax inputs S recorded by patching softmax (A, H, n, n: its A attention layers, every layer but a hybrid's
+    others); the pairs it attends, A > 0. `per_layer`: also `attending`, the layers (hooked one by one) whose
+    forward pass ran a (queries x keys) softmax: an oracle of which layers attend, independent of the config."""
     net = stack_to_run(model)
     previous = net.config._attn_implementation
     net.set_attn_implementation("eager")
     if getattr(net, "attention_type", None) == "block_sparse":  # what BigBird does itself on short inputs
         net.set_attention_type("original_full")
     n = len(ids)
+    attending, hooks = [], []
     try:
         with torch.no_grad(), _SoftmaxInputs(n) as softmax:
+            for layer, module in enumerate(_layers(net) if per_layer else []):
+                before = module.register_forward_pre_hook(lambda *_, m=module: setattr(m, "_seen", len(softmax.inputs)))
+                after = module.register_forward_hook(
+                    lambda m, *_, layer=layer: attending.append(layer) if len(softmax.inputs) > m._seen else None
+                )
+                hooks += [before, after]
             out = net(input_ids=torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
     finally:
+        for hook in hooks:
+            hook.remove()
         net.set_attn_implementation(previous)
-    returned = np.stack([a[0].double().numpy() for a in out.attentions])
+    returned = list(out.attentions)
+    if len(returned) == net.config.num_hidden_layers > len(softmax.inputs):  # MiniMax also returns its linear
+        returned = [returned[layer] for layer in attention_layers(net)]  # layers' decay: keep the attention layers
+    returned = np.stack([a[0].double().numpy() for a in returned])
     if returns_scores:
         scores = returned
         probs = torch.softmax(torch.from_numpy(returned), -1).numpy()
@@ -135,6 +149,7 @@ def alone(model, ids: list[int], returns_scores: bool = False) -> dict:
         scores=scores,
         allowed=probs[:, 0] > 0,  # (L, n, n)
         hidden=[h[0].double().numpy() for h in out.hidden_states],
+        attending=attending,
     )
 
 
@@ -172,7 +187,9 @@ def test_capture_equals_each_text_run_alone(name):
     assert is_eager_route(model) == (family.capture == EAGER)  # the route the family table names
     assert summary.n_batches == 3 and sorted(keep.texts) == list(range(len(corpus)))
     for index, ids in enumerate(corpus):
-        got, ref = keep.texts[index], alone(reference, ids, name in RETURNS_SCORES)
+        got, ref = keep.texts[index], alone(reference, ids, name in RETURNS_SCORES, per_layer=name in HYBRIDS)
+        if name in HYBRIDS:  # the attention layers only, and exactly those the model's own forward pass ran
+            assert list(summary.attention_layers) == ref["attending"] and 0 < len(ref["attending"]) < summary.n_layers
         np.testing.assert_allclose(got["probs"], ref["probs"], rtol=tol, atol=tol, err_msg=f"{name} text {index}")
         for ours, theirs in zip(got["hidden"], ref["hidden"], strict=True):
             np.testing.assert_allclose(ours, theirs, rtol=tol * 100, atol=tol * 100)
@@ -185,8 +202,8 @@ def test_capture_equals_each_text_run_alone(name):
         assert spread.max() < 10 * tol, f"{name}: S is not the input of the softmax that gave A"
 
 
-# ALBERT's one shared layer is not the per-layer list `reference_scores` feeds
-@pytest.mark.parametrize("name", _params([n for n in ALL if n != "albert"], quick={"mpnet"}))
+# ALBERT's one shared layer is not the per-layer list `reference_scores` feeds; a hybrid's layer 0 may not attend
+@pytest.mark.parametrize("name", _params([n for n in ALL if n != "albert" and n not in HYBRIDS], quick={"mpnet"}))
 def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
     """Every token the average word (`reference_scores` sets row 0 of the word table to the table's mean), no
     padding: layer 0's input is the embedding-level sequence, so its S is the model's own pre-softmax score of
@@ -203,12 +220,12 @@ def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
     np.testing.assert_array_equal(got["allowed"][0], ref.allowed[0])
 
 
-def brute_force(model, corpus, n: int, first_special: bool) -> dict:
+def brute_force(model, corpus, n: int, first_special: bool, n_layers: int | None = None) -> dict:
     """SPEC §10 profiles and SPEC §14 sinks by loops over each text alone: pairs (i, j) it attends, S and A from
     `alone`; the first token of every text marked special. The first-token mass and its uniform reference run over
     the queries i >= 1 that may see key 0 (a sliding window hides it from later ones); a(k) without the first token
-    over the pairs with i, j >= 1."""
-    L = model.config.num_hidden_layers
+    over the pairs with i, j >= 1. `n_layers`: a hybrid's attention layers (those `alone` returns)."""
+    L = model.config.num_hidden_layers if n_layers is None else n_layers
     H = model.config.num_attention_heads
     s_sum, a_sum, c = np.zeros((L, H, 2 * n - 1)), np.zeros((L, H, 2 * n - 1)), np.zeros((L, 2 * n - 1))
     dist, queries = np.zeros((L, H)), np.zeros(L)
@@ -283,6 +300,55 @@ def test_attention_profiles_and_sinks_equal_loops_over_each_text(name):
     assert result.n_layers == 2 and result.model_type == model.config.model_type
 
 
+PROFILE_ARRAYS = ("score_profiles", "prob_profiles", "mean_distance", "prob_profiles_without_first")
+SINK_MEASURES = ("first_token_mass", "special_token_mass", "distance_without_first", "uniform_first_token_mass")
+
+
+@pytest.mark.parametrize("name", _params(HYBRIDS, quick={"jamba"}))
+def test_a_hybrids_attention_layers_equal_loops_over_each_text_and_its_other_layers_have_no_score(name):
+    """Profiles and sinks of a hybrid's attention layers equal the loops over its own eager attention (each text
+    alone); its other layers (recurrent / state-space / convolution) hold NaN (counts 0) and say 'no positional
+    score' in `layer_kinds`, in the JSON record and in the figures."""
+    import json
+
+    from posprobe.families.windows import NO_SCORE
+    from posprobe.plotting.attention import mean_distance_chart, profile_grid, sink_chart
+
+    model = make(name)
+    corpus = [[5, *ids] for ids in texts(6, seed=7)]
+    n, L = 13, model.config.num_hidden_layers
+    attending = alone(copy.deepcopy(model), corpus[0], per_layer=True)["attending"]  # hooked: the layers that attend
+    others = [layer for layer in range(L) if layer not in attending]
+    assert attending and others
+    ref = brute_force(copy.deepcopy(model), corpus, n, first_special=True, n_layers=len(attending))
+    result = attention_profiles(
+        model, input_ids=corpus, special_ids=[5], max_length=n, batch_size=3, weights_correlation=False
+    )
+    tol = tolerance(name)
+    p, sinks = result.profiles, result.sinks
+    np.testing.assert_array_equal(p.pair_counts[attending], ref["pair_counts"])
+    assert (p.pair_counts[others] == 0).all() and (p.n_queries[others] == 0).all()
+    for what in PROFILE_ARRAYS:
+        np.testing.assert_allclose(getattr(p, what)[attending], ref[what], rtol=tol, atol=tol, err_msg=what)
+        assert np.isnan(getattr(p, what)[others]).all(), what
+    for what in SINK_MEASURES:
+        np.testing.assert_allclose(getattr(sinks, what)[attending], ref[what], rtol=tol, atol=tol, err_msg=what)
+        assert np.isnan(getattr(sinks, what)[others]).all(), what
+    np.testing.assert_array_equal(sinks.first_token_queries[attending], ref["first_token_queries"])
+    assert np.isnan(sinks.sink_rate[others]).all() and np.isfinite(sinks.sink_rate[attending]).all()
+    assert result.n_layers == L and result.attention_layers == attending
+    assert [NO_SCORE in kind for kind in result.layer_kinds] == [layer in others for layer in range(L)]
+    record = json.loads(json.dumps(result.to_dict()))
+    assert record["layer_kinds"] == result.layer_kinds and record["attention_layers"] == attending
+    assert all(v is None for layer in others for v in record["mean_distance"][layer])
+    assert all(v is not None for layer in attending for v in record["mean_distance"][layer])
+    assert record["n_queries"] == int(p.n_queries[attending[0]]) > 0
+    assert NO_SCORE in profile_grid(result, others[0])._suptitle.get_text()
+    for chart in (mean_distance_chart(result), sink_chart(result)):  # the other layers' columns say why blank
+        words = [t.get_text() for ax in chart.axes for t in ax.texts]
+        assert sum(NO_SCORE in w for w in words) == len(others)
+
+
 @pytest.mark.parametrize("name", _params(sorted(REFUSED), quick={"falcon-alibi", "longformer"}))
 def test_families_the_capture_does_not_reproduce_are_refused(name):
     model = make(name).float()
@@ -294,10 +360,10 @@ def test_families_the_capture_does_not_reproduce_are_refused(name):
     assert family.capture == REFUSED_ROUTE or "refused" in family.capture_note  # as the family table says
 
 
-@pytest.mark.parametrize("name", _params([*sorted(REFUSED), "t5", "bloom"], quick={"t5"}))
+@pytest.mark.parametrize("name", _params([*sorted(REFUSED), "t5", "bloom", *HYBRIDS], quick={"t5", "lfm2"}))
 def test_hidden_states_alone_for_refused_and_eager_families(name):
     """Without attention nothing is recorded: hidden states are the model's own (its default attention, whatever
-    it is; an encoder-decoder's encoder), each text as if run alone."""
+    it is; an encoder-decoder's encoder; every layer of a hybrid), each text as if run alone."""
     model = make(name).float()
     corpus = texts(4)
     got = {}
@@ -396,3 +462,40 @@ def test_cli_runs_an_encoder_decoders_encoder_and_refuses_its_decoder(checkpoint
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and "\n" not in err and "runs the encoder stack" in err
     assert not (tmp_path / "never").exists()
+
+
+def test_cli_attention_on_a_hybrid_lists_its_other_layers(checkpoint_folder, tmp_path, capsys):
+    """`posprobe attention` on a saved LFM2 (attention, convolution, attention): the table's convolution column is
+    empty and a line names its kind; --json and the .npz metadata carry every layer's kind."""
+    import json
+
+    from posprobe.cli import main
+    from posprobe.formats.writing import load_npz
+
+    texts_path = tmp_path / "texts.txt"
+    texts_path.write_text("".join(" ".join(f"w{x}" for x in range(i, i + 8)) + "\n" for i in range(6)))
+    args = ["attention", str(checkpoint_folder("lfm2")), "--text", str(texts_path), "--max-length", "12"]
+    capsys.readouterr()  # what writing the checkpoint printed
+    assert main([*args, "--out", str(tmp_path / "text")]) in (0, None)
+    shown = "".join(capsys.readouterr())
+    assert "layer 1: no softmax attention, gated short-convolution layers (layer type 'conv'): no positional score" in (
+        " ".join(shown.split())
+    )
+    assert "layer 0:" not in shown and "layer 2:" not in shown  # global rotary layers: nothing to add
+    assert main([*args, "--out", str(tmp_path / "json"), "--json"]) in (0, None)
+    record = json.loads(capsys.readouterr().out)
+    assert record["attention_layers"] == [0, 2] and record["layer_kinds"][0] == "global"
+    assert record["mean_distance"][1] == [None] * 4 and None not in record["mean_distance"][2]
+    assert str(tmp_path / "json" / "attention_profiles_layer1.png") in record["figures"]
+    meta, arrays = load_npz(tmp_path / "json" / "attention.npz")
+    assert meta["layer_kinds"] == record["layer_kinds"] and np.isnan(arrays["mean_distance"][1]).all()
+    assert (arrays["layer_pair_counts"][1] == 0).all() and (arrays["layer_pair_counts"][[0, 2]].sum(-1) > 0).all()
+    # fit-tisa on the file: the convolution layer has nothing to fit (one line naming the layers that do)
+    npz, fitted = str(tmp_path / "json" / "attention.npz"), tmp_path / "fit"
+    with pytest.raises(SystemExit) as info:
+        main(["fit-tisa", npz, "--kernels", "2", "--out", str(fitted)])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and "\n" not in err and not fitted.exists()
+    assert "layer 1 of" in err and "no positional score to fit" in err and err.endswith("pass --layers 0,2")
+    assert main(["fit-tisa", npz, "--kernels", "2", "--layers", "0,2", "--out", str(fitted), "--json"]) in (0, None)
+    assert json.loads(capsys.readouterr().out)["layers"] == [0, 2]

@@ -7,8 +7,9 @@
   `attention` reports that share and the share left to real tokens, and multiplies the first-token mass by it;
 - multi-head latent attention (DeepSeek V3) splits every head's score into a position-free part (q_pass . k_pass,
   one constant) and a rotary part: zeroing either part's weights leaves the other, and the two add to F̂;
-- a hybrid (LFM2: convolutions between attention layers) has its attention layers analysed and its other layers
-  listed with their kind and no positional score (NaN) in the text table, JSON and figure titles;
+- a hybrid (LFM2: convolutions between attention layers) has its attention layers analysed, from its weights and on
+  text, and its other layers listed with their kind and no positional score (NaN) in the text table, JSON and figure
+  titles (`attention` on text against loops: tests/test_capture_families.py); `states` covers every layer;
 - model types with no softmax attention at all (Mamba, RWKV, xLSTM) are refused in one line that says why.
 """
 
@@ -158,6 +159,10 @@ def test_a_learned_sink_scales_first_token_mass_by_the_share_left_to_real_tokens
     record = result.to_dict()
     assert len(record["learned_sink_share"]) == 2 and record["learned_sink_queries"] == 8
     assert record["learned_sink_share"][0][3] < 1e-9 < record["learned_sink_share"][0][0]
+    from posprobe.plotting.attention import learned_sink_chart
+
+    cells = [t.get_text() for t in learned_sink_chart(result).axes[0].texts]  # heads x layers, row by row
+    assert cells == [f"{v:.2f}" for v in result.learned_sinks.learned_sink_share.T.ravel()]
 
 
 def test_content_free_sink_share_is_the_models_own_on_the_constant_sequence(tmp_path):
@@ -223,6 +228,27 @@ def test_rotary_bands_say_which_layers_are_nope(tmp_path):
     build("smollm3").save_pretrained(tmp_path)
     bands = posprobe.rotary(str(tmp_path))
     assert "NoPE" in bands.layer_kinds[1] and "NoPE layers [1]" in bands.note()
+    titles = [ax.get_title() for ax in bands.plot().axes if ax.get_title()]
+    assert titles == ["layer 0", "layer 1 (global, NoPE)"]  # each panel says its layer's kind
+
+
+def test_states_cover_every_layer_of_a_hybrid_and_name_its_layer_kinds():
+    """Hidden state l + 1 is layer l's output, the convolution layer's included: its positional vectors are the
+    per-position means of the model's own hidden states; the JSON and the figure titles name each layer's kind."""
+    model = build("lfm2").float()  # full_attention, conv, full_attention
+    ids = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]] * 4
+    result = posprobe.states(model, input_ids=ids, max_length=8, min_texts=9)  # positions 0..2: 12 texts each
+    assert result.n_states == 4 and np.isfinite(result.massive_max).all() and result.vectors.n_kept == 3
+    with torch.no_grad():
+        hidden = [model(input_ids=torch.tensor([x]), output_hidden_states=True).hidden_states for x in ids]
+    means = torch.stack([torch.stack([h[2][0, i] for h in hidden]).double().mean(0) for i in range(3)])
+    np.testing.assert_allclose(result.positional_vectors[2, :3], (means - means.mean(0)).numpy(), atol=1e-5)
+    assert result.layer_kinds[0] == result.layer_kinds[2] == "global"
+    assert "'conv'" in result.layer_kinds[1] and "no positional score" in result.layer_kinds[1]
+    assert json.loads(result.to_json())["layer_kinds"] == result.layer_kinds
+    for what in ("summary", "gram"):
+        title = result.plot(what)._suptitle.get_text()
+        assert "global 0, 2; no softmax attention, gated short-convolution layers 1" in title, what
 
 
 def test_a_hybrids_other_layers_are_listed_with_their_kind_and_no_positional_score(tmp_path, capsys):
@@ -246,8 +272,22 @@ def test_a_hybrids_other_layers_are_listed_with_their_kind_and_no_positional_sco
     AutoModel.from_config(ending.config).save_pretrained(tmp_path / "ending")
     kinds = _context(tmp_path / "ending").layer_kinds(N)
     assert [k.attention for k in kinds] == ["full", "none", "none"]
+    # on text: the attention layers recorded, the convolution layer listed (no pair, no score)
+    on_text = posprobe.attention_profiles(model, input_ids=[[5, 6, 7, 8], [9, 10, 11]], max_length=4)
+    assert on_text.attention_layers == [0, 2] and on_text.layer_kinds == result.layer_kinds
+    assert np.isnan(on_text.mean_distance[1]).all() and np.isfinite(on_text.mean_distance[[0, 2]]).all()
+    # reading every layer's attention (needle's retrieval) still refuses a hybrid, in one line
+    from posprobe.capture.model import check_model
+
     with pytest.raises(PosprobeError, match="is a hybrid") as err:
-        posprobe.attention_profiles(model, input_ids=[[5, 6, 7]], max_length=4)
+        check_model(model)
+    assert "\n" not in str(err.value)
+    assert check_model(model, hybrid=True) == (3, 4)
+    from posprobe.capture.model import attention_layers
+
+    model.config.layer_types = None  # which layers attend is then unknown: one line, not a guess
+    with pytest.raises(PosprobeError, match="names the kind of 0 of its 3 layers") as err:
+        attention_layers(model)
     assert "\n" not in str(err.value)
 
 

@@ -68,6 +68,8 @@ def test_library_result_object(tmp_path):
     assert result.top_tokens is None and "massive_delimiter_share" not in result.to_dict()
     record = json.loads(result.to_json())
     assert record["probe_r2"][1] is None and record["probe_layers"] == [0, 2]
+    assert record["layer_kinds"] == ["global", "global"]  # one kind: no layer kinds line in the titles
+    assert "layer kinds" not in result.plot("summary")._suptitle.get_text()
     assert record["massive_top"][0][0]["token"] == int(result.massive.top_token[0, 0])
     for what in ("summary", "gram"):
         assert result.plot(what).get_axes()

@@ -84,6 +84,7 @@ ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attenti
 INTERFACE = "interface"  # through transformers' AttentionInterface: posprobe's recording attention function
 EAGER = "eager"  # the family's own eager attention: its returned attentions and the inputs of its softmax
 REFUSED = "refused"  # no (queries x keys) softmax per layer to record; `capture_note` says why
+HYBRID_CAPTURE = "attention layers only; the others listed: no positional score"  # a hybrid's `capture_note`
 CAPTURES = (INTERFACE, EAGER, REFUSED)
 # Norms (`Family.norm`): the layer norm applied before attention (and to the embeddings, where there is one).
 LAYERNORM = "layernorm"  # (x - mean) / sqrt(var + eps) * w + b (b optional)
@@ -728,8 +729,8 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("lfm2", "Lfm2"),
         qk_norm=_QK_LAYERNORM,  # RMS norms per head
         hybrid="gated short-convolution layers",
-        capture=REFUSED,
-        capture_note="hybrid: `attention` records models whose every layer attends",
+        capture=INTERFACE,
+        capture_note=HYBRID_CAPTURE,
         description="rotary embeddings (RoPE) in its attention layers; short convolutions between them",
         **{**_LLAMA, "pre_norm": "layers.{l}.operator_norm"},
     ),
@@ -738,8 +739,8 @@ FAMILIES: tuple[Family, ...] = (
         ("bamba",),
         rotary_class=_rotary("bamba", "Bamba"),
         hybrid="Mamba-2 state-space layers",
-        capture=REFUSED,
-        capture_note="hybrid: `attention` records models whose every layer attends",
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
         description="rotary embeddings (RoPE) in its attention layers; Mamba-2 layers between them",
         **_LLAMA,
     ),
@@ -749,8 +750,8 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("qwen3_next", "Qwen3Next"),  # partial rotary
         qk_norm=_QK_NORM,
         hybrid="gated DeltaNet linear-attention layers",
-        capture=REFUSED,
-        capture_note="hybrid: `attention` records models whose every layer attends",
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
         description="rotary embeddings (RoPE) in its gated attention layers; gated DeltaNet layers between them",
         **{**_LLAMA, "qkv": GATED_QUERY, "norm": RMSNORM_PLUS1},
     ),
@@ -760,8 +761,8 @@ FAMILIES: tuple[Family, ...] = (
         switch_kinds=(NOPE,),  # position_embedding_type other than 'rope': no positional term
         rotary_class=_rotary("granitemoehybrid", "GraniteMoeHybrid"),
         hybrid="Mamba-2 state-space layers",
-        capture=REFUSED,
-        capture_note="hybrid: `attention` records models whose every layer attends",
+        capture=INTERFACE,
+        capture_note=HYBRID_CAPTURE,
         description="rotary embeddings (RoPE) or none (position_embedding_type) in its attention layers; Mamba-2 "
         "layers between them",
         **{**_LLAMA, **_GRANITE},
@@ -772,8 +773,8 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("minimax", "MiniMax"),
         windows="sliding_window",
         hybrid="lightning (linear) attention layers",
-        capture=REFUSED,
-        capture_note="hybrid: `attention` records models whose every layer attends",
+        capture=INTERFACE,
+        capture_note=HYBRID_CAPTURE,
         description="rotary embeddings (RoPE) in its softmax attention layers; linear attention layers between them",
         **_LLAMA,
     ),
@@ -784,8 +785,8 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=_QK_NORM,
         qk_norm_scope="all",
         hybrid="gated DeltaNet linear-attention layers",
-        capture=REFUSED,
-        capture_note="hybrid: `attention` records models whose every layer attends",
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
         description="rotary embeddings (RoPE) in its attention layers; gated DeltaNet layers between them",
         **{**_LLAMA, "pre_norm": None},  # post-norm, as OLMo-2
     ),
@@ -804,8 +805,8 @@ FAMILIES: tuple[Family, ...] = (
         ("jamba",),
         NOPE,
         hybrid="Mamba state-space layers",
-        capture=REFUSED,
-        capture_note="hybrid: `attention` records models whose every layer attends",
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
         description="no positional encoding in its attention layers (NoPE); Mamba layers carry position",
         **{k: v for k, v in _LLAMA.items() if k != "kind"},
     ),

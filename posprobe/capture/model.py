@@ -16,14 +16,16 @@ def text_config(model):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def check_model(model, attention: bool = True, encoder_decoder: bool = False) -> tuple[int, int]:
+def check_model(model, attention: bool = True, encoder_decoder: bool = False, hybrid: bool = False) -> tuple[int, int]:
     """(layers, heads) of the stack a capture runs; PosprobeError for a model that cannot be captured: with
     `attention` (scores or probabilities are recorded), a retrofitted model (its attention is a posprobe
-    mechanism); an encoder-decoder unless `encoder_decoder` (then its encoder stack runs, `stack_to_run`: the
-    capture and `posprobe attention` pass it; callers that measure one stack of a model with one keep the
-    refusal). Families whose attention goes through transformers' AttentionInterface are recorded there
-    (`capture.recording`), the others on their eager path (`capture.eager`); whether a family's attention really
-    is reproduced is checked on the first batch, and input lengths by `check_length`."""
+    mechanism), a model without softmax attention, and a hybrid (softmax attention in some layers only) unless
+    `hybrid` (the capture and `posprobe attention` record its attention layers, `attention_layers`; callers that
+    read every layer's attention keep the refusal); an encoder-decoder unless `encoder_decoder` (then its encoder
+    stack runs, `stack_to_run`: the capture and `posprobe attention` pass it; callers that measure one stack of a
+    model with one keep the refusal). Families whose attention goes through transformers' AttentionInterface are
+    recorded there (`capture.recording`), the others on their eager path (`capture.eager`); whether a family's
+    attention really is reproduced is checked on the first batch, and input lengths by `check_length`."""
     from posprobe.retrofitting.install import is_retrofitted
 
     kind = getattr(model.config, "model_type", "unknown")
@@ -45,17 +47,44 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False) ->
             f"'{kind}' has {family.mechanism}, so there is no attention to record",
             "`posprobe states` reads its hidden states (every layer)",
         )
-    if attention and family is not None and family.hybrid:
+    if attention and family is not None and family.hybrid and not hybrid:
         raise PosprobeError(
             f"'{kind}' is a hybrid: softmax attention in some layers, {family.hybrid} in the others; this command "
             "records models whose every layer attends",
-            "use `posprobe profiles` / `fhat` / `rotary` for its attention layers, `posprobe states` for every layer",
+            "use `posprobe attention` / `profiles` / `rotary` for its attention layers, `posprobe states` for every "
+            "layer",
         )
     cfg = text_config(model)
     layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)
     if not layers or not heads:
         raise PosprobeError(f"cannot read the number of layers and heads of '{kind}'", "use a standard config")
     return int(layers), int(heads)
+
+
+def attention_layers(model, n_layers: int | None = None) -> list[int]:
+    """The layers of the stack a capture runs that have softmax attention, in depth order: every layer, or a
+    hybrid's (`Family.hybrid`: Jamba, LFM2, Qwen3-Next, ...) attention layers, those whose config.layer_types entry
+    is one of `table.ATTENTION_LAYER_TYPES` (its other layers, recurrent / state-space / convolution, call no
+    attention). `n_layers`: the stack's layer count where the caller has read it (`check_model`). PosprobeError for
+    a hybrid whose config names no layer types."""
+    from posprobe.architectures.table import ATTENTION_LAYER_TYPES
+    from posprobe.families import family_for_type
+
+    net = stack_to_run(model)
+    cfg = text_config(net)
+    layers = int(n_layers if n_layers is not None else getattr(cfg, "num_hidden_layers", 0) or 0)
+    kind = str(getattr(net.config, "model_type", "unknown"))
+    family = family_for_type(kind)
+    if family is None or not family.hybrid:
+        return list(range(layers))
+    types = list(getattr(cfg, "layer_types", None) or [])
+    if len(types) < layers:
+        raise PosprobeError(
+            f"the hybrid '{kind}' names the kind of {len(types)} of its {layers} layers (config.layer_types), so "
+            "its attention layers are unknown",
+            "use a config that sets layer_types (or its family's layer pattern) for every layer",
+        )
+    return [layer for layer in range(layers) if types[layer] in ATTENTION_LAYER_TYPES]
 
 
 def stack_to_run(model):
@@ -262,3 +291,17 @@ def load_for_capture(model: Any, allow_pickle: bool, need_tokenizer: bool, dispa
         if bars:
             hf_logging.enable_progress_bar()
     return source, net, tokenizer
+
+
+def layer_kind_words(model, n: int, stack: str = "encoder") -> list[str] | None:
+    """How each layer of `stack` attends over `n` positions, in words (`families.windows.LayerKind.describe`:
+    'global', 'local |k| <= 511, rope theta 10000', 'global, NoPE ...', a hybrid's 'no softmax attention, ...: no
+    positional score'), read from the loaded model's config; None for a model outside the family table."""
+    from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+    from posprobe.families.context import ModelContext
+
+    try:
+        ctx = ModelContext(source_from_model(model), StateDictReader(model))
+        return [kind.describe() for kind in ctx.layer_kinds(n, stack)]
+    except PosprobeError:
+        return None

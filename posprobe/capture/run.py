@@ -24,6 +24,7 @@ from posprobe.capture.batches import TokenBatch, id_tokenizer, text_tokenizer, t
 from posprobe.capture.eager import EagerRecorder, is_eager_route
 from posprobe.capture.memory import attention_batch_bytes, check_fits
 from posprobe.capture.model import (
+    attention_layers,
     check_length,
     check_model,
     embedding_rows,
@@ -52,12 +53,13 @@ class BatchCapture:
     """What one forward pass did on one batch (tensors on the model's device; None where no reducer asked).
 
     index: the batch's number (0-based, among all ranks' batches under torchrun); tokens: the `TokenBatch` (text
-    ids, input ids, real / special / counted masks, positions); per layer l = 0..L-1: scores[l] S and probs[l] A
-    (B, H, m, m), S pre-softmax with the model's mask/bias added (masked pairs hold -inf or the dtype's minimum,
-    A = 0 there); allowed[l] (B, m, m) bool, the pairs the model's mask lets query i see key j (padding,
-    causality, windows); counted_pairs[l] = allowed[l] & counted_i & counted_j; hidden_states (L+1 entries,
-    (B, m, d)): transformers' `output_hidden_states`, hidden_states[l] the input of layer l, [0] the embedding
-    output, [L] the last output.
+    ids, input ids, real / special / counted masks, positions); per attention layer a = 0..A-1 (every layer, A = L,
+    except in a hybrid: layer `attention_layers[a]` of the model): scores[a] S and probs[a] A (B, H, m, m),
+    S pre-softmax with the model's mask/bias added (masked pairs hold -inf or the dtype's minimum, A = 0 there);
+    allowed[a] (B, m, m) bool, the pairs the model's mask lets query i see key j (padding, causality, windows);
+    counted_pairs[a] = allowed[a] & counted_i & counted_j; hidden_states (L+1 entries, (B, m, d)): transformers'
+    `output_hidden_states`, hidden_states[l] the input of layer l, [0] the embedding output, [L] the last output
+    (every layer, a hybrid's included).
     """
 
     index: int
@@ -67,6 +69,7 @@ class BatchCapture:
     allowed: tuple[torch.Tensor, ...] | None = None
     counted_pairs: tuple[torch.Tensor, ...] | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
+    attention_layers: tuple[int, ...] = ()  # the model layer of each recorded entry (empty: none recorded)
 
     @property
     def text_ids(self) -> torch.Tensor:
@@ -109,13 +112,15 @@ class Reducer(Protocol):
 
 @dataclass(frozen=True)
 class CaptureSummary:
-    """What a capture ran: texts, batches, layers and heads of the model, the longest batch."""
+    """What a capture ran: texts, batches, layers and heads of the model, the longest batch; `attention_layers`
+    the layers whose attention was recorded (every layer but a hybrid's others; empty when none was)."""
 
     n_texts: int
     n_batches: int
     n_layers: int
     n_heads: int
     longest: int
+    attention_layers: tuple[int, ...] = ()
 
 
 def capture_batches(
@@ -146,14 +151,15 @@ def capture_batches(
         needs |= set(reducer.needs)
     attention = bool(needs & {"scores", "probs"})
     hidden = "hidden_states" in needs
-    n_layers, n_heads = check_model(model, attention=attention, encoder_decoder=True)
+    n_layers, n_heads = check_model(model, attention=attention, encoder_decoder=True, hybrid=True)
+    attending = tuple(attention_layers(model, n_layers)) if attention else ()  # a hybrid's attention layers only
     parallel = distributed.join_process_group(model_device(model))
     if parallel:
         distributed.check_mergeable(reducers)
     net = stack_to_run(model)
     eager = attention and is_eager_route(model)
-    recorder = LayerRecorder("scores" in needs, "probs" in needs, n_layers)
-    eager_recorder = EagerRecorder(n_layers, n_heads)
+    recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending))
+    eager_recorder = EagerRecorder(len(attending), n_heads)
     previous = net.config._attn_implementation
     base = getattr(net, "base_model", net)
     sparse = getattr(base, "attention_type", None)  # BigBird switches itself to full attention on short inputs
@@ -180,7 +186,7 @@ def capture_batches(
                 kwargs = {"output_hidden_states": True} if hidden else {}
                 if attention:
                     check_length(net, int(tokens.input_ids.shape[1]))
-                    _check_attention_fits(model, needs, n_layers, n_heads, tokens)
+                    _check_attention_fits(model, needs, len(attending), n_heads, tokens)
                 if eager:
                     output, scores, probs, allowed = eager_recorder.forward(net, tokens, **kwargs)
                     if verify and n_batches == 0:
@@ -191,7 +197,7 @@ def capture_batches(
                     recorder.begin(len(tokens), tokens.input_ids.shape[1])
                     with recorder:
                         output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
-                    _check_calls(net, recorder.calls, n_layers)
+                    _check_calls(net, recorder.calls, len(attending))
                     if verify and n_batches == 0:
                         verify_against_eager(net, tokens.input_ids, tokens.attention_mask, output)
                     recorded = (
@@ -202,7 +208,7 @@ def capture_batches(
                 else:
                     output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
                     recorded = None
-                batch = _batch_capture(index, tokens, recorded, output if hidden else None)
+                batch = _batch_capture(index, tokens, recorded, output if hidden else None, attending)
                 del output, recorded
                 for reducer in reducers:
                     reducer.add(batch)
@@ -229,7 +235,7 @@ def capture_batches(
             distributed.merge_reducers(reducers)
     if n_texts == 0:
         raise PosprobeError("no texts to measure", "pass at least one non-empty text")
-    return CaptureSummary(n_texts, n_batches, n_layers, n_heads, longest)
+    return CaptureSummary(n_texts, n_batches, n_layers, n_heads, longest, attending)
 
 
 _CHECKED_FROM = 256 * 2**20  # smaller batches are not checked against the free memory
@@ -250,8 +256,11 @@ def _check_attention_fits(model, needs: set, n_layers: int, n_heads: int, tokens
         )
 
 
-def _batch_capture(index: int, tokens: TokenBatch, recorded: tuple | None, output) -> BatchCapture:
-    """recorded: (scores or None, probs or None, allowed) per layer, or None when no attention was recorded.
+def _batch_capture(
+    index: int, tokens: TokenBatch, recorded: tuple | None, output, attending: tuple[int, ...] = ()
+) -> BatchCapture:
+    """recorded: (scores or None, probs or None, allowed) per attention layer (`attending`), or None when no
+    attention was recorded.
     Every tensor is put beside the inputs (a no-op unless accelerate spread the layers over several devices)."""
     here = tokens.input_ids.device
     beside = lambda tensors: None if tensors is None else tuple(t.to(here) for t in tensors)  # noqa: E731
@@ -274,6 +283,7 @@ def _batch_capture(index: int, tokens: TokenBatch, recorded: tuple | None, outpu
         allowed=allowed_per_layer,
         counted_pairs=tuple(pairs),
         hidden_states=hidden,
+        attention_layers=attending,
     )
 
 
@@ -287,7 +297,7 @@ def _check_calls(model, calls: int, layers: int) -> None:
             "use a family whose attention goes through transformers' AttentionInterface",
         )
     raise PosprobeError(
-        f"'{kind}' made {calls} attention calls for {layers} layers", "this model's layout is not supported"
+        f"'{kind}' made {calls} attention calls for {layers} attention layers", "this model's layout is not supported"
     )
 
 

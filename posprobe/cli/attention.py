@@ -88,7 +88,8 @@ def attention(
     """Run MODEL on real texts and measure, per layer and head, the score and probability profiles over
     k = j − i, the mean attention distance (and what uniform attention would give), the mean score matrix's
     Toeplitz R², its correlation with the weights-based profile, and the attention sinks (first-token and
-    special-token mass, sink rate)."""
+    special-token mass, sink rate). A hybrid's attention layers are measured; its recurrent / convolution layers are
+    listed with their kind and no positional score."""
     from posprobe.checkpoint import resolve_model
     from posprobe.pipelines.attention import attention_profiles, write_attention
     from posprobe.texts.reading import check_texts, iter_texts
@@ -150,9 +151,20 @@ def _print(result, written) -> None:
         f"s(k) and the weights-based profile ({result.weights_note}) over the offsets with at least "
         f"{result.min_pairs} pairs[/dim]"
     )
+    _print_layer_kinds(result)
     _print_sinks(result)
     _print_learned_sinks(result)
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
+
+
+def _print_layer_kinds(result) -> None:
+    """One line per layer that does not attend globally with its position term: a local window, chunks, NoPE, or a
+    hybrid's layer without softmax attention (its cells above are '—': no positional score)."""
+    from rich.markup import escape
+
+    for layer, kind in enumerate(result.layer_kinds or []):
+        if kind != "global":
+            console.print(f"[dim]layer {layer}: {escape(kind)}[/dim]")
 
 
 def _heads_by_layers(result, title: str):

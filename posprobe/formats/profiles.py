@@ -107,8 +107,9 @@ def read_profile_file(path: Path, layers: list[int] | None = None, profile: str 
 
 def _empirical_profiles(path: Path, arrays: dict, profile: str | None, causal: bool = False) -> dict | None:
     """For a `posprobe attention` file: its score (default) or probability profiles as `profiles`, cut to the
-    widest window -K..K in which every head has data (offsets no text reached are NaN); for a causal model, which
-    has data at k <= 0 only, to -K..0. None for other files."""
+    widest window -K..K in which every head has data (offsets no text reached are NaN; a hybrid's layers without
+    attention, NaN throughout, do not narrow it); for a causal model, which has data at k <= 0 only, to -K..0.
+    None for other files."""
     if "score_profiles" not in arrays:
         if profile is not None:
             raise PosprobeError(f"'{path}' has no empirical profiles", "--profile needs a `posprobe attention` .npz")
@@ -118,7 +119,11 @@ def _empirical_profiles(path: Path, arrays: dict, profile: str | None, causal: b
     values = np.asarray(arrays[f"{profile or 'score'}_profiles"], dtype=np.float64)
     offsets = np.asarray(arrays["offsets"])
     centre = int(np.flatnonzero(offsets == 0)[0])
-    finite = np.isfinite(values).all(axis=(0, 1))
+    counts = arrays.get("layer_pair_counts")  # (L, 2n-1); a hybrid's layers without attention have no pair
+    attending = np.asarray(counts).sum(-1) > 0 if counts is not None and np.ndim(counts) == 2 else None
+    if attending is None or attending.shape[0] != values.shape[0] or not attending.any():
+        attending = np.ones(values.shape[0], dtype=bool)
+    finite = np.isfinite(values[attending]).all(axis=(0, 1))  # offsets every head of every attention layer reached
     reach = 0
     while (
         centre - reach - 1 >= 0

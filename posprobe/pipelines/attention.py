@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from posprobe.capture import (
     resolve_max_length,
 )
 from posprobe.capture.memory import check_fits
-from posprobe.capture.model import capture_device, dispatch_settings
+from posprobe.capture.model import attention_layers, capture_device, dispatch_settings, layer_kind_words
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.attention_result import AttentionResult, write_attention
 from posprobe.texts.reading import check_texts, iter_texts, parse_hub_texts
@@ -71,7 +72,9 @@ def attention_profiles(
     the first batch that the recorded attention reproduces the model's own (`posprobe.capture`). `progress(k)` is
     called after each batch with the number of texts it held. An encoder-decoder (T5, BART, ...) runs its encoder
     stack on the texts (`stack` 'encoder', the default; 'decoder' is refused: its self-attention needs a target
-    text and reads the encoder's output).
+    text and reads the encoder's output). A hybrid (Jamba, LFM2, Qwen3-Next, ...) has its attention layers
+    recorded; its other layers (recurrent / state-space / convolution) have no attention: NaN in every per-layer
+    array (no pair, no query), and `layer_kinds` says so.
     """
     if max_length is not None:
         max_length = as_int(max_length, "max_length", minimum=2)
@@ -97,25 +100,28 @@ def attention_profiles(
             else f"{{arg}} decoder: '{kind}' has one stack, no decoder",
             "drop {arg}",
         )
-    n_layers, n_heads = check_model(net, encoder_decoder=True)
+    n_layers, n_heads = check_model(net, encoder_decoder=True, hybrid=True)
+    attending = attention_layers(net, n_layers)  # a hybrid's attention layers; every layer otherwise
     max_length = resolve_max_length(net, max_length)
-    if EmpiricalAccumulator.nbytes(n_layers, n_heads, max_length) > MAX_ACCUMULATOR_BYTES:
+    kinds = layer_kind_words(net, max_length)  # read from the config before the run
+    n_acc = len(attending)
+    if EmpiricalAccumulator.nbytes(n_acc, n_heads, max_length) > MAX_ACCUMULATOR_BYTES:
         raise PosprobeError(
-            f"max_length {max_length} needs {EmpiricalAccumulator.nbytes(n_layers, n_heads, max_length) / 2**30:.1f} "
-            f"GiB of accumulators ({n_layers} layers x {n_heads} heads x n² float64)",
+            f"max_length {max_length} needs {EmpiricalAccumulator.nbytes(n_acc, n_heads, max_length) / 2**30:.1f} "
+            f"GiB of accumulators ({n_acc} attention layers x {n_heads} heads x n² float64)",
             "use a smaller --max-length",
         )
     device = capture_device(net, device)
     check_fits(
-        EmpiricalAccumulator.nbytes(n_layers, n_heads, max_length),
+        EmpiricalAccumulator.nbytes(n_acc, n_heads, max_length),
         device,
-        f"the accumulators of max_length {max_length} ({n_layers} layers x {n_heads} heads x n² float64)",
+        f"the accumulators of max_length {max_length} ({n_acc} attention layers x {n_heads} heads x n² float64)",
         "use a smaller --max-length",
     )
     net = place_on(net, device)
-    acc = EmpiricalAccumulator(n_layers, n_heads, max_length, device)
-    sinks = SinkAccumulator(n_layers, n_heads, device)
-    learned = LearnedSinkAccumulator(n_layers, n_heads, device) if has_learned_sinks(net) else None
+    acc = EmpiricalAccumulator(n_acc, n_heads, max_length, device)
+    sinks = SinkAccumulator(n_acc, n_heads, device)
+    learned = LearnedSinkAccumulator(n_acc, n_heads, device) if has_learned_sinks(net) else None
     summary = capture(
         net,
         [acc, sinks] + ([learned] if learned is not None else []),
@@ -131,7 +137,12 @@ def attention_profiles(
         progress=progress,
     )
     n_texts = summary.n_texts
-    profiles = acc.result()
+    profiles, sink_measures = acc.result(), sinks.result()
+    shares = None if learned is None else learned.result()
+    if n_acc < n_layers:  # a hybrid: its other layers get NaN rows (no pair, no query: counts 0)
+        profiles, sink_measures, shares = (
+            every_layer(part, attending, n_layers) for part in (profiles, sink_measures, shares)
+        )
     w_profiles, w_corr, note = (None, None, "not requested")
     if weights_correlation:
         w_profiles, note = _weights_profiles(source, max_length, n_layers)
@@ -151,12 +162,42 @@ def attention_profiles(
         note,
         time.perf_counter() - started,
         text_source,
-        sinks=sinks.result(),
-        learned_sinks=None if learned is None else learned.result(),
+        sinks=sink_measures,
+        learned_sinks=shares,
         min_pairs=min_pairs,
         quantization=None if source is None else source.quantization,
         stack="encoder" if encoder_decoder else None,
+        layer_kinds=kinds,
     )
+
+
+# the per-layer fields (leading axis L) of EmpiricalProfiles, SinkMeasures and LearnedSinkShares
+_PER_LAYER = frozenset({
+    "score_profiles", "prob_profiles", "pair_counts", "mean_distance", "mean_scores", "count_matrix", "toeplitz_r2",
+    "n_queries", "prob_profiles_without_first", "pair_counts_without_first", "first_token_mass",
+    "special_token_mass", "distance_without_first", "sink_rate", "uniform_distance", "uniform_distance_without_first",
+    "uniform_first_token_mass", "first_token_queries", "learned_sink_share", "real_token_share",
+})  # fmt: skip
+_COUNTS = frozenset({"pair_counts", "count_matrix", "n_queries", "pair_counts_without_first", "first_token_queries"})
+
+
+def every_layer(part, attending: list[int], n_layers: int):
+    """`part` (EmpiricalProfiles, SinkMeasures, LearnedSinkShares or None) of the attention layers `attending`
+    (leading axis A) spread over all `n_layers` layers: row a goes to layer attending[a]; the other layers (a
+    hybrid's recurrent / convolution ones) hold NaN, or 0 in counts (no pair, no query)."""
+    if part is None:
+        return None
+    changes = {}
+    for f in fields(part):
+        value = getattr(part, f.name)
+        if f.name not in _PER_LAYER or value is None or np.ndim(value) == 0:  # SinkMeasures.n_queries: a count
+            continue
+        value = np.asarray(value)
+        fill = 0 if f.name in _COUNTS or np.issubdtype(value.dtype, np.integer) else np.nan
+        out = np.full((n_layers, *value.shape[1:]), fill, dtype=value.dtype)
+        out[attending] = value
+        changes[f.name] = out
+    return replace(part, **changes)
 
 
 def has_learned_sinks(net) -> bool:

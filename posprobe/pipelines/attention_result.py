@@ -44,6 +44,9 @@ class AttentionResult(ResultMixin):
     weights_profiles (L, H, 2n-1): the weights-based profile (faithful-mode F̂_P diagonal means over the leading
     n x n positions) where the family has one, else None; weights_correlation (L, H): Pearson r between s(k) and it
     over the offsets with at least `min_pairs` pairs (NaN where undefined), or None.
+    layer_kinds (L,): how each layer attends, in words (`families.windows.LayerKind.describe`: 'global', 'local
+    |k| <= 511, ...', NoPE layers, chunks); a hybrid's layers without softmax attention say 'no positional score'
+    and hold NaN in every per-layer array (counts 0); None for a model outside the family table.
     """
 
     model: str
@@ -65,6 +68,15 @@ class AttentionResult(ResultMixin):
     quantization: str | None = None  # a GGUF file's quantisation: the model ran on weights de-quantised from it
     stack: str | None = None  # 'encoder' for an encoder-decoder (its encoder stack ran on the texts), else None
     learned_sinks: LearnedSinkShares | None = None  # learned per-head sink logits (gpt-oss), else None
+    layer_kinds: list[str] | None = None
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers with softmax attention (every layer but a hybrid's recurrent / convolution ones)."""
+        from posprobe.families.windows import NO_SCORE
+
+        kinds = self.layer_kinds or [""] * self.n_layers
+        return [layer for layer, kind in enumerate(kinds) if NO_SCORE not in kind]
 
     _repr_fields = ("model", "n_texts", "max_length", "n_layers", "n_heads", "causal", "mean_distance", "sink_rate")
 
@@ -101,16 +113,23 @@ class AttentionResult(ResultMixin):
             "exclude_special": self.exclude_special,
             "causal": self.causal,
             "text": self.text_source,
-            "n_queries": int(self.profiles.n_queries[0]),
-            "n_pairs": int(self.profiles.pair_counts[0].sum()),
+            "n_queries": int(self.profiles.n_queries[self._first]),
+            "n_pairs": int(self.profiles.pair_counts[self._first].sum()),
             "weights_profile": self.weights_note,
             "weights_correlation_min_pairs": self.min_pairs,
             "layers": list(range(self.n_layers)),
+            "layer_kinds": self.layer_kinds,
+            "attention_layers": self.attention_layers,
             "mode": "empirical",
             "quantization": self.quantization,
             "stack": self.stack,
             "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing",
         } | self._sink_metadata()
+
+    @property
+    def _first(self) -> int:
+        """The first attention layer (whose query and pair counts the metadata reports)."""
+        return next(iter(self.attention_layers), 0)
 
     def _sink_metadata(self) -> dict:
         if self.sinks is None:
@@ -128,12 +147,12 @@ class AttentionResult(ResultMixin):
             "score_profiles": p.score_profiles,
             "prob_profiles": p.prob_profiles,
             "offsets": p.offsets,
-            "pair_counts": p.pair_counts[0],
+            "pair_counts": p.pair_counts[self._first],
             "layer_pair_counts": p.pair_counts,
             "mean_distance": p.mean_distance,
             "toeplitz_r2": p.toeplitz_r2,
             "mean_scores": p.mean_scores.astype(np.float32),
-            "count_matrix": p.count_matrix[0],
+            "count_matrix": p.count_matrix[self._first],
             "n_queries": p.n_queries,
             "layers": np.arange(self.n_layers),
         }
@@ -192,9 +211,9 @@ def _nulls(a: np.ndarray) -> list:
 
 
 def write_attention(result: AttentionResult, out_dir: str | Path, fmt: str = "png", window: int = 20) -> dict:
-    """Write `attention.npz`, one profile figure per layer, the mean-distance chart and the sink chart into
-    `out_dir`, as one unit (`outputs.write_files`: an interrupted or failed run leaves nothing, not even an `out_dir` it
-    created). Returns the paths."""
+    """Write `attention.npz`, one profile figure per layer, the mean-distance chart, the sink chart and (learned
+    sinks, gpt-oss) the learned-sink chart into `out_dir`, as one unit (`outputs.write_files`: an interrupted or
+    failed run leaves nothing, not even an `out_dir` it created). Returns the paths."""
     from posprobe.formats.profiles import write_attention as write_npz
     from posprobe.formats.writing import figure_writer, write_files
     from posprobe.plotting import attention as plots
@@ -206,5 +225,7 @@ def write_attention(result: AttentionResult, out_dir: str | Path, fmt: str = "pn
     files[f"mean_distance.{fmt}"] = figure_writer(lambda: plots.mean_distance_chart(result))
     if result.sinks is not None:
         files[f"sinks.{fmt}"] = figure_writer(lambda: plots.sink_chart(result))
+    if result.learned_sinks is not None:
+        files[f"learned_sinks.{fmt}"] = figure_writer(lambda: plots.learned_sink_chart(result))
     paths = list(write_files(out_dir, files).values())
     return {"npz": paths[0], "figures": paths[1:]}

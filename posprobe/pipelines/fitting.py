@@ -88,6 +88,7 @@ def fit_tisa(
     used_window = _resolve_window(window, kernel_list, causal, available)
     check_points(kernel_list, used_window, causal, available, asked=window is not None)
     data = planned.load() if isinstance(planned, PlannedProfiles) else planned
+    _check_scored_layers(data)
 
     fits = [_fit_one(data, s, used_window, seed, exhaustive, progress) for s in kernel_list]
     return TisaFitResult(
@@ -108,6 +109,22 @@ def fit_tisa(
         data.stack,
         tuple(int(k) for k in holdout_offsets(_fitted_side(data.offsets, causal), used_window, causal)),
         data.quantization,
+    )
+
+
+def _check_scored_layers(data: ProfileSet) -> None:
+    """Refuse in one line layers whose profiles are NaN throughout (a hybrid's recurrent / convolution layers: no
+    positional score), naming the layers that have one."""
+    empty = [layer for layer, rows in zip(data.layers, data.profiles) if np.isnan(rows).all()]
+    if not empty:
+        return
+    scored = [layer for layer in data.layers if layer not in empty]
+    raise ArgumentValueError(
+        "layers",
+        f"layer{'s' if len(empty) > 1 else ''} {', '.join(map(str, empty))} of '{data.model}' "
+        f"{'have' if len(empty) > 1 else 'has'} no positional score to fit (a hybrid's layers without softmax "
+        "attention)",
+        f"pass {{arg}} {','.join(map(str, scored))}" if scored else "pass {arg} with its attention layers",
     )
 
 

@@ -22,7 +22,7 @@ from posprobe.analysis.positional_vectors import (
     PositionalVectorAccumulator,
 )
 from posprobe.capture import capture, check_model, load_for_capture, place_on, resolve_max_length
-from posprobe.capture.model import capture_device, dispatch_settings, text_config
+from posprobe.capture.model import capture_device, dispatch_settings, layer_kind_words, text_config
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.states_result import StatesResult
 from posprobe.runtime.phases import phase
@@ -133,6 +133,7 @@ def states(
     if not isinstance(hidden_size, int) or hidden_size < 1:
         raise PosprobeError(f"cannot read the hidden size of '{kind}' from its config", "use a standard config")
     max_length = resolve_max_length(net, max_length)
+    kinds = layer_kind_words(net, max_length)  # read from the config before the run
     layers = _probe_layers(probe_layers, n_states)
     need = accumulator_bytes(n_states, max_length, hidden_size, len(layers), mae_sample, null_draws)
     if need > MAX_ACCUMULATOR_BYTES:
@@ -190,6 +191,7 @@ def states(
         quantization=None if source is None else source.quantization,
         null_r2=null_r2,
         null_r2_without_first=null_r2_without_first,
+        layer_kinds=kinds,
     )
 
 

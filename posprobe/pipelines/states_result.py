@@ -52,7 +52,9 @@ class StatesResult(ResultMixin):
     top_tokens / top_delimiter (L+1, K): the top tokens as the tokenizer writes them and whether each is a
     delimiter (punctuation / white space), None without a tokenizer. References: null_r2, null_r2_without_first
     (draws, L+1), the Gram R² of permuted positions (`analysis.positional_vectors`); the probe's baseline and
-    control draws in `probes`; the norms' noise floor in `vectors`.
+    control draws in `probes`; the norms' noise floor in `vectors`. layer_kinds (L,): how layer l (whose output is
+    hidden state l + 1) attends, in words (`families.windows.LayerKind.describe`: 'global', a local window, NoPE, a
+    hybrid's layer without softmax attention: 'no positional score'); None for a model outside the family table.
     """
 
     model: str
@@ -72,6 +74,7 @@ class StatesResult(ResultMixin):
     quantization: str | None = None  # a GGUF file's quantisation: the model ran on weights de-quantised from it
     null_r2: np.ndarray | None = None  # (draws, L+1): the Gram R² with positions 1.. permuted within each text
     null_r2_without_first: np.ndarray | None = None  # (draws, L+1): the same over positions i >= 1
+    layer_kinds: list[str] | None = None  # (L,): layer l's kind; its output is hidden state l + 1
 
     _repr_fields = ("model", "n_texts", "max_length", "n_layers", "probe_r2", "probe_r2_control", "massive_ratio")
 
@@ -160,6 +163,7 @@ class StatesResult(ResultMixin):
             "max_length": self.max_length,
             "n_layers": self.n_layers,
             "n_states": self.n_states,
+            "layer_kinds": self.layer_kinds,
             "hidden_size": self.hidden_size,
             "text": self.text_source,
             "min_texts": self.vectors.min_texts,

@@ -1,5 +1,6 @@
 """Figures of `posprobe attention`: per-layer profile grids, the heads x layers mean-distance chart (with the
-uniform-attention reference per layer) and the sink chart (first-token mass per head and layer, sink rate per layer).
+uniform-attention reference per layer), the sink chart (first-token mass per head and layer, sink rate per layer)
+and, for models with learned sink logits (gpt-oss), the learned-sink chart (the sink's own share per head and layer).
 
 Functions take an `AttentionResult` and return a matplotlib Figure (no pyplot); the output layer saves them.
 """
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posprobe.plotting.base import _figure, quantization_note
+from posprobe.plotting.base import _figure, layer_kind_note, quantization_note
 
 
 def attention_pages(result, window: int = 20):
@@ -46,10 +47,12 @@ def attention_pages(result, window: int = 20):
     special = ", special tokens excluded" if result.exclude_special else ""
     side = "; causal: no pairs at k > 0" if causal else ""
     r_note = "" if result.weights_correlation is None else "; r: Pearson r of s(k) and the weights-based profile"
+    kinds = getattr(result, "layer_kinds", None) or [None] * result.n_layers
     page_titles = [
-        f"{result.model}{quantization_note(result)}: empirical profiles, layer {layer} — {result.n_texts} texts, "
-        f"max length {n}{special}\nx: k = j − i (positive = later key){side}; dist: mean attention distance{r_note}"
-        for layer in range(result.n_layers)
+        f"{result.model}{quantization_note(result)}: empirical profiles, layer {layer}{layer_kind_note(kind)} — "
+        f"{result.n_texts} texts, max length {n}{special}\nx: k = j − i (positive = later key){side}; dist: mean "
+        f"attention distance{r_note}"
+        for layer, kind in zip(range(result.n_layers), kinds, strict=True)
     ]
     labels = {
         "profile": "mean score s(k) (left scale)",
@@ -86,7 +89,10 @@ def mean_distance_chart(result):
     finite = d[np.isfinite(d)]
     vmax = float(finite.max()) if finite.size else 1.0
     image = ax.imshow(np.nan_to_num(d), cmap="viridis", vmin=0, vmax=vmax or 1.0, aspect="auto")
+    others = _mark_other_layers(ax, result)
     for (h, layer), value in np.ndenumerate(d):
+        if layer in others:
+            continue
         colour = "white" if np.isfinite(value) and value < 0.6 * vmax else "black"
         ax.text(layer, h, _f(value), ha="center", va="center", fontsize=6, color=colour)
     ax.set_xticks(range(result.n_layers))
@@ -113,6 +119,26 @@ def mean_distance_chart(result):
     return fig
 
 
+def other_layers(result) -> list[int]:
+    """A hybrid's layers without softmax attention (`layer_kinds` says 'no positional score'); [] otherwise."""
+    from posprobe.families.windows import NO_SCORE
+
+    return [layer for layer, kind in enumerate(getattr(result, "layer_kinds", None) or []) if NO_SCORE in kind]
+
+
+def _mark_other_layers(ax, result) -> list[int]:
+    """Grey out the columns of a heads x layers chart that belong to a hybrid's layers without softmax attention,
+    labelled 'no softmax attention: no positional score' (their values are NaN); returns those layers."""
+    from posprobe.families.windows import NO_SCORE
+
+    others = other_layers(result)
+    for layer in others:
+        ax.axvspan(layer - 0.5, layer + 0.5, color="0.85", zorder=2)
+        ax.text(layer, (result.n_heads - 1) / 2, f"no softmax attention:\n{NO_SCORE}", rotation=90, ha="center",
+                va="center", fontsize=5.5, color="0.25", zorder=3)  # fmt: skip
+    return others
+
+
 def _heatmap_axes(fig, top: float, bottom: float):
     """The axes of a heads x layers chart and of its colour bar, with margins fixed in inches (`top`, `bottom`
     and the sides), so a wide chart of many layers gets no wide empty bands beside it."""
@@ -136,7 +162,10 @@ def sink_chart(result):
     rate_height = 0.9 / fig.get_figheight()
     rate_ax = fig.add_axes((left, 1 - 0.75 / fig.get_figheight() - rate_height, width, rate_height))
     image = ax.imshow(np.nan_to_num(mass), cmap="magma", vmin=0, vmax=1, aspect="auto")
+    others = _mark_other_layers(ax, result)
     for (h, layer), value in np.ndenumerate(mass):
+        if layer in others:
+            continue
         colour = "white" if np.isfinite(value) and value < 0.6 else "black"
         ax.text(layer, h, _f(value), ha="center", va="center", fontsize=6, color=colour)
     ax.set_xticks(range(L))
@@ -158,6 +187,8 @@ def sink_chart(result):
     rates = np.nan_to_num(sinks.sink_rate)
     rate_ax.bar(range(L), rates, color="tab:red", width=0.7)
     for layer, value in enumerate(sinks.sink_rate):
+        if layer in others:
+            continue
         rate_ax.text(layer, min(np.nan_to_num(value), 1.0) + 0.04, _f(value), ha="center", fontsize=6)
     rate_ax.set_xlim(-0.5, L - 0.5)
     rate_ax.set_ylim(0, 1.25)
@@ -169,6 +200,36 @@ def sink_chart(result):
         f"{result.model}{quantization_note(result)}: attention on the first token, mean over queries i ≥ 1 that see "
         f"it — {result.n_texts} texts\n"
         f"sink rate: share of a layer's heads with first-token mass > {sinks.threshold:g}",
+        fontsize=8,
+    )
+    return fig
+
+
+def learned_sink_chart(result):
+    """Learned sinks (gpt-oss): the mean share of each query's attention that the sink logit takes, per head (rows)
+    and layer (columns), the value in each cell; real tokens get the rest (`LearnedSinkShares.real_token_share`)."""
+    shares = result.learned_sinks
+    share = shares.learned_sink_share.T  # (H, L)
+    L, H = result.n_layers, result.n_heads
+    fig = _figure(max(5.5, 2.3 + 0.6 * L), 1.2 + 0.32 * H)  # wide enough for the title's two lines
+    ax, bar = _heatmap_axes(fig, top=0.75, bottom=0.5)
+    image = ax.imshow(np.nan_to_num(share), cmap="cividis", vmin=0, vmax=1, aspect="auto")
+    others = _mark_other_layers(ax, result)
+    for (h, layer), value in np.ndenumerate(share):
+        if layer in others:
+            continue
+        colour = "white" if np.isfinite(value) and value < 0.6 else "black"
+        ax.text(layer, h, _f(value), ha="center", va="center", fontsize=6, color=colour)
+    ax.set_xticks(range(L))
+    ax.set_yticks(range(H))
+    ax.set_xlabel("layer", fontsize=8)
+    ax.set_ylabel("head", fontsize=8)
+    ax.tick_params(labelsize=7)
+    fig.colorbar(image, cax=bar).set_label("sink's share", fontsize=7)
+    bar.tick_params(labelsize=6)
+    ax.set_title(
+        f"{result.model}{quantization_note(result)}: learned sinks\nthe sink logit's mean share of a query's "
+        f"attention ({shares.n_queries} queries); real tokens get 1 − share",
         fontsize=8,
     )
     return fig

@@ -311,6 +311,33 @@ def conditioning_note(result) -> str:
     return f" on {c['n_texts']} texts ({c['input']} input)" if c else ""
 
 
+def short_kind(kind: str | None) -> str:
+    """A layer kind in a few words for a small panel title: the words before any bracketed explanation
+    ('global, NoPE', 'local |k| <= 511, rope theta 10000', 'no softmax attention, Mamba state-space layers')."""
+    return (kind or "").split(" (")[0]
+
+
+def layer_kinds_line(kinds: list[str] | None) -> str:
+    """'\nlayer kinds: global 0, 2; no softmax attention, gated short-convolution layers 1' (each kind in a few
+    words, its layers as ranges), or '' when every layer has the same kind or the kinds are unknown."""
+    if not kinds or len(set(kinds)) < 2:
+        return ""
+    groups: dict[str, list[int]] = {}
+    for layer, kind in enumerate(kinds):
+        groups.setdefault(short_kind(kind), []).append(layer)
+    return "\nlayer kinds: " + "; ".join(f"{kind} {_ranges(layers)}" for kind, layers in groups.items())
+
+
+def _ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    parts, start = [], layers[0]
+    for previous, layer in zip(layers, [*layers[1:], None]):
+        if layer is None or layer != previous + 1:
+            parts.append(str(start) if start == previous else f"{start}-{previous}")
+            start = layer
+    return ", ".join(parts)
+
+
 def quantization_note(result) -> str:
     """A suffix for the model's name in titles when its weights were de-quantised from a GGUF file."""
     quantization = getattr(result, "quantization", None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posprobe.plotting.base import _figure, _grid, quantization_note
+from posprobe.plotting.base import _figure, _grid, quantization_note, short_kind
 
 
 def band_norm_figure(result):
@@ -59,7 +59,9 @@ def band_norm_figure(result):
         if limit is not None:
             ax.axvline(limit, color="tab:gray", lw=1.0, ls=(0, (4, 1, 1, 1)))
         ax.set_xscale("log")
-        ax.set_title(f"layer {result.layers[i]}" + ("" if window is None else f" (window {window:,})"), fontsize=8)
+        kind = short_kind((result.layer_kinds or [None] * count)[i])  # 'local |k| <= 511, rope theta 10000', NoPE
+        note = f" ({kind})" if kind and kind != "global" else "" if window is None else f" (window {window:,})"
+        ax.set_title(f"layer {result.layers[i]}{note}", fontsize=8)
         ax.tick_params(labelsize=6)
         if i % cols == 0:
             ax.set_ylabel("band norm", fontsize=7)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from posprobe.analysis.toeplitz import format_r2
-from posprobe.plotting.base import _figure, _matrix_panel, _symmetric_limit, quantization_note
+from posprobe.plotting.base import _figure, _matrix_panel, _symmetric_limit, layer_kinds_line, quantization_note
 
 
 def spread_layers(n_states: int, count: int) -> list[int]:
@@ -100,10 +100,16 @@ def states_summary(result):
         _whole_number_ticks(ax.xaxis)
     fig.suptitle(
         f"{result.model}{quantization_note(result)}: position in the hidden states — {result.n_texts} texts, "
-        f"max length {result.max_length}",
+        f"max length {result.max_length}{_kinds(result)}",
         fontsize=10,
     )
     return fig
+
+
+def _kinds(result) -> str:
+    """The layer kinds line of a hybrid's or a mixed model's titles (hidden state l + 1 is layer l's output)."""
+    line = layer_kinds_line(getattr(result, "layer_kinds", None))
+    return line.replace("layer kinds:", "layer kinds (hidden state l + 1 is layer l's output):", 1)
 
 
 def gram_panels(result, count: int = 4):
@@ -150,7 +156,8 @@ def gram_panels(result, count: int = 4):
         f"{result.model}{quantization_note(result)}: positional vectors' Gram matrix V Vᵀ ({v.n_kept} positions with "
         f"≥ {v.min_texts} texts; R²: Toeplitz R²; null: the same with positions 1.. permuted within each text)\n"
         "bottom: the vectors centred over positions i ≥ 1 (the first token apart)"
-        + ("; top: colours scaled to positions ≥ 1, position 0's row and column saturate" if saturated else ""),
+        + ("; top: colours scaled to positions ≥ 1, position 0's row and column saturate" if saturated else "")
+        + _kinds(result),
         fontsize=9,
     )
     return fig
