@@ -182,7 +182,7 @@ class AttentionResult(ResultMixin, Saves):
         from posprobe.plotting import attention as plots
 
         files = [OutputFile("attention.npz", "npz", write=lambda p: write_attention_file(p, self))]
-        pages = plots.attention_pages(self, window)  # laid out once, redrawn per layer
+        pages = plots.attention_pages(self, min(window, self.max_length - 1))  # laid out once, redrawn per layer
         for layer in range(self.n_layers):
             files.append(
                 OutputFile(f"attention_profiles_layer{layer}.{fmt}", "figures", write=pages.writer(layer, fmt))
