@@ -9,14 +9,16 @@ matplotlib until an analysis or a model needs them):
 - on real text: `attention_profiles` (empirical profiles, mean attention distance and attention sinks,
   `AttentionResult`); `fhat` / `profiles` with `texts=` (data-conditioned scores); `states` (positional
   vectors, position probes and massive activations in the hidden states, `StatesResult`) and `states_series` (the
-  same over training checkpoints, `StatesSeries`); `posprobe.capture` runs a model on text for any reducer;
+  same over training checkpoints, `StatesSeries`); `posprobe.capture` runs a model on text for any reducer
+  (`text_run` describes a run over texts, checked once; `run_texts` runs it with a list of reducers);
 - causal LMs: `needle` (retrieval by length and depth, `NeedleGrid`, `NeedleTask`, `NeedleResult`);
 - rotary models: `rotary` (band norms of queries and keys per rotary frequency, `RotaryBandsResult`);
 - causal LMs across long windows: `context` (loss by position, perplexity per length, rotary scaling variants,
   `ContextResult`);
 - TISA kernels: `fit_tisa` (a model's heads, several S) and `TisaKernelFitter` (any profiles, scikit-learn style);
 - models: `load_model`, `retrofit`, `save_retrofitted`, `finetune` / `evaluate` (GLUE, `FinetuneResult`);
-- result types (each with a short repr, `.plot()`, `.to_dict()`, `.to_json()`) and `PosprobeError`.
+- result types (each with a short repr, `.plot()`, `.to_dict()`, `.to_json()` and `.save(out_dir)`: the files the
+  command writes, through the one save path `save(result, out_dir, fmt)`) and `PosprobeError`.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ _EXPORTS = {
     "evaluate": "posprobe.glue",
     "FinetuneConfig": "posprobe.glue",
     "FinetuneResult": "posprobe.glue",
+    "save": "posprobe.formats.save",
+    "text_run": "posprobe.capture.textrun",
+    "run_texts": "posprobe.capture.textrun",
     "PosprobeError": "posprobe.errors",
     "ArgumentValueError": "posprobe.errors",
     "ArgumentTypeError": "posprobe.errors",

@@ -19,7 +19,7 @@ from tiny_tokenizer import word_tokenizer
 
 from posprobe.analysis.empirical import EmpiricalAccumulator
 from posprobe.analysis.position_probe import PositionProbeAccumulator
-from posprobe.capture import run
+from posprobe.capture import run, textrun
 from posprobe.capture.batches import id_tokenizer, token_batches
 from posprobe.runtime import distributed
 
@@ -87,7 +87,7 @@ def test_probe_sums_recentred_on_another_shift_equal_sums_taken_with_it():
     first, second = PositionProbeAccumulator(3, [0, 2], 32), PositionProbeAccumulator(3, [0, 2], 32)
     second.shift = torch.randn(2, 32, dtype=torch.float64)  # another rank's shift
     for acc in (first, second):
-        run.capture(model, [acc], input_ids=rows, max_length=16, batch_size=4)
+        textrun.capture(model, [acc], input_ids=rows, max_length=16, batch_size=4)
     assert not torch.allclose(first.shift, second.shift)
     gram_before = first.gram.clone()
     first.recentre(second.shift)
@@ -170,7 +170,7 @@ def test_every_reducer_of_the_text_commands_lists_every_array_it_keeps(monkeypat
         PositionProbeAccumulator(3, [0, 2], 32),
         MassiveActivationAccumulator(3),
     ]
-    run.capture(model, reducers, input_ids=[[5, 6, 7, 8], [9, 10]], max_length=16)
+    textrun.capture(model, reducers, input_ids=[[5, 6, 7, 8], [9, 10]], max_length=16)
     distributed.check_mergeable(reducers)
     reducers[0].forgotten = torch.zeros(3)
     with pytest.raises(Exception, match="forgotten is not combined"):

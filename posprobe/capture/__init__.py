@@ -12,7 +12,9 @@ is a reducer; none wires the model itself.
   its first-batch checks;
 - `model.py`: loading, the checks a capturable model passes, the stack that runs (an encoder-decoder's encoder),
   device / max length / pad id;
-- `run.py`: `capture` / `capture_batches`, `BatchCapture` (what one batch did) and the `Reducer` protocol.
+- `run.py`: `capture_batches`, `BatchCapture` (what one batch did) and the `Reducer` protocol;
+- `textrun.py`: one run over texts: its checked description (`TextRun`, built by `text_run`), `run_texts` (read the
+  model, check it, resolve the max length and device, capture with a list of reducers) and `capture`.
 - `retrieval.py`: the attention one query row gives a span of keys, per layer and head, read during an ordinary
   forward pass without keeping any (queries x keys) matrix (`posprobe needle`'s retrieval attention).
 
@@ -47,13 +49,16 @@ from posprobe.capture.model import (
     stack_to_run,
 )
 from posprobe.capture.recording import RECORD_NAME, recording_attention, register_recording_attention
-from posprobe.capture.run import BatchCapture, CaptureSummary, Reducer, capture, capture_batches
+from posprobe.capture.run import BatchCapture, CaptureSummary, Reducer, capture_batches
+from posprobe.capture.textrun import TextModel, TextRun, capture, run_texts, text_run
 
 __all__ = [
     "RECORD_NAME",
     "BatchCapture",
     "CaptureSummary",
     "Reducer",
+    "TextModel",
+    "TextRun",
     "TokenBatch",
     "capture",
     "capture_batches",
@@ -69,7 +74,9 @@ __all__ = [
     "register_recording_attention",
     "resolve_device",
     "resolve_max_length",
+    "run_texts",
     "stack_to_run",
+    "text_run",
     "text_tokenizer",
     "token_batches",
 ]

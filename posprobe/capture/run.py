@@ -20,16 +20,14 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from posprobe.capture.batches import TokenBatch, id_tokenizer, text_tokenizer, token_batches
+from posprobe.capture.batches import TokenBatch
 from posprobe.capture.eager import EagerRecorder, is_eager_route
 from posprobe.capture.memory import attention_batch_bytes, check_fits
 from posprobe.capture.model import (
     attention_layers,
     check_length,
     check_model,
-    embedding_rows,
     model_device,
-    pad_token_id,
     stack_to_run,
 )
 from posprobe.capture.recording import (
@@ -40,7 +38,6 @@ from posprobe.capture.recording import (
 )
 from posprobe.errors import PosprobeError
 from posprobe.runtime import distributed
-from posprobe.validation import as_bool, as_int
 
 if TYPE_CHECKING:
     import torch
@@ -299,49 +296,3 @@ def _check_calls(model, calls: int, layers: int) -> None:
     raise PosprobeError(
         f"'{kind}' made {calls} attention calls for {layers} attention layers", "this model's layout is not supported"
     )
-
-
-def capture(
-    model,
-    reducers: Sequence[Reducer],
-    texts: Iterable[str] | None = None,
-    *,
-    tokenizer: Any = None,
-    input_ids: Iterable[Sequence[int]] | None = None,
-    special_ids: Iterable[int] = (),
-    max_length: int,
-    batch_size: int = 32,
-    max_texts: int | None = None,
-    exclude_special: bool = False,
-    verify: bool = True,
-    progress: Callable[[int], None] | None = None,
-) -> CaptureSummary:
-    """Run a loaded `model` on `texts` (strings, tokenised by `tokenizer`, special tokens added as it does) or on
-    `input_ids` (token id sequences; `special_ids` says which ids are special), truncated to `max_length`, in
-    padded batches of `batch_size` (length-sorted within chunks of 16 batches), at most `max_texts` texts; feed
-    every batch to `reducers` (see `capture_batches`). `exclude_special` leaves special tokens out of `counted`."""
-    max_length = as_int(max_length, "max_length", minimum=1)
-    batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
-    if max_texts is not None:
-        max_texts = as_int(max_texts, "max_texts", minimum=1)
-    exclude_special = as_bool(exclude_special, "exclude_special")
-    if any(set(r.needs) & {"scores", "probs"} for r in reducers):
-        check_length(stack_to_run(model), max_length)  # at once, rather than at the first long batch
-    if (texts is None) == (input_ids is None):
-        raise PosprobeError("pass exactly one of texts and input_ids", "texts for strings, input_ids if tokenised")
-    if texts is not None:
-        if tokenizer is None:
-            raise PosprobeError("texts need a tokenizer", "pass tokenizer=, or input_ids instead of texts")
-        items, tokenize = texts, text_tokenizer(tokenizer, max_length, embedding_rows(model))
-    else:
-        items, tokenize = input_ids, id_tokenizer(special_ids or (), max_length, embedding_rows(model))
-    batches = token_batches(
-        items,
-        tokenize,
-        batch_size=batch_size,
-        pad_id=pad_token_id(model, tokenizer),
-        exclude_special=exclude_special,
-        max_texts=max_texts,
-        device=model_device(model),
-    )
-    return capture_batches(model, batches, reducers, verify=verify, progress=progress)

@@ -18,9 +18,14 @@ from posprobe.cli.console import (
 )
 from posprobe.cli.options import (
     AllowPickleOpt,
+    BatchSizeOpt,
+    ColumnOpt,
+    DeviceOpt,
     FigureFormat,
     FormatOpt,
     JsonOpt,
+    MaxLengthOpt,
+    MaxTextsOpt,
     Mode,
     ModelArg,
     ModeOpt,
@@ -29,20 +34,14 @@ from posprobe.cli.options import (
     Scale,
     Stack,
     StackOpt,
+    TextOpt,
     parse_int_list,
 )
 from posprobe.cli.text_input import (
-    BatchSizeOpt,
-    ColumnOpt,
-    DeviceOpt,
     InputOpt,
-    MaxLengthOpt,
-    MaxTextsOpt,
     MinTextsOpt,
-    TextOpt,
     check_text_options,
     conditioning_lines,
-    file_tag,
     text_run,
     with_text_source,
 )
@@ -62,16 +61,6 @@ def _out_dir(out: Path | None, command: str, model_name: str) -> Path:
     from posprobe.formats.writing import prepare_out_dir
 
     return prepare_out_dir(out if out is not None else default_out(command, model_name))
-
-
-def _write_figure_and_record(out_dir: Path, stem: str, fmt: str, make_figure, result) -> tuple[Path, dict]:
-    """`{stem}.{fmt}` and `{stem}.json` (the result's dict, with both paths) written together; (figure, record)."""
-    from posprobe.formats.writing import figure_writer, json_writer, write_files
-
-    figure, record_file = out_dir / f"{stem}.{fmt}", out_dir / f"{stem}.json"
-    record = result.to_dict() | {"figure": str(figure), "record": str(record_file)}
-    write_files(out_dir, {figure.name: figure_writer(make_figure), record_file.name: json_writer(record)})
-    return figure, record
 
 
 def _resolve(model: str | None, allow_pickle: bool, with_tokenizer: bool = False):
@@ -95,14 +84,14 @@ def toeplitz(
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """P = E_P E_Pᵀ of the learned position embeddings, its Toeplitz R², and a heatmap."""
+    from posprobe.formats.save import save
     from posprobe.pipelines import analysis as pipeline
-    from posprobe.plotting import base as plotting
 
     source = _resolve(model, allow_pickle)
     out_dir = _out_dir(out, "toeplitz", source.label)
     result = pipeline.toeplitz(None, blocks=block, cosine=cosine, source=source)
-    stem = "P_cosine" if cosine else "P"
-    figure, record = _write_figure_and_record(out_dir, stem, fmt.value, lambda: plotting.heatmap(result), result)
+    written = save(result, out_dir, fmt)
+    figure, record = written["figures"][0], written.record
     if json_out:
         emit_json(record)
         return
@@ -128,7 +117,7 @@ def toeplitz(
         )
     for b in result.skipped_blocks:
         console.print(f"[dim]block {b} skipped: the table has only {result.n_positions} positions[/dim]")
-    console.print(f"heatmap: {figure}\nrecord:  {out_dir / f'{stem}.json'}")
+    console.print(f"heatmap: {figure}\nrecord:  {written['json']}")
 
 
 def fhat(
@@ -163,8 +152,8 @@ def fhat(
     Models without a learned position table (rotary, ALiBi, relative bias, ...) get their content-free
     scores (SPEC §9): the pre-softmax scores of a sequence of the average word embedding. With --text, the
     layer's input is the mean hidden state entering it on those texts instead (SPEC §13, data-conditioned)."""
+    from posprobe.formats.save import save
     from posprobe.pipelines import analysis as pipeline
-    from posprobe.plotting import base as plotting
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
                    max_texts=max_texts, batch_size=batch_size, device=device)  # fmt: skip
@@ -177,10 +166,8 @@ def fhat(
         )
     result = with_text_source(result, text)
     layer = result.layer  # -1 (the last layer) resolved to its number, for file names and titles
-    stem = f"fhat_layer{layer}_{file_tag(result)}" + ("_decoder" if result.stack == "decoder" else "")
-    figure, record = _write_figure_and_record(
-        out_dir, stem, fmt.value, lambda: plotting.fhat_grid(result, scale.value), result
-    )
+    written = save(result, out_dir, fmt, scale=scale.value)
+    figure, record = written["figures"][0], written.record
     if json_out:
         emit_json(record)
         return
@@ -196,7 +183,7 @@ def fhat(
         console.print(f"F̂_P — {source.label}, layer {layer}, {result.mode} mode{causal}")
         if result.conditioning is None or result.position_kind not in TABLE_KINDS:  # else: constant, said above
             console.print(by_construction_note(result.position_kind) + "; `posprobe profiles` shows the structure.")
-        console.print(f"figure: {figure}\nrecord: {out_dir / f'{stem}.json'}")
+        console.print(f"figure: {figure}\nrecord: {written['json']}")
         return
     table = Table(
         title=f"F̂_P Toeplitz R² — {source.label}, layer {layer}, {result.mode} mode{causal}", title_justify="left"
@@ -210,7 +197,7 @@ def fhat(
     console.print(table)
     if any_undefined(r2):
         print_undefined_note()
-    console.print(f"figure: {figure}\nrecord: {out_dir / f'{stem}.json'}")
+    console.print(f"figure: {figure}\nrecord: {written['json']}")
 
 
 def profiles(
@@ -240,10 +227,8 @@ def profiles(
     Every family posprobe reads: learned tables (paper/faithful mode) and the content-free scores (SPEC §9) of
     rotary, ALiBi and relative-bias models. Causal models use only k ≤ 0 (marked in titles and JSON). With
     --text, each layer's input is the mean hidden state entering it on those texts (SPEC §13, data-conditioned)."""
-    from posprobe.formats.profiles import write_profiles
-    from posprobe.formats.writing import write_files
+    from posprobe.formats.save import save
     from posprobe.pipelines import analysis as pipeline
-    from posprobe.plotting.profiles import profile_pages
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
                    max_texts=max_texts, batch_size=batch_size, device=device)  # fmt: skip
@@ -262,12 +247,8 @@ def profiles(
             **text_kwargs,
         )
     result = with_text_source(result, text)
-    tag = file_tag(result) + ("_decoder" if result.stack == "decoder" else "")
-    files = {f"profiles_{tag}.npz": lambda p: write_profiles(p, result)}
-    pages = profile_pages(result)  # one layout for every layer's page, drawn once
-    for i, layer in enumerate(result.layers):
-        files[f"profiles_layer{layer}_{tag}.{fmt.value}"] = pages.writer(i, fmt.value)
-    npz, *figures = write_files(out_dir, files).values()
+    written = save(result, out_dir, fmt)
+    npz, figures = written["npz"], written["figures"]
     if json_out:
         emit_json(result.to_dict() | {"npz": str(npz), "figures": [str(f) for f in figures]})
         return
@@ -301,6 +282,7 @@ def profiles(
         console.print(f"[dim]{line}[/dim]")
     if result.toeplitz_by_construction:
         console.print("[dim]F̂_P is Toeplitz by construction here: every profile is exact (the sections equal it)[/dim]")
+    tag = npz.stem.removeprefix("profiles_")  # the mode, the input and the stack, as in every figure's name
     console.print(f"arrays:  {npz}\nfigures: {out_dir}/profiles_layer*_{tag}.{fmt.value}")
 
 
@@ -329,9 +311,9 @@ def compare(
 
     A model without a learned table shows the head-mean of its layer-0 content-free scores, and no R² of P."""
     from posprobe.errors import ArgumentValueError
+    from posprobe.formats.save import save
     from posprobe.formats.writing import prepare_out_dir
     from posprobe.pipelines import analysis as pipeline
-    from posprobe.plotting import base as plotting
 
     if len(models) < 2:
         raise ArgumentValueError(
@@ -340,9 +322,8 @@ def compare(
     result = pipeline.compare(models, mode.value, cosine, allow_pickle, positions=positions)
     rows, labels = list(result), [row.label for row in result]
     out_dir = prepare_out_dir(out if out is not None else default_out("compare", "-vs-".join(labels)))
-    figure, record = _write_figure_and_record(
-        out_dir, "compare", fmt.value, lambda: plotting.compare_heatmaps(rows), result
-    )
+    written = save(result, out_dir, fmt)
+    figure, record = written["figures"][0], written.record
     if json_out:
         emit_json(record)
         return

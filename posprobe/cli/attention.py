@@ -22,16 +22,23 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json
-from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt, Stack, StackOpt
-from posprobe.cli.text_input import (
+from posprobe.cli.options import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_TEXT,
+    AllowPickleOpt,
     BatchSizeOpt,
     ColumnOpt,
     DefaultTextOpt,
     DeviceOpt,
+    FigureFormat,
+    FormatOpt,
+    JsonOpt,
     MaxMemoryOpt,
     MaxTextsOpt,
+    ModelArg,
+    OutOpt,
+    Stack,
+    StackOpt,
 )
 from posprobe.formats.writing import default_out
 
@@ -90,18 +97,17 @@ def attention(
     Toeplitz R², its correlation with the weights-based profile, and the attention sinks (first-token and
     special-token mass, sink rate). A hybrid's attention layers are measured; its recurrent / convolution layers are
     listed with their kind and no positional score."""
+    from posprobe.capture.textrun import check_run_settings
     from posprobe.checkpoint import resolve_model
     from posprobe.pipelines.attention import attention_profiles, write_attention
     from posprobe.texts.reading import check_texts, iter_texts
     from posprobe.validation import as_int
 
-    if max_length is not None:
-        max_length = as_int(max_length, "max_length", minimum=2, hint="e.g. --max-length 128")
-    batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
+    max_length, max_texts, batch_size, _ = check_run_settings(
+        max_length, max_texts, batch_size, device=device, max_memory=max_memory
+    )
     window = as_int(window, "window", minimum=1)
     min_pairs = as_int(min_pairs, "min_pairs", minimum=1)
-    if max_texts is not None:
-        max_texts = as_int(max_texts, "max_texts", minimum=1)
     total = check_texts(text, column, max_texts)
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
     out_dir = Path(out if out is not None else default_out("attention", source.label)).expanduser()

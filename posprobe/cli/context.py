@@ -16,8 +16,15 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json
-from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt
-from posprobe.cli.text_input import ColumnOpt, DeviceOpt
+from posprobe.cli.options import (
+    AllowPickleOpt,
+    ColumnOpt,
+    DeviceOpt,
+    FigureFormat,
+    FormatOpt,
+    JsonOpt,
+    OutOpt,
+)
 from posprobe.formats.writing import default_out
 
 DEFAULT_TEXT = "builtin:kjv"
@@ -60,9 +67,11 @@ def context(
     """Loss at each position of long windows (documents joined with EOS, a BOS per window where the tokenizer adds
     one) and perplexity per window length, for the model as it is and for each rotary scaling variant (transformers'
     own rope initialisation), with the rotary budget. Lengths past the trained length are allowed and said so."""
+    from posprobe.capture.textrun import check_run_settings
     from posprobe.checkpoint import resolve_model
     from posprobe.families.rope_variants import parse_variants
-    from posprobe.formats.writing import figure_writer, json_writer, prepare_out_dir, write_files, write_npz
+    from posprobe.formats.save import save
+    from posprobe.formats.writing import prepare_out_dir
     from posprobe.pipelines.context import check_family, check_lengths
     from posprobe.pipelines.context import context as run_context
     from posprobe.texts.reading import check_texts, iter_texts
@@ -70,7 +79,7 @@ def context(
 
     length_list = check_lengths(lengths)
     as_int(windows, "windows", minimum=1)
-    as_int(batch_size, "batch_size", minimum=1)
+    check_run_settings(batch_size=batch_size, device=device)
     variants = parse_variants(rope_scaling)
     check_texts(text, column, 1)
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
@@ -83,16 +92,8 @@ def context(
 
     result = replace(result, text={"source": text, **result.text})
     out_dir = prepare_out_dir(out if out is not None else default_out("context", source.label))
-    written = write_files(
-        out_dir,
-        {
-            "context.npz": lambda p: write_npz(p, result.metadata(), **result.arrays()),
-            "context.json": json_writer(result.to_dict()),
-            f"context_loss_by_position.{fmt.value}": figure_writer(result.plot),
-            f"context_perplexity.{fmt.value}": figure_writer(result.plot_perplexity),
-        },
-    )
-    npz, record, *figures = written.values()
+    written = save(result, out_dir, fmt)
+    npz, record, figures = written["npz"], written["json"], written["figures"]
     if json_out:
         emit_json(result.to_dict() | {"npz": str(npz), "json": str(record), "figures": [str(f) for f in figures]})
         return

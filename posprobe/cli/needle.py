@@ -15,8 +15,14 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json
-from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt
-from posprobe.cli.text_input import DeviceOpt
+from posprobe.cli.options import (
+    AllowPickleOpt,
+    DeviceOpt,
+    FigureFormat,
+    FormatOpt,
+    JsonOpt,
+    OutOpt,
+)
 from posprobe.formats.writing import default_out
 
 _DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -75,7 +81,8 @@ def needle(
     measured in tokens, never capped: a haystack too short for a length is refused. Plain continuation, no chat
     template."""
     from posprobe.checkpoint import resolve_model
-    from posprobe.formats.writing import figure_writer, prepare_out_dir, write_files, write_npz
+    from posprobe.formats.save import save
+    from posprobe.formats.writing import prepare_out_dir
     from posprobe.pipelines.needle import NeedleGrid
     from posprobe.pipelines.needle import needle as run_needle
     from posprobe.pipelines.needle_prompts import DEFAULT_INTRO, DEFAULT_NEEDLE, DEFAULT_QUESTION, NeedleTask
@@ -99,18 +106,8 @@ def needle(
     with _prompt_progress() as progress:
         result = run_needle(None, haystack=haystack, grid=grid, task=task, device=device, progress=progress,
                             allow_pickle=allow_pickle, source=source)  # fmt: skip
-    written = write_files(
-        out_dir,
-        {
-            "needle.npz": lambda p: write_npz(p, result.metadata(), **result.arrays()),
-            "prompts.jsonl": lambda p: p.write_text(result.jsonl(), encoding="utf-8"),
-            "needle.txt": lambda p: p.write_text(result.table() + "\n", encoding="utf-8"),
-            f"needle_grid.{fmt.value}": figure_writer(result.plot),
-            f"needle_depth.{fmt.value}": figure_writer(result.plot_depth),
-            f"needle_heads.{fmt.value}": figure_writer(result.plot_heads),
-        },
-    )
-    paths = {name.split(".")[0]: str(path) for name, path in written.items()}
+    written = save(result, out_dir, fmt)
+    paths = {name.split(".")[0]: str(path) for name, path in written.paths.items()}
     if json_out:
         emit_json(result.to_dict() | {"files": paths})
         return

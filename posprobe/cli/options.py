@@ -62,6 +62,38 @@ class Stack(str, Enum):
 StackOpt = Annotated[Stack, typer.Option("--stack", help="Encoder-decoder models (T5): which stack's attention.")]
 
 
+# ---- one run over texts (`posprobe.capture.textrun.TextRun`): attention, states, rotary --text, profiles/fhat --text,
+# context, needle; each number is checked by `capture.textrun.check_run_settings`
+DEFAULT_BATCH_SIZE = 32  # capture.textrun.DEFAULT_BATCH_SIZE (the option shows it; tests/test_textrun.py ties them)
+_TEXT_HELP = (
+    "Texts: one per line (.txt), .jsonl / .csv with --column, or a hub dataset split hub:NAME[:CONFIG]:SPLIT with "
+    "--column (e.g. NAME nyu-mll/glue, CONFIG cola, SPLIT validation), or builtin:sentences / builtin:kjv (texts "
+    "in the box)."
+)
+TextOpt = Annotated[str | None, typer.Option("--text", help=_TEXT_HELP)]
+DEFAULT_TEXT = "builtin:sentences"  # posprobe.corpora.SENTENCES: what `attention` and `states` read without --text
+# attention, states: they need texts, so without --text they read the 144 packaged sentences
+DefaultTextOpt = Annotated[str, typer.Option("--text", help=_TEXT_HELP + " Default: the 144 packaged sentences.")]
+ColumnOpt = Annotated[str | None, typer.Option("--column", help="Column of a .jsonl/.csv file with the texts.")]
+MaxLengthOpt = Annotated[
+    int | None, typer.Option("--max-length", help="Tokens per text (truncated); default 128 or fewer.")
+]
+MaxTextsOpt = Annotated[int | None, typer.Option("--max-texts", help="Use at most this many texts.")]
+BatchSizeOpt = Annotated[int | None, typer.Option("--batch-size", help="Texts per forward pass (default 32).")]
+DeviceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--device",
+        help="cpu, cuda, ... (default: cuda if available); auto: accelerate's big-model inference (layers over the "
+        "GPUs, the CPU and disk), for models larger than memory.",
+    ),
+]
+MaxMemoryOpt = Annotated[
+    str | None,
+    typer.Option("--max-memory", help="With --device auto: memory per device, e.g. cpu=8GiB,0=20GiB (past it: disk)."),
+]
+
+
 def parse_int_list(text: str | None, what: str, allow_all: bool = True) -> list[int] | None:
     """'0,1,5' -> [0, 1, 5]; 'all' or None -> None (meaning every one). Bad text -> PosprobeError."""
     from posprobe.errors import PosprobeError

@@ -14,8 +14,13 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json, log_console
-from posprobe.cli.options import AllowPickleOpt, JsonOpt, ModelArg, OutOpt
-from posprobe.cli.text_input import ColumnOpt
+from posprobe.cli.options import (
+    AllowPickleOpt,
+    ColumnOpt,
+    JsonOpt,
+    ModelArg,
+    OutOpt,
+)
 from posprobe.report.sections import SECTIONS  # the registry only: no torch, no matplotlib
 
 _NAMES = ", ".join(SECTIONS)

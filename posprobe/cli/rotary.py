@@ -23,24 +23,21 @@ import typer
 from posprobe.cli.console import console, emit_json
 from posprobe.cli.options import (
     AllowPickleOpt,
-    FigureFormat,
-    FormatOpt,
-    JsonOpt,
-    ModelArg,
-    OutOpt,
-    PositionsOpt,
-    parse_int_list,
-)
-from posprobe.cli.text_input import (
     BatchSizeOpt,
     ColumnOpt,
     DeviceOpt,
+    FigureFormat,
+    FormatOpt,
+    JsonOpt,
     MaxLengthOpt,
     MaxTextsOpt,
+    ModelArg,
+    OutOpt,
+    PositionsOpt,
     TextOpt,
-    check_text_options,
-    text_run,
+    parse_int_list,
 )
+from posprobe.cli.text_input import check_text_options, text_run
 from posprobe.errors import ArgumentValueError
 from posprobe.formats.writing import default_out
 
@@ -77,7 +74,8 @@ def rotary(
 
     from posprobe.checkpoint import resolve_model
     from posprobe.families.rope_variants import parse_variants
-    from posprobe.formats.writing import figure_writer, prepare_out_dir, write_files, write_npz
+    from posprobe.formats.save import save
+    from posprobe.formats.writing import prepare_out_dir
     from posprobe.pipelines.rotary import config_budget
     from posprobe.pipelines.rotary import rotary as rotary_bands
 
@@ -102,14 +100,8 @@ def rotary(
                               rope_scaling=rope_scaling, **text_kwargs)  # fmt: skip
     if text is not None:
         result = replace(result, texts={**result.texts, "text": str(text)})
-    written = write_files(
-        out_dir,
-        {
-            "rotary.npz": lambda p: write_npz(p, result.metadata(), **result.arrays()),
-            f"rotary_bands.{fmt.value}": figure_writer(result.plot),
-        },
-    )
-    npz, figure = written.values()
+    written = save(result, out_dir, fmt)
+    npz, figure = written["npz"], written["figures"][0]
     if json_out:
         emit_json(result.to_dict() | {"npz": str(npz), "figure": str(figure)})
         return

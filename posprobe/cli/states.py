@@ -23,17 +23,23 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json, text_progress
-from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, ModelArg, OutOpt, parse_int_list
-from posprobe.cli.text_input import (
+from posprobe.cli.options import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_TEXT,
+    AllowPickleOpt,
     BatchSizeOpt,
     ColumnOpt,
     DefaultTextOpt,
     DeviceOpt,
+    FigureFormat,
+    FormatOpt,
+    JsonOpt,
     MaxLengthOpt,
     MaxMemoryOpt,
     MaxTextsOpt,
+    ModelArg,
+    OutOpt,
+    parse_int_list,
 )
 from posprobe.formats.writing import default_out
 
@@ -90,21 +96,20 @@ def states(
     position (5 folds by text, held-out R² and MAE) with a permuted-position control; and the massive activations
     (largest |activation|, where, its ratio to the median, which tokens hold them). With --checkpoints: each
     number against the training step."""
+    from posprobe.capture.textrun import check_run_settings
     from posprobe.cli.text_input import check_min_texts
     from posprobe.errors import PosprobeError
     from posprobe.texts.reading import check_texts, iter_texts
     from posprobe.validation import as_int
 
-    if max_length is not None:
-        max_length = as_int(max_length, "max_length", minimum=2, hint="e.g. --max-length 128")
-    batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
+    max_length, max_texts, batch_size, _ = check_run_settings(
+        max_length, max_texts, batch_size, device=device, max_memory=max_memory
+    )
     min_texts = as_int(min_texts, "min_texts", minimum=1, hint="e.g. --min-texts 16")
     mae_sample = as_int(mae_sample, "mae_sample", minimum=1, maximum=2**24)
     seed = as_int(seed, "seed", minimum=0)
     null_draws = as_int(null_draws, "null_draws", minimum=0, maximum=1000)
     controls = as_int(controls, "controls", minimum=1, maximum=100)
-    if max_texts is not None:
-        max_texts = as_int(max_texts, "max_texts", minimum=1)
     layers = parse_int_list(probe_layers, "probe-layers")
     if checkpoints is not None and (model is not None or revision is not None):
         raise PosprobeError(

@@ -1,6 +1,8 @@
-"""The `--text` options shared by commands that read real text (`fhat`, `profiles`: SPEC §13; `rotary`: SPEC §15;
-`attention`, `states`), defined once: the option types, the check of the texts before any model is read, and the
-progress bar over texts while the library runs."""
+"""The `--text` handling shared by commands that read real text (`fhat`, `profiles`: SPEC §13; `rotary`: SPEC §15;
+`attention`, `states`): the data-conditioning options, the check of the texts and of the run's settings before any
+model is read, and the progress bar over texts while the library runs. The run-over-texts options themselves
+(`--text`, `--column`, `--max-length`, `--max-texts`, `--batch-size`, `--device`, `--max-memory`) are defined once
+in `cli.options`."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from typing import Annotated
 
 import typer
 
-DEFAULT_BATCH_SIZE = 32
+from posprobe.cli.options import DEFAULT_BATCH_SIZE
+
 DEFAULT_MIN_TEXTS = 16
 
 
@@ -20,16 +23,6 @@ class TextInput(str, Enum):
     position_mean = "position-mean"
 
 
-_TEXT_HELP = (
-    "Texts: one per line (.txt), .jsonl / .csv with --column, or a hub dataset split hub:NAME[:CONFIG]:SPLIT with "
-    "--column (e.g. NAME nyu-mll/glue, CONFIG cola, SPLIT validation), or builtin:sentences / builtin:kjv (texts "
-    "in the box)."
-)
-TextOpt = Annotated[str | None, typer.Option("--text", help=_TEXT_HELP)]
-DEFAULT_TEXT = "builtin:sentences"  # posprobe.corpora.SENTENCES: what `attention` and `states` read without --text
-# attention, states: they need texts, so without --text they read the 144 packaged sentences
-DefaultTextOpt = Annotated[str, typer.Option("--text", help=_TEXT_HELP + " Default: the 144 packaged sentences.")]
-ColumnOpt = Annotated[str | None, typer.Option("--column", help="Column of a .jsonl/.csv file with the texts.")]
 InputOpt = Annotated[
     TextInput | None,
     typer.Option(
@@ -42,28 +35,12 @@ InputOpt = Annotated[
 MinTextsOpt = Annotated[
     int | None, typer.Option("--min-texts", help="position-mean: positions need this many texts (default 16).")
 ]
-MaxLengthOpt = Annotated[
-    int | None, typer.Option("--max-length", help="Tokens per text (truncated); default 128 or fewer.")
-]
-MaxTextsOpt = Annotated[int | None, typer.Option("--max-texts", help="Use at most this many texts.")]
-BatchSizeOpt = Annotated[int | None, typer.Option("--batch-size", help="Texts per forward pass (default 32).")]
-DeviceOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--device",
-        help="cpu, cuda, ... (default: cuda if available); auto: accelerate's big-model inference (layers over the "
-        "GPUs, the CPU and disk), for models larger than memory.",
-    ),
-]
-MaxMemoryOpt = Annotated[
-    str | None,
-    typer.Option("--max-memory", help="With --device auto: memory per device, e.g. cpu=8GiB,0=20GiB (past it: disk)."),
-]
 
 
 def check_text_options(text: str | None, **options) -> int | None:
     """The number of texts `--text` will use (the file checked: exists, right column, not empty), or None without
     `--text`, where every other text option (`options`: name -> value, None when not given) must be unset."""
+    from posprobe.capture.textrun import check_run_settings
     from posprobe.errors import ArgumentValueError
     from posprobe.texts.reading import check_texts
     from posprobe.validation import as_int
@@ -73,11 +50,15 @@ def check_text_options(text: str | None, **options) -> int | None:
             if value is not None:
                 raise ArgumentValueError(name, "{arg} applies only with --text", "pass --text FILE, or drop {arg}")
         return None
-    for name in ("max_texts", "batch_size", "min_texts"):
-        if options.get(name) is not None:
-            as_int(options[name], name, minimum=1)
-    if options.get("max_length") is not None:
-        as_int(options["max_length"], "max_length", minimum=2)
+    check_run_settings(
+        options.get("max_length"),
+        options.get("max_texts"),
+        DEFAULT_BATCH_SIZE if options.get("batch_size") is None else options["batch_size"],
+        device=options.get("device"),
+        max_memory=options.get("max_memory"),
+    )
+    if options.get("min_texts") is not None:
+        as_int(options["min_texts"], "min_texts", minimum=1)
     total = check_texts(text, options.get("column"), options.get("max_texts"))
     if options.get("input") == TextInput.position_mean:
         check_min_texts(options.get("min_texts") or DEFAULT_MIN_TEXTS, total, text, "position-mean")
@@ -122,12 +103,6 @@ def with_text_source(result, text: str | None):
     if text is None or getattr(result, "conditioning", None) is None:
         return result
     return replace(result, conditioning={**result.conditioning, "text": str(text)})
-
-
-def file_tag(result) -> str:
-    """The mode part of output file names: the result's mode, and the input for 'position-mean'."""
-    conditioning = getattr(result, "conditioning", None) or {}
-    return result.mode + ("-position-mean" if conditioning.get("input") == TextInput.position_mean.value else "")
 
 
 def conditioning_lines(result) -> list[str]:

@@ -1,1 +1,1 @@
-"""File formats: atomic writes (`writing`), the TISA kernels file (`tisa_kernels`), profile files (`profiles`)."""
+"""File formats: atomic writes (`writing`), the save path (`save`), TISA kernels (`tisa_kernels`), profile files."""

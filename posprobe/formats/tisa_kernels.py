@@ -99,14 +99,22 @@ class KernelsFile:
 def save_tisa_kernels(path: str | Path, fit, metadata: dict) -> Path:
     """Write `fit.a`, `fit.b`, `fit.c` `(L, H, S)` and `fit.offset` `(L, H)` as float32 safetensors, with
     `metadata` as JSON under 'posprobe' (atomically). The arrays are validated as a reader would."""
+    from posprobe.formats.writing import atomic_write
+
+    return atomic_write(Path(path), tisa_kernels_writer(path, fit, metadata))
+
+
+def tisa_kernels_writer(path: str | Path, fit, metadata: dict):
+    """`save_tisa_kernels` as a `write_files` writer (`write(tmp_path)`), its arrays validated now (`path` names
+    the file in the messages)."""
     from safetensors.numpy import save_file
 
-    from posprobe.formats.writing import _json_default, atomic_write
+    from posprobe.formats.writing import _json_default
 
     tensors = {name: np.ascontiguousarray(getattr(fit, name), dtype=np.float32) for name in ("a", "b", "c", "offset")}
     _check_arrays(Path(path), tensors, metadata)
     meta = {"posprobe": json.dumps(metadata, default=_json_default)}
-    return atomic_write(Path(path), lambda p: save_file(tensors, str(p), metadata=meta))
+    return lambda p: save_file(tensors, str(p), metadata=meta)
 
 
 def read_kernels_file(path) -> KernelsFile:
@@ -225,9 +233,16 @@ def official_orientation(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[n
 def save_official_kernels(path: Path, fit, metadata: dict) -> Path:
     """The official-orientation kernels file: ``a``, ``b``, ``c`` `(L, S, H)` float32 (no offset), its metadata
     naming that convention (so posprobe's own reader refuses it)."""
+    from posprobe.formats.writing import atomic_write
+
+    return atomic_write(path, official_kernels_writer(fit, metadata))
+
+
+def official_kernels_writer(fit, metadata: dict):
+    """`save_official_kernels` as a `write_files` writer (`write(tmp_path)`)."""
     from safetensors.numpy import save_file
 
-    from posprobe.formats.writing import _json_default, atomic_write
+    from posprobe.formats.writing import _json_default
 
     a, b, c = official_orientation(fit.a, fit.b, fit.c)
     tensors = {n: np.ascontiguousarray(x, dtype=np.float32) for n, x in zip("abc", (a, b, c))}
@@ -236,7 +251,7 @@ def save_official_kernels(path: Path, fit, metadata: dict) -> Path:
     meta["shapes"] = {"a": "(L, S, H)", "b": "(L, S, H)", "c": "(L, S, H)"}
     meta.pop("offset_note", None)
     text = {"posprobe": json.dumps(meta, default=_json_default)}
-    return atomic_write(path, lambda p: save_file(tensors, str(p), metadata=text))
+    return lambda p: save_file(tensors, str(p), metadata=text)
 
 
 def kernels_metadata(result, fit) -> dict:

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from posprobe.analysis.hidden_means import POSITION_MEAN
 from posprobe.analysis.toeplitz import is_flat
 from posprobe.architectures.table import LEARNED
 from posprobe.errors import ArgumentValueError
+from posprobe.formats.save import OutputFile, Saves, figure_file, record_file
 from posprobe.pipelines.score_reader import _layer_index
 from posprobe.results import ResultMixin, short
 from posprobe.validation import as_int
@@ -37,7 +39,7 @@ def _r2(value) -> float | None:
 
 
 @dataclass(frozen=True, repr=False)
-class ToeplitzResult(ResultMixin):
+class ToeplitzResult(ResultMixin, Saves):
     """P = E_P E_P^T of one model and its Toeplitz R^2.
 
     `matrix` (n, n) float64, row i / column j = positions; `toeplitz_r2` R^2 of the whole matrix (None when
@@ -71,6 +73,12 @@ class ToeplitzResult(ResultMixin):
             "quantization": self.quantization,
         }
 
+    def output_files(self, fmt: str) -> list[OutputFile]:
+        """`P.<fmt>` (`P_cosine` with cosine) and its JSON record beside (`to_dict()` with both paths)."""
+        from posprobe.plotting import base as plotting
+
+        return figure_and_record("P_cosine" if self.cosine else "P", fmt, lambda: plotting.heatmap(self), self)
+
     def plot(self):
         """Heatmap of P (a matplotlib Figure)."""
         from posprobe.plotting import base as plotting
@@ -79,7 +87,7 @@ class ToeplitzResult(ResultMixin):
 
 
 @dataclass(frozen=True, repr=False)
-class FhatResult(ResultMixin):
+class FhatResult(ResultMixin, Saves):
     """F_hat_P of one layer: `matrices` (H, n, n) (row i = query, column j = key), `toeplitz_r2` (H,) per head
     (NaN where undefined: a constant matrix; NaN for every head, not measured, where `toeplitz_by_construction`:
     the model's position kind makes the matrices depend on k = j - i alone whatever the weights, R^2 = 1 by
@@ -137,6 +145,14 @@ class FhatResult(ResultMixin):
             "heads": [{"head": h, "toeplitz_r2": _r2(r)} for h, r in enumerate(self.toeplitz_r2)],
         } | ({"conditioning": self.conditioning} if self.conditioning is not None else {})
 
+    def output_files(self, fmt: str, scale: str = "per-head") -> list[OutputFile]:
+        """`fhat_layer<l>_<tag>.<fmt>` (`scale`: 'per-head' or 'shared', see `plotting.base.fhat_grid`) and its JSON
+        record beside; `_decoder` ends the name for an encoder-decoder's decoder stack."""
+        from posprobe.plotting import base as plotting
+
+        stem = f"fhat_layer{self.layer}_{file_tag(self)}" + ("_decoder" if self.stack == "decoder" else "")
+        return figure_and_record(stem, fmt, lambda: plotting.fhat_grid(self, scale), self)
+
     def plot(self):
         """One panel per head (posprobe.plotting.base.fhat_grid): displays in a notebook, `.savefig(path)` writes it."""
         from posprobe.plotting import base as plotting
@@ -148,7 +164,7 @@ class FhatResult(ResultMixin):
 
 
 @dataclass(frozen=True, repr=False)
-class ProfileResult(ResultMixin):
+class ProfileResult(ResultMixin, Saves):
     """Head profiles over k = j - i: `profiles` (L_sel, H, 2n-1) for `layers`, `offsets` (2n-1,) increasing.
 
     Index i of the first axis is layer `layers[i]` (use `layer_index(layer)` or `profile(layer, head)`).
@@ -291,6 +307,18 @@ class ProfileResult(ResultMixin):
         ]
         return out
 
+    def output_files(self, fmt: str) -> list[OutputFile]:
+        """`profiles_<tag>.npz` (a profiles file, `formats.profiles`) and one figure per computed layer."""
+        from posprobe.formats.profiles import write_profiles
+        from posprobe.plotting.profiles import profile_pages
+
+        tag = file_tag(self) + ("_decoder" if self.stack == "decoder" else "")
+        files = [OutputFile(f"profiles_{tag}.npz", "npz", write=lambda p: write_profiles(p, self))]
+        pages = profile_pages(self)  # one layout for every layer's page, drawn once
+        for i, layer in enumerate(self.layers):
+            files.append(OutputFile(f"profiles_layer{layer}_{tag}.{fmt}", "figures", write=pages.writer(i, fmt)))
+        return files
+
     def plot(self, layer: int | None = None):
         """Profiles and sections of every head of model layer `layer` (default: the first computed one)."""
         from posprobe.plotting.profiles import profile_grid
@@ -342,7 +370,7 @@ class CompareRow(ResultMixin):
 
 
 @dataclass(frozen=True, repr=False)
-class CompareResult(ResultMixin):
+class CompareResult(ResultMixin, Saves):
     """Rows of a comparison, one per model (iterate it, index it, or read `rows`)."""
 
     mode: str
@@ -365,8 +393,29 @@ class CompareResult(ResultMixin):
     def to_dict(self) -> dict:
         return {"mode": self.mode, "cosine": self.cosine, "models": [r.to_dict() for r in self.rows]}
 
+    def output_files(self, fmt: str) -> list[OutputFile]:
+        """`compare.<fmt>` (side-by-side heatmaps) and its JSON record beside."""
+        from posprobe.plotting import base as plotting
+
+        return figure_and_record("compare", fmt, lambda: plotting.compare_heatmaps(list(self.rows)), self)
+
     def plot(self):
         """Side-by-side P heatmaps."""
         from posprobe.plotting import base as plotting
 
         return plotting.compare_heatmaps(list(self.rows))
+
+
+def file_tag(result) -> str:
+    """The mode part of output file names: the result's mode, and the input for 'position-mean'."""
+    conditioning = getattr(result, "conditioning", None) or {}
+    return result.mode + ("-position-mean" if conditioning.get("input") == POSITION_MEAN else "")
+
+
+def figure_and_record(stem: str, fmt: str, make_figure, result) -> list[OutputFile]:
+    """`{stem}.{fmt}` and `{stem}.json` beside it (the result's dict, with both paths, as the CLI prints it)."""
+    figure, record = f"{stem}.{fmt}", f"{stem}.json"
+    as_record = lambda saved: (
+        result.to_dict() | {"figure": str(saved.paths[figure]), "record": str(saved.paths[record])}
+    )  # noqa: E731
+    return [figure_file(figure, make_figure), record_file(record, as_record)]

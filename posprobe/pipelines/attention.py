@@ -18,21 +18,14 @@ import numpy as np
 from posprobe.analysis.empirical import EmpiricalAccumulator, correlation_with_weights
 from posprobe.analysis.learned_sinks import LearnedSinkAccumulator
 from posprobe.analysis.sinks import SinkAccumulator
-from posprobe.capture import (
-    RECORD_NAME,
-    capture,
-    check_model,
-    load_for_capture,
-    place_on,
-    register_recording_attention,
-    resolve_max_length,
-)
+from posprobe.capture import RECORD_NAME, check_model, register_recording_attention
 from posprobe.capture.memory import check_fits
-from posprobe.capture.model import attention_layers, capture_device, dispatch_settings, layer_kind_words
+from posprobe.capture.model import attention_layers, layer_kind_words
+from posprobe.capture.textrun import TextModel, run_texts, text_run
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.attention_result import AttentionResult, write_attention
 from posprobe.texts.reading import check_texts, iter_texts, parse_hub_texts
-from posprobe.validation import as_bool, as_choice, as_int
+from posprobe.validation import as_choice, as_int
 
 MAX_ACCUMULATOR_BYTES = 16 * 2**30
 DEFAULT_MIN_PAIRS = 100  # offsets with fewer pairs do not enter weights_correlation
@@ -76,70 +69,59 @@ def attention_profiles(
     recorded; its other layers (recurrent / state-space / convolution) have no attention: NaN in every per-layer
     array (no pair, no query), and `layer_kinds` says so.
     """
-    if max_length is not None:
-        max_length = as_int(max_length, "max_length", minimum=2)
-    batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
-    if max_texts is not None:
-        max_texts = as_int(max_texts, "max_texts", minimum=1)
-    exclude_special = as_bool(exclude_special, "exclude_special")
+    run = text_run(texts, input_ids, special_ids=special_ids, max_length=max_length, max_texts=max_texts,
+                   batch_size=batch_size, exclude_special=exclude_special, device=device, max_memory=max_memory,
+                   progress=progress, text_source=text_source)  # fmt: skip
     min_pairs = as_int(min_pairs, "min_pairs", minimum=1)
-    if (texts is None) == (input_ids is None):
-        raise PosprobeError("pass exactly one of texts and input_ids", "texts for strings, input_ids if tokenised")
     stack = as_choice(stack, "stack", ("encoder", "decoder"))
     started = time.perf_counter()
-    dispatch = dispatch_settings(device, max_memory)  # device 'auto': accelerate's big-model inference
-    source, net, tokenizer = load_for_capture(model, allow_pickle, need_tokenizer=texts is not None, dispatch=dispatch)
+
+    def check(net) -> tuple[int, int]:
+        if stack == "decoder":
+            kind = getattr(net.config, "model_type", "unknown")
+            raise ArgumentValueError(
+                "stack",
+                f"{{arg}} decoder: posprobe attention runs the encoder stack of the encoder-decoder '{kind}' on the "
+                "texts (its decoder's self-attention needs a target text and reads the encoder's output)"
+                if getattr(net.config, "is_encoder_decoder", False)
+                else f"{{arg}} decoder: '{kind}' has one stack, no decoder",
+                "drop {arg}",
+            )
+        return check_model(net, encoder_decoder=True, hybrid=True)
+
+    def reducers(loaded: TextModel) -> list:
+        (n_layers, n_heads), n = loaded.checked, loaded.max_length
+        n_acc = len(attention_layers(loaded.net, n_layers))  # a hybrid's attention layers; every layer otherwise
+        need = EmpiricalAccumulator.nbytes(n_acc, n_heads, n)
+        if need > MAX_ACCUMULATOR_BYTES:
+            raise PosprobeError(
+                f"max_length {n} needs {need / 2**30:.1f} GiB of accumulators ({n_acc} attention layers x {n_heads} "
+                "heads x n² float64)",
+                "use a smaller --max-length",
+            )
+        what = f"the accumulators of max_length {n} ({n_acc} attention layers x {n_heads} heads x n² float64)"
+        check_fits(need, loaded.device, what, "use a smaller --max-length")
+        made = [
+            EmpiricalAccumulator(n_acc, n_heads, n, loaded.device),
+            SinkAccumulator(n_acc, n_heads, loaded.device),
+        ]
+        if has_learned_sinks(loaded.net):
+            made.append(LearnedSinkAccumulator(n_acc, n_heads, loaded.device))
+        return made
+
+    output = run_texts(model, run, reducers, check=check, allow_pickle=allow_pickle, verify=verify)
+    source, net, max_length = output.model.source, output.model.net, output.model.max_length
+    n_layers, n_heads = output.model.checked
+    acc, sinks, *learned = output.reducers
+    learned = learned[0] if learned else None
     encoder_decoder = bool(getattr(net.config, "is_encoder_decoder", False))
-    if stack == "decoder":
-        kind = getattr(net.config, "model_type", "unknown")
-        raise ArgumentValueError(
-            "stack",
-            f"{{arg}} decoder: posprobe attention runs the encoder stack of the encoder-decoder '{kind}' on the texts "
-            "(its decoder's self-attention needs a target text and reads the encoder's output)"
-            if encoder_decoder
-            else f"{{arg}} decoder: '{kind}' has one stack, no decoder",
-            "drop {arg}",
-        )
-    n_layers, n_heads = check_model(net, encoder_decoder=True, hybrid=True)
-    attending = attention_layers(net, n_layers)  # a hybrid's attention layers; every layer otherwise
-    max_length = resolve_max_length(net, max_length)
-    kinds = layer_kind_words(net, max_length)  # read from the config before the run
-    n_acc = len(attending)
-    if EmpiricalAccumulator.nbytes(n_acc, n_heads, max_length) > MAX_ACCUMULATOR_BYTES:
-        raise PosprobeError(
-            f"max_length {max_length} needs {EmpiricalAccumulator.nbytes(n_acc, n_heads, max_length) / 2**30:.1f} "
-            f"GiB of accumulators ({n_acc} attention layers x {n_heads} heads x n² float64)",
-            "use a smaller --max-length",
-        )
-    device = capture_device(net, device)
-    check_fits(
-        EmpiricalAccumulator.nbytes(n_acc, n_heads, max_length),
-        device,
-        f"the accumulators of max_length {max_length} ({n_acc} attention layers x {n_heads} heads x n² float64)",
-        "use a smaller --max-length",
-    )
-    net = place_on(net, device)
-    acc = EmpiricalAccumulator(n_acc, n_heads, max_length, device)
-    sinks = SinkAccumulator(n_acc, n_heads, device)
-    learned = LearnedSinkAccumulator(n_acc, n_heads, device) if has_learned_sinks(net) else None
-    summary = capture(
-        net,
-        [acc, sinks] + ([learned] if learned is not None else []),
-        texts,
-        tokenizer=tokenizer,
-        input_ids=input_ids,
-        special_ids=special_ids or (),
-        max_length=max_length,
-        batch_size=batch_size,
-        max_texts=max_texts,
-        exclude_special=exclude_special,
-        verify=verify,
-        progress=progress,
-    )
+    summary = output.summary
     n_texts = summary.n_texts
+    attending = attention_layers(net, n_layers)
+    kinds = layer_kind_words(net, max_length)  # read from the config
     profiles, sink_measures = acc.result(), sinks.result()
     shares = None if learned is None else learned.result()
-    if n_acc < n_layers:  # a hybrid: its other layers get NaN rows (no pair, no query: counts 0)
+    if len(attending) < n_layers:  # a hybrid: its other layers get NaN rows (no pair, no query: counts 0)
         profiles, sink_measures, shares = (
             every_layer(part, attending, n_layers) for part in (profiles, sink_measures, shares)
         )
@@ -153,7 +135,7 @@ def attention_profiles(
         str(getattr(net.config, "model_type", "unknown")),
         n_texts,
         max_length,
-        exclude_special,
+        run.exclude_special,
         n_layers,
         n_heads,
         profiles,

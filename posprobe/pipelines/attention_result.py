@@ -13,6 +13,7 @@ import numpy as np
 from posprobe.analysis.empirical import EmpiricalProfiles
 from posprobe.analysis.learned_sinks import LearnedSinkShares
 from posprobe.analysis.sinks import SinkMeasures
+from posprobe.formats.save import OutputFile, Saves, figure_file, save
 from posprobe.results import ResultMixin
 
 SINK_ARRAYS = (
@@ -31,7 +32,7 @@ LEARNED_SINK_ARRAYS = ("learned_sink_share", "real_token_share")  # (L, H); only
 
 
 @dataclass(frozen=True, repr=False)
-class AttentionResult(ResultMixin):
+class AttentionResult(ResultMixin, Saves):
     """Empirical profiles and attention sinks of every layer and head.
 
     profiles: SPEC §10 (`EmpiricalProfiles`: score_profiles, prob_profiles, prob_profiles_without_first
@@ -193,6 +194,26 @@ class AttentionResult(ResultMixin):
             out["figures"] = [str(f) for f in figures]
         return out
 
+    def output_files(self, fmt: str, window: int = 20) -> list[OutputFile]:
+        """`attention.npz` (`formats.profiles.write_attention_file`), one profile figure per layer (k = -window ..
+        window), `mean_distance.<fmt>`, with sinks `sinks.<fmt>` and with learned sinks (gpt-oss)
+        `learned_sinks.<fmt>`."""
+        from posprobe.formats.profiles import write_attention_file
+        from posprobe.plotting import attention as plots
+
+        files = [OutputFile("attention.npz", "npz", write=lambda p: write_attention_file(p, self))]
+        pages = plots.attention_pages(self, min(window, self.max_length - 1))  # laid out once, redrawn per layer
+        for layer in range(self.n_layers):
+            files.append(
+                OutputFile(f"attention_profiles_layer{layer}.{fmt}", "figures", write=pages.writer(layer, fmt))
+            )
+        files.append(figure_file(f"mean_distance.{fmt}", lambda: plots.mean_distance_chart(self)))
+        if self.sinks is not None:
+            files.append(figure_file(f"sinks.{fmt}", lambda: plots.sink_chart(self)))
+        if self.learned_sinks is not None:
+            files.append(figure_file(f"learned_sinks.{fmt}", lambda: plots.learned_sink_chart(self)))
+        return files
+
     def plot(self, layer: int | None = None):
         """With `layer`: that layer's profile grid; without: the sink figure (first-token mass per head and layer,
         sink rate per layer)."""
@@ -212,20 +233,6 @@ def _nulls(a: np.ndarray) -> list:
 
 def write_attention(result: AttentionResult, out_dir: str | Path, fmt: str = "png", window: int = 20) -> dict:
     """Write `attention.npz`, one profile figure per layer, the mean-distance chart, the sink chart and (learned
-    sinks, gpt-oss) the learned-sink chart into `out_dir`, as one unit (`outputs.write_files`: an interrupted or
-    failed run leaves nothing, not even an `out_dir` it created). Returns the paths."""
-    from posprobe.formats.profiles import write_attention as write_npz
-    from posprobe.formats.writing import figure_writer, write_files
-    from posprobe.plotting import attention as plots
-
-    files = {"attention.npz": lambda p: write_npz(p, result)}
-    pages = plots.attention_pages(result, window)  # laid out once, redrawn per layer
-    for layer in range(result.n_layers):
-        files[f"attention_profiles_layer{layer}.{fmt}"] = pages.writer(layer, fmt)
-    files[f"mean_distance.{fmt}"] = figure_writer(lambda: plots.mean_distance_chart(result))
-    if result.sinks is not None:
-        files[f"sinks.{fmt}"] = figure_writer(lambda: plots.sink_chart(result))
-    if result.learned_sinks is not None:
-        files[f"learned_sinks.{fmt}"] = figure_writer(lambda: plots.learned_sink_chart(result))
-    paths = list(write_files(out_dir, files).values())
-    return {"npz": paths[0], "figures": paths[1:]}
+    sinks) the learned-sink chart into `out_dir`, as one unit (`formats.save.save`: an interrupted or failed run
+    leaves nothing, not even an `out_dir` it created). Returns the paths ({"npz": path, "figures": [paths]})."""
+    return save(result, out_dir, fmt, window=window)

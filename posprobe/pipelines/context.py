@@ -132,10 +132,11 @@ def context(
     windows x (L_max - b) // (L - b) windows (b = 1 with a BOS, else 0), so perplexities differ by context alone.
     """
     from posprobe.capture.model import resolve_device
+    from posprobe.capture.textrun import check_run_settings
 
     lengths = check_lengths(lengths)
     windows = as_int(windows, "windows", minimum=1)
-    batch_size = as_int(batch_size, "batch_size", minimum=1)
+    _, _, batch_size, _ = check_run_settings(batch_size=batch_size)  # windows per forward pass: the shared bound
     variants = R.parse_variants(rope_scaling)
     if (texts is None) == (documents is None):
         raise ArgumentValueError("texts", "pass exactly one of {arg} (strings) and documents (token ids)",

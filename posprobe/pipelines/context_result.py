@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from posprobe.analysis.context_loss import octave_means
+from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, record_file
 from posprobe.results import ResultMixin
 
 
 @dataclass(frozen=True, repr=False)
-class ContextResult(ResultMixin):
+class ContextResult(ResultMixin, Saves):
     """Loss across the context per rotary variant.
 
     `position_loss` (V, L-1) float64: loss(t) = mean over the windows of the longest length of
@@ -119,6 +120,16 @@ class ContextResult(ResultMixin):
                 "budget": self.budget,
             }
         )
+
+    def output_files(self, fmt: str) -> list[OutputFile]:
+        """`context.npz` (arrays and JSON metadata), `context.json` (`to_dict()`), `context_loss_by_position.<fmt>`
+        and `context_perplexity.<fmt>`."""
+        return [
+            arrays_file("context.npz", self.metadata(), self.arrays()),
+            record_file("context.json", self.to_dict()),
+            figure_file(f"context_loss_by_position.{fmt}", self.plot),
+            figure_file(f"context_perplexity.{fmt}", self.plot_perplexity),
+        ]
 
     def plot(self):
         """Loss by position per variant (raw points and a smoothed curve, log x), the trained length marked."""

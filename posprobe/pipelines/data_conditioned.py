@@ -23,6 +23,7 @@ from typing import Any
 
 from posprobe.analysis.hidden_means import INPUTS, MEAN, POSITION_MEAN, HiddenMeanAccumulator
 from posprobe.architectures.table import KIND_NAMES, TABLE_KINDS
+from posprobe.capture.textrun import DEFAULT_BATCH_SIZE, TextRun, check_run_settings, text_run
 from posprobe.checkpoint.in_memory import is_model_object
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.families.context import PER_POSITION_INPUT, SAME_INPUT
@@ -30,29 +31,18 @@ from posprobe.pipelines.score_reader import MIN_POSITIONS, ScoreReader
 from posprobe.validation import as_choice, as_int
 
 DEFAULT_MIN_TEXTS = 16
-DEFAULT_BATCH_SIZE = 32
 
 
 @dataclass(frozen=True)
 class TextSettings:
-    """How to condition scores on texts (checked by `text_settings`): `texts` (strings, tokenised with the
-    model's tokenizer) or `input_ids` (token id sequences; `special_ids` says which ids are special), the `input`
-    ('mean' or 'position-mean'), `min_texts` (position-mean: positions with fewer texts are not analysed),
-    `max_length` (tokens per text; None: 128 or the model's positions if fewer), `max_texts`, `batch_size`,
-    `device` (None: cuda if available), `progress(k)` called after each batch of k texts, and `text_source` (what
-    the texts are, for the record: a file name)."""
+    """How to condition scores on texts (checked by `text_settings`): the run over texts (`run`, a `TextRun`:
+    texts or token ids, max length, max texts, batch size, device, progress, text source), the `input` ('mean' or
+    'position-mean'; None: chosen by the model) and `min_texts` (position-mean: positions with fewer texts are not
+    analysed)."""
 
-    texts: Iterable[str] | None
-    input_ids: Iterable[list[int]] | None
-    special_ids: tuple[int, ...]
-    input: str
+    run: TextRun
+    input: str | None
     min_texts: int
-    max_length: int | None
-    max_texts: int | None
-    batch_size: int
-    device: str | None
-    progress: Callable[[int], None] | None
-    text_source: str | None
 
     @property
     def per_position(self) -> bool:
@@ -73,22 +63,14 @@ def text_settings(
     text_source: str | None = None,
 ) -> TextSettings | None:
     """The checked settings, or None when neither `texts` nor `input_ids` is given (then every other setting must
-    keep its default: they only apply to texts)."""
+    keep its default: they only apply to texts). The run's max length is at least `MIN_POSITIONS`."""
     if input is not None:  # None: chosen by the model (`default_input`)
         input = as_choice(input, "input", INPUTS)
     min_texts = as_int(min_texts, "min_texts", minimum=1)
-    if max_length is not None:
-        max_length = as_int(max_length, "max_length", minimum=MIN_POSITIONS)
-    if max_texts is not None:
-        max_texts = as_int(max_texts, "max_texts", minimum=1)
-    batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
-    if isinstance(texts, (str, bytes)):
-        raise ArgumentValueError(
-            "texts", "{arg} must be an iterable of strings, got one string", "e.g. texts=['a text', 'another text']"
-        )
-    if texts is not None and input_ids is not None:
-        raise PosprobeError("pass one of texts and input_ids, not both", "texts for strings, input_ids if tokenised")
     if texts is None and input_ids is None:
+        max_length, max_texts, batch_size, _ = check_run_settings(
+            max_length, max_texts, batch_size, min_length=MIN_POSITIONS
+        )
         given = {
             "input": input not in (None, MEAN),
             "min_texts": min_texts != DEFAULT_MIN_TEXTS,
@@ -103,8 +85,10 @@ def text_settings(
                     name, "{arg} applies to data-conditioned scores, and no texts were given", "pass texts too"
                 )
         return None
-    return TextSettings(texts, input_ids, tuple(special_ids or ()), input, min_texts, max_length, max_texts,
-                        batch_size, device, progress, text_source)  # fmt: skip
+    run = text_run(texts, input_ids, special_ids=special_ids, max_length=max_length, max_texts=max_texts,
+                   batch_size=batch_size, device=device, progress=progress, text_source=text_source,
+                   min_length=MIN_POSITIONS)  # fmt: skip
+    return TextSettings(run, input, min_texts)
 
 
 def capture_target(model: Any, source) -> Any:
@@ -159,7 +143,7 @@ def condition_reader(
     conditioned = ScoreReader(ctx, n, reader.stack, PER_POSITION_INPUT if settings.per_position else SAME_INPUT)
     record = {
         "input": settings.input,
-        "text": settings.text_source,
+        "text": settings.run.text_source,
         "n_texts": summary.n_texts,
         # the tokens averaged into the analysed inputs: position-mean uses only positions 0..n-1
         "n_tokens": int(means.texts_at[: conditioned.n].sum()) if settings.per_position else means.n_tokens,
@@ -197,30 +181,13 @@ def conditioning_note(kind: str, input: str) -> str:
 
 
 def run_on_texts(model: Any, make_reducers: Callable, settings: TextSettings, allow_pickle: bool):
-    """Load `model` (what `capture_target` gives) and run it once over the texts of `settings`, feeding the
-    reducers `make_reducers(max_length, device)` returns; (reducers, CaptureSummary, max_length)."""
-    from posprobe.capture import capture, load_for_capture, place_on, resolve_max_length
-    from posprobe.capture.model import capture_device, dispatch_settings
+    """Load `model` (what `capture_target` gives) and run it once over the texts of `settings` (`run_texts`),
+    feeding the reducers `make_reducers(max_length, device)` returns; (reducers, CaptureSummary, max_length)."""
+    from posprobe.capture.textrun import run_texts
 
-    dispatch = dispatch_settings(settings.device, None)  # device 'auto': accelerate's big-model inference
-    _, net, tokenizer = load_for_capture(model, allow_pickle, settings.texts is not None, dispatch=dispatch)
-    max_length = resolve_max_length(net, settings.max_length)
-    device = capture_device(net, settings.device)
-    net = place_on(net, device)
-    reducers = make_reducers(max_length, device)
-    summary = capture(
-        net,
-        reducers,
-        settings.texts,
-        tokenizer=tokenizer,
-        input_ids=settings.input_ids,
-        special_ids=settings.special_ids,
-        max_length=max_length,
-        batch_size=settings.batch_size,
-        max_texts=settings.max_texts,
-        progress=settings.progress,
-    )
-    return reducers, summary, max_length
+    make = lambda loaded: make_reducers(loaded.max_length, loaded.device)  # noqa: E731
+    output = run_texts(model, settings.run, make, allow_pickle=allow_pickle)
+    return output.reducers, output.summary, output.model.max_length
 
 
 def hidden_means(model: Any, layers: list[int], settings: TextSettings, allow_pickle: bool):

@@ -13,15 +13,16 @@ from pathlib import Path
 import numpy as np
 
 from posprobe.analysis.tisa_window import POINTS_PER_PARAMETER, parameters, span, window_for
-from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.errors import ArgumentValueError
+from posprobe.formats.save import OutputFile, Saves, figure_file
 from posprobe.formats.tisa_kernels import (
     CONVENTION,
     FUNCTION,
     kernels_file_name,
     kernels_metadata,
     layers_suffix,
-    save_official_kernels,
-    save_tisa_kernels,
+    official_kernels_writer,
+    tisa_kernels_writer,
 )
 from posprobe.results import ResultMixin
 
@@ -99,7 +100,7 @@ class TisaFit(ResultMixin):
 
 
 @dataclass(frozen=True, repr=False)
-class TisaFitResult(ResultMixin):
+class TisaFitResult(ResultMixin, Saves):
     """Fits of one model for every requested S (in request order), with the profiles they were fitted to.
 
     `profiles` (L_sel, H, K) over `offsets` (K,), k = j - i, for model layers `layers`; `fits` one `TisaFit`
@@ -144,25 +145,38 @@ class TisaFitResult(ResultMixin):
 
         return fit_figure(self, self.fits[0] if n_kernels is None else self.fit(n_kernels))
 
-    def save(self, out_dir: str | Path, fmt: str = "png") -> TisaFitResult:
-        """Write each fit's kernels file and figure into `out_dir` (as `posprobe fit-tisa` does); returns the
-        result with `kernels_file` and `figure` set on every fit. File names carry S, and the fitted layers when
-        not all were fitted (`kernels_file.kernels_file_name`)."""
-        from dataclasses import replace
-
-        from posprobe.formats.writing import FIGURE_FORMATS, prepare_out_dir, save_figure
+    def output_files(self, fmt: str, where: str | Path = "") -> list[OutputFile]:
+        """Each fit's kernels file ('kernels') and figure ('figures'), in the order of the fits; file names carry S,
+        and the fitted layers when not all were fitted (`kernels_file.kernels_file_name`). The arrays are checked
+        here, before anything is written (a refusal names the file in folder `where`)."""
         from posprobe.plotting.fit import fit_figure
 
-        if fmt not in FIGURE_FORMATS:
-            raise PosprobeError(f"unknown figure format '{fmt}'", f"use one of: {', '.join(FIGURE_FORMATS)}")
-        out = prepare_out_dir(out_dir)
-        fits = []
+        files = []
         for fit in self.fits:
-            save = save_official_kernels if self.orientation == "official" else save_tisa_kernels
-            kernels = save(out / kernels_file_name(self, fit), fit, kernels_metadata(self, fit))
-            figure = save_figure(fit_figure(self, fit), out / figure_file_name(self, fit, fmt))
-            fits.append(replace(fit, kernels_file=kernels, figure=figure))
-        return replace(self, fits=fits)
+            name = kernels_file_name(self, fit)
+            if self.orientation == "official":
+                write = official_kernels_writer(fit, kernels_metadata(self, fit))
+            else:
+                write = tisa_kernels_writer(Path(where) / name, fit, kernels_metadata(self, fit))
+            files.append(OutputFile(name, "kernels", write=write))
+            files.append(figure_file(figure_file_name(self, fit, fmt), lambda fit=fit: fit_figure(self, fit)))
+        return files
+
+    def save(self, out_dir: str | Path, fmt: str = "png") -> TisaFitResult:
+        """Write each fit's kernels file and figure into `out_dir` as one unit (`formats.save.save`, as `posprobe
+        fit-tisa` does); returns the result with `kernels_file` and `figure` set on every fit."""
+        from dataclasses import replace
+
+        from posprobe.formats.save import check_format, save
+        from posprobe.formats.writing import prepare_out_dir
+
+        check_format(fmt)
+        out = prepare_out_dir(out_dir)
+        saved = save(self, out, fmt, where=out)
+        kernels, figures = saved["kernels"], saved["figures"]
+        return replace(
+            self, fits=[replace(f, kernels_file=k, figure=g) for f, k, g in zip(self.fits, kernels, figures)]
+        )
 
     @property
     def seconds(self) -> float:

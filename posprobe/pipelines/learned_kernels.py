@@ -258,8 +258,8 @@ def _profile_correlations(learned: LearnedFunctions, profiles, allow_pickle: boo
 # ------------------------------------------------------------------------------------------- outputs
 def write_kernels(report: LearnedKernelsReport, out_dir, fmt: str = "png") -> dict:
     """Write `kernels.npz` (every array, `offsets`, metadata) and the figures into `out_dir` as one unit
-    (`outputs.write_files`), after all computing succeeded; returns {"npz": path, "figures": [paths]}."""
-    from posprobe.formats.writing import figure_writer, write_files, write_npz
+    (`formats.save`), after all computing succeeded; returns {"npz": path, "figures": [paths]}."""
+    from posprobe.formats.save import arrays_file, figure_file, save_files
     from posprobe.plotting import learned as pk
 
     learned = report.learned
@@ -271,11 +271,9 @@ def write_kernels(report: LearnedKernelsReport, out_dir, fmt: str = "png") -> di
             arrays[f"compare_{key}"] = value
         for key, r in report.with_other.items():
             arrays[f"{key}_compare_correlation"] = r
-    files = {"kernels.npz": lambda p: write_npz(p, metadata(report), **arrays)}
-    for stem, fig in pk.kernel_figures(report):
-        files[f"{stem}.{fmt}"] = figure_writer(lambda fig=fig: fig)
-    paths = list(write_files(out_dir, files).values())
-    return {"npz": paths[0], "figures": paths[1:]}
+    files = [arrays_file("kernels.npz", metadata(report), arrays)]
+    files += [figure_file(f"{stem}.{fmt}", lambda fig=fig: fig) for stem, fig in pk.kernel_figures(report)]
+    return save_files(out_dir, files)
 
 
 def metadata(report: LearnedKernelsReport) -> dict:

@@ -14,13 +14,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from posprobe.analysis.needle import cell_means, head_means, position_gaps, ranked_heads
+from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, text_file
 from posprobe.results import ResultMixin
 
 TOP_HEADS = 10
 
 
 @dataclass(frozen=True, repr=False)
-class NeedleResult(ResultMixin):
+class NeedleResult(ResultMixin, Saves):
     """Scores of every prompt of the grid: `log_prob` (Lg, D, T) the answer's teacher-forced log-probability
     (nats, float64); `exact` (Lg, D, T) greedy exact match; `needle_attention` (Lg, D, T, L, H) the attention the
     last prompt token gives the needle's tokens; `achieved_length` / `achieved_depth` / `needle_tokens` (Lg, D, T)
@@ -213,6 +214,18 @@ class NeedleResult(ResultMixin):
         )
         lines.append(f"top retrieval heads (mean attention of the last prompt token on the needle): {heads}")
         return "\n".join(lines)
+
+    def output_files(self, fmt: str) -> list[OutputFile]:
+        """`needle.npz` (arrays and JSON metadata), `prompts.jsonl` (one line per prompt), `needle.txt` (the table),
+        and the figures `needle_grid`, `needle_depth`, `needle_heads`."""
+        return [
+            arrays_file("needle.npz", self.metadata(), self.arrays()),
+            text_file("prompts.jsonl", self.jsonl, "jsonl"),
+            text_file("needle.txt", lambda: self.table() + "\n", "text"),
+            figure_file(f"needle_grid.{fmt}", self.plot),
+            figure_file(f"needle_depth.{fmt}", self.plot_depth),
+            figure_file(f"needle_heads.{fmt}", self.plot_heads),
+        ]
 
     def plot(self):
         """The length x depth heatmaps (accuracy, mean log-probability)."""

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from posprobe.analysis.rotary_bands import long_band_share, wavelengths
+from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file
 from posprobe.results import ResultMixin
 
 
 @dataclass(frozen=True, repr=False)
-class RotaryBandsResult(ResultMixin):
+class RotaryBandsResult(ResultMixin, Saves):
     """Band norms per layer and head: `q_band_norm` (L_sel, H, F), `k_band_norm` (L_sel, H_kv, F), mean over real
     tokens of each token's ||(q_{a_f}, q_{b_f})|| (with texts) or of the content-free query (without);
     `frequencies` (L_sel, F) theta_f in radians per token and `wavelengths` 2 pi / theta_f in tokens, as the
@@ -174,6 +175,13 @@ class RotaryBandsResult(ResultMixin):
             "wavelengths": [[_number(x) for x in row] for row in self.wavelengths],
             "summary": per_layer,
         }
+
+    def output_files(self, fmt: str) -> list[OutputFile]:
+        """`rotary.npz` (arrays and JSON metadata) and `rotary_bands.<fmt>`."""
+        return [
+            arrays_file("rotary.npz", self.metadata(), self.arrays()),
+            figure_file(f"rotary_bands.{fmt}", self.plot),
+        ]
 
     def plot(self):
         """Band norm against wavelength (log x), one panel per layer, the context lengths marked."""

@@ -21,8 +21,9 @@ from posprobe.analysis.positional_vectors import (
     PermutedPositionAccumulator,
     PositionalVectorAccumulator,
 )
-from posprobe.capture import capture, check_model, load_for_capture, place_on, resolve_max_length
-from posprobe.capture.model import capture_device, dispatch_settings, layer_kind_words, text_config
+from posprobe.capture import check_model
+from posprobe.capture.model import layer_kind_words, text_config
+from posprobe.capture.textrun import TextModel, run_texts, text_run
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.states_result import StatesResult
 from posprobe.runtime.phases import phase
@@ -105,63 +106,62 @@ def states(
     costs the positional sums' memory again). The probe's baseline (first-token flag and text length) comes
     with every run. `progress(k)` is called after each batch with the number of texts it held.
     """
-    if max_length is not None:
-        max_length = as_int(max_length, "max_length", minimum=2)
-    batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
-    if max_texts is not None:
-        max_texts = as_int(max_texts, "max_texts", minimum=1)
+    run = text_run(texts, input_ids, special_ids=special_ids, max_length=max_length, max_texts=max_texts,
+                   batch_size=batch_size, device=device, max_memory=max_memory, progress=progress,
+                   text_source=text_source)  # fmt: skip
     min_texts = as_int(min_texts, "min_texts", minimum=1)
     mae_sample = as_int(mae_sample, "mae_sample", minimum=1, maximum=2**24)
     seed = as_int(seed, "seed", minimum=0)
     null_draws = as_int(null_draws, "null_draws", minimum=0, maximum=1000)
     controls = as_int(controls, "controls", minimum=1, maximum=100)
-    if (texts is None) == (input_ids is None):
-        raise PosprobeError("pass exactly one of texts and input_ids", "texts for strings, input_ids if tokenised")
     started = time.perf_counter()
-    dispatch = dispatch_settings(device, max_memory)  # device 'auto': accelerate's big-model inference
     name = None
     if revision is not None:
         from posprobe.checkpoint import resolve_model
 
         resolved = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True, revision=revision)
         model, name = str(resolved.path), resolved.name
-    source, net, tokenizer = load_for_capture(model, allow_pickle, need_tokenizer=texts is not None, dispatch=dispatch)
-    n_layers, _ = check_model(net, attention=False)
-    n_states = n_layers + 1
-    kind = str(getattr(net.config, "model_type", "unknown"))
-    hidden_size = getattr(text_config(net), "hidden_size", None)
-    if not isinstance(hidden_size, int) or hidden_size < 1:
-        raise PosprobeError(f"cannot read the hidden size of '{kind}' from its config", "use a standard config")
-    max_length = resolve_max_length(net, max_length)
-    kinds = layer_kind_words(net, max_length)  # read from the config before the run
-    layers = _probe_layers(probe_layers, n_states)
-    need = accumulator_bytes(n_states, max_length, hidden_size, len(layers), mae_sample, null_draws)
-    if need > MAX_ACCUMULATOR_BYTES:
-        raise PosprobeError(
-            f"the probes of {len(layers)} hidden states of size {hidden_size} and {null_draws} null draws need "
-            f"{need / 2**30:.1f} GiB of accumulators (5 folds x d² float64 per probe, (L+1)·n·d per draw)",
-            "probe fewer hidden states with --probe-layers (e.g. --probe-layers 0,8,16) or lower --null-draws",
-        )
-    device = capture_device(net, device)
-    net = place_on(net, device)
-    vectors = PositionalVectorAccumulator(n_states, max_length, hidden_size, device)
-    probes = PositionProbeAccumulator(
-        n_states, layers, hidden_size, device, sample=mae_sample, seed=seed, controls=controls
+
+    def check(net) -> tuple[int, str, int]:
+        n_layers, _ = check_model(net, attention=False)
+        kind = str(getattr(net.config, "model_type", "unknown"))
+        hidden_size = getattr(text_config(net), "hidden_size", None)
+        if not isinstance(hidden_size, int) or hidden_size < 1:
+            raise PosprobeError(f"cannot read the hidden size of '{kind}' from its config", "use a standard config")
+        return n_layers, kind, hidden_size
+
+    def reducers(loaded: TextModel) -> list:
+        (n_layers, kind, hidden_size), n, device = loaded.checked, loaded.max_length, loaded.device
+        n_states = n_layers + 1
+        layers = _probe_layers(probe_layers, n_states)
+        need = accumulator_bytes(n_states, n, hidden_size, len(layers), mae_sample, null_draws)
+        if need > MAX_ACCUMULATOR_BYTES:
+            raise PosprobeError(
+                f"the probes of {len(layers)} hidden states of size {hidden_size} and {null_draws} null draws need "
+                f"{need / 2**30:.1f} GiB of accumulators (5 folds x d² float64 per probe, (L+1)·n·d per draw)",
+                "probe fewer hidden states with --probe-layers (e.g. --probe-layers 0,8,16) or lower --null-draws",
+            )
+        return [
+            _CheckStates(n_states, hidden_size, kind),
+            PositionalVectorAccumulator(n_states, n, hidden_size, device),
+            PermutedPositionAccumulator(n_states, n, hidden_size, device, draws=null_draws, seed=seed),
+            PositionProbeAccumulator(n_states, layers, hidden_size, device, sample=mae_sample, seed=seed,
+                                     controls=controls),
+            MassiveActivationAccumulator(n_states, device),
+        ]  # fmt: skip
+
+    output = run_texts(model, run, reducers, check=check, allow_pickle=allow_pickle)
+    source, net, tokenizer, max_length = (
+        output.model.source,
+        output.model.net,
+        output.model.tokenizer,
+        output.model.max_length,
     )
-    null = PermutedPositionAccumulator(n_states, max_length, hidden_size, device, draws=null_draws, seed=seed)
-    massive = MassiveActivationAccumulator(n_states, device)
-    summary = capture(
-        net,
-        [_CheckStates(n_states, hidden_size, kind), vectors, null, probes, massive],
-        texts,
-        tokenizer=tokenizer,
-        input_ids=input_ids,
-        special_ids=special_ids or (),
-        max_length=max_length,
-        batch_size=batch_size,
-        max_texts=max_texts,
-        progress=progress,
-    )
+    n_layers, kind, hidden_size = output.model.checked
+    kinds = layer_kind_words(net, max_length)  # read from the config
+    _, vectors, null, probes, massive = output.reducers
+    layers = probes.layers
+    summary = output.summary
     massive_result = massive.result()
     tokens = delimiters = None
     if tokenizer is not None:

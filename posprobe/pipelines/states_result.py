@@ -13,6 +13,7 @@ import numpy as np
 from posprobe.analysis.massive import BINS_PER_OCTAVE, MEDIAN_RELATIVE_ERROR, MassiveActivations
 from posprobe.analysis.position_probe import ALPHA_GRID, N_FOLDS, PositionProbes
 from posprobe.analysis.positional_vectors import NOISE_MARGIN, PositionalVectors
+from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, save
 from posprobe.results import ResultMixin
 
 #: the per-hidden-state numbers (L+1,) of the JSON record and the checkpoint series, by their .npz name
@@ -43,7 +44,7 @@ PER_LAYER = (
 
 
 @dataclass(frozen=True, repr=False)
-class StatesResult(ResultMixin):
+class StatesResult(ResultMixin, Saves):
     """Position in the hidden states l = 0..L (l = 0 the embedding output, as `output_hidden_states` returns them).
 
     vectors: `PositionalVectors` (vectors (L+1, n, d), norms (L+1, n), gram, toeplitz_r2 (L+1,), counts, kept);
@@ -274,6 +275,16 @@ class StatesResult(ResultMixin):
             out["figures"] = [str(f) for f in figures]
         return out
 
+    def output_files(self, fmt: str) -> list[OutputFile]:
+        """`states.npz` (arrays and JSON metadata), `states.<fmt>` (summary) and `positional_gram.<fmt>`."""
+        from posprobe.plotting import states as plots
+
+        return [
+            arrays_file("states.npz", self.metadata(), self.arrays()),
+            figure_file(f"states.{fmt}", lambda: plots.states_summary(self)),
+            figure_file(f"positional_gram.{fmt}", lambda: plots.gram_panels(self)),
+        ]
+
     def plot(self, what: str = "summary"):
         """`summary`: probe R² and control, norms per position, massive activations per layer; `gram`: the
         positional vectors' Gram matrices of a few hidden states."""
@@ -313,23 +324,7 @@ def _nulls(a) -> list:
     return [None if not np.isfinite(x) else float(x) for x in a]
 
 
-def states_arrays_writer(result: StatesResult):
-    """A `write_files` writer of the result's `.npz` (arrays and JSON metadata)."""
-    from posprobe.formats.writing import write_npz
-
-    return lambda p: write_npz(p, result.metadata(), **result.arrays())
-
-
 def write_states(result: StatesResult, out_dir: str | Path, fmt: str = "png") -> dict:
     """Write `states.npz`, `states.<fmt>` (summary) and `positional_gram.<fmt>` into `out_dir` as one unit
-    (`outputs.write_files`: a failed or interrupted run leaves nothing). Returns the paths."""
-    from posprobe.formats.writing import figure_writer, write_files
-    from posprobe.plotting import states as plots
-
-    files = {
-        "states.npz": states_arrays_writer(result),
-        f"states.{fmt}": figure_writer(lambda: plots.states_summary(result)),
-        f"positional_gram.{fmt}": figure_writer(lambda: plots.gram_panels(result)),
-    }
-    paths = list(write_files(out_dir, files).values())
-    return {"npz": paths[0], "figures": paths[1:]}
+    (`formats.save.save`: a failed or interrupted run leaves nothing). Returns the paths."""
+    return save(result, out_dir, fmt)

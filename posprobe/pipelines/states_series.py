@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from posprobe.errors import PosprobeError, first_line
-from posprobe.pipelines.states_result import PER_LAYER, StatesResult, _nulls, states_arrays_writer
+from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, save
+from posprobe.pipelines.states_result import PER_LAYER, StatesResult, _nulls
 from posprobe.results import ResultMixin
 
 _STEP_IN_NAME = re.compile(r"(?:checkpoint|step)[-_]?(\d+)", re.IGNORECASE)
@@ -119,7 +120,7 @@ def _unique_labels(checkpoints: list[Checkpoint]) -> list[Checkpoint]:
 
 
 @dataclass(frozen=True, repr=False)
-class StatesSeries(ResultMixin):
+class StatesSeries(ResultMixin, Saves):
     """SPEC §16 for a series of checkpoints: `results[c]` is checkpoint c's `StatesResult`; `steps` (C,) their
     training steps (or 0..C-1 in the order given, when a step is unknown); `numbers[name]` (C, L+1) each
     per-hidden-state number (`states_result.PER_LAYER`) of every checkpoint."""
@@ -190,6 +191,20 @@ class StatesSeries(ResultMixin):
             out["checkpoint_npz"] = [str(p) for p in checkpoint_npz]
         return out
 
+    def output_files(self, fmt: str) -> list[OutputFile]:
+        """`states_series.npz`, `states_series.<fmt>` and each checkpoint's `states_<label>.npz` ('checkpoint_npz')."""
+        from posprobe.formats.writing import slug
+        from posprobe.plotting import states as plots
+
+        files = [
+            arrays_file("states_series.npz", self.metadata(), self.arrays()),
+            figure_file(f"states_series.{fmt}", lambda: plots.series_chart(self)),
+        ]
+        for checkpoint, result in zip(self.checkpoints, self.results):
+            files.append(arrays_file(f"states_{slug(checkpoint.label)}.npz", result.metadata(), result.arrays(),
+                                     group="checkpoint_npz"))  # fmt: skip
+        return files
+
     def plot(self):
         """Each number against the training step, one line per hidden state."""
         from posprobe.plotting import states as plots
@@ -247,15 +262,5 @@ def _common_title(items: list[Checkpoint]) -> str:
 
 def write_series(series: StatesSeries, out_dir: str | Path, fmt: str = "png") -> dict:
     """Write `states_series.npz` (steps, labels, every number (C, L+1)), `states_series.<fmt>` and each checkpoint's
-    full `states_<label>.npz` into `out_dir`, as one unit. Returns the paths."""
-    from posprobe.formats.writing import figure_writer, slug, write_files, write_npz
-    from posprobe.plotting import states as plots
-
-    files = {
-        "states_series.npz": lambda p: write_npz(p, series.metadata(), **series.arrays()),
-        f"states_series.{fmt}": figure_writer(lambda: plots.series_chart(series)),
-    }
-    for checkpoint, result in zip(series.checkpoints, series.results):
-        files[f"states_{slug(checkpoint.label)}.npz"] = states_arrays_writer(result)
-    paths = list(write_files(out_dir, files).values())
-    return {"npz": paths[0], "figures": paths[1:2], "checkpoint_npz": paths[2:]}
+    full `states_<label>.npz` into `out_dir`, as one unit (`formats.save.save`). Returns the paths."""
+    return save(series, out_dir, fmt)
