@@ -23,11 +23,11 @@ LAYERS = (
     "posprobe.mechanisms",  # positional mechanisms to retrofit
     "posprobe.analysis",  # pure numpy analyses
     "posprobe.families",  # the model reader and score functions per position kind
-    "posprobe.retrofitting.install",  # installing mechanisms, loading models
+    "posprobe.retrofitting",  # installing mechanisms, loading models
     "posprobe.corpora",  # texts in the box
-    "posprobe.texts.reading",  # reading texts
+    "posprobe.texts",  # reading texts
     "posprobe.capture",  # running a model on text, handing each batch to reducers
-    "posprobe.plotting.base",  # figures from results
+    "posprobe.plotting",  # figures from results
     "posprobe.pipelines",  # load + analyse + return results, one per command
     "posprobe.glue",  # fine-tuning and evaluation
     "posprobe.report",  # every analysis on one page

@@ -30,7 +30,7 @@ import numpy as np
 
 from posprobe.errors import PosprobeError
 from posprobe.glue.tasks import GlueTask, get_task
-from posprobe.texts.reading.hub import load_hub_dataset
+from posprobe.texts.hub import load_hub_dataset
 
 HF_EXTENSIONS = ("jsonl", "json", "csv", "parquet")
 HUB_DATASET = "nyu-mll/glue"

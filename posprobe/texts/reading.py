@@ -34,7 +34,7 @@ def parse_hub_texts(text: str) -> tuple[str, str | None, str] | None:
 
 def _hub_texts(spec: tuple[str, str | None, str], column: str | None) -> Iterator[str]:
     """The texts of column `column` of a hub dataset split (cache only when offline)."""
-    from posprobe.texts.reading.hub import load_hub_dataset
+    from posprobe.texts.hub import load_hub_dataset
 
     name, config, split = spec
     where = f"hub:{name}" + (f":{config}" if config else "") + f":{split}"
