@@ -1,4 +1,4 @@
-"""Commands `toeplitz`, `fhat`, `profiles` and `compare`: position analyses of checkpoints."""
+"""Commands `toeplitz`, `fhat`, `profiles` and `compare`: the weight-only position analyses of checkpoints."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def toeplitz(
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """P = E_P E_Pᵀ of the learned position embeddings, its Toeplitz R², and a heatmap."""
-    from posprobe.pipelines import analysis as pipeline
+    from posprobe.pipelines import weights as pipeline
     from posprobe.plotting import base as plotting
 
     source = _resolve(model, allow_pickle)
@@ -163,7 +163,7 @@ def fhat(
     Models without a learned position table (rotary, ALiBi, relative bias, ...) get their content-free
     scores (SPEC §9): the pre-softmax scores of a sequence of the average word embedding. With --text, the
     layer's input is the mean hidden state entering it on those texts instead (SPEC §13, data-conditioned)."""
-    from posprobe.pipelines import analysis as pipeline
+    from posprobe.pipelines import weights as pipeline
     from posprobe.plotting import base as plotting
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
@@ -191,7 +191,7 @@ def fhat(
         console.print(f"[dim]{line}[/dim]")
     if result.toeplitz_by_construction:
         from posprobe.architectures.table import TABLE_KINDS
-        from posprobe.pipelines.analysis_results import by_construction_note
+        from posprobe.pipelines.weights_results import by_construction_note
 
         console.print(f"F̂_P — {source.label}, layer {layer}, {result.mode} mode{causal}")
         if result.conditioning is None or result.position_kind not in TABLE_KINDS:  # else: constant, said above
@@ -242,7 +242,7 @@ def profiles(
     --text, each layer's input is the mean hidden state entering it on those texts (SPEC §13, data-conditioned)."""
     from posprobe.formats.profiles import write_profiles
     from posprobe.formats.writing import write_files
-    from posprobe.pipelines import analysis as pipeline
+    from posprobe.pipelines import weights as pipeline
     from posprobe.plotting.profiles import profile_pages
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
@@ -330,7 +330,7 @@ def compare(
     A model without a learned table shows the head-mean of its layer-0 content-free scores, and no R² of P."""
     from posprobe.errors import ArgumentValueError
     from posprobe.formats.writing import prepare_out_dir
-    from posprobe.pipelines import analysis as pipeline
+    from posprobe.pipelines import weights as pipeline
     from posprobe.plotting import base as plotting
 
     if len(models) < 2:

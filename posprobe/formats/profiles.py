@@ -1,6 +1,6 @@
 """Profile files: the `.npz` files `posprobe profiles` and `posprobe attention` write and `fit-tisa` reads.
 
-The one module that writes them (`write_profiles`, `write_attention`) and reads them (`read_profile_file`).
+The one module that writes them (`write_profiles`, `write_attention_npz`) and reads them (`read_profile_file`).
 Layout: arrays plus a JSON `metadata` entry (`outputs.save_npz`). A profiles file holds `profiles`
 (L_sel, H, 2n-1) over `offsets` (2n-1,) (k = j - i, increasing), `layers`, `fhat_r2`, `sections` and
 `section_rows`; an attention file holds `score_profiles` / `prob_profiles` (and `profiles`, a copy of the
@@ -52,7 +52,7 @@ def write_profiles(path: Path, result) -> None:
     )
 
 
-def write_attention(path: Path, result, profile: str = "score") -> None:
+def write_attention_npz(path: Path, result, profile: str = "score") -> None:
     """Write an `AttentionResult`'s arrays and metadata as an attention file at `path` (a `write_files` writer)."""
     write_npz(path, result.metadata(), **result.arrays(profile))
 

@@ -195,7 +195,7 @@ def write_attention(result: AttentionResult, out_dir: str | Path, fmt: str = "pn
     """Write `attention.npz`, one profile figure per layer, the mean-distance chart and the sink chart into
     `out_dir`, as one unit (`outputs.write_files`: an interrupted or failed run leaves nothing, not even an `out_dir` it
     created). Returns the paths."""
-    from posprobe.formats.profiles import write_attention as write_npz
+    from posprobe.formats.profiles import write_attention_npz as write_npz
     from posprobe.formats.writing import figure_writer, write_files
     from posprobe.plotting import attention as plots
 

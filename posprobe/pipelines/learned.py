@@ -1,7 +1,7 @@
-"""`posprobe kernels`: load a retrofitted folder, read its mechanism's parameters (and their initial values),
-optionally run it on real text for the mean query/key/value, and turn them into functions of `k = j - i`
-(`posprobe.analysis.learned`); compare with another folder or the base model's own profiles; write the npz
-and the figures.
+"""`posprobe learned` (old spelling `kernels`, a hidden alias): load a retrofitted folder, read its mechanism's
+parameters (and their initial values), optionally run it on real text for the mean query/key/value, and turn
+them into functions of `k = j - i` (`posprobe.analysis.learned`); compare with another folder or the base
+model's own profiles; write the npz and the figures.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ TEXT_BATCH = 16
 
 
 @dataclass(frozen=True)
-class LearnedKernelsReport:
+class LearnedReport:
     """The learned functions of one model, and optionally those of a second (`other`) and per-head
     correlations: `with_other[name]` and `with_profiles[name]` are `(L, H)` over shared offsets."""
 
@@ -31,7 +31,7 @@ class LearnedKernelsReport:
     window: int
     radius: int
     n_text_tokens: int = 0
-    other: LearnedKernelsReport | None = None
+    other: LearnedReport | None = None
     with_other: dict[str, np.ndarray] = field(default_factory=dict)
     with_profiles: dict[str, np.ndarray] = field(default_factory=dict)
     profiles_source: str | None = None
@@ -158,14 +158,14 @@ def learned_from_folder(
     stacked = _stack(mechanism_state(model), n_depths)
     initial = initial_state(model)
     initial_parts = None if initial is None else [p for _, p in _split_parts(mechanism, _stack(initial, n_depths))]
-    means, tokens = (None, 0) if texts is None else mean_vectors(model, _kernels_tokenizer(path), texts)
+    means, tokens = (None, 0) if texts is None else mean_vectors(model, _folder_tokenizer(path), texts)
     offsets = np.arange(-window, window + 1)
     learned = learned_functions(mechanism, _split_parts(mechanism, stacked), offsets, initial_parts, means)
     return str(folder), learned, window, radius, tokens
 
 
 # ------------------------------------------------------------------------------------------------ API
-def learned_kernels(
+def read_learned(
     folder,
     *,
     window: int | None = None,
@@ -173,7 +173,7 @@ def learned_kernels(
     compare=None,
     profiles=None,
     allow_pickle: bool = False,
-) -> LearnedKernelsReport:
+) -> LearnedReport:
     """The learned positional functions of a retrofitted `folder` (SPEC §11).
 
     window: half-width W of the offsets k = -W..W (default 16 with TISA, else the clip radius r);
@@ -195,7 +195,7 @@ def learned_kernels(
         notes.append(
             "dynamic tables shown as per-offset norms; pass --text FILE for the score of the average query/key"
         )
-    report = LearnedKernelsReport(name, learned, used, radius, tokens, notes=notes)
+    report = LearnedReport(name, learned, used, radius, tokens, notes=notes)
     if compare is not None:
         other_name, other, _, _, other_tokens = learned_from_folder(
             compare, window=used, texts=texts, allow_pickle=allow_pickle
@@ -217,14 +217,14 @@ def learned_kernels(
             if learned.kind(key) == "head":
                 with_other[key] = correlation_per_head(x, learned.offsets, y, other.offsets)[0]
         report = _with(
-            report, other=LearnedKernelsReport(other_name, other, used, radius, other_tokens), with_other=with_other
+            report, other=LearnedReport(other_name, other, used, radius, other_tokens), with_other=with_other
         )
     if profiles is not None:
         report = _with(report, **_profile_correlations(learned, profiles, allow_pickle))
     return report
 
 
-def _with(report: LearnedKernelsReport, **changes) -> LearnedKernelsReport:
+def _with(report: LearnedReport, **changes) -> LearnedReport:
     from dataclasses import replace
 
     return replace(report, **changes)
@@ -256,7 +256,7 @@ def _profile_correlations(learned: LearnedFunctions, profiles, allow_pickle: boo
 
 
 # ------------------------------------------------------------------------------------------- outputs
-def write_kernels(report: LearnedKernelsReport, out_dir, fmt: str = "png") -> dict:
+def write_learned(report: LearnedReport, out_dir, fmt: str = "png") -> dict:
     """Write `kernels.npz` (every array, `offsets`, metadata) and the figures into `out_dir` as one unit
     (`outputs.write_files`), after all computing succeeded; returns {"npz": path, "figures": [paths]}."""
     from posprobe.formats.writing import figure_writer, write_files, write_npz
@@ -272,13 +272,13 @@ def write_kernels(report: LearnedKernelsReport, out_dir, fmt: str = "png") -> di
         for key, r in report.with_other.items():
             arrays[f"{key}_compare_correlation"] = r
     files = {"kernels.npz": lambda p: write_npz(p, metadata(report), **arrays)}
-    for stem, fig in pk.kernel_figures(report):
+    for stem, fig in pk.learned_figures(report):
         files[f"{stem}.{fmt}"] = figure_writer(lambda fig=fig: fig)
     paths = list(write_files(out_dir, files).values())
     return {"npz": paths[0], "figures": paths[1:]}
 
 
-def metadata(report: LearnedKernelsReport) -> dict:
+def metadata(report: LearnedReport) -> dict:
     learned = report.learned
     return {
         "model": report.model,
@@ -295,7 +295,7 @@ def metadata(report: LearnedKernelsReport) -> dict:
     }
 
 
-def summary(report: LearnedKernelsReport) -> dict:
+def summary(report: LearnedReport) -> dict:
     """Per learned array: shape, largest |value| and largest |change from init| (None when unknown)."""
     learned = report.learned
     out = {}
@@ -317,7 +317,7 @@ def _nan_list(x: np.ndarray) -> list:
     return [[None if np.isnan(v) else round(float(v), 6) for v in row] for row in np.asarray(x)]
 
 
-def _kernels_tokenizer(folder: Path):
+def _folder_tokenizer(folder: Path):
     from posprobe.checkpoint.loading import load_tokenizer
 
     return load_tokenizer(
