@@ -168,6 +168,42 @@ def test_tisa_from_kernels_file_reproduced_exactly(tmp_path, tiny_checkpoints):
     np.testing.assert_allclose(tisa_functions(arrays["a"], arrays["b"], arrays["c"], k), want, rtol=1e-13)
 
 
+def _name_comparisons(tree) -> set[int]:
+    """Lines comparing a value with a mechanism's name (`x == "tisa"`, `p in ("dynamic", ...)`, `"tisa" in parts`)."""
+    import ast
+
+    def names(node) -> set:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return set().union(*map(names, node.elts)) if node.elts else set()
+        return set()
+
+    compares = [node for node in ast.walk(tree) if isinstance(node, ast.Compare)]
+    return {c.lineno for c in compares if any(names(x) & set(MECHANISM_NAMES) for x in [c.left, *c.comparators])}
+
+
+def test_each_mechanism_owns_its_reading_over_k():
+    """How a mechanism's parameters read over k is its catalogue entry's (`read_over_k`), and no code outside
+    `posprobe/mechanisms/` branches on a mechanism's name (the if-chain over names in analysis/learned.py is gone);
+    the scan finds a planted comparison."""
+    import ast
+    from pathlib import Path
+
+    import posprobe
+    from posprobe.mechanisms.catalogue import CATALOGUE
+
+    assert all(info.reading is not None for info in CATALOGUE.values())
+    assert _name_comparisons(ast.parse('if part == "tisa" or p in ("dynamic", "cat"):\n    pass')) == {1}
+    root = Path(posprobe.__file__).parent
+    found = {
+        str(path.relative_to(root)): lines
+        for path in sorted(root.rglob("*.py"))
+        if path.parent.name != "mechanisms" and (lines := _name_comparisons(ast.parse(path.read_text("utf-8"))))
+    }
+    assert found == {}
+
+
 def test_old_spelling_kernels_is_a_hidden_alias(tmp_path, capsys):
     """`posprobe kernels DIR` (the command's old name) still runs the same command with the same record; `--help`
     lists `learned` only ("kernels" alone names TISA's Gaussian kernels)."""

@@ -13,9 +13,9 @@ import numpy as np
 
 from posprobe.analysis.learned import ROLES, LearnedFunctions, correlation_per_head, learned_functions
 from posprobe.errors import PosprobeError
+from posprobe.mechanisms.catalogue import mechanism_info
 from posprobe.validation import as_int, as_path
 
-DEFAULT_TISA_WINDOW = 16
 MAX_WINDOW = 4096
 TEXT_MAX_LENGTH = 128
 TEXT_BATCH = 16
@@ -96,17 +96,20 @@ def mean_vectors(model, tokenizer, texts: list[str]) -> tuple[dict[str, np.ndarr
     projection outputs the attention sees, after any mechanism rewrote them), and the token count."""
     import torch
 
-    from posprobe.retrofitting.install import depth_slots
+    from posprobe.retrofitting.attention import depth_slots, layer_shape, projection
 
     slots = depth_slots(model)
     modules = list({id(m): m for m, _ in slots}.values())
     calls: dict[str, list] = {role: [] for role in ROLES}
     hooks = [
-        getattr(m, role).register_forward_hook(lambda _mod, _args, out, role=role: calls[role].append(out.detach()))
+        projection(model, m, role).register_forward_hook(
+            lambda _mod, _args, out, role=role: calls[role].append(out.detach())
+        )
         for m in modules
         for role in ROLES
     ]
-    H, dh = slots[0][0].num_attention_heads, slots[0][0].attention_head_size
+    shape = layer_shape(model, slots[0][0])
+    H, dh = shape.num_heads, shape.head_dim
     sums = {role: torch.zeros(len(slots), H * dh, dtype=torch.float64) for role in ROLES}
     tokens = 0
     try:
@@ -150,9 +153,8 @@ def learned_from_folder(
     path, recipe = _check_folder(folder)
     mechanism = str(recipe["mechanism"])
     radius = int(recipe.get("radius") or 8)
-    parts = mechanism.split("+")
-    if window is None:
-        window = DEFAULT_TISA_WINDOW if "tisa" in parts else radius
+    if window is None:  # the mechanism's own (TISA: 16), else the clip radius
+        window = mechanism_info(mechanism).window or radius
     model = load_model(path, allow_pickle=allow_pickle).eval()
     n_depths = len(depth_slots(model))
     stacked = _stack(mechanism_state(model), n_depths)
@@ -191,7 +193,7 @@ def read_learned(
         folder, window=window, texts=texts, allow_pickle=allow_pickle
     )
     notes = [] if learned.initial_known else ["initial values unknown (folder written before posprobe stored them)"]
-    if texts is None and any(p in ("dynamic", "key-dynamic", "shaw-values", "composite") for p in learned.parts):
+    if texts is None and mechanism_info(learned.mechanism).reads_text:
         notes.append(
             "dynamic tables shown as per-offset norms; pass --text FILE for the score of the average query/key"
         )
