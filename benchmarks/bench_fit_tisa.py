@@ -26,7 +26,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 def bench_case(name: str, model: str | None, kernels: list[int]) -> list[dict]:
     from posprobe.analysis.tisa_fit import TisaKernelFitter
-    from posprobe.pipelines.analysis import profiles as compute_profiles
+    from posprobe.pipelines.weights import profiles as compute_profiles
 
     start = time.perf_counter()
     prof = compute_profiles(model, None, "paper")

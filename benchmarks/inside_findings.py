@@ -95,7 +95,6 @@ def main() -> None:
             ]
     # cosine between x_l and e_w as layer l's projections see them (after its own norm)
     means = inputs["data-conditioned mean"]
-    ctx.use_layer_inputs(None)
     e_w = [ctx.word_input(layer) for layer in range(means.n_layers)]
     from posprobe.pipelines.data_conditioned import hidden_means, text_settings
 

@@ -433,7 +433,7 @@ def test_weights_profiles_read_the_model_once_at_max_length(tmp_path, monkeypatc
     table has 512 rows': it has no table), and the checkpoint's weights are opened once, not once per layer."""
     import posprobe.pipelines.score_reader as score_reader
     from posprobe.analysis.toeplitz import diagonal_means
-    from posprobe.pipelines.analysis import fhat
+    from posprobe.pipelines.weights import fhat
 
     model = tiny_model("llama")
     model.config.max_position_embeddings = 2048

@@ -9,9 +9,9 @@ from conftest import FAMILIES, build_tiny
 
 from posprobe.checkpoint import WeightReader, default_model_dir, resolve_model
 from posprobe.errors import PosprobeError
-from posprobe.pipelines.analysis import fhat as fhat_analysis
-from posprobe.pipelines.analysis import open_model
-from posprobe.pipelines.analysis import toeplitz as toeplitz_analysis
+from posprobe.pipelines.weights import fhat as fhat_analysis
+from posprobe.pipelines.weights import open_model
+from posprobe.pipelines.weights import toeplitz as toeplitz_analysis
 
 
 def read_position_table(source):
@@ -205,7 +205,7 @@ def test_reader_lists_and_finds_suffixes(tiny_checkpoints):
 
 
 def test_profiles_refuse_missing_layers_even_when_shared(tiny_checkpoints):
-    from posprobe.pipelines.analysis import profiles as compute_profiles
+    from posprobe.pipelines.weights import profiles as compute_profiles
 
     with pytest.raises(PosprobeError, match="layer 99"):
         compute_profiles(str(tiny_checkpoints["albert"]), layers=[0, 99])

@@ -89,7 +89,7 @@ def test_ctrl_c_during_an_analysis_exits_130(tmp_path):
     """`toeplitz` held in its analysis (a sleep patched in before it) while the SIGINT arrives."""
     out = tmp_path / "toeplitz"
     code = (
-        "import time, posprobe.pipelines.analysis as a; real = a.toeplitz; "
+        "import time, posprobe.pipelines.weights as a; real = a.toeplitz; "
         "a.toeplitz = lambda *x, **k: (time.sleep(60), real(*x, **k))[1]; "
         "from posprobe.cli import main; main()"
     )
@@ -227,8 +227,8 @@ def test_undefined_r2_reads_undefined_in_text_and_null_in_json(monkeypatch, tmp_
     """The library reports an undefined R² (constant matrix) as None / NaN; the CLI words it."""
     import numpy as np
 
-    import posprobe.pipelines.analysis as pipelines
-    from posprobe.pipelines.analysis import FhatResult, ToeplitzResult
+    import posprobe.pipelines.weights as pipelines
+    from posprobe.pipelines.weights import FhatResult, ToeplitzResult
 
     const = np.ones((8, 8))
     monkeypatch.setattr(
@@ -307,7 +307,7 @@ def test_error_wording_fits_where_it_is_read(tiny_checkpoints, tmp_path, capsys)
     """Reviewer wording defects: flags in CLI hints and keywords in library hints; one layer said as such;
     a missing evaluate folder says it does not exist."""
     from posprobe.errors import ArgumentValueError
-    from posprobe.pipelines.analysis import _layer_index
+    from posprobe.pipelines.weights import _layer_index
 
     err = ArgumentValueError("kernels", "{arg} 0 is too few", "e.g. {arg=5} or {arg}")
     assert err.render(cli=True) == "--kernels 0 is too few — e.g. --kernels 5 or --kernels"

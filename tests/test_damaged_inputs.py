@@ -320,7 +320,7 @@ def test_params_reads_config_only(tiny_checkpoints, tmp_path, capfd):
 
 def test_bert_with_pad_token_id_null_is_analysed(tiny_checkpoints, tmp_path):
     """Issue 8: `pad_token_id: null` crashed architectures.py; BERT does not use it for positions."""
-    from posprobe.pipelines.analysis import toeplitz as toeplitz_analysis
+    from posprobe.pipelines.weights import toeplitz as toeplitz_analysis
 
     folder = _model("padnull", "bert", _edit_config(pad_token_id=None), tiny_checkpoints, tmp_path)
     assert toeplitz_analysis(str(folder)).matrix.shape[0] == 64

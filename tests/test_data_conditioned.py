@@ -362,3 +362,40 @@ def test_titles_say_how_many_texts_and_which_input():
     assert "data-conditioned mode on 4 texts (mean input)" in f.plot().title
     plain = posprobe.profiles(model, layers=[1])
     assert " texts (" not in profile_pages(plain).page_titles[0]
+
+
+def test_layer_inputs_are_an_argument_not_state_of_the_reader():
+    """Issue 30: the model reader holds no data-conditioned state. Scores of layer inputs are computed from the
+    `LayerInputs` handed to them; the same reader's embedding-level scores before and after are identical, the
+    memo it keeps (rotary angles, layer kinds) changes no result (a fresh reader gives the same numbers), and the
+    inputs are a read-only copy (changing the caller's array later changes nothing). Reference: the model's own
+    attention with layer l fed x_l, as in the tests above."""
+    from posprobe.families.context import LayerInputs, ModelContext, content_free_scores
+    from posprobe.pipelines.score_reader import ScoreReader, open_model
+
+    model = tiny("llama")
+    texts = token_texts()
+    x = reference_means(model, texts, 1, per_position=False)
+    ctx = open_model(model)
+    before = content_free_scores(ctx, 1, N)
+    given = x.copy()
+    inputs = ctx.layer_inputs({1: given})
+    conditioned = content_free_scores(ctx, 1, N, inputs=inputs)
+    given[:] = 0  # the caller's array changes; the inputs do not
+    theirs, exact = scores_with_input(model, 1, x, N)
+    assert_scores_equal(conditioned, theirs, exact)
+    np.testing.assert_array_equal(content_free_scores(ctx, 1, N, inputs=inputs), conditioned)
+    np.testing.assert_array_equal(content_free_scores(ctx, 1, N), before)  # nothing was left behind
+    fresh = open_model(model)
+    np.testing.assert_array_equal(content_free_scores(fresh, 1, N, inputs=fresh.layer_inputs({1: x})), conditioned)
+    assert not hasattr(ctx, "use_layer_inputs") and not hasattr(ModelContext, "conditioned")
+    assert isinstance(inputs, LayerInputs) and not inputs.rows[1].flags.writeable and not inputs.per_position
+    with pytest.raises(ValueError, match="d = "):
+        ctx.layer_inputs({1: np.zeros(ctx.shape.hidden + 1)})
+    plain, fed = ScoreReader(ctx, N), ScoreReader(ctx, N, inputs=inputs)  # two readers of one context coexist
+    assert (plain.mode, fed.mode) == ("content-free", "data-conditioned")
+    np.testing.assert_array_equal(plain.scores(1), before)
+    np.testing.assert_array_equal(fed.scores(1), conditioned)
+    q, k = ctx.query_key_of(np.stack([x, x]), 1)  # hidden states of real tokens: also no state written
+    np.testing.assert_allclose(q[:, 0], ctx.query_key(1, inputs=inputs)[0], rtol=1e-12)
+    np.testing.assert_array_equal(content_free_scores(ctx, 1, N), before)

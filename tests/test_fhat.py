@@ -6,9 +6,9 @@ from conftest import FAMILIES
 
 from posprobe.analysis.fhat import LayerInput, fhat_matrices, paper_input
 from posprobe.analysis.toeplitz import diagonal_means, offsets
-from posprobe.pipelines.analysis import fhat as fhat_analysis
-from posprobe.pipelines.analysis import open_model
-from posprobe.pipelines.analysis import profiles as compute_profiles
+from posprobe.pipelines.weights import fhat as fhat_analysis
+from posprobe.pipelines.weights import open_model
+from posprobe.pipelines.weights import profiles as compute_profiles
 
 
 def loop_paper_fhat(positions, word, wq, wk, n_heads):

@@ -8,9 +8,9 @@ from typer.testing import CliRunner
 
 from posprobe.analysis.toeplitz import toeplitz_r2
 from posprobe.cli import app
-from posprobe.pipelines.analysis import fhat as fhat_analysis
-from posprobe.pipelines.analysis import profiles as compute_profiles
-from posprobe.pipelines.analysis import toeplitz as toeplitz_analysis
+from posprobe.pipelines.weights import fhat as fhat_analysis
+from posprobe.pipelines.weights import profiles as compute_profiles
+from posprobe.pipelines.weights import toeplitz as toeplitz_analysis
 
 pytestmark = pytest.mark.integration
 

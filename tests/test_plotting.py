@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from posprobe.pipelines.analysis import CompareRow, FhatResult, ToeplitzResult
+from posprobe.pipelines.weights import CompareRow, FhatResult, ToeplitzResult
 from posprobe.plotting import base as plotting
 
 

@@ -121,6 +121,25 @@ def test_albert_keeps_one_mechanism_per_depth():
         assert (model(ids)[0] - first).abs().max() > 1e-4
 
 
+def test_albert_groups_and_inner_layers_follow_the_family_table():
+    """depth_slots reads ALBERT's layer groups from the family table (`Family.layer_groups`), not from attribute
+    names in code: with 2 groups of 2 inner layers over 4 depths, its slots are the attention modules in the order
+    the model really calls them (recorded by forward hooks on an unretrofitted copy), each numbered by its call."""
+    model = build_tiny("albert", num_hidden_layers=4, num_hidden_groups=2, inner_group_num=2)
+    called = []
+    for name, module in model.named_modules():
+        if name.endswith(".attention"):
+            module.register_forward_hook(lambda mod, args, out: called.append(mod))
+    with torch.no_grad():
+        model(torch.randint(5, 99, (1, 6)))
+    assert len(called) == 8 and len({id(m) for m in called}) == 4
+    slots = depth_slots(model)
+    assert [id(m) for m, _ in slots] == [id(m) for m in called]
+    assert [s for _, s in slots] == [[id(x) for x in called[:i]].count(id(m)) for i, m in enumerate(called)]
+    retrofit(model, "fixed", init="random")
+    assert added_parameters(model) == 8 * H * 17  # one mechanism per call: 4 depths x 2 inner layers
+
+
 def test_drop_position_embeddings_averages_and_freezes():
     model = build_tiny("roberta")
     table = model.embeddings.position_embeddings.weight

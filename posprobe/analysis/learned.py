@@ -1,10 +1,11 @@
 """Learned positional functions of a retrofitted model (SPEC §11): mechanism parameters in, functions of k out.
 
-Pure numpy. Dimension legend: L attention depths, H heads, d_h head size, d = H*d_h channels, K offsets,
-r clip radius (tables have 2r+1 rows, row `kc + r`), S TISA kernels. Offsets are `k = j - i` (query i,
-key j; positive = the key is to the right), increasing. A mechanism is one or more *parts* (`composite`
-is one part with a fixed and a dynamic table; `fixed+shaw-values` two parts); each part's parameters are
-stacked over depths: `{name: (L, ...)}` with the names of the torch module (`a`, `beta`, `dynamic.w`, ...).
+Pure numpy; how each mechanism's parameters read over k is its own (`posprobe.mechanisms.reading`, named by its
+catalogue entry): this module only asks and assembles. Dimension legend: L attention depths, H heads, d_h head size,
+d = H*d_h channels, K offsets, r clip radius (tables have 2r+1 rows, row `kc + r`), S TISA kernels. Offsets
+are `k = j - i` (query i, key j; positive = the key is to the right), increasing. A mechanism is one or more *parts*
+(`composite` is one part with a fixed and a dynamic table; `fixed+shaw-values` two parts); each part's parameters
+are stacked over depths: `{name: (L, ...)}` with the names of the torch module (`a`, `beta`, `dynamic.w`, ...).
 
 Arrays produced (each also with an initial twin when the initial parameters are known: `initial` for
 `functions`, `{name}_initial` for the others):
@@ -28,21 +29,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from posprobe.mechanisms.catalogue import CATALOGUE
+from posprobe.mechanisms.reading import KINDS, tisa_functions
+
+__all__ = ["KINDS", "ROLES", "LearnedFunctions", "correlation_per_head", "initial_name", "learned_functions",
+           "part_functions", "tisa_functions"]  # fmt: skip
+
 ROLES = ("query", "key", "value")
-STATIC_BIAS_PARTS = ("tisa", "fixed", "composite")
-# kind of each array: head (L, H, K), layer (L, K), channels (L, K, d), filters (L, 3, d, K)
-KINDS = {
-    "functions": "head",
-    "dynamic_norms": "layer",
-    "dynamic_scores": "head",
-    "key_dynamic_norms": "layer",
-    "key_dynamic_scores": "head",
-    "shaw_values_norms": "layer",
-    "shaw_values_scores": "head",
-    "depthwise": "channels",
-    "cat_filters": "filters",
-    "conv_qkv_filters": "filters",
-}
 
 
 @dataclass(frozen=True)
@@ -83,75 +76,17 @@ def initial_name(name: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------- evaluation
-def tisa_functions(a: np.ndarray, b: np.ndarray, c: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """`f(k) = sum_s a_s exp(-|b_s| (k - c_s)^2)` for kernels `(..., S)` at `offsets` (K,) -> `(..., K)`."""
-    k = np.asarray(offsets, dtype=np.float64)
-    a, b, c = (np.asarray(t, dtype=np.float64)[..., None, :] for t in (a, b, c))  # (..., 1, S)
-    return (a * np.exp(-np.abs(b) * (k[:, None] - c) ** 2)).sum(-1)
-
-
-def table_rows(offsets: np.ndarray, size: int, sign: int = 1) -> np.ndarray:
-    """Row index `clip(sign * k, -r, r) + r` of a `(2r+1)`-row table (`size` = 2r+1) for each offset."""
-    r = (size - 1) // 2
-    return np.clip(sign * np.asarray(offsets), -r, r) + r
-
-
-def _filter_taps(filters: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Taps `(..., 2r+1)` (column `k + r`) at `offsets` -> `(..., K)`, zero where |k| > r."""
-    r = (filters.shape[-1] - 1) // 2
-    k = np.asarray(offsets)
-    inside = np.abs(k) <= r
-    out = np.zeros(filters.shape[:-1] + (k.size,), dtype=np.float64)
-    out[..., inside] = filters[..., k[inside] + r]
-    return out
-
-
-def _table_functions(prefix: str, table: np.ndarray, offsets, mean: np.ndarray | None, sign: int, unit: bool) -> dict:
-    """Norms (L, K) and, given per-head mean vectors `(L, H, d_h)`, scores (L, H, K) of a relative table
-    `(L, 2r+1, d_h)`."""
-    rows = table[:, table_rows(offsets, table.shape[1], sign)]  # (L, K, d_h)
-    out = {f"{prefix}_norms": np.linalg.norm(rows, axis=-1)}
-    if mean is not None:
-        mean = np.asarray(mean, dtype=np.float64)
-        if unit:
-            scale = 1.0 / np.maximum(np.linalg.norm(mean, axis=-1, keepdims=True), 1e-30)  # (L, H, 1)
-        else:
-            scale = np.full(mean.shape[:-1] + (1,), table.shape[-1] ** -0.5)
-        out[f"{prefix}_scores"] = np.einsum("lhd,lkd->lhk", mean * scale, rows)
-    return out
-
-
 def part_functions(
     part: str, params: Mapping[str, np.ndarray], offsets: np.ndarray, means: Mapping[str, np.ndarray] | None = None
 ) -> dict[str, np.ndarray]:
-    """The arrays of one mechanism part from its parameters stacked over depths (see the module docstring).
+    """The arrays of one mechanism part from its parameters stacked over depths (see the module docstring): the
+    part's catalogue entry reads them (`MechanismInfo.read_over_k`; each mechanism owns its reading over k).
 
     `means`: role ("query", "key", "value") -> `(L, H, d_h)` mean vectors of real text, or None.
     """
-    p = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
-    means = means or {}
-    if part == "tisa":
-        return {"functions": tisa_functions(p["a"], p["b"], p["c"], offsets)}
-    if part == "fixed":
-        beta = p["beta"]  # (L, H, 2r+1)
-        return {"functions": beta[:, :, table_rows(offsets, beta.shape[-1])]}
-    if part == "composite":
-        out = part_functions("fixed", {"beta": p["fixed.beta"]}, offsets)
-        return out | part_functions("dynamic", {"w": p["dynamic.w"]}, offsets, means)
-    if part == "dynamic":
-        return _table_functions("dynamic", p["w"], offsets, means.get("query"), 1, False)
-    if part == "key-dynamic":
-        return _table_functions("key_dynamic", p["w"], offsets, means.get("key"), -1, False)
-    if part == "shaw-values":
-        return _table_functions("shaw_values", p["a_v"], offsets, means.get("value"), 1, True)
-    if part == "depthwise":
-        beta = p["beta"]  # (L, 2r+1, d)
-        return {"depthwise": beta[:, table_rows(offsets, beta.shape[1])]}
-    if part == "cat":
-        return {"cat_filters": _filter_taps(p["filters"], offsets)}
-    if part == "conv-qkv":
-        return {"conv_qkv_filters": _filter_taps(p["depthwise"], offsets)}
-    raise ValueError(f"unknown mechanism part {part!r}")
+    if part not in CATALOGUE:
+        raise ValueError(f"unknown mechanism part {part!r}")
+    return CATALOGUE[part].read_over_k(params, offsets, means)
 
 
 def learned_functions(
@@ -166,7 +101,7 @@ def learned_functions(
     `functions` and also kept per part."""
     offsets = np.asarray(offsets, dtype=np.int64)
     arrays: dict[str, np.ndarray] = {}
-    statics = [name for name, _ in parts if name in STATIC_BIAS_PARTS]
+    statics = [name for name, _ in parts if CATALOGUE[name].static_bias]
     for twin, sets in ((False, [p for _, p in parts]), (True, initial)):
         if sets is None:
             continue

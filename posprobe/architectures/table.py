@@ -149,8 +149,12 @@ class Family:
     with this many whatever the config says (MPNet: 2, its padding index is fixed at 1).
     `tensors`: further family-specific names and settings for its score module (a relative-bias table, the
     sinusoidal module and how it numbers positions, whose ALiBi slope code the family runs).
-    `retrofit`: posprobe.retrofitting.install can install mechanisms into it. `rotary_class`: 'module:Class' of the
-    family's own transformers rotary module (its rope initialisation gives the frequencies), `rotary_layout`
+    `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
+    `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
+    `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
+    and of the layers per group): depth i runs group i // (L / groups), every inner layer in turn.
+    `rotary_class`: 'module:Class' of the family's own transformers rotary module (its rope initialisation gives
+    the frequencies), `rotary_layout`
     how its angles pair the dims (`ROTARY_LAYOUTS`). `switch_kinds`: further kinds a config switch selects
     (`position_kind` says which: ESM's rotary, Falcon's ALiBi, a DeBERTa without relative attention).
     `windows`: how the config says which layers attend locally (`WINDOW_RULES`); `bidirectional`: config key
@@ -180,6 +184,7 @@ class Family:
     position_width: tuple[str, ...] = ("embedding_size",)
     query: str | None = None
     key: str | None = None
+    value: str | None = None
     qkv: str = SEPARATE
     qkv_blocks: int = 1
     pre_norm: str | None = None
@@ -191,6 +196,7 @@ class Family:
     norm: str = LAYERNORM
     eps: float | None = None  # the norm epsilon the family fixes in code, whatever its config says (DistilBERT, BioGPT)
     shared_layers: bool = False
+    layer_groups: tuple[str, str, str] | None = None
     reserved_rows: bool | int = False
     encoder_decoder: bool = False
     retrofit: bool = False
@@ -268,6 +274,7 @@ _BERT = dict(
     embedding_norm="embeddings.LayerNorm",
     query="encoder.layer.{l}.attention.self.query",
     key="encoder.layer.{l}.attention.self.key",
+    value="encoder.layer.{l}.attention.self.value",
 )
 # Llama layout: model.embed_tokens, model.layers.{l}.input_layernorm, self_attn.q_proj / k_proj.
 _LLAMA = dict(
@@ -354,7 +361,13 @@ FAMILIES: tuple[Family, ...] = (
         projection="encoder.embedding_hidden_mapping_in",
         query="encoder.albert_layer_groups.0.albert_layers.0.attention.query",
         key="encoder.albert_layer_groups.0.albert_layers.0.attention.key",
+        value="encoder.albert_layer_groups.0.albert_layers.0.attention.value",
         shared_layers=True,
+        layer_groups=(
+            "encoder.albert_layer_groups.{g}.albert_layers.{j}.attention",
+            "num_hidden_groups",
+            "inner_group_num",
+        ),
         retrofit=True,
     ),
     Family(

@@ -80,19 +80,19 @@ def _flags_show_no_type() -> None:
 
 def _register_commands() -> None:
     from posprobe.cli import (
-        analysis,
         attention,
         context,
         finetune,
         fitting,
-        learned_kernels,
+        learned,
         needle,
         retrofit,
         rotary,
         states,
+        weights,
     )
 
-    for module in (analysis, fitting, retrofit, finetune, learned_kernels, attention, rotary, states, context, needle):
+    for module in (weights, fitting, retrofit, finetune, learned, attention, rotary, states, context, needle):
         module.register(app)
     from posprobe.cli import report  # `posprobe report` (issue 35), registered on its own line
 

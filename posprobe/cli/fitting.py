@@ -302,7 +302,7 @@ def params(
     for s, v in c.tisa.items():
         table.add_row(f"TISA, S={s}", "3·S·H·L", f"{v:,}")
     for name, info in CATALOGUE.items():
-        if name != "tisa":
+        if not info.takes_kernels:  # those are listed per S above
             table.add_row(name, info.total_formula, f"{c.mechanisms[name]:,}")
     console.print(table)
     if not c.has_learned_table:

@@ -12,23 +12,26 @@ Adding a family
 
 A new kind also needs a score module (listed in `context.SCORE_MODULES`) defining
 
-    content_free_scores(ctx: ModelContext, layer: int, n: int, stack: str) -> np.ndarray   # (H, n, n) float64
+    content_free_scores(ctx: ModelContext, layer: int, n: int, stack: str, inputs: LayerInputs | None)
+        -> np.ndarray   # (H, n, n) float64
 
 (`ModelContext` is `posprobe.families.context.ModelContext`, the one model reader.)
 
 `F_hat(i, j)` of SPEC §9 for query i, key j (k = j - i), every head of `layer` (0-based, already checked) of
 stack `stack` ('encoder' or 'decoder'; one-stack families get 'encoder'), for the first `n` positions (already
 checked against the model's maximum). It reads tensors only through `ctx` (`ctx.reader`, `ctx.family`,
-`ctx.config`, and helpers: `ctx.tensor(pattern, layer, stack)`, `ctx.word_input(layer, stack)`,
-`ctx.query_key(layer, stack)`, ...): lazily, never building the model. Pure numpy/torch; no printing.
+`ctx.config`, and helpers: `ctx.tensor(pattern, layer, stack)`, `ctx.word_input(layer, stack, inputs)`,
+`ctx.query_key(layer, stack, inputs)`, ...): lazily, never building the model. Pure numpy/torch; no printing.
+`inputs` (`context.LayerInputs`, SPEC §13) are data-conditioned layer inputs, or None for the embedding level: an
+argument handed down, never state of the reader.
 
 and
 
-    toeplitz_by_construction(ctx: ModelContext, stack: str) -> bool
+    toeplitz_by_construction(ctx: ModelContext, stack: str, conditioned: bool) -> bool
 
-True when, for an input that is the same at every position, the kind's scores depend on k = j - i alone whatever
-the weights (their Toeplitz R^2 is then reported as by construction, not measured; a test checks the matrices of
-every kind where it says True).
+True when, for an input that is the same at every position (`conditioned`: a data-conditioned mean, SPEC §13), the
+kind's scores depend on k = j - i alone whatever the weights (their Toeplitz R^2 is then reported as by
+construction, not measured; a test checks the matrices of every kind where it says True).
 """
 
 from posprobe.architectures.table import (

@@ -13,25 +13,26 @@ import numpy as np
 from posprobe.analysis.fhat import LayerInput, fhat_matrices, paper_input
 
 
-def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
-    """F_hat_P (H, n, n) of depth `layer` over the table's first `n` positions (`ModelContext`)."""
+def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=None) -> np.ndarray:
+    """F_hat_P (H, n, n) of depth `layer` over the table's first `n` positions (`ModelContext`); data-conditioned
+    layer `inputs` (`LayerInputs`, SPEC §13) in place of the embedding level where given."""
     weights = ctx.attention(layer, stack)
     wq, bq, wk, bk = weights.linear()
     table = ctx.position_table.table[:n]
     heads = ctx.shape.heads
-    if ctx.mode == "paper" and not ctx.conditioned:
+    if ctx.mode == "paper" and inputs is None:
         key = ("paper", n)
         if key not in ctx.cache:  # the same projected inputs for every layer
             ctx.cache[key] = paper_input(table, ctx.word, ctx.projection())
         scores = fhat_matrices(ctx.cache[key], wq, wk, heads, scale=ctx.scaling)
     else:  # faithful, or data-conditioned (SPEC §13: the table is inside the layer input already)
-        x = np.broadcast_to(ctx.layer_rows(layer, stack, table), (n, ctx.shape.hidden))
+        x = np.broadcast_to(ctx.layer_rows(layer, stack, table, inputs), (n, ctx.shape.hidden))
         scores = fhat_matrices(LayerInput(full=x), wq, wk, heads, bq, bk, scale=ctx.scaling)
     return ctx.softcap(scores)
 
 
-def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
+def toeplitz_by_construction(ctx, stack: str = "encoder", conditioned: bool = False) -> bool:
     """Not for the embedding-level input: the scores depend on the positions i and j through the table, so their
     Toeplitz R^2 is a finding. For a data-conditioned input that is the same at every position (SPEC §13 'mean')
     the table is inside that one input, so every score of a head is the same number (Toeplitz, R^2 undefined)."""
-    return ctx.conditioned
+    return conditioned

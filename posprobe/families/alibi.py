@@ -43,9 +43,10 @@ def alibi_slopes(heads: int, convention: str = BLOOM_BIAS) -> np.ndarray:
     return b[:, 1] - b[:, 0]
 
 
-def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
-    """F_hat (H, n, n): row i = query position, column j = key position (k = j - i)."""
-    q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h); or (H, n, d_h), (H_kv, n, d_h) per position
+def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=None) -> np.ndarray:
+    """F_hat (H, n, n): row i = query position, column j = key position (k = j - i); `inputs`: data-conditioned
+    layer inputs (`LayerInputs`) or None."""
+    q, k = ctx.query_key(layer, stack, inputs)  # (H, d_h), (H_kv, d_h); or (H, n, d_h), (H_kv, n, d_h) per position
     scale = (ctx.config.get("attn_config") or {}).get("softmax_scale") or ctx.scaling  # MPT may set its own
     content = head_products(q, k) * scale  # (H, 1, 1), or (H, n, n) per position
     key = ("alibi", n)
@@ -56,7 +57,7 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
     return content - bias_scale * np.abs(b[:, None, :] - b[:, :, None])
 
 
-def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
+def toeplitz_by_construction(ctx, stack: str = "encoder", conditioned: bool = False) -> bool:
     """Always, for an input that is the same at every position: q . k is one constant per head and -m_h |j - i|
     depends on j - i alone, so R^2 = 1 whatever the weights."""
     return True

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -50,9 +51,9 @@ SCORE_MODULES = {
 
 
 # Re-exported: where callers have always found them.
-__all__ = ["STACKS", "CONTENT_FREE", "HeadWeights", "ModelContext", "PositionTable", "Shape", "apply_norm",
-           "check_analysable", "config_default", "config_shape", "config_size", "content_free_scores", "head_split",
-           "mixed_checkpoint", "reserved_rows"]  # fmt: skip
+__all__ = ["STACKS", "CONTENT_FREE", "HeadWeights", "LayerInputs", "ModelContext", "PositionTable", "Shape",
+           "apply_norm", "check_analysable", "config_default", "config_shape", "config_size", "content_free_scores",
+           "head_split", "mixed_checkpoint", "reserved_rows"]  # fmt: skip
 
 if TYPE_CHECKING:
     from posprobe.checkpoint.resolve import ModelSource
@@ -90,6 +91,37 @@ class HeadWeights:
         return (*flat(self.wq, self.bq), *flat(self.wk, self.bk))
 
 
+@dataclass(frozen=True, eq=False)
+class LayerInputs:
+    """Data-conditioned layer inputs (SPEC §13), an argument of the score functions (never state of the reader):
+    `rows[l]` is the hidden state entering depth l, x_l (d,) the same at every position ('mean') or x_l(i) (n, d)
+    one row per analysed position ('position-mean'), as transformers' `hidden_states[l]` (the residual stream
+    before the layer's own norm). Read-only float64 copies; `ModelContext.layer_inputs` checks the width d."""
+
+    rows: Mapping[int, np.ndarray]
+
+    def __post_init__(self):
+        rows = {}
+        for layer, x in self.rows.items():
+            x = np.array(x, dtype=np.float64)  # a copy: the caller's array can change, these cannot
+            x.setflags(write=False)
+            rows[int(layer)] = x
+        if len({x.shape[-1] for x in rows.values()}) > 1 or not {x.ndim for x in rows.values()} <= {1, 2}:
+            raise ValueError("layer inputs must be (d,) or (n, d), with one d for every layer")
+        object.__setattr__(self, "rows", rows)
+
+    @property
+    def per_position(self) -> bool:
+        """True when the inputs differ along the sequence (SPEC §13 'position-mean')."""
+        return any(x.ndim == 2 for x in self.rows.values())
+
+    def at(self, layer: int) -> np.ndarray:
+        """Rows (m, d) entering `layer`: m = 1 for an input that is the same at every position."""
+        if layer not in self.rows:
+            raise ValueError(f"no data-conditioned input was given for layer {layer}")
+        return np.atleast_2d(self.rows[layer])
+
+
 def _project(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     # rows (T, d) go through BLAS (one (T, d) x (d, d_h) product per head); other shapes through einsum
     out = np.matmul(x[None], w) if x.ndim == 2 else np.einsum("...d,hde->h...e", x, w)
@@ -103,6 +135,10 @@ class ModelContext(EmbeddingReader):
     `shape`, `kind` (its position kind, config switches included), `mode` ('paper' or 'faithful': how an
     absolute table's scores are formed, SPEC §3; the other kinds give SPEC §9's content-free scores).
 
+    Stateless: what a score is computed from (data-conditioned `LayerInputs`, SPEC §13) is an argument of the score
+    functions, never written into the reader; `cache` is a pure memo of values that depend on the checkpoint alone
+    (rotary angles, ALiBi biases, layer kinds, the paper-mode table inputs), so it never changes a result.
+
     Creating one refuses, with one clear line, a model posprobe cannot analyse. Its embedding level (what the first
     layer receives) comes from `posprobe.families.embeddings.EmbeddingReader`."""
 
@@ -113,8 +149,7 @@ class ModelContext(EmbeddingReader):
         self.config = source.config
         self.shape = config_shape(self.config, source.name, self.family)
         self.qkv = T.qkv_layout(self.family, self.config)[0]
-        self.cache: dict = {}  # what score functions compute once for every layer (e.g. rotary angles)
-        self.layer_inputs: dict[int, np.ndarray] | None = None  # data-conditioned inputs (SPEC §13), see below
+        self.cache: dict = {}  # a pure memo: what score functions compute once for every layer (rotary angles)
         self._check_layer_count()
 
     def _check_layer_count(self) -> None:
@@ -142,11 +177,10 @@ class ModelContext(EmbeddingReader):
         mechanism: MPNet): P = E_P E_P^T exists."""
         return _has_table(self.family, self.config)
 
-    @property
-    def score_mode(self) -> str:
+    def score_mode(self, inputs: LayerInputs | None = None) -> str:
         """The mode results report: 'paper' / 'faithful' for absolute tables, 'content-free' otherwise, and
-        'data-conditioned' while layer inputs from text are in use (`use_layer_inputs`)."""
-        if self.conditioned:
+        'data-conditioned' for scores of layer inputs from text (`inputs`)."""
+        if inputs is not None:
             return DATA_CONDITIONED
         return self.mode if self.kind in T.TABLE_KINDS else CONTENT_FREE
 
@@ -317,55 +351,41 @@ class ModelContext(EmbeddingReader):
         return x
 
     # -- data-conditioned inputs (SPEC §13) ---------------------------------------------------------
-    def use_layer_inputs(self, inputs: dict[int, np.ndarray] | None) -> None:
-        """Feed depth `l` the hidden state `inputs[l]` in place of the embedding-level input: x_l (d,), the same at
-        every position (SPEC §13 'mean'), or x_l(i) (n, d), one row per analysed position ('position-mean'), as
-        transformers' `hidden_states[l]` (the residual stream before the layer's own norm). Everything after it
-        (the layer's norm, projections, biases, q/k norms, positional mechanism, scaling, soft cap) is unchanged:
-        every score module reads its input through `layer_rows` / `query_key`. None restores the embedding-level
-        input. An absolute position table then enters only through x_l (the model added it before layer 0)."""
-        if inputs is not None:
-            inputs = {int(layer): np.asarray(x, dtype=np.float64) for layer, x in inputs.items()}
-            widths = {x.shape[-1] for x in inputs.values()} | {self.shape.hidden}
-            ranks = {x.ndim for x in inputs.values()}
-            if len(widths) != 1 or not ranks <= {1, 2}:
-                raise ValueError(f"layer inputs must be (d,) or (n, d) with d = {self.shape.hidden}")
-        self.layer_inputs = inputs
+    def layer_inputs(self, inputs: Mapping[int, np.ndarray]) -> LayerInputs:
+        """`inputs` ({depth l: x_l (d,) or (n, d)}, see `LayerInputs`) as the frozen value the score functions take,
+        checked against this model's width d. Everything after the input (the layer's norm, projections, biases,
+        q/k norms, positional mechanism, scaling, soft cap) is unchanged: every score module reads its input
+        through `layer_rows` / `query_key`. An absolute position table then enters only through x_l (the model
+        added it before layer 0)."""
+        value = LayerInputs(inputs)
+        if any(x.shape[-1] != self.shape.hidden for x in value.rows.values()):
+            raise ValueError(f"layer inputs must be (d,) or (n, d) with d = {self.shape.hidden}")
+        return value
 
-    @property
-    def conditioned(self) -> bool:
-        """True while data-conditioned layer inputs are in use."""
-        return self.layer_inputs is not None
-
-    @property
-    def per_position_input(self) -> bool:
-        """True when the layer inputs differ along the sequence (SPEC §13 'position-mean')."""
-        return self.conditioned and any(x.ndim == 2 for x in self.layer_inputs.values())
-
-    def layer_rows(self, layer: int, stack: str = "encoder", positions: np.ndarray | None = None) -> np.ndarray:
+    def layer_rows(
+        self, layer: int, stack: str = "encoder", positions: np.ndarray | None = None, inputs: LayerInputs | None = None
+    ) -> np.ndarray:
         """Rows (m, d) that layer `layer`'s attention projections see, after its pre-attention norm: m = 1 for an
         input that is the same at every position, m = n for one row per position. By default the embedding-level
         input of the average word (plus `positions` (n, e) table rows where given: SPEC §3, §9); with
-        data-conditioned inputs (`use_layer_inputs`) the hidden state entering the layer, `positions` ignored
-        (the model already added its table before layer 0)."""
-        if self.layer_inputs is None:
-            x = self.embedding_rows(positions)
-        elif layer not in self.layer_inputs:
-            raise ValueError(f"no data-conditioned input was given for layer {layer}")
-        else:
-            x = np.atleast_2d(self.layer_inputs[layer])
+        data-conditioned `inputs` the hidden state entering the layer, `positions` ignored (the model already
+        added its table before layer 0)."""
+        x = self.embedding_rows(positions) if inputs is None else inputs.at(layer)
         return self.layer_input(x, layer, stack)
 
-    def word_input(self, layer: int, stack: str = "encoder") -> np.ndarray:
+    def word_input(self, layer: int, stack: str = "encoder", inputs: LayerInputs | None = None) -> np.ndarray:
         """What layer `layer`'s attention projections see at every position (d,) — the average word, or a
         data-conditioned mean — or, for a per-position input, at each position (n, d)."""
-        rows = self.layer_rows(layer, stack)
-        return rows[0] if rows.shape[0] == 1 and not self.per_position_input else rows
+        rows = self.layer_rows(layer, stack, inputs=inputs)
+        per_position = inputs is not None and inputs.per_position
+        return rows[0] if rows.shape[0] == 1 and not per_position else rows
 
-    def query_key(self, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:
+    def query_key(
+        self, layer: int, stack: str = "encoder", inputs: LayerInputs | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Query (H, d_h) and key (H_kv, d_h) of the input at `layer` (`word_input`), biases, clamps and q/k norms
         applied, before any positional mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input."""
-        x = self.word_input(layer, stack)
+        x = self.word_input(layer, stack, inputs)
         if self.qkv == T.LATENT:  # MLA: rotary part first, then the position-free part (families.latent)
             from posprobe.families.latent import latent_query_key
 
@@ -384,12 +404,8 @@ class ModelContext(EmbeddingReader):
         """Queries (H, T, d_h) and keys (H_kv, T, d_h) of hidden states `hidden` (T, d) entering layer `layer`
         (transformers' `hidden_states[layer]`: real tokens of real text), before any positional mechanism:
         `query_key`'s own path (the layer's norm, projections, biases, q/k norms) with those rows as the input."""
-        saved = self.layer_inputs
-        self.layer_inputs = {layer: np.atleast_2d(np.asarray(hidden, dtype=np.float64))}
-        try:
-            q, k = self.query_key(layer, stack)
-        finally:
-            self.layer_inputs = saved
+        inputs = LayerInputs({layer: np.atleast_2d(np.asarray(hidden, dtype=np.float64))})
+        q, k = self.query_key(layer, stack, inputs)
         return (q, k) if q.ndim == 3 else (q[:, None], k[:, None])
 
     def qk_norm(self, q: np.ndarray, k: np.ndarray, layer: int, stack: str = "encoder"):
@@ -541,15 +557,17 @@ def _analysable_family(source: ModelSource) -> T.Family:
     )
 
 
-def content_free_scores(ctx: ModelContext, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
+def content_free_scores(
+    ctx: ModelContext, layer: int, n: int, stack: str = "encoder", inputs: LayerInputs | None = None
+) -> np.ndarray:
     """F_hat (H, n, n) of SPEC §3 / §9 for `layer` of `stack`: dispatched to the score module of the model's kind
-    (SPEC §13 with data-conditioned layer inputs; a per-position input must have exactly n rows). A hybrid's layer
+    (SPEC §13 for data-conditioned layer `inputs`; a per-position input must have exactly n rows). A hybrid's layer
     without softmax attention (Mamba, convolution) has no positional score: all NaN."""
-    if ctx.per_position_input and np.shape(ctx.layer_inputs.get(layer))[0] != n:
+    if inputs is not None and inputs.per_position and np.shape(inputs.rows.get(layer))[0] != n:
         raise ValueError(f"the per-position input of layer {layer} does not have {n} rows")
     if ctx.family.hybrid and ctx.layer_kinds(n, stack)[layer].attention == "none":
         return np.full((ctx.shape.heads, n, n), np.nan)  # a recurrent / convolution layer: no positional score
-    return importlib.import_module(SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack)
+    return importlib.import_module(SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack, inputs)
 
 
 #: How a score matrix's input varies along the sequence: the same vector at every position (the average word
@@ -559,13 +577,16 @@ SAME_INPUT = "same at every position"
 PER_POSITION_INPUT = "per position"
 
 
-def toeplitz_by_construction(ctx: ModelContext, stack: str = "encoder", input_mode: str = SAME_INPUT) -> bool:
+def toeplitz_by_construction(
+    ctx: ModelContext, stack: str = "encoder", input_mode: str = SAME_INPUT, conditioned: bool = False
+) -> bool:
     """True when the score matrices of this model (position kind, config) for inputs of `input_mode` depend on
     k = j - i alone whatever the weights, so their Toeplitz R^2 is 1 by construction and measures nothing: decided
     by the score module of the model's kind, never by testing numbers. An input that differs along the sequence
-    (`PER_POSITION_INPUT`) makes no matrix Toeplitz by construction."""
+    (`PER_POSITION_INPUT`) makes no matrix Toeplitz by construction; `conditioned`: the input is a data-conditioned
+    hidden state (SPEC §13), which already holds any absolute table."""
     if input_mode not in (SAME_INPUT, PER_POSITION_INPUT):
         raise ValueError(f"input_mode must be {SAME_INPUT!r} or {PER_POSITION_INPUT!r}, got {input_mode!r}")
     if input_mode != SAME_INPUT:
         return False
-    return bool(importlib.import_module(SCORE_MODULES[ctx.kind]).toeplitz_by_construction(ctx, stack))
+    return bool(importlib.import_module(SCORE_MODULES[ctx.kind]).toeplitz_by_construction(ctx, stack, conditioned))

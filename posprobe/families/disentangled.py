@@ -129,12 +129,13 @@ def disentangled_scores(
 
 
 # ------------------------------------------------------------------ checkpoint access (through the family table)
-def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
+def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=None):
     """F_hat (H, n, n) float64 numpy of DeBERTa `layer` (`ModelContext`, SPEC §9).
 
     Entry: `position` (read only when `position_biased_input`); `tensors` 'rel_embeddings', 'rel_norm' (prefix of
     `encoder.LayerNorm`, v2), 'pos_query' / 'pos_key' (prefixes of the unshared position projections, `{l}`),
-    'head_logits' (v1's talking heads, where stored).
+    'head_logits' (v1's talking heads, where stored). `inputs`: data-conditioned layer inputs (`LayerInputs`,
+    SPEC §13) or None.
     """
     f, raw = ctx.family, ctx.config
     cfg = config_from(raw, ctx.source.name, ctx.shape.head_dim)
@@ -146,7 +147,7 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
                 f"checkpoint '{ctx.source.name}' has {positions.shape[0]} absolute positions, fewer than {n}",
                 "analyse fewer positions with --positions",
             )
-    x = np.broadcast_to(ctx.layer_rows(layer, stack, positions), (n, ctx.shape.hidden))
+    x = np.broadcast_to(ctx.layer_rows(layer, stack, positions, inputs), (n, ctx.shape.hidden))
     rel = ctx.tensor(f.tensors["rel_embeddings"])
     if rel.shape[0] < 2 * cfg.att_span:
         raise PosprobeError(
@@ -202,9 +203,9 @@ def _norm_rel_ebd(raw: dict) -> list[str]:
     return [x.strip() for x in str(raw.get("norm_rel_ebd") or "none").lower().split("|")]
 
 
-def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
+def toeplitz_by_construction(ctx, stack: str = "encoder", conditioned: bool = False) -> bool:
     """For an input that is the same at every position, content-to-content is a constant and the position terms
     are indexed by the bucket of i - j: Toeplitz unless an absolute table is added to the input
     (`position_biased_input`, DeBERTa-v2's default; v3 turns it off) — or the input is a data-conditioned mean
     (SPEC §13), which already holds the table."""
-    return not ctx.config.get("position_biased_input", True) or ctx.conditioned
+    return not ctx.config.get("position_biased_input", True) or conditioned

@@ -83,12 +83,13 @@ def t5_scores(content: torch.Tensor, bias_table: torch.Tensor, n: int, *, causal
 
 
 # ------------------------------------------------------------------ checkpoint access (through the family table)
-def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
+def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=None):
     """F_hat (H, n, n) float64 numpy of `layer` of `stack` (`ModelContext`, SPEC §9): T5 family or MPNet.
 
     The entry's `tensors['relative_bias']` names the (B, H) table (T5/mT5: layer 0's of the stack, UMT5: `{l}`'s).
     MPNet: the faithful scores of its absolute table (`position`, rows after the 2 reserved ones, through the
     embedding LayerNorm) plus the encoder's one bias table, buckets 32 and max distance 128 whatever the config.
+    `inputs`: data-conditioned layer inputs (`LayerInputs`, SPEC §13) or None.
     """
     f, cfg, name = ctx.family, ctx.config, ctx.source.name
     table = _t(ctx.tensor(f.tensors["relative_bias"], layer, stack))
@@ -107,7 +108,7 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
             )
         if table.shape[0] < MPNET_BUCKETS:
             raise _malformed(ctx, f"relative attention bias with {table.shape[0]} buckets, MPNet uses {MPNET_BUCKETS}")
-        x = ctx.layer_rows(layer, stack, positions)  # (n, d); (1, d) for a data-conditioned mean
+        x = ctx.layer_rows(layer, stack, positions, inputs)  # (n, d); (1, d) for a data-conditioned mean
         content = weights.queries(x) @ weights.keys(x).transpose(0, 2, 1) * ctx.scaling  # (H, n, n)
         bias = bucket_bias(table, n, True, MPNET_BUCKETS, MPNET_MAX_DISTANCE)
         return content + bias.numpy()
@@ -115,7 +116,7 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder"):
     max_distance = config_int(cfg, name, "relative_attention_max_distance", default=128, minimum=2)
     if table.shape[0] != buckets:
         raise _malformed(ctx, f"relative attention bias with {table.shape[0]} buckets, config says {buckets}")
-    q, k = ctx.query_key(layer, stack)  # (H, d_kv) each; (H, n, d_kv) for a per-position input
+    q, k = ctx.query_key(layer, stack, inputs)  # (H, d_kv) each; (H, n, d_kv) for a per-position input
     content = torch.from_numpy(head_products(q, k) * ctx.scaling)  # (H, 1, 1) or (H, n, n)
     scores = t5_scores(content, table, n, causal=ctx.causal(stack), num_buckets=buckets, max_distance=max_distance)
     return scores.numpy()
@@ -131,8 +132,8 @@ def _malformed(ctx, what: str):
     )
 
 
-def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
+def toeplitz_by_construction(ctx, stack: str = "encoder", conditioned: bool = False) -> bool:
     """T5 / mT5 / UMT5: always, for an input that is the same at every position (a constant q . k plus
     bias[bucket(j - i)]). MPNet: not for the embedding-level input, its absolute table enters the input at each
     position; yes for a data-conditioned mean (SPEC §13), which already holds the table."""
-    return not ctx.family.position or ctx.conditioned
+    return not ctx.family.position or conditioned

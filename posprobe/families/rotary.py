@@ -117,9 +117,10 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([rotated, rest], axis=-1)
 
 
-def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.ndarray:
-    """F_hat (H, n, n): row i = query position, column j = key position (k = j - i)."""
-    q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h); or (H, n, d_h), (H_kv, n, d_h) per position
+def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=None) -> np.ndarray:
+    """F_hat (H, n, n): row i = query position, column j = key position (k = j - i); `inputs`: data-conditioned
+    layer inputs (`LayerInputs`) or None."""
+    q, k = ctx.query_key(layer, stack, inputs)  # (H, d_h), (H_kv, d_h); or (H, n, d_h), (H_kv, n, d_h) per position
     kind = ctx.layer_kinds(n, stack)[layer]
     if kind.nope:  # a NoPE layer: no rotation, F̂(i, j) = q_i . k_j * scaling (one value for a constant input)
         scores = nope_scores(q * ctx.scaling, k, n)
@@ -181,7 +182,7 @@ def nope_scores(q: np.ndarray, k: np.ndarray, n: int) -> np.ndarray:
     return q @ k.transpose(0, 2, 1)
 
 
-def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
+def toeplitz_by_construction(ctx, stack: str = "encoder", conditioned: bool = False) -> bool:
     """Always, for an input that is the same at every position: (R_i q) . (R_j k) = q . R_{j-i} k depends on
     j - i alone (a soft cap applied after keeps that), so R^2 = 1 whatever the weights; a NoPE layer's scores are
     one constant, trivially Toeplitz — unless its queries are scaled by their position (Llama 4's temperature

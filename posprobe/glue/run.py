@@ -225,7 +225,7 @@ def _finetune(
     tokenizer = load_tokenizer(source.path)
     train_set = encode(tokenizer, splits["train"], config.max_length)
     dev_sets = {s: encode(tokenizer, splits[s], config.max_length) for s in task.dev_splits}
-    if config.mechanism == "tisa" and config.init == "fit":
+    if config.init == "fit":  # only a mechanism that supports it gets here (`check_settings`)
         from posprobe.pipelines.fitting import fit_kernels_file
 
         say(f"fitting S={config.kernels} TISA kernels to the head profiles of {source.name}")

@@ -9,6 +9,11 @@ construction) and its parameter count per attention depth as a function of the l
 options (SPEC §8; a model with L depths adds L times that: ALBERT's shared layer gets its own mechanism
 at every depth). A test checks every count against the parameters the torch module really creates.
 
+Each entry also says how its parameters read as functions of `k = j - i` (`reading`, from `reading.py`;
+`read_over_k` applies it), whether its `functions` array is a score bias added to the scores (`static_bias`),
+whether text turns its tables into scores (`reads_text`) and the half-width `posprobe learned` shows by default
+(`window`; None: the clip radius). Nothing outside this package branches on mechanism names.
+
 `check_settings(mechanism, radius=, kernels=, init=)` validates a whole retrofit request cheaply (a
 `fit:FILE` kernels file is read and validated, no model is loaded): `retrofit`, the CLI and `finetune` call it.
 """
@@ -20,6 +25,7 @@ from dataclasses import dataclass, fields
 from importlib import import_module
 
 from posprobe.errors import ArgumentValueError
+from posprobe.mechanisms import reading as R
 from posprobe.validation import as_choice, as_int
 
 DEFAULT_RADIUS = 8
@@ -91,11 +97,31 @@ class MechanismInfo:
     module: str
     class_name: str
     supports_fit: bool = False  # can be initialised from a TISA kernels file (`--init fit[:FILE]`)
+    reading: Callable | None = None  # (params, offsets, means) -> {array: values}: `reading.py`, SPEC §11
+    static_bias: bool = False  # its `functions` (L, H, K) is a bias added to the scores (parts' biases add up)
+    reads_text: bool = False  # mean query/key/value of real text turn its per-offset tables into scores
+    window: int | None = None  # half-width W of k = -W..W that `posprobe learned` shows; None: the clip radius
+
+    def read_over_k(self, params, offsets, means=None) -> dict:
+        """This mechanism's parameters `{name: (L, ...)}` (stacked over depths) as functions of `k = j - i` at
+        `offsets` (K,): `{array name: values}` (`posprobe.analysis.learned` lists them). `means`: role ->
+        `(L, H, d_h)` mean vectors of real text, or None."""
+        import numpy as np
+
+        if self.reading is None:
+            raise ValueError(f"mechanism '{self.name}' has no reading over k; read each of its parts")
+        params = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
+        return self.reading(params, offsets, means or {})
 
     def options(self, **values) -> Options:
         """This mechanism's options from keyword values (None = default; keys it does not use are ignored)."""
         names = {f.name for f in fields(self.options_class)}
         return self.options_class(**{k: v for k, v in values.items() if k in names and v is not None})
+
+    @property
+    def takes_kernels(self) -> bool:
+        """True when its options hold the number of kernels S, so its size depends on S (TISA)."""
+        return "kernels" in {f.name for f in fields(self.options_class)}
 
     @property
     def total_formula(self) -> str:
@@ -128,6 +154,9 @@ _ENTRIES = [
         "posprobe.mechanisms.tisa",
         "TISA",
         supports_fit=True,
+        reading=R.read_tisa,
+        static_bias=True,
+        window=16,  # the Gaussians reach beyond the radius, which only spreads their initial centres
     ),
     MechanismInfo(
         "fixed",
@@ -137,6 +166,8 @@ _ENTRIES = [
         "H·(2r+1)",
         "posprobe.mechanisms.fixed",
         "FixedConvolution",
+        reading=R.read_fixed,
+        static_bias=True,
     ),
     MechanismInfo(
         "dynamic",
@@ -146,6 +177,8 @@ _ENTRIES = [
         "(2r+1)·d_h",
         "posprobe.mechanisms.dynamic",
         "DynamicConvolution",
+        reading=R.read_dynamic,
+        reads_text=True,
     ),
     MechanismInfo(
         "composite",
@@ -155,6 +188,9 @@ _ENTRIES = [
         "(2r+1)·(d_h + H)",
         "posprobe.mechanisms.composite",
         "CompositeAttention",
+        reading=R.read_composite,
+        static_bias=True,
+        reads_text=True,
     ),
     MechanismInfo(
         "key-dynamic",
@@ -164,6 +200,8 @@ _ENTRIES = [
         "(2r+1)·d_h",
         "posprobe.mechanisms.dynamic",
         "KeyDynamicConvolution",
+        reading=R.read_key_dynamic,
+        reads_text=True,
     ),
     MechanismInfo(
         "shaw-values",
@@ -173,6 +211,8 @@ _ENTRIES = [
         "(2r+1)·d_h",
         "posprobe.mechanisms.shaw_values",
         "ShawValues",
+        reading=R.read_shaw_values,
+        reads_text=True,
     ),
     MechanismInfo(
         "depthwise",
@@ -182,6 +222,7 @@ _ENTRIES = [
         "(2r+1)·d",
         "posprobe.mechanisms.depthwise",
         "DepthwiseConvolution",
+        reading=R.read_depthwise,
     ),
     MechanismInfo(
         "conv-qkv",
@@ -191,6 +232,7 @@ _ENTRIES = [
         "3·(d·(2r+1) + m·d + m), m = (H/2)·d_h",
         "posprobe.mechanisms.conv_qkv",
         "ConvolutionalQKV",
+        reading=R.read_conv_qkv,
     ),
     MechanismInfo(
         "cat",
@@ -200,6 +242,7 @@ _ENTRIES = [
         "3·d·(2r+1)",
         "posprobe.mechanisms.cat",
         "ConvolutionAugmentedAttention",
+        reading=R.read_cat,
     ),
 ]
 
@@ -268,6 +311,9 @@ def combined_info(name: str) -> CombinedInfo:
         "posprobe.mechanisms.combined",
         "CombinedMechanism",
         supports_fit=any(i.supports_fit for i in infos),
+        static_bias=any(i.static_bias for i in infos),
+        reads_text=any(i.reads_text for i in infos),
+        window=max((i.window for i in infos if i.window is not None), default=None),
         parts=parts,
     )
 

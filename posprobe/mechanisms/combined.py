@@ -2,7 +2,7 @@
 
 The parts run side by side in the same attention layer: score biases, value terms and output terms add up;
 input and projection rewrites are applied in part order. Parameters live under `parts.{i}.` (part i of
-the name), so `posprobe kernels` can report each part. Zero init of every part leaves the model unchanged.
+the name), so `posprobe learned` can report each part. Zero init of every part leaves the model unchanged.
 """
 
 from __future__ import annotations

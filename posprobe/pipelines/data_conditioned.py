@@ -2,9 +2,10 @@
 
 The model runs once over the texts through the capture layer (`posprobe.capture`, hidden states only); one reducer
 (`analysis.hidden_means.HiddenMeanAccumulator`) keeps the running sums of the hidden states entering the analysed
-layers; their means go to the model reader (`ModelContext.use_layer_inputs`), and the score modules compute SPEC §9's
-scores of that input exactly as they do for the embedding-level one (the layer's norm, projections, biases, q/k
-norms, positional mechanism, scaling, soft cap). Two inputs:
+layers; their means are handed to the score functions (`families.context.LayerInputs`, an argument, not state of the
+model reader), and the score modules compute SPEC §9's scores of that input exactly as they do for the
+embedding-level one (the layer's norm, projections, biases, q/k norms, positional mechanism, scaling, soft cap). Two
+inputs:
 
 - 'mean': x_l, the mean over texts and real tokens at positions i >= 1, the same at every position: the scores
   of rotary, ALiBi and bucket-bias models depend on k = j - i alone (Toeplitz by construction), and those of an
@@ -26,7 +27,6 @@ from posprobe.architectures.table import KIND_NAMES, TABLE_KINDS
 from posprobe.capture.textrun import DEFAULT_BATCH_SIZE, TextRun, check_run_settings, text_run
 from posprobe.checkpoint.in_memory import is_model_object
 from posprobe.errors import ArgumentValueError, PosprobeError
-from posprobe.families.context import PER_POSITION_INPUT, SAME_INPUT
 from posprobe.pipelines.score_reader import MIN_POSITIONS, ScoreReader
 from posprobe.validation import as_choice, as_int
 
@@ -102,8 +102,8 @@ def capture_target(model: Any, source) -> Any:
 def condition_reader(
     reader: ScoreReader, layers: list[int], settings: TextSettings, model: Any, allow_pickle: bool, positions
 ) -> tuple[ScoreReader, dict]:
-    """Run the model (`model`: what `capture_target` gives) on the texts, give the reader's model context the mean
-    hidden states entering `layers` (0-based, checked), and return a new `ScoreReader` for them (positions: the
+    """Run the model (`model`: what `capture_target` gives) on the texts and return a new `ScoreReader` of the mean
+    hidden states entering `layers` (0-based, checked) as its layer inputs (`reader` is left as it was) (positions: the
     caller's `positions`; for 'position-mean' by default every leading position with at least `min_texts` texts)
     and the conditioning record (`conditioning` in results and JSON)."""
     ctx = reader.ctx
@@ -139,8 +139,7 @@ def condition_reader(
         inputs = {layer: means.layer(layer)[:n] for layer in layers}
     else:
         inputs = {layer: means.layer(layer) for layer in layers}
-    ctx.use_layer_inputs(inputs)
-    conditioned = ScoreReader(ctx, n, reader.stack, PER_POSITION_INPUT if settings.per_position else SAME_INPUT)
+    conditioned = ScoreReader(ctx, n, reader.stack, inputs=ctx.layer_inputs(inputs))
     record = {
         "input": settings.input,
         "text": settings.run.text_source,

@@ -159,7 +159,7 @@ def plan_profiles(
         return load_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack)
     from posprobe.analysis.fhat import MODES
     from posprobe.analysis.toeplitz import offsets as offsets_of
-    from posprobe.pipelines.analysis import ScoreReader, open_model, profiles_from
+    from posprobe.pipelines.weights import ScoreReader, open_model, profiles_from
     from posprobe.validation import as_choice
 
     mode = as_choice(mode, "mode", MODES)
@@ -188,7 +188,7 @@ def load_profiles(
         return read_profile_file(Path(model), layers, profile)
     if profile is not None:
         raise PosprobeError("--profile applies to a .npz written by `posprobe attention`", "drop --profile")
-    from posprobe.pipelines.analysis import profiles as compute_profiles
+    from posprobe.pipelines.weights import profiles as compute_profiles
 
     return _profile_set(compute_profiles(model, layers, mode, allow_pickle, positions=positions, stack=stack))
 

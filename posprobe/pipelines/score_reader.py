@@ -17,8 +17,10 @@ from posprobe.checkpoint.weights import open_weights
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.families.context import (
     CONTENT_FREE,
+    PER_POSITION_INPUT,
     SAME_INPUT,
     STACKS,
+    LayerInputs,
     ModelContext,
     check_analysable,
     content_free_scores,
@@ -84,11 +86,12 @@ class ScoreReader:
     """F_hat_P of any layer of one checkpoint through its model reader: the score module of the model's position
     kind (SPEC §3 for absolute tables in paper or faithful mode, §9 content-free scores otherwise) over
     `positions` positions (default: the whole absolute table, else min(the model's maximum, DEFAULT_POSITIONS))
-    of stack `stack`. `toeplitz_by_construction`: the matrices depend on k = j - i alone whatever the weights (the
-    model's position kind, for inputs of `input_mode`: `families.context.SAME_INPUT` today), so their Toeplitz R^2
-    is not measured."""
+    of stack `stack`, of the embedding-level input or of data-conditioned layer `inputs` (SPEC §13, handed to every
+    score function; the model reader holds no such state). `toeplitz_by_construction`: the matrices depend on
+    k = j - i alone whatever the weights (the model's position kind, for inputs of `input_mode`), so their
+    Toeplitz R^2 is not measured."""
 
-    def __init__(self, ctx: ModelContext, positions=None, stack: str = "encoder", input_mode: str = SAME_INPUT):
+    def __init__(self, ctx: ModelContext, positions=None, stack: str = "encoder", inputs: LayerInputs | None = None):
         stack = as_choice(stack, "stack", STACKS)
         positions = None if positions is None else as_int(positions, "positions", minimum=MIN_POSITIONS)
         self.ctx, self.source, self.family, self.stack = ctx, ctx.source, ctx.family, stack
@@ -98,11 +101,12 @@ class ScoreReader:
             raise ArgumentValueError(
                 "stack", f"posprobe reads '{source.name}' ({source.model_type}): {what}", "drop {arg}"
             )
-        self.kind, self.mode = ctx.kind, ctx.score_mode
+        self.inputs = inputs
+        self.kind, self.mode = ctx.kind, ctx.score_mode(inputs)
         self.n_layers = ctx.layers(stack)
         self.causal = ctx.causal(stack)
-        self.input_mode = input_mode
-        self.toeplitz_by_construction = toeplitz_by_construction(ctx, stack, input_mode)
+        self.input_mode = PER_POSITION_INPUT if inputs is not None and inputs.per_position else SAME_INPUT
+        self.toeplitz_by_construction = toeplitz_by_construction(ctx, stack, self.input_mode, inputs is not None)
         maximum = ctx.max_positions
         if ctx.has_table and self.mode != CONTENT_FREE:
             _check_positions(maximum, ctx.source.name)
@@ -138,4 +142,4 @@ class ScoreReader:
 
     def scores(self, layer: int) -> np.ndarray:
         """F_hat_P (H, n, n) of model layer `layer` (0-based, already checked): row i = query, column j = key."""
-        return content_free_scores(self.ctx, layer, self.n, self.stack)
+        return content_free_scores(self.ctx, layer, self.n, self.stack, self.inputs)

@@ -1,9 +1,9 @@
-"""Figures for `posprobe kernels` in the papers' style: one panel per head per layer (TISA Fig. 3, composite
+"""Figures for `posprobe learned` in the papers' style: one panel per head per layer (TISA Fig. 3, composite
 attention Fig. 2: learned function solid, initial dashed, a compared model dotted), a layer x offset heatmap
 per head, the depthwise beta[k, c] heatmap per layer (composite attention Fig. 3), per-offset table norms,
 and the CAT / conv-qkv filter taps. x axes are always k = j - i (positive = key to the right).
 
-Functions return matplotlib Figures; `posprobe.pipelines.learned_kernels.write_kernels` saves them.
+Functions return matplotlib Figures; `posprobe.pipelines.learned.write_learned` saves them.
 """
 
 from __future__ import annotations
@@ -173,8 +173,8 @@ def _short(folder: str) -> str:
     return "/".join(Path(folder).parts[-3:])
 
 
-def kernel_figures(report) -> list[tuple[str, object]]:
-    """(file stem, Figure) for every array of a `LearnedKernelsReport`."""
+def learned_figures(report) -> list[tuple[str, object]]:
+    """(file stem, Figure) for every array of a `LearnedReport`."""
     learned = report.learned
     k = learned.offsets
     other = report.other.learned if report.other is not None else None

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import posprobe.mechanisms.flex as flex
-from posprobe.architectures.config import reserved_rows
+from posprobe.architectures.config import config_size, reserved_rows
 from posprobe.architectures.table import Family, model_types
 from posprobe.errors import PosprobeError
 from posprobe.mechanisms.base import PositionalMechanism
@@ -151,44 +151,73 @@ def _module_at(model: nn.Module, path: str) -> nn.Module | None:
     return model.get_submodule(min(names, key=len)) if names else None
 
 
-def _encoder(model: nn.Module) -> nn.Module:
-    base = getattr(model, "base_model", model)
-    encoder = getattr(base, "encoder", None)
-    if encoder is None:
-        raise PosprobeError(f"model of type '{model_type(model)}' has no encoder module", "pass an encoder model")
-    return encoder
+def _modules_at(model: nn.Module, paths: list[str]) -> list[nn.Module | None]:
+    """`_module_at` for many paths with one walk over the model's modules."""
+    names = [name for name, _ in model.named_modules()]
+    found = []
+    for path in paths:
+        matches = [name for name in names if name == path or name.endswith("." + path)]
+        found.append(model.get_submodule(min(matches, key=len)) if matches else None)
+    return found
 
 
 def depth_slots(model: nn.Module) -> list[tuple[nn.Module, int]]:
     """`(attention module, slot)` for each attention call of one forward pass, in depth order. The module is
-    the one holding the family table's `query` projection; ALBERT's shared layer groups are called in turn."""
+    the one holding the family table's `query` projection; with shared layers (ALBERT) the table's
+    `layer_groups` say which group each depth runs, its inner layers called in turn."""
     family = _family(model)
-    if not family.shared_layers:
-        attention = family.query.rsplit(".", 1)[0]  # the module that owns the query projection
-        modules = [_module_at(model, attention.format(l=i)) for i in range(model.config.num_hidden_layers)]
-        if any(m is None for m in modules):
-            raise PosprobeError(
-                f"model of type '{model_type(model)}' lacks its attention modules", "pass an encoder model"
-            )
-        return [(m, 0) for m in modules]
-    encoder = _encoder(model)
     cfg = model.config
-    L, G = cfg.num_hidden_layers, cfg.num_hidden_groups
+    if family.layer_groups is None:
+        attention = family.query.rsplit(".", 1)[0]  # the module that owns the query projection
+        paths = [attention.format(l=i) for i in range(cfg.num_hidden_layers)]
+    else:
+        template, groups_key, inner_key = family.layer_groups
+        L, G, inner = cfg.num_hidden_layers, getattr(cfg, groups_key), getattr(cfg, inner_key)
+        paths = [template.format(g=int(i / (L / G)), j=j) for i in range(L) for j in range(inner)]
+    modules = _modules_at(model, paths)
+    if any(m is None for m in modules):
+        raise PosprobeError(f"model of type '{model_type(model)}' lacks its attention modules", "pass an encoder model")
     slots: list[tuple[nn.Module, int]] = []
     counts: dict[int, int] = {}
-    for i in range(L):
-        group = encoder.albert_layer_groups[int(i / (L / G))]
-        for layer in group.albert_layers:
-            module = layer.attention
-            slots.append((module, counts.get(id(module), 0)))
-            counts[id(module)] = counts.get(id(module), 0) + 1
+    for module in modules:
+        slots.append((module, counts.get(id(module), 0)))
+        counts[id(module)] = counts.get(id(module), 0) + 1
     return slots
 
 
-def _layer_shape(module: nn.Module) -> LayerShape:
-    return LayerShape(
-        num_heads=module.num_attention_heads, head_dim=module.attention_head_size, input_size=module.query.in_features
-    )
+def layer_groups_owner(model: nn.Module) -> nn.Module:
+    """The module that runs every layer group of a shared-layer model (ALBERT's encoder): the owner of the list
+    of groups the table's `layer_groups` template indexes with `{g}`."""
+    template = _family(model).layer_groups[0]
+    owner = _module_at(model, template.split(".{g}", 1)[0].rsplit(".", 1)[0])
+    if owner is None:
+        raise PosprobeError(f"model of type '{model_type(model)}' has no encoder module", "pass an encoder model")
+    return owner
+
+
+def embeddings_module(model: nn.Module) -> nn.Module:
+    """The embeddings module (whose forward takes the position ids): the owner of the table's position table."""
+    position = _family(model).position
+    module = _module_at(model, position.rsplit(".", 2)[0]) if position and position.count(".") >= 2 else None
+    if module is None:
+        raise PosprobeError(
+            f"model of type '{model_type(model)}' has no embeddings module holding its position table",
+            "drop --drop-position-embeddings",
+        )
+    return module
+
+
+def projection(model: nn.Module, module: nn.Module, role: str) -> nn.Module:
+    """The `role` ('query', 'key' or 'value') projection of attention module `module`, named as the family table
+    names it (the last part of `Family.query` / `key` / `value`)."""
+    return module.get_submodule(getattr(_family(model), role).rsplit(".", 1)[1])
+
+
+def layer_shape(model: nn.Module, module: nn.Module) -> LayerShape:
+    """Heads (the config's), head size and input width (the query projection's) of attention module `module`."""
+    query = projection(model, module, "query")
+    heads = config_size(model.config.to_dict(), None, "heads")
+    return LayerShape(num_heads=heads, head_dim=query.out_features // heads, input_size=query.in_features)
 
 
 # -- hooks ------------------------------------------------------------------------------------------------

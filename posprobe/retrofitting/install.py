@@ -53,10 +53,8 @@ from posprobe.retrofitting.attention import (
     RETROFIT_MODEL_TYPES,
     _attention_pre_hook,
     _average_position_table,
-    _encoder,
     _family,
     _first_real_row,
-    _layer_shape,
     _make_constant_position_hook,
     _make_encoder_pre_hook,
     _make_input_hook,
@@ -64,6 +62,10 @@ from posprobe.retrofitting.attention import (
     _position_embedding,
     _register_attention,
     depth_slots,
+    embeddings_module,
+    layer_groups_owner,
+    layer_shape,
+    projection,
 )
 from posprobe.validation import as_bool, as_int
 
@@ -152,8 +154,9 @@ def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
     shared = []
     cls = info.load()
     for module, count in per_module.values():
-        ref = module.query.weight
-        mechs = [cls(_layer_shape(module), options) for _ in range(count)]
+        ref = projection(model, module, "query").weight
+        shape = layer_shape(model, module)
+        mechs = [cls(shape, options) for _ in range(count)]
         module.posprobe_mechanisms = nn.ModuleList(mechs).to(device=ref.device, dtype=ref.dtype)
         flags = mechs[0]  # combinations decide per instance which hooks they need
         module._posprobe_needs_padding = flags.transforms_inputs or flags.transforms_projections
@@ -163,18 +166,18 @@ def _install(model: nn.Module, spec: dict) -> list[tuple[nn.Module, int]]:
         module.register_forward_pre_hook(_attention_pre_hook, with_kwargs=True)
         for role in ROLES:
             if flags.transforms_inputs:
-                getattr(module, role).register_forward_pre_hook(_make_input_hook(module, role))
+                projection(model, module, role).register_forward_pre_hook(_make_input_hook(module, role))
             if flags.transforms_projections:
-                getattr(module, role).register_forward_hook(_make_projection_hook(module, role))
+                projection(model, module, role).register_forward_hook(_make_projection_hook(module, role))
         if count > 1:
             shared.append(module)
     if shared:
-        _encoder(model).register_forward_pre_hook(_make_encoder_pre_hook(shared))
+        layer_groups_owner(model).register_forward_pre_hook(_make_encoder_pre_hook(shared))
     if spec.get("drop_position_embeddings"):
         table = _position_embedding(model)
         table.weight.requires_grad_(False)
-        embeddings = getattr(model, "base_model", model).embeddings
-        embeddings.register_forward_pre_hook(_make_constant_position_hook(_first_real_row(model)), with_kwargs=True)
+        hook = _make_constant_position_hook(_first_real_row(model))
+        embeddings_module(model).register_forward_pre_hook(hook, with_kwargs=True)
     _register_attention()
     model.set_attn_implementation(ATTENTION_NAME)
     return slots
@@ -248,7 +251,7 @@ def _retrofit_loaded(model: nn.Module, settings: MechanismSettings, drop_positio
         spec["init_fit"] = fit_provenance(settings.kernels_file)
         shared = _family(model).shared_layers or settings.kernels_file.shared_layers
         slots = depth_slots(model)
-        fitted = _kernels_by_depth(settings.kernels_file, len(slots), slots[0][0].num_attention_heads, shared)
+        fitted = _kernels_by_depth(settings.kernels_file, len(slots), layer_shape(model, slots[0][0]).num_heads, shared)
     slots = _install(model, spec)
     generator = torch.Generator().manual_seed(seed)
     for depth, (module, slot) in enumerate(slots):
@@ -296,7 +299,7 @@ def expected_parameters(model: nn.Module) -> int:
     spec = getattr(model.config, CONFIG_KEY, None) or {}
     info = mechanism_info(spec["mechanism"])
     options = info.options(radius=spec.get("radius"), kernels=spec.get("kernels"))
-    return sum(info.parameters_per_depth(_layer_shape(module), options) for module, _ in depth_slots(model))
+    return sum(info.parameters_per_depth(layer_shape(model, module), options) for module, _ in depth_slots(model))
 
 
 def mechanism_at(model: nn.Module, depth: int) -> PositionalMechanism:

@@ -1,4 +1,4 @@
-"""`posprobe kernels`: every mechanism's learned functions against the real modules (known parameters), TISA
+"""`posprobe learned`: every mechanism's learned functions against the real modules (known parameters), TISA
 from a kernels file reproduced exactly, initial values kept through save/load, --text, --compare, --profiles,
 the JSON contract and clean errors."""
 
@@ -18,7 +18,7 @@ from posprobe.analysis.learned import correlation_per_head, learned_functions, t
 from posprobe.cli import app, main
 from posprobe.mechanisms._sequence import naive_filter
 from posprobe.mechanisms.catalogue import MECHANISM_NAMES
-from posprobe.pipelines.learned_kernels import learned_kernels, mean_vectors
+from posprobe.pipelines.learned import mean_vectors, read_learned
 from posprobe.retrofitting.install import INITIAL_FILE, mechanism_at, retrofit, save_retrofitted
 from posprobe.retrofitting.loading import load_model
 
@@ -47,7 +47,7 @@ def _bias(mech, n, query=None, key=None):
 def test_every_mechanism_functions_match_its_module(tmp_path, mechanism):
     """Random (known) parameters: each array equals what the installed module really does at offset k."""
     folder = _retrofitted(tmp_path, mechanism)
-    report = learned_kernels(folder, window=5)
+    report = read_learned(folder, window=5)
     lf = report.learned
     model = load_model(folder)
     k = lf.offsets
@@ -152,7 +152,7 @@ def test_tisa_from_kernels_file_reproduced_exactly(tmp_path, tiny_checkpoints):
     )
     assert result.exit_code == 0, result.output
     out = tmp_path / "k-out"
-    result = runner.invoke(app, ["kernels", str(folder), "--out", str(out), "--json"])
+    result = runner.invoke(app, ["learned", str(folder), "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
     assert record["mechanism"] == "tisa" and record["window"] == 16 and record["initial_known"]
@@ -168,6 +168,60 @@ def test_tisa_from_kernels_file_reproduced_exactly(tmp_path, tiny_checkpoints):
     np.testing.assert_allclose(tisa_functions(arrays["a"], arrays["b"], arrays["c"], k), want, rtol=1e-13)
 
 
+def _name_comparisons(tree) -> set[int]:
+    """Lines comparing a value with a mechanism's name (`x == "tisa"`, `p in ("dynamic", ...)`, `"tisa" in parts`)."""
+    import ast
+
+    def names(node) -> set:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return set().union(*map(names, node.elts)) if node.elts else set()
+        return set()
+
+    compares = [node for node in ast.walk(tree) if isinstance(node, ast.Compare)]
+    return {c.lineno for c in compares if any(names(x) & set(MECHANISM_NAMES) for x in [c.left, *c.comparators])}
+
+
+def test_each_mechanism_owns_its_reading_over_k():
+    """How a mechanism's parameters read over k is its catalogue entry's (`read_over_k`), and no code outside
+    `posprobe/mechanisms/` branches on a mechanism's name (the if-chain over names in analysis/learned.py is gone);
+    the scan finds a planted comparison."""
+    import ast
+    from pathlib import Path
+
+    import posprobe
+    from posprobe.mechanisms.catalogue import CATALOGUE
+
+    assert all(info.reading is not None for info in CATALOGUE.values())
+    assert _name_comparisons(ast.parse('if part == "tisa" or p in ("dynamic", "cat"):\n    pass')) == {1}
+    root = Path(posprobe.__file__).parent
+    found = {
+        str(path.relative_to(root)): lines
+        for path in sorted(root.rglob("*.py"))
+        if path.parent.name != "mechanisms" and (lines := _name_comparisons(ast.parse(path.read_text("utf-8"))))
+    }
+    assert found == {}
+
+
+def test_old_spelling_kernels_is_a_hidden_alias(tmp_path, capsys):
+    """`posprobe kernels DIR` (the command's old name) still runs the same command with the same record; `--help`
+    lists `learned` only ("kernels" alone names TISA's Gaussian kernels)."""
+    folder = _retrofitted(tmp_path, "fixed")
+    records = []
+    for name in ("learned", "kernels"):
+        result = runner.invoke(app, [name, str(folder), "--out", str(tmp_path / name), "--json"])
+        assert result.exit_code == 0, result.output
+        record = json.loads(result.stdout)
+        assert record.pop("npz") == str(tmp_path / name / "kernels.npz")
+        record["figures"] = [p.replace(str(tmp_path / name), "OUT") for p in record["figures"]]
+        records.append(record)
+    assert records[0] == records[1] and records[0]["mechanism"] == "fixed"
+    main(["--help"])
+    listed = capsys.readouterr().out
+    assert "│ learned " in listed and "│ kernels " not in listed
+
+
 def test_initial_values_survive_training_and_saving(tmp_path):
     folder = _retrofitted(tmp_path, "fixed")
     assert (folder / INITIAL_FILE).is_file()
@@ -176,24 +230,24 @@ def test_initial_values_survive_training_and_saving(tmp_path):
         for depth in range(L):
             mechanism_at(model, depth).beta.add_(1.0)  # "training"
     trained = save_retrofitted(model, tmp_path / "trained")
-    lf = learned_kernels(trained).learned
+    lf = read_learned(trained).learned
     np.testing.assert_allclose(lf.change("functions"), 1.0, rtol=1e-6)
     (trained / INITIAL_FILE).unlink()  # a folder from before posprobe stored the initial values
-    report = learned_kernels(trained)
+    report = read_learned(trained)
     assert not report.learned.initial_known and report.learned.change("functions") is None
     assert any("initial values unknown" in note for note in report.notes)
 
 
 def test_compare_and_profiles_json(tmp_path):
     one, two = _retrofitted(tmp_path, "composite", "one", 0), _retrofitted(tmp_path, "composite", "two", 1)
-    lf = learned_kernels(one).learned
+    lf = read_learned(one).learned
     k = lf.offsets
     profiles = 2.0 * lf.arrays["functions"] + 1.0  # perfectly correlated base "profiles"
     np.savez(tmp_path / "p.npz", profiles=profiles, offsets=k, layers=np.arange(L), metadata=np.array("{}"))
     text = tmp_path / "t.txt"
     text.write_text("w1 w2 w3 w4\n\nw9 w8 w7\n")
     out = tmp_path / "out"
-    args = ["kernels", str(one), "--compare", str(two), "--profiles", str(tmp_path / "p.npz")]
+    args = ["learned", str(one), "--compare", str(two), "--profiles", str(tmp_path / "p.npz")]
     result = runner.invoke(app, [*args, "--text", str(text), "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
@@ -249,7 +303,7 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, tiny_checkpoints, ca
         ([str(folder), "--compare", str(tiny_checkpoints["bert"])], "without a retrofitted"),
     ]
     for args, expected in cases:
-        code, captured = run_main(["kernels", *args, "--out", str(out)], capsys)
+        code, captured = run_main(["learned", *args, "--out", str(out)], capsys)
         lines = captured.err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and lines[0].startswith("posprobe: error: "), captured.err
         assert expected in lines[0]
@@ -365,21 +419,21 @@ def test_combined_round_trip_and_kernels_per_part(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("w1 w2 w3 w4 w5\n")
     out = tmp_path / "out"
-    result = runner.invoke(app, ["kernels", str(folder), "--text", str(text), "--out", str(out), "--json"])
+    result = runner.invoke(app, ["learned", str(folder), "--text", str(text), "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     record = json.loads(result.stdout)
     assert record["parts"] == ["composite", "key-dynamic"]
     assert {"functions", "dynamic_norms", "dynamic_scores", "key_dynamic_norms", "key_dynamic_scores"} <= set(
         record["arrays"]
     )
-    lf = learned_kernels(folder).learned
+    lf = read_learned(folder).learned
     for depth in range(L):
         composite, key_dynamic = mechanism_at(model, depth).parts
         rows = key_dynamic.w.detach().double().numpy()[np.clip(-lf.offsets, -R, R) + R]
         np.testing.assert_allclose(lf.arrays["key_dynamic_norms"][depth], np.linalg.norm(rows, axis=-1))
         beta = composite.fixed.beta.detach().double().numpy()
         np.testing.assert_allclose(lf.arrays["functions"][depth], beta[:, np.clip(lf.offsets, -R, R) + R])
-    fixed_tisa = learned_kernels(_retrofitted(tmp_path, "tisa+fixed", "tf"), window=4).learned
+    fixed_tisa = read_learned(_retrofitted(tmp_path, "tisa+fixed", "tf"), window=4).learned
     np.testing.assert_allclose(
         fixed_tisa.arrays["functions"], fixed_tisa.arrays["tisa_functions"] + fixed_tisa.arrays["fixed_functions"]
     )
@@ -401,7 +455,7 @@ def test_albert_text_and_base_model_profiles_human_output(tmp_path, tiny_checkpo
     _tokenizer_folder(folder)
     text = tmp_path / "t.txt"
     text.write_text("w1 w2 w3\nw4 w5\n")
-    report = learned_kernels(folder, text=text, profiles=str(tiny_checkpoints["albert"]))
+    report = read_learned(folder, text=text, profiles=str(tiny_checkpoints["albert"]))
     loaded = load_model(folder)
     for depth in range(L):
         beta = mechanism_at(loaded, depth).fixed.beta.detach().double().numpy()
@@ -410,7 +464,7 @@ def test_albert_text_and_base_model_profiles_human_output(tmp_path, tiny_checkpo
     r = report.with_profiles["functions"]
     assert r.shape == (L, H) and np.all(np.abs(r) <= 1 + 1e-12)
     out = tmp_path / "out"
-    args = ["kernels", str(folder), "--profiles", str(tiny_checkpoints["albert"]), "--out", str(out)]
+    args = ["learned", str(folder), "--profiles", str(tiny_checkpoints["albert"]), "--out", str(out)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert (out / "kernels.npz").is_file() and (out / "functions_heads.png").is_file()

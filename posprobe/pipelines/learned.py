@@ -1,7 +1,7 @@
-"""`posprobe kernels`: load a retrofitted folder, read its mechanism's parameters (and their initial values),
-optionally run it on real text for the mean query/key/value, and turn them into functions of `k = j - i`
-(`posprobe.analysis.learned`); compare with another folder or the base model's own profiles; write the npz
-and the figures.
+"""`posprobe learned` (old spelling `kernels`, a hidden alias): load a retrofitted folder, read its mechanism's
+parameters (and their initial values), optionally run it on real text for the mean query/key/value, and turn
+them into functions of `k = j - i` (`posprobe.analysis.learned`); compare with another folder or the base
+model's own profiles; write the npz and the figures.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import numpy as np
 
 from posprobe.analysis.learned import ROLES, LearnedFunctions, correlation_per_head, learned_functions
 from posprobe.errors import PosprobeError
+from posprobe.mechanisms.catalogue import mechanism_info
 from posprobe.validation import as_int, as_path
 
-DEFAULT_TISA_WINDOW = 16
 MAX_WINDOW = 4096
 TEXT_MAX_LENGTH = 128
 TEXT_BATCH = 16
 
 
 @dataclass(frozen=True)
-class LearnedKernelsReport:
+class LearnedReport:
     """The learned functions of one model, and optionally those of a second (`other`) and per-head
     correlations: `with_other[name]` and `with_profiles[name]` are `(L, H)` over shared offsets."""
 
@@ -31,7 +31,7 @@ class LearnedKernelsReport:
     window: int
     radius: int
     n_text_tokens: int = 0
-    other: LearnedKernelsReport | None = None
+    other: LearnedReport | None = None
     with_other: dict[str, np.ndarray] = field(default_factory=dict)
     with_profiles: dict[str, np.ndarray] = field(default_factory=dict)
     profiles_source: str | None = None
@@ -96,17 +96,20 @@ def mean_vectors(model, tokenizer, texts: list[str]) -> tuple[dict[str, np.ndarr
     projection outputs the attention sees, after any mechanism rewrote them), and the token count."""
     import torch
 
-    from posprobe.retrofitting.install import depth_slots
+    from posprobe.retrofitting.attention import depth_slots, layer_shape, projection
 
     slots = depth_slots(model)
     modules = list({id(m): m for m, _ in slots}.values())
     calls: dict[str, list] = {role: [] for role in ROLES}
     hooks = [
-        getattr(m, role).register_forward_hook(lambda _mod, _args, out, role=role: calls[role].append(out.detach()))
+        projection(model, m, role).register_forward_hook(
+            lambda _mod, _args, out, role=role: calls[role].append(out.detach())
+        )
         for m in modules
         for role in ROLES
     ]
-    H, dh = slots[0][0].num_attention_heads, slots[0][0].attention_head_size
+    shape = layer_shape(model, slots[0][0])
+    H, dh = shape.num_heads, shape.head_dim
     sums = {role: torch.zeros(len(slots), H * dh, dtype=torch.float64) for role in ROLES}
     tokens = 0
     try:
@@ -150,22 +153,21 @@ def learned_from_folder(
     path, recipe = _check_folder(folder)
     mechanism = str(recipe["mechanism"])
     radius = int(recipe.get("radius") or 8)
-    parts = mechanism.split("+")
-    if window is None:
-        window = DEFAULT_TISA_WINDOW if "tisa" in parts else radius
+    if window is None:  # the mechanism's own (TISA: 16), else the clip radius
+        window = mechanism_info(mechanism).window or radius
     model = load_model(path, allow_pickle=allow_pickle).eval()
     n_depths = len(depth_slots(model))
     stacked = _stack(mechanism_state(model), n_depths)
     initial = initial_state(model)
     initial_parts = None if initial is None else [p for _, p in _split_parts(mechanism, _stack(initial, n_depths))]
-    means, tokens = (None, 0) if texts is None else mean_vectors(model, _kernels_tokenizer(path), texts)
+    means, tokens = (None, 0) if texts is None else mean_vectors(model, _folder_tokenizer(path), texts)
     offsets = np.arange(-window, window + 1)
     learned = learned_functions(mechanism, _split_parts(mechanism, stacked), offsets, initial_parts, means)
     return str(folder), learned, window, radius, tokens
 
 
 # ------------------------------------------------------------------------------------------------ API
-def learned_kernels(
+def read_learned(
     folder,
     *,
     window: int | None = None,
@@ -173,7 +175,7 @@ def learned_kernels(
     compare=None,
     profiles=None,
     allow_pickle: bool = False,
-) -> LearnedKernelsReport:
+) -> LearnedReport:
     """The learned positional functions of a retrofitted `folder` (SPEC §11).
 
     window: half-width W of the offsets k = -W..W (default 16 with TISA, else the clip radius r);
@@ -191,11 +193,11 @@ def learned_kernels(
         folder, window=window, texts=texts, allow_pickle=allow_pickle
     )
     notes = [] if learned.initial_known else ["initial values unknown (folder written before posprobe stored them)"]
-    if texts is None and any(p in ("dynamic", "key-dynamic", "shaw-values", "composite") for p in learned.parts):
+    if texts is None and mechanism_info(learned.mechanism).reads_text:
         notes.append(
             "dynamic tables shown as per-offset norms; pass --text FILE for the score of the average query/key"
         )
-    report = LearnedKernelsReport(name, learned, used, radius, tokens, notes=notes)
+    report = LearnedReport(name, learned, used, radius, tokens, notes=notes)
     if compare is not None:
         other_name, other, _, _, other_tokens = learned_from_folder(
             compare, window=used, texts=texts, allow_pickle=allow_pickle
@@ -217,14 +219,14 @@ def learned_kernels(
             if learned.kind(key) == "head":
                 with_other[key] = correlation_per_head(x, learned.offsets, y, other.offsets)[0]
         report = _with(
-            report, other=LearnedKernelsReport(other_name, other, used, radius, other_tokens), with_other=with_other
+            report, other=LearnedReport(other_name, other, used, radius, other_tokens), with_other=with_other
         )
     if profiles is not None:
         report = _with(report, **_profile_correlations(learned, profiles, allow_pickle))
     return report
 
 
-def _with(report: LearnedKernelsReport, **changes) -> LearnedKernelsReport:
+def _with(report: LearnedReport, **changes) -> LearnedReport:
     from dataclasses import replace
 
     return replace(report, **changes)
@@ -256,7 +258,7 @@ def _profile_correlations(learned: LearnedFunctions, profiles, allow_pickle: boo
 
 
 # ------------------------------------------------------------------------------------------- outputs
-def write_kernels(report: LearnedKernelsReport, out_dir, fmt: str = "png") -> dict:
+def write_learned(report: LearnedReport, out_dir, fmt: str = "png") -> dict:
     """Write `kernels.npz` (every array, `offsets`, metadata) and the figures into `out_dir` as one unit
     (`formats.save`), after all computing succeeded; returns {"npz": path, "figures": [paths]}."""
     from posprobe.formats.save import arrays_file, figure_file, save_files
@@ -272,11 +274,11 @@ def write_kernels(report: LearnedKernelsReport, out_dir, fmt: str = "png") -> di
         for key, r in report.with_other.items():
             arrays[f"{key}_compare_correlation"] = r
     files = [arrays_file("kernels.npz", metadata(report), arrays)]
-    files += [figure_file(f"{stem}.{fmt}", lambda fig=fig: fig) for stem, fig in pk.kernel_figures(report)]
+    files += [figure_file(f"{stem}.{fmt}", lambda fig=fig: fig) for stem, fig in pk.learned_figures(report)]
     return save_files(out_dir, files)
 
 
-def metadata(report: LearnedKernelsReport) -> dict:
+def metadata(report: LearnedReport) -> dict:
     learned = report.learned
     return {
         "model": report.model,
@@ -293,7 +295,7 @@ def metadata(report: LearnedKernelsReport) -> dict:
     }
 
 
-def summary(report: LearnedKernelsReport) -> dict:
+def summary(report: LearnedReport) -> dict:
     """Per learned array: shape, largest |value| and largest |change from init| (None when unknown)."""
     learned = report.learned
     out = {}
@@ -315,7 +317,7 @@ def _nan_list(x: np.ndarray) -> list:
     return [[None if np.isnan(v) else round(float(v), 6) for v in row] for row in np.asarray(x)]
 
 
-def _kernels_tokenizer(folder: Path):
+def _folder_tokenizer(folder: Path):
     from posprobe.checkpoint.loading import load_tokenizer
 
     return load_tokenizer(

@@ -1,11 +1,12 @@
-"""Position analyses of a checkpoint: P and its Toeplitz R^2, F_hat_P per head, head profiles, comparisons.
+"""Weight-only position analyses of a checkpoint (no text is run): P and its Toeplitz R^2, F_hat_P per head, head
+profiles, comparisons.
 
 Each analysis (`toeplitz`, `fhat`, `profiles`, `compare`) takes a model as a hub id, a local folder, None (the packaged
 all-MiniLM-L6-v2) or a loaded transformers model object, reads only the tensors it needs (lazily from
 safetensors for ids and folders, from `state_dict()` for objects; the same code either way) and returns a frozen
 result with a short repr, `.plot()`, `.to_dict()` and `.to_json()`. Nothing is printed and nothing is written:
 the CLI writes files. Arguments are checked here (posprobe.validation), with the library's argument names.
-Reading the model: `score_reader.py`; the result classes: `analysis_results.py` (both re-exported here).
+Reading the model: `score_reader.py`; the result classes: `weights_results.py` (both re-exported here).
 """
 
 from __future__ import annotations
@@ -22,13 +23,6 @@ from posprobe.analysis.toeplitz import block_r2, diagonal_means, offsets, sectio
 from posprobe.checkpoint import ModelSource
 from posprobe.checkpoint.in_memory import is_model_object
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError
-from posprobe.pipelines.analysis_results import (
-    CompareResult,
-    CompareRow,
-    FhatResult,
-    ProfileResult,
-    ToeplitzResult,
-)
 from posprobe.pipelines.data_conditioned import text_settings
 from posprobe.pipelines.score_reader import (
     DEFAULT_POSITIONS,
@@ -37,6 +31,13 @@ from posprobe.pipelines.score_reader import (
     _check_positions,
     _layer_index,
     open_model,
+)
+from posprobe.pipelines.weights_results import (
+    CompareResult,
+    CompareRow,
+    FhatResult,
+    ProfileResult,
+    ToeplitzResult,
 )
 from posprobe.results import middle_ellipsis
 from posprobe.validation import as_bool, as_choice, as_int, as_int_list

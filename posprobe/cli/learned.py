@@ -1,4 +1,5 @@
-"""`posprobe kernels DIR`: the positional functions a retrofitted (and fine-tuned) model learned (SPEC §11).
+"""`posprobe learned DIR`: the positional functions a retrofitted (and fine-tuned) model learned (SPEC §11). The
+old spelling `posprobe kernels` still works, a hidden alias.
 
 `--json` prints one object: {"model", "mechanism", "parts", "convention": "k = j - i", "window", "radius",
 "initial_known", "text_tokens", "compare", "profiles", "npz", "figures", "notes",
@@ -20,10 +21,11 @@ from posprobe.formats.writing import default_out
 
 
 def register(app: typer.Typer) -> None:
-    app.command("kernels")(kernels)
+    app.command("learned")(learned)
+    app.command("kernels", hidden=True)(learned)  # the old name; "kernels" alone now means TISA's Gaussian kernels
 
 
-def kernels(
+def learned(
     folder: Annotated[Path, typer.Argument(help="A folder written by `posprobe retrofit` or `posprobe finetune`.")],
     window: Annotated[
         int | None, typer.Option("--window", help="Show k = -W..W (default 16 for TISA, else the clip radius r).")
@@ -45,19 +47,19 @@ def kernels(
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """Show what a retrofitted model's positional mechanism learned, per layer and head, over k = j − i."""
-    from posprobe.pipelines.learned_kernels import _check_folder, check_window, learned_kernels, summary, write_kernels
+    from posprobe.pipelines.learned import _check_folder, check_window, read_learned, summary, write_learned
 
     check_window(window)
     path, _ = _check_folder(folder)
     out_dir = out if out is not None else default_out("kernels", path.resolve().name)
     with log_console.status(f"reading {folder}"):
-        report = learned_kernels(
+        report = read_learned(
             folder, window=window, text=text, compare=compare, profiles=profiles, allow_pickle=allow_pickle
         )
-        written = write_kernels(report, out_dir, fmt.value)
-    learned = report.learned
+        written = write_learned(report, out_dir, fmt.value)
+    functions = report.learned
     if json_out:
-        from posprobe.pipelines.learned_kernels import metadata
+        from posprobe.pipelines.learned import metadata
 
         meta = metadata(report)
         meta.pop("shapes")
@@ -75,7 +77,7 @@ def kernels(
     from rich.table import Table
 
     rows = summary(report)
-    table = Table(title=f"{report.model}: {learned.mechanism}, k = j − i in ±{report.window}", title_justify="left")
+    table = Table(title=f"{report.model}: {functions.mechanism}, k = j − i in ±{report.window}", title_justify="left")
     for name in ("array", "shape", "max |value|", "max |change from init|"):
         table.add_column(name, justify="left" if name == "array" else "right")
     for key, row in rows.items():

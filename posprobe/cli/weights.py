@@ -1,4 +1,4 @@
-"""Commands `toeplitz`, `fhat`, `profiles` and `compare`: position analyses of checkpoints."""
+"""Commands `toeplitz`, `fhat`, `profiles` and `compare`: the weight-only position analyses of checkpoints."""
 
 from __future__ import annotations
 
@@ -84,8 +84,7 @@ def toeplitz(
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """P = E_P E_Pᵀ of the learned position embeddings, its Toeplitz R², and a heatmap."""
-    from posprobe.formats.save import save
-    from posprobe.pipelines import analysis as pipeline
+    from posprobe.pipelines import weights as pipeline
 
     source = _resolve(model, allow_pickle)
     out_dir = _out_dir(out, "toeplitz", source.label)
@@ -152,8 +151,7 @@ def fhat(
     Models without a learned position table (rotary, ALiBi, relative bias, ...) get their content-free
     scores (SPEC §9): the pre-softmax scores of a sequence of the average word embedding. With --text, the
     layer's input is the mean hidden state entering it on those texts instead (SPEC §13, data-conditioned)."""
-    from posprobe.formats.save import save
-    from posprobe.pipelines import analysis as pipeline
+    from posprobe.pipelines import weights as pipeline
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
                    max_texts=max_texts, batch_size=batch_size, device=device)  # fmt: skip
@@ -178,7 +176,7 @@ def fhat(
         console.print(f"[dim]{line}[/dim]")
     if result.toeplitz_by_construction:
         from posprobe.architectures.table import TABLE_KINDS
-        from posprobe.pipelines.analysis_results import by_construction_note
+        from posprobe.pipelines.weights_results import by_construction_note
 
         console.print(f"F̂_P — {source.label}, layer {layer}, {result.mode} mode{causal}")
         if result.conditioning is None or result.position_kind not in TABLE_KINDS:  # else: constant, said above
@@ -227,8 +225,7 @@ def profiles(
     Every family posprobe reads: learned tables (paper/faithful mode) and the content-free scores (SPEC §9) of
     rotary, ALiBi and relative-bias models. Causal models use only k ≤ 0 (marked in titles and JSON). With
     --text, each layer's input is the mean hidden state entering it on those texts (SPEC §13, data-conditioned)."""
-    from posprobe.formats.save import save
-    from posprobe.pipelines import analysis as pipeline
+    from posprobe.pipelines import weights as pipeline
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
                    max_texts=max_texts, batch_size=batch_size, device=device)  # fmt: skip
@@ -313,7 +310,7 @@ def compare(
     from posprobe.errors import ArgumentValueError
     from posprobe.formats.save import save
     from posprobe.formats.writing import prepare_out_dir
-    from posprobe.pipelines import analysis as pipeline
+    from posprobe.pipelines import weights as pipeline
 
     if len(models) < 2:
         raise ArgumentValueError(
