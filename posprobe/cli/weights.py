@@ -84,6 +84,7 @@ def toeplitz(
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """P = E_P E_Pᵀ of the learned position embeddings, its Toeplitz R², and a heatmap."""
+    from posprobe.formats.save import save
     from posprobe.pipelines import weights as pipeline
 
     source = _resolve(model, allow_pickle)
@@ -151,6 +152,7 @@ def fhat(
     Models without a learned position table (rotary, ALiBi, relative bias, ...) get their content-free
     scores (SPEC §9): the pre-softmax scores of a sequence of the average word embedding. With --text, the
     layer's input is the mean hidden state entering it on those texts instead (SPEC §13, data-conditioned)."""
+    from posprobe.formats.save import save
     from posprobe.pipelines import weights as pipeline
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
@@ -225,6 +227,7 @@ def profiles(
     Every family posprobe reads: learned tables (paper/faithful mode) and the content-free scores (SPEC §9) of
     rotary, ALiBi and relative-bias models. Causal models use only k ≤ 0 (marked in titles and JSON). With
     --text, each layer's input is the mean hidden state entering it on those texts (SPEC §13, data-conditioned)."""
+    from posprobe.formats.save import save
     from posprobe.pipelines import weights as pipeline
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
