@@ -41,7 +41,7 @@ class CountTokens:
 def test_the_bounds_are_written_once_and_every_entry_point_uses_them():
     """batch_size above MAX_BATCH_SIZE and max_length below the analysis minimum are refused, in one line, by the
     description and by each library entry point before any model is read."""
-    from posprobe.pipelines.analysis import profiles
+    from posprobe.pipelines.weights import profiles
     from posprobe.pipelines.attention import attention_profiles
     from posprobe.pipelines.rotary import rotary
     from posprobe.pipelines.states import states
@@ -79,8 +79,8 @@ def test_the_run_options_are_defined_once():
     and nowhere else among the commands that run a model over texts through `run_texts`."""
     shared = ('"--text"', '"--column"', '"--max-texts"', '"--device"', '"--max-memory"')
     for path in (PACKAGE / "cli").glob("*.py"):
-        if path.name in ("options.py", "report.py", "learned_kernels.py", "context.py", "finetune.py"):
-            continue  # report / kernels / context / finetune: their --text and --batch-size mean other things
+        if path.name in ("options.py", "report.py", "learned.py", "context.py", "finetune.py"):
+            continue  # report / learned / context / finetune: their --text and --batch-size mean other things
         text = path.read_text(encoding="utf-8")
         assert not [flag for flag in shared if flag in text], path.name
 
@@ -164,7 +164,7 @@ def test_a_library_result_saves_exactly_what_the_command_writes(tiny_checkpoints
     from typer.testing import CliRunner
 
     from posprobe.cli import app
-    from posprobe.pipelines.analysis import profiles
+    from posprobe.pipelines.weights import profiles
 
     folder = str(tiny_checkpoints["bert"])
     done = CliRunner().invoke(app, ["profiles", folder, "--layers", "0", "--out", str(tmp_path / "cli"), "--json"])
