@@ -14,7 +14,8 @@ medians over `--repeats`. Three ways:
 - now, cached: this checkout with a warm cache (what every run after the first on a file sees).
 
 The commands: `params MODEL` (config only), `toeplitz MODEL` (refused: rotary), `retrofit MODEL --mechanism fixed`
-(refused: Llama). Their stdout and stderr must be the same all three ways (checked).
+(refused: Llama), `fhat MODEL --layer 99` and `profiles MODEL --layers 99` (refused: no such layer; before the name
+map became lazy these built transformers' GGUF tensor-name map, importing its loader and the model class, first). Their stdout and stderr must be the same all three ways (checked).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def main() -> None:
         "params": ["params", options.model],
         "toeplitz (refused)": ["toeplitz", options.model],
         "retrofit fixed (refused)": ["retrofit", options.model, "--mechanism", "fixed", "--out", "never"],
+        "fhat --layer 99 (refused)": ["fhat", options.model, "--layer", "99", "--out", "never"],
+        "profiles --layers 99 (refused)": ["profiles", options.model, "--layers", "99", "--out", "never"],
     }
     with tempfile.TemporaryDirectory() as tmp:
         cwd, cache = Path(tmp), str(Path(tmp) / "cache")
