@@ -35,8 +35,9 @@ memory is 5·d² floats per probed layer, whatever the number of texts.
   seeded; every token when there are fewer), predicted the same way: the held-out predictions need the final
   weights, which only exist after the last batch, and an exact MAE would need every hidden state again. With
   N tokens and a sample of s < N, the MAE is an unbiased estimate of the all-token MAE; with N <= s it is exact.
-- Solving: one eigendecomposition per training set gives every penalty and every target at once
-  (w = V diag(1/(s + λ)) V^T b); when the sample holds every token and a training set has fewer tokens than d, the
+- Solving: one factorisation per training set gives every penalty and every target at once: on the CPU the
+  tridiagonal reduction C = Q S Q^T (w = Q (S + λI)^{-1} Q^T b, each shifted S solved in O(d)), elsewhere the
+  eigendecomposition (w = V diag(1/(s + λ)) V^T b); when the sample holds every token and a training set has fewer tokens than d, the
   same fit is solved in its dual form, w = Xc^T (Xc Xc^T + λI)^{-1} yc (an N x N eigendecomposition instead of
   d x d): short runs, where the d x d solves used to dominate, cost little (benchmarks/RESULTS.md).
 
