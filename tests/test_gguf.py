@@ -339,6 +339,7 @@ def test_arguments_are_refused_before_any_gguf_weight_is_opened(tiny_ggufs, tiny
     import posprobe
     from posprobe.checkpoint import gguf_weights
     from posprobe.cli import main
+    from posprobe.phases import reporting_phases
 
     def opened(*args, **kwargs):
         raise AssertionError("the weights were opened")
@@ -359,14 +360,18 @@ def test_arguments_are_refused_before_any_gguf_weight_is_opened(tiny_ggufs, tiny
         (["toeplitz", file], "no learned position table"),
         (["retrofit", file, "--mechanism", "fixed"], "cannot retrofit a 'llama' model"),
     ]
+    said: list[str] = []
     for argv, words in refusals:
         try:
-            main([str(a) for a in argv] + ["--out", str(out)])
+            with reporting_phases(said.append):
+                main([str(a) for a in argv] + ["--out", str(out)])
             code = 0
         except SystemExit as exit_info:
             code = exit_info.code or 0
         captured = capsys.readouterr()
         assert code == 2 and words in captured.err and "opened" not in captured.err, (argv, code, captured.err)
         assert not out.exists()
-    with pytest.raises(AssertionError, match="the weights were opened"):  # the patch is reached by a valid call
-        posprobe.fhat(file, layer=0, positions=24)
+    assert not [x for x in said if x.startswith("reading the weights")], said  # no phase line for what is not read
+    with reporting_phases(said.append), pytest.raises(AssertionError, match="the weights were opened"):
+        posprobe.fhat(file, layer=0, positions=24)  # a valid call reaches the patch, and says it reads the weights
+    assert said[-1].startswith("reading the weights of ") and said[-1].endswith(file.name), said
