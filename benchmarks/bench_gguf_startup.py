@@ -11,10 +11,13 @@ medians over `--repeats`. Three ways:
 - before: the code in SRC;
 - now, cold: this checkout with the config cache off (`POSPROBE_CACHE_DIR=off`): the config from posprobe's own
   parsed header through transformers' key table and config class (imports torch);
-- now, cached: this checkout with a warm cache (what every run after the first on a file sees).
+- now, cached: this checkout with a warm cache (what every run after the first on a file sees);
+- before, cached (`--before-cached`): the code in SRC with the same warm cache (where SRC has the cache too).
 
 The commands: `params MODEL` (config only), `toeplitz MODEL` (refused: rotary), `retrofit MODEL --mechanism fixed`
-(refused: Llama). Their stdout and stderr must be the same all three ways (checked).
+(refused: Llama), `fhat MODEL --layer 99` and `profiles MODEL --layers 99` (refused: no such layer; before the name
+map became lazy these built transformers' GGUF tensor-name map, importing its loader and the model class, first).
+Their stdout and stderr must be the same every way (checked).
 """
 
 from __future__ import annotations
@@ -49,16 +52,25 @@ def main() -> None:
     parser.add_argument("--before", type=Path, required=True, help="folder holding the code before (posprobe/)")
     parser.add_argument("--model", default="SmolLM2-135M-Instruct")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--before-cached", action="store_true", help="also the code before with the warm cache")
     options = parser.parse_args()
     commands = {
         "params": ["params", options.model],
         "toeplitz (refused)": ["toeplitz", options.model],
         "retrofit fixed (refused)": ["retrofit", options.model, "--mechanism", "fixed", "--out", "never"],
+        "fhat --layer 99 (refused)": ["fhat", options.model, "--layer", "99", "--out", "never"],
+        "profiles --layers 99 (refused)": ["profiles", options.model, "--layers", "99", "--out", "never"],
     }
     with tempfile.TemporaryDirectory() as tmp:
         cwd, cache = Path(tmp), str(Path(tmp) / "cache")
         run(commands["params"], ROOT, cache, cwd)  # fills the cache for the 'cached' way
         ways = {"before": (options.before, "off"), "now, cold": (ROOT, "off"), "now, cached": (ROOT, cache)}
+        if options.before_cached:
+            ways = {
+                "before": (options.before, "off"),
+                "before, cached": (options.before, cache),
+                **dict(list(ways.items())[1:]),
+            }
         print("| command | way | wall s | CPU s | CPU / before |\n|---|---|---:|---:|---:|")
         for name, args in commands.items():
             outputs, cpu_before = {}, None

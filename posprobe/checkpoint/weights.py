@@ -206,11 +206,11 @@ def open_weights(source):
     pickle weights, a `GGUFWeightReader` (same interface, transformers' names) for a GGUF file."""
     from posprobe.runtime.phases import phase
 
-    phase(f"reading the weights of {source.name}")
-    if source.weight_format == "gguf":
+    if source.weight_format == "gguf":  # says its phase when a tensor is first asked for (its name map costs seconds)
         from posprobe.checkpoint.gguf_weights import GGUFWeightReader
 
-        return GGUFWeightReader(source.path, source.config)
+        return GGUFWeightReader(source.path, source.config, name=source.name)
+    phase(f"reading the weights of {source.name}")
     return WeightReader(source.path, source.weight_format)
 
 

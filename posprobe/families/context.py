@@ -155,7 +155,10 @@ class ModelContext(EmbeddingReader):
     def _check_layer_count(self) -> None:
         """The config's layer count L must be the weights': where layer 0's query weight is found but layer
         L - 1's is not, the config claims layers the checkpoint lacks (2**31 from a crafted file had every
-        analysis loop over them before reading a weight)."""
+        analysis loop over them before reading a weight). A reader whose `layers_checked` is true (GGUF: checked
+        against the file's `blk.N` tensors when it was resolved) is not asked, so no weight is opened here."""
+        if getattr(self.reader, "layers_checked", False):
+            return
         query, last = self.family.query + ".weight", self.stored_layer(self.shape.layers - 1)
         if self.family.hybrid:  # only the attention layers hold a query weight
             from posprobe.families.windows import attention_layers
