@@ -339,7 +339,7 @@ def test_arguments_are_refused_before_any_gguf_weight_is_opened(tiny_ggufs, tiny
     import posprobe
     from posprobe.checkpoint import gguf_weights
     from posprobe.cli import main
-    from posprobe.phases import reporting_phases
+    from posprobe.runtime.phases import reporting_phases
 
     def opened(*args, **kwargs):
         raise AssertionError("the weights were opened")

@@ -195,7 +195,7 @@ def test_fhat_command_and_the_readme_figure_use_the_per_head_default(tiny_bert_f
     by `regenerate.sh` with the command's defaults (no `--scale`), so it is the figure a user gets."""
     from pathlib import Path
 
-    from posprobe import plotting
+    from posprobe.plotting import base as plotting
 
     drawn, real = [], plotting.fhat_grid
 

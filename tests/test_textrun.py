@@ -41,10 +41,10 @@ class CountTokens:
 def test_the_bounds_are_written_once_and_every_entry_point_uses_them():
     """batch_size above MAX_BATCH_SIZE and max_length below the analysis minimum are refused, in one line, by the
     description and by each library entry point before any model is read."""
-    from posprobe.pipelines.weights import profiles
     from posprobe.pipelines.attention import attention_profiles
     from posprobe.pipelines.rotary import rotary
     from posprobe.pipelines.states import states
+    from posprobe.pipelines.weights import profiles
 
     assert text_run(["a"], batch_size=MAX_BATCH_SIZE).batch_size == MAX_BATCH_SIZE
     for entry in (

@@ -64,7 +64,7 @@ class GGUFWeightReader:
         """(transformers name -> the GGUF tensor(s) it comes from, those names, GGUF name -> transformers name),
         built on the first access to a tensor: transformers' name map costs seconds (its GGUF loader and the model
         class are imported), which a command that refuses its arguments from the config never pays."""
-        from posprobe.phases import phase
+        from posprobe.runtime.phases import phase
 
         phase(f"reading the weights of {self.name}")
         gguf_to_hf = hf_name_map(self.header, self.config)
