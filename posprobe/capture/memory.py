@@ -53,6 +53,22 @@ def attention_batch_bytes(
     return int(CALIBRATION * (recorded + running + masks + reducer))
 
 
+def attention_block_bytes(n_heads: int, batch: int, length: int, rows: int, element_bytes: int, hidden: int) -> int:
+    """At least what one batch takes on the blockwise route (SPEC §19), linear in the length m: one layer's queries,
+    keys, values and output (4 x B x m x hidden in the model's dtype, hidden = H x d_h), and one block of `rows`
+    query rows (0: `recording.BLOCK_ELEMENTS` scores) against m keys: its scores and probabilities in the model's
+    dtype plus six float64 temporaries of the reducers (B x H x rows x m each), and its masks (4 x B x rows x m
+    bool); times `CALIBRATION`."""
+    from posprobe.capture.recording import BLOCK_ELEMENTS
+
+    if rows <= 0:
+        rows = max(1, BLOCK_ELEMENTS // max(1, batch * n_heads * length))
+    rows = min(rows, length)
+    block = batch * n_heads * rows * length
+    per_layer = 4 * batch * length * hidden * element_bytes
+    return int(CALIBRATION * (per_layer + block * (2 * element_bytes + 6 * 8) + 4 * batch * rows * length))
+
+
 def check_fits(needed: int, device: Any, what: str, hint: str) -> None:
     """Refuse, in one line, work that needs more than the free memory of `device` (`what` says which)."""
     free = available_bytes(device)

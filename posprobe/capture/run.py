@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from posprobe import distributed
 from posprobe.capture.batches import TokenBatch, id_tokenizer, text_tokenizer, token_batches
 from posprobe.capture.eager import EagerRecorder, is_eager_route
-from posprobe.capture.memory import attention_batch_bytes, check_fits
+from posprobe.capture.memory import attention_batch_bytes, attention_block_bytes, check_fits
 from posprobe.capture.model import (
     check_length,
     check_model,
@@ -33,8 +33,11 @@ from posprobe.capture.model import (
     stack_to_run,
 )
 from posprobe.capture.recording import (
+    BLOCK_NAME,
     RECORD_NAME,
+    BlockRecorder,
     LayerRecorder,
+    register_block_attention,
     register_recording_attention,
     verify_against_eager,
 )
@@ -96,9 +99,27 @@ class BatchCapture:
         return len(self.tokens)
 
 
+@dataclass(frozen=True)
+class BlockCapture:
+    """One block of query rows of one layer of one batch, on the blockwise route (SPEC §19): rows start..start+b-1
+    against every key. index and tokens as in `BatchCapture`; scores S and probs A (B, H, b, m), allowed and
+    counted_pairs (B, b, m) bool, the rows start..start+b-1 of `BatchCapture`'s tensors of that layer."""
+
+    index: int
+    tokens: TokenBatch
+    layer: int
+    start: int
+    scores: torch.Tensor
+    probs: torch.Tensor
+    allowed: torch.Tensor
+    counted_pairs: torch.Tensor
+
+
 class Reducer(Protocol):
     """An analysis over text: `needs` names what it reads (a subset of "scores", "probs", "hidden_states"),
-    `add` takes each batch once, `result` returns the answer after the last batch."""
+    `add` takes each batch once, `result` returns the answer after the last batch. A reducer of attention that also
+    has `add_block(block)` (a `BlockCapture`) may be handed blocks of query rows instead of whole batches: every
+    block of every layer of a batch once, and then no `add` for that batch."""
 
     needs: Collection[str]
 
@@ -125,6 +146,7 @@ def capture_batches(
     *,
     verify: bool = True,
     progress: Callable[[int], None] | None = None,
+    block_size: int | None = None,
 ) -> CaptureSummary:
     """Run `model` once per batch (inference mode, eval mode) and hand each `BatchCapture` to every reducer.
 
@@ -135,6 +157,12 @@ def capture_batches(
     understood (`capture.eager`). `progress(k)` is called after each batch with the number of texts it held (under
     torchrun: after each of this rank's batches, with the texts of that round of batches over all ranks), and the
     summary counts every rank's texts.
+    Blockwise route (SPEC §19): where the family's attention goes through AttentionInterface and every reducer of
+    attention has `add_block`, a batch is run with `recording.block_attention` and its reducers get blocks of
+    `block_size` query rows (`BlockCapture`) instead of whole matrices: `block_size` None (the default) does this for
+    the batches whose whole matrices would take at least 256 MiB (blocks of about `recording.BLOCK_ELEMENTS`
+    scores), 0 never, a positive number for every batch. The first batch's check then runs on its first 256 tokens,
+    in blocks of a quarter of them.
     Raises PosprobeError for a model that cannot be captured, or when there is no batch."""
     import torch
 
@@ -146,6 +174,8 @@ def capture_batches(
         needs |= set(reducer.needs)
     attention = bool(needs & {"scores", "probs"})
     hidden = "hidden_states" in needs
+    if block_size is not None:
+        block_size = as_int(block_size, "block_size", minimum=0)
     n_layers, n_heads = check_model(model, attention=attention, encoder_decoder=True)
     parallel = distributed.join_process_group(model_device(model))
     if parallel:
@@ -154,6 +184,13 @@ def capture_batches(
     eager = attention and is_eager_route(model)
     recorder = LayerRecorder("scores" in needs, "probs" in needs, n_layers)
     eager_recorder = EagerRecorder(n_layers, n_heads)
+    blockwise = (
+        attention
+        and not eager
+        and block_size != 0
+        and all(hasattr(r, "add_block") and not (set(r.needs) - {"scores", "probs"}) for r in reducers if set(r.needs) & {"scores", "probs"})
+    )
+    block_readers = [r for r in reducers if set(r.needs) & {"scores", "probs"}] if blockwise else []
     previous = net.config._attn_implementation
     base = getattr(net, "base_model", net)
     sparse = getattr(base, "attention_type", None)  # BigBird switches itself to full attention on short inputs
@@ -168,6 +205,8 @@ def capture_batches(
             eager_recorder.start(net)
         elif attention:
             register_recording_attention()
+            if blockwise:
+                register_block_attention()
             net.set_attn_implementation(RECORD_NAME)
         with torch.inference_mode():
             for index, tokens in enumerate(batches):
@@ -178,10 +217,20 @@ def capture_batches(
                     progress(round_texts)  # the other ranks' batches of the last round, run beside this rank's
                 round_texts = 0
                 kwargs = {"output_hidden_states": True} if hidden else {}
+                in_blocks = blockwise and (block_size or _full_bytes(model, needs, n_layers, n_heads, tokens) >= _CHECKED_FROM)
                 if attention:
                     check_length(net, int(tokens.input_ids.shape[1]))
-                    _check_attention_fits(model, needs, n_layers, n_heads, tokens)
-                if eager:
+                    _check_attention_fits(model, needs, n_layers, n_heads, tokens, (block_size or 0) if in_blocks else None)
+                if in_blocks:
+                    net.set_attn_implementation(BLOCK_NAME)
+                    try:
+                        output = _run_blocks(net, index, tokens, block_readers, n_layers, block_size or None, kwargs)
+                        if verify and n_batches == 0:
+                            _verify_blocks(net, tokens, n_layers)
+                    finally:
+                        net.set_attn_implementation(RECORD_NAME)
+                    recorded = None
+                elif eager:
                     output, scores, probs, allowed = eager_recorder.forward(net, tokens, **kwargs)
                     if verify and n_batches == 0:
                         eager_recorder.verify(net, tokens, output, scores, probs, allowed)
@@ -205,7 +254,8 @@ def capture_batches(
                 batch = _batch_capture(index, tokens, recorded, output if hidden else None)
                 del output, recorded
                 for reducer in reducers:
-                    reducer.add(batch)
+                    if not (in_blocks and reducer in block_readers):
+                        reducer.add(batch)
                 n_texts += len(tokens)
                 n_batches += 1
                 longest = max(longest, int(tokens.input_ids.shape[1]))
@@ -235,11 +285,32 @@ def capture_batches(
 _CHECKED_FROM = 256 * 2**20  # smaller batches are not checked against the free memory
 
 
-def _check_attention_fits(model, needs: set, n_layers: int, n_heads: int, tokens: TokenBatch) -> None:
-    """Refuse in one line a batch whose recorded attention cannot fit in the free memory (`capture.memory`)."""
+def _full_bytes(model, needs: set, n_layers: int, n_heads: int, tokens: TokenBatch) -> int:
+    """`memory.attention_batch_bytes` of this batch: recording its attention as whole (m x m) matrices."""
     batch, length = tokens.input_ids.shape
     element = next((p.element_size() for p in model.parameters()), 4)
-    needed = attention_batch_bytes(n_layers, n_heads, batch, length, element, "scores" in needs, "probs" in needs)
+    return attention_batch_bytes(n_layers, n_heads, batch, length, element, "scores" in needs, "probs" in needs)
+
+
+def _check_attention_fits(
+    model, needs: set, n_layers: int, n_heads: int, tokens: TokenBatch, rows: int | None = None
+) -> None:
+    """Refuse in one line a batch whose recorded attention cannot fit in the free memory (`capture.memory`):
+    whole matrices when `rows` is None, else blocks of `rows` query rows (0: `recording.BLOCK_ELEMENTS` scores)."""
+    batch, length = tokens.input_ids.shape
+    if rows is not None:
+        element = next((p.element_size() for p in model.parameters()), 4)
+        width = int(getattr(model.config, "hidden_size", 0) or 0)
+        needed = attention_block_bytes(n_heads, batch, length, rows, element, width)
+        if needed >= _CHECKED_FROM:
+            check_fits(
+                needed,
+                model_device(model),
+                f"the attention of a batch of {batch} text(s) x {length} tokens, in blocks of query rows",
+                "use a smaller --batch-size, or a smaller --max-length",
+            )
+        return
+    needed = _full_bytes(model, needs, n_layers, n_heads, tokens)
     if needed >= _CHECKED_FROM:
         check_fits(
             needed,
@@ -248,6 +319,44 @@ def _check_attention_fits(model, needs: set, n_layers: int, n_heads: int, tokens
             f"{n_heads} heads x {length}²)",
             "use a smaller --batch-size, or a smaller --max-length",
         )
+
+
+def _run_blocks(net, index: int, tokens: TokenBatch, readers: list, n_layers: int, rows: int | None, kwargs: dict):
+    """Run one batch on the blockwise route, handing every block of every layer to `readers` (`BlockCapture`s on
+    the inputs' device); returns the model's output."""
+    here = tokens.input_ids.device
+    counted = tokens.counted
+
+    def hand(layer: int, start: int, scores, probs, allowed) -> None:
+        scores, probs, allowed = scores.to(here), probs.to(here), allowed.to(here)
+        stop = start + scores.shape[-2]
+        pairs = allowed & counted[:, start:stop, None] & counted[:, None, :]
+        block = BlockCapture(index, tokens, layer, start, scores, probs, allowed, pairs)
+        for reader in readers:
+            reader.add_block(block)
+
+    recorder = BlockRecorder(n_layers, hand, rows)
+    recorder.begin(int(tokens.input_ids.shape[1]))
+    with recorder:
+        output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+    _check_calls(net, recorder.calls, n_layers)
+    return output
+
+
+VERIFY_TOKENS = 256  # the blockwise route checks the first batch's first tokens against eager attention
+
+
+def _verify_blocks(net, tokens: TokenBatch, n_layers: int) -> None:
+    """The first batch's check on the blockwise route: its first `VERIFY_TOKENS` tokens run in blocks of a quarter
+    of them (so that several blocks and their mask rows are exercised) must give the model's eager outputs."""
+    p = min(int(tokens.input_ids.shape[1]), VERIFY_TOKENS)
+    ids, mask = tokens.input_ids[:, :p], tokens.attention_mask[:, :p]
+    recorder = BlockRecorder(n_layers, None, max(1, p // 4))
+    recorder.begin(p)
+    with recorder:
+        output = net(input_ids=ids, attention_mask=mask)
+    _check_calls(net, recorder.calls, n_layers)
+    verify_against_eager(net, ids, mask, output, restore=BLOCK_NAME)
 
 
 def _batch_capture(index: int, tokens: TokenBatch, recorded: tuple | None, output) -> BatchCapture:
@@ -305,11 +414,13 @@ def capture(
     exclude_special: bool = False,
     verify: bool = True,
     progress: Callable[[int], None] | None = None,
+    block_size: int | None = None,
 ) -> CaptureSummary:
     """Run a loaded `model` on `texts` (strings, tokenised by `tokenizer`, special tokens added as it does) or on
     `input_ids` (token id sequences; `special_ids` says which ids are special), truncated to `max_length`, in
     padded batches of `batch_size` (length-sorted within chunks of 16 batches), at most `max_texts` texts; feed
-    every batch to `reducers` (see `capture_batches`). `exclude_special` leaves special tokens out of `counted`."""
+    every batch to `reducers` (see `capture_batches`, also for `block_size`). `exclude_special` leaves special tokens
+    out of `counted`."""
     max_length = as_int(max_length, "max_length", minimum=1)
     batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
     if max_texts is not None:
@@ -334,4 +445,4 @@ def capture(
         max_texts=max_texts,
         device=model_device(model),
     )
-    return capture_batches(model, batches, reducers, verify=verify, progress=progress)
+    return capture_batches(model, batches, reducers, verify=verify, progress=progress, block_size=block_size)
