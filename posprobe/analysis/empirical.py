@@ -151,7 +151,9 @@ class EmpiricalAccumulator:
 
         b, m = scores.shape[-2], scores.shape[-1]
         if m > self.n or start < 0 or start + b > m:
-            raise ValueError(f"rows {start}..{start + b - 1} of scores {tuple(scores.shape)} do not fit max_length {self.n}")
+            raise ValueError(
+                f"rows {start}..{start + b - 1} of scores {tuple(scores.shape)} do not fit max_length {self.n}"
+            )
         n = self.n
         weight = counted.to(scores.dtype)[:, None]  # (B, 1, b, m)
         # where() rather than a product: masked scores may be -inf or the dtype's minimum

@@ -3,7 +3,8 @@ distance without the first token, and the distances uniform attention would give
 
 Pure computation: a capture reducer (`SinkAccumulator`: `add` one `posprobe.capture.BatchCapture`, or `add_block`
 one block of query rows of one layer; `result` at the end), tensors in, arrays out; every measure is a sum over
-query rows, so blocks of rows give the same sums as whole matrices. Dimensions: B batch, L layers, H heads, m the batch's sequence length.
+query rows, so blocks of rows give the same sums as whole matrices. Dimensions: B batch, L layers, H heads, m the
+batch's sequence length, b the rows of a block.
 Query i attends to key j; the first token is position 0 (right padding: every text starts there).
 
 Sink queries: counted tokens (real; not special when special tokens are excluded) at positions i >= 1 (a query at

@@ -325,7 +325,9 @@ def block_attention(
     recorder = _BLOCKS[-1] if _BLOCKS else None
     if recorder is not None:
         recorder.check(m, keys)
-    size = recorder.rows(batch, heads, keys) if recorder is not None else max(1, BLOCK_ELEMENTS // (batch * heads * keys))
+    size = (
+        recorder.rows(batch, heads, keys) if recorder is not None else max(1, BLOCK_ELEMENTS // (batch * heads * keys))
+    )
     softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
     out = query.new_empty(batch, heads, m, value.shape[-1])
     key_t = key.transpose(-1, -2)

@@ -188,7 +188,11 @@ def capture_batches(
         attention
         and not eager
         and block_size != 0
-        and all(hasattr(r, "add_block") and not (set(r.needs) - {"scores", "probs"}) for r in reducers if set(r.needs) & {"scores", "probs"})
+        and all(
+            hasattr(r, "add_block") and not (set(r.needs) - {"scores", "probs"})
+            for r in reducers
+            if set(r.needs) & {"scores", "probs"}
+        )
     )
     block_readers = [r for r in reducers if set(r.needs) & {"scores", "probs"}] if blockwise else []
     previous = net.config._attn_implementation
@@ -217,10 +221,14 @@ def capture_batches(
                     progress(round_texts)  # the other ranks' batches of the last round, run beside this rank's
                 round_texts = 0
                 kwargs = {"output_hidden_states": True} if hidden else {}
-                in_blocks = blockwise and (block_size or _full_bytes(model, needs, n_layers, n_heads, tokens) >= _CHECKED_FROM)
+                in_blocks = blockwise and (
+                    block_size or _full_bytes(model, needs, n_layers, n_heads, tokens) >= _CHECKED_FROM
+                )
                 if attention:
                     check_length(net, int(tokens.input_ids.shape[1]))
-                    _check_attention_fits(model, needs, n_layers, n_heads, tokens, (block_size or 0) if in_blocks else None)
+                    _check_attention_fits(
+                        model, needs, n_layers, n_heads, tokens, (block_size or 0) if in_blocks else None
+                    )
                 if in_blocks:
                     net.set_attn_implementation(BLOCK_NAME)
                     try:

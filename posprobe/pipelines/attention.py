@@ -34,6 +34,7 @@ from posprobe.texts import check_texts, iter_texts, parse_hub_texts
 from posprobe.validation import as_bool, as_choice, as_int
 
 MAX_ACCUMULATOR_BYTES = 16 * 2**30
+MEAN_SCORES_AUTO_BYTES = 2**30  # mean_scores None keeps the n x n sums (M, count matrix) when they take at most this
 DEFAULT_MIN_PAIRS = 100  # offsets with fewer pairs do not enter weights_correlation
 
 
@@ -56,6 +57,8 @@ def attention_profiles(
     progress: Callable[[int], None] | None = None,
     text_source: str | None = None,
     stack: str = "encoder",
+    mean_scores: bool | None = None,
+    block_size: int | None = None,
 ) -> AttentionResult:
     """Empirical score/probability profiles, mean attention distance and mean score matrix (SPEC §10), and the
     attention-sink measures (SPEC §14: first-token and special-token mass, sink rate, distance without the first
@@ -72,6 +75,13 @@ def attention_profiles(
     called after each batch with the number of texts it held. An encoder-decoder (T5, BART, ...) runs its encoder
     stack on the texts (`stack` 'encoder', the default; 'decoder' is refused: its self-attention needs a target
     text and reads the encoder's output).
+    `mean_scores`: keep the n x n sums of the mean score matrix M (and the count matrix and M's Toeplitz R^2): True
+    (refused in one line where they do not fit), False (memory linear in n), None (the default): kept when they take
+    at most 1 GiB (L x (H + 1) x n² x 8 bytes; e.g. n <= 4729 for 2 layers x 2 heads, n <= 705 for 30 x 9), else
+    not. Without them `mean_scores`, `count_matrix` and `toeplitz_r2` are None (no array, null in JSON).
+    `block_size`: query rows per block of the blockwise route (SPEC §19, `capture.capture_batches`): None (the
+    default) computes in blocks the batches whose whole matrices would take 256 MiB or more, 0 never, a positive
+    number every batch.
     """
     if max_length is not None:
         max_length = as_int(max_length, "max_length", minimum=2)
@@ -99,21 +109,29 @@ def attention_profiles(
         )
     n_layers, n_heads = check_model(net, encoder_decoder=True)
     max_length = resolve_max_length(net, max_length)
-    if EmpiricalAccumulator.nbytes(n_layers, n_heads, max_length) > MAX_ACCUMULATOR_BYTES:
+    square = EmpiricalAccumulator.nbytes(n_layers, n_heads, max_length) - EmpiricalAccumulator.nbytes(
+        n_layers, n_heads, max_length, mean_scores=False
+    )
+    keep = square <= MEAN_SCORES_AUTO_BYTES if mean_scores is None else mean_scores
+    needed = EmpiricalAccumulator.nbytes(n_layers, n_heads, max_length, mean_scores=keep)
+    if needed > MAX_ACCUMULATOR_BYTES:
         raise PosprobeError(
-            f"max_length {max_length} needs {EmpiricalAccumulator.nbytes(n_layers, n_heads, max_length) / 2**30:.1f} "
-            f"GiB of accumulators ({n_layers} layers x {n_heads} heads x n² float64)",
-            "use a smaller --max-length",
+            f"max_length {max_length} needs {needed / 2**30:.1f} GiB of accumulators for the mean score matrix "
+            f"({n_layers} layers x {n_heads} heads x n² float64)",
+            "leave out the mean score matrix (--no-mean-scores), or use a smaller --max-length",
         )
     device = capture_device(net, device)
     check_fits(
-        EmpiricalAccumulator.nbytes(n_layers, n_heads, max_length),
+        needed,
         device,
-        f"the accumulators of max_length {max_length} ({n_layers} layers x {n_heads} heads x n² float64)",
-        "use a smaller --max-length",
+        f"the accumulators of max_length {max_length}"
+        + (f" ({n_layers} layers x {n_heads} heads x n² float64, the mean score matrix)" if keep else ""),
+        "leave out the mean score matrix (--no-mean-scores), or use a smaller --max-length"
+        if keep
+        else "use a smaller --max-length",
     )
     net = place_on(net, device)
-    acc = EmpiricalAccumulator(n_layers, n_heads, max_length, device)
+    acc = EmpiricalAccumulator(n_layers, n_heads, max_length, device, mean_scores=keep)
     sinks = SinkAccumulator(n_layers, n_heads, device)
     learned = LearnedSinkAccumulator(n_layers, n_heads, device) if has_learned_sinks(net) else None
     summary = capture(
@@ -129,6 +147,7 @@ def attention_profiles(
         exclude_special=exclude_special,
         verify=verify,
         progress=progress,
+        block_size=block_size,
     )
     n_texts = summary.n_texts
     profiles = acc.result()
@@ -156,6 +175,17 @@ def attention_profiles(
         min_pairs=min_pairs,
         quantization=None if source is None else source.quantization,
         stack="encoder" if encoder_decoder else None,
+        mean_scores_note="kept" if keep else _not_kept(mean_scores, square),
+    )
+
+
+def _not_kept(asked: bool | None, square: int) -> str:
+    """Why the n x n sums were not kept (the JSON's `mean_scores`)."""
+    if asked is False:
+        return "not kept (mean_scores=False): no mean_scores, count_matrix or toeplitz_r2"
+    return (
+        f"not kept: the n x n sums would take {square / 2**30:.1f} GiB (more than "
+        f"{MEAN_SCORES_AUTO_BYTES / 2**30:.0f} GiB); pass mean_scores=True (--mean-scores) to keep them"
     )
 
 
