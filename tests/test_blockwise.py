@@ -197,8 +197,10 @@ def test_block_attention_equals_recording_attention_row_by_row():
     module = torch.nn.Module().eval()
     for mask in (allowed, additive, None):
         for extra in ({}, {"softcap": 2.0}, {"s_aux": torch.randn(H, dtype=torch.float64)}):
-            seen = []
-            recorder = BlockRecorder(1, lambda layer, start, s, a, ok: seen.append((start, s, a, ok)), rows=4)
+            seen: list = []
+            recorder = BlockRecorder(
+                1, lambda layer, start, s, a, ok, seen=seen: seen.append((start, s, a, ok)), rows=4
+            )
             recorder.begin(m)
             with recorder:
                 out, _ = block_attention(module, q, k, v, mask, 0.3, **extra)
