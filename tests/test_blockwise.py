@@ -265,3 +265,24 @@ def test_mean_scores_default_keeps_small_matrices_and_leaves_out_large_ones(monk
     forced = attention_profiles(model, input_ids=texts, max_length=20, mean_scores=True)
     assert forced.profiles.mean_scores.shape == (2, 4, 20, 20)
     np.testing.assert_allclose(res.profiles.score_profiles, forced.profiles.score_profiles, rtol=1e-12)
+
+
+def test_weights_profile_of_long_texts_reads_fewer_positions(tmp_path, monkeypatch):
+    """Past `WEIGHTS_MATRIX_BYTES` the weights-based profile is read over fewer positions (no n x n matrices of
+    the full length): NaN outside |k| < n', equal to the full reading inside (rotary F̂ of a constant input is
+    Toeplitz), and the correlation still defined."""
+    from posprobe.pipelines import attention as pipeline
+
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path / "llama")
+    texts, n = _texts([24, 24, 20]), 24
+    full = attention_profiles(str(tmp_path / "llama"), input_ids=texts, max_length=n, min_pairs=1)
+    monkeypatch.setattr(pipeline, "WEIGHTS_MATRIX_BYTES", 8 * 4 * 10 * 10)  # 4 heads x 10 x 10 float64
+    assert pipeline.weights_positions(n, 4) == 10
+    short = attention_profiles(str(tmp_path / "llama"), input_ids=texts, max_length=n, min_pairs=1)
+    inside = np.abs(short.profiles.offsets) < 10
+    assert (
+        np.isnan(short.weights_profiles[..., ~inside]).all() and np.isfinite(short.weights_profiles[..., inside]).all()
+    )
+    np.testing.assert_allclose(short.weights_profiles[..., inside], full.weights_profiles[..., inside], atol=1e-9)
+    assert "positions 0..9" in short.weights_note and np.isfinite(short.weights_correlation).all()

@@ -8,6 +8,7 @@ here, as are the recording attention's name and registration).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -34,6 +35,7 @@ from posprobe.texts import check_texts, iter_texts, parse_hub_texts
 from posprobe.validation import as_bool, as_choice, as_int
 
 MAX_ACCUMULATOR_BYTES = 16 * 2**30
+WEIGHTS_MATRIX_BYTES = 64 * 2**20  # one layer's H x n² float64 weights-based scores: longer n read fewer positions
 MEAN_SCORES_AUTO_BYTES = 2**30  # mean_scores None keeps the n x n sums (M, count matrix) when they take at most this
 DEFAULT_MIN_PAIRS = 100  # offsets with fewer pairs do not enter weights_correlation
 
@@ -153,7 +155,7 @@ def attention_profiles(
     profiles = acc.result()
     w_profiles, w_corr, note = (None, None, "not requested")
     if weights_correlation:
-        w_profiles, note = _weights_profiles(source, max_length, n_layers)
+        w_profiles, note = _weights_profiles(source, max_length, n_layers, n_heads)
         if w_profiles is not None:
             w_corr = correlation_with_weights(profiles, w_profiles, min_pairs)
     return AttentionResult(
@@ -197,21 +199,41 @@ def has_learned_sinks(net) -> bool:
     return family is not None and family.sinks is not None
 
 
-def _weights_profiles(source, n: int, n_layers: int) -> tuple[np.ndarray | None, str]:
-    """Faithful-mode F̂_P profiles (L, H, 2n-1) over the leading n x n positions, or None and why not: one model
-    reader over n positions (the weights read once), each layer's scores reduced to their diagonal means."""
+def weights_positions(n: int, n_heads: int) -> int:
+    """Positions the weights-based profile is read over: n, or fewer where one layer's H x n x n float64 score
+    matrices would take more than `WEIGHTS_MATRIX_BYTES` (memory then stays flat however long the texts)."""
+    return max(2, min(n, math.isqrt(WEIGHTS_MATRIX_BYTES // (8 * max(1, n_heads)))))
+
+
+def _weights_profiles(source, n: int, n_layers: int, n_heads: int) -> tuple[np.ndarray | None, str]:
+    """Faithful-mode F̂_P profiles (L, H, 2n-1) over the leading positions, or None and why not: one model reader
+    over n' = `weights_positions(n, H)` positions (the weights read once), each layer's scores reduced to their
+    diagonal means; with n' < n the offsets |k| >= n' are NaN (the correlation uses the offsets both profiles have)."""
     if source is None:
         return None, "unavailable: model passed as an object (no checkpoint to read weights from)"
+    from posprobe.analysis.empirical import centre_offsets
     from posprobe.analysis.toeplitz import diagonal_means
     from posprobe.pipelines.score_reader import ScoreReader, open_model
 
+    positions = weights_positions(n, n_heads)
     try:
-        reader = ScoreReader(open_model(source=source, mode="faithful"), positions=n)
+        reader = ScoreReader(open_model(source=source, mode="faithful"), positions=positions)
         rows = [diagonal_means(reader.scores(layer)) for layer in range(n_layers)]
     except PosprobeError as err:
         return None, f"unavailable: {err.message}"
     what = "faithful-mode F̂_P (SPEC §3)" if reader.mode == "faithful" else "content-free scores (SPEC §9)"
-    return np.stack(rows), f"{what} diagonal means over positions 0..n-1"
+    profiles = np.stack(rows)
+    if positions == n:
+        return profiles, f"{what} diagonal means over positions 0..n-1"
+    import torch
+
+    wide = centre_offsets(torch.from_numpy(profiles), n).numpy()
+    wide[..., : n - positions] = np.nan
+    wide[..., n + positions - 1 :] = np.nan
+    return wide, (
+        f"{what} diagonal means over positions 0..{positions - 1} (offsets |k| < {positions}; over all {n} "
+        f"positions each layer's score matrices would take {8 * n_heads * n * n / 2**30:.1f} GiB)"
+    )
 
 
 __all__ = [
