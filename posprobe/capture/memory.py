@@ -5,7 +5,8 @@ The estimate counts the largest tensors a batch makes (the recorded scores and p
 one layer, the masks, the reducers' float64 sums) and multiplies them by `CALIBRATION`, below the measured ratio of
 the peak to those tensors (1.9 on a 2-layer, 2-head Llama at 4096 tokens, RESULTS.md "Scale-out": the rest is
 temporaries of the reducers and the first batch's check), so that a refusal stays true; a run the estimate lets
-through may still need more.
+through may still need more. On the blockwise route (SPEC §19) the estimate is `attention_block_bytes`: one block
+of query rows and one layer's queries, keys and values, linear in the length.
 Dimensions: B texts in a batch, m its longest sequence, L layers, H heads.
 """
 

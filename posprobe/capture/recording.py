@@ -8,6 +8,10 @@ active it hands that recorder S and A of every call, in depth order. `verify_aga
 model's own eager attention and refuses a family whose outputs this function does not reproduce. No model code
 is edited.
 
+The blockwise route (SPEC §19) registers `block_attention` under `BLOCK_NAME`: the same computation one block of
+query rows at a time, its masks `RowMask`s (transformers' mask function evaluated for the block's rows only), each
+block handed to the active `BlockRecorder`; no (m x m) tensor is made, neither scores nor mask.
+
 Dimensions: B batch, H query heads, H_kv key/value heads, m sequence length, d_h head size.
 """
 
