@@ -235,6 +235,8 @@ def capture_batches(
                         output = _run_blocks(net, index, tokens, block_readers, n_layers, block_size or None, kwargs)
                         if verify and n_batches == 0:
                             _verify_blocks(net, tokens, n_layers)
+                    except (AttributeError, TypeError, PosprobeError) as err:
+                        raise _not_in_blocks(net, err) from err
                     finally:
                         net.set_attn_implementation(RECORD_NAME)
                     recorded = None
@@ -349,6 +351,17 @@ def _run_blocks(net, index: int, tokens: TokenBatch, readers: list, n_layers: in
         output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
     _check_calls(net, recorder.calls, n_layers)
     return output
+
+
+def _not_in_blocks(net, err: Exception) -> PosprobeError:
+    """The one-line error of a family whose attention could not be computed in blocks: its model code used the
+    row masks as tensors (AttributeError, TypeError), or the blocks did not reproduce its eager outputs."""
+    kind = getattr(net.config, "model_type", "unknown")
+    what = err.message if isinstance(err, PosprobeError) else f"{type(err).__name__}: {err}"
+    return PosprobeError(
+        f"'{kind}' could not run its attention in blocks of queries ({what})",
+        "pass --block-size 0 (block_size=0: whole matrices, memory quadratic in the length); please report it",
+    )
 
 
 VERIFY_TOKENS = 256  # the blockwise route checks the first batch's first tokens against eager attention
