@@ -7,6 +7,8 @@ n x n mean score matrix."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -293,3 +295,38 @@ def test_weights_profile_of_long_texts_reads_fewer_positions(tmp_path, monkeypat
     )
     np.testing.assert_allclose(short.weights_profiles[..., inside], full.weights_profiles[..., inside], atol=1e-9)
     assert "positions 0..9" in short.weights_note and np.isfinite(short.weights_correlation).all()
+
+
+def test_cli_blocks_without_the_mean_score_matrix(tmp_path, capsys):
+    """`--block-size 3 --no-mean-scores`: the same profiles as the default run, no n x n arrays in the .npz, the
+    JSON says why; a bad --block-size is one line, exit 2, nothing written."""
+    from tiny_tokenizer import word_tokenizer
+
+    from posprobe.cli import main
+
+    folder = tmp_path / "bert"
+    word_tokenizer(60).save_pretrained(folder)
+    tiny_model("bert").save_pretrained(folder)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(" ".join(f"w{(7 * i + j) % 60}" for j in range(3 + i % 9)) + "\n" for i in range(12)))
+    base = ["attention", str(folder), "--text", str(texts), "--max-length", "12", "--json"]
+    records = []
+    for extra, name in (([], "whole"), (["--block-size", "3", "--no-mean-scores"], "blocks")):
+        try:
+            main([*base, *extra, "--out", str(tmp_path / name)])
+        except SystemExit as stop:
+            assert stop.code in (0, None)
+        records.append(json.loads(capsys.readouterr().out))
+    whole, blocks = records
+    assert whole["mean_scores"] == "kept" and blocks["mean_scores"].startswith("not kept (mean_scores=False)")
+    assert all(v is None for row in blocks["toeplitz_r2"] for v in row)
+    with np.load(whole["npz"]) as a, np.load(blocks["npz"]) as b:
+        assert {"mean_scores", "count_matrix", "toeplitz_r2"} <= set(a.files)
+        assert not {"mean_scores", "count_matrix", "toeplitz_r2"} & set(b.files)
+        for key in ("score_profiles", "prob_profiles", "mean_distance", "first_token_mass", "weights_correlation"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    with pytest.raises(SystemExit) as info:
+        main([*base, "--block-size", "-1", "--out", str(tmp_path / "never")])
+    err = capsys.readouterr().err.strip()
+    assert info.value.code == 2 and "--block-size" in err and "\n" not in err
+    assert not (tmp_path / "never").exists()
