@@ -7,12 +7,16 @@ process per (length, way), against the process that only loads the model (the ba
 - `default`: `attention_profiles` as a user calls it (blocks where whole matrices would take >= 256 MiB; the mean
   score matrix kept while its n x n sums take at most 1 GiB, n <= 4729 here);
 - `old`: the whole-matrix route with the mean score matrix (`block_size=0, mean_scores=True`), the way before
-  blocks, run where it fits (`--old-up-to`).
+  blocks, run where it fits (`--old-up-to`);
+- `weights` (only with `--ways ... weights`): `default` with the weights-based profile and its correlation as well
+  (`weights_correlation=True`, the library's and CLI's default).
+The first three do not read the weights-based profile (`weights_correlation=False`).
 
 Every run writes its profiles; the table's last column is the largest difference of `blocks`' score and probability
 profiles, mean distances and first-token masses from `old`'s at the same length (where `old` ran).
 
     python benchmarks/bench_blockwise.py --lengths 1024 2048 4096 8192 12288 16384 --old-up-to 4096
+    python benchmarks/bench_blockwise.py --lengths 12288 --ways baseline weights
 """
 
 from __future__ import annotations
@@ -36,20 +40,23 @@ import numpy as np
 import posprobe
 n, folder, way, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 ids = [[5 + (7 * i) % 60 for i in range(n)]]
-options = {"blocks": dict(block_size=128, mean_scores=False), "default": {}}
-options["old"] = dict(block_size=0, mean_scores=True)
+options = {"blocks": dict(block_size=128, mean_scores=False, weights_correlation=False)}
+options["default"] = dict(weights_correlation=False)
+options |= {"old": dict(block_size=0, mean_scores=True, weights_correlation=False), "weights": {}}
 if way == "baseline":
     from transformers import AutoModel
     AutoModel.from_pretrained(folder)
 else:
-    r = posprobe.attention_profiles(folder, input_ids=ids, max_length=n, weights_correlation=False, **options[way])
+    r = posprobe.attention_profiles(folder, input_ids=ids, max_length=n, **options[way])
     p = r.profiles
     np.savez(out, score=p.score_profiles, prob=p.prob_profiles, distance=p.mean_distance,
              first=r.sinks.first_token_mass, kept=p.mean_scores is not None)
 print(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
 """
 
-WAYS = ("baseline", "blocks", "default", "old")
+WAYS = ("baseline", "blocks", "default", "old", "weights")
+HEADERS = {"baseline": "baseline peak (GiB)", "blocks": "blocks", "default": "default", "old": "old (whole matrices)"}
+HEADERS["weights"] = "default + weights profile"
 
 
 def _gap(a: Path, b: Path) -> float:
@@ -67,16 +74,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 12288, 16384])
     parser.add_argument("--old-up-to", type=int, default=4096, help="longest text the whole-matrix way runs on")
+    parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS[:4]))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "llama"
         tiny_llama(folder, max(args.lengths))
-        print("peak RSS minus the baseline process's (GiB); seconds of each process in brackets")
-        print("| tokens | baseline peak (GiB) | blocks | default | old (whole matrices) | blocks vs old: rel. gap |")
-        print("|---:|---:|---:|---:|---:|---:|")
+        print(
+            "baseline: peak RSS (GiB); the others: peak RSS minus the baseline's; seconds of each process in brackets"
+        )
+        ways = [w for w in WAYS if w in args.ways]
+        print("| tokens | " + " | ".join(HEADERS[w] for w in ways) + " | blocks vs old: rel. gap |")
+        print("|---:|" + "---:|" * (len(ways) + 1))
         for n in args.lengths:
             cells, peaks = {}, {}
-            for way in WAYS:
+            for way in ways:
                 if way == "old" and n > args.old_up_to:
                     cells[way] = "—"
                     continue
@@ -93,11 +104,12 @@ def main() -> None:
                     continue
                 peaks[way] = json.loads(proc.stdout.strip().splitlines()[-1]) / 2**30
                 cells[way] = f"{peaks[way] - peaks.get('baseline', 0.0):.2f} ({seconds:.0f} s)"
+                if way == "baseline":
+                    cells[way] = f"{peaks[way]:.2f}"
             gap = "—"
             if "old" in peaks and "blocks" in peaks:
                 gap = f"{_gap(Path(tmp) / f'blocks-{n}.npz', Path(tmp) / f'old-{n}.npz'):.1e}"
-            base = f"{peaks['baseline']:.2f}" if "baseline" in peaks else cells["baseline"]
-            print(f"| {n} | {base} | {cells['blocks']} | {cells['default']} | {cells['old']} | {gap} |", flush=True)
+            print(f"| {n} | " + " | ".join(cells[w] for w in ways) + f" | {gap} |", flush=True)
 
 
 if __name__ == "__main__":
