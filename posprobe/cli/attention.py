@@ -10,7 +10,7 @@ sink arrays, ...), `mean_distance`, `toeplitz_r2` (nulls where the mean score ma
 `n_layers`, `n_heads`, `exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`,
 `weights_correlation_min_pairs` (offsets with fewer pairs are left out of `weights_correlation`), `stack`
 ('encoder' for an encoder-decoder, whose encoder runs on the texts; else null), `mean_scores` ('kept', or why
-not: `--mean-scores/--no-mean-scores`; by default kept where its n x n sums take at most 1 GiB), `seconds`,
+not: `--mean-scores/--no-mean-scores`; by default kept where its n x n sums take at most 512 MiB), `seconds`,
 `figures`. Long texts are computed in blocks of query rows (SPEC §19; `--block-size`), memory linear in n.
 Models with learned per-head sinks (gpt-oss) add `learned_sink_share` and `real_token_share` (L, H: the sink
 logit's own share of each query's attention, the share left to real tokens) and `learned_sink_queries`.
@@ -85,7 +85,7 @@ def attention(
         typer.Option(
             "--mean-scores/--no-mean-scores",
             help="Keep the n x n mean score matrix, its counts and Toeplitz R² (default: where they take at most "
-            "1 GiB).",
+            "512 MiB).",
         ),
     ] = None,
     block_size: Annotated[

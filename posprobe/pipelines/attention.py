@@ -36,7 +36,7 @@ from posprobe.validation import as_bool, as_choice, as_int
 
 MAX_ACCUMULATOR_BYTES = 16 * 2**30
 WEIGHTS_MATRIX_BYTES = 64 * 2**20  # one layer's H x n² float64 weights-based scores: longer n read fewer positions
-MEAN_SCORES_AUTO_BYTES = 2**30  # mean_scores None keeps the n x n sums (M, count matrix) when they take at most this
+MEAN_SCORES_AUTO_BYTES = 2**29  # mean_scores None keeps the n x n sums (M, count matrix) when they take at most this
 DEFAULT_MIN_PAIRS = 100  # offsets with fewer pairs do not enter weights_correlation
 
 
@@ -79,7 +79,7 @@ def attention_profiles(
     text and reads the encoder's output).
     `mean_scores`: keep the n x n sums of the mean score matrix M (and the count matrix and M's Toeplitz R^2): True
     (refused in one line where they do not fit), False (memory linear in n), None (the default): kept when they take
-    at most 1 GiB (L x (H + 1) x n² x 8 bytes; e.g. n <= 4729 for 2 layers x 2 heads, n <= 705 for 30 x 9), else
+    at most 512 MiB (L x (H + 1) x n² x 8 bytes; e.g. n <= 3344 for 2 layers x 2 heads, n <= 472 for 30 x 9), else
     not. Without them `mean_scores`, `count_matrix` and `toeplitz_r2` are None (no array, null in JSON).
     `block_size`: query rows per block of the blockwise route (SPEC §19, `capture.capture_batches`): None (the
     default) computes in blocks the batches whose whole matrices would take 256 MiB or more, 0 never, a positive
@@ -187,7 +187,7 @@ def _not_kept(asked: bool | None, square: int) -> str:
         return "not kept (mean_scores=False): no mean_scores, count_matrix or toeplitz_r2"
     return (
         f"not kept: the n x n sums would take {square / 2**30:.1f} GiB (more than "
-        f"{MEAN_SCORES_AUTO_BYTES / 2**30:.0f} GiB); pass mean_scores=True (--mean-scores) to keep them"
+        f"{MEAN_SCORES_AUTO_BYTES // 2**20} MiB); pass mean_scores=True (--mean-scores) to keep them"
     )
 
 
