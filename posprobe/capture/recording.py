@@ -341,6 +341,8 @@ def block_attention(
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         mask = _mask_rows(attention_mask, start, stop, keys)
+        if mask is not None:  # made beside the inputs; layers spread over devices (--device auto) run elsewhere
+            mask = mask.to(scores.device)
         if mask is None:
             allowed = torch.ones((batch, stop - start, keys), dtype=torch.bool, device=scores.device)
         elif mask.dtype == torch.bool:
