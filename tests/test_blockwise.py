@@ -330,3 +330,22 @@ def test_cli_blocks_without_the_mean_score_matrix(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert info.value.code == 2 and "--block-size" in err and "\n" not in err
     assert not (tmp_path / "never").exists()
+
+
+def test_a_model_offloaded_to_disk_gives_the_same_blocks(tmp_path):
+    """accelerate's big-model inference (every layer on disk, hooks moving weights in) on the blockwise route gives
+    the plain model's whole-matrix statistics."""
+    from posprobe.models import load_model
+
+    folder = tmp_path / "llama"
+    tiny_model("llama").save_pretrained(folder)
+    offloaded = load_model(
+        str(folder), device_map="auto", max_memory={"cpu": "20KB"}, offload_folder=str(tmp_path / "offload")
+    )
+    assert "disk" in set(offloaded.hf_device_map.values())
+    settings = dict(input_ids=_texts([14, 9, 11]), max_length=14, batch_size=2, weights_correlation=False)
+    a = attention_profiles(offloaded, block_size=4, **settings)
+    b = attention_profiles(load_model(str(folder)), block_size=0, **settings)
+    for name in ("score_profiles", "prob_profiles", "mean_distance", "mean_scores", "count_matrix"):
+        np.testing.assert_allclose(getattr(a.profiles, name), getattr(b.profiles, name), rtol=1e-5, equal_nan=True)
+    np.testing.assert_allclose(a.sinks.first_token_mass, b.sinks.first_token_mass, rtol=1e-5)
