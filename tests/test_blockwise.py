@@ -349,3 +349,31 @@ def test_a_model_offloaded_to_disk_gives_the_same_blocks(tmp_path):
     for name in ("score_profiles", "prob_profiles", "mean_distance", "mean_scores", "count_matrix"):
         np.testing.assert_allclose(getattr(a.profiles, name), getattr(b.profiles, name), rtol=1e-5, equal_nan=True)
     np.testing.assert_allclose(a.sinks.first_token_mass, b.sinks.first_token_mass, rtol=1e-5)
+
+
+def test_each_route_checks_its_first_batch_against_eager_attention(monkeypatch):
+    """Short batches run as whole matrices and long ones in blocks in the same capture: the first batch of each
+    route is checked (once), so a long batch is never the first unchecked one."""
+    model = tiny_model("llama")
+    short = capture_run._full_bytes(model, {"scores", "probs"}, 2, 4, _batch(model, 6))
+    monkeypatch.setattr(capture_run, "_CHECKED_FROM", short + 1)  # batches longer than 6 tokens run in blocks
+    calls = {"blocks": 0, "whole": 0}
+    blocks, whole = capture_run._verify_blocks, capture_run.verify_against_eager
+    monkeypatch.setattr(
+        capture_run, "_verify_blocks", lambda *a: (calls.update(blocks=calls["blocks"] + 1), blocks(*a))
+    )
+
+    def counted(*args, **kwargs):  # _verify_blocks calls it too, with restore=BLOCK_NAME
+        calls["whole"] += "restore" not in kwargs
+        return whole(*args, **kwargs)
+
+    monkeypatch.setattr(capture_run, "verify_against_eager", counted)
+    reducers = _reducers(model, 30)
+    capture(model, reducers, input_ids=_texts([30, 5, 28, 4, 6, 25]), max_length=30, batch_size=1)
+    assert calls == {"blocks": 1, "whole": 1}
+
+
+def _batch(model, m: int):
+    from posprobe.capture import id_tokenizer, token_batches
+
+    return next(iter(token_batches([list(range(3, 3 + m))], id_tokenizer((), m, 99), batch_size=1, pad_id=0)))

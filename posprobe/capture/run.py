@@ -161,8 +161,8 @@ def capture_batches(
     attention has `add_block`, a batch is run with `recording.block_attention` and its reducers get blocks of
     `block_size` query rows (`BlockCapture`) instead of whole matrices: `block_size` None (the default) does this for
     the batches whose whole matrices would take at least 256 MiB (blocks of about `recording.BLOCK_ELEMENTS`
-    scores), 0 never, a positive number for every batch. The first batch's check then runs on its first 256 tokens,
-    in blocks of a quarter of them.
+    scores), 0 never, a positive number for every batch. The first batch run in blocks is checked too, on its first
+    256 tokens, in blocks of a quarter of them.
     Raises PosprobeError for a model that cannot be captured, or when there is no batch."""
     import torch
 
@@ -200,6 +200,7 @@ def capture_batches(
     sparse = getattr(base, "attention_type", None)  # BigBird switches itself to full attention on short inputs
     was_training = model.training
     n_texts = n_batches = longest = 0
+    checked: set[str] = set()  # the routes whose first batch was checked against eager attention
     round_texts = 0  # texts of the current round of `world` batches, for a global progress count under torchrun
     try:
         model.eval()
@@ -233,8 +234,9 @@ def capture_batches(
                     net.set_attn_implementation(BLOCK_NAME)
                     try:
                         output = _run_blocks(net, index, tokens, block_readers, n_layers, block_size or None, kwargs)
-                        if verify and n_batches == 0:
+                        if verify and "blocks" not in checked:  # the first batch run in blocks
                             _verify_blocks(net, tokens, n_layers)
+                            checked.add("blocks")
                     except (AttributeError, TypeError, PosprobeError) as err:
                         raise _not_in_blocks(net, err) from err
                     finally:
@@ -251,8 +253,9 @@ def capture_batches(
                     with recorder:
                         output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
                     _check_calls(net, recorder.calls, n_layers)
-                    if verify and n_batches == 0:
+                    if verify and "whole" not in checked:  # the first batch recorded as whole matrices
                         verify_against_eager(net, tokens.input_ids, tokens.attention_mask, output)
+                        checked.add("whole")
                     recorded = (
                         recorder.scores if recorder.keep_scores else None,
                         recorder.probs if recorder.keep_probs else None,
