@@ -298,7 +298,7 @@ def test_weights_profile_of_long_texts_reads_fewer_positions(tmp_path, monkeypat
 
 
 def test_cli_blocks_without_the_mean_score_matrix(tmp_path, capsys):
-    """`--block-size 3 --no-mean-scores`: the same profiles as the default run, no n x n arrays in the .npz, the
+    """`--block-size 3 --mean-scores no`: the same profiles as the default run, no n x n arrays in the .npz, the
     JSON says why; a bad --block-size is one line, exit 2, nothing written."""
     from tiny_tokenizer import word_tokenizer
 
@@ -311,7 +311,7 @@ def test_cli_blocks_without_the_mean_score_matrix(tmp_path, capsys):
     texts.write_text("".join(" ".join(f"w{(7 * i + j) % 60}" for j in range(3 + i % 9)) + "\n" for i in range(12)))
     base = ["attention", str(folder), "--text", str(texts), "--max-length", "12", "--json"]
     records = []
-    for extra, name in (([], "whole"), (["--block-size", "3", "--no-mean-scores"], "blocks")):
+    for extra, name in (([], "whole"), (["--block-size", "3", "--mean-scores", "no"], "blocks")):
         try:
             main([*base, *extra, "--out", str(tmp_path / name)])
         except SystemExit as stop:

@@ -10,7 +10,7 @@ sink arrays, ...), `mean_distance`, `toeplitz_r2` (nulls where the mean score ma
 `n_layers`, `n_heads`, `exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`,
 `weights_correlation_min_pairs` (offsets with fewer pairs are left out of `weights_correlation`), `stack`
 ('encoder' for an encoder-decoder, whose encoder runs on the texts; else null), `mean_scores` ('kept', or why
-not: `--mean-scores/--no-mean-scores`; by default kept where its n x n sums take at most 512 MiB), `seconds`,
+not: `--mean-scores auto|yes|no`; by default kept where its n x n sums take at most 512 MiB), `seconds`,
 `figures`. Long texts are computed in blocks of query rows (SPEC §19; `--block-size`), memory linear in n.
 Models with learned per-head sinks (gpt-oss) add `learned_sink_share` and `real_token_share` (L, H: the sink
 logit's own share of each query's attention, the share left to real tokens) and `learned_sink_queries`.
@@ -19,6 +19,7 @@ logit's own share of each query's attention, the share left to real tokens) and 
 from __future__ import annotations
 
 import os
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -37,6 +38,12 @@ from posprobe.cli.text_input import (
     MaxTextsOpt,
 )
 from posprobe.outputs import default_out
+
+
+class MeanScores(str, Enum):
+    auto = "auto"  # kept where its n x n sums take at most 512 MiB
+    yes = "yes"
+    no = "no"
 
 
 def register(app: typer.Typer) -> None:
@@ -81,13 +88,13 @@ def attention(
     ] = 100,
     window: Annotated[int, typer.Option("--window", help="Figures show k = -W..W (a causal model: -W..0).")] = 20,
     mean_scores: Annotated[
-        bool | None,
+        MeanScores,
         typer.Option(
-            "--mean-scores/--no-mean-scores",
-            help="Keep the n x n mean score matrix, its counts and Toeplitz R² (default: where they take at most "
+            "--mean-scores",
+            help="Keep the n x n mean score matrix, its counts and Toeplitz R² (auto: where they take at most "
             "512 MiB).",
         ),
-    ] = None,
+    ] = MeanScores.auto,
     block_size: Annotated[
         int | None,
         typer.Option(
@@ -144,7 +151,7 @@ def attention(
             progress=advance,
             text_source=str(text),
             stack=stack.value,
-            mean_scores=mean_scores,
+            mean_scores={"auto": None, "yes": True, "no": False}[mean_scores.value],
             block_size=block_size,
         )
     from dataclasses import replace

@@ -120,7 +120,7 @@ def attention_profiles(
         raise PosprobeError(
             f"max_length {max_length} needs {needed / 2**30:.1f} GiB of accumulators for the mean score matrix "
             f"({n_layers} layers x {n_heads} heads x n² float64)",
-            "leave out the mean score matrix (--no-mean-scores), or use a smaller --max-length",
+            "leave out the mean score matrix (--mean-scores no), or use a smaller --max-length",
         )
     device = capture_device(net, device)
     check_fits(
@@ -128,7 +128,7 @@ def attention_profiles(
         device,
         f"the accumulators of max_length {max_length}"
         + (f" ({n_layers} layers x {n_heads} heads x n² float64, the mean score matrix)" if keep else ""),
-        "leave out the mean score matrix (--no-mean-scores), or use a smaller --max-length"
+        "leave out the mean score matrix (--mean-scores no), or use a smaller --max-length"
         if keep
         else "use a smaller --max-length",
     )
@@ -187,7 +187,7 @@ def _not_kept(asked: bool | None, square: int) -> str:
         return "not kept (mean_scores=False): no mean_scores, count_matrix or toeplitz_r2"
     return (
         f"not kept: the n x n sums would take {square / 2**30:.1f} GiB (more than "
-        f"{MEAN_SCORES_AUTO_BYTES // 2**20} MiB); pass mean_scores=True (--mean-scores) to keep them"
+        f"{MEAN_SCORES_AUTO_BYTES // 2**20} MiB); pass mean_scores=True (--mean-scores yes) to keep them"
     )
 
 
