@@ -189,8 +189,7 @@ def test_alibi_families_reduced_in_row_blocks_equal_whole_matrices(name):
                 for reducer in blocks:
                     reducer.add_block(block)
     _assert_same(whole, blocks, 1e-12)
-    slopes = keep.batches[0].scores[0][0, :, -1, :3]  # ALiBi: distant keys lose score linearly
-    assert torch.isfinite(slopes).all()
+    assert len(keep.batches) == 1 and block.start == 20  # the last of five blocks of rows
 
 
 def test_block_attention_equals_recording_attention_row_by_row():
