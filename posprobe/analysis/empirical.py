@@ -5,15 +5,19 @@ Pure computation: tensors in, arrays out; the model is run elsewhere (`posprobe.
 Dimensions: B batch, L layers, H heads, m the batch's sequence length, n = max length (m <= n).
 Convention: query/row i attends to key/column j; offset k = j - i; profiles over k = -(n-1)..n-1 increasing.
 
-What is kept per layer (memory set by these, never by the corpus):
-- `score_sum` (L, H, n, n) float64: sum of the pre-softmax score S(i, j) over counted pairs, the numerator of the
-  mean score matrix M; its diagonal sums give the score profile s(k);
+What is kept per layer (memory set by these, never by the corpus), all summed one block of query rows at a time
+(`add_block`: rows i0..i0+b-1 against every key, so a capture may hand over (b x m) slices instead of m x m
+matrices; an offset sum is a sum over diagonals, and a block holds a piece of each):
+- `score_offset_sum` (L, H, 2n-1) float64: sum of the pre-softmax score S(i, j) over counted pairs at each offset k
+  (the score profile s(k));
 - `prob_sum` (L, H, 2n-1) float64: sum of A(i, j) over counted pairs at each offset k (a(k), mean distance);
 - `prob_without_first_sum` (L, H, 2n-1) float64: the same over the counted pairs with i >= 1 and j >= 1 (key 0 and
   query 0 left out, no renormalisation): a(k) without the first token, whose sink otherwise enters every offset;
-  its pair counts are the diagonal sums of `count[:, 1:, 1:]`;
-- `count` (L, n, n) int64: counted pairs per (i, j) (the same for every head);
-- `queries` (L,) int64: query tokens with at least one counted pair.
+- `pair_sum` and `pair_without_first_sum` (L, 2n-1) int64: counted pairs at each offset (all; i, j >= 1);
+- `queries` (L,) int64: query tokens with at least one counted pair;
+- only with `mean_scores` (the default): `score_sum` (L, H, n, n) float64, the numerator of the mean score matrix M,
+  and `count` (L, n, n) int64, counted pairs per (i, j) (the same for every head). These two are the only n x n
+  sums; without them memory is linear in n, and M, the count matrix and M's Toeplitz R^2 are not produced.
 A pair (b, i, j) is counted when the model lets query i see key j (its mask: padding, causality, windows) and both
 tokens are real (and not special tokens, when excluded). Every pair weighs the same (pooled means).
 """
@@ -48,6 +52,27 @@ def offset_sums(x):
     return skewed.sum(-2).flip(-1)
 
 
+def block_offset_sums(x, row0: int, col0: int, n: int):
+    """Sums of the (..., b, w) block `x` of a larger matrix (its entry (r, c) is the matrix's (row0 + r, col0 + c))
+    along each offset k = j - i, placed into (..., 2n-1) with k increasing from -(n-1); torch tensors.
+
+    The skew of `offset_sums` on the block: flip the columns, pad each row to w + b, read with rows of w + b - 1;
+    entry (r, c) lands at column r + (w-1-c), that is, after flipping back, at c - r + (b-1)."""
+    import torch
+
+    b, w = x.shape[-2], x.shape[-1]
+    lead = tuple(x.shape[:-2])
+    flipped = torch.nn.functional.pad(x.flip(-1), (0, b))  # (..., b, w + b)
+    skewed = flipped.reshape(*lead, b * (w + b))[..., : b * (w + b - 1)].reshape(*lead, b, w + b - 1)
+    sums = skewed.sum(-2).flip(-1)  # (..., w + b - 1): index u holds k = u - (b-1) + col0 - row0
+    first = (n - 1) - (b - 1) + col0 - row0  # where u = 0 lands in the (2n-1) output
+    out = sums.new_zeros(*lead, 2 * n - 1)
+    lo, hi = max(first, 0), min(first + w + b - 1, 2 * n - 1)
+    if hi > lo:
+        out[..., lo:hi] = sums[..., lo - first : hi - first]
+    return out
+
+
 def centre_offsets(values: torch.Tensor, n: int) -> torch.Tensor:
     """Place (..., 2m-1) per-offset values (k = -(m-1)..m-1) into (..., 2n-1), zeros outside."""
     m = (values.shape[-1] + 1) // 2
@@ -59,62 +84,105 @@ def centre_offsets(values: torch.Tensor, n: int) -> torch.Tensor:
 
 
 class EmpiricalAccumulator:
-    """Running sums for every layer and head: a capture reducer (`add` one batch, `result` at the end).
+    """Running sums for every layer and head: a capture reducer (`add` one batch, or `add_block` one block of query
+    rows of one layer; `result` at the end).
 
-    n_layers, n_heads, max_length n; `device` where the sums live (the model's device).
+    n_layers, n_heads, max_length n; `device` where the sums live (the model's device); `mean_scores`: keep the
+    n x n sums of the mean score matrix M (memory quadratic in n) or not (memory linear in n).
     """
 
     needs = ("scores", "probs")
-    # added over torchrun ranks (SPEC §19)
-    rank_sums = ("score_sum", "prob_sum", "prob_without_first_sum", "count", "queries")
 
-    def __init__(self, n_layers: int, n_heads: int, max_length: int, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        n_layers: int,
+        n_heads: int,
+        max_length: int,
+        device: str | torch.device = "cpu",
+        mean_scores: bool = True,
+    ):
         import torch
 
         self.n_layers, self.n_heads, self.n = int(n_layers), int(n_heads), int(max_length)
+        self.mean_scores = bool(mean_scores)
         n, L, H = self.n, self.n_layers, self.n_heads
-        self.score_sum = torch.zeros(L, H, n, n, dtype=torch.float64, device=device)
-        self.prob_sum = torch.zeros(L, H, 2 * n - 1, dtype=torch.float64, device=device)
-        self.prob_without_first_sum = torch.zeros(L, H, 2 * n - 1, dtype=torch.float64, device=device)
-        self.count = torch.zeros(L, n, n, dtype=torch.int64, device=device)
-        self.queries = torch.zeros(L, dtype=torch.int64, device=device)
+        zeros = lambda *shape, dtype=torch.float64: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
+        self.score_offset_sum = zeros(L, H, 2 * n - 1)
+        self.prob_sum = zeros(L, H, 2 * n - 1)
+        self.prob_without_first_sum = zeros(L, H, 2 * n - 1)
+        self.pair_sum = zeros(L, 2 * n - 1, dtype=torch.int64)
+        self.pair_without_first_sum = zeros(L, 2 * n - 1, dtype=torch.int64)
+        self.queries = zeros(L, dtype=torch.int64)
+        self.score_sum = zeros(L, H, n, n) if self.mean_scores else None
+        self.count = zeros(L, n, n, dtype=torch.int64) if self.mean_scores else None
+        # added over torchrun ranks (SPEC §19)
+        self.rank_sums = ("score_offset_sum", "prob_sum", "prob_without_first_sum", "pair_sum")
+        self.rank_sums += ("pair_without_first_sum", "queries") + (("score_sum", "count") if self.mean_scores else ())
 
     @staticmethod
-    def nbytes(n_layers: int, n_heads: int, max_length: int) -> int:
+    def nbytes(n_layers: int, n_heads: int, max_length: int, mean_scores: bool = True) -> int:
         """Memory the accumulators take (bytes)."""
         n = max_length
-        return 8 * (n_layers * n_heads * (n * n + 2 * (2 * n - 1)) + n_layers * (n * n + 1))
+        linear = 8 * (3 * n_layers * n_heads * (2 * n - 1) + n_layers * (2 * (2 * n - 1) + 1))
+        return linear + (8 * (n_layers * n_heads + n_layers) * n * n if mean_scores else 0)
 
     def add(self, batch) -> None:
-        """Add every layer of one batch (a `posprobe.capture.BatchCapture`: scores, probs, counted_pairs)."""
+        """Add every layer of one batch (a `posprobe.capture.BatchCapture`: scores, probs, counted_pairs), as one
+        block of all its query rows."""
         for layer in range(self.n_layers):
             self.add_layer(layer, batch.scores[layer], batch.probs[layer], batch.counted_pairs[layer])
 
     def add_layer(self, layer: int, scores: torch.Tensor, probs: torch.Tensor, counted: torch.Tensor) -> None:
         """Add one layer of one batch: `scores` S and `probs` A (B, H, m, m); `counted` (B, m, m) bool."""
+        if scores.shape[-2] != scores.shape[-1]:
+            raise ValueError(f"scores of shape {tuple(scores.shape)} are not (queries x keys) of one sequence")
+        self.add_rows(layer, 0, scores, probs, counted)
+
+    def add_block(self, block) -> None:
+        """Add one block of query rows of one layer (a `posprobe.capture.BlockCapture`)."""
+        self.add_rows(block.layer, block.start, block.scores, block.probs, block.counted_pairs)
+
+    def add_rows(
+        self, layer: int, start: int, scores: torch.Tensor, probs: torch.Tensor, counted: torch.Tensor
+    ) -> None:
+        """Add query rows start..start+b-1 of one layer against every key: `scores` S and `probs` A (B, H, b, m),
+        `counted` (B, b, m) bool."""
         import torch
 
-        m = scores.shape[-1]
-        if m > self.n or scores.shape[-2] != m:
-            raise ValueError(f"scores of shape {tuple(scores.shape)} do not fit max_length {self.n}")
-        weight = counted.to(scores.dtype)[:, None]  # (B, 1, m, m)
+        b, m = scores.shape[-2], scores.shape[-1]
+        if m > self.n or start < 0 or start + b > m:
+            raise ValueError(
+                f"rows {start}..{start + b - 1} of scores {tuple(scores.shape)} do not fit max_length {self.n}"
+            )
+        n = self.n
+        weight = counted.to(scores.dtype)[:, None]  # (B, 1, b, m)
         # where() rather than a product: masked scores may be -inf or the dtype's minimum
-        s = torch.where(counted[:, None], scores, 0).sum(0, dtype=torch.float64)  # (H, m, m)
-        a = (probs * weight).sum(0, dtype=torch.float64)  # (H, m, m)
-        self.score_sum[layer, :, :m, :m] += s
-        self.prob_sum[layer] += centre_offsets(offset_sums(a), self.n)
-        if m > 1:  # pairs with i >= 1 and j >= 1: the same offsets k = j - i, one row and column fewer
-            self.prob_without_first_sum[layer] += centre_offsets(offset_sums(a[:, 1:, 1:]), self.n)
-        self.count[layer, :m, :m] += counted.sum(0)
+        s = torch.where(counted[:, None], scores, 0).sum(0, dtype=torch.float64)  # (H, b, m)
+        a = (probs * weight).sum(0, dtype=torch.float64)  # (H, b, m)
+        c = counted.sum(0)  # (b, m) int64
+        self.score_offset_sum[layer] += block_offset_sums(s, start, 0, n)
+        self.prob_sum[layer] += block_offset_sums(a, start, 0, n)
+        self.pair_sum[layer] += block_offset_sums(c, start, 0, n)
+        skip = 1 if start == 0 else 0  # pairs with i >= 1 and j >= 1: row 0 (if in this block) and column 0 left out
+        if b > skip and m > 1:
+            self.prob_without_first_sum[layer] += block_offset_sums(a[:, skip:, 1:], start + skip, 1, n)
+            self.pair_without_first_sum[layer] += block_offset_sums(c[skip:, 1:], start + skip, 1, n)
         self.queries[layer] += counted.any(-1).sum()
+        if self.mean_scores:
+            self.score_sum[layer, :, start : start + b, :m] += s
+            self.count[layer, start : start + b, :m] += c
 
     def result(self) -> EmpiricalProfiles:
+        numpy = lambda t: None if t is None else t.cpu().numpy()  # noqa: E731
         return empirical_profiles(
-            self.score_sum.cpu().numpy(),
+            numpy(self.score_sum),
             self.prob_sum.cpu().numpy(),
-            self.count.cpu().numpy(),
+            numpy(self.count),
             self.queries.cpu().numpy(),
             self.prob_without_first_sum.cpu().numpy(),
+            score_offset_sum=self.score_offset_sum.cpu().numpy(),
+            pair_sum=self.pair_sum.cpu().numpy(),
+            pair_without_first_sum=self.pair_without_first_sum.cpu().numpy(),
         )
 
 
@@ -127,8 +195,8 @@ class EmpiricalProfiles:
     first-token sink no longer pools into every offset); pair_counts_without_first (L, 2n-1);
     pair_counts c(k) (L, 2n-1) (identical rows unless layers mask differently, e.g. sliding windows);
     mean_distance (L, H): mean over counted queries of sum_j A(i, j)|j - i|; mean_scores M (L, H, n, n);
-    count_matrix (L, n, n); toeplitz_r2 (L, H): R^2 of M over the entries with data (NaN when undefined);
-    n_queries (L,).
+    count_matrix (L, n, n); toeplitz_r2 (L, H): R^2 of M over the entries with data (NaN when undefined); these
+    three are None when the n x n sums were not kept (`EmpiricalAccumulator(mean_scores=False)`); n_queries (L,).
     """
 
     offsets: np.ndarray
@@ -136,28 +204,38 @@ class EmpiricalProfiles:
     prob_profiles: np.ndarray
     pair_counts: np.ndarray
     mean_distance: np.ndarray
-    mean_scores: np.ndarray
-    count_matrix: np.ndarray
-    toeplitz_r2: np.ndarray
+    mean_scores: np.ndarray | None
+    count_matrix: np.ndarray | None
+    toeplitz_r2: np.ndarray | None
     n_queries: np.ndarray
     prob_profiles_without_first: np.ndarray | None = None
     pair_counts_without_first: np.ndarray | None = None
 
 
 def empirical_profiles(
-    score_sum: np.ndarray,
+    score_sum: np.ndarray | None,
     prob_sum: np.ndarray,
-    count: np.ndarray,
+    count: np.ndarray | None,
     queries: np.ndarray,
     prob_without_first_sum: np.ndarray | None = None,
+    *,
+    score_offset_sum: np.ndarray | None = None,
+    pair_sum: np.ndarray | None = None,
+    pair_without_first_sum: np.ndarray | None = None,
 ) -> EmpiricalProfiles:
-    """The SPEC §10 quantities from the accumulated sums (shapes as in `EmpiricalAccumulator`)."""
-    L, H, n, _ = score_sum.shape
-    pair_counts = offset_sums(count)  # (L, 2n-1)
-    later = np.zeros_like(count)
-    later[:, 1:, 1:] = count[:, 1:, 1:]
-    pair_counts_later = offset_sums(later)  # (L, 2n-1): pairs with i >= 1 and j >= 1
-    score_diag = offset_sums(score_sum)  # (L, H, 2n-1)
+    """The SPEC §10 quantities from the accumulated sums (shapes as in `EmpiricalAccumulator`). The per-offset sums
+    (`score_offset_sum`, `pair_sum`, `pair_without_first_sum`) are the diagonal sums of `score_sum` / `count` when
+    those are given (and taken from them when the offset sums are not); without `score_sum` and `count` (no n x n
+    sums kept) mean_scores, count_matrix and toeplitz_r2 are None."""
+    if count is not None:
+        later = np.zeros_like(count)
+        later[:, 1:, 1:] = count[:, 1:, 1:]
+        pair_counts = offset_sums(count) if pair_sum is None else pair_sum  # (L, 2n-1)
+        pair_counts_later = offset_sums(later) if pair_without_first_sum is None else pair_without_first_sum
+    else:
+        pair_counts, pair_counts_later = pair_sum, pair_without_first_sum
+    score_diag = offset_sums(score_sum) if score_offset_sum is None else score_offset_sum  # (L, H, 2n-1)
+    n = (prob_sum.shape[-1] + 1) // 2
     with np.errstate(invalid="ignore", divide="ignore"):
         denom = np.where(pair_counts > 0, pair_counts, np.nan)[:, None, :]
         score_profiles = score_diag / denom
@@ -168,8 +246,11 @@ def empirical_profiles(
         k = np.abs(np.arange(-(n - 1), n))
         q = np.where(queries > 0, queries, np.nan).astype(np.float64)
         mean_distance = (prob_sum * k).sum(-1) / q[:, None]
-        mean_scores = score_sum / np.where(count > 0, count, np.nan)[:, None]
-    has_data = np.broadcast_to((count > 0)[:, None], mean_scores.shape)
+        mean_scores = None if score_sum is None else score_sum / np.where(count > 0, count, np.nan)[:, None]
+    r2 = None
+    if mean_scores is not None:
+        has_data = np.broadcast_to((count > 0)[:, None], mean_scores.shape)
+        r2 = masked_toeplitz_r2(np.nan_to_num(mean_scores), has_data)
     return EmpiricalProfiles(
         np.arange(-(n - 1), n),
         score_profiles,
@@ -178,7 +259,7 @@ def empirical_profiles(
         mean_distance,
         mean_scores,
         count,
-        masked_toeplitz_r2(np.nan_to_num(mean_scores), has_data),
+        r2,
         np.asarray(queries),
         prob_later,
         pair_counts_later,

@@ -46,13 +46,23 @@ class LearnedSinkAccumulator:
 
     def add(self, batch) -> None:
         """Add every layer of one batch (a BatchCapture: probs (B, H, m, m) per layer, counted (B, m))."""
+        for layer in range(self.n_layers):
+            self.add_rows(layer, 0, batch.probs[layer], batch.counted)
+
+    def add_block(self, block) -> None:
+        """Add one block of query rows of one layer (a `posprobe.capture.BlockCapture`)."""
+        self.add_rows(block.layer, block.start, block.probs, block.tokens.counted)
+
+    def add_rows(self, layer: int, start: int, probs, counted) -> None:
+        """Add query rows start..start+b-1 of one layer: probs (B, H, b, m), counted (B, m) (the batch's counted
+        tokens; its rows' count is added with layer 0)."""
         import torch
 
-        queries = batch.counted  # (B, m)
-        self.queries += int(queries.sum())
-        for layer in range(self.n_layers):
-            row_mass = batch.probs[layer].sum(-1, dtype=torch.float64)  # (B, H, m): masked keys hold 0
-            self.real[layer] += (row_mass * queries[:, None]).sum((0, 2))
+        queries = counted[:, start : start + probs.shape[-2]]  # (B, b)
+        if layer == 0:
+            self.queries += int(queries.sum())
+        row_mass = probs.sum(-1, dtype=torch.float64)  # (B, H, b): masked keys hold 0
+        self.real[layer] += (row_mass * queries[:, None]).sum((0, 2))
 
     def result(self) -> LearnedSinkShares:
         real = self.real.cpu().numpy() / self.queries if self.queries else np.full(tuple(self.real.shape), np.nan)

@@ -1,8 +1,10 @@
 """Attention sinks (SPEC §14): how much attention goes to the first token and to special tokens, the mean attention
 distance without the first token, and the distances uniform attention would give on the same texts.
 
-Pure computation: a capture reducer (`SinkAccumulator`: `add` one `posprobe.capture.BatchCapture`, `result` at the
-end), tensors in, arrays out. Dimensions: B batch, L layers, H heads, m the batch's sequence length.
+Pure computation: a capture reducer (`SinkAccumulator`: `add` one `posprobe.capture.BatchCapture`, or `add_block`
+one block of query rows of one layer; `result` at the end), tensors in, arrays out; every measure is a sum over
+query rows, so blocks of rows give the same sums as whole matrices. Dimensions: B batch, L layers, H heads, m the
+batch's sequence length, b the rows of a block.
 Query i attends to key j; the first token is position 0 (right padding: every text starts there).
 
 Sink queries: counted tokens (real; not special when special tokens are excluded) at positions i >= 1 (a query at
@@ -79,48 +81,52 @@ class SinkAccumulator:
         self.uniform_without_first_queries = zeros(L)
 
     def add(self, batch) -> None:
-        """Add every layer of one batch (a BatchCapture: probs, counted_pairs, counted, special, positions)."""
+        """Add every layer of one batch (a BatchCapture: probs, counted_pairs, allowed, counted, special,
+        positions), as one block of all its query rows."""
+        for layer in range(self.n_layers):
+            self.add_rows(layer, 0, batch.probs[layer], batch.allowed[layer], batch.counted_pairs[layer], batch.tokens)
+
+    def add_block(self, block) -> None:
+        """Add one block of query rows of one layer (a `posprobe.capture.BlockCapture`)."""
+        self.add_rows(block.layer, block.start, block.probs, block.allowed, block.counted_pairs, block.tokens)
+
+    def add_rows(self, layer: int, start: int, probs, allowed, pairs, tokens) -> None:
+        """Add query rows start..start+b-1 of one layer: probs (B, H, b, m), allowed and pairs (counted pairs)
+        (B, b, m) bool, `tokens` the batch's `TokenBatch` (counted, special, real, positions (B, m)). The batch's
+        query and special-token counts are added with layer 0."""
         import torch
 
-        queries = batch.counted & (batch.positions >= 1)  # (B, m) sink queries
-        self.sink_queries += int(queries.sum())
-        self.special_tokens += int((batch.special & batch.real).sum())
-        m = queries.shape[1]
-        at = torch.arange(m, device=queries.device)
-        distance = (at[None, :] - at[:, None]).abs()  # (m, m) |j - i|
+        b, m = probs.shape[-2], probs.shape[-1]
+        rows = slice(start, start + b)
+        queries = tokens.counted[:, rows] & (tokens.positions[:, rows] >= 1)  # (B, b) sink queries
+        if layer == 0:
+            self.sink_queries += int(queries.sum())
+            if start == 0:
+                self.special_tokens += int((tokens.special & tokens.real).sum())
+        at = torch.arange(m, device=probs.device)
+        distance = (at[None, :] - at[start : start + b, None]).abs()  # (b, m) |j - i|
         later = at >= 1  # keys j >= 1
-        special = batch.special.to(batch.probs[0].dtype)[:, None, :, None]  # (B, 1, m, 1)
-        done: dict[int, tuple] = {}
-        for layer in range(self.n_layers):
-            probs, pairs = batch.probs[layer], batch.counted_pairs[layer]  # (B, H, m, m), (B, m, m)
-            allowed = batch.allowed[layer]  # (B, m, m)
-            sees_first = queries & allowed[:, :, 0]  # (B, m)
-            self.first[layer] += (probs[..., 0] * sees_first[:, None]).sum((0, 2), dtype=torch.float64)
-            on_special = torch.matmul(probs, special)[..., 0]  # (B, H, m)
-            self.special[layer] += (on_special * queries[:, None]).sum((0, 2), dtype=torch.float64)
-            pairs_later = pairs & later  # (B, m, m)
-            weight = pairs_later.to(probs.dtype)[:, None]  # (B, 1, m, m)
-            mass = (probs * weight).sum(-1, dtype=torch.float64)  # (B, H, m)
-            moment = (probs * (weight * distance)).sum(-1, dtype=torch.float64)
-            ok = queries[:, None] & (mass > 0)
-            self.without_first[layer] += torch.where(ok, moment / torch.where(ok, mass, 1.0), 0.0).sum((0, 2))
-            self.without_first_queries[layer] += ok.sum((0, 2))
-            if id(pairs) not in done:  # layers with the same mask have the same uniform references
-                keys = (allowed & batch.real[:, None, :]).sum(-1)  # (B, m) keys each query may see
-                uniform_first = torch.where(sees_first, 1.0 / keys.clamp(min=1).to(torch.float64), 0.0).sum()
-                done[id(pairs)] = (
-                    *_uniform(pairs, distance, None),
-                    *_uniform(pairs_later, distance, queries),
-                    uniform_first,
-                    sees_first.sum(),
-                )
-            total, count, total_later, count_later, uniform_first, first_queries = done[id(pairs)]
-            self.uniform_first[layer] += uniform_first
-            self.first_queries[layer] += first_queries
-            self.uniform[layer] += total
-            self.uniform_queries[layer] += count
-            self.uniform_without_first[layer] += total_later
-            self.uniform_without_first_queries[layer] += count_later
+        special = tokens.special.to(probs.dtype)[:, None, :, None]  # (B, 1, m, 1)
+        sees_first = queries & allowed[:, :, 0]  # (B, b)
+        self.first[layer] += (probs[..., 0] * sees_first[:, None]).sum((0, 2), dtype=torch.float64)
+        on_special = torch.matmul(probs, special)[..., 0]  # (B, H, b)
+        self.special[layer] += (on_special * queries[:, None]).sum((0, 2), dtype=torch.float64)
+        pairs_later = pairs & later  # (B, b, m)
+        weight = pairs_later.to(probs.dtype)[:, None]  # (B, 1, b, m)
+        mass = (probs * weight).sum(-1, dtype=torch.float64)  # (B, H, b)
+        moment = (probs * (weight * distance)).sum(-1, dtype=torch.float64)
+        ok = queries[:, None] & (mass > 0)
+        self.without_first[layer] += torch.where(ok, moment / torch.where(ok, mass, 1.0), 0.0).sum((0, 2))
+        self.without_first_queries[layer] += ok.sum((0, 2))
+        keys = (allowed & tokens.real[:, None, :]).sum(-1)  # (B, b) keys each query may see
+        total, count = _uniform(pairs, distance, None)
+        total_later, count_later = _uniform(pairs_later, distance, queries)
+        self.uniform_first[layer] += torch.where(sees_first, 1.0 / keys.clamp(min=1).to(torch.float64), 0.0).sum()
+        self.first_queries[layer] += sees_first.sum()
+        self.uniform[layer] += total
+        self.uniform_queries[layer] += count
+        self.uniform_without_first[layer] += total_later
+        self.uniform_without_first_queries[layer] += count_later
 
     def result(self) -> SinkMeasures:
         return sink_measures(
@@ -142,7 +148,7 @@ class SinkAccumulator:
 
 def _uniform(pairs: torch.Tensor, distance: torch.Tensor, queries: torch.Tensor | None):
     """(sum over queries of mean_j |j - i| over the pairs, number of queries): queries with at least one pair
-    (and among `queries` when given)."""
+    (and among `queries` when given). pairs (B, b, m) bool, distance (b, m), queries (B, b)."""
     import torch
 
     keys = pairs.sum(-1)  # (B, m)

@@ -6,7 +6,8 @@ is a reducer; none wires the model itself.
 
 - `batches.py`: texts or token ids -> padded `TokenBatch`es (length-sorted chunks, right padding, masks);
 - `recording.py`: the recording attention function (transformers' AttentionInterface) and its check against the
-  model's own eager attention;
+  model's own eager attention; its blockwise form for long texts (`block_attention`: blocks of query rows, handed
+  to reducers with `add_block` as `BlockCapture`s, memory linear in the length; SPEC §19);
 - `eager.py`: the route for families outside AttentionInterface (T5, BLOOM, MPT, Falcon, DeBERTa, MPNet, BART's
   encoder, ...): their own eager attention with `output_attentions`, the softmax inputs observed on the way, and
   its first-batch checks;
@@ -49,12 +50,12 @@ from posprobe.capture.model import (
     stack_to_run,
 )
 from posprobe.capture.recording import RECORD_NAME, recording_attention, register_recording_attention
-from posprobe.capture.run import BatchCapture, CaptureSummary, Reducer, capture_batches
-from posprobe.capture.textrun import TextModel, TextRun, capture, run_texts, text_run
+from posprobe.capture.run import BatchCapture, BlockCapture, CaptureSummary, Reducer, capture, capture_batches
 
 __all__ = [
     "RECORD_NAME",
     "BatchCapture",
+    "BlockCapture",
     "CaptureSummary",
     "Reducer",
     "TextModel",

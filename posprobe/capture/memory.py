@@ -5,7 +5,8 @@ The estimate counts the largest tensors a batch makes (the recorded scores and p
 one layer, the masks, the reducers' float64 sums) and multiplies them by `CALIBRATION`, below the measured ratio of
 the peak to those tensors (1.9 on a 2-layer, 2-head Llama at 4096 tokens, RESULTS.md "Scale-out": the rest is
 temporaries of the reducers and the first batch's check), so that a refusal stays true; a run the estimate lets
-through may still need more.
+through may still need more. On the blockwise route (SPEC §19) the estimate is `attention_block_bytes`: one block
+of query rows and one layer's queries, keys and values, linear in the length.
 Dimensions: B texts in a batch, m its longest sequence, L layers, H heads.
 """
 
@@ -51,6 +52,22 @@ def attention_batch_bytes(
     masks = 2 * batch * length * length
     reducer = 2 * n_heads * length * length * 8
     return int(CALIBRATION * (recorded + running + masks + reducer))
+
+
+def attention_block_bytes(n_heads: int, batch: int, length: int, rows: int, element_bytes: int, hidden: int) -> int:
+    """At least what one batch takes on the blockwise route (SPEC §19), linear in the length m: one layer's queries,
+    keys, values and output (4 x B x m x hidden in the model's dtype, hidden = H x d_h), and one block of `rows`
+    query rows (0: `recording.BLOCK_ELEMENTS` scores) against m keys: its scores and probabilities in the model's
+    dtype plus six float64 temporaries of the reducers (B x H x rows x m each), and its masks (4 x B x rows x m
+    bool); times `CALIBRATION`."""
+    from posprobe.capture.recording import BLOCK_ELEMENTS
+
+    if rows <= 0:
+        rows = max(1, BLOCK_ELEMENTS // max(1, batch * n_heads * length))
+    rows = min(rows, length)
+    block = batch * n_heads * rows * length
+    per_layer = 4 * batch * length * hidden * element_bytes
+    return int(CALIBRATION * (per_layer + block * (2 * element_bytes + 6 * 8) + 4 * batch * rows * length))
 
 
 def check_fits(needed: int, device: Any, what: str, hint: str) -> None:

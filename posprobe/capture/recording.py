@@ -8,6 +8,10 @@ active it hands that recorder S and A of every call, in depth order. `verify_aga
 model's own eager attention and refuses a family whose outputs this function does not reproduce. No model code
 is edited.
 
+The blockwise route (SPEC §19) registers `block_attention` under `BLOCK_NAME`: the same computation one block of
+query rows at a time, its masks `RowMask`s (transformers' mask function evaluated for the block's rows only), each
+block handed to the active `BlockRecorder`; no (m x m) tensor is made, neither scores nor mask.
+
 Dimensions: B batch, H query heads, H_kv key/value heads, m sequence length, d_h head size.
 """
 
@@ -165,14 +169,15 @@ def relative_gap(output, reference, attention_mask) -> tuple[float, float]:
     return (gap if gap == gap else float("inf")), tol  # NaN counts as a failure
 
 
-def verify_against_eager(model, input_ids, attention_mask, output) -> None:
+def verify_against_eager(model, input_ids, attention_mask, output, restore: str = RECORD_NAME) -> None:
     """Refuse a model whose recorded attention does not reproduce its own eager attention on this batch: the same
-    batch is run again with the model's "eager" attention and the final outputs must agree on real tokens."""
+    batch is run again with the model's "eager" attention and the final outputs must agree on real tokens; the
+    attention implementation `restore` is set again afterwards."""
     model.set_attn_implementation("eager")
     try:
         reference = model(input_ids=input_ids, attention_mask=attention_mask)
     finally:
-        model.set_attn_implementation(RECORD_NAME)
+        model.set_attn_implementation(restore)
     gap, tol = relative_gap(output, reference, attention_mask)
     if gap > tol:
         raise PosprobeError(
@@ -180,3 +185,192 @@ def verify_against_eager(model, input_ids, attention_mask, output) -> None:
             f"(relative difference {gap:.2e} from its eager attention)",
             "this family computes attention in a way posprobe attention does not reproduce; please report it",
         )
+
+
+# The blockwise route: the same attention, computed and recorded a block of query rows at a time, so that no layer's
+# (queries x keys) matrix, and no (m x m) mask, is ever made (SPEC §19).
+
+BLOCK_NAME = "posprobe-blocks"
+BLOCK_ELEMENTS = 2**22  # B x H x rows x keys per block: 16 MiB of float32 scores
+_BLOCKS: list[BlockRecorder] = []  # the block recorder of the forward pass running now (at most one)
+
+
+class RowMask:
+    """What transformers' mask functions would make as a (B, 1, q, kv) mask, made one block of query rows at a time
+    (`rows`) by transformers' own `sdpa_mask` with the block's query offset: the same mask function, padding and
+    offsets, never the whole matrix. Returned for the model's masks by `row_mask` (the mask interface of
+    `BLOCK_NAME`); only `block_attention` reads it."""
+
+    def __init__(self, batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, options):
+        self.batch_size, self.q_length, self.kv_length = batch_size, q_length, kv_length
+        self.q_offset, self.kv_offset = q_offset, kv_offset
+        self.mask_function, self.attention_mask, self.options = mask_function, attention_mask, options
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.batch_size, 1, self.q_length, self.kv_length)
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """(B, 1, stop - start, kv) bool: True where query row i (start <= i < stop) may see key j."""
+        import torch
+        from transformers.masking_utils import sdpa_mask
+
+        mask = sdpa_mask(
+            batch_size=self.batch_size,
+            q_length=stop - start,
+            kv_length=self.kv_length,
+            q_offset=self.q_offset + start,
+            kv_offset=self.kv_offset,
+            mask_function=self.mask_function,
+            attention_mask=self.attention_mask,
+            allow_is_causal_skip=False,
+            allow_is_bidirectional_skip=False,
+            **self.options,
+        )
+        shape = (self.batch_size, 1, stop - start, self.kv_length)
+        if mask is None:
+            return torch.ones(shape, dtype=torch.bool, device=self.options.get("device", "cpu"))
+        return mask.expand(shape)
+
+
+def row_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function=None,
+    attention_mask=None,
+    **kwargs: Any,
+) -> RowMask:
+    """transformers' mask-interface contract for `BLOCK_NAME`: a `RowMask` instead of a (B, 1, q, kv) tensor."""
+    from transformers.masking_utils import causal_mask_function
+
+    options = {key: kwargs[key] for key in ("use_vmap", "device") if key in kwargs}
+    function = causal_mask_function if mask_function is None else mask_function
+    return RowMask(batch_size, q_length, kv_length, q_offset, kv_offset, function, attention_mask, options)
+
+
+class BlockRecorder:
+    """While active, receives every block `block_attention` computes: `hand(layer, start, S, A, allowed)` with S
+    and A (B, H, b, m) of query rows start..start+b-1 and allowed (B, b, m) bool; counts the layers (`calls`).
+    `rows`: query rows per block, or None for about `BLOCK_ELEMENTS` scores per block. `hand` None: nothing is
+    recorded (the first batch's check runs this way)."""
+
+    def __init__(self, n_layers: int, hand=None, rows: int | None = None):
+        self.n_layers, self.hand, self.fixed_rows = n_layers, hand, rows
+        self.m, self.calls = 0, 0
+
+    def begin(self, m: int) -> None:
+        self.m, self.calls = m, 0
+
+    def rows(self, batch: int, heads: int, keys: int) -> int:
+        if self.fixed_rows is not None:
+            return self.fixed_rows
+        return max(1, BLOCK_ELEMENTS // max(1, batch * heads * keys))
+
+    def __enter__(self) -> BlockRecorder:
+        _BLOCKS.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _BLOCKS.remove(self)
+
+    def check(self, queries: int, keys: int) -> None:
+        if queries != self.m or keys != self.m:
+            raise PosprobeError(
+                f"an attention call saw {queries} queries and {keys} keys for sequences of {self.m}",
+                "only self-attention over the input (encoders and decoders, no cache, no cross-attention) is supported",
+            )
+        if self.calls >= self.n_layers:
+            raise PosprobeError(
+                f"the model ran more attention calls ({self.calls + 1}) than it has layers ({self.n_layers})",
+                "models with several attention stacks (encoder-decoder, vision towers) are not supported",
+            )
+
+
+def _mask_rows(attention_mask, start: int, stop: int, keys: int):
+    """The rows start..stop-1 of a layer's mask: a RowMask's bool rows, a tensor's slice (bool, or additive
+    float), or None (no mask: every pair allowed)."""
+    if attention_mask is None:
+        return None
+    if isinstance(attention_mask, RowMask):
+        return attention_mask.rows(start, stop)[..., :keys]
+    if attention_mask.dim() == 4:
+        return attention_mask[:, :, start:stop, :keys]
+    return attention_mask[..., start:stop, :keys]
+
+
+def block_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+):
+    """`recording_attention` computed one block of query rows at a time: per block, S = q_block K^T * scaling
+    (softcapped when the family asks) with the mask's rows applied, A = softmax(S) in float32 (over one more sink
+    logit per head with learned sinks), the block's output A V; while a `BlockRecorder` is active it gets S, A and
+    the allowed pairs of every block. Row by row this is the eager computation; the largest temporary is one block
+    (B, H, b, m). Returns ((B, m, H, d_h), None)."""
+    import torch
+
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    batch, heads, m, _ = query.shape
+    keys = key.shape[-2]
+    recorder = _BLOCKS[-1] if _BLOCKS else None
+    if recorder is not None:
+        recorder.check(m, keys)
+    size = (
+        recorder.rows(batch, heads, keys) if recorder is not None else max(1, BLOCK_ELEMENTS // (batch * heads * keys))
+    )
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
+    out = query.new_empty(batch, heads, m, value.shape[-1])
+    key_t = key.transpose(-1, -2)
+    for start in range(0, m, size):
+        stop = min(m, start + size)
+        scores = torch.matmul(query[:, :, start:stop], key_t) * scaling  # (B, H, b, keys)
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        mask = _mask_rows(attention_mask, start, stop, keys)
+        if mask is not None:  # made beside the inputs; layers spread over devices (--device auto) run elsewhere
+            mask = mask.to(scores.device)
+        if mask is None:
+            allowed = torch.ones((batch, stop - start, keys), dtype=torch.bool, device=scores.device)
+        elif mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            allowed = mask[:, 0].expand(batch, stop - start, keys)
+        else:
+            scores = scores + mask
+            allowed = (mask[:, 0] > torch.finfo(mask.dtype).min / 2).expand(batch, stop - start, keys)
+        if sinks is not None:
+            column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(batch, -1, stop - start, 1)
+            probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+            probs = probs.to(query.dtype)
+        else:
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        dropped = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
+        out[:, :, start:stop] = torch.matmul(dropped, value)
+        if recorder is not None and recorder.hand is not None:
+            recorder.hand(recorder.calls, start, scores, probs, allowed)
+        del scores, probs, dropped, mask, allowed
+    if recorder is not None:
+        recorder.calls += 1
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_block_attention() -> None:
+    """Register `block_attention` (with `row_mask` as its masks) under `BLOCK_NAME`; idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(BLOCK_NAME, block_attention)
+    AttentionMaskInterface.register(BLOCK_NAME, row_mask)

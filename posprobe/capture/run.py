@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from posprobe.capture.batches import TokenBatch
 from posprobe.capture.eager import EagerRecorder, is_eager_route
-from posprobe.capture.memory import attention_batch_bytes, check_fits
+from posprobe.capture.memory import attention_batch_bytes, attention_block_bytes, check_fits
 from posprobe.capture.model import (
     attention_layers,
     check_length,
@@ -31,13 +31,17 @@ from posprobe.capture.model import (
     stack_to_run,
 )
 from posprobe.capture.recording import (
+    BLOCK_NAME,
     RECORD_NAME,
+    BlockRecorder,
     LayerRecorder,
+    register_block_attention,
     register_recording_attention,
     verify_against_eager,
 )
 from posprobe.errors import PosprobeError
 from posprobe.runtime import distributed
+from posprobe.validation import as_int
 
 if TYPE_CHECKING:
     import torch
@@ -96,9 +100,27 @@ class BatchCapture:
         return len(self.tokens)
 
 
+@dataclass(frozen=True)
+class BlockCapture:
+    """One block of query rows of one layer of one batch, on the blockwise route (SPEC §19): rows start..start+b-1
+    against every key. index and tokens as in `BatchCapture`; scores S and probs A (B, H, b, m), allowed and
+    counted_pairs (B, b, m) bool, the rows start..start+b-1 of `BatchCapture`'s tensors of that layer."""
+
+    index: int
+    tokens: TokenBatch
+    layer: int
+    start: int
+    scores: torch.Tensor
+    probs: torch.Tensor
+    allowed: torch.Tensor
+    counted_pairs: torch.Tensor
+
+
 class Reducer(Protocol):
     """An analysis over text: `needs` names what it reads (a subset of "scores", "probs", "hidden_states"),
-    `add` takes each batch once, `result` returns the answer after the last batch."""
+    `add` takes each batch once, `result` returns the answer after the last batch. A reducer of attention that also
+    has `add_block(block)` (a `BlockCapture`) may be handed blocks of query rows instead of whole batches: every
+    block of every layer of a batch once, and then no `add` for that batch."""
 
     needs: Collection[str]
 
@@ -127,6 +149,7 @@ def capture_batches(
     *,
     verify: bool = True,
     progress: Callable[[int], None] | None = None,
+    block_size: int | None = None,
 ) -> CaptureSummary:
     """Run `model` once per batch (inference mode, eval mode) and hand each `BatchCapture` to every reducer.
 
@@ -137,6 +160,12 @@ def capture_batches(
     understood (`capture.eager`). `progress(k)` is called after each batch with the number of texts it held (under
     torchrun: after each of this rank's batches, with the texts of that round of batches over all ranks), and the
     summary counts every rank's texts.
+    Blockwise route (SPEC §19): where the family's attention goes through AttentionInterface and every reducer of
+    attention has `add_block`, a batch is run with `recording.block_attention` and its reducers get blocks of
+    `block_size` query rows (`BlockCapture`) instead of whole matrices: `block_size` None (the default) does this for
+    the batches whose whole matrices would take at least 256 MiB (blocks of about `recording.BLOCK_ELEMENTS`
+    scores), 0 never, a positive number for every batch. The first batch run in blocks is checked too, on its first
+    256 tokens, in blocks of a quarter of them.
     Raises PosprobeError for a model that cannot be captured, or when there is no batch."""
     import torch
 
@@ -148,6 +177,8 @@ def capture_batches(
         needs |= set(reducer.needs)
     attention = bool(needs & {"scores", "probs"})
     hidden = "hidden_states" in needs
+    if block_size is not None:
+        block_size = as_int(block_size, "block_size", minimum=0)
     n_layers, n_heads = check_model(model, attention=attention, encoder_decoder=True, hybrid=True)
     attending = tuple(attention_layers(model, n_layers)) if attention else ()  # a hybrid's attention layers only
     parallel = distributed.join_process_group(model_device(model))
@@ -157,11 +188,24 @@ def capture_batches(
     eager = attention and is_eager_route(model)
     recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending))
     eager_recorder = EagerRecorder(len(attending), n_heads)
+    blockwise = (
+        attention
+        and not eager
+        and block_size != 0
+        and len(attending) == n_layers  # a hybrid's attention layers are recorded whole
+        and all(
+            hasattr(r, "add_block") and not (set(r.needs) - {"scores", "probs"})
+            for r in reducers
+            if set(r.needs) & {"scores", "probs"}
+        )
+    )
+    block_readers = [r for r in reducers if set(r.needs) & {"scores", "probs"}] if blockwise else []
     previous = net.config._attn_implementation
     base = getattr(net, "base_model", net)
     sparse = getattr(base, "attention_type", None)  # BigBird switches itself to full attention on short inputs
     was_training = model.training
     n_texts = n_batches = longest = 0
+    checked: set[str] = set()  # the routes whose first batch was checked against eager attention
     round_texts = 0  # texts of the current round of `world` batches, for a global progress count under torchrun
     try:
         model.eval()
@@ -171,6 +215,8 @@ def capture_batches(
             eager_recorder.start(net)
         elif attention:
             register_recording_attention()
+            if blockwise:
+                register_block_attention()
             net.set_attn_implementation(RECORD_NAME)
         with torch.inference_mode():
             for index, tokens in enumerate(batches):
@@ -181,10 +227,27 @@ def capture_batches(
                     progress(round_texts)  # the other ranks' batches of the last round, run beside this rank's
                 round_texts = 0
                 kwargs = {"output_hidden_states": True} if hidden else {}
+                in_blocks = blockwise and (
+                    block_size or _full_bytes(model, needs, n_layers, n_heads, tokens) >= _CHECKED_FROM
+                )
                 if attention:
                     check_length(net, int(tokens.input_ids.shape[1]))
-                    _check_attention_fits(model, needs, len(attending), n_heads, tokens)
-                if eager:
+                    _check_attention_fits(
+                        model, needs, len(attending), n_heads, tokens, (block_size or 0) if in_blocks else None
+                    )
+                if in_blocks:
+                    net.set_attn_implementation(BLOCK_NAME)
+                    try:
+                        output = _run_blocks(net, index, tokens, block_readers, n_layers, block_size or None, kwargs)
+                        if verify and "blocks" not in checked:  # the first batch run in blocks
+                            _verify_blocks(net, tokens, n_layers)
+                            checked.add("blocks")
+                    except (AttributeError, TypeError, PosprobeError) as err:
+                        raise _not_in_blocks(net, err) from err
+                    finally:
+                        net.set_attn_implementation(RECORD_NAME)
+                    recorded = None
+                elif eager:
                     output, scores, probs, allowed = eager_recorder.forward(net, tokens, **kwargs)
                     if verify and n_batches == 0:
                         eager_recorder.verify(net, tokens, output, scores, probs, allowed)
@@ -195,8 +258,9 @@ def capture_batches(
                     with recorder:
                         output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
                     _check_calls(net, recorder.calls, len(attending))
-                    if verify and n_batches == 0:
+                    if verify and "whole" not in checked:  # the first batch recorded as whole matrices
                         verify_against_eager(net, tokens.input_ids, tokens.attention_mask, output)
+                        checked.add("whole")
                     recorded = (
                         recorder.scores if recorder.keep_scores else None,
                         recorder.probs if recorder.keep_probs else None,
@@ -208,7 +272,8 @@ def capture_batches(
                 batch = _batch_capture(index, tokens, recorded, output if hidden else None, attending)
                 del output, recorded
                 for reducer in reducers:
-                    reducer.add(batch)
+                    if not (in_blocks and reducer in block_readers):
+                        reducer.add(batch)
                 n_texts += len(tokens)
                 n_batches += 1
                 longest = max(longest, int(tokens.input_ids.shape[1]))
@@ -238,11 +303,32 @@ def capture_batches(
 _CHECKED_FROM = 256 * 2**20  # smaller batches are not checked against the free memory
 
 
-def _check_attention_fits(model, needs: set, n_layers: int, n_heads: int, tokens: TokenBatch) -> None:
-    """Refuse in one line a batch whose recorded attention cannot fit in the free memory (`capture.memory`)."""
+def _full_bytes(model, needs: set, n_layers: int, n_heads: int, tokens: TokenBatch) -> int:
+    """`memory.attention_batch_bytes` of this batch: recording its attention as whole (m x m) matrices."""
     batch, length = tokens.input_ids.shape
     element = next((p.element_size() for p in model.parameters()), 4)
-    needed = attention_batch_bytes(n_layers, n_heads, batch, length, element, "scores" in needs, "probs" in needs)
+    return attention_batch_bytes(n_layers, n_heads, batch, length, element, "scores" in needs, "probs" in needs)
+
+
+def _check_attention_fits(
+    model, needs: set, n_layers: int, n_heads: int, tokens: TokenBatch, rows: int | None = None
+) -> None:
+    """Refuse in one line a batch whose recorded attention cannot fit in the free memory (`capture.memory`):
+    whole matrices when `rows` is None, else blocks of `rows` query rows (0: `recording.BLOCK_ELEMENTS` scores)."""
+    batch, length = tokens.input_ids.shape
+    if rows is not None:
+        element = next((p.element_size() for p in model.parameters()), 4)
+        width = int(getattr(model.config, "hidden_size", 0) or 0)
+        needed = attention_block_bytes(n_heads, batch, length, rows, element, width)
+        if needed >= _CHECKED_FROM:
+            check_fits(
+                needed,
+                model_device(model),
+                f"the attention of a batch of {batch} text(s) x {length} tokens, in blocks of query rows",
+                "use a smaller --batch-size, or a smaller --max-length",
+            )
+        return
+    needed = _full_bytes(model, needs, n_layers, n_heads, tokens)
     if needed >= _CHECKED_FROM:
         check_fits(
             needed,
@@ -251,6 +337,55 @@ def _check_attention_fits(model, needs: set, n_layers: int, n_heads: int, tokens
             f"{n_heads} heads x {length}²)",
             "use a smaller --batch-size, or a smaller --max-length",
         )
+
+
+def _run_blocks(net, index: int, tokens: TokenBatch, readers: list, n_layers: int, rows: int | None, kwargs: dict):
+    """Run one batch on the blockwise route, handing every block of every layer to `readers` (`BlockCapture`s on
+    the inputs' device); returns the model's output."""
+    here = tokens.input_ids.device
+    counted = tokens.counted
+
+    def hand(layer: int, start: int, scores, probs, allowed) -> None:
+        scores, probs, allowed = scores.to(here), probs.to(here), allowed.to(here)
+        stop = start + scores.shape[-2]
+        pairs = allowed & counted[:, start:stop, None] & counted[:, None, :]
+        block = BlockCapture(index, tokens, layer, start, scores, probs, allowed, pairs)
+        for reader in readers:
+            reader.add_block(block)
+
+    recorder = BlockRecorder(n_layers, hand, rows)
+    recorder.begin(int(tokens.input_ids.shape[1]))
+    with recorder:
+        output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+    _check_calls(net, recorder.calls, n_layers)
+    return output
+
+
+def _not_in_blocks(net, err: Exception) -> PosprobeError:
+    """The one-line error of a family whose attention could not be computed in blocks: its model code used the
+    row masks as tensors (AttributeError, TypeError), or the blocks did not reproduce its eager outputs."""
+    kind = getattr(net.config, "model_type", "unknown")
+    what = err.message if isinstance(err, PosprobeError) else f"{type(err).__name__}: {err}"
+    return PosprobeError(
+        f"'{kind}' could not run its attention in blocks of queries ({what})",
+        "pass --block-size 0 (block_size=0: whole matrices, memory quadratic in the length); please report it",
+    )
+
+
+VERIFY_TOKENS = 256  # the blockwise route checks the first batch's first tokens against eager attention
+
+
+def _verify_blocks(net, tokens: TokenBatch, n_layers: int) -> None:
+    """The first batch's check on the blockwise route: its first `VERIFY_TOKENS` tokens run in blocks of a quarter
+    of them (so that several blocks and their mask rows are exercised) must give the model's eager outputs."""
+    p = min(int(tokens.input_ids.shape[1]), VERIFY_TOKENS)
+    ids, mask = tokens.input_ids[:, :p], tokens.attention_mask[:, :p]
+    recorder = BlockRecorder(n_layers, None, max(1, p // 4))
+    recorder.begin(p)
+    with recorder:
+        output = net(input_ids=ids, attention_mask=mask)
+    _check_calls(net, recorder.calls, n_layers)
+    verify_against_eager(net, ids, mask, output, restore=BLOCK_NAME)
 
 
 def _batch_capture(

@@ -42,7 +42,9 @@ class TextRun:
     at most `max_texts` of them, each truncated to `max_length` tokens (None: 128, or the model's positions if
     fewer), in batches of `batch_size`; `exclude_special` leaves special tokens out of the counted ones; `device`
     (None: cuda when available; 'auto': accelerate's big-model inference, with `max_memory` per device, parsed);
-    `progress(k)` is called after each batch of k texts; `text_source` says what the texts are, for the record."""
+    `progress(k)` is called after each batch of k texts; `text_source` says what the texts are, for the record;
+    `block_size`: query rows per block of the blockwise route (`capture_batches`: None where whole matrices would
+    be large, 0 never, a positive number every batch)."""
 
     texts: Iterable[str] | None
     input_ids: Iterable[Sequence[int]] | None
@@ -55,6 +57,7 @@ class TextRun:
     max_memory: dict | None = None
     progress: Callable[[int], None] | None = None
     text_source: str | None = None
+    block_size: int | None = None
 
     @property
     def needs_tokenizer(self) -> bool:
@@ -97,6 +100,7 @@ def text_run(
     progress: Callable[[int], None] | None = None,
     text_source: str | None = None,
     min_length: int = MIN_MAX_LENGTH,
+    block_size: int | None = None,
 ) -> TextRun:
     """The `TextRun` of these settings, every one checked here once: `max_length` of at least `min_length`
     (`MIN_MAX_LENGTH` for an analysis over offsets, `ANY_MAX_LENGTH` for a bare capture), `batch_size` within
@@ -105,6 +109,8 @@ def text_run(
         max_length, max_texts, batch_size, min_length=min_length, device=device, max_memory=max_memory
     )
     exclude_special = as_bool(exclude_special, "exclude_special")
+    if block_size is not None:
+        block_size = as_int(block_size, "block_size", minimum=0)
     if isinstance(texts, (str, bytes)):
         raise ArgumentValueError(
             "texts", "{arg} must be an iterable of strings, got one string", "e.g. texts=['a text', 'another text']"
@@ -112,7 +118,7 @@ def text_run(
     if (texts is None) == (input_ids is None):
         raise PosprobeError("pass exactly one of texts and input_ids", "texts for strings, input_ids if tokenised")
     return TextRun(texts, input_ids, tuple(special_ids or ()), max_length, max_texts, batch_size, exclude_special,
-                   device, max_memory, progress, text_source)  # fmt: skip
+                   device, max_memory, progress, text_source, block_size)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -188,7 +194,7 @@ def capture_run(
         max_texts=run.max_texts,
         device=model_device(model),
     )
-    return capture_batches(model, batches, reducers, verify=verify, progress=run.progress)
+    return capture_batches(model, batches, reducers, verify=verify, progress=run.progress, block_size=run.block_size)
 
 
 def capture(
@@ -205,13 +211,15 @@ def capture(
     exclude_special: bool = False,
     verify: bool = True,
     progress: Callable[[int], None] | None = None,
+    block_size: int | None = None,
 ) -> CaptureSummary:
     """Run a loaded `model` on `texts` (strings, tokenised by `tokenizer`, special tokens added as it does) or on
     `input_ids` (token id sequences; `special_ids` says which ids are special), truncated to `max_length`, in
     padded batches of `batch_size` (length-sorted within chunks of 16 batches), at most `max_texts` texts; feed
-    every batch to `reducers` (see `capture_batches`). `exclude_special` leaves special tokens out of `counted`."""
+    every batch to `reducers` (see `capture_batches`, also for `block_size`). `exclude_special` leaves special tokens
+    out of `counted`."""
     max_length = as_int(max_length, "max_length", minimum=ANY_MAX_LENGTH)
     run = text_run(texts, input_ids, special_ids=special_ids, max_length=max_length, max_texts=max_texts,
                    batch_size=batch_size, exclude_special=exclude_special, progress=progress,
-                   min_length=ANY_MAX_LENGTH)  # fmt: skip
+                   min_length=ANY_MAX_LENGTH, block_size=block_size)  # fmt: skip
     return capture_run(model, reducers, run, tokenizer=tokenizer, max_length=max_length, verify=verify)

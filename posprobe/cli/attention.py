@@ -2,13 +2,16 @@
 
 `attention --json` prints one object: `model`, `n_texts`, `max_length`, `npz` (arrays: `score_profiles`,
 `prob_profiles` (L, H, 2n-1), `offsets`, `pair_counts` (2n-1), `mean_distance`, `toeplitz_r2` (L, H),
-`weights_correlation` (L, H) where defined, `mean_scores` (L, H, n, n), the sink arrays, ...), `mean_distance`,
-`toeplitz_r2`, `weights_correlation` (null where undefined, or null as a whole), the attention sinks (SPEC §14):
+`weights_correlation` (L, H) where defined, `mean_scores` (L, H, n, n) and `count_matrix` (n, n) where kept, the
+sink arrays, ...), `mean_distance`, `toeplitz_r2` (nulls where the mean score matrix was not kept),
+`weights_correlation` (null where undefined, or null as a whole), the attention sinks (SPEC §14):
 `first_token_mass`, `special_token_mass`, `distance_without_first` (L, H), `sink_rate`, `uniform_distance`,
 `uniform_distance_without_first` (L,), `sink_threshold`, `n_sink_queries`, `n_special_tokens`; plus `model_type`,
 `n_layers`, `n_heads`, `exclude_special`, `causal`, `text`, `n_queries`, `n_pairs`, `weights_profile`,
 `weights_correlation_min_pairs` (offsets with fewer pairs are left out of `weights_correlation`), `stack`
-('encoder' for an encoder-decoder, whose encoder runs on the texts; else null), `seconds`, `figures`.
+('encoder' for an encoder-decoder, whose encoder runs on the texts; else null), `mean_scores` ('kept', or why
+not: `--mean-scores auto|yes|no`; by default kept where its n x n sums take at most 512 MiB), `seconds`,
+`figures`. Long texts are computed in blocks of query rows (SPEC §19; `--block-size`), memory linear in n.
 Models with learned per-head sinks (gpt-oss) add `learned_sink_share` and `real_token_share` (L, H: the sink
 logit's own share of each query's attention, the share left to real tokens) and `learned_sink_queries`.
 """
@@ -16,6 +19,7 @@ logit's own share of each query's attention, the share left to real tokens) and 
 from __future__ import annotations
 
 import os
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -41,6 +45,12 @@ from posprobe.cli.options import (
     StackOpt,
 )
 from posprobe.formats.writing import default_out
+
+
+class MeanScores(str, Enum):
+    auto = "auto"  # kept where its n x n sums take at most 512 MiB
+    yes = "yes"
+    no = "no"
 
 
 def register(app: typer.Typer) -> None:
@@ -84,6 +94,22 @@ def attention(
         typer.Option("--min-pairs", help="Offsets with fewer pairs are left out of the weights correlation."),
     ] = 100,
     window: Annotated[int, typer.Option("--window", help="Figures show k = -W..W (a causal model: -W..0).")] = 20,
+    mean_scores: Annotated[
+        MeanScores,
+        typer.Option(
+            "--mean-scores",
+            help="Keep the n x n mean score matrix, its counts and Toeplitz R² (auto: where they take at most "
+            "512 MiB).",
+        ),
+    ] = MeanScores.auto,
+    block_size: Annotated[
+        int | None,
+        typer.Option(
+            "--block-size",
+            help="Query rows per block on the blockwise route (0: whole matrices; default: blocks where whole "
+            "matrices would take 256 MiB or more).",
+        ),
+    ] = None,
     stack: StackOpt = Stack.encoder,
     device: DeviceOpt = None,
     max_memory: MaxMemoryOpt = None,
@@ -108,6 +134,8 @@ def attention(
     )
     window = as_int(window, "window", minimum=1)
     min_pairs = as_int(min_pairs, "min_pairs", minimum=1)
+    if block_size is not None:
+        block_size = as_int(block_size, "block_size", minimum=0, hint="e.g. --block-size 256, or 0 for whole matrices")
     total = check_texts(text, column, max_texts)
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
     out_dir = Path(out if out is not None else default_out("attention", source.label)).expanduser()
@@ -130,6 +158,8 @@ def attention(
             progress=advance,
             text_source=str(text),
             stack=stack.value,
+            mean_scores={"auto": None, "yes": True, "no": False}[mean_scores.value],
+            block_size=block_size,
         )
     from dataclasses import replace
 
@@ -186,7 +216,7 @@ def _heads_by_layers(result, title: str):
     for h in range(result.n_heads):
         table.add_row(f"h{h}", *[_num(v) for v in p.mean_distance[:, h]])
     medians = lambda per_layer: [_num(_over_heads(np.nanmedian, row)) for row in per_layer]  # noqa: E731
-    table.add_row("R² M", *medians(p.toeplitz_r2), style="bold")
+    table.add_row("R² M", *medians(result.toeplitz_r2), style="bold")
     if result.weights_correlation is not None:
         table.add_row("r weights", *medians(result.weights_correlation), style="bold")
     return table
@@ -207,7 +237,7 @@ def _layers_summary(result, title: str):
         table.add_column(name, justify="right")
     for layer, row in enumerate(p.mean_distance):
         cells = [_num(_over_heads(f, row)) for f in (np.nanmedian, np.nanmin, np.nanmax)]
-        cells.append(_num(_over_heads(np.nanmedian, p.toeplitz_r2[layer])))
+        cells.append(_num(_over_heads(np.nanmedian, result.toeplitz_r2[layer])))
         if result.weights_correlation is not None:
             cells.append(_num(_over_heads(np.nanmedian, result.weights_correlation[layer])))
         table.add_row(f"L{layer}", *cells)

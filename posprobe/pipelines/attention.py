@@ -8,6 +8,7 @@ here, as are the recording attention's name and registration).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import fields, replace
@@ -25,9 +26,11 @@ from posprobe.capture.textrun import TextModel, run_texts, text_run
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.attention_result import AttentionResult, write_attention
 from posprobe.texts.reading import check_texts, iter_texts, parse_hub_texts
-from posprobe.validation import as_choice, as_int
+from posprobe.validation import as_bool, as_choice, as_int
 
 MAX_ACCUMULATOR_BYTES = 16 * 2**30
+WEIGHTS_MATRIX_BYTES = 64 * 2**20  # one layer's H x n² float64 weights-based scores: longer n read fewer positions
+MEAN_SCORES_AUTO_BYTES = 2**29  # mean_scores None keeps the n x n sums (M, count matrix) when they take at most this
 DEFAULT_MIN_PAIRS = 100  # offsets with fewer pairs do not enter weights_correlation
 
 
@@ -50,6 +53,8 @@ def attention_profiles(
     progress: Callable[[int], None] | None = None,
     text_source: str | None = None,
     stack: str = "encoder",
+    mean_scores: bool | None = None,
+    block_size: int | None = None,
 ) -> AttentionResult:
     """Empirical score/probability profiles, mean attention distance and mean score matrix (SPEC §10), and the
     attention-sink measures (SPEC §14: first-token and special-token mass, sink rate, distance without the first
@@ -68,10 +73,19 @@ def attention_profiles(
     text and reads the encoder's output). A hybrid (Jamba, LFM2, Qwen3-Next, ...) has its attention layers
     recorded; its other layers (recurrent / state-space / convolution) have no attention: NaN in every per-layer
     array (no pair, no query), and `layer_kinds` says so.
+    `mean_scores`: keep the n x n sums of the mean score matrix M (and the count matrix and M's Toeplitz R^2): True
+    (refused in one line where they do not fit), False (memory linear in n), None (the default): kept when they take
+    at most 512 MiB (L x (H + 1) x n² x 8 bytes; e.g. n <= 3344 for 2 layers x 2 heads, n <= 472 for 30 x 9), else
+    not. Without them `mean_scores`, `count_matrix` and `toeplitz_r2` are None (no array, null in JSON).
+    `block_size`: query rows per block of the blockwise route (SPEC §19, `capture.capture_batches`): None (the
+    default) computes in blocks the batches whose whole matrices would take 256 MiB or more, 0 never, a positive
+    number every batch.
     """
     run = text_run(texts, input_ids, special_ids=special_ids, max_length=max_length, max_texts=max_texts,
                    batch_size=batch_size, exclude_special=exclude_special, device=device, max_memory=max_memory,
-                   progress=progress, text_source=text_source)  # fmt: skip
+                   progress=progress, text_source=text_source, block_size=block_size)  # fmt: skip
+    if mean_scores is not None:
+        mean_scores = as_bool(mean_scores, "mean_scores")
     min_pairs = as_int(min_pairs, "min_pairs", minimum=1)
     stack = as_choice(stack, "stack", ("encoder", "decoder"))
     started = time.perf_counter()
@@ -89,20 +103,30 @@ def attention_profiles(
             )
         return check_model(net, encoder_decoder=True, hybrid=True)
 
+    kept: dict = {}  # whether the mean score matrix's n x n sums are kept, and their size
+
     def reducers(loaded: TextModel) -> list:
         (n_layers, n_heads), n = loaded.checked, loaded.max_length
         n_acc = len(attention_layers(loaded.net, n_layers))  # a hybrid's attention layers; every layer otherwise
-        need = EmpiricalAccumulator.nbytes(n_acc, n_heads, n)
+        square = EmpiricalAccumulator.nbytes(n_acc, n_heads, n) - EmpiricalAccumulator.nbytes(
+            n_acc, n_heads, n, mean_scores=False
+        )
+        keep = square <= MEAN_SCORES_AUTO_BYTES if mean_scores is None else mean_scores
+        kept.update(keep=keep, square=square)
+        need = EmpiricalAccumulator.nbytes(n_acc, n_heads, n, mean_scores=keep)
         if need > MAX_ACCUMULATOR_BYTES:
             raise PosprobeError(
-                f"max_length {n} needs {need / 2**30:.1f} GiB of accumulators ({n_acc} attention layers x {n_heads} "
-                "heads x n² float64)",
-                "use a smaller --max-length",
+                f"max_length {n} needs {need / 2**30:.1f} GiB of accumulators for the mean score matrix ({n_acc} "
+                f"attention layers x {n_heads} heads x n² float64)",
+                "leave out the mean score matrix (--mean-scores no), or use a smaller --max-length",
             )
-        what = f"the accumulators of max_length {n} ({n_acc} attention layers x {n_heads} heads x n² float64)"
-        check_fits(need, loaded.device, what, "use a smaller --max-length")
+        what = f"the accumulators of max_length {n}" + (
+            f" ({n_acc} attention layers x {n_heads} heads x n² float64, the mean score matrix)" if keep else ""
+        )
+        hint = "leave out the mean score matrix (--mean-scores no), or use a smaller --max-length"
+        check_fits(need, loaded.device, what, hint if keep else "use a smaller --max-length")
         made = [
-            EmpiricalAccumulator(n_acc, n_heads, n, loaded.device),
+            EmpiricalAccumulator(n_acc, n_heads, n, loaded.device, mean_scores=keep),
             SinkAccumulator(n_acc, n_heads, loaded.device),
         ]
         if has_learned_sinks(loaded.net):
@@ -127,7 +151,7 @@ def attention_profiles(
         )
     w_profiles, w_corr, note = (None, None, "not requested")
     if weights_correlation:
-        w_profiles, note = _weights_profiles(source, max_length, n_layers)
+        w_profiles, note = _weights_profiles(source, max_length, n_layers, n_heads)
         if w_profiles is not None:
             w_corr = correlation_with_weights(profiles, w_profiles, min_pairs)
     return AttentionResult(
@@ -150,6 +174,17 @@ def attention_profiles(
         quantization=None if source is None else source.quantization,
         stack="encoder" if encoder_decoder else None,
         layer_kinds=kinds,
+        mean_scores_note="kept" if kept["keep"] else _not_kept(mean_scores, kept["square"]),
+    )
+
+
+def _not_kept(asked: bool | None, square: int) -> str:
+    """Why the n x n sums were not kept (the JSON's `mean_scores`)."""
+    if asked is False:
+        return "not kept (mean_scores=False): no mean_scores, count_matrix or toeplitz_r2"
+    return (
+        f"not kept: the n x n sums would take {square / 2**30:.1f} GiB (more than "
+        f"{MEAN_SCORES_AUTO_BYTES // 2**20} MiB); pass mean_scores=True (--mean-scores yes) to keep them"
     )
 
 
@@ -190,21 +225,41 @@ def has_learned_sinks(net) -> bool:
     return family is not None and family.sinks is not None
 
 
-def _weights_profiles(source, n: int, n_layers: int) -> tuple[np.ndarray | None, str]:
-    """Faithful-mode F̂_P profiles (L, H, 2n-1) over the leading n x n positions, or None and why not: one model
-    reader over n positions (the weights read once), each layer's scores reduced to their diagonal means."""
+def weights_positions(n: int, n_heads: int) -> int:
+    """Positions the weights-based profile is read over: n, or fewer where one layer's H x n x n float64 score
+    matrices would take more than `WEIGHTS_MATRIX_BYTES` (memory then stays flat however long the texts)."""
+    return max(2, min(n, math.isqrt(WEIGHTS_MATRIX_BYTES // (8 * max(1, n_heads)))))
+
+
+def _weights_profiles(source, n: int, n_layers: int, n_heads: int) -> tuple[np.ndarray | None, str]:
+    """Faithful-mode F̂_P profiles (L, H, 2n-1) over the leading positions, or None and why not: one model reader
+    over n' = `weights_positions(n, H)` positions (the weights read once), each layer's scores reduced to their
+    diagonal means; with n' < n the offsets |k| >= n' are NaN (the correlation uses the offsets both profiles have)."""
     if source is None:
         return None, "unavailable: model passed as an object (no checkpoint to read weights from)"
+    from posprobe.analysis.empirical import centre_offsets
     from posprobe.analysis.toeplitz import diagonal_means
     from posprobe.pipelines.score_reader import ScoreReader, open_model
 
+    positions = weights_positions(n, n_heads)
     try:
-        reader = ScoreReader(open_model(source=source, mode="faithful"), positions=n)
+        reader = ScoreReader(open_model(source=source, mode="faithful"), positions=positions)
         rows = [diagonal_means(reader.scores(layer)) for layer in range(n_layers)]
     except PosprobeError as err:
         return None, f"unavailable: {err.message}"
     what = "faithful-mode F̂_P (SPEC §3)" if reader.mode == "faithful" else "content-free scores (SPEC §9)"
-    return np.stack(rows), f"{what} diagonal means over positions 0..n-1"
+    profiles = np.stack(rows)
+    if positions == n:
+        return profiles, f"{what} diagonal means over positions 0..n-1"
+    import torch
+
+    wide = centre_offsets(torch.from_numpy(profiles), n).numpy()
+    wide[..., : n - positions] = np.nan
+    wide[..., n + positions - 1 :] = np.nan
+    return wide, (
+        f"{what} diagonal means over positions 0..{positions - 1} (offsets |k| < {positions}; over all {n} "
+        f"positions each layer's score matrices would take {8 * n_heads * n * n / 2**30:.1f} GiB)"
+    )
 
 
 __all__ = [

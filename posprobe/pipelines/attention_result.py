@@ -36,7 +36,8 @@ class AttentionResult(ResultMixin, Saves):
     """Empirical profiles and attention sinks of every layer and head.
 
     profiles: SPEC §10 (`EmpiricalProfiles`: score_profiles, prob_profiles, prob_profiles_without_first
-    (L, H, 2n-1), pair_counts, mean_distance (L, H), mean_scores, toeplitz_r2, ...); sinks: SPEC §14
+    (L, H, 2n-1), pair_counts, mean_distance (L, H), mean_scores, toeplitz_r2, ...; mean_scores, count_matrix and
+    toeplitz_r2 None where the n x n sums were not kept, `mean_scores_note` says why); sinks: SPEC §14
     (`SinkMeasures`: first_token_mass, special_token_mass, distance_without_first, first_token_ratio (L, H),
     sink_rate, uniform_distance, uniform_distance_without_first, uniform_first_token_mass, first_token_queries (L,)).
     learned_sinks: for heads with learned sink logits (gpt-oss), the sink's own share of each query's attention and
@@ -79,12 +80,20 @@ class AttentionResult(ResultMixin, Saves):
         kinds = self.layer_kinds or [""] * self.n_layers
         return [layer for layer, kind in enumerate(kinds) if NO_SCORE not in kind]
 
+    mean_scores_note: str = "kept"  # whether the n x n mean score matrix was kept, and why not
+
     _repr_fields = ("model", "n_texts", "max_length", "n_layers", "n_heads", "causal", "mean_distance", "sink_rate")
 
     @property
     def mean_distance(self) -> np.ndarray:
         """(L, H) mean attention distance (SPEC §10)."""
         return self.profiles.mean_distance
+
+    @property
+    def toeplitz_r2(self) -> np.ndarray:
+        """(L, H) Toeplitz R^2 of the mean score matrix; all NaN when the matrix was not kept."""
+        r2 = self.profiles.toeplitz_r2
+        return np.full((self.n_layers, self.n_heads), np.nan) if r2 is None else r2
 
     @property
     def first_token_mass(self) -> np.ndarray | None:
@@ -124,6 +133,7 @@ class AttentionResult(ResultMixin, Saves):
             "mode": "empirical",
             "quantization": self.quantization,
             "stack": self.stack,
+            "mean_scores": self.mean_scores_note,
             "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing",
         } | self._sink_metadata()
 
@@ -151,12 +161,15 @@ class AttentionResult(ResultMixin, Saves):
             "pair_counts": p.pair_counts[self._first],
             "layer_pair_counts": p.pair_counts,
             "mean_distance": p.mean_distance,
-            "toeplitz_r2": p.toeplitz_r2,
-            "mean_scores": p.mean_scores.astype(np.float32),
-            "count_matrix": p.count_matrix[self._first],
             "n_queries": p.n_queries,
             "layers": np.arange(self.n_layers),
         }
+        if p.mean_scores is not None:  # the n x n sums were kept (see `mean_scores_note`)
+            out |= {
+                "toeplitz_r2": p.toeplitz_r2,
+                "mean_scores": p.mean_scores.astype(np.float32),
+                "count_matrix": p.count_matrix[self._first],
+            }
         if p.prob_profiles_without_first is not None:
             out["prob_profiles_without_first"] = p.prob_profiles_without_first
             out["layer_pair_counts_without_first"] = p.pair_counts_without_first
@@ -173,7 +186,7 @@ class AttentionResult(ResultMixin, Saves):
         """The `--json` record without the output paths (NaN as None)."""
         out = self.metadata() | {
             "mean_distance": _nulls(self.profiles.mean_distance),
-            "toeplitz_r2": _nulls(self.profiles.toeplitz_r2),
+            "toeplitz_r2": _nulls(self.toeplitz_r2),
             "weights_correlation": None if self.weights_correlation is None else _nulls(self.weights_correlation),
         }
         if self.sinks is not None:
