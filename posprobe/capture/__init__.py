@@ -50,7 +50,8 @@ from posprobe.capture.model import (
     stack_to_run,
 )
 from posprobe.capture.recording import RECORD_NAME, recording_attention, register_recording_attention
-from posprobe.capture.run import BatchCapture, BlockCapture, CaptureSummary, Reducer, capture, capture_batches
+from posprobe.capture.run import BatchCapture, BlockCapture, CaptureSummary, Reducer, capture_batches
+from posprobe.capture.textrun import TextModel, TextRun, capture, run_texts, text_run
 
 __all__ = [
     "RECORD_NAME",
