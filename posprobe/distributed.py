@@ -19,10 +19,11 @@ The contract, the same code path with a world size of 1:
 N ranks give the same sums as one process up to float64 summation order; integer counts are equal.
 
 A loop that runs the model outside `capture.capture_batches` (windows of a long text, prompts) adopts the same
-contract in a few lines: `parallel = join_process_group(device)`; skip item k where `not mine(k)`; after the loop,
-`merge_reducers([sums])` for running sums, or, for one result per item, fill a zero array at the items this rank
-ran and `all_reduce_sum` it (every item was run by exactly one rank); write and print only where
-`is_main_process()`.
+contract in a few lines: `parallel = join_process_group(device)`; skip item k where `not mine(k)` (progress:
+`done_by_all(k, total)` after item k); after the loop, `merge_reducers([sums])` for running sums, or, for one
+result per item, fill a zero array at the items this rank ran and `all_reduce_sum` it (every item was run by
+exactly one rank); write and print only where `is_main_process()`. `posprobe context` (windows) and `posprobe
+needle` (prompts) do so.
 """
 
 from __future__ import annotations
@@ -111,6 +112,14 @@ def mine(index: int) -> bool:
     """Whether batch `index` is this rank's (every `world`-th batch, starting at the rank)."""
     rank, world = rank_and_world()
     return index % world == rank
+
+
+def done_by_all(index: int, total: int) -> int:
+    """How many of `total` items (batches, windows, prompts) the ranks have finished, all together, when this rank
+    finishes item `index` (0-based): the whole round of `world` items that ran beside it, at most `total`; index + 1
+    in a plain run. For a progress count over every rank's items, shown on rank 0."""
+    world = rank_and_world()[1]
+    return min(total, (index // world + 1) * world)
 
 
 def check_mergeable(reducers: Sequence[Any]) -> None:

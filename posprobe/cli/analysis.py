@@ -37,6 +37,7 @@ from posprobe.cli.text_input import (
     DeviceOpt,
     InputOpt,
     MaxLengthOpt,
+    MaxMemoryOpt,
     MaxTextsOpt,
     MinTextsOpt,
     TextOpt,
@@ -153,6 +154,7 @@ def fhat(
     max_texts: MaxTextsOpt = None,
     batch_size: BatchSizeOpt = None,
     device: DeviceOpt = None,
+    max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -167,7 +169,7 @@ def fhat(
     from posprobe.pipelines import analysis as pipeline
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
-                   max_texts=max_texts, batch_size=batch_size, device=device)  # fmt: skip
+                   max_texts=max_texts, batch_size=batch_size, device=device, max_memory=max_memory)  # fmt: skip
     total = check_text_options(text, **options)
     source = _resolve(model, allow_pickle, with_tokenizer=text is not None)
     out_dir = _out_dir(out, "fhat", source.label)
@@ -230,6 +232,7 @@ def profiles(
     max_texts: MaxTextsOpt = None,
     batch_size: BatchSizeOpt = None,
     device: DeviceOpt = None,
+    max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -246,7 +249,7 @@ def profiles(
     from posprobe.profile_files import write_profiles
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
-                   max_texts=max_texts, batch_size=batch_size, device=device)  # fmt: skip
+                   max_texts=max_texts, batch_size=batch_size, device=device, max_memory=max_memory)  # fmt: skip
     total = check_text_options(text, **options)
     source = _resolve(model, allow_pickle, with_tokenizer=text is not None)
     out_dir = _out_dir(out, "profiles", source.label)

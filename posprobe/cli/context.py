@@ -17,7 +17,7 @@ import typer
 
 from posprobe.cli.console import console, emit_json
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt
-from posprobe.cli.text_input import ColumnOpt, DeviceOpt
+from posprobe.cli.text_input import ColumnOpt, DeviceOpt, MaxMemoryOpt
 from posprobe.outputs import default_out
 
 DEFAULT_TEXT = "builtin:kjv"
@@ -52,6 +52,7 @@ def context(
     ] = "none",
     batch_size: Annotated[int, typer.Option("--batch-size", help="Windows per forward pass.")] = 1,
     device: DeviceOpt = None,
+    max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -60,6 +61,7 @@ def context(
     """Loss at each position of long windows (documents joined with EOS, a BOS per window where the tokenizer adds
     one) and perplexity per window length, for the model as it is and for each rotary scaling variant (transformers'
     own rope initialisation), with the rotary budget. Lengths past the trained length are allowed and said so."""
+    from posprobe.capture.model import check_max_memory
     from posprobe.checkpoint import resolve_model
     from posprobe.families.rope_variants import parse_variants
     from posprobe.outputs import figure_writer, json_writer, prepare_out_dir, write_files, write_npz
@@ -72,13 +74,14 @@ def context(
     as_int(windows, "windows", minimum=1)
     as_int(batch_size, "batch_size", minimum=1)
     variants = parse_variants(rope_scaling)
+    check_max_memory(device, max_memory)
     check_texts(text, column, 1)
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
     check_family(source, variants, length_list)
     with _progress() as advance:
         result = run_context(None, length_list, texts=iter_texts(text, column), windows=windows,
                              rope_scaling=rope_scaling, batch_size=batch_size, device=device, progress=advance,
-                             allow_pickle=allow_pickle, source=source)  # fmt: skip
+                             allow_pickle=allow_pickle, source=source, max_memory=max_memory)  # fmt: skip
     from dataclasses import replace
 
     result = replace(result, text={"source": text, **result.text})

@@ -16,7 +16,7 @@ import typer
 
 from posprobe.cli.console import console, emit_json
 from posprobe.cli.options import AllowPickleOpt, FigureFormat, FormatOpt, JsonOpt, OutOpt
-from posprobe.cli.text_input import DeviceOpt
+from posprobe.cli.text_input import DeviceOpt, MaxMemoryOpt
 from posprobe.outputs import default_out
 
 _DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -64,6 +64,7 @@ def needle(
         bool, typer.Option("--beyond-window", help="Allow lengths past the model's trained positions.")
     ] = False,
     device: DeviceOpt = None,
+    max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -74,6 +75,7 @@ def needle(
     match, and the attention the last prompt token gives the needle in every layer and head. Lengths and depths are
     measured in tokens, never capped: a haystack too short for a length is refused. Plain continuation, no chat
     template."""
+    from posprobe.capture.model import check_max_memory
     from posprobe.checkpoint import resolve_model
     from posprobe.outputs import figure_writer, prepare_out_dir, write_files, write_npz
     from posprobe.pipelines.needle import NeedleGrid
@@ -94,11 +96,12 @@ def needle(
         answer=answer,
         digits=digits,
     )
+    check_max_memory(device, max_memory)
     source = resolve_model(model or _DEFAULT_MODEL, allow_pickle=allow_pickle, with_tokenizer=True)
     out_dir = prepare_out_dir(out if out is not None else default_out("needle", source.label))
     with _prompt_progress() as progress:
         result = run_needle(None, haystack=haystack, grid=grid, task=task, device=device, progress=progress,
-                            allow_pickle=allow_pickle, source=source)  # fmt: skip
+                            allow_pickle=allow_pickle, source=source, max_memory=max_memory)  # fmt: skip
     written = write_files(
         out_dir,
         {

@@ -36,6 +36,7 @@ from posprobe.cli.text_input import (
     ColumnOpt,
     DeviceOpt,
     MaxLengthOpt,
+    MaxMemoryOpt,
     MaxTextsOpt,
     TextOpt,
     check_text_options,
@@ -59,6 +60,7 @@ def rotary(
     max_texts: MaxTextsOpt = None,
     batch_size: BatchSizeOpt = None,
     device: DeviceOpt = None,
+    max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -82,7 +84,8 @@ def rotary(
     from posprobe.pipelines.rotary import rotary as rotary_bands
 
     parse_variants(rope_scaling)
-    options = dict(column=column, max_length=max_length, max_texts=max_texts, batch_size=batch_size, device=device)
+    options = dict(column=column, max_length=max_length, max_texts=max_texts, batch_size=batch_size, device=device,
+                   max_memory=max_memory)  # fmt: skip
     total = check_text_options(text, **options)
     if _config_only(model):
         if text is not None:

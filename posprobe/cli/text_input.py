@@ -78,6 +78,10 @@ def check_text_options(text: str | None, **options) -> int | None:
             as_int(options[name], name, minimum=1)
     if options.get("max_length") is not None:
         as_int(options["max_length"], "max_length", minimum=2)
+    if options.get("max_memory") is not None:  # before any folder is made: --max-memory needs --device auto
+        from posprobe.capture.model import check_max_memory
+
+        check_max_memory(options.get("device"), options["max_memory"])
     total = check_texts(text, options.get("column"), options.get("max_texts"))
     if options.get("input") == TextInput.position_mean:
         check_min_texts(options.get("min_texts") or DEFAULT_MIN_TEXTS, total, text, "position-mean")

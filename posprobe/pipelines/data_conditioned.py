@@ -22,6 +22,7 @@ from os import PathLike
 from typing import Any
 
 from posprobe.analysis.hidden_means import INPUTS, MEAN, POSITION_MEAN, HiddenMeanAccumulator
+from posprobe.capture.model import check_max_memory
 from posprobe.checkpoint.in_memory import is_model_object
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.families.context import PER_POSITION_INPUT, SAME_INPUT
@@ -39,8 +40,9 @@ class TextSettings:
     model's tokenizer) or `input_ids` (token id sequences; `special_ids` says which ids are special), the `input`
     ('mean' or 'position-mean'), `min_texts` (position-mean: positions with fewer texts are not analysed),
     `max_length` (tokens per text; None: 128 or the model's positions if fewer), `max_texts`, `batch_size`,
-    `device` (None: cuda if available), `progress(k)` called after each batch of k texts, and `text_source` (what
-    the texts are, for the record: a file name)."""
+    `device` (None: cuda if available; 'auto': accelerate's big-model inference), `progress(k)` called after each
+    batch of k texts, `text_source` (what the texts are, for the record: a file name), and `max_memory` (with
+    `device` 'auto': accelerate's memory per device, e.g. {'cpu': '8GiB'}; past it, layers go to disk)."""
 
     texts: Iterable[str] | None
     input_ids: Iterable[list[int]] | None
@@ -53,6 +55,7 @@ class TextSettings:
     device: str | None
     progress: Callable[[int], None] | None
     text_source: str | None
+    max_memory: dict | None = None
 
     @property
     def per_position(self) -> bool:
@@ -71,6 +74,7 @@ def text_settings(
     device: str | None = None,
     progress: Callable[[int], None] | None = None,
     text_source: str | None = None,
+    max_memory: dict | str | None = None,
 ) -> TextSettings | None:
     """The checked settings, or None when neither `texts` nor `input_ids` is given (then every other setting must
     keep its default: they only apply to texts)."""
@@ -82,6 +86,7 @@ def text_settings(
     if max_texts is not None:
         max_texts = as_int(max_texts, "max_texts", minimum=1)
     batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=65536)
+    max_memory = check_max_memory(device, max_memory)
     if isinstance(texts, (str, bytes)):
         raise ArgumentValueError(
             "texts", "{arg} must be an iterable of strings, got one string", "e.g. texts=['a text', 'another text']"
@@ -96,6 +101,7 @@ def text_settings(
             "max_texts": max_texts is not None,
             "batch_size": batch_size != DEFAULT_BATCH_SIZE,
             "special_ids": bool(special_ids),
+            "max_memory": max_memory is not None,
         }
         for name, set_ in given.items():
             if set_:
@@ -104,7 +110,7 @@ def text_settings(
                 )
         return None
     return TextSettings(texts, input_ids, tuple(special_ids or ()), input, min_texts, max_length, max_texts,
-                        batch_size, device, progress, text_source)  # fmt: skip
+                        batch_size, device, progress, text_source, max_memory)  # fmt: skip
 
 
 def capture_target(model: Any, source) -> Any:
@@ -202,7 +208,7 @@ def run_on_texts(model: Any, make_reducers: Callable, settings: TextSettings, al
     from posprobe.capture import capture, load_for_capture, place_on, resolve_max_length
     from posprobe.capture.model import capture_device, dispatch_settings
 
-    dispatch = dispatch_settings(settings.device, None)  # device 'auto': accelerate's big-model inference
+    dispatch = dispatch_settings(settings.device, settings.max_memory)  # 'auto': accelerate's big-model inference
     _, net, tokenizer = load_for_capture(model, allow_pickle, settings.texts is not None, dispatch=dispatch)
     max_length = resolve_max_length(net, settings.max_length)
     device = capture_device(net, settings.device)
