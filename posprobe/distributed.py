@@ -146,6 +146,26 @@ def check_mergeable(reducers: Sequence[Any]) -> None:
                 )
 
 
+def _peer_lost(function):
+    """`function`, a collective, with a failure of the process group (a rank that stopped on its own error closes
+    its connections: gloo and NCCL raise a RuntimeError in the ranks waiting for it) said in one line, not as a bug
+    of posprobe: the rank that stopped printed why."""
+    import functools
+
+    @functools.wraps(function)
+    def wrapped(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except RuntimeError as err:
+            raise PosprobeError(
+                "another torchrun rank stopped before the ranks' results were combined (its error line says why)",
+                "fix what it reports and run again; nothing was written",
+            ) from err
+
+    return wrapped
+
+
+@_peer_lost
 def reduce_counts(values: Sequence[int], op: str = "sum") -> list[int]:
     """Integers added (or maximised, `op` 'max') over the ranks, in one call."""
     import torch
@@ -165,6 +185,7 @@ def merge_reducers(reducers: Sequence[Any]) -> None:
             reducer.merge_ranks()
 
 
+@_peer_lost
 def all_reduce_sum(value: Any) -> Any:
     """`value` (a torch tensor, numpy array, Python int / float, or None where this rank saw no batch) added over
     the ranks; returned in the kind it came in (None on every rank stays None; None here becomes the others' kind)."""
@@ -224,6 +245,7 @@ def _agree_on_shape(tensor: torch.Tensor | None) -> tuple[tuple[int, ...] | None
     return tuple(info[2 : 2 + info[0]]), getattr(torch, _DTYPES[info[1]])
 
 
+@_peer_lost
 def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     """Every rank's `tensor` (same shape and dtype on every rank), in rank order, on this tensor's device."""
     import torch
