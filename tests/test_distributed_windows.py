@@ -17,6 +17,7 @@ from test_distributed import _run, _same_arrays
 from test_needle import TASK_FLAGS, char_tokenizer, tiny_causal_lm
 from tiny_tokenizer import word_tokenizer
 
+import posprobe
 from posprobe import distributed
 
 SPIKE_WORD = 59  # "w59", token id 64 of the word tokenizer
@@ -121,7 +122,7 @@ def test_merged_prompt_scores_are_each_ranks_own(monkeypatch):
 
 
 @pytest.mark.parametrize("command", ["profiles", "fhat", "rotary", "context", "needle"])
-def test_max_memory_offloads_to_disk_and_equals_the_plain_run(folders, tmp_path, capsys, command):
+def test_max_memory_offloads_to_disk_and_equals_the_plain_run(folders, tmp_path, capsys, caplog, command):
     """`--device auto --max-memory cpu=20KB` (every layer to disk, loaded by accelerate's hooks as it runs) writes
     the same arrays as the plain run; --max-memory without --device auto, or malformed, is one line and exit 2,
     before any folder is made."""
@@ -132,20 +133,27 @@ def test_max_memory_offloads_to_disk_and_equals_the_plain_run(folders, tmp_path,
         "profiles": (["profiles", str(folders["context"]), "--text", str(texts), "--max-length", "16",
                       "--positions", "8", "--min-texts", "4"], "profiles_data-conditioned.npz"),
         "fhat": (["fhat", str(folders["context"]), "--text", str(texts), "--max-length", "16", "--positions", "8",
-                  "--layer", "1"], None),
+                  "--layer", "1", "--input", "position-mean", "--min-texts", "4"], None),
         "rotary": (["rotary", str(folders["context"]), "--text", str(texts), "--max-length", "16"], "rotary.npz"),
-        "context": (_context_args(folders), "context.npz"),
-        "needle": (_needle_args(folders), "needle.npz"),
+        "context": (["context", str(folders["context"]), "--text", str(texts), "--lengths", "16,24", "--windows",
+                     "2"], "context.npz"),
+        "needle": ([*_needle_args(folders), "--lengths", "60", "--depths", "0,1", "--trials", "1"], "needle.npz"),
     }[command]  # fmt: skip
     for extra, out in (([], "plain"), (["--device", "auto", "--max-memory", "cpu=20KB"], "offloaded")):
+        caplog.clear()
         main([*base, *extra, "--out", str(tmp_path / out), "--json"])  # returns on success
+        assert ("offloaded to the disk" in caplog.text) == (out == "offloaded")  # accelerate's own word for it
     capsys.readouterr()
-    if npz is None:  # fhat: one .json record with the matrices
+    if npz is None:  # fhat: a .json record (each head's R² of the position-mean matrices); the library's matrices
         (one,) = (tmp_path / "plain").glob("*.json")
         plain, offloaded = (json.loads((tmp_path / k / one.name).read_text()) for k in ("plain", "offloaded"))
-        assert plain.keys() == offloaded.keys()
-        np.testing.assert_allclose(plain["toeplitz_r2"], offloaded["toeplitz_r2"], rtol=1e-6)
-        np.testing.assert_allclose(plain["fhat"], offloaded["fhat"], rtol=1e-5, atol=1e-6)
+        r2 = [[head["toeplitz_r2"] for head in record["heads"]] for record in (plain, offloaded)]
+        assert None not in r2[0] and plain["conditioning"]["n_tokens"] == offloaded["conditioning"]["n_tokens"]
+        np.testing.assert_allclose(r2[0], r2[1], rtol=1e-6)
+        settings = dict(texts=texts.read_text().splitlines(), positions=8, input="position-mean", min_texts=4)
+        a = posprobe.fhat(str(folders["context"]), 1, **settings)
+        b = posprobe.fhat(str(folders["context"]), 1, device="auto", max_memory={"cpu": "20KB"}, **settings)
+        np.testing.assert_allclose(a.matrices, b.matrices, rtol=1e-5, atol=1e-6)
     else:
         with np.load(tmp_path / "plain" / npz) as a, np.load(tmp_path / "offloaded" / npz) as b:
             assert a.files == b.files
