@@ -138,7 +138,7 @@ def test_max_memory_offloads_to_disk_and_equals_the_plain_run(folders, tmp_path,
                   "--layer", "1", "--input", "position-mean", "--min-texts", "4"], None),
         "rotary": (["rotary", str(folders["context"]), "--text", str(texts), "--max-length", "16"], "rotary.npz"),
         "context": (["context", str(folders["context"]), "--text", str(texts), "--lengths", "16,24", "--windows",
-                     "2"], "context.npz"),
+                     "2", "--rope-scaling", "none,linear:2"], "context.npz"),
         "needle": ([*_needle_args(folders), "--lengths", "60", "--depths", "0,1", "--trials", "1"], "needle.npz"),
     }[command]  # fmt: skip
     for extra, out in (([], "plain"), (["--device", "auto", "--max-memory", "cpu=20KB"], "offloaded")):
