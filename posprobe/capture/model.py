@@ -226,14 +226,21 @@ def parse_max_memory(value: Any) -> dict | None:
     return out
 
 
+def check_max_memory(device: Any, max_memory: Any) -> dict | None:
+    """`parse_max_memory(max_memory)`, refused in one line without `device` 'auto' (the check a command makes before
+    any folder is created or weight read; `dispatch_settings` makes it again)."""
+    max_memory = parse_max_memory(max_memory)
+    if max_memory is not None and device != "auto":
+        raise ArgumentValueError("max_memory", "{arg} applies only with --device auto", "add --device auto")
+    return max_memory
+
+
 def dispatch_settings(device: Any, max_memory: Any) -> dict:
     """`from_pretrained` keywords for `device` 'auto' (accelerate's big-model inference: layers spread over the
     GPUs, the CPU and, past `max_memory`, a temporary folder on disk, removed when the process ends); {} otherwise.
     `max_memory` without `device` 'auto' is refused."""
-    max_memory = parse_max_memory(max_memory)
+    max_memory = check_max_memory(device, max_memory)
     if device != "auto":
-        if max_memory is not None:
-            raise ArgumentValueError("max_memory", "{arg} applies only with --device auto", "add --device auto")
         return {}
     import atexit
     import shutil

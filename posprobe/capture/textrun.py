@@ -15,12 +15,12 @@ from posprobe.capture.batches import id_tokenizer, text_tokenizer, token_batches
 from posprobe.capture.model import (
     capture_device,
     check_length,
+    check_max_memory,
     dispatch_settings,
     embedding_rows,
     load_for_capture,
     model_device,
     pad_token_id,
-    parse_max_memory,
     place_on,
     resolve_max_length,
     stack_to_run,
@@ -80,9 +80,7 @@ def check_run_settings(
     batch_size = as_int(batch_size, "batch_size", minimum=1, maximum=MAX_BATCH_SIZE)
     if max_texts is not None:
         max_texts = as_int(max_texts, "max_texts", minimum=1)
-    max_memory = parse_max_memory(max_memory)
-    if max_memory is not None and device != "auto":
-        raise ArgumentValueError("max_memory", "{arg} applies only with --device auto", "add --device auto")
+    max_memory = check_max_memory(device, max_memory)
     return max_length, max_texts, batch_size, max_memory
 
 

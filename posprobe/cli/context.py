@@ -23,6 +23,7 @@ from posprobe.cli.options import (
     FigureFormat,
     FormatOpt,
     JsonOpt,
+    MaxMemoryOpt,
     OutOpt,
 )
 from posprobe.formats.writing import default_out
@@ -59,6 +60,7 @@ def context(
     ] = "none",
     batch_size: Annotated[int, typer.Option("--batch-size", help="Windows per forward pass.")] = 1,
     device: DeviceOpt = None,
+    max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -79,7 +81,7 @@ def context(
 
     length_list = check_lengths(lengths)
     as_int(windows, "windows", minimum=1)
-    check_run_settings(batch_size=batch_size, device=device)
+    check_run_settings(batch_size=batch_size, device=device, max_memory=max_memory)
     variants = parse_variants(rope_scaling)
     check_texts(text, column, 1)
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
@@ -87,7 +89,7 @@ def context(
     with _progress() as advance:
         result = run_context(None, length_list, texts=iter_texts(text, column), windows=windows,
                              rope_scaling=rope_scaling, batch_size=batch_size, device=device, progress=advance,
-                             allow_pickle=allow_pickle, source=source)  # fmt: skip
+                             allow_pickle=allow_pickle, source=source, max_memory=max_memory)  # fmt: skip
     from dataclasses import replace
 
     result = replace(result, text={"source": text, **result.text})

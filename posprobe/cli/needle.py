@@ -15,14 +15,7 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json
-from posprobe.cli.options import (
-    AllowPickleOpt,
-    DeviceOpt,
-    FigureFormat,
-    FormatOpt,
-    JsonOpt,
-    OutOpt,
-)
+from posprobe.cli.options import AllowPickleOpt, DeviceOpt, FigureFormat, FormatOpt, JsonOpt, MaxMemoryOpt, OutOpt
 from posprobe.formats.writing import default_out
 
 _DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -70,6 +63,7 @@ def needle(
         bool, typer.Option("--beyond-window", help="Allow lengths past the model's trained positions.")
     ] = False,
     device: DeviceOpt = None,
+    max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -80,6 +74,7 @@ def needle(
     match, and the attention the last prompt token gives the needle in every layer and head. Lengths and depths are
     measured in tokens, never capped: a haystack too short for a length is refused. Plain continuation, no chat
     template."""
+    from posprobe.capture.model import check_max_memory
     from posprobe.checkpoint import resolve_model
     from posprobe.formats.save import save
     from posprobe.formats.writing import prepare_out_dir
@@ -101,11 +96,12 @@ def needle(
         answer=answer,
         digits=digits,
     )
+    check_max_memory(device, max_memory)
     source = resolve_model(model or _DEFAULT_MODEL, allow_pickle=allow_pickle, with_tokenizer=True)
     out_dir = prepare_out_dir(out if out is not None else default_out("needle", source.label))
     with _prompt_progress() as progress:
         result = run_needle(None, haystack=haystack, grid=grid, task=task, device=device, progress=progress,
-                            allow_pickle=allow_pickle, source=source)  # fmt: skip
+                            allow_pickle=allow_pickle, source=source, max_memory=max_memory)  # fmt: skip
     written = save(result, out_dir, fmt)
     paths = {name.split(".")[0]: str(path) for name, path in written.paths.items()}
     if json_out:

@@ -30,6 +30,7 @@ from posprobe.cli.options import (
     FormatOpt,
     JsonOpt,
     MaxLengthOpt,
+    MaxMemoryOpt,
     MaxTextsOpt,
     ModelArg,
     OutOpt,
@@ -56,6 +57,7 @@ def rotary(
     max_texts: MaxTextsOpt = None,
     batch_size: BatchSizeOpt = None,
     device: DeviceOpt = None,
+    max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -80,7 +82,8 @@ def rotary(
     from posprobe.pipelines.rotary import rotary as rotary_bands
 
     parse_variants(rope_scaling)
-    options = dict(column=column, max_length=max_length, max_texts=max_texts, batch_size=batch_size, device=device)
+    options = dict(column=column, max_length=max_length, max_texts=max_texts, batch_size=batch_size, device=device,
+                   max_memory=max_memory)  # fmt: skip
     total = check_text_options(text, **options)
     if _config_only(model):
         if text is not None:

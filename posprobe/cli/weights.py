@@ -25,6 +25,7 @@ from posprobe.cli.options import (
     FormatOpt,
     JsonOpt,
     MaxLengthOpt,
+    MaxMemoryOpt,
     MaxTextsOpt,
     Mode,
     ModelArg,
@@ -142,6 +143,7 @@ def fhat(
     max_texts: MaxTextsOpt = None,
     batch_size: BatchSizeOpt = None,
     device: DeviceOpt = None,
+    max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -156,7 +158,7 @@ def fhat(
     from posprobe.pipelines import weights as pipeline
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
-                   max_texts=max_texts, batch_size=batch_size, device=device)  # fmt: skip
+                   max_texts=max_texts, batch_size=batch_size, device=device, max_memory=max_memory)  # fmt: skip
     total = check_text_options(text, **options)
     source = _resolve(model, allow_pickle, with_tokenizer=text is not None)
     out_dir = _out_dir(out, "fhat", source.label)
@@ -217,6 +219,7 @@ def profiles(
     max_texts: MaxTextsOpt = None,
     batch_size: BatchSizeOpt = None,
     device: DeviceOpt = None,
+    max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
@@ -231,7 +234,7 @@ def profiles(
     from posprobe.pipelines import weights as pipeline
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
-                   max_texts=max_texts, batch_size=batch_size, device=device)  # fmt: skip
+                   max_texts=max_texts, batch_size=batch_size, device=device, max_memory=max_memory)  # fmt: skip
     total = check_text_options(text, **options)
     source = _resolve(model, allow_pickle, with_tokenizer=text is not None)
     out_dir = _out_dir(out, "profiles", source.label)

@@ -5,7 +5,9 @@ Cheap checks come first (arguments, the config: a causal family, variants only f
 within a learned table), then the texts are tokenized (only as many documents as the windows need), then the
 model is loaded once and run: for each variant, for each length, windows in batches; each batch's logits are
 reduced at once to float64 losses per position (`token_nll`) and added into float64 sums with a window count
-(`PositionLoss`), so no batch's logits are kept and sums from several processes can be all-reduced (SPEC §19).
+(`PositionLoss`), so no batch's logits are kept. Under torchrun (SPEC §19) the batches are shared out by rank
+(`posprobe.runtime.distributed`: batch k, counted over every variant and length, is rank k % world's) and the sums and
+window counts are all-reduced once after the last batch, so every rank returns the result of all windows.
 
 The result type is in `context_result.py`; the pure computations in `posprobe.analysis.context_loss`; the
 variants in `posprobe.families.rope_variants`.
@@ -120,6 +122,7 @@ def context(
     progress: Callable[[int, int], None] | None = None,
     allow_pickle: bool = False,
     source=None,
+    max_memory: dict | str | None = None,
 ) -> ContextResult:
     """Loss by position and perplexity per length for each rotary variant (SPEC §17).
 
@@ -127,16 +130,19 @@ def context(
     pass `documents`, token id lists, and optionally `bos_id`; `eos_id` defaults to its config's). texts: strings
     tokenized with the model's tokenizer (its BOS and EOS found there). lengths: window lengths in tokens
     (default 512, 1024, 2048); windows: windows per length; rope_scaling: 'none,linear:2,dynamic:2,yarn:4,
-    llama3:8' or a list; batch_size: windows per forward pass; progress(done, total) after each forward pass.
+    llama3:8' or a list; batch_size: windows per forward pass; progress(done, total) after each forward pass
+    (under torchrun: every rank's passes counted); device: cpu, cuda, ... or 'auto' (accelerate's big-model
+    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk).
     `windows` windows of the longest length are scored; a shorter length L scores the same tokens, in
     windows x (L_max - b) // (L - b) windows (b = 1 with a BOS, else 0), so perplexities differ by context alone.
     """
-    from posprobe.capture.model import resolve_device
+    from posprobe.capture.model import capture_device, dispatch_settings, place_on
     from posprobe.capture.textrun import check_run_settings
+    from posprobe.runtime import distributed
 
     lengths = check_lengths(lengths)
     windows = as_int(windows, "windows", minimum=1)
-    _, _, batch_size, _ = check_run_settings(batch_size=batch_size)  # windows per forward pass: the shared bound
+    _, _, batch_size, max_memory = check_run_settings(batch_size=batch_size, device=device, max_memory=max_memory)
     variants = R.parse_variants(rope_scaling)
     if (texts is None) == (documents is None):
         raise ArgumentValueError("texts", "pass exactly one of {arg} (strings) and documents (token ids)",
@@ -155,9 +161,10 @@ def context(
     stream, used = token_stream(texts if texts is not None else documents, needed, encode, eos_id)
     _check_enough(stream, used, lengths, windows, with_bos)
     if net is None:
-        net = _load(source, allow_pickle)
-    dev = resolve_device(device)
-    net = net.to(dev).eval()
+        net = _load(source, allow_pickle, dispatch_settings(device, max_memory))
+    dev = capture_device(net, device)
+    net = place_on(net, dev).eval()
+    parallel = distributed.join_process_group(dev)
     if any(v.rope_type for v in variants):
         R.require_rotary_module(net, source.name)
     config = _text_config(net)
@@ -166,26 +173,34 @@ def context(
     # every length covers the same tokens as the longest's windows, so perplexities differ by context alone
     counts = [windows * (lengths[-1] - with_bos) // (n - with_bos) for n in lengths]
     total = len(variants) * sum(-(-count // batch_size) for count in counts)
-    done = 0
-    position_loss, perplexity, inv_freq, scaling = [], [], [], []
+    index = -1  # batch number over every variant and length: batch k is rank k % world's under torchrun
+    all_sums, inv_freq, scaling = [], [], []
     for variant in variants:
-        row = []
         with R.applied(net, variant) as modules:
             for length, count in zip(lengths, counts):
                 sums = PositionLoss(length)
                 batches = cut_windows(stream, length, count, bos_id)
                 for start in range(0, count, batch_size):
-                    sums.add(_window_loss(net, batches[start : start + batch_size], dev))
-                    done += 1
+                    index += 1
+                    if parallel and not distributed.mine(index):
+                        continue
+                    nll = _window_loss(net, batches[start : start + batch_size], dev)
+                    _check_finite(nll, variant.name, length, start)
+                    sums.add(nll)
                     if progress is not None:
-                        progress(done, total)
-                row.append(sums.perplexity)
-            position_loss.append(sums.mean)
+                        progress(distributed.done_by_all(index, total), total)
+                all_sums.append(sums)
             if rotary:
                 freq, scale = R.inv_freq_of(modules[0], key)
                 inv_freq.append(freq.detach().double().cpu().numpy())
                 scaling.append(scale)
-        perplexity.append(row)
+    if parallel:
+        _merge_ranks(all_sums)
+    if progress is not None:
+        progress(total, total)  # the last rounds may have run on other ranks
+    per_variant = [all_sums[v * len(lengths) : (v + 1) * len(lengths)] for v in range(len(variants))]
+    position_loss = [row[-1].mean for row in per_variant]  # the longest length's loss by position
+    perplexity = [[sums.perplexity for sums in row] for row in per_variant]
     trained = R.trained_length(config, rotary)
     budget = None
     if rotary:
@@ -236,12 +251,38 @@ def _open(model, need_tokenizer: bool, allow_pickle: bool, source):
     return None, tokenizer, source
 
 
-def _load(source, allow_pickle: bool):
+def _load(source, allow_pickle: bool, dispatch: dict):
+    """The causal LM of `source`; `dispatch`: `dispatch_settings`' keywords (accelerate's device map) or {}."""
     from transformers import AutoModelForCausalLM
 
     from posprobe.retrofitting.loading import load_model
 
-    return load_model(str(source.path), AutoModelForCausalLM, allow_pickle=allow_pickle)
+    return load_model(str(source.path), AutoModelForCausalLM, allow_pickle=allow_pickle, **dispatch)
+
+
+def _merge_ranks(all_sums: list[PositionLoss]) -> None:
+    """Every rank's loss sums and window counts added over the ranks in place (SPEC §19), in two all-reduces: one of
+    the float64 sums of every (variant, length) laid end to end, one of the int64 window counts."""
+    from posprobe.runtime import distributed
+
+    sums = distributed.all_reduce_sum(np.concatenate([s.sums for s in all_sums]))
+    windows = distributed.all_reduce_sum(np.asarray([s.windows for s in all_sums], dtype=np.int64))
+    start = 0
+    for part, count in zip(all_sums, windows):
+        part.sums, part.windows = sums[start : start + part.length - 1], int(count)
+        start += part.length - 1
+
+
+def _check_finite(nll: np.ndarray, variant: str, length: int, start: int) -> None:
+    """Refuse a batch whose losses hold NaN or infinity (a broken or overflowing model): a perplexity would be NaN."""
+    bad = ~np.isfinite(nll).all(axis=1)
+    if bad.any():
+        window = start + int(np.argmax(bad))
+        raise PosprobeError(
+            f"the model gives NaN or infinite losses on window {window} of {length} tokens (variant {variant}): its "
+            "logits overflow or it holds NaN",
+            "check the checkpoint (its weights and dtype), or use another model",
+        )
 
 
 def _text_config(net):

@@ -61,6 +61,7 @@ def text_settings(
     device: str | None = None,
     progress: Callable[[int], None] | None = None,
     text_source: str | None = None,
+    max_memory: dict | str | None = None,
 ) -> TextSettings | None:
     """The checked settings, or None when neither `texts` nor `input_ids` is given (then every other setting must
     keep its default: they only apply to texts). The run's max length is at least `MIN_POSITIONS`."""
@@ -78,6 +79,7 @@ def text_settings(
             "max_texts": max_texts is not None,
             "batch_size": batch_size != DEFAULT_BATCH_SIZE,
             "special_ids": bool(special_ids),
+            "max_memory": max_memory is not None,
         }
         for name, set_ in given.items():
             if set_:
@@ -86,8 +88,8 @@ def text_settings(
                 )
         return None
     run = text_run(texts, input_ids, special_ids=special_ids, max_length=max_length, max_texts=max_texts,
-                   batch_size=batch_size, device=device, progress=progress, text_source=text_source,
-                   min_length=MIN_POSITIONS)  # fmt: skip
+                   batch_size=batch_size, device=device, max_memory=max_memory, progress=progress,
+                   text_source=text_source, min_length=MIN_POSITIONS)  # fmt: skip
     return TextSettings(run, input, min_texts)
 
 

@@ -4,7 +4,9 @@ greedy exact match, and the attention the last prompt token gives the needle in 
 
 Order of work: cheap checks first (arguments, the config, the window, the tokenizer and the haystack: every prompt
 is built before any weight is read), then the model, then one forward pass per prompt over prompt + answer. Each
-prompt's scores depend on that prompt alone (`score_prompt`), so prompts can be shared out between ranks.
+prompt's scores depend on that prompt alone (`score_prompt`), so under torchrun (SPEC §19) prompt k is run by rank
+k % world alone and the scores are added over the ranks once, from arrays that are zero at the other ranks' prompts
+(`posprobe.runtime.distributed`): every rank returns the scores of every prompt, rank 0 alone writes.
 
 The result type is in `needle_result.py`, the prompts in `needle_prompts.py`, the pure scores in
 `posprobe.analysis.needle`, the retrieval attention in `posprobe.capture.retrieval`.
@@ -102,18 +104,25 @@ def needle(
     progress: Callable[[int, int], None] | None = None,
     allow_pickle: bool = False,
     source: Any = None,
+    max_memory: dict | str | None = None,
 ) -> NeedleResult:
     """The needle grid of a causal language model (SPEC §18).
 
     model: hub id, folder, .gguf file, packaged name, or a loaded causal LM (then pass its `tokenizer`).
     haystack: a text file or builtin name (`posprobe.texts.reading.iter_texts`), or an iterable of texts. grid: lengths,
     depths, trials, seed (`NeedleGrid`); task: intro, needle and question templates, answer (`NeedleTask`).
-    progress(done, total) after each prompt. Returns a `NeedleResult` whose arrays are shaped
-    (lengths, depths, trials[, layers, heads]).
+    progress(done, total) after each prompt (under torchrun: every rank's prompts counted). device: cpu, cuda, ...
+    (None: cuda if available for a checkpoint; a model object stays where it is) or 'auto' (accelerate's big-model
+    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk). Returns a
+    `NeedleResult` whose arrays are shaped (lengths, depths, trials[, layers, heads]).
     """
     import torch
     from torch import nn
 
+    from posprobe.capture.model import check_max_memory, dispatch_settings
+    from posprobe.runtime import distributed
+
+    check_max_memory(device, max_memory)
     grid = NeedleGrid() if grid is None else grid
     task = NeedleTask() if task is None else task
     if not isinstance(grid, NeedleGrid):
@@ -145,27 +154,34 @@ def needle(
     builder = PromptBuilder(task, Haystack(texts, encode, hay_name), tokenizer, grid.seed)
     prompts = [builder.build(grid.lengths[i], grid.depths[j], t) for i, j, t in grid.cells()]
     _check_window(grid.lengths, max(len(p.answer_ids) for p in prompts), window, grid.beyond_window)
-    if net is None:
-        net = _load_causal_lm(source)
-    from posprobe.capture.model import check_model, model_device, resolve_device
+    from posprobe.capture.model import check_model, model_device, place_on, resolve_device
 
-    if device is not None:
+    if net is None:
+        net = _load_causal_lm(source, dispatch_settings(device, max_memory))
+        net = place_on(net, resolve_device(None if device == "auto" else device))
+    elif device is not None and device != "auto":
         net = net.to(resolve_device(device))
     n_layers, n_heads = check_model(net)
+    parallel = distributed.join_process_group(model_device(net))
     was_training = net.training
     net.eval()
-    scores: list[PromptScore] = []
+    mine: dict[int, PromptScore] = {}
     try:
         from posprobe.capture.retrieval import RetrievalRun
 
         with RetrievalRun(net, n_layers, n_heads) as run, torch.no_grad():
             dev = model_device(net)
-            for done, prompt in enumerate(prompts, 1):
-                scores.append(score_prompt(run, prompt, dev))
+            for index, prompt in enumerate(prompts):
+                if parallel and not distributed.mine(index):  # another rank's prompt
+                    continue
+                mine[index] = _finite_score(score_prompt(run, prompt, dev), index, prompt)
                 if progress is not None:
-                    progress(done, len(prompts))
+                    progress(distributed.done_by_all(index, len(prompts)), len(prompts))
     finally:
         net.train(was_training)
+    scores = _merge_ranks(mine, prompts, n_layers, n_heads) if parallel else [mine[k] for k in range(len(prompts))]
+    if progress is not None:
+        progress(len(prompts), len(prompts))  # the last prompts may have run on other ranks
     return NeedleResult.from_scores(
         model=name,
         model_type=str(config.get("model_type", "unknown")),
@@ -203,6 +219,50 @@ def score_prompt(run, prompt: NeedlePrompt, device) -> PromptScore:
             prompt_len:
         ]
     return PromptScore(math.fsum(token_log_probs), exact, greedy, attention[0].cpu().numpy(), token_log_probs)
+
+
+def _finite_score(score: PromptScore, index: int, prompt: NeedlePrompt) -> PromptScore:
+    """`score`, refused in one line where the answer's log-probability is NaN or infinite (a broken or overflowing
+    model: every mean over the grid would be NaN)."""
+    if not math.isfinite(score.log_prob):
+        raise PosprobeError(
+            f"the model gives a NaN or infinite log-probability on prompt {index} ({prompt.achieved_length} tokens): "
+            "its logits overflow or it holds NaN",
+            "check the checkpoint (its weights and dtype), or use another model",
+        )
+    return score
+
+
+def _merge_ranks(mine: dict[int, PromptScore], prompts: Sequence[NeedlePrompt], n_layers: int, n_heads: int):
+    """Every prompt's score on every rank (SPEC §19), from this rank's `mine` (prompt index -> score): per-prompt
+    arrays, zero at the prompts other ranks ran, added over the ranks (one rank ran each prompt, so the sums are
+    its values exactly). Greedy ids are padded with -1 to the longest answer, answer log-probabilities with NaN."""
+    from posprobe.runtime import distributed
+
+    n, width = len(prompts), max(len(p.answer_ids) for p in prompts)
+    log_prob, exact = np.zeros(n), np.zeros(n, dtype=np.int64)
+    greedy, token_lp = np.zeros((n, width), dtype=np.int64), np.zeros((n, width))
+    attention = np.zeros((n, n_layers, n_heads))
+    for k, score in mine.items():
+        log_prob[k], exact[k] = score.log_prob, int(score.exact)
+        greedy[k] = -1
+        greedy[k, : len(score.greedy_ids)] = score.greedy_ids
+        token_lp[k] = np.nan
+        token_lp[k, : len(score.token_log_probs)] = score.token_log_probs
+        attention[k] = score.needle_attention
+    log_prob, exact, greedy, token_lp, attention = (
+        distributed.all_reduce_sum(a) for a in (log_prob, exact, greedy, token_lp, attention)
+    )
+    return [
+        PromptScore(
+            float(log_prob[k]),
+            bool(exact[k]),
+            [int(x) for x in greedy[k] if x >= 0],
+            attention[k],
+            [float(x) for x in token_lp[k, : len(prompts[k].answer_ids)]],
+        )
+        for k in range(n)
+    ]
 
 
 def _continue_greedy(model, ids: list[int], new_tokens: int, device) -> list[int]:
@@ -285,9 +345,10 @@ def _haystack_texts(haystack) -> tuple[str, Iterable[str]]:
     raise ArgumentTypeError("haystack", f"{{arg}} must be a file, a builtin name or texts, got {haystack!r}", None)
 
 
-def _load_causal_lm(source):
+def _load_causal_lm(source, dispatch: dict | None = None):
     """The causal LM of a resolved checkpoint (its default attention, eager for families outside
-    AttentionInterface; the retrieval run switches it)."""
+    AttentionInterface; the retrieval run switches it); `dispatch`: `dispatch_settings`' keywords (accelerate's
+    device map) or {}."""
     import transformers
     from transformers import AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -298,4 +359,5 @@ def _load_causal_lm(source):
     # after loading
     cls = getattr(transformers, str(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(source.model_type, "")), None)
     eager_only = hasattr(cls, "is_backend_compatible") and not cls.is_backend_compatible()
-    return build_model(source, AutoModelForCausalLM, **({"attn_implementation": "eager"} if eager_only else {}))
+    return build_model(source, AutoModelForCausalLM, **({"attn_implementation": "eager"} if eager_only else {}),
+                       **(dispatch or {}))  # fmt: skip

@@ -45,6 +45,7 @@ def rotary(
     allow_pickle: bool = False,
     source: ModelSource | None = None,
     rope_scaling: str | Sequence[str] = "none",
+    max_memory: dict | str | None = None,
 ) -> RotaryBandsResult:
     """Rotary band norms of every head of `layers` (SPEC §15): `q_band_norm` (L_sel, H, r/2), `k_band_norm`
     (L_sel, H_kv, r/2), each band's `frequencies` and `wavelengths` (L_sel, r/2).
@@ -54,15 +55,17 @@ def rotary(
     (default min(the model's maximum, 512); frequencies depend on it only for dynamic / longrope scaling beyond
     the original context). Without texts the bands of the content-free input (the average word embedding, SPEC
     §9); with `texts` (strings, tokenised with the model's tokenizer) or `input_ids` (token id sequences), the
-    mean over real tokens of each token's band norms; max_length, max_texts, batch_size, device, progress as for
-    `attention_profiles`. rope_scaling: the variants of the budget (SPEC §17), e.g. 'none,yarn:4'. Each layer's
-    bands are read against the context it sees: its sliding window where it has one, else the model's.
+    mean over real tokens of each token's band norms; max_length, max_texts, batch_size, device, progress,
+    max_memory as for `attention_profiles`. rope_scaling: the variants of the budget (SPEC §17), e.g.
+    'none,yarn:4'. Each layer's bands are read against the context it sees: its sliding window where it has one,
+    else the model's.
     """
     variants = parse_variants(rope_scaling)
     if not (isinstance(layers, str) and layers == "all"):
         layers = as_int_list(layers, "layers")
     settings = text_settings(texts, input_ids, special_ids, max_length=max_length, max_texts=max_texts,
-                             batch_size=batch_size, device=device, progress=progress)  # fmt: skip
+                             batch_size=batch_size, device=device, progress=progress,
+                             max_memory=max_memory)  # fmt: skip
     ctx = open_model(model, allow_pickle, source)
     _require_rotary(ctx)
     reader = ScoreReader(ctx, positions)

@@ -151,9 +151,9 @@ _TEXT_ARGUMENTS = """texts / input_ids (token id sequences; special_ids: which i
     (mode 'data-conditioned'; `mode` does not apply). input: 'mean' (over texts and real tokens at positions >= 1)
     or 'position-mean' (per position, for positions with at least `min_texts` texts); None (default): position-mean
     for a model with an absolute position table (where 'mean' leaves every score of a head the same number), mean
-    otherwise (`data_conditioned.default_input`). max_length (tokens per
-    text), max_texts, batch_size, device, progress (called with the number of texts of each batch): the run on
-    text, as for `attention_profiles`."""
+    otherwise (`data_conditioned.default_input`). max_length (tokens per text), max_texts, batch_size, device,
+    progress (called with the number of texts of each batch), max_memory (with device 'auto': memory per device,
+    past it layers go to disk): the run on text, as for `attention_profiles`."""
 
 
 def _conditioned(reader: ScoreReader, layers: list[int], settings, model, source, allow_pickle, positions):
@@ -184,6 +184,7 @@ def fhat(
     batch_size: int = 32,
     device: str | None = None,
     progress: Callable[[int], None] | None = None,
+    max_memory: dict | str | None = None,
 ) -> FhatResult:
     """F_hat_P (H, n, n) for every head of `layer` (SPEC §3, §9) and each head's Toeplitz R^2.
 
@@ -197,7 +198,7 @@ def fhat(
     mode = as_choice(mode, "mode", MODES)
     as_int(layer, "layer")
     settings = text_settings(texts, input_ids, special_ids, input, min_texts, max_length, max_texts, batch_size,
-                             device, progress)  # fmt: skip
+                             device, progress, max_memory=max_memory)  # fmt: skip
     reader = ScoreReader(open_model(model, allow_pickle, source, mode), positions, stack)
     layer = _layer_index(layer, reader.n_layers, reader.source.name)
     reader, conditioning = _conditioned(reader, [layer], settings, model, source, allow_pickle, positions)
@@ -224,6 +225,7 @@ def profiles(
     batch_size: int = 32,
     device: str | None = None,
     progress: Callable[[int], None] | None = None,
+    max_memory: dict | str | None = None,
 ) -> ProfileResult:
     """Profiles (diagonal means of F_hat_P over k = j - i) of every head of `layers`, plus 5 sections each.
 
@@ -239,7 +241,7 @@ def profiles(
         layers = as_int_list(layers, "layers")
     window = None if window is None else as_int(window, "window", minimum=1)
     settings = text_settings(texts, input_ids, special_ids, input, min_texts, max_length, max_texts, batch_size,
-                             device, progress)  # fmt: skip
+                             device, progress, max_memory=max_memory)  # fmt: skip
     reader = ScoreReader(open_model(model, allow_pickle, source, mode), positions, stack)
     layers = _layer_list(layers, reader)
     reader, conditioning = _conditioned(reader, layers, settings, model, source, allow_pickle, positions)

@@ -19,10 +19,11 @@ The contract, the same code path with a world size of 1:
 N ranks give the same sums as one process up to float64 summation order; integer counts are equal.
 
 A loop that runs the model outside `capture.capture_batches` (windows of a long text, prompts) adopts the same
-contract in a few lines: `parallel = join_process_group(device)`; skip item k where `not mine(k)`; after the loop,
-`merge_reducers([sums])` for running sums, or, for one result per item, fill a zero array at the items this rank
-ran and `all_reduce_sum` it (every item was run by exactly one rank); write and print only where
-`is_main_process()`.
+contract in a few lines: `parallel = join_process_group(device)`; skip item k where `not mine(k)` (progress:
+`done_by_all(k, total)` after item k); after the loop, `merge_reducers([sums])` for running sums, or, for one
+result per item, fill a zero array at the items this rank ran and `all_reduce_sum` it (every item was run by
+exactly one rank); write and print only where `is_main_process()`. `posprobe context` (windows) and `posprobe
+needle` (prompts) do so.
 """
 
 from __future__ import annotations
@@ -113,6 +114,14 @@ def mine(index: int) -> bool:
     return index % world == rank
 
 
+def done_by_all(index: int, total: int) -> int:
+    """How many of `total` items (batches, windows, prompts) the ranks have finished, all together, when this rank
+    finishes item `index` (0-based): the whole round of `world` items that ran beside it, at most `total`; index + 1
+    in a plain run. For a progress count over every rank's items, shown on rank 0."""
+    world = rank_and_world()[1]
+    return min(total, (index // world + 1) * world)
+
+
 def check_mergeable(reducers: Sequence[Any]) -> None:
     """Refuse, before any batch, a reducer that cannot be combined over ranks: one with neither `rank_sums` nor
     `merge_ranks`, or holding an array listed neither in `rank_sums` nor in `rank_kept` (arrays `merge_ranks`
@@ -137,6 +146,26 @@ def check_mergeable(reducers: Sequence[Any]) -> None:
                 )
 
 
+def _peer_lost(function):
+    """`function`, a collective, with a failure of the process group (a rank that stopped on its own error closes
+    its connections: gloo and NCCL raise a RuntimeError in the ranks waiting for it) said in one line, not as a bug
+    of posprobe: the rank that stopped printed why."""
+    import functools
+
+    @functools.wraps(function)
+    def wrapped(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except RuntimeError as err:
+            raise PosprobeError(
+                "another torchrun rank stopped before the ranks' results were combined (its error line says why)",
+                "fix what it reports and run again; nothing was written",
+            ) from err
+
+    return wrapped
+
+
+@_peer_lost
 def reduce_counts(values: Sequence[int], op: str = "sum") -> list[int]:
     """Integers added (or maximised, `op` 'max') over the ranks, in one call."""
     import torch
@@ -156,6 +185,7 @@ def merge_reducers(reducers: Sequence[Any]) -> None:
             reducer.merge_ranks()
 
 
+@_peer_lost
 def all_reduce_sum(value: Any) -> Any:
     """`value` (a torch tensor, numpy array, Python int / float, or None where this rank saw no batch) added over
     the ranks; returned in the kind it came in (None on every rank stays None; None here becomes the others' kind)."""
@@ -215,6 +245,7 @@ def _agree_on_shape(tensor: torch.Tensor | None) -> tuple[tuple[int, ...] | None
     return tuple(info[2 : 2 + info[0]]), getattr(torch, _DTYPES[info[1]])
 
 
+@_peer_lost
 def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     """Every rank's `tensor` (same shape and dtype on every rank), in rank order, on this tensor's device."""
     import torch
