@@ -233,6 +233,24 @@ CASES = {
     "glm4_moe_lite": ("glm4_moe_lite", dict(_MLA, q_lora_rank=12)),
     "youtu": ("youtu", dict(_MLA, q_lora_rank=12)),
     "mistral4": ("mistral4", dict(_MLA, q_lora_rank=12)),
+    # issue 34, second round: dense and MoE variants of covered designs
+    "vaultgemma": ("vaultgemma", dict(_KV2, head_dim=8, query_pre_attn_scalar=6, attn_logit_softcapping=3.0,
+                                      sliding_window=12, layer_types=["sliding_attention", "full_attention"])),
+    "dots1": ("dots1", dict(_KV2, head_dim=8, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                            first_k_dense_replace=1, n_shared_experts=1, sliding_window=12,
+                            layer_types=["sliding_attention", "full_attention"])),
+    "hyperclovax": ("hyperclovax", dict(_KV2, head_dim=8, attention_multiplier=0.3, embedding_multiplier=2.5,
+                                        use_post_norm=True)),
+    "jais2": ("jais2", dict(_KV2, head_dim=8, attention_bias=True, mlp_bias=True)),
+    "iquestcoder": ("iquestcoder", dict(_KV2, head_dim=8)),
+    "exaone": ("exaone", dict(_KV2, eos_token_id=2)),
+    "nemotron": ("nemotron", dict(_KV2, head_dim=8, attention_bias=True,
+                                  rope_parameters=dict(rope_type="default", rope_theta=1000.0,
+                                                       partial_rotary_factor=0.5))),
+    "sarvam_mla": ("sarvam_mla", dict(_MLA, q_lora_rank=12)),
+    "lfm2_moe": ("lfm2_moe", dict(_KV2, num_hidden_layers=3, layer_types=["full_attention", "conv", "full_attention"],
+                                  conv_L_cache=3, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                                  num_dense_layers=1)),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
@@ -307,7 +325,8 @@ CASES = {
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
                   "granitemoe", "granitemoeshared", "glm4_moe", "minimax_m2", "ernie4_5_moe", "flex_olmo",
-                  "solar_open", "glm4_moe_lite", "youtu", "mistral4")  # fmt: skip
+                  "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
+                  "lfm2_moe")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax"}
@@ -322,7 +341,8 @@ ISSUE_34_CASES = frozenset({
     "helium", "ibert", "internlm3", "jamba", "lfm2", "llama4_text", "minimax", "minimax_m2", "ministral3",
     "modernbert-decoder", "olmo3", "olmo_hybrid", "olmoe", "phimoe", "qwen2_moe", "qwen3_next",
     "roberta-prelayernorm", "seed_oss", "smollm3", "smollm3-sliding", "splinter", "xlm-roberta-xl", "ministral",
-    "glm4", "solar_open", "glm4_moe_lite", "youtu", "mistral4",
+    "glm4", "solar_open", "glm4_moe_lite", "youtu", "mistral4", "vaultgemma", "dots1", "hyperclovax", "jais2",
+    "iquestcoder", "exaone", "nemotron", "sarvam_mla", "lfm2_moe",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

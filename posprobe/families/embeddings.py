@@ -29,10 +29,10 @@ def apply_norm(x: np.ndarray, kind: str, weight, bias: np.ndarray | None, eps: f
     None for a norm without weights (OLMo's)."""
     if kind == T.NONORM:
         out = x * weight
-    elif kind in (T.LAYERNORM, T.PLAIN_LAYERNORM):
+    elif kind in (T.LAYERNORM, T.PLAIN_LAYERNORM, T.LAYERNORM_PLUS1):
         mean = x.mean(axis=-1, keepdims=True)
         out = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
-        out = out if weight is None else out * weight
+        out = out if weight is None else out * (1.0 + weight if kind == T.LAYERNORM_PLUS1 else weight)
     else:
         out = x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps)
         out = out * (1.0 + weight if kind == T.RMSNORM_PLUS1 else weight)

@@ -98,9 +98,10 @@ CAPTURES = (INTERFACE, EAGER, REFUSED)
 LAYERNORM = "layernorm"  # (x - mean) / sqrt(var + eps) * w + b (b optional)
 RMSNORM = "rmsnorm"  # x / sqrt(mean(x^2) + eps) * w
 RMSNORM_PLUS1 = "rmsnorm+1"  # Gemma: x / sqrt(mean(x^2) + eps) * (1 + w)
+LAYERNORM_PLUS1 = "layernorm+1"  # Nemotron's LayerNorm1P: (x - mean) / sqrt(var + eps) * (1 + w) + b
 PLAIN_LAYERNORM = "layernorm-plain"  # OLMo: (x - mean) / sqrt(var + eps), no weights stored
 NONORM = "nonorm"  # MobileBERT's NoNorm: x * w + b (no normalisation)
-NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, PLAIN_LAYERNORM, NONORM)
+NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, LAYERNORM_PLUS1, PLAIN_LAYERNORM, NONORM)
 
 # Config field names, in the order they are looked for.
 CONFIG_KEYS = {
@@ -730,11 +731,62 @@ FAMILIES: tuple[Family, ...] = (
         description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE (with a window)",
         **{**_LLAMA, "pre_norm": None},  # post-norm: the attention reads the layer input itself
     ),
+    # -- dense and MoE variants of covered designs, second round (issue 34; tests/test_family_gaps.py lists the rest)
+    Family(
+        "vaultgemma",
+        ("vaultgemma",),
+        rotary_class=_rotary("vaultgemma", "VaultGemma"),
+        embed_scale="sqrt_hidden",
+        scaling="rsqrt:query_pre_attn_scalar",
+        softcap="attn_logit_softcapping",
+        windows="layer_types",
+        **{**_LLAMA, "norm": RMSNORM_PLUS1},
+    ),
+    Family(
+        "dots1",
+        ("dots1",),
+        rotary_class=_rotary("dots1", "Dots1"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        **_LLAMA,
+    ),
+    Family("hyperclovax", ("hyperclovax",), rotary_class=_rotary("hyperclovax", "HyperCLOVAX"), **{**_LLAMA, **_GRANITE}),
+    Family("jais2", ("jais2",), rotary_class=_rotary("jais2", "Jais2"), **{**_LLAMA, "norm": LAYERNORM}),
+    Family("iquestcoder", ("iquestcoder",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),  # Llama's model
+    Family(
+        "exaone",
+        ("exaone",),
+        rotary_class=_rotary("llama", "Llama"),  # transformers runs EXAONE 3 as Llama, renaming its tensors
+        **{
+            **_LLAMA,
+            "word": "(embed_tokens|wte).weight",  # files: transformer.wte, transformer.h.{l}; loaded: Llama's names
+            "query": "{l}.(self_attn|attn.attention).q_proj",
+            "key": "{l}.(self_attn|attn.attention).k_proj",
+            "pre_norm": "{l}.(input_layernorm|ln_1)",
+        },
+    ),
+    Family(
+        "nemotron",
+        ("nemotron",),
+        rotary_class=_rotary("nemotron", "Nemotron"),  # partial rotary
+        **{**_LLAMA, "norm": LAYERNORM_PLUS1},
+    ),
     # -- hybrids: softmax attention in some layers, recurrent / state-space / convolution layers in the others
     Family(
         "lfm2",
         ("lfm2",),
         rotary_class=_rotary("lfm2", "Lfm2"),
+        qk_norm=_QK_LAYERNORM,  # RMS norms per head
+        hybrid="gated short-convolution layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
+        description="rotary embeddings (RoPE) in its attention layers; short convolutions between them",
+        **{**_LLAMA, "pre_norm": "layers.{l}.operator_norm"},
+    ),
+    Family(
+        "lfm2_moe",
+        ("lfm2_moe",),
+        rotary_class=_rotary("lfm2_moe", "Lfm2Moe"),
         qk_norm=_QK_LAYERNORM,  # RMS norms per head
         hybrid="gated short-convolution layers",
         capture=REFUSED,
@@ -853,6 +905,22 @@ FAMILIES: tuple[Family, ...] = (
             },
         )
         for t, prefix in (("glm4_moe_lite", "Glm4MoeLite"), ("youtu", "Youtu"), ("mistral4", "Mistral4"))
+    ),
+    Family(
+        "sarvam_mla",
+        ("sarvam_mla",),
+        rotary_class=_rotary("deepseek_v3", "DeepseekV3"),  # transformers runs it as DeepSeek V3
+        rotary_layout=HALF_INTERLEAVED,  # rope_interleave; rotate_half when off
+        switches={"rotary_layout": "rope_interleave"},
+        scaling="latent",
+        tensors={"scaling_function": "transformers.models.deepseek_v3.modeling_deepseek_v3:yarn_apply_mscale"},
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
     ),
     Family(
         "deepseek_v2",
