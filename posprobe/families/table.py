@@ -750,7 +750,9 @@ FAMILIES: tuple[Family, ...] = (
         windows="layer_types",
         **_LLAMA,
     ),
-    Family("hyperclovax", ("hyperclovax",), rotary_class=_rotary("hyperclovax", "HyperCLOVAX"), **{**_LLAMA, **_GRANITE}),
+    Family(
+        "hyperclovax", ("hyperclovax",), rotary_class=_rotary("hyperclovax", "HyperCLOVAX"), **{**_LLAMA, **_GRANITE}
+    ),  # fmt: skip
     Family("jais2", ("jais2",), rotary_class=_rotary("jais2", "Jais2"), **{**_LLAMA, "norm": LAYERNORM}),
     Family("iquestcoder", ("iquestcoder",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),  # Llama's model
     Family(
