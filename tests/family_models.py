@@ -251,6 +251,23 @@ CASES = {
     "lfm2_moe": ("lfm2_moe", dict(_KV2, num_hidden_layers=3, layer_types=["full_attention", "conv", "full_attention"],
                                   conv_L_cache=3, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
                                   num_dense_layers=1)),
+    "aria_text": ("aria_text", dict(_KV2, head_dim=8, moe_num_experts=2, moe_topk=1, moe_num_shared_experts=1)),
+    "apertus1p5_text": ("apertus1p5_text", dict(_KV2, head_dim=8)),
+    "mellum": ("mellum", dict(_KV2, head_dim=8, sliding_window=12, num_local_experts=2, num_experts_per_tok=1,
+                              moe_intermediate_size=16, layer_types=["sliding_attention", "full_attention"],
+                              mlp_layer_types=["dense", "sparse"],
+                              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                               "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                  "rope_theta": 10000.0}})),
+    "flint": ("flint", dict(_KV2, head_dim=8, sliding_window=12, num_experts=2, num_experts_per_tok=1,
+                            moe_intermediate_size=16, shared_expert_intermediate_size=16, mlp_only_layers=[0],
+                            layer_types=["sliding_attention", "full_attention"])),
+    "kolibri1": ("kolibri1", dict(_KV2, head_dim=8, sliding_window=12, num_local_experts=2, num_experts_per_tok=1,
+                                  moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                                  layer_types=["sliding_attention", "full_attention"])),
+    "afmoe": ("afmoe", dict(_KV2, head_dim=8, sliding_window=12, num_experts=2, num_experts_per_tok=1,
+                            moe_intermediate_size=16, num_shared_experts=1, num_dense_layers=1, mup_enabled=True,
+                            layer_types=["sliding_attention", "full_attention"])),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
@@ -326,7 +343,7 @@ CASES = {
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
                   "granitemoe", "granitemoeshared", "glm4_moe", "minimax_m2", "ernie4_5_moe", "flex_olmo",
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
-                  "lfm2_moe")  # fmt: skip
+                  "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax"}
@@ -342,7 +359,8 @@ ISSUE_34_CASES = frozenset({
     "modernbert-decoder", "olmo3", "olmo_hybrid", "olmoe", "phimoe", "qwen2_moe", "qwen3_next",
     "roberta-prelayernorm", "seed_oss", "smollm3", "smollm3-sliding", "splinter", "xlm-roberta-xl", "ministral",
     "glm4", "solar_open", "glm4_moe_lite", "youtu", "mistral4", "vaultgemma", "dots1", "hyperclovax", "jais2",
-    "iquestcoder", "exaone", "nemotron", "sarvam_mla", "lfm2_moe",
+    "iquestcoder", "exaone", "nemotron", "sarvam_mla", "lfm2_moe", "aria_text", "apertus1p5_text", "mellum", "flint", "kolibri1",
+    "afmoe",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

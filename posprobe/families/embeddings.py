@@ -87,7 +87,7 @@ class EmbeddingReader:
         scale, cfg = self.family.embed_scale, self.config
         if scale == "sqrt_hidden":
             return self.word_mean * embed_scale(self.shape.hidden, self.word_dtype)
-        if scale in ("scale_embedding", "rescale_embeddings") and T.config_flag(cfg, scale):
+        if scale in ("scale_embedding", "rescale_embeddings", "mup_enabled") and T.config_flag(cfg, scale):
             return self.word_mean * math.sqrt(self.shape.hidden)  # the model scales words, not positions
         if scale == "token_dropout" and T.config_flag(cfg, scale):  # ESM: no mask token in the sequence
             return self.word_mean * (1 - 0.15 * 0.8) / 1.0

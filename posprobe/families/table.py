@@ -73,6 +73,7 @@ NOPE_RULES = (
     "global_layers",  # layers whose config.layer_types[l] is not 'sliding_attention' are NoPE (Cohere 2; all
     # layers when config.sliding_window is None)
     "global_layers_if_windowed",  # the same while config.sliding_window is set; every layer rotates without (Exaone 4)
+    "global_layers_by_type",  # layers whose config.layer_types[l] is not 'sliding_attention', whatever the window (AFMoE)
 )
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
@@ -122,7 +123,9 @@ CONFIG_KEYS = {
 # How each table field reads a config switch (`Family.switches`): a field listed there applies only when the config
 # key is true (missing keys take the default of the family's transformers config class).
 SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram", "rotary_layout")
-EMBED_SCALES = (None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier")
+EMBED_SCALES = (
+    None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier", "mup_enabled"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ class Family:
     project_in, MobileBERT's embedding_transformation; with the `trigram` switch it reads [next; this; previous]
     word embeddings, zeros beyond the sequence), `embed_scale` ('sqrt_hidden': the embeddings are multiplied by
     sqrt(d) in the table's dtype, Gemma; 'scale_embedding' / 'rescale_embeddings': by sqrt(d) when that config
-    key is true; 'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout; 'embedding_multiplier':
+    key is true (also 'mup_enabled': AFMoE); 'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout; 'embedding_multiplier':
     Granite's config value). `position_offset`: position i reads table row i + offset, and the table holds
     max_position_embeddings + offset rows (OPT, BART, mBART, BioGPT: 2); `position_width`: config keys of the
     position table's width (default: `embedding_size`, else the hidden size).
@@ -773,6 +776,55 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("nemotron", "Nemotron"),  # partial rotary
         **{**_LLAMA, "norm": LAYERNORM_PLUS1},
     ),
+    Family("aria_text", ("aria_text",), rotary_class=_rotary("aria", "AriaText"), **_LLAMA),
+    Family(
+        "apertus1p5_text",
+        ("apertus1p5_text",),
+        rotary_class=_rotary("apertus1p5", "Apertus1p5Text"),
+        qk_norm=_QK_NORM,
+        **{**_LLAMA, "pre_norm": "layers.{l}.attention_layernorm"},
+    ),
+    Family(
+        "mellum",
+        ("mellum",),
+        rotary_class=_rotary("mellum", "Mellum"),  # one rotary setting per layer type
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        **_LLAMA,
+    ),
+    Family(
+        "flint",
+        ("flint",),
+        rotary_class=_rotary("flint", "Flint"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers",
+        sinks="layers.{l}.self_attn.sinks",
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE; learned per-head "
+        "attention sinks",
+        **_LLAMA,
+    ),
+    Family(
+        "kolibri1",
+        ("kolibri1",),
+        rotary_class=_rotary("kolibri1", "Kolibri1"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers_if_windowed",
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE (with a window)",
+        **_LLAMA,
+    ),
+    Family(
+        "afmoe",
+        ("afmoe",),
+        rotary_class=_rotary("afmoe", "Afmoe"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers_by_type",
+        embed_scale="mup_enabled",
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE",
+        **_LLAMA,
+    ),
     # -- hybrids: softmax attention in some layers, recurrent / state-space / convolution layers in the others
     Family(
         "lfm2",
@@ -1357,7 +1409,7 @@ def rotary_layout(family: Family, config: dict) -> str:
     return family.rotary_layout if switched_on(family, config, "rotary_layout") else ROTATE_HALF
 
 
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3")  # rotary modules with one setting per layer type
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum")  # rotary modules with one setting per layer type
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 

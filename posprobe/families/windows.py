@@ -100,6 +100,8 @@ def nope_layers(ctx, count: int) -> set[int]:
     # global_layers_if_windowed (Exaone 4): the same, but every layer rotates when no window is set
     types = list(getattr(cfg, "layer_types", None) or [None] * count)
     window = getattr(cfg, "sliding_window", None)
+    if rule == "global_layers_by_type":  # AFMoE: the layer type alone decides
+        return {layer for layer in range(count) if types[layer] != "sliding_attention"}
     if window is None:
         return set(range(count)) if rule == "global_layers" else set()
     return {layer for layer in range(count) if types[layer] != "sliding_attention"}
