@@ -359,8 +359,8 @@ ISSUE_34_CASES = frozenset({
     "modernbert-decoder", "olmo3", "olmo_hybrid", "olmoe", "phimoe", "qwen2_moe", "qwen3_next",
     "roberta-prelayernorm", "seed_oss", "smollm3", "smollm3-sliding", "splinter", "xlm-roberta-xl", "ministral",
     "glm4", "solar_open", "glm4_moe_lite", "youtu", "mistral4", "vaultgemma", "dots1", "hyperclovax", "jais2",
-    "iquestcoder", "exaone", "nemotron", "sarvam_mla", "lfm2_moe", "aria_text", "apertus1p5_text", "mellum", "flint", "kolibri1",
-    "afmoe",
+    "iquestcoder", "exaone", "nemotron", "sarvam_mla", "lfm2_moe", "aria_text", "apertus1p5_text", "mellum", "flint",
+    "kolibri1", "afmoe",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

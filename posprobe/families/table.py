@@ -73,7 +73,7 @@ NOPE_RULES = (
     "global_layers",  # layers whose config.layer_types[l] is not 'sliding_attention' are NoPE (Cohere 2; all
     # layers when config.sliding_window is None)
     "global_layers_if_windowed",  # the same while config.sliding_window is set; every layer rotates without (Exaone 4)
-    "global_layers_by_type",  # layers whose config.layer_types[l] is not 'sliding_attention', whatever the window (AFMoE)
+    "global_layers_by_type",  # layers whose config.layer_types[l] is not 'sliding_attention', any window (AFMoE)
 )
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
@@ -139,9 +139,9 @@ class Family:
     `word_projection` (a Linear applied to the word embedding alone, before positions are added: OPT's
     project_in, MobileBERT's embedding_transformation; with the `trigram` switch it reads [next; this; previous]
     word embeddings, zeros beyond the sequence), `embed_scale` ('sqrt_hidden': the embeddings are multiplied by
-    sqrt(d) in the table's dtype, Gemma; 'scale_embedding' / 'rescale_embeddings': by sqrt(d) when that config
-    key is true (also 'mup_enabled': AFMoE); 'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout; 'embedding_multiplier':
-    Granite's config value). `position_offset`: position i reads table row i + offset, and the table holds
+    sqrt(d) in the table's dtype, Gemma; 'scale_embedding' / 'rescale_embeddings' / 'mup_enabled' (AFMoE): by
+    sqrt(d) when that config key is true; 'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout;
+    'embedding_multiplier': Granite's config value). `position_offset`: position i reads table row i + offset, and the table holds
     max_position_embeddings + offset rows (OPT, BART, mBART, BioGPT: 2); `position_width`: config keys of the
     position table's width (default: `embedding_size`, else the hidden size).
     Attention of layer `{l}`: `query` / `key` prefixes ('.weight', '.bias' appended; with `qkv` != SEPARATE
