@@ -268,6 +268,21 @@ CASES = {
     "afmoe": ("afmoe", dict(_KV2, head_dim=8, sliding_window=12, num_experts=2, num_experts_per_tok=1,
                             moe_intermediate_size=16, num_shared_experts=1, num_dense_layers=1, mup_enabled=True,
                             layer_types=["sliding_attention", "full_attention"])),
+    "exaone_moe": ("exaone_moe", dict(_KV2, head_dim=8, sliding_window=12, num_experts=2, num_experts_per_tok=1,
+                                      moe_intermediate_size=16, num_shared_experts=1, first_k_dense_replace=1,
+                                      layer_types=["sliding_attention", "full_attention"],
+                                      mlp_layer_types=["dense", "sparse"])),
+    "hy_v3": ("hy_v3", dict(_KV2, head_dim=8, num_experts=2, num_experts_per_tok=1, num_shared_experts=1,
+                            moe_intermediate_size=16, mlp_layer_types=["dense", "sparse"])),
+    "esmc": ("esmc", dict(_KV2, num_key_value_heads=4, head_dim=8, mask_token_id=3)),
+    "ultrabert": ("ultrabert", dict(_KV2, head_dim=8, sliding_window=5,
+                                    layer_types=["sliding_attention", "full_attention"],
+                                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                                     "full_attention": {"rope_type": "default",
+                                                                        "rope_theta": 10000.0}})),
+    "axk1": ("axk1", dict(_MLA, q_lora_rank=12, mlp_layer_types=["dense", "sparse"])),
+    "minicpm3": ("minicpm3", dict(_KV2, num_key_value_heads=4, kv_lora_rank=8, q_lora_rank=12, qk_rope_head_dim=4,
+                                  qk_nope_head_dim=8, v_head_dim=8, scale_emb=3.0)),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
@@ -343,7 +358,8 @@ CASES = {
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
                   "granitemoe", "granitemoeshared", "glm4_moe", "minimax_m2", "ernie4_5_moe", "flex_olmo",
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
-                  "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe")  # fmt: skip
+                  "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
+                  "exaone_moe", "hy_v3", "axk1")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax"}
@@ -360,7 +376,7 @@ ISSUE_34_CASES = frozenset({
     "roberta-prelayernorm", "seed_oss", "smollm3", "smollm3-sliding", "splinter", "xlm-roberta-xl", "ministral",
     "glm4", "solar_open", "glm4_moe_lite", "youtu", "mistral4", "vaultgemma", "dots1", "hyperclovax", "jais2",
     "iquestcoder", "exaone", "nemotron", "sarvam_mla", "lfm2_moe", "aria_text", "apertus1p5_text", "mellum", "flint",
-    "kolibri1", "afmoe",
+    "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

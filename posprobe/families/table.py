@@ -123,9 +123,8 @@ CONFIG_KEYS = {
 # How each table field reads a config switch (`Family.switches`): a field listed there applies only when the config
 # key is true (missing keys take the default of the family's transformers config class).
 SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram", "rotary_layout")
-EMBED_SCALES = (
-    None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier", "mup_enabled"
-)  # fmt: skip
+EMBED_SCALES = (None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier",
+                "mup_enabled", "scale_emb")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -141,7 +140,7 @@ class Family:
     word embeddings, zeros beyond the sequence), `embed_scale` ('sqrt_hidden': the embeddings are multiplied by
     sqrt(d) in the table's dtype, Gemma; 'scale_embedding' / 'rescale_embeddings' / 'mup_enabled' (AFMoE): by
     sqrt(d) when that config key is true; 'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout;
-    'embedding_multiplier': Granite's config value). `position_offset`: position i reads table row i + offset,
+    'embedding_multiplier' / 'scale_emb': that config value, Granite / MiniCPM 3). `position_offset`: position i reads table row i + offset,
     and the table holds max_position_embeddings + offset rows (OPT, BART, mBART, BioGPT: 2); `position_width`:
     config keys of the position table's width (default: `embedding_size`, else the hidden size).
     Attention of layer `{l}`: `query` / `key` prefixes ('.weight', '.bias' appended; with `qkv` != SEPARATE
@@ -825,6 +824,33 @@ FAMILIES: tuple[Family, ...] = (
         description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE",
         **_LLAMA,
     ),
+    Family(
+        "exaone_moe",
+        ("exaone_moe",),
+        rotary_class=_rotary("exaone_moe", "ExaoneMoe"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers_if_windowed",
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE (with a window)",
+        **_LLAMA,
+    ),
+    Family("hy_v3", ("hy_v3",), rotary_class=_rotary("hy_v3", "HYV3"), qk_norm=_QK_NORM, **_LLAMA),
+    Family(
+        "esmc",
+        ("esmc",),
+        rotary_class=_rotary("esmc", "Esmc"),
+        qk_norm=_QK_NORM,
+        qk_norm_scope="all",  # LayerNorms (no bias) of the whole q / k projection, before the head split
+        eps=1e-5,  # nn.LayerNorm's default: its config names no epsilon
+        **{**_LLAMA, "causal": False, "norm": LAYERNORM},
+    ),
+    Family(
+        "ultrabert",
+        ("ultrabert",),
+        rotary_class=_rotary("ultrabert", "Ultrabert"),  # one rotary setting per layer type
+        windows="layer_types_inclusive",  # sliding layers attend |j - i| <= sliding_window
+        **{**_LLAMA, "causal": False},
+    ),
     # -- hybrids: softmax attention in some layers, recurrent / state-space / convolution layers in the others
     Family(
         "lfm2",
@@ -968,6 +994,37 @@ FAMILIES: tuple[Family, ...] = (
         switches={"rotary_layout": "rope_interleave"},
         scaling="latent",
         tensors={"scaling_function": "transformers.models.deepseek_v3.modeling_deepseek_v3:yarn_apply_mscale"},
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),
+    Family(
+        "axk1",
+        ("axk1",),
+        rotary_class=_rotary("axk1", "AXK1"),
+        rotary_layout=HALF_INTERLEAVED,  # rope_interleave; rotate_half when off
+        switches={"rotary_layout": "rope_interleave"},
+        scaling="latent",
+        tensors={"scaling_function": "transformers.models.axk1.modeling_axk1:yarn_apply_mscale"},
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),
+    Family(
+        "minicpm3",
+        ("minicpm3",),
+        rotary_class=_rotary("minicpm3", "MiniCPM3"),  # rotate_half on the rotary part
+        scaling="latent",
+        embed_scale="scale_emb",
+        tensors={"scaling_function": "transformers.models.minicpm3.modeling_minicpm3:yarn_apply_mscale"},
         description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free",
         **{
             **_LLAMA,
@@ -1409,7 +1466,7 @@ def rotary_layout(family: Family, config: dict) -> str:
     return family.rotary_layout if switched_on(family, config, "rotary_layout") else ROTATE_HALF
 
 
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum")  # rotary modules with one setting per layer type
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert")  # rotary modules with one setting per layer type
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 
