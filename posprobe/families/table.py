@@ -140,9 +140,10 @@ class Family:
     word embeddings, zeros beyond the sequence), `embed_scale` ('sqrt_hidden': the embeddings are multiplied by
     sqrt(d) in the table's dtype, Gemma; 'scale_embedding' / 'rescale_embeddings' / 'mup_enabled' (AFMoE): by
     sqrt(d) when that config key is true; 'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout;
-    'embedding_multiplier' / 'scale_emb': that config value, Granite / MiniCPM 3). `position_offset`: position i reads table row i + offset,
-    and the table holds max_position_embeddings + offset rows (OPT, BART, mBART, BioGPT: 2); `position_width`:
-    config keys of the position table's width (default: `embedding_size`, else the hidden size).
+    'embedding_multiplier' / 'scale_emb': that config value, Granite / MiniCPM 3). `position_offset`: position i
+    reads table row i + offset, and the table holds max_position_embeddings + offset rows (OPT, BART, mBART,
+    BioGPT: 2); `position_width`: config keys of the position table's width (default: `embedding_size`, else the
+    hidden size).
     Attention of layer `{l}`: `query` / `key` prefixes ('.weight', '.bias' appended; with `qkv` != SEPARATE
     `query` names the fused projection; `qkv_blocks` for BLOCKED), `pre_norm` (the norm applied to the layer
     input before attention; from layer `pre_norm_from` on: ModernBERT's layer 0 has none), `bottleneck`
@@ -1466,7 +1467,8 @@ def rotary_layout(family: Family, config: dict) -> str:
     return family.rotary_layout if switched_on(family, config, "rotary_layout") else ROTATE_HALF
 
 
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert")  # rotary modules with one setting per layer type
+# rotary modules with one setting per layer type
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert")
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 
