@@ -1342,6 +1342,21 @@ FAMILIES: tuple[Family, ...] = (
         softmax_attention=False,
         description="no softmax attention: recurrent memory cells (sLSTM / mLSTM) carry position",
     ),
+    Family(
+        "fnet",
+        ("fnet",),
+        OTHER,
+        softmax_attention=False,
+        description="no attention: Fourier transforms mix the tokens (a learned absolute table feeds them)",
+    ),
+    Family(
+        "yoso",
+        ("yoso",),
+        OTHER,
+        softmax_attention=False,
+        description="no softmax attention: LSH-sampled Bernoulli attention weights (a learned absolute table feeds "
+        "them)",
+    ),
     Family("funnel", ("funnel",), OTHER, description="relative attention"),
     Family("reformer", ("reformer",), OTHER, description="axial position embeddings"),
 )
