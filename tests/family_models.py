@@ -345,6 +345,10 @@ CASES = {
     "biogpt": ("biogpt", dict(max_position_embeddings=64, scale_embedding=True, pad_token_id=1)),
     "bart": ("bart", _SEQ2SEQ, dict(own=True)),
     "mbart": ("mbart", _SEQ2SEQ, dict(own=True)),
+    "plbart": ("plbart", _SEQ2SEQ, dict(own=True)),
+    "mvp": ("mvp", _SEQ2SEQ, dict(own=True)),
+    "blenderbot": ("blenderbot", _SEQ2SEQ, dict(own=True)),
+    "blenderbot-small": ("blenderbot-small", _SEQ2SEQ, dict(own=True)),
     "deberta-v2-absolute": ("deberta-v2", _RELATIVE_OFF),
     "deberta-absolute": ("deberta", dict(_RELATIVE_OFF, pos_att_type=["c2p", "p2c", "p2p"])),
     # sinusoidal tables, built as the model builds them
@@ -376,7 +380,8 @@ ISSUE_34_CASES = frozenset({
     "roberta-prelayernorm", "seed_oss", "smollm3", "smollm3-sliding", "splinter", "xlm-roberta-xl", "ministral",
     "glm4", "solar_open", "glm4_moe_lite", "youtu", "mistral4", "vaultgemma", "dots1", "hyperclovax", "jais2",
     "iquestcoder", "exaone", "nemotron", "sarvam_mla", "lfm2_moe", "aria_text", "apertus1p5_text", "mellum", "flint",
-    "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3",
+    "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3", "plbart", "mvp",
+    "blenderbot", "blenderbot-small",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

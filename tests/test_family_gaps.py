@@ -45,10 +45,6 @@ NOT_YET = {
     "gemma4_assistant": "a draft model for Gemma 4's assisted decoding: no config class of its own to read",
     # encoder-decoders whose causal LM is the decoder stack
     "bigbird_pegasus": _SEQ2SEQ + " (block-sparse encoder)",
-    "blenderbot": _SEQ2SEQ,
-    "blenderbot-small": _SEQ2SEQ,
-    "mvp": _SEQ2SEQ + " (BART layout with optional prompt layers)",
-    "plbart": _SEQ2SEQ + " (BART layout)",
     "prophetnet": _SEQ2SEQ + " (n-stream self-attention with relative buckets of its own)",
     "trocr": "an image-to-text decoder (cross-attention to image features): not added yet",
     "whisper": _SEQ2SEQ + " (speech input)",

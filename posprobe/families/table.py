@@ -518,6 +518,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("biogpt", ("biogpt",), LEARNED, embed_scale="scale_embedding", **{**_OPT, "eps": 1e-5, "capture": EAGER}),
     Family("bart", ("bart",), LEARNED, **_BART),  # post-LN: no norm before attention
     Family("mbart", ("mbart",), LEARNED, pre_norm="encoder.layers.{l}.self_attn_layer_norm", **_BART),
+    Family("plbart", ("plbart",), LEARNED, **_BART),  # BART's layout
+    Family("mvp", ("mvp",), LEARNED, **_BART),  # BART's layout (prompt layers, when on, feed cross-attention only)
+    Family(
+        "blenderbot", ("blenderbot",), LEARNED, pre_norm="encoder.layers.{l}.self_attn_layer_norm", **_SEQ2SEQ
+    ),  # fmt: skip
+    Family("blenderbot-small", ("blenderbot-small",), LEARNED, embedding_norm="encoder.layernorm_embedding", **_SEQ2SEQ),
     # -- rotary (SPEC §9)
     Family("llama", ("llama",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),
     Family("mistral", ("mistral",), rotary_class=_rotary("mistral", "Mistral"), windows="sliding_window", **_LLAMA),
