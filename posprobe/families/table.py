@@ -523,7 +523,9 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "blenderbot", ("blenderbot",), LEARNED, pre_norm="encoder.layers.{l}.self_attn_layer_norm", **_SEQ2SEQ
     ),  # fmt: skip
-    Family("blenderbot-small", ("blenderbot-small",), LEARNED, embedding_norm="encoder.layernorm_embedding", **_SEQ2SEQ),
+    Family(
+        "blenderbot-small", ("blenderbot-small",), LEARNED, embedding_norm="encoder.layernorm_embedding", **_SEQ2SEQ
+    ),  # fmt: skip
     # -- rotary (SPEC §9)
     Family("llama", ("llama",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),
     Family("mistral", ("mistral",), rotary_class=_rotary("mistral", "Mistral"), windows="sliding_window", **_LLAMA),
