@@ -345,6 +345,12 @@ CASES = {
     "biogpt": ("biogpt", dict(max_position_embeddings=64, scale_embedding=True, pad_token_id=1)),
     "bart": ("bart", _SEQ2SEQ, dict(own=True)),
     "mbart": ("mbart", _SEQ2SEQ, dict(own=True)),
+    "openai-gpt": ("openai-gpt", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64),
+                   dict(own=True)),
+    "gpt_bigcode": ("gpt_bigcode", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                        multi_query=True), dict(own=True)),
+    "gpt_bigcode-per-head": ("gpt_bigcode", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                                 multi_query=False, scale_attn_weights=False), dict(own=True)),
     "plbart": ("plbart", _SEQ2SEQ, dict(own=True)),
     "mvp": ("mvp", _SEQ2SEQ, dict(own=True)),
     "blenderbot": ("blenderbot", _SEQ2SEQ, dict(own=True)),
@@ -381,7 +387,7 @@ ISSUE_34_CASES = frozenset({
     "glm4", "solar_open", "glm4_moe_lite", "youtu", "mistral4", "vaultgemma", "dots1", "hyperclovax", "jais2",
     "iquestcoder", "exaone", "nemotron", "sarvam_mla", "lfm2_moe", "aria_text", "apertus1p5_text", "mellum", "flint",
     "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3", "plbart", "mvp",
-    "blenderbot", "blenderbot-small",
+    "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
@@ -583,7 +589,8 @@ def reference_scores(model, n: int) -> Reference:
                 with _SoftmaxInputs(n) if implementation == "eager" else _SdpaInputs() as capture:
                     model(input_ids=ids, use_cache=False)
                 scores = np.stack(capture.inputs[: len(layers)])
-                allowed = scores[:, 0] > -1e30  # masks add the dtype's minimum (or -inf)
+                # masks add the dtype's minimum (or -inf); OpenAI GPT sets masked scores to -1e4 exactly
+                allowed = (scores[:, 0] > -1e30) & (scores[:, 0] != -1e4)
         return Reference(scores, allowed, exact)
     finally:
         for layer in layers:

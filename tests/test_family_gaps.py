@@ -86,10 +86,8 @@ NOT_YET = {
     "ctrl": "its own layout (sinusoidal table added to sqrt(d)-scaled words): not added yet",
     "dbrx": "attention settings nested in config.attn_config (clip_qkv, kv_n_heads, rope_theta): the table reads "
     "flat config keys",
-    "gpt_bigcode": "learned table with a fused multi-query c_attn (Linear): not added yet",
     "gpt_neox_japanese": "its own layout (rotary, fused per-head query_key_value, dense bias after attention): "
     "not added yet",
-    "openai-gpt": "learned table, post-LN, Conv1D c_attn: not added yet",
     "gpt-sw3": "a tokenizer name: transformers builds GPT2Config for it and its checkpoints say model_type 'gpt2'",
     "git": "image-text decoder (visual tokens prefix the text): not added yet",
     "luke": "entity-aware attention (separate query matrices for word and entity pairs)",

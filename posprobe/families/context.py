@@ -409,7 +409,8 @@ class ModelContext(EmbeddingReader):
     def scaling(self) -> float:
         """The factor q.k is multiplied by before softmax (`Family.scaling`): 1 / sqrt(d_h), 1 ('none'),
         config[KEY] ** -0.5 ('rsqrt:KEY': Gemma 2's query_pre_attn_scalar), config[KEY] ('value:KEY': Granite's
-        attention_multiplier), or DeBERTa's 1 / sqrt(d_h * (1 + position terms)) rounded to float32."""
+        attention_multiplier), d_h ** -0.5 or 1 by a config switch ('head_dim_if:KEY'), or DeBERTa's
+        1 / sqrt(d_h * (1 + position terms)) rounded to float32."""
         how = self.family.scaling
         if how == "none":
             return 1.0
@@ -422,6 +423,8 @@ class ModelContext(EmbeddingReader):
 
             return latent_scaling(self)
         rule, key = how.split(":")
+        if rule == "head_dim_if":  # GPT-BigCode: scale_attn_weights
+            return self.shape.head_dim**-0.5 if T.config_flag(self.config, key) else 1.0
         value = self.config.get(key)
         value = value if value is not None else config_default(self.config, (key,))
         if value is None:

@@ -218,7 +218,8 @@ class Family:
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
-    # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32),
+    # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'head_dim_if:KEY' d_h ** -0.5 when config KEY, else 1
+    # (GPT-BigCode's scale_attn_weights), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32),
     # 'latent' (MLA: the module's own yarn_apply_mscale, `families.latent`)
     softcap: str | None = None  # config key of a logit soft cap: scores -> cap * tanh(scores / cap) (Gemma 2)
     tensors: dict[str, str] = field(default_factory=dict)
@@ -246,10 +247,10 @@ class Family:
                 raise ValueError(f"family '{self.name}': {name} {value!r} is not one of {allowed}")
         if not (
             self.scaling in ("head_dim", "none", "disentangled", "latent")
-            or self.scaling.startswith(("rsqrt:", "value:"))
+            or self.scaling.startswith(("rsqrt:", "value:", "head_dim_if:"))
         ):
             raise ValueError(f"family '{self.name}': scaling {self.scaling!r} is not one of head_dim, none, "
-                             "disentangled, latent, rsqrt:KEY, value:KEY")  # fmt: skip
+                             "disentangled, latent, rsqrt:KEY, value:KEY, head_dim_if:KEY")  # fmt: skip
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -497,6 +498,31 @@ FAMILIES: tuple[Family, ...] = (
         key="h.{l}.attn.c_attn",
         qkv=GPT2_CONV1D,
         pre_norm="h.{l}.ln_1",
+    ),
+    Family(
+        "openai-gpt",
+        ("openai-gpt",),
+        LEARNED,
+        causal=True,
+        word="tokens_embed.weight",
+        position="positions_embed.weight",
+        query="h.{l}.attn.c_attn",
+        key="h.{l}.attn.c_attn",
+        qkv=GPT2_CONV1D,
+        capture=EAGER,
+    ),  # post-LN: the attention reads the summed embeddings, and each later layer the previous layer's output
+    Family(
+        "gpt_bigcode",
+        ("gpt_bigcode",),
+        LEARNED,
+        causal=True,
+        word="wte.weight",
+        position="wpe.weight",
+        query="h.{l}.attn.c_attn",  # one Linear: multi_query [q; k; v] with one key head, else rows per head
+        key="h.{l}.attn.c_attn",
+        qkv=STACKED,
+        pre_norm="h.{l}.ln_1",
+        scaling="head_dim_if:scale_attn_weights",
     ),
     Family(
         "gpt_neo",
@@ -1476,10 +1502,12 @@ def has_learned_table(config: dict) -> bool:
 def qkv_layout(family: Family, config: dict) -> tuple[str, int | None]:
     """(Q/K/V layout, key heads or None for the config's own count) of the model `config` describes: the entry's
     `qkv`, except where a config switch changes it (Falcon: new_decoder_architecture groups rows per key head,
-    multi_query stacks one key head after the queries, else rows per head)."""
+    multi_query stacks one key head after the queries, else rows per head; GPT-BigCode's multi_query likewise)."""
     if config.get("model_type") == "falcon":
         if config_flag(config, "new_decoder_architecture"):
             return KV_GROUPED, None
+        return (STACKED, 1) if config_flag(config, "multi_query") else (PER_HEAD, None)
+    if config.get("model_type") == "gpt_bigcode":
         return (STACKED, 1) if config_flag(config, "multi_query") else (PER_HEAD, None)
     return family.qkv, None
 
