@@ -283,6 +283,8 @@ CASES = {
     "axk1": ("axk1", dict(_MLA, q_lora_rank=12, mlp_layer_types=["dense", "sparse"])),
     "minicpm3": ("minicpm3", dict(_KV2, num_key_value_heads=4, kv_lora_rank=8, q_lora_rank=12, qk_rope_head_dim=4,
                                   qk_nope_head_dim=8, v_head_dim=8, scale_emb=3.0)),
+    "hunyuan_v1_dense": ("hunyuan_v1_dense", dict(_KV2, head_dim=8, attention_bias=True)),
+    "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(_KV2, head_dim=8, num_experts=2, moe_topk=1)),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
@@ -369,7 +371,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
                   "granitemoe", "granitemoeshared", "glm4_moe", "minimax_m2", "ernie4_5_moe", "flex_olmo",
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
-                  "exaone_moe", "hy_v3", "axk1")  # fmt: skip
+                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax"}
@@ -388,6 +390,7 @@ ISSUE_34_CASES = frozenset({
     "iquestcoder", "exaone", "nemotron", "sarvam_mla", "lfm2_moe", "aria_text", "apertus1p5_text", "mellum", "flint",
     "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3", "plbart", "mvp",
     "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
+    "hunyuan_v1_dense", "hunyuan_v1_moe",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

@@ -58,8 +58,6 @@ NOT_YET = {
     "sarvam_moe": _FUSED_ON_DISK,
     # attention that needs new score code
     "diffllama": "differential attention: two softmaxes per head, subtracted with a learned lambda",
-    "hunyuan_v1_dense": "q/k RMS norms with weights applied after RoPE (not before): new rotary score code",
-    "hunyuan_v1_moe": "q/k RMS norms with weights applied after RoPE (not before): new rotary score code",
     "nanochat": "weightless RMS norms before attention and on rotated q/k: a norm kind not in the table yet",
     "dory": "nGPT-style unit-norm q/k rescaled per channel after RoPE: new score code",
     "doge": "dynamic mask attention: a value-dependent learned bias added to every score",

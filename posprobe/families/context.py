@@ -344,7 +344,8 @@ class ModelContext(EmbeddingReader):
 
     def query_key(self, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:
         """Query (H, d_h) and key (H_kv, d_h) of the input at `layer` (`word_input`), biases, clamps and q/k norms
-        applied, before any positional mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input."""
+        applied (unless the family norms the rotated q and k: `qk_norm_after_rotary`), before any positional
+        mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input."""
         x = self.word_input(layer, stack)
         if self.qkv == T.LATENT:  # MLA: rotary part first, then the position-free part (families.latent)
             from posprobe.families.latent import latent_query_key
@@ -358,6 +359,8 @@ class ModelContext(EmbeddingReader):
             q, k = np.clip(q, -clip, clip), np.clip(k, -clip, clip)
         if "key_multiplier" in self.family.tensors:  # Falcon-H1's muP factor on the keys
             k = k * float(self.config.get(self.family.tensors["key_multiplier"], 1.0))
+        if self.family.qk_norm_after_rotary:  # Hunyuan: the rotary score module applies them to rotated q and k
+            return q, k
         return self.qk_norm(q, k, layer, stack)
 
     def query_key_of(self, hidden: np.ndarray, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:

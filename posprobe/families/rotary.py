@@ -122,6 +122,8 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
     q, k = ctx.query_key(layer, stack)  # (H, d_h), (H_kv, d_h); or (H, n, d_h), (H_kv, n, d_h) per position
     kind = ctx.layer_kinds(n, stack)[layer]
     if kind.nope:  # a NoPE layer: no rotation, F̂(i, j) = q_i . k_j * scaling (one value for a constant input)
+        if ctx.family.qk_norm_after_rotary:
+            q, k = ctx.qk_norm(q, k, layer, stack)
         scores = nope_scores(q * ctx.scaling, k, n)
         temperature = query_temperature(ctx, n)
         return ctx.softcap(scores if temperature is None else scores * temperature[:, None])
@@ -143,6 +145,13 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
     eps = post_rotary_norm_eps(ctx)
     if eps is not None:  # Llama 4: an RMS ("L2") norm without weights of the rotated q and k
         qr, kr = (x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) for x in (qr, kr))
+    if ctx.family.qk_norm_after_rotary:  # Hunyuan: the family's q/k norms (with weights) of the rotated q and k
+        if order is not None:  # the norms' weights are stored in the model's own dim order
+            inverse = np.argsort(order)
+            qr, kr = ctx.qk_norm(qr[..., inverse], kr[..., inverse], layer, stack)
+            qr, kr = qr[..., order], kr[..., order]
+        else:
+            qr, kr = ctx.qk_norm(qr, kr, layer, stack)
     qr = qr * ctx.scaling
     # Query heads h = g * m .. g * m + m - 1 read key head g: one (m n, d_h) x (d_h, n) product per group.
     grouped = qr.reshape(kv_heads, (heads // kv_heads) * n, dh)
@@ -185,7 +194,10 @@ def toeplitz_by_construction(ctx, stack: str = "encoder") -> bool:
     """Always, for an input that is the same at every position: (R_i q) . (R_j k) = q . R_{j-i} k depends on
     j - i alone (a soft cap applied after keeps that), so R^2 = 1 whatever the weights; a NoPE layer's scores are
     one constant, trivially Toeplitz — unless its queries are scaled by their position (Llama 4's temperature
-    tuning), which makes them depend on i as well."""
+    tuning), which makes them depend on i as well, or weighted norms act on the rotated q and k (Hunyuan: their
+    weights need not be the same within a rotated pair)."""
+    if ctx.family.qk_norm_after_rotary and ctx.switched_on("qk_norm"):
+        return False
     key = ctx.family.tensors.get("temperature_tuning")
     return not (key and T.config_flag(ctx.config, key) and ctx.layer_kinds(1, stack) and _has_nope(ctx, stack))
 

@@ -151,7 +151,8 @@ class Family:
     `prefix.LayerNorm` the layer input goes through before Q/K: MobileBERT), `qk_norm` (prefixes of norms applied
     to q and k before the positional mechanism where the checkpoint has them; `qk_norm_scope` 'head': over each
     head's d_h (Qwen3, Cohere, StableLM: one weight per head where stored so, a '{h}' in the prefix naming
-    per-head modules), 'all': over the whole projection before the head split (OLMo-2)), `clip` (config key of a
+    per-head modules), 'all': over the whole projection before the head split (OLMo-2); after the rotation with
+    `qk_norm_after_rotary`: Hunyuan), `clip` (config key of a
     clamp of q and k: OLMo's clip_qkv), `norm` (the kind of every norm above), `shared_layers` (ALBERT: one
     stored layer at every depth). A name may hold one group of alternatives, 'a.(b|c).d': the first the checkpoint
     holds.
@@ -199,6 +200,7 @@ class Family:
     bottleneck: tuple[tuple[tuple[str, ...], str], ...] = ()
     qk_norm: tuple[str, str] | None = None
     qk_norm_scope: str = "head"
+    qk_norm_after_rotary: bool = False  # the q/k norms act on the rotated q and k (Hunyuan), not before RoPE
     clip: str | None = None
     norm: str = LAYERNORM
     eps: float | None = None  # the norm epsilon the family fixes in code, whatever its config says (DistilBERT, BioGPT)
@@ -294,6 +296,7 @@ _LLAMA = dict(
 )
 _QK_NORM = ("layers.{l}.self_attn.q_norm", "layers.{l}.self_attn.k_norm")
 _QK_LAYERNORM = ("layers.{l}.self_attn.q_layernorm", "layers.{l}.self_attn.k_layernorm")
+_QK_AFTER_ROPE = ("layers.{l}.self_attn.query_layernorm", "layers.{l}.self_attn.key_layernorm")
 _GRANITE = dict(scaling="value:attention_multiplier", embed_scale="embedding_multiplier")
 
 # T5 layout: shared word table, {stack}.block.{l}.layer.0 = (pre-attention RMS norm, SelfAttention q/k, no bias).
@@ -885,6 +888,18 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("ultrabert", "Ultrabert"),  # one rotary setting per layer type
         windows="layer_types_inclusive",  # sliding layers attend |j - i| <= sliding_window
         **{**_LLAMA, "causal": False},
+    ),
+    *(
+        Family(
+            t,
+            (t,),
+            rotary_class=_rotary(t, prefix),
+            qk_norm=_QK_AFTER_ROPE,  # RMS norms per head, of the rotated q and k
+            qk_norm_after_rotary=True,
+            description="rotary embeddings (RoPE), then RMS norms of the rotated q and k",
+            **_LLAMA,
+        )
+        for t, prefix in (("hunyuan_v1_dense", "HunYuanDenseV1"), ("hunyuan_v1_moe", "HunYuanMoEV1"))
     ),
     # -- hybrids: softmax attention in some layers, recurrent / state-space / convolution layers in the others
     Family(
