@@ -285,6 +285,9 @@ CASES = {
                                   qk_nope_head_dim=8, v_head_dim=8, scale_emb=3.0)),
     "hunyuan_v1_dense": ("hunyuan_v1_dense", dict(_KV2, head_dim=8, attention_bias=True)),
     "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(_KV2, head_dim=8, num_experts=2, moe_topk=1)),
+    "dbrx": ("dbrx", dict(vocab_size=99, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
+                          attn_config=dict(kv_n_heads=2, clip_qkv=0.5, rope_theta=1000.0),
+                          ffn_config=dict(ffn_hidden_size=16, moe_num_experts=2, moe_top_k=1)), dict(own=True)),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
@@ -390,7 +393,7 @@ ISSUE_34_CASES = frozenset({
     "iquestcoder", "exaone", "nemotron", "sarvam_mla", "lfm2_moe", "aria_text", "apertus1p5_text", "mellum", "flint",
     "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3", "plbart", "mvp",
     "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
-    "hunyuan_v1_dense", "hunyuan_v1_moe",
+    "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

@@ -82,8 +82,6 @@ NOT_YET = {
     "convbert": "mixed attention: part of each layer's heads are span-based dynamic convolutions",
     "cpmant": "a segment-aware relative position bucket bias of its own layout",
     "ctrl": "its own layout (sinusoidal table added to sqrt(d)-scaled words): not added yet",
-    "dbrx": "attention settings nested in config.attn_config (clip_qkv, kv_n_heads, rope_theta): the table reads "
-    "flat config keys",
     "gpt_neox_japanese": "its own layout (rotary, fused per-head query_key_value, dense bias after attention): "
     "not added yet",
     "gpt-sw3": "a tokenizer name: transformers builds GPT2Config for it and its checkpoints say model_type 'gpt2'",

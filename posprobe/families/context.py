@@ -354,7 +354,7 @@ class ModelContext(EmbeddingReader):
             return (q[:, 0], k[:, 0]) if x.ndim == 1 else (q, k)
         weights = self.attention(layer, stack)
         q, k = weights.queries(x), weights.keys(x)
-        clip = self.config.get(self.family.clip) if self.family.clip else None
+        clip = T.config_get(self.config, self.family.clip) if self.family.clip else None
         if clip is not None:  # OLMo's clip_qkv
             q, k = np.clip(q, -clip, clip), np.clip(k, -clip, clip)
         if "key_multiplier" in self.family.tensors:  # Falcon-H1's muP factor on the keys

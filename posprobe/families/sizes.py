@@ -46,7 +46,7 @@ def config_size(config: dict, name: str | None, what: str, default=None, require
             f"{where} has no {what} field (looked for {', '.join(T.CONFIG_KEYS[what])})", config_hint(name or "")
         )
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        key = next(k for k in T.CONFIG_KEYS[what] if config.get(k) is not None)
+        key = next(k for k in T.CONFIG_KEYS[what] if T.config_get(config, k) is not None)
         raise PosprobeError(f"{where} has {key} = {value!r}, expected a whole number >= 1", config_hint(name or ""))
     return value
 

@@ -107,7 +107,7 @@ NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, LAYERNORM_PLUS1, PLAIN_LAYERNORM, NO
 # Config field names, in the order they are looked for.
 CONFIG_KEYS = {
     "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "attention_heads"),
-    "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv"),
+    "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "attn_config.kv_n_heads"),  # dotted: nested
     "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
     "hidden": ("hidden_size", "n_embd", "dim", "d_model", "emb_dim"),
     "head_dim": ("head_dim", "d_kv"),
@@ -152,9 +152,9 @@ class Family:
     to q and k before the positional mechanism where the checkpoint has them; `qk_norm_scope` 'head': over each
     head's d_h (Qwen3, Cohere, StableLM: one weight per head where stored so, a '{h}' in the prefix naming
     per-head modules), 'all': over the whole projection before the head split (OLMo-2); after the rotation with
-    `qk_norm_after_rotary`: Hunyuan), `clip` (config key of a
-    clamp of q and k: OLMo's clip_qkv), `norm` (the kind of every norm above), `shared_layers` (ALBERT: one
-    stored layer at every depth). A name may hold one group of alternatives, 'a.(b|c).d': the first the checkpoint
+    `qk_norm_after_rotary`: Hunyuan), `clip` (config key of a clamp of q and k: OLMo's clip_qkv, DBRX's
+    attn_config.clip_qkv), `norm` (the kind of every norm above), `shared_layers` (ALBERT: one stored layer at
+    every depth). A name may hold one group of alternatives, 'a.(b|c).d': the first the checkpoint
     holds.
     `switches`: field -> config key; the field (one of `SWITCHABLE`) applies only when the key is true (XMOD's
     pre_norm, OPT's do_layer_norm_before, ESM's emb_layer_norm_before, DeBERTa's position_biased_input).
@@ -901,6 +901,20 @@ FAMILIES: tuple[Family, ...] = (
         )
         for t, prefix in (("hunyuan_v1_dense", "HunYuanDenseV1"), ("hunyuan_v1_moe", "HunYuanMoEV1"))
     ),
+    Family(
+        "dbrx",
+        ("dbrx",),
+        ROTARY,
+        causal=True,
+        word="wte.weight",
+        query="blocks.{l}.norm_attn_norm.attn.Wqkv",  # one Linear: [q; k; v]
+        key="blocks.{l}.norm_attn_norm.attn.Wqkv",
+        qkv=STACKED,
+        pre_norm="blocks.{l}.norm_attn_norm.norm_1",  # LayerNorm without bias
+        eps=1e-5,  # nn.LayerNorm's default: its config names no epsilon
+        clip="attn_config.clip_qkv",
+        rotary_class=_rotary("dbrx", "Dbrx"),
+    ),
     # -- hybrids: softmax attention in some layers, recurrent / state-space / convolution layers in the others
     Family(
         "lfm2",
@@ -1432,11 +1446,20 @@ def model_types(kind: str | None = None, analysable: bool | None = None, retrofi
     )
 
 
+def config_get(config: dict, key: str):
+    """config[key], where a dotted key names a field of a nested section ('attn_config.clip_qkv': DBRX); None when
+    absent."""
+    value = config
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def config_value(config: dict, what: str):
-    """The first of `CONFIG_KEYS[what]` present (not None) in `config`, or None."""
+    """The first of `CONFIG_KEYS[what]` present (not None) in `config` (dotted keys: nested sections), or None."""
     for key in CONFIG_KEYS[what]:
-        if config.get(key) is not None:
-            return config[key]
+        if config_get(config, key) is not None:
+            return config_get(config, key)
     return None
 
 
