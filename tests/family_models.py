@@ -136,6 +136,12 @@ CASES = {
                                         layer_types=["sliding_attention", "full_attention"])),
     "cohere2": ("cohere2", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0,
                                 sliding_window=12, layer_types=["sliding_attention", "full_attention"])),
+    "cohere2_moe": ("cohere2_moe", dict(_KV2, head_dim=8, sliding_window=12, num_experts=2, num_experts_per_tok=1,
+                                        layer_types=["sliding_attention", "full_attention"])),
+    "cohere2_moe-rms-dense-prefix": ("cohere2_moe", dict(_KV2, head_dim=8, sliding_window=12, num_experts=2,
+                                                         num_experts_per_tok=1, rms_norm_eps=1e-3,
+                                                         layer_types=["full_attention", "full_attention"],
+                                                         mlp_layer_types=["dense", "sparse"])),
     "gpt_oss": ("gpt_oss", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0,
                                 num_local_experts=2, num_experts_per_tok=1, sliding_window=12, attention_bias=True,
                                 layer_types=["sliding_attention", "full_attention"],
@@ -374,7 +380,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
                   "granitemoe", "granitemoeshared", "glm4_moe", "minimax_m2", "ernie4_5_moe", "flex_olmo",
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
-                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe")  # fmt: skip
+                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax"}
@@ -393,7 +399,7 @@ ISSUE_34_CASES = frozenset({
     "iquestcoder", "exaone", "nemotron", "sarvam_mla", "lfm2_moe", "aria_text", "apertus1p5_text", "mellum", "flint",
     "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3", "plbart", "mvp",
     "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
-    "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx",
+    "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

@@ -69,8 +69,6 @@ NOT_YET = {
     "granitemoe_swa": "a rope theta per layer (layer_rope_theta; a rotary module per theta): new reading code",
     "laguna": "a head count per layer (num_attention_heads_per_layer): posprobe's shapes take one",
     "mimo_v2_flash": "sliding layers have twice the key heads of global ones, and learned sinks: per-layer shapes",
-    "cohere2_moe": "global layers rotate where the MLP is a dense prefix (force_rope), and the norm is RMS or "
-    "LayerNorm by config: two switches the table cannot express yet",
     "cohere_compass_text": "RoPE passed per layer type by the model's forward (layer-type labels of its rotary "
     "module): not examined yet",
     "beam": "a rotary attention scaling applied to the query by its decoder layer (per layer type): not examined yet",

@@ -215,7 +215,7 @@ class ModelContext(EmbeddingReader):
         if self.family.norm == T.PLAIN_LAYERNORM:  # no weights stored (OLMo)
             return apply_norm(x, T.PLAIN_LAYERNORM, None, None, self.shape.eps)
         weight, bias = self.norm_weights(prefix, layer, stack)
-        return apply_norm(x, self.family.norm, weight, bias, self.shape.eps)
+        return apply_norm(x, T.norm_kind(self.family, self.config), weight, bias, self.shape.eps)
 
     def norm_weights(self, prefix: str, layer: int | None = None, stack: str = "encoder"):
         """(weight, bias or None) of norm `prefix`: `.weight` / `.bias`, or the older `.gamma` / `.beta` names (ESM
@@ -397,12 +397,12 @@ class ModelContext(EmbeddingReader):
             weight, bias = self._weights(prefix, layer, stack)
         if self.family.qk_norm_scope == "all":  # over every head's features at once, before the head split
             flat = np.moveaxis(x, 0, -2).reshape(*x.shape[1:-1], heads * x.shape[-1])
-            out = apply_norm(flat, self.family.norm, weight, bias, self.shape.eps)
+            out = apply_norm(flat, T.norm_kind(self.family, self.config), weight, bias, self.shape.eps)
             return np.moveaxis(out.reshape(*x.shape[1:-1], heads, x.shape[-1]), -2, 0)
         shape = (heads,) + (1,) * (x.ndim - 2) + (x.shape[-1],)
         weight = weight.reshape(shape) if weight.ndim == 2 else weight
         bias = bias.reshape(shape) if bias is not None and bias.ndim == 2 else bias
-        return apply_norm(x, self.family.norm, weight, bias, self.shape.eps)
+        return apply_norm(x, T.norm_kind(self.family, self.config), weight, bias, self.shape.eps)
 
     def _weights(self, prefix: str, layer: int, stack: str) -> tuple[np.ndarray, np.ndarray | None]:
         return self.norm_weights(prefix, layer, stack)

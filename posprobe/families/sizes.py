@@ -70,6 +70,8 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
             config_hint(name, "the config is malformed; re-save the checkpoint"),
         )
     eps = family.eps if family.eps is not None else T.config_value(config, "eps")  # the family's code decides first
+    if family.rms_when and T.config_get(config, family.rms_when) is not None:  # Cohere 2 MoE's RMS norms
+        eps = T.config_get(config, family.rms_when)
     if eps is None:  # a hand-written config: its transformers config's default
         eps = config_default(config, T.CONFIG_KEYS["eps"])
         if eps is None:

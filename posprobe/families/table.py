@@ -74,6 +74,8 @@ NOPE_RULES = (
     # layers when config.sliding_window is None)
     "global_layers_if_windowed",  # the same while config.sliding_window is set; every layer rotates without (Exaone 4)
     "global_layers_by_type",  # layers whose config.layer_types[l] is not 'sliding_attention', any window (AFMoE)
+    "global_layers_but_dense_prefix",  # global_layers, except dense-MLP prefix layers where the config's
+    # prefix_dense_sliding_window_pattern is 1: those rotate (Cohere 2 MoE's force_rope)
 )
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
@@ -215,6 +217,8 @@ class Family:
     windows: str | None = None
     nope: str | None = None  # how the config names its NoPE layers (`NOPE_RULES`), for rotary families
     sinks: str | None = None  # per-head learned sink logits s_h (one extra softmax column, no value): gpt-oss
+    rms_when: str | None = None  # config key that, when set, makes every norm an RMS norm with it as epsilon
+    # (Cohere 2 MoE's rms_norm_eps; its bias-free LayerNorm otherwise)
     softmax_attention: bool = True  # False: no layer has softmax attention (Mamba, RWKV, xLSTM): refused as such
     hybrid: str = ""  # what the layers without softmax attention are, in words (config.layer_types names them;
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
@@ -1134,6 +1138,17 @@ FAMILIES: tuple[Family, ...] = (
         **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
     ),
     Family(
+        "cohere2_moe",
+        ("cohere2_moe",),
+        rotary_class=_rotary("cohere2_moe", "Cohere2Moe"),
+        rotary_layout=INTERLEAVED,
+        windows="layer_types",
+        nope="global_layers_but_dense_prefix",
+        rms_when="rms_norm_eps",
+        description="rotary embeddings (RoPE) in sliding-window layers (and a dense prefix); global layers NoPE",
+        **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias, or RMS norms (rms_norm_eps set)
+    ),
+    Family(
         "gpt_oss",
         ("gpt_oss",),
         rotary_class=_rotary("gpt_oss", "GptOss"),
@@ -1535,6 +1550,12 @@ def has_learned_table(config: dict) -> bool:
     if kind == LEARNED:
         return True
     return family.kind not in TABLE_KINDS and family.position is not None and switched_on(family, config, "position")
+
+
+def norm_kind(family: Family, config: dict) -> str:
+    """The kind of the norms of the model `config` describes: the entry's `norm`, or RMS where its `rms_when` key
+    is set."""
+    return RMSNORM if family.rms_when and config_get(config, family.rms_when) is not None else family.norm
 
 
 def qkv_layout(family: Family, config: dict) -> tuple[str, int | None]:
