@@ -214,6 +214,16 @@ CASES = {
                                       num_experts_per_tok=1, moe_intermediate_size=16,
                                       shared_expert_intermediate_size=16, linear_num_value_heads=4,
                                       linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)),
+    "qwen3_5_text": ("qwen3_5_text", dict(_KV2, head_dim=16, num_hidden_layers=2,
+                                          layer_types=["linear_attention", "full_attention"],
+                                          linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+                                          linear_value_head_dim=8)),
+    "qwen3_5_moe_text": ("qwen3_5_moe_text", dict(_KV2, head_dim=16, num_hidden_layers=2,
+                                                  layer_types=["linear_attention", "full_attention"], num_experts=2,
+                                                  num_experts_per_tok=1, moe_intermediate_size=16,
+                                                  shared_expert_intermediate_size=16, linear_num_value_heads=4,
+                                                  linear_num_key_heads=2, linear_key_head_dim=8,
+                                                  linear_value_head_dim=8)),
     "granitemoehybrid": ("granitemoehybrid", dict(_GRANITE_HYBRID, position_embedding_type="rope")),
     "granitemoehybrid-nope": ("granitemoehybrid", dict(_GRANITE_HYBRID, position_embedding_type=None)),
     "minimax": ("minimax", dict(_KV2, head_dim=8, num_hidden_layers=2, layer_types=_LINEAR_FULL,
@@ -383,7 +393,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
                   "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
-FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax"}
+FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}
 
 
 # Cases added for issue 34 (the newest position designs and the further families). Tests over every case keep them
@@ -400,6 +410,7 @@ ISSUE_34_CASES = frozenset({
     "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3", "plbart", "mvp",
     "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
+    "qwen3_5_text", "qwen3_5_moe_text",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

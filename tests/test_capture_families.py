@@ -60,7 +60,7 @@ EXTRA = {
         type_vocab_size=0, position_biased_input=False, talking_head=True)),
 }  # fmt: skip
 HYBRIDS = ("lfm2", "bamba", "jamba", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax",
-           "olmo_hybrid", "lfm2_moe")  # fmt: skip
+           "olmo_hybrid", "lfm2_moe", "qwen3_5_text", "qwen3_5_moe_text")  # fmt: skip
 REFUSED = {
     "falcon-alibi": "eager attention .* gives other outputs than its sdpa",  # transformers' eager adds ALiBi twice
     "longformer": "not one softmax over all keys",  # sliding chunks

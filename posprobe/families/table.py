@@ -963,6 +963,23 @@ FAMILIES: tuple[Family, ...] = (
         description="rotary embeddings (RoPE) in its gated attention layers; gated DeltaNet layers between them",
         **{**_LLAMA, "qkv": GATED_QUERY, "norm": RMSNORM_PLUS1},
     ),
+    *(
+        Family(
+            t,
+            (t,),
+            rotary_class=_rotary(module, prefix),  # partial rotary; M-RoPE, one position for all its axes on text
+            qk_norm=_QK_NORM,
+            hybrid="gated DeltaNet linear-attention layers",
+            capture=REFUSED,
+            capture_note="hybrid: `attention` records models whose every layer attends",
+            description="rotary embeddings (RoPE) in its gated attention layers; gated DeltaNet layers between them",
+            **{**_LLAMA, "qkv": GATED_QUERY, "norm": RMSNORM_PLUS1},
+        )
+        for t, module, prefix in (
+            ("qwen3_5_text", "qwen3_5", "Qwen3_5Text"),
+            ("qwen3_5_moe_text", "qwen3_5_moe", "Qwen3_5MoeText"),
+        )
+    ),
     Family(
         "granitemoehybrid",
         ("granitemoehybrid",),
