@@ -304,6 +304,7 @@ CASES = {
     "dbrx": ("dbrx", dict(vocab_size=99, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
                           attn_config=dict(kv_n_heads=2, clip_qkv=0.5, rope_theta=1000.0),
                           ffn_config=dict(ffn_hidden_size=16, moe_num_experts=2, moe_top_k=1)), dict(own=True)),
+    "nanochat": ("nanochat", dict(_KV2, rms_norm_eps=1e-3)),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
@@ -410,7 +411,7 @@ ISSUE_34_CASES = frozenset({
     "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3", "plbart", "mvp",
     "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
-    "qwen3_5_text", "qwen3_5_moe_text",
+    "qwen3_5_text", "qwen3_5_moe_text", "nanochat",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

@@ -58,7 +58,6 @@ NOT_YET = {
     "sarvam_moe": _FUSED_ON_DISK,
     # attention that needs new score code
     "diffllama": "differential attention: two softmaxes per head, subtracted with a learned lambda",
-    "nanochat": "weightless RMS norms before attention and on rotated q/k: a norm kind not in the table yet",
     "dory": "nGPT-style unit-norm q/k rescaled per channel after RoPE: new score code",
     "doge": "dynamic mask attention: a value-dependent learned bias added to every score",
     "jetmoe": "mixture of attention heads: each token's query projection is routed among experts",

@@ -212,8 +212,8 @@ class ModelContext(EmbeddingReader):
 
     def norm(self, x: np.ndarray, prefix: str, layer: int | None = None, stack: str = "encoder") -> np.ndarray:
         """The family's norm with weights `prefix`.weight (and `.bias` when stored) applied to `x` (..., d)."""
-        if self.family.norm == T.PLAIN_LAYERNORM:  # no weights stored (OLMo)
-            return apply_norm(x, T.PLAIN_LAYERNORM, None, None, self.shape.eps)
+        if self.family.norm in (T.PLAIN_LAYERNORM, T.PLAIN_RMSNORM):  # no weights stored (OLMo, NanoChat)
+            return apply_norm(x, self.family.norm, None, None, self.shape.eps)
         weight, bias = self.norm_weights(prefix, layer, stack)
         return apply_norm(x, T.norm_kind(self.family, self.config), weight, bias, self.shape.eps)
 

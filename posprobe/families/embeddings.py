@@ -26,7 +26,7 @@ from posprobe.families.table import config_default
 
 def apply_norm(x: np.ndarray, kind: str, weight, bias: np.ndarray | None, eps: float) -> np.ndarray:
     """The norm `kind` (table.NORMS) over the last axis of `x`, as torch computes it (biased variance); `weight`
-    None for a norm without weights (OLMo's)."""
+    None for a norm without weights (OLMo's, NanoChat's)."""
     if kind == T.NONORM:
         out = x * weight
     elif kind in (T.LAYERNORM, T.PLAIN_LAYERNORM, T.LAYERNORM_PLUS1):
@@ -35,7 +35,7 @@ def apply_norm(x: np.ndarray, kind: str, weight, bias: np.ndarray | None, eps: f
         out = out if weight is None else out * (1.0 + weight if kind == T.LAYERNORM_PLUS1 else weight)
     else:
         out = x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps)
-        out = out * (1.0 + weight if kind == T.RMSNORM_PLUS1 else weight)
+        out = out if weight is None else out * (1.0 + weight if kind == T.RMSNORM_PLUS1 else weight)
     return out if bias is None else out + bias
 
 

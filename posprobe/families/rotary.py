@@ -74,6 +74,8 @@ def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarra
     first, second = angles[0][0].double().numpy(), angles[1][0].double().numpy()
     if layout == T.ROTATE_HALF:
         return first, second
+    if layout == T.REVERSED:  # NanoChat's rotate_half with flipped signs: sin(-angle)
+        return first, -second
     if layout == T.HALF_ANGLES:  # one column per pair, pairs (i, i + r/2): already rotate_half order
         return np.concatenate([first, first], -1), np.concatenate([second, second], -1)
     if layout == T.SIN_COS_PAIRS:  # (sin, cos), one column per pair
@@ -101,7 +103,7 @@ def _rotary_table(ctx, rotary_class, n: int) -> np.ndarray:
 def pairing(layout: str, d_h: int, r: int) -> np.ndarray | None:
     """The permutation of a head's dims that turns the layout's pairs into rotate_half pairs (i, i + r/2), or
     None for rotate_half itself: interleaved pairs (2i, 2i + 1) -> even dims first, then odd, then the rest."""
-    if layout in (T.ROTATE_HALF, T.HALF_ANGLES):
+    if layout in (T.ROTATE_HALF, T.HALF_ANGLES, T.REVERSED):
         return None
     return np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, d_h)])
 
@@ -161,9 +163,9 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder") -> np.n
 
 def post_rotary_norm_eps(ctx) -> float | None:
     """The epsilon of a weightless RMS norm the family applies to rotated q and k (Llama 4's qk L2 norm, on its
-    rotary layers when config.use_qk_norm), else None."""
+    rotary layers when config.use_qk_norm; NanoChat's 'always'), else None."""
     key = ctx.family.tensors.get("post_rotary_l2_norm")
-    return ctx.shape.eps if key and T.config_flag(ctx.config, key) else None
+    return ctx.shape.eps if key and (key == "always" or T.config_flag(ctx.config, key)) else None
 
 
 def query_temperature(ctx, n: int) -> np.ndarray | None:

@@ -66,7 +66,9 @@ SIN_COS_PAIRS = "sin-cos-pairs"  # the module gives (sin, cos), each (n, r/2) pe
 SIN_COS_TABLE = "sin-cos-table"  # a table (n, d_h) of [sin | cos] per pair (stored or built); 2i, 2i+1 (RoFormer)
 HALF_ANGLES = "half-angles"  # the module's (cos, sin), each (n, r/2), one column per pair; dim i pairs with i + r/2
 COMPLEX = "complex"  # the module gives complex e^{i angle}, (n, r/2), one per pair; dims 2i, 2i+1 (DeepSeek V2)
-ROTARY_LAYOUTS = (ROTATE_HALF, INTERLEAVED, HALF_INTERLEAVED, SIN_COS_PAIRS, SIN_COS_TABLE, HALF_ANGLES, COMPLEX)
+REVERSED = "reversed"  # rotate_half with flipped signs: the rotation runs the other way, angle -> -angle (NanoChat)
+ROTARY_LAYOUTS = (ROTATE_HALF, INTERLEAVED, HALF_INTERLEAVED, SIN_COS_PAIRS, SIN_COS_TABLE, HALF_ANGLES, COMPLEX,
+                  REVERSED)  # fmt: skip
 # Which layers of a rotary family apply no rotary embedding at all (`Family.nope`: NoPE layers, SPEC §9).
 NOPE_RULES = (
     "no_rope_layers",  # config.no_rope_layers[l] == 0: layer l is NoPE (SmolLM3, Llama 4)
@@ -103,8 +105,9 @@ RMSNORM = "rmsnorm"  # x / sqrt(mean(x^2) + eps) * w
 RMSNORM_PLUS1 = "rmsnorm+1"  # Gemma: x / sqrt(mean(x^2) + eps) * (1 + w)
 LAYERNORM_PLUS1 = "layernorm+1"  # Nemotron's LayerNorm1P: (x - mean) / sqrt(var + eps) * (1 + w) + b
 PLAIN_LAYERNORM = "layernorm-plain"  # OLMo: (x - mean) / sqrt(var + eps), no weights stored
+PLAIN_RMSNORM = "rmsnorm-plain"  # NanoChat: x / sqrt(mean(x^2) + eps), no weights stored
 NONORM = "nonorm"  # MobileBERT's NoNorm: x * w + b (no normalisation)
-NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, LAYERNORM_PLUS1, PLAIN_LAYERNORM, NONORM)
+NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, LAYERNORM_PLUS1, PLAIN_LAYERNORM, PLAIN_RMSNORM, NONORM)
 
 # Config field names, in the order they are looked for.
 CONFIG_KEYS = {
@@ -918,6 +921,16 @@ FAMILIES: tuple[Family, ...] = (
         eps=1e-5,  # nn.LayerNorm's default: its config names no epsilon
         clip="attn_config.clip_qkv",
         rotary_class=_rotary("dbrx", "Dbrx"),
+    ),
+    Family(
+        "nanochat",
+        ("nanochat",),
+        rotary_class=_rotary("nanochat", "NanoChat"),
+        rotary_layout=REVERSED,
+        embedding_norm="norm",  # the same weightless norm before the layers and after them
+        tensors={"post_rotary_l2_norm": "always"},  # weightless RMS norms of the rotated q and k
+        description="rotary embeddings (RoPE), then weightless RMS norms of the rotated q and k",
+        **{**_LLAMA, "norm": PLAIN_RMSNORM},
     ),
     # -- hybrids: softmax attention in some layers, recurrent / state-space / convolution layers in the others
     Family(
