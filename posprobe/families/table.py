@@ -843,7 +843,7 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=_QK_NORM,
         windows="layer_types",
         nope="global_layers",
-        sinks="layers.{l}.self_attn.sinks",
+        sinks="layers.{l}.self_attn.(sinks|softmax_offset)",  # files: softmax_offset; loaded: sinks
         description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE; learned per-head "
         "attention sinks",
         **_LLAMA,
