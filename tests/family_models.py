@@ -136,6 +136,12 @@ CASES = {
                                         layer_types=["sliding_attention", "full_attention"])),
     "cohere2": ("cohere2", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0,
                                 sliding_window=12, layer_types=["sliding_attention", "full_attention"])),
+    "cohere2_moe": ("cohere2_moe", dict(_KV2, head_dim=8, sliding_window=12, num_experts=2, num_experts_per_tok=1,
+                                        layer_types=["sliding_attention", "full_attention"])),
+    "cohere2_moe-rms-dense-prefix": ("cohere2_moe", dict(_KV2, head_dim=8, sliding_window=12, num_experts=2,
+                                                         num_experts_per_tok=1, rms_norm_eps=1e-3,
+                                                         layer_types=["full_attention", "full_attention"],
+                                                         mlp_layer_types=["dense", "sparse"])),
     "gpt_oss": ("gpt_oss", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0,
                                 num_local_experts=2, num_experts_per_tok=1, sliding_window=12, attention_bias=True,
                                 layer_types=["sliding_attention", "full_attention"],
@@ -208,6 +214,16 @@ CASES = {
                                       num_experts_per_tok=1, moe_intermediate_size=16,
                                       shared_expert_intermediate_size=16, linear_num_value_heads=4,
                                       linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)),
+    "qwen3_5_text": ("qwen3_5_text", dict(_KV2, head_dim=16, num_hidden_layers=2,
+                                          layer_types=["linear_attention", "full_attention"],
+                                          linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=8,
+                                          linear_value_head_dim=8)),
+    "qwen3_5_moe_text": ("qwen3_5_moe_text", dict(_KV2, head_dim=16, num_hidden_layers=2,
+                                                  layer_types=["linear_attention", "full_attention"], num_experts=2,
+                                                  num_experts_per_tok=1, moe_intermediate_size=16,
+                                                  shared_expert_intermediate_size=16, linear_num_value_heads=4,
+                                                  linear_num_key_heads=2, linear_key_head_dim=8,
+                                                  linear_value_head_dim=8)),
     "granitemoehybrid": ("granitemoehybrid", dict(_GRANITE_HYBRID, position_embedding_type="rope")),
     "granitemoehybrid-nope": ("granitemoehybrid", dict(_GRANITE_HYBRID, position_embedding_type=None)),
     "minimax": ("minimax", dict(_KV2, head_dim=8, num_hidden_layers=2, layer_types=_LINEAR_FULL,
@@ -233,6 +249,62 @@ CASES = {
     "glm4_moe_lite": ("glm4_moe_lite", dict(_MLA, q_lora_rank=12)),
     "youtu": ("youtu", dict(_MLA, q_lora_rank=12)),
     "mistral4": ("mistral4", dict(_MLA, q_lora_rank=12)),
+    # issue 34, second round: dense and MoE variants of covered designs
+    "vaultgemma": ("vaultgemma", dict(_KV2, head_dim=8, query_pre_attn_scalar=6, attn_logit_softcapping=3.0,
+                                      sliding_window=12, layer_types=["sliding_attention", "full_attention"])),
+    "dots1": ("dots1", dict(_KV2, head_dim=8, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                            first_k_dense_replace=1, n_shared_experts=1, sliding_window=12,
+                            layer_types=["sliding_attention", "full_attention"])),
+    "hyperclovax": ("hyperclovax", dict(_KV2, head_dim=8, attention_multiplier=0.3, embedding_multiplier=2.5,
+                                        use_post_norm=True)),
+    "jais2": ("jais2", dict(_KV2, head_dim=8, attention_bias=True, mlp_bias=True)),
+    "iquestcoder": ("iquestcoder", dict(_KV2, head_dim=8)),
+    "exaone": ("exaone", dict(_KV2, eos_token_id=2)),
+    "nemotron": ("nemotron", dict(_KV2, head_dim=8, attention_bias=True,
+                                  rope_parameters=dict(rope_type="default", rope_theta=1000.0,
+                                                       partial_rotary_factor=0.5))),
+    "sarvam_mla": ("sarvam_mla", dict(_MLA, q_lora_rank=12)),
+    "lfm2_moe": ("lfm2_moe", dict(_KV2, num_hidden_layers=3, layer_types=["full_attention", "conv", "full_attention"],
+                                  conv_L_cache=3, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                                  num_dense_layers=1)),
+    "aria_text": ("aria_text", dict(_KV2, head_dim=8, moe_num_experts=2, moe_topk=1, moe_num_shared_experts=1)),
+    "apertus1p5_text": ("apertus1p5_text", dict(_KV2, head_dim=8)),
+    "mellum": ("mellum", dict(_KV2, head_dim=8, sliding_window=12, num_local_experts=2, num_experts_per_tok=1,
+                              moe_intermediate_size=16, layer_types=["sliding_attention", "full_attention"],
+                              mlp_layer_types=["dense", "sparse"],
+                              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                               "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                  "rope_theta": 10000.0}})),
+    "flint": ("flint", dict(_KV2, head_dim=8, sliding_window=12, num_experts=2, num_experts_per_tok=1,
+                            moe_intermediate_size=16, shared_expert_intermediate_size=16, mlp_only_layers=[0],
+                            layer_types=["sliding_attention", "full_attention"])),
+    "kolibri1": ("kolibri1", dict(_KV2, head_dim=8, sliding_window=12, num_local_experts=2, num_experts_per_tok=1,
+                                  moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                                  layer_types=["sliding_attention", "full_attention"])),
+    "afmoe": ("afmoe", dict(_KV2, head_dim=8, sliding_window=12, num_experts=2, num_experts_per_tok=1,
+                            moe_intermediate_size=16, num_shared_experts=1, num_dense_layers=1, mup_enabled=True,
+                            layer_types=["sliding_attention", "full_attention"])),
+    "exaone_moe": ("exaone_moe", dict(_KV2, head_dim=8, sliding_window=12, num_experts=2, num_experts_per_tok=1,
+                                      moe_intermediate_size=16, num_shared_experts=1, first_k_dense_replace=1,
+                                      layer_types=["sliding_attention", "full_attention"],
+                                      mlp_layer_types=["dense", "sparse"])),
+    "hy_v3": ("hy_v3", dict(_KV2, head_dim=8, num_experts=2, num_experts_per_tok=1, num_shared_experts=1,
+                            moe_intermediate_size=16, mlp_layer_types=["dense", "sparse"])),
+    "esmc": ("esmc", dict(_KV2, num_key_value_heads=4, head_dim=8, mask_token_id=3)),
+    "ultrabert": ("ultrabert", dict(_KV2, head_dim=8, sliding_window=5,
+                                    layer_types=["sliding_attention", "full_attention"],
+                                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                                     "full_attention": {"rope_type": "default",
+                                                                        "rope_theta": 10000.0}})),
+    "axk1": ("axk1", dict(_MLA, q_lora_rank=12, mlp_layer_types=["dense", "sparse"])),
+    "minicpm3": ("minicpm3", dict(_KV2, num_key_value_heads=4, kv_lora_rank=8, q_lora_rank=12, qk_rope_head_dim=4,
+                                  qk_nope_head_dim=8, v_head_dim=8, scale_emb=3.0)),
+    "hunyuan_v1_dense": ("hunyuan_v1_dense", dict(_KV2, head_dim=8, attention_bias=True)),
+    "hunyuan_v1_moe": ("hunyuan_v1_moe", dict(_KV2, head_dim=8, num_experts=2, moe_topk=1)),
+    "dbrx": ("dbrx", dict(vocab_size=99, d_model=32, n_heads=4, n_layers=2, max_seq_len=64,
+                          attn_config=dict(kv_n_heads=2, clip_qkv=0.5, rope_theta=1000.0),
+                          ffn_config=dict(ffn_hidden_size=16, moe_num_experts=2, moe_top_k=1)), dict(own=True)),
+    "nanochat": ("nanochat", dict(_KV2, rms_norm_eps=1e-3)),
     # multi-head latent attention: a rotary part (4 dims) and a position-free part (8 dims) of each head
     "deepseek_v3": ("deepseek_v3", dict(_MLA, q_lora_rank=12, attention_bias=True,
                                         rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
@@ -295,6 +367,16 @@ CASES = {
     "biogpt": ("biogpt", dict(max_position_embeddings=64, scale_embedding=True, pad_token_id=1)),
     "bart": ("bart", _SEQ2SEQ, dict(own=True)),
     "mbart": ("mbart", _SEQ2SEQ, dict(own=True)),
+    "openai-gpt": ("openai-gpt", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64),
+                   dict(own=True)),
+    "gpt_bigcode": ("gpt_bigcode", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                        multi_query=True), dict(own=True)),
+    "gpt_bigcode-per-head": ("gpt_bigcode", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                                 multi_query=False, scale_attn_weights=False), dict(own=True)),
+    "plbart": ("plbart", _SEQ2SEQ, dict(own=True)),
+    "mvp": ("mvp", _SEQ2SEQ, dict(own=True)),
+    "blenderbot": ("blenderbot", _SEQ2SEQ, dict(own=True)),
+    "blenderbot-small": ("blenderbot-small", _SEQ2SEQ, dict(own=True)),
     "deberta-v2-absolute": ("deberta-v2", _RELATIVE_OFF),
     "deberta-absolute": ("deberta", dict(_RELATIVE_OFF, pos_att_type=["c2p", "p2c", "p2p"])),
     # sinusoidal tables, built as the model builds them
@@ -307,10 +389,12 @@ CASES = {
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
                   "granitemoe", "granitemoeshared", "glm4_moe", "minimax_m2", "ernie4_5_moe", "flex_olmo",
-                  "solar_open", "glm4_moe_lite", "youtu", "mistral4")  # fmt: skip
+                  "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
+                  "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
+                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
-FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax"}
+FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}
 
 
 # Cases added for issue 34 (the newest position designs and the further families). Tests over every case keep them
@@ -322,7 +406,12 @@ ISSUE_34_CASES = frozenset({
     "helium", "ibert", "internlm3", "jamba", "lfm2", "llama4_text", "minimax", "minimax_m2", "ministral3",
     "modernbert-decoder", "olmo3", "olmo_hybrid", "olmoe", "phimoe", "qwen2_moe", "qwen3_next",
     "roberta-prelayernorm", "seed_oss", "smollm3", "smollm3-sliding", "splinter", "xlm-roberta-xl", "ministral",
-    "glm4", "solar_open", "glm4_moe_lite", "youtu", "mistral4",
+    "glm4", "solar_open", "glm4_moe_lite", "youtu", "mistral4", "vaultgemma", "dots1", "hyperclovax", "jais2",
+    "iquestcoder", "exaone", "nemotron", "sarvam_mla", "lfm2_moe", "aria_text", "apertus1p5_text", "mellum", "flint",
+    "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3", "plbart", "mvp",
+    "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
+    "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
+    "qwen3_5_text", "qwen3_5_moe_text", "nanochat",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
@@ -524,7 +613,8 @@ def reference_scores(model, n: int) -> Reference:
                 with _SoftmaxInputs(n) if implementation == "eager" else _SdpaInputs() as capture:
                     model(input_ids=ids, use_cache=False)
                 scores = np.stack(capture.inputs[: len(layers)])
-                allowed = scores[:, 0] > -1e30  # masks add the dtype's minimum (or -inf)
+                # masks add the dtype's minimum (or -inf); OpenAI GPT sets masked scores to -1e4 exactly
+                allowed = (scores[:, 0] > -1e30) & (scores[:, 0] != -1e4)
         return Reference(scores, allowed, exact)
     finally:
         for layer in layers:

@@ -45,6 +45,8 @@ def _by_kind(name: str) -> bool:
     c = case(name)
     if c.config.get("attn_temperature_tuning"):  # Llama 4's NoPE layers scale each query by its position
         return False
+    if c.model_type.startswith("hunyuan_v1"):  # q/k norms with weights act on the rotated q and k
+        return False
     return position_kind({**c.config, "model_type": c.model_type})[0] in (ROTARY, ALIBI, NOPE)
 
 

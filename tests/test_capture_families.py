@@ -29,8 +29,8 @@ from tiny_tokenizer import word_tokenizer
 from posprobe.architectures.table import EAGER
 from posprobe.architectures.table import REFUSED as REFUSED_ROUTE
 from posprobe.capture import capture
-from posprobe.capture.eager import is_eager_route
-from posprobe.capture.model import attention_layers, stack_to_run
+from posprobe.capture.eager import MASKED_EXACTLY, is_eager_route
+from posprobe.capture.model import stack_to_run
 from posprobe.errors import PosprobeError
 from posprobe.families import family_for_type
 from posprobe.pipelines.attention import attention_profiles
@@ -61,7 +61,7 @@ EXTRA = {
 }  # fmt: skip
 # hybrids: softmax attention in some layers (recorded), recurrent / state-space / convolution layers in the others
 HYBRIDS = ("lfm2", "bamba", "jamba", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax",
-           "olmo_hybrid")  # fmt: skip
+           "olmo_hybrid", "lfm2_moe", "qwen3_5_text", "qwen3_5_moe_text")  # fmt: skip
 REFUSED = {
     "falcon-alibi": "eager attention .* gives other outputs than its sdpa",  # transformers' eager adds ALiBi twice
     "longformer": "not one softmax over all keys",  # sliding chunks
@@ -195,7 +195,8 @@ def test_capture_equals_each_text_run_alone(name):
             np.testing.assert_allclose(ours, theirs, rtol=tol * 100, atol=tol * 100)
         np.testing.assert_array_equal(got["allowed"], ref["allowed"])  # masks: padding, causality, windows
         allowed = np.broadcast_to(ref["allowed"][:, None], got["scores"].shape)
-        assert (got["scores"][~allowed] < -1e30).all()
+        masked = got["scores"][~allowed]
+        assert ((masked < -1e30) | (masked == MASKED_EXACTLY)).all()  # OpenAI GPT: -1e4 exactly
         with np.errstate(divide="ignore", invalid="ignore"):  # masked pairs: -inf - log 0
             shift = np.where(allowed, got["scores"] - np.log(ref["probs"]), np.nan)  # log-sum-exp of each row
         spread = np.nanmax(shift, -1) - np.nanmin(shift, -1)

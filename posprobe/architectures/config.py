@@ -248,7 +248,7 @@ def config_size(config: dict, name: str | None, what: str, default=None, require
             f"{where} has no {what} field (looked for {', '.join(T.CONFIG_KEYS[what])})", config_hint(name or "")
         )
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        key = next(k for k in T.CONFIG_KEYS[what] if config.get(k) is not None)
+        key = next(k for k in T.CONFIG_KEYS[what] if T.config_get(config, k) is not None)
         raise PosprobeError(f"{where} has {key} = {value!r}, expected a whole number >= 1", config_hint(name or ""))
     return value
 
@@ -272,6 +272,8 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
             config_hint(name, "the config is malformed; re-save the checkpoint"),
         )
     eps = family.eps if family.eps is not None else T.config_value(config, "eps")  # the family's code decides first
+    if family.rms_when and T.config_get(config, family.rms_when) is not None:  # Cohere 2 MoE's RMS norms
+        eps = T.config_get(config, family.rms_when)
     if eps is None:  # a hand-written config: its transformers config's default
         eps = config_default(config, T.CONFIG_KEYS["eps"])
         if eps is None:

@@ -57,13 +57,18 @@ SIN_COS_PAIRS = "sin-cos-pairs"  # the module gives (sin, cos), each (n, r/2) pe
 SIN_COS_TABLE = "sin-cos-table"  # a table (n, d_h) of [sin | cos] per pair (stored or built); 2i, 2i+1 (RoFormer)
 HALF_ANGLES = "half-angles"  # the module's (cos, sin), each (n, r/2), one column per pair; dim i pairs with i + r/2
 COMPLEX = "complex"  # the module gives complex e^{i angle}, (n, r/2), one per pair; dims 2i, 2i+1 (DeepSeek V2)
-ROTARY_LAYOUTS = (ROTATE_HALF, INTERLEAVED, HALF_INTERLEAVED, SIN_COS_PAIRS, SIN_COS_TABLE, HALF_ANGLES, COMPLEX)
+REVERSED = "reversed"  # rotate_half with flipped signs: the rotation runs the other way, angle -> -angle (NanoChat)
+ROTARY_LAYOUTS = (ROTATE_HALF, INTERLEAVED, HALF_INTERLEAVED, SIN_COS_PAIRS, SIN_COS_TABLE, HALF_ANGLES, COMPLEX,
+                  REVERSED)  # fmt: skip
 # Which layers of a rotary family apply no rotary embedding at all (`Family.nope`: NoPE layers, SPEC §9).
 NOPE_RULES = (
     "no_rope_layers",  # config.no_rope_layers[l] == 0: layer l is NoPE (SmolLM3, Llama 4)
     "global_layers",  # layers whose config.layer_types[l] is not 'sliding_attention' are NoPE (Cohere 2; all
     # layers when config.sliding_window is None)
     "global_layers_if_windowed",  # the same while config.sliding_window is set; every layer rotates without (Exaone 4)
+    "global_layers_by_type",  # layers whose config.layer_types[l] is not 'sliding_attention', any window (AFMoE)
+    "global_layers_but_dense_prefix",  # global_layers, except dense-MLP prefix layers where the config's
+    # prefix_dense_sliding_window_pattern is 1: those rotate (Cohere 2 MoE's force_rope)
 )
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
@@ -90,14 +95,16 @@ CAPTURES = (INTERFACE, EAGER, REFUSED)
 LAYERNORM = "layernorm"  # (x - mean) / sqrt(var + eps) * w + b (b optional)
 RMSNORM = "rmsnorm"  # x / sqrt(mean(x^2) + eps) * w
 RMSNORM_PLUS1 = "rmsnorm+1"  # Gemma: x / sqrt(mean(x^2) + eps) * (1 + w)
+LAYERNORM_PLUS1 = "layernorm+1"  # Nemotron's LayerNorm1P: (x - mean) / sqrt(var + eps) * (1 + w) + b
 PLAIN_LAYERNORM = "layernorm-plain"  # OLMo: (x - mean) / sqrt(var + eps), no weights stored
+PLAIN_RMSNORM = "rmsnorm-plain"  # NanoChat: x / sqrt(mean(x^2) + eps), no weights stored
 NONORM = "nonorm"  # MobileBERT's NoNorm: x * w + b (no normalisation)
-NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, PLAIN_LAYERNORM, NONORM)
+NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, LAYERNORM_PLUS1, PLAIN_LAYERNORM, PLAIN_RMSNORM, NONORM)
 
 # Config field names, in the order they are looked for.
 CONFIG_KEYS = {
     "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "attention_heads"),
-    "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv"),
+    "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "attn_config.kv_n_heads"),  # dotted: nested
     "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
     "hidden": ("hidden_size", "n_embd", "dim", "d_model", "emb_dim"),
     "head_dim": ("head_dim", "d_kv"),
@@ -113,7 +120,8 @@ CONFIG_KEYS = {
 # How each table field reads a config switch (`Family.switches`): a field listed there applies only when the config
 # key is true (missing keys take the default of the family's transformers config class).
 SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram", "rotary_layout")
-EMBED_SCALES = (None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier")
+EMBED_SCALES = (None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier",
+                "mup_enabled", "scale_emb")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -127,11 +135,12 @@ class Family:
     `word_projection` (a Linear applied to the word embedding alone, before positions are added: OPT's
     project_in, MobileBERT's embedding_transformation; with the `trigram` switch it reads [next; this; previous]
     word embeddings, zeros beyond the sequence), `embed_scale` ('sqrt_hidden': the embeddings are multiplied by
-    sqrt(d) in the table's dtype, Gemma; 'scale_embedding' / 'rescale_embeddings': by sqrt(d) when that config
-    key is true; 'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout; 'embedding_multiplier':
-    Granite's config value). `position_offset`: position i reads table row i + offset, and the table holds
-    max_position_embeddings + offset rows (OPT, BART, mBART, BioGPT: 2); `position_width`: config keys of the
-    position table's width (default: `embedding_size`, else the hidden size).
+    sqrt(d) in the table's dtype, Gemma; 'scale_embedding' / 'rescale_embeddings' / 'mup_enabled' (AFMoE): by
+    sqrt(d) when that config key is true; 'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout;
+    'embedding_multiplier' / 'scale_emb': that config value, Granite / MiniCPM 3). `position_offset`: position i
+    reads table row i + offset, and the table holds max_position_embeddings + offset rows (OPT, BART, mBART,
+    BioGPT: 2); `position_width`: config keys of the position table's width (default: `embedding_size`, else the
+    hidden size).
     Attention of layer `{l}`: `query` / `key` prefixes ('.weight', '.bias' appended; with `qkv` != SEPARATE
     `query` names the fused projection; `qkv_blocks` for BLOCKED), `pre_norm` (the norm applied to the layer
     input before attention; from layer `pre_norm_from` on: ModernBERT's layer 0 has none), `bottleneck`
@@ -139,9 +148,10 @@ class Family:
     `prefix.LayerNorm` the layer input goes through before Q/K: MobileBERT), `qk_norm` (prefixes of norms applied
     to q and k before the positional mechanism where the checkpoint has them; `qk_norm_scope` 'head': over each
     head's d_h (Qwen3, Cohere, StableLM: one weight per head where stored so, a '{h}' in the prefix naming
-    per-head modules), 'all': over the whole projection before the head split (OLMo-2)), `clip` (config key of a
-    clamp of q and k: OLMo's clip_qkv), `norm` (the kind of every norm above), `shared_layers` (ALBERT: one
-    stored layer at every depth). A name may hold one group of alternatives, 'a.(b|c).d': the first the checkpoint
+    per-head modules), 'all': over the whole projection before the head split (OLMo-2); after the rotation with
+    `qk_norm_after_rotary`: Hunyuan), `clip` (config key of a clamp of q and k: OLMo's clip_qkv, DBRX's
+    attn_config.clip_qkv), `norm` (the kind of every norm above), `shared_layers` (ALBERT: one stored layer at
+    every depth). A name may hold one group of alternatives, 'a.(b|c).d': the first the checkpoint
     holds.
     `switches`: field -> config key; the field (one of `SWITCHABLE`) applies only when the key is true (XMOD's
     pre_norm, OPT's do_layer_norm_before, ESM's emb_layer_norm_before, DeBERTa's position_biased_input).
@@ -192,6 +202,7 @@ class Family:
     bottleneck: tuple[tuple[tuple[str, ...], str], ...] = ()
     qk_norm: tuple[str, str] | None = None
     qk_norm_scope: str = "head"
+    qk_norm_after_rotary: bool = False  # the q/k norms act on the rotated q and k (Hunyuan), not before RoPE
     clip: str | None = None
     norm: str = LAYERNORM
     eps: float | None = None  # the norm epsilon the family fixes in code, whatever its config says (DistilBERT, BioGPT)
@@ -207,12 +218,15 @@ class Family:
     windows: str | None = None
     nope: str | None = None  # how the config names its NoPE layers (`NOPE_RULES`), for rotary families
     sinks: str | None = None  # per-head learned sink logits s_h (one extra softmax column, no value): gpt-oss
+    rms_when: str | None = None  # config key that, when set, makes every norm an RMS norm with it as epsilon
+    # (Cohere 2 MoE's rms_norm_eps; its bias-free LayerNorm otherwise)
     softmax_attention: bool = True  # False: no layer has softmax attention (Mamba, RWKV, xLSTM): refused as such
     hybrid: str = ""  # what the layers without softmax attention are, in words (config.layer_types names them;
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
-    # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32),
+    # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'head_dim_if:KEY' d_h ** -0.5 when config KEY, else 1
+    # (GPT-BigCode's scale_attn_weights), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32),
     # 'latent' (MLA: the module's own yarn_apply_mscale, `families.latent`)
     softcap: str | None = None  # config key of a logit soft cap: scores -> cap * tanh(scores / cap) (Gemma 2)
     tensors: dict[str, str] = field(default_factory=dict)
@@ -240,10 +254,10 @@ class Family:
                 raise ValueError(f"family '{self.name}': {name} {value!r} is not one of {allowed}")
         if not (
             self.scaling in ("head_dim", "none", "disentangled", "latent")
-            or self.scaling.startswith(("rsqrt:", "value:"))
+            or self.scaling.startswith(("rsqrt:", "value:", "head_dim_if:"))
         ):
             raise ValueError(f"family '{self.name}': scaling {self.scaling!r} is not one of head_dim, none, "
-                             "disentangled, latent, rsqrt:KEY, value:KEY")  # fmt: skip
+                             "disentangled, latent, rsqrt:KEY, value:KEY, head_dim_if:KEY")  # fmt: skip
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -288,6 +302,7 @@ _LLAMA = dict(
 )
 _QK_NORM = ("layers.{l}.self_attn.q_norm", "layers.{l}.self_attn.k_norm")
 _QK_LAYERNORM = ("layers.{l}.self_attn.q_layernorm", "layers.{l}.self_attn.k_layernorm")
+_QK_AFTER_ROPE = ("layers.{l}.self_attn.query_layernorm", "layers.{l}.self_attn.key_layernorm")
 _GRANITE = dict(scaling="value:attention_multiplier", embed_scale="embedding_multiplier")
 
 # T5 layout: shared word table, {stack}.block.{l}.layer.0 = (pre-attention RMS norm, SelfAttention q/k, no bias).
@@ -500,6 +515,31 @@ FAMILIES: tuple[Family, ...] = (
         pre_norm="h.{l}.ln_1",
     ),
     Family(
+        "openai-gpt",
+        ("openai-gpt",),
+        LEARNED,
+        causal=True,
+        word="tokens_embed.weight",
+        position="positions_embed.weight",
+        query="h.{l}.attn.c_attn",
+        key="h.{l}.attn.c_attn",
+        qkv=GPT2_CONV1D,
+        capture=EAGER,
+    ),  # post-LN: the attention reads the summed embeddings, and each later layer the previous layer's output
+    Family(
+        "gpt_bigcode",
+        ("gpt_bigcode",),
+        LEARNED,
+        causal=True,
+        word="wte.weight",
+        position="wpe.weight",
+        query="h.{l}.attn.c_attn",  # one Linear: multi_query [q; k; v] with one key head, else rows per head
+        key="h.{l}.attn.c_attn",
+        qkv=STACKED,
+        pre_norm="h.{l}.ln_1",
+        scaling="head_dim_if:scale_attn_weights",
+    ),
+    Family(
         "gpt_neo",
         ("gpt_neo",),
         LEARNED,
@@ -519,6 +559,14 @@ FAMILIES: tuple[Family, ...] = (
     Family("biogpt", ("biogpt",), LEARNED, embed_scale="scale_embedding", **{**_OPT, "eps": 1e-5, "capture": EAGER}),
     Family("bart", ("bart",), LEARNED, **_BART),  # post-LN: no norm before attention
     Family("mbart", ("mbart",), LEARNED, pre_norm="encoder.layers.{l}.self_attn_layer_norm", **_BART),
+    Family("plbart", ("plbart",), LEARNED, **_BART),  # BART's layout
+    Family("mvp", ("mvp",), LEARNED, **_BART),  # BART's layout (prompt layers, when on, feed cross-attention only)
+    Family(
+        "blenderbot", ("blenderbot",), LEARNED, pre_norm="encoder.layers.{l}.self_attn_layer_norm", **_SEQ2SEQ
+    ),  # fmt: skip
+    Family(
+        "blenderbot-small", ("blenderbot-small",), LEARNED, embedding_norm="encoder.layernorm_embedding", **_SEQ2SEQ
+    ),  # fmt: skip
     # -- rotary (SPEC §9)
     Family("llama", ("llama",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),
     Family("mistral", ("mistral",), rotary_class=_rotary("mistral", "Mistral"), windows="sliding_window", **_LLAMA),
@@ -735,6 +783,160 @@ FAMILIES: tuple[Family, ...] = (
         description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE (with a window)",
         **{**_LLAMA, "pre_norm": None},  # post-norm: the attention reads the layer input itself
     ),
+    # -- dense and MoE variants of covered designs, second round (issue 34; tests/test_family_gaps.py lists the rest)
+    Family(
+        "vaultgemma",
+        ("vaultgemma",),
+        rotary_class=_rotary("vaultgemma", "VaultGemma"),
+        embed_scale="sqrt_hidden",
+        scaling="rsqrt:query_pre_attn_scalar",
+        softcap="attn_logit_softcapping",
+        windows="layer_types",
+        **{**_LLAMA, "norm": RMSNORM_PLUS1},
+    ),
+    Family(
+        "dots1",
+        ("dots1",),
+        rotary_class=_rotary("dots1", "Dots1"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        **_LLAMA,
+    ),
+    Family(
+        "hyperclovax", ("hyperclovax",), rotary_class=_rotary("hyperclovax", "HyperCLOVAX"), **{**_LLAMA, **_GRANITE}
+    ),  # fmt: skip
+    Family("jais2", ("jais2",), rotary_class=_rotary("jais2", "Jais2"), **{**_LLAMA, "norm": LAYERNORM}),
+    Family("iquestcoder", ("iquestcoder",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),  # Llama's model
+    Family(
+        "exaone",
+        ("exaone",),
+        rotary_class=_rotary("llama", "Llama"),  # transformers runs EXAONE 3 as Llama, renaming its tensors
+        **{
+            **_LLAMA,
+            "word": "(embed_tokens|wte).weight",  # files: transformer.wte, transformer.h.{l}; loaded: Llama's names
+            "query": "{l}.(self_attn|attn.attention).q_proj",
+            "key": "{l}.(self_attn|attn.attention).k_proj",
+            "pre_norm": "{l}.(input_layernorm|ln_1)",
+        },
+    ),
+    Family(
+        "nemotron",
+        ("nemotron",),
+        rotary_class=_rotary("nemotron", "Nemotron"),  # partial rotary
+        **{**_LLAMA, "norm": LAYERNORM_PLUS1},
+    ),
+    Family("aria_text", ("aria_text",), rotary_class=_rotary("aria", "AriaText"), **_LLAMA),
+    Family(
+        "apertus1p5_text",
+        ("apertus1p5_text",),
+        rotary_class=_rotary("apertus1p5", "Apertus1p5Text"),
+        qk_norm=_QK_NORM,
+        **{**_LLAMA, "pre_norm": "layers.{l}.attention_layernorm"},
+    ),
+    Family(
+        "mellum",
+        ("mellum",),
+        rotary_class=_rotary("mellum", "Mellum"),  # one rotary setting per layer type
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        **_LLAMA,
+    ),
+    Family(
+        "flint",
+        ("flint",),
+        rotary_class=_rotary("flint", "Flint"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers",
+        sinks="layers.{l}.self_attn.(sinks|softmax_offset)",  # files: softmax_offset; loaded: sinks
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE; learned per-head "
+        "attention sinks",
+        **_LLAMA,
+    ),
+    Family(
+        "kolibri1",
+        ("kolibri1",),
+        rotary_class=_rotary("kolibri1", "Kolibri1"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers_if_windowed",
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE (with a window)",
+        **_LLAMA,
+    ),
+    Family(
+        "afmoe",
+        ("afmoe",),
+        rotary_class=_rotary("afmoe", "Afmoe"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers_by_type",
+        embed_scale="mup_enabled",
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE",
+        **_LLAMA,
+    ),
+    Family(
+        "exaone_moe",
+        ("exaone_moe",),
+        rotary_class=_rotary("exaone_moe", "ExaoneMoe"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers_if_windowed",
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE (with a window)",
+        **_LLAMA,
+    ),
+    Family("hy_v3", ("hy_v3",), rotary_class=_rotary("hy_v3", "HYV3"), qk_norm=_QK_NORM, **_LLAMA),
+    Family(
+        "esmc",
+        ("esmc",),
+        rotary_class=_rotary("esmc", "Esmc"),
+        qk_norm=_QK_NORM,
+        qk_norm_scope="all",  # LayerNorms (no bias) of the whole q / k projection, before the head split
+        eps=1e-5,  # nn.LayerNorm's default: its config names no epsilon
+        **{**_LLAMA, "causal": False, "norm": LAYERNORM},
+    ),
+    Family(
+        "ultrabert",
+        ("ultrabert",),
+        rotary_class=_rotary("ultrabert", "Ultrabert"),  # one rotary setting per layer type
+        windows="layer_types_inclusive",  # sliding layers attend |j - i| <= sliding_window
+        **{**_LLAMA, "causal": False},
+    ),
+    *(
+        Family(
+            t,
+            (t,),
+            rotary_class=_rotary(t, prefix),
+            qk_norm=_QK_AFTER_ROPE,  # RMS norms per head, of the rotated q and k
+            qk_norm_after_rotary=True,
+            description="rotary embeddings (RoPE), then RMS norms of the rotated q and k",
+            **_LLAMA,
+        )
+        for t, prefix in (("hunyuan_v1_dense", "HunYuanDenseV1"), ("hunyuan_v1_moe", "HunYuanMoEV1"))
+    ),
+    Family(
+        "dbrx",
+        ("dbrx",),
+        ROTARY,
+        causal=True,
+        word="wte.weight",
+        query="blocks.{l}.norm_attn_norm.attn.Wqkv",  # one Linear: [q; k; v]
+        key="blocks.{l}.norm_attn_norm.attn.Wqkv",
+        qkv=STACKED,
+        pre_norm="blocks.{l}.norm_attn_norm.norm_1",  # LayerNorm without bias
+        eps=1e-5,  # nn.LayerNorm's default: its config names no epsilon
+        clip="attn_config.clip_qkv",
+        rotary_class=_rotary("dbrx", "Dbrx"),
+    ),
+    Family(
+        "nanochat",
+        ("nanochat",),
+        rotary_class=_rotary("nanochat", "NanoChat"),
+        rotary_layout=REVERSED,
+        embedding_norm="norm",  # the same weightless norm before the layers and after them
+        tensors={"post_rotary_l2_norm": "always"},  # weightless RMS norms of the rotated q and k
+        description="rotary embeddings (RoPE), then weightless RMS norms of the rotated q and k",
+        **{**_LLAMA, "norm": PLAIN_RMSNORM},
+    ),
     # -- hybrids: softmax attention in some layers, recurrent / state-space / convolution layers in the others
     Family(
         "lfm2",
@@ -744,6 +946,17 @@ FAMILIES: tuple[Family, ...] = (
         hybrid="gated short-convolution layers",
         capture=INTERFACE,
         capture_note=HYBRID_CAPTURE,
+        description="rotary embeddings (RoPE) in its attention layers; short convolutions between them",
+        **{**_LLAMA, "pre_norm": "layers.{l}.operator_norm"},
+    ),
+    Family(
+        "lfm2_moe",
+        ("lfm2_moe",),
+        rotary_class=_rotary("lfm2_moe", "Lfm2Moe"),
+        qk_norm=_QK_LAYERNORM,  # RMS norms per head
+        hybrid="gated short-convolution layers",
+        capture=REFUSED,
+        capture_note="hybrid: `attention` records models whose every layer attends",
         description="rotary embeddings (RoPE) in its attention layers; short convolutions between them",
         **{**_LLAMA, "pre_norm": "layers.{l}.operator_norm"},
     ),
@@ -767,6 +980,23 @@ FAMILIES: tuple[Family, ...] = (
         capture_note=HYBRID_CAPTURE,
         description="rotary embeddings (RoPE) in its gated attention layers; gated DeltaNet layers between them",
         **{**_LLAMA, "qkv": GATED_QUERY, "norm": RMSNORM_PLUS1},
+    ),
+    *(
+        Family(
+            t,
+            (t,),
+            rotary_class=_rotary(module, prefix),  # partial rotary; M-RoPE, one position for all its axes on text
+            qk_norm=_QK_NORM,
+            hybrid="gated DeltaNet linear-attention layers",
+            capture=REFUSED,
+            capture_note="hybrid: `attention` records models whose every layer attends",
+            description="rotary embeddings (RoPE) in its gated attention layers; gated DeltaNet layers between them",
+            **{**_LLAMA, "qkv": GATED_QUERY, "norm": RMSNORM_PLUS1},
+        )
+        for t, module, prefix in (
+            ("qwen3_5_text", "qwen3_5", "Qwen3_5Text"),
+            ("qwen3_5_moe_text", "qwen3_5_moe", "Qwen3_5MoeText"),
+        )
     ),
     Family(
         "granitemoehybrid",
@@ -860,6 +1090,53 @@ FAMILIES: tuple[Family, ...] = (
         for t, prefix in (("glm4_moe_lite", "Glm4MoeLite"), ("youtu", "Youtu"), ("mistral4", "Mistral4"))
     ),
     Family(
+        "sarvam_mla",
+        ("sarvam_mla",),
+        rotary_class=_rotary("deepseek_v3", "DeepseekV3"),  # transformers runs it as DeepSeek V3
+        rotary_layout=HALF_INTERLEAVED,  # rope_interleave; rotate_half when off
+        switches={"rotary_layout": "rope_interleave"},
+        scaling="latent",
+        tensors={"scaling_function": "transformers.models.deepseek_v3.modeling_deepseek_v3:yarn_apply_mscale"},
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),
+    Family(
+        "axk1",
+        ("axk1",),
+        rotary_class=_rotary("axk1", "AXK1"),
+        rotary_layout=HALF_INTERLEAVED,  # rope_interleave; rotate_half when off
+        switches={"rotary_layout": "rope_interleave"},
+        scaling="latent",
+        tensors={"scaling_function": "transformers.models.axk1.modeling_axk1:yarn_apply_mscale"},
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),
+    Family(
+        "minicpm3",
+        ("minicpm3",),
+        rotary_class=_rotary("minicpm3", "MiniCPM3"),  # rotate_half on the rotary part
+        scaling="latent",
+        embed_scale="scale_emb",
+        tensors={"scaling_function": "transformers.models.minicpm3.modeling_minicpm3:yarn_apply_mscale"},
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),
+    Family(
         "deepseek_v2",
         ("deepseek_v2",),
         rotary_class=_rotary("deepseek_v2", "DeepseekV2"),
@@ -894,6 +1171,17 @@ FAMILIES: tuple[Family, ...] = (
         nope="global_layers",
         description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE",
         **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
+    ),
+    Family(
+        "cohere2_moe",
+        ("cohere2_moe",),
+        rotary_class=_rotary("cohere2_moe", "Cohere2Moe"),
+        rotary_layout=INTERLEAVED,
+        windows="layer_types",
+        nope="global_layers_but_dense_prefix",
+        rms_when="rms_norm_eps",
+        description="rotary embeddings (RoPE) in sliding-window layers (and a dense prefix); global layers NoPE",
+        **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias, or RMS norms (rms_norm_eps set)
     ),
     Family(
         "gpt_oss",
@@ -1167,6 +1455,21 @@ FAMILIES: tuple[Family, ...] = (
         softmax_attention=False,
         description="no softmax attention: recurrent memory cells (sLSTM / mLSTM) carry position",
     ),
+    Family(
+        "fnet",
+        ("fnet",),
+        OTHER,
+        softmax_attention=False,
+        description="no attention: Fourier transforms mix the tokens (a learned absolute table feeds them)",
+    ),
+    Family(
+        "yoso",
+        ("yoso",),
+        OTHER,
+        softmax_attention=False,
+        description="no softmax attention: LSH-sampled Bernoulli attention weights (a learned absolute table feeds "
+        "them)",
+    ),
     Family("funnel", ("funnel",), OTHER, description="relative attention"),
     Family("reformer", ("reformer",), OTHER, description="axial position embeddings"),
 )
@@ -1193,11 +1496,20 @@ def model_types(kind: str | None = None, analysable: bool | None = None, retrofi
     )
 
 
+def config_get(config: dict, key: str):
+    """config[key], where a dotted key names a field of a nested section ('attn_config.clip_qkv': DBRX); None when
+    absent."""
+    value = config
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
 def config_value(config: dict, what: str):
-    """The first of `CONFIG_KEYS[what]` present (not None) in `config`, or None."""
+    """The first of `CONFIG_KEYS[what]` present (not None) in `config` (dotted keys: nested sections), or None."""
     for key in CONFIG_KEYS[what]:
-        if config.get(key) is not None:
-            return config[key]
+        if config_get(config, key) is not None:
+            return config_get(config, key)
     return None
 
 
@@ -1275,13 +1587,21 @@ def has_learned_table(config: dict) -> bool:
     return family.kind not in TABLE_KINDS and family.position is not None and switched_on(family, config, "position")
 
 
+def norm_kind(family: Family, config: dict) -> str:
+    """The kind of the norms of the model `config` describes: the entry's `norm`, or RMS where its `rms_when` key
+    is set."""
+    return RMSNORM if family.rms_when and config_get(config, family.rms_when) is not None else family.norm
+
+
 def qkv_layout(family: Family, config: dict) -> tuple[str, int | None]:
     """(Q/K/V layout, key heads or None for the config's own count) of the model `config` describes: the entry's
     `qkv`, except where a config switch changes it (Falcon: new_decoder_architecture groups rows per key head,
-    multi_query stacks one key head after the queries, else rows per head)."""
+    multi_query stacks one key head after the queries, else rows per head; GPT-BigCode's multi_query likewise)."""
     if config.get("model_type") == "falcon":
         if config_flag(config, "new_decoder_architecture"):
             return KV_GROUPED, None
+        return (STACKED, 1) if config_flag(config, "multi_query") else (PER_HEAD, None)
+    if config.get("model_type") == "gpt_bigcode":
         return (STACKED, 1) if config_flag(config, "multi_query") else (PER_HEAD, None)
     return family.qkv, None
 
@@ -1292,7 +1612,8 @@ def rotary_layout(family: Family, config: dict) -> str:
     return family.rotary_layout if switched_on(family, config, "rotary_layout") else ROTATE_HALF
 
 
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3")  # rotary modules with one setting per layer type
+# rotary modules with one setting per layer type
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert")
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 

@@ -74,6 +74,7 @@ def softmax_inputs(batch: int, heads: int, m: int):
 
 
 MASKED_BELOW = -1e30  # no real score comes near; masks add a dtype's minimum (-3.4e38 in float32) or -inf
+MASKED_EXACTLY = -1e4  # OpenAI GPT's causal mask sets the score to exactly this: w * b - 1e4 * (1 - b), b = 0
 
 
 def masked_below(scores: torch.Tensor) -> float:
@@ -135,7 +136,7 @@ class EagerRecorder:
         # A is what the model returns, except where it returns the very tensor it fed its softmax (SqueezeBERT
         # returns its scores as "attentions"): then A is that softmax's output
         probs = tuple(out if a.data_ptr() == s.data_ptr() else a.detach() for a, (s, out) in zip(returned, seen.calls))
-        allowed = _share_equal([s[:, 0] > masked_below(s) for s in scores])
+        allowed = _share_equal([(s[:, 0] > masked_below(s)) & (s[:, 0] != MASKED_EXACTLY) for s in scores])
         return output, scores, probs, allowed
 
     def verify(self, model, tokens, output, scores, probs, allowed) -> None:

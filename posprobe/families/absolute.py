@@ -19,7 +19,10 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
     weights = ctx.attention(layer, stack)
     wq, bq, wk, bk = weights.linear()
     table = ctx.position_table.table[:n]
-    heads = ctx.shape.heads
+    heads, kv_heads = ctx.shape.heads, ctx.shape.kv_heads
+    if kv_heads != heads:  # shared key heads (GPT-BigCode's multi-query): each query head reads its group's key
+        wk, bk = (None if x is None else np.repeat(x.reshape(kv_heads, -1, *x.shape[1:]), heads // kv_heads, axis=0)
+                  .reshape(-1, *x.shape[1:]) for x in (wk, bk))  # fmt: skip
     if ctx.mode == "paper" and inputs is None:
         key = ("paper", n)
         if key not in ctx.cache:  # the same projected inputs for every layer

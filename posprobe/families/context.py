@@ -269,10 +269,10 @@ class ModelContext(EmbeddingReader):
 
     def norm(self, x: np.ndarray, prefix: str, layer: int | None = None, stack: str = "encoder") -> np.ndarray:
         """The family's norm with weights `prefix`.weight (and `.bias` when stored) applied to `x` (..., d)."""
-        if self.family.norm == T.PLAIN_LAYERNORM:  # no weights stored (OLMo)
-            return apply_norm(x, T.PLAIN_LAYERNORM, None, None, self.shape.eps)
+        if self.family.norm in (T.PLAIN_LAYERNORM, T.PLAIN_RMSNORM):  # no weights stored (OLMo, NanoChat)
+            return apply_norm(x, self.family.norm, None, None, self.shape.eps)
         weight, bias = self.norm_weights(prefix, layer, stack)
-        return apply_norm(x, self.family.norm, weight, bias, self.shape.eps)
+        return apply_norm(x, T.norm_kind(self.family, self.config), weight, bias, self.shape.eps)
 
     def norm_weights(self, prefix: str, layer: int | None = None, stack: str = "encoder"):
         """(weight, bias or None) of norm `prefix`: `.weight` / `.bias`, or the older `.gamma` / `.beta` names (ESM
@@ -387,7 +387,8 @@ class ModelContext(EmbeddingReader):
         self, layer: int, stack: str = "encoder", inputs: LayerInputs | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Query (H, d_h) and key (H_kv, d_h) of the input at `layer` (`word_input`), biases, clamps and q/k norms
-        applied, before any positional mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input."""
+        applied (unless the family norms the rotated q and k: `qk_norm_after_rotary`), before any positional
+        mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input."""
         x = self.word_input(layer, stack, inputs)
         if self.qkv == T.LATENT:  # MLA: rotary part first, then the position-free part (families.latent)
             from posprobe.families.latent import latent_query_key
@@ -396,11 +397,13 @@ class ModelContext(EmbeddingReader):
             return (q[:, 0], k[:, 0]) if x.ndim == 1 else (q, k)
         weights = self.attention(layer, stack)
         q, k = weights.queries(x), weights.keys(x)
-        clip = self.config.get(self.family.clip) if self.family.clip else None
+        clip = T.config_get(self.config, self.family.clip) if self.family.clip else None
         if clip is not None:  # OLMo's clip_qkv
             q, k = np.clip(q, -clip, clip), np.clip(k, -clip, clip)
         if "key_multiplier" in self.family.tensors:  # Falcon-H1's muP factor on the keys
             k = k * float(self.config.get(self.family.tensors["key_multiplier"], 1.0))
+        if self.family.qk_norm_after_rotary:  # Hunyuan: the rotary score module applies them to rotated q and k
+            return q, k
         return self.qk_norm(q, k, layer, stack)
 
     def query_key_of(self, hidden: np.ndarray, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:
@@ -433,12 +436,12 @@ class ModelContext(EmbeddingReader):
             weight, bias = self._weights(prefix, layer, stack)
         if self.family.qk_norm_scope == "all":  # over every head's features at once, before the head split
             flat = np.moveaxis(x, 0, -2).reshape(*x.shape[1:-1], heads * x.shape[-1])
-            out = apply_norm(flat, self.family.norm, weight, bias, self.shape.eps)
+            out = apply_norm(flat, T.norm_kind(self.family, self.config), weight, bias, self.shape.eps)
             return np.moveaxis(out.reshape(*x.shape[1:-1], heads, x.shape[-1]), -2, 0)
         shape = (heads,) + (1,) * (x.ndim - 2) + (x.shape[-1],)
         weight = weight.reshape(shape) if weight.ndim == 2 else weight
         bias = bias.reshape(shape) if bias is not None and bias.ndim == 2 else bias
-        return apply_norm(x, self.family.norm, weight, bias, self.shape.eps)
+        return apply_norm(x, T.norm_kind(self.family, self.config), weight, bias, self.shape.eps)
 
     def _weights(self, prefix: str, layer: int, stack: str) -> tuple[np.ndarray, np.ndarray | None]:
         return self.norm_weights(prefix, layer, stack)
@@ -448,7 +451,8 @@ class ModelContext(EmbeddingReader):
     def scaling(self) -> float:
         """The factor q.k is multiplied by before softmax (`Family.scaling`): 1 / sqrt(d_h), 1 ('none'),
         config[KEY] ** -0.5 ('rsqrt:KEY': Gemma 2's query_pre_attn_scalar), config[KEY] ('value:KEY': Granite's
-        attention_multiplier), or DeBERTa's 1 / sqrt(d_h * (1 + position terms)) rounded to float32."""
+        attention_multiplier), d_h ** -0.5 or 1 by a config switch ('head_dim_if:KEY'), or DeBERTa's
+        1 / sqrt(d_h * (1 + position terms)) rounded to float32."""
         how = self.family.scaling
         if how == "none":
             return 1.0
@@ -461,6 +465,8 @@ class ModelContext(EmbeddingReader):
 
             return latent_scaling(self)
         rule, key = how.split(":")
+        if rule == "head_dim_if":  # GPT-BigCode: scale_attn_weights
+            return self.shape.head_dim**-0.5 if T.config_flag(self.config, key) else 1.0
         value = self.config.get(key)
         value = value if value is not None else config_default(self.config, (key,))
         if value is None:

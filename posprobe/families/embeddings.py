@@ -26,16 +26,16 @@ from posprobe.errors import PosprobeError
 
 def apply_norm(x: np.ndarray, kind: str, weight, bias: np.ndarray | None, eps: float) -> np.ndarray:
     """The norm `kind` (table.NORMS) over the last axis of `x`, as torch computes it (biased variance); `weight`
-    None for a norm without weights (OLMo's)."""
+    None for a norm without weights (OLMo's, NanoChat's)."""
     if kind == T.NONORM:
         out = x * weight
-    elif kind in (T.LAYERNORM, T.PLAIN_LAYERNORM):
+    elif kind in (T.LAYERNORM, T.PLAIN_LAYERNORM, T.LAYERNORM_PLUS1):
         mean = x.mean(axis=-1, keepdims=True)
         out = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)
-        out = out if weight is None else out * weight
+        out = out if weight is None else out * (1.0 + weight if kind == T.LAYERNORM_PLUS1 else weight)
     else:
         out = x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps)
-        out = out * (1.0 + weight if kind == T.RMSNORM_PLUS1 else weight)
+        out = out if weight is None else out * (1.0 + weight if kind == T.RMSNORM_PLUS1 else weight)
     return out if bias is None else out + bias
 
 
@@ -87,11 +87,11 @@ class EmbeddingReader:
         scale, cfg = self.family.embed_scale, self.config
         if scale == "sqrt_hidden":
             return self.word_mean * embed_scale(self.shape.hidden, self.word_dtype)
-        if scale in ("scale_embedding", "rescale_embeddings") and T.config_flag(cfg, scale):
+        if scale in ("scale_embedding", "rescale_embeddings", "mup_enabled") and T.config_flag(cfg, scale):
             return self.word_mean * math.sqrt(self.shape.hidden)  # the model scales words, not positions
         if scale == "token_dropout" and T.config_flag(cfg, scale):  # ESM: no mask token in the sequence
             return self.word_mean * (1 - 0.15 * 0.8) / 1.0
-        if scale == "embedding_multiplier":
+        if scale in ("embedding_multiplier", "scale_emb"):
             value = cfg.get(scale) if cfg.get(scale) is not None else config_default(cfg, (scale,))
             return self.word_mean * float(1.0 if value is None else value)
         return self.word_mean

@@ -74,6 +74,8 @@ def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarra
     first, second = angles[0][0].double().numpy(), angles[1][0].double().numpy()
     if layout == T.ROTATE_HALF:
         return first, second
+    if layout == T.REVERSED:  # NanoChat's rotate_half with flipped signs: sin(-angle)
+        return first, -second
     if layout == T.HALF_ANGLES:  # one column per pair, pairs (i, i + r/2): already rotate_half order
         return np.concatenate([first, first], -1), np.concatenate([second, second], -1)
     if layout == T.SIN_COS_PAIRS:  # (sin, cos), one column per pair
@@ -101,7 +103,7 @@ def _rotary_table(ctx, rotary_class, n: int) -> np.ndarray:
 def pairing(layout: str, d_h: int, r: int) -> np.ndarray | None:
     """The permutation of a head's dims that turns the layout's pairs into rotate_half pairs (i, i + r/2), or
     None for rotate_half itself: interleaved pairs (2i, 2i + 1) -> even dims first, then odd, then the rest."""
-    if layout in (T.ROTATE_HALF, T.HALF_ANGLES):
+    if layout in (T.ROTATE_HALF, T.HALF_ANGLES, T.REVERSED):
         return None
     return np.concatenate([np.arange(0, r, 2), np.arange(1, r, 2), np.arange(r, d_h)])
 
@@ -123,6 +125,8 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
     q, k = ctx.query_key(layer, stack, inputs)  # (H, d_h), (H_kv, d_h); or (H, n, d_h), (H_kv, n, d_h) per position
     kind = ctx.layer_kinds(n, stack)[layer]
     if kind.nope:  # a NoPE layer: no rotation, F̂(i, j) = q_i . k_j * scaling (one value for a constant input)
+        if ctx.family.qk_norm_after_rotary:
+            q, k = ctx.qk_norm(q, k, layer, stack)
         scores = nope_scores(q * ctx.scaling, k, n)
         temperature = query_temperature(ctx, n)
         return ctx.softcap(scores if temperature is None else scores * temperature[:, None])
@@ -144,6 +148,13 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
     eps = post_rotary_norm_eps(ctx)
     if eps is not None:  # Llama 4: an RMS ("L2") norm without weights of the rotated q and k
         qr, kr = (x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) for x in (qr, kr))
+    if ctx.family.qk_norm_after_rotary:  # Hunyuan: the family's q/k norms (with weights) of the rotated q and k
+        if order is not None:  # the norms' weights are stored in the model's own dim order
+            inverse = np.argsort(order)
+            qr, kr = ctx.qk_norm(qr[..., inverse], kr[..., inverse], layer, stack)
+            qr, kr = qr[..., order], kr[..., order]
+        else:
+            qr, kr = ctx.qk_norm(qr, kr, layer, stack)
     qr = qr * ctx.scaling
     # Query heads h = g * m .. g * m + m - 1 read key head g: one (m n, d_h) x (d_h, n) product per group.
     grouped = qr.reshape(kv_heads, (heads // kv_heads) * n, dh)
@@ -153,9 +164,9 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
 
 def post_rotary_norm_eps(ctx) -> float | None:
     """The epsilon of a weightless RMS norm the family applies to rotated q and k (Llama 4's qk L2 norm, on its
-    rotary layers when config.use_qk_norm), else None."""
+    rotary layers when config.use_qk_norm; NanoChat's 'always'), else None."""
     key = ctx.family.tensors.get("post_rotary_l2_norm")
-    return ctx.shape.eps if key and T.config_flag(ctx.config, key) else None
+    return ctx.shape.eps if key and (key == "always" or T.config_flag(ctx.config, key)) else None
 
 
 def query_temperature(ctx, n: int) -> np.ndarray | None:
@@ -186,7 +197,10 @@ def toeplitz_by_construction(ctx, stack: str = "encoder", conditioned: bool = Fa
     """Always, for an input that is the same at every position: (R_i q) . (R_j k) = q . R_{j-i} k depends on
     j - i alone (a soft cap applied after keeps that), so R^2 = 1 whatever the weights; a NoPE layer's scores are
     one constant, trivially Toeplitz — unless its queries are scaled by their position (Llama 4's temperature
-    tuning), which makes them depend on i as well."""
+    tuning), which makes them depend on i as well, or weighted norms act on the rotated q and k (Hunyuan: their
+    weights need not be the same within a rotated pair)."""
+    if ctx.family.qk_norm_after_rotary and ctx.switched_on("qk_norm"):
+        return False
     key = ctx.family.tensors.get("temperature_tuning")
     return not (key and T.config_flag(ctx.config, key) and ctx.layer_kinds(1, stack) and _has_nope(ctx, stack))
 

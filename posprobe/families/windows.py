@@ -100,9 +100,15 @@ def nope_layers(ctx, count: int) -> set[int]:
     # global_layers_if_windowed (Exaone 4): the same, but every layer rotates when no window is set
     types = list(getattr(cfg, "layer_types", None) or [None] * count)
     window = getattr(cfg, "sliding_window", None)
+    if rule == "global_layers_by_type":  # AFMoE: the layer type alone decides
+        return {layer for layer in range(count) if types[layer] != "sliding_attention"}
+    forced = set()
+    if rule == "global_layers_but_dense_prefix" and getattr(cfg, "prefix_dense_sliding_window_pattern", None) == 1:
+        mlp = list(getattr(cfg, "mlp_layer_types", None) or [])  # Cohere 2 MoE's force_rope: dense prefix rotates
+        forced = {layer for layer in range(min(count, len(mlp))) if mlp[layer] == "dense"}
     if window is None:
-        return set(range(count)) if rule == "global_layers" else set()
-    return {layer for layer in range(count) if types[layer] != "sliding_attention"}
+        return set(range(count)) - forced if rule != "global_layers_if_windowed" else set()
+    return {layer for layer in range(count) if types[layer] != "sliding_attention"} - forced
 
 
 def _attention_kinds(ctx, n: int, stack: str) -> list[LayerKind]:
