@@ -30,7 +30,7 @@ from posprobe.architectures.table import EAGER
 from posprobe.architectures.table import REFUSED as REFUSED_ROUTE
 from posprobe.capture import capture
 from posprobe.capture.eager import MASKED_EXACTLY, is_eager_route
-from posprobe.capture.model import stack_to_run
+from posprobe.capture.model import attention_layers, stack_to_run
 from posprobe.errors import PosprobeError
 from posprobe.families import family_for_type
 from posprobe.pipelines.attention import attention_profiles
