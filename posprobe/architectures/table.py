@@ -955,8 +955,8 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("lfm2_moe", "Lfm2Moe"),
         qk_norm=_QK_LAYERNORM,  # RMS norms per head
         hybrid="gated short-convolution layers",
-        capture=REFUSED,
-        capture_note="hybrid: `attention` records models whose every layer attends",
+        capture=INTERFACE,
+        capture_note=HYBRID_CAPTURE,
         description="rotary embeddings (RoPE) in its attention layers; short convolutions between them",
         **{**_LLAMA, "pre_norm": "layers.{l}.operator_norm"},
     ),
@@ -988,8 +988,8 @@ FAMILIES: tuple[Family, ...] = (
             rotary_class=_rotary(module, prefix),  # partial rotary; M-RoPE, one position for all its axes on text
             qk_norm=_QK_NORM,
             hybrid="gated DeltaNet linear-attention layers",
-            capture=REFUSED,
-            capture_note="hybrid: `attention` records models whose every layer attends",
+            capture=EAGER,
+            capture_note=HYBRID_CAPTURE,
             description="rotary embeddings (RoPE) in its gated attention layers; gated DeltaNet layers between them",
             **{**_LLAMA, "qkv": GATED_QUERY, "norm": RMSNORM_PLUS1},
         )

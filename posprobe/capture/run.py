@@ -192,7 +192,6 @@ def capture_batches(
         attention
         and not eager
         and block_size != 0
-        and len(attending) == n_layers  # a hybrid's attention layers are recorded whole
         and all(
             hasattr(r, "add_block") and not (set(r.needs) - {"scores", "probs"})
             for r in reducers
@@ -238,9 +237,11 @@ def capture_batches(
                 if in_blocks:
                     net.set_attn_implementation(BLOCK_NAME)
                     try:
-                        output = _run_blocks(net, index, tokens, block_readers, n_layers, block_size or None, kwargs)
+                        output = _run_blocks(
+                            net, index, tokens, block_readers, len(attending), block_size or None, kwargs
+                        )
                         if verify and "blocks" not in checked:  # the first batch run in blocks
-                            _verify_blocks(net, tokens, n_layers)
+                            _verify_blocks(net, tokens, len(attending))
                             checked.add("blocks")
                     except (AttributeError, TypeError, PosprobeError) as err:
                         raise _not_in_blocks(net, err) from err
