@@ -1470,6 +1470,30 @@ FAMILIES: tuple[Family, ...] = (
         description="no softmax attention: LSH-sampled Bernoulli attention weights (a learned absolute table feeds "
         "them)",
     ),
+    Family(
+        "nystromformer",
+        ("nystromformer",),
+        OTHER,
+        softmax_attention=False,
+        description="no token-by-token softmax attention: a Nystrom approximation through landmark means (a learned "
+        "absolute table feeds it)",
+    ),
+    Family(
+        "mra",
+        ("mra",),
+        OTHER,
+        softmax_attention=False,
+        description="no token-by-token softmax attention: a multi-resolution block approximation of it (a learned "
+        "absolute table feeds it)",
+    ),
+    Family(
+        "perceiver",
+        ("perceiver",),
+        OTHER,
+        softmax_attention=False,
+        description="no token-by-token softmax attention: a latent array cross-attends to the tokens (a learned "
+        "absolute table feeds it)",
+    ),
     Family("funnel", ("funnel",), OTHER, description="relative attention"),
     Family("reformer", ("reformer",), OTHER, description="axial position embeddings"),
 )
