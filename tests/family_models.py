@@ -167,6 +167,13 @@ CASES = {
     "jamba": ("jamba", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=2,
                             attn_layer_period=2, attn_layer_offset=1, expert_layer_period=4, expert_layer_offset=3,
                             num_experts=1, mamba_d_state=8, mamba_dt_rank=4)),
+    "nemotron_h": ("nemotron_h", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+                                      num_hidden_layers=None, head_dim=16, n_groups=1, mamba_num_heads=4,
+                                      mamba_head_dim=16, ssm_state_size=8, chunk_size=8, n_routed_experts=2,
+                                      num_experts_per_tok=1, moe_intermediate_size=16,
+                                      moe_shared_expert_intermediate_size=16,
+                                      layers_block_type=["linear_attention", "full_attention", "mlp",
+                                                         "full_attention", "moe"])),
     # further encoders and decoders of covered layouts
     "bert-generation": ("bert-generation", dict(max_position_embeddings=64, intermediate_size=37, pad_token_id=0,
                                                 bos_token_id=2, eos_token_id=1)),
@@ -391,7 +398,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
                   "granitemoe", "granitemoeshared", "glm4_moe", "minimax_m2", "ernie4_5_moe", "flex_olmo",
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
-                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe")  # fmt: skip
+                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}
@@ -411,7 +418,7 @@ ISSUE_34_CASES = frozenset({
     "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3", "plbart", "mvp",
     "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
-    "qwen3_5_text", "qwen3_5_moe_text", "nanochat",
+    "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

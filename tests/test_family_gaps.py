@@ -108,7 +108,6 @@ NOT_YET = {
     "inkling_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
     "inkling2_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
     "inkling2_loop_text": "hybrid layers with short convolutions on keys and values, looped",
-    "nemotron_h": "hybrid whose layer kinds come from hybrid_override_pattern (not config.layer_types)",
     "recurrent_gemma": "RG-LRU recurrent blocks with local attention, layer kinds from block_types",
     "zamba": "shared attention blocks applied at intervals to [hidden; embeddings], between Mamba layers",
     "zamba2": "shared attention blocks applied at intervals to [hidden; embeddings], between Mamba-2 layers",
@@ -181,3 +180,27 @@ def test_exaone_reads_its_checkpoint_names_and_the_loaded_ones(tmp_path):
     loaded = posprobe.fhat(base, layer=1, positions=12).matrices
     np.testing.assert_allclose(on_disk, loaded, rtol=1e-9, atol=1e-12)
     assert np.std(loaded) > 0
+
+
+@pytest.mark.slow
+def test_nemotron_h_reads_the_older_config_layout(tmp_path):
+    """Nemotron-H configs name their layer kinds as layers_block_type (saved by transformers now; its length is the
+    layer count) or as the older hybrid_override_pattern beside num_hidden_layers ('M' Mamba-2, '*' attention, '-'
+    MLP, 'E' MoE): both read to the same scores, and the layer with no attention before the attention layer reads
+    NaN."""
+    from family_models import build
+
+    model = build("nemotron_h")
+    model.save_pretrained(tmp_path / "new")
+    model.save_pretrained(tmp_path / "old")
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    assert config.pop("layers_block_type") == ["linear_attention", "full_attention", "mlp", "full_attention", "moe"]
+    config.update(hybrid_override_pattern="M*-*E", num_hidden_layers=5)
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    new = posprobe.fhat(str(tmp_path / "new"), layer=3, positions=12).matrices
+    old = posprobe.fhat(str(tmp_path / "old"), layer=3, positions=12).matrices
+    np.testing.assert_array_equal(old, new)
+    assert np.std(new) > 0
+    for folder in ("new", "old"):  # layer 0 is a Mamba-2 layer: no score (NaN), said so
+        mamba = posprobe.fhat(str(tmp_path / folder), layer=0, positions=12)
+        assert np.isnan(mamba.matrices).all() and "linear_attention" in str(mamba.layer_kind)

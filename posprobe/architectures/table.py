@@ -105,7 +105,8 @@ NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, LAYERNORM_PLUS1, PLAIN_LAYERNORM, PL
 CONFIG_KEYS = {
     "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "attention_heads"),
     "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "attn_config.kv_n_heads"),  # dotted: nested
-    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
+    "layers": ("layers_block_type", "num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
+    # (a list counts its entries: Nemotron-H's layers_block_type, one kind per layer, overrides num_hidden_layers)
     "hidden": ("hidden_size", "n_embd", "dim", "d_model", "emb_dim"),
     "head_dim": ("head_dim", "d_kv"),
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
@@ -1053,6 +1054,22 @@ FAMILIES: tuple[Family, ...] = (
         description="no positional encoding in its attention layers (NoPE); Mamba layers carry position",
         **{k: v for k, v in _LLAMA.items() if k != "kind"},
     ),
+    Family(
+        "nemotron_h",
+        ("nemotron_h",),
+        NOPE,
+        hybrid="Mamba-2 state-space, MLP and MoE layers",
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
+        description="no positional encoding in its attention layers (NoPE); Mamba-2 layers carry position",
+        **{
+            **{k: v for k, v in _LLAMA.items() if k != "kind"},
+            "word": "embeddings.weight",
+            "query": "layers.{l}.mixer.q_proj",
+            "key": "layers.{l}.mixer.k_proj",
+            "pre_norm": "layers.{l}.norm",
+        },
+    ),  # fmt: skip
     # -- multi-head latent attention (families.latent): a rotary part and a position-free part of each head
     Family(
         "deepseek_v3",
@@ -1530,10 +1547,12 @@ def config_get(config: dict, key: str):
 
 
 def config_value(config: dict, what: str):
-    """The first of `CONFIG_KEYS[what]` present (not None) in `config` (dotted keys: nested sections), or None."""
+    """The first of `CONFIG_KEYS[what]` present (not None) in `config` (dotted keys: nested sections), or None; a
+    list of per-layer entries gives its length."""
     for key in CONFIG_KEYS[what]:
-        if config_get(config, key) is not None:
-            return config_get(config, key)
+        value = config_get(config, key)
+        if value is not None:
+            return len(value) if isinstance(value, list) and what == "layers" else value
     return None
 
 
