@@ -174,6 +174,9 @@ CASES = {
                                       moe_shared_expert_intermediate_size=16,
                                       layers_block_type=["linear_attention", "full_attention", "mlp",
                                                          "full_attention", "moe"])),
+    "recurrent_gemma": ("recurrent_gemma", dict(num_key_value_heads=2, head_dim=8, lru_width=32, num_hidden_layers=3,
+                                                attention_window_size=5, conv1d_width=3, pad_token_id=0,
+                                                block_types=["recurrent", "attention"])),
     # further encoders and decoders of covered layouts
     "bert-generation": ("bert-generation", dict(max_position_embeddings=64, intermediate_size=37, pad_token_id=0,
                                                 bos_token_id=2, eos_token_id=1)),
@@ -418,7 +421,7 @@ ISSUE_34_CASES = frozenset({
     "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3", "plbart", "mvp",
     "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
-    "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h",
+    "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

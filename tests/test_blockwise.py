@@ -21,6 +21,7 @@ from posprobe.analysis.sinks import SinkAccumulator
 from posprobe.capture import capture, is_eager_route
 from posprobe.capture import run as capture_run
 from posprobe.capture.memory import attention_batch_bytes, attention_block_bytes
+from posprobe.capture.model import attention_layers
 from posprobe.capture.recording import BLOCK_NAME, BlockRecorder, block_attention, recording_attention
 from posprobe.errors import PosprobeError
 from posprobe.pipelines.attention import attention_profiles
@@ -98,7 +99,8 @@ def _texts(lengths, seed: int = 0) -> list[list[int]]:
 
 
 def _reducers(model, n: int, learned: bool = False):
-    L, H = model.config.num_hidden_layers, model.config.num_attention_heads
+    H = model.config.num_attention_heads
+    L = len(attention_layers(model, model.config.num_hidden_layers))  # a hybrid's attention layers; else every layer
     out = [EmpiricalAccumulator(L, H, n), SinkAccumulator(L, H)]
     return out + ([LearnedSinkAccumulator(L, H)] if learned else [])
 

@@ -108,7 +108,6 @@ NOT_YET = {
     "inkling_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
     "inkling2_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
     "inkling2_loop_text": "hybrid layers with short convolutions on keys and values, looped",
-    "recurrent_gemma": "RG-LRU recurrent blocks with local attention, layer kinds from block_types",
     "zamba": "shared attention blocks applied at intervals to [hidden; embeddings], between Mamba layers",
     "zamba2": "shared attention blocks applied at intervals to [hidden; embeddings], between Mamba-2 layers",
 }  # fmt: skip

@@ -122,7 +122,7 @@ CONFIG_KEYS = {
 # key is true (missing keys take the default of the family's transformers config class).
 SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram", "rotary_layout")
 EMBED_SCALES = (None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier",
-                "mup_enabled", "scale_emb")  # fmt: skip
+                "mup_enabled", "scale_emb", "sqrt_hidden_bf16")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -136,8 +136,9 @@ class Family:
     `word_projection` (a Linear applied to the word embedding alone, before positions are added: OPT's
     project_in, MobileBERT's embedding_transformation; with the `trigram` switch it reads [next; this; previous]
     word embeddings, zeros beyond the sequence), `embed_scale` ('sqrt_hidden': the embeddings are multiplied by
-    sqrt(d) in the table's dtype, Gemma; 'scale_embedding' / 'rescale_embeddings' / 'mup_enabled' (AFMoE): by
-    sqrt(d) when that config key is true; 'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout;
+    sqrt(d) in the table's dtype, Gemma; 'sqrt_hidden_bf16': by sqrt(d) rounded to bfloat16, RecurrentGemma;
+    'scale_embedding' / 'rescale_embeddings' / 'mup_enabled' (AFMoE): by sqrt(d) when that config key is true;
+    'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout;
     'embedding_multiplier' / 'scale_emb': that config value, Granite / MiniCPM 3). `position_offset`: position i
     reads table row i + offset, and the table holds max_position_embeddings + offset rows (OPT, BART, mBART,
     BioGPT: 2); `position_width`: config keys of the position table's width (default: `embedding_size`, else the
@@ -1068,6 +1069,25 @@ FAMILIES: tuple[Family, ...] = (
             "query": "layers.{l}.mixer.q_proj",
             "key": "layers.{l}.mixer.k_proj",
             "pre_norm": "layers.{l}.norm",
+        },
+    ),  # fmt: skip
+    Family(
+        "recurrent_gemma",
+        ("recurrent_gemma",),
+        rotary_class=_rotary("recurrent_gemma", "RecurrentGemma"),
+        embed_scale="sqrt_hidden_bf16",
+        windows="layer_types",
+        hybrid="RG-LRU recurrent blocks",
+        capture=INTERFACE,
+        capture_note=HYBRID_CAPTURE,
+        description="rotary embeddings (RoPE) on part of each head in its local attention layers; RG-LRU recurrent "
+        "blocks between them",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.temporal_block.q_proj",
+            "key": "layers.{l}.temporal_block.k_proj",
+            "pre_norm": "layers.{l}.temporal_pre_norm",
+            "norm": RMSNORM_PLUS1,
         },
     ),  # fmt: skip
     # -- multi-head latent attention (families.latent): a rotary part and a position-free part of each head
