@@ -81,7 +81,6 @@ NOT_YET = {
     "ctrl": "its own layout (sinusoidal table added to sqrt(d)-scaled words): not added yet",
     "gpt_neox_japanese": "its own layout (rotary, fused per-head query_key_value, dense bias after attention): "
     "not added yet",
-    "gpt-sw3": "a tokenizer name: transformers builds GPT2Config for it and its checkpoints say model_type 'gpt2'",
     "git": "image-text decoder (visual tokens prefix the text): not added yet",
     "luke": "entity-aware attention (separate query matrices for word and entity pairs)",
     "roc_bert": "pronunciation and shape embeddings summed with the words (ids of their own)",
@@ -140,6 +139,7 @@ def test_every_read_language_model_type_has_its_parity_case():
     tested = {case(name).model_type for name in CASES} | {
         "t5", "mt5", "umt5", "longt5", "mpnet", "deberta-v2", "deberta",  # tests/test_families_bias.py
         "bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "gpt2",  # tests/conftest.py checkpoints
+        "gpt-sw3",  # test_gpt_sw3_reads_as_gpt2 below
     }  # fmt: skip
     read = {t for t in _lm_types() if (f := family_for_type(t)) is not None and f.analysable}
     assert sorted(read - tested) == []
@@ -203,3 +203,26 @@ def test_nemotron_h_reads_the_older_config_layout(tmp_path):
     for folder in ("new", "old"):  # layer 0 is a Mamba-2 layer: no score (NaN), said so
         mamba = posprobe.fhat(str(tmp_path / folder), layer=0, positions=12)
         assert np.isnan(mamba.matrices).all() and "linear_attention" in str(mamba.layer_kind)
+
+
+def test_gpt_sw3_reads_as_gpt2(tmp_path):
+    """transformers builds GPT-2's config class for 'gpt-sw3' (a name it keeps for GPT-SW3's tokenizer): a config
+    that says gpt-sw3 reads to the scores of the same checkpoint saying gpt2 (GPT-2's own parity is checked in
+    tests/test_fhat.py and tests/test_capture.py)."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("gpt-sw3", vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    model = AutoModel.from_config(config).double().eval()
+    for folder in ("gpt2", "sw3"):
+        model.save_pretrained(tmp_path / folder)
+    saved = json.loads((tmp_path / "sw3" / "config.json").read_text())
+    assert saved["model_type"] == "gpt2"
+    (tmp_path / "sw3" / "config.json").write_text(json.dumps({**saved, "model_type": "gpt-sw3"}))
+    for mode in ("paper", "faithful"):
+        sw3 = posprobe.fhat(str(tmp_path / "sw3"), layer=1, positions=10, mode=mode)
+        gpt2 = posprobe.fhat(str(tmp_path / "gpt2"), layer=1, positions=10, mode=mode)
+        assert sw3.model_type == "gpt-sw3" and gpt2.model_type == "gpt2"
+        np.testing.assert_array_equal(sw3.matrices, gpt2.matrices)
+        assert np.std(sw3.matrices) > 0

@@ -506,7 +506,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "gpt2",
-        ("gpt2",),
+        ("gpt2", "gpt-sw3"),  # GPT-SW3: GPT-2's config class and layout (transformers names it for its tokenizer)
         LEARNED,
         causal=True,
         word="wte.weight",
