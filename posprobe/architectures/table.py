@@ -1347,6 +1347,20 @@ FAMILIES: tuple[Family, ...] = (
         tensors={**_sinusoidal("xglm", "XGLM"), "positions_from": "position_ids"},
         capture=EAGER,
     ),
+    Family(
+        "ctrl",
+        ("ctrl",),
+        SINUSOIDAL,
+        causal=True,
+        word="w.weight",
+        embed_scale="sqrt_hidden",  # the words alone, by sqrt(d); the sin | cos table is added unscaled
+        eps=1e-6,  # its layers' LayerNorms (config.layer_norm_epsilon is the final norm's)
+        query="h.{l}.multi_head_attention.Wq",
+        key="h.{l}.multi_head_attention.Wk",
+        pre_norm="h.{l}.layernorm1",
+        tensors={"positions_function": "transformers.models.ctrl.modeling_ctrl:positional_encoding"},
+        description="sinusoidal absolute positions (not learned): [sin | cos] halves, added to sqrt(d)-scaled words",
+    ),
     # -- ALiBi
     Family(
         "bloom",

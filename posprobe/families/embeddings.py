@@ -149,7 +149,8 @@ class EmbeddingReader:
         self.require_table()
         f, cfg, name = self.family, self.config, self.source.name
         stored = self.key(f.position) if f.position else None
-        if stored is None and "positions_class" in f.tensors:  # a sinusoidal table the model builds
+        built = "positions_class" in f.tensors or "positions_function" in f.tensors
+        if stored is None and built:  # a sinusoidal table the model builds
             from posprobe.families.sinusoidal import build_table
 
             n = config_size(cfg, name, "positions")
