@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 SMALL = dict(vocab_size=99, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+_XLM = dict(vocab_size=99, emb_dim=32, n_layers=2, n_heads=4, max_position_embeddings=64, pad_index=2, mask_index=5)
 _SEQ2SEQ = dict(
     vocab_size=99,
     d_model=32,
@@ -393,6 +394,8 @@ CASES = {
     "marian": ("marian", _SEQ2SEQ, dict(own=True)),
     "pegasus": ("pegasus", _SEQ2SEQ, dict(own=True)),
     "m2m_100": ("m2m_100", _SEQ2SEQ, dict(own=True)),
+    "xlm": ("xlm", dict(_XLM, n_langs=2), dict(own=True)),
+    "flaubert": ("flaubert", _XLM, dict(own=True)),
     "ctrl": ("ctrl", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, dff=37, n_positions=64), dict(own=True)),
     "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
@@ -422,7 +425,7 @@ ISSUE_34_CASES = frozenset({
     "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3", "plbart", "mvp",
     "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
-    "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl",
+    "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

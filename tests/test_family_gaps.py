@@ -85,8 +85,6 @@ NOT_YET = {
     "roc_bert": "pronunciation and shape embeddings summed with the words (ids of their own)",
     "tapas": "table embeddings: seven token-type tables (rows, columns, ranks) and positions reset per cell",
     "blt": "byte latent transformer: local byte encoder/decoder cross-attending to a global patch transformer",
-    "xlm": "XLM's own layout (language embeddings, attentions.{l}.q_lin): not read yet",
-    "flaubert": "XLM's own layout (language embeddings, attentions.{l}.q_lin): not read yet",
     "xlnet": "two-stream attention with sinusoidal relative positions",
     "funnel": "pools the sequence between blocks; relative attention with its own sinusoidal encodings",
     "reformer": "LSH / chunked local attention over axial position embeddings",
@@ -225,3 +223,17 @@ def test_gpt_sw3_reads_as_gpt2(tmp_path):
         assert sw3.model_type == "gpt-sw3" and gpt2.model_type == "gpt2"
         np.testing.assert_array_equal(sw3.matrices, gpt2.matrices)
         assert np.std(sw3.matrices) > 0
+
+
+def test_pre_norm_flaubert_is_refused_in_one_line(tmp_path):
+    """FlauBERT's pre_norm layers: transformers' own module fails on them (no reference to check), so such a
+    config is refused, saying why; the post-norm one (its parity case) reads."""
+    from family_models import build
+
+    build("flaubert").save_pretrained(tmp_path)
+    assert np.std(posprobe.fhat(str(tmp_path), layer=1, positions=10).matrices) > 0
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "pre_norm": True}))
+    with pytest.raises(PosprobeError) as err:
+        posprobe.fhat(str(tmp_path), layer=1, positions=10)
+    assert "pre_norm" in str(err.value) and "\n" not in str(err.value)

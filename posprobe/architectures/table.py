@@ -1479,7 +1479,18 @@ FAMILIES: tuple[Family, ...] = (
         causal=True,
         description="rotary embeddings (RoPE); a multimodal checkpoint: its language model is read as `gemma3_text`",
     ),
-    Family("xlm", ("xlm", "flaubert"), LEARNED),  # their own layouts: not read yet
+    Family(
+        "xlm",
+        ("xlm", "flaubert"),
+        LEARNED,
+        word="embeddings.weight",
+        position="position_embeddings.weight",  # learned, or filled with sinusoids (sinusoidal_embeddings): stored
+        embedding_norm="layer_norm_emb",
+        query="attentions.{l}.q_lin",
+        key="attentions.{l}.k_lin",
+        description="learned absolute table (language embeddings only where the input gives languages)",
+        capture=EAGER,
+    ),
     Family("xlnet", ("xlnet",), OTHER, description="sinusoidal relative positions"),
     # -- no softmax attention in any layer: nothing for posprobe's scores to read (refused in one line)
     Family(
@@ -1646,6 +1657,11 @@ def position_kind(config: dict) -> tuple[str, str]:
         return OTHER, (
             "a learned absolute table behind LayerNorm bottlenecks (normalization_type "
             f"'{config.get('normalization_type')}'; posprobe reads MobileBERT's 'no_norm', as released)"
+        )
+    if model_type == "flaubert" and config.get("pre_norm"):
+        return OTHER, (
+            "a learned absolute table in pre-norm layers (pre_norm; transformers' own FlauBERT does not run such "
+            "configs, so there is no module to check a reading against; posprobe reads the post-norm ones)"
         )
     if family.switch_kinds:  # the config has picked one of the family's kinds: name that one
         return family.kind, KIND_NAMES[family.kind]
