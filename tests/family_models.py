@@ -118,6 +118,9 @@ CASES = {
                           rope_scaling=dict(type="longrope", short_factor=[1.0, 1.5, 2.0, 2.5],
                                             long_factor=[1.0, 2.0, 3.0, 4.0]))),
     "starcoder2": ("starcoder2", dict(num_key_value_heads=2, max_position_embeddings=64)),
+    "gpt_neox_japanese": ("gpt_neox_japanese", dict(max_position_embeddings=64, intermediate_multiple_size=2,
+                                                    rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                                         partial_rotary_factor=0.5))),
     "gpt_neox": ("gpt_neox", dict(max_position_embeddings=64, rotary_pct=0.25, attention_bias=True)),
     "stablelm": ("stablelm", dict(num_key_value_heads=2, max_position_embeddings=64, qk_layernorm=True,
                                   use_qkv_bias=True, partial_rotary_factor=0.25)),
@@ -426,6 +429,7 @@ ISSUE_34_CASES = frozenset({
     "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
+    "gpt_neox_japanese",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

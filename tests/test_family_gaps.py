@@ -78,8 +78,6 @@ NOT_YET = {
     "longcat_flash": "two latent attentions per layer (self_attn[0], self_attn[1]): posprobe reads one per layer",
     "convbert": "mixed attention: part of each layer's heads are span-based dynamic convolutions",
     "cpmant": "a segment-aware relative position bucket bias of its own layout",
-    "gpt_neox_japanese": "its own layout (rotary, fused per-head query_key_value, dense bias after attention): "
-    "not added yet",
     "git": "image-text decoder (visual tokens prefix the text): not added yet",
     "luke": "entity-aware attention (separate query matrices for word and entity pairs)",
     "roc_bert": "pronunciation and shape embeddings summed with the words (ids of their own)",

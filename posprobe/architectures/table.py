@@ -1257,6 +1257,19 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("gpt_neox", "GPTNeoX"),
     ),
     Family(
+        "gpt_neox_japanese",
+        ("gpt_neox_japanese",),
+        ROTARY,
+        causal=True,
+        word="embed_in.weight",
+        query="layers.{l}.attention.query_key_value",  # bias-free; the dense bias comes after attention
+        key="layers.{l}.attention.query_key_value",
+        qkv=PER_HEAD,
+        pre_norm="layers.{l}.input_layernorm",
+        rotary_class=_rotary("gpt_neox_japanese", "GPTNeoXJapanese"),
+        capture=EAGER,
+    ),
+    Family(
         "gptj",
         ("gptj",),
         query="h.{l}.attn.q_proj",
