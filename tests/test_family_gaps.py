@@ -79,7 +79,6 @@ NOT_YET = {
     "convbert": "mixed attention: part of each layer's heads are span-based dynamic convolutions",
     "cpmant": "a segment-aware relative position bucket bias of its own layout",
     "git": "image-text decoder (visual tokens prefix the text): not added yet",
-    "luke": "entity-aware attention (separate query matrices for word and entity pairs)",
     "roc_bert": "pronunciation and shape embeddings summed with the words (ids of their own)",
     "tapas": "table embeddings: seven token-type tables (rows, columns, ranks) and positions reset per cell",
     "blt": "byte latent transformer: local byte encoder/decoder cross-attending to a global patch transformer",

@@ -366,6 +366,16 @@ FAMILIES: tuple[Family, ...] = (
     Family("ernie", ("ernie",), LEARNED, **_BERT),
     Family("roberta", ("roberta", "xlm-roberta"), LEARNED, reserved_rows=True, retrofit=True, **_BERT),
     Family("camembert", ("camembert", "data2vec-text"), LEARNED, reserved_rows=True, **_BERT),
+    Family(
+        "luke",
+        ("luke",),
+        LEARNED,
+        reserved_rows=True,
+        description="learned absolute table; on text alone its words use BERT's query (the entity-aware ones need "
+        "entity inputs)",
+        capture=EAGER,
+        **_BERT,
+    ),
     Family("electra", ("electra",), LEARNED, projection="embeddings_project", retrofit=True, **_BERT),
     Family(
         "albert",
