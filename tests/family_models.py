@@ -348,6 +348,7 @@ CASES = {
                      dict(own=True, compare="row", attention="sdpa")),
     # learned absolute tables (faithful mode)
     "ernie": ("ernie", dict(max_position_embeddings=64, intermediate_size=37)),
+    "tapas": ("tapas", dict(max_position_embeddings=64, intermediate_size=37, type_vocab_sizes=[3, 4, 5, 6, 7, 8, 9])),
     "luke": ("luke", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1, entity_vocab_size=10,
                           entity_emb_size=16)),
     "camembert": ("camembert", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1)),
@@ -431,7 +432,7 @@ ISSUE_34_CASES = frozenset({
     "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
-    "gpt_neox_japanese", "luke",
+    "gpt_neox_japanese", "luke", "tapas",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

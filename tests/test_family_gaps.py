@@ -80,7 +80,6 @@ NOT_YET = {
     "cpmant": "a segment-aware relative position bucket bias of its own layout",
     "git": "image-text decoder (visual tokens prefix the text): not added yet",
     "roc_bert": "pronunciation and shape embeddings summed with the words (ids of their own)",
-    "tapas": "table embeddings: seven token-type tables (rows, columns, ranks) and positions reset per cell",
     "blt": "byte latent transformer: local byte encoder/decoder cross-attending to a global patch transformer",
     "xlnet": "two-stream attention with sinusoidal relative positions",
     "funnel": "pools the sequence between blocks; relative attention with its own sinusoidal encodings",

@@ -367,6 +367,17 @@ FAMILIES: tuple[Family, ...] = (
     Family("roberta", ("roberta", "xlm-roberta"), LEARNED, reserved_rows=True, retrofit=True, **_BERT),
     Family("camembert", ("camembert", "data2vec-text"), LEARNED, reserved_rows=True, **_BERT),
     Family(
+        "tapas",
+        ("tapas",),
+        LEARNED,
+        # token types default to zeros (text without a table: one cell, so positions are not reset): every token
+        # adds row 0 of its seven token-type tables (segment, column, row, ranks, numeric relations)
+        constant_rows=tuple(f"embeddings.token_type_embeddings_{i}.weight" for i in range(7)),
+        description="learned absolute table (text alone: its table token types at 0, positions not reset per cell)",
+        capture=EAGER,
+        **{**_BERT, "token_type": None},
+    ),
+    Family(
         "luke",
         ("luke",),
         LEARNED,
