@@ -349,6 +349,9 @@ CASES = {
     # learned absolute tables (faithful mode)
     "ernie": ("ernie", dict(max_position_embeddings=64, intermediate_size=37)),
     "tapas": ("tapas", dict(max_position_embeddings=64, intermediate_size=37, type_vocab_sizes=[3, 4, 5, 6, 7, 8, 9])),
+    "git": ("git", dict(max_position_embeddings=64, intermediate_size=37, pad_token_id=0,
+                        vision_config=dict(hidden_size=16, intermediate_size=20, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=8, patch_size=4))),
     "luke": ("luke", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1, entity_vocab_size=10,
                           entity_emb_size=16)),
     "camembert": ("camembert", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1)),
@@ -432,7 +435,7 @@ ISSUE_34_CASES = frozenset({
     "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
-    "gpt_neox_japanese", "luke", "tapas",
+    "gpt_neox_japanese", "luke", "tapas", "git",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

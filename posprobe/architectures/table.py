@@ -378,6 +378,15 @@ FAMILIES: tuple[Family, ...] = (
         **{**_BERT, "token_type": None},
     ),
     Family(
+        "git",
+        ("git",),
+        LEARNED,
+        causal=True,
+        description="learned absolute table (text alone: no image tokens before the text)",
+        capture=EAGER,
+        **{**_BERT, "token_type": None},
+    ),
+    Family(
         "luke",
         ("luke",),
         LEARNED,
