@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 SMALL = dict(vocab_size=99, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+_XLM = dict(vocab_size=99, emb_dim=32, n_layers=2, n_heads=4, max_position_embeddings=64, pad_index=2, mask_index=5)
 _SEQ2SEQ = dict(
     vocab_size=99,
     d_model=32,
@@ -117,6 +118,9 @@ CASES = {
                           rope_scaling=dict(type="longrope", short_factor=[1.0, 1.5, 2.0, 2.5],
                                             long_factor=[1.0, 2.0, 3.0, 4.0]))),
     "starcoder2": ("starcoder2", dict(num_key_value_heads=2, max_position_embeddings=64)),
+    "gpt_neox_japanese": ("gpt_neox_japanese", dict(max_position_embeddings=64, intermediate_multiple_size=2,
+                                                    rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                                         partial_rotary_factor=0.5))),
     "gpt_neox": ("gpt_neox", dict(max_position_embeddings=64, rotary_pct=0.25, attention_bias=True)),
     "stablelm": ("stablelm", dict(num_key_value_heads=2, max_position_embeddings=64, qk_layernorm=True,
                                   use_qkv_bias=True, partial_rotary_factor=0.25)),
@@ -167,6 +171,16 @@ CASES = {
     "jamba": ("jamba", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=2,
                             attn_layer_period=2, attn_layer_offset=1, expert_layer_period=4, expert_layer_offset=3,
                             num_experts=1, mamba_d_state=8, mamba_dt_rank=4)),
+    "nemotron_h": ("nemotron_h", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+                                      num_hidden_layers=None, head_dim=16, n_groups=1, mamba_num_heads=4,
+                                      mamba_head_dim=16, ssm_state_size=8, chunk_size=8, n_routed_experts=2,
+                                      num_experts_per_tok=1, moe_intermediate_size=16,
+                                      moe_shared_expert_intermediate_size=16,
+                                      layers_block_type=["linear_attention", "full_attention", "mlp",
+                                                         "full_attention", "moe"])),
+    "recurrent_gemma": ("recurrent_gemma", dict(num_key_value_heads=2, head_dim=8, lru_width=32, num_hidden_layers=3,
+                                                attention_window_size=5, conv1d_width=3, pad_token_id=0,
+                                                block_types=["recurrent", "attention"])),
     # further encoders and decoders of covered layouts
     "bert-generation": ("bert-generation", dict(max_position_embeddings=64, intermediate_size=37, pad_token_id=0,
                                                 bos_token_id=2, eos_token_id=1)),
@@ -334,6 +348,12 @@ CASES = {
                      dict(own=True, compare="row", attention="sdpa")),
     # learned absolute tables (faithful mode)
     "ernie": ("ernie", dict(max_position_embeddings=64, intermediate_size=37)),
+    "tapas": ("tapas", dict(max_position_embeddings=64, intermediate_size=37, type_vocab_sizes=[3, 4, 5, 6, 7, 8, 9])),
+    "git": ("git", dict(max_position_embeddings=64, intermediate_size=37, pad_token_id=0,
+                        vision_config=dict(hidden_size=16, intermediate_size=20, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=8, patch_size=4))),
+    "luke": ("luke", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1, entity_vocab_size=10,
+                          entity_emb_size=16)),
     "camembert": ("camembert", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1)),
     "data2vec-text": ("data2vec-text", dict(max_position_embeddings=66, intermediate_size=37, pad_token_id=1)),
     "megatron-bert": ("megatron-bert", dict(max_position_embeddings=64, intermediate_size=37)),
@@ -383,6 +403,9 @@ CASES = {
     "marian": ("marian", _SEQ2SEQ, dict(own=True)),
     "pegasus": ("pegasus", _SEQ2SEQ, dict(own=True)),
     "m2m_100": ("m2m_100", _SEQ2SEQ, dict(own=True)),
+    "xlm": ("xlm", dict(_XLM, n_langs=2), dict(own=True)),
+    "flaubert": ("flaubert", _XLM, dict(own=True)),
+    "ctrl": ("ctrl", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, dff=37, n_positions=64), dict(own=True)),
     "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
 }  # fmt: skip
@@ -391,7 +414,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
                   "granitemoe", "granitemoeshared", "glm4_moe", "minimax_m2", "ernie4_5_moe", "flex_olmo",
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
-                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe")  # fmt: skip
+                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}
@@ -411,7 +434,8 @@ ISSUE_34_CASES = frozenset({
     "kolibri1", "afmoe", "exaone_moe", "hy_v3", "esmc", "ultrabert", "axk1", "minicpm3", "plbart", "mvp",
     "blenderbot", "blenderbot-small", "openai-gpt", "gpt_bigcode", "gpt_bigcode-per-head",
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
-    "qwen3_5_text", "qwen3_5_moe_text", "nanochat",
+    "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
+    "gpt_neox_japanese", "luke", "tapas", "git",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

@@ -78,23 +78,11 @@ NOT_YET = {
     "longcat_flash": "two latent attentions per layer (self_attn[0], self_attn[1]): posprobe reads one per layer",
     "convbert": "mixed attention: part of each layer's heads are span-based dynamic convolutions",
     "cpmant": "a segment-aware relative position bucket bias of its own layout",
-    "ctrl": "its own layout (sinusoidal table added to sqrt(d)-scaled words): not added yet",
-    "gpt_neox_japanese": "its own layout (rotary, fused per-head query_key_value, dense bias after attention): "
-    "not added yet",
-    "gpt-sw3": "a tokenizer name: transformers builds GPT2Config for it and its checkpoints say model_type 'gpt2'",
-    "git": "image-text decoder (visual tokens prefix the text): not added yet",
-    "luke": "entity-aware attention (separate query matrices for word and entity pairs)",
     "roc_bert": "pronunciation and shape embeddings summed with the words (ids of their own)",
-    "tapas": "table embeddings: seven token-type tables (rows, columns, ranks) and positions reset per cell",
     "blt": "byte latent transformer: local byte encoder/decoder cross-attending to a global patch transformer",
-    "xlm": "XLM's own layout (language embeddings, attentions.{l}.q_lin): not read yet",
-    "flaubert": "XLM's own layout (language embeddings, attentions.{l}.q_lin): not read yet",
     "xlnet": "two-stream attention with sinusoidal relative positions",
     "funnel": "pools the sequence between blocks; relative attention with its own sinusoidal encodings",
     "reformer": "LSH / chunked local attention over axial position embeddings",
-    "perceiver": "tokens are cross-attended by a latent array: no token x token softmax",
-    "nystromformer": "Nystrom approximation of softmax attention through landmarks: no token x token softmax",
-    "mra": "multi-resolution (block low-rank) approximation of softmax attention",
     # sparse / compressed attention
     "axk2": _INDEXED,
     "deepseek_v32": _INDEXED,
@@ -111,8 +99,6 @@ NOT_YET = {
     "inkling_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
     "inkling2_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
     "inkling2_loop_text": "hybrid layers with short convolutions on keys and values, looped",
-    "nemotron_h": "hybrid whose layer kinds come from hybrid_override_pattern (not config.layer_types)",
-    "recurrent_gemma": "RG-LRU recurrent blocks with local attention, layer kinds from block_types",
     "zamba": "shared attention blocks applied at intervals to [hidden; embeddings], between Mamba layers",
     "zamba2": "shared attention blocks applied at intervals to [hidden; embeddings], between Mamba-2 layers",
 }  # fmt: skip
@@ -145,12 +131,13 @@ def test_every_read_language_model_type_has_its_parity_case():
     tested = {case(name).model_type for name in CASES} | {
         "t5", "mt5", "umt5", "longt5", "mpnet", "deberta-v2", "deberta",  # tests/test_families_bias.py
         "bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "gpt2",  # tests/conftest.py checkpoints
+        "gpt-sw3",  # test_gpt_sw3_reads_as_gpt2 below
     }  # fmt: skip
     read = {t for t in _lm_types() if (f := family_for_type(t)) is not None and f.analysable}
     assert sorted(read - tested) == []
 
 
-@pytest.mark.parametrize("model_type", ["fnet", "yoso"])
+@pytest.mark.parametrize("model_type", ["fnet", "yoso", "nystromformer", "mra", "perceiver"])
 def test_types_without_softmax_attention_are_refused_in_one_line(model_type, tmp_path):
     from safetensors.numpy import save_file
 
@@ -184,3 +171,64 @@ def test_exaone_reads_its_checkpoint_names_and_the_loaded_ones(tmp_path):
     loaded = posprobe.fhat(base, layer=1, positions=12).matrices
     np.testing.assert_allclose(on_disk, loaded, rtol=1e-9, atol=1e-12)
     assert np.std(loaded) > 0
+
+
+@pytest.mark.slow
+def test_nemotron_h_reads_the_older_config_layout(tmp_path):
+    """Nemotron-H configs name their layer kinds as layers_block_type (saved by transformers now; its length is the
+    layer count) or as the older hybrid_override_pattern beside num_hidden_layers ('M' Mamba-2, '*' attention, '-'
+    MLP, 'E' MoE): both read to the same scores, and the layer with no attention before the attention layer reads
+    NaN."""
+    from family_models import build
+
+    model = build("nemotron_h")
+    model.save_pretrained(tmp_path / "new")
+    model.save_pretrained(tmp_path / "old")
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    assert config.pop("layers_block_type") == ["linear_attention", "full_attention", "mlp", "full_attention", "moe"]
+    config.update(hybrid_override_pattern="M*-*E", num_hidden_layers=5)
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    new = posprobe.fhat(str(tmp_path / "new"), layer=3, positions=12).matrices
+    old = posprobe.fhat(str(tmp_path / "old"), layer=3, positions=12).matrices
+    np.testing.assert_array_equal(old, new)
+    assert np.std(new) > 0
+    for folder in ("new", "old"):  # layer 0 is a Mamba-2 layer: no score (NaN), said so
+        mamba = posprobe.fhat(str(tmp_path / folder), layer=0, positions=12)
+        assert np.isnan(mamba.matrices).all() and "linear_attention" in str(mamba.layer_kind)
+
+
+def test_gpt_sw3_reads_as_gpt2(tmp_path):
+    """transformers builds GPT-2's config class for 'gpt-sw3' (a name it keeps for GPT-SW3's tokenizer): a config
+    that says gpt-sw3 reads to the scores of the same checkpoint saying gpt2 (GPT-2's own parity is checked in
+    tests/test_fhat.py and tests/test_capture.py)."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("gpt-sw3", vocab_size=99, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    model = AutoModel.from_config(config).double().eval()
+    for folder in ("gpt2", "sw3"):
+        model.save_pretrained(tmp_path / folder)
+    saved = json.loads((tmp_path / "sw3" / "config.json").read_text())
+    assert saved["model_type"] == "gpt2"
+    (tmp_path / "sw3" / "config.json").write_text(json.dumps({**saved, "model_type": "gpt-sw3"}))
+    for mode in ("paper", "faithful"):
+        sw3 = posprobe.fhat(str(tmp_path / "sw3"), layer=1, positions=10, mode=mode)
+        gpt2 = posprobe.fhat(str(tmp_path / "gpt2"), layer=1, positions=10, mode=mode)
+        assert sw3.model_type == "gpt-sw3" and gpt2.model_type == "gpt2"
+        np.testing.assert_array_equal(sw3.matrices, gpt2.matrices)
+        assert np.std(sw3.matrices) > 0
+
+
+def test_pre_norm_flaubert_is_refused_in_one_line(tmp_path):
+    """FlauBERT's pre_norm layers: transformers' own module fails on them (no reference to check), so such a
+    config is refused, saying why; the post-norm one (its parity case) reads."""
+    from family_models import build
+
+    build("flaubert").save_pretrained(tmp_path)
+    assert np.std(posprobe.fhat(str(tmp_path), layer=1, positions=10).matrices) > 0
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "pre_norm": True}))
+    with pytest.raises(PosprobeError) as err:
+        posprobe.fhat(str(tmp_path), layer=1, positions=10)
+    assert "pre_norm" in str(err.value) and "\n" not in str(err.value)

@@ -187,6 +187,7 @@ def test_the_family_table_is_the_only_place_that_names_model_types():
         if path.name != "table.py"
         for text in [path.read_text(encoding="utf-8")]
         for m in quoted.finditer(text)
+        if (path.name, m.group(0)) != ("states.py", '"ctrl"')  # the control-task column of `states`, not CTRL
     ]
     assert found == []
 

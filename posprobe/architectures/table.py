@@ -105,7 +105,8 @@ NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, LAYERNORM_PLUS1, PLAIN_LAYERNORM, PL
 CONFIG_KEYS = {
     "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "attention_heads"),
     "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "attn_config.kv_n_heads"),  # dotted: nested
-    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
+    "layers": ("layers_block_type", "num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
+    # (a list counts its entries: Nemotron-H's layers_block_type, one kind per layer, overrides num_hidden_layers)
     "hidden": ("hidden_size", "n_embd", "dim", "d_model", "emb_dim"),
     "head_dim": ("head_dim", "d_kv"),
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
@@ -121,7 +122,7 @@ CONFIG_KEYS = {
 # key is true (missing keys take the default of the family's transformers config class).
 SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram", "rotary_layout")
 EMBED_SCALES = (None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier",
-                "mup_enabled", "scale_emb")  # fmt: skip
+                "mup_enabled", "scale_emb", "sqrt_hidden_bf16")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,9 @@ class Family:
     `word_projection` (a Linear applied to the word embedding alone, before positions are added: OPT's
     project_in, MobileBERT's embedding_transformation; with the `trigram` switch it reads [next; this; previous]
     word embeddings, zeros beyond the sequence), `embed_scale` ('sqrt_hidden': the embeddings are multiplied by
-    sqrt(d) in the table's dtype, Gemma; 'scale_embedding' / 'rescale_embeddings' / 'mup_enabled' (AFMoE): by
-    sqrt(d) when that config key is true; 'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout;
+    sqrt(d) in the table's dtype, Gemma; 'sqrt_hidden_bf16': by sqrt(d) rounded to bfloat16, RecurrentGemma;
+    'scale_embedding' / 'rescale_embeddings' / 'mup_enabled' (AFMoE): by sqrt(d) when that config key is true;
+    'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout;
     'embedding_multiplier' / 'scale_emb': that config value, Granite / MiniCPM 3). `position_offset`: position i
     reads table row i + offset, and the table holds max_position_embeddings + offset rows (OPT, BART, mBART,
     BioGPT: 2); `position_width`: config keys of the position table's width (default: `embedding_size`, else the
@@ -364,6 +366,36 @@ FAMILIES: tuple[Family, ...] = (
     Family("ernie", ("ernie",), LEARNED, **_BERT),
     Family("roberta", ("roberta", "xlm-roberta"), LEARNED, reserved_rows=True, retrofit=True, **_BERT),
     Family("camembert", ("camembert", "data2vec-text"), LEARNED, reserved_rows=True, **_BERT),
+    Family(
+        "tapas",
+        ("tapas",),
+        LEARNED,
+        # token types default to zeros (text without a table: one cell, so positions are not reset): every token
+        # adds row 0 of its seven token-type tables (segment, column, row, ranks, numeric relations)
+        constant_rows=tuple(f"embeddings.token_type_embeddings_{i}.weight" for i in range(7)),
+        description="learned absolute table (text alone: its table token types at 0, positions not reset per cell)",
+        capture=EAGER,
+        **{**_BERT, "token_type": None},
+    ),
+    Family(
+        "git",
+        ("git",),
+        LEARNED,
+        causal=True,
+        description="learned absolute table (text alone: no image tokens before the text)",
+        capture=EAGER,
+        **{**_BERT, "token_type": None},
+    ),
+    Family(
+        "luke",
+        ("luke",),
+        LEARNED,
+        reserved_rows=True,
+        description="learned absolute table; on text alone its words use BERT's query (the entity-aware ones need "
+        "entity inputs)",
+        capture=EAGER,
+        **_BERT,
+    ),
     Family("electra", ("electra",), LEARNED, projection="embeddings_project", retrofit=True, **_BERT),
     Family(
         "albert",
@@ -504,7 +536,7 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "gpt2",
-        ("gpt2",),
+        ("gpt2", "gpt-sw3"),  # GPT-SW3: GPT-2's config class and layout (transformers names it for its tokenizer)
         LEARNED,
         causal=True,
         word="wte.weight",
@@ -1053,6 +1085,41 @@ FAMILIES: tuple[Family, ...] = (
         description="no positional encoding in its attention layers (NoPE); Mamba layers carry position",
         **{k: v for k, v in _LLAMA.items() if k != "kind"},
     ),
+    Family(
+        "nemotron_h",
+        ("nemotron_h",),
+        NOPE,
+        hybrid="Mamba-2 state-space, MLP and MoE layers",
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
+        description="no positional encoding in its attention layers (NoPE); Mamba-2 layers carry position",
+        **{
+            **{k: v for k, v in _LLAMA.items() if k != "kind"},
+            "word": "embeddings.weight",
+            "query": "layers.{l}.mixer.q_proj",
+            "key": "layers.{l}.mixer.k_proj",
+            "pre_norm": "layers.{l}.norm",
+        },
+    ),  # fmt: skip
+    Family(
+        "recurrent_gemma",
+        ("recurrent_gemma",),
+        rotary_class=_rotary("recurrent_gemma", "RecurrentGemma"),
+        embed_scale="sqrt_hidden_bf16",
+        windows="layer_types",
+        hybrid="RG-LRU recurrent blocks",
+        capture=INTERFACE,
+        capture_note=HYBRID_CAPTURE,
+        description="rotary embeddings (RoPE) on part of each head in its local attention layers; RG-LRU recurrent "
+        "blocks between them",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.temporal_block.q_proj",
+            "key": "layers.{l}.temporal_block.k_proj",
+            "pre_norm": "layers.{l}.temporal_pre_norm",
+            "norm": RMSNORM_PLUS1,
+        },
+    ),  # fmt: skip
     # -- multi-head latent attention (families.latent): a rotary part and a position-free part of each head
     Family(
         "deepseek_v3",
@@ -1220,6 +1287,19 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("gpt_neox", "GPTNeoX"),
     ),
     Family(
+        "gpt_neox_japanese",
+        ("gpt_neox_japanese",),
+        ROTARY,
+        causal=True,
+        word="embed_in.weight",
+        query="layers.{l}.attention.query_key_value",  # bias-free; the dense bias comes after attention
+        key="layers.{l}.attention.query_key_value",
+        qkv=PER_HEAD,
+        pre_norm="layers.{l}.input_layernorm",
+        rotary_class=_rotary("gpt_neox_japanese", "GPTNeoXJapanese"),
+        capture=EAGER,
+    ),
+    Family(
         "gptj",
         ("gptj",),
         query="h.{l}.attn.q_proj",
@@ -1309,6 +1389,20 @@ FAMILIES: tuple[Family, ...] = (
         pre_norm="layers.{l}.self_attn_layer_norm",
         tensors={**_sinusoidal("xglm", "XGLM"), "positions_from": "position_ids"},
         capture=EAGER,
+    ),
+    Family(
+        "ctrl",
+        ("ctrl",),
+        SINUSOIDAL,
+        causal=True,
+        word="w.weight",
+        embed_scale="sqrt_hidden",  # the words alone, by sqrt(d); the sin | cos table is added unscaled
+        eps=1e-6,  # its layers' LayerNorms (config.layer_norm_epsilon is the final norm's)
+        query="h.{l}.multi_head_attention.Wq",
+        key="h.{l}.multi_head_attention.Wk",
+        pre_norm="h.{l}.layernorm1",
+        tensors={"positions_function": "transformers.models.ctrl.modeling_ctrl:positional_encoding"},
+        description="sinusoidal absolute positions (not learned): [sin | cos] halves, added to sqrt(d)-scaled words",
     ),
     # -- ALiBi
     Family(
@@ -1428,7 +1522,18 @@ FAMILIES: tuple[Family, ...] = (
         causal=True,
         description="rotary embeddings (RoPE); a multimodal checkpoint: its language model is read as `gemma3_text`",
     ),
-    Family("xlm", ("xlm", "flaubert"), LEARNED),  # their own layouts: not read yet
+    Family(
+        "xlm",
+        ("xlm", "flaubert"),
+        LEARNED,
+        word="embeddings.weight",
+        position="position_embeddings.weight",  # learned, or filled with sinusoids (sinusoidal_embeddings): stored
+        embedding_norm="layer_norm_emb",
+        query="attentions.{l}.q_lin",
+        key="attentions.{l}.k_lin",
+        description="learned absolute table (language embeddings only where the input gives languages)",
+        capture=EAGER,
+    ),
     Family("xlnet", ("xlnet",), OTHER, description="sinusoidal relative positions"),
     # -- no softmax attention in any layer: nothing for posprobe's scores to read (refused in one line)
     Family(
@@ -1470,6 +1575,30 @@ FAMILIES: tuple[Family, ...] = (
         description="no softmax attention: LSH-sampled Bernoulli attention weights (a learned absolute table feeds "
         "them)",
     ),
+    Family(
+        "nystromformer",
+        ("nystromformer",),
+        OTHER,
+        softmax_attention=False,
+        description="no token-by-token softmax attention: a Nystrom approximation through landmark means (a learned "
+        "absolute table feeds it)",
+    ),
+    Family(
+        "mra",
+        ("mra",),
+        OTHER,
+        softmax_attention=False,
+        description="no token-by-token softmax attention: a multi-resolution block approximation of it (a learned "
+        "absolute table feeds it)",
+    ),
+    Family(
+        "perceiver",
+        ("perceiver",),
+        OTHER,
+        softmax_attention=False,
+        description="no token-by-token softmax attention: a latent array cross-attends to the tokens (a learned "
+        "absolute table feeds it)",
+    ),
     Family("funnel", ("funnel",), OTHER, description="relative attention"),
     Family("reformer", ("reformer",), OTHER, description="axial position embeddings"),
 )
@@ -1506,10 +1635,12 @@ def config_get(config: dict, key: str):
 
 
 def config_value(config: dict, what: str):
-    """The first of `CONFIG_KEYS[what]` present (not None) in `config` (dotted keys: nested sections), or None."""
+    """The first of `CONFIG_KEYS[what]` present (not None) in `config` (dotted keys: nested sections), or None; a
+    list of per-layer entries gives its length."""
     for key in CONFIG_KEYS[what]:
-        if config_get(config, key) is not None:
-            return config_get(config, key)
+        value = config_get(config, key)
+        if value is not None:
+            return len(value) if isinstance(value, list) and what == "layers" else value
     return None
 
 
@@ -1569,6 +1700,11 @@ def position_kind(config: dict) -> tuple[str, str]:
         return OTHER, (
             "a learned absolute table behind LayerNorm bottlenecks (normalization_type "
             f"'{config.get('normalization_type')}'; posprobe reads MobileBERT's 'no_norm', as released)"
+        )
+    if model_type == "flaubert" and config.get("pre_norm"):
+        return OTHER, (
+            "a learned absolute table in pre-norm layers (pre_norm; transformers' own FlauBERT does not run such "
+            "configs, so there is no module to check a reading against; posprobe reads the post-norm ones)"
         )
     if family.switch_kinds:  # the config has picked one of the family's kinds: name that one
         return family.kind, KIND_NAMES[family.kind]

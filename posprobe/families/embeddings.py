@@ -87,6 +87,8 @@ class EmbeddingReader:
         scale, cfg = self.family.embed_scale, self.config
         if scale == "sqrt_hidden":
             return self.word_mean * embed_scale(self.shape.hidden, self.word_dtype)
+        if scale == "sqrt_hidden_bf16":  # RecurrentGemma's normalizer: a bfloat16 buffer, cast to the table's dtype
+            return self.word_mean * embed_scale(self.shape.hidden, "BF16")
         if scale in ("scale_embedding", "rescale_embeddings", "mup_enabled") and T.config_flag(cfg, scale):
             return self.word_mean * math.sqrt(self.shape.hidden)  # the model scales words, not positions
         if scale == "token_dropout" and T.config_flag(cfg, scale):  # ESM: no mask token in the sequence
@@ -147,7 +149,8 @@ class EmbeddingReader:
         self.require_table()
         f, cfg, name = self.family, self.config, self.source.name
         stored = self.key(f.position) if f.position else None
-        if stored is None and "positions_class" in f.tensors:  # a sinusoidal table the model builds
+        built = "positions_class" in f.tensors or "positions_function" in f.tensors
+        if stored is None and built:  # a sinusoidal table the model builds
             from posprobe.families.sinusoidal import build_table
 
             n = config_size(cfg, name, "positions")

@@ -3,7 +3,8 @@
 Marian and Pegasus store the table they were built with (`embed_positions.weight`): it is read. M2M100 and
 XGLM keep it in a non-persistent buffer: the family's module (`Family.tensors['positions_class']`) is built
 from the config and asked for positions 0..n-1 of a sequence without padding (M2M100 numbers them from
-`padding_idx + 1`, XGLM from its offset 2: the module knows). No model is built. The result is an
+`padding_idx + 1`, XGLM from its offset 2: the module knows); CTRL's comes from a function of its module
+(`Family.tensors['positions_function']`). No model is built. The result is an
 `E_P` (n, d) like a learned table, so `toeplitz`, `fhat` (paper/faithful) and `profiles` apply unchanged.
 """
 
@@ -18,6 +19,11 @@ def build_table(family, config: dict, n: int, d: int) -> np.ndarray:
     """E_P (n, d) float64 from the family's positional module (float32 where the model computes in float32)."""
     import torch
 
+    if "positions_function" in family.tensors:  # CTRL: a function of (rows, width, dtype), computed in float32
+        module_name, function_name = family.tensors["positions_function"].split(":")
+        build = getattr(importlib.import_module(module_name), function_name)
+        with torch.no_grad():
+            return build(n, d, torch.float32).reshape(n, d).double().numpy()
     module_name, class_name = family.tensors["positions_class"].split(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     pad = config.get("pad_token_id")
