@@ -185,3 +185,14 @@ def test_a_library_result_saves_exactly_what_the_command_writes(tiny_checkpoints
     assert cli_meta.keys() == lib_meta.keys() and cli_arrays.keys() == lib_arrays.keys()
     for name in cli_arrays:
         np.testing.assert_array_equal(cli_arrays[name], lib_arrays[name])
+
+
+def test_a_finished_command_leaves_library_saves_cleaning_up_after_themselves(tiny_checkpoints, tmp_path):
+    """A successful CLI run in this process (notebook, test session) ends its run log: a library save that fails
+    afterwards still removes the folders it created."""
+    from posprobe.cli import main
+
+    main(["toeplitz", str(tiny_checkpoints["bert"]), "--out", str(tmp_path / "cli")])
+    with pytest.raises(RuntimeError, match="drawing failed"):
+        Toy(fail=True).save(tmp_path / "new" / "out")
+    assert not (tmp_path / "new").exists()

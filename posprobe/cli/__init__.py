@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
             outputs.discard_run()
             sys.exit(code)
     finally:
+        outputs.end_run()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

@@ -299,6 +299,12 @@ def disk_full_error(err: BaseException, where: Path) -> PosprobeError:
     )
 
 
+def end_run() -> None:
+    """The run is over (finished or failed and discarded): later writes in this process, e.g. library calls in the
+    same Python session, again clean up after themselves."""
+    _RUN.active, _RUN.folders, _RUN.files = False, [], []
+
+
 def keep_written() -> None:
     """Keep what the current run has written so far, even if it fails later: `discard_run` then removes only what
     comes after (`posprobe report` calls it after each finished section, so that a re-run can reuse them)."""
