@@ -227,7 +227,7 @@ def capture_batches(
                 round_texts = 0
                 kwargs = {"output_hidden_states": True} if hidden else {}
                 in_blocks = blockwise and (
-                    block_size or _full_bytes(model, needs, n_layers, n_heads, tokens) >= _CHECKED_FROM
+                    block_size or _full_bytes(model, needs, len(attending), n_heads, tokens) >= _CHECKED_FROM
                 )
                 if attention:
                     check_length(net, int(tokens.input_ids.shape[1]))
