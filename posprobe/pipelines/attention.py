@@ -103,16 +103,10 @@ def attention_profiles(
             )
         return check_model(net, encoder_decoder=True, hybrid=True)
 
-    kept: dict = {}  # whether the mean score matrix's n x n sums are kept, and their size
-
     def reducers(loaded: TextModel) -> list:
         (n_layers, n_heads), n = loaded.checked, loaded.max_length
         n_acc = len(attention_layers(loaded.net, n_layers))  # a hybrid's attention layers; every layer otherwise
-        square = EmpiricalAccumulator.nbytes(n_acc, n_heads, n) - EmpiricalAccumulator.nbytes(
-            n_acc, n_heads, n, mean_scores=False
-        )
-        keep = square <= MEAN_SCORES_AUTO_BYTES if mean_scores is None else mean_scores
-        kept.update(keep=keep, square=square)
+        keep = _square_bytes(n_acc, n_heads, n) <= MEAN_SCORES_AUTO_BYTES if mean_scores is None else mean_scores
         need = EmpiricalAccumulator.nbytes(n_acc, n_heads, n, mean_scores=keep)
         if need > MAX_ACCUMULATOR_BYTES:
             raise PosprobeError(
@@ -141,7 +135,7 @@ def attention_profiles(
     encoder_decoder = bool(getattr(net.config, "is_encoder_decoder", False))
     summary = output.summary
     n_texts = summary.n_texts
-    attending = attention_layers(net, n_layers)
+    attending = list(output.summary.attention_layers)  # a hybrid's attention layers; every layer otherwise
     kinds = layer_kind_words(net, max_length)  # read from the config
     profiles, sink_measures = acc.result(), sinks.result()
     shares = None if learned is None else learned.result()
@@ -174,8 +168,16 @@ def attention_profiles(
         quantization=None if source is None else source.quantization,
         stack="encoder" if encoder_decoder else None,
         layer_kinds=kinds,
-        mean_scores_note="kept" if kept["keep"] else _not_kept(mean_scores, kept["square"]),
+        mean_scores_note="kept"
+        if profiles.mean_scores is not None
+        else _not_kept(mean_scores, _square_bytes(len(attending), n_heads, max_length)),
     )
+
+
+def _square_bytes(n_layers: int, n_heads: int, n: int) -> int:
+    """Bytes of the accumulators' n x n sums (the mean score matrix and its counts), kept or not (`mean_scores`)."""
+    full = EmpiricalAccumulator.nbytes(n_layers, n_heads, n)
+    return full - EmpiricalAccumulator.nbytes(n_layers, n_heads, n, mean_scores=False)
 
 
 def _not_kept(asked: bool | None, square: int) -> str:

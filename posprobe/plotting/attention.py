@@ -88,13 +88,7 @@ def mean_distance_chart(result):
     ax, bar = _heatmap_axes(fig, top=0.75, bottom=0.5)
     finite = d[np.isfinite(d)]
     vmax = float(finite.max()) if finite.size else 1.0
-    image = ax.imshow(np.nan_to_num(d), cmap="viridis", vmin=0, vmax=vmax or 1.0, aspect="auto")
-    others = _mark_other_layers(ax, result)
-    for (h, layer), value in np.ndenumerate(d):
-        if layer in others:
-            continue
-        colour = "white" if np.isfinite(value) and value < 0.6 * vmax else "black"
-        ax.text(layer, h, _f(value), ha="center", va="center", fontsize=6, color=colour)
+    image = _cells(ax, result, d, "viridis", vmax)
     ax.set_xticks(range(result.n_layers))
     sinks = getattr(result, "sinks", None)
     label = "layer"
@@ -124,6 +118,19 @@ def other_layers(result) -> list[int]:
     from posprobe.families.windows import NO_SCORE
 
     return [layer for layer, kind in enumerate(getattr(result, "layer_kinds", None) or []) if NO_SCORE in kind]
+
+
+def _cells(ax, result, values: np.ndarray, cmap: str, vmax: float):
+    """A heads x layers chart's image: `values` (H, L) on 0..`vmax` (NaN drawn as 0), each cell labelled with its
+    value (white on the dark lower part of the scale), a hybrid's layers without attention greyed out instead."""
+    image = ax.imshow(np.nan_to_num(values), cmap=cmap, vmin=0, vmax=vmax or 1.0, aspect="auto")
+    others = _mark_other_layers(ax, result)
+    for (h, layer), value in np.ndenumerate(values):
+        if layer in others:
+            continue
+        colour = "white" if np.isfinite(value) and value < 0.6 * vmax else "black"
+        ax.text(layer, h, _f(value), ha="center", va="center", fontsize=6, color=colour)
+    return image
 
 
 def _mark_other_layers(ax, result) -> list[int]:
@@ -161,13 +168,8 @@ def sink_chart(result):
     left, width = ax.get_position().x0, ax.get_position().width
     rate_height = 0.9 / fig.get_figheight()
     rate_ax = fig.add_axes((left, 1 - 0.75 / fig.get_figheight() - rate_height, width, rate_height))
-    image = ax.imshow(np.nan_to_num(mass), cmap="magma", vmin=0, vmax=1, aspect="auto")
-    others = _mark_other_layers(ax, result)
-    for (h, layer), value in np.ndenumerate(mass):
-        if layer in others:
-            continue
-        colour = "white" if np.isfinite(value) and value < 0.6 else "black"
-        ax.text(layer, h, _f(value), ha="center", va="center", fontsize=6, color=colour)
+    image = _cells(ax, result, mass, "magma", 1.0)
+    others = other_layers(result)
     ax.set_xticks(range(L))
     ax.set_yticks(range(H))
     label = "layer"
@@ -213,13 +215,7 @@ def learned_sink_chart(result):
     L, H = result.n_layers, result.n_heads
     fig = _figure(max(5.5, 2.3 + 0.6 * L), 1.2 + 0.32 * H)  # wide enough for the title's two lines
     ax, bar = _heatmap_axes(fig, top=0.75, bottom=0.5)
-    image = ax.imshow(np.nan_to_num(share), cmap="cividis", vmin=0, vmax=1, aspect="auto")
-    others = _mark_other_layers(ax, result)
-    for (h, layer), value in np.ndenumerate(share):
-        if layer in others:
-            continue
-        colour = "white" if np.isfinite(value) and value < 0.6 else "black"
-        ax.text(layer, h, _f(value), ha="center", va="center", fontsize=6, color=colour)
+    image = _cells(ax, result, share, "cividis", 1.0)
     ax.set_xticks(range(L))
     ax.set_yticks(range(H))
     ax.set_xlabel("layer", fontsize=8)
