@@ -358,6 +358,7 @@ result = posprobe.attention_profiles(sys.argv[1], input_ids=ids, max_length=16, 
 np.savez(f"{sys.argv[2]}-rank{dist.get_rank()}.npz", score=result.profiles.score_profiles,
          prob=result.profiles.prob_profiles, count=result.profiles.count_matrix, n=result.n_texts,
          first=result.sinks.first_token_mass)
+dist.barrier()  # every rank past its last collective before any tears gloo down
 dist.destroy_process_group()
 """
 

@@ -281,6 +281,7 @@ n = posprobe.needle(needle_folder, haystack=needle_folder + "/haystack.txt", tas
                     grid=posprobe.NeedleGrid(lengths=[60, 100], depths=[0, 1], trials=2))
 np.savez(f"{stem}-rank{dist.get_rank()}.npz", position_loss=c.position_loss, perplexity=c.perplexity,
          windows=c.windows, log_prob=n.log_prob, exact=n.exact, attention=n.needle_attention)
+dist.barrier()  # every rank past its last collective before any tears gloo down
 dist.destroy_process_group()
 """
 
