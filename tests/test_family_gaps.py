@@ -17,8 +17,6 @@ from posprobe.families import family_for_type
 
 _MULTIMODAL = "a multimodal config that nests its language model's (text_config): posprobe reads text models"
 _SEQ2SEQ = "encoder-decoder (its causal LM is the decoder stack alone): not added yet"
-_FUSED_ON_DISK = ("transformers splits the checkpoints' fused Q/K/V projection on load: files and loaded models "
-                  "name Q/K differently, and an entry reads one layout")  # fmt: skip
 _INDEXED = "sparse attention: an indexer picks each query's top-k keys (indexed_attention layers); no layer kind for it"
 
 # model type -> why posprobe does not read it yet (none of these has an analysable entry)
@@ -51,11 +49,6 @@ NOT_YET = {
     "musicgen": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
     "musicgen_melody": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
     "moshi": "speech-text model: a temporal transformer over audio codebooks plus a depth decoder",
-    # fused on disk, split when loaded
-    "gte": _FUSED_ON_DISK,
-    "nomic_bert": _FUSED_ON_DISK,
-    "jina_embeddings_v3": _FUSED_ON_DISK + " (and task LoRA adapters)",
-    "sarvam_moe": _FUSED_ON_DISK,
     # attention that needs new score code
     "diffllama": "differential attention: two softmaxes per head, subtracted with a learned lambda",
     "dory": "nGPT-style unit-norm q/k rescaled per channel after RoPE: new score code",
@@ -167,6 +160,45 @@ def test_exaone_reads_its_checkpoint_names_and_the_loaded_ones(tmp_path):
     with safe_open(str(tmp_path / "lm" / "model.safetensors"), "np") as f:
         names = set(f.keys())
     assert {"transformer.wte.weight", "transformer.h.0.attn.attention.q_proj.weight"} <= names
+    on_disk = posprobe.fhat(str(tmp_path / "lm"), layer=1, positions=12).matrices
+    loaded = posprobe.fhat(base, layer=1, positions=12).matrices
+    np.testing.assert_allclose(on_disk, loaded, rtol=1e-9, atol=1e-12)
+    assert np.std(loaded) > 0
+
+
+# model type -> (its fused Q/K/V projection in files of layer 0, its LM head class in transformers)
+FUSED_ON_DISK = {
+    "gte": ("gte.encoder.layer.0.attention.qkv_proj.weight", "AutoModelForMaskedLM"),
+    "nomic_bert": ("nomic_bert.encoder.layers.0.attn.Wqkv.weight", "AutoModelForMaskedLM"),
+    "jina_embeddings_v3": ("roberta.encoder.layers.0.mixer.Wqkv.weight", "AutoModelForMaskedLM"),
+    "sarvam_moe": ("model.layers.0.attention.query_key_value.weight", "AutoModelForCausalLM"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(FUSED_ON_DISK))
+def test_fused_checkpoints_read_as_their_loaded_models(model_type, tmp_path):
+    """transformers splits these files' one Q/K/V Linear into q_proj / k_proj / v_proj on load (its conversion
+    mapping: Chunk in three, or Split by size for Sarvam-MoE's grouped keys) and renames the rest (emb_ln,
+    encoder.layers, attention.query_layernorm, word_embeddings); save_pretrained inverts that, so the saved folder
+    holds the files' layout (no hub: a real checkpoint is not downloaded). The folder on disk and the loaded model
+    in memory read to the same scores."""
+    import torch
+    import transformers
+    from family_models import build
+    from safetensors import safe_open
+
+    base = build(model_type)
+    fused, head = FUSED_ON_DISK[model_type]
+    torch.manual_seed(1)
+    lm = getattr(transformers, head).from_config(base.config).double().eval()
+    missing, _ = lm.base_model.load_state_dict(base.state_dict(), strict=False)  # Jina's LM drops the pooler
+    assert missing == []
+    lm.save_pretrained(tmp_path / "lm")
+    with safe_open(str(tmp_path / "lm" / "model.safetensors"), "np") as f:
+        names = set(f.keys())
+    assert fused in names and not any("q_proj" in name for name in names)
+    assert "layers.0.self_attn.q_proj.weight" in base.state_dict()
     on_disk = posprobe.fhat(str(tmp_path / "lm"), layer=1, positions=12).matrices
     loaded = posprobe.fhat(base, layer=1, positions=12).matrices
     np.testing.assert_allclose(on_disk, loaded, rtol=1e-9, atol=1e-12)

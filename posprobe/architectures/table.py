@@ -1358,6 +1358,51 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("modernbert", "ModernBert"),  # one rotary setting per layer type (local / global)
         windows="layer_types_inclusive",
     ),
+    # -- fused on disk, split on load (issue 34): a checkpoint's one Q/K/V projection, which transformers splits into
+    # q_proj / k_proj / v_proj when it loads it (its conversion mapping); both layouts read (`stored_layout`)
+    *(
+        Family(
+            t,
+            (t,),
+            ROTARY,
+            word="embeddings.word_embeddings.weight",
+            token_type="embeddings.token_type_embeddings.weight",  # absent where type_vocab_size is 0 (GTE)
+            embedding_norm="(embeddings.LayerNorm|emb_ln)",  # files: emb_ln (Nomic BERT, Jina v3)
+            query=f"{{l}}.(self_attn.q_proj|{fused})",
+            key=f"{{l}}.(self_attn.k_proj|{fused})",
+            qkv=STACKED,  # files: one Linear [q; k; v], chunked in three on load
+            rotary_class=_rotary(module, prefix),
+            description=description,
+        )  # post-norm: each layer's attention reads its input itself
+        for t, module, prefix, fused, description in (
+            ("gte", "gte", "Gte", "attention.qkv_proj", ""),
+            ("nomic_bert", "nomic_bert", "NomicBert", "attn.Wqkv", ""),
+            (
+                "jina_embeddings_v3",
+                "jina_embeddings_v3",
+                "JinaEmbeddingsV3",
+                "mixer.Wqkv",
+                "rotary embeddings (RoPE); the base weights (transformers' model has no task LoRA adapters)",
+            ),
+        )
+    ),
+    Family(
+        "sarvam_moe",
+        ("sarvam_moe",),
+        rotary_class=_rotary("glm4_moe", "Glm4Moe"),  # transformers runs it as GLM-4-MoE
+        qk_norm=(
+            "layers.{l}.(self_attn.q_norm|attention.query_layernorm)",
+            "layers.{l}.(self_attn.k_norm|attention.key_layernorm)",
+        ),  # when use_qk_norm
+        switches={"qk_norm": "use_qk_norm"},
+        **{
+            **_LLAMA,
+            "word": "(embed_tokens|word_embeddings).weight",  # files: word_embeddings
+            "query": "layers.{l}.(self_attn.q_proj|attention.query_key_value)",  # files: one Linear [q; k; v]
+            "key": "layers.{l}.(self_attn.k_proj|attention.query_key_value)",
+            "qkv": STACKED,
+        },
+    ),  # fmt: skip
     # -- sinusoidal absolute tables (built as the model builds them; encoder stack of encoder-decoders)
     Family("marian", ("marian",), SINUSOIDAL, **_SEQ2SEQ, tensors=_sinusoidal("marian", "Marian")),
     Family(
