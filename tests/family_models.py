@@ -419,6 +419,16 @@ CASES = {
                                       moe_intermediate_size=16, first_k_dense_replace=1, attention_bias=True,
                                       rope_parameters=dict(rope_type="default", rope_theta=100.0,
                                                            partial_rotary_factor=0.5))),
+    # RoCBert: [word; shape id 0; pronunciation id 0] through map_inputs_layer (pad 1: rows 0 are not padding)
+    "roc_bert": ("roc_bert", dict(max_position_embeddings=64, intermediate_size=37, pad_token_id=1,
+                                  shape_vocab_size=11, shape_embed_dim=8, pronunciation_vocab_size=13,
+                                  pronunciation_embed_dim=12)),
+    "roc_bert-no-shape": ("roc_bert", dict(max_position_embeddings=64, intermediate_size=37, pad_token_id=1,
+                                           shape_vocab_size=11, shape_embed_dim=8, pronunciation_vocab_size=13,
+                                           pronunciation_embed_dim=12, enable_shape=False)),
+    "roc_bert-sum": ("roc_bert", dict(max_position_embeddings=64, intermediate_size=37, pad_token_id=1,
+                                      shape_vocab_size=11, shape_embed_dim=8, pronunciation_vocab_size=13,
+                                      pronunciation_embed_dim=12, concat_input=False)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -448,7 +458,7 @@ ISSUE_34_CASES = frozenset({
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
-    "gte", "nomic_bert", "jina_embeddings_v3", "sarvam_moe",
+    "gte", "nomic_bert", "jina_embeddings_v3", "sarvam_moe", "roc_bert", "roc_bert-no-shape", "roc_bert-sum",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

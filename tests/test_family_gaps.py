@@ -71,7 +71,6 @@ NOT_YET = {
     "longcat_flash": "two latent attentions per layer (self_attn[0], self_attn[1]): posprobe reads one per layer",
     "convbert": "mixed attention: part of each layer's heads are span-based dynamic convolutions",
     "cpmant": "a segment-aware relative position bucket bias of its own layout",
-    "roc_bert": "pronunciation and shape embeddings summed with the words (ids of their own)",
     "blt": "byte latent transformer: local byte encoder/decoder cross-attending to a global patch transformer",
     "xlnet": "two-stream attention with sinusoidal relative positions",
     "funnel": "pools the sequence between blocks; relative attention with its own sinusoidal encodings",

@@ -120,7 +120,7 @@ CONFIG_KEYS = {
 
 # How each table field reads a config switch (`Family.switches`): a field listed there applies only when the config
 # key is true (missing keys take the default of the family's transformers config class).
-SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram", "rotary_layout")
+SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram", "rotary_layout", "word_projection")
 EMBED_SCALES = (None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier",
                 "mup_enabled", "scale_emb", "sqrt_hidden_bf16")  # fmt: skip
 
@@ -135,8 +135,11 @@ class Family:
     applied after the embedding norm, or before it with `projection_first`: DeBERTa's embed_proj),
     `word_projection` (a Linear applied to the word embedding alone, before positions are added: OPT's
     project_in, MobileBERT's embedding_transformation; with the `trigram` switch it reads [next; this; previous]
-    word embeddings, zeros beyond the sequence), `embed_scale` ('sqrt_hidden': the embeddings are multiplied by
-    sqrt(d) in the table's dtype, Gemma; 'sqrt_hidden_bf16': by sqrt(d) rounded to bfloat16, RecurrentGemma;
+    word embeddings, zeros beyond the sequence; `word_concat`: (config key, table) pairs whose row 0 is concatenated
+    after the word embedding, where the key is true, before the projection reads it: RoCBert's shape and
+    pronunciation embeddings at id 0, the ids its module takes when a text gives none), `embed_scale`
+    ('sqrt_hidden': the embeddings are multiplied by sqrt(d) in the table's dtype, Gemma; 'sqrt_hidden_bf16': by
+    sqrt(d) rounded to bfloat16, RecurrentGemma;
     'scale_embedding' / 'rescale_embeddings' / 'mup_enabled' (AFMoE): by sqrt(d) when that config key is true;
     'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout;
     'embedding_multiplier' / 'scale_emb': that config value, Granite / MiniCPM 3). `position_offset`: position i
@@ -191,6 +194,7 @@ class Family:
     projection: str | None = None
     projection_first: bool = False
     word_projection: str | None = None
+    word_concat: tuple[tuple[str, str], ...] = ()
     embed_scale: str | None = None
     position_offset: int = 0
     position_width: tuple[str, ...] = ("embedding_size",)
@@ -447,6 +451,20 @@ FAMILIES: tuple[Family, ...] = (
         projection="encoder.embedding_hidden_mapping_in",  # input_embedding_size -> hidden, after the norm
         position_width=("input_embedding_size",),
         capture=EAGER,
+        **_BERT,
+    ),
+    Family(
+        "roc_bert",
+        ("roc_bert",),
+        LEARNED,
+        word_projection="embeddings.map_inputs_layer",  # when concat_input: [word; shape; pronunciation] -> d
+        word_concat=(
+            ("enable_shape", "embeddings.shape_embed.weight"),
+            ("enable_pronunciation", "embeddings.pronunciation_embed.weight"),
+        ),
+        switches={"word_projection": "concat_input"},  # else shape and pronunciation enter only where given
+        description="learned absolute table (text alone: shape and pronunciation ids 0, as its module takes them "
+        "when none are given)",
         **_BERT,
     ),
     Family(
