@@ -429,6 +429,9 @@ CASES = {
     "roc_bert-sum": ("roc_bert", dict(max_position_embeddings=64, intermediate_size=37, pad_token_id=1,
                                       shape_vocab_size=11, shape_embed_dim=8, pronunciation_vocab_size=13,
                                       pronunciation_embed_dim=12, concat_input=False)),
+    # ConvBERT: 4 // head_ratio 2 = 2 softmax heads of 32 / 2 / 2 = 8 (beside 2 span-convolution heads)
+    "convbert": ("convbert", dict(max_position_embeddings=64, intermediate_size=37, embedding_size=16, head_ratio=2,
+                                  conv_kernel_size=3)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -459,6 +462,7 @@ ISSUE_34_CASES = frozenset({
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
     "gte", "nomic_bert", "jina_embeddings_v3", "sarvam_moe", "roc_bert", "roc_bert-no-shape", "roc_bert-sum",
+    "convbert",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

@@ -230,6 +230,10 @@ class Family:
     hybrid: str = ""  # what the layers without softmax attention are, in words (config.layer_types names them;
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
+    reads_padding: bool = False  # its outputs on real tokens depend on the padding beside them (ConvBERT's span
+    # convolutions mask none): `posprobe attention` runs its texts one at a time (posprobe.capture)
+    head_ratio: str | None = None  # config key of a mixed attention's ratio (ConvBERT): heads // ratio softmax q.k
+    # heads (at least one), each of d / (2 H'), beside as many span-based dynamic-convolution heads (no score)
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
     # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'head_dim_if:KEY' d_h ** -0.5 when config KEY, else 1
     # (GPT-BigCode's scale_attn_weights), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32),
@@ -465,6 +469,20 @@ FAMILIES: tuple[Family, ...] = (
         switches={"word_projection": "concat_input"},  # else shape and pronunciation enter only where given
         description="learned absolute table (text alone: shape and pronunciation ids 0, as its module takes them "
         "when none are given)",
+        **_BERT,
+    ),
+    Family(
+        "convbert",
+        ("convbert",),
+        LEARNED,
+        projection="embeddings_project",
+        head_ratio="head_ratio",
+        reads_padding=True,
+        description="learned absolute table; mixed attention: its softmax heads are read, its span-based dynamic "
+        "convolution heads have no positional score",
+        capture=EAGER,
+        capture_note="its softmax heads (the convolution heads have no scores); texts one at a time (its "
+        "convolutions read padding)",
         **_BERT,
     ),
     Family(
@@ -1695,6 +1713,16 @@ def config_get(config: dict, key: str):
     for part in key.split("."):
         value = value.get(part) if isinstance(value, dict) else None
     return value
+
+
+def softmax_heads(family: Family, config: dict, heads: int) -> int:
+    """The heads of each layer that attend by softmax over q.k: all `heads`, or a mixed attention's
+    heads // config[`Family.head_ratio`], at least one (ConvBERT; missing keys: its config class's default)."""
+    if family.head_ratio is None:
+        return heads
+    ratio = config_get(config, family.head_ratio)
+    ratio = ratio if ratio is not None else config_default(config, (family.head_ratio,))
+    return max(heads // int(ratio), 1)
 
 
 def config_value(config: dict, what: str):

@@ -16,6 +16,15 @@ def text_config(model):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
+def reads_padding(model) -> bool:
+    """True when the model's family gives real tokens outputs that depend on the padding beside them
+    (`Family.reads_padding`: ConvBERT's span convolutions): its texts run one at a time, unpadded."""
+    from posprobe.families import family_for_type
+
+    family = family_for_type(str(getattr(text_config(model), "model_type", "")))
+    return family is not None and family.reads_padding
+
+
 def check_model(model, attention: bool = True, encoder_decoder: bool = False, hybrid: bool = False) -> tuple[int, int]:
     """(layers, heads) of the stack a capture runs; PosprobeError for a model that cannot be captured: with
     `attention` (scores or probabilities are recorded), a retrofitted model (its attention is a posprobe
@@ -58,6 +67,10 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
     layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)
     if not layers or not heads:
         raise PosprobeError(f"cannot read the number of layers and heads of '{kind}'", "use a standard config")
+    if family is not None and family.head_ratio:  # mixed attention (ConvBERT): its softmax heads
+        from posprobe.architectures.table import softmax_heads
+
+        heads = softmax_heads(family, cfg.to_dict(), int(heads))
     return int(layers), int(heads)
 
 
