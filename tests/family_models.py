@@ -87,7 +87,8 @@ _GEMMA3_ROPE = {
 
 # case -> (model_type, config[, options]): options `own` (the config is complete; else SMALL + it), `compare` ('exact'
 # pre-softmax scores, or 'row': equal up to a constant per query row on the pairs the model attends), `attention`
-# (the implementation whose scores are the reference: 'eager', or 'sdpa' where eager differs from the default)
+# (the implementation whose scores are the reference: 'eager', or 'sdpa' where eager differs from the default),
+# `word_id` (the token that carries the average word: 0 unless the model reads token 0 as padding, CPM-Ant)
 CASES = {
     # rotary
     "llama": ("llama", dict(num_key_value_heads=2, max_position_embeddings=64, attention_bias=True,
@@ -432,6 +433,12 @@ CASES = {
     # ConvBERT: 4 // head_ratio 2 = 2 softmax heads of 32 / 2 / 2 = 8 (beside 2 span-convolution heads)
     "convbert": ("convbert", dict(max_position_embeddings=64, intermediate_size=37, embedding_size=16, head_ratio=2,
                                   conv_kernel_size=3)),
+    # CPM-Ant: segment-aware buckets (text: segment 2); token 0 is its padding, so the average word is token 5; no
+    # prompt tokens here (the reference records (n, n) softmaxes; test_family_gaps checks a prompt of 3 tokens)
+    "cpmant": ("cpmant", dict(vocab_size=99, hidden_size=32, num_attention_heads=4, dim_head=8, dim_ff=37,
+                              num_hidden_layers=2, position_bias_num_buckets=12, position_bias_max_distance=20,
+                              segment_types=3, prompt_types=2, prompt_length=0, eps=1e-3),
+               dict(own=True, word_id=5)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -462,7 +469,7 @@ ISSUE_34_CASES = frozenset({
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
     "gte", "nomic_bert", "jina_embeddings_v3", "sarvam_moe", "roc_bert", "roc_bert-no-shape", "roc_bert-sum",
-    "convbert",
+    "convbert", "cpmant",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
@@ -474,13 +481,15 @@ class Case:
     config: dict
     compare: str = "exact"
     attention: str = "eager"
+    word_id: int = 0
 
 
 def case(name: str) -> Case:
     model_type, config, *rest = CASES[name]
     options = rest[0] if rest else {}
     config = dict(config) if options.get("own") else {**SMALL, **config}
-    return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"))
+    return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"),
+                options.get("word_id", 0))  # fmt: skip
 
 
 def build(name: str, dtype=None):
@@ -618,8 +627,9 @@ def _from_band(band: np.ndarray) -> np.ndarray:
     return full
 
 
-def reference_scores(model, n: int) -> Reference:
-    """The model's scores of every layer on n copies of the average word, each layer fed the embedding-level input."""
+def reference_scores(model, n: int, word_id: int = 0) -> Reference:
+    """The model's scores of every layer on n copies of the average word (token `word_id`), each layer fed the
+    embedding-level input."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
@@ -629,7 +639,7 @@ def reference_scores(model, n: int) -> Reference:
         model = model.get_encoder()
     embeddings = model.get_input_embeddings()
     with torch.no_grad():
-        embeddings.weight[0] = embeddings.weight.mean(0)  # token 0 = the average word (after the mean is taken)
+        embeddings.weight[word_id] = embeddings.weight.mean(0)  # the average word (after the mean is taken)
     layers = _layers(model)
     first: dict[str, torch.Tensor] = {}
 
@@ -650,7 +660,7 @@ def reference_scores(model, n: int) -> Reference:
         layer.forward = feed(i, layer.forward)
     implementation = model.config._attn_implementation
     exact = implementation == "eager" and bool(getattr(type(model), "_supports_attention_backend", False))
-    ids = torch.zeros(1, n, dtype=torch.long)
+    ids = torch.full((1, n), word_id, dtype=torch.long)
     try:
         _RECORDED.clear()
         with torch.no_grad():

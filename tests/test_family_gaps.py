@@ -69,7 +69,6 @@ NOT_YET = {
     "neomme": "M-RoPE over several position axes, value embeddings added after rotation, exclusive self-attention",
     "minimax_m3_vl_text": "optional sparse indexer selection of keys per query: not examined yet",
     "longcat_flash": "two latent attentions per layer (self_attn[0], self_attn[1]): posprobe reads one per layer",
-    "cpmant": "a segment-aware relative position bucket bias of its own layout",
     "blt": "byte latent transformer: local byte encoder/decoder cross-attending to a global patch transformer",
     "xlnet": "two-stream attention with sinusoidal relative positions",
     "funnel": "pools the sequence between blocks; relative attention with its own sinusoidal encodings",
@@ -262,3 +261,60 @@ def test_pre_norm_flaubert_is_refused_in_one_line(tmp_path):
     with pytest.raises(PosprobeError) as err:
         posprobe.fhat(str(tmp_path), layer=1, positions=10)
     assert "pre_norm" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_cpmant_with_prompt_tokens_reads_the_text_pairs(tmp_path):
+    """CPM-Ant runs prompt_length prompt tokens (rows after the vocabulary in its word table, segment 0) before
+    every text (segment 2): the text's scores are those of its own pairs, bucket(j - i) within its segment, the
+    prompts being further keys; the average word is the vocabulary's (not the prompt rows'). Checked against the
+    model's first-layer softmax input on text pairs (token 5 the average word: token 0 is its padding); the
+    capture refuses such a config in one line (its softmax also spans the prompt)."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from posprobe.capture import capture
+    from posprobe.checkpoint import WeightReader, resolve_model
+    from posprobe.families.context import ModelContext, content_free_scores
+
+    prompt, n = 3, 10
+    config = AutoConfig.for_model("cpmant", **{**CASES["cpmant"][1], "prompt_length": prompt, "prompt_types": 3})
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layernorm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+        table = model.get_input_embeddings().weight
+        assert table.shape[0] == 99 + 3 * prompt  # the model's prompt is type 2's
+        model.save_pretrained(tmp_path)
+        table[5] = table[:99].mean(0)
+        seen = []
+        softmax = torch.nn.functional.softmax
+
+        def record(x, *args, **kwargs):
+            seen.append(x)
+            return softmax(x, *args, **kwargs)
+
+        torch.nn.functional.softmax = record
+        try:
+            model(input_ids=torch.full((1, n), 5))
+        finally:
+            torch.nn.functional.softmax = softmax
+    theirs = seen[0][0, :, prompt:, prompt:].numpy()  # layer 0, text queries and keys
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    np.testing.assert_allclose(content_free_scores(ctx, 0, n), theirs, rtol=1e-6, atol=1e-6)
+
+    class Probs:  # a reducer of attention probabilities
+        needs = ("probs",)
+
+        def add(self, batch):
+            pass
+
+        def result(self):
+            return None
+
+    with pytest.raises(PosprobeError) as err:
+        capture(model, [Probs()], input_ids=[[5, 6, 7]], max_length=8)
+    assert "prompt tokens" in str(err.value) and "\n" not in str(err.value)

@@ -108,10 +108,18 @@ CONFIG_KEYS = {
     "layers": ("layers_block_type", "num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
     # (a list counts its entries: Nemotron-H's layers_block_type, one kind per layer, overrides num_hidden_layers)
     "hidden": ("hidden_size", "n_embd", "dim", "d_model", "emb_dim"),
-    "head_dim": ("head_dim", "d_kv"),
+    "head_dim": ("head_dim", "d_kv", "dim_head"),
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
     "vocab": ("vocab_size", "n_vocab"),
-    "eps": ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "layernorm_epsilon", "norm_epsilon", "norm_eps"),
+    "eps": (
+        "layer_norm_eps",
+        "layer_norm_epsilon",
+        "rms_norm_eps",
+        "layernorm_epsilon",
+        "norm_epsilon",
+        "norm_eps",
+        "eps",
+    ),  # CPM-Ant: eps
     "attention_width": ("true_hidden_size",),  # the width Q/K read where it is not the hidden size (MobileBERT)
     "latent_head_dim": ("qk_nope_head_dim",),  # MLA: position-free dims of each head's q and k
     "latent_rope_dim": ("qk_rope_head_dim",),  # MLA: rotary dims of each head's q and k
@@ -195,6 +203,9 @@ class Family:
     projection_first: bool = False
     word_projection: str | None = None
     word_concat: tuple[tuple[str, str], ...] = ()
+    extra_word_rows: tuple[str, ...] = ()  # config keys whose product counts rows after the vocabulary in the word
+    # table, which are no words (CPM-Ant's prompt embeddings): e_w averages the vocabulary rows alone
+    token_type_row: int = 0  # the row of `token_type` every text token adds (CPM-Ant's segment 2)
     embed_scale: str | None = None
     position_offset: int = 0
     position_width: tuple[str, ...] = ("embedding_size",)
@@ -455,34 +466,6 @@ FAMILIES: tuple[Family, ...] = (
         projection="encoder.embedding_hidden_mapping_in",  # input_embedding_size -> hidden, after the norm
         position_width=("input_embedding_size",),
         capture=EAGER,
-        **_BERT,
-    ),
-    Family(
-        "roc_bert",
-        ("roc_bert",),
-        LEARNED,
-        word_projection="embeddings.map_inputs_layer",  # when concat_input: [word; shape; pronunciation] -> d
-        word_concat=(
-            ("enable_shape", "embeddings.shape_embed.weight"),
-            ("enable_pronunciation", "embeddings.pronunciation_embed.weight"),
-        ),
-        switches={"word_projection": "concat_input"},  # else shape and pronunciation enter only where given
-        description="learned absolute table (text alone: shape and pronunciation ids 0, as its module takes them "
-        "when none are given)",
-        **_BERT,
-    ),
-    Family(
-        "convbert",
-        ("convbert",),
-        LEARNED,
-        projection="embeddings_project",
-        head_ratio="head_ratio",
-        reads_padding=True,
-        description="learned absolute table; mixed attention: its softmax heads are read, its span-based dynamic "
-        "convolution heads have no positional score",
-        capture=EAGER,
-        capture_note="its softmax heads (the convolution heads have no scores); texts one at a time (its "
-        "convolutions read padding)",
         **_BERT,
     ),
     Family(
@@ -1439,6 +1422,59 @@ FAMILIES: tuple[Family, ...] = (
             "qkv": STACKED,
         },
     ),  # fmt: skip
+    Family(
+        "roc_bert",
+        ("roc_bert",),
+        LEARNED,
+        word_projection="embeddings.map_inputs_layer",  # when concat_input: [word; shape; pronunciation] -> d
+        word_concat=(
+            ("enable_shape", "embeddings.shape_embed.weight"),
+            ("enable_pronunciation", "embeddings.pronunciation_embed.weight"),
+        ),
+        switches={"word_projection": "concat_input"},  # else shape and pronunciation enter only where given
+        description="learned absolute table (text alone: shape and pronunciation ids 0, as its module takes them "
+        "when none are given)",
+        **_BERT,
+    ),
+    Family(
+        "convbert",
+        ("convbert",),
+        LEARNED,
+        projection="embeddings_project",
+        head_ratio="head_ratio",
+        reads_padding=True,
+        description="learned absolute table; mixed attention: its softmax heads are read, its span-based dynamic "
+        "convolution heads have no positional score",
+        capture=EAGER,
+        capture_note="its softmax heads (the convolution heads have no scores); texts one at a time (its "
+        "convolutions read padding)",
+        **_BERT,
+    ),
+    Family(
+        "cpmant",
+        ("cpmant",),
+        BUCKET_BIAS,
+        word="input_embedding.weight",  # the vocabulary, then prompt_types x prompt_length prompt rows
+        extra_word_rows=("prompt_types", "prompt_length"),
+        token_type="segment_embedding.weight",
+        token_type_row=2,  # every text token's segment (0 is the prompt's and padding's)
+        query="encoder.layers.{l}.self_att.self_attention.project_q",
+        key="encoder.layers.{l}.self_att.self_attention.project_k",
+        pre_norm="encoder.layers.{l}.self_att.layernorm_before_attention",
+        norm=RMSNORM,
+        reads_padding=True,  # it takes token 0 for padding and masks as if padded on the left
+        tensors={
+            "relative_bias": "position_bias.relative_attention_bias",  # (buckets + segments², heads)
+            "num_buckets": "position_bias_num_buckets",
+            "max_distance": "position_bias_max_distance",
+            "segment_rows": "segment_types",  # a bias per (query segment, key segment) after the buckets
+            "prompt_tokens": "prompt_length",
+        },
+        description="relative position buckets (learned bias) within a segment (text: one segment); its prompt "
+        "tokens before the text are further keys, not analysed (transformers' module attends both ways)",
+        capture=EAGER,
+        capture_note="configs without prompt tokens (prompt_length 0); texts one at a time",
+    ),
     # -- sinusoidal absolute tables (built as the model builds them; encoder stack of encoder-decoders)
     Family("marian", ("marian",), SINUSOIDAL, **_SEQ2SEQ, tensors=_sinusoidal("marian", "Marian")),
     Family(

@@ -64,6 +64,13 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
             "layer",
         )
     cfg = text_config(model)
+    prompt = family.tensors.get("prompt_tokens") if family is not None else None
+    if attention and prompt and getattr(cfg, prompt, 0):  # CPM-Ant's prompt tokens
+        raise PosprobeError(
+            f"'{kind}' runs {getattr(cfg, prompt)} prompt tokens of its own before every text ({prompt}), so its "
+            "attention is not one softmax over the text's keys",
+            "its content-free scores (`posprobe fhat`, `profiles`) read the text's pairs",
+        )
     layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)
     if not layers or not heads:
         raise PosprobeError(f"cannot read the number of layers and heads of '{kind}'", "use a standard config")

@@ -72,8 +72,13 @@ class EmbeddingReader:
         if key is None:
             self.tensor(self.family.word)  # raises the clear error
         shape, vocab = self.reader.shape(key), self.shape.vocab
-        if vocab is not None and shape and len(shape) == 2 and shape[0] != vocab:  # a config.json from elsewhere
-            raise mixed_checkpoint(self.source.name, "vocab_size =", vocab, f"a word table of {shape[0]} rows")
+        extra = math.prod(int(self.config.get(k) or 0) for k in self.family.extra_word_rows)
+        extra = extra if self.family.extra_word_rows else 0
+        if vocab is not None and shape and len(shape) == 2 and shape[0] != vocab + extra:  # a config from elsewhere
+            said = f"{vocab} (and {extra} further rows)" if extra else vocab
+            raise mixed_checkpoint(self.source.name, "vocab_size =", said, f"a word table of {shape[0]} rows")
+        if extra:  # rows after the vocabulary are no words (CPM-Ant's prompts): the vocabulary's mean alone
+            return self.reader.get(key)[: shape[0] - extra].mean(axis=0)
         return self.reader.row_mean(key)
 
     @property
@@ -144,11 +149,13 @@ class EmbeddingReader:
 
     @cached_property
     def token_type0(self) -> np.ndarray | None:
-        """What every token adds besides word and position (e,): token type 0's embedding and row 0 of the
-        family's `constant_rows` tables (LayoutLM's box 0), else None."""
+        """What every token adds besides word and position (e,): token type 0's embedding (the family's
+        `token_type_row`: CPM-Ant's segment 2) and row 0 of its `constant_rows` tables (LayoutLM's box 0), else
+        None."""
         f = self.family
-        names = ((f.token_type,) if f.token_type else ()) + f.constant_rows
-        rows = [self.reader.get(key)[0] for key in map(self.key, names) if key is not None]
+        token_type = self.key(f.token_type) if f.token_type else None
+        rows = [self.reader.get(token_type)[f.token_type_row]] if token_type is not None else []
+        rows += [self.reader.get(key)[0] for key in map(self.key, f.constant_rows) if key is not None]
         return sum(rows[1:], rows[0]) if rows else None
 
     @cached_property
