@@ -155,7 +155,8 @@ class Family:
     BioGPT: 2); `position_width`: config keys of the position table's width (default: `embedding_size`, else the
     hidden size).
     Attention of layer `{l}`: `query` / `key` prefixes ('.weight', '.bias' appended; with `qkv` != SEPARATE
-    `query` names the fused projection; `qkv_blocks` for BLOCKED), `pre_norm` (the norm applied to the layer
+    `query` names the fused projection, unless `query` and `key` find two tensors: a model transformers loaded
+    from fused files splits them, GTE, Nomic BERT; `qkv_blocks` for BLOCKED), `pre_norm` (the norm applied to the layer
     input before attention; from layer `pre_norm_from` on: ModernBERT's layer 0 has none), `bottleneck`
     ((config keys, prefix) alternatives: the first whose keys are all true names a Linear `prefix.dense` and norm
     `prefix.LayerNorm` the layer input goes through before Q/K: MobileBERT), `qk_norm` (prefixes of norms applied
@@ -1910,6 +1911,8 @@ def _layer_kind_words(f: Family) -> str:
         kinds.append("learned sinks")
     if f.hybrid:
         kinds.append(f"{f.hybrid} (no positional score)")
+    if f.head_ratio:
+        kinds.append("span-convolution heads beside the softmax ones (no positional score)")
     return " / ".join(kinds)
 
 
