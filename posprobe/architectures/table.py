@@ -243,7 +243,7 @@ class Family:
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
     reads_padding: bool = False  # its outputs on real tokens depend on the padding beside them (ConvBERT's span
-    # convolutions mask none): `posprobe attention` runs its texts one at a time (posprobe.capture)
+    # convolutions mask none; CPM-Ant masks as if padded on the left): its texts run one at a time (posprobe.capture)
     head_ratio: str | None = None  # config key of a mixed attention's ratio (ConvBERT): heads // ratio softmax q.k
     # heads (at least one), each of d / (2 H'), beside as many span-based dynamic-convolution heads (no score)
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]

@@ -18,7 +18,7 @@ def text_config(model):
 
 def reads_padding(model) -> bool:
     """True when the model's family gives real tokens outputs that depend on the padding beside them
-    (`Family.reads_padding`: ConvBERT's span convolutions): its texts run one at a time, unpadded."""
+    (`Family.reads_padding`: ConvBERT's span convolutions, CPM-Ant's mask): its texts run one at a time, unpadded."""
     from posprobe.families import family_for_type
 
     family = family_for_type(str(getattr(text_config(model), "model_type", "")))

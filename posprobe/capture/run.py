@@ -181,7 +181,7 @@ def capture_batches(
     if block_size is not None:
         block_size = as_int(block_size, "block_size", minimum=0)
     n_layers, n_heads = check_model(model, attention=attention, encoder_decoder=True, hybrid=True)
-    unpadded = reads_padding(model)  # ConvBERT: padded batches would change its real tokens' outputs
+    unpadded = reads_padding(model)  # ConvBERT, CPM-Ant: padding changes their real tokens' outputs
     attending = tuple(attention_layers(model, n_layers)) if attention else ()  # a hybrid's attention layers only
     parallel = distributed.join_process_group(model_device(model))
     if parallel:

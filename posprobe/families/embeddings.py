@@ -72,8 +72,8 @@ class EmbeddingReader:
         if key is None:
             self.tensor(self.family.word)  # raises the clear error
         shape, vocab = self.reader.shape(key), self.shape.vocab
-        extra = math.prod(int(self.config.get(k) or 0) for k in self.family.extra_word_rows)
-        extra = extra if self.family.extra_word_rows else 0
+        rows_after = self.family.extra_word_rows
+        extra = math.prod(int(self.config.get(k) or 0) for k in rows_after) if rows_after else 0
         if vocab is not None and shape and len(shape) == 2 and shape[0] != vocab + extra:  # a config from elsewhere
             said = f"{vocab} (and {extra} further rows)" if extra else vocab
             raise mixed_checkpoint(self.source.name, "vocab_size =", said, f"a word table of {shape[0]} rows")

@@ -118,8 +118,8 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
         return content + bias.numpy()
     buckets_key = f.tensors.get("num_buckets", "relative_attention_num_buckets")  # CPM-Ant: names of its own
     distance_key = f.tensors.get("max_distance", "relative_attention_max_distance")
-    buckets = config_int(cfg, name, buckets_key, default=config_default(cfg, (buckets_key,)) or 32, minimum=4)
-    max_distance = config_int(cfg, name, distance_key, default=config_default(cfg, (distance_key,)) or 128, minimum=2)
+    buckets = config_int(cfg, name, buckets_key, default=_default(cfg, buckets_key, 32), minimum=4)
+    max_distance = config_int(cfg, name, distance_key, default=_default(cfg, distance_key, 128), minimum=2)
     segments = _segment_rows(cfg, f.tensors.get("segment_rows"))
     if table.shape[0] != buckets + segments:
         said = f"{buckets} + {segments} segment pairs" if segments else str(buckets)
@@ -129,6 +129,15 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
     content = torch.from_numpy(head_products(q, k) * ctx.scaling)  # (H, 1, 1) or (H, n, n)
     scores = t5_scores(content, table, n, causal=ctx.causal(stack), num_buckets=buckets, max_distance=max_distance)
     return scores.numpy()
+
+
+def _default(config: dict, key: str, fallback: int) -> int:
+    """What the model uses for `key` where its config.json leaves it out: its config class's default (CPM-Ant's 512
+    buckets), else `fallback` (T5's)."""
+    if config.get(key) is not None:
+        return config[key]
+    value = config_default(config, (key,))
+    return fallback if value is None else value
 
 
 def _segment_rows(config: dict, key: str | None) -> int:
