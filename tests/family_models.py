@@ -87,7 +87,8 @@ _GEMMA3_ROPE = {
 
 # case -> (model_type, config[, options]): options `own` (the config is complete; else SMALL + it), `compare` ('exact'
 # pre-softmax scores, or 'row': equal up to a constant per query row on the pairs the model attends), `attention`
-# (the implementation whose scores are the reference: 'eager', or 'sdpa' where eager differs from the default)
+# (the implementation whose scores are the reference: 'eager', or 'sdpa' where eager differs from the default),
+# `word_id` (the token that carries the average word: 0 unless the model reads token 0 as padding, CPM-Ant)
 CASES = {
     # rotary
     "llama": ("llama", dict(num_key_value_heads=2, max_position_embeddings=64, attention_bias=True,
@@ -408,13 +409,44 @@ CASES = {
     "ctrl": ("ctrl", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, dff=37, n_positions=64), dict(own=True)),
     "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
+    # issue 34 (fused): fused Q/K/V on disk, split on load (saved fused: save_pretrained inverts the conversion)
+    "gte": ("gte", dict(max_position_embeddings=64, pad_token_id=1, type_vocab_size=1,
+                        rope_parameters=dict(rope_type="default", rope_theta=100.0))),
+    "nomic_bert": ("nomic_bert", dict(max_position_embeddings=64, pad_token_id=0,
+                                      rope_parameters=dict(rope_type="default", rope_theta=100.0))),
+    "jina_embeddings_v3": ("jina_embeddings_v3", dict(max_position_embeddings=64, pad_token_id=1,
+                                                      rope_parameters=dict(rope_type="default", rope_theta=100.0))),
+    "sarvam_moe": ("sarvam_moe", dict(_KV2, head_dim=8, n_routed_experts=2, num_experts_per_tok=1,
+                                      moe_intermediate_size=16, first_k_dense_replace=1, attention_bias=True,
+                                      rope_parameters=dict(rope_type="default", rope_theta=100.0,
+                                                           partial_rotary_factor=0.5))),
+    # RoCBert: [word; shape id 0; pronunciation id 0] through map_inputs_layer (pad 1: rows 0 are not padding)
+    "roc_bert": ("roc_bert", dict(max_position_embeddings=64, intermediate_size=37, pad_token_id=1,
+                                  shape_vocab_size=11, shape_embed_dim=8, pronunciation_vocab_size=13,
+                                  pronunciation_embed_dim=12)),
+    "roc_bert-no-shape": ("roc_bert", dict(max_position_embeddings=64, intermediate_size=37, pad_token_id=1,
+                                           shape_vocab_size=11, shape_embed_dim=8, pronunciation_vocab_size=13,
+                                           pronunciation_embed_dim=12, enable_shape=False)),
+    "roc_bert-sum": ("roc_bert", dict(max_position_embeddings=64, intermediate_size=37, pad_token_id=1,
+                                      shape_vocab_size=11, shape_embed_dim=8, pronunciation_vocab_size=13,
+                                      pronunciation_embed_dim=12, concat_input=False)),
+    # ConvBERT: 4 // head_ratio 2 = 2 softmax heads of 32 / 2 / 2 = 8 (beside 2 span-convolution heads)
+    "convbert": ("convbert", dict(max_position_embeddings=64, intermediate_size=37, embedding_size=16, head_ratio=2,
+                                  conv_kernel_size=3)),
+    # CPM-Ant: segment-aware buckets (text: segment 2); token 0 is its padding, so the average word is token 5; no
+    # prompt tokens here (the reference records (n, n) softmaxes; test_family_gaps checks a prompt of 3 tokens)
+    "cpmant": ("cpmant", dict(vocab_size=99, hidden_size=32, num_attention_heads=4, dim_head=8, dim_ff=37,
+                              num_hidden_layers=2, position_bias_num_buckets=12, position_bias_max_distance=20,
+                              segment_types=3, prompt_types=2, prompt_length=0, eps=1e-3),
+               dict(own=True, word_id=5)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
                   "granitemoe", "granitemoeshared", "glm4_moe", "minimax_m2", "ernie4_5_moe", "flex_olmo",
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
-                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h")  # fmt: skip
+                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h",
+                  "sarvam_moe")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}
@@ -436,6 +468,8 @@ ISSUE_34_CASES = frozenset({
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
+    "gte", "nomic_bert", "jina_embeddings_v3", "sarvam_moe", "roc_bert", "roc_bert-no-shape", "roc_bert-sum",
+    "convbert", "cpmant",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
@@ -447,13 +481,15 @@ class Case:
     config: dict
     compare: str = "exact"
     attention: str = "eager"
+    word_id: int = 0
 
 
 def case(name: str) -> Case:
     model_type, config, *rest = CASES[name]
     options = rest[0] if rest else {}
     config = dict(config) if options.get("own") else {**SMALL, **config}
-    return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"))
+    return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"),
+                options.get("word_id", 0))  # fmt: skip
 
 
 def build(name: str, dtype=None):
@@ -591,8 +627,9 @@ def _from_band(band: np.ndarray) -> np.ndarray:
     return full
 
 
-def reference_scores(model, n: int) -> Reference:
-    """The model's scores of every layer on n copies of the average word, each layer fed the embedding-level input."""
+def reference_scores(model, n: int, word_id: int = 0) -> Reference:
+    """The model's scores of every layer on n copies of the average word (token `word_id`), each layer fed the
+    embedding-level input."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
@@ -602,7 +639,7 @@ def reference_scores(model, n: int) -> Reference:
         model = model.get_encoder()
     embeddings = model.get_input_embeddings()
     with torch.no_grad():
-        embeddings.weight[0] = embeddings.weight.mean(0)  # token 0 = the average word (after the mean is taken)
+        embeddings.weight[word_id] = embeddings.weight.mean(0)  # the average word (after the mean is taken)
     layers = _layers(model)
     first: dict[str, torch.Tensor] = {}
 
@@ -623,7 +660,7 @@ def reference_scores(model, n: int) -> Reference:
         layer.forward = feed(i, layer.forward)
     implementation = model.config._attn_implementation
     exact = implementation == "eager" and bool(getattr(type(model), "_supports_attention_backend", False))
-    ids = torch.zeros(1, n, dtype=torch.long)
+    ids = torch.full((1, n), word_id, dtype=torch.long)
     try:
         _RECORDED.clear()
         with torch.no_grad():

@@ -23,7 +23,7 @@ import pytest
 import torch
 import transformers as tf
 from conftest import build_tiny
-from family_models import CASES, FLOAT32, _layers, _SoftmaxInputs, build, reference_scores
+from family_models import CASES, FLOAT32, _layers, _SoftmaxInputs, build, case, reference_scores
 from tiny_tokenizer import word_tokenizer
 
 from posprobe.architectures.table import EAGER
@@ -186,7 +186,8 @@ def test_capture_equals_each_text_run_alone(name):
     tol = tolerance(name)
     family = family_for_type(model.config.model_type)
     assert is_eager_route(model) == (family.capture == EAGER)  # the route the family table names
-    assert summary.n_batches == 3 and sorted(keep.texts) == list(range(len(corpus)))
+    batches = len(corpus) if family.reads_padding else 3  # ConvBERT's convolutions read padding: one text a batch
+    assert summary.n_batches == batches and sorted(keep.texts) == list(range(len(corpus)))
     for index, ids in enumerate(corpus):
         got, ref = keep.texts[index], alone(reference, ids, name in RETURNS_SCORES, per_layer=name in HYBRIDS)
         if name in HYBRIDS:  # the attention layers only, and exactly those the model's own forward pass ran
@@ -212,9 +213,10 @@ def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
     the parity tests (masked pairs aside)."""
     model = make(name)
     n = 12
-    ref = reference_scores(model, n)  # also sets the average word
+    word = case(name).word_id if name in CASES else 0  # CPM-Ant reads token 0 as padding
+    ref = reference_scores(model, n, word)  # also sets the average word
     keep = Keep()
-    capture(model, [keep], input_ids=[[0] * n], max_length=n)
+    capture(model, [keep], input_ids=[[word] * n], max_length=n)
     got = keep.texts[0]
     allowed = np.broadcast_to(ref.allowed[0][None], got["scores"][0].shape)
     tol = 1e-4 if name in IN_FLOAT32 else 1e-9
@@ -501,3 +503,21 @@ def test_cli_attention_on_a_hybrid_lists_its_other_layers(checkpoint_folder, tmp
     assert "layer 1 of" in err and "no positional score to fit" in err and err.endswith("pass --layers 0,2")
     assert main(["fit-tisa", npz, "--kernels", "2", "--layers", "0,2", "--out", str(fitted), "--json"]) in (0, None)
     assert json.loads(capsys.readouterr().out)["layers"] == [0, 2]
+
+
+@pytest.mark.slow
+def test_a_model_that_reads_padding_runs_texts_alone_and_refuses_padded_batches():
+    """ConvBERT's span convolutions read the padding beside real tokens (transformers masks none), so a padded batch
+    is not its texts alone: `capture` runs them one at a time (the test above), and a padded batch handed to
+    `capture_batches` directly is refused in one line; an unpadded one runs."""
+    from posprobe.capture.batches import pad_batch
+    from posprobe.capture.run import capture_batches
+
+    model = make("convbert")
+    padded = pad_batch([(0, [5, 6, 7, 8], [0] * 4), (1, [9, 10], [0] * 2)], pad_id=0, exclude_special=False)
+    with pytest.raises(PosprobeError) as err:
+        capture_batches(model, [padded], [Keep()])
+    assert "padding" in str(err.value) and "\n" not in str(err.value)
+    same_length = pad_batch([(0, [5, 6, 7, 8], [0] * 4), (1, [9, 10, 11, 12], [0] * 4)], pad_id=0,
+                            exclude_special=False)  # fmt: skip
+    assert capture_batches(model, [same_length], [Keep()]).n_texts == 2

@@ -17,8 +17,6 @@ from posprobe.families import family_for_type
 
 _MULTIMODAL = "a multimodal config that nests its language model's (text_config): posprobe reads text models"
 _SEQ2SEQ = "encoder-decoder (its causal LM is the decoder stack alone): not added yet"
-_FUSED_ON_DISK = ("transformers splits the checkpoints' fused Q/K/V projection on load: files and loaded models "
-                  "name Q/K differently, and an entry reads one layout")  # fmt: skip
 _INDEXED = "sparse attention: an indexer picks each query's top-k keys (indexed_attention layers); no layer kind for it"
 
 # model type -> why posprobe does not read it yet (none of these has an analysable entry)
@@ -51,11 +49,6 @@ NOT_YET = {
     "musicgen": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
     "musicgen_melody": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
     "moshi": "speech-text model: a temporal transformer over audio codebooks plus a depth decoder",
-    # fused on disk, split when loaded
-    "gte": _FUSED_ON_DISK,
-    "nomic_bert": _FUSED_ON_DISK,
-    "jina_embeddings_v3": _FUSED_ON_DISK + " (and task LoRA adapters)",
-    "sarvam_moe": _FUSED_ON_DISK,
     # attention that needs new score code
     "diffllama": "differential attention: two softmaxes per head, subtracted with a learned lambda",
     "dory": "nGPT-style unit-norm q/k rescaled per channel after RoPE: new score code",
@@ -76,9 +69,6 @@ NOT_YET = {
     "neomme": "M-RoPE over several position axes, value embeddings added after rotation, exclusive self-attention",
     "minimax_m3_vl_text": "optional sparse indexer selection of keys per query: not examined yet",
     "longcat_flash": "two latent attentions per layer (self_attn[0], self_attn[1]): posprobe reads one per layer",
-    "convbert": "mixed attention: part of each layer's heads are span-based dynamic convolutions",
-    "cpmant": "a segment-aware relative position bucket bias of its own layout",
-    "roc_bert": "pronunciation and shape embeddings summed with the words (ids of their own)",
     "blt": "byte latent transformer: local byte encoder/decoder cross-attending to a global patch transformer",
     "xlnet": "two-stream attention with sinusoidal relative positions",
     "funnel": "pools the sequence between blocks; relative attention with its own sinusoidal encodings",
@@ -173,6 +163,45 @@ def test_exaone_reads_its_checkpoint_names_and_the_loaded_ones(tmp_path):
     assert np.std(loaded) > 0
 
 
+# model type -> (its fused Q/K/V projection in files of layer 0, its LM head class in transformers)
+FUSED_ON_DISK = {
+    "gte": ("gte.encoder.layer.0.attention.qkv_proj.weight", "AutoModelForMaskedLM"),
+    "nomic_bert": ("nomic_bert.encoder.layers.0.attn.Wqkv.weight", "AutoModelForMaskedLM"),
+    "jina_embeddings_v3": ("roberta.encoder.layers.0.mixer.Wqkv.weight", "AutoModelForMaskedLM"),
+    "sarvam_moe": ("model.layers.0.attention.query_key_value.weight", "AutoModelForCausalLM"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(FUSED_ON_DISK))
+def test_fused_checkpoints_read_as_their_loaded_models(model_type, tmp_path):
+    """transformers splits these files' one Q/K/V Linear into q_proj / k_proj / v_proj on load (its conversion
+    mapping: Chunk in three, or Split by size for Sarvam-MoE's grouped keys) and renames the rest (emb_ln,
+    encoder.layers, attention.query_layernorm, word_embeddings); save_pretrained inverts that, so the saved folder
+    holds the files' layout (no hub: a real checkpoint is not downloaded). The folder on disk and the loaded model
+    in memory read to the same scores."""
+    import torch
+    import transformers
+    from family_models import build
+    from safetensors import safe_open
+
+    base = build(model_type)
+    fused, head = FUSED_ON_DISK[model_type]
+    torch.manual_seed(1)
+    lm = getattr(transformers, head).from_config(base.config).double().eval()
+    missing, _ = lm.base_model.load_state_dict(base.state_dict(), strict=False)  # Jina's LM drops the pooler
+    assert missing == []
+    lm.save_pretrained(tmp_path / "lm")
+    with safe_open(str(tmp_path / "lm" / "model.safetensors"), "np") as f:
+        names = set(f.keys())
+    assert fused in names and not any("q_proj" in name for name in names)
+    assert "layers.0.self_attn.q_proj.weight" in base.state_dict()
+    on_disk = posprobe.fhat(str(tmp_path / "lm"), layer=1, positions=12).matrices
+    loaded = posprobe.fhat(base, layer=1, positions=12).matrices
+    np.testing.assert_allclose(on_disk, loaded, rtol=1e-9, atol=1e-12)
+    assert np.std(loaded) > 0
+
+
 @pytest.mark.slow
 def test_nemotron_h_reads_the_older_config_layout(tmp_path):
     """Nemotron-H configs name their layer kinds as layers_block_type (saved by transformers now; its length is the
@@ -232,3 +261,60 @@ def test_pre_norm_flaubert_is_refused_in_one_line(tmp_path):
     with pytest.raises(PosprobeError) as err:
         posprobe.fhat(str(tmp_path), layer=1, positions=10)
     assert "pre_norm" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_cpmant_with_prompt_tokens_reads_the_text_pairs(tmp_path):
+    """CPM-Ant runs prompt_length prompt tokens (rows after the vocabulary in its word table, segment 0) before
+    every text (segment 2): the text's scores are those of its own pairs, bucket(j - i) within its segment, the
+    prompts being further keys; the average word is the vocabulary's (not the prompt rows'). Checked against the
+    model's first-layer softmax input on text pairs (token 5 the average word: token 0 is its padding); the
+    capture refuses such a config in one line (its softmax also spans the prompt)."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from posprobe.capture import capture
+    from posprobe.checkpoint import WeightReader, resolve_model
+    from posprobe.families.context import ModelContext, content_free_scores
+
+    prompt, n = 3, 10
+    config = AutoConfig.for_model("cpmant", **{**CASES["cpmant"][1], "prompt_length": prompt, "prompt_types": 3})
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config).double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layernorm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+        table = model.get_input_embeddings().weight
+        assert table.shape[0] == 99 + 3 * prompt  # the model's prompt is type 2's
+        model.save_pretrained(tmp_path)
+        table[5] = table[:99].mean(0)
+        seen = []
+        softmax = torch.nn.functional.softmax
+
+        def record(x, *args, **kwargs):
+            seen.append(x)
+            return softmax(x, *args, **kwargs)
+
+        torch.nn.functional.softmax = record
+        try:
+            model(input_ids=torch.full((1, n), 5))
+        finally:
+            torch.nn.functional.softmax = softmax
+    theirs = seen[0][0, :, prompt:, prompt:].numpy()  # layer 0, text queries and keys
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    np.testing.assert_allclose(content_free_scores(ctx, 0, n), theirs, rtol=1e-6, atol=1e-6)
+
+    class Probs:  # a reducer of attention probabilities
+        needs = ("probs",)
+
+        def add(self, batch):
+            pass
+
+        def result(self):
+            return None
+
+    with pytest.raises(PosprobeError) as err:
+        capture(model, [Probs()], input_ids=[[5, 6, 7]], max_length=8)
+    assert "prompt tokens" in str(err.value) and "\n" not in str(err.value)

@@ -261,6 +261,9 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
     kv_heads = T.qkv_layout(family, config)[1] or config_size(config, name, "kv_heads", default=heads)
     width = config_size(config, name, "attention_width", default=hidden)  # MobileBERT's bottleneck width
     head_dim = config_size(config, name, "head_dim", default=width // heads)
+    if family.head_ratio:  # mixed attention (ConvBERT): H' softmax heads of d / (2 H') each
+        heads = kv_heads = T.softmax_heads(family, config, heads)
+        head_dim = width // heads // 2
     if T.config_value(config, "head_dim") is None and width % heads:
         raise PosprobeError(
             f"{config_where(name)} has hidden size {width} not divisible by {heads} heads",

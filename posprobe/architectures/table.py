@@ -108,10 +108,18 @@ CONFIG_KEYS = {
     "layers": ("layers_block_type", "num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
     # (a list counts its entries: Nemotron-H's layers_block_type, one kind per layer, overrides num_hidden_layers)
     "hidden": ("hidden_size", "n_embd", "dim", "d_model", "emb_dim"),
-    "head_dim": ("head_dim", "d_kv"),
+    "head_dim": ("head_dim", "d_kv", "dim_head"),
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
     "vocab": ("vocab_size", "n_vocab"),
-    "eps": ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "layernorm_epsilon", "norm_epsilon", "norm_eps"),
+    "eps": (
+        "layer_norm_eps",
+        "layer_norm_epsilon",
+        "rms_norm_eps",
+        "layernorm_epsilon",
+        "norm_epsilon",
+        "norm_eps",
+        "eps",
+    ),  # CPM-Ant: eps
     "attention_width": ("true_hidden_size",),  # the width Q/K read where it is not the hidden size (MobileBERT)
     "latent_head_dim": ("qk_nope_head_dim",),  # MLA: position-free dims of each head's q and k
     "latent_rope_dim": ("qk_rope_head_dim",),  # MLA: rotary dims of each head's q and k
@@ -120,7 +128,7 @@ CONFIG_KEYS = {
 
 # How each table field reads a config switch (`Family.switches`): a field listed there applies only when the config
 # key is true (missing keys take the default of the family's transformers config class).
-SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram", "rotary_layout")
+SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram", "rotary_layout", "word_projection")
 EMBED_SCALES = (None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier",
                 "mup_enabled", "scale_emb", "sqrt_hidden_bf16")  # fmt: skip
 
@@ -135,8 +143,11 @@ class Family:
     applied after the embedding norm, or before it with `projection_first`: DeBERTa's embed_proj),
     `word_projection` (a Linear applied to the word embedding alone, before positions are added: OPT's
     project_in, MobileBERT's embedding_transformation; with the `trigram` switch it reads [next; this; previous]
-    word embeddings, zeros beyond the sequence), `embed_scale` ('sqrt_hidden': the embeddings are multiplied by
-    sqrt(d) in the table's dtype, Gemma; 'sqrt_hidden_bf16': by sqrt(d) rounded to bfloat16, RecurrentGemma;
+    word embeddings, zeros beyond the sequence; `word_concat`: (config key, table) pairs whose row 0 is concatenated
+    after the word embedding, where the key is true, before the projection reads it: RoCBert's shape and
+    pronunciation embeddings at id 0, the ids its module takes when a text gives none), `embed_scale`
+    ('sqrt_hidden': the embeddings are multiplied by sqrt(d) in the table's dtype, Gemma; 'sqrt_hidden_bf16': by
+    sqrt(d) rounded to bfloat16, RecurrentGemma;
     'scale_embedding' / 'rescale_embeddings' / 'mup_enabled' (AFMoE): by sqrt(d) when that config key is true;
     'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout;
     'embedding_multiplier' / 'scale_emb': that config value, Granite / MiniCPM 3). `position_offset`: position i
@@ -144,7 +155,8 @@ class Family:
     BioGPT: 2); `position_width`: config keys of the position table's width (default: `embedding_size`, else the
     hidden size).
     Attention of layer `{l}`: `query` / `key` prefixes ('.weight', '.bias' appended; with `qkv` != SEPARATE
-    `query` names the fused projection; `qkv_blocks` for BLOCKED), `pre_norm` (the norm applied to the layer
+    `query` names the fused projection, unless `query` and `key` find two tensors: a model transformers loaded
+    from fused files splits them, GTE, Nomic BERT; `qkv_blocks` for BLOCKED), `pre_norm` (the norm applied to the layer
     input before attention; from layer `pre_norm_from` on: ModernBERT's layer 0 has none), `bottleneck`
     ((config keys, prefix) alternatives: the first whose keys are all true names a Linear `prefix.dense` and norm
     `prefix.LayerNorm` the layer input goes through before Q/K: MobileBERT), `qk_norm` (prefixes of norms applied
@@ -191,6 +203,10 @@ class Family:
     projection: str | None = None
     projection_first: bool = False
     word_projection: str | None = None
+    word_concat: tuple[tuple[str, str], ...] = ()
+    extra_word_rows: tuple[str, ...] = ()  # config keys whose product counts rows after the vocabulary in the word
+    # table, which are no words (CPM-Ant's prompt embeddings): e_w averages the vocabulary rows alone
+    token_type_row: int = 0  # the row of `token_type` every text token adds (CPM-Ant's segment 2)
     embed_scale: str | None = None
     position_offset: int = 0
     position_width: tuple[str, ...] = ("embedding_size",)
@@ -226,6 +242,10 @@ class Family:
     hybrid: str = ""  # what the layers without softmax attention are, in words (config.layer_types names them;
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
+    reads_padding: bool = False  # its outputs on real tokens depend on the padding beside them (ConvBERT's span
+    # convolutions mask none; CPM-Ant masks as if padded on the left): its texts run one at a time (posprobe.capture)
+    head_ratio: str | None = None  # config key of a mixed attention's ratio (ConvBERT): heads // ratio softmax q.k
+    # heads (at least one), each of d / (2 H'), beside as many span-based dynamic-convolution heads (no score)
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
     # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'head_dim_if:KEY' d_h ** -0.5 when config KEY, else 1
     # (GPT-BigCode's scale_attn_weights), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32),
@@ -1358,6 +1378,104 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("modernbert", "ModernBert"),  # one rotary setting per layer type (local / global)
         windows="layer_types_inclusive",
     ),
+    # -- fused on disk, split on load (issue 34): a checkpoint's one Q/K/V projection, which transformers splits into
+    # q_proj / k_proj / v_proj when it loads it (its conversion mapping); both layouts read (`stored_layout`)
+    *(
+        Family(
+            t,
+            (t,),
+            ROTARY,
+            word="embeddings.word_embeddings.weight",
+            token_type="embeddings.token_type_embeddings.weight",  # absent where type_vocab_size is 0 (GTE)
+            embedding_norm="(embeddings.LayerNorm|emb_ln)",  # files: emb_ln (Nomic BERT, Jina v3)
+            query=f"{{l}}.(self_attn.q_proj|{fused})",
+            key=f"{{l}}.(self_attn.k_proj|{fused})",
+            qkv=STACKED,  # files: one Linear [q; k; v], chunked in three on load
+            rotary_class=_rotary(module, prefix),
+            description=description,
+        )  # post-norm: each layer's attention reads its input itself
+        for t, module, prefix, fused, description in (
+            ("gte", "gte", "Gte", "attention.qkv_proj", ""),
+            ("nomic_bert", "nomic_bert", "NomicBert", "attn.Wqkv", ""),
+            (
+                "jina_embeddings_v3",
+                "jina_embeddings_v3",
+                "JinaEmbeddingsV3",
+                "mixer.Wqkv",
+                "rotary embeddings (RoPE); the base weights (transformers' model has no task LoRA adapters)",
+            ),
+        )
+    ),
+    Family(
+        "sarvam_moe",
+        ("sarvam_moe",),
+        rotary_class=_rotary("glm4_moe", "Glm4Moe"),  # transformers runs it as GLM-4-MoE
+        qk_norm=(
+            "layers.{l}.(self_attn.q_norm|attention.query_layernorm)",
+            "layers.{l}.(self_attn.k_norm|attention.key_layernorm)",
+        ),  # when use_qk_norm
+        switches={"qk_norm": "use_qk_norm"},
+        **{
+            **_LLAMA,
+            "word": "(embed_tokens|word_embeddings).weight",  # files: word_embeddings
+            "query": "layers.{l}.(self_attn.q_proj|attention.query_key_value)",  # files: one Linear [q; k; v]
+            "key": "layers.{l}.(self_attn.k_proj|attention.query_key_value)",
+            "qkv": STACKED,
+        },
+    ),  # fmt: skip
+    Family(
+        "roc_bert",
+        ("roc_bert",),
+        LEARNED,
+        word_projection="embeddings.map_inputs_layer",  # when concat_input: [word; shape; pronunciation] -> d
+        word_concat=(
+            ("enable_shape", "embeddings.shape_embed.weight"),
+            ("enable_pronunciation", "embeddings.pronunciation_embed.weight"),
+        ),
+        switches={"word_projection": "concat_input"},  # else shape and pronunciation enter only where given
+        description="learned absolute table (text alone: shape and pronunciation ids 0, as its module takes them "
+        "when none are given)",
+        **_BERT,
+    ),
+    Family(
+        "convbert",
+        ("convbert",),
+        LEARNED,
+        projection="embeddings_project",
+        head_ratio="head_ratio",
+        reads_padding=True,
+        description="learned absolute table; mixed attention: its softmax heads are read, its span-based dynamic "
+        "convolution heads have no positional score",
+        capture=EAGER,
+        capture_note="its softmax heads (the convolution heads have no scores); texts one at a time (its "
+        "convolutions read padding)",
+        **_BERT,
+    ),
+    Family(
+        "cpmant",
+        ("cpmant",),
+        BUCKET_BIAS,
+        word="input_embedding.weight",  # the vocabulary, then prompt_types x prompt_length prompt rows
+        extra_word_rows=("prompt_types", "prompt_length"),
+        token_type="segment_embedding.weight",
+        token_type_row=2,  # every text token's segment (0 is the prompt's and padding's)
+        query="encoder.layers.{l}.self_att.self_attention.project_q",
+        key="encoder.layers.{l}.self_att.self_attention.project_k",
+        pre_norm="encoder.layers.{l}.self_att.layernorm_before_attention",
+        norm=RMSNORM,
+        reads_padding=True,  # it takes token 0 for padding and masks as if padded on the left
+        tensors={
+            "relative_bias": "position_bias.relative_attention_bias",  # (buckets + segments², heads)
+            "num_buckets": "position_bias_num_buckets",
+            "max_distance": "position_bias_max_distance",
+            "segment_rows": "segment_types",  # a bias per (query segment, key segment) after the buckets
+            "prompt_tokens": "prompt_length",
+        },
+        description="relative position buckets (learned bias) within a segment (text: one segment); its prompt "
+        "tokens before the text are further keys, not analysed (transformers' module attends both ways)",
+        capture=EAGER,
+        capture_note="configs without prompt tokens (prompt_length 0); texts one at a time",
+    ),
     # -- sinusoidal absolute tables (built as the model builds them; encoder stack of encoder-decoders)
     Family("marian", ("marian",), SINUSOIDAL, **_SEQ2SEQ, tensors=_sinusoidal("marian", "Marian")),
     Family(
@@ -1634,6 +1752,16 @@ def config_get(config: dict, key: str):
     return value
 
 
+def softmax_heads(family: Family, config: dict, heads: int) -> int:
+    """The heads of each layer that attend by softmax over q.k: all `heads`, or a mixed attention's
+    heads // config[`Family.head_ratio`], at least one (ConvBERT; missing keys: its config class's default)."""
+    if family.head_ratio is None:
+        return heads
+    ratio = config_get(config, family.head_ratio)
+    ratio = ratio if ratio is not None else config_default(config, (family.head_ratio,))
+    return max(heads // int(ratio), 1)
+
+
 def config_value(config: dict, what: str):
     """The first of `CONFIG_KEYS[what]` present (not None) in `config` (dotted keys: nested sections), or None; a
     list of per-layer entries gives its length."""
@@ -1783,6 +1911,8 @@ def _layer_kind_words(f: Family) -> str:
         kinds.append("learned sinks")
     if f.hybrid:
         kinds.append(f"{f.hybrid} (no positional score)")
+    if f.head_ratio:
+        kinds.append("span-convolution heads beside the softmax ones (no positional score)")
     return " / ".join(kinds)
 
 

@@ -16,6 +16,15 @@ def text_config(model):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
+def reads_padding(model) -> bool:
+    """True when the model's family gives real tokens outputs that depend on the padding beside them
+    (`Family.reads_padding`: ConvBERT's span convolutions, CPM-Ant's mask): its texts run one at a time, unpadded."""
+    from posprobe.families import family_for_type
+
+    family = family_for_type(str(getattr(text_config(model), "model_type", "")))
+    return family is not None and family.reads_padding
+
+
 def check_model(model, attention: bool = True, encoder_decoder: bool = False, hybrid: bool = False) -> tuple[int, int]:
     """(layers, heads) of the stack a capture runs; PosprobeError for a model that cannot be captured: with
     `attention` (scores or probabilities are recorded), a retrofitted model (its attention is a posprobe
@@ -55,9 +64,20 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
             "layer",
         )
     cfg = text_config(model)
+    prompt = family.tensors.get("prompt_tokens") if family is not None else None
+    if attention and prompt and getattr(cfg, prompt, 0):  # CPM-Ant's prompt tokens
+        raise PosprobeError(
+            f"'{kind}' runs {getattr(cfg, prompt)} prompt tokens of its own before every text ({prompt}), so its "
+            "attention is not one softmax over the text's keys",
+            "its content-free scores (`posprobe fhat`, `profiles`) read the text's pairs",
+        )
     layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)
     if not layers or not heads:
         raise PosprobeError(f"cannot read the number of layers and heads of '{kind}'", "use a standard config")
+    if family is not None and family.head_ratio:  # mixed attention (ConvBERT): its softmax heads
+        from posprobe.architectures.table import softmax_heads
+
+        heads = softmax_heads(family, cfg.to_dict(), int(heads))
     return int(layers), int(heads)
 
 

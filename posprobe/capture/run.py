@@ -28,6 +28,7 @@ from posprobe.capture.model import (
     check_length,
     check_model,
     model_device,
+    reads_padding,
     stack_to_run,
 )
 from posprobe.capture.recording import (
@@ -180,6 +181,7 @@ def capture_batches(
     if block_size is not None:
         block_size = as_int(block_size, "block_size", minimum=0)
     n_layers, n_heads = check_model(model, attention=attention, encoder_decoder=True, hybrid=True)
+    unpadded = reads_padding(model)  # ConvBERT, CPM-Ant: padding changes their real tokens' outputs
     attending = tuple(attention_layers(model, n_layers)) if attention else ()  # a hybrid's attention layers only
     parallel = distributed.join_process_group(model_device(model))
     if parallel:
@@ -229,6 +231,12 @@ def capture_batches(
                 in_blocks = blockwise and (
                     block_size or _full_bytes(model, needs, len(attending), n_heads, tokens) >= _CHECKED_FROM
                 )
+                if unpadded and not bool(tokens.real.all()):
+                    raise PosprobeError(
+                        f"'{net.config.model_type}' gives real tokens outputs that depend on the padding beside them, "
+                        "so a padded batch is not its texts alone",
+                        "run its texts one at a time (batches of one text)",
+                    )
                 if attention:
                     check_length(net, int(tokens.input_ids.shape[1]))
                     _check_attention_fits(

@@ -22,6 +22,7 @@ from posprobe.capture.model import (
     model_device,
     pad_token_id,
     place_on,
+    reads_padding,
     resolve_max_length,
     stack_to_run,
 )
@@ -174,7 +175,8 @@ def capture_run(
     model, reducers: Sequence[Reducer], run: TextRun, *, tokenizer: Any = None, max_length: int, verify: bool = True
 ) -> CaptureSummary:
     """Feed every batch of `run` (on a loaded `model`, truncated to `max_length`) to `reducers` (see
-    `capture_batches`): padded batches of `run.batch_size`, length-sorted within chunks of 16 batches."""
+    `capture_batches`): padded batches of `run.batch_size`, length-sorted within chunks of 16 batches; one text a
+    batch for a model whose outputs read padding (`model.reads_padding`)."""
     if any(set(r.needs) & {"scores", "probs"} for r in reducers):
         check_length(stack_to_run(model), max_length)  # at once, rather than at the first long batch
     if run.texts is not None:
@@ -186,7 +188,7 @@ def capture_run(
     batches = token_batches(
         items,
         tokenize,
-        batch_size=run.batch_size,
+        batch_size=1 if reads_padding(model) else run.batch_size,
         pad_id=pad_token_id(model, tokenizer),
         exclude_special=run.exclude_special,
         max_texts=run.max_texts,

@@ -293,20 +293,21 @@ class ModelContext(EmbeddingReader):
         (a MobileBERT bottleneck, affine, is folded in)."""
         s, f = self.shape, self.family
         stored = self.stored_layer(layer)
+        layout = self.stored_layout(stored, stack)
         w = self.tensor(f.query + ".weight", stored, stack)
         b = self.optional(f.query + ".bias", stored, stack)
         try:
-            if self.qkv == T.GATED_QUERY:  # per head [q_h; gate_h] rows: keep the query's
+            if layout == T.GATED_QUERY:  # per head [q_h; gate_h] rows: keep the query's
                 w = w.reshape(s.heads, 2, s.head_dim, -1)[:, 0].reshape(s.heads * s.head_dim, -1)
                 b = None if b is None else b.reshape(s.heads, 2, s.head_dim)[:, 0].reshape(-1)
-            if self.qkv in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY):
+            if layout in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY):
                 wk = self.tensor(f.key + ".weight", stored, stack)
                 bk = self.optional(f.key + ".bias", stored, stack)
-                if self.qkv == T.GROUPED_CONV:
+                if layout == T.GROUPED_CONV:
                     w, wk = grouped_conv_dense(w, self.attention_width), grouped_conv_dense(wk, self.attention_width)
                 q, k = head_split(w, b, s.heads, s.head_dim), head_split(wk, bk, s.kv_heads, s.head_dim)
             else:
-                q, k = split_fused(self.qkv, w, b, s.heads, s.kv_heads, s.head_dim, f.qkv_blocks)
+                q, k = split_fused(layout, w, b, s.heads, s.kv_heads, s.head_dim, f.qkv_blocks)
         except ValueError:  # a reshape that does not fit
             q = k = None
         width = q[0].shape[1] if q is not None else None
@@ -322,6 +323,16 @@ class ModelContext(EmbeddingReader):
         weights = HeadWeights(q[0], q[1], k[0], k[1], stored)
         prefix = self.bottleneck_prefix
         return weights if prefix is None else _fold(weights, *self.bottleneck(prefix, stored, stack))
+
+    def stored_layout(self, layer: int, stack: str = "encoder") -> str:
+        """The Q/K layout of stored layer `layer` as the checkpoint holds it: the family's (`qkv`), except where a
+        fused layout's query and key names find two tensors: a model transformers loaded from a fused checkpoint
+        (GTE, Nomic BERT, Sarvam-MoE: split on load) holds its own separate Q and K."""
+        f = self.family
+        if self.qkv in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY, T.LATENT):
+            return self.qkv
+        fused = self.key(f.query + ".weight", layer, stack) == self.key(f.key + ".weight", layer, stack)
+        return self.qkv if fused else T.SEPARATE
 
     @property
     def attention_width(self) -> int:

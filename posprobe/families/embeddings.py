@@ -3,9 +3,9 @@
 `EmbeddingReader` (mixed into `posprobe.families.context.ModelContext`, whose `key`, `tensor`, `optional`,
 `linear`, `norm`, `switched_on`, `reader`, `family`, `config`, `shape` and `source` it uses) reads the
 vocabulary-average word embedding e_w lazily, scales and projects it as the family does (`Family.embed_scale`,
-`word_projection`, trigram input), adds token type 0 and the constant rows, the position table (stored, with
-reserved and offset rows dropped, or built sinusoidal), and applies the embedding norm and factorised projection
-in the family's order. Also the norms themselves (`apply_norm`) and Gemma's dtype-rounded sqrt(d).
+`word_projection`, trigram input, tables joined to the word), adds token type 0 and the constant rows, the position
+table (stored, with reserved and offset rows dropped, or built sinusoidal), and applies the embedding norm and
+factorised projection in the family's order. Also the norms themselves (`apply_norm`) and Gemma's dtype-rounded sqrt(d).
 
 Shapes: e embedding width, d hidden width, n positions.
 """
@@ -72,8 +72,13 @@ class EmbeddingReader:
         if key is None:
             self.tensor(self.family.word)  # raises the clear error
         shape, vocab = self.reader.shape(key), self.shape.vocab
-        if vocab is not None and shape and len(shape) == 2 and shape[0] != vocab:  # a config.json from elsewhere
-            raise mixed_checkpoint(self.source.name, "vocab_size =", vocab, f"a word table of {shape[0]} rows")
+        rows_after = self.family.extra_word_rows
+        extra = math.prod(int(self.config.get(k) or 0) for k in rows_after) if rows_after else 0
+        if vocab is not None and shape and len(shape) == 2 and shape[0] != vocab + extra:  # a config from elsewhere
+            said = f"{vocab} (and {extra} further rows)" if extra else vocab
+            raise mixed_checkpoint(self.source.name, "vocab_size =", said, f"a word table of {shape[0]} rows")
+        if extra:  # rows after the vocabulary are no words (CPM-Ant's prompts): the vocabulary's mean alone
+            return self.reader.get(key)[: shape[0] - extra].mean(axis=0)
         return self.reader.row_mean(key)
 
     @property
@@ -108,6 +113,8 @@ class EmbeddingReader:
         if projection is None:
             return np.broadcast_to(x, (rows, x.shape[0]))
         w, b = projection
+        if self.family.word_concat:  # RoCBert: [word; row 0 of each enabled table]
+            x = np.concatenate([x, *self.concatenated_rows()])
         if w.shape[1] == x.shape[0]:
             return np.broadcast_to(x @ w.T + b, (rows, w.shape[0]))
         if n is None:  # trigram, one interior row
@@ -120,12 +127,19 @@ class EmbeddingReader:
         """The Linear the word embedding goes through before positions are added (W (d, e or 3e), b), where the
         model applies it (trigram input, or a word width other than the hidden size), else None."""
         f = self.family
-        if not f.word_projection or self.key(f.word_projection + ".weight") is None:
+        if not f.word_projection or not self.switched_on("word_projection"):
+            return None
+        if self.key(f.word_projection + ".weight") is None:
             return None
         trigram = "trigram" in f.switches and self.switched_on("trigram")
-        if not trigram and self.word_mean.shape[0] == self.shape.hidden:
+        if not trigram and not f.word_concat and self.word_mean.shape[0] == self.shape.hidden:
             return None  # MobileBERT without trigram input and of equal widths does not apply it
         return self.linear(f.word_projection)
+
+    def concatenated_rows(self) -> list[np.ndarray]:
+        """Row 0 of each table `Family.word_concat` joins to the word embedding before the word projection, in
+        order, where its config key is true (RoCBert's shape and pronunciation ids 0)."""
+        return [self.tensor(name)[0] for key, name in self.family.word_concat if T.config_flag(self.config, key)]
 
     @cached_property
     def word(self) -> np.ndarray:
@@ -135,11 +149,13 @@ class EmbeddingReader:
 
     @cached_property
     def token_type0(self) -> np.ndarray | None:
-        """What every token adds besides word and position (e,): token type 0's embedding and row 0 of the
-        family's `constant_rows` tables (LayoutLM's box 0), else None."""
+        """What every token adds besides word and position (e,): token type 0's embedding (the family's
+        `token_type_row`: CPM-Ant's segment 2) and row 0 of its `constant_rows` tables (LayoutLM's box 0), else
+        None."""
         f = self.family
-        names = ((f.token_type,) if f.token_type else ()) + f.constant_rows
-        rows = [self.reader.get(key)[0] for key in map(self.key, names) if key is not None]
+        token_type = self.key(f.token_type) if f.token_type else None
+        rows = [self.reader.get(token_type)[f.token_type_row]] if token_type is not None else []
+        rows += [self.reader.get(key)[0] for key in map(self.key, f.constant_rows) if key is not None]
         return sum(rows[1:], rows[0]) if rows else None
 
     @cached_property

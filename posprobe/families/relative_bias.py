@@ -1,4 +1,5 @@
-"""Content-free scores of bucketed relative-bias attention: T5 / mT5 / UMT5 (encoder and decoder) and MPNet (SPEC §9).
+"""Content-free scores of bucketed relative-bias attention: T5 / mT5 / UMT5 (encoder and decoder), CPM-Ant and MPNet
+(SPEC §9).
 
 Bucket arithmetic in torch (as the model computes it); weights come through the model reader; no model is
 built. Shapes: n positions, d model width, H heads, d_kv head size,
@@ -9,6 +10,9 @@ T5     F[h, i, j] = q_h . k_h + bias[bucket(j - i), h],   q = Wq rms(e_w), k = W
        The relative bias table (B, H) is stored in layer 0 of each stack and reused by every layer (T5, mT5);
        UMT5 stores one table per layer. The decoder's buckets are causal: every k > 0 falls in bucket 0 (as k = 0)
        and the model masks those pairs; only k <= 0 carries meaning there.
+CPM-Ant F[h, i, j] = q_h . k_h / sqrt(d_h) + bias[bucket(j - i), h] for pairs within one segment (text is one: its
+       segment 2), q = Wq rms(e_w + segment_2); the table (B + S², H) holds a bias per segment pair after its B
+       buckets (pairs across segments: text and the prompt tokens before it, which are further keys, not scored).
 MPNet  F[h, i, j] = (x_i Wq_h^T + bq_h) . (x_j Wk_h^T + bk_h) / sqrt(d_kv) + bias[bucket(j - i), h],
        x = LayerNorm(e_w + E_P[i + 2]) (faithful mode of SPEC §3: MPNet's position ids start at padding_idx + 1 = 2),
        one bias table (32, H) for the whole encoder, buckets always 32 and max distance 128 (the module's defaults,
@@ -27,7 +31,7 @@ import torch
 
 from posprobe.architectures.config import config_int
 from posprobe.errors import ArgumentValueError, PosprobeError
-from posprobe.families.context import head_products, reserved_rows
+from posprobe.families.context import config_default, head_products, reserved_rows
 
 MPNET_BUCKETS = 32
 MPNET_MAX_DISTANCE = 128
@@ -112,14 +116,37 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
         content = weights.queries(x) @ weights.keys(x).transpose(0, 2, 1) * ctx.scaling  # (H, n, n)
         bias = bucket_bias(table, n, True, MPNET_BUCKETS, MPNET_MAX_DISTANCE)
         return content + bias.numpy()
-    buckets = config_int(cfg, name, "relative_attention_num_buckets", default=32, minimum=4)
-    max_distance = config_int(cfg, name, "relative_attention_max_distance", default=128, minimum=2)
-    if table.shape[0] != buckets:
-        raise _malformed(ctx, f"relative attention bias with {table.shape[0]} buckets, config says {buckets}")
+    buckets_key = f.tensors.get("num_buckets", "relative_attention_num_buckets")  # CPM-Ant: names of its own
+    distance_key = f.tensors.get("max_distance", "relative_attention_max_distance")
+    buckets = config_int(cfg, name, buckets_key, default=_default(cfg, buckets_key, 32), minimum=4)
+    max_distance = config_int(cfg, name, distance_key, default=_default(cfg, distance_key, 128), minimum=2)
+    segments = _segment_rows(cfg, f.tensors.get("segment_rows"))
+    if table.shape[0] != buckets + segments:
+        said = f"{buckets} + {segments} segment pairs" if segments else str(buckets)
+        raise _malformed(ctx, f"relative attention bias with {table.shape[0]} buckets, config says {said}")
+    table = table[:buckets]  # CPM-Ant: the buckets of pairs within a segment (text is one segment)
     q, k = ctx.query_key(layer, stack, inputs)  # (H, d_kv) each; (H, n, d_kv) for a per-position input
     content = torch.from_numpy(head_products(q, k) * ctx.scaling)  # (H, 1, 1) or (H, n, n)
     scores = t5_scores(content, table, n, causal=ctx.causal(stack), num_buckets=buckets, max_distance=max_distance)
     return scores.numpy()
+
+
+def _default(config: dict, key: str, fallback: int) -> int:
+    """What the model uses for `key` where its config.json leaves it out: its config class's default (CPM-Ant's 512
+    buckets), else `fallback` (T5's)."""
+    if config.get(key) is not None:
+        return config[key]
+    value = config_default(config, (key,))
+    return fallback if value is None else value
+
+
+def _segment_rows(config: dict, key: str | None) -> int:
+    """Rows of a segment-aware bias table after its buckets: one per (query segment, key segment) pair, config[key]
+    segment types (CPM-Ant's segment_types); 0 without segments."""
+    if key is None:
+        return 0
+    types = config.get(key)
+    return int(types if types is not None else config_default(config, (key,))) ** 2
 
 
 def _t(array) -> torch.Tensor | None:
