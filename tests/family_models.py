@@ -408,13 +408,23 @@ CASES = {
     "ctrl": ("ctrl", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, dff=37, n_positions=64), dict(own=True)),
     "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
+    # issue 34 (indexed): sparse indexed attention, an indexer's top-k keys per query (index_topk < the 16 positions
+    # of the parity test, so the selection matters)
+    "deepseek_v32": ("deepseek_v32", dict(_MLA, q_lora_rank=12, index_topk=5, index_n_heads=4, index_head_dim=8,
+                                          rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
+                                                               beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
+                                                               original_max_position_embeddings=16,
+                                                               rope_theta=1000.0))),
+    "glm_moe_dsa": ("glm_moe_dsa", dict(_MLA, q_lora_rank=12, index_topk=4, index_n_heads=4, index_head_dim=8,
+                                        num_hidden_layers=3, indexer_types=["full", "shared", "full"])),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
                   "granitemoe", "granitemoeshared", "glm4_moe", "minimax_m2", "ernie4_5_moe", "flex_olmo",
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
-                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h")  # fmt: skip
+                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h",
+                  "deepseek_v32", "glm_moe_dsa")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}
@@ -505,6 +515,11 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     mask = None if attention_mask is None else attention_mask[..., : key.shape[-2]]
     if mask is not None and mask.dtype == torch.bool:
         mask = torch.where(mask, 0.0, torch.finfo(scores.dtype).min).to(scores.dtype)
+    if kwargs.get("indices") is not None:  # an indexer's top-k keys per query: the eager path masks the others
+        picked = torch.zeros(scores.shape[-2:], dtype=torch.bool).scatter(-1, kwargs["indices"][0].long(), True)
+        mask = (torch.zeros_like(scores[0, 0]) if mask is None else mask[0, 0]).masked_fill(
+            ~picked, torch.finfo(scores.dtype).min
+        )[None, None]
     _RECORDED.append((scores[0].detach().double().numpy(), None if mask is None else mask[0, 0].double().numpy()))
     if mask is not None:
         scores = scores + mask

@@ -85,8 +85,6 @@ NOT_YET = {
     "reformer": "LSH / chunked local attention over axial position embeddings",
     # sparse / compressed attention
     "axk2": _INDEXED,
-    "deepseek_v32": _INDEXED,
-    "glm_moe_dsa": _INDEXED,
     "hy_v4": _INDEXED,
     "dots3_note_text": _INDEXED,
     "qwen4_exp_text": _INDEXED + "; linear-attention layers between them",

@@ -72,7 +72,7 @@ class LayerRecorder:
         self._cache = (key, allowed)
         return allowed
 
-    def record(self, scores, probs, mask) -> None:
+    def record(self, scores, probs, mask, selected=None) -> None:
         layer = self.calls
         if scores.shape[-2] != self.m or scores.shape[-1] != self.m:
             raise PosprobeError(
@@ -85,7 +85,8 @@ class LayerRecorder:
                 f"the model ran more attention calls ({layer + 1}) than it has layers ({self.n_layers})",
                 "models with several attention stacks (encoder-decoder, vision towers) are not supported",
             )
-        self.allowed.append(self._allowed(mask, scores.device))
+        allowed = self._allowed(mask, scores.device)
+        self.allowed.append(allowed if selected is None else allowed & selected)  # an indexed layer's top-k keys
         if self.keep_scores:
             self.scores.append(scores.detach())
         if self.keep_probs:
@@ -108,7 +109,9 @@ def recording_attention(
     attention_mask additive (B, 1, m, m) or None. S = QK^T * scaling (softcapped when the family asks),
     plus the mask/bias; A = softmax(S) in float32, cast back. With learned sinks (`s_aux` (H,), gpt-oss) the
     softmax also runs over one sink logit per head and A keeps the real keys' columns: each row sums to one minus
-    the sink's share. Returns ((B, m, H, d_h), A).
+    the sink's share. With top-k key indices (`indices` (B, m, k), DeepSeek Sparse Attention's indexer, passed to
+    attention functions other than eager / sdpa instead of being folded into the mask) every other key is masked
+    as the eager path masks it (the dtype's minimum). Returns ((B, m, H, d_h), A).
     """
     import torch
 
@@ -127,6 +130,9 @@ def recording_attention(
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + attention_mask[..., : key.shape[-2]]
+    selected = _selected(kwargs.get("indices"), scores.shape[-1])
+    if selected is not None:
+        scores = scores.masked_fill(~selected[:, None], torch.finfo(scores.dtype).min)
     sinks = kwargs.get("s_aux")  # learned per-head sink logits (gpt-oss): one more softmax column, no value
     if sinks is not None:
         column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(scores.shape[0], -1, scores.shape[-2], 1)
@@ -137,8 +143,18 @@ def recording_attention(
     dropped = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
     out = torch.matmul(dropped, value).transpose(1, 2).contiguous()
     if _ACTIVE:
-        _ACTIVE[-1].record(scores, probs, attention_mask)
+        _ACTIVE[-1].record(scores, probs, attention_mask, selected)
     return out, probs
+
+
+def _selected(indices, keys: int):
+    """(B, m, keys) bool: the keys of each query's top-k `indices` (B, m, k), or None where none are given."""
+    if indices is None:
+        return None
+    import torch
+
+    out = torch.zeros((*indices.shape[:-1], keys), dtype=torch.bool, device=indices.device)
+    return out.scatter(-1, indices.long(), True)
 
 
 def register_recording_attention() -> None:

@@ -209,6 +209,10 @@ class ModelContext(EmbeddingReader):
         key = ("layer_kinds", n, stack)
         if key not in self.cache:
             self.cache[key] = layer_kinds(self, n, stack)
+            if self.family.indexer:  # sparse indexed layers: each query's top-k keys (families.indexed)
+                from posprobe.families.indexed import indexed_kinds
+
+                self.cache[key] = indexed_kinds(self, self.cache[key], n)
         return self.cache[key]
 
     @property
