@@ -248,6 +248,11 @@ class RowMask:
             return torch.ones(shape, dtype=torch.bool, device=self.options.get("device", "cpu"))
         return mask.expand(shape)
 
+    def __getitem__(self, item) -> torch.Tensor:
+        """The whole (B, 1, q, kv) bool mask, indexed: for a module that reads the mask itself (an indexer that scores
+        every pair anyway, DeepSeek Sparse Attention's); the attention still runs in blocks of rows."""
+        return self.rows(0, self.q_length)[item]
+
 
 def row_mask(
     batch_size: int,
@@ -331,7 +336,7 @@ def block_attention(
     (softcapped when the family asks) with the mask's rows applied, A = softmax(S) in float32 (over one more sink
     logit per head with learned sinks), the block's output A V; while a `BlockRecorder` is active it gets S, A and
     the allowed pairs of every block. Row by row this is the eager computation; the largest temporary is one block
-    (B, H, b, m). Returns ((B, m, H, d_h), None)."""
+    (B, H, b, m); an indexer's top-k `indices` mask the block's other keys. Returns ((B, m, H, d_h), None)."""
     import torch
 
     if scaling is None:
@@ -348,7 +353,7 @@ def block_attention(
     size = (
         recorder.rows(batch, heads, keys) if recorder is not None else max(1, BLOCK_ELEMENTS // (batch * heads * keys))
     )
-    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
+    softcap, sinks, indices = kwargs.get("softcap"), kwargs.get("s_aux"), kwargs.get("indices")
     out = query.new_empty(batch, heads, m, value.shape[-1])
     key_t = key.transpose(-1, -2)
     for start in range(0, m, size):
@@ -367,6 +372,10 @@ def block_attention(
         else:
             scores = scores + mask
             allowed = (mask[:, 0] > torch.finfo(mask.dtype).min / 2).expand(batch, stop - start, keys)
+        if indices is not None:  # an indexer's top-k keys per query (see `recording_attention`)
+            selected = _selected(indices[:, start:stop], keys)
+            scores = scores.masked_fill(~selected[:, None], torch.finfo(scores.dtype).min)
+            allowed = allowed & selected
         if sinks is not None:
             column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(batch, -1, stop - start, 1)
             probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
