@@ -230,3 +230,30 @@ def test_pre_norm_flaubert_is_refused_in_one_line(tmp_path):
     with pytest.raises(PosprobeError) as err:
         posprobe.fhat(str(tmp_path), layer=1, positions=10)
     assert "pre_norm" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_indexed_layers_say_their_kind_and_refuse_data_conditioned_inputs(tmp_path):
+    """A sparse indexed layer (DeepSeek V3.2) attends the top index_topk keys its indexer picks per query: its kind
+    says so ('indexed (top-k)'), each query with more visible keys keeps exactly index_topk of them (not the nearest
+    ones alone), and data-conditioned scores are refused in one line (the pick is read on the content-free input)."""
+    from family_models import build
+
+    from posprobe.checkpoint import WeightReader, resolve_model
+    from posprobe.families.context import ModelContext, content_free_scores
+
+    build("deepseek_v32").save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    n, topk = 16, ctx.config["index_topk"]
+    kind = ctx.layer_kinds(n)[0]
+    assert kind.describe().startswith("indexed (top-k)") and f"keeps {topk} keys" in kind.describe()
+    picked = kind.allowed(n)
+    np.testing.assert_array_equal(picked.sum(1), np.minimum(np.arange(n) + 1, topk))
+    assert not picked[np.triu_indices(n, 1)].any()
+    recent = np.tril(np.ones((n, n), dtype=bool)) & ~np.tril(np.ones((n, n), dtype=bool), -topk)
+    assert (picked != recent).any()  # the indexer's pick, not a window of the last index_topk keys
+    inputs = ctx.layer_inputs({0: np.ones(ctx.shape.hidden)})
+    with pytest.raises(PosprobeError) as err:
+        content_free_scores(ctx, 0, n, inputs=inputs)
+    assert "indexer" in str(err.value) and "\n" not in str(err.value)

@@ -578,6 +578,12 @@ def content_free_scores(
     without softmax attention (Mamba, convolution) has no positional score: all NaN."""
     if inputs is not None and inputs.per_position and np.shape(inputs.rows.get(layer))[0] != n:
         raise ValueError(f"the per-position input of layer {layer} does not have {n} rows")
+    if inputs is not None and ctx.family.indexer:  # its mask is the indexer's pick on the content-free input
+        raise PosprobeError(
+            f"'{ctx.source.name}' ({ctx.source.model_type}) attends the keys its indexer picks from the layer input; "
+            "posprobe reads that pick on the content-free input only, not on data-conditioned inputs",
+            "use the content-free scores (no --text) or `posprobe attention` on the texts",
+        )
     if ctx.family.hybrid and ctx.layer_kinds(n, stack)[layer].attention == "none":
         return np.full((ctx.shape.heads, n, n), np.nan)  # a recurrent / convolution layer: no positional score
     return importlib.import_module(SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack, inputs)
