@@ -1249,6 +1249,30 @@ FAMILIES: tuple[Family, ...] = (
             ("glm_moe_dsa", "GlmMoeDsa", HALF_INTERLEAVED),  # interleaved pairs; indexer_types 'shared' layers
         )
     ),  # fmt: skip
+    Family(
+        "axk2",
+        ("axk2",),
+        rotary_class=_rotary("axk2", "AXK2"),
+        rotary_layout=HALF_INTERLEAVED,  # the attention's rotary part; its indexer rotates half-split pairs
+        scaling="latent",
+        indexer="layers.{l}.self_attn.indexer",
+        tensors={
+            "scaling_function": "transformers.models.axk2.modeling_axk2:yarn_apply_mscale",
+            "indexer_rotary": ROTATE_HALF,
+            # a gated RMSNorm before attention: its gate's Linears as saved (W_down, W_up) and as loaded (fc1, fc2)
+            "pre_norm_gate_down": "layers.{l}.input_layernorm.(W_down|mlp.fc1)",
+            "pre_norm_gate_up": "layers.{l}.input_layernorm.(W_up|mlp.fc2)",
+        },
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA, fused query and output gate); the "
+        "rest position-free; each query attends the top-k keys its indexer picks",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.q_a_proj",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "pre_norm": "layers.{l}.input_layernorm.norm",
+            "qkv": LATENT,
+        },
+    ),
     Family("glm", ("glm",), rotary_class=_rotary("glm", "Glm"), rotary_layout=HALF_INTERLEAVED, **_LLAMA),
     # -- rotary with NoPE layers, learned sinks (issue 34: the newest position designs)
     Family(

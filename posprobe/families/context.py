@@ -353,6 +353,8 @@ class ModelContext(EmbeddingReader):
         f = self.family
         if f.pre_norm and layer >= f.pre_norm_from and self.switched_on("pre_norm"):
             x = self.norm(x, f.pre_norm, self.stored_layer(layer), stack)
+        if "pre_norm_gate_down" in f.tensors:  # AXK2's gated norm: y * sigmoid(up(silu(down y)))
+            x = x * _norm_gate(self, self.stored_layer(layer), x, stack)
         if "attention_in_multiplier" in f.tensors:  # Falcon-H1's muP factor on the attention branch's input
             x = x * float(self.config.get(f.tensors["attention_in_multiplier"], 1.0))
         return x
@@ -500,6 +502,15 @@ def disentangled_scale(config: dict, head_dim: int, family: T.Family) -> float:
     kinds = pos_att_types(config)
     terms = len(kinds) if "scale_terms" in family.tensors else ("c2p" in kinds) + ("p2c" in kinds)
     return float(torch.sqrt(torch.tensor(head_dim, dtype=torch.float32) * (1 + terms)))
+
+
+def _norm_gate(ctx: ModelContext, layer: int, y: np.ndarray, stack: str) -> np.ndarray:
+    """sigmoid(up(silu(down y))) of a gated norm's low-rank gate (Linears without biases, named by the family's
+    `tensors['pre_norm_gate_down']` and `['pre_norm_gate_up']`), for normed rows y (..., d)."""
+    names = ctx.family.tensors
+    hidden = y @ ctx.tensor(names["pre_norm_gate_down"] + ".weight", layer, stack).T
+    gate = (hidden / (1.0 + np.exp(-hidden))) @ ctx.tensor(names["pre_norm_gate_up"] + ".weight", layer, stack).T
+    return 1.0 / (1.0 + np.exp(-gate))
 
 
 def _fold(weights: HeadWeights, a: np.ndarray, c: np.ndarray) -> HeadWeights:
