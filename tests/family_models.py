@@ -419,6 +419,9 @@ CASES = {
                                         num_hidden_layers=3, indexer_types=["full", "shared", "full"])),
     "axk2": ("axk2", dict(_MLA, q_lora_rank=12, index_topk=5, index_n_heads=4, index_head_dim=8, gated_norm_rank=6,
                           n_group=None, topk_group=None, mlp_layer_types=["dense", "sparse"])),
+    # HY-V4: its hyper-connection's stream weights sum to 1 + 3 hc_eps (1 at the initial values, whatever eps says)
+    "hy_v4": ("hy_v4", dict(_MLA, q_lora_rank=12, index_topk=5, index_n_heads=4, index_head_dim=8, num_hidden_layers=3,
+                            indexer_types=["full", "shared", "full"], hc_mult=3, hc_eps=0.5, learnable_sink_init=0.5)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -426,7 +429,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
                   "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h",
-                  "deepseek_v32", "glm_moe_dsa", "axk2")  # fmt: skip
+                  "deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}

@@ -84,7 +84,6 @@ NOT_YET = {
     "funnel": "pools the sequence between blocks; relative attention with its own sinusoidal encodings",
     "reformer": "LSH / chunked local attention over axial position embeddings",
     # sparse / compressed attention
-    "hy_v4": _INDEXED,
     "dots3_note_text": _INDEXED,
     "qwen4_exp_text": _INDEXED + "; linear-attention layers between them",
     "deepseek_v4": "compressed sparse and heavily compressed attention layers (keys pooled over blocks)",

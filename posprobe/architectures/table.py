@@ -1250,6 +1250,31 @@ FAMILIES: tuple[Family, ...] = (
         )
     ),  # fmt: skip
     Family(
+        "hy_v4",
+        ("hy_v4",),
+        rotary_class=_rotary("hy_v4", "HYV4"),  # rotate_half on the attention's rotary part and the indexer's
+        scaling="latent",
+        indexer="layers.{l}.self_attn.indexer",
+        sinks="layers.{l}.self_attn.(sinks|learnable_sink_param)",  # loaded: sinks; files: learnable_sink_param
+        tensors={
+            "scaling_function": "transformers.models.hy_v4.modeling_hy_v4:yarn_apply_mscale",
+            "indexer_rotary": ROTATE_HALF,
+            "indexer_rope_dims": "last",  # its indexer rotates the last qk_rope_head_dim dims of each head
+            "indexer_norm_eps": "config",
+            # streams mixed before the input norm: loaded attn_hc.{fn, base, scale}, files hc_pre.hc_attn_layer.hc_*
+            "hyper_connection": "layers.{l}.(attn_hc.|hc_pre.hc_attn_layer.hc_)",
+            "hyper_connection_eps": "hc_eps",
+        },
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free; "
+        "each query attends the top-k keys its indexer picks; learned sinks; hyper-connection streams",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.q_a_proj",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),
+    Family(
         "axk2",
         ("axk2",),
         rotary_class=_rotary("axk2", "AXK2"),

@@ -351,6 +351,8 @@ class ModelContext(EmbeddingReader):
         """Embedding-level rows x (..., d) as layer `layer`'s attention projections see them: after the layer's
         pre-attention norm where it has one (SPEC §9: layer l's weights act on the embedding-level input)."""
         f = self.family
+        if "hyper_connection" in f.tensors:  # HY-V4: the layer's hyper-connection mixes its streams before the norm
+            x = x * _hyper_connection_weight(self, self.stored_layer(layer), x, stack)
         if f.pre_norm and layer >= f.pre_norm_from and self.switched_on("pre_norm"):
             x = self.norm(x, f.pre_norm, self.stored_layer(layer), stack)
         if "pre_norm_gate_down" in f.tensors:  # AXK2's gated norm: y * sigmoid(up(silu(down y)))
@@ -511,6 +513,21 @@ def _norm_gate(ctx: ModelContext, layer: int, y: np.ndarray, stack: str) -> np.n
     hidden = y @ ctx.tensor(names["pre_norm_gate_down"] + ".weight", layer, stack).T
     gate = (hidden / (1.0 + np.exp(-hidden))) @ ctx.tensor(names["pre_norm_gate_up"] + ".weight", layer, stack).T
     return 1.0 / (1.0 + np.exp(-gate))
+
+
+def _hyper_connection_weight(ctx: ModelContext, layer: int, x: np.ndarray, stack: str) -> np.ndarray:
+    """(..., 1) the sum of a hyper-connection's pre-mix weights for rows x (..., d) held in every one of its N
+    streams (the embedding-level input: the model copies the embedding into each stream), so that the mix it hands
+    the layer is that sum times x. Its module (`tensors['hyper_connection']` + fn (2N, N d), base (2N,), scale (2,))
+    gives stream s the weight sigmoid(scale_0 (fn_s . [x; ...; x]) / rms([x; ...; x]) + base_s) + eps."""
+    prefix = ctx.family.tensors["hyper_connection"]
+    fn = ctx.tensor(prefix + "fn", layer, stack)
+    streams = fn.shape[1] // x.shape[-1]
+    flat = np.concatenate([x] * streams, -1)
+    mixes = flat @ fn[:streams].T / np.sqrt((flat**2).mean(-1, keepdims=True) + ctx.shape.eps)  # (..., N)
+    scale, base = ctx.tensor(prefix + "scale", layer, stack)[0], ctx.tensor(prefix + "base", layer, stack)[:streams]
+    eps = float(ctx.config.get(ctx.family.tensors["hyper_connection_eps"], 0.0))
+    return (1.0 / (1.0 + np.exp(-(mixes * scale + base))) + eps).sum(-1, keepdims=True)
 
 
 def _fold(weights: HeadWeights, a: np.ndarray, c: np.ndarray) -> HeadWeights:

@@ -3,9 +3,10 @@ picks each query's top-k keys, and the layer's softmax runs over those keys only
 
 The indexer of layer l (module `Family.indexer`) reads the layer input x (d,) after the layer's input norm, and the
 query LoRA's normed latent c = RMSNorm(x W_qa + b_qa) of the layer's latent attention (`families.latent`):
-- H_I query heads q_h = c W_q[h] (d_I dims each) and one key k = LayerNorm(x W_k) (d_I; epsilon 1e-6), the first
-  r = qk_rope_head_dim dims of each rotated to their positions, paired as `Family.tensors['indexer_rotary']` says
-  (the indexer's own layout, which need not be the attention's);
+- H_I query heads q_h = c W_q[h] (d_I dims each) and one key k = LayerNorm(x W_k) (d_I; epsilon 1e-6, or the
+  config's norm epsilon with `tensors['indexer_norm_eps']` 'config'), the first r = qk_rope_head_dim dims of each
+  (the last r with `tensors['indexer_rope_dims']` 'last': HY-V4) rotated to their positions, paired as
+  `Family.tensors['indexer_rotary']` says (the indexer's own layout, which need not be the attention's);
 - one weight per head w_h = x W_w[h] * H_I ** -0.5;
 - index score I(i, j) = sum_h w_h relu(d_I ** -0.5 (R_i q_h) . (R_j k)) on the pairs the causal mask lets through;
   query i keeps the top-k (config.index_topk) keys of its row, every key it may see where it sees at most k.
@@ -60,8 +61,12 @@ def index_scores(ctx, layer: int, n: int) -> np.ndarray:
     dim = ctx.tensor(prefix + "wk.weight", layer).shape[0]
     q = (latent @ wq.T).reshape(-1, dim)  # (H_I, d_I)
     key_norm = ctx.tensor(prefix + "k_norm.weight", layer), ctx.optional(prefix + "k_norm.bias", layer)
-    k = apply_norm(x @ ctx.tensor(prefix + "wk.weight", layer).T, T.LAYERNORM, *key_norm, 1e-6)  # (d_I,)
+    eps = ctx.shape.eps if ctx.family.tensors.get("indexer_norm_eps") == "config" else 1e-6  # HY-V4: the config's
+    k = apply_norm(x @ ctx.tensor(prefix + "wk.weight", layer).T, T.LAYERNORM, *key_norm, eps)  # (d_I,)
     weights = x @ ctx.tensor(prefix + "weights_proj.weight", layer).T * q.shape[0] ** -0.5  # (H_I,)
+    if ctx.family.tensors.get("indexer_rope_dims") == "last":  # HY-V4 rotates the last r dims: move them first
+        r = int(ctx.config["qk_rope_head_dim"])
+        q, k = np.roll(q, r, axis=-1), np.roll(k, r, axis=-1)
     offsets = offset_scores(q, k, weights, *_angles(ctx, n), ctx.family.tensors["indexer_rotary"])  # (n,): -k
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     return np.where(j <= i, offsets[np.clip(i - j, 0, None)], -np.inf)
