@@ -19,7 +19,6 @@ _MULTIMODAL = "a multimodal config that nests its language model's (text_config)
 _SEQ2SEQ = "encoder-decoder (its causal LM is the decoder stack alone): not added yet"
 _FUSED_ON_DISK = ("transformers splits the checkpoints' fused Q/K/V projection on load: files and loaded models "
                   "name Q/K differently, and an entry reads one layout")  # fmt: skip
-_INDEXED = "sparse attention: an indexer picks each query's top-k keys (indexed_attention layers); no layer kind for it"
 
 # model type -> why posprobe does not read it yet (none of these has an analysable entry)
 NOT_YET = {
@@ -74,7 +73,8 @@ NOT_YET = {
     "hrm_text": "hierarchical recurrent stacks (H and L cycles reuse the same layers): no one layer order",
     "zaya": "compressed convolutional attention: q/k come from convolutions over the sequence",
     "neomme": "M-RoPE over several position axes, value embeddings added after rotation, exclusive self-attention",
-    "minimax_m3_vl_text": "optional sparse indexer selection of keys per query: not examined yet",
+    "minimax_m3_vl_text": "sparse layers' indexer picks key blocks (max-pooled, plus local blocks) for each key-value "
+    "head group: one mask per head group, and posprobe's layer kinds hold one per layer",
     "longcat_flash": "two latent attentions per layer (self_attn[0], self_attn[1]): posprobe reads one per layer",
     "convbert": "mixed attention: part of each layer's heads are span-based dynamic convolutions",
     "cpmant": "a segment-aware relative position bucket bias of its own layout",
@@ -84,9 +84,12 @@ NOT_YET = {
     "funnel": "pools the sequence between blocks; relative attention with its own sinusoidal encodings",
     "reformer": "LSH / chunked local attention over axial position embeddings",
     # sparse / compressed attention
-    "dots3_note_text": _INDEXED,
-    "qwen4_exp_text": _INDEXED + "; linear-attention layers between them",
-    "deepseek_v4": "compressed sparse and heavily compressed attention layers (keys pooled over blocks)",
+    "dots3_note_text": "indexed MLA layers beside sliding-window MLA layers with their own head count and latent "
+    "sizes (per_layer_config): posprobe's shapes take one per model",
+    "qwen4_exp_text": "indexer picks blocks of pooled keys over M-RoPE positions; per-layer token embeddings (PLE, "
+    "n-gram hashed) and gated residual streams change layer inputs; linear-attention layers between",
+    "deepseek_v4": "compressed attention: keys pooled over blocks of tokens (compress_rates; an indexer picks the "
+    "top-k pooled keys), beside a sliding window of raw keys: keys are not positions, no position-by-position score",
     # hybrids the table cannot describe yet
     "bailing_hybrid": "hybrid of latent (MLA) and linear-attention layers: the latent reader takes no layer types",
     "kimi_linear": "hybrid of NoPE latent attention and KDA linear-attention layers: not added yet",
