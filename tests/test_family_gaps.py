@@ -258,3 +258,20 @@ def test_indexed_layers_say_their_kind_and_refuse_data_conditioned_inputs(tmp_pa
     with pytest.raises(PosprobeError) as err:
         content_free_scores(ctx, 0, n, inputs=inputs)
     assert "indexer" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_hyper_connection_streams_of_text_are_refused(tmp_path):
+    """HY-V4 passes several hyper-connection streams between layers: its layer inputs are read where every stream
+    holds the same vector (the embedding-level input, its parity case); hidden states of text are refused."""
+    from family_models import build
+
+    from posprobe.checkpoint import WeightReader, resolve_model
+    from posprobe.families.context import ModelContext
+
+    build("hy_v4").save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    with pytest.raises(PosprobeError) as err:
+        ctx.query_key_of(np.ones((3, ctx.shape.hidden)), 1)
+    assert "hyper-connection streams" in str(err.value) and "\n" not in str(err.value)

@@ -418,6 +418,12 @@ class ModelContext(EmbeddingReader):
         """Queries (H, T, d_h) and keys (H_kv, T, d_h) of hidden states `hidden` (T, d) entering layer `layer`
         (transformers' `hidden_states[layer]`: real tokens of real text), before any positional mechanism:
         `query_key`'s own path (the layer's norm, projections, biases, q/k norms) with those rows as the input."""
+        if "hyper_connection" in self.family.tensors:  # HY-V4: hidden states are N streams, mixed per layer
+            raise PosprobeError(
+                f"'{self.source.name}' ({self.source.model_type}) passes several hyper-connection streams between "
+                "layers; posprobe reads its layer inputs only where every stream holds the same vector (SPEC §9)",
+                "use the content-free reading (no --text)",
+            )
         inputs = LayerInputs({layer: np.atleast_2d(np.asarray(hidden, dtype=np.float64))})
         q, k = self.query_key(layer, stack, inputs)
         return (q, k) if q.ndim == 3 else (q[:, None], k[:, None])
