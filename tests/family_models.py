@@ -419,7 +419,7 @@ CASES = {
                                         num_hidden_layers=3, indexer_types=["full", "shared", "full"])),
     "axk2": ("axk2", dict(_MLA, q_lora_rank=12, index_topk=5, index_n_heads=4, index_head_dim=8, gated_norm_rank=6,
                           n_group=None, topk_group=None, mlp_layer_types=["dense", "sparse"])),
-    # HY-V4: its hyper-connection's stream weights sum to 1 + 3 hc_eps (1 at the initial values, whatever eps says)
+    # HY-V4: its initial hyper-connection stream weights sum to 1 + hc_mult * hc_eps; hc_eps 0.5 makes the mix count
     "hy_v4": ("hy_v4", dict(_MLA, q_lora_rank=12, index_topk=5, index_n_heads=4, index_head_dim=8, num_hidden_layers=3,
                             indexer_types=["full", "shared", "full"], hc_mult=3, hc_eps=0.5, learnable_sink_init=0.5)),
 }  # fmt: skip
