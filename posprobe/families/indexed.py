@@ -111,7 +111,7 @@ def indexed_kinds(ctx, kinds: list[LayerKind], n: int) -> list[LayerKind]:
     config.index_topk keys per query, picked by its own indexer or by the one it shares."""
     topk = int(ctx.transformers_config.index_topk)
     owners = indexer_layers(ctx, len(kinds))
-    picks = {owner: selection(ctx, owner, n, topk) for owner in set(owners) - {None}}
+    picks = {owner: np.packbits(selection(ctx, owner, n, topk), axis=1) for owner in set(owners) - {None}}
     out = []
     for layer, (kind, owner) in enumerate(zip(kinds, owners, strict=True)):
         if owner is None:

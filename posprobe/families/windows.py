@@ -34,8 +34,8 @@ class LayerKind:
     indexer picks per query) or 'none' (a hybrid's recurrent / state-space / convolution layer: no softmax
     attention, no positional score); `window` the largest |j - i| attended (None: no limit); `layer_type` the
     config's name for it (config.layer_types) where it has one; `rope` the layer's rotary setting in words where
-    layer types differ in it; `note` what else to know; `selected` an indexed layer's (n, n) bool selection on the
-    content-free input (SPEC §9), for the n its kinds were made for."""
+    layer types differ in it; `note` what else to know; `selected` an indexed layer's selection on the content-free
+    input (SPEC §9) for the n its kinds were made for, (n, n) bool with each row bit-packed (`np.packbits`)."""
 
     attention: str = "full"
     window: int | None = None
@@ -66,10 +66,11 @@ class LayerKind:
     def allowed(self, n: int) -> np.ndarray:
         """(n, n) bool: the pairs (query i, key j) the layer's window and chunks let attend (causality is the
         model's): |j - i| <= window, and for a chunked layer (Llama 4) i and j in the same chunk of `chunk`."""
-        if self.selected is not None:  # an indexed layer: the keys its indexer picked, any offset
-            if n > len(self.selected):
-                raise ValueError(f"this layer's indexer selection was made for {len(self.selected)} positions, not {n}")
-            return self.selected[:n, :n].copy()
+        if self.selected is not None:  # an indexed layer: the keys its indexer picked, any offset (rows bit-packed)
+            made_for = len(self.selected)
+            if n > made_for:
+                raise ValueError(f"this layer's indexer selection was made for {made_for} positions, not {n}")
+            return np.unpackbits(self.selected[:n], axis=1, count=made_for)[:, :n].astype(bool)
         i, j = np.arange(n)[:, None], np.arange(n)[None, :]
         seen = np.abs(j - i) <= (n if self.window is None else self.window)
         return seen & (i // self.chunk == j // self.chunk) if self.chunk else seen
