@@ -439,6 +439,20 @@ CASES = {
                               num_hidden_layers=2, position_bias_num_buckets=12, position_bias_max_distance=20,
                               segment_types=3, prompt_types=2, prompt_length=0, eps=1e-3),
                dict(own=True, word_id=5)),
+    # issue 34 (indexed): sparse indexed attention, an indexer's top-k keys per query (index_topk < the 16 positions
+    # of the parity test, so the selection matters)
+    "deepseek_v32": ("deepseek_v32", dict(_MLA, q_lora_rank=12, index_topk=5, index_n_heads=4, index_head_dim=8,
+                                          rope_parameters=dict(rope_type="yarn", factor=4.0, beta_fast=32.0,
+                                                               beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
+                                                               original_max_position_embeddings=16,
+                                                               rope_theta=1000.0))),
+    "glm_moe_dsa": ("glm_moe_dsa", dict(_MLA, q_lora_rank=12, index_topk=4, index_n_heads=4, index_head_dim=8,
+                                        num_hidden_layers=3, indexer_types=["full", "shared", "full"])),
+    "axk2": ("axk2", dict(_MLA, q_lora_rank=12, index_topk=5, index_n_heads=4, index_head_dim=8, gated_norm_rank=6,
+                          n_group=None, topk_group=None, mlp_layer_types=["dense", "sparse"])),
+    # HY-V4: its initial hyper-connection stream weights sum to 1 + hc_mult * hc_eps; hc_eps 0.5 makes the mix count
+    "hy_v4": ("hy_v4", dict(_MLA, q_lora_rank=12, index_topk=5, index_n_heads=4, index_head_dim=8, num_hidden_layers=3,
+                            indexer_types=["full", "shared", "full"], hc_mult=3, hc_eps=0.5, learnable_sink_init=0.5)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -446,7 +460,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
                   "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h",
-                  "sarvam_moe")  # fmt: skip
+                  "sarvam_moe", "deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}
@@ -471,6 +485,7 @@ ISSUE_34_CASES = frozenset({
     "gte", "nomic_bert", "jina_embeddings_v3", "sarvam_moe", "roc_bert", "roc_bert-no-shape", "roc_bert-sum",
     "convbert", "cpmant",
 })  # fmt: skip
+ISSUE_34_CASES |= {"deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4"}  # issue 34 (indexed)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
@@ -541,6 +556,11 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     mask = None if attention_mask is None else attention_mask[..., : key.shape[-2]]
     if mask is not None and mask.dtype == torch.bool:
         mask = torch.where(mask, 0.0, torch.finfo(scores.dtype).min).to(scores.dtype)
+    if kwargs.get("indices") is not None:  # an indexer's top-k keys per query: the eager path masks the others
+        picked = torch.zeros(scores.shape[-2:], dtype=torch.bool).scatter(-1, kwargs["indices"][0].long(), True)
+        mask = (torch.zeros_like(scores[0, 0]) if mask is None else mask[0, 0]).masked_fill(
+            ~picked, torch.finfo(scores.dtype).min
+        )[None, None]
     _RECORDED.append((scores[0].detach().double().numpy(), None if mask is None else mask[0, 0].double().numpy()))
     if mask is not None:
         scores = scores + mask

@@ -17,7 +17,6 @@ from posprobe.families import family_for_type
 
 _MULTIMODAL = "a multimodal config that nests its language model's (text_config): posprobe reads text models"
 _SEQ2SEQ = "encoder-decoder (its causal LM is the decoder stack alone): not added yet"
-_INDEXED = "sparse attention: an indexer picks each query's top-k keys (indexed_attention layers); no layer kind for it"
 
 # model type -> why posprobe does not read it yet (none of these has an analysable entry)
 NOT_YET = {
@@ -67,20 +66,20 @@ NOT_YET = {
     "hrm_text": "hierarchical recurrent stacks (H and L cycles reuse the same layers): no one layer order",
     "zaya": "compressed convolutional attention: q/k come from convolutions over the sequence",
     "neomme": "M-RoPE over several position axes, value embeddings added after rotation, exclusive self-attention",
-    "minimax_m3_vl_text": "optional sparse indexer selection of keys per query: not examined yet",
+    "minimax_m3_vl_text": "sparse layers' indexer picks key blocks (max-pooled, plus local blocks) for each key-value "
+    "head group: one mask per head group, and posprobe's layer kinds hold one per layer",
     "longcat_flash": "two latent attentions per layer (self_attn[0], self_attn[1]): posprobe reads one per layer",
     "blt": "byte latent transformer: local byte encoder/decoder cross-attending to a global patch transformer",
     "xlnet": "two-stream attention with sinusoidal relative positions",
     "funnel": "pools the sequence between blocks; relative attention with its own sinusoidal encodings",
     "reformer": "LSH / chunked local attention over axial position embeddings",
     # sparse / compressed attention
-    "axk2": _INDEXED,
-    "deepseek_v32": _INDEXED,
-    "glm_moe_dsa": _INDEXED,
-    "hy_v4": _INDEXED,
-    "dots3_note_text": _INDEXED,
-    "qwen4_exp_text": _INDEXED + "; linear-attention layers between them",
-    "deepseek_v4": "compressed sparse and heavily compressed attention layers (keys pooled over blocks)",
+    "dots3_note_text": "indexed MLA layers beside sliding-window MLA layers with their own head count and latent "
+    "sizes (per_layer_config): posprobe's shapes take one per model",
+    "qwen4_exp_text": "indexer picks blocks of pooled keys over M-RoPE positions; per-layer token embeddings (PLE, "
+    "n-gram hashed) and gated residual streams change layer inputs; linear-attention layers between",
+    "deepseek_v4": "compressed attention: keys pooled over blocks of tokens (compress_rates; an indexer picks the "
+    "top-k pooled keys), beside a sliding window of raw keys: keys are not positions, no position-by-position score",
     # hybrids the table cannot describe yet
     "bailing_hybrid": "hybrid of latent (MLA) and linear-attention layers: the latent reader takes no layer types",
     "kimi_linear": "hybrid of NoPE latent attention and KDA linear-attention layers: not added yet",
@@ -318,3 +317,47 @@ def test_cpmant_with_prompt_tokens_reads_the_text_pairs(tmp_path):
     with pytest.raises(PosprobeError) as err:
         capture(model, [Probs()], input_ids=[[5, 6, 7]], max_length=8)
     assert "prompt tokens" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_indexed_layers_say_their_kind_and_refuse_data_conditioned_inputs(tmp_path):
+    """A sparse indexed layer (DeepSeek V3.2) attends the top index_topk keys its indexer picks per query: its kind
+    says so ('indexed (top-k)'), each query with more visible keys keeps exactly index_topk of them (not the nearest
+    ones alone), and data-conditioned scores are refused in one line (the pick is read on the content-free input)."""
+    from family_models import build
+
+    from posprobe.checkpoint import WeightReader, resolve_model
+    from posprobe.families.context import ModelContext, content_free_scores
+
+    build("deepseek_v32").save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    n, topk = 16, ctx.config["index_topk"]
+    kind = ctx.layer_kinds(n)[0]
+    assert kind.describe().startswith("indexed (top-k)") and f"keeps {topk} keys" in kind.describe()
+    picked = kind.allowed(n)
+    np.testing.assert_array_equal(picked.sum(1), np.minimum(np.arange(n) + 1, topk))
+    assert not picked[np.triu_indices(n, 1)].any()
+    recent = np.tril(np.ones((n, n), dtype=bool)) & ~np.tril(np.ones((n, n), dtype=bool), -topk)
+    assert (picked != recent).any()  # the indexer's pick, not a window of the last index_topk keys
+    inputs = ctx.layer_inputs({0: np.ones(ctx.shape.hidden)})
+    with pytest.raises(PosprobeError) as err:
+        content_free_scores(ctx, 0, n, inputs=inputs)
+    assert "indexer" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_hyper_connection_streams_of_text_are_refused(tmp_path):
+    """HY-V4 passes several hyper-connection streams between layers: its layer inputs are read where every stream
+    holds the same vector (the embedding-level input, its parity case); hidden states of text are refused."""
+    from family_models import build
+
+    from posprobe.checkpoint import WeightReader, resolve_model
+    from posprobe.families.context import ModelContext
+
+    build("hy_v4").save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    with pytest.raises(PosprobeError) as err:
+        ctx.query_key_of(np.ones((3, ctx.shape.hidden)), 1)
+    assert "hyper-connection streams" in str(err.value) and "\n" not in str(err.value)

@@ -187,7 +187,9 @@ class Family:
     The newest designs (issue 34): `nope` how the config names NoPE layers (`NOPE_RULES`), `sinks` the per-head
     learned sink logits (gpt-oss), `hybrid` what a hybrid's layers without softmax attention are (config.layer_types
     names them), `softmax_attention` False for models with none at all (refused), `qkv` LATENT for multi-head latent
-    attention (`families.latent`).
+    attention (`families.latent`), `indexer` the module of a sparse indexed layer's indexer (DeepSeek Sparse
+    Attention: it picks each query's top-k keys; `families.indexed`, its rotary pairing in
+    `tensors['indexer_rotary']`).
     An entry without `word` is known (`params` counts it, analyses name its mechanism) but not analysed.
     """
 
@@ -236,6 +238,7 @@ class Family:
     windows: str | None = None
     nope: str | None = None  # how the config names its NoPE layers (`NOPE_RULES`), for rotary families
     sinks: str | None = None  # per-head learned sink logits s_h (one extra softmax column, no value): gpt-oss
+    indexer: str | None = None  # prefix of layer {l}'s top-k indexer (DeepSeek Sparse Attention, families.indexed)
     rms_when: str | None = None  # config key that, when set, makes every norm an RMS norm with it as epsilon
     # (Cohere 2 MoE's rms_norm_eps; its bias-free LayerNorm otherwise)
     softmax_attention: bool = True  # False: no layer has softmax attention (Mamba, RWKV, xLSTM): refused as such
@@ -1238,6 +1241,83 @@ FAMILIES: tuple[Family, ...] = (
             "qkv": LATENT,
         },
     ),  # fmt: skip
+    # -- sparse indexed attention (issue 34; families.indexed): MLA whose softmax runs over the top-k keys an indexer
+    # picks per query (DeepSeek Sparse Attention)
+    *(
+        Family(
+            t,
+            (t,),
+            rotary_class=_rotary(t, prefix),
+            rotary_layout=HALF_INTERLEAVED,  # the attention's rotary part; the indexer pairs its own as below
+            scaling="latent",
+            indexer="layers.{l}.self_attn.indexer",
+            tensors={
+                "scaling_function": f"transformers.models.{t}.modeling_{t}:yarn_apply_mscale",
+                "indexer_rotary": layout,
+            },
+            description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free; "
+            "each query attends the top-k keys its indexer picks",
+            **{
+                **_LLAMA,
+                "query": "layers.{l}.self_attn.q_a_proj",
+                "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+                "qkv": LATENT,
+            },
+        )
+        for t, prefix, layout in (
+            ("deepseek_v32", "DeepseekV32", ROTATE_HALF),  # its indexer rotates half-split pairs
+            ("glm_moe_dsa", "GlmMoeDsa", HALF_INTERLEAVED),  # interleaved pairs; indexer_types 'shared' layers
+        )
+    ),  # fmt: skip
+    Family(
+        "hy_v4",
+        ("hy_v4",),
+        rotary_class=_rotary("hy_v4", "HYV4"),  # rotate_half on the attention's rotary part and the indexer's
+        scaling="latent",
+        indexer="layers.{l}.self_attn.indexer",
+        sinks="layers.{l}.self_attn.(sinks|learnable_sink_param)",  # loaded: sinks; files: learnable_sink_param
+        tensors={
+            "scaling_function": "transformers.models.hy_v4.modeling_hy_v4:yarn_apply_mscale",
+            "indexer_rotary": ROTATE_HALF,
+            "indexer_rope_dims": "last",  # its indexer rotates the last qk_rope_head_dim dims of each head
+            "indexer_norm_eps": "config",
+            # streams mixed before the input norm: loaded attn_hc.{fn, base, scale}, files hc_pre.hc_attn_layer.hc_*
+            "hyper_connection": "layers.{l}.(attn_hc.|hc_pre.hc_attn_layer.hc_)",
+            "hyper_connection_eps": "hc_eps",
+        },
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free; "
+        "each query attends the top-k keys its indexer picks; learned sinks; hyper-connection streams",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.q_a_proj",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),
+    Family(
+        "axk2",
+        ("axk2",),
+        rotary_class=_rotary("axk2", "AXK2"),
+        rotary_layout=HALF_INTERLEAVED,  # the attention's rotary part; its indexer rotates half-split pairs
+        scaling="latent",
+        indexer="layers.{l}.self_attn.indexer",
+        tensors={
+            "scaling_function": "transformers.models.axk2.modeling_axk2:yarn_apply_mscale",
+            "indexer_rotary": ROTATE_HALF,
+            # a gated RMSNorm before attention: its gate's Linears as saved (W_down, W_up) and as loaded (fc1, fc2)
+            "pre_norm_gate_down": "layers.{l}.input_layernorm.(W_down|mlp.fc1)",
+            "pre_norm_gate_up": "layers.{l}.input_layernorm.(W_up|mlp.fc2)",
+        },
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA, fused query and output gate); the "
+        "rest position-free; each query attends the top-k keys its indexer picks",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.q_a_proj",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "pre_norm": "layers.{l}.input_layernorm.norm",
+            "qkv": LATENT,
+        },
+    ),
     Family("glm", ("glm",), rotary_class=_rotary("glm", "Glm"), rotary_layout=HALF_INTERLEAVED, **_LLAMA),
     # -- rotary with NoPE layers, learned sinks (issue 34: the newest position designs)
     Family(
@@ -1909,6 +1989,8 @@ def _layer_kind_words(f: Family) -> str:
         )
     if f.sinks:
         kinds.append("learned sinks")
+    if f.indexer:
+        kinds.append("indexed (top-k)")
     if f.hybrid:
         kinds.append(f"{f.hybrid} (no positional score)")
     if f.head_ratio:

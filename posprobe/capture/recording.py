@@ -72,7 +72,7 @@ class LayerRecorder:
         self._cache = (key, allowed)
         return allowed
 
-    def record(self, scores, probs, mask) -> None:
+    def record(self, scores, probs, mask, selected=None) -> None:
         layer = self.calls
         if scores.shape[-2] != self.m or scores.shape[-1] != self.m:
             raise PosprobeError(
@@ -85,7 +85,8 @@ class LayerRecorder:
                 f"the model ran more attention calls ({layer + 1}) than it has layers ({self.n_layers})",
                 "models with several attention stacks (encoder-decoder, vision towers) are not supported",
             )
-        self.allowed.append(self._allowed(mask, scores.device))
+        allowed = self._allowed(mask, scores.device)
+        self.allowed.append(allowed if selected is None else allowed & selected)  # an indexed layer's top-k keys
         if self.keep_scores:
             self.scores.append(scores.detach())
         if self.keep_probs:
@@ -108,7 +109,9 @@ def recording_attention(
     attention_mask additive (B, 1, m, m) or None. S = QK^T * scaling (softcapped when the family asks),
     plus the mask/bias; A = softmax(S) in float32, cast back. With learned sinks (`s_aux` (H,), gpt-oss) the
     softmax also runs over one sink logit per head and A keeps the real keys' columns: each row sums to one minus
-    the sink's share. Returns ((B, m, H, d_h), A).
+    the sink's share. With top-k key indices (`indices` (B, m, k), DeepSeek Sparse Attention's indexer, passed to
+    attention functions other than eager / sdpa instead of being folded into the mask) every other key is masked
+    as the eager path masks it (the dtype's minimum). Returns ((B, m, H, d_h), A).
     """
     import torch
 
@@ -127,6 +130,9 @@ def recording_attention(
             scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
         else:
             scores = scores + attention_mask[..., : key.shape[-2]]
+    selected = _selected(kwargs.get("indices"), scores.shape[-1])
+    if selected is not None:
+        scores = scores.masked_fill(~selected[:, None], torch.finfo(scores.dtype).min)
     sinks = kwargs.get("s_aux")  # learned per-head sink logits (gpt-oss): one more softmax column, no value
     if sinks is not None:
         column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(scores.shape[0], -1, scores.shape[-2], 1)
@@ -137,8 +143,18 @@ def recording_attention(
     dropped = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
     out = torch.matmul(dropped, value).transpose(1, 2).contiguous()
     if _ACTIVE:
-        _ACTIVE[-1].record(scores, probs, attention_mask)
+        _ACTIVE[-1].record(scores, probs, attention_mask, selected)
     return out, probs
+
+
+def _selected(indices, keys: int):
+    """(B, m, keys) bool: the keys of each query's top-k `indices` (B, m, k), or None where none are given."""
+    if indices is None:
+        return None
+    import torch
+
+    out = torch.zeros((*indices.shape[:-1], keys), dtype=torch.bool, device=indices.device)
+    return out.scatter(-1, indices.long(), True)
 
 
 def register_recording_attention() -> None:
@@ -232,6 +248,11 @@ class RowMask:
             return torch.ones(shape, dtype=torch.bool, device=self.options.get("device", "cpu"))
         return mask.expand(shape)
 
+    def __getitem__(self, item) -> torch.Tensor:
+        """The whole (B, 1, q, kv) bool mask, indexed: for a module that reads the mask itself (an indexer that scores
+        every pair anyway, DeepSeek Sparse Attention's); the attention still runs in blocks of rows."""
+        return self.rows(0, self.q_length)[item]
+
 
 def row_mask(
     batch_size: int,
@@ -315,7 +336,7 @@ def block_attention(
     (softcapped when the family asks) with the mask's rows applied, A = softmax(S) in float32 (over one more sink
     logit per head with learned sinks), the block's output A V; while a `BlockRecorder` is active it gets S, A and
     the allowed pairs of every block. Row by row this is the eager computation; the largest temporary is one block
-    (B, H, b, m). Returns ((B, m, H, d_h), None)."""
+    (B, H, b, m); an indexer's top-k `indices` mask the block's other keys. Returns ((B, m, H, d_h), None)."""
     import torch
 
     if scaling is None:
@@ -332,7 +353,7 @@ def block_attention(
     size = (
         recorder.rows(batch, heads, keys) if recorder is not None else max(1, BLOCK_ELEMENTS // (batch * heads * keys))
     )
-    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
+    softcap, sinks, indices = kwargs.get("softcap"), kwargs.get("s_aux"), kwargs.get("indices")
     out = query.new_empty(batch, heads, m, value.shape[-1])
     key_t = key.transpose(-1, -2)
     for start in range(0, m, size):
@@ -351,6 +372,10 @@ def block_attention(
         else:
             scores = scores + mask
             allowed = (mask[:, 0] > torch.finfo(mask.dtype).min / 2).expand(batch, stop - start, keys)
+        if indices is not None:  # an indexer's top-k keys per query (see `recording_attention`)
+            selected = _selected(indices[:, start:stop], keys)
+            scores = scores.masked_fill(~selected[:, None], torch.finfo(scores.dtype).min)
+            allowed = allowed & selected
         if sinks is not None:
             column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(batch, -1, stop - start, 1)
             probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]

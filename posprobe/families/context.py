@@ -209,6 +209,10 @@ class ModelContext(EmbeddingReader):
         key = ("layer_kinds", n, stack)
         if key not in self.cache:
             self.cache[key] = layer_kinds(self, n, stack)
+            if self.family.indexer:  # sparse indexed layers: each query's top-k keys (families.indexed)
+                from posprobe.families.indexed import indexed_kinds
+
+                self.cache[key] = indexed_kinds(self, self.cache[key], n)
         return self.cache[key]
 
     @property
@@ -358,8 +362,12 @@ class ModelContext(EmbeddingReader):
         """Embedding-level rows x (..., d) as layer `layer`'s attention projections see them: after the layer's
         pre-attention norm where it has one (SPEC §9: layer l's weights act on the embedding-level input)."""
         f = self.family
+        if "hyper_connection" in f.tensors:  # HY-V4: the layer's hyper-connection mixes its streams before the norm
+            x = x * _hyper_connection_weight(self, self.stored_layer(layer), x, stack)
         if f.pre_norm and layer >= f.pre_norm_from and self.switched_on("pre_norm"):
             x = self.norm(x, f.pre_norm, self.stored_layer(layer), stack)
+        if "pre_norm_gate_down" in f.tensors:  # AXK2's gated norm: y * sigmoid(up(silu(down y)))
+            x = x * _norm_gate(self, self.stored_layer(layer), x, stack)
         if "attention_in_multiplier" in f.tensors:  # Falcon-H1's muP factor on the attention branch's input
             x = x * float(self.config.get(f.tensors["attention_in_multiplier"], 1.0))
         return x
@@ -421,6 +429,12 @@ class ModelContext(EmbeddingReader):
         """Queries (H, T, d_h) and keys (H_kv, T, d_h) of hidden states `hidden` (T, d) entering layer `layer`
         (transformers' `hidden_states[layer]`: real tokens of real text), before any positional mechanism:
         `query_key`'s own path (the layer's norm, projections, biases, q/k norms) with those rows as the input."""
+        if "hyper_connection" in self.family.tensors:  # HY-V4: hidden states are N streams, mixed per layer
+            raise PosprobeError(
+                f"'{self.source.name}' ({self.source.model_type}) passes several hyper-connection streams between "
+                "layers; posprobe reads its layer inputs only where every stream holds the same vector (SPEC §9)",
+                "use the content-free reading (no --text)",
+            )
         inputs = LayerInputs({layer: np.atleast_2d(np.asarray(hidden, dtype=np.float64))})
         q, k = self.query_key(layer, stack, inputs)
         return (q, k) if q.ndim == 3 else (q[:, None], k[:, None])
@@ -509,6 +523,30 @@ def disentangled_scale(config: dict, head_dim: int, family: T.Family) -> float:
     return float(torch.sqrt(torch.tensor(head_dim, dtype=torch.float32) * (1 + terms)))
 
 
+def _norm_gate(ctx: ModelContext, layer: int, y: np.ndarray, stack: str) -> np.ndarray:
+    """sigmoid(up(silu(down y))) of a gated norm's low-rank gate (Linears without biases, named by the family's
+    `tensors['pre_norm_gate_down']` and `['pre_norm_gate_up']`), for normed rows y (..., d)."""
+    names = ctx.family.tensors
+    hidden = y @ ctx.tensor(names["pre_norm_gate_down"] + ".weight", layer, stack).T
+    gate = (hidden / (1.0 + np.exp(-hidden))) @ ctx.tensor(names["pre_norm_gate_up"] + ".weight", layer, stack).T
+    return 1.0 / (1.0 + np.exp(-gate))
+
+
+def _hyper_connection_weight(ctx: ModelContext, layer: int, x: np.ndarray, stack: str) -> np.ndarray:
+    """(..., 1) the sum of a hyper-connection's pre-mix weights for rows x (..., d) held in every one of its N
+    streams (the embedding-level input: the model copies the embedding into each stream), so that the mix it hands
+    the layer is that sum times x. Its module (`tensors['hyper_connection']` + fn (2N, N d), base (2N,), scale (2,))
+    gives stream s the weight sigmoid(scale_0 (fn_s . [x; ...; x]) / rms([x; ...; x]) + base_s) + eps."""
+    prefix = ctx.family.tensors["hyper_connection"]
+    fn = ctx.tensor(prefix + "fn", layer, stack)
+    streams = fn.shape[1] // x.shape[-1]
+    flat = np.concatenate([x] * streams, -1)
+    mixes = flat @ fn[:streams].T / np.sqrt((flat**2).mean(-1, keepdims=True) + ctx.shape.eps)  # (..., N)
+    scale, base = ctx.tensor(prefix + "scale", layer, stack)[0], ctx.tensor(prefix + "base", layer, stack)[:streams]
+    eps = float(ctx.config.get(ctx.family.tensors["hyper_connection_eps"], 0.0))
+    return (1.0 / (1.0 + np.exp(-(mixes * scale + base))) + eps).sum(-1, keepdims=True)
+
+
 def _fold(weights: HeadWeights, a: np.ndarray, c: np.ndarray) -> HeadWeights:
     """Q/K weights applied after an affine map x -> x @ a + c, as weights on x itself (exact)."""
     wq, wk = np.einsum("de,hef->hdf", a, weights.wq), np.einsum("de,hef->hdf", a, weights.wk)
@@ -585,6 +623,12 @@ def content_free_scores(
     without softmax attention (Mamba, convolution) has no positional score: all NaN."""
     if inputs is not None and inputs.per_position and np.shape(inputs.rows.get(layer))[0] != n:
         raise ValueError(f"the per-position input of layer {layer} does not have {n} rows")
+    if inputs is not None and ctx.family.indexer:  # its mask is the indexer's pick on the content-free input
+        raise PosprobeError(
+            f"'{ctx.source.name}' ({ctx.source.model_type}) attends the keys its indexer picks from the layer input; "
+            "posprobe reads that pick on the content-free input only, not on data-conditioned inputs",
+            "use the content-free scores (no --text) or `posprobe attention` on the texts",
+        )
     if ctx.family.hybrid and ctx.layer_kinds(n, stack)[layer].attention == "none":
         return np.full((ctx.shape.heads, n, n), np.nan)  # a recurrent / convolution layer: no positional score
     return importlib.import_module(SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack, inputs)

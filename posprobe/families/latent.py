@@ -3,7 +3,8 @@ position-free part.
 
 For a layer input x (d,) (after the layer's input norm), with r = qk_rope_head_dim rotated dims and p =
 qk_nope_head_dim position-free dims per head:
-- query per head h: q_h = x W_q (or, with a query LoRA, RMSNorm(x W_qa + b_qa) W_qb), split [q_pass (p) | q_rot (r)];
+- query per head h: q_h = x W_q (or, with a query LoRA, RMSNorm(x W_qa + b_qa) W_qb; AXK2: [RMSNorm(c); c] W_qb
+  with c = x W_qa, each head's rows [q_h; output gate_h]), split [q_pass (p) | q_rot (r)];
 - one shared compressed vector c = x W_kva + b_kva, split [latent (kv_lora_rank) | k_rot (r)]; the latent goes
   through its RMSNorm and W_kvb to give each head's [k_pass (p) | value]; k_rot is the same for every head.
 F̂(i, j) = scaling * (q_pass . k_pass + (R_i q_rot) . (R_j k_rot)): the first term does not depend on position (one
@@ -46,7 +47,14 @@ def latent_query_key(ctx, x: np.ndarray, layer: int) -> tuple[np.ndarray, np.nda
     r, p, rank = latent_sizes(ctx.config)
     heads = ctx.shape.heads
     if ctx.key(_ATTENTION + "q_a_proj.weight", layer) is not None:  # query LoRA (DeepSeek V2 / V3 releases)
-        q = _linear(ctx, "q_b_proj", layer, _rms(ctx, "q_a_layernorm", layer, _linear(ctx, "q_a_proj", layer, x)))
+        latent_q = _linear(ctx, "q_a_proj", layer, x)
+        normed = _rms(ctx, "q_a_layernorm", layer, latent_q)
+        w, b = ctx.linear(_ATTENTION + "(q_b_proj|q_gate_proj)", layer)
+        if w.shape[1] == 2 * normed.shape[-1]:  # AXK2: [normed latent; latent] -> each head's [q_h; output gate_h]
+            both = np.concatenate([normed, latent_q], -1) @ w.T + b
+            q = both.reshape(x.shape[0], heads, -1)[..., : p + r].reshape(x.shape[0], -1)  # the gate rows dropped
+        else:
+            q = normed @ w.T + b
     else:
         q = _linear(ctx, "q_proj", layer, x)
     q = q.reshape(x.shape[0], heads, p + r).transpose(1, 0, 2)  # (H, m, p + r)

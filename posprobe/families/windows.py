@@ -6,14 +6,16 @@ the same whatever its kind (SPEC §9: the scores the layer gives each pair); its
 softmax sees: `window` is the largest |k| = |j - i| it attends (causal layers: only k <= 0 of those).
 Where layer types also carry their own rotary setting (Gemma 3, ModernBERT), `layer_type` picks it and
 `rope` names it. A rotary family's NoPE layers (`Family.nope`: SmolLM3, Cohere 2) apply no rotary embedding:
-`nope` marks them (SPEC §9: their content-free scores are the same for every pair).
+`nope` marks them (SPEC §9: their content-free scores are the same for every pair). An indexed layer (DeepSeek
+Sparse Attention, `families.indexed`) attends the top-k keys its indexer picks for each query: `selected` holds
+them, as the indexer picks them on the content-free input.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -23,14 +25,17 @@ NOPE_WORDS = "NoPE (no positional term: F̂ is the same for every pair)"
 NO_ATTENTION = "none"  # a hybrid's layer without softmax attention (`LayerKind.attention`)
 NO_SCORE = "no positional score"
 LATENT_WORDS = "MLA: F̂ = a position-free constant + the rotary part's score"
+INDEXED = "indexed"  # `LayerKind.attention` of a layer whose indexer picks each query's top-k keys
 
 
 @dataclass(frozen=True)
 class LayerKind:
-    """One layer's attention: `attention` 'full', 'local' (a window), 'block-sparse' or 'none' (a hybrid's
-    recurrent / state-space / convolution layer: no softmax attention, no positional score); `window` the largest
-    |j - i| attended (None: no limit); `layer_type` the config's name for it (config.layer_types) where it has
-    one; `rope` the layer's rotary setting in words where layer types differ in it; `note` what else to know."""
+    """One layer's attention: `attention` 'full', 'local' (a window), 'block-sparse', 'indexed' (the top-k keys an
+    indexer picks per query) or 'none' (a hybrid's recurrent / state-space / convolution layer: no softmax
+    attention, no positional score); `window` the largest |j - i| attended (None: no limit); `layer_type` the
+    config's name for it (config.layer_types) where it has one; `rope` the layer's rotary setting in words where
+    layer types differ in it; `note` what else to know; `selected` an indexed layer's selection on the content-free
+    input (SPEC §9) for the n its kinds were made for, (n, n) bool with each row bit-packed (`np.packbits`)."""
 
     attention: str = "full"
     window: int | None = None
@@ -39,6 +44,7 @@ class LayerKind:
     note: str = ""
     nope: bool = False  # no positional mechanism in this layer (NoPE): F̂ is the same for every pair
     chunk: int | None = None  # chunked attention (Llama 4): keys in the query's own chunk of this many positions
+    selected: np.ndarray | None = field(default=None, compare=False, repr=False)  # an indexed layer's picks
 
     def describe(self) -> str:
         """In words, for JSON and figure titles: 'global', 'local |k| <= 511, rope theta 10000', 'global, NoPE', ..."""
@@ -47,6 +53,7 @@ class LayerKind:
             "local": f"local |k| <= {self.window}",
             NO_ATTENTION: "no softmax attention",
             "chunked": f"chunks of {self.chunk} tokens",
+            INDEXED: "indexed (top-k)",
         }.get(self.attention, self.attention)
         rope = NOPE_WORDS if self.nope else self.rope
         return ", ".join(x for x in (words, rope, self.note) if x)
@@ -59,6 +66,11 @@ class LayerKind:
     def allowed(self, n: int) -> np.ndarray:
         """(n, n) bool: the pairs (query i, key j) the layer's window and chunks let attend (causality is the
         model's): |j - i| <= window, and for a chunked layer (Llama 4) i and j in the same chunk of `chunk`."""
+        if self.selected is not None:  # an indexed layer: the keys its indexer picked, any offset (rows bit-packed)
+            made_for = len(self.selected)
+            if n > made_for:
+                raise ValueError(f"this layer's indexer selection was made for {made_for} positions, not {n}")
+            return np.unpackbits(self.selected[:n], axis=1, count=made_for)[:, :n].astype(bool)
         i, j = np.arange(n)[:, None], np.arange(n)[None, :]
         seen = np.abs(j - i) <= (n if self.window is None else self.window)
         return seen & (i // self.chunk == j // self.chunk) if self.chunk else seen
