@@ -408,6 +408,15 @@ CASES = {
     "ctrl": ("ctrl", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, dff=37, n_positions=64), dict(own=True)),
     "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
+    # issue 34 (hybrid2)
+    "zamba": ("zamba", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=4,
+                            layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], n_mamba_heads=2,
+                            mamba_d_state=8, mamba_dt_rank=4)),
+    "zamba2": ("zamba2", dict(num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=4,
+                              layers_block_type=["mamba", "hybrid", "hybrid", "hybrid"], num_mem_blocks=2,
+                              use_shared_attention_adapter=True, adapter_rank=4, use_mem_rope=True,
+                              rope_parameters={"rope_type": "default", "rope_theta": 100.0}, n_mamba_heads=4,
+                              mamba_d_state=8, chunk_size=8)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -437,6 +446,7 @@ ISSUE_34_CASES = frozenset({
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
 })  # fmt: skip
+ISSUE_34_CASES |= {"zamba", "zamba2"}  # issue 34 (hybrid2)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 

@@ -99,8 +99,6 @@ NOT_YET = {
     "inkling_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
     "inkling2_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
     "inkling2_loop_text": "hybrid layers with short convolutions on keys and values, looped",
-    "zamba": "shared attention blocks applied at intervals to [hidden; embeddings], between Mamba layers",
-    "zamba2": "shared attention blocks applied at intervals to [hidden; embeddings], between Mamba-2 layers",
 }  # fmt: skip
 
 
@@ -232,3 +230,22 @@ def test_pre_norm_flaubert_is_refused_in_one_line(tmp_path):
     with pytest.raises(PosprobeError) as err:
         posprobe.fhat(str(tmp_path), layer=1, positions=10)
     assert "pre_norm" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_zamba2_reads_its_rope_switch_and_refuses_data_conditioned_inputs():
+    """Zamba2's shared blocks rotate only with use_mem_rope (else NoPE); they read [hidden; embeddings] of each
+    token, so a data-conditioned input (the hidden state alone) is refused in one line."""
+    from family_models import build
+
+    from posprobe.architectures.table import NOPE, ROTARY, position_kind
+    from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+    from posprobe.families.context import ModelContext
+
+    assert position_kind({"model_type": "zamba2", "use_mem_rope": True})[0] == ROTARY
+    assert position_kind({"model_type": "zamba2"})[0] == NOPE  # the config class's default: off
+    model = build("zamba2")
+    ctx = ModelContext(source_from_model(model), StateDictReader(model))
+    assert [ctx.stored_layer(layer) for layer in range(4)] == [0, 1, 2, 1]  # blocks 0, 1, 0 at depths 1, 2, 3
+    with pytest.raises(PosprobeError) as err:
+        ctx.query_key_of(np.ones((3, 32)), 3)
+    assert "[hidden state; embeddings]" in str(err.value) and "\n" not in str(err.value)

@@ -108,11 +108,12 @@ CONFIG_KEYS = {
     "layers": ("layers_block_type", "num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
     # (a list counts its entries: Nemotron-H's layers_block_type, one kind per layer, overrides num_hidden_layers)
     "hidden": ("hidden_size", "n_embd", "dim", "d_model", "emb_dim"),
-    "head_dim": ("head_dim", "d_kv"),
+    "head_dim": ("head_dim", "d_kv", "attention_head_dim"),  # Zamba: attention_head_dim
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
     "vocab": ("vocab_size", "n_vocab"),
     "eps": ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "layernorm_epsilon", "norm_epsilon", "norm_eps"),
-    "attention_width": ("true_hidden_size",),  # the width Q/K read where it is not the hidden size (MobileBERT)
+    "attention_width": ("true_hidden_size", "attention_hidden_size"),  # the width Q/K read where it is not the
+    # hidden size (MobileBERT's bottleneck; Zamba's [hidden; embeddings])
     "latent_head_dim": ("qk_nope_head_dim",),  # MLA: position-free dims of each head's q and k
     "latent_rope_dim": ("qk_rope_head_dim",),  # MLA: rotary dims of each head's q and k
 }
@@ -227,8 +228,9 @@ class Family:
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
-    # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'head_dim_if:KEY' d_h ** -0.5 when config KEY, else 1
-    # (GPT-BigCode's scale_attn_weights), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32),
+    # ** -0.5 (Gemma 2), 'half_head_dim' (d_h / 2) ** -0.5 (Zamba), 'value:KEY' config[KEY] (Granite),
+    # 'head_dim_if:KEY' d_h ** -0.5 when config KEY, else 1 (GPT-BigCode's scale_attn_weights), 'disentangled'
+    # (DeBERTa's sqrt(d_h * terms) in float32),
     # 'latent' (MLA: the module's own yarn_apply_mscale, `families.latent`)
     softcap: str | None = None  # config key of a logit soft cap: scores -> cap * tanh(scores / cap) (Gemma 2)
     tensors: dict[str, str] = field(default_factory=dict)
@@ -255,11 +257,11 @@ class Family:
             if value not in allowed:
                 raise ValueError(f"family '{self.name}': {name} {value!r} is not one of {allowed}")
         if not (
-            self.scaling in ("head_dim", "none", "disentangled", "latent")
+            self.scaling in ("head_dim", "half_head_dim", "none", "disentangled", "latent")
             or self.scaling.startswith(("rsqrt:", "value:", "head_dim_if:"))
         ):
-            raise ValueError(f"family '{self.name}': scaling {self.scaling!r} is not one of head_dim, none, "
-                             "disentangled, latent, rsqrt:KEY, value:KEY, head_dim_if:KEY")  # fmt: skip
+            raise ValueError(f"family '{self.name}': scaling {self.scaling!r} is not one of head_dim, half_head_dim, "
+                             "none, disentangled, latent, rsqrt:KEY, value:KEY, head_dim_if:KEY")  # fmt: skip
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -1101,6 +1103,49 @@ FAMILIES: tuple[Family, ...] = (
             "pre_norm": "layers.{l}.norm",
         },
     ),  # fmt: skip
+    # issue 34 (hybrid2): shared attention blocks between Mamba layers (families.shared_blocks)
+    Family(
+        "zamba",
+        ("zamba",),
+        NOPE,
+        scaling="half_head_dim",
+        hybrid="Mamba state-space layers",
+        tensors={"shared_blocks": "num_mem_blocks", "concatenated_input": "embeddings"},
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
+        description="no positional encoding (NoPE) in one shared attention block over [hidden; embeddings], run "
+        "between Mamba layers",
+        **{
+            **{k: v for k, v in _LLAMA.items() if k != "kind"},
+            "query": "layers.{l}.shared_transf.self_attn.q_proj",
+            "key": "layers.{l}.shared_transf.self_attn.k_proj",
+            "pre_norm": "layers.{l}.shared_transf.input_layernorm",
+        },
+    ),  # fmt: skip
+    Family(
+        "zamba2",
+        ("zamba2",),
+        switch_kinds=(NOPE,),  # use_mem_rope off (the default): no positional term
+        rotary_class=_rotary("zamba2", "Zamba2"),
+        scaling="half_head_dim",
+        hybrid="Mamba-2 state-space layers",
+        tensors={
+            "shared_blocks": "num_mem_blocks",
+            "concatenated_input": "embeddings",
+            "query_adapter": "layers.{l}.shared_transformer.self_attn.linear_q_adapter_list.{j}",
+            "key_adapter": "layers.{l}.shared_transformer.self_attn.linear_k_adapter_list.{j}",
+        },
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
+        description="rotary embeddings (RoPE) or none (use_mem_rope) in shared attention blocks over [hidden; "
+        "embeddings] with per-depth adapters, run between Mamba-2 layers",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.shared_transformer.self_attn.q_proj",
+            "key": "layers.{l}.shared_transformer.self_attn.k_proj",
+            "pre_norm": "layers.{l}.shared_transformer.input_layernorm",
+        },
+    ),  # fmt: skip
     Family(
         "recurrent_gemma",
         ("recurrent_gemma",),
@@ -1696,6 +1741,8 @@ def position_kind(config: dict) -> tuple[str, str]:
         return (ALIBI, KIND_NAMES[ALIBI]) if config.get("alibi") else (ROTARY, KIND_NAMES[ROTARY])
     if model_type == "granitemoehybrid" and config.get("position_embedding_type") != "rope":
         return NOPE, "no positional encoding in its attention layers (position_embedding_type not 'rope')"
+    if model_type == "zamba2" and not config_flag(config, "use_mem_rope"):
+        return NOPE, "no positional encoding in its shared attention blocks (use_mem_rope off)"
     if model_type == "mobilebert" and config.get("normalization_type", "no_norm") != "no_norm":
         return OTHER, (
             "a learned absolute table behind LayerNorm bottlenecks (normalization_type "
