@@ -1147,6 +1147,22 @@ FAMILIES: tuple[Family, ...] = (
         },
     ),  # fmt: skip
     Family(
+        "kimi_linear",
+        ("kimi_linear",),
+        NOPE,
+        hybrid="Kimi Delta Attention (KDA) linear-attention layers",
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
+        description="no positional encoding (NoPE) in its latent attention (MLA) layers, not even on the part "
+        "DeepSeek rotates; KDA linear-attention layers between them",
+        **{
+            **{k: v for k, v in _LLAMA.items() if k != "kind"},
+            "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),  # fmt: skip
+    Family(
         "recurrent_gemma",
         ("recurrent_gemma",),
         rotary_class=_rotary("recurrent_gemma", "RecurrentGemma"),
@@ -1817,7 +1833,7 @@ def _layer_kind_words(f: Family) -> str:
     kinds = {ROTARY: ["rope"], NOPE: ["NoPE"], ALIBI: ["ALiBi bias"], BUCKET_BIAS: ["bucket bias"],
              DISENTANGLED: ["disentangled"]}.get(f.kind, ["absolute table"])  # fmt: skip
     if f.qkv == LATENT:
-        kinds = ["MLA: rotary part + position-free part"]
+        kinds = ["MLA: rotary part + position-free part"] if f.kind != NOPE else ["NoPE (MLA)"]
     if f.name in _PER_TYPE_ROPE:
         kinds[0] += " (a setting per layer type)"
     if f.nope:

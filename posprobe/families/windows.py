@@ -69,7 +69,7 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
     kinds = _attention_kinds(ctx, n, stack)
     nope = nope_layers(ctx, len(kinds))
     kinds = [replace(kind, nope=True) if layer in nope else kind for layer, kind in enumerate(kinds)]
-    if ctx.qkv == T.LATENT:  # multi-head latent attention: say the split (families.latent)
+    if ctx.qkv == T.LATENT and ctx.kind != T.NOPE:  # multi-head latent attention: say the split (families.latent)
         kinds = [replace(kind, note=", ".join(x for x in (kind.note, LATENT_WORDS) if x)) for kind in kinds]
     if not ctx.family.hybrid:
         return kinds
