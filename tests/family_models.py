@@ -420,6 +420,11 @@ CASES = {
     "kimi_linear": ("kimi_linear", dict(_MLA, num_hidden_layers=2, layer_types=_LINEAR_FULL, q_lora_rank=12,
                                         attention_bias=True, mlp_layer_types=["dense", "dense"], linear_num_heads=4,
                                         linear_head_dim=8, linear_conv_kernel_dim=3)),
+    "bailing_hybrid": ("bailing_hybrid", dict(_MLA, num_hidden_layers=2, layer_types=_LINEAR_FULL, q_lora_rank=12,
+                                              head_dim=8, short_conv_kernel_size=3, mlp_layer_types=["dense", "dense"],
+                                              rope_parameters=dict(rope_type="yarn", factor=4.0, mscale_all_dim=1.0,
+                                                                   original_max_position_embeddings=16,
+                                                                   rope_theta=1000.0))),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -449,7 +454,7 @@ ISSUE_34_CASES = frozenset({
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
 })  # fmt: skip
-ISSUE_34_CASES |= {"zamba", "zamba2", "kimi_linear"}  # issue 34 (hybrid2)
+ISSUE_34_CASES |= {"zamba", "zamba2", "kimi_linear", "bailing_hybrid"}  # issue 34 (hybrid2)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 

@@ -1163,6 +1163,26 @@ FAMILIES: tuple[Family, ...] = (
         },
     ),  # fmt: skip
     Family(
+        "bailing_hybrid",
+        ("bailing_hybrid",),
+        rotary_class=_rotary("bailing_hybrid", "BailingHybrid"),
+        rotary_layout=HALF_INTERLEAVED,  # always interleaved pairs (no rope_interleave switch)
+        scaling="latent",
+        tensors={"scaling_function": "transformers.models.bailing_hybrid.modeling_bailing_hybrid:yarn_apply_mscale"},
+        hybrid="KDA linear-attention layers",
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
+        description="rotary embeddings (RoPE) on the rotary part of each head of its latent attention (MLA) layers; "
+        "KDA linear-attention layers between them",
+        **{
+            **_LLAMA,  # files: word_embeddings, layers.{l}.attention; loaded: Llama's names
+            "word": "(embed_tokens|word_embeddings).weight",
+            "query": "layers.{l}.(self_attn|attention).(q_proj|q_a_proj)",
+            "key": "layers.{l}.(self_attn|attention).kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),  # fmt: skip
+    Family(
         "recurrent_gemma",
         ("recurrent_gemma",),
         rotary_class=_rotary("recurrent_gemma", "RecurrentGemma"),

@@ -14,6 +14,7 @@ n positions. Canonical per-head weights: q_h = x @ W_Q[h] + b_Q[h] with W_Q (H, 
 from __future__ import annotations
 
 import importlib
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -249,12 +250,11 @@ class ModelContext(EmbeddingReader):
 
     # -- tensors ------------------------------------------------------------------------------------
     def key(self, pattern: str, layer: int | None = None, stack: str = "encoder") -> str | None:
-        """The stored name ending in `pattern` (with `{l}` / `{stack}` filled in; of a group of alternatives
-        'a.(b|c).d' the first the checkpoint holds), or None."""
-        filled = pattern.format(l=layer, stack=stack)
-        group = _ALTERNATIVES.search(filled)
-        options = [filled] if group is None else [filled[: group.start()] + a + filled[group.end() :]
-                                                  for a in group.group(1).split("|")]  # fmt: skip
+        """The stored name ending in `pattern` (with `{l}` / `{stack}` filled in; of groups of alternatives
+        'a.(b|c).(d|e)' the first combination the checkpoint holds), or None."""
+        pieces = _ALTERNATIVES.split(pattern.format(l=layer, stack=stack))  # text, group, text, ...
+        choices = [piece.split("|") if index % 2 else [piece] for index, piece in enumerate(pieces)]
+        options = ("".join(parts) for parts in itertools.product(*choices))
         return next((k for k in map(self.reader.find_suffix, options) if k is not None), None)
 
     def tensor(self, pattern: str, layer: int | None = None, stack: str = "encoder") -> np.ndarray:

@@ -23,7 +23,11 @@ import numpy as np
 
 from posprobe.families.embeddings import apply_norm
 
-_ATTENTION = "layers.{l}.self_attn."
+
+def _attention(ctx) -> str:
+    """The attention module's prefix, 'layers.{l}.self_attn.' (or the alternatives the family names): its `key`
+    less the projection's own name."""
+    return ctx.family.key.rsplit(".", 1)[0] + "."
 
 
 def latent_sizes(config: dict) -> tuple[int, int, int]:
@@ -32,20 +36,20 @@ def latent_sizes(config: dict) -> tuple[int, int, int]:
 
 
 def _linear(ctx, name: str, layer: int, x: np.ndarray) -> np.ndarray:
-    w, b = ctx.linear(_ATTENTION + name, layer)
+    w, b = ctx.linear(_attention(ctx) + name, layer)
     return x @ w.T + b
 
 
 def _rms(ctx, name: str, layer: int, x: np.ndarray) -> np.ndarray:
     """The MLA block's own RMSNorms (q_a_layernorm, kv_a_layernorm; epsilon 1e-6 as their modules fix it)."""
-    return apply_norm(x, "rmsnorm", ctx.tensor(_ATTENTION + name + ".weight", layer), None, 1e-6)
+    return apply_norm(x, "rmsnorm", ctx.tensor(_attention(ctx) + name + ".weight", layer), None, 1e-6)
 
 
 def latent_query_key(ctx, x: np.ndarray, layer: int) -> tuple[np.ndarray, np.ndarray]:
     """Queries and keys of layer-input rows x (m, d) as (H, m, r + p) each, rotary part first (see the module)."""
     r, p, rank = latent_sizes(ctx.config)
     heads = ctx.shape.heads
-    if ctx.key(_ATTENTION + "q_a_proj.weight", layer) is not None:  # query LoRA (DeepSeek V2 / V3 releases)
+    if ctx.key(_attention(ctx) + "q_a_proj.weight", layer) is not None:  # query LoRA (DeepSeek V2 / V3 releases)
         q = _linear(ctx, "q_b_proj", layer, _rms(ctx, "q_a_layernorm", layer, _linear(ctx, "q_a_proj", layer, x)))
     else:
         q = _linear(ctx, "q_proj", layer, x)
