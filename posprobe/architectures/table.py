@@ -1183,6 +1183,20 @@ FAMILIES: tuple[Family, ...] = (
         },
     ),  # fmt: skip
     Family(
+        "lara_mini",
+        ("lara_mini",),
+        rotary_class=_rotary("lara_mini", "LaraMini"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers_by_type",  # the model passes rotary angles to its sliding_attention layers only
+        hybrid="gated DeltaNet linear-attention layers",
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
+        description="rotary embeddings (RoPE) in its sliding-window attention layers; full-attention layers NoPE; "
+        "gated DeltaNet layers between them",
+        **_LLAMA,
+    ),
+    Family(
         "recurrent_gemma",
         ("recurrent_gemma",),
         rotary_class=_rotary("recurrent_gemma", "RecurrentGemma"),
