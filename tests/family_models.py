@@ -432,6 +432,11 @@ CASES = {
                                     linear_num_key_heads=2, linear_num_value_heads=4, num_experts=2,
                                     num_experts_per_tok=1, moe_intermediate_size=16,
                                     shared_expert_intermediate_size=16)),
+    "lfm3": ("lfm3", dict(_KV2, head_dim=8, num_hidden_layers=3, sliding_window=5, conv_L_cache=3,
+                          layer_types=["conv", "sliding_attention", "full_attention"],
+                          rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                           "full_attention": {"rope_type": "proportional", "rope_theta": 10000.0,
+                                                              "partial_rotary_factor": 0.5}})),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -461,7 +466,7 @@ ISSUE_34_CASES = frozenset({
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
 })  # fmt: skip
-ISSUE_34_CASES |= {"zamba", "zamba2", "kimi_linear", "bailing_hybrid", "lara_mini"}  # issue 34 (hybrid2)
+ISSUE_34_CASES |= {"zamba", "zamba2", "kimi_linear", "bailing_hybrid", "lara_mini", "lfm3"}  # issue 34 (hybrid2)
 _EAGER_EXPERTS += ("lara_mini",)  # issue 34 (hybrid2)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

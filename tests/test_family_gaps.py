@@ -92,7 +92,6 @@ NOT_YET = {
     "qwen4_exp_text": _INDEXED + "; linear-attention layers between them",
     "deepseek_v4": "compressed sparse and heavily compressed attention layers (keys pooled over blocks)",
     # hybrids the table cannot describe yet
-    "lfm3": "hybrid of short convolutions with sliding-window and full attention, output gates: not added yet",
     "inkling_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
     "inkling2_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
     "inkling2_loop_text": "hybrid layers with short convolutions on keys and values, looped",

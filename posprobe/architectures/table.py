@@ -1197,6 +1197,19 @@ FAMILIES: tuple[Family, ...] = (
         **_LLAMA,
     ),
     Family(
+        "lfm3",
+        ("lfm3",),
+        rotary_class=_rotary("lfm3", "Lfm3"),  # one rope setting per layer type (full: proportional, partial)
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        hybrid="gated short-convolution layers",
+        capture=INTERFACE,
+        capture_note=HYBRID_CAPTURE,
+        description="rotary embeddings (RoPE), a setting per layer type, in its sliding-window and full attention "
+        "layers (output-gated); short convolutions between them",
+        **{**_LLAMA, "pre_norm": "layers.{l}.operator_norm"},
+    ),
+    Family(
         "recurrent_gemma",
         ("recurrent_gemma",),
         rotary_class=_rotary("recurrent_gemma", "RecurrentGemma"),
@@ -1846,7 +1859,7 @@ def rotary_layout(family: Family, config: dict) -> str:
 
 
 # rotary modules with one setting per layer type
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert")
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "lfm3")
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 

@@ -170,7 +170,7 @@ def _ropes(ctx, types: list[str | None]) -> dict:
     if not takes_layer_type(ctx) or None in types:
         return {}
     params = ctx.transformers_config.rope_parameters
-    words = {t: _rope_words(params[t]) for t in set(types)}
+    words = {t: _rope_words(params[t]) for t in set(types) if t in params}  # a hybrid's other layers have none
     return words if len(set(words.values())) > 1 else {}
 
 
