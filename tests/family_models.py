@@ -417,6 +417,9 @@ CASES = {
                               use_shared_attention_adapter=True, adapter_rank=4, use_mem_rope=True,
                               rope_parameters={"rope_type": "default", "rope_theta": 100.0}, n_mamba_heads=4,
                               mamba_d_state=8, chunk_size=8)),
+    "zamba2-nope": ("zamba2", dict(max_position_embeddings=64, pad_token_id=0, num_hidden_layers=2,
+                                   layers_block_type=["mamba", "hybrid"], n_mamba_heads=4, mamba_d_state=8,
+                                   chunk_size=8)),  # use_mem_rope off (the default): NoPE, no adapters
     "kimi_linear": ("kimi_linear", dict(_MLA, num_hidden_layers=2, layer_types=_LINEAR_FULL, q_lora_rank=12,
                                         attention_bias=True, mlp_layer_types=["dense", "dense"], linear_num_heads=4,
                                         linear_head_dim=8, linear_conv_kernel_dim=3)),
@@ -466,7 +469,7 @@ ISSUE_34_CASES = frozenset({
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
 })  # fmt: skip
-ISSUE_34_CASES |= {"zamba", "zamba2", "kimi_linear", "bailing_hybrid", "lara_mini", "lfm3"}  # issue 34 (hybrid2)
+ISSUE_34_CASES |= {"zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hybrid", "lara_mini", "lfm3"}  # hybrid2
 _EAGER_EXPERTS += ("lara_mini",)  # issue 34 (hybrid2)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

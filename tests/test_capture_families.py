@@ -62,7 +62,8 @@ EXTRA = {
 # hybrids: softmax attention in some layers (recorded), recurrent / state-space / convolution layers in the others
 HYBRIDS = ("lfm2", "bamba", "jamba", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax",
            "olmo_hybrid", "lfm2_moe", "qwen3_5_text", "qwen3_5_moe_text", "nemotron_h",
-           "recurrent_gemma", "zamba", "zamba2", "kimi_linear", "bailing_hybrid", "lara_mini", "lfm3")  # fmt: skip
+           "recurrent_gemma", "zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hybrid", "lara_mini",
+           "lfm3")  # fmt: skip
 REFUSED = {
     "falcon-alibi": "eager attention .* gives other outputs than its sdpa",  # transformers' eager adds ALiBi twice
     "longformer": "not one softmax over all keys",  # sliding chunks

@@ -92,9 +92,13 @@ NOT_YET = {
     "qwen4_exp_text": _INDEXED + "; linear-attention layers between them",
     "deepseek_v4": "compressed sparse and heavily compressed attention layers (keys pooled over blocks)",
     # hybrids the table cannot describe yet
-    "inkling_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
-    "inkling2_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
-    "inkling2_loop_text": "hybrid layers with short convolutions on keys and values, looped",
+    "inkling_text": "no rotary: a hidden-state-conditioned relative bias (a learned bank of per-distance profiles), "
+    "short causal convolutions of keys over positions, log-scaled full layers, sliding layers with their own heads "
+    "and head size (swa_*): new score code and per-layer shapes",
+    "inkling2_text": "as Inkling's, with input-conditioned (dynamic) key convolutions, L2-clipped q/k and "
+    "input-dependent sink logits: new score code and per-layer shapes",
+    "inkling2_loop_text": "Inkling 2's attention, with a block of layers run loop_num_passes times (gated messages "
+    "between passes): no one layer order",
 }  # fmt: skip
 
 
