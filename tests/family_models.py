@@ -440,6 +440,10 @@ CASES = {
                           rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                                            "full_attention": {"rope_type": "proportional", "rope_theta": 10000.0,
                                                               "partial_rotary_factor": 0.5}})),
+    "inkling_text": ("inkling_text", dict(_KV2, head_dim=8, swa_num_attention_heads=4, swa_num_key_value_heads=4,
+                                          swa_head_dim=8, sliding_window_size=5, d_rel=3, rel_extent=12,
+                                          log_scaling_n_floor=2, layer_types=["hybrid_sliding", "hybrid"],
+                                          mlp_layer_types=["dense", "dense"], conv_kernel_size=3)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -469,7 +473,8 @@ ISSUE_34_CASES = frozenset({
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
 })  # fmt: skip
-ISSUE_34_CASES |= {"zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hybrid", "lara_mini", "lfm3"}  # hybrid2
+ISSUE_34_CASES |= {"zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hybrid", "lara_mini", "lfm3",
+                   "inkling_text"}  # fmt: skip
 _EAGER_EXPERTS += ("lara_mini",)  # issue 34 (hybrid2)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

@@ -92,11 +92,8 @@ NOT_YET = {
     "qwen4_exp_text": _INDEXED + "; linear-attention layers between them",
     "deepseek_v4": "compressed sparse and heavily compressed attention layers (keys pooled over blocks)",
     # hybrids the table cannot describe yet
-    "inkling_text": "no rotary: a hidden-state-conditioned relative bias (a learned bank of per-distance profiles), "
-    "short causal convolutions of keys over positions, log-scaled full layers, sliding layers with their own heads "
-    "and head size (swa_*): new score code and per-layer shapes",
-    "inkling2_text": "as Inkling's, with input-conditioned (dynamic) key convolutions, L2-clipped q/k and "
-    "input-dependent sink logits: new score code and per-layer shapes",
+    "inkling2_text": "Inkling's relative logits (as inkling_text) with input-conditioned (dynamic) key "
+    "convolutions, L2-clipped q/k and input-dependent sink logits: new score code",
     "inkling2_loop_text": "Inkling 2's attention, with a block of layers run loop_num_passes times (gated messages "
     "between passes): no one layer order",
 }  # fmt: skip
@@ -249,3 +246,22 @@ def test_zamba2_reads_its_rope_switch_and_refuses_data_conditioned_inputs():
     with pytest.raises(PosprobeError) as err:
         ctx.query_key_of(np.ones((3, 32)), 3)
     assert "[hidden state; embeddings]" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_inkling_with_other_heads_in_its_sliding_layers_is_refused_in_one_line():
+    """posprobe's score matrices take one query-head count for every layer: an Inkling whose sliding layers have
+    another (swa_num_attention_heads) is refused when a sliding layer is scored; its other layers read."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+    from posprobe.families.context import ModelContext, content_free_scores
+
+    config = AutoConfig.for_model("inkling_text", **{**case("inkling_text").config, "swa_num_attention_heads": 2})
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config).double().eval()
+    ctx = ModelContext(source_from_model(model), StateDictReader(model))
+    assert np.isfinite(content_free_scores(ctx, 1, 8)).all()  # the full layer
+    with pytest.raises(PosprobeError) as err:
+        content_free_scores(ctx, 0, 8)  # the sliding layer
+    assert "swa_num_attention_heads" in str(err.value) and "\n" not in str(err.value)

@@ -26,8 +26,9 @@ BUCKET_BIAS = "bucket_bias"  # learned bias[h, bucket(j - i)] (T5, MPNet)
 ALIBI = "alibi"  # -m_h |j - i|
 DISENTANGLED = "disentangled"  # DeBERTa-v2 c2p + p2c
 NOPE = "nope"  # no positional term in any attention layer (Jamba: its Mamba layers carry position)
+RELATIVE_LOGITS = "relative_logits"  # per-distance bias mixed by each query's hidden state, convolved keys (Inkling)
 OTHER = "other"  # known, not analysed (see `Family.description`)
-KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, NOPE, OTHER)
+KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, NOPE, RELATIVE_LOGITS, OTHER)
 TABLE_KINDS = (LEARNED, SINUSOIDAL)  # an absolute table E_P exists (stored or built): sections 1-3 of SPEC apply
 KIND_NAMES = {
     LEARNED: "learned absolute table",
@@ -37,6 +38,7 @@ KIND_NAMES = {
     ALIBI: "ALiBi attention biases",
     DISENTANGLED: "disentangled relative positions",
     NOPE: "no positional encoding in attention (NoPE)",
+    RELATIVE_LOGITS: "relative logits conditioned on the hidden state (a learned bank of per-distance profiles)",
 }
 # How Q/K weights are stored (`Family.qkv`).
 SEPARATE = "separate"  # Linear q and k: weight (H*d_h, d), q = x @ W.T + b
@@ -1210,6 +1212,28 @@ FAMILIES: tuple[Family, ...] = (
         **{**_LLAMA, "pre_norm": "layers.{l}.operator_norm"},
     ),
     Family(
+        "inkling_text",
+        ("inkling_text",),
+        RELATIVE_LOGITS,
+        causal=True,
+        word="embed_tokens.weight",
+        embedding_norm="embed_tokens.embed_norm",
+        query="layers.{l}.self_attn.q_proj",
+        key="layers.{l}.self_attn.k_proj",
+        pre_norm="layers.{l}.input_layernorm",
+        norm=RMSNORM,
+        qk_norm=_QK_NORM,
+        windows="layer_types",  # 'hybrid_sliding' layers
+        tensors={
+            "relative_states": "layers.{l}.self_attn.r_proj",
+            "relative_profiles": "layers.{l}.self_attn.rel_logits_proj.proj",
+            "key_convolution": "layers.{l}.self_attn.k_sconv.conv1d.weight",
+        },
+        capture=EAGER,
+        description="relative logits conditioned on the hidden state (families.relative_logits) over keys through a "
+        "short causal convolution; no rotary; sliding-window and log-scaled full layers",
+    ),
+    Family(
         "recurrent_gemma",
         ("recurrent_gemma",),
         rotary_class=_rotary("recurrent_gemma", "RecurrentGemma"),
@@ -1878,7 +1902,8 @@ def _layer_kind_words(f: Family) -> str:
     if not f.analysable:
         return "—"
     kinds = {ROTARY: ["rope"], NOPE: ["NoPE"], ALIBI: ["ALiBi bias"], BUCKET_BIAS: ["bucket bias"],
-             DISENTANGLED: ["disentangled"]}.get(f.kind, ["absolute table"])  # fmt: skip
+             DISENTANGLED: ["disentangled"], RELATIVE_LOGITS: ["relative logits"]}.get(
+                 f.kind, ["absolute table"])  # fmt: skip
     if f.qkv == LATENT:
         kinds = ["MLA: rotary part + position-free part"] if f.kind != NOPE else ["NoPE (MLA)"]
     if f.name in _PER_TYPE_ROPE:

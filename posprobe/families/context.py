@@ -48,6 +48,7 @@ SCORE_MODULES = {
     T.BUCKET_BIAS: "posprobe.families.relative_bias",
     T.DISENTANGLED: "posprobe.families.disentangled",
     T.NOPE: "posprobe.families.rotary",  # rotary scores without rotation: every layer a NoPE layer
+    T.RELATIVE_LOGITS: "posprobe.families.relative_logits",
 }
 
 
