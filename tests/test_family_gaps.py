@@ -92,10 +92,10 @@ NOT_YET = {
     "qwen4_exp_text": _INDEXED + "; linear-attention layers between them",
     "deepseek_v4": "compressed sparse and heavily compressed attention layers (keys pooled over blocks)",
     # hybrids the table cannot describe yet
-    "inkling2_text": "Inkling's relative logits (as inkling_text) with input-conditioned (dynamic) key "
-    "convolutions, L2-clipped q/k and input-dependent sink logits: new score code",
-    "inkling2_loop_text": "Inkling 2's attention, with a block of layers run loop_num_passes times (gated messages "
-    "between passes): no one layer order",
+    "inkling2_text": "Inkling's relative logits with L2-clipped q/k, input-conditioned (dynamic) key convolutions "
+    "in full layers, q/k/v inputs drawn by attention over earlier blocks' states, input-dependent sinks: new code",
+    "inkling2_loop_text": "Inkling 2's attention (not read yet), with a block of layers run loop_num_passes times "
+    "(gated messages between passes): no one layer order",
 }  # fmt: skip
 
 
