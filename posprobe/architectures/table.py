@@ -1105,7 +1105,8 @@ FAMILIES: tuple[Family, ...] = (
             "pre_norm": "layers.{l}.norm",
         },
     ),  # fmt: skip
-    # issue 34 (hybrid2): shared attention blocks between Mamba layers (families.shared_blocks)
+    # issue 34 (hybrid2): Zamba's shared attention blocks (families.shared_blocks); latent-attention, gated
+    # DeltaNet and convolution hybrids; Inkling's relative logits (families.relative_logits)
     Family(
         "zamba",
         ("zamba",),
