@@ -453,6 +453,42 @@ CASES = {
     # HY-V4: its initial hyper-connection stream weights sum to 1 + hc_mult * hc_eps; hc_eps 0.5 makes the mix count
     "hy_v4": ("hy_v4", dict(_MLA, q_lora_rank=12, index_topk=5, index_n_heads=4, index_head_dim=8, num_hidden_layers=3,
                             indexer_types=["full", "shared", "full"], hc_mult=3, hc_eps=0.5, learnable_sink_init=0.5)),
+    # issue 34 (hybrid2)
+    "zamba": ("zamba", dict(num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=4,
+                            layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], n_mamba_heads=2,
+                            mamba_d_state=8, mamba_dt_rank=4)),
+    "zamba2": ("zamba2", dict(num_key_value_heads=4, max_position_embeddings=64, pad_token_id=0, num_hidden_layers=4,
+                              layers_block_type=["mamba", "hybrid", "hybrid", "hybrid"], num_mem_blocks=2,
+                              use_shared_attention_adapter=True, adapter_rank=4, use_mem_rope=True,
+                              rope_parameters={"rope_type": "default", "rope_theta": 100.0}, n_mamba_heads=4,
+                              mamba_d_state=8, chunk_size=8)),
+    "zamba2-nope": ("zamba2", dict(max_position_embeddings=64, pad_token_id=0, num_hidden_layers=2,
+                                   layers_block_type=["mamba", "hybrid"], n_mamba_heads=4, mamba_d_state=8,
+                                   chunk_size=8)),  # use_mem_rope off (the default): NoPE, no adapters
+    "kimi_linear": ("kimi_linear", dict(_MLA, num_hidden_layers=2, layer_types=_LINEAR_FULL, q_lora_rank=12,
+                                        attention_bias=True, mlp_layer_types=["dense", "dense"], linear_num_heads=4,
+                                        linear_head_dim=8, linear_conv_kernel_dim=3)),
+    "bailing_hybrid": ("bailing_hybrid", dict(_MLA, num_hidden_layers=2, layer_types=_LINEAR_FULL, q_lora_rank=12,
+                                              head_dim=8, short_conv_kernel_size=3, mlp_layer_types=["dense", "dense"],
+                                              rope_parameters=dict(rope_type="yarn", factor=4.0, mscale_all_dim=1.0,
+                                                                   original_max_position_embeddings=16,
+                                                                   rope_theta=1000.0))),
+    "lara_mini": ("lara_mini", dict(_KV2, head_dim=8, num_hidden_layers=3, sliding_window=5,
+                                    layer_types=["linear_attention", "sliding_attention", "full_attention"],
+                                    rope_parameters={"rope_type": "default", "rope_theta": 100.0},
+                                    linear_conv_kernel_dim=3, linear_key_head_dim=8, linear_value_head_dim=8,
+                                    linear_num_key_heads=2, linear_num_value_heads=4, num_experts=2,
+                                    num_experts_per_tok=1, moe_intermediate_size=16,
+                                    shared_expert_intermediate_size=16)),
+    "lfm3": ("lfm3", dict(_KV2, head_dim=8, num_hidden_layers=3, sliding_window=5, conv_L_cache=3,
+                          layer_types=["conv", "sliding_attention", "full_attention"],
+                          rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                           "full_attention": {"rope_type": "proportional", "rope_theta": 10000.0,
+                                                              "partial_rotary_factor": 0.5}})),
+    "inkling_text": ("inkling_text", dict(_KV2, head_dim=8, swa_num_attention_heads=4, swa_num_key_value_heads=4,
+                                          swa_head_dim=8, sliding_window_size=5, d_rel=3, rel_extent=12,
+                                          log_scaling_n_floor=2, layer_types=["hybrid_sliding", "hybrid"],
+                                          mlp_layer_types=["dense", "dense"], conv_kernel_size=3)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -486,6 +522,9 @@ ISSUE_34_CASES = frozenset({
     "convbert", "cpmant",
 })  # fmt: skip
 ISSUE_34_CASES |= {"deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4"}  # issue 34 (indexed)
+ISSUE_34_CASES |= {"zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hybrid", "lara_mini", "lfm3",
+                   "inkling_text"}  # fmt: skip
+_EAGER_EXPERTS += ("lara_mini",)  # issue 34 (hybrid2)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 

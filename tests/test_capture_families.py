@@ -62,7 +62,8 @@ EXTRA = {
 # hybrids: softmax attention in some layers (recorded), recurrent / state-space / convolution layers in the others
 HYBRIDS = ("lfm2", "bamba", "jamba", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax",
            "olmo_hybrid", "lfm2_moe", "qwen3_5_text", "qwen3_5_moe_text", "nemotron_h",
-           "recurrent_gemma")  # fmt: skip
+           "recurrent_gemma", "zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hybrid", "lara_mini",
+           "lfm3")  # fmt: skip
 REFUSED = {
     "falcon-alibi": "eager attention .* gives other outputs than its sdpa",  # transformers' eager adds ALiBi twice
     "longformer": "not one softmax over all keys",  # sliding chunks
@@ -83,7 +84,7 @@ def _params(names, quick=QUICK):
 
 # transformers' float64 Gemma 2 / 3 give NaN on real tokens when a sliding window meets padding (a padded query
 # row with every key masked, then 0 x NaN in later layers): these run in float32, as real checkpoints do
-IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional"}
+IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional", "lara_mini", "lfm3", "inkling_text"}
 
 
 def tolerance(name: str) -> float:

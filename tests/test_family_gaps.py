@@ -81,15 +81,10 @@ NOT_YET = {
     "deepseek_v4": "compressed attention: keys pooled over blocks of tokens (compress_rates; an indexer picks the "
     "top-k pooled keys), beside a sliding window of raw keys: keys are not positions, no position-by-position score",
     # hybrids the table cannot describe yet
-    "bailing_hybrid": "hybrid of latent (MLA) and linear-attention layers: the latent reader takes no layer types",
-    "kimi_linear": "hybrid of NoPE latent attention and KDA linear-attention layers: not added yet",
-    "lara_mini": "hybrid with linear-attention layers and NoPE full-attention layers: not added yet",
-    "lfm3": "hybrid of short convolutions with sliding-window and full attention, output gates: not added yet",
-    "inkling_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
-    "inkling2_text": "hybrid layers with short convolutions on keys and values ('hybrid' layer types)",
-    "inkling2_loop_text": "hybrid layers with short convolutions on keys and values, looped",
-    "zamba": "shared attention blocks applied at intervals to [hidden; embeddings], between Mamba layers",
-    "zamba2": "shared attention blocks applied at intervals to [hidden; embeddings], between Mamba-2 layers",
+    "inkling2_text": "Inkling's relative logits with L2-clipped q/k, input-conditioned (dynamic) key convolutions "
+    "in full layers, q/k/v inputs drawn by attention over earlier blocks' states, input-dependent sinks: new code",
+    "inkling2_loop_text": "Inkling 2's attention (not read yet), with a block of layers run loop_num_passes times "
+    "(gated messages between passes): no one layer order",
 }  # fmt: skip
 
 
@@ -361,3 +356,41 @@ def test_hyper_connection_streams_of_text_are_refused(tmp_path):
     with pytest.raises(PosprobeError) as err:
         ctx.query_key_of(np.ones((3, ctx.shape.hidden)), 1)
     assert "hyper-connection streams" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_zamba2_reads_its_rope_switch_and_refuses_data_conditioned_inputs():
+    """Zamba2's shared blocks rotate only with use_mem_rope (else NoPE); they read [hidden; embeddings] of each
+    token, so a data-conditioned input (the hidden state alone) is refused in one line."""
+    from family_models import build
+
+    from posprobe.architectures.table import NOPE, ROTARY, position_kind
+    from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+    from posprobe.families.context import ModelContext
+
+    assert position_kind({"model_type": "zamba2", "use_mem_rope": True})[0] == ROTARY
+    assert position_kind({"model_type": "zamba2"})[0] == NOPE  # the config class's default: off
+    model = build("zamba2")
+    ctx = ModelContext(source_from_model(model), StateDictReader(model))
+    assert [ctx.stored_layer(layer) for layer in range(4)] == [0, 1, 2, 1]  # blocks 0, 1, 0 at depths 1, 2, 3
+    with pytest.raises(PosprobeError) as err:
+        ctx.query_key_of(np.ones((3, 32)), 3)
+    assert "[hidden state; embeddings]" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_inkling_with_other_heads_in_its_sliding_layers_is_refused_in_one_line():
+    """posprobe's score matrices take one query-head count for every layer: an Inkling whose sliding layers have
+    another (swa_num_attention_heads) is refused when a sliding layer is scored; its other layers read."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+    from posprobe.families.context import ModelContext, content_free_scores
+
+    config = AutoConfig.for_model("inkling_text", **{**case("inkling_text").config, "swa_num_attention_heads": 2})
+    torch.manual_seed(0)
+    model = AutoModel.from_config(config).double().eval()
+    ctx = ModelContext(source_from_model(model), StateDictReader(model))
+    assert np.isfinite(content_free_scores(ctx, 1, 8)).all()  # the full layer
+    with pytest.raises(PosprobeError) as err:
+        content_free_scores(ctx, 0, 8)  # the sliding layer
+    assert "swa_num_attention_heads" in str(err.value) and "\n" not in str(err.value)

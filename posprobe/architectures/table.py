@@ -26,8 +26,9 @@ BUCKET_BIAS = "bucket_bias"  # learned bias[h, bucket(j - i)] (T5, MPNet)
 ALIBI = "alibi"  # -m_h |j - i|
 DISENTANGLED = "disentangled"  # DeBERTa-v2 c2p + p2c
 NOPE = "nope"  # no positional term in any attention layer (Jamba: its Mamba layers carry position)
+RELATIVE_LOGITS = "relative_logits"  # per-distance bias mixed by each query's hidden state, convolved keys (Inkling)
 OTHER = "other"  # known, not analysed (see `Family.description`)
-KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, NOPE, OTHER)
+KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, NOPE, RELATIVE_LOGITS, OTHER)
 TABLE_KINDS = (LEARNED, SINUSOIDAL)  # an absolute table E_P exists (stored or built): sections 1-3 of SPEC apply
 KIND_NAMES = {
     LEARNED: "learned absolute table",
@@ -37,6 +38,7 @@ KIND_NAMES = {
     ALIBI: "ALiBi attention biases",
     DISENTANGLED: "disentangled relative positions",
     NOPE: "no positional encoding in attention (NoPE)",
+    RELATIVE_LOGITS: "relative logits conditioned on the hidden state (a learned bank of per-distance profiles)",
 }
 # How Q/K weights are stored (`Family.qkv`).
 SEPARATE = "separate"  # Linear q and k: weight (H*d_h, d), q = x @ W.T + b
@@ -108,7 +110,7 @@ CONFIG_KEYS = {
     "layers": ("layers_block_type", "num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
     # (a list counts its entries: Nemotron-H's layers_block_type, one kind per layer, overrides num_hidden_layers)
     "hidden": ("hidden_size", "n_embd", "dim", "d_model", "emb_dim"),
-    "head_dim": ("head_dim", "d_kv", "dim_head"),
+    "head_dim": ("head_dim", "d_kv", "dim_head", "attention_head_dim"),  # CPM-Ant: dim_head, Zamba: attention_head_dim
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
     "vocab": ("vocab_size", "n_vocab"),
     "eps": (
@@ -120,7 +122,8 @@ CONFIG_KEYS = {
         "norm_eps",
         "eps",
     ),  # CPM-Ant: eps
-    "attention_width": ("true_hidden_size",),  # the width Q/K read where it is not the hidden size (MobileBERT)
+    "attention_width": ("true_hidden_size", "attention_hidden_size"),  # the width Q/K read where it is not the
+    # hidden size (MobileBERT's bottleneck; Zamba's [hidden; embeddings])
     "latent_head_dim": ("qk_nope_head_dim",),  # MLA: position-free dims of each head's q and k
     "latent_rope_dim": ("qk_rope_head_dim",),  # MLA: rotary dims of each head's q and k
 }
@@ -250,8 +253,9 @@ class Family:
     head_ratio: str | None = None  # config key of a mixed attention's ratio (ConvBERT): heads // ratio softmax q.k
     # heads (at least one), each of d / (2 H'), beside as many span-based dynamic-convolution heads (no score)
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
-    # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'head_dim_if:KEY' d_h ** -0.5 when config KEY, else 1
-    # (GPT-BigCode's scale_attn_weights), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32),
+    # ** -0.5 (Gemma 2), 'half_head_dim' (d_h / 2) ** -0.5 (Zamba), 'value:KEY' config[KEY] (Granite),
+    # 'head_dim_if:KEY' d_h ** -0.5 when config KEY, else 1 (GPT-BigCode's scale_attn_weights), 'disentangled'
+    # (DeBERTa's sqrt(d_h * terms) in float32),
     # 'latent' (MLA: the module's own yarn_apply_mscale, `families.latent`)
     softcap: str | None = None  # config key of a logit soft cap: scores -> cap * tanh(scores / cap) (Gemma 2)
     tensors: dict[str, str] = field(default_factory=dict)
@@ -278,11 +282,11 @@ class Family:
             if value not in allowed:
                 raise ValueError(f"family '{self.name}': {name} {value!r} is not one of {allowed}")
         if not (
-            self.scaling in ("head_dim", "none", "disentangled", "latent")
+            self.scaling in ("head_dim", "half_head_dim", "none", "disentangled", "latent")
             or self.scaling.startswith(("rsqrt:", "value:", "head_dim_if:"))
         ):
-            raise ValueError(f"family '{self.name}': scaling {self.scaling!r} is not one of head_dim, none, "
-                             "disentangled, latent, rsqrt:KEY, value:KEY, head_dim_if:KEY")  # fmt: skip
+            raise ValueError(f"family '{self.name}': scaling {self.scaling!r} is not one of head_dim, half_head_dim, "
+                             "none, disentangled, latent, rsqrt:KEY, value:KEY, head_dim_if:KEY")  # fmt: skip
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -1124,6 +1128,135 @@ FAMILIES: tuple[Family, ...] = (
             "pre_norm": "layers.{l}.norm",
         },
     ),  # fmt: skip
+    # issue 34 (hybrid2): Zamba's shared attention blocks (families.shared_blocks); latent-attention, gated
+    # DeltaNet and convolution hybrids; Inkling's relative logits (families.relative_logits)
+    Family(
+        "zamba",
+        ("zamba",),
+        NOPE,
+        scaling="half_head_dim",
+        hybrid="Mamba state-space layers",
+        tensors={"shared_blocks": "num_mem_blocks", "concatenated_input": "embeddings"},
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
+        description="no positional encoding (NoPE) in one shared attention block over [hidden; embeddings], run "
+        "between Mamba layers",
+        **{
+            **{k: v for k, v in _LLAMA.items() if k != "kind"},
+            "query": "layers.{l}.shared_transf.self_attn.q_proj",
+            "key": "layers.{l}.shared_transf.self_attn.k_proj",
+            "pre_norm": "layers.{l}.shared_transf.input_layernorm",
+        },
+    ),  # fmt: skip
+    Family(
+        "zamba2",
+        ("zamba2",),
+        switch_kinds=(NOPE,),  # use_mem_rope off (the default): no positional term
+        rotary_class=_rotary("zamba2", "Zamba2"),
+        scaling="half_head_dim",
+        hybrid="Mamba-2 state-space layers",
+        tensors={
+            "shared_blocks": "num_mem_blocks",
+            "concatenated_input": "embeddings",
+            "query_adapter": "layers.{l}.shared_transformer.self_attn.linear_q_adapter_list.{j}",
+            "key_adapter": "layers.{l}.shared_transformer.self_attn.linear_k_adapter_list.{j}",
+        },
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
+        description="rotary embeddings (RoPE) or none (use_mem_rope) in shared attention blocks over [hidden; "
+        "embeddings] with per-depth adapters, run between Mamba-2 layers",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.shared_transformer.self_attn.q_proj",
+            "key": "layers.{l}.shared_transformer.self_attn.k_proj",
+            "pre_norm": "layers.{l}.shared_transformer.input_layernorm",
+        },
+    ),  # fmt: skip
+    Family(
+        "kimi_linear",
+        ("kimi_linear",),
+        NOPE,
+        hybrid="Kimi Delta Attention (KDA) linear-attention layers",
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
+        description="no positional encoding (NoPE) in its latent attention (MLA) layers, not even on the part "
+        "DeepSeek rotates; KDA linear-attention layers between them",
+        **{
+            **{k: v for k, v in _LLAMA.items() if k != "kind"},
+            "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),  # fmt: skip
+    Family(
+        "bailing_hybrid",
+        ("bailing_hybrid",),
+        rotary_class=_rotary("bailing_hybrid", "BailingHybrid"),
+        rotary_layout=HALF_INTERLEAVED,  # always interleaved pairs (no rope_interleave switch)
+        scaling="latent",
+        tensors={"scaling_function": "transformers.models.bailing_hybrid.modeling_bailing_hybrid:yarn_apply_mscale"},
+        hybrid="KDA linear-attention layers",
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
+        description="rotary embeddings (RoPE) on the rotary part of each head of its latent attention (MLA) layers; "
+        "KDA linear-attention layers between them",
+        **{
+            **_LLAMA,  # files: word_embeddings, layers.{l}.attention; loaded: Llama's names
+            "word": "(embed_tokens|word_embeddings).weight",
+            "query": "layers.{l}.(self_attn|attention).(q_proj|q_a_proj)",
+            "key": "layers.{l}.(self_attn|attention).kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),  # fmt: skip
+    Family(
+        "lara_mini",
+        ("lara_mini",),
+        rotary_class=_rotary("lara_mini", "LaraMini"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers_by_type",  # the model passes rotary angles to its sliding_attention layers only
+        hybrid="gated DeltaNet linear-attention layers",
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
+        description="rotary embeddings (RoPE) in its sliding-window attention layers; full-attention layers NoPE; "
+        "gated DeltaNet layers between them",
+        **_LLAMA,
+    ),
+    Family(
+        "lfm3",
+        ("lfm3",),
+        rotary_class=_rotary("lfm3", "Lfm3"),  # one rope setting per layer type (full: proportional, partial)
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        hybrid="gated short-convolution layers",
+        capture=INTERFACE,
+        capture_note=HYBRID_CAPTURE,
+        description="rotary embeddings (RoPE), a setting per layer type, in its sliding-window and full attention "
+        "layers (output-gated); short convolutions between them",
+        **{**_LLAMA, "pre_norm": "layers.{l}.operator_norm"},
+    ),
+    Family(
+        "inkling_text",
+        ("inkling_text",),
+        RELATIVE_LOGITS,
+        causal=True,
+        word="embed_tokens.weight",
+        embedding_norm="embed_tokens.embed_norm",
+        query="layers.{l}.self_attn.q_proj",
+        key="layers.{l}.self_attn.k_proj",
+        pre_norm="layers.{l}.input_layernorm",
+        norm=RMSNORM,
+        qk_norm=_QK_NORM,
+        windows="layer_types",  # 'hybrid_sliding' layers
+        tensors={
+            "relative_states": "layers.{l}.self_attn.r_proj",
+            "relative_profiles": "layers.{l}.self_attn.rel_logits_proj.proj",
+            "key_convolution": "layers.{l}.self_attn.k_sconv.conv1d.weight",
+        },
+        capture=EAGER,
+        description="relative logits conditioned on the hidden state (families.relative_logits) over keys through a "
+        "short causal convolution; no rotary; sliding-window and log-scaled full layers",
+    ),
     Family(
         "recurrent_gemma",
         ("recurrent_gemma",),
@@ -1904,6 +2037,8 @@ def position_kind(config: dict) -> tuple[str, str]:
         return (ALIBI, KIND_NAMES[ALIBI]) if config.get("alibi") else (ROTARY, KIND_NAMES[ROTARY])
     if model_type == "granitemoehybrid" and config.get("position_embedding_type") != "rope":
         return NOPE, "no positional encoding in its attention layers (position_embedding_type not 'rope')"
+    if model_type == "zamba2" and not config_flag(config, "use_mem_rope"):
+        return NOPE, "no positional encoding in its shared attention blocks (use_mem_rope off)"
     if model_type == "mobilebert" and config.get("normalization_type", "no_norm") != "no_norm":
         return OTHER, (
             "a learned absolute table behind LayerNorm bottlenecks (normalization_type "
@@ -1957,7 +2092,7 @@ def rotary_layout(family: Family, config: dict) -> str:
 
 
 # rotary modules with one setting per layer type
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert")
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "lfm3")
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 
@@ -1976,9 +2111,10 @@ def _layer_kind_words(f: Family) -> str:
     if not f.analysable:
         return "—"
     kinds = {ROTARY: ["rope"], NOPE: ["NoPE"], ALIBI: ["ALiBi bias"], BUCKET_BIAS: ["bucket bias"],
-             DISENTANGLED: ["disentangled"]}.get(f.kind, ["absolute table"])  # fmt: skip
+             DISENTANGLED: ["disentangled"], RELATIVE_LOGITS: ["relative logits"]}.get(
+                 f.kind, ["absolute table"])  # fmt: skip
     if f.qkv == LATENT:
-        kinds = ["MLA: rotary part + position-free part"]
+        kinds = ["MLA: rotary part + position-free part"] if f.kind != NOPE else ["NoPE (MLA)"]
     if f.name in _PER_TYPE_ROPE:
         kinds[0] += " (a setting per layer type)"
     if f.nope:

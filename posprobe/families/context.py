@@ -14,6 +14,7 @@ n positions. Canonical per-head weights: q_h = x @ W_Q[h] + b_Q[h] with W_Q (H, 
 from __future__ import annotations
 
 import importlib
+import itertools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ SCORE_MODULES = {
     T.BUCKET_BIAS: "posprobe.families.relative_bias",
     T.DISENTANGLED: "posprobe.families.disentangled",
     T.NOPE: "posprobe.families.rotary",  # rotary scores without rotation: every layer a NoPE layer
+    T.RELATIVE_LOGITS: "posprobe.families.relative_logits",
 }
 
 
@@ -163,7 +165,7 @@ class ModelContext(EmbeddingReader):
         if self.family.hybrid:  # only the attention layers hold a query weight
             from posprobe.families.windows import attention_layers
 
-            last = max(attention_layers(self), default=0)
+            last = self.stored_layer(max(attention_layers(self), default=0))
         if last == 0 or self.key(query, 0) is None or self.key(query, last) is not None:
             return
         held = next(n for n in range(1, last + 1) if self.key(query, n) is None)  # first missing layer
@@ -232,7 +234,12 @@ class ModelContext(EmbeddingReader):
         return self.shape.layers
 
     def stored_layer(self, layer: int) -> int:
-        """The stored layer whose weights depth `layer` uses (0 at every depth of ALBERT)."""
+        """The stored layer whose weights depth `layer` uses (0 at every depth of ALBERT; the first depth that runs
+        the same shared block in Zamba: `families.shared_blocks`)."""
+        if "shared_blocks" in self.family.tensors:
+            from posprobe.families.shared_blocks import stored_block_layer
+
+            return stored_block_layer(self, layer)
         return 0 if self.family.shared_layers else layer
 
     @property
@@ -248,12 +255,11 @@ class ModelContext(EmbeddingReader):
 
     # -- tensors ------------------------------------------------------------------------------------
     def key(self, pattern: str, layer: int | None = None, stack: str = "encoder") -> str | None:
-        """The stored name ending in `pattern` (with `{l}` / `{stack}` filled in; of a group of alternatives
-        'a.(b|c).d' the first the checkpoint holds), or None."""
-        filled = pattern.format(l=layer, stack=stack)
-        group = _ALTERNATIVES.search(filled)
-        options = [filled] if group is None else [filled[: group.start()] + a + filled[group.end() :]
-                                                  for a in group.group(1).split("|")]  # fmt: skip
+        """The stored name ending in `pattern` (with `{l}` / `{stack}` filled in; of groups of alternatives
+        'a.(b|c).(d|e)' the first combination the checkpoint holds), or None."""
+        pieces = _ALTERNATIVES.split(pattern.format(l=layer, stack=stack))  # text, group, text, ...
+        choices = [piece.split("|") if index % 2 else [piece] for index, piece in enumerate(pieces)]
+        options = ("".join(parts) for parts in itertools.product(*choices))
         return next((k for k in map(self.reader.find_suffix, options) if k is not None), None)
 
     def tensor(self, pattern: str, layer: int | None = None, stack: str = "encoder") -> np.ndarray:
@@ -307,6 +313,11 @@ class ModelContext(EmbeddingReader):
             if layout in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY):
                 wk = self.tensor(f.key + ".weight", stored, stack)
                 bk = self.optional(f.key + ".bias", stored, stack)
+                if "query_adapter" in f.tensors:  # Zamba2's per-depth low-rank adapters: W + B A
+                    from posprobe.families.shared_blocks import adapter_weight
+
+                    w = w + adapter_weight(self, "query", layer, w.shape)
+                    wk = wk + adapter_weight(self, "key", layer, wk.shape)
                 if layout == T.GROUPED_CONV:
                     w, wk = grouped_conv_dense(w, self.attention_width), grouped_conv_dense(wk, self.attention_width)
                 q, k = head_split(w, b, s.heads, s.head_dim), head_split(wk, bk, s.kv_heads, s.head_dim)
@@ -393,6 +404,16 @@ class ModelContext(EmbeddingReader):
         data-conditioned `inputs` the hidden state entering the layer, `positions` ignored (the model already
         added its table before layer 0)."""
         x = self.embedding_rows(positions) if inputs is None else inputs.at(layer)
+        if "concatenated_input" in self.family.tensors:  # Zamba: the block reads [hidden; embeddings]
+            from posprobe.families.shared_blocks import concatenated
+
+            if inputs is not None:
+                raise PosprobeError(
+                    f"'{self.source.name}' ({self.source.model_type}) attends over [hidden state; embeddings] of each "
+                    "token, and data-conditioned inputs give the hidden state alone",
+                    "use the content-free scores (`posprobe fhat` / `profiles` without --text)",
+                )
+            x = concatenated(x, x)
         return self.layer_input(x, layer, stack)
 
     def word_input(self, layer: int, stack: str = "encoder", inputs: LayerInputs | None = None) -> np.ndarray:
@@ -483,6 +504,8 @@ class ModelContext(EmbeddingReader):
             return 1.0
         if how == "head_dim":
             return self.shape.head_dim**-0.5
+        if how == "half_head_dim":  # Zamba: (d_h / 2) ** -0.5
+            return (self.shape.head_dim / 2) ** -0.5
         if how == "disentangled":
             return 1.0 / disentangled_scale(self.config, self.shape.head_dim, self.family)
         if how == "latent":

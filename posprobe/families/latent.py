@@ -24,7 +24,11 @@ import numpy as np
 
 from posprobe.families.embeddings import apply_norm
 
-_ATTENTION = "layers.{l}.self_attn."
+
+def _attention(ctx) -> str:
+    """The attention module's prefix, 'layers.{l}.self_attn.' (or the alternatives the family names): its `key`
+    less the projection's own name."""
+    return ctx.family.key.rsplit(".", 1)[0] + "."
 
 
 def latent_sizes(config: dict) -> tuple[int, int, int]:
@@ -33,23 +37,23 @@ def latent_sizes(config: dict) -> tuple[int, int, int]:
 
 
 def _linear(ctx, name: str, layer: int, x: np.ndarray) -> np.ndarray:
-    w, b = ctx.linear(_ATTENTION + name, layer)
+    w, b = ctx.linear(_attention(ctx) + name, layer)
     return x @ w.T + b
 
 
 def _rms(ctx, name: str, layer: int, x: np.ndarray) -> np.ndarray:
     """The MLA block's own RMSNorms (q_a_layernorm, kv_a_layernorm; epsilon 1e-6 as their modules fix it)."""
-    return apply_norm(x, "rmsnorm", ctx.tensor(_ATTENTION + name + ".weight", layer), None, 1e-6)
+    return apply_norm(x, "rmsnorm", ctx.tensor(_attention(ctx) + name + ".weight", layer), None, 1e-6)
 
 
 def latent_query_key(ctx, x: np.ndarray, layer: int) -> tuple[np.ndarray, np.ndarray]:
     """Queries and keys of layer-input rows x (m, d) as (H, m, r + p) each, rotary part first (see the module)."""
     r, p, rank = latent_sizes(ctx.config)
     heads = ctx.shape.heads
-    if ctx.key(_ATTENTION + "q_a_proj.weight", layer) is not None:  # query LoRA (DeepSeek V2 / V3 releases)
+    if ctx.key(_attention(ctx) + "q_a_proj.weight", layer) is not None:  # query LoRA (DeepSeek V2 / V3 releases)
         latent_q = _linear(ctx, "q_a_proj", layer, x)
         normed = _rms(ctx, "q_a_layernorm", layer, latent_q)
-        w, b = ctx.linear(_ATTENTION + "(q_b_proj|q_gate_proj)", layer)
+        w, b = ctx.linear(_attention(ctx) + "(q_b_proj|q_gate_proj)", layer)
         if w.shape[1] == 2 * normed.shape[-1]:  # AXK2: [normed latent; latent] -> each head's [q_h; output gate_h]
             both = np.concatenate([normed, latent_q], -1) @ w.T + b
             q = both.reshape(x.shape[0], heads, -1)[..., : p + r].reshape(x.shape[0], -1)  # the gate rows dropped

@@ -81,7 +81,7 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
     kinds = _attention_kinds(ctx, n, stack)
     nope = nope_layers(ctx, len(kinds))
     kinds = [replace(kind, nope=True) if layer in nope else kind for layer, kind in enumerate(kinds)]
-    if ctx.qkv == T.LATENT:  # multi-head latent attention: say the split (families.latent)
+    if ctx.qkv == T.LATENT and ctx.kind != T.NOPE:  # multi-head latent attention: say the split (families.latent)
         kinds = [replace(kind, note=", ".join(x for x in (kind.note, LATENT_WORDS) if x)) for kind in kinds]
     if not ctx.family.hybrid:
         return kinds
@@ -135,7 +135,7 @@ def _attention_kinds(ctx, n: int, stack: str) -> list[LayerKind]:
         reach = None if window is None else window if rule == "layer_types_inclusive" else window - 1
 
         def local(t):  # |j - i| < w (causal: keys i - w < j <= i); inclusive (ModernBERT): |j - i| <= w
-            return window is not None and (rule == "sliding_window" or t == "sliding_attention")
+            return window is not None and (rule == "sliding_window" or t in ("sliding_attention", "hybrid_sliding"))
 
         chunk = getattr(cfg, "attention_chunk_size", None)
 
@@ -182,7 +182,7 @@ def _ropes(ctx, types: list[str | None]) -> dict:
     if not takes_layer_type(ctx) or None in types:
         return {}
     params = ctx.transformers_config.rope_parameters
-    words = {t: _rope_words(params[t]) for t in set(types)}
+    words = {t: _rope_words(params[t]) for t in set(types) if t in params}  # a hybrid's other layers have none
     return words if len(set(words.values())) > 1 else {}
 
 
