@@ -80,6 +80,9 @@ _MLA = dict(
     n_group=1,
     topk_group=1,
 )
+# weights drawn at unit scale in place of their initial 0.02, where a small one would hide a mechanism (Gemma 3n's
+# AltUp mixing is within 1e-4 of the identity at 0.02)
+_ALTUP = ("altup.modality_router", "altup.prediction_coefs")
 _GEMMA3_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
     "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
@@ -87,7 +90,8 @@ _GEMMA3_ROPE = {
 
 # case -> (model_type, config[, options]): options `own` (the config is complete; else SMALL + it), `compare` ('exact'
 # pre-softmax scores, or 'row': equal up to a constant per query row on the pairs the model attends), `attention`
-# (the implementation whose scores are the reference: 'eager', or 'sdpa' where eager differs from the default)
+# (the implementation whose scores are the reference: 'eager', or 'sdpa' where eager differs from the default),
+# `boost` (names of weights drawn at unit scale)
 CASES = {
     # rotary
     "llama": ("llama", dict(num_key_value_heads=2, max_position_embeddings=64, attention_bias=True,
@@ -408,6 +412,13 @@ CASES = {
     "ctrl": ("ctrl", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, dff=37, n_positions=64), dict(own=True)),
     "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
+    # issue 34 (gemma4)
+    "gemma3n_text": ("gemma3n_text", dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=8,
+                                          max_position_embeddings=64, pad_token_id=0, sliding_window=5,
+                                          layer_types=["sliding_attention", "full_attention"] * 2,
+                                          rope_parameters=_GEMMA3_ROPE, num_kv_shared_layers=2, altup_num_inputs=3,
+                                          altup_active_idx=1, laurel_rank=4, hidden_size_per_layer_input=8,
+                                          vocab_size_per_layer_input=99), dict(boost=_ALTUP)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -437,6 +448,7 @@ ISSUE_34_CASES = frozenset({
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
 })  # fmt: skip
+ISSUE_34_CASES |= {"gemma3n_text"}  # issue 34 (gemma4)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
@@ -447,13 +459,15 @@ class Case:
     config: dict
     compare: str = "exact"
     attention: str = "eager"
+    boost: tuple[str, ...] = ()
 
 
 def case(name: str) -> Case:
     model_type, config, *rest = CASES[name]
     options = rest[0] if rest else {}
     config = dict(config) if options.get("own") else {**SMALL, **config}
-    return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"))
+    return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"),
+                options.get("boost", ()))  # fmt: skip
 
 
 def build(name: str, dtype=None):
@@ -471,6 +485,8 @@ def build(name: str, dtype=None):
         for pname, p in model.named_parameters():
             if "norm" in pname.lower() or pname.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
+            if any(name in pname for name in c.boost):
+                p.copy_(torch.randn_like(p))
     return model
 
 

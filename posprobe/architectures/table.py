@@ -645,6 +645,23 @@ FAMILIES: tuple[Family, ...] = (
         **{**_LLAMA, "norm": RMSNORM_PLUS1},
     ),
     Family(
+        "gemma3n_text",
+        ("gemma3n_text",),
+        rotary_class=_rotary("gemma3n", "Gemma3n"),  # one rotary setting per layer type (local / global)
+        embed_scale="sqrt_hidden",
+        scaling="none",  # q.k is not scaled (its q/k norms set the size)
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        tensors={
+            "altup": "layers.{l}.altup",
+            "altup_projections": "altup_projections.{i}",
+            "kv_sharing": "kv_sharing_modes",
+        },
+        description="rotary embeddings (RoPE), a setting per layer type; attention reads AltUp's prediction of the "
+        "active stream; the last num_kv_shared_layers layers attend to an earlier layer's keys",
+        **_LLAMA,  # Gemma 3n's norms multiply by w (not 1 + w)
+    ),
+    Family(
         "phi",
         ("phi",),
         rotary_class=_rotary("phi", "Phi"),
@@ -1749,7 +1766,7 @@ def rotary_layout(family: Family, config: dict) -> str:
 
 
 # rotary modules with one setting per layer type
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert")
+_PER_TYPE_ROPE = ("gemma3_text", "gemma3n_text", "modernbert", "olmo3", "mellum", "ultrabert")
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 

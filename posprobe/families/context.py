@@ -35,7 +35,9 @@ from posprobe.architectures.config import (
 )
 from posprobe.architectures.table import config_default
 from posprobe.errors import PosprobeError
+from posprobe.families.altup import altup_input
 from posprobe.families.embeddings import EmbeddingReader, PositionTable, apply_norm
+from posprobe.families.kv_sharing import key_source
 from posprobe.families.layouts import grouped_conv_dense, head_split, split_fused
 
 # The module that computes each position kind's content-free scores (see `posprobe.families` for its interface).
@@ -300,8 +302,9 @@ class ModelContext(EmbeddingReader):
                 w = w.reshape(s.heads, 2, s.head_dim, -1)[:, 0].reshape(s.heads * s.head_dim, -1)
                 b = None if b is None else b.reshape(s.heads, 2, s.head_dim)[:, 0].reshape(-1)
             if self.qkv in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY):
-                wk = self.tensor(f.key + ".weight", stored, stack)
-                bk = self.optional(f.key + ".bias", stored, stack)
+                keys = key_source(self, stored)  # a layer that reuses keys (Gemma 3n): its source layer's projection
+                wk = self.tensor(f.key + ".weight", keys, stack)
+                bk = self.optional(f.key + ".bias", keys, stack)
                 if self.qkv == T.GROUPED_CONV:
                     w, wk = grouped_conv_dense(w, self.attention_width), grouped_conv_dense(wk, self.attention_width)
                 q, k = head_split(w, b, s.heads, s.head_dim), head_split(wk, bk, s.kv_heads, s.head_dim)
@@ -347,6 +350,8 @@ class ModelContext(EmbeddingReader):
         """Embedding-level rows x (..., d) as layer `layer`'s attention projections see them: after the layer's
         pre-attention norm where it has one (SPEC §9: layer l's weights act on the embedding-level input)."""
         f = self.family
+        if "altup" in f.tensors:  # Gemma 3n: the layer's AltUp prediction of its active stream (families.altup)
+            x = altup_input(self, x, self.stored_layer(layer), stack)
         if f.pre_norm and layer >= f.pre_norm_from and self.switched_on("pre_norm"):
             x = self.norm(x, f.pre_norm, self.stored_layer(layer), stack)
         if "attention_in_multiplier" in f.tensors:  # Falcon-H1's muP factor on the attention branch's input
@@ -373,6 +378,12 @@ class ModelContext(EmbeddingReader):
         input of the average word (plus `positions` (n, e) table rows where given: SPEC §3, §9); with
         data-conditioned `inputs` the hidden state entering the layer, `positions` ignored (the model already
         added its table before layer 0)."""
+        if inputs is not None and "altup" in self.family.tensors:
+            raise PosprobeError(
+                f"'{self.source.name}' ({self.source.model_type}) feeds each layer a stack of AltUp streams, not "
+                "one hidden state: its scores cannot be conditioned on text",
+                "drop --text (texts=) for its content-free scores (SPEC §9)",
+            )
         x = self.embedding_rows(positions) if inputs is None else inputs.at(layer)
         return self.layer_input(x, layer, stack)
 
@@ -388,7 +399,23 @@ class ModelContext(EmbeddingReader):
     ) -> tuple[np.ndarray, np.ndarray]:
         """Query (H, d_h) and key (H_kv, d_h) of the input at `layer` (`word_input`), biases, clamps and q/k norms
         applied (unless the family norms the rotated q and k: `qk_norm_after_rotary`), before any positional
-        mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input."""
+        mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input. A layer that reuses an earlier
+        layer's keys (`kv_sharing.key_source`) gets that layer's keys of that layer's own input."""
+        q, k = self._query_key(layer, stack, inputs)
+        source = key_source(self, layer)
+        if source != layer:
+            if inputs is not None and source not in inputs.rows:
+                raise PosprobeError(
+                    f"layer {layer} of '{self.source.name}' attends to the keys layer {source} computes: its scores "
+                    f"need layer {source}'s input too",
+                    f"condition layer {source} as well",
+                )
+            k = self._query_key(source, stack, inputs)[1]
+        return q, k
+
+    def _query_key(
+        self, layer: int, stack: str = "encoder", inputs: LayerInputs | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         x = self.word_input(layer, stack, inputs)
         if self.qkv == T.LATENT:  # MLA: rotary part first, then the position-free part (families.latent)
             from posprobe.families.latent import latent_query_key
@@ -424,7 +451,8 @@ class ModelContext(EmbeddingReader):
         first = f.qk_norm[0].replace("{h}", "0")
         if not (self.key(first + ".weight", stored, stack) or self.key(first + ".gamma", stored, stack)):
             return q, k
-        return self._qk_normed(q, f.qk_norm[0], stored, stack), self._qk_normed(k, f.qk_norm[1], stored, stack)
+        keys = key_source(self, stored)  # a layer that reuses keys (Gemma 3n) has its source layer's key norm
+        return self._qk_normed(q, f.qk_norm[0], stored, stack), self._qk_normed(k, f.qk_norm[1], keys, stack)
 
     def _qk_normed(self, x: np.ndarray, prefix: str, layer: int, stack: str) -> np.ndarray:
         heads = x.shape[0]
