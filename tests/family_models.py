@@ -83,6 +83,14 @@ _MLA = dict(
 # weights drawn at unit scale in place of their initial 0.02, where a small one would hide a mechanism (Gemma 3n's
 # AltUp mixing is within 1e-4 of the identity at 0.02)
 _ALTUP = ("altup.modality_router", "altup.prediction_coefs")
+# Gemma 4: global layers with heads of 16 dims (8 elsewhere), one key head, a proportional rope over half of them;
+# the last two layers reuse the keys of the first two
+_GEMMA4 = dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=8, global_head_dim=16, num_global_key_value_heads=1,
+               attention_k_eq_v=True, num_kv_shared_layers=2, max_position_embeddings=64, pad_token_id=0,
+               sliding_window=5, layer_types=["sliding_attention", "full_attention"] * 2,
+               rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
+                                                   "rope_theta": 10000.0}})  # fmt: skip
 _GEMMA3_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
     "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
@@ -419,6 +427,8 @@ CASES = {
                                           rope_parameters=_GEMMA3_ROPE, num_kv_shared_layers=2, altup_num_inputs=3,
                                           altup_active_idx=1, laurel_rank=4, hidden_size_per_layer_input=8,
                                           vocab_size_per_layer_input=99), dict(boost=_ALTUP)),
+    "gemma4_text": ("gemma4_text", dict(_GEMMA4, hidden_size_per_layer_input=8, vocab_size_per_layer_input=99)),
+    "gemma4_unified_text": ("gemma4_unified_text", dict(_GEMMA4, attention_k_eq_v=False, num_kv_shared_layers=1)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -448,7 +458,7 @@ ISSUE_34_CASES = frozenset({
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
 })  # fmt: skip
-ISSUE_34_CASES |= {"gemma3n_text"}  # issue 34 (gemma4)
+ISSUE_34_CASES |= {"gemma3n_text", "gemma4_text", "gemma4_unified_text"}  # issue 34 (gemma4)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 

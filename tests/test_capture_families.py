@@ -84,7 +84,8 @@ def _params(names, quick=QUICK):
 
 # transformers' float64 Gemma 2 / 3 give NaN on real tokens when a sliding window meets padding (a padded query
 # row with every key masked, then 0 x NaN in later layers): these run in float32, as real checkpoints do
-IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional", "gemma3n_text"}
+IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional", "gemma3n_text", "gemma4_text",
+                            "gemma4_unified_text"}  # fmt: skip
 
 
 def tolerance(name: str) -> float:

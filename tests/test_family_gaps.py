@@ -61,8 +61,6 @@ NOT_YET = {
     "dory": "nGPT-style unit-norm q/k rescaled per channel after RoPE: new score code",
     "doge": "dynamic mask attention: a value-dependent learned bias added to every score",
     "jetmoe": "mixture of attention heads: each token's query projection is routed among experts",
-    "gemma4_text": "key/value sharing across layers (kv_sharing_modes) and per-layer inputs: new reading code",
-    "gemma4_unified_text": "key/value sharing across layers and per-layer inputs, as Gemma 4: new reading code",
     "granite_swa": "a rope theta per layer (layer_rope_theta; a rotary module per theta): new reading code",
     "granitemoe_swa": "a rope theta per layer (layer_rope_theta; a rotary module per theta): new reading code",
     "laguna": "a head count per layer (num_attention_heads_per_layer): posprobe's shapes take one",

@@ -210,6 +210,16 @@ class RowMask:
     def shape(self) -> tuple[int, int, int, int]:
         return (self.batch_size, 1, self.q_length, self.kv_length)
 
+    def __getitem__(self, index):
+        """The mask itself for an index that keeps every entry (Gemma 4 slices its masks so before its layers that
+        reuse keys: [:, :, -0:, :]); any other index is refused (TypeError, as for a tensor-only operation)."""
+        whole = isinstance(index, tuple) and len(index) == 4 and all(
+            isinstance(s, slice) and s.start in (None, 0) and s.stop is None and s.step in (None, 1) for s in index
+        )  # fmt: skip
+        if not whole:
+            raise TypeError(f"a mask made one block of rows at a time cannot be indexed with {index!r}")
+        return self
+
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """(B, 1, stop - start, kv) bool: True where query row i (start <= i < stop) may see key j."""
         import torch

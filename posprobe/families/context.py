@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -293,8 +293,8 @@ class ModelContext(EmbeddingReader):
         """Per-head Q/K weights of depth `layer` of `stack`, whatever the family's layout (`Family.qkv`, or the
         one a config switch picks: `table.qkv_layout`), acting on the layer input as `layer_input` gives it
         (a MobileBERT bottleneck, affine, is folded in)."""
-        s, f = self.shape, self.family
-        stored = self.stored_layer(layer)
+        f, stored = self.family, self.stored_layer(layer)
+        s = self.layer_shape(stored)
         w = self.tensor(f.query + ".weight", stored, stack)
         b = self.optional(f.query + ".bias", stored, stack)
         try:
@@ -325,6 +325,16 @@ class ModelContext(EmbeddingReader):
         weights = HeadWeights(q[0], q[1], k[0], k[1], stored)
         prefix = self.bottleneck_prefix
         return weights if prefix is None else _fold(weights, *self.bottleneck(prefix, stored, stack))
+
+    def layer_shape(self, layer: int) -> Shape:
+        """The sizes of stored layer `layer`: the config's, with the layer's own head size and key-head count where
+        the config sets them per layer (`tensors['per_layer_heads']`: transformers' per_layer_config, Gemma 4's
+        global layers)."""
+        name = self.family.tensors.get("per_layer_heads")
+        if not name:
+            return self.shape
+        own = getattr(self.transformers_config, name)[layer]
+        return replace(self.shape, head_dim=int(own.head_dim), kv_heads=int(own.num_key_value_heads))
 
     @property
     def attention_width(self) -> int:

@@ -83,7 +83,14 @@ def rotary(
     windows = [ctx.layer_kinds(n)[layer].window for layer in layers]  # the largest |j - i| a layer attends
     angles = {t: rotary_angles(ctx, n, t) for t in dict.fromkeys(types)}
     cos, sin = angles[types[0]]
-    s = ctx.shape
+    shapes = {ctx.layer_shape(ctx.stored_layer(layer)) for layer in layers}  # Gemma 4: a head size per layer type
+    if len({shape.head_dim for shape in shapes}) > 1:
+        raise PosprobeError(
+            f"the layers asked for of '{name}' have heads of {sorted({x.head_dim for x in shapes})} dims: rotary "
+            "bands take layers of one head size",
+            "pass --layers of one layer type (layers=)",
+        )
+    s = shapes.pop()
     rotated = cos.shape[-1]
     if rotated > s.head_dim or rotated % 2 or rotated < 2:
         raise PosprobeError(
