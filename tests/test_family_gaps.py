@@ -229,3 +229,23 @@ def test_pre_norm_flaubert_is_refused_in_one_line(tmp_path):
     with pytest.raises(PosprobeError) as err:
         posprobe.fhat(str(tmp_path), layer=1, positions=10)
     assert "pre_norm" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_gemma4_bidirectional_configs_and_gemma3n_texts_are_refused_in_one_line(tmp_path):
+    """Gemma 4 text models read causal (use_bidirectional_attention None or 'vision'); 'all' makes every layer
+    bidirectional, with a window of its own: refused, saying why. Gemma 3n's hidden states are stacks of AltUp
+    streams, not one vector per token: scores conditioned on texts are refused, saying why."""
+    from family_models import build
+
+    build("gemma4_text").save_pretrained(tmp_path / "g4")
+    assert np.std(posprobe.fhat(str(tmp_path / "g4"), layer=1, positions=10).matrices) > 0
+    config = json.loads((tmp_path / "g4" / "config.json").read_text())
+    (tmp_path / "g4" / "config.json").write_text(json.dumps({**config, "use_bidirectional_attention": "all"}))
+    with pytest.raises(PosprobeError) as err:
+        posprobe.fhat(str(tmp_path / "g4"), layer=1, positions=10)
+    assert "use_bidirectional_attention 'all'" in str(err.value) and "\n" not in str(err.value)
+    model = build("gemma3n_text")
+    with pytest.raises(PosprobeError) as err:
+        posprobe.fhat(model, layer=1, positions=4, input_ids=[list(range(4, 12))] * 4)
+    assert "not (batch, tokens, width)" in str(err.value) and "\n" not in str(err.value)
