@@ -120,7 +120,7 @@ def condition_reader(
             "drop --text (texts=) for its content-free scores (SPEC §9)",
         )
     # a layer that reuses an earlier layer's keys (Gemma 4) needs that layer's input too (families.kv_sharing)
-    needed = sorted(set(layers) | {key_source(ctx, layer) for layer in layers})
+    needed = list(dict.fromkeys([*layers, *(key_source(ctx, layer) for layer in layers)]))
     means, summary, max_length = hidden_means(model, needed, settings, allow_pickle)
     n = positions
     if settings.per_position:
