@@ -249,3 +249,17 @@ def test_gemma4_bidirectional_configs_and_gemma3n_texts_are_refused_in_one_line(
     with pytest.raises(PosprobeError) as err:
         posprobe.fhat(model, layer=1, positions=4, input_ids=[list(range(4, 12))] * 4)
     assert "not (batch, tokens, width)" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_gemma4_rotary_bands_take_layers_of_one_head_size(tmp_path):
+    """Gemma 4's global layers have heads of their own size (16 dims in the test model, 8 elsewhere): rotary bands
+    of global or of local layers read each layer's own heads; layers of both kinds at once are refused."""
+    from family_models import build
+
+    build("gemma4_text").save_pretrained(tmp_path)
+    assert posprobe.rotary(str(tmp_path), layers=[1, 3]).head_dim == 16
+    assert posprobe.rotary(str(tmp_path), layers=[0, 2]).head_dim == 8
+    with pytest.raises(PosprobeError) as err:
+        posprobe.rotary(str(tmp_path))
+    assert "one head size" in str(err.value) and "\n" not in str(err.value)

@@ -176,6 +176,8 @@ def budget_of(ctx, variants: list) -> dict | None:
             freqs[variant.name] = R.inv_freq_of(module, key)[0].double().numpy()
     except (KeyError, TypeError, AttributeError, ValueError):  # a rotary module that takes no rope parameters
         return None
+    if any((np.asarray(freq) == 0).any() for freq in freqs.values()):  # Gemma 4's proportional rope: pairs that
+        return None  # never rotate, where the budget's formula has every pair rotate
     trained = R.trained_length(config)
     if trained is None:
         return None
