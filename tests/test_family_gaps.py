@@ -263,3 +263,23 @@ def test_gemma4_rotary_bands_take_layers_of_one_head_size(tmp_path):
     with pytest.raises(PosprobeError) as err:
         posprobe.rotary(str(tmp_path))
     assert "one head size" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_gemma4_global_head_size_reads_from_either_config_spelling(tmp_path):
+    """Gemma 4 configs give the global layers' heads as global_head_dim / num_global_key_value_heads (as released)
+    or as transformers' per_layer_config (as `save_pretrained` writes them): both read to the same scores."""
+    from family_models import build
+
+    build("gemma4_text").save_pretrained(tmp_path / "saved")
+    build("gemma4_text").save_pretrained(tmp_path / "released")
+    config = json.loads((tmp_path / "released" / "config.json").read_text())
+    global_heads = {"head_dim": 16, "num_key_value_heads": 1}
+    assert config.pop("per_layer_config") == {"1": global_heads, "3": global_heads}
+    config.update(global_head_dim=16, num_global_key_value_heads=1)
+    (tmp_path / "released" / "config.json").write_text(json.dumps(config))
+    for layer in (1, 3):
+        saved = posprobe.fhat(str(tmp_path / "saved"), layer=layer, positions=10).matrices
+        np.testing.assert_array_equal(posprobe.fhat(str(tmp_path / "released"), layer=layer, positions=10).matrices,
+                                      saved)  # fmt: skip
+        assert np.std(saved) > 0
