@@ -418,7 +418,7 @@ class ModelContext(EmbeddingReader):
                 raise PosprobeError(
                     f"layer {layer} of '{self.source.name}' attends to the keys layer {source} computes: its scores "
                     f"need layer {source}'s input too",
-                    f"condition layer {source} as well",
+                    f"give the hidden states entering layer {source} as well",
                 )
             k = self._query_key(source, stack, inputs)[1]
         return q, k
@@ -443,11 +443,18 @@ class ModelContext(EmbeddingReader):
             return q, k
         return self.qk_norm(q, k, layer, stack)
 
-    def query_key_of(self, hidden: np.ndarray, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:
+    def query_key_of(
+        self, hidden: np.ndarray, layer: int, stack: str = "encoder", key_hidden: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Queries (H, T, d_h) and keys (H_kv, T, d_h) of hidden states `hidden` (T, d) entering layer `layer`
         (transformers' `hidden_states[layer]`: real tokens of real text), before any positional mechanism:
-        `query_key`'s own path (the layer's norm, projections, biases, q/k norms) with those rows as the input."""
-        inputs = LayerInputs({layer: np.atleast_2d(np.asarray(hidden, dtype=np.float64))})
+        `query_key`'s own path (the layer's norm, projections, biases, q/k norms) with those rows as the input.
+        `key_hidden`: the hidden states (T, d) entering the layer whose keys `layer` reuses (Gemma 4), where
+        `kv_sharing.key_source` names another."""
+        rows = {layer: np.atleast_2d(np.asarray(hidden, dtype=np.float64))}
+        if key_hidden is not None:
+            rows[key_source(self, layer)] = np.atleast_2d(np.asarray(key_hidden, dtype=np.float64))
+        inputs = LayerInputs(rows)
         q, k = self.query_key(layer, stack, inputs)
         return (q, k) if q.ndim == 3 else (q[:, None], k[:, None])
 

@@ -74,6 +74,7 @@ def rotary(
         layers = list(range(n_layers))
     else:
         layers = list(dict.fromkeys(_layer_index(x, n_layers, name, "layers") for x in layers))
+    from posprobe.families.kv_sharing import key_source
     from posprobe.families.rotary import pairing, rotary_angles
     from posprobe.families.windows import takes_layer_type
 
@@ -84,10 +85,11 @@ def rotary(
     angles = {t: rotary_angles(ctx, n, t) for t in dict.fromkeys(types)}
     cos, sin = angles[types[0]]
     shapes = {ctx.layer_shape(ctx.stored_layer(layer)) for layer in layers}  # Gemma 4: a head size per layer type
-    if len({shape.head_dim for shape in shapes}) > 1:
+    if len(shapes) > 1:
+        sizes = sorted({(x.head_dim, x.kv_heads) for x in shapes})
         raise PosprobeError(
-            f"the layers asked for of '{name}' have heads of {sorted({x.head_dim for x in shapes})} dims: rotary "
-            "bands take layers of one head size",
+            f"the layers asked for of '{name}' have heads of several shapes (head size, key heads) {sizes}: rotary "
+            "bands take layers of one head shape",
             "pass --layers of one layer type (layers=)",
         )
     s = shapes.pop()
@@ -115,7 +117,8 @@ def rotary(
             parts.append((band_norms(q, pairs), band_norms(k, pairs), unrotated(q, pairs), unrotated(k, pairs)))
         q_norm, k_norm, q_rest, k_rest = (np.stack(part) for part in zip(*parts))
     else:
-        make = lambda length, device: [BandNormAccumulator(layers, ctx.query_key_of, pairs)]  # noqa: E731
+        sources = {layer: key_source(ctx, layer) for layer in layers}  # Gemma 4: layers reusing earlier keys
+        make = lambda length, device: [BandNormAccumulator(layers, ctx.query_key_of, pairs, sources)]  # noqa: E731
         (accumulator,), summary, length = run_on_texts(capture_target(model, source), make, settings, allow_pickle)
         q_norm, k_norm, q_rest, k_rest, tokens = accumulator.result()
         texts_record = {"text": None, "n_texts": summary.n_texts, "n_tokens": tokens, "max_length": length,
