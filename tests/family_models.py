@@ -80,6 +80,17 @@ _MLA = dict(
     n_group=1,
     topk_group=1,
 )
+# weights drawn at unit scale in place of their initial 0.02, where a small one would hide a mechanism (Gemma 3n's
+# AltUp mixing is within 1e-4 of the identity at 0.02)
+_ALTUP = ("altup.modality_router", "altup.prediction_coefs")
+# Gemma 4: global layers with heads of 16 dims (8 elsewhere), one key head, a proportional rope over half of them;
+# the last two layers reuse the keys of the first two
+_GEMMA4 = dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=8, global_head_dim=16, num_global_key_value_heads=1,
+               attention_k_eq_v=True, num_kv_shared_layers=2, max_position_embeddings=64, pad_token_id=0,
+               sliding_window=5, layer_types=["sliding_attention", "full_attention"] * 2,
+               rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
+                                                   "rope_theta": 10000.0}})  # fmt: skip
 _GEMMA3_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
     "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
@@ -89,6 +100,7 @@ _GEMMA3_ROPE = {
 # pre-softmax scores, or 'row': equal up to a constant per query row on the pairs the model attends), `attention`
 # (the implementation whose scores are the reference: 'eager', or 'sdpa' where eager differs from the default),
 # `word_id` (the token that carries the average word: 0 unless the model reads token 0 as padding, CPM-Ant)
+# `boost` (names of weights drawn at unit scale)
 CASES = {
     # rotary
     "llama": ("llama", dict(num_key_value_heads=2, max_position_embeddings=64, attention_bias=True,
@@ -489,6 +501,15 @@ CASES = {
                                           swa_head_dim=8, sliding_window_size=5, d_rel=3, rel_extent=12,
                                           log_scaling_n_floor=2, layer_types=["hybrid_sliding", "hybrid"],
                                           mlp_layer_types=["dense", "dense"], conv_kernel_size=3)),
+    # issue 34 (gemma4)
+    "gemma3n_text": ("gemma3n_text", dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=8,
+                                          max_position_embeddings=64, pad_token_id=0, sliding_window=5,
+                                          layer_types=["sliding_attention", "full_attention"] * 2,
+                                          rope_parameters=_GEMMA3_ROPE, num_kv_shared_layers=2, altup_num_inputs=3,
+                                          altup_active_idx=1, laurel_rank=4, hidden_size_per_layer_input=8,
+                                          vocab_size_per_layer_input=99), dict(boost=_ALTUP)),
+    "gemma4_text": ("gemma4_text", dict(_GEMMA4, hidden_size_per_layer_input=8, vocab_size_per_layer_input=99)),
+    "gemma4_unified_text": ("gemma4_unified_text", dict(_GEMMA4, attention_k_eq_v=False, num_kv_shared_layers=1)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -525,6 +546,7 @@ ISSUE_34_CASES |= {"deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4"}  # issue 34 (
 ISSUE_34_CASES |= {"zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hybrid", "lara_mini", "lfm3",
                    "inkling_text"}  # fmt: skip
 _EAGER_EXPERTS += ("lara_mini",)  # issue 34 (hybrid2)
+ISSUE_34_CASES |= {"gemma3n_text", "gemma4_text", "gemma4_unified_text"}  # issue 34 (gemma4)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
@@ -536,6 +558,7 @@ class Case:
     compare: str = "exact"
     attention: str = "eager"
     word_id: int = 0
+    boost: tuple[str, ...] = ()
 
 
 def case(name: str) -> Case:
@@ -543,7 +566,7 @@ def case(name: str) -> Case:
     options = rest[0] if rest else {}
     config = dict(config) if options.get("own") else {**SMALL, **config}
     return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"),
-                options.get("word_id", 0))  # fmt: skip
+                options.get("word_id", 0), options.get("boost", ()))  # fmt: skip
 
 
 def build(name: str, dtype=None):
@@ -561,6 +584,8 @@ def build(name: str, dtype=None):
         for pname, p in model.named_parameters():
             if "norm" in pname.lower() or pname.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
+            if any(name in pname for name in c.boost):
+                p.copy_(torch.randn_like(p))
     return model
 
 

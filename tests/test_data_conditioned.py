@@ -399,3 +399,39 @@ def test_layer_inputs_are_an_argument_not_state_of_the_reader():
     q, k = ctx.query_key_of(np.stack([x, x]), 1)  # hidden states of real tokens: also no state written
     np.testing.assert_allclose(q[:, 0], ctx.query_key(1, inputs=inputs)[0], rtol=1e-12)
     np.testing.assert_array_equal(content_free_scores(ctx, 1, N), before)
+
+
+@pytest.mark.slow
+def test_a_layer_reusing_keys_is_conditioned_on_its_source_layers_input_too():
+    """Gemma 4 (issue 34): layer 3 attends to the keys layer 1 computes, so its 'mean' scores are the model's own
+    when layer 1 is fed the mean hidden state entering it and layer 3 the one entering layer 3; reading layer 3's
+    keys from its own input instead would differ."""
+    from transformers import AttentionInterface
+
+    model = build("gemma4_text", torch.float32)  # float64 Gemma 4 gives NaN where a window meets padding
+    texts = token_texts()
+    result = posprobe.fhat(model, layer=3, positions=N, input_ids=texts, batch_size=7, input="mean")
+    means = {layer: reference_means(model, texts, layer, per_position=False) for layer in (1, 3)}
+    assert np.abs(means[1] - means[3]).max() > 1e-3  # the two inputs differ
+
+    def feed(rows):
+        def hook(module, args, kwargs):
+            return ((rows, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": rows})
+
+        return hook
+
+    rows = {layer: torch.from_numpy(np.broadcast_to(x, (N, x.shape[-1])).copy()).float()[None]
+            for layer, x in means.items()}  # fmt: skip
+    handles = [_layers(model)[layer].register_forward_pre_hook(feed(rows[layer]), with_kwargs=True) for layer in rows]
+    AttentionInterface.register(RECORD, _record)
+    try:
+        _RECORDED.clear()
+        model.set_attn_implementation(RECORD)
+        with torch.no_grad():
+            model(input_ids=torch.full((1, N), 5))
+        theirs = _RECORDED[3][0]
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.set_attn_implementation("eager")
+    assert_scores_equal(result.matrices, theirs, exact=True)

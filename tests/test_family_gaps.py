@@ -53,9 +53,6 @@ NOT_YET = {
     "dory": "nGPT-style unit-norm q/k rescaled per channel after RoPE: new score code",
     "doge": "dynamic mask attention: a value-dependent learned bias added to every score",
     "jetmoe": "mixture of attention heads: each token's query projection is routed among experts",
-    "gemma3n_text": "per-layer inputs, AltUp and Laurel blocks, key/value sharing across layers: new reading code",
-    "gemma4_text": "key/value sharing across layers (kv_sharing_modes) and per-layer inputs: new reading code",
-    "gemma4_unified_text": "key/value sharing across layers and per-layer inputs, as Gemma 4: new reading code",
     "granite_swa": "a rope theta per layer (layer_rope_theta; a rotary module per theta): new reading code",
     "granitemoe_swa": "a rope theta per layer (layer_rope_theta; a rotary module per theta): new reading code",
     "laguna": "a head count per layer (num_attention_heads_per_layer): posprobe's shapes take one",
@@ -394,3 +391,64 @@ def test_inkling_with_other_heads_in_its_sliding_layers_is_refused_in_one_line()
     with pytest.raises(PosprobeError) as err:
         content_free_scores(ctx, 0, 8)  # the sliding layer
     assert "swa_num_attention_heads" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_gemma4_bidirectional_configs_and_gemma3n_texts_are_refused_in_one_line(tmp_path):
+    """Gemma 4 text models read causal (use_bidirectional_attention None or 'vision'); 'all' makes every layer
+    bidirectional, with a window of its own: refused, saying why. Gemma 3n's hidden states are stacks of AltUp
+    streams, not one vector per token: scores conditioned on texts are refused, saying why."""
+    from family_models import build
+
+    build("gemma4_text").save_pretrained(tmp_path / "g4")
+    assert np.std(posprobe.fhat(str(tmp_path / "g4"), layer=1, positions=10).matrices) > 0
+    config = json.loads((tmp_path / "g4" / "config.json").read_text())
+    (tmp_path / "g4" / "config.json").write_text(json.dumps({**config, "use_bidirectional_attention": "all"}))
+    with pytest.raises(PosprobeError) as err:
+        posprobe.fhat(str(tmp_path / "g4"), layer=1, positions=10)
+    assert "use_bidirectional_attention 'all'" in str(err.value) and "\n" not in str(err.value)
+    model = build("gemma3n_text")
+    with pytest.raises(PosprobeError) as err:
+        posprobe.fhat(model, layer=1, positions=4, input_ids=[list(range(4, 12))] * 4)
+    assert "not (batch, tokens, width)" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_gemma4_rotary_bands_take_layers_of_one_head_size(tmp_path):
+    """Gemma 4's global layers have heads of their own size (16 dims in the test model, 8 elsewhere): rotary bands
+    of global or of local layers read each layer's own heads; layers of both kinds at once are refused. On text,
+    a layer that reuses an earlier layer's keys has that layer's key bands exactly, and queries of its own."""
+    import torch
+    from family_models import build
+
+    model = build("gemma4_text", torch.float32)  # float64 Gemma 4 gives NaN where a window meets padding
+    model.save_pretrained(tmp_path)
+    assert posprobe.rotary(str(tmp_path), layers=[1, 3]).head_dim == 16
+    assert posprobe.rotary(str(tmp_path), layers=[0, 2]).head_dim == 8
+    texts = [list(range(4, 10 + i)) for i in range(12)]
+    for layers in ([1, 3], [0, 2]):  # layer 3 reuses layer 1's keys, layer 2 layer 0's
+        bands = posprobe.rotary(model, layers=layers, input_ids=texts, batch_size=5)
+        np.testing.assert_array_equal(bands.k_band_norm[1], bands.k_band_norm[0])
+        assert np.abs(bands.q_band_norm[1] - bands.q_band_norm[0]).max() > 1e-3
+    with pytest.raises(PosprobeError) as err:
+        posprobe.rotary(str(tmp_path))
+    assert "one head shape" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_gemma4_global_head_size_reads_from_either_config_spelling(tmp_path):
+    """Gemma 4 configs give the global layers' heads as global_head_dim / num_global_key_value_heads (as released)
+    or as transformers' per_layer_config (as `save_pretrained` writes them): both read to the same scores."""
+    from family_models import build
+
+    build("gemma4_text").save_pretrained(tmp_path / "saved")
+    build("gemma4_text").save_pretrained(tmp_path / "released")
+    config = json.loads((tmp_path / "released" / "config.json").read_text())
+    global_heads = {"head_dim": 16, "num_key_value_heads": 1}
+    assert config.pop("per_layer_config") == {"1": global_heads, "3": global_heads}
+    config.update(global_head_dim=16, num_global_key_value_heads=1)
+    (tmp_path / "released" / "config.json").write_text(json.dumps(config))
+    for layer in (1, 3):
+        saved = posprobe.fhat(str(tmp_path / "saved"), layer=layer, positions=10).matrices
+        np.testing.assert_array_equal(posprobe.fhat(str(tmp_path / "released"), layer=layer, positions=10).matrices,
+                                      saved)  # fmt: skip
+        assert np.std(saved) > 0

@@ -79,14 +79,17 @@ class BandNormAccumulator:
     """Running sums over real tokens of the band norms of every chosen layer's queries and keys (a capture reducer).
 
     `project(hidden, layer)` maps hidden states (T, d) entering model layer `layer` to (q (H, T, d_h), k (H_kv, T,
-    d_h)) before rotation (the model reader's norm, projections, biases and q/k norms); `pairs` (F, 2) the bands."""
+    d_h)) before rotation (the model reader's norm, projections, biases and q/k norms); `pairs` (F, 2) the bands;
+    `key_layers` {layer: the layer whose keys it reuses} where that is another (Gemma 4): `project` then also
+    gets that layer's hidden states as `key_hidden`."""
 
     needs = ("hidden_states",)
     rank_sums = ("q", "k", "q_rest", "k_rest", "tokens")  # added over torchrun ranks (SPEC §19)
     rank_kept = ("pairs",)  # a setting, the same on every rank
 
-    def __init__(self, layers: Sequence[int], project: Callable, pairs: np.ndarray):
+    def __init__(self, layers: Sequence[int], project: Callable, pairs: np.ndarray, key_layers: dict | None = None):
         self.layers, self.project, self.pairs = tuple(int(x) for x in layers), project, np.asarray(pairs)
+        self.key_layers = {int(a): int(b) for a, b in (key_layers or {}).items() if int(a) != int(b)}
         self.q = self.k = self.q_rest = self.k_rest = None  # sums, sized at the first batch
         self.tokens = 0
 
@@ -99,7 +102,11 @@ class BandNormAccumulator:
         sums = []
         for layer in self.layers:
             hidden = batch.hidden_states[layer][real].double().cpu().numpy()  # (T, d)
-            q, k = self.project(hidden, layer)
+            source = self.key_layers.get(layer)
+            if source is None:
+                q, k = self.project(hidden, layer)
+            else:  # its keys: those the source layer computes of the hidden states entering it
+                q, k = self.project(hidden, layer, key_hidden=batch.hidden_states[source][real].double().cpu().numpy())
             sums.append((band_norms(q, self.pairs).sum(1), band_norms(k, self.pairs).sum(1),
                          unrotated_norm(q, self.pairs).sum(1), unrotated_norm(k, self.pairs).sum(1)))  # fmt: skip
         q, k, q_rest, k_rest = (np.stack(part) for part in zip(*sums))

@@ -147,7 +147,11 @@ def _check_sizes(config: dict, name: str, model_type: str) -> None:
     for key in _COUNTS:
         config_int(config, name, key, default=0, minimum=0)
     for key in _NULLABLE_SIZES:
-        config_int(config, name, key, nullable=True)
+        if key == "intermediate_size" and isinstance(config.get(key), list):  # one per layer (Gemma 3n)
+            for item in config[key]:
+                config_int({key: item}, name, key)
+        else:
+            config_int(config, name, key, nullable=True)
     for key in _TOKEN_IDS:  # some configs use -1 for "none" (old LLaMA): any whole number or null
         value = config.get(key)
         if isinstance(value, list) and key == "eos_token_id":  # generation configs may list several

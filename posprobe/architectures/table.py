@@ -332,6 +332,19 @@ _LLAMA = dict(
 _QK_NORM = ("layers.{l}.self_attn.q_norm", "layers.{l}.self_attn.k_norm")
 _QK_LAYERNORM = ("layers.{l}.self_attn.q_layernorm", "layers.{l}.self_attn.k_layernorm")
 _QK_AFTER_ROPE = ("layers.{l}.self_attn.query_layernorm", "layers.{l}.self_attn.key_layernorm")
+# Gemma 4: Gemma 3n's attention without AltUp; global layers with a head size (and key heads) of their own
+_GEMMA4_ENTRY = dict(
+    embed_scale="sqrt_hidden",
+    scaling="none",
+    qk_norm=_QK_NORM,
+    windows="layer_types",
+    tensors={"kv_sharing": "kv_sharing_modes", "per_layer_heads": "per_layer_config"},
+    **_LLAMA,  # its norms multiply by w (not 1 + w)
+)
+_GEMMA4 = (
+    "rotary embeddings (RoPE), a setting and a head size per layer type; the last num_kv_shared_layers layers "
+    "attend to an earlier layer's keys"
+)
 _GRANITE = dict(scaling="value:attention_multiplier", embed_scale="embedding_multiplier")
 
 # T5 layout: shared word table, {stack}.block.{l}.layer.0 = (pre-attention RMS norm, SelfAttention q/k, no bias).
@@ -670,6 +683,37 @@ FAMILIES: tuple[Family, ...] = (
         windows="layer_types",
         bidirectional="use_bidirectional_attention",
         **{**_LLAMA, "norm": RMSNORM_PLUS1},
+    ),
+    Family(
+        "gemma3n_text",
+        ("gemma3n_text",),
+        rotary_class=_rotary("gemma3n", "Gemma3n"),  # one rotary setting per layer type (local / global)
+        embed_scale="sqrt_hidden",
+        scaling="none",  # q.k is not scaled (its q/k norms set the size)
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        tensors={
+            "altup": "layers.{l}.altup",
+            "altup_projections": "altup_projections.{i}",
+            "kv_sharing": "kv_sharing_modes",
+        },
+        description="rotary embeddings (RoPE), a setting per layer type; attention reads AltUp's prediction of the "
+        "active stream; the last num_kv_shared_layers layers attend to an earlier layer's keys",
+        **_LLAMA,  # Gemma 3n's norms multiply by w (not 1 + w)
+    ),
+    Family(
+        "gemma4_text",
+        ("gemma4_text",),
+        rotary_class=_rotary("gemma4", "Gemma4Text"),  # per layer type; global layers' proportional (partial) rope
+        description=_GEMMA4,
+        **_GEMMA4_ENTRY,
+    ),
+    Family(
+        "gemma4_unified_text",
+        ("gemma4_unified_text",),
+        rotary_class=_rotary("gemma4_unified", "Gemma4UnifiedText"),
+        description=_GEMMA4,
+        **_GEMMA4_ENTRY,
     ),
     Family(
         "phi",
@@ -2044,6 +2088,11 @@ def position_kind(config: dict) -> tuple[str, str]:
             "a learned absolute table behind LayerNorm bottlenecks (normalization_type "
             f"'{config.get('normalization_type')}'; posprobe reads MobileBERT's 'no_norm', as released)"
         )
+    if model_type in ("gemma4_text", "gemma4_unified_text") and config.get("use_bidirectional_attention") == "all":
+        return OTHER, (
+            "rotary embeddings in bidirectional layers (use_bidirectional_attention 'all'; posprobe reads the causal "
+            "Gemma 4 text models)"
+        )
     if model_type == "flaubert" and config.get("pre_norm"):
         return OTHER, (
             "a learned absolute table in pre-norm layers (pre_norm; transformers' own FlauBERT does not run such "
@@ -2093,6 +2142,7 @@ def rotary_layout(family: Family, config: dict) -> str:
 
 # rotary modules with one setting per layer type
 _PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "lfm3")
+_PER_TYPE_ROPE += ("gemma3n_text", "gemma4_text", "gemma4_unified_text")
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 

@@ -248,10 +248,15 @@ class RowMask:
             return torch.ones(shape, dtype=torch.bool, device=self.options.get("device", "cpu"))
         return mask.expand(shape)
 
-    def __getitem__(self, item) -> torch.Tensor:
-        """The whole (B, 1, q, kv) bool mask, indexed: for a module that reads the mask itself (an indexer that scores
-        every pair anyway, DeepSeek Sparse Attention's); the attention still runs in blocks of rows."""
-        return self.rows(0, self.q_length)[item]
+    def __getitem__(self, index):
+        """The mask indexed. An index that keeps every entry returns the mask itself, still made a block at a time
+        (Gemma 4 slices its masks so before its layers that reuse keys: [:, :, -0:, :]); any other index reads the
+        whole (B, 1, q, kv) bool mask, for a module that reads the mask itself (an indexer that scores every pair
+        anyway, DeepSeek Sparse Attention's); the attention still runs in blocks of rows."""
+        whole = isinstance(index, tuple) and len(index) == 4 and all(
+            isinstance(s, slice) and s.start in (None, 0) and s.stop is None and s.step in (None, 1) for s in index
+        )  # fmt: skip
+        return self if whole else self.rows(0, self.q_length)[index]
 
 
 def row_mask(

@@ -406,6 +406,12 @@ def _batch_capture(
     here = tokens.input_ids.device
     beside = lambda tensors: None if tensors is None else tuple(t.to(here) for t in tensors)  # noqa: E731
     hidden = None if output is None else beside(output.hidden_states)
+    if hidden is not None and any(h.ndim != 3 for h in hidden):  # Gemma 3n: a stack of AltUp streams per layer
+        raise PosprobeError(
+            f"the model returns hidden states of shape {tuple(next(h for h in hidden if h.ndim != 3).shape)}, not "
+            "(batch, tokens, width) (several streams per layer): posprobe reads one hidden state per layer",
+            "run the analyses of attention alone (they need no hidden states)",
+        )
     if recorded is None:
         return BatchCapture(index, tokens, hidden_states=hidden)
     scores, probs, allowed_per_layer = (beside(part) for part in recorded)

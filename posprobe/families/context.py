@@ -17,7 +17,7 @@ import importlib
 import itertools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -36,7 +36,9 @@ from posprobe.architectures.config import (
 )
 from posprobe.architectures.table import config_default
 from posprobe.errors import PosprobeError
+from posprobe.families.altup import altup_input
 from posprobe.families.embeddings import EmbeddingReader, PositionTable, apply_norm
+from posprobe.families.kv_sharing import key_source
 from posprobe.families.layouts import grouped_conv_dense, head_split, split_fused
 
 # The module that computes each position kind's content-free scores (see `posprobe.families` for its interface).
@@ -301,8 +303,8 @@ class ModelContext(EmbeddingReader):
         """Per-head Q/K weights of depth `layer` of `stack`, whatever the family's layout (`Family.qkv`, or the
         one a config switch picks: `table.qkv_layout`), acting on the layer input as `layer_input` gives it
         (a MobileBERT bottleneck, affine, is folded in)."""
-        s, f = self.shape, self.family
-        stored = self.stored_layer(layer)
+        f, stored = self.family, self.stored_layer(layer)
+        s = self.layer_shape(stored)
         layout = self.stored_layout(stored, stack)
         w = self.tensor(f.query + ".weight", stored, stack)
         b = self.optional(f.query + ".bias", stored, stack)
@@ -311,8 +313,9 @@ class ModelContext(EmbeddingReader):
                 w = w.reshape(s.heads, 2, s.head_dim, -1)[:, 0].reshape(s.heads * s.head_dim, -1)
                 b = None if b is None else b.reshape(s.heads, 2, s.head_dim)[:, 0].reshape(-1)
             if layout in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY):
-                wk = self.tensor(f.key + ".weight", stored, stack)
-                bk = self.optional(f.key + ".bias", stored, stack)
+                keys = key_source(self, stored)  # a layer that reuses keys (Gemma 3n): its source layer's projection
+                wk = self.tensor(f.key + ".weight", keys, stack)
+                bk = self.optional(f.key + ".bias", keys, stack)
                 if "query_adapter" in f.tensors:  # Zamba2's per-depth low-rank adapters: W + B A
                     from posprobe.families.shared_blocks import adapter_weight
 
@@ -349,6 +352,16 @@ class ModelContext(EmbeddingReader):
         fused = self.key(f.query + ".weight", layer, stack) == self.key(f.key + ".weight", layer, stack)
         return self.qkv if fused else T.SEPARATE
 
+    def layer_shape(self, layer: int) -> Shape:
+        """The sizes of stored layer `layer`: the config's, with the layer's own head size and key-head count where
+        the config sets them per layer (`tensors['per_layer_heads']`: transformers' per_layer_config, Gemma 4's
+        global layers)."""
+        name = self.family.tensors.get("per_layer_heads")
+        if not name:
+            return self.shape
+        own = getattr(self.transformers_config, name)[layer]
+        return replace(self.shape, head_dim=int(own.head_dim), kv_heads=int(own.num_key_value_heads))
+
     @property
     def attention_width(self) -> int:
         """The width the Q/K projections read: the hidden size, or MobileBERT's bottleneck width."""
@@ -375,6 +388,8 @@ class ModelContext(EmbeddingReader):
         f = self.family
         if "hyper_connection" in f.tensors:  # HY-V4: the layer's hyper-connection mixes its streams before the norm
             x = x * _hyper_connection_weight(self, self.stored_layer(layer), x, stack)
+        if "altup" in f.tensors:  # Gemma 3n: the layer's AltUp prediction of its active stream (families.altup)
+            x = altup_input(self, x, self.stored_layer(layer), stack)
         if f.pre_norm and layer >= f.pre_norm_from and self.switched_on("pre_norm"):
             x = self.norm(x, f.pre_norm, self.stored_layer(layer), stack)
         if "pre_norm_gate_down" in f.tensors:  # AXK2's gated norm: y * sigmoid(up(silu(down y)))
@@ -403,6 +418,12 @@ class ModelContext(EmbeddingReader):
         input of the average word (plus `positions` (n, e) table rows where given: SPEC §3, §9); with
         data-conditioned `inputs` the hidden state entering the layer, `positions` ignored (the model already
         added its table before layer 0)."""
+        if inputs is not None and "altup" in self.family.tensors:
+            raise PosprobeError(
+                f"'{self.source.name}' ({self.source.model_type}) feeds each layer a stack of AltUp streams, not "
+                "one hidden state: its scores cannot be conditioned on text",
+                "drop --text (texts=) for its content-free scores (SPEC §9)",
+            )
         x = self.embedding_rows(positions) if inputs is None else inputs.at(layer)
         if "concatenated_input" in self.family.tensors:  # Zamba: the block reads [hidden; embeddings]
             from posprobe.families.shared_blocks import concatenated
@@ -428,7 +449,23 @@ class ModelContext(EmbeddingReader):
     ) -> tuple[np.ndarray, np.ndarray]:
         """Query (H, d_h) and key (H_kv, d_h) of the input at `layer` (`word_input`), biases, clamps and q/k norms
         applied (unless the family norms the rotated q and k: `qk_norm_after_rotary`), before any positional
-        mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input."""
+        mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input. A layer that reuses an earlier
+        layer's keys (`kv_sharing.key_source`) gets that layer's keys of that layer's own input."""
+        q, k = self._query_key(layer, stack, inputs)
+        source = key_source(self, layer)
+        if source != layer:
+            if inputs is not None and source not in inputs.rows:
+                raise PosprobeError(
+                    f"layer {layer} of '{self.source.name}' attends to the keys layer {source} computes: its scores "
+                    f"need layer {source}'s input too",
+                    f"give the hidden states entering layer {source} as well",
+                )
+            k = self._query_key(source, stack, inputs)[1]
+        return q, k
+
+    def _query_key(
+        self, layer: int, stack: str = "encoder", inputs: LayerInputs | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         x = self.word_input(layer, stack, inputs)
         if self.qkv == T.LATENT:  # MLA: rotary part first, then the position-free part (families.latent)
             from posprobe.families.latent import latent_query_key
@@ -446,17 +483,24 @@ class ModelContext(EmbeddingReader):
             return q, k
         return self.qk_norm(q, k, layer, stack)
 
-    def query_key_of(self, hidden: np.ndarray, layer: int, stack: str = "encoder") -> tuple[np.ndarray, np.ndarray]:
+    def query_key_of(
+        self, hidden: np.ndarray, layer: int, stack: str = "encoder", key_hidden: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Queries (H, T, d_h) and keys (H_kv, T, d_h) of hidden states `hidden` (T, d) entering layer `layer`
         (transformers' `hidden_states[layer]`: real tokens of real text), before any positional mechanism:
-        `query_key`'s own path (the layer's norm, projections, biases, q/k norms) with those rows as the input."""
+        `query_key`'s own path (the layer's norm, projections, biases, q/k norms) with those rows as the input.
+        `key_hidden`: the hidden states (T, d) entering the layer whose keys `layer` reuses (Gemma 4), where
+        `kv_sharing.key_source` names another."""
         if "hyper_connection" in self.family.tensors:  # HY-V4: hidden states are N streams, mixed per layer
             raise PosprobeError(
                 f"'{self.source.name}' ({self.source.model_type}) passes several hyper-connection streams between "
                 "layers; posprobe reads its layer inputs only where every stream holds the same vector (SPEC §9)",
                 "use the content-free reading (no --text)",
             )
-        inputs = LayerInputs({layer: np.atleast_2d(np.asarray(hidden, dtype=np.float64))})
+        rows = {layer: np.atleast_2d(np.asarray(hidden, dtype=np.float64))}
+        if key_hidden is not None:
+            rows[key_source(self, layer)] = np.atleast_2d(np.asarray(key_hidden, dtype=np.float64))
+        inputs = LayerInputs(rows)
         q, k = self.query_key(layer, stack, inputs)
         return (q, k) if q.ndim == 3 else (q[:, None], k[:, None])
 
@@ -470,7 +514,8 @@ class ModelContext(EmbeddingReader):
         first = f.qk_norm[0].replace("{h}", "0")
         if not (self.key(first + ".weight", stored, stack) or self.key(first + ".gamma", stored, stack)):
             return q, k
-        return self._qk_normed(q, f.qk_norm[0], stored, stack), self._qk_normed(k, f.qk_norm[1], stored, stack)
+        keys = key_source(self, stored)  # a layer that reuses keys (Gemma 3n) has its source layer's key norm
+        return self._qk_normed(q, f.qk_norm[0], stored, stack), self._qk_normed(k, f.qk_norm[1], keys, stack)
 
     def _qk_normed(self, x: np.ndarray, prefix: str, layer: int, stack: str) -> np.ndarray:
         heads = x.shape[0]

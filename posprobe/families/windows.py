@@ -83,6 +83,14 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
     kinds = [replace(kind, nope=True) if layer in nope else kind for layer, kind in enumerate(kinds)]
     if ctx.qkv == T.LATENT and ctx.kind != T.NOPE:  # multi-head latent attention: say the split (families.latent)
         kinds = [replace(kind, note=", ".join(x for x in (kind.note, LATENT_WORDS) if x)) for kind in kinds]
+    if "kv_sharing" in ctx.family.tensors:  # Gemma 3n / 4: layers that attend to an earlier layer's keys
+        from posprobe.families.kv_sharing import key_source
+
+        for layer, kind in enumerate(kinds):
+            source = key_source(ctx, layer)
+            if source != layer:
+                shared = f"the keys and values of layer {source}"
+                kinds[layer] = replace(kind, note=", ".join(x for x in (kind.note, shared) if x))
     if not ctx.family.hybrid:
         return kinds
     types = list(getattr(ctx.transformers_config, "layer_types", None) or [])

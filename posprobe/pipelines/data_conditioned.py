@@ -27,6 +27,7 @@ from posprobe.architectures.table import KIND_NAMES, TABLE_KINDS
 from posprobe.capture.textrun import DEFAULT_BATCH_SIZE, TextRun, check_run_settings, text_run
 from posprobe.checkpoint.in_memory import is_model_object
 from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.families.kv_sharing import key_source
 from posprobe.pipelines.score_reader import MIN_POSITIONS, ScoreReader
 from posprobe.validation import as_choice, as_int
 
@@ -118,7 +119,9 @@ def condition_reader(
             "decoders only, so its scores cannot be conditioned on text",
             "drop --text (texts=) for its content-free scores (SPEC §9)",
         )
-    means, summary, max_length = hidden_means(model, layers, settings, allow_pickle)
+    # a layer that reuses an earlier layer's keys (Gemma 4) needs that layer's input too (families.kv_sharing)
+    needed = list(dict.fromkeys([*layers, *(key_source(ctx, layer) for layer in layers)]))
+    means, summary, max_length = hidden_means(model, needed, settings, allow_pickle)
     n = positions
     if settings.per_position:
         available = means.positions_with(settings.min_texts)
@@ -138,9 +141,9 @@ def condition_reader(
                 f"{settings.min_texts} texts",
                 f"use {{arg}} {available} or less, or pass more or longer texts",
             )
-        inputs = {layer: means.layer(layer)[:n] for layer in layers}
+        inputs = {layer: means.layer(layer)[:n] for layer in needed}
     else:
-        inputs = {layer: means.layer(layer) for layer in layers}
+        inputs = {layer: means.layer(layer) for layer in needed}
     conditioned = ScoreReader(ctx, n, reader.stack, inputs=ctx.layer_inputs(inputs))
     record = {
         "input": settings.input,

@@ -74,6 +74,7 @@ def rotary(
         layers = list(range(n_layers))
     else:
         layers = list(dict.fromkeys(_layer_index(x, n_layers, name, "layers") for x in layers))
+    from posprobe.families.kv_sharing import key_source
     from posprobe.families.rotary import pairing, rotary_angles
     from posprobe.families.windows import takes_layer_type
 
@@ -83,7 +84,15 @@ def rotary(
     windows = [ctx.layer_kinds(n)[layer].window for layer in layers]  # the largest |j - i| a layer attends
     angles = {t: rotary_angles(ctx, n, t) for t in dict.fromkeys(types)}
     cos, sin = angles[types[0]]
-    s = ctx.shape
+    shapes = {ctx.layer_shape(ctx.stored_layer(layer)) for layer in layers}  # Gemma 4: a head size per layer type
+    if len(shapes) > 1:
+        sizes = sorted({(x.head_dim, x.kv_heads) for x in shapes})
+        raise PosprobeError(
+            f"the layers asked for of '{name}' have heads of several shapes (head size, key heads) {sizes}: rotary "
+            "bands take layers of one head shape",
+            "pass --layers of one layer type (layers=)",
+        )
+    s = shapes.pop()
     rotated = cos.shape[-1]
     if rotated > s.head_dim or rotated % 2 or rotated < 2:
         raise PosprobeError(
@@ -108,7 +117,8 @@ def rotary(
             parts.append((band_norms(q, pairs), band_norms(k, pairs), unrotated(q, pairs), unrotated(k, pairs)))
         q_norm, k_norm, q_rest, k_rest = (np.stack(part) for part in zip(*parts))
     else:
-        make = lambda length, device: [BandNormAccumulator(layers, ctx.query_key_of, pairs)]  # noqa: E731
+        sources = {layer: key_source(ctx, layer) for layer in layers}  # Gemma 4: layers reusing earlier keys
+        make = lambda length, device: [BandNormAccumulator(layers, ctx.query_key_of, pairs, sources)]  # noqa: E731
         (accumulator,), summary, length = run_on_texts(capture_target(model, source), make, settings, allow_pickle)
         q_norm, k_norm, q_rest, k_rest, tokens = accumulator.result()
         texts_record = {"text": None, "n_texts": summary.n_texts, "n_tokens": tokens, "max_length": length,
@@ -169,6 +179,8 @@ def budget_of(ctx, variants: list) -> dict | None:
             freqs[variant.name] = R.inv_freq_of(module, key)[0].double().numpy()
     except (KeyError, TypeError, AttributeError, ValueError):  # a rotary module that takes no rope parameters
         return None
+    if any((np.asarray(freq) == 0).any() for freq in freqs.values()):  # Gemma 4's proportional rope: pairs that
+        return None  # never rotate, where the budget's formula has every pair rotate
     trained = R.trained_length(config)
     if trained is None:
         return None
