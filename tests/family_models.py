@@ -408,6 +408,14 @@ CASES = {
     "ctrl": ("ctrl", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, dff=37, n_positions=64), dict(own=True)),
     "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
+    # issue 34 (s2s)
+    # Whisper's decoder: sizes of its own (3 encoder layers of 2 heads, 2 decoder layers of 4 heads); its words are
+    # not scaled although scale_embedding is set (the encoder's setting)
+    "whisper": ("whisper", dict(vocab_size=99, d_model=32, encoder_layers=3, decoder_layers=2,
+                                encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=37,
+                                decoder_ffn_dim=37, num_mel_bins=8, max_source_positions=16, max_target_positions=64,
+                                pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=3,
+                                scale_embedding=True), dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -475,7 +483,13 @@ def build(name: str, dtype=None):
 
 
 def _layers(model) -> torch.nn.ModuleList:
+    from posprobe.architectures.table import config_value, stack_sizes
+    from posprobe.families import family_for_type
+
     n = model.config.num_hidden_layers
+    family = family_for_type(model.config.model_type)
+    if family is not None and family.sizes:  # the stack read has a layer count of its own (Whisper's decoder)
+        n = config_value(stack_sizes(family, model.config.to_dict()), "layers")
     lists = [m for _, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
     return lists[0]
 
@@ -598,8 +612,9 @@ def reference_scores(model, n: int) -> Reference:
 
     AttentionInterface.register(RECORD, _record)
     ALL_MASK_ATTENTION_FUNCTIONS.register(RECORD, eager_mask)  # the masks eager attention gets, windows included
-    if getattr(model.config, "is_encoder_decoder", False):
-        model = model.get_encoder()
+    from posprobe.capture.model import stack_to_run
+
+    model = stack_to_run(model)  # an encoder-decoder's encoder, or its decoder where the encoder reads no text
     embeddings = model.get_input_embeddings()
     with torch.no_grad():
         embeddings.weight[0] = embeddings.weight.mean(0)  # token 0 = the average word (after the mean is taken)

@@ -47,7 +47,6 @@ NOT_YET = {
     "bigbird_pegasus": _SEQ2SEQ + " (block-sparse encoder)",
     "prophetnet": _SEQ2SEQ + " (n-stream self-attention with relative buckets of its own)",
     "trocr": "an image-to-text decoder (cross-attention to image features): not added yet",
-    "whisper": _SEQ2SEQ + " (speech input)",
     "musicgen": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
     "musicgen_melody": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
     "moshi": "speech-text model: a temporal transformer over audio codebooks plus a depth decoder",
@@ -232,3 +231,19 @@ def test_pre_norm_flaubert_is_refused_in_one_line(tmp_path):
     with pytest.raises(PosprobeError) as err:
         posprobe.fhat(str(tmp_path), layer=1, positions=10)
     assert "pre_norm" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_whisper_runs_and_counts_its_decoder():
+    """Whisper's encoder reads audio features: `attention` runs its decoder (text) without encoder states, and its
+    sizes (layers, heads, positions) are the decoder's, here unlike the encoder's (3 layers of 2 heads)."""
+    from family_models import build
+
+    from posprobe.analysis.params import positional_parameter_counts
+    from posprobe.pipelines.attention import attention_profiles
+
+    model = build("whisper")
+    result = attention_profiles(model, input_ids=[[5, 6, 7, 8, 9]], max_length=8, weights_correlation=False)
+    assert result.stack == "decoder" and result.n_layers == 2 and result.n_heads == 4
+    assert result.layer_kinds == ["global", "global"]
+    counts = positional_parameter_counts(model.config.to_dict())
+    assert (counts.n_layers, counts.n_heads, counts.absolute) == (2, 4, 64 * 32)

@@ -104,6 +104,8 @@ def positional_parameter_counts(
     encoding = positional_encoding(config)
     hidden = config_size(config, None, "hidden")
     family = family_for_type(model_type)
+    if family is not None:  # the sizes of the stack the family reads (Whisper's decoder)
+        config = T.stack_sizes(family, config)
     widths = family.position_width if family is not None else ("embedding_size",)
     table_width = next((config[k] for k in widths if config.get(k)), hidden)
     learned = has_learned_table(config)

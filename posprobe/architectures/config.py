@@ -255,7 +255,8 @@ def config_size(config: dict, name: str | None, what: str, default=None, require
 
 def config_shape(config: dict, name: str, family: T.Family) -> Shape:
     """Heads, widths, layers and the norm epsilon of `config` under whatever names its family uses: the one place
-    a model's sizes are read and checked."""
+    a model's sizes are read and checked (those of the stack the family reads: `table.stack_sizes`)."""
+    config = T.stack_sizes(family, config)
     heads = config_size(config, name, "heads")
     hidden = config_size(config, name, "hidden")
     kv_heads = T.qkv_layout(family, config)[1] or config_size(config, name, "kv_heads", default=heads)

@@ -223,6 +223,10 @@ class Family:
     rms_when: str | None = None  # config key that, when set, makes every norm an RMS norm with it as epsilon
     # (Cohere 2 MoE's rms_norm_eps; its bias-free LayerNorm otherwise)
     softmax_attention: bool = True  # False: no layer has softmax attention (Mamba, RWKV, xLSTM): refused as such
+    sizes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # `CONFIG_KEYS` entry -> config keys looked
+    # for first: the stack posprobe reads has sizes of its own (Whisper's decoder_layers, decoder_attention_heads)
+    text_stack: str = "encoder"  # the stack of an encoder-decoder that reads text and that a capture runs: 'decoder'
+    # where the encoder reads other inputs (Whisper's audio features); the entry then names the decoder's tensors
     hybrid: str = ""  # what the layers without softmax attention are, in words (config.layer_types names them;
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
@@ -248,7 +252,9 @@ class Family:
             "nope": (self.nope, (None, *NOPE_RULES)),
             "qk_norm_scope": (self.qk_norm_scope, ("head", "all")),
             "capture": (self.capture, CAPTURES),
+            "text_stack": (self.text_stack, ("encoder", "decoder")),
         }
+        checks |= {f"sizes key {k!r}": (k, tuple(CONFIG_KEYS)) for k in self.sizes}
         checks |= {f"switches key {k!r}": (k, SWITCHABLE) for k in self.switches}
         checks |= {f"switch kind {k!r}": (k, KINDS) for k in self.switch_kinds}
         for name, (value, allowed) in checks.items():
@@ -599,6 +605,29 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "blenderbot-small", ("blenderbot-small",), LEARNED, embedding_norm="encoder.layernorm_embedding", **_SEQ2SEQ
     ),  # fmt: skip
+    # issue 34 (s2s): encoder-decoders whose language model is the decoder, and audio decoders
+    Family(
+        "whisper",
+        ("whisper",),
+        LEARNED,
+        causal=True,
+        word="decoder.embed_tokens.weight",
+        position="decoder.embed_positions.weight",  # no offset; words are not scaled (scale_embedding: encoder only)
+        eps=1e-5,
+        query="decoder.layers.{l}.self_attn.q_proj",
+        key="decoder.layers.{l}.self_attn.k_proj",  # no key bias
+        pre_norm="decoder.layers.{l}.self_attn_layer_norm",
+        sizes={
+            "layers": ("decoder_layers",),
+            "heads": ("decoder_attention_heads",),
+            "positions": ("max_target_positions",),
+        },
+        text_stack="decoder",
+        capture=EAGER,
+        capture_note="decoder stack, run without encoder states: no cross-attention",
+        description="learned absolute table (the decoder, as WhisperForCausalLM; its encoder reads audio features, "
+        "not text, and is not read; cross-attention pairs a query with audio frames: no positional score)",
+    ),
     # -- rotary (SPEC §9)
     Family("llama", ("llama",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),
     Family("mistral", ("mistral",), rotary_class=_rotary("mistral", "Mistral"), windows="sliding_window", **_LLAMA),
@@ -1623,6 +1652,19 @@ def model_types(kind: str | None = None, analysable: bool | None = None, retrofi
         and (retrofit is None or f.retrofit == retrofit)
         for t in f.model_types
     )
+
+
+def stack_sizes(family: Family, config: dict) -> dict:
+    """`config` with the sizes of the stack the family reads put under the first `CONFIG_KEYS` name of each
+    (`Family.sizes`: Whisper's decoder_layers, decoder_attention_heads, max_target_positions); `config` itself
+    when the family names none or the config has none of them."""
+    out = None
+    for what, keys in family.sizes.items():
+        value = next((config_get(config, k) for k in keys if config_get(config, k) is not None), None)
+        if value is not None:
+            out = {k: v for k, v in (out or config).items() if k not in CONFIG_KEYS[what]}
+            out[CONFIG_KEYS[what][0]] = value
+    return config if out is None else out
 
 
 def config_get(config: dict, key: str):
