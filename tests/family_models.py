@@ -87,7 +87,8 @@ _GEMMA3_ROPE = {
 
 # case -> (model_type, config[, options]): options `own` (the config is complete; else SMALL + it), `compare` ('exact'
 # pre-softmax scores, or 'row': equal up to a constant per query row on the pairs the model attends), `attention`
-# (the implementation whose scores are the reference: 'eager', or 'sdpa' where eager differs from the default)
+# (the implementation whose scores are the reference: 'eager', or 'sdpa' where eager differs from the default), `lm`
+# (built as its causal LM: a family without a base model class)
 CASES = {
     # rotary
     "llama": ("llama", dict(num_key_value_heads=2, max_position_embeddings=64, attention_bias=True,
@@ -416,6 +417,15 @@ CASES = {
                                 decoder_ffn_dim=37, num_mel_bins=8, max_source_positions=16, max_target_positions=64,
                                 pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=3,
                                 scale_embedding=True), dict(own=True)),
+    # TrOCR's decoder (TrOCRForCausalLM: no base model class): post-LN, a learned table offset by 2 behind an
+    # embedding norm, or sinusoidal positions numbered from padding_idx + 1; scaled words
+    "trocr": ("trocr", dict(vocab_size=99, d_model=32, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=37,
+                            max_position_embeddings=64, pad_token_id=1, scale_embedding=True),
+              dict(own=True, lm=True)),
+    "trocr-sinusoidal": ("trocr", dict(vocab_size=99, d_model=32, decoder_layers=2, decoder_attention_heads=4,
+                                       decoder_ffn_dim=37, max_position_embeddings=64, pad_token_id=1,
+                                       scale_embedding=True, use_learned_position_embeddings=False,
+                                       layernorm_embedding=False), dict(own=True, lm=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -455,26 +465,29 @@ class Case:
     config: dict
     compare: str = "exact"
     attention: str = "eager"
+    lm: bool = False  # built as its causal LM (a family without a base model class: TrOCR)
 
 
 def case(name: str) -> Case:
     model_type, config, *rest = CASES[name]
     options = rest[0] if rest else {}
     config = dict(config) if options.get("own") else {**SMALL, **config}
-    return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"))
+    return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"),
+                options.get("lm", False))  # fmt: skip
 
 
 def build(name: str, dtype=None):
     """A tiny random base model of case `name` (eval mode, float64 unless the family cannot run in it), with
     non-trivial norms and biases."""
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     c = case(name)
     dtype = dtype or (torch.float32 if name in FLOAT32 else torch.float64)
     torch.manual_seed(0)
     config = AutoConfig.for_model(c.model_type, **c.config)
     extra = {"experts_implementation": "eager"} if c.model_type in _EAGER_EXPERTS else {}
-    model = AutoModel.from_config(config, attn_implementation=c.attention, **extra).to(dtype).eval()
+    model_class = AutoModelForCausalLM if c.lm else AutoModel
+    model = model_class.from_config(config, attn_implementation=c.attention, **extra).to(dtype).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if "norm" in pname.lower() or pname.endswith("bias"):

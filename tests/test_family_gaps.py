@@ -46,7 +46,6 @@ NOT_YET = {
     # encoder-decoders whose causal LM is the decoder stack
     "bigbird_pegasus": _SEQ2SEQ + " (block-sparse encoder)",
     "prophetnet": _SEQ2SEQ + " (n-stream self-attention with relative buckets of its own)",
-    "trocr": "an image-to-text decoder (cross-attention to image features): not added yet",
     "musicgen": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
     "musicgen_melody": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
     "moshi": "speech-text model: a temporal transformer over audio codebooks plus a depth decoder",

@@ -628,6 +628,28 @@ FAMILIES: tuple[Family, ...] = (
         description="learned absolute table (the decoder, as WhisperForCausalLM; its encoder reads audio features, "
         "not text, and is not read; cross-attention pairs a query with audio frames: no positional score)",
     ),
+    Family(
+        "trocr",
+        ("trocr",),
+        LEARNED,
+        switch_kinds=(SINUSOIDAL,),  # use_learned_position_embeddings off
+        causal=True,
+        word="decoder.embed_tokens.weight",
+        position="decoder.embed_positions.weight",
+        position_offset=2,
+        embedding_norm="decoder.layernorm_embedding",
+        switches={"embedding_norm": "layernorm_embedding"},
+        embed_scale="scale_embedding",
+        eps=1e-5,
+        query="decoder.layers.{l}.self_attn.q_proj",  # post-LN: no norm before attention
+        key="decoder.layers.{l}.self_attn.k_proj",
+        sizes={"layers": ("decoder_layers",), "heads": ("decoder_attention_heads",)},
+        tensors=_sinusoidal("trocr", "TrOCR"),  # numbered from padding_idx + 1, as M2M100
+        capture=EAGER,
+        capture_note="run without image features: no cross-attention",
+        description="learned absolute table, or sinusoidal positions (use_learned_position_embeddings); a decoder "
+        "(TrOCRForCausalLM) whose cross-attention to image features has no positional score",
+    ),
     # -- rotary (SPEC §9)
     Family("llama", ("llama",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),
     Family("mistral", ("mistral",), rotary_class=_rotary("mistral", "Mistral"), windows="sliding_window", **_LLAMA),
@@ -1748,6 +1770,8 @@ def position_kind(config: dict) -> tuple[str, str]:
             "a learned absolute table in pre-norm layers (pre_norm; transformers' own FlauBERT does not run such "
             "configs, so there is no module to check a reading against; posprobe reads the post-norm ones)"
         )
+    if model_type == "trocr" and not config_flag(config, "use_learned_position_embeddings"):
+        return SINUSOIDAL, KIND_NAMES[SINUSOIDAL]
     if family.switch_kinds:  # the config has picked one of the family's kinds: name that one
         return family.kind, KIND_NAMES[family.kind]
     return family.kind, family.mechanism
