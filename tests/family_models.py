@@ -426,6 +426,9 @@ CASES = {
                                        decoder_ffn_dim=37, max_position_embeddings=64, pad_token_id=1,
                                        scale_embedding=True, use_learned_position_embeddings=False,
                                        layernorm_embedding=False), dict(own=True, lm=True)),
+    # BigBird-Pegasus's encoder: pre-LN BigBird attention (full up to (5 + 2) x 4 = 28 tokens), scaled words
+    "bigbird_pegasus": ("bigbird_pegasus", dict(_SEQ2SEQ, block_size=4, num_random_blocks=1, use_bias=True),
+                        dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",

@@ -650,6 +650,23 @@ FAMILIES: tuple[Family, ...] = (
         description="learned absolute table, or sinusoidal positions (use_learned_position_embeddings); a decoder "
         "(TrOCRForCausalLM) whose cross-attention to image features has no positional score",
     ),
+    Family(
+        "bigbird_pegasus",
+        ("bigbird_pegasus",),
+        LEARNED,
+        word="shared.weight",
+        position="encoder.embed_positions.weight",  # no offset; layernorm_embedding is the encoder's final norm
+        embed_scale="scale_embedding",
+        eps=1e-5,
+        query="encoder.layers.{l}.self_attn.self.query",  # BigBird's attention (full or block-sparse) in self_attn
+        key="encoder.layers.{l}.self_attn.self.key",
+        pre_norm="encoder.layers.{l}.self_attn_layer_norm",
+        windows="block_sparse",
+        capture=EAGER,
+        capture_note="encoder stack, up to (5 + 2 random blocks) x block size tokens, where it attends fully",
+        description="learned absolute table (encoder stack, block-sparse beyond (5 + 2 random blocks) x block size; "
+        "the decoder attends fully, its cross-attention has no positional score)",
+    ),
     # -- rotary (SPEC §9)
     Family("llama", ("llama",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),
     Family("mistral", ("mistral",), rotary_class=_rotary("mistral", "Mistral"), windows="sliding_window", **_LLAMA),
