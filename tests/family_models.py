@@ -429,6 +429,12 @@ CASES = {
     # BigBird-Pegasus's encoder: pre-LN BigBird attention (full up to (5 + 2) x 4 = 28 tokens), scaled words
     "bigbird_pegasus": ("bigbird_pegasus", dict(_SEQ2SEQ, block_size=4, num_random_blocks=1, use_bias=True),
                         dict(own=True)),
+    # ProphetNet's encoder: post-LN, a learned table numbered from padding_idx + 1 behind an embedding norm
+    "prophetnet": ("prophetnet", dict(vocab_size=99, hidden_size=32, num_encoder_layers=3, num_decoder_layers=2,
+                                      num_encoder_attention_heads=4, num_decoder_attention_heads=2,
+                                      encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=66,
+                                      pad_token_id=1, ngram=2, num_buckets=8, relative_max_distance=16),
+                   dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",

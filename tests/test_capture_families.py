@@ -73,7 +73,7 @@ REFUSED = {
 # and DeBERTa-v2 in the tests below; every other family, the AttentionInterface ones included (also covered by
 # tests/test_capture.py), runs in the slow tier
 QUICK = {"t5", "bloom"}
-RETURNS_SCORES = {"squeezebert"}  # its `output_attentions` are the pre-softmax scores (transformers' code)
+RETURNS_SCORES = {"squeezebert", "prophetnet"}  # their `output_attentions` are the pre-softmax scores
 ALL = sorted(set(CASES) - set(REFUSED)) + sorted(set(EXTRA) - set(REFUSED))
 
 
@@ -84,6 +84,8 @@ def _params(names, quick=QUICK):
 # transformers' float64 Gemma 2 / 3 give NaN on real tokens when a sliding window meets padding (a padded query
 # row with every key masked, then 0 x NaN in later layers): these run in float32, as real checkpoints do
 IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional"}
+# transformers' float64 ProphetNet encoder builds its padding mask in float32 (0 x -inf: NaN on every real key)
+IN_FLOAT32 |= {"prophetnet"}
 
 
 def tolerance(name: str) -> float:

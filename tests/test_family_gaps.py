@@ -44,7 +44,6 @@ NOT_YET = {
     "ultravbert": _MULTIMODAL,
     "gemma4_assistant": "a draft model for Gemma 4's assisted decoding: no config class of its own to read",
     # encoder-decoders whose causal LM is the decoder stack
-    "prophetnet": _SEQ2SEQ + " (n-stream self-attention with relative buckets of its own)",
     "musicgen": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
     "musicgen_melody": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
     "moshi": "speech-text model: a temporal transformer over audio codebooks plus a depth decoder",

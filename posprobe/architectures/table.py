@@ -667,6 +667,23 @@ FAMILIES: tuple[Family, ...] = (
         description="learned absolute table (encoder stack, block-sparse beyond (5 + 2 random blocks) x block size; "
         "the decoder attends fully, its cross-attention has no positional score)",
     ),
+    Family(
+        "prophetnet",
+        ("prophetnet",),
+        LEARNED,
+        word="(encoder.word_embeddings|word_embeddings).weight",  # one table, tied: saved once, at the top
+        position="encoder.position_embeddings.weight",
+        reserved_rows=True,  # positions numbered from padding_idx + 1, as RoBERTa
+        embedding_norm="encoder.embeddings_layer_norm",
+        eps=1e-5,
+        query="encoder.layers.{l}.self_attn.query_proj",  # post-LN
+        key="encoder.layers.{l}.self_attn.key_proj",
+        sizes={"layers": ("num_encoder_layers",), "heads": ("num_encoder_attention_heads",)},
+        capture=EAGER,
+        capture_note="encoder stack",
+        description="learned absolute table (encoder stack; the decoder's n-stream self-attention, a learned table "
+        "plus query-dependent relative bucket biases, is not read)",
+    ),
     # -- rotary (SPEC §9)
     Family("llama", ("llama",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),
     Family("mistral", ("mistral",), rotary_class=_rotary("mistral", "Mistral"), windows="sliding_window", **_LLAMA),
