@@ -80,6 +80,9 @@ _MLA = dict(
     n_group=1,
     topk_group=1,
 )
+_MUSICGEN = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=37,
+                 max_position_embeddings=64, num_codebooks=3, scale_embedding=True, pad_token_id=99,
+                 bos_token_id=99)  # fmt: skip
 _GEMMA3_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
     "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
@@ -435,6 +438,10 @@ CASES = {
                                       encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=66,
                                       pad_token_id=1, ngram=2, num_buckets=8, relative_max_distance=16),
                    dict(own=True)),
+    # MusicGen's decoders (their causal LMs): three codebook tables summed, unscaled though scale_embedding is set
+    "musicgen_decoder": ("musicgen_decoder", dict(_MUSICGEN), dict(own=True, cls="MusicgenForCausalLM")),
+    "musicgen_melody_decoder": ("musicgen_melody_decoder", dict(_MUSICGEN),
+                                dict(own=True, cls="MusicgenMelodyForCausalLM")),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -475,6 +482,7 @@ class Case:
     compare: str = "exact"
     attention: str = "eager"
     lm: bool = False  # built as its causal LM (a family without a base model class: TrOCR)
+    cls: str | None = None  # the transformers class it is built as (a type no auto class maps: MusicGen's decoder)
 
 
 def case(name: str) -> Case:
@@ -482,7 +490,7 @@ def case(name: str) -> Case:
     options = rest[0] if rest else {}
     config = dict(config) if options.get("own") else {**SMALL, **config}
     return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"),
-                options.get("lm", False))  # fmt: skip
+                options.get("lm", False), options.get("cls"))  # fmt: skip
 
 
 def build(name: str, dtype=None):
@@ -495,8 +503,14 @@ def build(name: str, dtype=None):
     torch.manual_seed(0)
     config = AutoConfig.for_model(c.model_type, **c.config)
     extra = {"experts_implementation": "eager"} if c.model_type in _EAGER_EXPERTS else {}
-    model_class = AutoModelForCausalLM if c.lm else AutoModel
-    model = model_class.from_config(config, attn_implementation=c.attention, **extra).to(dtype).eval()
+    if c.cls:
+        import transformers
+
+        model = getattr(transformers, c.cls)._from_config(config, attn_implementation=c.attention, **extra)
+    else:
+        model_class = AutoModelForCausalLM if c.lm else AutoModel
+        model = model_class.from_config(config, attn_implementation=c.attention, **extra)
+    model = model.to(dtype).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if "norm" in pname.lower() or pname.endswith("bias"):
@@ -638,8 +652,10 @@ def reference_scores(model, n: int) -> Reference:
 
     model = stack_to_run(model)  # an encoder-decoder's encoder, or its decoder where the encoder reads no text
     embeddings = model.get_input_embeddings()
+    tables = list(embeddings) if isinstance(embeddings, torch.nn.ModuleList) else [embeddings]  # one per codebook
     with torch.no_grad():
-        embeddings.weight[0] = embeddings.weight.mean(0)  # token 0 = the average word (after the mean is taken)
+        for table in tables:  # token 0 = the average word (after the mean is taken); MusicGen sums one per codebook
+            table.weight[0] = table.weight.mean(0)
     layers = _layers(model)
     first: dict[str, torch.Tensor] = {}
 
@@ -660,7 +676,7 @@ def reference_scores(model, n: int) -> Reference:
         layer.forward = feed(i, layer.forward)
     implementation = model.config._attn_implementation
     exact = implementation == "eager" and bool(getattr(type(model), "_supports_attention_backend", False))
-    ids = torch.zeros(1, n, dtype=torch.long)
+    ids = torch.zeros(len(tables), n, dtype=torch.long)  # MusicGen: one row per codebook
     try:
         _RECORDED.clear()
         with torch.no_grad():

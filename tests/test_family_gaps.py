@@ -44,8 +44,6 @@ NOT_YET = {
     "ultravbert": _MULTIMODAL,
     "gemma4_assistant": "a draft model for Gemma 4's assisted decoding: no config class of its own to read",
     # encoder-decoders whose causal LM is the decoder stack
-    "musicgen": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
-    "musicgen_melody": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
     "moshi": "speech-text model: a temporal transformer over audio codebooks plus a depth decoder",
     # fused on disk, split when loaded
     "gte": _FUSED_ON_DISK,
@@ -128,6 +126,7 @@ def test_every_read_language_model_type_has_its_parity_case():
         "t5", "mt5", "umt5", "longt5", "mpnet", "deberta-v2", "deberta",  # tests/test_families_bias.py
         "bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "gpt2",  # tests/conftest.py checkpoints
         "gpt-sw3",  # test_gpt_sw3_reads_as_gpt2 below
+        "musicgen", "musicgen_melody",  # test_musicgen_reads_the_full_models_config below
     }  # fmt: skip
     read = {t for t in _lm_types() if (f := family_for_type(t)) is not None and f.analysable}
     assert sorted(read - tested) == []
@@ -244,3 +243,24 @@ def test_whisper_runs_and_counts_its_decoder():
     assert result.layer_kinds == ["global", "global"]
     counts = positional_parameter_counts(model.config.to_dict())
     assert (counts.n_layers, counts.n_heads, counts.absolute) == (2, 4, 64 * 32)
+
+
+@pytest.mark.parametrize("name", ["musicgen", "musicgen_melody"])
+def test_musicgen_reads_the_full_models_config(name, tmp_path):
+    """MusicGen's causal LM saves a decoder config (model_type musicgen_decoder, its parity case); the full model's
+    config (model_type musicgen) nests it under `decoder`, beside its text and audio encoders: both read the
+    decoder's sizes and scores."""
+    from family_models import build
+
+    model = build(f"{name}_decoder")
+    model.save_pretrained(tmp_path / "decoder")
+    model.save_pretrained(tmp_path / "full")
+    decoder = json.loads((tmp_path / "decoder" / "config.json").read_text())
+    full = {"model_type": name, "decoder": decoder, "text_encoder": {"model_type": "t5", "d_model": 48},
+            "audio_encoder": {"model_type": "encodec", "hidden_size": 24}, "is_encoder_decoder": True}  # fmt: skip
+    (tmp_path / "full" / "config.json").write_text(json.dumps(full))
+    ours = posprobe.fhat(str(tmp_path / "full"), layer=1, positions=12, mode="faithful")
+    theirs = posprobe.fhat(str(tmp_path / "decoder"), layer=1, positions=12, mode="faithful")
+    assert ours.model_type == name and theirs.model_type == f"{name}_decoder"
+    np.testing.assert_array_equal(ours.matrices, theirs.matrices)
+    assert ours.matrices.shape == (4, 12, 12) and np.std(ours.matrices) > 0

@@ -179,6 +179,9 @@ def _check_sizes(config: dict, name: str, model_type: str) -> None:
             "set pad_token_id in config.json (1 for RoBERTa, XLM-R and CamemBERT)",
         )
     vocab, pad = config.get("vocab_size"), config.get("pad_token_id")
+    family = T.family_for_type(model_type)
+    if family is not None and "codebook_words" in family.tensors and _whole(vocab):
+        vocab += 1  # MusicGen: each codebook table holds vocab_size + 1 rows, its padding id is vocab_size
     if _whole(vocab) and _whole(pad) and not -vocab <= pad < vocab:
         raise PosprobeError(
             f"{config_where(name)} has pad_token_id = {pad} outside the vocabulary of {vocab}", config_hint(name)

@@ -362,6 +362,38 @@ def _sinusoidal(module: str, prefix: str) -> dict[str, str]:
     return {"positions_class": f"transformers.models.{module}.modeling_{module}:{prefix}SinusoidalPositionalEmbedding"}
 
 
+def _musicgen(module: str, prefix: str) -> dict:
+    """MusicGen's decoder (its causal LM; nested as `decoder` in the full model's config): one word table per codebook,
+    their embeddings summed (not scaled: scale_embedding is unused), a [cos | sin] table from position 0, pre-LN."""
+    return dict(
+        causal=True,
+        word="decoder.embed_tokens.0.weight",
+        eps=1e-5,
+        query="decoder.layers.{l}.self_attn.q_proj",
+        key="decoder.layers.{l}.self_attn.k_proj",
+        pre_norm="decoder.layers.{l}.self_attn_layer_norm",
+        sizes={
+            "hidden": ("decoder.hidden_size",),
+            "layers": ("decoder.num_hidden_layers",),
+            "heads": ("decoder.num_attention_heads",),
+            "positions": ("decoder.max_position_embeddings",),
+            "vocab": ("decoder.vocab_size",),
+        },
+        text_stack="decoder",
+        tensors={
+            "codebook_words": "decoder.embed_tokens.{c}.weight",
+            "codebooks": "num_codebooks,decoder.num_codebooks",
+            "positions_table": f"transformers.models.{module}.modeling_{module}:{prefix}SinusoidalPositionalEmbedding"
+            ".get_embedding",
+        },
+        capture=REFUSED,
+        capture_note="its input is one token per codebook at every position (audio codes), not one token sequence",
+        description="sinusoidal absolute positions (not learned), added to the sum of one embedding per codebook (the "
+        "content-free input: the average embedding of every codebook, summed); conditioning by cross-attention or a "
+        "prefix has no positional score",
+    )
+
+
 def _rotary(module: str, prefix: str) -> str:
     return f"transformers.models.{module}.modeling_{module}:{prefix}RotaryEmbedding"
 
@@ -683,6 +715,13 @@ FAMILIES: tuple[Family, ...] = (
         capture_note="encoder stack",
         description="learned absolute table (encoder stack; the decoder's n-stream self-attention, a learned table "
         "plus query-dependent relative bucket biases, is not read)",
+    ),
+    Family("musicgen", ("musicgen", "musicgen_decoder"), SINUSOIDAL, **_musicgen("musicgen", "Musicgen")),
+    Family(
+        "musicgen_melody",
+        ("musicgen_melody", "musicgen_melody_decoder"),
+        SINUSOIDAL,
+        **_musicgen("musicgen_melody", "MusicgenMelody"),
     ),
     # -- rotary (SPEC §9)
     Family("llama", ("llama",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),

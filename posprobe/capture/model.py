@@ -47,6 +47,12 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
             f"'{kind}' has {family.mechanism}, so there is no attention to record",
             "`posprobe states` reads its hidden states (every layer)",
         )
+    if family is not None and "codebook_words" in family.tensors:  # MusicGen
+        raise PosprobeError(
+            f"'{kind}' reads one token of each codebook at every position (audio codes), not one token sequence, so "
+            "texts cannot be run through it",
+            "its content-free scores: `posprobe fhat` / `profiles` on the checkpoint",
+        )
     if attention and family is not None and family.hybrid and not hybrid:
         raise PosprobeError(
             f"'{kind}' is a hybrid: softmax attention in some layers, {family.hybrid} in the others; this command "
