@@ -442,6 +442,9 @@ CASES = {
     "musicgen_decoder": ("musicgen_decoder", dict(_MUSICGEN), dict(own=True, cls="MusicgenForCausalLM")),
     "musicgen_melody_decoder": ("musicgen_melody_decoder", dict(_MUSICGEN),
                                 dict(own=True, cls="MusicgenMelodyForCausalLM")),
+    # Moshi's temporal transformer on text: Llama-like, Linear-wrapped projections, a vocab_size + 1 word table;
+    # transformers does not apply its sliding_window (the mask test checks it)
+    "moshi": ("moshi", dict(_KV2, head_dim=8, ffn_dim=48, rms_norm_eps=1e-5, sliding_window=5)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",

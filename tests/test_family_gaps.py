@@ -44,7 +44,6 @@ NOT_YET = {
     "ultravbert": _MULTIMODAL,
     "gemma4_assistant": "a draft model for Gemma 4's assisted decoding: no config class of its own to read",
     # encoder-decoders whose causal LM is the decoder stack
-    "moshi": "speech-text model: a temporal transformer over audio codebooks plus a depth decoder",
     # fused on disk, split when loaded
     "gte": _FUSED_ON_DISK,
     "nomic_bert": _FUSED_ON_DISK,

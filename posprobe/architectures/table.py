@@ -723,6 +723,16 @@ FAMILIES: tuple[Family, ...] = (
         SINUSOIDAL,
         **_musicgen("musicgen_melody", "MusicgenMelody"),
     ),
+    Family(
+        "moshi",
+        ("moshi",),
+        rotary_class=_rotary("moshi", "Moshi"),
+        tensors={"extra_word_rows": "1"},  # its word table holds vocab_size + 1 rows
+        description="rotary embeddings (RoPE) in the temporal transformer, read on text tokens alone (as "
+        "MoshiForCausalLM runs; the full model adds audio codebook embeddings at each position); the depth decoder "
+        "over codebooks is not read",
+        **{**_LLAMA, "query": "layers.{l}.self_attn.q_proj.linear", "key": "layers.{l}.self_attn.k_proj.linear"},
+    ),
     # -- rotary (SPEC §9)
     Family("llama", ("llama",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),
     Family("mistral", ("mistral",), rotary_class=_rotary("mistral", "Mistral"), windows="sliding_window", **_LLAMA),
