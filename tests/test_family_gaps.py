@@ -263,3 +263,25 @@ def test_musicgen_reads_the_full_models_config(name, tmp_path):
     assert ours.model_type == name and theirs.model_type == f"{name}_decoder"
     np.testing.assert_array_equal(ours.matrices, theirs.matrices)
     assert ours.matrices.shape == (4, 12, 12) and np.std(ours.matrices) > 0
+
+
+def test_moshi_reads_the_temporal_layers_of_a_full_checkpoint(tmp_path):
+    """A full Moshi checkpoint holds the temporal transformer (decoder.model.layers.{l}) and a depth decoder whose
+    layers have the same names under depth_decoder.layers.{l} (shorter): the temporal ones are read."""
+    from family_models import build
+    from safetensors.numpy import save_file
+
+    model = build("moshi")
+    model.save_pretrained(tmp_path / "base")
+    state = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    rng = np.random.default_rng(0)
+    full = {f"decoder.model.{k}": v for k, v in state.items()}
+    full |= {f"depth_decoder.{k}": rng.normal(size=v.shape).astype(np.float32)
+             for k, v in state.items() if k.startswith("layers.")}  # fmt: skip
+    (tmp_path / "full").mkdir()
+    save_file(full, str(tmp_path / "full" / "model.safetensors"))
+    (tmp_path / "full" / "config.json").write_text((tmp_path / "base" / "config.json").read_text())
+    ours = posprobe.fhat(str(tmp_path / "full"), layer=1, positions=12, mode="faithful").matrices
+    theirs = posprobe.fhat(str(tmp_path / "base"), layer=1, positions=12, mode="faithful").matrices
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert np.std(ours) > 0

@@ -729,9 +729,15 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("moshi", "Moshi"),
         tensors={"extra_word_rows": "1"},  # its word table holds vocab_size + 1 rows
         description="rotary embeddings (RoPE) in the temporal transformer, read on text tokens alone (as "
-        "MoshiForCausalLM runs; the full model adds audio codebook embeddings at each position); the depth decoder "
-        "over codebooks is not read",
-        **{**_LLAMA, "query": "layers.{l}.self_attn.q_proj.linear", "key": "layers.{l}.self_attn.k_proj.linear"},
+        "MoshiForCausalLM runs it; the full model, given audio, adds codebook embeddings at each position); the depth "
+        "decoder over codebooks has no positional encoding and is not read",
+        # the full model also holds a depth decoder (depth_decoder.layers.{l}): its temporal layers are model.layers
+        **{
+            **_LLAMA,
+            "query": "(model.layers|layers).{l}.self_attn.q_proj.linear",
+            "key": "(model.layers|layers).{l}.self_attn.k_proj.linear",
+            "pre_norm": "(model.layers|layers).{l}.input_layernorm",
+        },
     ),
     # -- rotary (SPEC §9)
     Family("llama", ("llama",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),
