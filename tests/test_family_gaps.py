@@ -267,7 +267,8 @@ def test_musicgen_reads_the_full_models_config(name, tmp_path):
 
 def test_moshi_reads_the_temporal_layers_of_a_full_checkpoint(tmp_path):
     """A full Moshi checkpoint holds the temporal transformer (decoder.model.layers.{l}) and a depth decoder whose
-    layers have the same names under depth_decoder.layers.{l} (shorter): the temporal ones are read."""
+    layers have the same names, as long, under depth_decoder.layers.{l}: the temporal ones are read (the table
+    names them model.layers, so which one a reader lists first does not decide)."""
     from family_models import build
     from safetensors.numpy import save_file
 
