@@ -286,3 +286,15 @@ def test_moshi_reads_the_temporal_layers_of_a_full_checkpoint(tmp_path):
     theirs = posprobe.fhat(str(tmp_path / "base"), layer=1, positions=12, mode="faithful").matrices
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     assert np.std(ours) > 0
+
+
+def test_trocr_checkpoint_loads_as_its_causal_lm(tmp_path):
+    """TrOCR has no base model class: `attention` on its folder loads its causal LM (the decoder) instead."""
+    from family_models import build
+
+    from posprobe.pipelines.attention import attention_profiles
+
+    build("trocr").save_pretrained(tmp_path)
+    result = attention_profiles(str(tmp_path), input_ids=[[5, 6, 7, 8]], max_length=8, weights_correlation=False)
+    assert (result.n_layers, result.n_heads, result.model_type) == (2, 4, "trocr")
+    assert np.isfinite(result.profiles.prob_profiles[:, :, 7 - 3 : 8]).all()

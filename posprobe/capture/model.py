@@ -312,7 +312,6 @@ def load_for_capture(model: Any, allow_pickle: bool, need_tokenizer: bool, dispa
         if need_tokenizer:
             raise PosprobeError("texts need a tokenizer, and a model object carries none", "pass input_ids instead")
         return None, model, None
-    from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
     from posprobe.checkpoint import resolve_model
@@ -329,12 +328,24 @@ def load_for_capture(model: Any, allow_pickle: bool, need_tokenizer: bool, dispa
     hf_logging.disable_progress_bar()  # the weight-loading bar would mix with the caller's progress bar
     try:
         net = load_model(
-            str(source.path), AutoModel, allow_pickle=allow_pickle, attn_implementation="eager", **(dispatch or {})
-        )
+            str(source.path), _model_class(source.model_type), allow_pickle=allow_pickle, attn_implementation="eager",
+            **(dispatch or {}),
+        )  # fmt: skip
     finally:
         if bars:
             hf_logging.enable_progress_bar()
     return source, net, tokenizer
+
+
+def _model_class(model_type: str):
+    """The auto class a capture loads a checkpoint with: AutoModel, or AutoModelForCausalLM for a type that has a
+    causal LM but no base model class (TrOCR's decoder)."""
+    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
+
+    if model_type not in MODEL_MAPPING_NAMES and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForCausalLM
+    return AutoModel
 
 
 def layer_kind_words(model, n: int, stack: str = "encoder") -> list[str] | None:
