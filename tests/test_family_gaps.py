@@ -228,9 +228,10 @@ def test_pre_norm_flaubert_is_refused_in_one_line(tmp_path):
     assert "pre_norm" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_whisper_runs_and_counts_its_decoder():
-    """Whisper's encoder reads audio features: `attention` runs its decoder (text) without encoder states, and its
-    sizes (layers, heads, positions) are the decoder's, here unlike the encoder's (3 layers of 2 heads)."""
+def test_whisper_runs_and_counts_its_decoder(tmp_path):
+    """Whisper's encoder reads audio features: `attention` runs its decoder (text) without encoder states, its
+    sizes (layers, heads, positions) are the decoder's, here unlike the encoder's (3 layers of 2 heads), and the
+    weights commands say they read the decoder."""
     from family_models import build
 
     from posprobe.analysis.params import positional_parameter_counts
@@ -242,6 +243,10 @@ def test_whisper_runs_and_counts_its_decoder():
     assert result.layer_kinds == ["global", "global"]
     counts = positional_parameter_counts(model.config.to_dict())
     assert (counts.n_layers, counts.n_heads, counts.absolute) == (2, 4, 64 * 32)
+    model.save_pretrained(tmp_path)
+    for stack in ("encoder", "decoder"):  # the one stack read, whichever is asked
+        scores = posprobe.fhat(str(tmp_path), layer=1, positions=10, stack=stack)
+        assert scores.stack == "decoder" and scores.matrices.shape == (4, 10, 10)
 
 
 @pytest.mark.parametrize("name", ["musicgen", "musicgen_melody"])
