@@ -175,7 +175,10 @@ class Family:
     The newest designs (issue 34): `nope` how the config names NoPE layers (`NOPE_RULES`), `sinks` the per-head
     learned sink logits (gpt-oss), `hybrid` what a hybrid's layers without softmax attention are (config.layer_types
     names them), `softmax_attention` False for models with none at all (refused), `qkv` LATENT for multi-head latent
-    attention (`families.latent`).
+    attention (`families.latent`); `sizes` config keys of the read stack's sizes, looked for first (Whisper's
+    decoder_layers), `text_stack` the stack of an encoder-decoder that reads text ('decoder' where the encoder reads
+    audio: the entry names the decoder's tensors, and captures run it); `tensors['codebook_words']` one word table
+    per codebook ('{c}'), summed (MusicGen).
     An entry without `word` is known (`params` counts it, analyses name its mechanism) but not analysed.
     """
 
