@@ -16,7 +16,6 @@ from posprobe.errors import PosprobeError
 from posprobe.families import family_for_type
 
 _MULTIMODAL = "a multimodal config that nests its language model's (text_config): posprobe reads text models"
-_SEQ2SEQ = "encoder-decoder (its causal LM is the decoder stack alone): not added yet"
 _FUSED_ON_DISK = ("transformers splits the checkpoints' fused Q/K/V projection on load: files and loaded models "
                   "name Q/K differently, and an entry reads one layout")  # fmt: skip
 _INDEXED = "sparse attention: an indexer picks each query's top-k keys (indexed_attention layers); no layer kind for it"
@@ -43,7 +42,6 @@ NOT_YET = {
     "qwen4_exp": _MULTIMODAL,
     "ultravbert": _MULTIMODAL,
     "gemma4_assistant": "a draft model for Gemma 4's assisted decoding: no config class of its own to read",
-    # encoder-decoders whose causal LM is the decoder stack
     # fused on disk, split when loaded
     "gte": _FUSED_ON_DISK,
     "nomic_bert": _FUSED_ON_DISK,
