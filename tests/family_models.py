@@ -91,6 +91,9 @@ _GEMMA4 = dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=8, global_he
                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
                                                    "rope_theta": 10000.0}})  # fmt: skip
+_MUSICGEN = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=37,
+                 max_position_embeddings=64, num_codebooks=3, scale_embedding=True, pad_token_id=99,
+                 bos_token_id=99)  # fmt: skip
 _GEMMA3_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
     "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
@@ -99,8 +102,9 @@ _GEMMA3_ROPE = {
 # case -> (model_type, config[, options]): options `own` (the config is complete; else SMALL + it), `compare` ('exact'
 # pre-softmax scores, or 'row': equal up to a constant per query row on the pairs the model attends), `attention`
 # (the implementation whose scores are the reference: 'eager', or 'sdpa' where eager differs from the default),
-# `word_id` (the token that carries the average word: 0 unless the model reads token 0 as padding, CPM-Ant)
-# `boost` (names of weights drawn at unit scale)
+# `word_id` (the token that carries the average word: 0 unless the model reads token 0 as padding, CPM-Ant),
+# `boost` (names of weights drawn at unit scale), `lm` (built as its causal LM: a family without a base model class),
+# `cls` (the transformers class it is built as, where no auto class maps its type)
 CASES = {
     # rotary
     "llama": ("llama", dict(num_key_value_heads=2, max_position_embeddings=64, attention_bias=True,
@@ -510,6 +514,39 @@ CASES = {
                                           vocab_size_per_layer_input=99), dict(boost=_ALTUP)),
     "gemma4_text": ("gemma4_text", dict(_GEMMA4, hidden_size_per_layer_input=8, vocab_size_per_layer_input=99)),
     "gemma4_unified_text": ("gemma4_unified_text", dict(_GEMMA4, attention_k_eq_v=False, num_kv_shared_layers=1)),
+    # issue 34 (s2s)
+    # Whisper's decoder: sizes of its own (3 encoder layers of 2 heads, 2 decoder layers of 4 heads); its words are
+    # not scaled although scale_embedding is set (the encoder's setting)
+    "whisper": ("whisper", dict(vocab_size=99, d_model=32, encoder_layers=3, decoder_layers=2,
+                                encoder_attention_heads=2, decoder_attention_heads=4, encoder_ffn_dim=37,
+                                decoder_ffn_dim=37, num_mel_bins=8, max_source_positions=16, max_target_positions=64,
+                                pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=3,
+                                scale_embedding=True), dict(own=True)),
+    # TrOCR's decoder (TrOCRForCausalLM: no base model class): post-LN, a learned table offset by 2 behind an
+    # embedding norm, or sinusoidal positions numbered from padding_idx + 1; scaled words
+    "trocr": ("trocr", dict(vocab_size=99, d_model=32, decoder_layers=2, decoder_attention_heads=4, decoder_ffn_dim=37,
+                            max_position_embeddings=64, pad_token_id=1, scale_embedding=True),
+              dict(own=True, lm=True)),
+    "trocr-sinusoidal": ("trocr", dict(vocab_size=99, d_model=32, decoder_layers=2, decoder_attention_heads=4,
+                                       decoder_ffn_dim=37, max_position_embeddings=64, pad_token_id=1,
+                                       scale_embedding=True, use_learned_position_embeddings=False,
+                                       layernorm_embedding=False), dict(own=True, lm=True)),
+    # BigBird-Pegasus's encoder: pre-LN BigBird attention (full up to (5 + 2) x 4 = 28 tokens), scaled words
+    "bigbird_pegasus": ("bigbird_pegasus", dict(_SEQ2SEQ, block_size=4, num_random_blocks=1, use_bias=True),
+                        dict(own=True)),
+    # ProphetNet's encoder: post-LN, a learned table numbered from padding_idx + 1 behind an embedding norm
+    "prophetnet": ("prophetnet", dict(vocab_size=99, hidden_size=32, num_encoder_layers=3, num_decoder_layers=2,
+                                      num_encoder_attention_heads=4, num_decoder_attention_heads=2,
+                                      encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=66,
+                                      pad_token_id=1, ngram=2, num_buckets=8, relative_max_distance=16),
+                   dict(own=True)),
+    # MusicGen's decoders (their causal LMs): three codebook tables summed, unscaled though scale_embedding is set
+    "musicgen_decoder": ("musicgen_decoder", dict(_MUSICGEN), dict(own=True, cls="MusicgenForCausalLM")),
+    "musicgen_melody_decoder": ("musicgen_melody_decoder", dict(_MUSICGEN),
+                                dict(own=True, cls="MusicgenMelodyForCausalLM")),
+    # Moshi's temporal transformer on text: Llama-like, Linear-wrapped projections, a vocab_size + 1 word table;
+    # transformers does not apply its sliding_window (the mask test checks it)
+    "moshi": ("moshi", dict(_KV2, head_dim=8, ffn_dim=48, rms_norm_eps=1e-5, sliding_window=5)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -559,6 +596,8 @@ class Case:
     attention: str = "eager"
     word_id: int = 0
     boost: tuple[str, ...] = ()
+    lm: bool = False  # built as its causal LM (a family without a base model class: TrOCR)
+    cls: str | None = None  # the transformers class it is built as (a type no auto class maps: MusicGen's decoder)
 
 
 def case(name: str) -> Case:
@@ -566,20 +605,28 @@ def case(name: str) -> Case:
     options = rest[0] if rest else {}
     config = dict(config) if options.get("own") else {**SMALL, **config}
     return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"),
-                options.get("word_id", 0), options.get("boost", ()))  # fmt: skip
+                options.get("word_id", 0), options.get("boost", ()), options.get("lm", False),
+                options.get("cls"))  # fmt: skip
 
 
 def build(name: str, dtype=None):
     """A tiny random base model of case `name` (eval mode, float64 unless the family cannot run in it), with
     non-trivial norms and biases."""
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     c = case(name)
     dtype = dtype or (torch.float32 if name in FLOAT32 else torch.float64)
     torch.manual_seed(0)
     config = AutoConfig.for_model(c.model_type, **c.config)
     extra = {"experts_implementation": "eager"} if c.model_type in _EAGER_EXPERTS else {}
-    model = AutoModel.from_config(config, attn_implementation=c.attention, **extra).to(dtype).eval()
+    if c.cls:
+        import transformers
+
+        model = getattr(transformers, c.cls)._from_config(config, attn_implementation=c.attention, **extra)
+    else:
+        model_class = AutoModelForCausalLM if c.lm else AutoModel
+        model = model_class.from_config(config, attn_implementation=c.attention, **extra)
+    model = model.to(dtype).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if "norm" in pname.lower() or pname.endswith("bias"):
@@ -590,7 +637,13 @@ def build(name: str, dtype=None):
 
 
 def _layers(model) -> torch.nn.ModuleList:
+    from posprobe.architectures.table import config_value, stack_sizes
+    from posprobe.families import family_for_type
+
     n = model.config.num_hidden_layers
+    family = family_for_type(model.config.model_type)
+    if family is not None and family.sizes:  # the stack read has a layer count of its own (Whisper's decoder)
+        n = config_value(stack_sizes(family, model.config.to_dict()), "layers")
     lists = [m for _, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
     return lists[0]
 
@@ -719,11 +772,14 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
 
     AttentionInterface.register(RECORD, _record)
     ALL_MASK_ATTENTION_FUNCTIONS.register(RECORD, eager_mask)  # the masks eager attention gets, windows included
-    if getattr(model.config, "is_encoder_decoder", False):
-        model = model.get_encoder()
+    from posprobe.capture.model import stack_to_run
+
+    model = stack_to_run(model)  # an encoder-decoder's encoder, or its decoder where the encoder reads no text
     embeddings = model.get_input_embeddings()
+    tables = list(embeddings) if isinstance(embeddings, torch.nn.ModuleList) else [embeddings]  # one per codebook
     with torch.no_grad():
-        embeddings.weight[word_id] = embeddings.weight.mean(0)  # the average word (after the mean is taken)
+        for table in tables:  # token word_id = the average word (after the mean is taken); MusicGen: one per codebook
+            table.weight[word_id] = table.weight.mean(0)
     layers = _layers(model)
     first: dict[str, torch.Tensor] = {}
 
@@ -744,7 +800,7 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
         layer.forward = feed(i, layer.forward)
     implementation = model.config._attn_implementation
     exact = implementation == "eager" and bool(getattr(type(model), "_supports_attention_backend", False))
-    ids = torch.full((1, n), word_id, dtype=torch.long)
+    ids = torch.full((len(tables), n), word_id, dtype=torch.long)  # MusicGen: one row per codebook
     try:
         _RECORDED.clear()
         with torch.no_grad():

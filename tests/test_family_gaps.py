@@ -16,7 +16,6 @@ from posprobe.errors import PosprobeError
 from posprobe.families import family_for_type
 
 _MULTIMODAL = "a multimodal config that nests its language model's (text_config): posprobe reads text models"
-_SEQ2SEQ = "encoder-decoder (its causal LM is the decoder stack alone): not added yet"
 
 # model type -> why posprobe does not read it yet (none of these has an analysable entry)
 NOT_YET = {
@@ -40,14 +39,6 @@ NOT_YET = {
     "qwen4_exp": _MULTIMODAL,
     "ultravbert": _MULTIMODAL,
     "gemma4_assistant": "a draft model for Gemma 4's assisted decoding: no config class of its own to read",
-    # encoder-decoders whose causal LM is the decoder stack
-    "bigbird_pegasus": _SEQ2SEQ + " (block-sparse encoder)",
-    "prophetnet": _SEQ2SEQ + " (n-stream self-attention with relative buckets of its own)",
-    "trocr": "an image-to-text decoder (cross-attention to image features): not added yet",
-    "whisper": _SEQ2SEQ + " (speech input)",
-    "musicgen": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
-    "musicgen_melody": "audio decoder over several codebooks (summed codebook embeddings, sinusoidal positions)",
-    "moshi": "speech-text model: a temporal transformer over audio codebooks plus a depth decoder",
     # attention that needs new score code
     "diffllama": "differential attention: two softmaxes per head, subtracted with a learned lambda",
     "dory": "nGPT-style unit-norm q/k rescaled per channel after RoPE: new score code",
@@ -113,6 +104,7 @@ def test_every_read_language_model_type_has_its_parity_case():
         "t5", "mt5", "umt5", "longt5", "mpnet", "deberta-v2", "deberta",  # tests/test_families_bias.py
         "bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "gpt2",  # tests/conftest.py checkpoints
         "gpt-sw3",  # test_gpt_sw3_reads_as_gpt2 below
+        "musicgen", "musicgen_melody",  # test_musicgen_reads_the_full_models_config below
     }  # fmt: skip
     read = {t for t in _lm_types() if (f := family_for_type(t)) is not None and f.analysable}
     assert sorted(read - tested) == []
@@ -452,3 +444,80 @@ def test_gemma4_global_head_size_reads_from_either_config_spelling(tmp_path):
         np.testing.assert_array_equal(posprobe.fhat(str(tmp_path / "released"), layer=layer, positions=10).matrices,
                                       saved)  # fmt: skip
         assert np.std(saved) > 0
+
+
+def test_whisper_runs_and_counts_its_decoder(tmp_path):
+    """Whisper's encoder reads audio features: `attention` runs its decoder (text) without encoder states, its
+    sizes (layers, heads, positions) are the decoder's, here unlike the encoder's (3 layers of 2 heads), and the
+    weights commands say they read the decoder."""
+    from family_models import build
+
+    from posprobe.analysis.params import positional_parameter_counts
+    from posprobe.pipelines.attention import attention_profiles
+
+    model = build("whisper")
+    result = attention_profiles(model, input_ids=[[5, 6, 7, 8, 9]], max_length=8, weights_correlation=False)
+    assert result.stack == "decoder" and result.n_layers == 2 and result.n_heads == 4
+    assert result.layer_kinds == ["global", "global"]
+    counts = positional_parameter_counts(model.config.to_dict())
+    assert (counts.n_layers, counts.n_heads, counts.absolute) == (2, 4, 64 * 32)
+    model.save_pretrained(tmp_path)
+    for stack in ("encoder", "decoder"):  # the one stack read, whichever is asked
+        scores = posprobe.fhat(str(tmp_path), layer=1, positions=10, stack=stack)
+        assert scores.stack == "decoder" and scores.matrices.shape == (4, 10, 10)
+
+
+@pytest.mark.parametrize("name", ["musicgen", "musicgen_melody"])
+def test_musicgen_reads_the_full_models_config(name, tmp_path):
+    """MusicGen's causal LM saves a decoder config (model_type musicgen_decoder, its parity case); the full model's
+    config (model_type musicgen) nests it under `decoder`, beside its text and audio encoders: both read the
+    decoder's sizes and scores."""
+    from family_models import build
+
+    model = build(f"{name}_decoder")
+    model.save_pretrained(tmp_path / "decoder")
+    model.save_pretrained(tmp_path / "full")
+    decoder = json.loads((tmp_path / "decoder" / "config.json").read_text())
+    full = {"model_type": name, "decoder": decoder, "text_encoder": {"model_type": "t5", "d_model": 48},
+            "audio_encoder": {"model_type": "encodec", "hidden_size": 24}, "is_encoder_decoder": True}  # fmt: skip
+    (tmp_path / "full" / "config.json").write_text(json.dumps(full))
+    ours = posprobe.fhat(str(tmp_path / "full"), layer=1, positions=12, mode="faithful")
+    theirs = posprobe.fhat(str(tmp_path / "decoder"), layer=1, positions=12, mode="faithful")
+    assert ours.model_type == name and theirs.model_type == f"{name}_decoder"
+    np.testing.assert_array_equal(ours.matrices, theirs.matrices)
+    assert ours.matrices.shape == (4, 12, 12) and np.std(ours.matrices) > 0
+
+
+def test_moshi_reads_the_temporal_layers_of_a_full_checkpoint(tmp_path):
+    """A full Moshi checkpoint holds the temporal transformer (decoder.model.layers.{l}) and a depth decoder whose
+    layers have the same names, as long, under depth_decoder.layers.{l}: the temporal ones are read (the table
+    names them model.layers, so which one a reader lists first does not decide)."""
+    from family_models import build
+    from safetensors.numpy import save_file
+
+    model = build("moshi")
+    model.save_pretrained(tmp_path / "base")
+    state = {k: v.float().numpy() for k, v in model.state_dict().items()}
+    rng = np.random.default_rng(0)
+    full = {f"decoder.model.{k}": v for k, v in state.items()}
+    full |= {f"depth_decoder.{k}": rng.normal(size=v.shape).astype(np.float32)
+             for k, v in state.items() if k.startswith("layers.")}  # fmt: skip
+    (tmp_path / "full").mkdir()
+    save_file(full, str(tmp_path / "full" / "model.safetensors"))
+    (tmp_path / "full" / "config.json").write_text((tmp_path / "base" / "config.json").read_text())
+    ours = posprobe.fhat(str(tmp_path / "full"), layer=1, positions=12, mode="faithful").matrices
+    theirs = posprobe.fhat(str(tmp_path / "base"), layer=1, positions=12, mode="faithful").matrices
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert np.std(ours) > 0
+
+
+def test_trocr_checkpoint_loads_as_its_causal_lm(tmp_path):
+    """TrOCR has no base model class: `attention` on its folder loads its causal LM (the decoder) instead."""
+    from family_models import build
+
+    from posprobe.pipelines.attention import attention_profiles
+
+    build("trocr").save_pretrained(tmp_path)
+    result = attention_profiles(str(tmp_path), input_ids=[[5, 6, 7, 8]], max_length=8, weights_correlation=False)
+    assert (result.n_layers, result.n_heads, result.model_type) == (2, 4, "trocr")
+    assert np.isfinite(result.profiles.prob_profiles[:, :, 7 - 3 : 8]).all()

@@ -72,14 +72,17 @@ def test_content_free_scores_equal_the_model(name, tmp_path):
 
 
 @pytest.mark.slow
-def test_bigbird_block_sparse_attends_pairs_with_the_same_scores(tmp_path):
+@pytest.mark.parametrize("name", ["big_bird", "bigbird_pegasus"])
+def test_bigbird_block_sparse_attends_pairs_with_the_same_scores(name, tmp_path):
     """Beyond (5 + 2 r) blocks BigBird attends block-sparsely (random blocks): every pair it attends has the score
     F̂ gives it (its probabilities are softmax(F̂) over those pairs, up to a constant per row), as the layer kind
-    says; shorter sequences get full attention (the parity test above)."""
+    says; shorter sequences get full attention (the parity test above). BigBird-Pegasus: its encoder."""
     import torch
-    from family_models import build
+    from family_models import _layers, build
 
-    model = build("big_bird")
+    from posprobe.capture.model import stack_to_run
+
+    model = build(name)
     model.save_pretrained(tmp_path)
     n = 32  # > (5 + 2 * 1) * 4 = 28: block sparse
     source = resolve_model(str(tmp_path))
@@ -92,12 +95,17 @@ def test_bigbird_block_sparse_attends_pairs_with_the_same_scores(tmp_path):
     with torch.no_grad():
         embeddings.weight[0] = embeddings.weight.mean(0)
         first = {}
-        hook = model.encoder.layer[0].register_forward_pre_hook(lambda m, a: first.setdefault("x", a[0].clone()))
-        model(input_ids=torch.zeros(1, n, dtype=torch.long))  # the first layer's input
+        net = stack_to_run(model)
+
+        def keep_first(module, args):  # returns None: the layer's own arguments go on unchanged
+            first.setdefault("x", args[0].clone())
+
+        hook = _layers(net)[0].register_forward_pre_hook(keep_first)
+        net(input_ids=torch.zeros(1, n, dtype=torch.long))  # the first layer's input
         hook.remove()
-        for layer in model.encoder.layer:  # every layer fed the embedding-level input, as F̂ assumes
+        for layer in _layers(net):  # every layer fed the embedding-level input, as F̂ assumes
             layer.register_forward_pre_hook(lambda m, a: (first["x"], *a[1:]))
-        probs = model(input_ids=torch.zeros(1, n, dtype=torch.long), output_attentions=True).attentions
+        probs = net(input_ids=torch.zeros(1, n, dtype=torch.long), output_attentions=True).attentions
     for layer, p in enumerate(probs):
         attended = p[0].double().numpy() > 0
         assert 0 < attended.mean() < 1  # sparse: some pairs are not attended

@@ -102,8 +102,10 @@ def positional_parameter_counts(
     kernel_list = [check_kernels(s) for s in as_int_list(kernels, "kernels", allow_none=False)]
     model_type = str(config.get("model_type", "unknown"))
     encoding = positional_encoding(config)
-    hidden = config_size(config, None, "hidden")
     family = family_for_type(model_type)
+    if family is not None:  # the sizes of the stack the family reads (Whisper's decoder)
+        config = T.stack_sizes(family, config)
+    hidden = config_size(config, None, "hidden")
     widths = family.position_width if family is not None else ("embedding_size",)
     table_width = next((config[k] for k in widths if config.get(k)), hidden)
     learned = has_learned_table(config)

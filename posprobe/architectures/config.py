@@ -183,6 +183,9 @@ def _check_sizes(config: dict, name: str, model_type: str) -> None:
             "set pad_token_id in config.json (1 for RoBERTa, XLM-R and CamemBERT)",
         )
     vocab, pad = config.get("vocab_size"), config.get("pad_token_id")
+    family = T.family_for_type(model_type)
+    if family is not None and "codebook_words" in family.tensors and _whole(vocab):
+        vocab += 1  # MusicGen: each codebook table holds vocab_size + 1 rows, its padding id is vocab_size
     if _whole(vocab) and _whole(pad) and not -vocab <= pad < vocab:
         raise PosprobeError(
             f"{config_where(name)} has pad_token_id = {pad} outside the vocabulary of {vocab}", config_hint(name)
@@ -259,7 +262,8 @@ def config_size(config: dict, name: str | None, what: str, default=None, require
 
 def config_shape(config: dict, name: str, family: T.Family) -> Shape:
     """Heads, widths, layers and the norm epsilon of `config` under whatever names its family uses: the one place
-    a model's sizes are read and checked."""
+    a model's sizes are read and checked (those of the stack the family reads: `table.stack_sizes`)."""
+    config = T.stack_sizes(family, config)
     heads = config_size(config, name, "heads")
     hidden = config_size(config, name, "hidden")
     kv_heads = T.qkv_layout(family, config)[1] or config_size(config, name, "kv_heads", default=heads)

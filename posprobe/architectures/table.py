@@ -192,7 +192,10 @@ class Family:
     names them), `softmax_attention` False for models with none at all (refused), `qkv` LATENT for multi-head latent
     attention (`families.latent`), `indexer` the module of a sparse indexed layer's indexer (DeepSeek Sparse
     Attention: it picks each query's top-k keys; `families.indexed`, its rotary pairing in
-    `tensors['indexer_rotary']`).
+    `tensors['indexer_rotary']`); `sizes` config keys of the read stack's sizes, looked for first (Whisper's
+    decoder_layers), `text_stack` the stack of an encoder-decoder that reads text ('decoder' where the encoder reads
+    audio: the entry names the decoder's tensors, and captures run it); `tensors['codebook_words']` one word table
+    per codebook ('{c}'), summed (MusicGen).
     An entry without `word` is known (`params` counts it, analyses name its mechanism) but not analysed.
     """
 
@@ -245,6 +248,10 @@ class Family:
     rms_when: str | None = None  # config key that, when set, makes every norm an RMS norm with it as epsilon
     # (Cohere 2 MoE's rms_norm_eps; its bias-free LayerNorm otherwise)
     softmax_attention: bool = True  # False: no layer has softmax attention (Mamba, RWKV, xLSTM): refused as such
+    sizes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # `CONFIG_KEYS` entry -> config keys looked
+    # for first: the stack posprobe reads has sizes of its own (Whisper's decoder_layers, decoder_attention_heads)
+    text_stack: str = "encoder"  # the stack of an encoder-decoder that reads text and that a capture runs: 'decoder'
+    # where the encoder reads other inputs (Whisper's audio features); the entry then names the decoder's tensors
     hybrid: str = ""  # what the layers without softmax attention are, in words (config.layer_types names them;
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
@@ -275,7 +282,9 @@ class Family:
             "nope": (self.nope, (None, *NOPE_RULES)),
             "qk_norm_scope": (self.qk_norm_scope, ("head", "all")),
             "capture": (self.capture, CAPTURES),
+            "text_stack": (self.text_stack, ("encoder", "decoder")),
         }
+        checks |= {f"sizes key {k!r}": (k, tuple(CONFIG_KEYS)) for k in self.sizes}
         checks |= {f"switches key {k!r}": (k, SWITCHABLE) for k in self.switches}
         checks |= {f"switch kind {k!r}": (k, KINDS) for k in self.switch_kinds}
         for name, (value, allowed) in checks.items():
@@ -394,6 +403,38 @@ _GPTJ = dict(kind=ROTARY, causal=True, word="wte.weight", pre_norm="h.{l}.ln_1",
 
 def _sinusoidal(module: str, prefix: str) -> dict[str, str]:
     return {"positions_class": f"transformers.models.{module}.modeling_{module}:{prefix}SinusoidalPositionalEmbedding"}
+
+
+def _musicgen(module: str, prefix: str) -> dict:
+    """MusicGen's decoder (its causal LM; nested as `decoder` in the full model's config): one word table per codebook,
+    their embeddings summed (not scaled: scale_embedding is unused), a [cos | sin] table from position 0, pre-LN."""
+    return dict(
+        causal=True,
+        word="decoder.embed_tokens.0.weight",
+        eps=1e-5,
+        query="decoder.layers.{l}.self_attn.q_proj",
+        key="decoder.layers.{l}.self_attn.k_proj",
+        pre_norm="decoder.layers.{l}.self_attn_layer_norm",
+        sizes={
+            "hidden": ("decoder.hidden_size",),
+            "layers": ("decoder.num_hidden_layers",),
+            "heads": ("decoder.num_attention_heads",),
+            "positions": ("decoder.max_position_embeddings",),
+            "vocab": ("decoder.vocab_size",),
+        },
+        text_stack="decoder",
+        tensors={
+            "codebook_words": "decoder.embed_tokens.{c}.weight",
+            "codebooks": "num_codebooks,decoder.num_codebooks",
+            "positions_table": f"transformers.models.{module}.modeling_{module}:{prefix}SinusoidalPositionalEmbedding"
+            ".get_embedding",
+        },
+        capture=REFUSED,
+        capture_note="its input is one token per codebook at every position (audio codes), not one token sequence",
+        description="sinusoidal absolute positions (not learned), added to the sum of one embedding per codebook (the "
+        "content-free input: the average embedding of every codebook, summed); conditioning by cross-attention or a "
+        "prefix has no positional score",
+    )
 
 
 def _rotary(module: str, prefix: str) -> str:
@@ -639,6 +680,108 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "blenderbot-small", ("blenderbot-small",), LEARNED, embedding_norm="encoder.layernorm_embedding", **_SEQ2SEQ
     ),  # fmt: skip
+    # issue 34 (s2s): encoder-decoders whose language model is the decoder, and audio decoders
+    Family(
+        "whisper",
+        ("whisper",),
+        LEARNED,
+        causal=True,
+        word="decoder.embed_tokens.weight",
+        position="decoder.embed_positions.weight",  # no offset; words are not scaled (scale_embedding: encoder only)
+        eps=1e-5,
+        query="decoder.layers.{l}.self_attn.q_proj",
+        key="decoder.layers.{l}.self_attn.k_proj",  # no key bias
+        pre_norm="decoder.layers.{l}.self_attn_layer_norm",
+        sizes={
+            "layers": ("decoder_layers",),
+            "heads": ("decoder_attention_heads",),
+            "positions": ("max_target_positions",),
+        },
+        text_stack="decoder",
+        capture=EAGER,
+        capture_note="decoder stack, run without encoder states: no cross-attention",
+        description="learned absolute table (the decoder, as WhisperForCausalLM; its encoder reads audio features, "
+        "not text, and is not read; cross-attention pairs a query with audio frames: no positional score)",
+    ),
+    Family(
+        "trocr",
+        ("trocr",),
+        LEARNED,
+        switch_kinds=(SINUSOIDAL,),  # use_learned_position_embeddings off
+        causal=True,
+        word="decoder.embed_tokens.weight",
+        position="decoder.embed_positions.weight",
+        position_offset=2,
+        embedding_norm="decoder.layernorm_embedding",
+        switches={"embedding_norm": "layernorm_embedding"},
+        embed_scale="scale_embedding",
+        eps=1e-5,
+        query="decoder.layers.{l}.self_attn.q_proj",  # post-LN: no norm before attention
+        key="decoder.layers.{l}.self_attn.k_proj",
+        sizes={"layers": ("decoder_layers",), "heads": ("decoder_attention_heads",)},
+        tensors=_sinusoidal("trocr", "TrOCR"),  # numbered from padding_idx + 1, as M2M100
+        capture=EAGER,
+        capture_note="run without image features: no cross-attention",
+        description="learned absolute table, or sinusoidal positions (use_learned_position_embeddings); a decoder "
+        "(TrOCRForCausalLM) whose cross-attention to image features has no positional score",
+    ),
+    Family(
+        "bigbird_pegasus",
+        ("bigbird_pegasus",),
+        LEARNED,
+        word="shared.weight",
+        position="encoder.embed_positions.weight",  # no offset; layernorm_embedding is the encoder's final norm
+        embed_scale="scale_embedding",
+        eps=1e-5,
+        query="encoder.layers.{l}.self_attn.self.query",  # BigBird's attention (full or block-sparse) in self_attn
+        key="encoder.layers.{l}.self_attn.self.key",
+        pre_norm="encoder.layers.{l}.self_attn_layer_norm",
+        windows="block_sparse",
+        capture=EAGER,
+        capture_note="encoder stack, up to (5 + 2 random blocks) x block size tokens, where it attends fully",
+        description="learned absolute table (encoder stack, block-sparse beyond (5 + 2 random blocks) x block size; "
+        "the decoder attends fully, its cross-attention has no positional score)",
+    ),
+    Family(
+        "prophetnet",
+        ("prophetnet",),
+        LEARNED,
+        word="(encoder.word_embeddings|word_embeddings).weight",  # one table, tied: saved once, at the top
+        position="encoder.position_embeddings.weight",
+        reserved_rows=True,  # positions numbered from padding_idx + 1, as RoBERTa
+        embedding_norm="encoder.embeddings_layer_norm",
+        eps=1e-5,
+        query="encoder.layers.{l}.self_attn.query_proj",  # post-LN
+        key="encoder.layers.{l}.self_attn.key_proj",
+        sizes={"layers": ("num_encoder_layers",), "heads": ("num_encoder_attention_heads",)},
+        capture=EAGER,
+        capture_note="encoder stack",
+        description="learned absolute table (encoder stack; the decoder's n-stream self-attention, a learned table "
+        "plus query-dependent relative bucket biases, is not read)",
+    ),
+    Family("musicgen", ("musicgen", "musicgen_decoder"), SINUSOIDAL, **_musicgen("musicgen", "Musicgen")),
+    Family(
+        "musicgen_melody",
+        ("musicgen_melody", "musicgen_melody_decoder"),
+        SINUSOIDAL,
+        **_musicgen("musicgen_melody", "MusicgenMelody"),
+    ),
+    Family(
+        "moshi",
+        ("moshi",),
+        rotary_class=_rotary("moshi", "Moshi"),
+        tensors={"more_words": "1"},  # its word table holds vocab_size + 1 rows
+        description="rotary embeddings (RoPE) in the temporal transformer, read on text tokens alone (as "
+        "MoshiForCausalLM runs it; the full model, given audio, adds codebook embeddings at each position); the depth "
+        "decoder over codebooks has no positional encoding and is not read",
+        # the full model also holds a depth decoder (depth_decoder.layers.{l}): its temporal layers are model.layers
+        **{
+            **_LLAMA,
+            "query": "(model.layers|layers).{l}.self_attn.q_proj.linear",
+            "key": "(model.layers|layers).{l}.self_attn.k_proj.linear",
+            "pre_norm": "(model.layers|layers).{l}.input_layernorm",
+        },
+    ),
     # -- rotary (SPEC §9)
     Family("llama", ("llama",), rotary_class=_rotary("llama", "Llama"), **_LLAMA),
     Family("mistral", ("mistral",), rotary_class=_rotary("mistral", "Mistral"), windows="sliding_window", **_LLAMA),
@@ -2000,6 +2143,19 @@ def model_types(kind: str | None = None, analysable: bool | None = None, retrofi
     )
 
 
+def stack_sizes(family: Family, config: dict) -> dict:
+    """`config` with the sizes of the stack the family reads put under the first `CONFIG_KEYS` name of each
+    (`Family.sizes`: Whisper's decoder_layers, decoder_attention_heads, max_target_positions); `config` itself
+    when the family names none or the config has none of them."""
+    out = None
+    for what, keys in family.sizes.items():
+        value = next((config_get(config, k) for k in keys if config_get(config, k) is not None), None)
+        if value is not None:
+            out = {k: v for k, v in (out or config).items() if k not in CONFIG_KEYS[what]}
+            out[CONFIG_KEYS[what][0]] = value
+    return config if out is None else out
+
+
 def config_get(config: dict, key: str):
     """config[key], where a dotted key names a field of a nested section ('attn_config.clip_qkv': DBRX); None when
     absent."""
@@ -2098,6 +2254,8 @@ def position_kind(config: dict) -> tuple[str, str]:
             "a learned absolute table in pre-norm layers (pre_norm; transformers' own FlauBERT does not run such "
             "configs, so there is no module to check a reading against; posprobe reads the post-norm ones)"
         )
+    if model_type == "trocr" and not config_flag(config, "use_learned_position_embeddings"):
+        return SINUSOIDAL, KIND_NAMES[SINUSOIDAL]
     if family.switch_kinds:  # the config has picked one of the family's kinds: name that one
         return family.kind, KIND_NAMES[family.kind]
     return family.kind, family.mechanism

@@ -56,6 +56,12 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
             f"'{kind}' has {family.mechanism}, so there is no attention to record",
             "`posprobe states` reads its hidden states (every layer)",
         )
+    if family is not None and "codebook_words" in family.tensors:  # MusicGen
+        raise PosprobeError(
+            f"'{kind}' reads one token of each codebook at every position (audio codes), not one token sequence, so "
+            "texts cannot be run through it",
+            "its content-free scores: `posprobe fhat` / `profiles` on the checkpoint",
+        )
     if attention and family is not None and family.hybrid and not hybrid:
         raise PosprobeError(
             f"'{kind}' is a hybrid: softmax attention in some layers, {family.hybrid} in the others; this command "
@@ -72,6 +78,11 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
             "its content-free scores (`posprobe fhat`, `profiles`) read the text's pairs",
         )
     layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)
+    if family is not None and family.sizes:  # the stack it reads has sizes of its own (Whisper's decoder)
+        from posprobe.architectures.table import config_value, stack_sizes
+
+        sizes = stack_sizes(family, cfg.to_dict())
+        layers, heads = config_value(sizes, "layers"), config_value(sizes, "heads")
     if not layers or not heads:
         raise PosprobeError(f"cannot read the number of layers and heads of '{kind}'", "use a standard config")
     if family is not None and family.head_ratio:  # mixed attention (ConvBERT): its softmax heads
@@ -107,9 +118,29 @@ def attention_layers(model, n_layers: int | None = None) -> list[int]:
     return [layer for layer in range(layers) if types[layer] in ATTENTION_LAYER_TYPES]
 
 
+def run_stack(model) -> str | None:
+    """The stack of an encoder-decoder that `stack_to_run` gives ('encoder', or 'decoder' where the family's
+    encoder reads no text: `Family.text_stack`); None for a model of one stack."""
+    if not getattr(model.config, "is_encoder_decoder", False):
+        return None
+    from posprobe.families import family_for_type
+
+    family = family_for_type(str(getattr(model.config, "model_type", "")))
+    return "encoder" if family is None else family.text_stack
+
+
 def stack_to_run(model):
     """The module a capture runs on text: the model itself, or the encoder stack of an encoder-decoder (its
-    decoder's self-attention needs decoder inputs, a target text, and reads the encoder's output as well)."""
+    decoder's self-attention needs decoder inputs, a target text, and reads the encoder's output as well); the
+    decoder stack, run without encoder states, where the encoder reads no text (`Family.text_stack`: Whisper)."""
+    if run_stack(model) == "decoder":
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        if decoder is None or decoder is model:
+            raise PosprobeError(
+                f"cannot find the decoder stack of the encoder-decoder '{model.config.model_type}'",
+                "pass the model with get_decoder(), or its causal language model",
+            )
+        return decoder
     if getattr(model.config, "is_encoder_decoder", False):
         encoder = model.get_encoder() if hasattr(model, "get_encoder") else None
         if encoder is None or encoder is model:
@@ -143,8 +174,14 @@ def check_length(model, longest: int) -> None:
 
 def max_positions(model) -> int | None:
     """Longest input the model's positions allow (RoBERTa family: table minus its reserved rows)."""
+    from posprobe.architectures.table import config_value, stack_sizes
+    from posprobe.families import family_for_type
+
     cfg = text_config(model)
     n = getattr(cfg, "max_position_embeddings", None)
+    family = family_for_type(str(getattr(cfg, "model_type", "")))
+    if family is not None and "positions" in family.sizes:  # the read stack's own limit (Whisper's decoder)
+        n = config_value(stack_sizes(family, cfg.to_dict()), "positions")
     if n is None:
         return None
     from posprobe.architectures.config import reserved_rows
@@ -295,7 +332,6 @@ def load_for_capture(model: Any, allow_pickle: bool, need_tokenizer: bool, dispa
         if need_tokenizer:
             raise PosprobeError("texts need a tokenizer, and a model object carries none", "pass input_ids instead")
         return None, model, None
-    from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
     from posprobe.checkpoint import resolve_model
@@ -312,12 +348,24 @@ def load_for_capture(model: Any, allow_pickle: bool, need_tokenizer: bool, dispa
     hf_logging.disable_progress_bar()  # the weight-loading bar would mix with the caller's progress bar
     try:
         net = load_model(
-            str(source.path), AutoModel, allow_pickle=allow_pickle, attn_implementation="eager", **(dispatch or {})
-        )
+            str(source.path), _model_class(source.model_type), allow_pickle=allow_pickle, attn_implementation="eager",
+            **(dispatch or {}),
+        )  # fmt: skip
     finally:
         if bars:
             hf_logging.enable_progress_bar()
     return source, net, tokenizer
+
+
+def _model_class(model_type: str):
+    """The auto class a capture loads a checkpoint with: AutoModel, or AutoModelForCausalLM for a type that has a
+    causal LM but no base model class (TrOCR's decoder)."""
+    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
+
+    if model_type not in MODEL_MAPPING_NAMES and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForCausalLM
+    return AutoModel
 
 
 def layer_kind_words(model, n: int, stack: str = "encoder") -> list[str] | None:

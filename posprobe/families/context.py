@@ -150,7 +150,7 @@ class ModelContext(EmbeddingReader):
         self.source, self.reader, self.mode = source, reader, mode
         self.family = check_analysable(source)
         self.kind = T.position_kind(source.config)[0]
-        self.config = source.config
+        self.config = T.stack_sizes(self.family, source.config)  # the read stack's sizes first (Whisper's decoder)
         self.shape = config_shape(self.config, source.name, self.family)
         self.qkv = T.qkv_layout(self.family, self.config)[0]
         self.cache: dict = {}  # a pure memo: what score functions compute once for every layer (rotary angles)

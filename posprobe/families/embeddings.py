@@ -68,10 +68,14 @@ class EmbeddingReader:
     @cached_property
     def word_mean(self) -> np.ndarray:
         """Vocabulary-average word embedding e_w (e,), read a chunk of rows at a time."""
+        if "codebook_words" in self.family.tensors:  # MusicGen: one table per codebook, their embeddings summed
+            return self.codebook_word_mean(self.family.tensors["codebook_words"])
         key = self.key(self.family.word)
         if key is None:
             self.tensor(self.family.word)  # raises the clear error
         shape, vocab = self.reader.shape(key), self.shape.vocab
+        if vocab is not None:  # words beyond vocab_size the family's table holds (Moshi's: one), averaged with the rest
+            vocab += int(self.family.tensors.get("more_words", 0))
         rows_after = self.family.extra_word_rows
         extra = math.prod(int(self.config.get(k) or 0) for k in rows_after) if rows_after else 0
         if vocab is not None and shape and len(shape) == 2 and shape[0] != vocab + extra:  # a config from elsewhere
@@ -80,6 +84,22 @@ class EmbeddingReader:
         if extra:  # rows after the vocabulary are no words (CPM-Ant's prompts): the vocabulary's mean alone
             return self.reader.get(key)[: shape[0] - extra].mean(axis=0)
         return self.reader.row_mean(key)
+
+    def codebook_word_mean(self, pattern: str) -> np.ndarray:
+        """The average input of one position of a model that sums one embedding per codebook (MusicGen: every
+        codebook's stream has a token at every position): the sum over codebooks c of the average row of table
+        `pattern` ('{c}' the codebook) (e,); the count of tables must be the config's (the first of the config keys
+        `Family.tensors['codebooks']` names, comma-separated, that it holds)."""
+        keys = []
+        while (key := self.key(pattern.replace("{c}", str(len(keys))))) is not None:
+            keys.append(key)
+        if not keys:
+            self.tensor(pattern.replace("{c}", "0"))  # raises the clear error
+        said = [T.config_get(self.config, k) for k in self.family.tensors.get("codebooks", "").split(",") if k]
+        said = next((n for n in said if n is not None), None)
+        if said is not None and said != len(keys):
+            raise mixed_checkpoint(self.source.name, "num_codebooks =", said, f"{len(keys)} codebook tables")
+        return sum(self.reader.row_mean(key) for key in keys)
 
     @property
     def word_dtype(self) -> str | None:
@@ -165,7 +185,7 @@ class EmbeddingReader:
         self.require_table()
         f, cfg, name = self.family, self.config, self.source.name
         stored = self.key(f.position) if f.position else None
-        built = "positions_class" in f.tensors or "positions_function" in f.tensors
+        built = any(k in f.tensors for k in ("positions_class", "positions_function", "positions_table"))
         if stored is None and built:  # a sinusoidal table the model builds
             from posprobe.families.sinusoidal import build_table
 

@@ -4,7 +4,8 @@ Marian and Pegasus store the table they were built with (`embed_positions.weight
 XGLM keep it in a non-persistent buffer: the family's module (`Family.tensors['positions_class']`) is built
 from the config and asked for positions 0..n-1 of a sequence without padding (M2M100 numbers them from
 `padding_idx + 1`, XGLM from its offset 2: the module knows); CTRL's comes from a function of its module
-(`Family.tensors['positions_function']`). No model is built. The result is an
+(`Family.tensors['positions_function']`), MusicGen's from a static method of its module (`positions_table`: rows
+0..n-1). No model is built. The result is an
 `E_P` (n, d) like a learned table, so `toeplitz`, `fhat` (paper/faithful) and `profiles` apply unchanged.
 """
 
@@ -19,6 +20,13 @@ def build_table(family, config: dict, n: int, d: int) -> np.ndarray:
     """E_P (n, d) float64 from the family's positional module (float32 where the model computes in float32)."""
     import torch
 
+    if "positions_table" in family.tensors:  # MusicGen: a static method of its module, (rows, width) in float32
+        module_name, path = family.tensors["positions_table"].split(":")
+        build = importlib.import_module(module_name)
+        for part in path.split("."):
+            build = getattr(build, part)
+        with torch.no_grad():
+            return build(n, d).to(torch.float32).reshape(n, d).double().numpy()
     if "positions_function" in family.tensors:  # CTRL: a function of (rows, width, dtype), computed in float32
         module_name, function_name = family.tensors["positions_function"].split(":")
         build = getattr(importlib.import_module(module_name), function_name)

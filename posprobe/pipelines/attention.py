@@ -21,7 +21,7 @@ from posprobe.analysis.learned_sinks import LearnedSinkAccumulator
 from posprobe.analysis.sinks import SinkAccumulator
 from posprobe.capture import RECORD_NAME, check_model, register_recording_attention
 from posprobe.capture.memory import check_fits
-from posprobe.capture.model import attention_layers, layer_kind_words
+from posprobe.capture.model import attention_layers, layer_kind_words, run_stack
 from posprobe.capture.textrun import TextModel, run_texts, text_run
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.attention_result import AttentionResult, write_attention
@@ -70,7 +70,8 @@ def attention_profiles(
     the first batch that the recorded attention reproduces the model's own (`posprobe.capture`). `progress(k)` is
     called after each batch with the number of texts it held. An encoder-decoder (T5, BART, ...) runs its encoder
     stack on the texts (`stack` 'encoder', the default; 'decoder' is refused: its self-attention needs a target
-    text and reads the encoder's output). A hybrid (Jamba, LFM2, Qwen3-Next, ...) has its attention layers
+    text and reads the encoder's output); one whose encoder reads no text (Whisper: audio) runs its decoder, without
+    encoder states, whichever `stack` is given. A hybrid (Jamba, LFM2, Qwen3-Next, ...) has its attention layers
     recorded; its other layers (recurrent / state-space / convolution) have no attention: NaN in every per-layer
     array (no pair, no query), and `layer_kinds` says so.
     `mean_scores`: keep the n x n sums of the mean score matrix M (and the count matrix and M's Toeplitz R^2): True
@@ -91,7 +92,7 @@ def attention_profiles(
     started = time.perf_counter()
 
     def check(net) -> tuple[int, int]:
-        if stack == "decoder":
+        if stack == "decoder" and run_stack(net) != "decoder":
             kind = getattr(net.config, "model_type", "unknown")
             raise ArgumentValueError(
                 "stack",
@@ -132,7 +133,6 @@ def attention_profiles(
     n_layers, n_heads = output.model.checked
     acc, sinks, *learned = output.reducers
     learned = learned[0] if learned else None
-    encoder_decoder = bool(getattr(net.config, "is_encoder_decoder", False))
     summary = output.summary
     n_texts = summary.n_texts
     attending = list(output.summary.attention_layers)  # a hybrid's attention layers; every layer otherwise
@@ -166,7 +166,7 @@ def attention_profiles(
         learned_sinks=shares,
         min_pairs=min_pairs,
         quantization=None if source is None else source.quantization,
-        stack="encoder" if encoder_decoder else None,
+        stack=run_stack(net),
         layer_kinds=kinds,
         mean_scores_note="kept"
         if profiles.mean_scores is not None

@@ -95,9 +95,10 @@ class ScoreReader:
         stack = as_choice(stack, "stack", STACKS)
         positions = None if positions is None else as_int(positions, "positions", minimum=MIN_POSITIONS)
         self.ctx, self.source, self.family, self.stack = ctx, ctx.source, ctx.family, stack
-        if stack == "decoder" and not self.family.encoder_decoder:
+        one_of_two = self.family.text_stack if ctx.source.config.get("is_encoder_decoder") else None  # the one read
+        if stack == "decoder" and not self.family.encoder_decoder and one_of_two != "decoder":
             source = ctx.source
-            what = "its encoder stack only" if source.config.get("is_encoder_decoder") else "one stack, no decoder"
+            what = f"its {one_of_two} stack only" if one_of_two else "one stack, no decoder"
             raise ArgumentValueError(
                 "stack", f"posprobe reads '{source.name}' ({source.model_type}): {what}", "drop {arg}"
             )
@@ -118,8 +119,11 @@ class ScoreReader:
 
     @property
     def reported_stack(self) -> str | None:
-        """The stack results name: 'encoder'/'decoder' for an encoder-decoder model, None for one stack."""
-        return self.stack if self.family.encoder_decoder or self.source.config.get("is_encoder_decoder") else None
+        """The stack results name: 'encoder'/'decoder' for an encoder-decoder model (of one whose entry reads one
+        stack, that one: Whisper's decoder), None for one stack."""
+        if self.family.encoder_decoder:
+            return self.stack
+        return self.family.text_stack if self.source.config.get("is_encoder_decoder") else None
 
     def _check_n(self, positions, available: int, what: str) -> int:
         if positions is None:
