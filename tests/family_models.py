@@ -408,13 +408,24 @@ CASES = {
     "ctrl": ("ctrl", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, dff=37, n_positions=64), dict(own=True)),
     "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
+    # issue 34 (attnvar)
+    # Granite SWA: a rope base per layer (0: NoPE), sliding and global layers, learned sinks
+    "granite_swa": ("granite_swa", dict(_KV2, num_hidden_layers=3, attention_multiplier=0.3, embedding_multiplier=2.5,
+                                        sliding_window=6, layer_rope_theta=[100.0, 0, 10000.0],
+                                        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    "granitemoe_swa": ("granitemoe_swa", dict(_KV2, num_hidden_layers=3, attention_multiplier=0.3,
+                                              embedding_multiplier=2.5, num_local_experts=2, num_experts_per_tok=1,
+                                              sliding_window=6, layer_rope_theta=[10000.0, 100.0, 0],
+                                              layer_types=["full_attention", "sliding_attention",
+                                                           "full_attention"])),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
                   "granitemoe", "granitemoeshared", "glm4_moe", "minimax_m2", "ernie4_5_moe", "flex_olmo",
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
-                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h")  # fmt: skip
+                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h",
+                  "granitemoe_swa")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}
@@ -436,6 +447,7 @@ ISSUE_34_CASES = frozenset({
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
+    "granite_swa", "granitemoe_swa",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

@@ -69,6 +69,7 @@ NOPE_RULES = (
     "global_layers_by_type",  # layers whose config.layer_types[l] is not 'sliding_attention', any window (AFMoE)
     "global_layers_but_dense_prefix",  # global_layers, except dense-MLP prefix layers where the config's
     # prefix_dense_sliding_window_pattern is 1: those rotate (Cohere 2 MoE's force_rope)
+    "zero_rope_theta",  # layers whose rope base in config[tensors['layer_rope_theta']] is 0 (Granite SWA)
 )
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
@@ -1259,6 +1260,23 @@ FAMILIES: tuple[Family, ...] = (
         sinks="layers.{l}.self_attn.sinks",
         description="rotary embeddings (RoPE, YaRN); learned per-head attention sinks",
         **_LLAMA,
+    ),
+    # -- issue 34 (attnvar): attention variants that needed new score code
+    *(
+        Family(
+            t,
+            (t,),
+            rotary_class=_rotary(t, prefix),
+            windows="layer_types",
+            nope="zero_rope_theta",
+            sinks="layers.{l}.self_attn.sinks",  # applied as sigmoid(logsumexp - s_h) on the output: the same weights
+            tensors={"layer_rope_theta": "layer_rope_theta"},
+            description="rotary embeddings (RoPE) with a base per layer (config.layer_rope_theta, 0: NoPE); "
+            "learned per-head attention sinks",
+            **_LLAMA,
+            **_GRANITE,
+        )
+        for t, prefix in (("granite_swa", "GraniteSWA"), ("granitemoe_swa", "GraniteMoeSWA"))
     ),
     Family(
         "persimmon",

@@ -20,7 +20,7 @@ import numpy as np
 
 from posprobe.architectures import table as T
 from posprobe.errors import PosprobeError
-from posprobe.families.windows import takes_layer_type
+from posprobe.families.windows import layer_thetas, takes_layer_type
 
 
 def transformers_config(ctx):
@@ -49,10 +49,14 @@ def _floats(value):
     return value
 
 
-def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def rotary_angles(
+    ctx, n: int, layer_type: str | None = None, theta: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(cos, sin), each (n, r) float64, exactly as the family's rotary module gives them for positions 0..n-1
-    (attention scaling of yarn / longrope included; `layer_type` for modules with one setting per layer type),
-    in rotate_half order: dims i and i + r/2 form a pair (interleaved layouts are reordered, see `pairing`)."""
+    (attention scaling of yarn / longrope included; `layer_type` for modules with one setting per layer type;
+    `theta` a layer's own rope base, for families with one per layer: the module built at that base, as the
+    model builds one per base), in rotate_half order: dims i and i + r/2 form a pair (interleaved layouts are
+    reordered, see `pairing`)."""
     import torch
 
     f = ctx.family
@@ -63,7 +67,7 @@ def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarra
             table = _rotary_table(ctx, rotary_class, n)
             sin, cos = np.split(table, 2, axis=-1)
             return np.concatenate([cos, cos], -1), np.concatenate([sin, sin], -1)
-        rotary = rotary_class(config=ctx.transformers_config)
+        rotary = rotary_class(config=ctx.transformers_config if theta is None else _with_theta(ctx, theta))
         x = torch.zeros(1, n, 1, dtype=torch.float64)
         extra = {} if layer_type is None else {"layer_type": layer_type}
         angles = rotary(x, torch.arange(n)[None], **extra)
@@ -85,6 +89,24 @@ def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarra
     else:  # HALF_INTERLEAVED: the first half of rotate_half-ordered angles, each repeated for a pair
         cos, sin = first[:, : first.shape[1] // 2], second[:, : second.shape[1] // 2]
     return np.concatenate([cos, cos], -1), np.concatenate([sin, sin], -1)
+
+
+def _with_theta(ctx, theta: float):
+    """The checkpoint's transformers config with rope base `theta` in its rope parameters (a copy)."""
+    import copy
+
+    config = copy.deepcopy(ctx.transformers_config)
+    config.rope_parameters = {**config.rope_parameters, "rope_theta": theta}
+    return config
+
+
+def layer_rotary(ctx, layer: int, n: int, stack: str = "encoder") -> tuple[str | None, float | None]:
+    """(layer type, rope base) that pick layer `layer`'s rotary setting: its layer type for modules with one
+    setting per type (Gemma 3, ModernBERT), its own base for families with one per layer (Granite SWA); None
+    where the model's one setting applies."""
+    layer_type = ctx.layer_kinds(n, stack)[layer].layer_type if takes_layer_type(ctx) else None
+    thetas = layer_thetas(ctx, layer + 1)
+    return layer_type, (thetas[layer] if layer < len(thetas) and thetas[layer] else None)
 
 
 def _rotary_table(ctx, rotary_class, n: int) -> np.ndarray:
@@ -130,10 +152,10 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
         scores = nope_scores(q * ctx.scaling, k, n)
         temperature = query_temperature(ctx, n)
         return ctx.softcap(scores if temperature is None else scores * temperature[:, None])
-    layer_type = kind.layer_type if takes_layer_type(ctx) else None
-    if ("rotary", n, layer_type) not in ctx.cache:  # the same angles for every layer (of a type)
-        ctx.cache["rotary", n, layer_type] = rotary_angles(ctx, n, layer_type)
-    cos, sin = ctx.cache["rotary", n, layer_type]
+    setting = layer_rotary(ctx, layer, n, stack)
+    if ("rotary", n, setting) not in ctx.cache:  # the same angles for every layer (of a type, of a base)
+        ctx.cache["rotary", n, setting] = rotary_angles(ctx, n, *setting)
+    cos, sin = ctx.cache["rotary", n, setting]
     if cos.shape[-1] > q.shape[-1] or cos.shape[-1] % 2:
         raise PosprobeError(
             f"the rotary module of '{ctx.source.name}' rotates {cos.shape[-1]} dims of {q.shape[-1]}-dim heads",

@@ -69,6 +69,9 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
     kinds = _attention_kinds(ctx, n, stack)
     nope = nope_layers(ctx, len(kinds))
     kinds = [replace(kind, nope=True) if layer in nope else kind for layer, kind in enumerate(kinds)]
+    thetas = layer_thetas(ctx, len(kinds))
+    if len(set(thetas) - {0}) > 1:  # a rope base per layer (Granite SWA): say each rotary layer's
+        kinds = [replace(kind, rope=_rope_words({"rope_theta": t})) if t else kind for kind, t in zip(kinds, thetas)]
     if ctx.qkv == T.LATENT:  # multi-head latent attention: say the split (families.latent)
         kinds = [replace(kind, note=", ".join(x for x in (kind.note, LATENT_WORDS) if x)) for kind in kinds]
     if not ctx.family.hybrid:
@@ -92,6 +95,8 @@ def nope_layers(ctx, count: int) -> set[int]:
         return set(range(count))
     if rule is None or ctx.kind != T.ROTARY:
         return set()
+    if rule == "zero_rope_theta":  # Granite SWA: a layer whose rope base is 0
+        return {layer for layer, theta in enumerate(layer_thetas(ctx, count)) if not theta}
     cfg = ctx.transformers_config
     if rule == "no_rope_layers":  # SmolLM3 / Llama 4: use_rope = no_rope_layers[l]
         flags = list(cfg.no_rope_layers or [])
@@ -109,6 +114,14 @@ def nope_layers(ctx, count: int) -> set[int]:
     if window is None:
         return set(range(count)) - forced if rule != "global_layers_if_windowed" else set()
     return {layer for layer in range(count) if types[layer] != "sliding_attention"} - forced
+
+
+def layer_thetas(ctx, count: int) -> list[float]:
+    """Each layer's rope base where the family keeps one per layer (config list `Family.tensors['layer_rope_theta']`:
+    Granite SWA; 0 is a NoPE layer, `Family.nope` 'zero_rope_theta'), else []."""
+    key = ctx.family.tensors.get("layer_rope_theta")
+    thetas = list(getattr(ctx.transformers_config, key, None) or []) if key and ctx.kind == T.ROTARY else []
+    return [float(t or 0) for t in thetas[:count]]
 
 
 def _attention_kinds(ctx, n: int, stack: str) -> list[LayerKind]:

@@ -74,14 +74,13 @@ def rotary(
         layers = list(range(n_layers))
     else:
         layers = list(dict.fromkeys(_layer_index(x, n_layers, name, "layers") for x in layers))
-    from posprobe.families.rotary import pairing, rotary_angles
-    from posprobe.families.windows import takes_layer_type
+    from posprobe.families.rotary import layer_rotary, pairing, rotary_angles
 
     n = max(reader.n, 2)
-    # one rotary setting per layer type where the family has several (Gemma 3, ModernBERT: local / global)
-    types = [ctx.layer_kinds(n)[layer].layer_type if takes_layer_type(ctx) else None for layer in layers]
+    # one rotary setting per layer type (Gemma 3, ModernBERT: local / global) or per layer (Granite SWA's bases)
+    types = [layer_rotary(ctx, layer, n) for layer in layers]
     windows = [ctx.layer_kinds(n)[layer].window for layer in layers]  # the largest |j - i| a layer attends
-    angles = {t: rotary_angles(ctx, n, t) for t in dict.fromkeys(types)}
+    angles = {t: rotary_angles(ctx, n, *t) for t in dict.fromkeys(types)}
     cos, sin = angles[types[0]]
     s = ctx.shape
     rotated = cos.shape[-1]
