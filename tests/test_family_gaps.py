@@ -60,7 +60,6 @@ NOT_YET = {
     "diffllama": "differential attention: two softmaxes per head, subtracted with a learned lambda",
     "dory": "nGPT-style unit-norm q/k rescaled per channel after RoPE: new score code",
     "doge": "dynamic mask attention: a value-dependent learned bias added to every score",
-    "jetmoe": "mixture of attention heads: each token's query projection is routed among experts",
     "gemma3n_text": "per-layer inputs, AltUp and Laurel blocks, key/value sharing across layers: new reading code",
     "gemma4_text": "key/value sharing across layers (kv_sharing_modes) and per-layer inputs: new reading code",
     "gemma4_unified_text": "key/value sharing across layers and per-layer inputs, as Gemma 4: new reading code",

@@ -297,6 +297,8 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
     if family.qkv == T.LATENT:  # MLA: each head's q and k hold the rotary and the position-free part
         head_dim = config_size(config, name, "latent_head_dim") + config_size(config, name, "latent_rope_dim")
         kv_heads = heads  # every head has its own key (one shared rotary part, its own position-free part)
+    if family.qkv == T.ROUTED_QUERY:  # JetMoE: query head h reads key head h mod H_kv, given per query head
+        kv_heads = heads
     return Shape(heads, kv_heads, head_dim, hidden, layers, float(eps), positions, vocab)
 
 

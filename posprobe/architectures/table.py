@@ -48,7 +48,9 @@ BLOCKED = "blocked"  # one Linear in `Family.qkv_blocks` equal row blocks, each 
 GROUPED_CONV = "grouped-conv1d"  # kernel-1 Conv1d q and k with groups: weight (out, in / groups, 1) (SqueezeBERT)
 LATENT = "latent"  # multi-head latent attention: rotary and position-free parts (DeepSeek V2 / V3; families.latent)
 GATED_QUERY = "gated-query"  # separate Linears; q's rows per head [q_h (d_h); output gate_h (d_h)] (Qwen3-Next)
-QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT, GATED_QUERY)
+ROUTED_QUERY = "routed-query"  # query experts (E, H_kv d_h, d) picked per token by a router; keys shared (JetMoE)
+QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT, GATED_QUERY,
+               ROUTED_QUERY)  # fmt: skip
 # How a rotary family pairs the rotated dims and where its angles come from (`Family.rotary_layout`).
 ROTATE_HALF = "rotate-half"  # the rotary module's (cos, sin), each (n, r); dim i pairs with i + r/2 (Llama)
 INTERLEAVED = "interleaved"  # the module's (cos, sin), each (n, r) repeated per pair; dims 2i, 2i+1 pair (Cohere)
@@ -109,7 +111,7 @@ CONFIG_KEYS = {
     "layers": ("layers_block_type", "num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
     # (a list counts its entries: Nemotron-H's layers_block_type, one kind per layer, overrides num_hidden_layers)
     "hidden": ("hidden_size", "n_embd", "dim", "d_model", "emb_dim"),
-    "head_dim": ("head_dim", "d_kv"),
+    "head_dim": ("head_dim", "d_kv", "kv_channels"),
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
     "vocab": ("vocab_size", "n_vocab"),
     "eps": ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "layernorm_epsilon", "norm_epsilon", "norm_eps"),
@@ -176,7 +178,8 @@ class Family:
     The newest designs (issue 34): `nope` how the config names NoPE layers (`NOPE_RULES`), `sinks` the per-head
     learned sink logits (gpt-oss), `hybrid` what a hybrid's layers without softmax attention are (config.layer_types
     names them), `softmax_attention` False for models with none at all (refused), `qkv` LATENT for multi-head latent
-    attention (`families.latent`).
+    attention (`families.latent`), ROUTED_QUERY for a mixture of attention heads (`families.routed`: `query` the
+    query experts, `tensors['router']` their router, `key` the shared [k; v] projection).
     An entry without `word` is known (`params` counts it, analyses name its mechanism) but not analysed.
     """
 
@@ -1277,6 +1280,21 @@ FAMILIES: tuple[Family, ...] = (
             **_GRANITE,
         )
         for t, prefix in (("granite_swa", "GraniteSWA"), ("granitemoe_swa", "GraniteMoeSWA"))
+    ),
+    Family(
+        "jetmoe",
+        ("jetmoe",),
+        rotary_class=_rotary("jetmoe", "JetMoe"),
+        qkv=ROUTED_QUERY,
+        eps=1e-6,  # its layer norms are built without the config's epsilon
+        tensors={"router": "layers.{l}.self_attention.experts.router.layer"},
+        description="rotary embeddings (RoPE); mixture of attention heads: each token's query from the experts "
+        "its router picks (keys shared)",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attention.experts.input_linear",
+            "key": "layers.{l}.self_attention.kv_proj",
+        },
     ),
     Family(
         "persimmon",

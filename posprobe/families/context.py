@@ -390,10 +390,12 @@ class ModelContext(EmbeddingReader):
         applied (unless the family norms the rotated q and k: `qk_norm_after_rotary`), before any positional
         mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input."""
         x = self.word_input(layer, stack, inputs)
-        if self.qkv == T.LATENT:  # MLA: rotary part first, then the position-free part (families.latent)
+        if self.qkv in (T.LATENT, T.ROUTED_QUERY):  # MLA (families.latent), routed query experts (families.routed)
             from posprobe.families.latent import latent_query_key
+            from posprobe.families.routed import routed_query_key
 
-            q, k = latent_query_key(self, np.atleast_2d(x), self.stored_layer(layer))
+            read = latent_query_key if self.qkv == T.LATENT else routed_query_key
+            q, k = read(self, np.atleast_2d(x), self.stored_layer(layer))
             return (q[:, 0], k[:, 0]) if x.ndim == 1 else (q, k)
         weights = self.attention(layer, stack)
         q, k = weights.queries(x), weights.keys(x)
