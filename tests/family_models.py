@@ -410,14 +410,27 @@ CASES = {
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
     # issue 34 (attnvar)
     # Granite SWA: a rope base per layer (0: NoPE), sliding and global layers, learned sinks
-    "granite_swa": ("granite_swa", dict(_KV2, num_hidden_layers=3, attention_multiplier=0.3, embedding_multiplier=2.5,
-                                        sliding_window=6, layer_rope_theta=[100.0, 0, 10000.0],
+    "granite_swa": ("granite_swa", dict(_KV2, bos_token_id=1, eos_token_id=2, num_hidden_layers=3,
+                                        attention_multiplier=0.3, embedding_multiplier=2.5, sliding_window=6,
+                                        layer_rope_theta=[100.0, 0, 10000.0],
                                         layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
-    "granitemoe_swa": ("granitemoe_swa", dict(_KV2, num_hidden_layers=3, attention_multiplier=0.3,
-                                              embedding_multiplier=2.5, num_local_experts=2, num_experts_per_tok=1,
-                                              sliding_window=6, layer_rope_theta=[10000.0, 100.0, 0],
+    "granitemoe_swa": ("granitemoe_swa", dict(_KV2, bos_token_id=1, eos_token_id=2, num_hidden_layers=3,
+                                              attention_multiplier=0.3, embedding_multiplier=2.5, num_local_experts=2,
+                                              num_experts_per_tok=1, sliding_window=6,
+                                              layer_rope_theta=[10000.0, 100.0, 0],
                                               layer_types=["full_attention", "sliding_attention",
                                                            "full_attention"])),
+    # MiMo-V2-Flash: sliding layers with twice the key heads and learned sinks, a rope setting per layer type
+    "mimo_v2_flash": ("mimo_v2_flash", dict(_KV2, head_dim=8, v_head_dim=6, sliding_window=6, n_routed_experts=2,
+                                            num_experts_per_tok=1, moe_intermediate_size=16,
+                                            layer_types=["full_attention", "sliding_attention"],
+                                            mlp_layer_types=["dense", "sparse"],
+                                            rope_parameters={"full_attention": {"rope_type": "default",
+                                                                                "rope_theta": 10000.0,
+                                                                                "partial_rotary_factor": 0.5},
+                                                             "sliding_attention": {"rope_type": "default",
+                                                                                   "rope_theta": 100.0,
+                                                                                   "partial_rotary_factor": 1.0}})),
     # JetMoE: 3 query experts, 2 picked per token (4 heads over 2 shared key heads); norms with a fixed epsilon
     "jetmoe": ("jetmoe", dict(num_key_value_heads=2, kv_channels=8, num_local_experts=3, num_experts_per_tok=2,
                               max_position_embeddings=64, rms_norm_eps=1e-3, rope_theta=100.0)),
@@ -428,7 +441,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
                   "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h",
-                  "granitemoe_swa")  # fmt: skip
+                  "granitemoe_swa", "mimo_v2_flash")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}
@@ -450,7 +463,7 @@ ISSUE_34_CASES = frozenset({
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
-    "granite_swa", "granitemoe_swa", "jetmoe",
+    "granite_swa", "granitemoe_swa", "jetmoe", "mimo_v2_flash",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

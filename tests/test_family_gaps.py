@@ -64,7 +64,6 @@ NOT_YET = {
     "gemma4_text": "key/value sharing across layers (kv_sharing_modes) and per-layer inputs: new reading code",
     "gemma4_unified_text": "key/value sharing across layers and per-layer inputs, as Gemma 4: new reading code",
     "laguna": "a head count per layer (num_attention_heads_per_layer): posprobe's shapes take one",
-    "mimo_v2_flash": "sliding layers have twice the key heads of global ones, and learned sinks: per-layer shapes",
     "cohere_compass_text": "RoPE passed per layer type by the model's forward (layer-type labels of its rotary "
     "module): not examined yet",
     "beam": "a rotary attention scaling applied to the query by its decoder layer (per layer type): not examined yet",

@@ -1282,6 +1282,17 @@ FAMILIES: tuple[Family, ...] = (
         for t, prefix in (("granite_swa", "GraniteSWA"), ("granitemoe_swa", "GraniteMoeSWA"))
     ),
     Family(
+        "mimo_v2_flash",
+        ("mimo_v2_flash",),
+        rotary_class=_rotary("mimo_v2_flash", "MiMoV2Flash"),  # a rope setting (base, partial factor) per layer type
+        windows="layer_types",
+        sinks="layers.{l}.self_attn.sinks",  # sliding layers only
+        tensors={"sliding_kv_factor": "2"},
+        description="rotary embeddings (RoPE, a setting per layer type); sliding-window layers with twice the key "
+        "heads and learned per-head attention sinks",
+        **_LLAMA,
+    ),
+    Family(
         "jetmoe",
         ("jetmoe",),
         rotary_class=_rotary("jetmoe", "JetMoe"),
@@ -1785,7 +1796,7 @@ def rotary_layout(family: Family, config: dict) -> str:
 
 
 # rotary modules with one setting per layer type
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert")
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "mimo_v2_flash")
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 

@@ -304,7 +304,8 @@ class ModelContext(EmbeddingReader):
                 bk = self.optional(f.key + ".bias", stored, stack)
                 if self.qkv == T.GROUPED_CONV:
                     w, wk = grouped_conv_dense(w, self.attention_width), grouped_conv_dense(wk, self.attention_width)
-                q, k = head_split(w, b, s.heads, s.head_dim), head_split(wk, bk, s.kv_heads, s.head_dim)
+                kv_heads = self.kv_heads(layer, stack)
+                q, k = head_split(w, b, s.heads, s.head_dim), head_split(wk, bk, kv_heads, s.head_dim)
             else:
                 q, k = split_fused(self.qkv, w, b, s.heads, s.kv_heads, s.head_dim, f.qkv_blocks)
         except ValueError:  # a reshape that does not fit
@@ -322,6 +323,13 @@ class ModelContext(EmbeddingReader):
         weights = HeadWeights(q[0], q[1], k[0], k[1], stored)
         prefix = self.bottleneck_prefix
         return weights if prefix is None else _fold(weights, *self.bottleneck(prefix, stored, stack))
+
+    def kv_heads(self, layer: int, stack: str = "encoder") -> int:
+        """Key heads of layer `layer`: the config's, times `Family.tensors['sliding_kv_factor']` in the family's
+        sliding-window layers (MiMo-V2-Flash: twice as many there)."""
+        factor = int(self.family.tensors.get("sliding_kv_factor", 1))
+        sliding = factor > 1 and self.layer_kinds(1, stack)[layer].layer_type == "sliding_attention"
+        return self.shape.kv_heads * (factor if sliding else 1)
 
     @property
     def attention_width(self) -> int:
