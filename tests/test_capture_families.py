@@ -68,6 +68,7 @@ REFUSED = {
     "longformer": "not one softmax over all keys",  # sliding chunks
     "longt5": "not one softmax over all keys",  # blockwise local attention
     "deberta-talking-heads": "does not give its returned attention",  # heads mixed after the softmax
+    "diffllama": "more attention calls .* than it has layers",  # two softmax calls per layer (differential)
 }
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
 # and DeBERTa-v2 in the tests below; every other family, the AttentionInterface ones included (also covered by

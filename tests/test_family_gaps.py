@@ -57,7 +57,6 @@ NOT_YET = {
     "jina_embeddings_v3": _FUSED_ON_DISK + " (and task LoRA adapters)",
     "sarvam_moe": _FUSED_ON_DISK,
     # attention that needs new score code
-    "diffllama": "differential attention: two softmaxes per head, subtracted with a learned lambda",
     "dory": "nGPT-style unit-norm q/k rescaled per channel after RoPE: new score code",
     "doge": "dynamic mask attention: a value-dependent learned bias added to every score",
     "gemma3n_text": "per-layer inputs, AltUp and Laurel blocks, key/value sharing across layers: new reading code",

@@ -1293,6 +1293,16 @@ FAMILIES: tuple[Family, ...] = (
         **_LLAMA,
     ),
     Family(
+        "diffllama",
+        ("diffllama",),
+        rotary_class=_rotary("diffllama", "DiffLlama"),
+        capture=REFUSED,
+        capture_note="two softmax calls per layer (differential attention): refused",
+        description="rotary embeddings (RoPE); differential attention: output head p is softmax head p minus a "
+        "learned lambda times softmax head p + H/2 (F̂ per softmax head)",
+        **_LLAMA,
+    ),
+    Family(
         "jetmoe",
         ("jetmoe",),
         rotary_class=_rotary("jetmoe", "JetMoe"),
