@@ -433,6 +433,8 @@ CASES = {
                                                                                    "partial_rotary_factor": 1.0}})),
     # DiffLlama: two softmax heads per differential head (F̂ of each softmax head)
     "diffllama": ("diffllama", dict(_KV2, head_dim=8, rope_theta=100.0)),
+    # Doge: a learned bias from each key's value in every score (its dynamic mask), q/k norms
+    "doge": ("doge", dict(_KV2, max_position_embeddings=64, keep_window_size=64, attention_bias=True)),
     # JetMoE: 3 query experts, 2 picked per token (4 heads over 2 shared key heads); norms with a fixed epsilon
     "jetmoe": ("jetmoe", dict(num_key_value_heads=2, kv_channels=8, num_local_experts=3, num_experts_per_tok=2,
                               max_position_embeddings=64, rms_norm_eps=1e-3, rope_theta=100.0)),
@@ -465,7 +467,7 @@ ISSUE_34_CASES = frozenset({
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
-    "granite_swa", "granitemoe_swa", "jetmoe", "mimo_v2_flash", "diffllama",
+    "granite_swa", "granitemoe_swa", "jetmoe", "mimo_v2_flash", "diffllama", "doge",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
@@ -499,7 +501,7 @@ def build(name: str, dtype=None):
     model = AutoModel.from_config(config, attn_implementation=c.attention, **extra).to(dtype).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if "norm" in pname.lower() or pname.endswith("bias"):
+            if "norm" in pname.lower() or pname.endswith(("bias", "self_attn.A")):  # Doge's dynamic-mask scale A
                 p.add_(0.1 * torch.randn_like(p))
     return model
 
@@ -526,8 +528,9 @@ RECORD = "posprobe-test-scores"
 
 
 def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention function for transformers' AttentionInterface: records q k^T * scaling (pre-mask) and the mask, once
-    per attention module (DiffLlama calls it twice in a row with the same q and k, for two halves of its values)."""
+    """Attention function for transformers' AttentionInterface: records q k^T * scaling (plus any bias the mask adds
+    to the pairs it lets through) and the mask, once per attention module (DiffLlama calls it twice in a row with the
+    same q and k, for two halves of its values)."""
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -537,8 +540,11 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     mask = None if attention_mask is None else attention_mask[..., : key.shape[-2]]
     if mask is not None and mask.dtype == torch.bool:
         mask = torch.where(mask, 0.0, torch.finfo(scores.dtype).min).to(scores.dtype)
+    recorded = scores  # plus what the mask adds to the pairs it lets through: 0, or Doge's dynamic-mask bias
+    if mask is not None:
+        recorded = scores + torch.where(mask > torch.finfo(mask.dtype).min / 2, mask, 0.0)
     if not _CALLERS or _CALLERS[-1] is not module:
-        _RECORDED.append((scores[0].detach().double().numpy(), None if mask is None else mask[0, 0].double().numpy()))
+        _RECORDED.append((recorded[0].detach().double().numpy(), None if mask is None else mask[0, 0].double().numpy()))
     _CALLERS.append(module)
     if mask is not None:
         scores = scores + mask

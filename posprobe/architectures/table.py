@@ -1303,6 +1303,21 @@ FAMILIES: tuple[Family, ...] = (
         **_LLAMA,
     ),
     Family(
+        "doge",
+        ("doge",),
+        rotary_class=_rotary("doge", "Doge"),
+        qk_norm=_QK_NORM,
+        windows="sliding_window",
+        tensors={
+            "value": "layers.{l}.self_attn.v_proj",
+            "dt_proj": "layers.{l}.self_attn.dt_proj",
+            "dt_scale": "layers.{l}.self_attn.A",
+        },
+        description="rotary embeddings (RoPE); dynamic mask attention: a learned bias from each key's value added "
+        "to its scores (beyond keep_window_size keys, only the largest-bias keys attend)",
+        **_LLAMA,
+    ),
+    Family(
         "jetmoe",
         ("jetmoe",),
         rotary_class=_rotary("jetmoe", "JetMoe"),

@@ -181,7 +181,13 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
     # Query heads h = g * m .. g * m + m - 1 read key head g: one (m n, d_h) x (d_h, n) product per group.
     grouped = qr.reshape(kv_heads, (heads // kv_heads) * n, dh)
     scores = grouped @ np.ascontiguousarray(kr.transpose(0, 2, 1))  # (H_kv, m n, n)
-    return ctx.softcap(scores.reshape(heads, n, n))
+    scores = ctx.softcap(scores.reshape(heads, n, n))
+    if "dt_proj" in ctx.family.tensors:  # Doge: a bias from each key's value (families.dynamic_mask)
+        from posprobe.families.dynamic_mask import key_bias
+
+        x = np.atleast_2d(ctx.word_input(layer, stack, inputs))
+        scores = scores + key_bias(ctx, ctx.stored_layer(layer), x, heads)
+    return scores
 
 
 def post_rotary_norm_eps(ctx) -> float | None:
