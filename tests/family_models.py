@@ -435,6 +435,12 @@ CASES = {
     "diffllama": ("diffllama", dict(_KV2, head_dim=8, rope_theta=100.0)),
     # Doge: a learned bias from each key's value in every score (its dynamic mask), q/k norms
     "doge": ("doge", dict(_KV2, max_position_embeddings=64, keep_window_size=64, attention_bias=True)),
+    # Dory (nGPT): unit-norm q/k, the rotated query rescaled per channel; input, recurrent (one loop), output layers
+    "dory": ("dory", dict(_KV2, head_dim=8, num_hidden_layers=3, n_input_layers=1, n_output_layers=1,
+                          n_recurrent_loops=1, sliding_window=6, initializer_range=0.02,
+                          layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                          rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                           "full_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
     # JetMoE: 3 query experts, 2 picked per token (4 heads over 2 shared key heads); norms with a fixed epsilon
     "jetmoe": ("jetmoe", dict(num_key_value_heads=2, kv_channels=8, num_local_experts=3, num_experts_per_tok=2,
                               max_position_embeddings=64, rms_norm_eps=1e-3, rope_theta=100.0)),
@@ -467,7 +473,7 @@ ISSUE_34_CASES = frozenset({
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
-    "granite_swa", "granitemoe_swa", "jetmoe", "mimo_v2_flash", "diffllama", "doge",
+    "granite_swa", "granitemoe_swa", "jetmoe", "mimo_v2_flash", "diffllama", "doge", "dory",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
@@ -503,6 +509,8 @@ def build(name: str, dtype=None):
         for pname, p in model.named_parameters():
             if "norm" in pname.lower() or pname.endswith(("bias", "self_attn.A")):  # Doge's dynamic-mask scale A
                 p.add_(0.1 * torch.randn_like(p))
+            elif pname.endswith("self_attn.sqk"):  # Dory's query scale per channel: not all equal
+                p.mul_(1 + 0.2 * torch.randn_like(p))
     return model
 
 

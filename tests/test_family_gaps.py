@@ -57,7 +57,6 @@ NOT_YET = {
     "jina_embeddings_v3": _FUSED_ON_DISK + " (and task LoRA adapters)",
     "sarvam_moe": _FUSED_ON_DISK,
     # attention that needs new score code
-    "dory": "nGPT-style unit-norm q/k rescaled per channel after RoPE: new score code",
     "gemma3n_text": "per-layer inputs, AltUp and Laurel blocks, key/value sharing across layers: new reading code",
     "gemma4_text": "key/value sharing across layers (kv_sharing_modes) and per-layer inputs: new reading code",
     "gemma4_unified_text": "key/value sharing across layers and per-layer inputs, as Gemma 4: new reading code",

@@ -289,6 +289,9 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
     positions = config_size(config, name, "positions") if positions is not None else None
     vocab = config_size(config, name, "vocab") if T.config_value(config, "vocab") is not None else None
     layers = config_size(config, name, "layers")
+    types = config.get("layer_types")
+    if family.tensors.get("mlp_layer_entries") and isinstance(types, list) and "mlp" in types:
+        layers = len(types) - types.count("mlp")  # Dory's config.json lists each layer's attention and mlp apart
     if family.shared_layers and config_int(config, name, "num_hidden_groups", default=1) != 1:
         raise PosprobeError(
             f"'{name}' is an ALBERT with {config.get('num_hidden_groups')} layer groups",

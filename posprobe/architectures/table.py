@@ -102,7 +102,8 @@ LAYERNORM_PLUS1 = "layernorm+1"  # Nemotron's LayerNorm1P: (x - mean) / sqrt(var
 PLAIN_LAYERNORM = "layernorm-plain"  # OLMo: (x - mean) / sqrt(var + eps), no weights stored
 PLAIN_RMSNORM = "rmsnorm-plain"  # NanoChat: x / sqrt(mean(x^2) + eps), no weights stored
 NONORM = "nonorm"  # MobileBERT's NoNorm: x * w + b (no normalisation)
-NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, LAYERNORM_PLUS1, PLAIN_LAYERNORM, PLAIN_RMSNORM, NONORM)
+PLAIN_L2 = "l2-plain"  # Dory (nGPT): x / sqrt(sum(x^2) + eps), onto the unit sphere, no weights stored
+NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, LAYERNORM_PLUS1, PLAIN_LAYERNORM, PLAIN_RMSNORM, NONORM, PLAIN_L2)
 
 # Config field names, in the order they are looked for.
 CONFIG_KEYS = {
@@ -1318,6 +1319,18 @@ FAMILIES: tuple[Family, ...] = (
         **_LLAMA,
     ),
     Family(
+        "dory",
+        ("dory",),
+        rotary_class=_rotary("dory", "Dory"),  # a rope setting per layer type
+        windows="layer_types",
+        eps=1e-6,  # its unit-sphere norms fix it
+        tensors={"unit_qk": "always", "query_channel_scale": "layers.{l}.self_attn.sqk", "mlp_layer_entries": "yes"},
+        capture_note="recurrent loops > 1 run layers again: refused",
+        description="rotary embeddings (RoPE); nGPT: unit-norm q and k, the rotated query rescaled per channel "
+        "(sqk); a looped middle section of layers",
+        **{**_LLAMA, "norm": PLAIN_L2},
+    ),
+    Family(
         "jetmoe",
         ("jetmoe",),
         rotary_class=_rotary("jetmoe", "JetMoe"),
@@ -1821,7 +1834,7 @@ def rotary_layout(family: Family, config: dict) -> str:
 
 
 # rotary modules with one setting per layer type
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "mimo_v2_flash")
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "mimo_v2_flash", "dory")
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 

@@ -83,8 +83,8 @@ class LayerRecorder:
         if layer >= self.n_layers:
             raise PosprobeError(
                 f"the model ran more attention calls ({layer + 1}) than it has layers ({self.n_layers})",
-                "models with several attention stacks (encoder-decoder, vision towers) or several softmax calls per "
-                "layer (differential attention) are not supported",
+                "models with several attention stacks (encoder-decoder, vision towers), several softmax calls per "
+                "layer (differential attention) or layers run more than once (loops) are not supported",
             )
         self.allowed.append(self._allowed(mask, scores.device))
         if self.keep_scores:
@@ -286,8 +286,8 @@ class BlockRecorder:
         if self.calls >= self.n_layers:
             raise PosprobeError(
                 f"the model ran more attention calls ({self.calls + 1}) than it has layers ({self.n_layers})",
-                "models with several attention stacks (encoder-decoder, vision towers) or several softmax calls per "
-                "layer (differential attention) are not supported",
+                "models with several attention stacks (encoder-decoder, vision towers), several softmax calls per "
+                "layer (differential attention) or layers run more than once (loops) are not supported",
             )
 
 

@@ -269,7 +269,7 @@ class ModelContext(EmbeddingReader):
 
     def norm(self, x: np.ndarray, prefix: str, layer: int | None = None, stack: str = "encoder") -> np.ndarray:
         """The family's norm with weights `prefix`.weight (and `.bias` when stored) applied to `x` (..., d)."""
-        if self.family.norm in (T.PLAIN_LAYERNORM, T.PLAIN_RMSNORM):  # no weights stored (OLMo, NanoChat)
+        if self.family.norm in (T.PLAIN_LAYERNORM, T.PLAIN_RMSNORM, T.PLAIN_L2):  # no weights (OLMo, NanoChat, Dory)
             return apply_norm(x, self.family.norm, None, None, self.shape.eps)
         weight, bias = self.norm_weights(prefix, layer, stack)
         return apply_norm(x, T.norm_kind(self.family, self.config), weight, bias, self.shape.eps)

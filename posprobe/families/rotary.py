@@ -170,6 +170,11 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
     eps = post_rotary_norm_eps(ctx)
     if eps is not None:  # Llama 4: an RMS ("L2") norm without weights of the rotated q and k
         qr, kr = (x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) for x in (qr, kr))
+    if "unit_qk" in ctx.family.tensors:  # Dory (nGPT): q and k on the unit sphere (rotating keeps their norm)
+        qr, kr = (x / np.sqrt((x**2).sum(-1, keepdims=True) + ctx.shape.eps) for x in (qr, kr))
+    scale = query_channel_scale(ctx, layer, stack)
+    if scale is not None:  # Dory: each channel of the rotated query rescaled (stored in the model's own dim order)
+        qr = qr * (scale if order is None else scale[..., order])
     if ctx.family.qk_norm_after_rotary:  # Hunyuan: the family's q/k norms (with weights) of the rotated q and k
         if order is not None:  # the norms' weights are stored in the model's own dim order
             inverse = np.argsort(order)
@@ -188,6 +193,17 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
         x = np.atleast_2d(ctx.word_input(layer, stack, inputs))
         scores = scores + key_bias(ctx, ctx.stored_layer(layer), x, heads)
     return scores
+
+
+def query_channel_scale(ctx, layer: int, stack: str = "encoder") -> np.ndarray | None:
+    """(H, 1, d_h) the factor Dory multiplies each channel of the rotated query by, (sqk * sqrt(d_h) /
+    initializer_range)^2 from the layer's stored sqk (H d_h,), in the model's own dim order; else None."""
+    name = ctx.family.tensors.get("query_channel_scale")
+    if not name:
+        return None
+    sqk = ctx.tensor(name, ctx.stored_layer(layer), stack)
+    factor = ctx.shape.head_dim**0.5 / float(ctx.transformers_config.initializer_range)
+    return ((sqk * factor) ** 2).reshape(ctx.shape.heads, 1, ctx.shape.head_dim)
 
 
 def post_rotary_norm_eps(ctx) -> float | None:
@@ -226,8 +242,10 @@ def toeplitz_by_construction(ctx, stack: str = "encoder", conditioned: bool = Fa
     j - i alone (a soft cap applied after keeps that), so R^2 = 1 whatever the weights; a NoPE layer's scores are
     one constant, trivially Toeplitz — unless its queries are scaled by their position (Llama 4's temperature
     tuning), which makes them depend on i as well, or weighted norms act on the rotated q and k (Hunyuan: their
-    weights need not be the same within a rotated pair)."""
+    weights need not be the same within a rotated pair), or the rotated query is rescaled per channel (Dory)."""
     if ctx.family.qk_norm_after_rotary and ctx.switched_on("qk_norm"):
+        return False
+    if "query_channel_scale" in ctx.family.tensors:  # Dory: a rotated pair's two channels scaled apart
         return False
     key = ctx.family.tensors.get("temperature_tuning")
     return not (key and T.config_flag(ctx.config, key) and ctx.layer_kinds(1, stack) and _has_nope(ctx, stack))
