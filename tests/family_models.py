@@ -441,6 +441,13 @@ CASES = {
                           layer_types=["sliding_attention", "full_attention", "sliding_attention"],
                           rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                                            "full_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    # Cohere Compass: M-RoPE of text positions in sliding layers, NoPE global layers (no rope parameters)
+    "cohere_compass_text": ("cohere_compass_text", dict(_KV2, head_dim=8, num_hidden_layers=3, sliding_window=6,
+                                                        layer_types=["sliding_attention", "full_attention",
+                                                                     "sliding_attention"],
+                                                        rope_parameters={"sliding_attention": {
+                                                            "rope_type": "default", "rope_theta": 100.0,
+                                                            "mrope_section": [2, 1, 1]}, "full_attention": None})),
     # JetMoE: 3 query experts, 2 picked per token (4 heads over 2 shared key heads); norms with a fixed epsilon
     "jetmoe": ("jetmoe", dict(num_key_value_heads=2, kv_channels=8, num_local_experts=3, num_experts_per_tok=2,
                               max_position_embeddings=64, rms_norm_eps=1e-3, rope_theta=100.0)),
@@ -473,7 +480,7 @@ ISSUE_34_CASES = frozenset({
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
-    "granite_swa", "granitemoe_swa", "jetmoe", "mimo_v2_flash", "diffllama", "doge", "dory",
+    "granite_swa", "granitemoe_swa", "jetmoe", "mimo_v2_flash", "diffllama", "doge", "dory", "cohere_compass_text",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

@@ -72,6 +72,7 @@ NOPE_RULES = (
     "global_layers_but_dense_prefix",  # global_layers, except dense-MLP prefix layers where the config's
     # prefix_dense_sliding_window_pattern is 1: those rotate (Cohere 2 MoE's force_rope)
     "zero_rope_theta",  # layers whose rope base in config[tensors['layer_rope_theta']] is 0 (Granite SWA)
+    "untyped_rope",  # layers whose type has no rope parameters (config.rope_parameters[type] null: Cohere Compass)
 )
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
@@ -1331,6 +1332,15 @@ FAMILIES: tuple[Family, ...] = (
         **{**_LLAMA, "norm": PLAIN_L2},
     ),
     Family(
+        "cohere_compass_text",
+        ("cohere_compass_text",),
+        rotary_class=_rotary("cohere_compass", "CohereCompass"),  # M-RoPE: text positions on every axis
+        windows="layer_types",
+        nope="untyped_rope",
+        description="rotary embeddings (RoPE, a setting per layer type; a type without one is NoPE)",
+        **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
+    ),
+    Family(
         "jetmoe",
         ("jetmoe",),
         rotary_class=_rotary("jetmoe", "JetMoe"),
@@ -1834,7 +1844,8 @@ def rotary_layout(family: Family, config: dict) -> str:
 
 
 # rotary modules with one setting per layer type
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "mimo_v2_flash", "dory")
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "mimo_v2_flash", "dory",
+                  "cohere_compass_text")  # fmt: skip
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 

@@ -104,7 +104,11 @@ def layer_rotary(ctx, layer: int, n: int, stack: str = "encoder") -> tuple[str |
     """(layer type, rope base) that pick layer `layer`'s rotary setting: its layer type for modules with one
     setting per type (Gemma 3, ModernBERT), its own base for families with one per layer (Granite SWA); None
     where the model's one setting applies."""
-    layer_type = ctx.layer_kinds(n, stack)[layer].layer_type if takes_layer_type(ctx) else None
+    kinds = ctx.layer_kinds(n, stack)
+    layer_type = kinds[layer].layer_type if takes_layer_type(ctx) else None
+    if kinds[layer].nope and layer_type is not None and ctx.transformers_config.rope_parameters.get(layer_type) is None:
+        # a NoPE layer type without rope parameters (Cohere Compass) has no angles: the first rotary type's
+        layer_type = next((k.layer_type for k in kinds if not k.nope), layer_type)
     thetas = layer_thetas(ctx, layer + 1)
     return layer_type, (thetas[layer] if layer < len(thetas) and thetas[layer] else None)
 

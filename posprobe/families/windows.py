@@ -98,6 +98,9 @@ def nope_layers(ctx, count: int) -> set[int]:
     if rule == "zero_rope_theta":  # Granite SWA: a layer whose rope base is 0
         return {layer for layer, theta in enumerate(layer_thetas(ctx, count)) if not theta}
     cfg = ctx.transformers_config
+    if rule == "untyped_rope":  # Cohere Compass: a layer type whose rope parameters are null
+        types, params = list(cfg.layer_types or [])[:count], cfg.rope_parameters or {}
+        return {layer for layer, t in enumerate(types) if params.get(t) is None}
     if rule == "no_rope_layers":  # SmolLM3 / Llama 4: use_rope = no_rope_layers[l]
         flags = list(cfg.no_rope_layers or [])
         return {layer for layer in range(count) if layer < len(flags) and not flags[layer]}
@@ -183,7 +186,7 @@ def _ropes(ctx, types: list[str | None]) -> dict:
     if not takes_layer_type(ctx) or None in types:
         return {}
     params = ctx.transformers_config.rope_parameters
-    words = {t: _rope_words(params[t]) for t in set(types)}
+    words = {t: _rope_words(params[t]) for t in set(types) if params.get(t) is not None}  # null: a NoPE type
     return words if len(set(words.values())) > 1 else {}
 
 

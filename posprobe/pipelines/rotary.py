@@ -84,6 +84,12 @@ def rotary(
     cos, sin = angles[types[0]]
     s = ctx.shape
     rotated = cos.shape[-1]
+    widths = sorted({a[0].shape[-1] for a in angles.values()})
+    if len(widths) > 1:  # one rotated width per layer type (MiMo-V2-Flash's partial rotary factors)
+        raise PosprobeError(
+            f"the selected layers of '{name}' rotate different numbers of dims ({', '.join(map(str, widths))})",
+            "pass --layers of one layer type (their kinds: `posprobe fhat`)",
+        )
     if rotated > s.head_dim or rotated % 2 or rotated < 2:
         raise PosprobeError(
             f"the rotary module of '{name}' rotates {rotated} dims of {s.head_dim}-dim heads",
