@@ -448,6 +448,12 @@ CASES = {
                                                         rope_parameters={"sliding_attention": {
                                                             "rope_type": "default", "rope_theta": 100.0,
                                                             "mrope_section": [2, 1, 1]}, "full_attention": None})),
+    # Beam: rotary sliding layers, NoPE global layers whose query grows with position, q/k norms
+    "beam": ("beam", dict(_KV2, head_dim=8, sliding_window=6, num_experts=2, num_experts_per_tok=1,
+                          moe_intermediate_size=16, n_group=1, topk_group=1,
+                          layer_types=["sliding_attention", "full_attention"], mlp_layer_types=["dense", "sparse"],
+                          rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                           "full_attention": None})),
     # JetMoE: 3 query experts, 2 picked per token (4 heads over 2 shared key heads); norms with a fixed epsilon
     "jetmoe": ("jetmoe", dict(num_key_value_heads=2, kv_channels=8, num_local_experts=3, num_experts_per_tok=2,
                               max_position_embeddings=64, rms_norm_eps=1e-3, rope_theta=100.0)),
@@ -458,7 +464,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
                   "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h",
-                  "granitemoe_swa", "mimo_v2_flash")  # fmt: skip
+                  "granitemoe_swa", "mimo_v2_flash", "beam")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}
@@ -481,6 +487,7 @@ ISSUE_34_CASES = frozenset({
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
     "granite_swa", "granitemoe_swa", "jetmoe", "mimo_v2_flash", "diffllama", "doge", "dory", "cohere_compass_text",
+    "beam",
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

@@ -1341,6 +1341,18 @@ FAMILIES: tuple[Family, ...] = (
         **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
     ),
     Family(
+        "beam",
+        ("beam",),
+        rotary_class=_rotary("beam", "Beam"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="untyped_rope",
+        tensors={"nope_query_scale": "transformers.models.beam.modeling_beam:compute_attention_scaling"},
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE with a query scale "
+        "growing with position",
+        **_LLAMA,
+    ),
+    Family(
         "jetmoe",
         ("jetmoe",),
         rotary_class=_rotary("jetmoe", "JetMoe"),
@@ -1845,7 +1857,7 @@ def rotary_layout(family: Family, config: dict) -> str:
 
 # rotary modules with one setting per layer type
 _PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "mimo_v2_flash", "dory",
-                  "cohere_compass_text")  # fmt: skip
+                  "cohere_compass_text", "beam")  # fmt: skip
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 

@@ -219,9 +219,15 @@ def post_rotary_norm_eps(ctx) -> float | None:
 
 def query_temperature(ctx, n: int) -> np.ndarray | None:
     """(n,) the factor a NoPE layer multiplies the query at position i by (Llama 4's attention temperature tuning:
-    1 + attn_scale * log(1 + floor((i + 1) / floor_scale)), in float32 as the model computes it), else None."""
+    1 + attn_scale * log(1 + floor((i + 1) / floor_scale)), in float32 as the model computes it; Beam's
+    (1 + (i + 1) / 2048) ** 0.1, by its own function `Family.tensors['nope_query_scale']`), else None."""
     import torch
 
+    function = ctx.family.tensors.get("nope_query_scale")
+    if function:  # the family's own function of the positions (Beam's scalable-softmax scale, in float32)
+        module, name = function.split(":")
+        scale = getattr(importlib.import_module(module), name)(torch.arange(n)[None])
+        return scale.double().numpy().reshape(n)
     key = ctx.family.tensors.get("temperature_tuning")
     if not key or not T.config_flag(ctx.config, key):
         return None
@@ -252,7 +258,8 @@ def toeplitz_by_construction(ctx, stack: str = "encoder", conditioned: bool = Fa
     if "query_channel_scale" in ctx.family.tensors:  # Dory: a rotated pair's two channels scaled apart
         return False
     key = ctx.family.tensors.get("temperature_tuning")
-    return not (key and T.config_flag(ctx.config, key) and ctx.layer_kinds(1, stack) and _has_nope(ctx, stack))
+    scaled = (key and T.config_flag(ctx.config, key)) or "nope_query_scale" in ctx.family.tensors
+    return not (scaled and ctx.layer_kinds(1, stack) and _has_nope(ctx, stack))
 
 
 def _has_nope(ctx, stack: str) -> bool:
