@@ -60,7 +60,8 @@ NOT_YET = {
     "gemma3n_text": "per-layer inputs, AltUp and Laurel blocks, key/value sharing across layers: new reading code",
     "gemma4_text": "key/value sharing across layers (kv_sharing_modes) and per-layer inputs: new reading code",
     "gemma4_unified_text": "key/value sharing across layers and per-layer inputs, as Gemma 4: new reading code",
-    "laguna": "a head count per layer (num_attention_heads_per_layer): posprobe's shapes take one",
+    "laguna": "a query-head count per layer (num_attention_heads_per_layer): posprobe's results and the capture's "
+    "per-layer arrays hold one head axis (L, H, ...) for every layer; needs per-layer head counts",
     "hrm_text": "hierarchical recurrent stacks (H and L cycles reuse the same layers): no one layer order",
     "zaya": "compressed convolutional attention: q/k come from convolutions over the sequence",
     "neomme": "M-RoPE over several position axes, value embeddings added after rotation, exclusive self-attention",
