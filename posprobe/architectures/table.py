@@ -165,7 +165,12 @@ class Family:
     `reserved_rows`: the position table starts with pad_token_id + 1 reserved rows (True: RoBERTa family), or
     with this many whatever the config says (MPNet: 2, its padding index is fixed at 1).
     `tensors`: further family-specific names and settings for its score module (a relative-bias table, the
-    sinusoidal module and how it numbers positions, whose ALiBi slope code the family runs).
+    sinusoidal module and how it numbers positions, whose ALiBi slope code the family runs; issue 34's attention
+    variants: 'layer_rope_theta' a config list of rope bases per layer (Granite SWA), 'sliding_kv_factor' the key
+    heads of sliding layers per config key head (MiMo-V2-Flash), 'router' the query experts' router (JetMoE),
+    'value' / 'dt_proj' / 'dt_scale' the dynamic mask's tensors (Doge), 'unit_qk' / 'query_channel_scale' /
+    'mlp_layer_entries' Dory's unit-norm q and k, per-channel query scale and config layout, 'nope_query_scale'
+    the family's own function of the positions that scales a NoPE layer's query (Beam)).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
