@@ -547,6 +547,55 @@ CASES = {
     # Moshi's temporal transformer on text: Llama-like, Linear-wrapped projections, a vocab_size + 1 word table;
     # transformers does not apply its sliding_window (the mask test checks it)
     "moshi": ("moshi", dict(_KV2, head_dim=8, ffn_dim=48, rms_norm_eps=1e-5, sliding_window=5)),
+    # issue 34 (attnvar)
+    # Granite SWA: a rope base per layer (0: NoPE), sliding and global layers, learned sinks
+    "granite_swa": ("granite_swa", dict(_KV2, bos_token_id=1, eos_token_id=2, num_hidden_layers=3,
+                                        attention_multiplier=0.3, embedding_multiplier=2.5, sliding_window=6,
+                                        layer_rope_theta=[100.0, 0, 10000.0],
+                                        layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    "granitemoe_swa": ("granitemoe_swa", dict(_KV2, bos_token_id=1, eos_token_id=2, num_hidden_layers=3,
+                                              attention_multiplier=0.3, embedding_multiplier=2.5, num_local_experts=2,
+                                              num_experts_per_tok=1, sliding_window=6,
+                                              layer_rope_theta=[10000.0, 100.0, 0],
+                                              layer_types=["full_attention", "sliding_attention",
+                                                           "full_attention"])),
+    # MiMo-V2-Flash: sliding layers with twice the key heads and learned sinks, a rope setting per layer type
+    "mimo_v2_flash": ("mimo_v2_flash", dict(_KV2, head_dim=8, v_head_dim=6, sliding_window=6, n_routed_experts=2,
+                                            num_experts_per_tok=1, moe_intermediate_size=16,
+                                            layer_types=["full_attention", "sliding_attention"],
+                                            mlp_layer_types=["dense", "sparse"],
+                                            rope_parameters={"full_attention": {"rope_type": "default",
+                                                                                "rope_theta": 10000.0,
+                                                                                "partial_rotary_factor": 0.5},
+                                                             "sliding_attention": {"rope_type": "default",
+                                                                                   "rope_theta": 100.0,
+                                                                                   "partial_rotary_factor": 1.0}})),
+    # DiffLlama: two softmax heads per differential head (F̂ of each softmax head)
+    "diffllama": ("diffllama", dict(_KV2, head_dim=8, rope_theta=100.0)),
+    # Doge: a learned bias from each key's value in every score (its dynamic mask), q/k norms
+    "doge": ("doge", dict(_KV2, max_position_embeddings=64, keep_window_size=64, attention_bias=True)),
+    # Dory (nGPT): unit-norm q/k, the rotated query rescaled per channel; input, recurrent (one loop), output layers
+    "dory": ("dory", dict(_KV2, head_dim=8, num_hidden_layers=3, n_input_layers=1, n_output_layers=1,
+                          n_recurrent_loops=1, sliding_window=6, initializer_range=0.02,
+                          layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                          rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                           "full_attention": {"rope_type": "default", "rope_theta": 10000.0}})),
+    # Cohere Compass: M-RoPE of text positions in sliding layers, NoPE global layers (no rope parameters)
+    "cohere_compass_text": ("cohere_compass_text", dict(_KV2, head_dim=8, num_hidden_layers=3, sliding_window=6,
+                                                        layer_types=["sliding_attention", "full_attention",
+                                                                     "sliding_attention"],
+                                                        rope_parameters={"sliding_attention": {
+                                                            "rope_type": "default", "rope_theta": 100.0,
+                                                            "mrope_section": [2, 1, 1]}, "full_attention": None})),
+    # Beam: rotary sliding layers, NoPE global layers whose query grows with position, q/k norms
+    "beam": ("beam", dict(_KV2, head_dim=8, sliding_window=6, num_experts=2, num_experts_per_tok=1,
+                          moe_intermediate_size=16, n_group=1, topk_group=1,
+                          layer_types=["sliding_attention", "full_attention"], mlp_layer_types=["dense", "sparse"],
+                          rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                           "full_attention": None})),
+    # JetMoE: 3 query experts, 2 picked per token (4 heads over 2 shared key heads); norms with a fixed epsilon
+    "jetmoe": ("jetmoe", dict(num_key_value_heads=2, kv_channels=8, num_local_experts=3, num_experts_per_tok=2,
+                              max_position_embeddings=64, rms_norm_eps=1e-3, rope_theta=100.0)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -554,7 +603,8 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
                   "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h",
-                  "sarvam_moe", "deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4")  # fmt: skip
+                  "sarvam_moe", "deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4", "granitemoe_swa", "mimo_v2_flash",
+                  "beam")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}
@@ -578,6 +628,8 @@ ISSUE_34_CASES = frozenset({
     "gpt_neox_japanese", "luke", "tapas", "git",
     "gte", "nomic_bert", "jina_embeddings_v3", "sarvam_moe", "roc_bert", "roc_bert-no-shape", "roc_bert-sum",
     "convbert", "cpmant",
+    "granite_swa", "granitemoe_swa", "jetmoe", "mimo_v2_flash", "diffllama", "doge", "dory", "cohere_compass_text",
+    "beam",
 })  # fmt: skip
 ISSUE_34_CASES |= {"deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4"}  # issue 34 (indexed)
 ISSUE_34_CASES |= {"zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hybrid", "lara_mini", "lfm3",
@@ -629,8 +681,10 @@ def build(name: str, dtype=None):
     model = model.to(dtype).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if "norm" in pname.lower() or pname.endswith("bias"):
+            if "norm" in pname.lower() or pname.endswith(("bias", "self_attn.A")):  # Doge's dynamic-mask scale A
                 p.add_(0.1 * torch.randn_like(p))
+            elif pname.endswith("self_attn.sqk"):  # Dory's query scale per channel: not all equal
+                p.mul_(1 + 0.2 * torch.randn_like(p))
             if any(name in pname for name in c.boost):
                 p.copy_(torch.randn_like(p))
     return model
@@ -659,11 +713,14 @@ class Reference:
 
 
 _RECORDED: list[tuple[np.ndarray, np.ndarray | None]] = []
+_CALLERS: list = []  # the attention module of each call
 RECORD = "posprobe-test-scores"
 
 
 def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention function for transformers' AttentionInterface: records q k^T * scaling (pre-mask) and the mask."""
+    """Attention function for transformers' AttentionInterface: records q k^T * scaling (plus any bias the mask adds
+    to the pairs it lets through) and the mask, once per attention module (DiffLlama calls it twice in a row with the
+    same q and k, for two halves of its values)."""
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -678,7 +735,12 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
         mask = (torch.zeros_like(scores[0, 0]) if mask is None else mask[0, 0]).masked_fill(
             ~picked, torch.finfo(scores.dtype).min
         )[None, None]
-    _RECORDED.append((scores[0].detach().double().numpy(), None if mask is None else mask[0, 0].double().numpy()))
+    recorded = scores  # plus what the mask adds to the pairs it lets through: 0, or Doge's dynamic-mask bias
+    if mask is not None:
+        recorded = scores + torch.where(mask > torch.finfo(mask.dtype).min / 2, mask, 0.0)
+    if not _CALLERS or _CALLERS[-1] is not module:
+        _RECORDED.append((recorded[0].detach().double().numpy(), None if mask is None else mask[0, 0].double().numpy()))
+    _CALLERS.append(module)
     if mask is not None:
         scores = scores + mask
     probs = scores.softmax(-1)
@@ -803,6 +865,7 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
     ids = torch.full((len(tables), n), word_id, dtype=torch.long)  # MusicGen: one row per codebook
     try:
         _RECORDED.clear()
+        _CALLERS.clear()
         with torch.no_grad():
             if exact:
                 model.set_attn_implementation(RECORD)

@@ -47,6 +47,10 @@ def _by_kind(name: str) -> bool:
         return False
     if c.model_type.startswith("hunyuan_v1"):  # q/k norms with weights act on the rotated q and k
         return False
+    if c.model_type == "dory":  # the rotated query is rescaled per channel
+        return False
+    if c.model_type == "beam":  # its NoPE layers scale each query by its position
+        return False
     return position_kind({**c.config, "model_type": c.model_type})[0] in (ROTARY, ALIBI, NOPE, BUCKET_BIAS)
 
 

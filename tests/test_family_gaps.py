@@ -40,17 +40,8 @@ NOT_YET = {
     "ultravbert": _MULTIMODAL,
     "gemma4_assistant": "a draft model for Gemma 4's assisted decoding: no config class of its own to read",
     # attention that needs new score code
-    "diffllama": "differential attention: two softmaxes per head, subtracted with a learned lambda",
-    "dory": "nGPT-style unit-norm q/k rescaled per channel after RoPE: new score code",
-    "doge": "dynamic mask attention: a value-dependent learned bias added to every score",
-    "jetmoe": "mixture of attention heads: each token's query projection is routed among experts",
-    "granite_swa": "a rope theta per layer (layer_rope_theta; a rotary module per theta): new reading code",
-    "granitemoe_swa": "a rope theta per layer (layer_rope_theta; a rotary module per theta): new reading code",
-    "laguna": "a head count per layer (num_attention_heads_per_layer): posprobe's shapes take one",
-    "mimo_v2_flash": "sliding layers have twice the key heads of global ones, and learned sinks: per-layer shapes",
-    "cohere_compass_text": "RoPE passed per layer type by the model's forward (layer-type labels of its rotary "
-    "module): not examined yet",
-    "beam": "a rotary attention scaling applied to the query by its decoder layer (per layer type): not examined yet",
+    "laguna": "a query-head count per layer (num_attention_heads_per_layer): posprobe's results and the capture's "
+    "per-layer arrays hold one head axis (L, H, ...) for every layer; needs per-layer head counts",
     "hrm_text": "hierarchical recurrent stacks (H and L cycles reuse the same layers): no one layer order",
     "zaya": "compressed convolutional attention: q/k come from convolutions over the sequence",
     "neomme": "M-RoPE over several position axes, value embeddings added after rotation, exclusive self-attention",

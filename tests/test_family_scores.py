@@ -112,3 +112,46 @@ def test_bigbird_block_sparse_attends_pairs_with_the_same_scores(name, tmp_path)
         with np.errstate(divide="ignore"):
             diff = np.where(attended, ours[layer] - np.log(p[0].double().numpy()), np.nan)
         assert np.nanmax(np.nanmax(diff, -1) - np.nanmin(diff, -1)) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["jetmoe", "doge", "dory", "granite_swa"])
+def test_per_position_inputs_equal_the_model(name):
+    """Issue 34's attention variants with a different input at every position (SPEC §13): JetMoE routes each
+    position's query to its own experts, Doge gives each key its own value bias, Dory rescales each unit-norm
+    query, Granite SWA rotates each layer at its own base: F̂ of those inputs equals the module's scores on them."""
+    import torch
+    from family_models import _CALLERS, _RECORDED, RECORD, _layers, _record, build
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+
+    from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+
+    model = build(name)
+    ctx = ModelContext(source_from_model(model), StateDictReader(model), mode="faithful")
+    rows = np.random.default_rng(0).normal(size=(N, model.config.hidden_size))
+    AttentionInterface.register(RECORD, _record)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(RECORD, eager_mask)
+    for layer in attention_layers(ctx):
+        handle = _layers(model)[layer].register_forward_pre_hook(
+            lambda m, args, kwargs: ((torch.from_numpy(rows)[None], *args[1:]), kwargs), with_kwargs=True
+        )
+        try:
+            _RECORDED.clear()
+            _CALLERS.clear()
+            model.set_attn_implementation(RECORD)
+            with torch.no_grad():
+                model(input_ids=torch.zeros(1, N, dtype=torch.long), use_cache=False)
+        finally:
+            handle.remove()
+            model.set_attn_implementation("eager")
+        theirs, mask = _RECORDED[layer]
+        ours = content_free_scores(ctx, layer, N, inputs=ctx.layer_inputs({layer: rows}))
+        allowed = np.broadcast_to(mask > -1e30, ours.shape)
+        np.testing.assert_allclose(ours[allowed], theirs[allowed], rtol=1e-5, atol=1e-5 * np.abs(theirs).max())
+    if name == "jetmoe":  # the positions really took different experts
+        from posprobe.families.routed import routed_experts
+
+        x = ctx.layer_input(rows, 0)
+        router = ctx.tensor(ctx.family.tensors["router"] + ".weight", 0)
+        assert len({tuple(e) for e in routed_experts(x @ router.T, 2)}) > 1

@@ -300,6 +300,9 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
     positions = config_size(config, name, "positions") if positions is not None else None
     vocab = config_size(config, name, "vocab") if T.config_value(config, "vocab") is not None else None
     layers = config_size(config, name, "layers")
+    types = config.get("layer_types")
+    if family.tensors.get("mlp_layer_entries") and isinstance(types, list) and "mlp" in types:
+        layers = len(types) - types.count("mlp")  # Dory's config.json lists each layer's attention and mlp apart
     if family.shared_layers and config_int(config, name, "num_hidden_groups", default=1) != 1:
         raise PosprobeError(
             f"'{name}' is an ALBERT with {config.get('num_hidden_groups')} layer groups",
@@ -308,6 +311,8 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
     if family.qkv == T.LATENT:  # MLA: each head's q and k hold the rotary and the position-free part
         head_dim = config_size(config, name, "latent_head_dim") + config_size(config, name, "latent_rope_dim")
         kv_heads = heads  # every head has its own key (one shared rotary part, its own position-free part)
+    if family.qkv == T.ROUTED_QUERY:  # JetMoE: query head h reads key head h mod H_kv, given per query head
+        kv_heads = heads
     return Shape(heads, kv_heads, head_dim, hidden, layers, float(eps), positions, vocab)
 
 

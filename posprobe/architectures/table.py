@@ -50,7 +50,9 @@ BLOCKED = "blocked"  # one Linear in `Family.qkv_blocks` equal row blocks, each 
 GROUPED_CONV = "grouped-conv1d"  # kernel-1 Conv1d q and k with groups: weight (out, in / groups, 1) (SqueezeBERT)
 LATENT = "latent"  # multi-head latent attention: rotary and position-free parts (DeepSeek V2 / V3; families.latent)
 GATED_QUERY = "gated-query"  # separate Linears; q's rows per head [q_h (d_h); output gate_h (d_h)] (Qwen3-Next)
-QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT, GATED_QUERY)
+ROUTED_QUERY = "routed-query"  # query experts (E, H_kv d_h, d) picked per token by a router; keys shared (JetMoE)
+QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT, GATED_QUERY,
+               ROUTED_QUERY)  # fmt: skip
 # How a rotary family pairs the rotated dims and where its angles come from (`Family.rotary_layout`).
 ROTATE_HALF = "rotate-half"  # the rotary module's (cos, sin), each (n, r); dim i pairs with i + r/2 (Llama)
 INTERLEAVED = "interleaved"  # the module's (cos, sin), each (n, r) repeated per pair; dims 2i, 2i+1 pair (Cohere)
@@ -71,6 +73,8 @@ NOPE_RULES = (
     "global_layers_by_type",  # layers whose config.layer_types[l] is not 'sliding_attention', any window (AFMoE)
     "global_layers_but_dense_prefix",  # global_layers, except dense-MLP prefix layers where the config's
     # prefix_dense_sliding_window_pattern is 1: those rotate (Cohere 2 MoE's force_rope)
+    "zero_rope_theta",  # layers whose rope base in config[tensors['layer_rope_theta']] is 0 (Granite SWA)
+    "untyped_rope",  # layers whose type has no rope parameters (config.rope_parameters[type] null: Cohere Compass)
 )
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
@@ -101,7 +105,8 @@ LAYERNORM_PLUS1 = "layernorm+1"  # Nemotron's LayerNorm1P: (x - mean) / sqrt(var
 PLAIN_LAYERNORM = "layernorm-plain"  # OLMo: (x - mean) / sqrt(var + eps), no weights stored
 PLAIN_RMSNORM = "rmsnorm-plain"  # NanoChat: x / sqrt(mean(x^2) + eps), no weights stored
 NONORM = "nonorm"  # MobileBERT's NoNorm: x * w + b (no normalisation)
-NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, LAYERNORM_PLUS1, PLAIN_LAYERNORM, PLAIN_RMSNORM, NONORM)
+PLAIN_L2 = "l2-plain"  # Dory (nGPT): x / sqrt(sum(x^2) + eps), onto the unit sphere, no weights stored
+NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, LAYERNORM_PLUS1, PLAIN_LAYERNORM, PLAIN_RMSNORM, NONORM, PLAIN_L2)
 
 # Config field names, in the order they are looked for.
 CONFIG_KEYS = {
@@ -110,7 +115,7 @@ CONFIG_KEYS = {
     "layers": ("layers_block_type", "num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
     # (a list counts its entries: Nemotron-H's layers_block_type, one kind per layer, overrides num_hidden_layers)
     "hidden": ("hidden_size", "n_embd", "dim", "d_model", "emb_dim"),
-    "head_dim": ("head_dim", "d_kv", "dim_head", "attention_head_dim"),  # CPM-Ant: dim_head, Zamba: attention_head_dim
+    "head_dim": ("head_dim", "d_kv", "dim_head", "attention_head_dim", "kv_channels"),  # CPM-Ant, Zamba, Beam
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
     "vocab": ("vocab_size", "n_vocab"),
     "eps": (
@@ -175,7 +180,12 @@ class Family:
     `reserved_rows`: the position table starts with pad_token_id + 1 reserved rows (True: RoBERTa family), or
     with this many whatever the config says (MPNet: 2, its padding index is fixed at 1).
     `tensors`: further family-specific names and settings for its score module (a relative-bias table, the
-    sinusoidal module and how it numbers positions, whose ALiBi slope code the family runs).
+    sinusoidal module and how it numbers positions, whose ALiBi slope code the family runs; issue 34's attention
+    variants: 'layer_rope_theta' a config list of rope bases per layer (Granite SWA), 'sliding_kv_factor' the key
+    heads of sliding layers per config key head (MiMo-V2-Flash), 'router' the query experts' router (JetMoE),
+    'value' / 'dt_proj' / 'dt_scale' the dynamic mask's tensors (Doge), 'unit_qk' / 'query_channel_scale' /
+    'mlp_layer_entries' Dory's unit-norm q and k, per-channel query scale and config layout, 'nope_query_scale'
+    the family's own function of the positions that scales a NoPE layer's query (Beam)).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
@@ -190,12 +200,13 @@ class Family:
     The newest designs (issue 34): `nope` how the config names NoPE layers (`NOPE_RULES`), `sinks` the per-head
     learned sink logits (gpt-oss), `hybrid` what a hybrid's layers without softmax attention are (config.layer_types
     names them), `softmax_attention` False for models with none at all (refused), `qkv` LATENT for multi-head latent
-    attention (`families.latent`), `indexer` the module of a sparse indexed layer's indexer (DeepSeek Sparse
-    Attention: it picks each query's top-k keys; `families.indexed`, its rotary pairing in
-    `tensors['indexer_rotary']`); `sizes` config keys of the read stack's sizes, looked for first (Whisper's
-    decoder_layers), `text_stack` the stack of an encoder-decoder that reads text ('decoder' where the encoder reads
-    audio: the entry names the decoder's tensors, and captures run it); `tensors['codebook_words']` one word table
-    per codebook ('{c}'), summed (MusicGen).
+    attention (`families.latent`), ROUTED_QUERY for a mixture of attention heads (`families.routed`: `query` the
+    query experts, `tensors['router']` their router, `key` the shared [k; v] projection), `indexer` the module of a
+    sparse indexed layer's indexer (DeepSeek Sparse Attention: it picks each query's top-k keys; `families.indexed`,
+    its rotary pairing in `tensors['indexer_rotary']`); `sizes` config keys of the read stack's sizes, looked for
+    first (Whisper's decoder_layers), `text_stack` the stack of an encoder-decoder that reads text ('decoder' where
+    the encoder reads audio: the entry names the decoder's tensors, and captures run it);
+    `tensors['codebook_words']` one word table per codebook ('{c}'), summed (MusicGen).
     An entry without `word` is known (`params` counts it, analyses name its mechanism) but not analysed.
     """
 
@@ -1680,6 +1691,107 @@ FAMILIES: tuple[Family, ...] = (
         description="rotary embeddings (RoPE, YaRN); learned per-head attention sinks",
         **_LLAMA,
     ),
+    # -- issue 34 (attnvar): attention variants that needed new score code
+    *(
+        Family(
+            t,
+            (t,),
+            rotary_class=_rotary(t, prefix),
+            windows="layer_types",
+            nope="zero_rope_theta",
+            sinks="layers.{l}.self_attn.sinks",  # applied as sigmoid(logsumexp - s_h) on the output: the same weights
+            tensors={"layer_rope_theta": "layer_rope_theta"},
+            description="rotary embeddings (RoPE) with a base per layer (config.layer_rope_theta, 0: NoPE); "
+            "learned per-head attention sinks",
+            **_LLAMA,
+            **_GRANITE,
+        )
+        for t, prefix in (("granite_swa", "GraniteSWA"), ("granitemoe_swa", "GraniteMoeSWA"))
+    ),
+    Family(
+        "mimo_v2_flash",
+        ("mimo_v2_flash",),
+        rotary_class=_rotary("mimo_v2_flash", "MiMoV2Flash"),  # a rope setting (base, partial factor) per layer type
+        windows="layer_types",
+        sinks="layers.{l}.self_attn.sinks",  # sliding layers only
+        tensors={"sliding_kv_factor": "2"},
+        description="rotary embeddings (RoPE, a setting per layer type); sliding-window layers with twice the key "
+        "heads and learned per-head attention sinks",
+        **_LLAMA,
+    ),
+    Family(
+        "diffllama",
+        ("diffllama",),
+        rotary_class=_rotary("diffllama", "DiffLlama"),
+        capture=REFUSED,
+        capture_note="two softmax calls per layer (differential attention): refused",
+        description="rotary embeddings (RoPE); differential attention: output head p is softmax head p minus a "
+        "learned lambda times softmax head p + H/2 (F̂ per softmax head)",
+        **_LLAMA,
+    ),
+    Family(
+        "doge",
+        ("doge",),
+        rotary_class=_rotary("doge", "Doge"),
+        qk_norm=_QK_NORM,
+        windows="sliding_window",
+        tensors={
+            "value": "layers.{l}.self_attn.v_proj",
+            "dt_proj": "layers.{l}.self_attn.dt_proj",
+            "dt_scale": "layers.{l}.self_attn.A",
+        },
+        description="rotary embeddings (RoPE); dynamic mask attention: a learned bias from each key's value added "
+        "to its scores (beyond keep_window_size keys, only the largest-bias keys attend)",
+        **_LLAMA,
+    ),
+    Family(
+        "dory",
+        ("dory",),
+        rotary_class=_rotary("dory", "Dory"),  # a rope setting per layer type
+        windows="layer_types",
+        eps=1e-6,  # its unit-sphere norms fix it
+        tensors={"unit_qk": "always", "query_channel_scale": "layers.{l}.self_attn.sqk", "mlp_layer_entries": "yes"},
+        capture_note="recurrent loops > 1 run layers again: refused",
+        description="rotary embeddings (RoPE); nGPT: unit-norm q and k, the rotated query rescaled per channel "
+        "(sqk); a looped middle section of layers",
+        **{**_LLAMA, "norm": PLAIN_L2},
+    ),
+    Family(
+        "cohere_compass_text",
+        ("cohere_compass_text",),
+        rotary_class=_rotary("cohere_compass", "CohereCompass"),  # M-RoPE: text positions on every axis
+        windows="layer_types",
+        nope="untyped_rope",
+        description="rotary embeddings (RoPE, a setting per layer type; a type without one is NoPE)",
+        **{**_LLAMA, "norm": LAYERNORM},  # LayerNorm without bias
+    ),
+    Family(
+        "beam",
+        ("beam",),
+        rotary_class=_rotary("beam", "Beam"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="untyped_rope",
+        tensors={"nope_query_scale": "transformers.models.beam.modeling_beam:compute_attention_scaling"},
+        description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE with a query scale "
+        "growing with position",
+        **_LLAMA,
+    ),
+    Family(
+        "jetmoe",
+        ("jetmoe",),
+        rotary_class=_rotary("jetmoe", "JetMoe"),
+        qkv=ROUTED_QUERY,
+        eps=1e-6,  # its layer norms are built without the config's epsilon
+        tensors={"router": "layers.{l}.self_attention.experts.router.layer"},
+        description="rotary embeddings (RoPE); mixture of attention heads: each token's query from the experts "
+        "its router picks (keys shared)",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attention.experts.input_linear",
+            "key": "layers.{l}.self_attention.kv_proj",
+        },
+    ),
     Family(
         "persimmon",
         ("persimmon",),
@@ -2299,7 +2411,8 @@ def rotary_layout(family: Family, config: dict) -> str:
 
 
 # rotary modules with one setting per layer type
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "lfm3")
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "lfm3", "mimo_v2_flash", "dory",
+                  "cohere_compass_text", "beam")  # fmt: skip
 _PER_TYPE_ROPE += ("gemma3n_text", "gemma4_text", "gemma4_unified_text")
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 

@@ -83,7 +83,8 @@ class LayerRecorder:
         if layer >= self.n_layers:
             raise PosprobeError(
                 f"the model ran more attention calls ({layer + 1}) than it has layers ({self.n_layers})",
-                "models with several attention stacks (encoder-decoder, vision towers) are not supported",
+                "models with several attention stacks (encoder-decoder, vision towers), several softmax calls per "
+                "layer (differential attention) or layers run more than once (loops) are not supported",
             )
         allowed = self._allowed(mask, scores.device)
         self.allowed.append(allowed if selected is None else allowed & selected)  # an indexed layer's top-k keys
@@ -311,7 +312,8 @@ class BlockRecorder:
         if self.calls >= self.n_layers:
             raise PosprobeError(
                 f"the model ran more attention calls ({self.calls + 1}) than it has layers ({self.n_layers})",
-                "models with several attention stacks (encoder-decoder, vision towers) are not supported",
+                "models with several attention stacks (encoder-decoder, vision towers), several softmax calls per "
+                "layer (differential attention) or layers run more than once (loops) are not supported",
             )
 
 

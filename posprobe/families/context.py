@@ -281,7 +281,7 @@ class ModelContext(EmbeddingReader):
 
     def norm(self, x: np.ndarray, prefix: str, layer: int | None = None, stack: str = "encoder") -> np.ndarray:
         """The family's norm with weights `prefix`.weight (and `.bias` when stored) applied to `x` (..., d)."""
-        if self.family.norm in (T.PLAIN_LAYERNORM, T.PLAIN_RMSNORM):  # no weights stored (OLMo, NanoChat)
+        if self.family.norm in (T.PLAIN_LAYERNORM, T.PLAIN_RMSNORM, T.PLAIN_L2):  # no weights (OLMo, NanoChat, Dory)
             return apply_norm(x, self.family.norm, None, None, self.shape.eps)
         weight, bias = self.norm_weights(prefix, layer, stack)
         return apply_norm(x, T.norm_kind(self.family, self.config), weight, bias, self.shape.eps)
@@ -323,7 +323,8 @@ class ModelContext(EmbeddingReader):
                     wk = wk + adapter_weight(self, "key", layer, wk.shape)
                 if layout == T.GROUPED_CONV:
                     w, wk = grouped_conv_dense(w, self.attention_width), grouped_conv_dense(wk, self.attention_width)
-                q, k = head_split(w, b, s.heads, s.head_dim), head_split(wk, bk, s.kv_heads, s.head_dim)
+                kv_heads = self.kv_heads(layer, stack)
+                q, k = head_split(w, b, s.heads, s.head_dim), head_split(wk, bk, kv_heads, s.head_dim)
             else:
                 q, k = split_fused(layout, w, b, s.heads, s.kv_heads, s.head_dim, f.qkv_blocks)
         except ValueError:  # a reshape that does not fit
@@ -361,6 +362,13 @@ class ModelContext(EmbeddingReader):
             return self.shape
         own = getattr(self.transformers_config, name)[layer]
         return replace(self.shape, head_dim=int(own.head_dim), kv_heads=int(own.num_key_value_heads))
+
+    def kv_heads(self, layer: int, stack: str = "encoder") -> int:
+        """Key heads of layer `layer`: its shape's (`layer_shape`), times `Family.tensors['sliding_kv_factor']` in the
+        family's sliding-window layers (MiMo-V2-Flash: twice as many there)."""
+        factor = int(self.family.tensors.get("sliding_kv_factor", 1))
+        sliding = factor > 1 and self.layer_kinds(1, stack)[layer].layer_type == "sliding_attention"
+        return self.layer_shape(self.stored_layer(layer)).kv_heads * (factor if sliding else 1)
 
     @property
     def attention_width(self) -> int:
@@ -467,10 +475,12 @@ class ModelContext(EmbeddingReader):
         self, layer: int, stack: str = "encoder", inputs: LayerInputs | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         x = self.word_input(layer, stack, inputs)
-        if self.qkv == T.LATENT:  # MLA: rotary part first, then the position-free part (families.latent)
+        if self.qkv in (T.LATENT, T.ROUTED_QUERY):  # MLA (families.latent), routed query experts (families.routed)
             from posprobe.families.latent import latent_query_key
+            from posprobe.families.routed import routed_query_key
 
-            q, k = latent_query_key(self, np.atleast_2d(x), self.stored_layer(layer))
+            read = latent_query_key if self.qkv == T.LATENT else routed_query_key
+            q, k = read(self, np.atleast_2d(x), self.stored_layer(layer))
             return (q[:, 0], k[:, 0]) if x.ndim == 1 else (q, k)
         weights = self.attention(layer, stack)
         q, k = weights.queries(x), weights.keys(x)

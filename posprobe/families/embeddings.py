@@ -29,6 +29,8 @@ def apply_norm(x: np.ndarray, kind: str, weight, bias: np.ndarray | None, eps: f
     None for a norm without weights (OLMo's, NanoChat's)."""
     if kind == T.NONORM:
         out = x * weight
+    elif kind == T.PLAIN_L2:  # onto the unit sphere (Dory): the sum of squares, not their mean
+        out = x / np.sqrt((x**2).sum(axis=-1, keepdims=True) + eps)
     elif kind in (T.LAYERNORM, T.PLAIN_LAYERNORM, T.LAYERNORM_PLUS1):
         mean = x.mean(axis=-1, keepdims=True)
         out = (x - mean) / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + eps)

@@ -20,7 +20,7 @@ import numpy as np
 
 from posprobe.architectures import table as T
 from posprobe.errors import PosprobeError
-from posprobe.families.windows import takes_layer_type
+from posprobe.families.windows import layer_thetas, takes_layer_type
 
 
 def transformers_config(ctx):
@@ -49,10 +49,14 @@ def _floats(value):
     return value
 
 
-def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def rotary_angles(
+    ctx, n: int, layer_type: str | None = None, theta: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(cos, sin), each (n, r) float64, exactly as the family's rotary module gives them for positions 0..n-1
-    (attention scaling of yarn / longrope included; `layer_type` for modules with one setting per layer type),
-    in rotate_half order: dims i and i + r/2 form a pair (interleaved layouts are reordered, see `pairing`)."""
+    (attention scaling of yarn / longrope included; `layer_type` for modules with one setting per layer type;
+    `theta` a layer's own rope base, for families with one per layer: the module built at that base, as the
+    model builds one per base), in rotate_half order: dims i and i + r/2 form a pair (interleaved layouts are
+    reordered, see `pairing`)."""
     import torch
 
     f = ctx.family
@@ -63,7 +67,7 @@ def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarra
             table = _rotary_table(ctx, rotary_class, n)
             sin, cos = np.split(table, 2, axis=-1)
             return np.concatenate([cos, cos], -1), np.concatenate([sin, sin], -1)
-        rotary = rotary_class(config=ctx.transformers_config)
+        rotary = rotary_class(config=ctx.transformers_config if theta is None else _with_theta(ctx, theta))
         x = torch.zeros(1, n, 1, dtype=torch.float64)
         extra = {} if layer_type is None else {"layer_type": layer_type}
         angles = rotary(x, torch.arange(n)[None], **extra)
@@ -85,6 +89,28 @@ def rotary_angles(ctx, n: int, layer_type: str | None = None) -> tuple[np.ndarra
     else:  # HALF_INTERLEAVED: the first half of rotate_half-ordered angles, each repeated for a pair
         cos, sin = first[:, : first.shape[1] // 2], second[:, : second.shape[1] // 2]
     return np.concatenate([cos, cos], -1), np.concatenate([sin, sin], -1)
+
+
+def _with_theta(ctx, theta: float):
+    """The checkpoint's transformers config with rope base `theta` in its rope parameters (a copy)."""
+    import copy
+
+    config = copy.deepcopy(ctx.transformers_config)
+    config.rope_parameters = {**config.rope_parameters, "rope_theta": theta}
+    return config
+
+
+def layer_rotary(ctx, layer: int, n: int, stack: str = "encoder") -> tuple[str | None, float | None]:
+    """(layer type, rope base) that pick layer `layer`'s rotary setting: its layer type for modules with one
+    setting per type (Gemma 3, ModernBERT), its own base for families with one per layer (Granite SWA); None
+    where the model's one setting applies."""
+    kinds = ctx.layer_kinds(n, stack)
+    layer_type = kinds[layer].layer_type if takes_layer_type(ctx) else None
+    if kinds[layer].nope and layer_type is not None and ctx.transformers_config.rope_parameters.get(layer_type) is None:
+        # a NoPE layer type without rope parameters (Cohere Compass) has no angles: the first rotary type's
+        layer_type = next((k.layer_type for k in kinds if not k.nope), layer_type)
+    thetas = layer_thetas(ctx, layer + 1)
+    return layer_type, (thetas[layer] if layer < len(thetas) and thetas[layer] else None)
 
 
 def _rotary_table(ctx, rotary_class, n: int) -> np.ndarray:
@@ -130,10 +156,10 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
         scores = nope_scores(q * ctx.scaling, k, n)
         temperature = query_temperature(ctx, n)
         return ctx.softcap(scores if temperature is None else scores * temperature[:, None])
-    layer_type = kind.layer_type if takes_layer_type(ctx) else None
-    if ("rotary", n, layer_type) not in ctx.cache:  # the same angles for every layer (of a type)
-        ctx.cache["rotary", n, layer_type] = rotary_angles(ctx, n, layer_type)
-    cos, sin = ctx.cache["rotary", n, layer_type]
+    setting = layer_rotary(ctx, layer, n, stack)
+    if ("rotary", n, setting) not in ctx.cache:  # the same angles for every layer (of a type, of a base)
+        ctx.cache["rotary", n, setting] = rotary_angles(ctx, n, *setting)
+    cos, sin = ctx.cache["rotary", n, setting]
     if cos.shape[-1] > q.shape[-1] or cos.shape[-1] % 2:
         raise PosprobeError(
             f"the rotary module of '{ctx.source.name}' rotates {cos.shape[-1]} dims of {q.shape[-1]}-dim heads",
@@ -148,6 +174,11 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
     eps = post_rotary_norm_eps(ctx)
     if eps is not None:  # Llama 4: an RMS ("L2") norm without weights of the rotated q and k
         qr, kr = (x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) for x in (qr, kr))
+    if "unit_qk" in ctx.family.tensors:  # Dory (nGPT): q and k on the unit sphere (rotating keeps their norm)
+        qr, kr = (x / np.sqrt((x**2).sum(-1, keepdims=True) + ctx.shape.eps) for x in (qr, kr))
+    scale = query_channel_scale(ctx, layer, stack)
+    if scale is not None:  # Dory: each channel of the rotated query rescaled (stored in the model's own dim order)
+        qr = qr * (scale if order is None else scale[..., order])
     if ctx.family.qk_norm_after_rotary:  # Hunyuan: the family's q/k norms (with weights) of the rotated q and k
         if order is not None:  # the norms' weights are stored in the model's own dim order
             inverse = np.argsort(order)
@@ -159,7 +190,24 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
     # Query heads h = g * m .. g * m + m - 1 read key head g: one (m n, d_h) x (d_h, n) product per group.
     grouped = qr.reshape(kv_heads, (heads // kv_heads) * n, dh)
     scores = grouped @ np.ascontiguousarray(kr.transpose(0, 2, 1))  # (H_kv, m n, n)
-    return ctx.softcap(scores.reshape(heads, n, n))
+    scores = ctx.softcap(scores.reshape(heads, n, n))
+    if "dt_proj" in ctx.family.tensors:  # Doge: a bias from each key's value (families.dynamic_mask)
+        from posprobe.families.dynamic_mask import key_bias
+
+        x = np.atleast_2d(ctx.word_input(layer, stack, inputs))
+        scores = scores + key_bias(ctx, ctx.stored_layer(layer), x, heads)
+    return scores
+
+
+def query_channel_scale(ctx, layer: int, stack: str = "encoder") -> np.ndarray | None:
+    """(H, 1, d_h) the factor Dory multiplies each channel of the rotated query by, (sqk * sqrt(d_h) /
+    initializer_range)^2 from the layer's stored sqk (H d_h,), in the model's own dim order; else None."""
+    name = ctx.family.tensors.get("query_channel_scale")
+    if not name:
+        return None
+    sqk = ctx.tensor(name, ctx.stored_layer(layer), stack)
+    factor = ctx.shape.head_dim**0.5 / float(ctx.transformers_config.initializer_range)
+    return ((sqk * factor) ** 2).reshape(ctx.shape.heads, 1, ctx.shape.head_dim)
 
 
 def post_rotary_norm_eps(ctx) -> float | None:
@@ -171,9 +219,15 @@ def post_rotary_norm_eps(ctx) -> float | None:
 
 def query_temperature(ctx, n: int) -> np.ndarray | None:
     """(n,) the factor a NoPE layer multiplies the query at position i by (Llama 4's attention temperature tuning:
-    1 + attn_scale * log(1 + floor((i + 1) / floor_scale)), in float32 as the model computes it), else None."""
+    1 + attn_scale * log(1 + floor((i + 1) / floor_scale)), in float32 as the model computes it; Beam's
+    (1 + (i + 1) / 2048) ** 0.1, by its own function `Family.tensors['nope_query_scale']`), else None."""
     import torch
 
+    function = ctx.family.tensors.get("nope_query_scale")
+    if function:  # the family's own function of the positions (Beam's scalable-softmax scale, in float32)
+        module, name = function.split(":")
+        scale = getattr(importlib.import_module(module), name)(torch.arange(n)[None])
+        return scale.double().numpy().reshape(n)
     key = ctx.family.tensors.get("temperature_tuning")
     if not key or not T.config_flag(ctx.config, key):
         return None
@@ -198,11 +252,14 @@ def toeplitz_by_construction(ctx, stack: str = "encoder", conditioned: bool = Fa
     j - i alone (a soft cap applied after keeps that), so R^2 = 1 whatever the weights; a NoPE layer's scores are
     one constant, trivially Toeplitz — unless its queries are scaled by their position (Llama 4's temperature
     tuning), which makes them depend on i as well, or weighted norms act on the rotated q and k (Hunyuan: their
-    weights need not be the same within a rotated pair)."""
+    weights need not be the same within a rotated pair), or the rotated query is rescaled per channel (Dory)."""
     if ctx.family.qk_norm_after_rotary and ctx.switched_on("qk_norm"):
         return False
+    if "query_channel_scale" in ctx.family.tensors:  # Dory: a rotated pair's two channels scaled apart
+        return False
     key = ctx.family.tensors.get("temperature_tuning")
-    return not (key and T.config_flag(ctx.config, key) and ctx.layer_kinds(1, stack) and _has_nope(ctx, stack))
+    scaled = (key and T.config_flag(ctx.config, key)) or "nope_query_scale" in ctx.family.tensors
+    return not (scaled and ctx.layer_kinds(1, stack) and _has_nope(ctx, stack))
 
 
 def _has_nope(ctx, stack: str) -> bool:

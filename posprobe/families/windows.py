@@ -81,6 +81,9 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
     kinds = _attention_kinds(ctx, n, stack)
     nope = nope_layers(ctx, len(kinds))
     kinds = [replace(kind, nope=True) if layer in nope else kind for layer, kind in enumerate(kinds)]
+    thetas = layer_thetas(ctx, len(kinds))
+    if len(set(thetas) - {0}) > 1:  # a rope base per layer (Granite SWA): say each rotary layer's
+        kinds = [replace(kind, rope=_rope_words({"rope_theta": t})) if t else kind for kind, t in zip(kinds, thetas)]
     if ctx.qkv == T.LATENT and ctx.kind != T.NOPE:  # multi-head latent attention: say the split (families.latent)
         kinds = [replace(kind, note=", ".join(x for x in (kind.note, LATENT_WORDS) if x)) for kind in kinds]
     if "kv_sharing" in ctx.family.tensors:  # Gemma 3n / 4: layers that attend to an earlier layer's keys
@@ -112,7 +115,12 @@ def nope_layers(ctx, count: int) -> set[int]:
         return set(range(count))
     if rule is None or ctx.kind != T.ROTARY:
         return set()
+    if rule == "zero_rope_theta":  # Granite SWA: a layer whose rope base is 0
+        return {layer for layer, theta in enumerate(layer_thetas(ctx, count)) if not theta}
     cfg = ctx.transformers_config
+    if rule == "untyped_rope":  # Cohere Compass: a layer type whose rope parameters are null
+        types, params = list(cfg.layer_types or [])[:count], cfg.rope_parameters or {}
+        return {layer for layer, t in enumerate(types) if params.get(t) is None}
     if rule == "no_rope_layers":  # SmolLM3 / Llama 4: use_rope = no_rope_layers[l]
         flags = list(cfg.no_rope_layers or [])
         return {layer for layer in range(count) if layer < len(flags) and not flags[layer]}
@@ -129,6 +137,14 @@ def nope_layers(ctx, count: int) -> set[int]:
     if window is None:
         return set(range(count)) - forced if rule != "global_layers_if_windowed" else set()
     return {layer for layer in range(count) if types[layer] != "sliding_attention"} - forced
+
+
+def layer_thetas(ctx, count: int) -> list[float]:
+    """Each layer's rope base where the family keeps one per layer (config list `Family.tensors['layer_rope_theta']`:
+    Granite SWA; 0 is a NoPE layer, `Family.nope` 'zero_rope_theta'), else []."""
+    key = ctx.family.tensors.get("layer_rope_theta")
+    thetas = list(getattr(ctx.transformers_config, key, None) or []) if key and ctx.kind == T.ROTARY else []
+    return [float(t or 0) for t in thetas[:count]]
 
 
 def _attention_kinds(ctx, n: int, stack: str) -> list[LayerKind]:
@@ -190,7 +206,7 @@ def _ropes(ctx, types: list[str | None]) -> dict:
     if not takes_layer_type(ctx) or None in types:
         return {}
     params = ctx.transformers_config.rope_parameters
-    words = {t: _rope_words(params[t]) for t in set(types) if t in params}  # a hybrid's other layers have none
+    words = {t: _rope_words(params[t]) for t in set(types) if params.get(t) is not None}  # null: a NoPE type
     return words if len(set(words.values())) > 1 else {}
 
 

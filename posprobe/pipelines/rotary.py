@@ -75,14 +75,13 @@ def rotary(
     else:
         layers = list(dict.fromkeys(_layer_index(x, n_layers, name, "layers") for x in layers))
     from posprobe.families.kv_sharing import key_source
-    from posprobe.families.rotary import pairing, rotary_angles
-    from posprobe.families.windows import takes_layer_type
+    from posprobe.families.rotary import layer_rotary, pairing, rotary_angles
 
     n = max(reader.n, 2)
-    # one rotary setting per layer type where the family has several (Gemma 3, ModernBERT: local / global)
-    types = [ctx.layer_kinds(n)[layer].layer_type if takes_layer_type(ctx) else None for layer in layers]
+    # one rotary setting per layer type (Gemma 3, ModernBERT: local / global) or per layer (Granite SWA's bases)
+    types = [layer_rotary(ctx, layer, n) for layer in layers]
     windows = [ctx.layer_kinds(n)[layer].window for layer in layers]  # the largest |j - i| a layer attends
-    angles = {t: rotary_angles(ctx, n, t) for t in dict.fromkeys(types)}
+    angles = {t: rotary_angles(ctx, n, *t) for t in dict.fromkeys(types)}
     cos, sin = angles[types[0]]
     shapes = {ctx.layer_shape(ctx.stored_layer(layer)) for layer in layers}  # Gemma 4: a head size per layer type
     if len(shapes) > 1:
@@ -94,6 +93,12 @@ def rotary(
         )
     s = shapes.pop()
     rotated = cos.shape[-1]
+    widths = sorted({a[0].shape[-1] for a in angles.values()})
+    if len(widths) > 1:  # one rotated width per layer type (MiMo-V2-Flash's partial rotary factors)
+        raise PosprobeError(
+            f"the selected layers of '{name}' rotate different numbers of dims ({', '.join(map(str, widths))})",
+            "pass --layers of one layer type (their kinds: `posprobe fhat`)",
+        )
     if rotated > s.head_dim or rotated % 2 or rotated < 2:
         raise PosprobeError(
             f"the rotary module of '{name}' rotates {rotated} dims of {s.head_dim}-dim heads",

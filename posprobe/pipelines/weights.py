@@ -316,7 +316,9 @@ def _content_free_sink_share(reader: ScoreReader, layer: int, matrices: np.ndarr
     ctx = reader.ctx
     k = np.arange(reader.n)[None, :] - np.arange(reader.n)[:, None]
     allowed = ctx.layer_kinds(reader.n, reader.stack)[layer].allowed(reader.n) & ((k <= 0) if reader.causal else True)
-    logits = ctx.tensor(reader.family.sinks, ctx.stored_layer(layer), reader.stack)
+    logits = ctx.optional(reader.family.sinks, ctx.stored_layer(layer), reader.stack)
+    if logits is None:  # a layer without sinks (MiMo-V2-Flash's global layers): the sink takes nothing
+        return np.zeros(matrices.shape[0])
     return content_free_sink_share(matrices, logits, allowed).mean(-1)
 
 
