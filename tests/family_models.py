@@ -84,6 +84,9 @@ _GEMMA3_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
     "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
 }
+# a vision tower of one layer (issue 34 (mm): multimodal wrappers)
+_VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4, image_size=16,
+               patch_size=8)  # fmt: skip
 
 # case -> (model_type, config[, options]): options `own` (the config is complete; else SMALL + it), `compare` ('exact'
 # pre-softmax scores, or 'row': equal up to a constant per query row on the pairs the model attends), `attention`
@@ -408,6 +411,13 @@ CASES = {
     "ctrl": ("ctrl", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, dff=37, n_positions=64), dict(own=True)),
     "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
+    # issue 34 (mm): multimodal wrappers, read as their language model (text_config); each vision tower has one
+    # layer whose attention tensors end in the same suffixes as the language model's, at names of the same length
+    "gemma3": ("gemma3", dict(text_config=dict(SMALL, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                                               pad_token_id=0, query_pre_attn_scalar=6, sliding_window=5,
+                                               rope_parameters=_GEMMA3_ROPE,
+                                               layer_types=["sliding_attention", "full_attention"]),
+                              vision_config=_VISION, mm_tokens_per_image=4), dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -475,7 +485,7 @@ def build(name: str, dtype=None):
 
 
 def _layers(model) -> torch.nn.ModuleList:
-    n = model.config.num_hidden_layers
+    n = model.config.get_text_config().num_hidden_layers  # a multimodal wrapper: its language model's layers
     lists = [m for _, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
     return lists[0]
 

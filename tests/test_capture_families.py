@@ -83,7 +83,7 @@ def _params(names, quick=QUICK):
 
 # transformers' float64 Gemma 2 / 3 give NaN on real tokens when a sliding window meets padding (a padded query
 # row with every key masked, then 0 x NaN in later layers): these run in float32, as real checkpoints do
-IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional"}
+IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional", "gemma3"}
 
 
 def tolerance(name: str) -> float:
@@ -137,8 +137,9 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
             hook.remove()
         net.set_attn_implementation(previous)
     returned = list(out.attentions)
-    if len(returned) == net.config.num_hidden_layers > len(softmax.inputs):  # MiniMax also returns its linear
-        returned = [returned[layer] for layer in attention_layers(net)]  # layers' decay: keep the attention layers
+    layers = net.config.get_text_config().num_hidden_layers  # a multimodal wrapper: its language model's
+    if len(returned) == layers > len(softmax.inputs):  # MiniMax also returns its linear layers' decay: keep the
+        returned = [returned[layer] for layer in attention_layers(net)]  # attention layers
     returned = np.stack([a[0].double().numpy() for a in returned])
     if returns_scores:
         scores = returned

@@ -27,7 +27,6 @@ NOT_YET = {
     "dots3_note": _MULTIMODAL,
     "emu3": _MULTIMODAL,
     "fuyu": _MULTIMODAL + " (its language model is Persimmon's)",
-    "gemma3": _MULTIMODAL + " (its language model is read as gemma3_text)",
     "gemma3n": _MULTIMODAL,
     "gemma4": _MULTIMODAL,
     "gemma4_unified": _MULTIMODAL,

@@ -16,7 +16,7 @@ config per entry) and the README's table of families.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # Position mechanism kinds (SPEC §1, §9); `posprobe.families.context.SCORE_MODULES` computes each kind's scores.
 LEARNED = "learned"  # learned absolute table E_P (SPEC §1-3)
@@ -176,6 +176,9 @@ class Family:
     learned sink logits (gpt-oss), `hybrid` what a hybrid's layers without softmax attention are (config.layer_types
     names them), `softmax_attention` False for models with none at all (refused), `qkv` LATENT for multi-head latent
     attention (`families.latent`).
+    A multimodal wrapper (`language_model`, made by `_wrapper`) is read as its language model: (the config key of
+    the nested config, the module name its tensors are under, the model type that nested config has); its entry is
+    that language model's entry under the wrapper's name and types (`posprobe.families.language_model`).
     An entry without `word` is known (`params` counts it, analyses name its mechanism) but not analysed.
     """
 
@@ -226,6 +229,8 @@ class Family:
     hybrid: str = ""  # what the layers without softmax attention are, in words (config.layer_types names them;
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
+    language_model: tuple[str, str, str] | None = None  # a wrapper: (config key, module name, model type) of its
+    # language model, e.g. ('text_config', 'language_model', 'gemma3_text')
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
     # ** -0.5 (Gemma 2), 'value:KEY' config[KEY] (Granite), 'head_dim_if:KEY' d_h ** -0.5 when config KEY, else 1
     # (GPT-BigCode's scale_attn_weights), 'disentangled' (DeBERTa's sqrt(d_h * terms) in float32),
@@ -358,6 +363,23 @@ def _sinusoidal(module: str, prefix: str) -> dict[str, str]:
 
 def _rotary(module: str, prefix: str) -> str:
     return f"transformers.models.{module}.modeling_{module}:{prefix}RotaryEmbedding"
+
+
+def _wrapper(name: str, text: str, module: str = "language_model", config_key: str = "text_config") -> Family:
+    """A multimodal wrapper read as its language model of type `text` (config[`config_key`], tensors under a module
+    named `module`): a placeholder that `_read_as_language_model` turns into `text`'s entry under this name."""
+    return Family(name, (name,), OTHER, language_model=(config_key, module, text))
+
+
+def _read_as_language_model(family: Family, families: tuple[Family, ...]) -> Family:
+    """A wrapper's entry: its language model's entry, named as the wrapper and saying what it reads."""
+    if family.language_model is None:
+        return family
+    text = family.language_model[2]
+    inner = next(f for f in families if text in f.model_types)
+    note = f"a multimodal checkpoint read as its language model, `{text}` ({family.language_model[0]})"
+    return replace(inner, name=family.name, model_types=family.model_types, language_model=family.language_model,
+                   description=f"{inner.mechanism}; {note}")  # fmt: skip
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -644,6 +666,8 @@ FAMILIES: tuple[Family, ...] = (
         bidirectional="use_bidirectional_attention",
         **{**_LLAMA, "norm": RMSNORM_PLUS1},
     ),
+    # multimodal wrappers (issue 34), each read as its language model (`_wrapper`)
+    _wrapper("gemma3", "gemma3_text"),
     Family(
         "phi",
         ("phi",),
@@ -1516,13 +1540,6 @@ FAMILIES: tuple[Family, ...] = (
     # -- known, not analysed
     Family("speech_to_text", ("speech_to_text",), SINUSOIDAL),  # audio input: no word table to average
     Family(
-        "gemma3",
-        ("gemma3",),
-        OTHER,  # its config nests the language model's (text_config)
-        causal=True,
-        description="rotary embeddings (RoPE); a multimodal checkpoint: its language model is read as `gemma3_text`",
-    ),
-    Family(
         "xlm",
         ("xlm", "flaubert"),
         LEARNED,
@@ -1603,6 +1620,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("reformer", ("reformer",), OTHER, description="axial position embeddings"),
 )
 
+FAMILIES = tuple(_read_as_language_model(f, FAMILIES) for f in FAMILIES)
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 if len(_BY_TYPE) != sum(len(f.model_types) for f in FAMILIES):
     raise RuntimeError("a model type appears in two family entries")
@@ -1711,6 +1729,16 @@ def position_kind(config: dict) -> tuple[str, str]:
     return family.kind, family.mechanism
 
 
+def language_model_config(config: dict) -> dict:
+    """The config of the language model the model `config` describes: a multimodal wrapper's nested one (its model
+    type set), or `config` itself (also where a wrapper's config lacks the nested one: callers refuse that)."""
+    family = family_for_type(str(config.get("model_type", "unknown")))
+    if family is None or family.language_model is None or not isinstance(config.get(family.language_model[0]), dict):
+        return config
+    key, _, text = family.language_model
+    return {**config[key], "model_type": text}
+
+
 def has_learned_table(config: dict) -> bool:
     """True when the model `config` describes stores a learned absolute position table: its kind is LEARNED, or
     a table beside a relative mechanism (MPNet, DeBERTa with position_biased_input)."""
@@ -1771,7 +1799,7 @@ def _layer_kind_words(f: Family) -> str:
              DISENTANGLED: ["disentangled"]}.get(f.kind, ["absolute table"])  # fmt: skip
     if f.qkv == LATENT:
         kinds = ["MLA: rotary part + position-free part"]
-    if f.name in _PER_TYPE_ROPE:
+    if (f.language_model[2] if f.language_model else f.name) in _PER_TYPE_ROPE:  # a wrapper: its language model's
         kinds[0] += " (a setting per layer type)"
     if f.nope:
         kinds.append("NoPE layers")
