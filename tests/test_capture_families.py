@@ -62,7 +62,7 @@ EXTRA = {
 # hybrids: softmax attention in some layers (recorded), recurrent / state-space / convolution layers in the others
 HYBRIDS = ("lfm2", "bamba", "jamba", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax",
            "olmo_hybrid", "lfm2_moe", "qwen3_5_text", "qwen3_5_moe_text", "nemotron_h",
-           "recurrent_gemma")  # fmt: skip
+           "recurrent_gemma", "qwen3_5", "qwen3_5_moe")  # fmt: skip
 REFUSED = {
     "falcon-alibi": "eager attention .* gives other outputs than its sdpa",  # transformers' eager adds ALiBi twice
     "longformer": "not one softmax over all keys",  # sliding chunks
@@ -228,8 +228,8 @@ def brute_force(model, corpus, n: int, first_special: bool, n_layers: int | None
     `alone`; the first token of every text marked special. The first-token mass and its uniform reference run over
     the queries i >= 1 that may see key 0 (a sliding window hides it from later ones); a(k) without the first token
     over the pairs with i, j >= 1. `n_layers`: a hybrid's attention layers (those `alone` returns)."""
-    L = model.config.num_hidden_layers if n_layers is None else n_layers
-    H = model.config.num_attention_heads
+    L = model.config.get_text_config().num_hidden_layers if n_layers is None else n_layers
+    H = model.config.get_text_config().num_attention_heads
     s_sum, a_sum, c = np.zeros((L, H, 2 * n - 1)), np.zeros((L, H, 2 * n - 1)), np.zeros((L, 2 * n - 1))
     dist, queries = np.zeros((L, H)), np.zeros(L)
     first, special, later_dist, later_n, sink_queries = np.zeros((L, H)), np.zeros((L, H)), 0.0, 0, 0
@@ -319,7 +319,7 @@ def test_a_hybrids_attention_layers_equal_loops_over_each_text_and_its_other_lay
 
     model = make(name)
     corpus = [[5, *ids] for ids in texts(6, seed=7)]
-    n, L = 13, model.config.num_hidden_layers
+    n, L = 13, model.config.get_text_config().num_hidden_layers
     attending = alone(copy.deepcopy(model), corpus[0], per_layer=True)["attending"]  # hooked: the layers that attend
     others = [layer for layer in range(L) if layer not in attending]
     assert attending and others
@@ -386,7 +386,7 @@ def test_hidden_states_alone_for_refused_and_eager_families(name):
     for index, ids in enumerate(corpus):
         with torch.no_grad():
             theirs = net(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
-        assert len(got[index]) == len(theirs) == model.config.num_hidden_layers + 1
+        assert len(got[index]) == len(theirs) == model.config.get_text_config().num_hidden_layers + 1
         for ours, ref in zip(got[index], theirs, strict=True):
             np.testing.assert_allclose(ours, ref[0].double().numpy(), rtol=1e-4, atol=1e-4)
 

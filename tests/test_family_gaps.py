@@ -26,21 +26,15 @@ NOT_YET = {
     # multimodal wrappers: their language models have types of their own
     "dots3_note": _MULTIMODAL,
     "emu3": _MULTIMODAL,
-    "fuyu": _MULTIMODAL + " (its language model is Persimmon's)",
     "gemma3n": _MULTIMODAL,
     "gemma4": _MULTIMODAL,
     "gemma4_unified": _MULTIMODAL,
     "gemma4_unified_assistant": _MULTIMODAL,
-    "got_ocr2": _MULTIMODAL,
-    "llama4": _MULTIMODAL + " (its language model is read as llama4_text)",
+    "llama4": _MULTIMODAL + " (llama4_text, read): transformers' Llama4ForConditionalGeneration.forward fails on "
+    "text (it reads image_outputs from its language model's output), so no module checks a reading",
     "mllama": _MULTIMODAL + " (and cross-attention layers to the image)",
-    "modernvbert": _MULTIMODAL,
-    "moss_transcribe_diarize": _MULTIMODAL + " (audio)",
     "phi4_multimodal": "multimodal: per-modality LoRA adapters on a Phi-3 language model",
-    "qwen3_5": _MULTIMODAL,
-    "qwen3_5_moe": _MULTIMODAL,
     "qwen4_exp": _MULTIMODAL,
-    "ultravbert": _MULTIMODAL,
     "gemma4_assistant": "a draft model for Gemma 4's assisted decoding: no config class of its own to read",
     # encoder-decoders whose causal LM is the decoder stack
     "bigbird_pegasus": _SEQ2SEQ + " (block-sparse encoder)",

@@ -19,34 +19,43 @@ from posprobe.checkpoint import WeightReader, resolve_model
 from posprobe.errors import PosprobeError
 from posprobe.families.context import ModelContext
 
-WRAPPERS = ("gemma3",)
+WRAPPERS = ("gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "modernvbert", "ultravbert",
+            "moss_transcribe_diarize")  # fmt: skip
 
 
 def _language_model(model):
     """The wrapper's language model module (its own base model class, as transformers builds it)."""
-    return model.get_decoder() if hasattr(model, "get_decoder") else model.language_model
+    return model.language_model if hasattr(model, "language_model") else model.text_model
+
+
+def _task_model(folder):
+    """The checkpoint loaded as its task model (module names of their own: 'model.language_model.', ...)."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    for auto in ("AutoModelForImageTextToText", "AutoModelForCausalLM", "AutoModelForMaskedLM"):
+        try:
+            return getattr(transformers, auto).from_pretrained(folder, dtype=torch.float64).eval()
+        except ValueError:  # no such task class for this config
+            continue
+    raise AssertionError(f"no task model for {config.model_type}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", WRAPPERS)
 def test_a_wrapper_reads_as_its_language_model_alone(name, tmp_path):
-    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers import AutoModel
 
     model = build(name)
     model.save_pretrained(tmp_path / "wrapper")
-    text = AutoModel.from_config(model.config.get_text_config()).double().eval()
+    text = AutoModel.from_config(model.config.get_text_config()).to(model.dtype).eval()
     text.load_state_dict(_language_model(model).state_dict())
     text.save_pretrained(tmp_path / "text")
-    try:
-        task = AutoModelForCausalLM.from_pretrained(tmp_path / "wrapper", dtype=torch.float64)
-    except ValueError:  # a masked-LM wrapper
-        from transformers import AutoModelForMaskedLM
-
-        task = AutoModelForMaskedLM.from_pretrained(tmp_path / "wrapper", dtype=torch.float64)
+    task = _task_model(tmp_path / "wrapper")
     results = {
         "files": posprobe.fhat(str(tmp_path / "wrapper"), layer=-1, positions=12),
         "loaded": posprobe.fhat(model, layer=-1, positions=12),
-        "task model": posprobe.fhat(task, layer=-1, positions=12),
+        f"task model {type(task).__name__}": posprobe.fhat(task, layer=-1, positions=12),
     }
     alone = posprobe.fhat(str(tmp_path / "text"), layer=-1, positions=12)
     assert np.std(alone.matrices) > 0
@@ -58,7 +67,8 @@ def test_a_wrapper_reads_as_its_language_model_alone(name, tmp_path):
     text_type = model.config.get_text_config().model_type
     assert (ctx.source.model_type, ctx.source.language_model) == (name, text_type)
     assert f"read as its language model, `{text_type}`" in ctx.family.mechanism
-    assert ctx.key(ctx.family.query + ".weight", 0) in ctx.reader.keys()  # the language model's, not a tower's
+    last = ctx.layers() - 1  # an attention layer in every case (Qwen3.5's layer 0 is a linear-attention one)
+    assert ctx.key(ctx.family.query + ".weight", last) in ctx.reader.keys()  # the language model's, not a tower's
     assert all(".vision" not in key and not key.startswith("vision") for key in ctx.reader.keys())
 
 
@@ -72,3 +82,30 @@ def test_a_wrapper_without_its_language_models_config_is_refused_in_one_line(tmp
             posprobe.fhat(str(tmp_path), layer=0, positions=8)
         assert "read" in str(err.value) and "'gemma3_text' language model" in str(err.value)
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_5_moe"])
+def test_mrope_gives_a_text_token_its_one_position_on_every_axis(name):
+    """M-RoPE (Qwen3.5): each rotary frequency reads the temporal, height or width position (rope_parameters'
+    mrope_section, interleaved). On text the wrapper gives its language model's rotary module the same position on
+    every axis, so the rotation is 1-D RoPE at that position: what posprobe reads (the parity cases check the
+    scores). A token whose axes differ (an image patch) is rotated otherwise, so the check can fail."""
+    model = build(name)
+    rotary = model.language_model.rotary_emb
+    seen = []
+    hook = rotary.register_forward_pre_hook(lambda module, args: seen.append(args[1].clone()))
+    n = 10
+    with torch.no_grad():
+        model(input_ids=torch.arange(4, 4 + n)[None], use_cache=False)
+    hook.remove()
+    positions = seen[0].expand(3, -1, -1)  # (axes, batch, n), as the module reads it
+    assert (positions == torch.arange(n)).all()
+    x = torch.zeros(1, n, 1, dtype=torch.float64)
+    cos_axes, sin_axes = rotary(x, positions)
+    cos_one, sin_one = rotary(x, torch.arange(n)[None])
+    torch.testing.assert_close(cos_axes, cos_one, rtol=0, atol=0)
+    torch.testing.assert_close(sin_axes, sin_one, rtol=0, atol=0)
+    image = positions.clone()
+    image[1] += 3  # another height
+    assert not torch.equal(rotary(x, image)[0], cos_one)

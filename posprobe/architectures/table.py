@@ -668,6 +668,13 @@ FAMILIES: tuple[Family, ...] = (
     ),
     # multimodal wrappers (issue 34), each read as its language model (`_wrapper`)
     _wrapper("gemma3", "gemma3_text"),
+    _wrapper("qwen3_5", "qwen3_5_text"),  # M-RoPE: a text token's position is the same on every axis
+    _wrapper("qwen3_5_moe", "qwen3_5_moe_text"),
+    _wrapper("got_ocr2", "qwen2"),
+    _wrapper("fuyu", "persimmon"),  # image patches enter as embeddings through a Linear: no vision attention
+    _wrapper("modernvbert", "modernbert", module="text_model"),
+    _wrapper("ultravbert", "ultrabert", module="text_model"),
+    _wrapper("moss_transcribe_diarize", "qwen3"),  # a Whisper-style audio encoder beside it
     Family(
         "phi",
         ("phi",),
