@@ -456,6 +456,12 @@ CASES = {
         text_config=dict(SMALL, num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0),
         audio_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
                           num_mel_bins=8, max_source_positions=16)), dict(own=True)),
+    "emu3": ("emu3", dict(text_config=dict(SMALL, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+                                           bos_token_id=1, eos_token_id=2, attention_bias=True,
+                                           rope_parameters=dict(rope_type="default", rope_theta=500.0)),
+                          vq_config=dict(codebook_size=16, embed_dim=4, base_channels=32, channel_multiplier=[1],
+                                         num_res_blocks=1, attn_resolutions=[], hidden_size=8, num_attention_heads=1),
+                          vocabulary_map={"<|visual token 000000|>": 90}), dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",

@@ -25,7 +25,6 @@ _INDEXED = "sparse attention: an indexer picks each query's top-k keys (indexed_
 NOT_YET = {
     # multimodal wrappers: their language models have types of their own
     "dots3_note": _MULTIMODAL,
-    "emu3": _MULTIMODAL,
     "gemma3n": _MULTIMODAL,
     "gemma4": _MULTIMODAL,
     "gemma4_unified": _MULTIMODAL,

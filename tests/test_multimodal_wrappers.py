@@ -20,7 +20,7 @@ from posprobe.errors import PosprobeError
 from posprobe.families.context import ModelContext
 
 WRAPPERS = ("gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "modernvbert", "ultravbert",
-            "moss_transcribe_diarize")  # fmt: skip
+            "moss_transcribe_diarize", "emu3")  # fmt: skip
 
 
 def _language_model(model):
@@ -44,11 +44,9 @@ def _task_model(folder):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", WRAPPERS)
 def test_a_wrapper_reads_as_its_language_model_alone(name, tmp_path):
-    from transformers import AutoModel
-
     model = build(name)
     model.save_pretrained(tmp_path / "wrapper")
-    text = AutoModel.from_config(model.config.get_text_config()).to(model.dtype).eval()
+    text = type(_language_model(model))(model.config.get_text_config()).to(model.dtype).eval()
     text.load_state_dict(_language_model(model).state_dict())
     text.save_pretrained(tmp_path / "text")
     task = _task_model(tmp_path / "wrapper")

@@ -365,10 +365,19 @@ def _rotary(module: str, prefix: str) -> str:
     return f"transformers.models.{module}.modeling_{module}:{prefix}RotaryEmbedding"
 
 
-def _wrapper(name: str, text: str, module: str = "language_model", config_key: str = "text_config") -> Family:
+_LIKE: dict[str, tuple[str, dict]] = {}  # wrapper -> (the entry its language model is read as, fields changed)
+
+
+def _wrapper(
+    name: str, text: str, module: str = "language_model", config_key: str = "text_config", like: str = "", **changes
+) -> Family:
     """A multimodal wrapper read as its language model of type `text` (config[`config_key`], tensors under a module
-    named `module`): a placeholder that `_read_as_language_model` turns into `text`'s entry under this name."""
-    return Family(name, (name,), OTHER, language_model=(config_key, module, text))
+    named `module`): a placeholder that `_read_as_language_model` turns into `text`'s entry under this name. A
+    language model whose type transformers builds only inside the wrapper (no model class of its own, so no parity
+    case of its own) is read as the entry `like` with `changes`, and its type is listed with the wrapper's."""
+    if like:
+        _LIKE[name] = (like, changes)
+    return Family(name, (name, text) if like else (name,), OTHER, language_model=(config_key, module, text))
 
 
 def _read_as_language_model(family: Family, families: tuple[Family, ...]) -> Family:
@@ -376,7 +385,8 @@ def _read_as_language_model(family: Family, families: tuple[Family, ...]) -> Fam
     if family.language_model is None:
         return family
     text = family.language_model[2]
-    inner = next(f for f in families if text in f.model_types)
+    like, changes = _LIKE.get(family.name, (text, {}))
+    inner = replace(next(f for f in families if like in f.model_types and f.language_model is None), **changes)
     note = f"a multimodal checkpoint read as its language model, `{text}` ({family.language_model[0]})"
     return replace(inner, name=family.name, model_types=family.model_types, language_model=family.language_model,
                    description=f"{inner.mechanism}; {note}")  # fmt: skip
@@ -675,6 +685,7 @@ FAMILIES: tuple[Family, ...] = (
     _wrapper("modernvbert", "modernbert", module="text_model"),
     _wrapper("ultravbert", "ultrabert", module="text_model"),
     _wrapper("moss_transcribe_diarize", "qwen3"),  # a Whisper-style audio encoder beside it
+    _wrapper("emu3", "emu3_text_model", module="text_model", like="llama", rotary_class=_rotary("emu3", "Emu3")),
     Family(
         "phi",
         ("phi",),

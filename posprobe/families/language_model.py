@@ -46,8 +46,8 @@ def language_model_view(source, reader):
     reader sees the language model's tensors only. Other checkpoints are returned as they are. One line refuses a
     wrapper whose config lacks the nested config or nests another model type than the table reads."""
     family = T.family_for_type(source.model_type)
-    if source.wrapper or family is None or family.language_model is None:
-        return source, reader
+    if source.wrapper or family is None or family.language_model is None or source.model_type in family.language_model:
+        return source, reader  # (a language model listed with its wrapper, saved alone: read as it is)
     key, module, text = family.language_model
     nested = source.config.get(key)
     if not isinstance(nested, dict) or nested.get("model_type", text) != text:
