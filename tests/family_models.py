@@ -462,6 +462,18 @@ CASES = {
                           vq_config=dict(codebook_size=16, embed_dim=4, base_channels=32, channel_multiplier=[1],
                                          num_res_blocks=1, attn_resolutions=[], hidden_size=8, num_attention_heads=1),
                           vocabulary_map={"<|visual token 000000|>": 90}), dict(own=True)),
+    "phi4_multimodal": ("phi4_multimodal", dict(num_key_value_heads=2, max_position_embeddings=64,
+                                                original_max_position_embeddings=16, pad_token_id=0, bos_token_id=1,
+                                                eos_token_id=2, sliding_window=6,
+                                                rope_parameters=dict(rope_type="longrope", rope_theta=1000.0,
+                                                                     partial_rotary_factor=0.5,
+                                                                     short_factor=[1.0, 1.5],
+                                                                     long_factor=[1.0, 3.0]),
+                                                vision_config=dict(_VISION, crop_size=16),
+                                                audio_config=dict(hidden_size=32, intermediate_size=48, num_blocks=1,
+                                                                  num_attention_heads=4, ext_pw_out_channel=32,
+                                                                  depthwise_separable_out_channel=32,
+                                                                  nemo_conv_channels=32, input_size=8))),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",

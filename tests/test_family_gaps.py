@@ -31,8 +31,9 @@ NOT_YET = {
     "gemma4_unified_assistant": _MULTIMODAL,
     "llama4": _MULTIMODAL + " (llama4_text, read): transformers' Llama4ForConditionalGeneration.forward fails on "
     "text (it reads image_outputs from its language model's output), so no module checks a reading",
-    "mllama": _MULTIMODAL + " (and cross-attention layers to the image)",
-    "phi4_multimodal": "multimodal: per-modality LoRA adapters on a Phi-3 language model",
+    "mllama": "multimodal (mllama_text_model): its cross-attention layers to the image are skipped on text, so "
+    "transformers returns L hidden states for L layers, and hidden state l is not layer l's input past the first "
+    "(posprobe's data-conditioned scores and states index them by layer)",
     "qwen4_exp": _MULTIMODAL,
     "gemma4_assistant": "a draft model for Gemma 4's assisted decoding: no config class of its own to read",
     # encoder-decoders whose causal LM is the decoder stack

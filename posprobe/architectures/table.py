@@ -686,6 +686,13 @@ FAMILIES: tuple[Family, ...] = (
     _wrapper("ultravbert", "ultrabert", module="text_model"),
     _wrapper("moss_transcribe_diarize", "qwen3"),  # a Whisper-style audio encoder beside it
     _wrapper("emu3", "emu3_text_model", module="text_model", like="llama", rotary_class=_rotary("emu3", "Emu3")),
+    Family(  # Phi-3's layout; its vision and audio LoRA adapters are PEFT adapters loaded apart: on text, with
+        "phi4_multimodal",  # none active, the base weights compute (its image and audio encoders sit in
+        ("phi4_multimodal",),  # embed_tokens_extend, beside the word table)
+        rotary_class=_rotary("phi4_multimodal", "Phi4Multimodal"),
+        windows="sliding_window",
+        **{**_LLAMA, "query": "layers.{l}.self_attn.qkv_proj", "key": "layers.{l}.self_attn.qkv_proj", "qkv": STACKED},
+    ),
     Family(
         "phi",
         ("phi",),
