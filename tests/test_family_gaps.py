@@ -15,7 +15,7 @@ import posprobe
 from posprobe.errors import PosprobeError
 from posprobe.families import family_for_type
 
-_MULTIMODAL = "a multimodal config that nests its language model's (text_config): posprobe reads text models"
+_WRAPS = "multimodal: read as its language model (text_config), but its language model ({}) is not read yet"
 _SEQ2SEQ = "encoder-decoder (its causal LM is the decoder stack alone): not added yet"
 _FUSED_ON_DISK = ("transformers splits the checkpoints' fused Q/K/V projection on load: files and loaded models "
                   "name Q/K differently, and an entry reads one layout")  # fmt: skip
@@ -23,19 +23,20 @@ _INDEXED = "sparse attention: an indexer picks each query's top-k keys (indexed_
 
 # model type -> why posprobe does not read it yet (none of these has an analysable entry)
 NOT_YET = {
-    # multimodal wrappers: their language models have types of their own
-    "dots3_note": _MULTIMODAL,
-    "gemma3n": _MULTIMODAL,
-    "gemma4": _MULTIMODAL,
-    "gemma4_unified": _MULTIMODAL,
-    "gemma4_unified_assistant": _MULTIMODAL,
-    "llama4": _MULTIMODAL + " (llama4_text, read): transformers' Llama4ForConditionalGeneration.forward fails on "
-    "text (it reads image_outputs from its language model's output), so no module checks a reading",
+    # multimodal wrappers (read as their language model once it is read: one `_wrapper` line in the table + a case)
+    "dots3_note": _WRAPS.format("dots3_note_text"),
+    "gemma3n": _WRAPS.format("gemma3n_text"),
+    "gemma4": _WRAPS.format("gemma4_text"),
+    "gemma4_unified": _WRAPS.format("gemma4_unified_text"),
+    "gemma4_unified_assistant": _WRAPS.format("gemma4_unified_text"),
+    "qwen4_exp": _WRAPS.format("qwen4_exp_text"),
+    "gemma4_assistant": "a draft model for Gemma 4's assisted decoding (reads the backbone's hidden states; not "
+    "examined) whose own config fails transformers' validation by default; " + _WRAPS.format("gemma4_text"),
+    "llama4": "multimodal (llama4_text, read): transformers' Llama4ForConditionalGeneration.forward fails on text "
+    "(it reads image_outputs from its language model's output), so no wrapper module checks a reading",
     "mllama": "multimodal (mllama_text_model): its cross-attention layers to the image are skipped on text, so "
     "transformers returns L hidden states for L layers, and hidden state l is not layer l's input past the first "
     "(posprobe's data-conditioned scores and states index them by layer)",
-    "qwen4_exp": _MULTIMODAL,
-    "gemma4_assistant": "a draft model for Gemma 4's assisted decoding: no config class of its own to read",
     # encoder-decoders whose causal LM is the decoder stack
     "bigbird_pegasus": _SEQ2SEQ + " (block-sparse encoder)",
     "prophetnet": _SEQ2SEQ + " (n-stream self-attention with relative buckets of its own)",
