@@ -59,4 +59,5 @@ def language_model_view(source, reader):
             config_hint(source.name, "pass a checkpoint whose config.json is as transformers saves it"),
         )
     config = validate_config(T.language_model_config(source.config), source.name)
-    return replace(source, config=config, wrapper=source.model_type), LanguageModelReader(reader, module)
+    reader = None if reader is None else LanguageModelReader(reader, module)  # None: a config read alone
+    return replace(source, config=config, wrapper=source.model_type), reader
