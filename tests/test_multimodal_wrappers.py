@@ -60,6 +60,10 @@ def test_a_wrapper_reads_as_its_language_model_alone(name, tmp_path):
     for how, result in results.items():
         np.testing.assert_allclose(result.matrices, alone.matrices, rtol=1e-9, atol=1e-12, err_msg=how)
         assert result.model_type == name and alone.model_type == model.config.get_text_config().model_type
+    assert results["files"].to_dict()["language_model"] == model.config.get_text_config().model_type
+    assert "language_model" not in alone.to_dict()  # said only where a wrapper was read
+    profiles = posprobe.profiles(str(tmp_path / "wrapper"), positions=12)
+    assert (profiles.model_type, profiles.metadata()["language_model"]) == (name, alone.model_type)
     source = resolve_model(str(tmp_path / "wrapper"))
     ctx = ModelContext(source, WeightReader(source.path, source.weight_format))
     text_type = model.config.get_text_config().model_type
