@@ -474,6 +474,18 @@ CASES = {
                                                                   num_attention_heads=4, ext_pw_out_channel=32,
                                                                   depthwise_separable_out_channel=32,
                                                                   nemo_conv_channels=32, input_size=8))),
+    # Mllama: layer 1 cross-attends to the image (skipped on text alone): no positional score
+    "mllama": ("mllama", dict(text_config=dict(SMALL, num_hidden_layers=3, num_key_value_heads=2,
+                                               max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                                               eos_token_id=2, cross_attention_layers=[1],
+                                               rope_parameters=dict(rope_type="llama3", rope_theta=500.0, factor=8.0,
+                                                                    low_freq_factor=1.0, high_freq_factor=4.0,
+                                                                    original_max_position_embeddings=16)),
+                              vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                                 num_global_layers=1, attention_heads=4, vision_output_dim=64,
+                                                 image_size=16, patch_size=8, max_num_tiles=1,
+                                                 intermediate_layers_indices=[0],
+                                                 supported_aspect_ratios=[[1, 1]])), dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",

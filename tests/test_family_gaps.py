@@ -34,9 +34,6 @@ NOT_YET = {
     "examined) whose own config fails transformers' validation by default; " + _WRAPS.format("gemma4_text"),
     "llama4": "multimodal (llama4_text, read): transformers' Llama4ForConditionalGeneration.forward fails on text "
     "(it reads image_outputs from its language model's output), so no wrapper module checks a reading",
-    "mllama": "multimodal (mllama_text_model): its cross-attention layers to the image are skipped on text, so "
-    "transformers returns L hidden states for L layers, and hidden state l is not layer l's input past the first "
-    "(posprobe's data-conditioned scores and states index them by layer)",
     # encoder-decoders whose causal LM is the decoder stack
     "bigbird_pegasus": _SEQ2SEQ + " (block-sparse encoder)",
     "prophetnet": _SEQ2SEQ + " (n-stream self-attention with relative buckets of its own)",

@@ -160,7 +160,8 @@ class Family:
     `reserved_rows`: the position table starts with pad_token_id + 1 reserved rows (True: RoBERTa family), or
     with this many whatever the config says (MPNet: 2, its padding index is fixed at 1).
     `tensors`: further family-specific names and settings for its score module (a relative-bias table, the
-    sinusoidal module and how it numbers positions, whose ALiBi slope code the family runs).
+    sinusoidal module and how it numbers positions, whose ALiBi slope code the family runs; 'extra_word_rows': rows
+    the word table holds beyond vocab_size, Mllama's 8).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
@@ -226,6 +227,8 @@ class Family:
     rms_when: str | None = None  # config key that, when set, makes every norm an RMS norm with it as epsilon
     # (Cohere 2 MoE's rms_norm_eps; its bias-free LayerNorm otherwise)
     softmax_attention: bool = True  # False: no layer has softmax attention (Mamba, RWKV, xLSTM): refused as such
+    hybrid_layers: str | None = None  # config key listing a hybrid's other layers by index, where no
+    # config.layer_types names them (Mllama's cross_attention_layers; `layer_types`)
     hybrid: str = ""  # what the layers without softmax attention are, in words (config.layer_types names them;
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
@@ -692,6 +695,16 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("phi4_multimodal", "Phi4Multimodal"),
         windows="sliding_window",
         **{**_LLAMA, "query": "layers.{l}.self_attn.qkv_proj", "key": "layers.{l}.self_attn.qkv_proj", "qkv": STACKED},
+    ),
+    _wrapper(
+        "mllama",
+        "mllama_text_model",
+        like="llama",
+        rotary_class=_rotary("mllama", "Mllama"),
+        hybrid="cross-attention layers to the image (skipped on text alone)",
+        hybrid_layers="cross_attention_layers",
+        tensors={"extra_word_rows": "8"},  # its word table holds 8 rows beyond vocab_size
+        capture_note=HYBRID_CAPTURE + "; hidden states refused (no layer input for the skipped layers)",
     ),
     Family(
         "phi",
@@ -1752,6 +1765,18 @@ def position_kind(config: dict) -> tuple[str, str]:
     if family.switch_kinds:  # the config has picked one of the family's kinds: name that one
         return family.kind, KIND_NAMES[family.kind]
     return family.kind, family.mechanism
+
+
+CROSS_ATTENTION = "cross_attention"  # the layer type of a hybrid's layers listed by `Family.hybrid_layers`
+
+
+def layer_types(family: Family, config) -> list[str]:
+    """The layer types of the model a transformers `config` object describes: config.layer_types, or where the
+    family lists its other layers by index (`hybrid_layers`), `CROSS_ATTENTION` there and 'full_attention' elsewhere."""
+    if family.hybrid_layers:
+        others = set(getattr(config, family.hybrid_layers, None) or [])
+        return [CROSS_ATTENTION if layer in others else "full_attention" for layer in range(config.num_hidden_layers)]
+    return list(getattr(config, "layer_types", None) or [])
 
 
 def language_model_config(config: dict) -> dict:

@@ -72,6 +72,8 @@ class EmbeddingReader:
         if key is None:
             self.tensor(self.family.word)  # raises the clear error
         shape, vocab = self.reader.shape(key), self.shape.vocab
+        if vocab is not None:
+            vocab += int(self.family.tensors.get("extra_word_rows", 0))  # Mllama: 8 rows beyond vocab_size
         if vocab is not None and shape and len(shape) == 2 and shape[0] != vocab:  # a config.json from elsewhere
             raise mixed_checkpoint(self.source.name, "vocab_size =", vocab, f"a word table of {shape[0]} rows")
         return self.reader.row_mean(key)
