@@ -679,7 +679,7 @@ FAMILIES: tuple[Family, ...] = (
         bidirectional="use_bidirectional_attention",
         **{**_LLAMA, "norm": RMSNORM_PLUS1},
     ),
-    # multimodal wrappers (issue 34), each read as its language model (`_wrapper`)
+    # multimodal models (issue 34): wrappers, each read as its language model (`_wrapper`); Phi-4-multimodal
     _wrapper("gemma3", "gemma3_text"),
     _wrapper("qwen3_5", "qwen3_5_text"),  # M-RoPE: a text token's position is the same on every axis
     _wrapper("qwen3_5_moe", "qwen3_5_moe_text"),

@@ -1,4 +1,4 @@
-"""Multimodal wrappers read as their language model (Gemma 3, Llama 4, Qwen3.5, Fuyu, ...).
+"""Multimodal wrappers read as their language model (Gemma 3, Qwen3.5, Fuyu, Emu3, Mllama, ModernVBERT, ...).
 
 A wrapper's config nests its language model's config (`text_config`), and its checkpoint holds that model's
 tensors under one module (`language_model`, `text_model`) beside a vision or audio tower whose tensors may end in
@@ -46,8 +46,10 @@ def language_model_view(source, reader):
     reader sees the language model's tensors only. Other checkpoints are returned as they are. One line refuses a
     wrapper whose config lacks the nested config or nests another model type than the table reads."""
     family = T.family_for_type(source.model_type)
-    if source.wrapper or family is None or family.language_model is None or source.model_type in family.language_model:
-        return source, reader  # (a language model listed with its wrapper, saved alone: read as it is)
+    if source.wrapper or family is None or family.language_model is None:
+        return source, reader
+    if source.model_type == family.language_model[2]:  # a language model listed with its wrapper, saved alone
+        return source, reader
     key, module, text = family.language_model
     nested = source.config.get(key)
     if not isinstance(nested, dict) or nested.get("model_type", text) != text:
