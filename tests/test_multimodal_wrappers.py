@@ -111,3 +111,24 @@ def test_mrope_gives_a_text_token_its_one_position_on_every_axis(name):
     image = positions.clone()
     image[1] += 3  # another height
     assert not torch.equal(rotary(x, image)[0], cos_one)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", WRAPPERS)
+def test_a_wrappers_data_conditioned_scores_are_its_language_models(name):
+    """SPEC §13 on texts: the wrapper runs its language model on them, so its hidden states and data-conditioned
+    scores are those of its language model alone; Mllama, whose cross-attention layers are skipped on text (no
+    hidden state enters them), is refused in one line."""
+    model = build(name)
+    text = type(_language_model(model))(model.config.get_text_config()).to(model.dtype).eval()
+    text.load_state_dict(_language_model(model).state_dict())
+    texts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15]]
+    if name == "mllama":
+        with pytest.raises(PosprobeError, match=r"skips its layers \[1\] on text") as err:
+            posprobe.fhat(model, layer=-1, positions=8, input_ids=texts, input="mean")
+        assert "\n" not in str(err.value)
+        return
+    ours = posprobe.fhat(model, layer=-1, positions=8, input_ids=texts, input="mean")
+    alone = posprobe.fhat(text, layer=-1, positions=8, input_ids=texts, input="mean")
+    assert ours.mode == "data-conditioned" and np.std(ours.matrices) > 0
+    np.testing.assert_allclose(ours.matrices, alone.matrices, rtol=1e-6, atol=1e-9)
