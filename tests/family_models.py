@@ -98,6 +98,18 @@ _GEMMA3_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
     "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
 }
+# issue 34 (mm): vision towers of one layer, the language models of multimodal wrappers
+_VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4, image_size=16,
+               patch_size=8)  # fmt: skip
+_QWEN_VISION = dict(hidden_size=32, intermediate_size=48, depth=1, num_heads=4, out_hidden_size=32, patch_size=8)
+_QWEN3_5_TEXT = dict(SMALL, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, head_dim=16,
+                     layer_types=["linear_attention", "full_attention"], linear_num_value_heads=4,
+                     linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)  # fmt: skip
+# M-RoPE: the rotary half of each head (8 dims, 4 pairs) split over the temporal, height and width axes
+_MROPE = dict(rope_type="default", rope_theta=1000.0, partial_rotary_factor=0.5, mrope_section=[2, 1, 1],
+              mrope_interleaved=True)  # fmt: skip
+_ULTRABERT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                   "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}  # fmt: skip
 
 # case -> (model_type, config[, options]): options `own` (the config is complete; else SMALL + it), `compare` ('exact'
 # pre-softmax scores, or 'row': equal up to a constant per query row on the pairs the model attends), `attention`
@@ -596,6 +608,72 @@ CASES = {
     # JetMoE: 3 query experts, 2 picked per token (4 heads over 2 shared key heads); norms with a fixed epsilon
     "jetmoe": ("jetmoe", dict(num_key_value_heads=2, kv_channels=8, num_local_experts=3, num_experts_per_tok=2,
                               max_position_embeddings=64, rms_norm_eps=1e-3, rope_theta=100.0)),
+    # issue 34 (mm): multimodal wrappers, read as their language model (text_config); each vision tower has one
+    # layer whose attention tensors end in the same suffixes as the language model's, at names of the same length
+    "gemma3": ("gemma3", dict(text_config=dict(SMALL, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                                               pad_token_id=0, query_pre_attn_scalar=6, sliding_window=5,
+                                               rope_parameters=_GEMMA3_ROPE,
+                                               layer_types=["sliding_attention", "full_attention"]),
+                              vision_config=_VISION, mm_tokens_per_image=4), dict(own=True)),
+    "qwen3_5": ("qwen3_5", dict(text_config=dict(_QWEN3_5_TEXT, rope_parameters=_MROPE),
+                                vision_config=_QWEN_VISION), dict(own=True)),
+    "qwen3_5_moe": ("qwen3_5_moe", dict(text_config=dict(_QWEN3_5_TEXT, num_experts=2, num_experts_per_tok=1,
+                                                         moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                                                         rope_parameters=_MROPE),
+                                        vision_config=_QWEN_VISION), dict(own=True)),
+    "got_ocr2": ("got_ocr2", dict(text_config=dict(SMALL, num_key_value_heads=2, max_position_embeddings=64,
+                                                   pad_token_id=0, rope_theta=100.0),
+                                  vision_config=dict(hidden_size=32, output_channels=32, num_hidden_layers=1,
+                                                     num_attention_heads=4, image_size=16, patch_size=8, mlp_dim=48,
+                                                     window_size=2, global_attn_indexes=[0])), dict(own=True)),
+    "fuyu": ("fuyu", dict(text_config=dict(SMALL, max_position_embeddings=64, qk_layernorm=True,
+                                           partial_rotary_factor=0.5), image_size=16, patch_size=8), dict(own=True)),
+    "modernvbert": ("modernvbert", dict(text_config=dict(SMALL, max_position_embeddings=64, pad_token_id=0,
+                                                         bos_token_id=1, eos_token_id=2, sep_token_id=3,
+                                                         cls_token_id=4, local_attention=8,
+                                                         layer_types=["full_attention", "sliding_attention"],
+                                                         global_rope_theta=10000.0, local_rope_theta=100.0,
+                                                         attention_bias=True),
+                                        vision_config=_VISION), dict(own=True)),
+    "ultravbert": ("ultravbert", dict(text_config=dict(SMALL, num_key_value_heads=2, max_position_embeddings=64,
+                                                       pad_token_id=0, head_dim=8, sliding_window=5,
+                                                       layer_types=["sliding_attention", "full_attention"],
+                                                       rope_parameters=_ULTRABERT_ROPE),
+                                      vision_config=_VISION), dict(own=True)),
+    "moss_transcribe_diarize": ("moss_transcribe_diarize", dict(
+        text_config=dict(SMALL, num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0),
+        audio_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+                          num_mel_bins=8, max_source_positions=16)), dict(own=True)),
+    "emu3": ("emu3", dict(text_config=dict(SMALL, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+                                           bos_token_id=1, eos_token_id=2, attention_bias=True,
+                                           rope_parameters=dict(rope_type="default", rope_theta=500.0)),
+                          vq_config=dict(codebook_size=16, embed_dim=4, base_channels=32, channel_multiplier=[1],
+                                         num_res_blocks=1, attn_resolutions=[], hidden_size=8, num_attention_heads=1),
+                          vocabulary_map={"<|visual token 000000|>": 90}), dict(own=True)),
+    "phi4_multimodal": ("phi4_multimodal", dict(num_key_value_heads=2, max_position_embeddings=64,
+                                                original_max_position_embeddings=16, pad_token_id=0, bos_token_id=1,
+                                                eos_token_id=2, sliding_window=6,
+                                                rope_parameters=dict(rope_type="longrope", rope_theta=1000.0,
+                                                                     partial_rotary_factor=0.5,
+                                                                     short_factor=[1.0, 1.5],
+                                                                     long_factor=[1.0, 3.0]),
+                                                vision_config=dict(_VISION, crop_size=16),
+                                                audio_config=dict(hidden_size=32, intermediate_size=48, num_blocks=1,
+                                                                  num_attention_heads=4, ext_pw_out_channel=32,
+                                                                  depthwise_separable_out_channel=32,
+                                                                  nemo_conv_channels=32, input_size=8))),
+    # Mllama: layer 1 cross-attends to the image (skipped on text alone): no positional score
+    "mllama": ("mllama", dict(text_config=dict(SMALL, num_hidden_layers=3, num_key_value_heads=2,
+                                               max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                                               eos_token_id=2, cross_attention_layers=[1],
+                                               rope_parameters=dict(rope_type="llama3", rope_theta=500.0, factor=8.0,
+                                                                    low_freq_factor=1.0, high_freq_factor=4.0,
+                                                                    original_max_position_embeddings=16)),
+                              vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                                 num_global_layers=1, attention_heads=4, vision_output_dim=64,
+                                                 image_size=16, patch_size=8, max_num_tiles=1,
+                                                 intermediate_layers_indices=[0],
+                                                 supported_aspect_ratios=[[1, 1]])), dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -607,7 +685,8 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
                   "beam")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
-FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}
+FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text",
+           "qwen3_5_moe"}  # fmt: skip
 
 
 # Cases added for issue 34 (the newest position designs and the further families). Tests over every case keep them
@@ -636,6 +715,8 @@ ISSUE_34_CASES |= {"zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hyb
                    "inkling_text"}  # fmt: skip
 _EAGER_EXPERTS += ("lara_mini",)  # issue 34 (hybrid2)
 ISSUE_34_CASES |= {"gemma3n_text", "gemma4_text", "gemma4_unified_text"}  # issue 34 (gemma4)
+ISSUE_34_CASES |= {"gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "modernvbert", "ultravbert",
+                   "moss_transcribe_diarize", "emu3", "phi4_multimodal", "mllama"}  # issue 34 (mm)  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
@@ -694,7 +775,7 @@ def _layers(model) -> torch.nn.ModuleList:
     from posprobe.architectures.table import config_value, stack_sizes
     from posprobe.families import family_for_type
 
-    n = model.config.num_hidden_layers
+    n = model.config.get_text_config().num_hidden_layers  # a multimodal wrapper: its language model's layers
     family = family_for_type(model.config.model_type)
     if family is not None and family.sizes:  # the stack read has a layer count of its own (Whisper's decoder)
         n = config_value(stack_sizes(family, model.config.to_dict()), "layers")

@@ -100,7 +100,7 @@ def _texts(lengths, seed: int = 0) -> list[list[int]]:
 
 def _reducers(model, n: int, learned: bool = False):
     """Reducers for every attention layer (a hybrid's attention layers only: what the capture records)."""
-    L, H = len(attention_layers(model)), model.config.num_attention_heads
+    L, H = len(attention_layers(model)), model.config.get_text_config().num_attention_heads  # a wrapper: its LM
     out = [EmpiricalAccumulator(L, H, n), SinkAccumulator(L, H)]
     return out + ([LearnedSinkAccumulator(L, H)] if learned else [])
 

@@ -101,6 +101,7 @@ def positional_parameter_counts(
     radius = check_radius(radius)
     kernel_list = [check_kernels(s) for s in as_int_list(kernels, "kernels", allow_none=False)]
     model_type = str(config.get("model_type", "unknown"))
+    config = T.language_model_config(config)  # a multimodal wrapper: its language model's
     encoding = positional_encoding(config)
     family = family_for_type(model_type)
     if family is not None:  # the sizes of the stack the family reads (Whisper's decoder)

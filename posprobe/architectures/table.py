@@ -16,7 +16,7 @@ config per entry) and the README's table of families.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # Position mechanism kinds (SPEC §1, §9); `posprobe.families.context.SCORE_MODULES` computes each kind's scores.
 LEARNED = "learned"  # learned absolute table E_P (SPEC §1-3)
@@ -185,7 +185,8 @@ class Family:
     heads of sliding layers per config key head (MiMo-V2-Flash), 'router' the query experts' router (JetMoE),
     'value' / 'dt_proj' / 'dt_scale' the dynamic mask's tensors (Doge), 'unit_qk' / 'query_channel_scale' /
     'mlp_layer_entries' Dory's unit-norm q and k, per-channel query scale and config layout, 'nope_query_scale'
-    the family's own function of the positions that scales a NoPE layer's query (Beam)).
+    the family's own function of the positions that scales a NoPE layer's query (Beam); 'more_words' the words
+    the word table holds beyond vocab_size, averaged with the others (Moshi's 1, Mllama's 8)).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
@@ -207,6 +208,9 @@ class Family:
     first (Whisper's decoder_layers), `text_stack` the stack of an encoder-decoder that reads text ('decoder' where
     the encoder reads audio: the entry names the decoder's tensors, and captures run it);
     `tensors['codebook_words']` one word table per codebook ('{c}'), summed (MusicGen).
+    A multimodal wrapper (`language_model`, made by `_wrapper`) is read as its language model: (the config key of
+    the nested config, the module name its tensors are under, the model type that nested config has); its entry is
+    that language model's entry under the wrapper's name and types (`posprobe.families.language_model`).
     An entry without `word` is known (`params` counts it, analyses name its mechanism) but not analysed.
     """
 
@@ -270,6 +274,10 @@ class Family:
     # convolutions mask none; CPM-Ant masks as if padded on the left): its texts run one at a time (posprobe.capture)
     head_ratio: str | None = None  # config key of a mixed attention's ratio (ConvBERT): heads // ratio softmax q.k
     # heads (at least one), each of d / (2 H'), beside as many span-based dynamic-convolution heads (no score)
+    hybrid_layers: str | None = None  # config key listing a hybrid's other layers by index, where no
+    # config.layer_types names them (Mllama's cross_attention_layers; `layer_types`)
+    language_model: tuple[str, str, str] | None = None  # a wrapper: (config key, module name, model type) of its
+    # language model, e.g. ('text_config', 'language_model', 'gemma3_text')
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
     # ** -0.5 (Gemma 2), 'half_head_dim' (d_h / 2) ** -0.5 (Zamba), 'value:KEY' config[KEY] (Granite),
     # 'head_dim_if:KEY' d_h ** -0.5 when config KEY, else 1 (GPT-BigCode's scale_attn_weights), 'disentangled'
@@ -450,6 +458,33 @@ def _musicgen(module: str, prefix: str) -> dict:
 
 def _rotary(module: str, prefix: str) -> str:
     return f"transformers.models.{module}.modeling_{module}:{prefix}RotaryEmbedding"
+
+
+_LIKE: dict[str, tuple[str, dict]] = {}  # wrapper -> (the entry its language model is read as, fields changed)
+
+
+def _wrapper(
+    name: str, text: str, module: str = "language_model", config_key: str = "text_config", like: str = "", **changes
+) -> Family:
+    """A multimodal wrapper read as its language model of type `text` (config[`config_key`], tensors under a module
+    named `module`): a placeholder that `_read_as_language_model` turns into `text`'s entry under this name. A
+    language model whose type transformers builds only inside the wrapper (no model class of its own, so no parity
+    case of its own) is read as the entry `like` with `changes`, and its type is listed with the wrapper's."""
+    if like:
+        _LIKE[name] = (like, changes)
+    return Family(name, (name, text) if like else (name,), OTHER, language_model=(config_key, module, text))
+
+
+def _read_as_language_model(family: Family, families: tuple[Family, ...]) -> Family:
+    """A wrapper's entry: its language model's entry, named as the wrapper and saying what it reads."""
+    if family.language_model is None:
+        return family
+    text = family.language_model[2]
+    like, changes = _LIKE.get(family.name, (text, {}))
+    inner = replace(next(f for f in families if like in f.model_types and f.language_model is None), **changes)
+    note = f"a multimodal checkpoint read as its language model, `{text}` ({family.language_model[0]})"
+    return replace(inner, name=family.name, model_types=family.model_types, language_model=family.language_model,
+                   description=f"{inner.mechanism}; {note}")  # fmt: skip
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -837,6 +872,33 @@ FAMILIES: tuple[Family, ...] = (
         windows="layer_types",
         bidirectional="use_bidirectional_attention",
         **{**_LLAMA, "norm": RMSNORM_PLUS1},
+    ),
+    # multimodal models (issue 34): wrappers, each read as its language model (`_wrapper`); Phi-4-multimodal
+    _wrapper("gemma3", "gemma3_text"),
+    _wrapper("qwen3_5", "qwen3_5_text"),  # M-RoPE: a text token's position is the same on every axis
+    _wrapper("qwen3_5_moe", "qwen3_5_moe_text"),
+    _wrapper("got_ocr2", "qwen2"),
+    _wrapper("fuyu", "persimmon"),  # image patches enter as embeddings through a Linear: no vision attention
+    _wrapper("modernvbert", "modernbert", module="text_model"),
+    _wrapper("ultravbert", "ultrabert", module="text_model"),
+    _wrapper("moss_transcribe_diarize", "qwen3"),  # a Whisper-style audio encoder beside it
+    _wrapper("emu3", "emu3_text_model", module="text_model", like="llama", rotary_class=_rotary("emu3", "Emu3")),
+    Family(  # Phi-3's layout; its vision and audio LoRA adapters are PEFT adapters loaded apart: on text, with
+        "phi4_multimodal",  # none active, the base weights compute (its image and audio encoders sit in
+        ("phi4_multimodal",),  # embed_tokens_extend, beside the word table)
+        rotary_class=_rotary("phi4_multimodal", "Phi4Multimodal"),
+        windows="sliding_window",
+        **{**_LLAMA, "query": "layers.{l}.self_attn.qkv_proj", "key": "layers.{l}.self_attn.qkv_proj", "qkv": STACKED},
+    ),
+    _wrapper(
+        "mllama",
+        "mllama_text_model",
+        like="llama",
+        rotary_class=_rotary("mllama", "Mllama"),
+        hybrid="cross-attention layers to the image (skipped on text alone)",
+        hybrid_layers="cross_attention_layers",
+        tensors={"more_words": "8"},  # its word table holds 8 rows beyond vocab_size
+        capture_note=HYBRID_CAPTURE + "; hidden states refused (no layer input for the skipped layers)",
     ),
     Family(
         "gemma3n_text",
@@ -2146,13 +2208,6 @@ FAMILIES: tuple[Family, ...] = (
     # -- known, not analysed
     Family("speech_to_text", ("speech_to_text",), SINUSOIDAL),  # audio input: no word table to average
     Family(
-        "gemma3",
-        ("gemma3",),
-        OTHER,  # its config nests the language model's (text_config)
-        causal=True,
-        description="rotary embeddings (RoPE); a multimodal checkpoint: its language model is read as `gemma3_text`",
-    ),
-    Family(
         "xlm",
         ("xlm", "flaubert"),
         LEARNED,
@@ -2233,6 +2288,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("reformer", ("reformer",), OTHER, description="axial position embeddings"),
 )
 
+FAMILIES = tuple(_read_as_language_model(f, FAMILIES) for f in FAMILIES)
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 if len(_BY_TYPE) != sum(len(f.model_types) for f in FAMILIES):
     raise RuntimeError("a model type appears in two family entries")
@@ -2373,6 +2429,28 @@ def position_kind(config: dict) -> tuple[str, str]:
     return family.kind, family.mechanism
 
 
+CROSS_ATTENTION = "cross_attention"  # the layer type of a hybrid's layers listed by `Family.hybrid_layers`
+
+
+def layer_types(family: Family, config) -> list[str]:
+    """The layer types of the model a transformers `config` object describes: config.layer_types, or where the
+    family lists its other layers by index (`hybrid_layers`), `CROSS_ATTENTION` there and 'full_attention' elsewhere."""
+    if family.hybrid_layers:
+        others = set(getattr(config, family.hybrid_layers, None) or [])
+        return [CROSS_ATTENTION if layer in others else "full_attention" for layer in range(config.num_hidden_layers)]
+    return list(getattr(config, "layer_types", None) or [])
+
+
+def language_model_config(config: dict) -> dict:
+    """The config of the language model the model `config` describes: a multimodal wrapper's nested one (its model
+    type set), or `config` itself (also where a wrapper's config lacks the nested one: callers refuse that)."""
+    family = family_for_type(str(config.get("model_type", "unknown")))
+    if family is None or family.language_model is None or not isinstance(config.get(family.language_model[0]), dict):
+        return config
+    key, _, text = family.language_model
+    return {**config[key], "model_type": text}
+
+
 def has_learned_table(config: dict) -> bool:
     """True when the model `config` describes stores a learned absolute position table: its kind is LEARNED, or
     a table beside a relative mechanism (MPNet, DeBERTa with position_biased_input)."""
@@ -2436,7 +2514,7 @@ def _layer_kind_words(f: Family) -> str:
                  f.kind, ["absolute table"])  # fmt: skip
     if f.qkv == LATENT:
         kinds = ["MLA: rotary part + position-free part"] if f.kind != NOPE else ["NoPE (MLA)"]
-    if f.name in _PER_TYPE_ROPE:
+    if (f.language_model[2] if f.language_model else f.name) in _PER_TYPE_ROPE:  # a wrapper: its language model's
         kinds[0] += " (a setting per layer type)"
     if f.nope:
         kinds.append("NoPE layers")

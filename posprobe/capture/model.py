@@ -98,7 +98,7 @@ def attention_layers(model, n_layers: int | None = None) -> list[int]:
     is one of `table.ATTENTION_LAYER_TYPES` (its other layers, recurrent / state-space / convolution, call no
     attention). `n_layers`: the stack's layer count where the caller has read it (`check_model`). PosprobeError for
     a hybrid whose config names no layer types."""
-    from posprobe.architectures.table import ATTENTION_LAYER_TYPES
+    from posprobe.architectures.table import ATTENTION_LAYER_TYPES, layer_types
     from posprobe.families import family_for_type
 
     net = stack_to_run(model)
@@ -108,7 +108,7 @@ def attention_layers(model, n_layers: int | None = None) -> list[int]:
     family = family_for_type(kind)
     if family is None or not family.hybrid:
         return list(range(layers))
-    types = list(getattr(cfg, "layer_types", None) or [])
+    types = layer_types(family, cfg)
     if len(types) < layers:
         raise PosprobeError(
             f"the hybrid '{kind}' names the kind of {len(types)} of its {layers} layers (config.layer_types), so "
@@ -127,6 +127,26 @@ def run_stack(model) -> str | None:
 
     family = family_for_type(str(getattr(model.config, "model_type", "")))
     return "encoder" if family is None else family.text_stack
+
+
+def check_hidden_states(model) -> None:
+    """Refuse the hidden states of a model that skips layers on text (`Family.hybrid_layers` that its config lists:
+    Mllama's cross-attention layers run only with an image): transformers returns none entering them, so
+    hidden_states[l] would not be layer l's input past the first of them."""
+    from posprobe.architectures.table import CROSS_ATTENTION, layer_types
+    from posprobe.families import family_for_type
+
+    kind = str(getattr(model.config, "model_type", "unknown"))
+    family = family_for_type(kind)
+    if family is None or not family.hybrid_layers:
+        return
+    skipped = [layer for layer, t in enumerate(layer_types(family, text_config(model))) if t == CROSS_ATTENTION]
+    if skipped:
+        raise PosprobeError(
+            f"'{kind}' skips its layers {skipped} on text ({family.hybrid}), so transformers returns no hidden state "
+            "entering them and hidden state l is not layer l's input",
+            "its attention is read (`posprobe attention`, `fhat`, `profiles`), its hidden states are not",
+        )
 
 
 def stack_to_run(model):

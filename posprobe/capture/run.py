@@ -25,6 +25,7 @@ from posprobe.capture.eager import EagerRecorder, is_eager_route
 from posprobe.capture.memory import attention_batch_bytes, attention_block_bytes, check_fits
 from posprobe.capture.model import (
     attention_layers,
+    check_hidden_states,
     check_length,
     check_model,
     model_device,
@@ -182,6 +183,8 @@ def capture_batches(
         block_size = as_int(block_size, "block_size", minimum=0)
     n_layers, n_heads = check_model(model, attention=attention, encoder_decoder=True, hybrid=True)
     unpadded = reads_padding(model)  # ConvBERT, CPM-Ant: padding changes their real tokens' outputs
+    if hidden:
+        check_hidden_states(model)  # a model that skips layers on text has no hidden state entering them
     attending = tuple(attention_layers(model, n_layers)) if attention else ()  # a hybrid's attention layers only
     parallel = distributed.join_process_group(model_device(model))
     if parallel:

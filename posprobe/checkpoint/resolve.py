@@ -51,6 +51,8 @@ class ModelSource:
     config: dict
     weight_format: str  # "safetensors", "pickle", "gguf", or "none" (resolved with require_weights=False)
     quantization: str | None = None  # GGUF: the ggml type of most attention weights ('Q4_1'); None otherwise
+    wrapper: str | None = None  # a multimodal checkpoint read as its language model: the checkpoint's model type
+    # (`config` is then the language model's nested config; `posprobe.families.language_model`)
 
     @property
     def gguf_file(self) -> Path | None:
@@ -59,7 +61,13 @@ class ModelSource:
 
     @property
     def model_type(self) -> str:
-        return str(self.config.get("model_type", "unknown"))
+        """The checkpoint's model type (a multimodal wrapper's own, where its language model is read)."""
+        return self.wrapper or str(self.config.get("model_type", "unknown"))
+
+    @property
+    def language_model(self) -> str | None:
+        """The model type of the language model read in a multimodal checkpoint; None for a plain one."""
+        return str(self.config.get("model_type")) if self.wrapper else None
 
     @property
     def label(self) -> str:

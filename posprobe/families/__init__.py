@@ -5,7 +5,8 @@ Adding a family
 1. Add a `Family` entry to `posprobe/architectures/table.py` (its model types, its position `kind`, `causal`, and the
    tensor-name suffixes: `word`, `query`/`key` (+ `qkv` layout), `pre_norm` and `norm`, `qk_norm`, `embed_scale`,
    `rotary_class` and `rotary_layout`, `switches` for config switches, `windows` for local layers,
-   family-specific names in `tensors`). A family of an existing kind needs nothing else.
+   family-specific names in `tensors`). A family of an existing kind needs nothing else; a multimodal wrapper
+   whose language model has an entry is one `_wrapper(...)` line (`families.language_model`).
 2. Add one tiny config to the test matrix (`tests/family_models.py`, `CASES`); the parity test then checks
    posprobe's scores against the real attention module of a random model built from it, every layer, float64,
    and the pairs each layer attends against `ModelContext.layer_kinds`.

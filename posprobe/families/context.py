@@ -39,6 +39,7 @@ from posprobe.errors import PosprobeError
 from posprobe.families.altup import altup_input
 from posprobe.families.embeddings import EmbeddingReader, PositionTable, apply_norm
 from posprobe.families.kv_sharing import key_source
+from posprobe.families.language_model import language_model_view
 from posprobe.families.layouts import grouped_conv_dense, head_split, split_fused
 
 # The module that computes each position kind's content-free scores (see `posprobe.families` for its interface).
@@ -147,6 +148,7 @@ class ModelContext(EmbeddingReader):
     layer receives) comes from `posprobe.families.embeddings.EmbeddingReader`."""
 
     def __init__(self, source: ModelSource, reader, mode: str = "paper"):
+        source, reader = language_model_view(source, reader)  # a multimodal wrapper: its language model alone
         self.source, self.reader, self.mode = source, reader, mode
         self.family = check_analysable(source)
         self.kind = T.position_kind(source.config)[0]

@@ -29,7 +29,7 @@ def transformers_config(ctx):
 
     config = {k: _floats(v) for k, v in ctx.config.items() if k not in ("model_type", "transformers_version")}
     try:
-        return AutoConfig.for_model(ctx.source.model_type, **config)
+        return AutoConfig.for_model(ctx.source.language_model or ctx.source.model_type, **config)
     except Exception as err:  # config classes validate rope parameters with several exception types
         raise PosprobeError(
             f"transformers refuses the config of '{ctx.source.name}': {str(err).splitlines()[0][:200]}",

@@ -96,7 +96,7 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
                 kinds[layer] = replace(kind, note=", ".join(x for x in (kind.note, shared) if x))
     if not ctx.family.hybrid:
         return kinds
-    types = list(getattr(ctx.transformers_config, "layer_types", None) or [])
+    types = T.layer_types(ctx.family, ctx.transformers_config)
     return [kind if layer >= len(types) or types[layer] in T.ATTENTION_LAYER_TYPES
             else LayerKind(NO_ATTENTION, layer_type=types[layer],
                            note=f"{ctx.family.hybrid} (layer type '{types[layer]}'): {NO_SCORE}")

@@ -215,9 +215,11 @@ def config_budget(source: ModelSource, rope_scaling: str | Sequence[str] = "none
     from types import SimpleNamespace
 
     from posprobe.families.context import check_analysable
+    from posprobe.families.language_model import language_model_view
 
     variants = parse_variants(rope_scaling)
     family = check_analysable(source)
+    source = language_model_view(source, None)[0]  # a multimodal wrapper: its language model's config
     kind, mechanism = T.position_kind(source.config)
     if kind != T.ROTARY:
         raise PosprobeError(

@@ -143,6 +143,7 @@ def _fhat_result(reader: ScoreReader, layer: int, conditioning: dict | None = No
         reader.layer_kind(layer),
         quantization=source.quantization,
         conditioning=conditioning,
+        language_model=source.language_model,
     )
 
 
@@ -306,6 +307,7 @@ def profiles_from(
         quantization=source.quantization,
         conditioning=conditioning,
         learned_sink_share=np.stack(sink_shares) if sink_shares else None,
+        language_model=source.language_model,
     )
 
 

@@ -113,6 +113,7 @@ class FhatResult(ResultMixin, Saves):
     layer_kind: str = "global"
     quantization: str | None = None  # a GGUF file's quantisation: the weights analysed were de-quantised from it
     conditioning: dict | None = None  # data-conditioned scores (SPEC §13): the input and the texts behind it
+    language_model: str | None = None  # a multimodal checkpoint (model_type): the type of the language model read
 
     _repr_fields = ("model", "layer", "mode", "toeplitz_by_construction", "mean_toeplitz_r2", "toeplitz_r2", "matrices")
 
@@ -143,7 +144,7 @@ class FhatResult(ResultMixin, Saves):
             "mean_toeplitz_r2": self.mean_toeplitz_r2,
             "quantization": self.quantization,
             "heads": [{"head": h, "toeplitz_r2": _r2(r)} for h, r in enumerate(self.toeplitz_r2)],
-        } | ({"conditioning": self.conditioning} if self.conditioning is not None else {})
+        } | _set_fields(self, "conditioning", "language_model")
 
     def output_files(self, fmt: str, scale: str = "per-head") -> list[OutputFile]:
         """`fhat_layer<l>_<tag>.<fmt>` (`scale`: 'per-head' or 'shared', see `plotting.base.fhat_grid`) and its JSON
@@ -201,6 +202,7 @@ class ProfileResult(ResultMixin, Saves):
     conditioning: dict | None = None  # data-conditioned profiles (SPEC §13): the input and the texts behind it
     learned_sink_share: np.ndarray | None = None  # (L_sel, H) learned sinks (gpt-oss): the sink's mean share of the
     # queries' attention under F̂ and each layer's mask (SPEC §9); None for models without learned sinks
+    language_model: str | None = None  # a multimodal checkpoint (model_type): the type of the language model read
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "n_positions", "window", "causal", "profiles", "offsets")
 
@@ -244,7 +246,7 @@ class ProfileResult(ResultMixin, Saves):
                 "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing"
                 + ("; causal model: only k <= 0 is used" if self.causal else ""),
             }
-            | ({"conditioning": self.conditioning} if self.conditioning is not None else {})
+            | _set_fields(self, "conditioning", "language_model")
             | self._sink_metadata()
         )
 
@@ -419,3 +421,9 @@ def figure_and_record(stem: str, fmt: str, make_figure, result) -> list[OutputFi
         result.to_dict() | {"figure": str(saved.paths[figure]), "record": str(saved.paths[record])}
     )  # noqa: E731
     return [figure_file(figure, make_figure), record_file(record, as_record)]
+
+
+def _set_fields(result, *names: str) -> dict:
+    """The record entries of optional fields `names` that are set (not None): the data-conditioning record, the
+    language model a multimodal checkpoint was read as."""
+    return {name: getattr(result, name) for name in names if getattr(result, name) is not None}

@@ -81,14 +81,21 @@ def select_sections(only: list[str] | None, skip: list[str] | None) -> list[str]
 
 def model_facts(source) -> ModelFacts:
     """The facts that decide which sections apply, from a resolved checkpoint's config."""
-    from posprobe.architectures.table import TABLE_KINDS, family_for_type, has_learned_table, position_kind
+    from posprobe.architectures.table import (
+        TABLE_KINDS,
+        family_for_type,
+        has_learned_table,
+        language_model_config,
+        position_kind,
+    )
 
     config = source.config
     kind, mechanism = position_kind(config)
     family = family_for_type(source.model_type)
     causal = bool(family.causal) if family is not None else False
-    n_layers = _first_int(config, ("num_hidden_layers", "n_layer", "num_layers"))
-    max_positions = _first_int(config, ("max_position_embeddings", "n_positions", "n_ctx"))
+    sizes = language_model_config(config)  # a multimodal wrapper: its language model's
+    n_layers = _first_int(sizes, ("num_hidden_layers", "n_layer", "num_layers"))
+    max_positions = _first_int(sizes, ("max_position_embeddings", "n_positions", "n_ctx"))
     return ModelFacts(source.label, source.model_type, kind, mechanism, causal,
                       kind in TABLE_KINDS or has_learned_table(config), n_layers, max_positions)  # fmt: skip
 
