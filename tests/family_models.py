@@ -644,6 +644,10 @@ CASES = {
         text_config=dict(SMALL, num_key_value_heads=2, head_dim=8, max_position_embeddings=64, pad_token_id=0),
         audio_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
                           num_mel_bins=8, max_source_positions=16)), dict(own=True)),
+    "gemma4": ("gemma4", dict(text_config={**SMALL, **_GEMMA4, "hidden_size_per_layer_input": 8,
+                                           "vocab_size_per_layer_input": 99}), dict(own=True)),
+    "gemma4_unified": ("gemma4_unified", dict(text_config={**SMALL, **_GEMMA4, "attention_k_eq_v": False,
+                                                           "num_kv_shared_layers": 1}), dict(own=True)),
     "emu3": ("emu3", dict(text_config=dict(SMALL, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
                                            bos_token_id=1, eos_token_id=2, attention_bias=True,
                                            rope_parameters=dict(rope_type="default", rope_theta=500.0)),
@@ -716,7 +720,8 @@ ISSUE_34_CASES |= {"zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hyb
 _EAGER_EXPERTS += ("lara_mini",)  # issue 34 (hybrid2)
 ISSUE_34_CASES |= {"gemma3n_text", "gemma4_text", "gemma4_unified_text"}  # issue 34 (gemma4)
 ISSUE_34_CASES |= {"gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "modernvbert", "ultravbert",
-                   "moss_transcribe_diarize", "emu3", "phi4_multimodal", "mllama"}  # issue 34 (mm)  # fmt: skip
+                   "moss_transcribe_diarize", "emu3", "phi4_multimodal", "mllama", "gemma4",
+                   "gemma4_unified"}  # issue 34 (mm)  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 

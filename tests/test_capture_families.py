@@ -98,7 +98,7 @@ IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional", "l
                         "gemma3n_text", "gemma4_text", "gemma4_unified_text"}  # fmt: skip
 # transformers' float64 ProphetNet encoder builds its padding mask in float32 (0 x -inf: NaN on every real key)
 IN_FLOAT32 |= {"prophetnet"}
-IN_FLOAT32 |= {"gemma3"}
+IN_FLOAT32 |= {"gemma3", "gemma4", "gemma4_unified"}
 
 
 def tolerance(name: str) -> float:

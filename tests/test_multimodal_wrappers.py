@@ -20,7 +20,7 @@ from posprobe.errors import PosprobeError
 from posprobe.families.context import ModelContext
 
 WRAPPERS = ("gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "modernvbert", "ultravbert",
-            "moss_transcribe_diarize", "emu3", "mllama")  # fmt: skip
+            "moss_transcribe_diarize", "emu3", "mllama", "gemma4", "gemma4_unified")  # fmt: skip
 
 
 def _language_model(model):

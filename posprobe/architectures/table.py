@@ -882,6 +882,8 @@ FAMILIES: tuple[Family, ...] = (
     _wrapper("modernvbert", "modernbert", module="text_model"),
     _wrapper("ultravbert", "ultrabert", module="text_model"),
     _wrapper("moss_transcribe_diarize", "qwen3"),  # a Whisper-style audio encoder beside it
+    _wrapper("gemma4", "gemma4_text"),  # vision and audio towers beside it
+    _wrapper("gemma4_unified", "gemma4_unified_text"),
     _wrapper("emu3", "emu3_text_model", module="text_model", like="llama", rotary_class=_rotary("emu3", "Emu3")),
     Family(  # Phi-3's layout; its vision and audio LoRA adapters are PEFT adapters loaded apart: on text, with
         "phi4_multimodal",  # none active, the base weights compute (its image and audio encoders sit in
