@@ -24,6 +24,7 @@ matplotlib until an analysis or a model needs them):
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from posprobe.version import __version__
 
@@ -75,24 +76,13 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
-_SUBPACKAGES = (
-    "analysis",
-    "capture",
-    "checkpoint",
-    "glue",
-    "mechanisms",
-    "outputs",
-    "pipelines",
-    "plotting",
-    "validation",
-)
 
 
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
-        if name in _SUBPACKAGES:  # `posprobe.plotting.base` etc. without an explicit import, as in a notebook
-            return importlib.import_module(f"{__name__}.{name}")
+        if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f"{__name__}.{name}")  # `posprobe.plotting` without an import (a notebook)
         raise AttributeError(f"module 'posprobe' has no attribute '{name}'")
     loaded = importlib.import_module(module)
     globals()[name] = getattr(loaded, name)

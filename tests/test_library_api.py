@@ -347,3 +347,20 @@ def test_fitter_clones_with_scikit_learn():
     fitter = posprobe.TisaKernelFitter(n_kernels=3, seed=7)
     twin = sklearn_base.clone(fitter)
     assert twin is not fitter and twin.get_params() == fitter.get_params()
+
+
+def test_submodules_resolve_on_first_use_whatever_was_imported_before():
+    """`posprobe.plotting.base` works in a fresh process where the package was imported first (a notebook that ran
+    `import posprobe.plotting`), not only when some earlier import happened to load the submodule."""
+    import subprocess
+    import sys
+
+    code = (
+        "import posprobe.plotting as p, posprobe.analysis as a, posprobe.formats as f\n"
+        "assert p.base.heatmap and a.toeplitz.toeplitz_r2 and f.save.save\n"
+        "assert not hasattr(p, 'nothing') and not hasattr(p, '_private')\n"
+        "import posprobe\n"
+        "assert posprobe.texts.reading and not hasattr(posprobe, 'outputs')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

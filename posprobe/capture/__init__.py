@@ -82,3 +82,7 @@ __all__ = [
     "text_tokenizer",
     "token_batches",
 ]
+
+from posprobe.runtime.submodules import importer
+
+__getattr__ = importer(__name__)  # submodules on first use, as in a notebook

@@ -20,3 +20,7 @@ __all__ = [
     "resolve_model",
     "WeightReader",
 ]
+
+from posprobe.runtime.submodules import importer
+
+__getattr__ = importer(__name__)  # submodules on first use, as in a notebook

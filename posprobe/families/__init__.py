@@ -56,3 +56,7 @@ __all__ = [
     "model_types",
     "position_kind",
 ]
+
+from posprobe.runtime.submodules import importer
+
+__getattr__ = importer(__name__)  # submodules on first use, as in a notebook

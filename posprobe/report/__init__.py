@@ -6,3 +6,7 @@
 from posprobe.report.run import build_report
 
 __all__ = ["build_report"]
+
+from posprobe.runtime.submodules import importer
+
+__getattr__ = importer(__name__)  # submodules on first use, as in a notebook
