@@ -408,6 +408,8 @@ CASES = {
     "ctrl": ("ctrl", dict(vocab_size=99, n_embd=32, n_layer=2, n_head=4, dff=37, n_positions=64), dict(own=True)),
     "xglm": ("xglm", dict(vocab_size=99, d_model=32, num_layers=2, attention_heads=4, ffn_dim=37,
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
+    # issue 34 (odd)
+    "xlnet": ("xlnet", dict(vocab_size=99, d_model=32, n_layer=2, n_head=4, d_inner=37, clamp_len=5), dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -436,6 +438,7 @@ ISSUE_34_CASES = frozenset({
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
+    "xlnet",  # issue 34 (odd)
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

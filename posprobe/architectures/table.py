@@ -26,8 +26,9 @@ BUCKET_BIAS = "bucket_bias"  # learned bias[h, bucket(j - i)] (T5, MPNet)
 ALIBI = "alibi"  # -m_h |j - i|
 DISENTANGLED = "disentangled"  # DeBERTa-v2 c2p + p2c
 NOPE = "nope"  # no positional term in any attention layer (Jamba: its Mamba layers carry position)
+RELATIVE_SINUSOIDAL = "relative_sinusoidal"  # (q + u).k + (q + v).W_R R(i - j), R sinusoidal (XLNet; Transformer-XL)
 OTHER = "other"  # known, not analysed (see `Family.description`)
-KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, NOPE, OTHER)
+KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, NOPE, RELATIVE_SINUSOIDAL, OTHER)
 TABLE_KINDS = (LEARNED, SINUSOIDAL)  # an absolute table E_P exists (stored or built): sections 1-3 of SPEC apply
 KIND_NAMES = {
     LEARNED: "learned absolute table",
@@ -37,6 +38,7 @@ KIND_NAMES = {
     ALIBI: "ALiBi attention biases",
     DISENTANGLED: "disentangled relative positions",
     NOPE: "no positional encoding in attention (NoPE)",
+    RELATIVE_SINUSOIDAL: "sinusoidal relative positions (projected per layer, with learned biases)",
 }
 # How Q/K weights are stored (`Family.qkv`).
 SEPARATE = "separate"  # Linear q and k: weight (H*d_h, d), q = x @ W.T + b
@@ -48,7 +50,9 @@ BLOCKED = "blocked"  # one Linear in `Family.qkv_blocks` equal row blocks, each 
 GROUPED_CONV = "grouped-conv1d"  # kernel-1 Conv1d q and k with groups: weight (out, in / groups, 1) (SqueezeBERT)
 LATENT = "latent"  # multi-head latent attention: rotary and position-free parts (DeepSeek V2 / V3; families.latent)
 GATED_QUERY = "gated-query"  # separate Linears; q's rows per head [q_h (d_h); output gate_h (d_h)] (Qwen3-Next)
-QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT, GATED_QUERY)
+HEAD_TENSOR = "head-tensor"  # q and k are parameters (d, H, d_h) themselves, no '.weight', no bias (XLNet)
+QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT, GATED_QUERY,
+               HEAD_TENSOR)  # fmt: skip
 # How a rotary family pairs the rotated dims and where its angles come from (`Family.rotary_layout`).
 ROTATE_HALF = "rotate-half"  # the rotary module's (cos, sin), each (n, r); dim i pairs with i + r/2 (Llama)
 INTERLEAVED = "interleaved"  # the module's (cos, sin), each (n, r) repeated per pair; dims 2i, 2i+1 pair (Cohere)
@@ -1534,7 +1538,26 @@ FAMILIES: tuple[Family, ...] = (
         description="learned absolute table (language embeddings only where the input gives languages)",
         capture=EAGER,
     ),
-    Family("xlnet", ("xlnet",), OTHER, description="sinusoidal relative positions"),
+    # -- sinusoidal relative positions (posprobe.families.relative_sinusoidal)
+    Family(
+        "xlnet",
+        ("xlnet",),
+        RELATIVE_SINUSOIDAL,
+        word="word_embedding.weight",
+        query="layer.{l}.rel_attn.q",  # (d, H, d_h) parameters; post-norm layers: no norm before attention
+        key="layer.{l}.rel_attn.k",
+        value="layer.{l}.rel_attn.v",
+        qkv=HEAD_TENSOR,
+        tensors={
+            "position_projection": "layer.{l}.rel_attn.r",  # W_R (d, H, d_h): keys of the relative encodings
+            "content_bias": "layer.{l}.rel_attn.r_w_bias",  # u (H, d_h), added to q against the content keys
+            "position_bias": "layer.{l}.rel_attn.r_r_bias",  # v (H, d_h), added to q against the position keys
+            "clamp": "clamp_len",  # relative distances clamped to +-clamp_len where it is > 0
+        },
+        description="sinusoidal relative positions (Transformer-XL style; two-stream: the content stream is read)",
+        capture=EAGER,
+        capture_note="its content stream",
+    ),
     # -- no softmax attention in any layer: nothing for posprobe's scores to read (refused in one line)
     Family(
         "mamba",
@@ -1706,6 +1729,11 @@ def position_kind(config: dict) -> tuple[str, str]:
             "a learned absolute table in pre-norm layers (pre_norm; transformers' own FlauBERT does not run such "
             "configs, so there is no module to check a reading against; posprobe reads the post-norm ones)"
         )
+    if model_type == "xlnet" and (config.get("attn_type", "bi") != "bi" or config.get("bi_data")):
+        return OTHER, (
+            "sinusoidal relative positions with attn_type 'uni' or bi_data (pretraining settings; posprobe reads "
+            "attn_type 'bi' without bi_data, as released)"
+        )
     if family.switch_kinds:  # the config has picked one of the family's kinds: name that one
         return family.kind, KIND_NAMES[family.kind]
     return family.kind, family.mechanism
@@ -1768,7 +1796,8 @@ def _layer_kind_words(f: Family) -> str:
     if not f.analysable:
         return "—"
     kinds = {ROTARY: ["rope"], NOPE: ["NoPE"], ALIBI: ["ALiBi bias"], BUCKET_BIAS: ["bucket bias"],
-             DISENTANGLED: ["disentangled"]}.get(f.kind, ["absolute table"])  # fmt: skip
+             DISENTANGLED: ["disentangled"], RELATIVE_SINUSOIDAL: ["sinusoidal relative"]}.get(
+                 f.kind, ["absolute table"])  # fmt: skip
     if f.qkv == LATENT:
         kinds = ["MLA: rotary part + position-free part"]
     if f.name in _PER_TYPE_ROPE:

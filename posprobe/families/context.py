@@ -47,6 +47,7 @@ SCORE_MODULES = {
     T.BUCKET_BIAS: "posprobe.families.relative_bias",
     T.DISENTANGLED: "posprobe.families.disentangled",
     T.NOPE: "posprobe.families.rotary",  # rotary scores without rotation: every layer a NoPE layer
+    T.RELATIVE_SINUSOIDAL: "posprobe.families.relative_sinusoidal",
 }
 
 
@@ -293,6 +294,8 @@ class ModelContext(EmbeddingReader):
         (a MobileBERT bottleneck, affine, is folded in)."""
         s, f = self.shape, self.family
         stored = self.stored_layer(layer)
+        if self.qkv == T.HEAD_TENSOR:  # parameters (d, H, d_h) themselves, no bias (XLNet)
+            return _head_tensors(self, stored, stack)
         w = self.tensor(f.query + ".weight", stored, stack)
         b = self.optional(f.query + ".bias", stored, stack)
         try:
@@ -496,6 +499,21 @@ def disentangled_scale(config: dict, head_dim: int, family: T.Family) -> float:
     kinds = pos_att_types(config)
     terms = len(kinds) if "scale_terms" in family.tensors else ("c2p" in kinds) + ("p2c" in kinds)
     return float(torch.sqrt(torch.tensor(head_dim, dtype=torch.float32) * (1 + terms)))
+
+
+def _head_tensors(ctx: ModelContext, stored: int, stack: str) -> HeadWeights:
+    """Q/K weights stored as parameters (d, H, d_h) (`table.HEAD_TENSOR`: q_h = x @ W[:, h], no bias)."""
+    s = ctx.shape
+    wq, wk = (ctx.tensor(name, stored, stack) for name in (ctx.family.query, ctx.family.key))
+    if wq.shape != (ctx.attention_width, s.heads, s.head_dim) or wk.shape != (ctx.attention_width, s.kv_heads,
+                                                                              s.head_dim):  # fmt: skip
+        raise PosprobeError(
+            f"query/key weights of '{ctx.source.name}' layer {stored} do not match "
+            f"{config_where(ctx.source.name).split(' of ')[0]} ({s.heads} heads of size {s.head_dim})",
+            config_hint(ctx.source.name, MIXED_HINT),
+        )
+    wq, wk = wq.transpose(1, 0, 2), wk.transpose(1, 0, 2)
+    return HeadWeights(wq, np.zeros(wq.shape[::2]), wk, np.zeros(wk.shape[::2]), stored)
 
 
 def _fold(weights: HeadWeights, a: np.ndarray, c: np.ndarray) -> HeadWeights:
