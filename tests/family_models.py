@@ -80,6 +80,9 @@ _MLA = dict(
     n_group=1,
     topk_group=1,
 )
+# Funnel: AutoModel picks among its classes by `architectures`
+_FUNNEL = dict(architectures=["FunnelModel"], vocab_size=99, d_model=32, n_head=4, d_head=8, d_inner=37,
+               num_decoder_layers=1)  # fmt: skip
 _GEMMA3_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
     "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
@@ -410,6 +413,9 @@ CASES = {
                           max_position_embeddings=64, scale_embedding=True, pad_token_id=1), dict(own=True)),
     # issue 34 (odd)
     "xlnet": ("xlnet", dict(vocab_size=99, d_model=32, n_layer=2, n_head=4, d_inner=37, clamp_len=5), dict(own=True)),
+    "funnel": ("funnel", dict(_FUNNEL, block_sizes=[3, 1]), dict(own=True)),
+    "funnel-factorized": ("funnel", dict(_FUNNEL, block_sizes=[2, 2], attention_type="factorized",
+                                         separate_cls=False), dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -438,7 +444,7 @@ ISSUE_34_CASES = frozenset({
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
-    "xlnet",  # issue 34 (odd)
+    "xlnet", "funnel", "funnel-factorized",  # issue 34 (odd)
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
@@ -478,9 +484,11 @@ def build(name: str, dtype=None):
 
 
 def _layers(model) -> torch.nn.ModuleList:
+    """The model's layers in depth order; of a model whose layers come in blocks of pooled lengths (Funnel), the
+    first block's (the layers at full length, those posprobe reads)."""
     n = model.config.num_hidden_layers
     lists = [m for _, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
-    return lists[0]
+    return lists[0] if lists else model.encoder.blocks[0]
 
 
 @dataclass(frozen=True)
@@ -523,8 +531,9 @@ class _SoftmaxInputs:
         self.n, self.inputs = n, []
 
     def __enter__(self):
-        self.functional, self.method = torch.nn.functional.softmax, torch.Tensor.softmax
+        self.functional, self.method, self.torch = torch.nn.functional.softmax, torch.Tensor.softmax, torch.softmax
         functional, method, inputs, n = self.functional, self.method, self.inputs, self.n
+        torch_softmax = self.torch  # Funnel calls torch.softmax
         inside = []  # functional softmax calls the method: record each call once
 
         def keep(x):
@@ -549,11 +558,17 @@ class _SoftmaxInputs:
             keep(x)
             return method(x, *args, **kwargs)
 
+        def patched_torch(x, *args, **kwargs):
+            keep(x)
+            return torch_softmax(x, *args, **kwargs)
+
         torch.nn.functional.softmax, torch.Tensor.softmax = patched_functional, patched_method
+        torch.softmax = patched_torch
         return self
 
     def __exit__(self, *exc):
         torch.nn.functional.softmax, torch.Tensor.softmax = self.functional, self.method
+        torch.softmax = self.torch
 
 
 class _SdpaInputs:
@@ -614,8 +629,8 @@ def reference_scores(model, n: int) -> Reference:
             hidden = args[0] if args else kwargs["hidden_states"]
             if index == 0:
                 first["x"] = hidden.clone()  # later layers must not see in-place changes
-            elif args:
-                args = (first["x"], *args[1:])
+            elif args:  # the layer input, and keys / values taken from it as well (Funnel passes them apart)
+                args = tuple(first["x"] if a is hidden else a for a in args)
             else:
                 kwargs["hidden_states"] = first["x"]
             return original(*args, **kwargs)

@@ -47,6 +47,8 @@ def _by_kind(name: str) -> bool:
         return False
     if c.model_type.startswith("hunyuan_v1"):  # q/k norms with weights act on the rotated q and k
         return False
+    if c.model_type == "funnel" and c.config.get("separate_cls", True):  # <cls> (position 0) kept out of positions
+        return False
     return position_kind({**c.config, "model_type": c.model_type})[0] in (ROTARY, ALIBI, NOPE, RELATIVE_SINUSOIDAL)
 
 

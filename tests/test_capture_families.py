@@ -68,6 +68,8 @@ REFUSED = {
     "longformer": "not one softmax over all keys",  # sliding chunks
     "longt5": "not one softmax over all keys",  # blockwise local attention
     "deberta-talking-heads": "does not give its returned attention",  # heads mixed after the softmax
+    "funnel": "did not return one attention matrix per layer",  # pooled blocks, an upsampling decoder
+    "funnel-factorized": "did not return one attention matrix per layer",
 }
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
 # and DeBERTa-v2 in the tests below; every other family, the AttentionInterface ones included (also covered by
@@ -362,7 +364,20 @@ def test_families_the_capture_does_not_reproduce_are_refused(name):
     assert family.capture == REFUSED_ROUTE or "refused" in family.capture_note  # as the family table says
 
 
-@pytest.mark.parametrize("name", _params([*sorted(REFUSED), "t5", "bloom", *HYBRIDS], quick={"t5", "lfm2"}))
+POOLED = ("funnel", "funnel-factorized")  # the sequence is pooled between blocks: no state per position at every depth
+
+
+@pytest.mark.parametrize("name", _params(POOLED))
+def test_hidden_states_of_a_model_that_pools_the_sequence_are_refused(name):
+    hidden = Keep()
+    hidden.needs = ("hidden_states",)
+    with pytest.raises(PosprobeError, match="hidden states of other lengths than its input"):
+        capture(build(name).float(), [hidden], input_ids=texts(3), max_length=16)
+
+
+@pytest.mark.parametrize(
+    "name", _params([*sorted(set(REFUSED) - set(POOLED)), "t5", "bloom", *HYBRIDS], quick={"t5", "lfm2"})
+)
 def test_hidden_states_alone_for_refused_and_eager_families(name):
     """Without attention nothing is recorded: hidden states are the model's own (its default attention, whatever
     it is; an encoder-decoder's encoder; every layer of a hybrid), each text as if run alone."""

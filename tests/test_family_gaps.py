@@ -80,7 +80,6 @@ NOT_YET = {
     "cpmant": "a segment-aware relative position bucket bias of its own layout",
     "roc_bert": "pronunciation and shape embeddings summed with the words (ids of their own)",
     "blt": "byte latent transformer: local byte encoder/decoder cross-attending to a global patch transformer",
-    "funnel": "pools the sequence between blocks; relative attention with its own sinusoidal encodings",
     "reformer": "LSH / chunked local attention over axial position embeddings",
     # sparse / compressed attention
     "axk2": _INDEXED,

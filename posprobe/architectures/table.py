@@ -109,8 +109,17 @@ NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, LAYERNORM_PLUS1, PLAIN_LAYERNORM, PL
 CONFIG_KEYS = {
     "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "attention_heads"),
     "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "attn_config.kv_n_heads"),  # dotted: nested
-    "layers": ("layers_block_type", "num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
-    # (a list counts its entries: Nemotron-H's layers_block_type, one kind per layer, overrides num_hidden_layers)
+    "layers": (
+        "layers_block_type",
+        "num_hidden_layers",
+        "n_layer",
+        "n_layers",
+        "num_layers",
+        "encoder_layers",
+        "block_sizes.0",
+    ),
+    # (a list counts its entries: Nemotron-H's layers_block_type, one kind per layer, overrides num_hidden_layers;
+    # Funnel: the layers of its first block, the ones at full length)
     "hidden": ("hidden_size", "n_embd", "dim", "d_model", "emb_dim"),
     "head_dim": ("head_dim", "d_kv"),
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
@@ -1553,10 +1562,35 @@ FAMILIES: tuple[Family, ...] = (
             "content_bias": "layer.{l}.rel_attn.r_w_bias",  # u (H, d_h), added to q against the content keys
             "position_bias": "layer.{l}.rel_attn.r_r_bias",  # v (H, d_h), added to q against the position keys
             "clamp": "clamp_len",  # relative distances clamped to +-clamp_len where it is > 0
+            "encodings": "float32",  # the sinusoids are built in float32 whatever the weights' dtype
         },
         description="sinusoidal relative positions (Transformer-XL style; two-stream: the content stream is read)",
         capture=EAGER,
         capture_note="its content stream",
+    ),
+    Family(
+        "funnel",
+        ("funnel",),
+        RELATIVE_SINUSOIDAL,
+        word="embeddings.word_embeddings.weight",
+        embedding_norm="embeddings.layer_norm",
+        query="encoder.blocks.0.{l}.attention.q_head",  # the first block's layers: the only ones at full length
+        key="encoder.blocks.0.{l}.attention.k_head",
+        value="encoder.blocks.0.{l}.attention.v_head",
+        tensors={
+            "position_projection": "encoder.blocks.0.{l}.attention.r_kernel",
+            "content_bias": "encoder.blocks.0.{l}.attention.r_w_bias",
+            "position_bias": "encoder.blocks.0.{l}.attention.r_r_bias",
+            "segment_bias": "encoder.blocks.0.{l}.attention.r_s_bias",
+            "segment_embedding": "encoder.blocks.0.{l}.attention.seg_embed",  # (2, H, d_h): [different; same]
+            "same_segment": "1",  # token types default to zeros: one segment, always added
+            "cls_apart": "separate_cls",  # no position or segment term in the <cls> row and column (position 0)
+            "encodings": "float64",  # built in the model's dtype (XLNet: float32)
+        },
+        description="sinusoidal relative positions; the sequence is pooled between blocks (stride 2): the first "
+        "block's layers are read, later blocks attend over pooled positions and are not",
+        capture=REFUSED,
+        capture_note="pooled blocks and upsampling decoder: no one (queries x keys) softmax per layer",
     ),
     # -- no softmax attention in any layer: nothing for posprobe's scores to read (refused in one line)
     Family(
@@ -1622,7 +1656,6 @@ FAMILIES: tuple[Family, ...] = (
         description="no token-by-token softmax attention: a latent array cross-attends to the tokens (a learned "
         "absolute table feeds it)",
     ),
-    Family("funnel", ("funnel",), OTHER, description="relative attention"),
     Family("reformer", ("reformer",), OTHER, description="axial position embeddings"),
 )
 
@@ -1649,11 +1682,14 @@ def model_types(kind: str | None = None, analysable: bool | None = None, retrofi
 
 
 def config_get(config: dict, key: str):
-    """config[key], where a dotted key names a field of a nested section ('attn_config.clip_qkv': DBRX); None when
-    absent."""
+    """config[key], where a dotted key names a field of a nested section ('attn_config.clip_qkv': DBRX) or an entry
+    of a list ('block_sizes.0': Funnel's first block); None when absent."""
     value = config
     for part in key.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, list) and part.isdigit():
+            value = value[int(part)] if int(part) < len(value) else None
+        else:
+            value = value.get(part) if isinstance(value, dict) else None
     return value
 
 
@@ -1734,6 +1770,8 @@ def position_kind(config: dict) -> tuple[str, str]:
             "sinusoidal relative positions with attn_type 'uni' or bi_data (pretraining settings; posprobe reads "
             "attn_type 'bi' without bi_data, as released)"
         )
+    if model_type == "funnel" and (config.get("block_repeats") or [1])[0] != 1:
+        return OTHER, "sinusoidal relative positions in repeated (weight-shared) layers (block_repeats not 1)"
     if family.switch_kinds:  # the config has picked one of the family's kinds: name that one
         return family.kind, KIND_NAMES[family.kind]
     return family.kind, family.mechanism

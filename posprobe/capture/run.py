@@ -270,6 +270,8 @@ def capture_batches(
                 else:
                     output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
                     recorded = None
+                if hidden:
+                    _check_hidden(net, output.hidden_states, int(tokens.input_ids.shape[1]))
                 batch = _batch_capture(index, tokens, recorded, output if hidden else None, attending)
                 del output, recorded
                 for reducer in reducers:
@@ -417,6 +419,18 @@ def _batch_capture(
         counted_pairs=tuple(pairs),
         hidden_states=hidden,
         attention_layers=attending,
+    )
+
+
+def _check_hidden(model, hidden: tuple, length: int) -> None:
+    """Every hidden state must hold one row per input position: a model that pools the sequence between layers
+    (Funnel's blocks) has no state per position at every depth, and is refused."""
+    if all(h.shape[1] == length for h in hidden):
+        return
+    raise PosprobeError(
+        f"'{getattr(model.config, 'model_type', 'unknown')}' gives hidden states of other lengths than its input (it "
+        "pools the sequence between layers), so they cannot be recorded per position",
+        "this model's layout is not supported",
     )
 
 
