@@ -416,6 +416,14 @@ CASES = {
     "funnel": ("funnel", dict(_FUNNEL, block_sizes=[3, 1]), dict(own=True)),
     "funnel-factorized": ("funnel", dict(_FUNNEL, block_sizes=[2, 2], attention_type="factorized",
                                          separate_cls=False), dict(own=True)),
+    "longcat_flash": ("longcat_flash", dict(vocab_size=99, hidden_size=32, num_layers=2, num_attention_heads=4,
+                                            num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=8, head_dim=4,
+                                            qk_rope_head_dim=4, qk_nope_head_dim=8, qk_head_dim=12, v_head_dim=8,
+                                            ffn_hidden_size=48, expert_ffn_hidden_size=16, n_routed_experts=2,
+                                            zero_expert_num=1, moe_topk=2, max_position_embeddings=64,
+                                            attention_bias=True,
+                                            rope_parameters=dict(rope_type="default", rope_theta=100.0)),
+                      dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -444,7 +452,7 @@ ISSUE_34_CASES = frozenset({
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
-    "xlnet", "funnel", "funnel-factorized",  # issue 34 (odd)
+    "xlnet", "funnel", "funnel-factorized", "longcat_flash",  # issue 34 (odd)
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
@@ -485,10 +493,13 @@ def build(name: str, dtype=None):
 
 def _layers(model) -> torch.nn.ModuleList:
     """The model's layers in depth order; of a model whose layers come in blocks of pooled lengths (Funnel), the
-    first block's (the layers at full length, those posprobe reads)."""
+    first block's (the layers at full length, those posprobe reads); of a model whose num_hidden_layers counts
+    attention sublayers (LongCat-Flash: two per layer), its layers."""
     n = model.config.num_hidden_layers
     lists = [m for _, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
-    return lists[0] if lists else model.encoder.blocks[0]
+    if lists:
+        return lists[0]
+    return model.encoder.blocks[0] if hasattr(model, "encoder") else model.layers
 
 
 @dataclass(frozen=True)
@@ -639,6 +650,15 @@ def reference_scores(model, n: int) -> Reference:
 
     for i, layer in enumerate(layers):
         layer.forward = feed(i, layer.forward)
+    # a layer with several attention sublayers, each behind its own input norm (LongCat-Flash's input_layernorm[s]):
+    # the later sublayers are fed the embedding-level input too
+    sublayer_norms = [
+        norm
+        for layer in layers
+        if isinstance(getattr(layer, "input_layernorm", None), torch.nn.ModuleList)
+        for norm in layer.input_layernorm[1:]
+    ]
+    hooks = [norm.register_forward_pre_hook(lambda module, args: (first["x"], *args[1:])) for norm in sublayer_norms]
     implementation = model.config._attn_implementation
     exact = implementation == "eager" and bool(getattr(type(model), "_supports_attention_backend", False))
     ids = torch.zeros(1, n, dtype=torch.long)
@@ -661,4 +681,6 @@ def reference_scores(model, n: int) -> Reference:
     finally:
         for layer in layers:
             del layer.forward  # the class's own again
+        for hook in hooks:
+            hook.remove()
         model.set_attn_implementation(implementation)

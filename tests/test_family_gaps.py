@@ -75,7 +75,6 @@ NOT_YET = {
     "zaya": "compressed convolutional attention: q/k come from convolutions over the sequence",
     "neomme": "M-RoPE over several position axes, value embeddings added after rotation, exclusive self-attention",
     "minimax_m3_vl_text": "optional sparse indexer selection of keys per query: not examined yet",
-    "longcat_flash": "two latent attentions per layer (self_attn[0], self_attn[1]): posprobe reads one per layer",
     "convbert": "mixed attention: part of each layer's heads are span-based dynamic convolutions",
     "cpmant": "a segment-aware relative position bucket bias of its own layout",
     "roc_bert": "pronunciation and shape embeddings summed with the words (ids of their own)",

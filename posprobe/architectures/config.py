@@ -289,6 +289,8 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
     positions = config_size(config, name, "positions") if positions is not None else None
     vocab = config_size(config, name, "vocab") if T.config_value(config, "vocab") is not None else None
     layers = config_size(config, name, "layers")
+    if family.sublayers > 1:  # LongCat-Flash: num_layers stored layers, each with `sublayers` attention sublayers
+        layers = config_int(config, name, "num_layers") * family.sublayers
     if family.shared_layers and config_int(config, name, "num_hidden_groups", default=1) != 1:
         raise PosprobeError(
             f"'{name}' is an ALBERT with {config.get('num_hidden_groups')} layer groups",

@@ -166,8 +166,8 @@ class Family:
     per-head modules), 'all': over the whole projection before the head split (OLMo-2); after the rotation with
     `qk_norm_after_rotary`: Hunyuan), `clip` (config key of a clamp of q and k: OLMo's clip_qkv, DBRX's
     attn_config.clip_qkv), `norm` (the kind of every norm above), `shared_layers` (ALBERT: one stored layer at
-    every depth). A name may hold one group of alternatives, 'a.(b|c).d': the first the checkpoint
-    holds.
+    every depth), `sublayers` (LongCat-Flash: two attention sublayers per stored layer, each a layer here). A name
+    may hold one group of alternatives, 'a.(b|c).d': the first the checkpoint holds.
     `switches`: field -> config key; the field (one of `SWITCHABLE`) applies only when the key is true (XMOD's
     pre_norm, OPT's do_layer_norm_before, ESM's emb_layer_norm_before, DeBERTa's position_biased_input).
     `reserved_rows`: the position table starts with pad_token_id + 1 reserved rows (True: RoBERTa family), or
@@ -223,6 +223,9 @@ class Family:
     eps: float | None = None  # the norm epsilon the family fixes in code, whatever its config says (DistilBERT, BioGPT)
     shared_layers: bool = False
     layer_groups: tuple[str, str, str] | None = None
+    sublayers: int = 1  # attention sublayers per stored layer (LongCat-Flash: 2; names hold '{s}'): posprobe's layer
+    # l is sublayer l % sublayers of stored layer l // sublayers, as transformers numbers them; config.num_layers
+    # counts the stored layers
     reserved_rows: bool | int = False
     encoder_decoder: bool = False
     retrofit: bool = False
@@ -1213,6 +1216,28 @@ FAMILIES: tuple[Family, ...] = (
             **_LLAMA,
             "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
             "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),
+    Family(
+        "longcat_flash",
+        ("longcat_flash",),
+        rotary_class=_rotary("longcat_flash", "LongcatFlash"),
+        rotary_layout=HALF_INTERLEAVED,  # always interleaved pairs
+        sublayers=2,  # self_attn[0] and self_attn[1] of every layer: posprobe's layers 2l and 2l + 1
+        scaling="latent",
+        tensors={
+            "scaling_function": "transformers.models.longcat_flash.modeling_longcat_flash:yarn_apply_mscale",
+            "latent_prefix": "layers.{l}.self_attn.{s}.",
+            "latent_lora_scale": "sqrt_hidden_over_rank",  # q * sqrt(d / q_lora_rank), k_pass * sqrt(d / kv rank)
+        },
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free; two "
+        "latent attention sublayers per layer, each read as a layer of its own",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.{s}.q_a_proj",
+            "key": "layers.{l}.self_attn.{s}.kv_a_proj_with_mqa",
+            "pre_norm": "layers.{l}.input_layernorm.{s}",
             "qkv": LATENT,
         },
     ),

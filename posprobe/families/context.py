@@ -247,17 +247,22 @@ class ModelContext(EmbeddingReader):
     def key(self, pattern: str, layer: int | None = None, stack: str = "encoder") -> str | None:
         """The stored name ending in `pattern` (with `{l}` / `{stack}` filled in; of a group of alternatives
         'a.(b|c).d' the first the checkpoint holds), or None."""
-        filled = pattern.format(l=layer, stack=stack)
+        filled = pattern.format(**self._layer_names(layer), stack=stack)
         group = _ALTERNATIVES.search(filled)
         options = [filled] if group is None else [filled[: group.start()] + a + filled[group.end() :]
                                                   for a in group.group(1).split("|")]  # fmt: skip
         return next((k for k in map(self.reader.find_suffix, options) if k is not None), None)
 
+    def _layer_names(self, layer: int | None) -> dict:
+        """What `{l}` (and `{s}`, the attention sublayer: `Family.sublayers`) stand for at depth `layer`."""
+        k = self.family.sublayers
+        return {"l": layer} if k == 1 or layer is None else {"l": layer // k, "s": layer % k}
+
     def tensor(self, pattern: str, layer: int | None = None, stack: str = "encoder") -> np.ndarray:
         """Tensor `pattern` (float64); a clear error when the checkpoint lacks it."""
         key = self.key(pattern, layer, stack)
         if key is None:
-            suffix = pattern.format(l=layer, stack=stack)
+            suffix = pattern.format(**self._layer_names(layer), stack=stack)
             raise PosprobeError(
                 f"checkpoint '{self.source.name}' has no tensor named '*{suffix}' for a {self.source.model_type} model",
                 config_hint(self.source.name, "the weights do not match config.json; re-save the checkpoint"),
@@ -514,6 +519,19 @@ def _head_tensors(ctx: ModelContext, stored: int, stack: str) -> HeadWeights:
         )
     wq, wk = wq.transpose(1, 0, 2), wk.transpose(1, 0, 2)
     return HeadWeights(wq, np.zeros(wq.shape[::2]), wk, np.zeros(wk.shape[::2]), stored)
+
+
+def require_hidden_layer_inputs(ctx: ModelContext) -> None:
+    """Refuse to take transformers' `hidden_states[l]` as the input of attention layer l where it is not: a family
+    with several attention sublayers per layer (`Family.sublayers`, LongCat-Flash) has hidden states only where its
+    layers begin, not before each sublayer."""
+    if ctx.family.sublayers > 1:
+        raise PosprobeError(
+            f"'{ctx.source.name}' ({ctx.source.model_type}) has {ctx.family.sublayers} attention sublayers per layer: "
+            "transformers' hidden states enter its layers, not each sublayer, so these layers cannot read inputs from "
+            "text",
+            "drop --text (texts=) for its content-free scores (SPEC §9)",
+        )
 
 
 def _fold(weights: HeadWeights, a: np.ndarray, c: np.ndarray) -> HeadWeights:

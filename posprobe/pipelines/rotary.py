@@ -22,6 +22,7 @@ from posprobe.analysis.rotary_bands import unrotated_norm as unrotated
 from posprobe.architectures import table as T
 from posprobe.checkpoint import ModelSource
 from posprobe.errors import PosprobeError
+from posprobe.families.context import require_hidden_layer_inputs
 from posprobe.families.rope_variants import parse_variants
 from posprobe.pipelines.data_conditioned import capture_target, run_on_texts, text_settings
 from posprobe.pipelines.rotary_result import RotaryBandsResult
@@ -108,6 +109,7 @@ def rotary(
             parts.append((band_norms(q, pairs), band_norms(k, pairs), unrotated(q, pairs), unrotated(k, pairs)))
         q_norm, k_norm, q_rest, k_rest = (np.stack(part) for part in zip(*parts))
     else:
+        require_hidden_layer_inputs(ctx)
         make = lambda length, device: [BandNormAccumulator(layers, ctx.query_key_of, pairs)]  # noqa: E731
         (accumulator,), summary, length = run_on_texts(capture_target(model, source), make, settings, allow_pickle)
         q_norm, k_norm, q_rest, k_rest, tokens = accumulator.result()
