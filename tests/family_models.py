@@ -424,6 +424,14 @@ CASES = {
                                             attention_bias=True,
                                             rope_parameters=dict(rope_type="default", rope_theta=100.0)),
                       dict(own=True)),
+    "neomme": ("neomme", dict(num_hidden_layers=3, num_key_value_heads=2, head_dim=8, embedding_rank=16,
+                              max_position_embeddings=64, attention_bias=True, sliding_window=3,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                              per_layer_config={0: {"sliding_window": 3}, 1: {"sliding_window": None},
+                                                2: {"sliding_window": 5}},
+                              rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=100.0),
+                                               "full_attention": dict(rope_type="default", rope_theta=1000.0,
+                                                                      partial_rotary_factor=0.5)})),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -452,7 +460,7 @@ ISSUE_34_CASES = frozenset({
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
-    "xlnet", "funnel", "funnel-factorized", "longcat_flash",  # issue 34 (odd)
+    "xlnet", "funnel", "funnel-factorized", "longcat_flash", "neomme",  # issue 34 (odd)
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 

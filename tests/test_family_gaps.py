@@ -73,7 +73,6 @@ NOT_YET = {
     "beam": "a rotary attention scaling applied to the query by its decoder layer (per layer type): not examined yet",
     "hrm_text": "hierarchical recurrent stacks (H and L cycles reuse the same layers): no one layer order",
     "zaya": "compressed convolutional attention: q/k come from convolutions over the sequence",
-    "neomme": "M-RoPE over several position axes, value embeddings added after rotation, exclusive self-attention",
     "minimax_m3_vl_text": "optional sparse indexer selection of keys per query: not examined yet",
     "convbert": "mixed attention: part of each layer's heads are span-based dynamic convolutions",
     "cpmant": "a segment-aware relative position bucket bias of its own layout",

@@ -104,3 +104,24 @@ def test_bigbird_block_sparse_attends_pairs_with_the_same_scores(tmp_path):
         with np.errstate(divide="ignore"):
             diff = np.where(attended, ours[layer] - np.log(p[0].double().numpy()), np.nan)
         assert np.nanmax(np.nanmax(diff, -1) - np.nanmin(diff, -1)) < 1e-6
+
+
+@pytest.mark.slow
+def test_neomme_reads_the_sign_of_each_layers_input_mix(tmp_path):
+    """NeoMME's layer l reads RMSNorm(lambda_0 h + lambda_1 x_0): on the embedding-level input (h = x_0) the norm
+    keeps only the sign of lambda_0 + lambda_1, which flips q and k and so the bias terms' share of the scores."""
+    import torch
+    from family_models import build
+
+    model = build("neomme")
+    with torch.no_grad():
+        model.layers[1].lambdas.copy_(torch.tensor([-0.9, 0.3]))
+    model.save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    ours = np.stack([content_free_scores(ctx, layer, N) for layer in range(ctx.layers())])
+    ref = reference_scores(model, N)
+    diff = np.where(ref.allowed[:, None], ours - ref.scores, 0.0)
+    assert np.abs(diff).max() < 1e-5 * max(1.0, np.abs(ours).max())
+    flipped = np.where(ref.allowed[1], ours[1] - reference_scores(build("neomme"), N).scores[1], 0.0)
+    assert np.abs(flipped).max() > 1e-3  # the sign mattered

@@ -84,6 +84,7 @@ WINDOW_RULES = (
     "attention_window",  # config.attention_window (per layer or one), |j - i| <= w / 2 (Longformer)
     "block_sparse",  # config.attention_type 'block_sparse': full attention up to (5 + 2 r) blocks, then sparse
     "local_radius",  # encoder stack: |j - i| <= config.local_radius (LongT5); decoder: full
+    "per_layer_config",  # config.per_layer_config[l].sliding_window, when set: |j - i| <= it (NeoMME); else full
 )
 # config.layer_types values of softmax-attention layers; a hybrid's other layers (`Family.hybrid`) have none.
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "hybrid")
@@ -659,6 +660,19 @@ FAMILIES: tuple[Family, ...] = (
         windows="layer_types",
         bidirectional="use_bidirectional_attention",
         **{**_LLAMA, "norm": RMSNORM_PLUS1},
+    ),
+    Family(
+        "neomme",
+        ("neomme",),
+        rotary_class=_rotary("neomme", "NeoMME"),  # per layer type; two M-RoPE axes, equal for text
+        word_projection="embed_tokens.embedding_projection",  # factorised: rank -> hidden, no bias
+        embedding_norm="embedding_norm",
+        qk_norm=("layers.{l}.self_attn.q_norm", "layers.{l}.self_attn.k_norm"),  # weightless, before RoPE
+        windows="per_layer_config",
+        tensors={"input_mix": "layers.{l}.lambdas"},  # the layer reads lambda_0 h + lambda_1 x_0 (x_0: embeddings)
+        description="rotary embeddings (RoPE; two M-RoPE axes, the same position for text), a setting per layer "
+        "type; value embeddings and exclusive self-attention act after the softmax",
+        **{**_LLAMA, "norm": PLAIN_RMSNORM, "causal": False, "word": "embed_tokens.word_embeddings.weight"},
     ),
     Family(
         "phi",
@@ -1840,7 +1854,7 @@ def rotary_layout(family: Family, config: dict) -> str:
 
 
 # rotary modules with one setting per layer type
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert")
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "neomme")
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 

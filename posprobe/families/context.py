@@ -355,6 +355,8 @@ class ModelContext(EmbeddingReader):
         """Embedding-level rows x (..., d) as layer `layer`'s attention projections see them: after the layer's
         pre-attention norm where it has one (SPEC §9: layer l's weights act on the embedding-level input)."""
         f = self.family
+        if "input_mix" in f.tensors:  # NeoMME: lambda_0 h + lambda_1 x_0, both the embedding-level input here
+            x = x * self.tensor(f.tensors["input_mix"], self.stored_layer(layer), stack).sum()
         if f.pre_norm and layer >= f.pre_norm_from and self.switched_on("pre_norm"):
             x = self.norm(x, f.pre_norm, self.stored_layer(layer), stack)
         if "attention_in_multiplier" in f.tensors:  # Falcon-H1's muP factor on the attention branch's input
@@ -429,6 +431,8 @@ class ModelContext(EmbeddingReader):
         f, stored = self.family, self.stored_layer(layer)
         if not f.qk_norm or not self.switched_on("qk_norm"):
             return q, k
+        if f.norm in (T.PLAIN_LAYERNORM, T.PLAIN_RMSNORM):  # weightless q/k norms (NeoMME)
+            return apply_norm(q, f.norm, None, None, self.shape.eps), apply_norm(k, f.norm, None, None, self.shape.eps)
         first = f.qk_norm[0].replace("{h}", "0")
         if not (self.key(first + ".weight", stored, stack) or self.key(first + ".gamma", stored, stack)):
             return q, k
@@ -524,7 +528,14 @@ def _head_tensors(ctx: ModelContext, stored: int, stack: str) -> HeadWeights:
 def require_hidden_layer_inputs(ctx: ModelContext) -> None:
     """Refuse to take transformers' `hidden_states[l]` as the input of attention layer l where it is not: a family
     with several attention sublayers per layer (`Family.sublayers`, LongCat-Flash) has hidden states only where its
-    layers begin, not before each sublayer."""
+    layers begin, not before each sublayer; one whose layers mix in the embedding output (NeoMME's lambdas) reads
+    more than the hidden state."""
+    if "input_mix" in ctx.family.tensors:
+        raise PosprobeError(
+            f"'{ctx.source.name}' ({ctx.source.model_type}) mixes each layer's input with the embedding output "
+            "(lambdas), which transformers' hidden states do not hold, so its layers cannot read inputs from text",
+            "drop --text (texts=) for its content-free scores (SPEC §9)",
+        )
     if ctx.family.sublayers > 1:
         raise PosprobeError(
             f"'{ctx.source.name}' ({ctx.source.model_type}) has {ctx.family.sublayers} attention sublayers per layer: "
