@@ -71,14 +71,18 @@ NOT_YET = {
     "cohere_compass_text": "RoPE passed per layer type by the model's forward (layer-type labels of its rotary "
     "module): not examined yet",
     "beam": "a rotary attention scaling applied to the query by its decoder layer (per layer type): not examined yet",
-    "hrm_text": "hierarchical recurrent stacks (H and L cycles reuse the same layers): no one layer order",
-    "zaya": "compressed convolutional attention: q/k come from convolutions over the sequence",
+    "hrm_text": _FUSED_ON_DISK + " ([gate; q; k; v] in attn.gqkv_proj), and its two stacks run in cycles (each "
+    "stored layer at several depths)",
+    "zaya": "compressed convolutional attention: q/k come from causal convolutions over the sequence (different at "
+    "the first positions), plus residual q/k paths, L2 norms and a learned key temperature: new reading code",
     "minimax_m3_vl_text": "optional sparse indexer selection of keys per query: not examined yet",
     "convbert": "mixed attention: part of each layer's heads are span-based dynamic convolutions",
     "cpmant": "a segment-aware relative position bucket bias of its own layout",
     "roc_bert": "pronunciation and shape embeddings summed with the words (ids of their own)",
-    "blt": "byte latent transformer: local byte encoder/decoder cross-attending to a global patch transformer",
-    "reformer": "LSH / chunked local attention over axial position embeddings",
+    "blt": "byte latent transformer: byte-level local encoder/decoder layers (self-attention plus cross-attention "
+    "to patches) around a global transformer over patches whose bounds an entropy model picks: no one layer order",
+    "reformer": "LSH layers bucket queries and keys by content (no fixed pairs to score); local layers attend in "
+    "chunks and their neighbours, each key masked for its own query, over factorised axial position tables",
     # sparse / compressed attention
     "axk2": _INDEXED,
     "deepseek_v32": _INDEXED,
