@@ -432,13 +432,20 @@ CASES = {
                               rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=100.0),
                                                "full_attention": dict(rope_type="default", rope_theta=1000.0,
                                                                       partial_rotary_factor=0.5)})),
+    "zaya": ("zaya", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attention_bias=True,
+                          bos_token_id=1, eos_token_id=2,
+                          cca_time0=2, cca_time1=3, sliding_window=5, layer_types=["hybrid_sliding", "hybrid"],
+                          num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16, router_hidden_size=8,
+                          rope_parameters={"hybrid_sliding": dict(rope_type="default", rope_theta=100.0),
+                                           "hybrid": dict(rope_type="default", rope_theta=1000.0,
+                                                          partial_rotary_factor=0.5)})),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
                   "granitemoe", "granitemoeshared", "glm4_moe", "minimax_m2", "ernie4_5_moe", "flex_olmo",
                   "solar_open", "glm4_moe_lite", "youtu", "mistral4", "dots1", "sarvam_mla",
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
-                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h")  # fmt: skip
+                  "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h", "zaya")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text"}
@@ -460,7 +467,7 @@ ISSUE_34_CASES = frozenset({
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
-    "xlnet", "funnel", "funnel-factorized", "longcat_flash", "neomme",  # issue 34 (odd)
+    "xlnet", "funnel", "funnel-factorized", "longcat_flash", "neomme", "zaya",  # issue 34 (odd)
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
@@ -577,8 +584,9 @@ class _SoftmaxInputs:
             keep(x)
             return method(x, *args, **kwargs)
 
-        def patched_torch(x, *args, **kwargs):
-            keep(x)
+        def patched_torch(x, *args, **kwargs):  # (1, H, n, n) only: routers call torch.softmax too (ZAYA)
+            if x.ndim == 4:
+                keep(x)
             return torch_softmax(x, *args, **kwargs)
 
         torch.nn.functional.softmax, torch.Tensor.softmax = patched_functional, patched_method

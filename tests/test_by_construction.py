@@ -49,6 +49,8 @@ def _by_kind(name: str) -> bool:
         return False
     if c.model_type == "funnel" and c.config.get("separate_cls", True):  # <cls> (position 0) kept out of positions
         return False
+    if c.model_type == "zaya":  # q and k mixed by convolutions along the sequence: the first positions differ
+        return False
     return position_kind({**c.config, "model_type": c.model_type})[0] in (ROTARY, ALIBI, NOPE, RELATIVE_SINUSOIDAL)
 
 

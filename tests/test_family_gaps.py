@@ -73,8 +73,6 @@ NOT_YET = {
     "beam": "a rotary attention scaling applied to the query by its decoder layer (per layer type): not examined yet",
     "hrm_text": _FUSED_ON_DISK + " ([gate; q; k; v] in attn.gqkv_proj), and its two stacks run in cycles (each "
     "stored layer at several depths)",
-    "zaya": "compressed convolutional attention: q/k come from causal convolutions over the sequence (different at "
-    "the first positions), plus residual q/k paths, L2 norms and a learned key temperature: new reading code",
     "minimax_m3_vl_text": "optional sparse indexer selection of keys per query: not examined yet",
     "convbert": "mixed attention: part of each layer's heads are span-based dynamic convolutions",
     "cpmant": "a segment-aware relative position bucket bias of its own layout",

@@ -51,8 +51,9 @@ GROUPED_CONV = "grouped-conv1d"  # kernel-1 Conv1d q and k with groups: weight (
 LATENT = "latent"  # multi-head latent attention: rotary and position-free parts (DeepSeek V2 / V3; families.latent)
 GATED_QUERY = "gated-query"  # separate Linears; q's rows per head [q_h (d_h); output gate_h (d_h)] (Qwen3-Next)
 HEAD_TENSOR = "head-tensor"  # q and k are parameters (d, H, d_h) themselves, no '.weight', no bias (XLNet)
+CCA = "cca"  # separate Linears, then causal convolutions along the sequence (ZAYA; families.convolutional)
 QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT, GATED_QUERY,
-               HEAD_TENSOR)  # fmt: skip
+               HEAD_TENSOR, CCA)  # fmt: skip
 # How a rotary family pairs the rotated dims and where its angles come from (`Family.rotary_layout`).
 ROTATE_HALF = "rotate-half"  # the rotary module's (cos, sin), each (n, r); dim i pairs with i + r/2 (Llama)
 INTERLEAVED = "interleaved"  # the module's (cos, sin), each (n, r) repeated per pair; dims 2i, 2i+1 pair (Cohere)
@@ -77,7 +78,8 @@ NOPE_RULES = (
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
     "sliding_window",  # config.sliding_window (when set) for every layer, causal: keys i - w < j <= i (Mistral)
-    "layer_types",  # config.layer_types[l] == 'sliding_attention' layers see |j - i| < config.sliding_window (Gemma);
+    "layer_types",  # config.layer_types[l] == 'sliding_attention' (ZAYA: 'hybrid_sliding') layers see
+    # |j - i| < config.sliding_window (Gemma);
     # 'chunked_attention' layers the keys of the query's own chunk of config.attention_chunk_size (Llama 4)
     "layer_types_inclusive",  # the same with |j - i| <= config.sliding_window (ModernBERT: local_attention / 2)
     "attention_layers",  # config.attention_layers[l] == 'local': causal window config.window_size (GPT-Neo)
@@ -673,6 +675,27 @@ FAMILIES: tuple[Family, ...] = (
         description="rotary embeddings (RoPE; two M-RoPE axes, the same position for text), a setting per layer "
         "type; value embeddings and exclusive self-attention act after the softmax",
         **{**_LLAMA, "norm": PLAIN_RMSNORM, "causal": False, "word": "embed_tokens.word_embeddings.weight"},
+    ),
+    Family(
+        "zaya",
+        ("zaya",),
+        rotary_class=_rotary("zaya", "Zaya"),  # one setting per layer type (partial rotary)
+        windows="layer_types",  # 'hybrid_sliding' layers: a causal window of sliding_window
+        tensors={
+            "input_affine": "(input_hidden_states_bias|input_hidden_states_scale)",  # (e + b) * s before the layers
+            "conv_depthwise": "layers.{l}.self_attn.qkv_proj.conv_qk_depthwise",
+            "conv_grouped": "layers.{l}.self_attn.qkv_proj.conv_qk_grouped",
+            "key_temperature": "layers.{l}.self_attn.qk_norm.temp",
+        },
+        description="rotary embeddings (RoPE) on queries and keys mixed by causal convolutions over the sequence "
+        "(compressed convolutional attention: the first positions' q and k differ), a setting per layer type",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.qkv_proj.q_proj",
+            "key": "layers.{l}.self_attn.qkv_proj.k_proj",
+            "value": "layers.{l}.self_attn.qkv_proj.v_proj_current",
+            "qkv": CCA,
+        },
     ),
     Family(
         "phi",
@@ -1854,7 +1877,7 @@ def rotary_layout(family: Family, config: dict) -> str:
 
 
 # rotary modules with one setting per layer type
-_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "neomme")
+_PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "neomme", "zaya")
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 

@@ -307,7 +307,7 @@ class ModelContext(EmbeddingReader):
             if self.qkv == T.GATED_QUERY:  # per head [q_h; gate_h] rows: keep the query's
                 w = w.reshape(s.heads, 2, s.head_dim, -1)[:, 0].reshape(s.heads * s.head_dim, -1)
                 b = None if b is None else b.reshape(s.heads, 2, s.head_dim)[:, 0].reshape(-1)
-            if self.qkv in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY):
+            if self.qkv in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY, T.CCA):
                 wk = self.tensor(f.key + ".weight", stored, stack)
                 bk = self.optional(f.key + ".bias", stored, stack)
                 if self.qkv == T.GROUPED_CONV:
@@ -404,6 +404,11 @@ class ModelContext(EmbeddingReader):
             from posprobe.families.latent import latent_query_key
 
             q, k = latent_query_key(self, np.atleast_2d(x), self.stored_layer(layer))
+            return (q[:, 0], k[:, 0]) if x.ndim == 1 else (q, k)
+        if self.qkv == T.CCA:  # ZAYA: q and k mixed along the sequence, then normed (families.convolutional)
+            from posprobe.families.convolutional import cca_query_key
+
+            q, k = cca_query_key(self, np.atleast_2d(x), self.stored_layer(layer))
             return (q[:, 0], k[:, 0]) if x.ndim == 1 else (q, k)
         weights = self.attention(layer, stack)
         q, k = weights.queries(x), weights.keys(x)
@@ -534,6 +539,12 @@ def require_hidden_layer_inputs(ctx: ModelContext) -> None:
         raise PosprobeError(
             f"'{ctx.source.name}' ({ctx.source.model_type}) mixes each layer's input with the embedding output "
             "(lambdas), which transformers' hidden states do not hold, so its layers cannot read inputs from text",
+            "drop --text (texts=) for its content-free scores (SPEC §9)",
+        )
+    if ctx.qkv == T.CCA:
+        raise PosprobeError(
+            f"'{ctx.source.name}' ({ctx.source.model_type}) mixes its queries and keys along the sequence "
+            "(convolutions), so a mean of hidden states from text does not give them",
             "drop --text (texts=) for its content-free scores (SPEC §9)",
         )
     if ctx.family.sublayers > 1:

@@ -205,6 +205,9 @@ class EmbeddingReader:
             x = self.norm(x, self.family.embedding_norm)
         if projection is not None and not self.family.projection_first:
             x = x @ projection[0].T + projection[1]
+        if "input_affine" in self.family.tensors:  # ZAYA: (x + b) * s before the layers ('(bias|scale)' names)
+            bias, scale = self.family.tensors["input_affine"].strip("()").split("|")
+            x = (x + self.tensor(bias)) * self.tensor(scale)
         return x
 
     @cached_property

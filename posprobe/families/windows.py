@@ -123,7 +123,7 @@ def _attention_kinds(ctx, n: int, stack: str) -> list[LayerKind]:
         reach = None if window is None else window if rule == "layer_types_inclusive" else window - 1
 
         def local(t):  # |j - i| < w (causal: keys i - w < j <= i); inclusive (ModernBERT): |j - i| <= w
-            return window is not None and (rule == "sliding_window" or t == "sliding_attention")
+            return window is not None and (rule == "sliding_window" or t in ("sliding_attention", "hybrid_sliding"))
 
         chunk = getattr(cfg, "attention_chunk_size", None)
 
