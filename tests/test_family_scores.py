@@ -125,3 +125,17 @@ def test_neomme_reads_the_sign_of_each_layers_input_mix(tmp_path):
     assert np.abs(diff).max() < 1e-5 * max(1.0, np.abs(ours).max())
     flipped = np.where(ref.allowed[1], ours[1] - reference_scores(build("neomme"), N).scores[1], 0.0)
     assert np.abs(flipped).max() > 1e-3  # the sign mattered
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) for n in ("longcat_flash", "neomme", "zaya")])
+def test_layers_whose_inputs_hidden_states_do_not_hold_refuse_text_in_one_line(name):
+    """LongCat-Flash's second attention sublayers, NeoMME's mixed layer inputs and ZAYA's convolutional q/k: a
+    mean hidden state from text is not what these layers read, so text-conditioned scores (SPEC §13) are refused."""
+    from family_models import build
+
+    from posprobe.errors import PosprobeError
+
+    with pytest.raises(PosprobeError) as err:
+        posprobe.fhat(build(name), layer=-1, positions=6, texts=["a b c d e f g", "b c d e f g h"])
+    assert "cannot read inputs from text" in str(err.value) or "does not give them" in str(err.value)
+    assert "\n" not in str(err.value)
