@@ -439,6 +439,9 @@ CASES = {
                           rope_parameters={"hybrid_sliding": dict(rope_type="default", rope_theta=100.0),
                                            "hybrid": dict(rope_type="default", rope_theta=1000.0,
                                                           partial_rotary_factor=0.5)})),
+    "hrm_text": ("hrm_text", dict(num_hidden_layers=2, H_cycles=2, L_cycles=2, L_bp_cycles=[1], head_dim=8,
+                                  embedding_scale=3.0, max_position_embeddings=64, attention_bias=True,
+                                  rope_parameters=dict(rope_type="default", rope_theta=100.0))),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -467,7 +470,7 @@ ISSUE_34_CASES = frozenset({
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "cohere2_moe", "cohere2_moe-rms-dense-prefix",
     "qwen3_5_text", "qwen3_5_moe_text", "nanochat", "nemotron_h", "recurrent_gemma", "ctrl", "xlm", "flaubert",
     "gpt_neox_japanese", "luke", "tapas", "git",
-    "xlnet", "funnel", "funnel-factorized", "longcat_flash", "neomme", "zaya",  # issue 34 (odd)
+    "xlnet", "funnel", "funnel-factorized", "longcat_flash", "neomme", "zaya", "hrm_text",  # issue 34 (odd)
 })  # fmt: skip
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
@@ -514,6 +517,8 @@ def _layers(model) -> torch.nn.ModuleList:
     lists = [m for _, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
     if lists:
         return lists[0]
+    if hasattr(model, "L_module"):  # HRM: two stacks run in cycles, every stored layer at several depths
+        return [*model.L_module.layers, *model.H_module.layers]
     return model.encoder.blocks[0] if hasattr(model, "encoder") else model.layers
 
 
@@ -654,7 +659,7 @@ def reference_scores(model, n: int) -> Reference:
     def feed(index, original):  # replaces the layer's forward (some encoders call layer.forward directly)
         def forward(*args, **kwargs):
             hidden = args[0] if args else kwargs["hidden_states"]
-            if index == 0:
+            if index == 0 and "x" not in first:  # the first call's input (HRM calls its layers again and again)
                 first["x"] = hidden.clone()  # later layers must not see in-place changes
             elif args:  # the layer input, and keys / values taken from it as well (Funnel passes them apart)
                 args = tuple(first["x"] if a is hidden else a for a in args)

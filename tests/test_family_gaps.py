@@ -71,8 +71,6 @@ NOT_YET = {
     "cohere_compass_text": "RoPE passed per layer type by the model's forward (layer-type labels of its rotary "
     "module): not examined yet",
     "beam": "a rotary attention scaling applied to the query by its decoder layer (per layer type): not examined yet",
-    "hrm_text": _FUSED_ON_DISK + " ([gate; q; k; v] in attn.gqkv_proj), and its two stacks run in cycles (each "
-    "stored layer at several depths)",
     "minimax_m3_vl_text": "optional sparse indexer selection of keys per query: not examined yet",
     "convbert": "mixed attention: part of each layer's heads are span-based dynamic convolutions",
     "cpmant": "a segment-aware relative position bucket bias of its own layout",

@@ -127,7 +127,9 @@ def test_neomme_reads_the_sign_of_each_layers_input_mix(tmp_path):
     assert np.abs(flipped).max() > 1e-3  # the sign mattered
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) for n in ("longcat_flash", "neomme", "zaya")])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) for n in ("longcat_flash", "neomme", "zaya", "hrm_text")]
+)
 def test_layers_whose_inputs_hidden_states_do_not_hold_refuse_text_in_one_line(name):
     """LongCat-Flash's second attention sublayers, NeoMME's mixed layer inputs and ZAYA's convolutional q/k: a
     mean hidden state from text is not what these layers read, so text-conditioned scores (SPEC §13) are refused."""

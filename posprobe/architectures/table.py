@@ -138,7 +138,7 @@ CONFIG_KEYS = {
 # key is true (missing keys take the default of the family's transformers config class).
 SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram", "rotary_layout")
 EMBED_SCALES = (None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier",
-                "mup_enabled", "scale_emb", "sqrt_hidden_bf16")  # fmt: skip
+                "mup_enabled", "scale_emb", "sqrt_hidden_bf16", "embedding_scale")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -155,10 +155,10 @@ class Family:
     sqrt(d) in the table's dtype, Gemma; 'sqrt_hidden_bf16': by sqrt(d) rounded to bfloat16, RecurrentGemma;
     'scale_embedding' / 'rescale_embeddings' / 'mup_enabled' (AFMoE): by sqrt(d) when that config key is true;
     'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout;
-    'embedding_multiplier' / 'scale_emb': that config value, Granite / MiniCPM 3). `position_offset`: position i
-    reads table row i + offset, and the table holds max_position_embeddings + offset rows (OPT, BART, mBART,
-    BioGPT: 2); `position_width`: config keys of the position table's width (default: `embedding_size`, else the
-    hidden size).
+    'embedding_multiplier' / 'scale_emb' / 'embedding_scale': that config value, Granite / MiniCPM 3 / HRM).
+    `position_offset`: position i reads table row i + offset, and the table holds max_position_embeddings + offset
+    rows (OPT, BART, mBART, BioGPT: 2); `position_width`: config keys of the position table's width (default:
+    `embedding_size`, else the hidden size).
     Attention of layer `{l}`: `query` / `key` prefixes ('.weight', '.bias' appended; with `qkv` != SEPARATE
     `query` names the fused projection; `qkv_blocks` for BLOCKED), `pre_norm` (the norm applied to the layer
     input before attention; from layer `pre_norm_from` on: ModernBERT's layer 0 has none), `bottleneck`
@@ -226,6 +226,10 @@ class Family:
     eps: float | None = None  # the norm epsilon the family fixes in code, whatever its config says (DistilBERT, BioGPT)
     shared_layers: bool = False
     layer_groups: tuple[str, str, str] | None = None
+    cycles: tuple[str, str] | None = None  # (config key of the layers per stack, of the low cycles): the stacks run
+    # in cycles, L_cycles low-stack passes then one high-stack pass, H_cycles times (HRM); depth l (the model's own
+    # numbering: num_hidden_layers = layers per stack x H_cycles x (L_cycles + 1)) runs stored layer l % k of the
+    # low stack ('{m}' = 'L') or the high one ('H')
     sublayers: int = 1  # attention sublayers per stored layer (LongCat-Flash: 2; names hold '{s}'): posprobe's layer
     # l is sublayer l % sublayers of stored layer l // sublayers, as transformers numbers them; config.num_layers
     # counts the stored layers
@@ -1021,6 +1025,24 @@ FAMILIES: tuple[Family, ...] = (
         tensors={"post_rotary_l2_norm": "always"},  # weightless RMS norms of the rotated q and k
         description="rotary embeddings (RoPE), then weightless RMS norms of the rotated q and k",
         **{**_LLAMA, "norm": PLAIN_RMSNORM},
+    ),
+    Family(
+        "hrm_text",
+        ("hrm_text",),
+        rotary_class=_rotary("hrm_text", "HrmText"),
+        embed_scale="embedding_scale",
+        cycles=("num_layers_per_stack", "L_cycles"),  # two stacks of layers, each run again and again
+        tensors={"fused_on_disk": "{m}_module.layers.{l}.attn.gqkv_proj.weight", "fused_parts": "gate,q,k,v"},
+        description="rotary embeddings (RoPE); two stacks of layers run in hierarchical cycles (each stored layer "
+        "at several depths, read on the embedding-level input at each)",
+        **{
+            **_LLAMA,
+            "norm": PLAIN_RMSNORM,
+            "query": "{m}_module.layers.{l}.self_attn.q_proj",
+            "key": "{m}_module.layers.{l}.self_attn.k_proj",
+            "value": "{m}_module.layers.{l}.self_attn.v_proj",
+            "pre_norm": "{m}_module.layers.{l}.input_layernorm",
+        },
     ),
     # -- hybrids: softmax attention in some layers, recurrent / state-space / convolution layers in the others
     Family(

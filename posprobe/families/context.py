@@ -254,7 +254,12 @@ class ModelContext(EmbeddingReader):
         return next((k for k in map(self.reader.find_suffix, options) if k is not None), None)
 
     def _layer_names(self, layer: int | None) -> dict:
-        """What `{l}` (and `{s}`, the attention sublayer: `Family.sublayers`) stand for at depth `layer`."""
+        """What `{l}` (and `{s}`, the attention sublayer: `Family.sublayers`; `{m}`, the stack a cycle runs:
+        `Family.cycles`) stand for at depth `layer`."""
+        if self.family.cycles and layer is not None:
+            per_stack, low = (int(self.config[key]) for key in self.family.cycles)
+            block, stored = divmod(layer, per_stack)
+            return {"l": stored, "m": "L" if block % (low + 1) < low else "H"}
         k = self.family.sublayers
         return {"l": layer} if k == 1 or layer is None else {"l": layer // k, "s": layer % k}
 
@@ -301,14 +306,14 @@ class ModelContext(EmbeddingReader):
         stored = self.stored_layer(layer)
         if self.qkv == T.HEAD_TENSOR:  # parameters (d, H, d_h) themselves, no bias (XLNet)
             return _head_tensors(self, stored, stack)
-        w = self.tensor(f.query + ".weight", stored, stack)
+        w = self._projection(f.query, "q", stored, stack)
         b = self.optional(f.query + ".bias", stored, stack)
         try:
             if self.qkv == T.GATED_QUERY:  # per head [q_h; gate_h] rows: keep the query's
                 w = w.reshape(s.heads, 2, s.head_dim, -1)[:, 0].reshape(s.heads * s.head_dim, -1)
                 b = None if b is None else b.reshape(s.heads, 2, s.head_dim)[:, 0].reshape(-1)
             if self.qkv in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY, T.CCA):
-                wk = self.tensor(f.key + ".weight", stored, stack)
+                wk = self._projection(f.key, "k", stored, stack)
                 bk = self.optional(f.key + ".bias", stored, stack)
                 if self.qkv == T.GROUPED_CONV:
                     w, wk = grouped_conv_dense(w, self.attention_width), grouped_conv_dense(wk, self.attention_width)
@@ -330,6 +335,17 @@ class ModelContext(EmbeddingReader):
         weights = HeadWeights(q[0], q[1], k[0], k[1], stored)
         prefix = self.bottleneck_prefix
         return weights if prefix is None else _fold(weights, *self.bottleneck(prefix, stored, stack))
+
+    def _projection(self, prefix: str, part: str, layer: int, stack: str) -> np.ndarray:
+        """The weight of Linear `prefix`; where the files fuse it with others (`Family.tensors['fused_on_disk']`,
+        equal row blocks in the order of `tensors['fused_parts']`, split by transformers on load: HRM's
+        gqkv_proj), its block `part` of the fused weight."""
+        names = self.family.tensors
+        if "fused_on_disk" in names and self.key(prefix + ".weight", layer, stack) is None:
+            parts = names["fused_parts"].split(",")
+            fused = self.tensor(names["fused_on_disk"], layer, stack)
+            return np.split(fused, len(parts), axis=0)[parts.index(part)]
+        return self.tensor(prefix + ".weight", layer, stack)
 
     @property
     def attention_width(self) -> int:
@@ -545,6 +561,13 @@ def require_hidden_layer_inputs(ctx: ModelContext) -> None:
         raise PosprobeError(
             f"'{ctx.source.name}' ({ctx.source.model_type}) mixes its queries and keys along the sequence "
             "(convolutions), so a mean of hidden states from text does not give them",
+            "drop --text (texts=) for its content-free scores (SPEC §9)",
+        )
+    if ctx.family.cycles:
+        raise PosprobeError(
+            f"'{ctx.source.name}' ({ctx.source.model_type}) runs its stacks in cycles, adding one stack's state to the "
+            "other's input between them, which transformers' hidden states do not hold, so its layers cannot read "
+            "inputs from text",
             "drop --text (texts=) for its content-free scores (SPEC §9)",
         )
     if ctx.family.sublayers > 1:
