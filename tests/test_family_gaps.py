@@ -77,8 +77,8 @@ NOT_YET = {
     "roc_bert": "pronunciation and shape embeddings summed with the words (ids of their own)",
     "blt": "byte latent transformer: byte-level local encoder/decoder layers (self-attention plus cross-attention "
     "to patches) around a global transformer over patches whose bounds an entropy model picks: no one layer order",
-    "reformer": "LSH layers bucket queries and keys by content (no fixed pairs to score); local layers attend in "
-    "chunks and their neighbours, each key masked for its own query, over factorised axial position tables",
+    "reformer": "LSH layers bucket queries and keys by content (no fixed pairs to score); local layers attend "
+    "within chunks and their neighbour chunks (a logsumexp, no softmax call), over factorised axial position tables",
     # sparse / compressed attention
     "axk2": _INDEXED,
     "deepseek_v32": _INDEXED,
