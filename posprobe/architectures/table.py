@@ -169,7 +169,8 @@ class Family:
     per-head modules), 'all': over the whole projection before the head split (OLMo-2); after the rotation with
     `qk_norm_after_rotary`: Hunyuan), `clip` (config key of a clamp of q and k: OLMo's clip_qkv, DBRX's
     attn_config.clip_qkv), `norm` (the kind of every norm above), `shared_layers` (ALBERT: one stored layer at
-    every depth), `sublayers` (LongCat-Flash: two attention sublayers per stored layer, each a layer here). A name
+    every depth), `sublayers` (LongCat-Flash: two attention sublayers per stored layer, each a layer here), `cycles`
+    (HRM: stacks run in cycles, '{m}' names the stack a depth runs). A name
     may hold one group of alternatives, 'a.(b|c).d': the first the checkpoint holds.
     `switches`: field -> config key; the field (one of `SWITCHABLE`) applies only when the key is true (XMOD's
     pre_norm, OPT's do_layer_norm_before, ESM's emb_layer_norm_before, DeBERTa's position_biased_input).
@@ -668,40 +669,6 @@ FAMILIES: tuple[Family, ...] = (
         **{**_LLAMA, "norm": RMSNORM_PLUS1},
     ),
     Family(
-        "neomme",
-        ("neomme",),
-        rotary_class=_rotary("neomme", "NeoMME"),  # per layer type; two M-RoPE axes, equal for text
-        word_projection="embed_tokens.embedding_projection",  # factorised: rank -> hidden, no bias
-        embedding_norm="embedding_norm",
-        qk_norm=("layers.{l}.self_attn.q_norm", "layers.{l}.self_attn.k_norm"),  # weightless, before RoPE
-        windows="per_layer_config",
-        tensors={"input_mix": "layers.{l}.lambdas"},  # the layer reads lambda_0 h + lambda_1 x_0 (x_0: embeddings)
-        description="rotary embeddings (RoPE; two M-RoPE axes, the same position for text), a setting per layer "
-        "type; value embeddings and exclusive self-attention act after the softmax",
-        **{**_LLAMA, "norm": PLAIN_RMSNORM, "causal": False, "word": "embed_tokens.word_embeddings.weight"},
-    ),
-    Family(
-        "zaya",
-        ("zaya",),
-        rotary_class=_rotary("zaya", "Zaya"),  # one setting per layer type (partial rotary)
-        windows="layer_types",  # 'hybrid_sliding' layers: a causal window of sliding_window
-        tensors={
-            "input_affine": "(input_hidden_states_bias|input_hidden_states_scale)",  # (e + b) * s before the layers
-            "conv_depthwise": "layers.{l}.self_attn.qkv_proj.conv_qk_depthwise",
-            "conv_grouped": "layers.{l}.self_attn.qkv_proj.conv_qk_grouped",
-            "key_temperature": "layers.{l}.self_attn.qk_norm.temp",
-        },
-        description="rotary embeddings (RoPE) on queries and keys mixed by causal convolutions over the sequence "
-        "(compressed convolutional attention: the first positions' q and k differ), a setting per layer type",
-        **{
-            **_LLAMA,
-            "query": "layers.{l}.self_attn.qkv_proj.q_proj",
-            "key": "layers.{l}.self_attn.qkv_proj.k_proj",
-            "value": "layers.{l}.self_attn.qkv_proj.v_proj_current",
-            "qkv": CCA,
-        },
-    ),
-    Family(
         "phi",
         ("phi",),
         rotary_class=_rotary("phi", "Phi"),
@@ -1026,24 +993,6 @@ FAMILIES: tuple[Family, ...] = (
         description="rotary embeddings (RoPE), then weightless RMS norms of the rotated q and k",
         **{**_LLAMA, "norm": PLAIN_RMSNORM},
     ),
-    Family(
-        "hrm_text",
-        ("hrm_text",),
-        rotary_class=_rotary("hrm_text", "HrmText"),
-        embed_scale="embedding_scale",
-        cycles=("num_layers_per_stack", "L_cycles"),  # two stacks of layers, each run again and again
-        tensors={"fused_on_disk": "{m}_module.layers.{l}.attn.gqkv_proj.weight", "fused_parts": "gate,q,k,v"},
-        description="rotary embeddings (RoPE); two stacks of layers run in hierarchical cycles (each stored layer "
-        "at several depths, read on the embedding-level input at each)",
-        **{
-            **_LLAMA,
-            "norm": PLAIN_RMSNORM,
-            "query": "{m}_module.layers.{l}.self_attn.q_proj",
-            "key": "{m}_module.layers.{l}.self_attn.k_proj",
-            "value": "{m}_module.layers.{l}.self_attn.v_proj",
-            "pre_norm": "{m}_module.layers.{l}.input_layernorm",
-        },
-    ),
     # -- hybrids: softmax attention in some layers, recurrent / state-space / convolution layers in the others
     Family(
         "lfm2",
@@ -1275,28 +1224,6 @@ FAMILIES: tuple[Family, ...] = (
             **_LLAMA,
             "query": "layers.{l}.self_attn.(q_proj|q_a_proj)",
             "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
-            "qkv": LATENT,
-        },
-    ),
-    Family(
-        "longcat_flash",
-        ("longcat_flash",),
-        rotary_class=_rotary("longcat_flash", "LongcatFlash"),
-        rotary_layout=HALF_INTERLEAVED,  # always interleaved pairs
-        sublayers=2,  # self_attn[0] and self_attn[1] of every layer: posprobe's layers 2l and 2l + 1
-        scaling="latent",
-        tensors={
-            "scaling_function": "transformers.models.longcat_flash.modeling_longcat_flash:yarn_apply_mscale",
-            "latent_prefix": "layers.{l}.self_attn.{s}.",
-            "latent_lora_scale": "sqrt_hidden_over_rank",  # q * sqrt(d / q_lora_rank), k_pass * sqrt(d / kv rank)
-        },
-        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free; two "
-        "latent attention sublayers per layer, each read as a layer of its own",
-        **{
-            **_LLAMA,
-            "query": "layers.{l}.self_attn.{s}.q_a_proj",
-            "key": "layers.{l}.self_attn.{s}.kv_a_proj_with_mqa",
-            "pre_norm": "layers.{l}.input_layernorm.{s}",
             "qkv": LATENT,
         },
     ),
@@ -1675,6 +1602,82 @@ FAMILIES: tuple[Family, ...] = (
         "block's layers are read, later blocks attend over pooled positions and are not",
         capture=REFUSED,
         capture_note="pooled blocks and upsampling decoder: no one (queries x keys) softmax per layer",
+    ),
+    # -- rotary / latent designs of their own (issue 34): attention sublayers, mixed layer inputs, convolutional q/k,
+    # stacks run in cycles
+    Family(
+        "longcat_flash",
+        ("longcat_flash",),
+        rotary_class=_rotary("longcat_flash", "LongcatFlash"),
+        rotary_layout=HALF_INTERLEAVED,  # always interleaved pairs
+        sublayers=2,  # self_attn[0] and self_attn[1] of every layer: posprobe's layers 2l and 2l + 1
+        scaling="latent",
+        tensors={
+            "scaling_function": "transformers.models.longcat_flash.modeling_longcat_flash:yarn_apply_mscale",
+            "latent_prefix": "layers.{l}.self_attn.{s}.",
+            "latent_lora_scale": "sqrt_hidden_over_rank",  # q * sqrt(d / q_lora_rank), k_pass * sqrt(d / kv rank)
+        },
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free; two "
+        "latent attention sublayers per layer, each read as a layer of its own",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.{s}.q_a_proj",
+            "key": "layers.{l}.self_attn.{s}.kv_a_proj_with_mqa",
+            "pre_norm": "layers.{l}.input_layernorm.{s}",
+            "qkv": LATENT,
+        },
+    ),
+    Family(
+        "neomme",
+        ("neomme",),
+        rotary_class=_rotary("neomme", "NeoMME"),  # per layer type; two M-RoPE axes, equal for text
+        word_projection="embed_tokens.embedding_projection",  # factorised: rank -> hidden, no bias
+        embedding_norm="embedding_norm",
+        qk_norm=("layers.{l}.self_attn.q_norm", "layers.{l}.self_attn.k_norm"),  # weightless, before RoPE
+        windows="per_layer_config",
+        tensors={"input_mix": "layers.{l}.lambdas"},  # the layer reads lambda_0 h + lambda_1 x_0 (x_0: embeddings)
+        description="rotary embeddings (RoPE; two M-RoPE axes, the same position for text), a setting per layer "
+        "type; value embeddings and exclusive self-attention act after the softmax",
+        **{**_LLAMA, "norm": PLAIN_RMSNORM, "causal": False, "word": "embed_tokens.word_embeddings.weight"},
+    ),
+    Family(
+        "zaya",
+        ("zaya",),
+        rotary_class=_rotary("zaya", "Zaya"),  # one setting per layer type (partial rotary)
+        windows="layer_types",  # 'hybrid_sliding' layers: a causal window of sliding_window
+        tensors={
+            "input_affine": "(input_hidden_states_bias|input_hidden_states_scale)",  # (e + b) * s before the layers
+            "conv_depthwise": "layers.{l}.self_attn.qkv_proj.conv_qk_depthwise",
+            "conv_grouped": "layers.{l}.self_attn.qkv_proj.conv_qk_grouped",
+            "key_temperature": "layers.{l}.self_attn.qk_norm.temp",
+        },
+        description="rotary embeddings (RoPE) on queries and keys mixed by causal convolutions over the sequence "
+        "(compressed convolutional attention: the first positions' q and k differ), a setting per layer type",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.qkv_proj.q_proj",
+            "key": "layers.{l}.self_attn.qkv_proj.k_proj",
+            "value": "layers.{l}.self_attn.qkv_proj.v_proj_current",
+            "qkv": CCA,
+        },
+    ),
+    Family(
+        "hrm_text",
+        ("hrm_text",),
+        rotary_class=_rotary("hrm_text", "HrmText"),
+        embed_scale="embedding_scale",
+        cycles=("num_layers_per_stack", "L_cycles"),  # two stacks of layers, each run again and again
+        tensors={"fused_on_disk": "{m}_module.layers.{l}.attn.gqkv_proj.weight", "fused_parts": "gate,q,k,v"},
+        description="rotary embeddings (RoPE); two stacks of layers run in hierarchical cycles (each stored layer "
+        "at several depths, read on the embedding-level input at each)",
+        **{
+            **_LLAMA,
+            "norm": PLAIN_RMSNORM,
+            "query": "{m}_module.layers.{l}.self_attn.q_proj",
+            "key": "{m}_module.layers.{l}.self_attn.k_proj",
+            "value": "{m}_module.layers.{l}.self_attn.v_proj",
+            "pre_norm": "{m}_module.layers.{l}.input_layernorm",
+        },
     ),
     # -- no softmax attention in any layer: nothing for posprobe's scores to read (refused in one line)
     Family(

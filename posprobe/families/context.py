@@ -549,8 +549,9 @@ def _head_tensors(ctx: ModelContext, stored: int, stack: str) -> HeadWeights:
 def require_hidden_layer_inputs(ctx: ModelContext) -> None:
     """Refuse to take transformers' `hidden_states[l]` as the input of attention layer l where it is not: a family
     with several attention sublayers per layer (`Family.sublayers`, LongCat-Flash) has hidden states only where its
-    layers begin, not before each sublayer; one whose layers mix in the embedding output (NeoMME's lambdas) reads
-    more than the hidden state."""
+    layers begin, not before each sublayer; one whose layers mix in the embedding output (NeoMME's lambdas) or whose
+    stacks run in cycles (HRM: one stack's state added to the other's input) reads more than the hidden state; one
+    whose q and k are mixed along the sequence (ZAYA) needs the sequence, not a mean."""
     if "input_mix" in ctx.family.tensors:
         raise PosprobeError(
             f"'{ctx.source.name}' ({ctx.source.model_type}) mixes each layer's input with the embedding output "
