@@ -141,3 +141,28 @@ def test_layers_whose_inputs_hidden_states_do_not_hold_refuse_text_in_one_line(n
         posprobe.fhat(build(name), layer=-1, positions=6, texts=["a b c d e f g", "b c d e f g h"])
     assert "cannot read inputs from text" in str(err.value) or "does not give them" in str(err.value)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "name, change, words",
+    [
+        ("xlnet", {"attn_type": "uni"}, "attn_type 'uni'"),
+        ("xlnet", {"bi_data": True}, "bi_data"),
+        ("funnel", {"block_repeats": [2, 1]}, "block_repeats"),
+    ],
+)
+def test_settings_of_the_odd_designs_posprobe_does_not_read_are_refused_in_one_line(name, change, words, tmp_path):
+    """XLNet's pretraining settings (causal 'uni' attention, bi_data) and Funnel's repeated layers are named and
+    refused, not read as the released settings."""
+    import json
+
+    from family_models import build
+
+    from posprobe.errors import PosprobeError
+
+    build(name).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(PosprobeError) as err:
+        posprobe.fhat(str(tmp_path), layer=0, positions=8)
+    assert words in str(err.value) and "\n" not in str(err.value)
