@@ -509,10 +509,11 @@ def build(name: str, dtype=None):
     return model
 
 
-def _layers(model) -> torch.nn.ModuleList:
+def _layers(model) -> torch.nn.ModuleList | list:
     """The model's layers in depth order; of a model whose layers come in blocks of pooled lengths (Funnel), the
     first block's (the layers at full length, those posprobe reads); of a model whose num_hidden_layers counts
-    attention sublayers (LongCat-Flash: two per layer), its layers."""
+    attention sublayers (LongCat-Flash: two per layer), its layers; of one that runs its stacks in cycles (HRM),
+    each stored layer once, the first one called first."""
     n = model.config.num_hidden_layers
     lists = [m for _, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
     if lists:
