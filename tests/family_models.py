@@ -94,6 +94,9 @@ _GEMMA4 = dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=8, global_he
 _MUSICGEN = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=37,
                  max_position_embeddings=64, num_codebooks=3, scale_embedding=True, pad_token_id=99,
                  bos_token_id=99)  # fmt: skip
+# Funnel: AutoModel picks among its classes by `architectures`
+_FUNNEL = dict(architectures=["FunnelModel"], vocab_size=99, d_model=32, n_head=4, d_head=8, d_inner=37,
+               num_decoder_layers=1)  # fmt: skip
 _GEMMA3_ROPE = {
     "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
     "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
@@ -678,6 +681,37 @@ CASES = {
                                                  image_size=16, patch_size=8, max_num_tiles=1,
                                                  intermediate_layers_indices=[0],
                                                  supported_aspect_ratios=[[1, 1]])), dict(own=True)),
+    # issue 34 (odd)
+    "xlnet": ("xlnet", dict(vocab_size=99, d_model=32, n_layer=2, n_head=4, d_inner=37, clamp_len=5), dict(own=True)),
+    "funnel": ("funnel", dict(_FUNNEL, block_sizes=[3, 1]), dict(own=True)),
+    "funnel-factorized": ("funnel", dict(_FUNNEL, block_sizes=[2, 2], attention_type="factorized",
+                                         separate_cls=False), dict(own=True)),
+    "longcat_flash": ("longcat_flash", dict(vocab_size=99, hidden_size=32, num_layers=2, num_attention_heads=4,
+                                            num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=8, head_dim=4,
+                                            qk_rope_head_dim=4, qk_nope_head_dim=8, qk_head_dim=12, v_head_dim=8,
+                                            ffn_hidden_size=48, expert_ffn_hidden_size=16, n_routed_experts=2,
+                                            zero_expert_num=1, moe_topk=2, max_position_embeddings=64,
+                                            attention_bias=True,
+                                            rope_parameters=dict(rope_type="default", rope_theta=100.0)),
+                      dict(own=True)),
+    "neomme": ("neomme", dict(num_hidden_layers=3, num_key_value_heads=2, head_dim=8, embedding_rank=16,
+                              max_position_embeddings=64, attention_bias=True, sliding_window=3,
+                              layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                              per_layer_config={0: {"sliding_window": 3}, 1: {"sliding_window": None},
+                                                2: {"sliding_window": 5}},
+                              rope_parameters={"sliding_attention": dict(rope_type="default", rope_theta=100.0),
+                                               "full_attention": dict(rope_type="default", rope_theta=1000.0,
+                                                                      partial_rotary_factor=0.5)})),
+    "zaya": ("zaya", dict(num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attention_bias=True,
+                          bos_token_id=1, eos_token_id=2,
+                          cca_time0=2, cca_time1=3, sliding_window=5, layer_types=["hybrid_sliding", "hybrid"],
+                          num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16, router_hidden_size=8,
+                          rope_parameters={"hybrid_sliding": dict(rope_type="default", rope_theta=100.0),
+                                           "hybrid": dict(rope_type="default", rope_theta=1000.0,
+                                                          partial_rotary_factor=0.5)})),
+    "hrm_text": ("hrm_text", dict(num_hidden_layers=2, H_cycles=2, L_cycles=2, L_bp_cycles=[1], head_dim=8,
+                                  embedding_scale=3.0, max_position_embeddings=64, attention_bias=True,
+                                  rope_parameters=dict(rope_type="default", rope_theta=100.0))),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -686,7 +720,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
                   "lfm2_moe", "aria_text", "mellum", "flint", "kolibri1", "afmoe",
                   "exaone_moe", "hy_v3", "axk1", "hunyuan_v1_moe", "cohere2_moe", "nemotron_h",
                   "sarvam_moe", "deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4", "granitemoe_swa", "mimo_v2_flash",
-                  "beam")  # fmt: skip
+                  "beam", "zaya")  # fmt: skip
 # XGLM's eager attention clamps with a float32 constant; the MoE layers of Qwen3-Next, Granite-MoE-hybrid and
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text",
@@ -713,6 +747,7 @@ ISSUE_34_CASES = frozenset({
     "convbert", "cpmant",
     "granite_swa", "granitemoe_swa", "jetmoe", "mimo_v2_flash", "diffllama", "doge", "dory", "cohere_compass_text",
     "beam",
+    "xlnet", "funnel", "funnel-factorized", "longcat_flash", "neomme", "zaya", "hrm_text",  # issue 34 (odd)
 })  # fmt: skip
 ISSUE_34_CASES |= {"deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4"}  # issue 34 (indexed)
 ISSUE_34_CASES |= {"zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hybrid", "lara_mini", "lfm3",
@@ -776,7 +811,11 @@ def build(name: str, dtype=None):
     return model
 
 
-def _layers(model) -> torch.nn.ModuleList:
+def _layers(model) -> torch.nn.ModuleList | list:
+    """The model's layers in depth order; of a model whose layers come in blocks of pooled lengths (Funnel), the
+    first block's (the layers at full length, those posprobe reads); of a model whose num_hidden_layers counts
+    attention sublayers (LongCat-Flash: two per layer), its layers; of one that runs its stacks in cycles (HRM),
+    each stored layer once, the first one called first."""
     from posprobe.architectures.table import config_value, stack_sizes
     from posprobe.families import family_for_type
 
@@ -785,7 +824,11 @@ def _layers(model) -> torch.nn.ModuleList:
     if family is not None and family.sizes:  # the stack read has a layer count of its own (Whisper's decoder)
         n = config_value(stack_sizes(family, model.config.to_dict()), "layers")
     lists = [m for _, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
-    return lists[0]
+    if lists:
+        return lists[0]
+    if hasattr(model, "L_module"):  # HRM: two stacks run in cycles, every stored layer at several depths
+        return [*model.L_module.layers, *model.H_module.layers]
+    return model.encoder.blocks[0] if hasattr(model, "encoder") else model.layers
 
 
 @dataclass(frozen=True)
@@ -841,8 +884,9 @@ class _SoftmaxInputs:
         self.n, self.inputs = n, []
 
     def __enter__(self):
-        self.functional, self.method = torch.nn.functional.softmax, torch.Tensor.softmax
+        self.functional, self.method, self.torch = torch.nn.functional.softmax, torch.Tensor.softmax, torch.softmax
         functional, method, inputs, n = self.functional, self.method, self.inputs, self.n
+        torch_softmax = self.torch  # Funnel calls torch.softmax
         inside = []  # functional softmax calls the method: record each call once
 
         def keep(x):
@@ -867,11 +911,18 @@ class _SoftmaxInputs:
             keep(x)
             return method(x, *args, **kwargs)
 
+        def patched_torch(x, *args, **kwargs):  # (1, H, n, n) only: routers call torch.softmax too (ZAYA)
+            if x.ndim == 4:
+                keep(x)
+            return torch_softmax(x, *args, **kwargs)
+
         torch.nn.functional.softmax, torch.Tensor.softmax = patched_functional, patched_method
+        torch.softmax = patched_torch
         return self
 
     def __exit__(self, *exc):
         torch.nn.functional.softmax, torch.Tensor.softmax = self.functional, self.method
+        torch.softmax = self.torch
 
 
 class _SdpaInputs:
@@ -934,10 +985,10 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
     def feed(index, original):  # replaces the layer's forward (some encoders call layer.forward directly)
         def forward(*args, **kwargs):
             hidden = args[0] if args else kwargs["hidden_states"]
-            if index == 0:
+            if index == 0 and "x" not in first:  # the first call's input (HRM calls its layers again and again)
                 first["x"] = hidden.clone()  # later layers must not see in-place changes
-            elif args:
-                args = (first["x"], *args[1:])
+            elif args:  # the layer input, and keys / values taken from it as well (Funnel passes them apart)
+                args = tuple(first["x"] if a is hidden else a for a in args)
             else:
                 kwargs["hidden_states"] = first["x"]
             return original(*args, **kwargs)
@@ -946,6 +997,15 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
 
     for i, layer in enumerate(layers):
         layer.forward = feed(i, layer.forward)
+    # a layer with several attention sublayers, each behind its own input norm (LongCat-Flash's input_layernorm[s]):
+    # the later sublayers are fed the embedding-level input too
+    sublayer_norms = [
+        norm
+        for layer in layers
+        if isinstance(getattr(layer, "input_layernorm", None), torch.nn.ModuleList)
+        for norm in layer.input_layernorm[1:]
+    ]
+    hooks = [norm.register_forward_pre_hook(lambda module, args: (first["x"], *args[1:])) for norm in sublayer_norms]
     implementation = model.config._attn_implementation
     exact = implementation == "eager" and bool(getattr(type(model), "_supports_attention_backend", False))
     ids = torch.full((len(tables), n), word_id, dtype=torch.long)  # MusicGen: one row per codebook
@@ -969,4 +1029,6 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
     finally:
         for layer in layers:
             del layer.forward  # the class's own again
+        for hook in hooks:
+            hook.remove()
         model.set_attn_implementation(implementation)

@@ -17,7 +17,7 @@ from family_models import DESIGNS_QUICK, ISSUE_34_CASES, build, case
 from test_families_bias import DEBERTA_V2_OLD, DEBERTA_V3, _randomise, _t5_stack
 
 import posprobe
-from posprobe.architectures.table import ALIBI, BUCKET_BIAS, NOPE, ROTARY, position_kind
+from posprobe.architectures.table import ALIBI, BUCKET_BIAS, NOPE, RELATIVE_SINUSOIDAL, ROTARY, position_kind
 from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
 from posprobe.families.context import PER_POSITION_INPUT, SAME_INPUT, ModelContext, toeplitz_by_construction
 
@@ -40,8 +40,8 @@ def _bias_model(name: str):
 
 
 def _by_kind(name: str) -> bool:
-    """Rotary, ALiBi, NoPE and bucket-bias (CPM-Ant) test models (tests/family_models.py) are Toeplitz by
-    construction; absolute tables are not."""
+    """Rotary, ALiBi, NoPE, bucket-bias (CPM-Ant) and sinusoidal relative test models (tests/family_models.py) are
+    Toeplitz by construction; absolute tables are not."""
     c = case(name)
     if c.config.get("attn_temperature_tuning"):  # Llama 4's NoPE layers scale each query by its position
         return False
@@ -51,7 +51,12 @@ def _by_kind(name: str) -> bool:
         return False
     if c.model_type == "beam":  # its NoPE layers scale each query by its position
         return False
-    return position_kind({**c.config, "model_type": c.model_type})[0] in (ROTARY, ALIBI, NOPE, BUCKET_BIAS)
+    if c.model_type == "funnel" and c.config.get("separate_cls", True):  # <cls> (position 0) kept out of positions
+        return False
+    if c.model_type == "zaya":  # q and k mixed by convolutions along the sequence: the first positions differ
+        return False
+    toeplitz_kinds = (ROTARY, ALIBI, NOPE, BUCKET_BIAS, RELATIVE_SINUSOIDAL)
+    return position_kind({**c.config, "model_type": c.model_type})[0] in toeplitz_kinds
 
 
 # family -> (how to build it, stacks, Toeplitz by construction?): every case of the family test matrix, and the

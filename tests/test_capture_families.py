@@ -71,6 +71,8 @@ REFUSED = {
     "deberta-talking-heads": "does not give its returned attention",  # heads mixed after the softmax
     "diffllama": "more attention calls .* than it has layers",  # two softmax calls per layer (differential)
     "mllama": r"skips its layers \[1\] on text",  # hidden states: none enters its skipped cross-attention layer
+    "funnel": "did not return one attention matrix per layer",  # pooled blocks, an upsampling decoder
+    "funnel-factorized": "did not return one attention matrix per layer",
 }
 NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention is checked with the hybrids
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
@@ -92,10 +94,10 @@ def _params(names, quick=QUICK):
     return [pytest.param(n, marks=() if n in quick else pytest.mark.slow) for n in names]
 
 
-# transformers' float64 Gemma 2 / 3 give NaN on real tokens when a sliding window meets padding (a padded query
-# row with every key masked, then 0 x NaN in later layers): these run in float32, as real checkpoints do
+# transformers' float64 Gemma 2 / 3, NeoMME and ZAYA give NaN on real tokens when a sliding window meets padding (a
+# padded query row with every key masked, then 0 x NaN in later layers): these run in float32, as real checkpoints do
 IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional", "lara_mini", "lfm3", "inkling_text",
-                        "gemma3n_text", "gemma4_text", "gemma4_unified_text"}  # fmt: skip
+                        "gemma3n_text", "gemma4_text", "gemma4_unified_text", "neomme", "zaya"}  # fmt: skip
 # transformers' float64 ProphetNet encoder builds its padding mask in float32 (0 x -inf: NaN on every real key)
 IN_FLOAT32 |= {"prophetnet"}
 IN_FLOAT32 |= {"gemma3", "gemma4", "gemma4_unified"}
@@ -392,7 +394,18 @@ def test_families_the_capture_does_not_reproduce_are_refused(name):
     assert family.capture == REFUSED_ROUTE or "refused" in family.capture_note  # as the family table says
 
 
-@pytest.mark.parametrize("name", _params([n for n in [*sorted(REFUSED), "t5", "bloom", *HYBRIDS]
+POOLED = ("funnel", "funnel-factorized")  # the sequence is pooled between blocks: no state per position at every depth
+
+
+@pytest.mark.parametrize("name", _params(POOLED))
+def test_hidden_states_of_a_model_that_pools_the_sequence_are_refused(name):
+    hidden = Keep()
+    hidden.needs = ("hidden_states",)
+    with pytest.raises(PosprobeError, match="hidden states of other lengths than its input"):
+        capture(build(name).float(), [hidden], input_ids=texts(3), max_length=16)
+
+
+@pytest.mark.parametrize("name", _params([n for n in [*sorted(set(REFUSED) - set(POOLED)), "t5", "bloom", *HYBRIDS]
                                           if n not in NO_HIDDEN_STATES], quick={"t5", "lfm2"}))  # fmt: skip
 def test_hidden_states_alone_for_refused_and_eager_families(name):
     """Without attention nothing is recorded: hidden states are the model's own (its default attention, whatever

@@ -32,16 +32,12 @@ NOT_YET = {
     # attention that needs new score code
     "laguna": "a query-head count per layer (num_attention_heads_per_layer): posprobe's results and the capture's "
     "per-layer arrays hold one head axis (L, H, ...) for every layer; needs per-layer head counts",
-    "hrm_text": "hierarchical recurrent stacks (H and L cycles reuse the same layers): no one layer order",
-    "zaya": "compressed convolutional attention: q/k come from convolutions over the sequence",
-    "neomme": "M-RoPE over several position axes, value embeddings added after rotation, exclusive self-attention",
     "minimax_m3_vl_text": "sparse layers' indexer picks key blocks (max-pooled, plus local blocks) for each key-value "
     "head group: one mask per head group, and posprobe's layer kinds hold one per layer",
-    "longcat_flash": "two latent attentions per layer (self_attn[0], self_attn[1]): posprobe reads one per layer",
-    "blt": "byte latent transformer: local byte encoder/decoder cross-attending to a global patch transformer",
-    "xlnet": "two-stream attention with sinusoidal relative positions",
-    "funnel": "pools the sequence between blocks; relative attention with its own sinusoidal encodings",
-    "reformer": "LSH / chunked local attention over axial position embeddings",
+    "blt": "byte latent transformer: byte-level local encoder/decoder layers (self-attention plus cross-attention "
+    "to patches) around a global transformer over patches whose bounds an entropy model picks: no one layer order",
+    "reformer": "LSH layers bucket queries and keys by content (no fixed pairs to score); local layers attend "
+    "within chunks and their neighbour chunks (a logsumexp, no softmax call), over factorised axial position tables",
     # sparse / compressed attention
     "dots3_note_text": "indexed MLA layers beside sliding-window MLA layers with their own head count and latent "
     "sizes (per_layer_config): posprobe's shapes take one per model",

@@ -155,3 +155,65 @@ def test_per_position_inputs_equal_the_model(name):
         x = ctx.layer_input(rows, 0)
         router = ctx.tensor(ctx.family.tensors["router"] + ".weight", 0)
         assert len({tuple(e) for e in routed_experts(x @ router.T, 2)}) > 1
+
+
+@pytest.mark.slow
+def test_neomme_reads_the_sign_of_each_layers_input_mix(tmp_path):
+    """NeoMME's layer l reads RMSNorm(lambda_0 h + lambda_1 x_0): on the embedding-level input (h = x_0) the norm
+    keeps only the sign of lambda_0 + lambda_1, which flips q and k and so the bias terms' share of the scores."""
+    import torch
+    from family_models import build
+
+    model = build("neomme")
+    with torch.no_grad():
+        model.layers[1].lambdas.copy_(torch.tensor([-0.9, 0.3]))
+    model.save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    ours = np.stack([content_free_scores(ctx, layer, N) for layer in range(ctx.layers())])
+    ref = reference_scores(model, N)
+    diff = np.where(ref.allowed[:, None], ours - ref.scores, 0.0)
+    assert np.abs(diff).max() < 1e-5 * max(1.0, np.abs(ours).max())
+    flipped = np.where(ref.allowed[1], ours[1] - reference_scores(build("neomme"), N).scores[1], 0.0)
+    assert np.abs(flipped).max() > 1e-3  # the sign mattered
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) for n in ("longcat_flash", "neomme", "zaya", "hrm_text")]
+)
+def test_layers_whose_inputs_hidden_states_do_not_hold_refuse_text_in_one_line(name):
+    """LongCat-Flash's second attention sublayers, NeoMME's mixed layer inputs and ZAYA's convolutional q/k: a
+    mean hidden state from text is not what these layers read, so text-conditioned scores (SPEC §13) are refused."""
+    from family_models import build
+
+    from posprobe.errors import PosprobeError
+
+    with pytest.raises(PosprobeError) as err:
+        posprobe.fhat(build(name), layer=-1, positions=6, texts=["a b c d e f g", "b c d e f g h"])
+    assert "cannot read inputs from text" in str(err.value) or "does not give them" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "name, change, words",
+    [
+        ("xlnet", {"attn_type": "uni"}, "attn_type 'uni'"),
+        ("xlnet", {"bi_data": True}, "bi_data"),
+        ("funnel", {"block_repeats": [2, 1]}, "block_repeats"),
+    ],
+)
+def test_settings_of_the_odd_designs_posprobe_does_not_read_are_refused_in_one_line(name, change, words, tmp_path):
+    """XLNet's pretraining settings (causal 'uni' attention, bi_data) and Funnel's repeated layers are named and
+    refused, not read as the released settings."""
+    import json
+
+    from family_models import build
+
+    from posprobe.errors import PosprobeError
+
+    build(name).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(PosprobeError) as err:
+        posprobe.fhat(str(tmp_path), layer=0, positions=8)
+    assert words in str(err.value) and "\n" not in str(err.value)

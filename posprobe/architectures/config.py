@@ -303,6 +303,8 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
     types = config.get("layer_types")
     if family.tensors.get("mlp_layer_entries") and isinstance(types, list) and "mlp" in types:
         layers = len(types) - types.count("mlp")  # Dory's config.json lists each layer's attention and mlp apart
+    if family.sublayers > 1:  # LongCat-Flash: num_layers stored layers, each with `sublayers` attention sublayers
+        layers = config_int(config, name, "num_layers") * family.sublayers
     if family.shared_layers and config_int(config, name, "num_hidden_groups", default=1) != 1:
         raise PosprobeError(
             f"'{name}' is an ALBERT with {config.get('num_hidden_groups')} layer groups",

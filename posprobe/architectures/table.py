@@ -27,8 +27,10 @@ ALIBI = "alibi"  # -m_h |j - i|
 DISENTANGLED = "disentangled"  # DeBERTa-v2 c2p + p2c
 NOPE = "nope"  # no positional term in any attention layer (Jamba: its Mamba layers carry position)
 RELATIVE_LOGITS = "relative_logits"  # per-distance bias mixed by each query's hidden state, convolved keys (Inkling)
+RELATIVE_SINUSOIDAL = "relative_sinusoidal"  # (q + u).k + (q + v).W_R R(i - j), R sinusoidal (XLNet; Transformer-XL)
 OTHER = "other"  # known, not analysed (see `Family.description`)
-KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, NOPE, RELATIVE_LOGITS, OTHER)
+KINDS = (LEARNED, SINUSOIDAL, ROTARY, BUCKET_BIAS, ALIBI, DISENTANGLED, NOPE, RELATIVE_LOGITS, RELATIVE_SINUSOIDAL,
+         OTHER)  # fmt: skip
 TABLE_KINDS = (LEARNED, SINUSOIDAL)  # an absolute table E_P exists (stored or built): sections 1-3 of SPEC apply
 KIND_NAMES = {
     LEARNED: "learned absolute table",
@@ -39,6 +41,7 @@ KIND_NAMES = {
     DISENTANGLED: "disentangled relative positions",
     NOPE: "no positional encoding in attention (NoPE)",
     RELATIVE_LOGITS: "relative logits conditioned on the hidden state (a learned bank of per-distance profiles)",
+    RELATIVE_SINUSOIDAL: "sinusoidal relative positions (projected per layer, with learned biases)",
 }
 # How Q/K weights are stored (`Family.qkv`).
 SEPARATE = "separate"  # Linear q and k: weight (H*d_h, d), q = x @ W.T + b
@@ -51,8 +54,10 @@ GROUPED_CONV = "grouped-conv1d"  # kernel-1 Conv1d q and k with groups: weight (
 LATENT = "latent"  # multi-head latent attention: rotary and position-free parts (DeepSeek V2 / V3; families.latent)
 GATED_QUERY = "gated-query"  # separate Linears; q's rows per head [q_h (d_h); output gate_h (d_h)] (Qwen3-Next)
 ROUTED_QUERY = "routed-query"  # query experts (E, H_kv d_h, d) picked per token by a router; keys shared (JetMoE)
+HEAD_TENSOR = "head-tensor"  # q and k are parameters (d, H, d_h) themselves, no '.weight', no bias (XLNet)
+CCA = "cca"  # separate Linears, then causal convolutions along the sequence (ZAYA; families.convolutional)
 QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT, GATED_QUERY,
-               ROUTED_QUERY)  # fmt: skip
+               ROUTED_QUERY, HEAD_TENSOR, CCA)  # fmt: skip
 # How a rotary family pairs the rotated dims and where its angles come from (`Family.rotary_layout`).
 ROTATE_HALF = "rotate-half"  # the rotary module's (cos, sin), each (n, r); dim i pairs with i + r/2 (Llama)
 INTERLEAVED = "interleaved"  # the module's (cos, sin), each (n, r) repeated per pair; dims 2i, 2i+1 pair (Cohere)
@@ -79,13 +84,15 @@ NOPE_RULES = (
 # Which layers attend locally and how far (`Family.windows`; posprobe.families.windows reads them).
 WINDOW_RULES = (
     "sliding_window",  # config.sliding_window (when set) for every layer, causal: keys i - w < j <= i (Mistral)
-    "layer_types",  # config.layer_types[l] == 'sliding_attention' layers see |j - i| < config.sliding_window (Gemma);
+    "layer_types",  # config.layer_types[l] == 'sliding_attention' (ZAYA: 'hybrid_sliding') layers see
+    # |j - i| < config.sliding_window (Gemma);
     # 'chunked_attention' layers the keys of the query's own chunk of config.attention_chunk_size (Llama 4)
     "layer_types_inclusive",  # the same with |j - i| <= config.sliding_window (ModernBERT: local_attention / 2)
     "attention_layers",  # config.attention_layers[l] == 'local': causal window config.window_size (GPT-Neo)
     "attention_window",  # config.attention_window (per layer or one), |j - i| <= w / 2 (Longformer)
     "block_sparse",  # config.attention_type 'block_sparse': full attention up to (5 + 2 r) blocks, then sparse
     "local_radius",  # encoder stack: |j - i| <= config.local_radius (LongT5); decoder: full
+    "per_layer_config",  # config.per_layer_config[l].sliding_window, when set: |j - i| <= it (NeoMME); else full
 )
 # config.layer_types values of softmax-attention layers; a hybrid's other layers (`Family.hybrid`) have none.
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "hybrid")
@@ -112,8 +119,17 @@ NORMS = (LAYERNORM, RMSNORM, RMSNORM_PLUS1, LAYERNORM_PLUS1, PLAIN_LAYERNORM, PL
 CONFIG_KEYS = {
     "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads", "attention_heads"),
     "kv_heads": ("num_key_value_heads", "num_kv_heads", "n_head_kv", "attn_config.kv_n_heads"),  # dotted: nested
-    "layers": ("layers_block_type", "num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
-    # (a list counts its entries: Nemotron-H's layers_block_type, one kind per layer, overrides num_hidden_layers)
+    "layers": (
+        "layers_block_type",
+        "num_hidden_layers",
+        "n_layer",
+        "n_layers",
+        "num_layers",
+        "encoder_layers",
+        "block_sizes.0",
+    ),
+    # (a list counts its entries: Nemotron-H's layers_block_type, one kind per layer, overrides num_hidden_layers;
+    # Funnel: the layers of its first block, the ones at full length)
     "hidden": ("hidden_size", "n_embd", "dim", "d_model", "emb_dim"),
     "head_dim": ("head_dim", "d_kv", "dim_head", "attention_head_dim", "kv_channels"),  # CPM-Ant, Zamba, Beam
     "positions": ("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len"),
@@ -138,7 +154,7 @@ CONFIG_KEYS = {
 # key is true (missing keys take the default of the family's transformers config class).
 SWITCHABLE = ("pre_norm", "embedding_norm", "qk_norm", "position", "trigram", "rotary_layout", "word_projection")
 EMBED_SCALES = (None, "sqrt_hidden", "scale_embedding", "rescale_embeddings", "token_dropout", "embedding_multiplier",
-                "mup_enabled", "scale_emb", "sqrt_hidden_bf16")  # fmt: skip
+                "mup_enabled", "scale_emb", "sqrt_hidden_bf16", "embedding_scale")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -158,10 +174,10 @@ class Family:
     sqrt(d) rounded to bfloat16, RecurrentGemma;
     'scale_embedding' / 'rescale_embeddings' / 'mup_enabled' (AFMoE): by sqrt(d) when that config key is true;
     'token_dropout': ESM's 1 - 0.15 * 0.8 when config.token_dropout;
-    'embedding_multiplier' / 'scale_emb': that config value, Granite / MiniCPM 3). `position_offset`: position i
-    reads table row i + offset, and the table holds max_position_embeddings + offset rows (OPT, BART, mBART,
-    BioGPT: 2); `position_width`: config keys of the position table's width (default: `embedding_size`, else the
-    hidden size).
+    'embedding_multiplier' / 'scale_emb' / 'embedding_scale': that config value, Granite / MiniCPM 3 / HRM).
+    `position_offset`: position i reads table row i + offset, and the table holds max_position_embeddings + offset
+    rows (OPT, BART, mBART, BioGPT: 2); `position_width`: config keys of the position table's width (default:
+    `embedding_size`, else the hidden size).
     Attention of layer `{l}`: `query` / `key` prefixes ('.weight', '.bias' appended; with `qkv` != SEPARATE
     `query` names the fused projection, unless `query` and `key` find two tensors: a model transformers loaded
     from fused files splits them, GTE, Nomic BERT; `qkv_blocks` for BLOCKED), `pre_norm` (the norm applied to the layer
@@ -173,8 +189,9 @@ class Family:
     per-head modules), 'all': over the whole projection before the head split (OLMo-2); after the rotation with
     `qk_norm_after_rotary`: Hunyuan), `clip` (config key of a clamp of q and k: OLMo's clip_qkv, DBRX's
     attn_config.clip_qkv), `norm` (the kind of every norm above), `shared_layers` (ALBERT: one stored layer at
-    every depth). A name may hold one group of alternatives, 'a.(b|c).d': the first the checkpoint
-    holds.
+    every depth), `sublayers` (LongCat-Flash: two attention sublayers per stored layer, each a layer here), `cycles`
+    (HRM: stacks run in cycles, '{m}' names the stack a depth runs). A name
+    may hold one group of alternatives, 'a.(b|c).d': the first the checkpoint holds.
     `switches`: field -> config key; the field (one of `SWITCHABLE`) applies only when the key is true (XMOD's
     pre_norm, OPT's do_layer_norm_before, ESM's emb_layer_norm_before, DeBERTa's position_biased_input).
     `reserved_rows`: the position table starts with pad_token_id + 1 reserved rows (True: RoBERTa family), or
@@ -249,6 +266,13 @@ class Family:
     eps: float | None = None  # the norm epsilon the family fixes in code, whatever its config says (DistilBERT, BioGPT)
     shared_layers: bool = False
     layer_groups: tuple[str, str, str] | None = None
+    cycles: tuple[str, str] | None = None  # (config key of the layers per stack, of the low cycles): the stacks run
+    # in cycles, L_cycles low-stack passes then one high-stack pass, H_cycles times (HRM); depth l (the model's own
+    # numbering: num_hidden_layers = layers per stack x H_cycles x (L_cycles + 1)) runs stored layer l % k of the
+    # low stack ('{m}' = 'L') or the high one ('H')
+    sublayers: int = 1  # attention sublayers per stored layer (LongCat-Flash: 2; names hold '{s}'): posprobe's layer
+    # l is sublayer l % sublayers of stored layer l // sublayers, as transformers numbers them; config.num_layers
+    # counts the stored layers
     reserved_rows: bool | int = False
     encoder_decoder: bool = False
     retrofit: bool = False
@@ -2221,7 +2245,127 @@ FAMILIES: tuple[Family, ...] = (
         description="learned absolute table (language embeddings only where the input gives languages)",
         capture=EAGER,
     ),
-    Family("xlnet", ("xlnet",), OTHER, description="sinusoidal relative positions"),
+    # -- sinusoidal relative positions (posprobe.families.relative_sinusoidal)
+    Family(
+        "xlnet",
+        ("xlnet",),
+        RELATIVE_SINUSOIDAL,
+        word="word_embedding.weight",
+        query="layer.{l}.rel_attn.q",  # (d, H, d_h) parameters; post-norm layers: no norm before attention
+        key="layer.{l}.rel_attn.k",
+        value="layer.{l}.rel_attn.v",
+        qkv=HEAD_TENSOR,
+        tensors={
+            "position_projection": "layer.{l}.rel_attn.r",  # W_R (d, H, d_h): keys of the relative encodings
+            "content_bias": "layer.{l}.rel_attn.r_w_bias",  # u (H, d_h), added to q against the content keys
+            "position_bias": "layer.{l}.rel_attn.r_r_bias",  # v (H, d_h), added to q against the position keys
+            "clamp": "clamp_len",  # relative distances clamped to +-clamp_len where it is > 0
+            "encodings": "float32",  # the sinusoids are built in float32 whatever the weights' dtype
+        },
+        description="sinusoidal relative positions (Transformer-XL style; two-stream: the content stream is read)",
+        capture=EAGER,
+        capture_note="its content stream",
+    ),
+    Family(
+        "funnel",
+        ("funnel",),
+        RELATIVE_SINUSOIDAL,
+        word="embeddings.word_embeddings.weight",
+        embedding_norm="embeddings.layer_norm",
+        query="encoder.blocks.0.{l}.attention.q_head",  # the first block's layers: the only ones at full length
+        key="encoder.blocks.0.{l}.attention.k_head",
+        value="encoder.blocks.0.{l}.attention.v_head",
+        tensors={
+            "position_projection": "encoder.blocks.0.{l}.attention.r_kernel",
+            "content_bias": "encoder.blocks.0.{l}.attention.r_w_bias",
+            "position_bias": "encoder.blocks.0.{l}.attention.r_r_bias",
+            "segment_bias": "encoder.blocks.0.{l}.attention.r_s_bias",
+            "segment_embedding": "encoder.blocks.0.{l}.attention.seg_embed",  # (2, H, d_h): [different; same]
+            "same_segment": "1",  # token types default to zeros: one segment, always added
+            "cls_apart": "separate_cls",  # no position or segment term in the <cls> row and column (position 0)
+            "encodings": "float64",  # built in the model's dtype (XLNet: float32)
+        },
+        description="sinusoidal relative positions; the sequence is pooled between blocks (stride 2): the first "
+        "block's layers are read, later blocks attend over pooled positions and are not",
+        capture=REFUSED,
+        capture_note="pooled blocks and upsampling decoder: no one (queries x keys) softmax per layer",
+    ),
+    # -- rotary / latent designs of their own (issue 34): attention sublayers, mixed layer inputs, convolutional q/k,
+    # stacks run in cycles
+    Family(
+        "longcat_flash",
+        ("longcat_flash",),
+        rotary_class=_rotary("longcat_flash", "LongcatFlash"),
+        rotary_layout=HALF_INTERLEAVED,  # always interleaved pairs
+        sublayers=2,  # self_attn[0] and self_attn[1] of every layer: posprobe's layers 2l and 2l + 1
+        scaling="latent",
+        tensors={
+            "scaling_function": "transformers.models.longcat_flash.modeling_longcat_flash:yarn_apply_mscale",
+            "latent_prefix": "layers.{l}.self_attn.{s}.",
+            "latent_lora_scale": "sqrt_hidden_over_rank",  # q * sqrt(d / q_lora_rank), k_pass * sqrt(d / kv rank)
+        },
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA); the rest position-free; two "
+        "latent attention sublayers per layer, each read as a layer of its own",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.{s}.q_a_proj",
+            "key": "layers.{l}.self_attn.{s}.kv_a_proj_with_mqa",
+            "pre_norm": "layers.{l}.input_layernorm.{s}",
+            "qkv": LATENT,
+        },
+    ),
+    Family(
+        "neomme",
+        ("neomme",),
+        rotary_class=_rotary("neomme", "NeoMME"),  # per layer type; two M-RoPE axes, equal for text
+        word_projection="embed_tokens.embedding_projection",  # factorised: rank -> hidden, no bias
+        embedding_norm="embedding_norm",
+        qk_norm=("layers.{l}.self_attn.q_norm", "layers.{l}.self_attn.k_norm"),  # weightless, before RoPE
+        windows="per_layer_config",
+        tensors={"input_mix": "layers.{l}.lambdas"},  # the layer reads lambda_0 h + lambda_1 x_0 (x_0: embeddings)
+        description="rotary embeddings (RoPE; two M-RoPE axes, the same position for text), a setting per layer "
+        "type; value embeddings and exclusive self-attention act after the softmax",
+        **{**_LLAMA, "norm": PLAIN_RMSNORM, "causal": False, "word": "embed_tokens.word_embeddings.weight"},
+    ),
+    Family(
+        "zaya",
+        ("zaya",),
+        rotary_class=_rotary("zaya", "Zaya"),  # one setting per layer type (partial rotary)
+        windows="layer_types",  # 'hybrid_sliding' layers: a causal window of sliding_window
+        tensors={
+            "input_affine": "(input_hidden_states_bias|input_hidden_states_scale)",  # (e + b) * s before the layers
+            "conv_depthwise": "layers.{l}.self_attn.qkv_proj.conv_qk_depthwise",
+            "conv_grouped": "layers.{l}.self_attn.qkv_proj.conv_qk_grouped",
+            "key_temperature": "layers.{l}.self_attn.qk_norm.temp",
+        },
+        description="rotary embeddings (RoPE) on queries and keys mixed by causal convolutions over the sequence "
+        "(compressed convolutional attention: the first positions' q and k differ), a setting per layer type",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.qkv_proj.q_proj",
+            "key": "layers.{l}.self_attn.qkv_proj.k_proj",
+            "value": "layers.{l}.self_attn.qkv_proj.v_proj_current",
+            "qkv": CCA,
+        },
+    ),
+    Family(
+        "hrm_text",
+        ("hrm_text",),
+        rotary_class=_rotary("hrm_text", "HrmText"),
+        embed_scale="embedding_scale",
+        cycles=("num_layers_per_stack", "L_cycles"),  # two stacks of layers, each run again and again
+        tensors={"fused_on_disk": "{m}_module.layers.{l}.attn.gqkv_proj.weight", "fused_parts": "gate,q,k,v"},
+        description="rotary embeddings (RoPE); two stacks of layers run in hierarchical cycles (each stored layer "
+        "at several depths, read on the embedding-level input at each)",
+        **{
+            **_LLAMA,
+            "norm": PLAIN_RMSNORM,
+            "query": "{m}_module.layers.{l}.self_attn.q_proj",
+            "key": "{m}_module.layers.{l}.self_attn.k_proj",
+            "value": "{m}_module.layers.{l}.self_attn.v_proj",
+            "pre_norm": "{m}_module.layers.{l}.input_layernorm",
+        },
+    ),
     # -- no softmax attention in any layer: nothing for posprobe's scores to read (refused in one line)
     Family(
         "mamba",
@@ -2286,7 +2430,6 @@ FAMILIES: tuple[Family, ...] = (
         description="no token-by-token softmax attention: a latent array cross-attends to the tokens (a learned "
         "absolute table feeds it)",
     ),
-    Family("funnel", ("funnel",), OTHER, description="relative attention"),
     Family("reformer", ("reformer",), OTHER, description="axial position embeddings"),
 )
 
@@ -2327,11 +2470,14 @@ def stack_sizes(family: Family, config: dict) -> dict:
 
 
 def config_get(config: dict, key: str):
-    """config[key], where a dotted key names a field of a nested section ('attn_config.clip_qkv': DBRX); None when
-    absent."""
+    """config[key], where a dotted key names a field of a nested section ('attn_config.clip_qkv': DBRX) or an entry
+    of a list ('block_sizes.0': Funnel's first block); None when absent."""
     value = config
     for part in key.split("."):
-        value = value.get(part) if isinstance(value, dict) else None
+        if isinstance(value, list) and part.isdigit():
+            value = value[int(part)] if int(part) < len(value) else None
+        else:
+            value = value.get(part) if isinstance(value, dict) else None
     return value
 
 
@@ -2426,6 +2572,13 @@ def position_kind(config: dict) -> tuple[str, str]:
         )
     if model_type == "trocr" and not config_flag(config, "use_learned_position_embeddings"):
         return SINUSOIDAL, KIND_NAMES[SINUSOIDAL]
+    if model_type == "xlnet" and (config.get("attn_type", "bi") != "bi" or config.get("bi_data")):
+        return OTHER, (
+            "sinusoidal relative positions with attn_type 'uni' or bi_data (pretraining settings; posprobe reads "
+            "attn_type 'bi' without bi_data, as released)"
+        )
+    if model_type == "funnel" and (config.get("block_repeats") or [1])[0] != 1:
+        return OTHER, "sinusoidal relative positions in repeated (weight-shared) layers (block_repeats not 1)"
     if family.switch_kinds:  # the config has picked one of the family's kinds: name that one
         return family.kind, KIND_NAMES[family.kind]
     return family.kind, family.mechanism
@@ -2492,7 +2645,7 @@ def rotary_layout(family: Family, config: dict) -> str:
 
 # rotary modules with one setting per layer type
 _PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "lfm3", "mimo_v2_flash", "dory",
-                  "cohere_compass_text", "beam")  # fmt: skip
+                  "cohere_compass_text", "beam", "neomme", "zaya")  # fmt: skip
 _PER_TYPE_ROPE += ("gemma3n_text", "gemma4_text", "gemma4_unified_text")
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
@@ -2512,7 +2665,8 @@ def _layer_kind_words(f: Family) -> str:
     if not f.analysable:
         return "—"
     kinds = {ROTARY: ["rope"], NOPE: ["NoPE"], ALIBI: ["ALiBi bias"], BUCKET_BIAS: ["bucket bias"],
-             DISENTANGLED: ["disentangled"], RELATIVE_LOGITS: ["relative logits"]}.get(
+             DISENTANGLED: ["disentangled"], RELATIVE_LOGITS: ["relative logits"],
+             RELATIVE_SINUSOIDAL: ["sinusoidal relative"]}.get(
                  f.kind, ["absolute table"])  # fmt: skip
     if f.qkv == LATENT:
         kinds = ["MLA: rotary part + position-free part"] if f.kind != NOPE else ["NoPE (MLA)"]

@@ -281,6 +281,8 @@ def capture_batches(
                 else:
                     output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
                     recorded = None
+                if hidden:
+                    _check_hidden(net, output.hidden_states, int(tokens.input_ids.shape[1]))
                 batch = _batch_capture(index, tokens, recorded, output if hidden else None, attending)
                 del output, recorded
                 for reducer in reducers:
@@ -409,12 +411,6 @@ def _batch_capture(
     here = tokens.input_ids.device
     beside = lambda tensors: None if tensors is None else tuple(t.to(here) for t in tensors)  # noqa: E731
     hidden = None if output is None else beside(output.hidden_states)
-    if hidden is not None and any(h.ndim != 3 for h in hidden):  # Gemma 3n: a stack of AltUp streams per layer
-        raise PosprobeError(
-            f"the model returns hidden states of shape {tuple(next(h for h in hidden if h.ndim != 3).shape)}, not "
-            "(batch, tokens, width) (several streams per layer): posprobe reads one hidden state per layer",
-            "run the analyses of attention alone (they need no hidden states)",
-        )
     if recorded is None:
         return BatchCapture(index, tokens, hidden_states=hidden)
     scores, probs, allowed_per_layer = (beside(part) for part in recorded)
@@ -434,6 +430,25 @@ def _batch_capture(
         counted_pairs=tuple(pairs),
         hidden_states=hidden,
         attention_layers=attending,
+    )
+
+
+def _check_hidden(model, hidden: tuple, length: int) -> None:
+    """Every hidden state must hold one row per input position: a model that pools the sequence between layers
+    (Funnel's blocks) has no state per position at every depth, and is refused; so is one that returns several
+    streams per layer (Gemma 3n's AltUp stack)."""
+    if any(h.ndim != 3 for h in hidden):  # Gemma 3n: a stack of AltUp streams per layer
+        raise PosprobeError(
+            f"the model returns hidden states of shape {tuple(next(h for h in hidden if h.ndim != 3).shape)}, not "
+            "(batch, tokens, width) (several streams per layer): posprobe reads one hidden state per layer",
+            "run the analyses of attention alone (they need no hidden states)",
+        )
+    if all(h.shape[1] == length for h in hidden):
+        return
+    raise PosprobeError(
+        f"'{getattr(model.config, 'model_type', 'unknown')}' gives hidden states of other lengths than its input (it "
+        "pools the sequence between layers), so they cannot be recorded per position",
+        "this model's layout is not supported",
     )
 
 

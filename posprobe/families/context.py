@@ -52,6 +52,7 @@ SCORE_MODULES = {
     T.DISENTANGLED: "posprobe.families.disentangled",
     T.NOPE: "posprobe.families.rotary",  # rotary scores without rotation: every layer a NoPE layer
     T.RELATIVE_LOGITS: "posprobe.families.relative_logits",
+    T.RELATIVE_SINUSOIDAL: "posprobe.families.relative_sinusoidal",
 }
 
 
@@ -261,16 +262,26 @@ class ModelContext(EmbeddingReader):
     def key(self, pattern: str, layer: int | None = None, stack: str = "encoder") -> str | None:
         """The stored name ending in `pattern` (with `{l}` / `{stack}` filled in; of groups of alternatives
         'a.(b|c).(d|e)' the first combination the checkpoint holds), or None."""
-        pieces = _ALTERNATIVES.split(pattern.format(l=layer, stack=stack))  # text, group, text, ...
+        pieces = _ALTERNATIVES.split(pattern.format(**self._layer_names(layer), stack=stack))  # text, group, text, ...
         choices = [piece.split("|") if index % 2 else [piece] for index, piece in enumerate(pieces)]
         options = ("".join(parts) for parts in itertools.product(*choices))
         return next((k for k in map(self.reader.find_suffix, options) if k is not None), None)
+
+    def _layer_names(self, layer: int | None) -> dict:
+        """What `{l}` (and `{s}`, the attention sublayer: `Family.sublayers`; `{m}`, the stack a cycle runs:
+        `Family.cycles`) stand for at depth `layer`."""
+        if self.family.cycles and layer is not None:
+            per_stack, low = (int(self.config[key]) for key in self.family.cycles)
+            block, stored = divmod(layer, per_stack)
+            return {"l": stored, "m": "L" if block % (low + 1) < low else "H"}
+        k = self.family.sublayers
+        return {"l": layer} if k == 1 or layer is None else {"l": layer // k, "s": layer % k}
 
     def tensor(self, pattern: str, layer: int | None = None, stack: str = "encoder") -> np.ndarray:
         """Tensor `pattern` (float64); a clear error when the checkpoint lacks it."""
         key = self.key(pattern, layer, stack)
         if key is None:
-            suffix = pattern.format(l=layer, stack=stack)
+            suffix = pattern.format(**self._layer_names(layer), stack=stack)
             raise PosprobeError(
                 f"checkpoint '{self.source.name}' has no tensor named '*{suffix}' for a {self.source.model_type} model",
                 config_hint(self.source.name, "the weights do not match config.json; re-save the checkpoint"),
@@ -307,16 +318,18 @@ class ModelContext(EmbeddingReader):
         (a MobileBERT bottleneck, affine, is folded in)."""
         f, stored = self.family, self.stored_layer(layer)
         s = self.layer_shape(stored)
+        if self.qkv == T.HEAD_TENSOR:  # parameters (d, H, d_h) themselves, no bias (XLNet)
+            return _head_tensors(self, stored, stack)
         layout = self.stored_layout(stored, stack)
-        w = self.tensor(f.query + ".weight", stored, stack)
+        w = self._projection(f.query, "q", stored, stack)
         b = self.optional(f.query + ".bias", stored, stack)
         try:
             if layout == T.GATED_QUERY:  # per head [q_h; gate_h] rows: keep the query's
                 w = w.reshape(s.heads, 2, s.head_dim, -1)[:, 0].reshape(s.heads * s.head_dim, -1)
                 b = None if b is None else b.reshape(s.heads, 2, s.head_dim)[:, 0].reshape(-1)
-            if layout in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY):
+            if layout in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY, T.CCA):
                 keys = key_source(self, stored)  # a layer that reuses keys (Gemma 3n): its source layer's projection
-                wk = self.tensor(f.key + ".weight", keys, stack)
+                wk = self._projection(f.key, "k", keys, stack)
                 bk = self.optional(f.key + ".bias", keys, stack)
                 if "query_adapter" in f.tensors:  # Zamba2's per-depth low-rank adapters: W + B A
                     from posprobe.families.shared_blocks import adapter_weight
@@ -350,7 +363,7 @@ class ModelContext(EmbeddingReader):
         fused layout's query and key names find two tensors: a model transformers loaded from a fused checkpoint
         (GTE, Nomic BERT, Sarvam-MoE: split on load) holds its own separate Q and K."""
         f = self.family
-        if self.qkv in (T.SEPARATE, T.GROUPED_CONV, T.GATED_QUERY, T.LATENT):
+        if self.qkv not in (T.GPT2_CONV1D, T.PER_HEAD, T.STACKED, T.KV_GROUPED, T.BLOCKED):  # not fused
             return self.qkv
         fused = self.key(f.query + ".weight", layer, stack) == self.key(f.key + ".weight", layer, stack)
         return self.qkv if fused else T.SEPARATE
@@ -371,6 +384,17 @@ class ModelContext(EmbeddingReader):
         factor = int(self.family.tensors.get("sliding_kv_factor", 1))
         sliding = factor > 1 and self.layer_kinds(1, stack)[layer].layer_type == "sliding_attention"
         return self.layer_shape(self.stored_layer(layer)).kv_heads * (factor if sliding else 1)
+
+    def _projection(self, prefix: str, part: str, layer: int, stack: str) -> np.ndarray:
+        """The weight of Linear `prefix`; where the files fuse it with others (`Family.tensors['fused_on_disk']`,
+        equal row blocks in the order of `tensors['fused_parts']`, split by transformers on load: HRM's
+        gqkv_proj), its block `part` of the fused weight."""
+        names = self.family.tensors
+        if "fused_on_disk" in names and self.key(prefix + ".weight", layer, stack) is None:
+            parts = names["fused_parts"].split(",")
+            fused = self.tensor(names["fused_on_disk"], layer, stack)
+            return np.split(fused, len(parts), axis=0)[parts.index(part)]
+        return self.tensor(prefix + ".weight", layer, stack)
 
     @property
     def attention_width(self) -> int:
@@ -400,6 +424,8 @@ class ModelContext(EmbeddingReader):
             x = x * _hyper_connection_weight(self, self.stored_layer(layer), x, stack)
         if "altup" in f.tensors:  # Gemma 3n: the layer's AltUp prediction of its active stream (families.altup)
             x = altup_input(self, x, self.stored_layer(layer), stack)
+        if "input_mix" in f.tensors:  # NeoMME: lambda_0 h + lambda_1 x_0, both the embedding-level input here
+            x = x * self.tensor(f.tensors["input_mix"], self.stored_layer(layer), stack).sum()
         if f.pre_norm and layer >= f.pre_norm_from and self.switched_on("pre_norm"):
             x = self.norm(x, f.pre_norm, self.stored_layer(layer), stack)
         if "pre_norm_gate_down" in f.tensors:  # AXK2's gated norm: y * sigmoid(up(silu(down y)))
@@ -484,6 +510,11 @@ class ModelContext(EmbeddingReader):
             read = latent_query_key if self.qkv == T.LATENT else routed_query_key
             q, k = read(self, np.atleast_2d(x), self.stored_layer(layer))
             return (q[:, 0], k[:, 0]) if x.ndim == 1 else (q, k)
+        if self.qkv == T.CCA:  # ZAYA: q and k mixed along the sequence, then normed (families.convolutional)
+            from posprobe.families.convolutional import cca_query_key
+
+            q, k = cca_query_key(self, np.atleast_2d(x), self.stored_layer(layer))
+            return (q[:, 0], k[:, 0]) if x.ndim == 1 else (q, k)
         weights = self.attention(layer, stack)
         q, k = weights.queries(x), weights.keys(x)
         clip = T.config_get(self.config, self.family.clip) if self.family.clip else None
@@ -523,6 +554,8 @@ class ModelContext(EmbeddingReader):
         f, stored = self.family, self.stored_layer(layer)
         if not f.qk_norm or not self.switched_on("qk_norm"):
             return q, k
+        if f.norm in (T.PLAIN_LAYERNORM, T.PLAIN_RMSNORM):  # weightless q/k norms (NeoMME)
+            return apply_norm(q, f.norm, None, None, self.shape.eps), apply_norm(k, f.norm, None, None, self.shape.eps)
         first = f.qk_norm[0].replace("{h}", "0")
         if not (self.key(first + ".weight", stored, stack) or self.key(first + ".gamma", stored, stack)):
             return q, k
@@ -625,6 +658,55 @@ def _hyper_connection_weight(ctx: ModelContext, layer: int, x: np.ndarray, stack
     scale, base = ctx.tensor(prefix + "scale", layer, stack)[0], ctx.tensor(prefix + "base", layer, stack)[:streams]
     eps = float(ctx.config.get(ctx.family.tensors["hyper_connection_eps"], 0.0))
     return (1.0 / (1.0 + np.exp(-(mixes * scale + base))) + eps).sum(-1, keepdims=True)
+
+
+def _head_tensors(ctx: ModelContext, stored: int, stack: str) -> HeadWeights:
+    """Q/K weights stored as parameters (d, H, d_h) (`table.HEAD_TENSOR`: q_h = x @ W[:, h], no bias)."""
+    s = ctx.shape
+    wq, wk = (ctx.tensor(name, stored, stack) for name in (ctx.family.query, ctx.family.key))
+    if wq.shape != (ctx.attention_width, s.heads, s.head_dim) or wk.shape != (ctx.attention_width, s.kv_heads,
+                                                                              s.head_dim):  # fmt: skip
+        raise PosprobeError(
+            f"query/key weights of '{ctx.source.name}' layer {stored} do not match "
+            f"{config_where(ctx.source.name).split(' of ')[0]} ({s.heads} heads of size {s.head_dim})",
+            config_hint(ctx.source.name, MIXED_HINT),
+        )
+    wq, wk = wq.transpose(1, 0, 2), wk.transpose(1, 0, 2)
+    return HeadWeights(wq, np.zeros(wq.shape[::2]), wk, np.zeros(wk.shape[::2]), stored)
+
+
+def require_hidden_layer_inputs(ctx: ModelContext) -> None:
+    """Refuse to take transformers' `hidden_states[l]` as the input of attention layer l where it is not: a family
+    with several attention sublayers per layer (`Family.sublayers`, LongCat-Flash) has hidden states only where its
+    layers begin, not before each sublayer; one whose layers mix in the embedding output (NeoMME's lambdas) or whose
+    stacks run in cycles (HRM: one stack's state added to the other's input) reads more than the hidden state; one
+    whose q and k are mixed along the sequence (ZAYA) needs the sequence, not a mean."""
+    if "input_mix" in ctx.family.tensors:
+        raise PosprobeError(
+            f"'{ctx.source.name}' ({ctx.source.model_type}) mixes each layer's input with the embedding output "
+            "(lambdas), which transformers' hidden states do not hold, so its layers cannot read inputs from text",
+            "drop --text (texts=) for its content-free scores (SPEC §9)",
+        )
+    if ctx.qkv == T.CCA:
+        raise PosprobeError(
+            f"'{ctx.source.name}' ({ctx.source.model_type}) mixes its queries and keys along the sequence "
+            "(convolutions), so a mean of hidden states from text does not give them",
+            "drop --text (texts=) for its content-free scores (SPEC §9)",
+        )
+    if ctx.family.cycles:
+        raise PosprobeError(
+            f"'{ctx.source.name}' ({ctx.source.model_type}) runs its stacks in cycles, adding one stack's state to the "
+            "other's input between them, which transformers' hidden states do not hold, so its layers cannot read "
+            "inputs from text",
+            "drop --text (texts=) for its content-free scores (SPEC §9)",
+        )
+    if ctx.family.sublayers > 1:
+        raise PosprobeError(
+            f"'{ctx.source.name}' ({ctx.source.model_type}) has {ctx.family.sublayers} attention sublayers per layer: "
+            "transformers' hidden states enter its layers, not each sublayer, so these layers cannot read inputs from "
+            "text",
+            "drop --text (texts=) for its content-free scores (SPEC §9)",
+        )
 
 
 def _fold(weights: HeadWeights, a: np.ndarray, c: np.ndarray) -> HeadWeights:

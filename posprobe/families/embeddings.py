@@ -120,7 +120,7 @@ class EmbeddingReader:
             return self.word_mean * math.sqrt(self.shape.hidden)  # the model scales words, not positions
         if scale == "token_dropout" and T.config_flag(cfg, scale):  # ESM: no mask token in the sequence
             return self.word_mean * (1 - 0.15 * 0.8) / 1.0
-        if scale in ("embedding_multiplier", "scale_emb"):
+        if scale in ("embedding_multiplier", "scale_emb", "embedding_scale"):
             value = cfg.get(scale) if cfg.get(scale) is not None else config_default(cfg, (scale,))
             return self.word_mean * float(1.0 if value is None else value)
         return self.word_mean
@@ -243,6 +243,9 @@ class EmbeddingReader:
             x = self.norm(x, self.family.embedding_norm)
         if projection is not None and not self.family.projection_first:
             x = x @ projection[0].T + projection[1]
+        if "input_affine" in self.family.tensors:  # ZAYA: (x + b) * s before the layers ('(bias|scale)' names)
+            bias, scale = self.family.tensors["input_affine"].strip("()").split("|")
+            x = (x + self.tensor(bias)) * self.tensor(scale)
         return x
 
     @cached_property

@@ -36,24 +36,38 @@ def latent_sizes(config: dict) -> tuple[int, int, int]:
     return int(config["qk_rope_head_dim"]), int(config["qk_nope_head_dim"]), int(config["kv_lora_rank"])
 
 
+def _prefix(ctx) -> str:
+    """Where the layer's MLA block lives (`Family.tensors['latent_prefix']`; LongCat-Flash: one per sublayer)."""
+    return ctx.family.tensors.get("latent_prefix") or _attention(ctx)
+
+
 def _linear(ctx, name: str, layer: int, x: np.ndarray) -> np.ndarray:
-    w, b = ctx.linear(_attention(ctx) + name, layer)
+    w, b = ctx.linear(_prefix(ctx) + name, layer)
     return x @ w.T + b
 
 
 def _rms(ctx, name: str, layer: int, x: np.ndarray) -> np.ndarray:
     """The MLA block's own RMSNorms (q_a_layernorm, kv_a_layernorm; epsilon 1e-6 as their modules fix it)."""
-    return apply_norm(x, "rmsnorm", ctx.tensor(_attention(ctx) + name + ".weight", layer), None, 1e-6)
+    return apply_norm(x, "rmsnorm", ctx.tensor(_prefix(ctx) + name + ".weight", layer), None, 1e-6)
+
+
+def lora_scales(ctx) -> tuple[float, float]:
+    """(query factor, position-free key factor): LongCat-Flash multiplies q by sqrt(d / q_lora_rank) and k_pass by
+    sqrt(d / kv_lora_rank) (`Family.tensors['latent_lora_scale']`); 1 and 1 elsewhere."""
+    if "latent_lora_scale" not in ctx.family.tensors:
+        return 1.0, 1.0
+    d = ctx.shape.hidden
+    return (d / int(ctx.config["q_lora_rank"])) ** 0.5, (d / int(ctx.config["kv_lora_rank"])) ** 0.5
 
 
 def latent_query_key(ctx, x: np.ndarray, layer: int) -> tuple[np.ndarray, np.ndarray]:
     """Queries and keys of layer-input rows x (m, d) as (H, m, r + p) each, rotary part first (see the module)."""
     r, p, rank = latent_sizes(ctx.config)
     heads = ctx.shape.heads
-    if ctx.key(_attention(ctx) + "q_a_proj.weight", layer) is not None:  # query LoRA (DeepSeek V2 / V3 releases)
+    if ctx.key(_prefix(ctx) + "q_a_proj.weight", layer) is not None:  # query LoRA (DeepSeek V2 / V3 releases)
         latent_q = _linear(ctx, "q_a_proj", layer, x)
         normed = _rms(ctx, "q_a_layernorm", layer, latent_q)
-        w, b = ctx.linear(_attention(ctx) + "(q_b_proj|q_gate_proj)", layer)
+        w, b = ctx.linear(_prefix(ctx) + "(q_b_proj|q_gate_proj)", layer)
         if w.shape[1] == 2 * normed.shape[-1]:  # AXK2: [normed latent; latent] -> each head's [q_h; output gate_h]
             both = np.concatenate([normed, latent_q], -1) @ w.T + b
             q = both.reshape(x.shape[0], heads, -1)[..., : p + r].reshape(x.shape[0], -1)  # the gate rows dropped
@@ -67,6 +81,8 @@ def latent_query_key(ctx, x: np.ndarray, layer: int) -> tuple[np.ndarray, np.nda
     kv = _linear(ctx, "kv_b_proj", layer, _rms(ctx, "kv_a_layernorm", layer, latent))  # (m, H (p + v))
     k_pass = kv.reshape(x.shape[0], heads, -1)[..., :p].transpose(1, 0, 2)  # (H, m, p)
     k_rot = np.broadcast_to(k_rot[None], (heads, *k_rot.shape))
+    q_scale, k_scale = lora_scales(ctx)
+    q, k_pass = q * q_scale, k_pass * k_scale
     return np.concatenate([q[..., p:], q[..., :p]], -1), np.concatenate([k_rot, k_pass], -1)
 
 

@@ -148,6 +148,8 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=None) -> np.ndarray:
     """F_hat (H, n, n): row i = query position, column j = key position (k = j - i); `inputs`: data-conditioned
     layer inputs (`LayerInputs`) or None."""
+    if ctx.qkv == T.CCA and inputs is None:  # q and k mixed along the sequence (ZAYA): one per position
+        inputs = ctx.layer_inputs({layer: np.repeat(ctx.embedding_rows(), n, axis=0)})
     q, k = ctx.query_key(layer, stack, inputs)  # (H, d_h), (H_kv, d_h); or (H, n, d_h), (H_kv, n, d_h) per position
     kind = ctx.layer_kinds(n, stack)[layer]
     if kind.nope:  # a NoPE layer: no rotation, F̂(i, j) = q_i . k_j * scaling (one value for a constant input)
@@ -252,8 +254,11 @@ def toeplitz_by_construction(ctx, stack: str = "encoder", conditioned: bool = Fa
     j - i alone (a soft cap applied after keeps that), so R^2 = 1 whatever the weights; a NoPE layer's scores are
     one constant, trivially Toeplitz — unless its queries are scaled by their position (Llama 4's temperature
     tuning), which makes them depend on i as well, or weighted norms act on the rotated q and k (Hunyuan: their
-    weights need not be the same within a rotated pair), or the rotated query is rescaled per channel (Dory)."""
+    weights need not be the same within a rotated pair), or the rotated query is rescaled per channel (Dory), or q
+    and k come from convolutions along the sequence (ZAYA)."""
     if ctx.family.qk_norm_after_rotary and ctx.switched_on("qk_norm"):
+        return False
+    if ctx.qkv == T.CCA:  # convolutions along the sequence: the first positions' q and k differ (ZAYA)
         return False
     if "query_channel_scale" in ctx.family.tensors:  # Dory: a rotated pair's two channels scaled apart
         return False

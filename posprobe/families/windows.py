@@ -171,6 +171,10 @@ def _attention_kinds(ctx, n: int, stack: str) -> list[LayerKind]:
             )
 
         return [kind(t) for t in types]
+    if rule == "per_layer_config":  # NeoMME: each layer's own window, |j - i| <= w; None: global
+        widths = [getattr(c, "sliding_window", None) for c in cfg.per_layer_config[:count]]
+        return [LayerKind("local", int(w), t, ropes.get(t)) if w else LayerKind(layer_type=t, rope=ropes.get(t))
+                for w, t in zip(widths, types, strict=True)]  # fmt: skip
     if rule == "attention_layers":  # GPT-Neo: local layers see keys i - window_size < j <= i
         return [LayerKind("local", cfg.window_size - 1) if kind == "local" else LayerKind()
                 for kind in cfg.attention_layers[:count]]  # fmt: skip

@@ -27,6 +27,7 @@ from posprobe.architectures.table import KIND_NAMES, TABLE_KINDS
 from posprobe.capture.textrun import DEFAULT_BATCH_SIZE, TextRun, check_run_settings, text_run
 from posprobe.checkpoint.in_memory import is_model_object
 from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.families.context import require_hidden_layer_inputs
 from posprobe.families.kv_sharing import key_source
 from posprobe.pipelines.score_reader import MIN_POSITIONS, ScoreReader
 from posprobe.validation import as_choice, as_int
@@ -119,6 +120,7 @@ def condition_reader(
             "decoders only, so its scores cannot be conditioned on text",
             "drop --text (texts=) for its content-free scores (SPEC §9)",
         )
+    require_hidden_layer_inputs(ctx)
     # a layer that reuses an earlier layer's keys (Gemma 4) needs that layer's input too (families.kv_sharing)
     needed = list(dict.fromkeys([*layers, *(key_source(ctx, layer) for layer in layers)]))
     means, summary, max_length = hidden_means(model, needed, settings, allow_pickle)

@@ -22,6 +22,7 @@ from posprobe.analysis.rotary_bands import unrotated_norm as unrotated
 from posprobe.architectures import table as T
 from posprobe.checkpoint import ModelSource
 from posprobe.errors import PosprobeError
+from posprobe.families.context import require_hidden_layer_inputs
 from posprobe.families.rope_variants import parse_variants
 from posprobe.pipelines.data_conditioned import capture_target, run_on_texts, text_settings
 from posprobe.pipelines.rotary_result import RotaryBandsResult
@@ -122,6 +123,7 @@ def rotary(
             parts.append((band_norms(q, pairs), band_norms(k, pairs), unrotated(q, pairs), unrotated(k, pairs)))
         q_norm, k_norm, q_rest, k_rest = (np.stack(part) for part in zip(*parts))
     else:
+        require_hidden_layer_inputs(ctx)
         sources = {layer: key_source(ctx, layer) for layer in layers}  # Gemma 4: layers reusing earlier keys
         make = lambda length, device: [BandNormAccumulator(layers, ctx.query_key_of, pairs, sources)]  # noqa: E731
         (accumulator,), summary, length = run_on_texts(capture_target(model, source), make, settings, allow_pickle)
