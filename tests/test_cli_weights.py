@@ -149,8 +149,9 @@ def test_out_that_is_a_file(tiny_checkpoints, tmp_path, capsys):
 
 
 def test_unsupported_architecture_message(tmp_path, capsys):
-    # T5 and LongT5 are analysed since issues 9 and 22; XLNet (sinusoidal relative positions) is known but not read
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "xlnet"}))
+    # T5 and LongT5 are analysed since issues 9 and 22, XLNet as released since issue 34; its causal pretraining
+    # setting (attn_type 'uni') is known but not read, and said so before any tensor is read
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "xlnet", "attn_type": "uni"}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     code, captured = run_main(["fhat", str(tmp_path), "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and "sinusoidal relative positions" in captured.err
