@@ -79,7 +79,9 @@ NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention i
 # and DeBERTa-v2 in the tests below; every other family, the AttentionInterface ones included (also covered by
 # tests/test_capture.py), runs in the slow tier
 QUICK = {"t5", "bloom"}
-STREAMS = {"gemma3n_text"}  # a stack of AltUp streams per layer as its hidden states (no one hidden state)
+# several streams per layer as their hidden states (Gemma 3n's AltUp stack, HY-V4's hyper-connections): no one
+# hidden state per layer: a capture that asks for them is refused in one line (test_capture_equals_each_text_run_alone)
+STREAMS = {"gemma3n_text", "hy_v4"}
 RETURNS_SCORES = {"squeezebert", "prophetnet"}  # their `output_attentions` are the pre-softmax scores
 # models whose input is not one token sequence (MusicGen: one token of each codebook at every position): no capture
 NOT_TEXT = {"musicgen_decoder", "musicgen_melody_decoder"}
