@@ -35,8 +35,6 @@ NOT_YET = {
     "hrm_text": "hierarchical recurrent stacks (H and L cycles reuse the same layers): no one layer order",
     "zaya": "compressed convolutional attention: q/k come from convolutions over the sequence",
     "neomme": "M-RoPE over several position axes, value embeddings added after rotation, exclusive self-attention",
-    "minimax_m3_vl_text": "sparse layers' indexer picks key blocks (max-pooled, plus local blocks) for each key-value "
-    "head group: one mask per head group, and posprobe's layer kinds hold one per layer",
     "longcat_flash": "two latent attentions per layer (self_attn[0], self_attn[1]): posprobe reads one per layer",
     "blt": "byte latent transformer: local byte encoder/decoder cross-attending to a global patch transformer",
     "xlnet": "two-stream attention with sinusoidal relative positions",
