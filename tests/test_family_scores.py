@@ -156,3 +156,28 @@ def test_per_position_inputs_equal_the_model(name):
         x = ctx.layer_input(rows, 0)
         router = ctx.tensor(ctx.family.tensors["router"] + ".weight", 0)
         assert len({tuple(e) for e in routed_experts(x @ router.T, 2)}) > 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [23, 30])
+def test_block_indexer_selection_per_group_at_other_lengths(n, tmp_path, monkeypatch):
+    """MiniMax M3's block indexer (families.block_indexed): each key-head group's selection equals the module's own
+    block mask at lengths that leave a short last block, with indexer heads smaller than the rotary part (the module
+    cuts its angles to the indexer's head size, pairing dims of different frequencies)."""
+    from family_models import build
+
+    model_type, config = CASES["minimax_m3_vl_text"]
+    cut = {**config, "index_head_dim": 2, "rope_parameters": dict(rope_type="default", rope_theta=100.0)}
+    monkeypatch.setitem(CASES, "minimax_m3_vl_text-cut", (model_type, cut))
+    model = build("minimax_m3_vl_text-cut")
+    model.save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    ref = reference_scores(model, n)
+    k = np.arange(n)[None, :] - np.arange(n)[:, None]
+    kinds = ctx.layer_kinds(n)
+    for layer in (1, 2):
+        ours = kinds[layer].allowed(n) & (k <= 0)
+        assert ours.shape == (4, n, n) and not (ours[0] == ours[2]).all()  # the two groups pick differently
+        np.testing.assert_array_equal(ref.allowed[layer], ours)
+        assert ours.sum() < 4 * n * (n + 1) // 2  # sparse: some causal pairs dropped
