@@ -712,6 +712,17 @@ CASES = {
     "hrm_text": ("hrm_text", dict(num_hidden_layers=2, H_cycles=2, L_cycles=2, L_bp_cycles=[1], head_dim=8,
                                   embedding_scale=3.0, max_position_embeddings=64, attention_bias=True,
                                   rope_parameters=dict(rope_type="default", rope_theta=100.0))),
+    # issue 34 (groups): a block indexer per key-head group, 3 of 6 blocks of 3 keys kept (1 local; the last block
+    # short) at the 16 positions of the parity test; the indexer rotates the first 4 of its 8 dims (partial rotary)
+    "minimax_m3_vl_text": ("minimax_m3_vl_text", dict(num_hidden_layers=3, num_key_value_heads=2, head_dim=8,
+                                                      rope_parameters=dict(rope_type="default", rope_theta=100.0,
+                                                                           partial_rotary_factor=0.5),
+                                                      index_n_heads=2, index_head_dim=8, index_block_size=3,
+                                                      index_topk_blocks=3, index_local_blocks=1,
+                                                      layer_types=["full_attention", "minimax_m3_sparse",
+                                                                   "minimax_m3_sparse"],
+                                                      mlp_layer_types=["dense"] * 3, dense_intermediate_size=48,
+                                                      bos_token_id=1, eos_token_id=2)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -754,6 +765,7 @@ ISSUE_34_CASES |= {"zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hyb
                    "inkling_text"}  # fmt: skip
 _EAGER_EXPERTS += ("lara_mini",)  # issue 34 (hybrid2)
 ISSUE_34_CASES |= {"gemma3n_text", "gemma4_text", "gemma4_unified_text"}  # issue 34 (gemma4)
+ISSUE_34_CASES |= {"minimax_m3_vl_text"}  # issue 34 (groups)
 ISSUE_34_CASES |= {"gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "modernvbert", "ultravbert",
                    "moss_transcribe_diarize", "emu3", "phi4_multimodal", "mllama", "gemma4",
                    "gemma4_unified"}  # issue 34 (mm)  # fmt: skip
@@ -833,7 +845,8 @@ def _layers(model) -> torch.nn.ModuleList | list:
 
 @dataclass(frozen=True)
 class Reference:
-    """The model's scores (L, H, n, n) and the pairs its softmax sees (L, n, n): where `exact`, pre-softmax scores
+    """The model's scores (L, H, n, n) and the pairs its softmax sees (L, n, n; (L, H, n, n) where a layer's mask
+    differs per head): where `exact`, pre-softmax scores
     (before masks); else softmax inputs, equal to the scores up to what the model adds per query row."""
 
     scores: np.ndarray
@@ -864,11 +877,15 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
         mask = (torch.zeros_like(scores[0, 0]) if mask is None else mask[0, 0]).masked_fill(
             ~picked, torch.finfo(scores.dtype).min
         )[None, None]
+    if kwargs.get("block_indices") is not None:  # a block indexer per key-head group: the module's own mask
+        mask = module.indexer.build_block_mask(kwargs["block_indices"], attention_mask, key.shape[-2], scores.dtype,
+                                               scores.device, None)  # (B, H, n, n)  # fmt: skip
     recorded = scores  # plus what the mask adds to the pairs it lets through: 0, or Doge's dynamic-mask bias
     if mask is not None:
         recorded = scores + torch.where(mask > torch.finfo(mask.dtype).min / 2, mask, 0.0)
     if not _CALLERS or _CALLERS[-1] is not module:
-        _RECORDED.append((recorded[0].detach().double().numpy(), None if mask is None else mask[0, 0].double().numpy()))
+        kept = None if mask is None else mask[0, 0] if mask.shape[1] == 1 else mask[0]  # (n, n), or (H, n, n)
+        _RECORDED.append((recorded[0].detach().double().numpy(), None if kept is None else kept.double().numpy()))
     _CALLERS.append(module)
     if mask is not None:
         scores = scores + mask
@@ -1018,6 +1035,8 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
                 model(input_ids=ids, use_cache=False)
                 scores = np.stack([s for s, _ in _RECORDED])
                 masks = [np.zeros((n, n)) if m is None else m for _, m in _RECORDED]
+                if any(m.ndim == 3 for m in masks):  # a mask per head somewhere (a block indexer per group)
+                    masks = [np.broadcast_to(m, scores.shape[1:]) for m in masks]
                 allowed = np.stack([m > -1e30 for m in masks])
             else:
                 with _SoftmaxInputs(n) if implementation == "eager" else _SdpaInputs() as capture:

@@ -73,6 +73,7 @@ REFUSED = {
     "mllama": r"skips its layers \[1\] on text",  # hidden states: none enters its skipped cross-attention layer
     "funnel": "did not return one attention matrix per layer",  # pooled blocks, an upsampling decoder
     "funnel-factorized": "did not return one attention matrix per layer",
+    "minimax_m3_vl_text": "masks keys per key-head group",  # a block indexer per group: one mask per group
 }
 NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention is checked with the hybrids
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet

@@ -32,8 +32,6 @@ NOT_YET = {
     # attention that needs new score code
     "laguna": "a query-head count per layer (num_attention_heads_per_layer): posprobe's results and the capture's "
     "per-layer arrays hold one head axis (L, H, ...) for every layer; needs per-layer head counts",
-    "minimax_m3_vl_text": "sparse layers' indexer picks key blocks (max-pooled, plus local blocks) for each key-value "
-    "head group: one mask per head group, and posprobe's layer kinds hold one per layer",
     "blt": "byte latent transformer: byte-level local encoder/decoder layers (self-attention plus cross-attention "
     "to patches) around a global transformer over patches whose bounds an entropy model picks: no one layer order",
     "reformer": "LSH layers bucket queries and keys by content (no fixed pairs to score); local layers attend "
@@ -41,10 +39,18 @@ NOT_YET = {
     # sparse / compressed attention
     "dots3_note_text": "indexed MLA layers beside sliding-window MLA layers with their own head count and latent "
     "sizes (per_layer_config): posprobe's shapes take one per model",
-    "qwen4_exp_text": "indexer picks blocks of pooled keys over M-RoPE positions; per-layer token embeddings (PLE, "
-    "n-gram hashed) and gated residual streams change layer inputs; linear-attention layers between",
-    "deepseek_v4": "compressed attention: keys pooled over blocks of tokens (compress_rates; an indexer picks the "
-    "top-k pooled keys), beside a sliding window of raw keys: keys are not positions, no position-by-position score",
+    "qwen4_exp_text": "its PLE layers (config.ple_layer_ids) add to every residual stream, before attention, hashed "
+    "n-gram embeddings of the token ids (no row for an average word) passed through a dilated causal convolution over "
+    "the sequence (its zero padding sets the first positions apart): no content-free layer input; it also needs new "
+    "code for its gated stream mix (grouped RMSNorm, low-rank sigmoid weights, mean over streams) and its indexer "
+    "(top-k blocks of mean-pooled keys rotated at each block's start, plus the query's partial block); its M-RoPE is "
+    "plain RoPE on text; linear-attention layers between",
+    "deepseek_v4": "every layer attends a sliding window of raw keys (position by position, learned sinks), but "
+    "through a layout posprobe lacks: a query LoRA with an unweighted per-head norm, one shared key-value head, "
+    "interleaved RoPE on each head's trailing dims, a rope per layer type ('main' for sliding layers, 'compress' for "
+    "the others); its compressed layers (compress_rates) add entries pooled over blocks of tokens to the same softmax "
+    "(CSA: the top-k an indexer picks): not positions (no positional score), and the key axis grows past the queries "
+    "while the capture and the parity harness take (queries x queries)",
     # hybrids the table cannot describe yet
     "inkling2_text": "Inkling's relative logits with L2-clipped q/k, input-conditioned (dynamic) key convolutions "
     "in full layers, q/k/v inputs drawn by attention over earlier blocks' states, input-dependent sinks: new code",

@@ -55,8 +55,9 @@ def test_content_free_scores_equal_the_model(name, tmp_path):
     kinds = [ctx.layer_kinds(N)[layer] for layer in attention]
     for layer, kind in enumerate(kinds):
         expected = np.vectorize(kind.allows)(k) & kind.allowed(N) & ((k <= 0) if ctx.causal() else True)
+        expected = np.broadcast_to(expected, ref.allowed[layer].shape)  # a mask per head (a block indexer)
         np.testing.assert_array_equal(ref.allowed[layer], expected, err_msg=f"{name} layer {layer}: {kind}")
-    allowed = ref.allowed[:, None]
+    allowed = ref.allowed if ref.allowed.ndim == 4 else ref.allowed[:, None]
     tolerance = 1e-4 if name in FLOAT32 else 1e-5
     if c.compare == "exact":
         diff = np.where(allowed, ours - ref.scores, 0.0)
@@ -217,3 +218,28 @@ def test_settings_of_the_odd_designs_posprobe_does_not_read_are_refused_in_one_l
     with pytest.raises(PosprobeError) as err:
         posprobe.fhat(str(tmp_path), layer=0, positions=8)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [23, 30])
+def test_block_indexer_selection_per_group_at_other_lengths(n, tmp_path, monkeypatch):
+    """MiniMax M3's block indexer (families.block_indexed): each key-head group's selection equals the module's own
+    block mask at lengths that leave a short last block, with indexer heads smaller than the rotary part (the module
+    cuts its angles to the indexer's head size, pairing dims of different frequencies)."""
+    from family_models import build
+
+    model_type, config = CASES["minimax_m3_vl_text"]
+    cut = {**config, "index_head_dim": 2, "rope_parameters": dict(rope_type="default", rope_theta=100.0)}
+    monkeypatch.setitem(CASES, "minimax_m3_vl_text-cut", (model_type, cut))
+    model = build("minimax_m3_vl_text-cut")
+    model.save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    ref = reference_scores(model, n)
+    k = np.arange(n)[None, :] - np.arange(n)[:, None]
+    kinds = ctx.layer_kinds(n)
+    for layer in (1, 2):
+        ours = kinds[layer].allowed(n) & (k <= 0)
+        assert ours.shape == (4, n, n) and not (ours[0] == ours[2]).all()  # the two groups pick differently
+        np.testing.assert_array_equal(ref.allowed[layer], ours)
+        assert ours.sum() < 4 * n * (n + 1) // 2  # sparse: some causal pairs dropped

@@ -1737,6 +1737,20 @@ FAMILIES: tuple[Family, ...] = (
             "qkv": LATENT,
         },
     ),
+    # issue 34 (groups): a block indexer per key-head group (families.block_indexed)
+    Family(
+        "minimax_m3_vl_text",
+        ("minimax_m3_vl_text",),
+        rotary_class=_rotary("minimax_m3_vl", "MiniMaxM3VL"),
+        qk_norm=_QK_NORM,
+        indexer="layers.{l}.self_attn.indexer",
+        tensors={"indexed_layer_type": "minimax_m3_sparse"},  # config.layer_types entry of its sparse layers
+        capture=REFUSED,
+        capture_note="its sparse layers mask keys per key-head group; the capture keeps one mask per layer",
+        description="rotary embeddings (RoPE); in sparse layers each query head attends the key blocks its key-head "
+        "group's indexer head picks (top-k max-pooled blocks plus local blocks)",
+        **{**_LLAMA, "norm": RMSNORM_PLUS1},  # Gemma-style norms, the indexer's too
+    ),
     Family("glm", ("glm",), rotary_class=_rotary("glm", "Glm"), rotary_layout=HALF_INTERLEAVED, **_LLAMA),
     # -- rotary with NoPE layers, learned sinks (issue 34: the newest position designs)
     Family(

@@ -112,10 +112,12 @@ def recording_attention(
     softmax also runs over one sink logit per head and A keeps the real keys' columns: each row sums to one minus
     the sink's share. With top-k key indices (`indices` (B, m, k), DeepSeek Sparse Attention's indexer, passed to
     attention functions other than eager / sdpa instead of being folded into the mask) every other key is masked
-    as the eager path masks it (the dtype's minimum). Returns ((B, m, H, d_h), A).
+    as the eager path masks it (the dtype's minimum); key blocks picked per key-head group (`block_indices`,
+    MiniMax M3) are refused (`refuse_group_selection`). Returns ((B, m, H, d_h), A).
     """
     import torch
 
+    refuse_group_selection(module, kwargs)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     groups = query.shape[1] // key.shape[1]
@@ -146,6 +148,17 @@ def recording_attention(
     if _ACTIVE:
         _ACTIVE[-1].record(scores, probs, attention_mask, selected)
     return out, probs
+
+
+def refuse_group_selection(module, kwargs) -> None:
+    """PosprobeError where an indexer picks keys per key-head group (`block_indices` (B, H_I, m, k), MiniMax M3's
+    sparse layers): the capture and its reducers keep one mask per layer, the same for every head."""
+    if kwargs.get("block_indices") is not None:
+        raise PosprobeError(
+            f"'{getattr(module.config, 'model_type', 'unknown')}' masks keys per key-head group in its sparse layers "
+            "(an indexer picks key blocks for each group): posprobe attention keeps one mask per layer",
+            "read its content-free scores (posprobe fhat / profiles), whose layer kinds hold each group's selection",
+        )
 
 
 def _selected(indices, keys: int):
@@ -346,6 +359,7 @@ def block_attention(
     (B, H, b, m); an indexer's top-k `indices` mask the block's other keys. Returns ((B, m, H, d_h), None)."""
     import torch
 
+    refuse_group_selection(module, kwargs)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     groups = query.shape[1] // key.shape[1]

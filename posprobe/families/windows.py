@@ -35,7 +35,8 @@ class LayerKind:
     attention, no positional score); `window` the largest |j - i| attended (None: no limit); `layer_type` the
     config's name for it (config.layer_types) where it has one; `rope` the layer's rotary setting in words where
     layer types differ in it; `note` what else to know; `selected` an indexed layer's selection on the content-free
-    input (SPEC §9) for the n its kinds were made for, (n, n) bool with each row bit-packed (`np.packbits`)."""
+    input (SPEC §9) for the n its kinds were made for, (n, n) bool with each row bit-packed (`np.packbits`), or
+    (G, n, n) so packed, one per key-head group (MiniMax M3), each read by `group` consecutive query heads."""
 
     attention: str = "full"
     window: int | None = None
@@ -45,6 +46,7 @@ class LayerKind:
     nope: bool = False  # no positional mechanism in this layer (NoPE): F̂ is the same for every pair
     chunk: int | None = None  # chunked attention (Llama 4): keys in the query's own chunk of this many positions
     selected: np.ndarray | None = field(default=None, compare=False, repr=False)  # an indexed layer's picks
+    group: int = 1  # query heads per selection where `selected` holds one per key-head group
 
     def describe(self) -> str:
         """In words, for JSON and figure titles: 'global', 'local |k| <= 511, rope theta 10000', 'global, NoPE', ..."""
@@ -65,12 +67,14 @@ class LayerKind:
 
     def allowed(self, n: int) -> np.ndarray:
         """(n, n) bool: the pairs (query i, key j) the layer's window and chunks let attend (causality is the
-        model's): |j - i| <= window, and for a chunked layer (Llama 4) i and j in the same chunk of `chunk`."""
+        model's): |j - i| <= window, and for a chunked layer (Llama 4) i and j in the same chunk of `chunk`;
+        (H, n, n), one per query head, where an indexer picks per key-head group."""
         if self.selected is not None:  # an indexed layer: the keys its indexer picked, any offset (rows bit-packed)
-            made_for = len(self.selected)
+            made_for = self.selected.shape[-2]
             if n > made_for:
                 raise ValueError(f"this layer's indexer selection was made for {made_for} positions, not {n}")
-            return np.unpackbits(self.selected[:n], axis=1, count=made_for)[:, :n].astype(bool)
+            picked = np.unpackbits(self.selected[..., :n, :], axis=-1, count=made_for)[..., :n].astype(bool)
+            return np.repeat(picked, self.group, axis=0) if picked.ndim == 3 else picked
         i, j = np.arange(n)[:, None], np.arange(n)[None, :]
         seen = np.abs(j - i) <= (n if self.window is None else self.window)
         return seen & (i // self.chunk == j // self.chunk) if self.chunk else seen
