@@ -191,7 +191,7 @@ class Family:
     attn_config.clip_qkv), `norm` (the kind of every norm above), `shared_layers` (ALBERT: one stored layer at
     every depth), `sublayers` (LongCat-Flash: two attention sublayers per stored layer, each a layer here), `cycles`
     (HRM: stacks run in cycles, '{m}' names the stack a depth runs). A name
-    may hold one group of alternatives, 'a.(b|c).d': the first the checkpoint holds.
+    may hold groups of alternatives, 'a.(b|c).(d|e)': the first combination the checkpoint holds.
     `switches`: field -> config key; the field (one of `SWITCHABLE`) applies only when the key is true (XMOD's
     pre_norm, OPT's do_layer_norm_before, ESM's emb_layer_norm_before, DeBERTa's position_biased_input).
     `reserved_rows`: the position table starts with pad_token_id + 1 reserved rows (True: RoBERTa family), or

@@ -31,10 +31,11 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
     mechanism), a model without softmax attention, and a hybrid (softmax attention in some layers only) unless
     `hybrid` (the capture and `posprobe attention` record its attention layers, `attention_layers`; callers that
     read every layer's attention keep the refusal); an encoder-decoder unless `encoder_decoder` (then its encoder
-    stack runs, `stack_to_run`: the capture and `posprobe attention` pass it; callers that measure one stack of a
-    model with one keep the refusal). Families whose attention goes through transformers' AttentionInterface are
-    recorded there (`capture.recording`), the others on their eager path (`capture.eager`); whether a family's
-    attention really is reproduced is checked on the first batch, and input lengths by `check_length`."""
+    stack runs, or its decoder where the encoder reads no text, `Family.text_stack`, `stack_to_run`: the capture
+    and `posprobe attention` pass it; callers that measure one stack of a model with one keep the refusal).
+    Families whose attention goes through transformers' AttentionInterface are recorded there
+    (`capture.recording`), the others on their eager path (`capture.eager`); whether a family's attention really
+    is reproduced is checked on the first batch, and input lengths by `check_length`."""
     from posprobe.retrofitting.install import is_retrofitted
 
     kind = getattr(model.config, "model_type", "unknown")

@@ -155,7 +155,8 @@ def capture_batches(
 ) -> CaptureSummary:
     """Run `model` once per batch (inference mode, eval mode) and hand each `BatchCapture` to every reducer.
 
-    Encoder-decoders run their encoder stack (`stack_to_run`). Batches must be on the model's device. `verify`:
+    Encoder-decoders run their encoder stack, or their decoder where the family's encoder reads no text
+    (`Family.text_stack`: Whisper; `stack_to_run`). Batches must be on the model's device. `verify`:
     the first batch's recorded attention is checked against the model's own (only when scores or probabilities
     are recorded): through AttentionInterface, the batch is run again with eager attention and the outputs must
     agree; on the eager path, the recorded softmax inputs must give the returned attentions and the masks must be
@@ -436,7 +437,7 @@ def _batch_capture(
 def _check_hidden(model, hidden: tuple, length: int) -> None:
     """Every hidden state must hold one row per input position: a model that pools the sequence between layers
     (Funnel's blocks) has no state per position at every depth, and is refused; so is one that returns several
-    streams per layer (Gemma 3n's AltUp stack)."""
+    streams per layer (Gemma 3n's AltUp stack, HY-V4's hyper-connection streams)."""
     if any(h.ndim != 3 for h in hidden):  # Gemma 3n: a stack of AltUp streams per layer
         raise PosprobeError(
             f"the model returns hidden states of shape {tuple(next(h for h in hidden if h.ndim != 3).shape)}, not "
