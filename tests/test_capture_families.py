@@ -71,6 +71,7 @@ REFUSED = {
     "deberta-talking-heads": "does not give its returned attention",  # heads mixed after the softmax
     "diffllama": "more attention calls .* than it has layers",  # two softmax calls per layer (differential)
     "mllama": r"skips its layers \[1\] on text",  # hidden states: none enters its skipped cross-attention layer
+    "laguna": "a query-head count per layer",  # issue 34 (heads): one head axis in the capture's per-layer arrays
 }
 NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention is checked with the hybrids
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet

@@ -30,8 +30,6 @@ NOT_YET = {
     "llama4": "multimodal (llama4_text, read): transformers' Llama4ForConditionalGeneration.forward fails on text "
     "(it reads image_outputs from its language model's output), so no wrapper module checks a reading",
     # attention that needs new score code
-    "laguna": "a query-head count per layer (num_attention_heads_per_layer): posprobe's results and the capture's "
-    "per-layer arrays hold one head axis (L, H, ...) for every layer; needs per-layer head counts",
     "hrm_text": "hierarchical recurrent stacks (H and L cycles reuse the same layers): no one layer order",
     "zaya": "compressed convolutional attention: q/k come from convolutions over the sequence",
     "neomme": "M-RoPE over several position axes, value embeddings added after rotation, exclusive self-attention",
