@@ -209,6 +209,11 @@ def test_a_query_head_count_per_layer_through_every_command(tmp_path, capsys):
 
     a, _, _, metadata = load_tisa_kernels(fit["kernels_file"])
     assert np.isnan(a[[0, 2], 2:]).all() and np.isfinite(a[[1, 3]]).all() and np.isfinite(a[[0, 2], :2]).all()
+    from posprobe.errors import PosprobeError
+    from posprobe.mechanisms.catalogue import check_settings
+
+    with pytest.raises(PosprobeError, match="a query-head count per layer"):  # no kernels to install there
+        check_settings("tisa", init=f"fit:{fit['kernels_file']}")
     for layers, heads in (("0,2", 2), ("1,3", 4)):  # one layer type: one head count, one rotated width
         for extra in ([], ["--text", str(texts), "--max-length", "12"]):
             bands = run_json(["rotary", str(folder), "--layers", layers, *extra, "--out", str(tmp_path / "r"),
