@@ -41,8 +41,10 @@ NOT_YET = {
     "funnel": "pools the sequence between blocks; relative attention with its own sinusoidal encodings",
     "reformer": "LSH / chunked local attention over axial position embeddings",
     # sparse / compressed attention
-    "dots3_note_text": "indexed MLA layers beside sliding-window MLA layers with their own head count and latent "
-    "sizes (per_layer_config): posprobe's shapes take one per model",
+    "dots3_note_text": "MLA with sizes per layer type (per_layer_config: sliding layers' own heads, q/kv latent ranks, "
+    "rotary and position-free head dims, rope setting), latents rescaled by sqrt(d / rank) after their norms, an "
+    "RMS norm of the shared rotary key before its interleaved rotation, and DSA-indexed layers: posprobe's latent "
+    "reader (families.latent) takes one set of MLA sizes per model and has neither the rescale nor the key norm",
     "qwen4_exp_text": "indexer picks blocks of pooled keys over M-RoPE positions; per-layer token embeddings (PLE, "
     "n-gram hashed) and gated residual streams change layer inputs; linear-attention layers between",
     "deepseek_v4": "compressed attention: keys pooled over blocks of tokens (compress_rates; an indexer picks the "
