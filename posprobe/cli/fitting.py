@@ -165,12 +165,11 @@ def _print_fit(result) -> None:
         )
         for name in ("S", "params", "R²", "held-out", "min R²", "flagged", "s"):  # file names below: never folded
             table.add_column(name, justify="right", overflow="fold")
-        n_layers = len(result.layers)
         for f in result.fits:
             flagged = sum(bool(x) and x != NO_SUCH_HEAD for row in f.flags for x in row)
             table.add_row(
                 str(f.n_kernels),
-                f"{3 * f.n_kernels * result.n_heads * n_layers:,}",
+                f"{3 * f.n_kernels * sum(x != NO_SUCH_HEAD for row in f.flags for x in row):,}",
                 format_r2(f.median_r2),
                 format_r2(f.median_holdout_r2, short=True),
                 format_r2(float(np.nanmin(f.r2))),
