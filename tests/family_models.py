@@ -723,6 +723,17 @@ CASES = {
                                                                    "minimax_m3_sparse"],
                                                       mlp_layer_types=["dense"] * 3, dense_intermediate_size=48,
                                                       bos_token_id=1, eos_token_id=2)),
+    # issue 34 (heads)
+    # Laguna: 2 query heads in layers 0 and 2, 4 in layers 1 and 3 (2 key heads); sliding layers with a window of 5
+    # and full base-100 rope, global layers with a partial (half) rope at base 1000
+    "laguna": ("laguna", dict(num_hidden_layers=4, num_attention_heads_per_layer=[2, 4, 2, 4], num_key_value_heads=2,
+                              head_dim=8, max_position_embeddings=64, pad_token_id=0, sliding_window=5,
+                              layer_types=["sliding_attention", "full_attention"] * 2,
+                              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                               "full_attention": {"rope_type": "default", "rope_theta": 1000.0,
+                                                                  "partial_rotary_factor": 0.5}},
+                              num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                              shared_expert_intermediate_size=16)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -764,11 +775,13 @@ ISSUE_34_CASES |= {"deepseek_v32", "glm_moe_dsa", "axk2", "hy_v4"}  # issue 34 (
 ISSUE_34_CASES |= {"zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hybrid", "lara_mini", "lfm3",
                    "inkling_text"}  # fmt: skip
 _EAGER_EXPERTS += ("lara_mini",)  # issue 34 (hybrid2)
+_EAGER_EXPERTS += ("laguna",)  # issue 34 (heads)
 ISSUE_34_CASES |= {"gemma3n_text", "gemma4_text", "gemma4_unified_text"}  # issue 34 (gemma4)
 ISSUE_34_CASES |= {"minimax_m3_vl_text"}  # issue 34 (groups)
 ISSUE_34_CASES |= {"gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "modernvbert", "ultravbert",
                    "moss_transcribe_diarize", "emu3", "phi4_multimodal", "mllama", "gemma4",
                    "gemma4_unified"}  # issue 34 (mm)  # fmt: skip
+ISSUE_34_CASES |= {"laguna"}  # issue 34 (heads)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
@@ -980,6 +993,13 @@ def _from_band(band: np.ndarray) -> np.ndarray:
     return full
 
 
+def _on_one_head_axis(layers: list[np.ndarray]) -> np.ndarray:
+    """Per-layer scores (H_l, n, n) stacked as (L, H, n, n), H the most heads of any layer: a layer's missing heads
+    NaN (Laguna's query-head count per layer, SPEC §9)."""
+    heads = max(s.shape[0] for s in layers)
+    return np.stack([np.concatenate([s, np.full((heads - s.shape[0], *s.shape[1:]), np.nan)]) for s in layers])
+
+
 def reference_scores(model, n: int, word_id: int = 0) -> Reference:
     """The model's scores of every layer on n copies of the average word (token `word_id`), each layer fed the
     embedding-level input."""
@@ -1033,7 +1053,7 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
             if exact:
                 model.set_attn_implementation(RECORD)
                 model(input_ids=ids, use_cache=False)
-                scores = np.stack([s for s, _ in _RECORDED])
+                scores = _on_one_head_axis([s for s, _ in _RECORDED])
                 masks = [np.zeros((n, n)) if m is None else m for _, m in _RECORDED]
                 if any(m.ndim == 3 for m in masks):  # a mask per head somewhere (a block indexer per group)
                     masks = [np.broadcast_to(m, scores.shape[1:]) for m in masks]

@@ -74,6 +74,7 @@ REFUSED = {
     "funnel": "did not return one attention matrix per layer",  # pooled blocks, an upsampling decoder
     "funnel-factorized": "did not return one attention matrix per layer",
     "minimax_m3_vl_text": "masks keys per key-head group",  # a block indexer per group: one mask per group
+    "laguna": "a query-head count per layer",  # issue 34 (heads): one head axis in the capture's per-layer arrays
 }
 NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention is checked with the hybrids
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet

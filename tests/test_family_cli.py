@@ -168,6 +168,63 @@ def test_profiles_of_every_layer_are_finite(name, tmp_path):
                        "--out", str(tmp_path / "out"), "--json"])  # fmt: skip
     scored = np.array(["no positional score" not in kind for kind in record["layer_kinds"]])  # a hybrid's others
     with np.load(record["npz"]) as npz:
-        assert np.isfinite(npz["profiles"][scored]).all() and npz["profiles"].shape[-1] == 31
+        listed = np.zeros(npz["profiles"].shape[:2], dtype=bool)  # the heads the JSON lists: each layer's own
+        listed[[h["layer"] for h in record["heads"]], [h["head"] for h in record["heads"]]] = True
+        assert np.isfinite(npz["profiles"][listed & scored[:, None]]).all() and npz["profiles"].shape[-1] == 31
+        assert np.isnan(npz["profiles"][~listed]).all()  # a head its layer does not have (Laguna): NaN, not listed
         assert np.isnan(npz["profiles"][~scored]).all() and scored.any()
     assert len(record["layer_kinds"]) == len(record["layers"]) == record["n_layers"]
+
+
+def test_a_query_head_count_per_layer_through_every_command(tmp_path, capsys):
+    """Laguna (2 query heads in layers 0 and 2, 4 in layers 1 and 3; SPEC §9): F̂ and profiles hold 4 heads per
+    layer, a layer's missing heads NaN and left out of the JSON, named in the text table and figures; fit-tisa fits
+    each layer's own heads; rotary bands read layers of one head count; states reads every layer; attention on text
+    is refused in one line; a model with one head count is unchanged (every head listed)."""
+    import torch
+    from tiny_tokenizer import word_tokenizer
+
+    folder = tmp_path / "laguna"
+    build("laguna", torch.float32).save_pretrained(folder)  # float32: its grouped experts take no float64 on text
+    word_tokenizer(60).save_pretrained(folder)
+    texts = tmp_path / "texts.txt"
+    rng = np.random.default_rng(3)
+    texts.write_text("".join(" ".join(f"w{x}" for x in rng.integers(0, 60, 8)) + "\n" for _ in range(6)))
+    fhat = run_json(["fhat", str(folder), "--layer", "0", "--positions", "16", "--out", str(tmp_path / "f"), "--json"])
+    assert [h["head"] for h in fhat["heads"]] == [0, 1]
+    matrices = posprobe.fhat(str(folder), layer=0, positions=16).matrices
+    assert matrices.shape == (4, 16, 16) and np.isnan(matrices[2:]).all() and np.isfinite(matrices[:2]).all()
+    record = run_json(["profiles", str(folder), "--layers", "all", "--positions", "12", "--window", "4",
+                       "--out", str(tmp_path / "p"), "--json"])  # fmt: skip
+    own = [(layer, h) for layer, heads in enumerate([2, 4, 2, 4]) for h in range(heads)]
+    assert [(h["layer"], h["head"]) for h in record["heads"]] == own
+    assert all(np.isfinite(h["profile_window"]).all() for h in record["heads"])
+    capsys.readouterr()
+    main(["profiles", str(folder), "--layers", "all", "--positions", "12", "--out", str(tmp_path / "p2")])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip()[:1] in "0123"]
+    assert rows[0][-2:] == ["—", "—"] and "—" not in rows[1]
+    fit = run_json(["fit-tisa", str(folder), "--kernels", "1", "--window", "6", "--out", str(tmp_path / "t"), "--json"])
+    assert len(fit["heads"]) == 12 and np.isfinite([h["r2"] for h in fit["heads"]]).all()
+    from posprobe.formats.tisa_kernels import load_tisa_kernels
+
+    a, _, _, metadata = load_tisa_kernels(fit["kernels_file"])
+    assert np.isnan(a[[0, 2], 2:]).all() and np.isfinite(a[[1, 3]]).all() and np.isfinite(a[[0, 2], :2]).all()
+    from posprobe.errors import PosprobeError
+    from posprobe.mechanisms.catalogue import check_settings
+
+    with pytest.raises(PosprobeError, match="a query-head count per layer"):  # no kernels to install there
+        check_settings("tisa", init=f"fit:{fit['kernels_file']}")
+    for layers, heads in (("0,2", 2), ("1,3", 4)):  # one layer type: one head count, one rotated width
+        for extra in ([], ["--text", str(texts), "--max-length", "12"]):
+            bands = run_json(["rotary", str(folder), "--layers", layers, *extra, "--out", str(tmp_path / "r"),
+                              "--json"])  # fmt: skip
+            with np.load(bands["npz"]) as npz:
+                assert npz["q_band_norm"].shape[1] == heads and np.isfinite(npz["q_band_norm"]).all()
+    mixed = runner.invoke(app, ["rotary", str(folder), "--layers", "0,1", "--out", str(tmp_path / "r2")])
+    assert "(query heads, head size, key heads) [(2, 8, 2), (4, 8, 2)]" in str(mixed.exception)
+    states = runner.invoke(app, ["states", str(folder), "--text", str(texts), "--max-length", "12", "--min-texts",
+                                 "2", "--out", str(tmp_path / "s")])  # fmt: skip
+    assert states.exit_code == 0, states.output
+    refused = runner.invoke(app, ["attention", str(folder), "--text", str(texts), "--out", str(tmp_path / "a")])
+    assert "has a query-head count per layer" in str(refused.exception)
+    assert not (tmp_path / "a").exists()

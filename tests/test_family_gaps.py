@@ -30,15 +30,15 @@ NOT_YET = {
     "llama4": "multimodal (llama4_text, read): transformers' Llama4ForConditionalGeneration.forward fails on text "
     "(it reads image_outputs from its language model's output), so no wrapper module checks a reading",
     # attention that needs new score code
-    "laguna": "a query-head count per layer (num_attention_heads_per_layer): posprobe's results and the capture's "
-    "per-layer arrays hold one head axis (L, H, ...) for every layer; needs per-layer head counts",
     "blt": "byte latent transformer: byte-level local encoder/decoder layers (self-attention plus cross-attention "
     "to patches) around a global transformer over patches whose bounds an entropy model picks: no one layer order",
     "reformer": "LSH layers bucket queries and keys by content (no fixed pairs to score); local layers attend "
     "within chunks and their neighbour chunks (a logsumexp, no softmax call), over factorised axial position tables",
     # sparse / compressed attention
-    "dots3_note_text": "indexed MLA layers beside sliding-window MLA layers with their own head count and latent "
-    "sizes (per_layer_config): posprobe's shapes take one per model",
+    "dots3_note_text": "MLA with sizes per layer type (per_layer_config: sliding layers' own heads, q/kv latent ranks, "
+    "rotary and position-free head dims, rope setting), latents rescaled by sqrt(d / rank) after their norms, an "
+    "RMS norm of the shared rotary key before its interleaved rotation, and DSA-indexed layers: posprobe's latent "
+    "reader (families.latent) takes one set of MLA sizes per model and has neither the rescale nor the key norm",
     "qwen4_exp_text": "its PLE layers (config.ple_layer_ids) add to every residual stream, before attention, hashed "
     "n-gram embeddings of the token ids (no row for an average word) passed through a dilated causal convolution over "
     "the sequence (its zero padding sets the first positions apart): no content-free layer input; it also needs new "

@@ -80,3 +80,13 @@ def fhat_matrices(
     scores += np.einsum("hid,hd->hi", qp, kw)[:, :, None]  # position-to-word: varies with query i only
     scores *= scale
     return scores
+
+
+def present_heads(values: np.ndarray, trailing: int) -> np.ndarray:
+    """(..., H) bool of per-head arrays `values` (..., H, then `trailing` axes): False for a head with no value at
+    all in a layer where another head has one, a head the layer does not have (SPEC §9: a layer with fewer query
+    heads than the model's most, Laguna); results leave such heads out, as absent, not zero. A layer with no score
+    at all (a hybrid's layer without softmax attention) keeps its heads."""
+    values = np.asarray(values, dtype=np.float64)
+    scored = ~np.isnan(values.reshape(*values.shape[: values.ndim - trailing], -1)).all(-1)
+    return scored | ~scored.any(-1, keepdims=True)

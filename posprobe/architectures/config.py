@@ -277,6 +277,8 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
             f"{config_where(name)} has hidden size {width} not divisible by {heads} heads",
             config_hint(name, "the config is malformed; re-save the checkpoint"),
         )
+    if family.tensors.get("query_heads_per_layer"):  # Laguna: H = the most query heads of any layer (SPEC §9)
+        heads = max(query_heads_per_layer(config, name, family, kv_heads) or [heads])
     if heads % kv_heads:
         raise PosprobeError(
             f"{config_where(name)} has {heads} query heads, not a multiple of {kv_heads} key/value heads",
@@ -316,6 +318,24 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
     if family.qkv == T.ROUTED_QUERY:  # JetMoE: query head h reads key head h mod H_kv, given per query head
         kv_heads = heads
     return Shape(heads, kv_heads, head_dim, hidden, layers, float(eps), positions, vocab)
+
+
+def query_heads_per_layer(config: dict, name: str, family: T.Family, kv_heads: int) -> list[int] | None:
+    """Each layer's query-head count where the config lists one per layer (`Family.tensors['query_heads_per_layer']`,
+    Laguna's num_attention_heads_per_layer), else None; checked: whole numbers >= 1, multiples of the key heads."""
+    key = family.tensors.get("query_heads_per_layer")
+    counts = config.get(key) if key else None
+    if counts is None:
+        return None
+    if not isinstance(counts, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in counts):
+        raise PosprobeError(f"{config_where(name)} has {key} = {counts!r}, expected a list of whole numbers",
+                            config_hint(name))  # fmt: skip
+    if any(h < 1 or h % kv_heads for h in counts):
+        raise PosprobeError(
+            f"{config_where(name)} has {key} = {counts}, not all multiples of {kv_heads} key/value heads",
+            config_hint(name, "the config is malformed; re-save the checkpoint"),
+        )
+    return counts
 
 
 def reserved_rows(config: dict, name: str) -> int:

@@ -203,7 +203,8 @@ class Family:
     'value' / 'dt_proj' / 'dt_scale' the dynamic mask's tensors (Doge), 'unit_qk' / 'query_channel_scale' /
     'mlp_layer_entries' Dory's unit-norm q and k, per-channel query scale and config layout, 'nope_query_scale'
     the family's own function of the positions that scales a NoPE layer's query (Beam); 'more_words' the words
-    the word table holds beyond vocab_size, averaged with the others (Moshi's 1, Mllama's 8)).
+    the word table holds beyond vocab_size, averaged with the others (Moshi's 1, Mllama's 8);
+    'query_heads_per_layer' a config list of each layer's query-head count (Laguna: H is the largest, SPEC §9)).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
@@ -1217,6 +1218,22 @@ FAMILIES: tuple[Family, ...] = (
         nope="global_layers_by_type",
         embed_scale="mup_enabled",
         description="rotary embeddings (RoPE) in sliding-window layers; global layers NoPE",
+        **_LLAMA,
+    ),
+    # issue 34 (heads)
+    Family(
+        "laguna",
+        ("laguna",),
+        rotary_class=_rotary("laguna", "Laguna"),  # per layer type: its own base and partial factor
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        tensors={"query_heads_per_layer": "num_attention_heads_per_layer"},
+        capture=REFUSED,
+        capture_note="its layers have query-head counts of their own (num_attention_heads_per_layer), which the "
+        "capture's per-layer arrays (one head axis) do not hold; its hidden states are read",
+        description="rotary embeddings (RoPE) with a setting per layer type, in sliding-window and global layers; "
+        "a query-head count per layer (F̂'s head axis holds the most heads; a layer's missing heads are NaN); "
+        "a softplus output gate (after the softmax)",
         **_LLAMA,
     ),
     Family(
@@ -2661,6 +2678,7 @@ def rotary_layout(family: Family, config: dict) -> str:
 _PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "lfm3", "mimo_v2_flash", "dory",
                   "cohere_compass_text", "beam", "neomme", "zaya")  # fmt: skip
 _PER_TYPE_ROPE += ("gemma3n_text", "gemma4_text", "gemma4_unified_text")
+_PER_TYPE_ROPE += ("laguna",)  # issue 34 (heads)
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 

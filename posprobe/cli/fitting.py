@@ -153,6 +153,7 @@ def _print_fit(result) -> None:
     from rich.table import Table
 
     from posprobe.cli.console import format_r2
+    from posprobe.pipelines.fitting_results import NO_SUCH_HEAD
 
     w = result.window
     fitted = f"k = j − i in −{w}..0 (causal)" if result.causal else f"k = j − i in ±{w}"
@@ -164,15 +165,14 @@ def _print_fit(result) -> None:
         )
         for name in ("S", "params", "R²", "held-out", "min R²", "flagged", "s"):  # file names below: never folded
             table.add_column(name, justify="right", overflow="fold")
-        n_layers = len(result.layers)
         for f in result.fits:
-            flagged = sum(bool(x) for row in f.flags for x in row)
+            flagged = sum(bool(x) and x != NO_SUCH_HEAD for row in f.flags for x in row)
             table.add_row(
                 str(f.n_kernels),
-                f"{3 * f.n_kernels * result.n_heads * n_layers:,}",
+                f"{3 * f.n_kernels * sum(x != NO_SUCH_HEAD for row in f.flags for x in row):,}",
                 format_r2(f.median_r2),
                 format_r2(f.median_holdout_r2, short=True),
-                format_r2(float(np.min(f.r2))),
+                format_r2(float(np.nanmin(f.r2))),
                 str(flagged),
                 f"{f.seconds:.2f}",
             )
@@ -201,7 +201,8 @@ def _print_fit(result) -> None:
                 table.add_column("held-out", justify="right", no_wrap=True)
             for li, layer in enumerate(result.layers):
                 extra = [_median(held[li])] if with_held else []
-                table.add_row(str(layer), *[format_r2(r, 3) for r in f.r2[li]], *extra)
+                cells = ["—" if n == NO_SUCH_HEAD else format_r2(r, 3) for r, n in zip(f.r2[li], f.flags[li])]
+                table.add_row(str(layer), *cells, *extra)
         else:
             table = Table(title=head + f", S = {f.n_kernels}: R² over heads", title_justify="left")
             for name in ("layer", "min R²", "median R²", "max R²", "worst head", "held-out"):
@@ -210,10 +211,10 @@ def _print_fit(result) -> None:
                 row = f.r2[li]
                 table.add_row(
                     str(layer),
-                    format_r2(row.min(), 3),
-                    format_r2(float(np.median(row)), 3),
-                    format_r2(row.max(), 3),
-                    str(int(np.argmin(row))),
+                    format_r2(np.nanmin(row), 3),  # NaN: a head the layer does not have (SPEC §9)
+                    format_r2(float(np.nanmedian(row)), 3),
+                    format_r2(np.nanmax(row), 3),
+                    str(int(np.nanargmin(row))),
                     _median(held[li]),
                 )
         console.print(table)
@@ -234,8 +235,10 @@ def _print_fit(result) -> None:
         for f in result.fits
         for li, row in enumerate(f.flags)
         for h, note in enumerate(row)
-        if note and not (result.shared_layers and li)
+        if note and note != NO_SUCH_HEAD and not (result.shared_layers and li)
     }
+    if any(note == NO_SUCH_HEAD for f in result.fits for row in f.flags for note in row):
+        console.print("[dim]—: no such head (the layer has fewer query heads than the model's most)[/dim]")
     for s, layer, h, note in sorted(notes)[:12]:
         console.print(f"[yellow]S={s} layer {layer} head {h}: {note}[/yellow]")
     if len(notes) > 12:

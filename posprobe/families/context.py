@@ -32,6 +32,7 @@ from posprobe.architectures.config import (
     config_size,
     config_where,
     mixed_checkpoint,
+    query_heads_per_layer,
     reserved_rows,
 )
 from posprobe.architectures.table import config_default
@@ -373,6 +374,9 @@ class ModelContext(EmbeddingReader):
         the config sets them per layer (`tensors['per_layer_heads']`: transformers' per_layer_config, Gemma 4's
         global layers)."""
         name = self.family.tensors.get("per_layer_heads")
+        if self.family.tensors.get("query_heads_per_layer"):  # Laguna: the layer's own query-head count
+            counts = query_heads_per_layer(self.config, self.source.name, self.family, self.shape.kv_heads)
+            return self.shape if counts is None else replace(self.shape, heads=counts[layer])
         if not name:
             return self.shape
         own = getattr(self.transformers_config, name)[layer]
@@ -793,7 +797,17 @@ def content_free_scores(
         )
     if ctx.family.hybrid and ctx.layer_kinds(n, stack)[layer].attention == "none":
         return np.full((ctx.shape.heads, n, n), np.nan)  # a recurrent / convolution layer: no positional score
-    return importlib.import_module(SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack, inputs)
+    scores = importlib.import_module(SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack, inputs)
+    return absent_heads_as_nan(scores, ctx.shape.heads)
+
+
+def absent_heads_as_nan(scores: np.ndarray, heads: int) -> np.ndarray:
+    """A layer's scores (H_l, ...) on the model's head axis of H >= H_l heads (SPEC §9: a layer with fewer query
+    heads than the model's most, Laguna): heads H_l .. H - 1 are NaN, no such head; unchanged where H_l = H."""
+    if scores.shape[0] == heads:
+        return scores
+    missing = np.full((heads - scores.shape[0], *scores.shape[1:]), np.nan)
+    return np.concatenate([scores, missing])
 
 
 #: How a score matrix's input varies along the sequence: the same vector at every position (the average word

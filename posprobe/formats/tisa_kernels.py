@@ -156,6 +156,12 @@ def load_tisa_kernels(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndar
     return kf.a, kf.b, kf.c, metadata
 
 
+def absent_heads(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """(L, H) bool: the heads whose kernels (a, b, c, each (L, H, S)) are NaN throughout, heads their layer does
+    not have (SPEC §9: a model with a query-head count per layer, Laguna); fit-tisa writes them so."""
+    return np.isnan(a).all(-1) & np.isnan(b).all(-1) & np.isnan(c).all(-1)
+
+
 def _check_arrays(path: Path, arrays: dict, metadata: dict) -> tuple[list[int], bool]:
     """The one validation of a kernels file's content; returns (layers, shared_layers)."""
 
@@ -173,13 +179,14 @@ def _check_arrays(path: Path, arrays: dict, metadata: dict) -> tuple[list[int], 
     L, H, S = a.shape
     if min(L, H, S) < 1:
         bad(f"has kernel tensors of shape (L, H, S) = {a.shape}: every size must be at least 1 (S = 0 is no kernel)")
-    if not all(np.all(np.isfinite(x)) for x in (a, b, c)):
+    absent = absent_heads(a, b, c)  # heads a layer does not have (SPEC §9, Laguna): NaN throughout
+    if not all(np.all(np.isfinite(x[~absent])) for x in (a, b, c)):
         bad("holds NaN/inf kernel parameters", "refit with `posprobe fit-tisa`")
     if "offset" in arrays:
         offset = arrays["offset"]
         if offset.shape != (L, H):
             bad(f"has an offset of shape {offset.shape}, expected {(L, H)}")
-        if not np.all(np.isfinite(offset)):
+        if not np.all(np.isfinite(offset[~absent])) or not np.isnan(offset[absent]).all():
             bad("holds NaN/inf offsets", "refit with `posprobe fit-tisa`")
     fmt = metadata.get("format", KERNELS_FORMAT)
     if fmt != KERNELS_FORMAT:

@@ -356,7 +356,8 @@ def check_settings(mechanism, *, radius=None, kernels=None, init="zero") -> Mech
     Errors are `ArgumentError`s naming `mechanism`, `radius`, `kernels` or `init`, or `PosprobeError`s
     naming the kernels file.
     """
-    from posprobe.formats.tisa_kernels import parse_init, read_kernels_file
+    from posprobe.errors import PosprobeError
+    from posprobe.formats.tisa_kernels import absent_heads, parse_init, read_kernels_file
 
     info = mechanism_info(mechanism)
     if radius is not None:
@@ -374,6 +375,12 @@ def check_settings(mechanism, *, radius=None, kernels=None, init="zero") -> Mech
             )
         if spec.path is not None:
             kernels_file = read_kernels_file(spec.path)
+            if absent_heads(kernels_file.a, kernels_file.b, kernels_file.c).any():
+                raise PosprobeError(
+                    f"'{spec.path}' was fitted to a model with a query-head count per layer (its layers' missing "
+                    "heads have no kernels), which retrofit does not install into",
+                    "use {arg} zero or {arg} random".replace("{arg}", "--init"),
+                )
             if kernels is not None and kernels != kernels_file.n_kernels:
                 raise ArgumentValueError(
                     "kernels",

@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from posprobe.analysis.fhat import present_heads
 from posprobe.analysis.tisa_fit import TisaKernelFitter
 from posprobe.analysis.tisa_window import check_points, default_window, holdout_offsets
 from posprobe.errors import ArgumentError, ArgumentValueError, PosprobeError
 from posprobe.formats.profiles import ProfileSet, read_profile_file
 from posprobe.formats.tisa_kernels import ORIENTATIONS
-from posprobe.pipelines.fitting_results import TisaFit, TisaFitResult, figure_file_name
+from posprobe.pipelines.fitting_results import NO_SUCH_HEAD, TisaFit, TisaFitResult, figure_file_name
 from posprobe.validation import as_bool, as_int, as_int_list
 
 if TYPE_CHECKING:
@@ -269,7 +270,9 @@ def _fit_one(
     offsets = data.offsets
     if data.causal:  # SPEC §9: a causal model only uses k <= 0; what its scores would be at k > 0 is not fitted
         flat, offsets = flat[:, offsets <= 0], offsets[offsets <= 0]
-    m = flat.shape[0]
+    present = present_heads(fit_rows, 1).reshape(-1)  # heads a layer does not have (SPEC §9): not fitted, NaN
+    fitted = flat[present]
+    m = fitted.shape[0]
     chunk = m if progress is None else max(8, -(-m // 10))
     parts = []
     start = time.perf_counter()
@@ -277,7 +280,7 @@ def _fit_one(
         if progress is not None:
             progress(f"S = {s}", lo, m)
         fitter = TisaKernelFitter(s, window=window, seed=seed, exhaustive=exhaustive)
-        parts.append(fitter.fit(flat[lo : lo + chunk], offsets))
+        parts.append(fitter.fit(fitted[lo : lo + chunk], offsets))
     if progress is not None:
         progress(f"S = {s}", m, m)
     seconds = time.perf_counter() - start
@@ -285,10 +288,13 @@ def _fit_one(
 
     def joined(name: str) -> np.ndarray:
         x = np.concatenate([getattr(p, name) for p in parts], axis=0)
-        x = x.reshape((rows, n_heads) + x.shape[1:])
-        return np.repeat(x, n_sel, axis=0) if data.shared_layers else x
+        every = np.full((flat.shape[0],) + x.shape[1:], np.nan)
+        every[present] = x
+        every = every.reshape((rows, n_heads) + x.shape[1:])
+        return np.repeat(every, n_sel, axis=0) if data.shared_layers else every
 
-    all_flags = [note for p in parts for note in p.flags_]
+    notes = iter([note for p in parts for note in p.flags_])
+    all_flags = [next(notes) if here else NO_SUCH_HEAD for here in present]
     flags = [list(all_flags[r * n_heads : (r + 1) * n_heads]) for r in range(rows)]
     if data.shared_layers:
         flags = [list(flags[0]) for _ in range(n_sel)]

@@ -26,6 +26,8 @@ from posprobe.formats.tisa_kernels import (
 )
 from posprobe.results import ResultMixin
 
+NO_SUCH_HEAD = "no such head"  # the flag of a head a layer does not have (SPEC §9: Laguna): not fitted, NaN
+
 
 class _NotFitted(ArgumentValueError, KeyError):
     """`TisaFitResult.fit(S)` for an S that was not fitted."""
@@ -55,7 +57,8 @@ class TisaFit(ResultMixin):
 
     @property
     def median_r2(self) -> float:
-        return float(np.median(self.r2))
+        """Median over heads of the R² (a head a layer does not have, NaN, left out: SPEC §9)."""
+        return float(np.nanmedian(self.r2))
 
     @property
     def n_parameters(self) -> int:
@@ -96,6 +99,7 @@ class TisaFit(ResultMixin):
             }
             for li, layer in enumerate(layers)
             for h in range(self.a.shape[1])
+            if self.flags[li][h] != NO_SUCH_HEAD  # a head the layer does not have (SPEC §9) is left out
         ]
 
 

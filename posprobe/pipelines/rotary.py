@@ -86,10 +86,10 @@ def rotary(
     cos, sin = angles[types[0]]
     shapes = {ctx.layer_shape(ctx.stored_layer(layer)) for layer in layers}  # Gemma 4: a head size per layer type
     if len(shapes) > 1:
-        sizes = sorted({(x.head_dim, x.kv_heads) for x in shapes})
+        sizes = sorted({(x.heads, x.head_dim, x.kv_heads) for x in shapes})  # Laguna: a query-head count per layer
         raise PosprobeError(
-            f"the layers asked for of '{name}' have heads of several shapes (head size, key heads) {sizes}: rotary "
-            "bands take layers of one head shape",
+            f"the layers asked for of '{name}' have heads of several shapes (query heads, head size, key heads) "
+            f"{sizes}: rotary bands take layers of one head shape",
             "pass --layers of one layer type (layers=)",
         )
     s = shapes.pop()

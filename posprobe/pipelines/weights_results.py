@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from posprobe.analysis.fhat import present_heads
 from posprobe.analysis.hidden_means import POSITION_MEAN
 from posprobe.analysis.toeplitz import is_flat
 from posprobe.architectures.table import LEARNED
@@ -143,7 +144,11 @@ class FhatResult(ResultMixin, Saves):
             "toeplitz_by_construction": self.toeplitz_by_construction,
             "mean_toeplitz_r2": self.mean_toeplitz_r2,
             "quantization": self.quantization,
-            "heads": [{"head": h, "toeplitz_r2": _r2(r)} for h, r in enumerate(self.toeplitz_r2)],
+            "heads": [
+                {"head": h, "toeplitz_r2": _r2(r)}
+                for h, (r, present) in enumerate(zip(self.toeplitz_r2, present_heads(self.matrices, 2)))
+                if present  # a head the layer does not have (SPEC §9) is left out
+            ],
         } | _set_fields(self, "conditioning", "language_model")
 
     def output_files(self, fmt: str, scale: str = "per-head") -> list[OutputFile]:
@@ -294,7 +299,7 @@ class ProfileResult(ResultMixin, Saves):
         w = self.window
         centre = self.n_positions - 1
         out = dict(self.metadata())
-        peaks = self.peak_offsets()
+        peaks, present = self.peak_offsets(), present_heads(self.profiles, 1)
         out["heads"] = [
             {
                 "layer": l,
@@ -306,6 +311,7 @@ class ProfileResult(ResultMixin, Saves):
             }
             for li, l in enumerate(self.layers)
             for h in range(self.n_heads)
+            if present[li, h]  # a head the layer does not have (SPEC §9) is left out
         ]
         return out
 

@@ -185,6 +185,8 @@ def fhat_grid(result, scale: str = "per-head") -> Mosaic:
         raise ValueError(f"scale must be 'shared' or 'per-head', got {scale!r}")
     from matplotlib import colormaps
 
+    from posprobe.analysis.fhat import present_heads
+
     rows, cols = _grid(result.n_heads)
     n = result.matrices.shape[-1]
     by_construction = getattr(result, "toeplitz_by_construction", False)
@@ -193,10 +195,11 @@ def fhat_grid(result, scale: str = "per-head") -> Mosaic:
     size = tile_pixels(n, result.n_heads)
     tiles = [_tile(result.matrices[h], limits[h], size) for h in range(result.n_heads)]
     names = []
+    present = present_heads(result.matrices, 2)
     for h in range(result.n_heads):
         extra = f" (±{limits[h]:.3g})" if shared is None else ""
         stat = "" if by_construction else f": R² = {format_r2(result.toeplitz_r2[h], 3)}"
-        names.append(f"head {h}{stat}{extra}")
+        names.append(f"head {h}{stat}{extra}" if present[h] else f"head {h}: no such head")  # SPEC §9
     label_font = _font(LABEL_SIZE)
     cell = max(size, math.ceil(max(label_font.getlength(name) for name in names)) + 6)  # a label fits its cell
     scale_note = "one colour scale for all heads" if shared is not None else "each head its own colour scale: ±limit"

@@ -149,6 +149,10 @@ def tisa_fit_grid(
     for row in range(n_rows):
         for h in range(n_heads):
             x, y = x0[h], y0[row]
+            if np.isnan(profiles[row, h]).all():  # a head the layer does not have (SPEC §9): no fit
+                ax.text(x + box_w / 2, y + box_h + 0.04, f"L{layers[row]} H{h}: no such head", fontsize=6,
+                        ha="center", va="bottom")  # fmt: skip
+                continue
             out = ""
             if holdout_r2 is not None and held_mask.any():
                 value = float(np.asarray(holdout_r2)[row, h])

@@ -325,15 +325,18 @@ def profile_pages(result) -> ProfilePages:
         f"{result.mode} mode{conditioning_note(result)}{notes}"
         for l, kind in zip(result.layers, kinds)
     ]
+    from posprobe.analysis.fhat import present_heads
+
     panel_titles = []
     if hasattr(result, "peak_offsets"):  # a peak the window cuts off is named in its panel's title
         peaks = result.peak_offsets()
         if (np.abs(np.nan_to_num(peaks)) > w).any():
             titles = [t + f"\n(peak k): the head's maximum lies beyond the drawn ±{w}" for t in titles]
+        present = present_heads(result.profiles, 1)  # a head the layer does not have (SPEC §9): named so
         panel_titles = [
-            [f"head {h}" + (f" (peak {int(k):+d})" if np.isfinite(k) and abs(k) > w else "") for h, k in
-             enumerate(row)]
-            for row in peaks
+            [(f"head {h}" + (f" (peak {int(k):+d})" if np.isfinite(k) and abs(k) > w else "")) if here else
+             f"head {h}: no such head" for h, (k, here) in enumerate(zip(row, here_row))]
+            for row, here_row in zip(peaks, present)
         ]  # fmt: skip
     return ProfilePages(
         ks,
