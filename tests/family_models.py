@@ -868,14 +868,15 @@ class Reference:
 
 
 _RECORDED: list[tuple[np.ndarray, np.ndarray | None]] = []
-_CALLERS: list = []  # the attention module of each call
+_CALLERS: list = []  # (attention module, query tensor) of each call
 RECORD = "posprobe-test-scores"
 
 
 def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention function for transformers' AttentionInterface: records q k^T * scaling (plus any bias the mask adds
-    to the pairs it lets through) and the mask, once per attention module (DiffLlama calls it twice in a row with the
-    same q and k, for two halves of its values)."""
+    to the pairs it lets through) and the mask, once per attention module call (DiffLlama calls it twice in a row
+    with the same q and k tensors, for two halves of its values: recorded once; ALBERT's one shared module runs at
+    every depth on new tensors: recorded at each)."""
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -896,10 +897,10 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     recorded = scores  # plus what the mask adds to the pairs it lets through: 0, or Doge's dynamic-mask bias
     if mask is not None:
         recorded = scores + torch.where(mask > torch.finfo(mask.dtype).min / 2, mask, 0.0)
-    if not _CALLERS or _CALLERS[-1] is not module:
+    if not _CALLERS or _CALLERS[-1][0] is not module or _CALLERS[-1][1] is not query:
         kept = None if mask is None else mask[0, 0] if mask.shape[1] == 1 else mask[0]  # (n, n), or (H, n, n)
         _RECORDED.append((recorded[0].detach().double().numpy(), None if kept is None else kept.double().numpy()))
-    _CALLERS.append(module)
+    _CALLERS.append((module, query))
     if mask is not None:
         scores = scores + mask
     probs = scores.softmax(-1)
