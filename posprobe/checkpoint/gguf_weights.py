@@ -25,6 +25,7 @@ import numpy as np
 
 from posprobe.checkpoint.gguf_format import CORRUPT_HINT, GGUFHeader, GGUFTensorInfo, read_gguf_header, shown
 from posprobe.checkpoint.gguf_source import GGUF_HINT
+from posprobe.checkpoint.resolve import shortest_suffix
 from posprobe.errors import PosprobeError, first_line
 
 _PLAIN = {"F32": np.float32, "F16": np.float16}  # stored as plain arrays (the others as blocks of bytes)
@@ -101,8 +102,7 @@ class GGUFWeightReader:
         return key in self._sources
 
     def find_suffix(self, suffix: str) -> str | None:
-        matches = [k for k in self._names if k == suffix or k.endswith("." + suffix)]
-        return min(matches, key=len) if matches else None
+        return shortest_suffix(self._names, suffix)
 
     def quant_type(self, key: str) -> str | None:
         """The ggml type tensor `key` is stored in ('Q4_1', 'Q8_0', 'F32', ...); None for an unknown key."""

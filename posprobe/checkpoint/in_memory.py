@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posprobe.checkpoint.resolve import ModelSource
+from posprobe.checkpoint.resolve import ModelSource, shortest_suffix
 from posprobe.errors import PosprobeError
 
 IN_MEMORY = "in-memory"  # ModelSource.weight_format of a model object
@@ -51,8 +51,7 @@ class StateDictReader:
         return key in self._state
 
     def find_suffix(self, suffix: str) -> str | None:
-        matches = [k for k in self._names if k == suffix or k.endswith("." + suffix)]
-        return min(matches, key=len) if matches else None
+        return shortest_suffix(self._names, suffix)
 
     def stored_dtype(self, key: str) -> str | None:
         """The dtype of tensor `key` in safetensors' words ('F32', 'F16', 'BF16'; 'F64' otherwise), as the saved

@@ -305,3 +305,10 @@ def _offline() -> bool:
     from huggingface_hub import constants
 
     return bool(getattr(constants, "HF_HUB_OFFLINE", False))
+
+
+def shortest_suffix(names, suffix: str) -> str | None:
+    """The shortest of tensor `names` that is `suffix` or ends in '.' + `suffix` (how every weight reader finds a
+    family's tensor whatever prefix a task head adds), or None."""
+    matches = [k for k in names if k == suffix or k.endswith("." + suffix)]
+    return min(matches, key=len) if matches else None

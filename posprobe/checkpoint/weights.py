@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from posprobe.checkpoint.resolve import shortest_suffix
 from posprobe.checkpoint.safetensors_format import CORRUPT_HINT as _CORRUPT_HINT
 from posprobe.checkpoint.safetensors_format import TensorEntry as _Entry
 from posprobe.checkpoint.safetensors_format import read_header as _read_header
@@ -116,8 +117,7 @@ class WeightReader:
         return key in self._names
 
     def find_suffix(self, suffix: str) -> str | None:
-        matches = [k for k in self._names if k == suffix or k.endswith("." + suffix)]
-        return min(matches, key=len) if matches else None
+        return shortest_suffix(self._names, suffix)
 
     def stored_dtype(self, key: str) -> str | None:
         """The safetensors dtype tensor `key` is stored in ('F32', 'BF16', ...); None for pickle weights."""

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from posprobe.architectures import table as T
 from posprobe.architectures.config import config_hint, validate_config
+from posprobe.checkpoint.resolve import shortest_suffix
 from posprobe.errors import PosprobeError
 
 
@@ -33,8 +34,7 @@ class LanguageModelReader:
 
     def find_suffix(self, suffix: str) -> str | None:
         """The shortest name under the module ending in `suffix`, as the readers' own `find_suffix`."""
-        matches = [k for k in self._names if k == suffix or k.endswith("." + suffix)]
-        return min(matches, key=len) if matches else None
+        return shortest_suffix(self._names, suffix)
 
     def __getattr__(self, name: str):
         return getattr(self._reader, name)
