@@ -898,7 +898,9 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     if mask is not None:
         recorded = scores + torch.where(mask > torch.finfo(mask.dtype).min / 2, mask, 0.0)
     if not _CALLERS or _CALLERS[-1][0] is not module or _CALLERS[-1][1] is not query:
-        kept = None if mask is None else mask[0, 0] if mask.shape[1] == 1 else mask[0]  # (n, n), or (H, n, n)
+        # the pairs let through: (n, n), or (H, n, n) per head where a block indexer picks keys per key-head group
+        # (Doge's per-head mask is a bias on the same pairs for every head)
+        kept = None if mask is None else mask[0] if kwargs.get("block_indices") is not None else mask[0, 0]
         _RECORDED.append((recorded[0].detach().double().numpy(), None if kept is None else kept.double().numpy()))
     _CALLERS.append((module, query))
     if mask is not None:
