@@ -176,6 +176,7 @@ def test_profiles_of_every_layer_are_finite(name, tmp_path):
     assert len(record["layer_kinds"]) == len(record["layers"]) == record["n_layers"]
 
 
+@pytest.mark.slow  # every command on a tiny model: 3-4 s
 def test_a_query_head_count_per_layer_through_every_command(tmp_path, capsys):
     """Laguna (2 query heads in layers 0 and 2, 4 in layers 1 and 3; SPEC §9): F̂ and profiles hold 4 heads per
     layer, a layer's missing heads NaN and left out of the JSON, named in the text table and figures; fit-tisa fits
