@@ -162,23 +162,17 @@ def stack_to_run(model):
     """The module a capture runs on text: the model itself, or the encoder stack of an encoder-decoder (its
     decoder's self-attention needs decoder inputs, a target text, and reads the encoder's output as well); the
     decoder stack, run without encoder states, where the encoder reads no text (`Family.text_stack`: Whisper)."""
-    if run_stack(model) == "decoder":
-        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-        if decoder is None or decoder is model:
-            raise PosprobeError(
-                f"cannot find the decoder stack of the encoder-decoder '{model.config.model_type}'",
-                "pass the model with get_decoder(), or its causal language model",
-            )
-        return decoder
-    if getattr(model.config, "is_encoder_decoder", False):
-        encoder = model.get_encoder() if hasattr(model, "get_encoder") else None
-        if encoder is None or encoder is model:
-            raise PosprobeError(
-                f"cannot find the encoder stack of the encoder-decoder '{getattr(model.config, 'model_type', '?')}'",
-                "pass an encoder, a decoder, or an encoder-decoder with get_encoder()",
-            )
-        return encoder
-    return model
+    stack = run_stack(model)
+    if stack is None:
+        return model
+    getter = "get_decoder" if stack == "decoder" else "get_encoder"
+    found = getattr(model, getter)() if hasattr(model, getter) else None
+    if found is None or found is model:
+        raise PosprobeError(
+            f"cannot find the {stack} stack of the encoder-decoder '{getattr(model.config, 'model_type', '?')}'",
+            f"pass a model with {getter}(), or its encoder or decoder alone",
+        )
+    return found
 
 
 def block_sparse_limit(model) -> int | None:

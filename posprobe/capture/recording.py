@@ -28,6 +28,17 @@ RECORD_NAME = "posprobe-record"
 _ACTIVE: list[LayerRecorder] = []  # the recorder of the forward pass running now (at most one)
 
 
+def _check_call(call: int, n_layers: int) -> None:
+    """PosprobeError when attention call `call` (0-based) of one forward pass is past the model's `n_layers`: the
+    one place both recorders (whole and blockwise) say what runs more calls than layers."""
+    if call >= n_layers:
+        raise PosprobeError(
+            f"the model ran more attention calls ({call + 1}) than it has layers ({n_layers})",
+            "models with several attention stacks (encoder-decoder, vision towers), several softmax calls per "
+            "layer (differential attention) or layers run more than once (loops) are not supported",
+        )
+
+
 class LayerRecorder:
     """Collects one forward pass's attention calls: per layer S and A (B, H, m, m) when asked for, and the pairs
     the model's mask lets query i see key j, `allowed` (B, m, m) bool (shared between layers with the same mask)."""
@@ -80,12 +91,7 @@ class LayerRecorder:
                 f"{self.m}",
                 "only self-attention over the input (encoders and decoders, no cache, no cross-attention) is supported",
             )
-        if layer >= self.n_layers:
-            raise PosprobeError(
-                f"the model ran more attention calls ({layer + 1}) than it has layers ({self.n_layers})",
-                "models with several attention stacks (encoder-decoder, vision towers), several softmax calls per "
-                "layer (differential attention) or layers run more than once (loops) are not supported",
-            )
+        _check_call(layer, self.n_layers)
         allowed = self._allowed(mask, scores.device)
         self.allowed.append(allowed if selected is None else allowed & selected)  # an indexed layer's top-k keys
         if self.keep_scores:
@@ -322,12 +328,7 @@ class BlockRecorder:
                 f"an attention call saw {queries} queries and {keys} keys for sequences of {self.m}",
                 "only self-attention over the input (encoders and decoders, no cache, no cross-attention) is supported",
             )
-        if self.calls >= self.n_layers:
-            raise PosprobeError(
-                f"the model ran more attention calls ({self.calls + 1}) than it has layers ({self.n_layers})",
-                "models with several attention stacks (encoder-decoder, vision towers), several softmax calls per "
-                "layer (differential attention) or layers run more than once (loops) are not supported",
-            )
+        _check_call(self.calls, self.n_layers)
 
 
 def _mask_rows(attention_mask, start: int, stop: int, keys: int):
