@@ -5,6 +5,7 @@ embedding-level input (SPEC §9), with the pairs its softmax lets through (masks
 
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -734,6 +735,21 @@ CASES = {
                                                                   "partial_rotary_factor": 0.5}},
                               num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
                               shared_expert_intermediate_size=16)),
+    # issue 34 (wrap)
+    # Gemma 3n as transformers saves it (Gemma3nForConditionalGeneration: model.language_model.*, an audio tower, the
+    # vision and audio soft-token embedders), its timm vision tower left out (built only with timm; never run on
+    # text); text ids < 99 (the vision and audio soft tokens from 99 on)
+    "gemma3n": ("gemma3n", dict(text_config=dict(SMALL, num_hidden_layers=4, num_key_value_heads=2, head_dim=8,
+                                                 max_position_embeddings=64, pad_token_id=0, sliding_window=5,
+                                                 layer_types=["sliding_attention", "full_attention"] * 2,
+                                                 rope_parameters=_GEMMA3_ROPE, num_kv_shared_layers=2,
+                                                 altup_num_inputs=3, altup_active_idx=1, laurel_rank=4,
+                                                 hidden_size_per_layer_input=8, vocab_size_per_layer_input=99),
+                                vision_config=dict(hidden_size=32, vocab_offset=99, label_names=["none"]),
+                                audio_config=dict(hidden_size=32, vocab_offset=99 + 128, input_feat_size=8,
+                                                  conf_num_hidden_layers=1, conf_num_attention_heads=4,
+                                                  sscp_conv_channel_size=[8, 8])),
+                dict(own=True, cls="Gemma3nForConditionalGeneration", left_out=("gemma3n_vision",), boost=_ALTUP)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -796,6 +812,8 @@ class Case:
     boost: tuple[str, ...] = ()
     lm: bool = False  # built as its causal LM (a family without a base model class: TrOCR)
     cls: str | None = None  # the transformers class it is built as (a type no auto class maps: MusicGen's decoder)
+    left_out: tuple[str, ...] = ()  # sub-config model types whose modules are built empty (Gemma 3n's timm vision
+    # tower, which transformers builds only with timm installed: it never runs on text)
 
 
 def case(name: str) -> Case:
@@ -804,7 +822,25 @@ def case(name: str) -> Case:
     config = dict(config) if options.get("own") else {**SMALL, **config}
     return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"),
                 options.get("word_id", 0), options.get("boost", ()), options.get("lm", False),
-                options.get("cls"))  # fmt: skip
+                options.get("cls"), options.get("left_out", ()))  # fmt: skip
+
+
+@contextmanager
+def _left_out(model_types: tuple[str, ...]):
+    """While active, transformers' AutoModel builds an empty module for a config of one of `model_types`."""
+    from unittest import mock
+
+    from transformers import AutoModel
+
+    build_module = AutoModel.from_config
+
+    def from_config(config, *args, **kwargs):
+        if config.model_type in model_types:
+            return torch.nn.Module()
+        return build_module(config, *args, **kwargs)
+
+    with mock.patch.object(AutoModel, "from_config", from_config) if model_types else nullcontext():
+        yield
 
 
 def build(name: str, dtype=None):
@@ -817,13 +853,14 @@ def build(name: str, dtype=None):
     torch.manual_seed(0)
     config = AutoConfig.for_model(c.model_type, **c.config)
     extra = {"experts_implementation": "eager"} if c.model_type in _EAGER_EXPERTS else {}
-    if c.cls:
-        import transformers
+    with _left_out(c.left_out):
+        if c.cls:
+            import transformers
 
-        model = getattr(transformers, c.cls)._from_config(config, attn_implementation=c.attention, **extra)
-    else:
-        model_class = AutoModelForCausalLM if c.lm else AutoModel
-        model = model_class.from_config(config, attn_implementation=c.attention, **extra)
+            model = getattr(transformers, c.cls)._from_config(config, attn_implementation=c.attention, **extra)
+        else:
+            model_class = AutoModelForCausalLM if c.lm else AutoModel
+            model = model_class.from_config(config, attn_implementation=c.attention, **extra)
     model = model.to(dtype).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():

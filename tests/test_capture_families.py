@@ -84,6 +84,7 @@ QUICK = {"t5", "bloom"}
 # several streams per layer as their hidden states (Gemma 3n's AltUp stack, HY-V4's hyper-connections): no one
 # hidden state per layer: a capture that asks for them is refused in one line (test_capture_equals_each_text_run_alone)
 STREAMS = {"gemma3n_text", "hy_v4"}
+STREAMS |= {"gemma3n"}  # issue 34 (wrap): Gemma 3n's wrapper runs its language model
 RETURNS_SCORES = {"squeezebert", "prophetnet"}  # their `output_attentions` are the pre-softmax scores
 # models whose input is not one token sequence (MusicGen: one token of each codebook at every position): no capture
 NOT_TEXT = {"musicgen_decoder", "musicgen_melody_decoder"}
@@ -105,6 +106,7 @@ IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional", "l
 # transformers' float64 ProphetNet encoder builds its padding mask in float32 (0 x -inf: NaN on every real key)
 IN_FLOAT32 |= {"prophetnet"}
 IN_FLOAT32 |= {"gemma3", "gemma4", "gemma4_unified"}
+IN_FLOAT32 |= {"gemma3n"}  # issue 34 (wrap)
 
 
 def tolerance(name: str) -> float:

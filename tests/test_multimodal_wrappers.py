@@ -133,3 +133,56 @@ def test_a_wrappers_data_conditioned_scores_are_its_language_models(name):
     alone = posprobe.fhat(text, layer=-1, positions=8, input_ids=texts, input="mean")
     assert ours.mode == "data-conditioned" and np.std(ours.matrices) > 0
     np.testing.assert_allclose(ours.matrices, alone.matrices, rtol=1e-6, atol=1e-9)
+
+
+# issue 34 (wrap): wrappers that transformers cannot build or run on text, whose texts run their language model alone
+def _profiles(model, texts):
+    return posprobe.attention_profiles(model, input_ids=texts, max_length=12, batch_size=2, weights_correlation=False)
+
+
+@pytest.mark.slow
+def test_gemma3n_reads_and_runs_its_language_model_without_timm(tmp_path, monkeypatch):
+    """Gemma 3n's vision tower is a timm model, which transformers builds only with timm installed (the test model
+    leaves it out, `family_models.build`). Its checkpoint as transformers saves the wrapper (model.language_model.*
+    beside an audio tower and the soft-token embedders) reads to the scores of its language model saved alone. On
+    text the wrapper's own forward is its language model's on the same ids, so `attention` on the files builds the
+    language model alone (timm is never imported) and records what the wrapper gives; its hidden states are stacks
+    of AltUp streams, refused in one line as the language model's are."""
+    import sys
+
+    from safetensors import safe_open
+
+    monkeypatch.setitem(sys.modules, "timm", None)  # importing timm fails, as where it is not installed
+    model = build("gemma3n", torch.float32)
+    model.save_pretrained(tmp_path / "wrapper")
+    with safe_open(str(tmp_path / "wrapper" / "model.safetensors"), "np") as f:
+        names = set(f.keys())
+    assert "model.language_model.layers.0.self_attn.q_proj.weight" in names
+    assert any(k.startswith("model.audio_tower.") for k in names) and "model.embed_vision.embedding.weight" in names
+    text = model.model.language_model
+    text.save_pretrained(tmp_path / "text")
+    alone = posprobe.fhat(str(tmp_path / "text"), layer=-1, positions=12)
+    ours = posprobe.fhat(str(tmp_path / "wrapper"), layer=-1, positions=12)
+    np.testing.assert_array_equal(ours.matrices, alone.matrices)
+    assert np.std(ours.matrices) > 0 and ours.model_type == "gemma3n"
+    assert ours.to_dict()["language_model"] == "gemma3n_text"
+    texts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15], [90, 91, 92, 93, 94, 95, 96, 97, 98]]
+    with torch.no_grad():  # the wrapper's own forward (not posprobe's choice of module) on text
+        for ids in texts:
+            run = model(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
+            own = text(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
+            for theirs, mine in zip(run.attentions, own.attentions, strict=True):
+                torch.testing.assert_close(theirs, mine, rtol=0, atol=0)
+    loaded = posprobe.load_model(str(tmp_path / "wrapper"))
+    assert type(loaded).__name__ == "Gemma3nTextModel"
+    for key, value in text.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[key], value, rtol=0, atol=0)
+    on_files, in_memory = _profiles(str(tmp_path / "wrapper"), texts), _profiles(model, texts)
+    reference = _profiles(text, texts)
+    for result in (on_files, in_memory):
+        for what in ("score_profiles", "prob_profiles", "mean_distance"):
+            np.testing.assert_allclose(getattr(result.profiles, what), getattr(reference.profiles, what), rtol=1e-6,
+                                       atol=1e-7, err_msg=what)  # fmt: skip
+    with pytest.raises(PosprobeError, match="not \\(batch, tokens, width\\)") as err:
+        posprobe.states(str(tmp_path / "wrapper"), input_ids=texts * 4, max_length=12)
+    assert "\n" not in str(err.value)

@@ -303,6 +303,9 @@ class Family:
     # config.layer_types names them (Mllama's cross_attention_layers; `layer_types`)
     language_model: tuple[str, str, str] | None = None  # a wrapper: (config key, module name, model type) of its
     # language model, e.g. ('text_config', 'language_model', 'gemma3_text')
+    language_model_alone: str = ""  # a wrapper that transformers cannot build or run on text, in words (Gemma 3n's
+    # timm vision tower, Llama 4's forward): texts run its language model alone, built from the nested config and
+    # the tensors under its module (`families.language_model.alone_loading`, `capture.model.stack_to_run`)
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
     # ** -0.5 (Gemma 2), 'half_head_dim' (d_h / 2) ** -0.5 (Zamba), 'value:KEY' config[KEY] (Granite),
     # 'head_dim_if:KEY' d_h ** -0.5 when config KEY, else 1 (GPT-BigCode's scale_attn_weights), 'disentangled'
@@ -489,15 +492,23 @@ _LIKE: dict[str, tuple[str, dict]] = {}  # wrapper -> (the entry its language mo
 
 
 def _wrapper(
-    name: str, text: str, module: str = "language_model", config_key: str = "text_config", like: str = "", **changes
+    name: str,
+    text: str,
+    module: str = "language_model",
+    config_key: str = "text_config",
+    like: str = "",
+    alone: str = "",
+    **changes,
 ) -> Family:
     """A multimodal wrapper read as its language model of type `text` (config[`config_key`], tensors under a module
     named `module`): a placeholder that `_read_as_language_model` turns into `text`'s entry under this name. A
     language model whose type transformers builds only inside the wrapper (no model class of its own, so no parity
-    case of its own) is read as the entry `like` with `changes`, and its type is listed with the wrapper's."""
+    case of its own) is read as the entry `like` with `changes`, and its type is listed with the wrapper's. `alone`:
+    why texts run the language model alone (`Family.language_model_alone`)."""
     if like:
         _LIKE[name] = (like, changes)
-    return Family(name, (name, text) if like else (name,), OTHER, language_model=(config_key, module, text))
+    return Family(name, (name, text) if like else (name,), OTHER, language_model=(config_key, module, text),
+                  language_model_alone=alone)  # fmt: skip
 
 
 def _read_as_language_model(family: Family, families: tuple[Family, ...]) -> Family:
@@ -508,7 +519,10 @@ def _read_as_language_model(family: Family, families: tuple[Family, ...]) -> Fam
     like, changes = _LIKE.get(family.name, (text, {}))
     inner = replace(next(f for f in families if like in f.model_types and f.language_model is None), **changes)
     note = f"a multimodal checkpoint read as its language model, `{text}` ({family.language_model[0]})"
+    if family.language_model_alone:
+        note += f"; texts run that language model alone ({family.language_model_alone})"
     return replace(inner, name=family.name, model_types=family.model_types, language_model=family.language_model,
+                   language_model_alone=family.language_model_alone,
                    description=f"{inner.mechanism}; {note}")  # fmt: skip
 
 
@@ -909,6 +923,8 @@ FAMILIES: tuple[Family, ...] = (
     _wrapper("moss_transcribe_diarize", "qwen3"),  # a Whisper-style audio encoder beside it
     _wrapper("gemma4", "gemma4_text"),  # vision and audio towers beside it
     _wrapper("gemma4_unified", "gemma4_unified_text"),
+    # issue 34 (wrap): wrappers that transformers cannot build or run on text: texts run their language model alone
+    _wrapper("gemma3n", "gemma3n_text", alone="its vision tower is a timm model, built only with timm installed"),
     _wrapper("emu3", "emu3_text_model", module="text_model", like="llama", rotary_class=_rotary("emu3", "Emu3")),
     Family(  # Phi-3's layout; its vision and audio LoRA adapters are PEFT adapters loaded apart: on text, with
         "phi4_multimodal",  # none active, the base weights compute (its image and audio encoders sit in

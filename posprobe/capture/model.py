@@ -159,12 +159,13 @@ def check_hidden_states(model) -> None:
 
 
 def stack_to_run(model):
-    """The module a capture runs on text: the model itself, or the encoder stack of an encoder-decoder (its
+    """The module a capture runs on text: the model itself (a wrapper transformers cannot run on text: its language
+    model, `language_model_alone`), or the encoder stack of an encoder-decoder (its
     decoder's self-attention needs decoder inputs, a target text, and reads the encoder's output as well); the
     decoder stack, run without encoder states, where the encoder reads no text (`Family.text_stack`: Whisper)."""
     stack = run_stack(model)
     if stack is None:
-        return model
+        return language_model_alone(model)
     getter = "get_decoder" if stack == "decoder" else "get_encoder"
     found = getattr(model, getter)() if hasattr(model, getter) else None
     if found is None or found is model:
@@ -173,6 +174,20 @@ def stack_to_run(model):
             f"pass a model with {getter}(), or its encoder or decoder alone",
         )
     return found
+
+
+def language_model_alone(model):
+    """A loaded multimodal wrapper that transformers cannot run on text (`Family.language_model_alone`: Llama 4's
+    forward fails after its language model ran): its language model module, which the wrapper runs on text; any
+    other model as it is."""
+    from posprobe.families import family_for_type
+
+    family = family_for_type(str(getattr(model.config, "model_type", "")))
+    if family is None or not family.language_model_alone:
+        return model
+    module = family.language_model[1]
+    found = [m for name, m in model.named_modules() if f".{name}".endswith(f".{module}")]
+    return found[0] if found else model
 
 
 def block_sparse_limit(model) -> int | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import re
 import warnings
 from pathlib import Path
 
@@ -140,6 +141,8 @@ def build_model(source: ModelSource, model_class=None, *, verbose: bool = False,
         folder, kwargs["gguf_file"] = source.path.parent, source.path.name
     else:
         kwargs.setdefault("use_safetensors", source.weight_format == "safetensors")
+    if model_class.__name__.startswith("Auto"):  # a wrapper transformers cannot build or run on text: its language
+        kwargs |= language_model_alone(source)  # model alone (Gemma 3n, Llama 4)
     check_before_load(source)
     from posprobe.runtime.phases import phase
 
@@ -155,6 +158,31 @@ def build_model(source: ModelSource, model_class=None, *, verbose: bool = False,
     check_complete(model, info.get("missing_keys") or (), source.name)
     check_finite(model, source.name)
     return model
+
+
+def language_model_alone(source: ModelSource) -> dict:
+    """`from_pretrained` keywords that build a wrapper's language model alone from the wrapper's files
+    (`Family.language_model_alone`: Gemma 3n, whose timm vision tower transformers builds only with timm; Llama 4,
+    whose forward fails on text): its nested config, and the names under its module renamed to its causal LM's
+    ('model.' + the base model's names where the wrapper holds a base model, its own where it holds a causal LM, as
+    Llama 4's 'language_model.model.' / 'language_model.lm_head.'); an auto class then builds the language model's
+    own class. {} for every other checkpoint, and for a wrapper whose config nests no such config (transformers
+    then says what is wrong)."""
+    from posprobe.architectures import table as T
+    from posprobe.architectures.config import validate_config
+
+    family = T.family_for_type(source.model_type)
+    if family is None or not family.language_model_alone:
+        return {}
+    text = T.language_model_config(source.config)
+    if text.get("model_type") != family.language_model[2] or source.model_type == family.language_model[2]:
+        return {}
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[text["model_type"]].from_dict(validate_config(text, source.name))
+    module, causal = re.escape(family.language_model[1]), r"(?=model\.|lm_head\.)"  # a causal LM under the module
+    renames = {rf"^(?:.*\.)?{module}\.{causal}": "", rf"^(?:.*\.)?{module}\.(?!model\.|lm_head\.)": "model."}
+    return {"config": config, "key_mapping": renames}
 
 
 def check_complete(model, missing_keys, name: str) -> None:
