@@ -750,6 +750,20 @@ CASES = {
                                                   conf_num_hidden_layers=1, conf_num_attention_heads=4,
                                                   sscp_conv_channel_size=[8, 8])),
                 dict(own=True, cls="Gemma3nForConditionalGeneration", left_out=("gemma3n_vision",), boost=_ALTUP)),
+    # Llama 4 (Llama4ForConditionalGeneration: language_model.model.*, language_model.lm_head, a vision model and
+    # its projector), its language model the llama4_text case's
+    "llama4": ("llama4", dict(text_config=dict(SMALL, **_KV2, head_dim=8, no_rope_layers=[1, 0],
+                                               attention_chunk_size=12, use_qk_norm=True,
+                                               layer_types=["chunked_attention", "full_attention"],
+                                               attn_temperature_tuning=True, floor_scale=4, attn_scale=0.5,
+                                               num_local_experts=1, interleave_moe_layer_step=1,
+                                               intermediate_size_mlp=48,
+                                               rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+                              vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                                 num_attention_heads=4, image_size=16, patch_size=8,
+                                                 vision_output_dim=32, projector_input_dim=32,
+                                                 projector_output_dim=32, intermediate_layers_indices=[0])),
+               dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",

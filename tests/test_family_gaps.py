@@ -25,8 +25,6 @@ NOT_YET = {
     "qwen4_exp": _WRAPS.format("qwen4_exp_text"),
     "gemma4_assistant": "a draft model for Gemma 4's assisted decoding (reads the backbone's hidden states; not "
     "examined) whose own config fails transformers' validation by default; " + _WRAPS.format("gemma4_text"),
-    "llama4": "multimodal (llama4_text, read): transformers' Llama4ForConditionalGeneration.forward fails on text "
-    "(it reads image_outputs from its language model's output), so no wrapper module checks a reading",
     # attention that needs new score code
     "blt": "byte latent transformer: byte-level local encoder/decoder layers (self-attention plus cross-attention "
     "to patches) around a global transformer over patches whose bounds an entropy model picks: no one layer order",

@@ -21,6 +21,7 @@ from posprobe.families.context import ModelContext
 
 WRAPPERS = ("gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "modernvbert", "ultravbert",
             "moss_transcribe_diarize", "emu3", "mllama", "gemma4", "gemma4_unified")  # fmt: skip
+WRAPPERS += ("llama4",)  # issue 34 (wrap): its text runs its language model alone (stack_to_run)
 
 
 def _language_model(model):
@@ -186,3 +187,42 @@ def test_gemma3n_reads_and_runs_its_language_model_without_timm(tmp_path, monkey
     with pytest.raises(PosprobeError, match="not \\(batch, tokens, width\\)") as err:
         posprobe.states(str(tmp_path / "wrapper"), input_ids=texts * 4, max_length=12)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_llama4_texts_run_its_language_model_alone(tmp_path):
+    """transformers' Llama4ForConditionalGeneration.forward fails on text once its language model has run (it reads
+    image_outputs from the language model's output, which has none); on text that language model is run on the word
+    embeddings of the ids, exactly its own run on them. So `attention`, `states` and `context` on the checkpoint (or
+    the loaded wrapper) run the language model alone (Llama4ForCausalLM from text_config and the wrapper's
+    language_model.* tensors) and give what the wrapper computed before it failed."""
+    model = build("llama4")
+    model.save_pretrained(tmp_path / "wrapper")
+    texts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15], [90, 91, 92, 93, 94, 95, 96, 97, 98]]
+    seen = []
+    hook = model.language_model.register_forward_hook(lambda module, args, out: seen.append(out))
+    with torch.no_grad(), pytest.raises(AttributeError, match="image_outputs"):
+        model(input_ids=torch.tensor([texts[0]]), output_attentions=True, use_cache=False)
+    hook.remove()
+    text = model.language_model
+    with torch.no_grad():
+        own = text(input_ids=torch.tensor([texts[0]]), output_attentions=True, use_cache=False)
+    for theirs, mine in zip(seen[0].attentions, own.attentions, strict=True):
+        torch.testing.assert_close(theirs, mine, rtol=0, atol=0)
+    torch.testing.assert_close(seen[0].logits, own.logits, rtol=0, atol=0)
+    loaded = posprobe.load_model(str(tmp_path / "wrapper"), dtype=torch.float64)
+    assert type(loaded).__name__ == "Llama4TextModel"
+    for key, value in text.model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[key], value, rtol=0, atol=0)
+    reference = _profiles(text, texts)
+    for result in (_profiles(str(tmp_path / "wrapper"), texts), _profiles(model, texts)):
+        for what in ("score_profiles", "prob_profiles", "mean_distance"):
+            np.testing.assert_allclose(getattr(result.profiles, what), getattr(reference.profiles, what), rtol=1e-6,
+                                       atol=1e-7, err_msg=what)  # fmt: skip
+    runs = (str(tmp_path / "wrapper"), model, text)
+    states = [posprobe.states(m, input_ids=texts * 4, max_length=12, min_texts=2) for m in runs]
+    for result in states[:2]:
+        np.testing.assert_allclose(result.vectors.norms, states[2].vectors.norms, rtol=1e-6, atol=1e-9)
+    documents = [list(range(4, 40)), list(range(40, 80))]
+    losses = [posprobe.context(m, [16], documents=documents, windows=2) for m in (str(tmp_path / "wrapper"), text)]
+    np.testing.assert_allclose(losses[0].perplexity, losses[1].perplexity, rtol=1e-6)

@@ -925,6 +925,7 @@ FAMILIES: tuple[Family, ...] = (
     _wrapper("gemma4_unified", "gemma4_unified_text"),
     # issue 34 (wrap): wrappers that transformers cannot build or run on text: texts run their language model alone
     _wrapper("gemma3n", "gemma3n_text", alone="its vision tower is a timm model, built only with timm installed"),
+    _wrapper("llama4", "llama4_text", alone="its forward fails on text once its language model has run"),
     _wrapper("emu3", "emu3_text_model", module="text_model", like="llama", rotary_class=_rotary("emu3", "Emu3")),
     Family(  # Phi-3's layout; its vision and audio LoRA adapters are PEFT adapters loaded apart: on text, with
         "phi4_multimodal",  # none active, the base weights compute (its image and audio encoders sit in
