@@ -21,10 +21,7 @@ _WRAPS = "multimodal: read as its language model (text_config), but its language
 NOT_YET = {
     # multimodal wrappers (read as their language model once it is read: one `_wrapper` line in the table + a case)
     "dots3_note": _WRAPS.format("dots3_note_text"),
-    "gemma4_unified_assistant": _WRAPS.format("gemma4_unified_text"),
     "qwen4_exp": _WRAPS.format("qwen4_exp_text"),
-    "gemma4_assistant": "a draft model for Gemma 4's assisted decoding (reads the backbone's hidden states; not "
-    "examined) whose own config fails transformers' validation by default; " + _WRAPS.format("gemma4_text"),
     # attention that needs new score code
     "blt": "byte latent transformer: byte-level local encoder/decoder layers (self-attention plus cross-attention "
     "to patches) around a global transformer over patches whose bounds an entropy model picks: no one layer order",
@@ -65,9 +62,10 @@ def _lm_types() -> set[str]:
 
 
 def _unread(model_type: str) -> bool:
-    """Neither read (an analysable entry) nor refused (an entry saying it has no softmax attention)."""
+    """Neither read (an analysable entry) nor refused (an entry saying it has no softmax attention, or that it is a
+    draft model attending another model's keys and values)."""
     family = family_for_type(model_type)
-    return family is None or (family.softmax_attention and not family.analysable)
+    return family is None or (family.softmax_attention and not family.analysable and not family.draft_of)
 
 
 def test_every_language_model_type_is_read_refused_or_listed_as_not_yet():
@@ -501,3 +499,47 @@ def test_trocr_checkpoint_loads_as_its_causal_lm(tmp_path):
     result = attention_profiles(str(tmp_path), input_ids=[[5, 6, 7, 8]], max_length=8, weights_correlation=False)
     assert (result.n_layers, result.n_heads, result.model_type) == (2, 4, "trocr")
     assert np.isfinite(result.profiles.prob_profiles[:, :, 7 - 3 : 8]).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type, backbone", [("gemma4_assistant", "gemma4_text"),
+                                                  ("gemma4_unified_assistant", "gemma4_unified_text")])  # fmt: skip
+def test_gemma4_draft_models_attend_their_backbones_keys_and_are_refused_in_one_line(model_type, backbone, tmp_path):
+    """Gemma 4's assistants (draft models for assisted decoding) have no key or value projection in any layer: each
+    layer attends the keys and values its backbone passes in (shared_kv_states), and its input is the backbone's
+    last hidden state beside the token's embedding (pre_projection reads 2 x backbone_hidden_size), so it does not
+    run on a text alone. Its config is valid with the text config's per-layer inputs off (hidden_size_per_layer_input
+    and vocab_size_per_layer_input 0), enable_moe_block and use_double_wide_mlp False and every layer KV-shared
+    (num_kv_shared_layers = num_hidden_layers, which the config sets where it is 0); Gemma 4's default text config
+    has per-layer inputs, so the assistant's default config is invalid. posprobe refuses it in one line that names
+    its backbone."""
+    import torch
+    from family_models import _GEMMA4, SMALL
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    text = {**SMALL, **_GEMMA4, "num_kv_shared_layers": 0, "hidden_size_per_layer_input": 0,
+            "vocab_size_per_layer_input": 0, "enable_moe_block": False, "use_double_wide_mlp": False}  # fmt: skip
+    config = AutoConfig.for_model(model_type, text_config=text, backbone_hidden_size=16)
+    assert config.text_config.num_kv_shared_layers == config.text_config.num_hidden_layers == 4
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    assert model.pre_projection.in_features == 2 * 16
+    attention = [layer.self_attn for layer in model.model.layers]
+    assert all(a.is_kv_shared_layer and hasattr(a, "q_proj") and not hasattr(a, "k_proj") for a in attention)
+    with pytest.raises(ValueError, match="shared_kv_states"):
+        model(input_ids=torch.tensor([[5, 6, 7]]))
+    if model_type == "gemma4_assistant":
+        with pytest.raises(Exception, match="hidden_size_per_layer_input must be 0"):
+            AutoConfig.for_model(model_type)
+    model.save_pretrained(tmp_path)
+    refused = (
+        lambda: posprobe.fhat(str(tmp_path), layer=0, positions=8),
+        lambda: posprobe.attention_profiles(str(tmp_path), input_ids=[[5, 6, 7, 8]], weights_correlation=False),
+        lambda: posprobe.states(str(tmp_path), input_ids=[[5, 6, 7, 8]] * 4),
+    )
+    for call in refused:
+        with pytest.raises(PosprobeError) as err:
+            call()
+        message = str(err.value)
+        assert "draft model" in message and "shared_kv_states" in message and backbone in message, message
+        assert "\n" not in message

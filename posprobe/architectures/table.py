@@ -288,6 +288,8 @@ class Family:
     rms_when: str | None = None  # config key that, when set, makes every norm an RMS norm with it as epsilon
     # (Cohere 2 MoE's rms_norm_eps; its bias-free LayerNorm otherwise)
     softmax_attention: bool = True  # False: no layer has softmax attention (Mamba, RWKV, xLSTM): refused as such
+    draft_of: str = ""  # a draft model for assisted decoding whose attention reads another model's keys and values:
+    # that model's type (analysed instead); the draft is refused in one line, its `description` saying why
     sizes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # `CONFIG_KEYS` entry -> config keys looked
     # for first: the stack posprobe reads has sizes of its own (Whisper's decoder_layers, decoder_attention_heads)
     text_stack: str = "encoder"  # the stack of an encoder-decoder that reads text and that a capture runs: 'decoder'
@@ -400,6 +402,11 @@ _GEMMA4_ENTRY = dict(
 _GEMMA4 = (
     "rotary embeddings (RoPE), a setting and a head size per layer type; the last num_kv_shared_layers layers "
     "attend to an earlier layer's keys"
+)
+_DRAFT = (
+    "a draft model for assisted decoding: every layer has queries only and attends the keys and values of its "
+    "backbone's last full and sliding layers (shared_kv_states), its input the backbone's last hidden state beside "
+    "the token's embedding; refused on its own: analyse the backbone ({})"
 )
 _GRANITE = dict(scaling="value:attention_multiplier", embed_scale="embedding_multiplier")
 
@@ -926,6 +933,12 @@ FAMILIES: tuple[Family, ...] = (
     # issue 34 (wrap): wrappers that transformers cannot build or run on text: texts run their language model alone
     _wrapper("gemma3n", "gemma3n_text", alone="its vision tower is a timm model, built only with timm installed"),
     _wrapper("llama4", "llama4_text", alone="its forward fails on text once its language model has run"),
+    # Gemma 4's draft models (assisted decoding; a config is valid with text_config hidden_size_per_layer_input 0,
+    # vocab_size_per_layer_input 0, enable_moe_block and use_double_wide_mlp False, every layer KV-shared)
+    *(
+        Family(name, (name,), OTHER, causal=True, draft_of=backbone, description=_DRAFT.format(backbone))
+        for name, backbone in (("gemma4_assistant", "gemma4_text"), ("gemma4_unified_assistant", "gemma4_unified_text"))
+    ),
     _wrapper("emu3", "emu3_text_model", module="text_model", like="llama", rotary_class=_rotary("emu3", "Emu3")),
     Family(  # Phi-3's layout; its vision and audio LoRA adapters are PEFT adapters loaded apart: on text, with
         "phi4_multimodal",  # none active, the base weights compute (its image and audio encoders sit in
@@ -2711,6 +2724,8 @@ def _layer_kind_words(f: Family) -> str:
     """The kinds of layer the family can have, for the README's table (`windows.LayerKind` says them per layer)."""
     if not f.softmax_attention:
         return "no softmax attention (refused)"
+    if f.draft_of:
+        return f"attends {f.draft_of}'s keys and values (refused)"
     if not f.analysable:
         return "—"
     kinds = {ROTARY: ["rope"], NOPE: ["NoPE"], ALIBI: ["ALiBi bias"], BUCKET_BIAS: ["bucket bias"],
@@ -2748,7 +2763,7 @@ def families_markdown() -> str:
         table = f.learned_table or any(k in TABLE_KINDS for k in f.kinds)
         if not f.analysable:
             does = "named in messages; `params`" + (" counts its table" if f.learned_table else "")
-            does = does if f.softmax_attention else "refused in one line"
+            does = does if f.softmax_attention and not f.draft_of else "refused in one line"
         elif all(k in TABLE_KINDS for k in f.kinds):
             does = "`toeplitz`, `fhat`, `profiles`, `fit-tisa`, `compare`" + (", `retrofit`" if f.retrofit else "")
         else:

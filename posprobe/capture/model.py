@@ -57,6 +57,8 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
             f"'{kind}' has {family.mechanism}, so there is no attention to record",
             "`posprobe states` reads its hidden states (every layer)",
         )
+    if family is not None and family.draft_of:
+        raise PosprobeError(f"'{kind}' is {family.mechanism}", f"run texts through {family.draft_of}")
     if family is not None and "codebook_words" in family.tensors:  # MusicGen
         raise PosprobeError(
             f"'{kind}' reads one token of each codebook at every position (audio codes), not one token sequence, so "

@@ -770,6 +770,11 @@ def _analysable_family(source: ModelSource) -> T.Family:
             "terms for posprobe to analyse",
             "posprobe reads models with softmax attention in at least one layer (the README's table of families)",
         )
+    if family.draft_of:
+        raise PosprobeError(
+            f"'{source.name}' ({model_type}) is {family.mechanism}",
+            "a draft model is read through the model it drafts for (the README's table of families)",
+        )
     kind, mechanism = T.position_kind(cfg)
     table = kind in T.TABLE_KINDS and any(k in T.TABLE_KINDS for k in family.kinds)
     scores = kind in family.kinds and kind in SCORE_MODULES
