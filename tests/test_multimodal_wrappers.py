@@ -224,5 +224,6 @@ def test_llama4_texts_run_its_language_model_alone(tmp_path):
     for result in states[:2]:
         np.testing.assert_allclose(result.vectors.norms, states[2].vectors.norms, rtol=1e-6, atol=1e-9)
     documents = [list(range(4, 40)), list(range(40, 80))]
-    losses = [posprobe.context(m, [16], documents=documents, windows=2) for m in (str(tmp_path / "wrapper"), text)]
-    np.testing.assert_allclose(losses[0].perplexity, losses[1].perplexity, rtol=1e-6)
+    losses = [posprobe.context(m, [16], documents=documents, windows=2) for m in runs]
+    for result in losses[:2]:
+        np.testing.assert_allclose(result.perplexity, losses[2].perplexity, rtol=1e-6)

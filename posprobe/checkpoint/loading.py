@@ -141,8 +141,8 @@ def build_model(source: ModelSource, model_class=None, *, verbose: bool = False,
         folder, kwargs["gguf_file"] = source.path.parent, source.path.name
     else:
         kwargs.setdefault("use_safetensors", source.weight_format == "safetensors")
-    if model_class.__name__.startswith("Auto"):  # a wrapper transformers cannot build or run on text: its language
-        kwargs |= language_model_alone(source)  # model alone (Gemma 3n, Llama 4)
+    if model_class.__name__ in ("AutoModel", "AutoModelForCausalLM"):  # a wrapper transformers cannot build or run
+        kwargs |= language_model_alone(source)  # on text: its language model alone (Gemma 3n, Llama 4)
     check_before_load(source)
     from posprobe.runtime.phases import phase
 

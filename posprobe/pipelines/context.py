@@ -240,6 +240,11 @@ def _open(model, need_tokenizer: bool, allow_pickle: bool, source):
         if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
             raise PosprobeError(f"'{type(model).__name__}' has no language-model head",
                                 "pass a ...ForCausalLM model (AutoModelForCausalLM)")  # fmt: skip
+        from posprobe.capture.model import language_model_alone
+
+        alone = language_model_alone(model)  # a wrapper whose forward fails on text (Llama 4): its causal LM
+        if alone.get_output_embeddings() is not None:
+            model = alone
         return model, None, source_from_model(model)
     if source is None:
         source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
