@@ -228,7 +228,9 @@ class Family:
     `tensors['codebook_words']` one word table per codebook ('{c}'), summed (MusicGen).
     A multimodal wrapper (`language_model`, made by `_wrapper`) is read as its language model: (the config key of
     the nested config, the module name its tensors are under, the model type that nested config has); its entry is
-    that language model's entry under the wrapper's name and types (`posprobe.families.language_model`).
+    that language model's entry under the wrapper's name and types (`posprobe.families.language_model`); with
+    `language_model_alone` (why transformers cannot build or run the wrapper on text) texts run that language model
+    alone. `draft_of`: a draft model for assisted decoding that attends that model's keys and values (refused).
     An entry without `word` is known (`params` counts it, analyses name its mechanism) but not analysed.
     """
 
