@@ -105,6 +105,9 @@ IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional", "l
 # transformers' float64 ProphetNet encoder builds its padding mask in float32 (0 x -inf: NaN on every real key)
 IN_FLOAT32 |= {"prophetnet"}
 IN_FLOAT32 |= {"gemma3", "gemma4", "gemma4_unified"}
+# float64 eager Dots3: a sliding row whose keys are all padding takes the float64 minimum, -inf in its float32
+# softmax (NaN), which its next indexed layer spreads to every token
+IN_FLOAT32 |= {"dots3_note_text"}
 
 
 def tolerance(name: str) -> float:

@@ -1705,6 +1705,32 @@ FAMILIES: tuple[Family, ...] = (
             ("glm_moe_dsa", "GlmMoeDsa", HALF_INTERLEAVED),  # interleaved pairs; indexer_types 'shared' layers
         )
     ),  # fmt: skip
+    # issue 34 (dots3): sparse indexed MLA layers beside sliding-window MLA layers of other sizes
+    Family(
+        "dots3_note_text",
+        ("dots3_note_text",),
+        rotary_class=_rotary("dots3_note", "Dots3NoteText"),  # one setting per layer type (base, rotary dims)
+        rotary_layout=HALF_INTERLEAVED,  # the attention's rotary part and its indexer's: interleaved pairs
+        scaling="latent",  # (r + p) ** -0.5 of each layer's own sizes, no YaRN mscale
+        indexer="layers.{l}.self_attn.indexer",
+        windows="layer_types",  # 'sliding_attention' layers: a causal window of config.sliding_window
+        tensors={
+            "indexer_rotary": HALF_INTERLEAVED,
+            "latent_sizes": "per_layer_config",  # heads, ranks and head dims per layer type
+            "latent_lora_scale": "sqrt_hidden_over_rank",  # normed latents times sqrt(d / rank)
+            "latent_norm_eps": "config",  # the MLA block's RMSNorms at config.rms_norm_eps
+            "rotary_key_norm": "k_rope_only_layernorm",  # an RMSNorm of the shared k_rot before it rotates
+        },
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA), a setting and head sizes per "
+        "layer type; the rest position-free; indexed layers attend the top-k keys their indexer picks, sliding "
+        "layers a local window",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.q_a_proj",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),
     Family(
         "hy_v4",
         ("hy_v4",),

@@ -618,6 +618,15 @@ class ModelContext(EmbeddingReader):
             )
         return float(value) ** -0.5 if rule == "rsqrt" else float(value)
 
+    def layer_scaling(self, layer: int) -> float:
+        """`scaling` at depth `layer`: the same at every depth, except an MLA whose head sizes are set per layer
+        (`families.latent.layer_sizes`: Dots3's sliding layers)."""
+        if self.family.scaling == "latent":
+            from posprobe.families.latent import latent_scaling
+
+            return latent_scaling(self, self.stored_layer(layer))
+        return self.scaling
+
     def softcap(self, scores: np.ndarray) -> np.ndarray:
         """The family's logit soft cap `cap * tanh(scores / cap)` where its config sets one; else `scores`."""
         cap = self.config.get(self.family.softcap) if self.family.softcap else None
