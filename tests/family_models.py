@@ -744,6 +744,15 @@ CASES = {
                                                 swa_num_key_value_heads=4, swa_q_lora_rank=16, swa_kv_lora_rank=6,
                                                 swa_head_dim=14, swa_qk_nope_head_dim=8, swa_v_head_dim=8,
                                                 shared_experts_intermediate_size=16)),
+    # the released checkpoint's sliding layers have half the heads of its indexed layers: here 2 of 4
+    "dots3_note_text-heads": ("dots3_note_text", dict(_MLA, num_hidden_layers=2, q_lora_rank=12, head_dim=12,
+                                                      index_topk=5, index_n_heads=4, index_head_dim=8,
+                                                      sliding_window=3,
+                                                      layer_types=["sliding_attention", "indexed_attention"],
+                                                      swa_num_attention_heads=2, swa_num_key_value_heads=2,
+                                                      swa_q_lora_rank=16, swa_kv_lora_rank=8, swa_head_dim=14,
+                                                      swa_qk_nope_head_dim=8, swa_v_head_dim=8,
+                                                      shared_experts_intermediate_size=16)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -793,7 +802,7 @@ ISSUE_34_CASES |= {"gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "mode
                    "gemma4_unified"}  # issue 34 (mm)  # fmt: skip
 ISSUE_34_CASES |= {"laguna"}  # issue 34 (heads)
 _EAGER_EXPERTS += ("dots3_note_text",)  # issue 34 (dots3)
-ISSUE_34_CASES |= {"dots3_note_text"}  # issue 34 (dots3)
+ISSUE_34_CASES |= {"dots3_note_text", "dots3_note_text-heads"}  # issue 34 (dots3)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 

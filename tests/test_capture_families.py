@@ -75,6 +75,7 @@ REFUSED = {
     "funnel-factorized": "did not return one attention matrix per layer",
     "minimax_m3_vl_text": "masks keys per key-head group",  # a block indexer per group: one mask per group
     "laguna": "a query-head count per layer",  # issue 34 (heads): one head axis in the capture's per-layer arrays
+    "dots3_note_text-heads": "a query-head count per layer",  # issue 34 (dots3): sliding layers' own heads
 }
 NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention is checked with the hybrids
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet

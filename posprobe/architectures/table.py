@@ -1724,6 +1724,9 @@ FAMILIES: tuple[Family, ...] = (
         description="rotary embeddings (RoPE) on the rotary part of each head (MLA), a setting and head sizes per "
         "layer type; the rest position-free; indexed layers attend the top-k keys their indexer picks, sliding "
         "layers a local window",
+        capture_note="refused where its layer types have query-head counts of their own (per_layer_config; the "
+        "release: 64 in sliding layers, 128 in the others), which the capture's per-layer arrays (one head axis) do "
+        "not hold; its hidden states are read",
         **{
             **_LLAMA,
             "query": "layers.{l}.self_attn.q_a_proj",
