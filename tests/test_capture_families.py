@@ -108,7 +108,7 @@ IN_FLOAT32 |= {"prophetnet"}
 IN_FLOAT32 |= {"gemma3", "gemma4", "gemma4_unified"}
 # float64 eager Dots3: a sliding row whose keys are all padding takes the float64 minimum, -inf in its float32
 # softmax (NaN), which its next indexed layer spreads to every token
-IN_FLOAT32 |= {"dots3_note_text"}
+IN_FLOAT32 |= {"dots3_note_text", "dots3_note"}
 
 
 def tolerance(name: str) -> float:

@@ -20,7 +20,6 @@ _WRAPS = "multimodal: read as its language model (text_config), but its language
 # model type -> why posprobe does not read it yet (none of these has an analysable entry)
 NOT_YET = {
     # multimodal wrappers (read as their language model once it is read: one `_wrapper` line in the table + a case)
-    "dots3_note": _WRAPS.format("dots3_note_text"),
     "gemma3n": "multimodal (gemma3n_text, read): its vision tower is a timm model (TimmWrapperModel) that transformers "
     "builds only with timm installed, which posprobe does not depend on: no wrapper module here to check a reading",
     "gemma4_unified_assistant": _WRAPS.format("gemma4_unified_text"),

@@ -303,6 +303,8 @@ class Family:
     # config.layer_types names them (Mllama's cross_attention_layers; `layer_types`)
     language_model: tuple[str, str, str] | None = None  # a wrapper: (config key, module name, model type) of its
     # language model, e.g. ('text_config', 'language_model', 'gemma3_text')
+    towers: tuple[str, ...] = ()  # a wrapper's other modules, as saved and as loaded, where its files keep the
+    # language model at the top level, under no module of its own (Dots3): its reader then sees every name outside them
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
     # ** -0.5 (Gemma 2), 'half_head_dim' (d_h / 2) ** -0.5 (Zamba), 'value:KEY' config[KEY] (Granite),
     # 'head_dim_if:KEY' d_h ** -0.5 when config KEY, else 1 (GPT-BigCode's scale_attn_weights), 'disentangled'
@@ -495,9 +497,11 @@ def _wrapper(
     named `module`): a placeholder that `_read_as_language_model` turns into `text`'s entry under this name. A
     language model whose type transformers builds only inside the wrapper (no model class of its own, so no parity
     case of its own) is read as the entry `like` with `changes`, and its type is listed with the wrapper's."""
+    towers = changes.pop("towers", ())
     if like:
         _LIKE[name] = (like, changes)
-    return Family(name, (name, text) if like else (name,), OTHER, language_model=(config_key, module, text))
+    return Family(name, (name, text) if like else (name,), OTHER, language_model=(config_key, module, text),
+                  towers=towers)  # fmt: skip
 
 
 def _read_as_language_model(family: Family, families: tuple[Family, ...]) -> Family:
@@ -509,7 +513,7 @@ def _read_as_language_model(family: Family, families: tuple[Family, ...]) -> Fam
     inner = replace(next(f for f in families if like in f.model_types and f.language_model is None), **changes)
     note = f"a multimodal checkpoint read as its language model, `{text}` ({family.language_model[0]})"
     return replace(inner, name=family.name, model_types=family.model_types, language_model=family.language_model,
-                   description=f"{inner.mechanism}; {note}")  # fmt: skip
+                   towers=family.towers, description=f"{inner.mechanism}; {note}")  # fmt: skip
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -1733,6 +1737,11 @@ FAMILIES: tuple[Family, ...] = (
             "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
             "qkv": LATENT,
         },
+    ),
+    _wrapper(  # its files keep the language model at the top level ('model.layers', or 'layers' from its base model)
+        "dots3_note",
+        "dots3_note_text",
+        towers=("vision_encoder", "audio_encoder", "audio_adapter", "vision_tower", "audio_tower"),
     ),
     Family(
         "hy_v4",
