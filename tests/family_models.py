@@ -81,6 +81,13 @@ _MLA = dict(
     n_group=1,
     topk_group=1,
 )
+# issue 34 (dots3): indexed MLA layers (4 of 12 dims rotate, base 1000; ranks 12 / 8) beside sliding-window layers (a
+# window of 3) with sizes of their own (6 of 14 dims rotate, base 100; ranks 16 / 6); 5 of the 16 keys indexed
+_DOTS3 = dict(_MLA, num_hidden_layers=4, q_lora_rank=12, head_dim=12, index_topk=5, index_n_heads=4, index_head_dim=8,
+              sliding_window=3, layer_types=["indexed_attention", "sliding_attention"] * 2, rope_theta=1000.0,
+              swa_rope_theta=100.0, swa_num_attention_heads=4, swa_num_key_value_heads=4, swa_q_lora_rank=16,
+              swa_kv_lora_rank=6, swa_head_dim=14, swa_qk_nope_head_dim=8, swa_v_head_dim=8,
+              shared_experts_intermediate_size=16)  # fmt: skip
 # weights drawn at unit scale in place of their initial 0.02, where a small one would hide a mechanism (Gemma 3n's
 # AltUp mixing is within 1e-4 of the identity at 0.02)
 _ALTUP = ("altup.modality_router", "altup.prediction_coefs")
@@ -764,6 +771,27 @@ CASES = {
                                                  vision_output_dim=32, projector_input_dim=32,
                                                  projector_output_dim=32, intermediate_layers_indices=[0])),
                dict(own=True)),
+    # issue 34 (dots3): the sizes per layer type in _DOTS3; the wrapper's towers as small as they build
+    "dots3_note_text": ("dots3_note_text", dict(_DOTS3)),
+    # the released checkpoint's sliding layers have half the heads of its indexed layers: here 2 of 4
+    "dots3_note_text-heads": ("dots3_note_text", dict(_MLA, num_hidden_layers=2, q_lora_rank=12, head_dim=12,
+                                                      index_topk=5, index_n_heads=4, index_head_dim=8,
+                                                      sliding_window=3,
+                                                      layer_types=["sliding_attention", "indexed_attention"],
+                                                      swa_num_attention_heads=2, swa_num_key_value_heads=2,
+                                                      swa_q_lora_rank=16, swa_kv_lora_rank=8, swa_head_dim=14,
+                                                      swa_qk_nope_head_dim=8, swa_v_head_dim=8,
+                                                      shared_experts_intermediate_size=16)),
+    # a window of 4: the wrappers' data-conditioned texts (7 and 4 tokens) leave no padding row without a real key,
+    # which float64 eager Dots3 turns into NaN (see IN_FLOAT32 in tests/test_capture_families.py)
+    "dots3_note": ("dots3_note", dict(text_config={**SMALL, **_DOTS3, "sliding_window": 4},
+                                      vision_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                                         num_attention_heads=4, patch_size=4, mlp_layer_types=["dense"],
+                                                         adapter_in_dim=32, adapter_out_dim=32),
+                                      audio_config=dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                                        num_attention_heads=4, feature_size=8, downsample_hidden_size=8,
+                                                        adapter_input_size=32, adapter_out_dim=32,
+                                                        max_position_embeddings=64)), dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -812,6 +840,8 @@ ISSUE_34_CASES |= {"gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "mode
                    "moss_transcribe_diarize", "emu3", "phi4_multimodal", "mllama", "gemma4",
                    "gemma4_unified"}  # issue 34 (mm)  # fmt: skip
 ISSUE_34_CASES |= {"laguna"}  # issue 34 (heads)
+_EAGER_EXPERTS += ("dots3_note_text", "dots3_note")  # issue 34 (dots3)
+ISSUE_34_CASES |= {"dots3_note_text", "dots3_note_text-heads", "dots3_note"}  # issue 34 (dots3)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 

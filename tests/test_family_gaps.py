@@ -20,7 +20,6 @@ _WRAPS = "multimodal: read as its language model (text_config), but its language
 # model type -> why posprobe does not read it yet (none of these has an analysable entry)
 NOT_YET = {
     # multimodal wrappers (read as their language model once it is read: one `_wrapper` line in the table + a case)
-    "dots3_note": _WRAPS.format("dots3_note_text"),
     "qwen4_exp": _WRAPS.format("qwen4_exp_text"),
     # attention that needs new score code
     "blt": "byte latent transformer: byte-level local encoder/decoder layers (self-attention plus cross-attention "
@@ -28,10 +27,6 @@ NOT_YET = {
     "reformer": "LSH layers bucket queries and keys by content (no fixed pairs to score); local layers attend "
     "within chunks and their neighbour chunks (a logsumexp, no softmax call), over factorised axial position tables",
     # sparse / compressed attention
-    "dots3_note_text": "MLA with sizes per layer type (per_layer_config: sliding layers' own heads, q/kv latent ranks, "
-    "rotary and position-free head dims, rope setting), latents rescaled by sqrt(d / rank) after their norms, an "
-    "RMS norm of the shared rotary key before its interleaved rotation, and DSA-indexed layers: posprobe's latent "
-    "reader (families.latent) takes one set of MLA sizes per model and has neither the rescale nor the key norm",
     "qwen4_exp_text": "its PLE layers (config.ple_layer_ids) add to every residual stream, before attention, hashed "
     "n-gram embeddings of the token ids (no row for an average word) passed through a dilated causal convolution over "
     "the sequence (its zero padding sets the first positions apart): no content-free layer input; it also needs new "

@@ -310,6 +310,8 @@ class Family:
     language_model_alone: str = ""  # a wrapper that transformers cannot build or run on text, in words (Gemma 3n's
     # timm vision tower, Llama 4's forward): texts run its language model alone, built from the nested config and
     # the tensors under its module (`families.language_model.alone_loading`, `capture.model.stack_to_run`)
+    towers: tuple[str, ...] = ()  # a wrapper's other modules, as saved and as loaded, where its files keep the
+    # language model at the top level, under no module of its own (Dots3): its reader then sees every name outside them
     scaling: str = "head_dim"  # q.k times: 'head_dim' d_h ** -0.5, 'none' 1 (T5, GPT-Neo), 'rsqrt:KEY' config[KEY]
     # ** -0.5 (Gemma 2), 'half_head_dim' (d_h / 2) ** -0.5 (Zamba), 'value:KEY' config[KEY] (Granite),
     # 'head_dim_if:KEY' d_h ** -0.5 when config KEY, else 1 (GPT-BigCode's scale_attn_weights), 'disentangled'
@@ -514,10 +516,11 @@ def _wrapper(
     language model whose type transformers builds only inside the wrapper (no model class of its own, so no parity
     case of its own) is read as the entry `like` with `changes`, and its type is listed with the wrapper's. `alone`:
     why texts run the language model alone (`Family.language_model_alone`)."""
+    towers = changes.pop("towers", ())
     if like:
         _LIKE[name] = (like, changes)
     return Family(name, (name, text) if like else (name,), OTHER, language_model=(config_key, module, text),
-                  language_model_alone=alone)  # fmt: skip
+                  language_model_alone=alone, towers=towers)  # fmt: skip
 
 
 def _read_as_language_model(family: Family, families: tuple[Family, ...]) -> Family:
@@ -531,7 +534,7 @@ def _read_as_language_model(family: Family, families: tuple[Family, ...]) -> Fam
     if family.language_model_alone:
         note += f"; texts run that language model alone ({family.language_model_alone})"
     return replace(inner, name=family.name, model_types=family.model_types, language_model=family.language_model,
-                   language_model_alone=family.language_model_alone,
+                   language_model_alone=family.language_model_alone, towers=family.towers,
                    description=f"{inner.mechanism}; {note}")  # fmt: skip
 
 
@@ -1737,6 +1740,40 @@ FAMILIES: tuple[Family, ...] = (
             ("glm_moe_dsa", "GlmMoeDsa", HALF_INTERLEAVED),  # interleaved pairs; indexer_types 'shared' layers
         )
     ),  # fmt: skip
+    # issue 34 (dots3): sparse indexed MLA layers beside sliding-window MLA layers of other sizes
+    Family(
+        "dots3_note_text",
+        ("dots3_note_text",),
+        rotary_class=_rotary("dots3_note", "Dots3NoteText"),  # one setting per layer type (base, rotary dims)
+        rotary_layout=HALF_INTERLEAVED,  # the attention's rotary part and its indexer's: interleaved pairs
+        scaling="latent",  # (r + p) ** -0.5 of each layer's own sizes, no YaRN mscale
+        indexer="layers.{l}.self_attn.indexer",
+        windows="layer_types",  # 'sliding_attention' layers: a causal window of config.sliding_window
+        tensors={
+            "indexer_rotary": HALF_INTERLEAVED,
+            "latent_sizes": "per_layer_config",  # heads, ranks and head dims per layer type
+            "latent_lora_scale": "sqrt_hidden_over_rank",  # normed latents times sqrt(d / rank)
+            "latent_norm_eps": "config",  # the MLA block's RMSNorms at config.rms_norm_eps
+            "rotary_key_norm": "k_rope_only_layernorm",  # an RMSNorm of the shared k_rot before it rotates
+        },
+        description="rotary embeddings (RoPE) on the rotary part of each head (MLA), a setting and head sizes per "
+        "layer type; the rest position-free; indexed layers attend the top-k keys their indexer picks, sliding "
+        "layers a local window",
+        capture_note="refused where its layer types have query-head counts of their own (per_layer_config; the "
+        "release: 64 in sliding layers, 128 in the others), which the capture's per-layer arrays (one head axis) do "
+        "not hold; its hidden states are read",
+        **{
+            **_LLAMA,
+            "query": "layers.{l}.self_attn.q_a_proj",
+            "key": "layers.{l}.self_attn.kv_a_proj_with_mqa",
+            "qkv": LATENT,
+        },
+    ),
+    _wrapper(  # its files keep the language model at the top level ('model.layers', or 'layers' from its base model)
+        "dots3_note",
+        "dots3_note_text",
+        towers=("vision_encoder", "audio_encoder", "audio_adapter", "vision_tower", "audio_tower"),
+    ),
     Family(
         "hy_v4",
         ("hy_v4",),

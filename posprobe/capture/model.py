@@ -81,14 +81,16 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
             "its content-free scores (`posprobe fhat`, `profiles`) read the text's pairs",
         )
     per_layer = family.tensors.get("query_heads_per_layer") if family is not None else None
-    if attention and per_layer and len(set(getattr(cfg, per_layer, None) or [0])) > 1:  # Laguna
+    counts = getattr(cfg, per_layer, None) if per_layer else _per_layer_config_heads(family, cfg)
+    if attention and len(set(counts or [0])) > 1:  # Laguna; Dots3's sliding layers (per_layer_config)
         raise PosprobeError(
-            f"'{kind}' has a query-head count per layer ({per_layer} = {getattr(cfg, per_layer)}), and the capture "
-            "records one head count for every layer, so its attention on text is not recorded",
+            f"'{kind}' has a query-head count per layer ({per_layer or 'per_layer_config'}: {counts}), and the "
+            "capture records one head count for every layer, so its attention on text is not recorded",
             "its content-free scores (`posprobe fhat`, `profiles`, `fit-tisa`) read every layer's own heads; "
             "`posprobe states` reads its hidden states",
         )
-    layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)
+    layers = getattr(cfg, "num_hidden_layers", None)
+    heads = max(counts) if counts else getattr(cfg, "num_attention_heads", None)
     if family is not None and family.sizes:  # the stack it reads has sizes of its own (Whisper's decoder)
         from posprobe.architectures.table import config_value, stack_sizes
 
@@ -101,6 +103,15 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
 
         heads = softmax_heads(family, cfg.to_dict(), int(heads))
     return int(layers), int(heads)
+
+
+def _per_layer_config_heads(family, cfg) -> list[int] | None:
+    """Each layer's query-head count where the family reads MLA sizes per layer from transformers' per_layer_config
+    (`Family.tensors['latent_sizes']`: Dots3), else None (transformers refuses config.num_attention_heads there
+    when the counts differ)."""
+    if family is None or family.tensors.get("latent_sizes") != "per_layer_config":
+        return None
+    return [int(cfg.per_layer_config[layer].num_attention_heads) for layer in range(cfg.num_hidden_layers)]
 
 
 def attention_layers(model, n_layers: int | None = None) -> list[int]:

@@ -372,8 +372,13 @@ class ModelContext(EmbeddingReader):
     def layer_shape(self, layer: int) -> Shape:
         """The sizes of stored layer `layer`: the config's, with the layer's own head size and key-head count where
         the config sets them per layer (`tensors['per_layer_heads']`: transformers' per_layer_config, Gemma 4's
-        global layers)."""
+        global layers; `tensors['latent_sizes']`: an MLA's heads and head size per layer, Dots3)."""
         name = self.family.tensors.get("per_layer_heads")
+        if self.family.tensors.get("latent_sizes"):  # MLA sizes per layer (Dots3): every head its own key
+            from posprobe.families.latent import layer_sizes
+
+            own = layer_sizes(self, layer)
+            return replace(self.shape, heads=own.heads, kv_heads=own.heads, head_dim=own.rope + own.nope)
         if self.family.tensors.get("query_heads_per_layer"):  # Laguna: the layer's own query-head count
             counts = query_heads_per_layer(self.config, self.source.name, self.family, self.shape.kv_heads)
             return self.shape if counts is None else replace(self.shape, heads=counts[layer])
@@ -617,6 +622,15 @@ class ModelContext(EmbeddingReader):
                 "re-save the checkpoint with `save_pretrained` (it writes every field)",
             )
         return float(value) ** -0.5 if rule == "rsqrt" else float(value)
+
+    def layer_scaling(self, layer: int) -> float:
+        """`scaling` at depth `layer`: the same at every depth, except an MLA whose head sizes are set per layer
+        (`families.latent.layer_sizes`: Dots3's sliding layers)."""
+        if self.family.scaling == "latent":
+            from posprobe.families.latent import latent_scaling
+
+            return latent_scaling(self, self.stored_layer(layer))
+        return self.scaling
 
     def softcap(self, scores: np.ndarray) -> np.ndarray:
         """The family's logit soft cap `cap * tanh(scores / cap)` where its config sets one; else `scores`."""

@@ -2,7 +2,8 @@
 picks each query's top-k keys, and the layer's softmax runs over those keys only.
 
 The indexer of layer l (module `Family.indexer`) reads the layer input x (d,) after the layer's input norm, and the
-query LoRA's normed latent c = RMSNorm(x W_qa + b_qa) of the layer's latent attention (`families.latent`):
+query LoRA's normed latent c = RMSNorm(x W_qa + b_qa) of the layer's latent attention (`families.latent.query_latent`:
+times sqrt(d / q_lora_rank) where the family rescales it, Dots3):
 - H_I query heads q_h = c W_q[h] (d_I dims each) and one key k = LayerNorm(x W_k) (d_I; epsilon 1e-6, or the
   config's norm epsilon with `tensors['indexer_norm_eps']` 'config'), the first r = qk_rope_head_dim dims of each
   (the last r with `tensors['indexer_rope_dims']` 'last': HY-V4) rotated to their positions, paired as
@@ -29,9 +30,8 @@ import numpy as np
 
 from posprobe.architectures import table as T
 from posprobe.families.embeddings import apply_norm
+from posprobe.families.latent import query_latent
 from posprobe.families.windows import INDEXED, LayerKind
-
-LATENT_QUERY = "layers.{l}.self_attn."  # the latent attention's query LoRA, whose normed latent the indexer reads
 
 
 def indexer_layers(ctx, count: int) -> list[int | None]:
@@ -55,8 +55,7 @@ def index_scores(ctx, layer: int, n: int) -> np.ndarray:
     hides key j from query i (j > i)."""
     prefix = ctx.family.indexer + "."
     x = ctx.word_input(layer)  # (d,), after the layer's input norm
-    w, b = ctx.linear(LATENT_QUERY + "q_a_proj", layer)
-    latent = apply_norm(x @ w.T + b, T.RMSNORM, ctx.tensor(LATENT_QUERY + "q_a_layernorm.weight", layer), None, 1e-6)
+    latent = query_latent(ctx, x[None], layer)[0]  # (q_lora_rank,): the latent attention's, as the indexer reads it
     wq = ctx.tensor(prefix + "wq_b.weight", layer)
     dim = ctx.tensor(prefix + "wk.weight", layer).shape[0]
     q = (latent @ wq.T).reshape(-1, dim)  # (H_I, d_I)
@@ -67,7 +66,7 @@ def index_scores(ctx, layer: int, n: int) -> np.ndarray:
     if ctx.family.tensors.get("indexer_rope_dims") == "last":  # HY-V4 rotates the last r dims: move them first
         r = int(ctx.config["qk_rope_head_dim"])
         q, k = np.roll(q, r, axis=-1), np.roll(k, r, axis=-1)
-    offsets = offset_scores(q, k, weights, *_angles(ctx, n), ctx.family.tensors["indexer_rotary"])  # (n,): -k
+    offsets = offset_scores(q, k, weights, *_angles(ctx, n, layer), ctx.family.tensors["indexer_rotary"])  # (n,): -k
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     return np.where(j <= i, offsets[np.clip(i - j, 0, None)], -np.inf)
 
@@ -86,12 +85,15 @@ def offset_scores(q, k, weights, cos, sin, layout: str) -> np.ndarray:
     return weights @ per_head
 
 
-def _angles(ctx, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _angles(ctx, n: int, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rotary angles layer `layer`'s indexer reads: the model's one setting, or its layer type's (Dots3)."""
     from posprobe.families.rotary import rotary_angles
+    from posprobe.families.windows import takes_layer_type
 
-    if ("rotary", n, None) not in ctx.cache:
-        ctx.cache["rotary", n, None] = rotary_angles(ctx, n)
-    return ctx.cache["rotary", n, None]
+    setting = (ctx.transformers_config.layer_types[layer], None) if takes_layer_type(ctx) else None
+    if ("rotary", n, setting) not in ctx.cache:
+        ctx.cache["rotary", n, setting] = rotary_angles(ctx, n, *(setting or ()))
+    return ctx.cache["rotary", n, setting]
 
 
 def selection(ctx, layer: int, n: int, topk: int) -> np.ndarray:

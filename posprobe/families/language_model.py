@@ -19,12 +19,16 @@ from posprobe.errors import PosprobeError
 
 
 class LanguageModelReader:
-    """A tensor reader restricted to the names under module `module` (a whole dotted component of the name):
-    `keys` and `find_suffix` see those only; everything else is the wrapped reader's."""
+    """A tensor reader restricted to the names under module `module` (a whole dotted component of the name), or,
+    where none is and the wrapper names its `towers` (`Family.towers`: Dots3's files keep the language model at the
+    top level), to the names under none of those: `keys` and `find_suffix` see those only; everything else is the
+    wrapped reader's."""
 
-    def __init__(self, reader, module: str):
+    def __init__(self, reader, module: str, towers: tuple[str, ...] = ()):
         self._reader, self._module = reader, module
         self._names = [k for k in reader.keys() if f".{module}." in f".{k}"]
+        if not self._names and towers:
+            self._names = [k for k in reader.keys() if not any(f".{tower}." in f".{k}" for tower in towers)]
 
     def keys(self) -> list[str]:
         return list(self._names)
@@ -61,5 +65,5 @@ def language_model_view(source, reader):
             config_hint(source.name, "pass a checkpoint whose config.json is as transformers saves it"),
         )
     config = validate_config(T.language_model_config(source.config), source.name)
-    reader = None if reader is None else LanguageModelReader(reader, module)  # None: a config read alone
+    reader = None if reader is None else LanguageModelReader(reader, module, family.towers)  # None: config alone
     return replace(source, config=config, wrapper=source.model_type), reader

@@ -155,7 +155,7 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
     if kind.nope:  # a NoPE layer: no rotation, F̂(i, j) = q_i . k_j * scaling (one value for a constant input)
         if ctx.family.qk_norm_after_rotary:
             q, k = ctx.qk_norm(q, k, layer, stack)
-        scores = nope_scores(q * ctx.scaling, k, n)
+        scores = nope_scores(q * ctx.layer_scaling(layer), k, n)
         temperature = query_temperature(ctx, n)
         return ctx.softcap(scores if temperature is None else scores * temperature[:, None])
     setting = layer_rotary(ctx, layer, n, stack)
@@ -188,7 +188,7 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
             qr, kr = qr[..., order], kr[..., order]
         else:
             qr, kr = ctx.qk_norm(qr, kr, layer, stack)
-    qr = qr * ctx.scaling
+    qr = qr * ctx.layer_scaling(layer)
     # Query heads h = g * m .. g * m + m - 1 read key head g: one (m n, d_h) x (d_h, n) product per group.
     grouped = qr.reshape(kv_heads, (heads // kv_heads) * n, dh)
     scores = grouped @ np.ascontiguousarray(kr.transpose(0, 2, 1))  # (H_kv, m n, n)
