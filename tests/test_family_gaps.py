@@ -24,7 +24,6 @@ NOT_YET = {
     "gemma3n": "multimodal (gemma3n_text, read): its vision tower is a timm model (TimmWrapperModel) that transformers "
     "builds only with timm installed, which posprobe does not depend on: no wrapper module here to check a reading",
     "gemma4_unified_assistant": _WRAPS.format("gemma4_unified_text"),
-    "qwen4_exp": _WRAPS.format("qwen4_exp_text"),
     "gemma4_assistant": "a draft model for Gemma 4's assisted decoding (reads the backbone's hidden states; not "
     "examined) whose own config fails transformers' validation by default; " + _WRAPS.format("gemma4_text"),
     "llama4": "multimodal (llama4_text, read): transformers' Llama4ForConditionalGeneration.forward fails on text "
@@ -39,12 +38,6 @@ NOT_YET = {
     "rotary and position-free head dims, rope setting), latents rescaled by sqrt(d / rank) after their norms, an "
     "RMS norm of the shared rotary key before its interleaved rotation, and DSA-indexed layers: posprobe's latent "
     "reader (families.latent) takes one set of MLA sizes per model and has neither the rescale nor the key norm",
-    "qwen4_exp_text": "its PLE layers (config.ple_layer_ids) add to every residual stream, before attention, hashed "
-    "n-gram embeddings of the token ids (no row for an average word) passed through a dilated causal convolution over "
-    "the sequence (its zero padding sets the first positions apart): no content-free layer input; it also needs new "
-    "code for its gated stream mix (grouped RMSNorm, low-rank sigmoid weights, mean over streams) and its indexer "
-    "(top-k blocks of mean-pooled keys rotated at each block's start, plus the query's partial block); its M-RoPE is "
-    "plain RoPE on text; linear-attention layers between",
     "deepseek_v4": "every layer attends a sliding window of raw keys (position by position, learned sinks), but "
     "through a layout posprobe lacks: a query LoRA with an unweighted per-head norm, one shared key-value head, "
     "interleaved RoPE on each head's trailing dims, a rope per layer type ('main' for sliding layers, 'compress' for "
