@@ -498,3 +498,40 @@ def test_trocr_checkpoint_loads_as_its_causal_lm(tmp_path):
     result = attention_profiles(str(tmp_path), input_ids=[[5, 6, 7, 8]], max_length=8, weights_correlation=False)
     assert (result.n_layers, result.n_heads, result.model_type) == (2, 4, "trocr")
     assert np.isfinite(result.profiles.prob_profiles[:, :, 7 - 3 : 8]).all()
+
+
+@pytest.mark.slow
+def test_qwen4_exp_mixes_its_streams_as_its_module_and_keeps_ple_out_of_its_attention_layers():
+    """Qwen4-Exp (issue 34, qwen4): an indexed layer reads the gated mix of its streams, each holding the
+    embedding-level input, exactly as its hyper-connection module computes it; its PLE (hashed n-gram embeddings) is
+    refused by its config on an attention layer, so no attention layer's content-free input holds it (SPEC §9); its
+    indexer drops earlier keys but keeps each query's partial block; text-conditioned inputs are refused."""
+    import torch
+    from family_models import build
+    from huggingface_hub.errors import StrictDataclassClassValidationError
+    from transformers import AutoConfig
+
+    from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+    from posprobe.families.context import ModelContext
+    from posprobe.families.stream_mix import gated_stream_mix
+
+    model = build("qwen4_exp_text")
+    ctx = ModelContext(source_from_model(model), StateDictReader(model), mode="faithful")
+    x = np.random.default_rng(0).normal(size=(5, ctx.shape.hidden))
+    streams = torch.from_numpy(x).repeat(1, model.config.hc_count)[None]
+    with torch.no_grad():
+        theirs = model.layers[1].attn_hyper_connection(streams)[0][0].numpy()
+    np.testing.assert_allclose(gated_stream_mix(ctx, 1, x), theirs, rtol=1e-5, atol=1e-6)  # its norms: float32
+    assert np.abs(gated_stream_mix(ctx, 1, x) - gated_stream_mix(ctx, 3, x)).max() > 1e-3  # a mix per layer
+    config = case("qwen4_exp_text").config
+    with pytest.raises(StrictDataclassClassValidationError, match="PLE is only supported on linear_attention layers"):
+        AutoConfig.for_model("qwen4_exp_text", **{**config, "ple_layer_ids": [2]})  # layer 1: indexed
+    n, size = 16, model.config.indexer_compress_ratio
+    picked = ctx.layer_kinds(n)[1].allowed(n)
+    causal = np.tril(np.ones((n, n), dtype=bool))
+    assert not (picked & ~causal).any() and (causal & ~picked).any()
+    for i in range(n):
+        assert picked[i, (i + 1) // size * size : i + 1].all()  # the query's partial block
+    with pytest.raises(PosprobeError) as err:
+        ctx.query_key_of(np.ones((3, ctx.shape.hidden)), 1)
+    assert "hyper-connection streams" in str(err.value) and "\n" not in str(err.value)
