@@ -119,6 +119,16 @@ _QWEN3_5_TEXT = dict(SMALL, num_key_value_heads=2, max_position_embeddings=64, p
 # M-RoPE: the rotary half of each head (8 dims, 4 pairs) split over the temporal, height and width axes
 _MROPE = dict(rope_type="default", rope_theta=1000.0, partial_rotary_factor=0.5, mrope_section=[2, 1, 1],
               mrope_interleaved=True)  # fmt: skip
+# issue 34 (qwen4): Qwen4-Exp's language model (its wrapper's text_config too)
+_QWEN4_EXP_TEXT = dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+                       pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                       layer_types=["linear_attention", "indexed_attention"] * 2, linear_num_value_heads=4,
+                       linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8, num_experts=2,
+                       num_experts_per_tok=1, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                       hc_count=3, hc_lowrank=8, ple_layer_ids=[1], ple_embed_dim=16, heads_per_ngram=2,
+                       ngram_vocab_size_base=101, indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=8,
+                       indexer_budget=6, indexer_compress_ratio=3)  # fmt: skip
+_QWEN4_EXP_ROPE = dict(rope_type="default", rope_theta=100.0, partial_rotary_factor=0.5, mrope_section=[2, 1, 1])
 _ULTRABERT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                    "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}  # fmt: skip
 
@@ -792,6 +802,13 @@ CASES = {
                                                         num_attention_heads=4, feature_size=8, downsample_hidden_size=8,
                                                         adapter_input_size=32, adapter_out_dim=32,
                                                         max_position_embeddings=64)), dict(own=True)),
+    # issue 34 (qwen4)
+    # Qwen4-Exp: 3 hyper-connection streams; indexed layers 1 and 3 (a block indexer: 2 of the complete blocks of 3
+    # mean-pooled keys per query, plus its partial block; it rotates all 8 of its dims, the attention the first 8 of
+    # 16); gated DeltaNet layers 0 and 2, layer 0 with hashed n-gram embeddings (PLE)
+    "qwen4_exp_text": ("qwen4_exp_text", dict(_QWEN4_EXP_TEXT, rope_parameters=_QWEN4_EXP_ROPE)),
+    "qwen4_exp": ("qwen4_exp", dict(text_config=dict(SMALL, **_QWEN4_EXP_TEXT, rope_parameters=_QWEN4_EXP_ROPE),
+                                    vision_config=_QWEN_VISION), dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -842,6 +859,9 @@ ISSUE_34_CASES |= {"gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "mode
 ISSUE_34_CASES |= {"laguna"}  # issue 34 (heads)
 _EAGER_EXPERTS += ("dots3_note_text", "dots3_note")  # issue 34 (dots3)
 ISSUE_34_CASES |= {"dots3_note_text", "dots3_note_text-heads", "dots3_note"}  # issue 34 (dots3)
+ISSUE_34_CASES |= {"gemma3n", "llama4"}  # issue 34 (wrap)
+ISSUE_34_CASES |= {"qwen4_exp_text", "qwen4_exp"}  # issue 34 (qwen4)
+_EAGER_EXPERTS += ("qwen4_exp_text", "qwen4_exp")  # issue 34 (qwen4)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 

@@ -64,6 +64,7 @@ HYBRIDS = ("lfm2", "bamba", "jamba", "qwen3_next", "granitemoehybrid", "granitem
            "olmo_hybrid", "lfm2_moe", "qwen3_5_text", "qwen3_5_moe_text", "nemotron_h",
            "recurrent_gemma", "zamba", "zamba2", "zamba2-nope", "kimi_linear", "bailing_hybrid", "lara_mini",
            "lfm3", "qwen3_5", "qwen3_5_moe", "mllama")  # fmt: skip
+HYBRIDS += ("qwen4_exp_text", "qwen4_exp")  # issue 34 (qwen4)
 REFUSED = {
     "falcon-alibi": "eager attention .* gives other outputs than its sdpa",  # transformers' eager adds ALiBi twice
     "longformer": "not one softmax over all keys",  # sliding chunks
@@ -86,6 +87,7 @@ QUICK = {"t5", "bloom"}
 # hidden state per layer: a capture that asks for them is refused in one line (test_capture_equals_each_text_run_alone)
 STREAMS = {"gemma3n_text", "hy_v4"}
 STREAMS |= {"gemma3n"}  # issue 34 (wrap): Gemma 3n's wrapper runs its language model
+STREAMS |= {"qwen4_exp_text", "qwen4_exp"}  # issue 34 (qwen4): its hyper-connection streams
 RETURNS_SCORES = {"squeezebert", "prophetnet"}  # their `output_attentions` are the pre-softmax scores
 # models whose input is not one token sequence (MusicGen: one token of each codebook at every position): no capture
 NOT_TEXT = {"musicgen_decoder", "musicgen_melody_decoder"}
@@ -416,7 +418,7 @@ def test_hidden_states_of_a_model_that_pools_the_sequence_are_refused(name):
 
 
 @pytest.mark.parametrize("name", _params([n for n in [*sorted(set(REFUSED) - set(POOLED)), "t5", "bloom", *HYBRIDS]
-                                          if n not in NO_HIDDEN_STATES], quick={"t5", "lfm2"}))  # fmt: skip
+                                          if n not in NO_HIDDEN_STATES | STREAMS], quick={"t5", "lfm2"}))  # fmt: skip
 def test_hidden_states_alone_for_refused_and_eager_families(name):
     """Without attention nothing is recorded: hidden states are the model's own (its default attention, whatever
     it is; an encoder-decoder's encoder; every layer of a hybrid), each text as if run alone."""

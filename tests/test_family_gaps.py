@@ -20,19 +20,12 @@ _WRAPS = "multimodal: read as its language model (text_config), but its language
 # model type -> why posprobe does not read it yet (none of these has an analysable entry)
 NOT_YET = {
     # multimodal wrappers (read as their language model once it is read: one `_wrapper` line in the table + a case)
-    "qwen4_exp": _WRAPS.format("qwen4_exp_text"),
     # attention that needs new score code
     "blt": "byte latent transformer: byte-level local encoder/decoder layers (self-attention plus cross-attention "
     "to patches) around a global transformer over patches whose bounds an entropy model picks: no one layer order",
     "reformer": "LSH layers bucket queries and keys by content (no fixed pairs to score); local layers attend "
     "within chunks and their neighbour chunks (a logsumexp, no softmax call), over factorised axial position tables",
     # sparse / compressed attention
-    "qwen4_exp_text": "its PLE layers (config.ple_layer_ids) add to every residual stream, before attention, hashed "
-    "n-gram embeddings of the token ids (no row for an average word) passed through a dilated causal convolution over "
-    "the sequence (its zero padding sets the first positions apart): no content-free layer input; it also needs new "
-    "code for its gated stream mix (grouped RMSNorm, low-rank sigmoid weights, mean over streams) and its indexer "
-    "(top-k blocks of mean-pooled keys rotated at each block's start, plus the query's partial block); its M-RoPE is "
-    "plain RoPE on text; linear-attention layers between",
     "deepseek_v4": "every layer attends a sliding window of raw keys (position by position, learned sinks), but "
     "through a layout posprobe lacks: a query LoRA with an unweighted per-head norm, one shared key-value head, "
     "interleaved RoPE on each head's trailing dims, a rope per layer type ('main' for sliding layers, 'compress' for "
@@ -538,3 +531,39 @@ def test_gemma4_draft_models_attend_their_backbones_keys_and_are_refused_in_one_
         message = str(err.value)
         assert "draft model" in message and "shared_kv_states" in message and backbone in message, message
         assert "\n" not in message
+
+
+def test_qwen4_exp_mixes_its_streams_as_its_module_and_keeps_ple_out_of_its_attention_layers():
+    """Qwen4-Exp (issue 34, qwen4): an indexed layer reads the gated mix of its streams, each holding the
+    embedding-level input, exactly as its hyper-connection module computes it; its PLE (hashed n-gram embeddings) is
+    refused by its config on an attention layer, so no attention layer's content-free input holds it (SPEC §9); its
+    indexer drops earlier keys but keeps each query's partial block; text-conditioned inputs are refused."""
+    import torch
+    from family_models import build
+    from huggingface_hub.errors import StrictDataclassClassValidationError
+    from transformers import AutoConfig
+
+    from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+    from posprobe.families.context import ModelContext
+    from posprobe.families.stream_mix import gated_stream_mix
+
+    model = build("qwen4_exp_text")
+    ctx = ModelContext(source_from_model(model), StateDictReader(model), mode="faithful")
+    x = np.random.default_rng(0).normal(size=(5, ctx.shape.hidden))
+    streams = torch.from_numpy(x).repeat(1, model.config.hc_count)[None]
+    with torch.no_grad():
+        theirs = model.layers[1].attn_hyper_connection(streams)[0][0].numpy()
+    np.testing.assert_allclose(gated_stream_mix(ctx, 1, x), theirs, rtol=1e-5, atol=1e-6)  # its norms: float32
+    assert np.abs(gated_stream_mix(ctx, 1, x) - gated_stream_mix(ctx, 3, x)).max() > 1e-3  # a mix per layer
+    config = case("qwen4_exp_text").config
+    with pytest.raises(StrictDataclassClassValidationError, match="PLE is only supported on linear_attention layers"):
+        AutoConfig.for_model("qwen4_exp_text", **{**config, "ple_layer_ids": [2]})  # layer 1: indexed
+    n, size = 16, model.config.indexer_compress_ratio
+    picked = ctx.layer_kinds(n)[1].allowed(n)
+    causal = np.tril(np.ones((n, n), dtype=bool))
+    assert not (picked & ~causal).any() and (causal & ~picked).any()
+    for i in range(n):
+        assert picked[i, (i + 1) // size * size : i + 1].all()  # the query's partial block
+    with pytest.raises(PosprobeError) as err:
+        ctx.query_key_of(np.ones((3, ctx.shape.hidden)), 1)
+    assert "hyper-connection streams" in str(err.value) and "\n" not in str(err.value)

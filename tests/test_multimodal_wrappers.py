@@ -22,6 +22,12 @@ from posprobe.families.context import ModelContext
 WRAPPERS = ("gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "modernvbert", "ultravbert",
             "moss_transcribe_diarize", "emu3", "mllama", "gemma4", "gemma4_unified", "dots3_note")  # fmt: skip
 WRAPPERS += ("llama4",)  # issue 34 (wrap): its text runs its language model alone (stack_to_run)
+WRAPPERS += ("qwen4_exp",)  # issue 34 (qwen4)
+# wrappers whose texts give no layer inputs, refused in one line: Mllama skips its cross-attention layers on text (no
+# hidden state enters them); Qwen4-Exp's hidden states are several streams side by side (issue 34, qwen4); Dots3's
+# indexers pick keys on the content-free input (SPEC §9)
+TEXT_REFUSED = {"mllama": r"skips its layers \[1\] on text", "qwen4_exp": r"\(several streams per layer\)",
+                "dots3_note": "on the content-free input only"}  # fmt: skip
 
 
 def _language_model(model):
@@ -89,7 +95,7 @@ def test_a_wrapper_without_its_language_models_config_is_refused_in_one_line(tmp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_5_moe"])
+@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_5_moe", "qwen4_exp"])
 def test_mrope_gives_a_text_token_its_one_position_on_every_axis(name):
     """M-RoPE (Qwen3.5): each rotary frequency reads the temporal, height or width position (rope_parameters'
     mrope_section, interleaved). On text the wrapper gives its language model's rotary module the same position on
@@ -119,20 +125,13 @@ def test_mrope_gives_a_text_token_its_one_position_on_every_axis(name):
 @pytest.mark.parametrize("name", WRAPPERS)
 def test_a_wrappers_data_conditioned_scores_are_its_language_models(name):
     """SPEC §13 on texts: the wrapper runs its language model on them, so its hidden states and data-conditioned
-    scores are those of its language model alone; Mllama, whose cross-attention layers are skipped on text (no
-    hidden state enters them), and Dots3, whose indexers pick keys on the content-free input, are refused in one
-    line."""
+    scores are those of its language model alone; those of `TEXT_REFUSED` are refused in one line."""
     model = build(name)
     text = type(_language_model(model))(model.config.get_text_config()).to(model.dtype).eval()
     text.load_state_dict(_language_model(model).state_dict())
     texts = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15]]
-    if name == "mllama":
-        with pytest.raises(PosprobeError, match=r"skips its layers \[1\] on text") as err:
-            posprobe.fhat(model, layer=-1, positions=8, input_ids=texts, input="mean")
-        assert "\n" not in str(err.value)
-        return
-    if name == "dots3_note":  # sparse indexed layers: read on the content-free input only (SPEC §9), refused here
-        with pytest.raises(PosprobeError, match="on the content-free input only") as err:
+    if name in TEXT_REFUSED:
+        with pytest.raises(PosprobeError, match=TEXT_REFUSED[name]) as err:
             posprobe.fhat(model, layer=-1, positions=8, input_ids=texts, input="mean")
         assert "\n" not in str(err.value)
         return

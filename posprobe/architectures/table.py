@@ -95,7 +95,8 @@ WINDOW_RULES = (
     "per_layer_config",  # config.per_layer_config[l].sliding_window, when set: |j - i| <= it (NeoMME); else full
 )
 # config.layer_types values of softmax-attention layers; a hybrid's other layers (`Family.hybrid`) have none.
-ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "hybrid")
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "hybrid",
+                         "indexed_attention")  # fmt: skip
 # How `posprobe attention` records a family's attention (`Family.capture`; posprobe.capture picks the route from the
 # model class at run time, and tests/test_capture_families.py checks that each tested family takes the route named
 # here). An encoder-decoder runs its encoder stack.
@@ -204,7 +205,9 @@ class Family:
     'mlp_layer_entries' Dory's unit-norm q and k, per-channel query scale and config layout, 'nope_query_scale'
     the family's own function of the positions that scales a NoPE layer's query (Beam); 'more_words' the words
     the word table holds beyond vocab_size, averaged with the others (Moshi's 1, Mllama's 8);
-    'query_heads_per_layer' a config list of each layer's query-head count (Laguna: H is the largest, SPEC §9)).
+    'query_heads_per_layer' a config list of each layer's query-head count (Laguna: H is the largest, SPEC §9);
+    'stream_mix' the module of a layer's gated mix of hyper-connection streams (Qwen4-Exp: `families.stream_mix`),
+    'indexer_blocks' 'mean' for an indexer that scores mean-pooled key blocks (`families.pooled_blocks`)).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
@@ -928,6 +931,7 @@ FAMILIES: tuple[Family, ...] = (
     _wrapper("gemma3", "gemma3_text"),
     _wrapper("qwen3_5", "qwen3_5_text"),  # M-RoPE: a text token's position is the same on every axis
     _wrapper("qwen3_5_moe", "qwen3_5_moe_text"),
+    _wrapper("qwen4_exp", "qwen4_exp_text"),  # issue 34 (qwen4); M-RoPE as Qwen3.5's
     _wrapper("got_ocr2", "qwen2"),
     _wrapper("fuyu", "persimmon"),  # image patches enter as embeddings through a Linear: no vision attention
     _wrapper("modernvbert", "modernbert", module="text_model"),
@@ -1394,6 +1398,25 @@ FAMILIES: tuple[Family, ...] = (
             ("qwen3_5_text", "qwen3_5", "Qwen3_5Text"),
             ("qwen3_5_moe_text", "qwen3_5_moe", "Qwen3_5MoeText"),
         )
+    ),
+    # issue 34 (qwen4): Qwen3.5's gated attention behind a gated mix of hyper-connection streams, a block indexer
+    Family(
+        "qwen4_exp_text",
+        ("qwen4_exp_text",),
+        rotary_class=_rotary("qwen4_exp", "Qwen4ExpText"),  # partial rotary; M-RoPE, one position for all its axes
+        qk_norm=_QK_NORM,
+        indexer="layers.{l}.self_attn.indexer",
+        hybrid="gated DeltaNet linear-attention layers (some with hashed n-gram embeddings: PLE)",
+        tensors={
+            "stream_mix": "layers.{l}.attn_hyper_connection",  # the layer's gated mix of its streams (no input norm)
+            "indexer_blocks": "mean",  # blocks of keys mean-pooled, each rotated at its start (families.pooled_blocks)
+        },
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE,
+        description="rotary embeddings (RoPE) in its gated attention layers, each query attending the key blocks its "
+        "indexer picks (top-k mean-pooled blocks plus its own partial block); hyper-connection streams; gated "
+        "DeltaNet layers between them",
+        **{**_LLAMA, "pre_norm": None, "qkv": GATED_QUERY, "norm": RMSNORM_PLUS1},
     ),
     Family(
         "granitemoehybrid",

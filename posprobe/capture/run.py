@@ -437,10 +437,15 @@ def _batch_capture(
 def _check_hidden(model, hidden: tuple, length: int) -> None:
     """Every hidden state must hold one row per input position: a model that pools the sequence between layers
     (Funnel's blocks) has no state per position at every depth, and is refused; so is one that returns several
-    streams per layer (Gemma 3n's AltUp stack, HY-V4's hyper-connection streams)."""
-    if any(h.ndim != 3 for h in hidden):  # Gemma 3n: a stack of AltUp streams per layer
+    streams per layer (Gemma 3n's AltUp stack, HY-V4's hyper-connection streams; Qwen4-Exp's side by side, a
+    width of several times the hidden size)."""
+    width = getattr(model.config.get_text_config(), "hidden_size", None)
+    side_by_side = [h for h in hidden if width and h.shape[-1] != width and h.shape[-1] % width == 0]
+    streams = [h for h in hidden if h.ndim != 3] + side_by_side  # Gemma 3n: a stack of AltUp streams per layer
+    if streams:
+        shape = tuple(streams[0].shape)
         raise PosprobeError(
-            f"the model returns hidden states of shape {tuple(next(h for h in hidden if h.ndim != 3).shape)}, not "
+            f"the model returns hidden states of shape {shape}, not "
             "(batch, tokens, width) (several streams per layer): posprobe reads one hidden state per layer",
             "run the analyses of attention alone (they need no hidden states)",
         )

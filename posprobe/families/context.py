@@ -431,6 +431,10 @@ class ModelContext(EmbeddingReader):
         f = self.family
         if "hyper_connection" in f.tensors:  # HY-V4: the layer's hyper-connection mixes its streams before the norm
             x = x * _hyper_connection_weight(self, self.stored_layer(layer), x, stack)
+        if "stream_mix" in f.tensors:  # Qwen4-Exp: a gated mix of its streams, each holding x (families.stream_mix)
+            from posprobe.families.stream_mix import gated_stream_mix
+
+            x = gated_stream_mix(self, self.stored_layer(layer), x, stack)
         if "altup" in f.tensors:  # Gemma 3n: the layer's AltUp prediction of its active stream (families.altup)
             x = altup_input(self, x, self.stored_layer(layer), stack)
         if "input_mix" in f.tensors:  # NeoMME: lambda_0 h + lambda_1 x_0, both the embedding-level input here
@@ -543,7 +547,7 @@ class ModelContext(EmbeddingReader):
         `query_key`'s own path (the layer's norm, projections, biases, q/k norms) with those rows as the input.
         `key_hidden`: the hidden states (T, d) entering the layer whose keys `layer` reuses (Gemma 4), where
         `kv_sharing.key_source` names another."""
-        if "hyper_connection" in self.family.tensors:  # HY-V4: hidden states are N streams, mixed per layer
+        if {"hyper_connection", "stream_mix"} & set(self.family.tensors):  # HY-V4, Qwen4-Exp: N streams per layer
             raise PosprobeError(
                 f"'{self.source.name}' ({self.source.model_type}) passes several hyper-connection streams between "
                 "layers; posprobe reads its layer inputs only where every stream holds the same vector (SPEC §9)",

@@ -111,11 +111,16 @@ def selection(ctx, layer: int, n: int, topk: int) -> np.ndarray:
 def indexed_kinds(ctx, kinds: list[LayerKind], n: int) -> list[LayerKind]:
     """`kinds` (`windows.layer_kinds`) with each indexed layer's selection over n positions: the top
     config.index_topk keys per query, picked by its own indexer or by the one it shares; block indexers that pick
-    per key-head group (`Family.tensors['indexed_layer_type']`) as `block_indexed` reads them."""
+    per key-head group (`Family.tensors['indexed_layer_type']`) as `block_indexed` reads them, and those that
+    score mean-pooled key blocks (`tensors['indexer_blocks']` 'mean') as `pooled_blocks` does."""
     if "indexed_layer_type" in ctx.family.tensors:
         from posprobe.families.block_indexed import block_indexed_kinds
 
         return block_indexed_kinds(ctx, kinds, n)
+    if ctx.family.tensors.get("indexer_blocks") == "mean":  # mean-pooled key blocks (families.pooled_blocks)
+        from posprobe.families.pooled_blocks import pooled_block_kinds
+
+        return pooled_block_kinds(ctx, kinds, n)
     topk = int(ctx.transformers_config.index_topk)
     owners = indexer_layers(ctx, len(kinds))
     picks = {owner: np.packbits(selection(ctx, owner, n, topk), axis=1) for owner in set(owners) - {None}}
