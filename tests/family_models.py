@@ -734,6 +734,22 @@ CASES = {
                                                                   "partial_rotary_factor": 0.5}},
                               num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
                               shared_expert_intermediate_size=16)),
+    # issue 34 (dsv4)
+    # DeepSeek V4: every layer a window of 6 raw keys, learned sinks (boosted: not 0), one shared key-value head, a
+    # query LoRA; rope on the last 4 of 8 dims per head, base 100 in the sliding layer ('main') and 1000 in the
+    # compressed ones ('compress'); CSA pools blocks of 4 (its indexer keeps 2), HCA blocks of 8, so the 16 positions
+    # of the parity test get pooled entries; hc_eps 0.5 makes the hyper-connection mix count
+    "deepseek_v4": ("deepseek_v4", dict(num_hidden_layers=3, num_key_value_heads=1, head_dim=8, q_lora_rank=12,
+                                        layer_types=["sliding_attention", "compressed_sparse_attention",
+                                                     "heavily_compressed_attention"],
+                                        compress_rates={"compressed_sparse_attention": 4,
+                                                        "heavily_compressed_attention": 8},
+                                        sliding_window=6, partial_rotary_factor=0.5, rope_theta=100.0,
+                                        compress_rope_theta=1000.0, hc_mult=2, hc_eps=0.5, o_groups=2, o_lora_rank=8,
+                                        n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                                        index_n_heads=2, index_head_dim=8, index_topk=2, max_position_embeddings=64,
+                                        pad_token_id=0),
+                    dict(boost=("self_attn.sinks",))),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -782,6 +798,8 @@ ISSUE_34_CASES |= {"gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "mode
                    "moss_transcribe_diarize", "emu3", "phi4_multimodal", "mllama", "gemma4",
                    "gemma4_unified"}  # issue 34 (mm)  # fmt: skip
 ISSUE_34_CASES |= {"laguna"}  # issue 34 (heads)
+_EAGER_EXPERTS += ("deepseek_v4",)  # issue 34 (dsv4)
+ISSUE_34_CASES |= {"deepseek_v4"}  # issue 34 (dsv4)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
@@ -877,6 +895,8 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     to the pairs it lets through) and the mask, once per attention module call (DiffLlama calls it twice in a row
     with the same q and k tensors, for two halves of its values: recorded once; ALBERT's one shared module runs at
     every depth on new tensors: recorded at each)."""
+    from posprobe.families import family_for_type
+
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -897,10 +917,14 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     recorded = scores  # plus what the mask adds to the pairs it lets through: 0, or Doge's dynamic-mask bias
     if mask is not None:
         recorded = scores + torch.where(mask > torch.finfo(mask.dtype).min / 2, mask, 0.0)
+    pairs = mask
+    if "pooled_keys" in getattr(family_for_type(module.config.model_type), "tensors", {}):  # DeepSeek V4: entries
+        recorded = recorded[..., : query.shape[-2]]  # pooled over blocks follow the sequence's keys: not pairs
+        pairs = None if mask is None else mask[..., : query.shape[-2]]
     if not _CALLERS or _CALLERS[-1][0] is not module or _CALLERS[-1][1] is not query:
         # the pairs let through: (n, n), or (H, n, n) per head where a block indexer picks keys per key-head group
         # (Doge's per-head mask is a bias on the same pairs for every head)
-        kept = None if mask is None else mask[0] if kwargs.get("block_indices") is not None else mask[0, 0]
+        kept = None if pairs is None else pairs[0] if kwargs.get("block_indices") is not None else pairs[0, 0]
         _RECORDED.append((recorded[0].detach().double().numpy(), None if kept is None else kept.double().numpy()))
     _CALLERS.append((module, query))
     if mask is not None:

@@ -56,8 +56,10 @@ GATED_QUERY = "gated-query"  # separate Linears; q's rows per head [q_h (d_h); o
 ROUTED_QUERY = "routed-query"  # query experts (E, H_kv d_h, d) picked per token by a router; keys shared (JetMoE)
 HEAD_TENSOR = "head-tensor"  # q and k are parameters (d, H, d_h) themselves, no '.weight', no bias (XLNet)
 CCA = "cca"  # separate Linears, then causal convolutions along the sequence (ZAYA; families.convolutional)
+SHARED_KV = "shared-kv"  # a query LoRA with a weightless per-head norm, one key-value head, rotary on each head's
+# trailing dims (DeepSeek V4; families.shared_kv)
 QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT, GATED_QUERY,
-               ROUTED_QUERY, HEAD_TENSOR, CCA)  # fmt: skip
+               ROUTED_QUERY, HEAD_TENSOR, CCA, SHARED_KV)  # fmt: skip
 # How a rotary family pairs the rotated dims and where its angles come from (`Family.rotary_layout`).
 ROTATE_HALF = "rotate-half"  # the rotary module's (cos, sin), each (n, r); dim i pairs with i + r/2 (Llama)
 INTERLEAVED = "interleaved"  # the module's (cos, sin), each (n, r) repeated per pair; dims 2i, 2i+1 pair (Cohere)
@@ -1730,6 +1732,34 @@ FAMILIES: tuple[Family, ...] = (
             "qkv": LATENT,
         },
     ),
+    # issue 34 (dsv4): one shared key-value head, raw keys in a sliding window, pooled entries (families.shared_kv)
+    Family(
+        "deepseek_v4",
+        ("deepseek_v4",),
+        rotary_class=_rotary("deepseek_v4", "DeepseekV4"),  # one (cos, sin) per interleaved pair, a setting per rope
+        rotary_layout=HALF_ANGLES,  # type; families.shared_kv puts each pair's dims i and i + r/2 (rotate_half)
+        windows="sliding_window",  # every layer: raw keys i - w < j <= i
+        sinks="layers.{l}.(self_attn.sinks|attn.attn_sink)",  # loaded: sinks; files: attn_sink
+        tensors={
+            "rope_types": "sliding_attention:main,*:compress",  # config.rope_parameters is keyed by rope type
+            "pooled_keys": "compress_rates",  # compressed layers append entries pooled over blocks to the keys
+            "hyper_connection": "layers.{l}.(attn_hc.|hc_attn_)",  # loaded: attn_hc.{fn, base, scale}; files hc_attn_*
+            "hyper_connection_eps": "hc_eps",
+        },
+        capture_note="the raw keys' probabilities as the model uses them; the pooled entries' share counts with the "
+        "sink's",
+        description="rotary embeddings (RoPE, a setting per rope type) on each head's trailing dims, one shared "
+        "key-value head, a sliding window of raw keys; learned sinks; compressed layers add pooled entries (not "
+        "positions); hyper-connection streams",
+        **{  # loaded names, then the files' (save_pretrained writes the released checkpoints' names)
+            **_LLAMA,
+            "word": "(embed_tokens|embed).weight",
+            "query": "layers.{l}.(self_attn.q_a_proj|attn.wq_a)",
+            "key": "layers.{l}.(self_attn.kv_proj|attn.wkv)",
+            "pre_norm": "layers.{l}.(input_layernorm|attn_norm)",
+            "qkv": SHARED_KV,
+        },
+    ),
     Family(
         "axk2",
         ("axk2",),
@@ -2679,6 +2709,7 @@ _PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "
                   "cohere_compass_text", "beam", "neomme", "zaya")  # fmt: skip
 _PER_TYPE_ROPE += ("gemma3n_text", "gemma4_text", "gemma4_unified_text")
 _PER_TYPE_ROPE += ("laguna",)  # issue 34 (heads)
+_PER_TYPE_ROPE += ("deepseek_v4",)  # issue 34 (dsv4): a setting per rope type
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 
