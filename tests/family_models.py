@@ -895,7 +895,7 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     to the pairs it lets through) and the mask, once per attention module call (DiffLlama calls it twice in a row
     with the same q and k tensors, for two halves of its values: recorded once; ALBERT's one shared module runs at
     every depth on new tensors: recorded at each)."""
-    from posprobe.families import family_for_type
+    from posprobe.capture.recording import own_keys
 
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
@@ -918,9 +918,8 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     if mask is not None:
         recorded = scores + torch.where(mask > torch.finfo(mask.dtype).min / 2, mask, 0.0)
     pairs = mask
-    if "pooled_keys" in getattr(family_for_type(module.config.model_type), "tensors", {}):  # DeepSeek V4: entries
-        recorded = recorded[..., : query.shape[-2]]  # pooled over blocks follow the sequence's keys: not pairs
-        pairs = None if mask is None else mask[..., : query.shape[-2]]
+    own = own_keys(module, query, key)  # DeepSeek V4: entries pooled over blocks follow the sequence's keys
+    recorded, pairs = recorded[..., :own], None if mask is None else mask[..., :own]  # not pairs: cut
     if not _CALLERS or _CALLERS[-1][0] is not module or _CALLERS[-1][1] is not query:
         # the pairs let through: (n, n), or (H, n, n) per head where a block indexer picks keys per key-head group
         # (Doge's per-head mask is a bias on the same pairs for every head)
@@ -935,10 +934,11 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
 
 class _SoftmaxInputs:
     """Records every softmax input of shape (1, H, n, n) or (H, n, n) while active (models outside the
-    AttentionInterface)."""
+    AttentionInterface). `pooled_heads`: a family whose keys are followed by pooled entries (DeepSeek V4): only
+    (1, H, n, n + extra) inputs of its H heads are kept, their first n columns (the sequence's keys)."""
 
-    def __init__(self, n: int):
-        self.n, self.inputs = n, []
+    def __init__(self, n: int, pooled_heads: int | None = None):
+        self.n, self.inputs, self.pooled_heads = n, [], pooled_heads
 
     def __enter__(self):
         self.functional, self.method, self.torch = torch.nn.functional.softmax, torch.Tensor.softmax, torch.softmax
@@ -946,10 +946,15 @@ class _SoftmaxInputs:
         torch_softmax = self.torch  # Funnel calls torch.softmax
         inside = []  # functional softmax calls the method: record each call once
 
+        pooled_heads = self.pooled_heads
+
         def keep(x):
             if inside:
                 return
-            if x.shape[-2:] == (n, n) and (x.ndim == 3 or x.ndim == 4 and x.shape[0] == 1):
+            if pooled_heads is not None:  # keys, a sink column, pooled entries: the keys' n columns
+                if x.ndim == 4 and x.shape[:3] == (1, pooled_heads, n) and x.shape[-1] > n:
+                    inputs.append(x[0, ..., :n].detach().double().numpy())
+            elif x.shape[-2:] == (n, n) and (x.ndim == 3 or x.ndim == 4 and x.shape[0] == 1):
                 inputs.append(x.reshape(-1, n, n).detach().double().numpy())  # (H, n, n); batch 1 (or merged)
             elif x.shape[-2:] == (n, n + 1) and x.ndim == 4 and x.shape[0] == 1:  # learned sinks: last column
                 inputs.append(x[0, ..., :-1].detach().double().numpy())
