@@ -206,7 +206,10 @@ class Family:
     'mlp_layer_entries' Dory's unit-norm q and k, per-channel query scale and config layout, 'nope_query_scale'
     the family's own function of the positions that scales a NoPE layer's query (Beam); 'more_words' the words
     the word table holds beyond vocab_size, averaged with the others (Moshi's 1, Mllama's 8);
-    'query_heads_per_layer' a config list of each layer's query-head count (Laguna: H is the largest, SPEC §9)).
+    'query_heads_per_layer' a config list of each layer's query-head count (Laguna: H is the largest, SPEC §9);
+    'rope_types' the rope-parameter key each layer type reads, where they are not keyed by layer type (DeepSeek V4:
+    'sliding_attention:main,*:compress'), 'pooled_keys' the config dict of the block sizes of layer types that append
+    entries pooled over blocks of tokens after their keys (DeepSeek V4's compress_rates: not in F̂, SPEC §9)).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
@@ -222,10 +225,11 @@ class Family:
     learned sink logits (gpt-oss), `hybrid` what a hybrid's layers without softmax attention are (config.layer_types
     names them), `softmax_attention` False for models with none at all (refused), `qkv` LATENT for multi-head latent
     attention (`families.latent`), ROUTED_QUERY for a mixture of attention heads (`families.routed`: `query` the
-    query experts, `tensors['router']` their router, `key` the shared [k; v] projection), `indexer` the module of a
-    sparse indexed layer's indexer (DeepSeek Sparse Attention: it picks each query's top-k keys; `families.indexed`,
-    its rotary pairing in `tensors['indexer_rotary']`); `sizes` config keys of the read stack's sizes, looked for
-    first (Whisper's decoder_layers), `text_stack` the stack of an encoder-decoder that reads text ('decoder' where
+    query experts, `tensors['router']` their router, `key` the shared [k; v] projection), SHARED_KV for a query
+    LoRA beside one key-value head (`families.shared_kv`), `indexer` the module of a sparse indexed layer's indexer
+    (DeepSeek Sparse Attention: it picks each query's top-k keys; `families.indexed`, its rotary pairing in
+    `tensors['indexer_rotary']`); `sizes` config keys of the read stack's sizes, looked for first (Whisper's
+    decoder_layers), `text_stack` the stack of an encoder-decoder that reads text ('decoder' where
     the encoder reads audio: the entry names the decoder's tensors, and captures run it);
     `tensors['codebook_words']` one word table per codebook ('{c}'), summed (MusicGen).
     A multimodal wrapper (`language_model`, made by `_wrapper`) is read as its language model: (the config key of
@@ -2745,6 +2749,8 @@ def _layer_kind_words(f: Family) -> str:
         kinds.append("learned sinks")
     if f.indexer:
         kinds.append("indexed (top-k)")
+    if "pooled_keys" in f.tensors:
+        kinds.append("pooled entries beside the keys (no positional score)")
     if f.hybrid:
         kinds.append(f"{f.hybrid} (no positional score)")
     if f.head_ratio:
