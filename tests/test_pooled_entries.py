@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 from family_models import build
 
@@ -15,6 +16,7 @@ import posprobe
 from posprobe.analysis.learned_sinks import LearnedSinkAccumulator
 from posprobe.capture import capture
 from posprobe.checkpoint import WeightReader, resolve_model
+from posprobe.errors import PosprobeError
 from posprobe.families.context import ModelContext
 
 
@@ -91,3 +93,9 @@ def test_the_content_free_sink_share_is_given_only_without_pooled_entries(tmp_pa
         np.testing.assert_allclose(short.learned_sink_share[0], _layer_zero_sink_share(model, 3), atol=1e-6)
         if model is not first_compressed:
             np.testing.assert_allclose(result.learned_sink_share[0], _layer_zero_sink_share(model, 16), atol=1e-6)
+
+
+def test_needle_refuses_pooled_entries():
+    """The retrieval route's masks and rows cover the sequence's keys only: refused in one line."""
+    with pytest.raises(PosprobeError, match="adds entries pooled over blocks of tokens to its keys"):
+        posprobe.needle(build("deepseek_v4"), tokenizer=object())
