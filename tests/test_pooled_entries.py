@@ -99,3 +99,32 @@ def test_needle_refuses_pooled_entries():
     """The retrieval route's masks and rows cover the sequence's keys only: refused in one line."""
     with pytest.raises(PosprobeError, match="adds entries pooled over blocks of tokens to its keys"):
         posprobe.needle(build("deepseek_v4"), tokenizer=object())
+
+
+@pytest.mark.slow
+def test_a_released_style_config_reads_as_its_config_class_folds_it(tmp_path):
+    """The released configs' legacy keys (a compression ratio per layer, qk_rope_head_dim, YaRN in rope_scaling),
+    folded by transformers into layer types, compress_rates and a YaRN 'compress' rope: F̂ over the raw keys is the
+    model's own in every layer (the parity harness of tests/test_family_scores.py)."""
+    from family_models import CASES, reference_scores
+
+    from posprobe.families.context import content_free_scores
+
+    model_type, config, options = CASES["deepseek_v4"]
+    config = {k: v for k, v in config.items() if k not in ("layer_types", "compress_rates", "partial_rotary_factor")}
+    config |= dict(num_hidden_layers=4, compress_ratios=[0, 4, 128, 4], compress_rate_hca=8, qk_rope_head_dim=4,
+                   rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16))  # fmt: skip
+    CASES["deepseek_v4-released"] = (model_type, config, options)
+    try:
+        model = build("deepseek_v4-released")
+    finally:
+        del CASES["deepseek_v4-released"]
+    model.save_pretrained(tmp_path)
+    ctx = _context(tmp_path)
+    n = 16
+    words = [kind.describe() for kind in ctx.layer_kinds(n)]
+    assert "yarn rope theta 1000" in words[1] and "blocks of 8 tokens" in words[2] and "yarn" not in words[0]
+    ours = np.stack([content_free_scores(ctx, layer, n) for layer in range(4)])
+    ref = reference_scores(model, n)
+    diff = np.where(ref.allowed[:, None], ours - ref.scores, 0.0)
+    assert np.abs(diff).max() <= 1e-5 * np.abs(ours).max()
