@@ -809,6 +809,22 @@ CASES = {
     "qwen4_exp_text": ("qwen4_exp_text", dict(_QWEN4_EXP_TEXT, rope_parameters=_QWEN4_EXP_ROPE)),
     "qwen4_exp": ("qwen4_exp", dict(text_config=dict(SMALL, **_QWEN4_EXP_TEXT, rope_parameters=_QWEN4_EXP_ROPE),
                                     vision_config=_QWEN_VISION), dict(own=True)),
+    # issue 34 (dsv4)
+    # DeepSeek V4: every layer a window of 6 raw keys, learned sinks (boosted: not 0), one shared key-value head, a
+    # query LoRA; rope on the last 4 of 8 dims per head, base 100 in the sliding layer ('main') and 1000 in the
+    # compressed ones ('compress'); CSA pools blocks of 4 (its indexer keeps 2), HCA blocks of 8, so the 16 positions
+    # of the parity test get pooled entries; hc_eps 0.5 makes the hyper-connection mix count
+    "deepseek_v4": ("deepseek_v4", dict(num_hidden_layers=3, num_key_value_heads=1, head_dim=8, q_lora_rank=12,
+                                        layer_types=["sliding_attention", "compressed_sparse_attention",
+                                                     "heavily_compressed_attention"],
+                                        compress_rates={"compressed_sparse_attention": 4,
+                                                        "heavily_compressed_attention": 8},
+                                        sliding_window=6, partial_rotary_factor=0.5, rope_theta=100.0,
+                                        compress_rope_theta=1000.0, hc_mult=2, hc_eps=0.5, o_groups=2, o_lora_rank=8,
+                                        n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                                        index_n_heads=2, index_head_dim=8, index_topk=2, max_position_embeddings=64,
+                                        pad_token_id=0),
+                    dict(boost=("self_attn.sinks",))),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -862,6 +878,8 @@ ISSUE_34_CASES |= {"dots3_note_text", "dots3_note_text-heads", "dots3_note"}  # 
 ISSUE_34_CASES |= {"gemma3n", "llama4"}  # issue 34 (wrap)
 ISSUE_34_CASES |= {"qwen4_exp_text", "qwen4_exp"}  # issue 34 (qwen4)
 _EAGER_EXPERTS += ("qwen4_exp_text", "qwen4_exp")  # issue 34 (qwen4)
+_EAGER_EXPERTS += ("deepseek_v4",)  # issue 34 (dsv4)
+ISSUE_34_CASES |= {"deepseek_v4"}  # issue 34 (dsv4)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
@@ -978,6 +996,8 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     to the pairs it lets through) and the mask, once per attention module call (DiffLlama calls it twice in a row
     with the same q and k tensors, for two halves of its values: recorded once; ALBERT's one shared module runs at
     every depth on new tensors: recorded at each)."""
+    from posprobe.capture.recording import own_keys
+
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
@@ -998,10 +1018,13 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     recorded = scores  # plus what the mask adds to the pairs it lets through: 0, or Doge's dynamic-mask bias
     if mask is not None:
         recorded = scores + torch.where(mask > torch.finfo(mask.dtype).min / 2, mask, 0.0)
+    pairs = mask
+    own = own_keys(module, query, key)  # DeepSeek V4: entries pooled over blocks follow the sequence's keys
+    recorded, pairs = recorded[..., :own], None if mask is None else mask[..., :own]  # not pairs: cut
     if not _CALLERS or _CALLERS[-1][0] is not module or _CALLERS[-1][1] is not query:
         # the pairs let through: (n, n), or (H, n, n) per head where a block indexer picks keys per key-head group
         # (Doge's per-head mask is a bias on the same pairs for every head)
-        kept = None if mask is None else mask[0] if kwargs.get("block_indices") is not None else mask[0, 0]
+        kept = None if pairs is None else pairs[0] if kwargs.get("block_indices") is not None else pairs[0, 0]
         _RECORDED.append((recorded[0].detach().double().numpy(), None if kept is None else kept.double().numpy()))
     _CALLERS.append((module, query))
     if mask is not None:
@@ -1012,10 +1035,11 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
 
 class _SoftmaxInputs:
     """Records every softmax input of shape (1, H, n, n) or (H, n, n) while active (models outside the
-    AttentionInterface)."""
+    AttentionInterface). `pooled_heads`: a family whose keys are followed by pooled entries (DeepSeek V4): only
+    (1, H, n, n + extra) inputs of its H heads are kept, their first n columns (the sequence's keys)."""
 
-    def __init__(self, n: int):
-        self.n, self.inputs = n, []
+    def __init__(self, n: int, pooled_heads: int | None = None):
+        self.n, self.inputs, self.pooled_heads = n, [], pooled_heads
 
     def __enter__(self):
         self.functional, self.method, self.torch = torch.nn.functional.softmax, torch.Tensor.softmax, torch.softmax
@@ -1023,10 +1047,15 @@ class _SoftmaxInputs:
         torch_softmax = self.torch  # Funnel calls torch.softmax
         inside = []  # functional softmax calls the method: record each call once
 
+        pooled_heads = self.pooled_heads
+
         def keep(x):
             if inside:
                 return
-            if x.shape[-2:] == (n, n) and (x.ndim == 3 or x.ndim == 4 and x.shape[0] == 1):
+            if pooled_heads is not None:  # keys, a sink column, pooled entries: the keys' n columns
+                if x.ndim == 4 and x.shape[:3] == (1, pooled_heads, n) and x.shape[-1] > n:
+                    inputs.append(x[0, ..., :n].detach().double().numpy())
+            elif x.shape[-2:] == (n, n) and (x.ndim == 3 or x.ndim == 4 and x.shape[0] == 1):
                 inputs.append(x.reshape(-1, n, n).detach().double().numpy())  # (H, n, n); batch 1 (or merged)
             elif x.shape[-2:] == (n, n + 1) and x.ndim == 4 and x.shape[0] == 1:  # learned sinks: last column
                 inputs.append(x[0, ..., :-1].detach().double().numpy())

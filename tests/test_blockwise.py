@@ -126,6 +126,7 @@ QUICK = ["mistral", "gemma2", "gpt_oss"]  # sliding window; softcapping + window
 # families whose attention module computes with the mask itself (Doge adds its dynamic-mask bias to it): a row
 # block's mask is no tensor, so running in blocks is refused in one line
 MASK_IN_MODULE = {"doge"}
+MASK_IN_MODULE |= {"deepseek_v4"}  # issue 34 (dsv4): its compressed layers extend a tensor mask to their pooled entries
 SLOW = [name for name in CASES if name not in QUICK]  # eager-route families and refused hybrids are skipped
 
 

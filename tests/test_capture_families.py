@@ -85,9 +85,12 @@ NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention i
 QUICK = {"t5", "bloom"}
 # several streams per layer as their hidden states (Gemma 3n's AltUp stack, HY-V4's hyper-connections): no one
 # hidden state per layer: a capture that asks for them is refused in one line (test_capture_equals_each_text_run_alone)
-STREAMS = {"gemma3n_text", "hy_v4"}
+STREAMS = {"gemma3n_text", "hy_v4", "deepseek_v4"}
 STREAMS |= {"gemma3n"}  # issue 34 (wrap): Gemma 3n's wrapper runs its language model
 STREAMS |= {"qwen4_exp_text", "qwen4_exp"}  # issue 34 (qwen4): its hyper-connection streams
+# entries pooled over blocks of tokens follow the keys in some layers' softmax (DeepSeek V4's compressed layers): the
+# model's attentions and softmax inputs are read over the sequence's keys
+POOLED_KEYS = {"deepseek_v4"}
 RETURNS_SCORES = {"squeezebert", "prophetnet"}  # their `output_attentions` are the pre-softmax scores
 # models whose input is not one token sequence (MusicGen: one token of each codebook at every position): no capture
 NOT_TEXT = {"musicgen_decoder", "musicgen_melody_decoder"}
@@ -152,8 +155,9 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
         net.set_attention_type("original_full")
     n = len(ids)
     attending, hooks = [], []
+    pooled = net.config.num_attention_heads if net.config.model_type in POOLED_KEYS else None
     try:
-        with torch.no_grad(), _SoftmaxInputs(n) as softmax:
+        with torch.no_grad(), _SoftmaxInputs(n, pooled) as softmax:
             for layer, module in enumerate(_layers(net) if per_layer else []):
                 before = module.register_forward_pre_hook(lambda *_, m=module: setattr(m, "_seen", len(softmax.inputs)))
                 after = module.register_forward_hook(
@@ -169,7 +173,8 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
     layers = net.config.get_text_config().num_hidden_layers  # a multimodal wrapper: its language model's
     if len(returned) == layers > len(softmax.inputs):  # MiniMax also returns its linear layers' decay: keep the
         returned = [returned[layer] for layer in attention_layers(net)]  # attention layers
-    returned = np.stack([a[0].double().numpy() for a in returned])
+    keys = n if pooled else None  # pooled entries after the sequence's keys: cut
+    returned = np.stack([a[0, ..., :keys].double().numpy() for a in returned])
     if returns_scores:
         scores = returned
         probs = torch.softmax(torch.from_numpy(returned), -1).numpy()

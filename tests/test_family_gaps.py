@@ -26,12 +26,6 @@ NOT_YET = {
     "reformer": "LSH layers bucket queries and keys by content (no fixed pairs to score); local layers attend "
     "within chunks and their neighbour chunks (a logsumexp, no softmax call), over factorised axial position tables",
     # sparse / compressed attention
-    "deepseek_v4": "every layer attends a sliding window of raw keys (position by position, learned sinks), but "
-    "through a layout posprobe lacks: a query LoRA with an unweighted per-head norm, one shared key-value head, "
-    "interleaved RoPE on each head's trailing dims, a rope per layer type ('main' for sliding layers, 'compress' for "
-    "the others); its compressed layers (compress_rates) add entries pooled over blocks of tokens to the same softmax "
-    "(CSA: the top-k an indexer picks): not positions (no positional score), and the key axis grows past the queries "
-    "while the capture and the parity harness take (queries x queries)",
     # hybrids the table cannot describe yet
     "inkling2_text": "Inkling's relative logits with L2-clipped q/k, input-conditioned (dynamic) key convolutions "
     "in full layers, q/k/v inputs drawn by attention over earlier blocks' states, input-dependent sinks: new code",

@@ -4,6 +4,8 @@ A head with a learned sink adds one logit s_h to every query's softmax, a column
 A(i, j) = exp(S(i, j)) / (exp(s_h) + sum_j' exp(S(i, j'))) over the keys j the query may see, so the row sums to
 `real_token_share` = sum_j A(i, j) < 1 and the sink takes `learned_sink_share` = 1 - sum_j A(i, j). These are not
 SPEC §14's first-token mass (attention on the key at position 0, a real token): a learned sink needs no token.
+Entries pooled over blocks of tokens in the same softmax (DeepSeek V4's compressed layers) are no real tokens: their
+share is in `learned_sink_share` too.
 
 Pure computation: a capture reducer (`LearnedSinkAccumulator`: `add` one `posprobe.capture.BatchCapture`, `result`
 at the end) and the same shares of content-free scores (`content_free_sink_share`). Dimensions: B batch, L layers,

@@ -56,8 +56,10 @@ GATED_QUERY = "gated-query"  # separate Linears; q's rows per head [q_h (d_h); o
 ROUTED_QUERY = "routed-query"  # query experts (E, H_kv d_h, d) picked per token by a router; keys shared (JetMoE)
 HEAD_TENSOR = "head-tensor"  # q and k are parameters (d, H, d_h) themselves, no '.weight', no bias (XLNet)
 CCA = "cca"  # separate Linears, then causal convolutions along the sequence (ZAYA; families.convolutional)
+SHARED_KV = "shared-kv"  # a query LoRA with a weightless per-head norm, one key-value head, rotary on each head's
+# trailing dims (DeepSeek V4; families.shared_kv)
 QKV_LAYOUTS = (SEPARATE, GPT2_CONV1D, PER_HEAD, STACKED, KV_GROUPED, BLOCKED, GROUPED_CONV, LATENT, GATED_QUERY,
-               ROUTED_QUERY, HEAD_TENSOR, CCA)  # fmt: skip
+               ROUTED_QUERY, HEAD_TENSOR, CCA, SHARED_KV)  # fmt: skip
 # How a rotary family pairs the rotated dims and where its angles come from (`Family.rotary_layout`).
 ROTATE_HALF = "rotate-half"  # the rotary module's (cos, sin), each (n, r); dim i pairs with i + r/2 (Llama)
 INTERLEAVED = "interleaved"  # the module's (cos, sin), each (n, r) repeated per pair; dims 2i, 2i+1 pair (Cohere)
@@ -207,7 +209,10 @@ class Family:
     the word table holds beyond vocab_size, averaged with the others (Moshi's 1, Mllama's 8);
     'query_heads_per_layer' a config list of each layer's query-head count (Laguna: H is the largest, SPEC §9);
     'stream_mix' the module of a layer's gated mix of hyper-connection streams (Qwen4-Exp: `families.stream_mix`),
-    'indexer_blocks' 'mean' for an indexer that scores mean-pooled key blocks (`families.pooled_blocks`)).
+    'indexer_blocks' 'mean' for an indexer that scores mean-pooled key blocks (`families.pooled_blocks`),
+    'rope_types' the rope-parameter key each layer type reads, where they are not keyed by layer type (DeepSeek V4:
+    'sliding_attention:main,*:compress'), 'pooled_keys' the config dict of the block sizes of layer types that append
+    entries pooled over blocks of tokens after their keys (DeepSeek V4's compress_rates: not in F̂, SPEC §9)).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
@@ -223,10 +228,11 @@ class Family:
     learned sink logits (gpt-oss), `hybrid` what a hybrid's layers without softmax attention are (config.layer_types
     names them), `softmax_attention` False for models with none at all (refused), `qkv` LATENT for multi-head latent
     attention (`families.latent`), ROUTED_QUERY for a mixture of attention heads (`families.routed`: `query` the
-    query experts, `tensors['router']` their router, `key` the shared [k; v] projection), `indexer` the module of a
-    sparse indexed layer's indexer (DeepSeek Sparse Attention: it picks each query's top-k keys; `families.indexed`,
-    its rotary pairing in `tensors['indexer_rotary']`); `sizes` config keys of the read stack's sizes, looked for
-    first (Whisper's decoder_layers), `text_stack` the stack of an encoder-decoder that reads text ('decoder' where
+    query experts, `tensors['router']` their router, `key` the shared [k; v] projection), SHARED_KV for a query
+    LoRA beside one key-value head (`families.shared_kv`), `indexer` the module of a sparse indexed layer's indexer
+    (DeepSeek Sparse Attention: it picks each query's top-k keys; `families.indexed`, its rotary pairing in
+    `tensors['indexer_rotary']`); `sizes` config keys of the read stack's sizes, looked for first (Whisper's
+    decoder_layers), `text_stack` the stack of an encoder-decoder that reads text ('decoder' where
     the encoder reads audio: the entry names the decoder's tensors, and captures run it);
     `tensors['codebook_words']` one word table per codebook ('{c}'), summed (MusicGen).
     A multimodal wrapper (`language_model`, made by `_wrapper`) is read as its language model: (the config key of
@@ -1822,6 +1828,34 @@ FAMILIES: tuple[Family, ...] = (
             "qkv": LATENT,
         },
     ),
+    # issue 34 (dsv4): one shared key-value head, raw keys in a sliding window, pooled entries (families.shared_kv)
+    Family(
+        "deepseek_v4",
+        ("deepseek_v4",),
+        rotary_class=_rotary("deepseek_v4", "DeepseekV4"),  # one (cos, sin) per interleaved pair, a setting per rope
+        rotary_layout=HALF_ANGLES,  # type; families.shared_kv puts each pair's dims i and i + r/2 (rotate_half)
+        windows="sliding_window",  # every layer: raw keys i - w < j <= i
+        sinks="layers.{l}.(self_attn.sinks|attn.attn_sink)",  # loaded: sinks; files: attn_sink
+        tensors={
+            "rope_types": "sliding_attention:main,*:compress",  # config.rope_parameters is keyed by rope type
+            "pooled_keys": "compress_rates",  # compressed layers append entries pooled over blocks to the keys
+            "hyper_connection": "layers.{l}.(attn_hc.|hc_attn_)",  # loaded: attn_hc.{fn, base, scale}; files hc_attn_*
+            "hyper_connection_eps": "hc_eps",
+        },
+        capture_note="the raw keys' probabilities as the model uses them; the pooled entries' share counts with the "
+        "sink's",
+        description="rotary embeddings (RoPE, a setting per rope type) on each head's trailing dims, one shared "
+        "key-value head, a sliding window of raw keys; learned sinks; compressed layers add pooled entries (not "
+        "positions); hyper-connection streams",
+        **{  # loaded names, then the files' (save_pretrained writes the released checkpoints' names)
+            **_LLAMA,
+            "word": "(embed_tokens|embed).weight",
+            "query": "layers.{l}.(self_attn.q_a_proj|attn.wq_a)",
+            "key": "layers.{l}.(self_attn.kv_proj|attn.wkv)",
+            "pre_norm": "layers.{l}.(input_layernorm|attn_norm)",
+            "qkv": SHARED_KV,
+        },
+    ),
     Family(
         "axk2",
         ("axk2",),
@@ -2771,6 +2805,7 @@ _PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "
                   "cohere_compass_text", "beam", "neomme", "zaya")  # fmt: skip
 _PER_TYPE_ROPE += ("gemma3n_text", "gemma4_text", "gemma4_unified_text")
 _PER_TYPE_ROPE += ("laguna",)  # issue 34 (heads)
+_PER_TYPE_ROPE += ("deepseek_v4",)  # issue 34 (dsv4): a setting per rope type
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 
@@ -2808,6 +2843,8 @@ def _layer_kind_words(f: Family) -> str:
         kinds.append("learned sinks")
     if f.indexer:
         kinds.append("indexed (top-k)")
+    if "pooled_keys" in f.tensors:
+        kinds.append("pooled entries beside the keys (no positional score)")
     if f.hybrid:
         kinds.append(f"{f.hybrid} (no positional score)")
     if f.head_ratio:

@@ -116,9 +116,10 @@ def recording_attention(
     attention_mask additive (B, 1, m, m) or None. S = QK^T * scaling (softcapped when the family asks),
     plus the mask/bias; A = softmax(S) in float32, cast back. With learned sinks (`s_aux` (H,), gpt-oss) the
     softmax also runs over one sink logit per head and A keeps the real keys' columns: each row sums to one minus
-    the sink's share. With top-k key indices (`indices` (B, m, k), DeepSeek Sparse Attention's indexer, passed to
-    attention functions other than eager / sdpa instead of being folded into the mask) every other key is masked
-    as the eager path masks it (the dtype's minimum); key blocks picked per key-head group (`block_indices`,
+    the sink's share (and, where pooled entries follow the keys, `own_keys`, minus theirs: S and A are recorded
+    over the sequence's keys). With top-k key indices (`indices` (B, m, k), DeepSeek Sparse Attention's indexer,
+    passed to attention functions other than eager / sdpa instead of being folded into the mask) every other key is
+    masked as the eager path masks it (the dtype's minimum); key blocks picked per key-head group (`block_indices`,
     MiniMax M3) are refused (`refuse_group_selection`). Returns ((B, m, H, d_h), A).
     """
     import torch
@@ -152,8 +153,23 @@ def recording_attention(
     dropped = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
     out = torch.matmul(dropped, value).transpose(1, 2).contiguous()
     if _ACTIVE:
-        _ACTIVE[-1].record(scores, probs, attention_mask, selected)
+        own = own_keys(module, query, key)  # the sequence's keys: pooled entries after them are no tokens
+        picked = None if selected is None else selected[..., :own]
+        _ACTIVE[-1].record(scores[..., :own], probs[..., :own], attention_mask, picked)
     return out, probs
+
+
+def own_keys(module, query, key) -> int:
+    """How many keys of a call are the sequence's own tokens: all, or, where the family appends entries pooled over
+    blocks of tokens after them (`Family.tensors['pooled_keys']`: DeepSeek V4's compressed layers), the first m, as
+    many as the queries (a capture runs no cache). Their A is the model's: the pooled entries' share is left out."""
+    keys, m = key.shape[-2], query.shape[-2]
+    if keys <= m:
+        return keys
+    from posprobe.families import family_for_type
+
+    family = family_for_type(str(getattr(getattr(module, "config", None), "model_type", "")))
+    return m if family is not None and "pooled_keys" in family.tensors else keys
 
 
 def refuse_group_selection(module, kwargs) -> None:

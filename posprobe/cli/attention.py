@@ -13,7 +13,8 @@ sink arrays, ...), `mean_distance`, `toeplitz_r2` (nulls where the mean score ma
 not: `--mean-scores auto|yes|no`; by default kept where its n x n sums take at most 512 MiB), `seconds`,
 `figures`. Long texts are computed in blocks of query rows (SPEC §19; `--block-size`), memory linear in n.
 Models with learned per-head sinks (gpt-oss) add `learned_sink_share` and `real_token_share` (L, H: the sink
-logit's own share of each query's attention, the share left to real tokens) and `learned_sink_queries`.
+logit's own share of each query's attention, the share left to real tokens) and `learned_sink_queries`; DeepSeek V4's
+compressed layers count the share of their entries pooled over blocks of tokens in `learned_sink_share`.
 """
 
 from __future__ import annotations
@@ -317,6 +318,7 @@ def _print_learned_sinks(result) -> None:
         )
     console.print(table)
     console.print(
-        "[dim]sink share: the attention each head's learned sink logit takes (no token, no value); the "
-        "profiles' probabilities are the real tokens' share[/dim]"
+        "[dim]sink share: the attention each head's learned sink logit takes (no token, no value), with that of "
+        "entries pooled over blocks of tokens where a layer adds them; the profiles' probabilities are the real "
+        "tokens' share[/dim]"
     )

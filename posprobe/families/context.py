@@ -523,6 +523,11 @@ class ModelContext(EmbeddingReader):
             read = latent_query_key if self.qkv == T.LATENT else routed_query_key
             q, k = read(self, np.atleast_2d(x), self.stored_layer(layer))
             return (q[:, 0], k[:, 0]) if x.ndim == 1 else (q, k)
+        if self.qkv == T.SHARED_KV:  # DeepSeek V4: a query LoRA, one shared key-value head (families.shared_kv)
+            from posprobe.families.shared_kv import shared_kv_query_key
+
+            q, k = shared_kv_query_key(self, np.atleast_2d(x), self.stored_layer(layer))
+            return (q[:, 0], k[:, 0]) if x.ndim == 1 else (q, k)
         if self.qkv == T.CCA:  # ZAYA: q and k mixed along the sequence, then normed (families.convolutional)
             from posprobe.families.convolutional import cca_query_key
 

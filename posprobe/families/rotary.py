@@ -20,7 +20,7 @@ import numpy as np
 
 from posprobe.architectures import table as T
 from posprobe.errors import PosprobeError
-from posprobe.families.windows import layer_thetas, takes_layer_type
+from posprobe.families.windows import layer_thetas, rope_setting, takes_layer_type
 
 
 def transformers_config(ctx):
@@ -105,7 +105,7 @@ def layer_rotary(ctx, layer: int, n: int, stack: str = "encoder") -> tuple[str |
     setting per type (Gemma 3, ModernBERT), its own base for families with one per layer (Granite SWA); None
     where the model's one setting applies."""
     kinds = ctx.layer_kinds(n, stack)
-    layer_type = kinds[layer].layer_type if takes_layer_type(ctx) else None
+    layer_type = rope_setting(ctx, kinds[layer].layer_type) if takes_layer_type(ctx) else None
     if kinds[layer].nope and layer_type is not None and ctx.transformers_config.rope_parameters.get(layer_type) is None:
         # a NoPE layer type without rope parameters (Cohere Compass) has no angles: the first rotary type's
         layer_type = next((k.layer_type for k in kinds if not k.nope), layer_type)

@@ -25,6 +25,7 @@ NOPE_WORDS = "NoPE (no positional term: F̂ is the same for every pair)"
 NO_ATTENTION = "none"  # a hybrid's layer without softmax attention (`LayerKind.attention`)
 NO_SCORE = "no positional score"
 LATENT_WORDS = "MLA: F̂ = a position-free constant + the rotary part's score"
+POOLED_WORDS = "plus entries pooled over blocks of {} tokens (not positions; not in F̂)"
 INDEXED = "indexed"  # `LayerKind.attention` of a layer whose indexer picks each query's top-k keys
 
 
@@ -90,6 +91,12 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
         kinds = [replace(kind, rope=_rope_words({"rope_theta": t})) if t else kind for kind, t in zip(kinds, thetas)]
     if ctx.qkv == T.LATENT and ctx.kind != T.NOPE:  # multi-head latent attention: say the split (families.latent)
         kinds = [replace(kind, note=", ".join(x for x in (kind.note, LATENT_WORDS) if x)) for kind in kinds]
+    if "pooled_keys" in ctx.family.tensors:  # DeepSeek V4's compressed layers: pooled entries beside the keys
+        from posprobe.families.shared_kv import pooled_rate
+
+        notes = {t: pooled_rate(ctx, t) for t in {kind.layer_type for kind in kinds}}
+        kinds = [kind if not notes[kind.layer_type] else replace(kind, note=", ".join(
+            x for x in (kind.note, POOLED_WORDS.format(notes[kind.layer_type])) if x)) for kind in kinds]  # fmt: skip
     if "kv_sharing" in ctx.family.tensors:  # Gemma 3n / 4: layers that attend to an earlier layer's keys
         from posprobe.families.kv_sharing import key_source
 
@@ -214,8 +221,20 @@ def _ropes(ctx, types: list[str | None]) -> dict:
     if not takes_layer_type(ctx) or None in types:
         return {}
     params = ctx.transformers_config.rope_parameters
-    words = {t: _rope_words(params[t]) for t in set(types) if params.get(t) is not None}  # null: a NoPE type
+    settings = {t: params.get(rope_setting(ctx, t)) for t in set(types)}
+    words = {t: _rope_words(p) for t, p in settings.items() if p is not None}  # null: a NoPE type
     return words if len(set(words.values())) > 1 else {}
+
+
+def rope_setting(ctx, layer_type: str | None) -> str | None:
+    """The key of the rotary module's settings that a layer of `layer_type` reads: the layer type itself, or where
+    the family keys its rope parameters otherwise (`Family.tensors['rope_types']`, 'type:key,...' with '*' for any
+    other type: DeepSeek V4's 'main' for sliding layers, 'compress' for the others) the key it names."""
+    rule = ctx.family.tensors.get("rope_types")
+    if not rule or layer_type is None:
+        return layer_type
+    keys = dict(pair.split(":") for pair in rule.split(","))
+    return keys.get(layer_type, keys.get("*", layer_type))
 
 
 def _rope_words(params: dict) -> str:

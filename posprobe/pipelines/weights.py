@@ -321,6 +321,11 @@ def _content_free_sink_share(reader: ScoreReader, layer: int, matrices: np.ndarr
     logits = ctx.optional(reader.family.sinks, ctx.stored_layer(layer), reader.stack)
     if logits is None:  # a layer without sinks (MiMo-V2-Flash's global layers): the sink takes nothing
         return np.zeros(matrices.shape[0])
+    if "pooled_keys" in reader.family.tensors:  # DeepSeek V4: pooled entries share the softmax, not in F̂ (SPEC §9)
+        from posprobe.families.shared_kv import pooled_entries
+
+        if pooled_entries(ctx, layer, reader.n):
+            return np.full(matrices.shape[0], np.nan)
     return content_free_sink_share(matrices, logits, allowed).mean(-1)
 
 

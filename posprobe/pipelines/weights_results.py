@@ -258,7 +258,8 @@ class ProfileResult(ResultMixin, Saves):
     def _sink_metadata(self) -> dict:
         if self.learned_sink_share is None:
             return {}
-        return {"content_free_learned_sink_share": [[float(x) for x in row] for row in self.learned_sink_share]}
+        shares = [[None if np.isnan(x) else float(x) for x in row] for row in self.learned_sink_share]
+        return {"content_free_learned_sink_share": shares}  # null: pooled entries share the softmax (DeepSeek V4)
 
     def layer_reach(self) -> list[int | None]:
         """The largest |k| each layer of `layers` attends (a local window's reach), None where unlimited; read
