@@ -7,9 +7,9 @@ dims rotate (interleaved pairs 2i, 2i + 1 of those r):
 - one key for every head: k = RMSNorm(x W_kv) (d_h,), which is also the value;
 - F̂(i, j) = (R_i q_h) . (R_j k) * scaling over the raw keys (positions j of the sequence), the rotation that of
   the layer's rope type (config.rope_parameters: 'main' for sliding layers, 'compress' for the others).
-`shared_kv_query_key` returns q and k with each head's dims reordered [even rotated dims | odd rotated dims | the rest]: pair
-i then holds dims i and i + r/2 (rotate_half order, `table.HALF_ANGLES` angles) and the unrotated dims come last,
-as posprobe's rotary code takes them (a dot product does not change when q and k are permuted alike).
+`shared_kv_query_key` returns q and k with each head's dims reordered [even rotated dims | odd rotated dims | the
+rest]: pair i then holds dims i and i + r/2 (rotate_half order, `table.HALF_ANGLES` angles) and the unrotated dims
+come last, as posprobe's rotary code takes them (a dot product does not change when q and k are permuted alike).
 A compressed layer (config.layer_types 'compressed_sparse_attention' / 'heavily_compressed_attention') also appends
 to each softmax entries pooled over blocks of config.compress_rates[type] tokens (an indexer picks a top-k of them in
 CSA layers): not positions, so not in F̂ (SPEC §9); `pooled_entries` says how many a sequence gets.
