@@ -32,8 +32,6 @@ NOT_YET = {
     # attention that needs new score code
     "blt": "byte latent transformer: byte-level local encoder/decoder layers (self-attention plus cross-attention "
     "to patches) around a global transformer over patches whose bounds an entropy model picks: no one layer order",
-    "reformer": "LSH layers bucket queries and keys by content (no fixed pairs to score); local layers attend "
-    "within chunks and their neighbour chunks (a logsumexp, no softmax call), over factorised axial position tables",
     # sparse / compressed attention
     "dots3_note_text": "MLA with sizes per layer type (per_layer_config: sliding layers' own heads, q/kv latent ranks, "
     "rotary and position-free head dims, rope setting), latents rescaled by sqrt(d / rank) after their norms, an "

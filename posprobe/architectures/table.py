@@ -93,9 +93,12 @@ WINDOW_RULES = (
     "block_sparse",  # config.attention_type 'block_sparse': full attention up to (5 + 2 r) blocks, then sparse
     "local_radius",  # encoder stack: |j - i| <= config.local_radius (LongT5); decoder: full
     "per_layer_config",  # config.per_layer_config[l].sliding_window, when set: |j - i| <= it (NeoMME); else full
+    "neighbour_chunks",  # config.attn_layers[l] 'local': the query's chunk of local_attn_chunk_length and
+    # local_num_chunks_before / _after neighbour chunks, wrapping around, after padding (Reformer; windows)
 )
 # config.layer_types values of softmax-attention layers; a hybrid's other layers (`Family.hybrid`) have none.
-ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "hybrid")
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "hybrid",
+                         "local")  # fmt: skip
 # How `posprobe attention` records a family's attention (`Family.capture`; posprobe.capture picks the route from the
 # model class at run time, and tests/test_capture_families.py checks that each tested family takes the route named
 # here). An encoder-decoder runs its encoder stack.
@@ -204,7 +207,12 @@ class Family:
     'mlp_layer_entries' Dory's unit-norm q and k, per-channel query scale and config layout, 'nope_query_scale'
     the family's own function of the positions that scales a NoPE layer's query (Beam); 'more_words' the words
     the word table holds beyond vocab_size, averaged with the others (Moshi's 1, Mllama's 8);
-    'query_heads_per_layer' a config list of each layer's query-head count (Laguna: H is the largest, SPEC §9)).
+    'query_heads_per_layer' a config list of each layer's query-head count (Laguna: H is the largest, SPEC §9);
+    Reformer's 'axial_factors' its axial factor tables ('{a}' the axis) used where config 'axial_switch' is true,
+    'axial_parameters' the config lists of their rows and widths (its learned table holds sum rows x width),
+    'layer_types' the config list of its layer types, 'unscored_softmax_layers' those types whose softmax attends
+    pairs its input's content picks (no positional score), 'causal_when' the config key without which it is not
+    causal).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
@@ -639,6 +647,31 @@ FAMILIES: tuple[Family, ...] = (
         capture=REFUSED,
         capture_note="sliding-chunk attention",
         **_BERT,
+    ),
+    Family(  # issue 34 (reformer)
+        "reformer",
+        ("reformer",),
+        LEARNED,
+        causal=True,  # config.is_decoder decides (`tensors['causal_when']`): its LM head is causal, its masked LM not
+        word="embeddings.word_embeddings.weight",
+        position="embeddings.position_embeddings.embedding.weight",  # axial_pos_embds off: one learned table
+        query="encoder.layers.{l}.attention.self_attention.query",  # 'local' layers ('lsh' ones: query_key, unread)
+        key="encoder.layers.{l}.attention.self_attention.key",
+        pre_norm="encoder.layers.{l}.attention.layer_norm",  # reversible layers: layer 0's input is the embeddings
+        sizes={"head_dim": ("attention_head_size",), "layers": ("attn_layers",)},  # one layer per attn_layers entry
+        windows="neighbour_chunks",
+        hybrid="LSH attention (the pairs each query attends come from hashing the content with random rotations)",
+        tensors={
+            "axial_factors": "embeddings.position_embeddings.weights.{a}",  # axial_pos_embds: factor tables
+            "axial_switch": "axial_pos_embds",
+            "axial_parameters": "axial_pos_shape,axial_pos_embds_dim",  # rows and widths of its factor tables
+            "layer_types": "attn_layers",
+            "unscored_softmax_layers": "lsh",
+            "causal_when": "is_decoder",
+        },
+        capture=REFUSED,
+        capture_note="chunked local and hashed (LSH) attention: no (queries x keys) softmax per layer",
+        description="learned absolute table, axial (factor tables concatenated per position) or plain",
     ),
     Family(
         "esm",
@@ -2461,7 +2494,6 @@ FAMILIES: tuple[Family, ...] = (
         description="no token-by-token softmax attention: a latent array cross-attends to the tokens (a learned "
         "absolute table feeds it)",
     ),
-    Family("reformer", ("reformer",), OTHER, description="axial position embeddings"),
 )
 
 FAMILIES = tuple(_read_as_language_model(f, FAMILIES) for f in FAMILIES)
@@ -2619,12 +2651,13 @@ CROSS_ATTENTION = "cross_attention"  # the layer type of a hybrid's layers liste
 
 
 def layer_types(family: Family, config) -> list[str]:
-    """The layer types of the model a transformers `config` object describes: config.layer_types, or where the
-    family lists its other layers by index (`hybrid_layers`), `CROSS_ATTENTION` there and 'full_attention' elsewhere."""
+    """The layer types of the model a transformers `config` object describes: config.layer_types (or the config list
+    `Family.tensors['layer_types']` names: Reformer's attn_layers), or where the family lists its other layers by
+    index (`hybrid_layers`), `CROSS_ATTENTION` there and 'full_attention' elsewhere."""
     if family.hybrid_layers:
         others = set(getattr(config, family.hybrid_layers, None) or [])
         return [CROSS_ATTENTION if layer in others else "full_attention" for layer in range(config.num_hidden_layers)]
-    return list(getattr(config, "layer_types", None) or [])
+    return list(getattr(config, family.tensors.get("layer_types", "layer_types"), None) or [])
 
 
 def language_model_config(config: dict) -> dict:
@@ -2708,7 +2741,11 @@ def _layer_kind_words(f: Family) -> str:
         kinds.append("NoPE layers")
     if f.windows:
         kinds.append(
-            {"block_sparse": "block-sparse", "attention_window": "sliding chunks"}.get(f.windows, "local window")
+            {
+                "block_sparse": "block-sparse",
+                "attention_window": "sliding chunks",
+                "neighbour_chunks": "local chunks (own and neighbours)",
+            }.get(f.windows, "local window")
         )
     if f.sinks:
         kinds.append("learned sinks")

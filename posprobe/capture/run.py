@@ -436,7 +436,8 @@ def _batch_capture(
 
 def _check_hidden(model, hidden: tuple, length: int) -> None:
     """Every hidden state must hold one row per input position: a model that pools the sequence between layers
-    (Funnel's blocks) has no state per position at every depth, and is refused; so is one that returns several
+    (Funnel's blocks) has no state per position at every depth, and is refused, as is one that pads it to a multiple
+    of its chunk lengths (Reformer: its padding changes which keys its chunks see); so is one that returns several
     streams per layer (Gemma 3n's AltUp stack, HY-V4's hyper-connection streams)."""
     if any(h.ndim != 3 for h in hidden):  # Gemma 3n: a stack of AltUp streams per layer
         raise PosprobeError(
@@ -448,7 +449,8 @@ def _check_hidden(model, hidden: tuple, length: int) -> None:
         return
     raise PosprobeError(
         f"'{getattr(model.config, 'model_type', 'unknown')}' gives hidden states of other lengths than its input (it "
-        "pools the sequence between layers), so they cannot be recorded per position",
+        "pools the sequence between layers, or pads it to a multiple of a chunk length), so they cannot be recorded "
+        "per position",
         "this model's layout is not supported",
     )
 

@@ -204,6 +204,8 @@ class ModelContext(EmbeddingReader):
         f = self.family
         if f.causal and f.bidirectional and T.config_flag(self.config, f.bidirectional):
             return False
+        if "causal_when" in f.tensors:  # Reformer: causal only where config.is_decoder
+            return T.config_flag(self.config, f.tensors["causal_when"])
         return f.causal or (f.encoder_decoder and stack == "decoder")
 
     def switched_on(self, what: str) -> bool:
