@@ -326,3 +326,33 @@ def test_reformer_position_table_and_its_parameter_count_are_the_models(name, tm
     np.testing.assert_array_equal(table, theirs)
     held = sum(p.numel() for p in model.embeddings.position_embeddings.parameters())
     assert positional_parameter_counts(source.config).absolute == held == (208 if name == "reformer" else 1024)
+
+
+@pytest.mark.slow
+def test_reformer_per_position_inputs_equal_the_model():
+    """Reformer's reversible layers: the hidden state entering layer l (what transformers returns as hidden_states[l])
+    is the input its attention normalises and projects, so F̂ of per-position inputs (SPEC §13) equals its local
+    layer's scores on them."""
+    import torch
+    from family_models import _layers, _SoftmaxInputs, build
+
+    from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+
+    model = build("reformer")
+    ctx = ModelContext(source_from_model(model), StateDictReader(model), mode="faithful")
+    rows = np.random.default_rng(0).normal(size=(N, model.config.hidden_size))
+    layer = 2  # the second local layer
+    handle = _layers(model)[layer].register_forward_pre_hook(
+        lambda m, args, kwargs: (args, {**kwargs, "hidden_states": torch.from_numpy(rows)[None]}), with_kwargs=True
+    )
+    try:
+        with torch.no_grad(), _SoftmaxInputs(N) as seen:
+            model(input_ids=torch.zeros(1, N, dtype=torch.long))
+    finally:
+        handle.remove()
+    assert len(seen.inputs) == 2  # the two local layers' (the LSH layer's softmax is not recorded)
+    theirs = seen.inputs[-1]
+    ours = content_free_scores(ctx, layer, N, inputs=ctx.layer_inputs({layer: rows}))
+    allowed = np.isfinite(theirs)
+    assert 0 < allowed.mean() < 1
+    np.testing.assert_allclose(ours[allowed], theirs[allowed], rtol=1e-9, atol=1e-9 * np.abs(theirs[allowed]).max())

@@ -669,6 +669,7 @@ FAMILIES: tuple[Family, ...] = (
             "unscored_softmax_layers": "lsh",
             "causal_when": "is_decoder",
         },
+        reads_padding=True,  # padding changes its chunks and buckets: texts run alone (their hidden states)
         capture=REFUSED,
         capture_note="chunked local and hashed (LSH) attention: no (queries x keys) softmax per layer",
         description="learned absolute table, axial (factor tables concatenated per position) or plain",
