@@ -586,3 +586,32 @@ def test_a_model_that_reads_padding_runs_texts_alone_and_refuses_padded_batches(
     same_length = pad_batch([(0, [5, 6, 7, 8], [0] * 4), (1, [9, 10, 11, 12], [0] * 4)], pad_id=0,
                             exclude_special=False)  # fmt: skip
     assert capture_batches(model, [same_length], [Keep()]).n_texts == 2
+
+
+@pytest.mark.slow
+def test_reformer_hidden_states_are_each_texts_own_where_it_does_not_pad():
+    """Padding changes which keys Reformer's chunks and buckets see, so its texts run alone: a text of 8 tokens (two
+    chunks of 4, each seeing the other as the chunk before and after it) next to texts of 16 (padded to 16 in a
+    batch: four chunks, the first and last wrapping to padding) gets the hidden states it gets alone. Both lengths
+    are multiples of its chunk lengths, so the model pads neither."""
+    model = make("reformer-masked")
+    rng = np.random.default_rng(0)
+    corpus = [rng.integers(4, 99, size=16).tolist(), rng.integers(4, 99, size=8).tolist()] * 2
+    got = {}
+
+    class Hidden:
+        needs = ("hidden_states",)
+
+        def add(self, batch):
+            for row, text in enumerate(batch.text_ids.tolist()):
+                got[text] = [h[row, : len(corpus[text])].double().numpy() for h in batch.hidden_states]
+
+        def result(self):
+            return None
+
+    capture(model, [Hidden()], input_ids=corpus, max_length=16, batch_size=4)
+    for index, ids in enumerate(corpus):
+        with torch.no_grad():
+            theirs = model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+        for ours, ref in zip(got[index], theirs, strict=True):
+            np.testing.assert_allclose(ours, ref[0].double().numpy(), rtol=1e-9, atol=1e-9)

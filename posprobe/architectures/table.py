@@ -96,7 +96,8 @@ WINDOW_RULES = (
     "neighbour_chunks",  # config.attn_layers[l] 'local': the query's chunk of local_attn_chunk_length and
     # local_num_chunks_before / _after neighbour chunks, wrapping around, after padding (Reformer; windows)
 )
-# config.layer_types values of softmax-attention layers; a hybrid's other layers (`Family.hybrid`) have none.
+# config.layer_types values of softmax-attention layers ('local': Reformer's attn_layers); a hybrid's other layers
+# (`Family.hybrid`) have none.
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "hybrid",
                          "local")  # fmt: skip
 # How `posprobe attention` records a family's attention (`Family.capture`; posprobe.capture picks the route from the
@@ -672,7 +673,8 @@ FAMILIES: tuple[Family, ...] = (
         reads_padding=True,  # padding changes its chunks and buckets: texts run alone (their hidden states)
         capture=REFUSED,
         capture_note="chunked local and hashed (LSH) attention: no (queries x keys) softmax per layer",
-        description="learned absolute table, axial (factor tables concatenated per position) or plain",
+        description="learned absolute table, axial (factor tables concatenated per position) or plain; causal where "
+        "is_decoder",
     ),
     Family(
         "esm",
