@@ -356,3 +356,18 @@ def test_reformer_per_position_inputs_equal_the_model():
     allowed = np.isfinite(theirs)
     assert 0 < allowed.mean() < 1
     np.testing.assert_allclose(ours[allowed], theirs[allowed], rtol=1e-9, atol=1e-9 * np.abs(theirs[allowed]).max())
+
+
+def test_reformer_is_causal_where_it_is_a_decoder():
+    """Reformer's LM head needs is_decoder (causal); its masked LM (the config's default) attends both ways, so the
+    commands that need next-token predictions refuse it in one line."""
+    from posprobe.architectures.table import is_causal
+    from posprobe.errors import PosprobeError
+    from posprobe.pipelines.needle import _check_causal
+
+    family = family_for_type("reformer")
+    assert is_causal(family, {"model_type": "reformer", "is_decoder": True})
+    assert not is_causal(family, {"model_type": "reformer"})
+    with pytest.raises(PosprobeError) as err:
+        _check_causal({"model_type": "reformer", "is_decoder": False}, "masked")
+    assert "not a causal language model" in str(err.value) and "\n" not in str(err.value)

@@ -2590,6 +2590,17 @@ def config_flag(config: dict, key: str) -> bool:
     return bool(value if value is not None else config_default(config, (key,)))
 
 
+def is_causal(family: Family, config: dict) -> bool:
+    """True when the model `config` describes lets query i see only keys j <= i (its one stack, or a decoder-only
+    model): the entry's `causal`, unless its `bidirectional` config switch is on (Gemma 3) or its
+    `tensors['causal_when']` switch is off (Reformer's is_decoder)."""
+    if family.causal and family.bidirectional and config_flag(config, family.bidirectional):
+        return False
+    if "causal_when" in family.tensors:
+        return config_flag(config, family.tensors["causal_when"])
+    return family.causal
+
+
 def switched_on(family: Family, config: dict, what: str) -> bool:
     """True when table field `what` applies to the model `config` describes (`Family.switches`)."""
     key = family.switches.get(what)
