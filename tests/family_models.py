@@ -742,9 +742,10 @@ CASES = {
                               num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
                               shared_expert_intermediate_size=16)),
     # issue 34 (reformer)
-    # Reformer's LM (is_decoder: causal): local layers in chunks of 4 that see their chunk and the one before (and
-    # the one after: hidden by causality), an LSH layer between (no positional score), axial positions 4 x 8 (widths
-    # 12 + 20); a fixed hash seed makes its LSH layer repeatable
+    # Reformer's LM (is_decoder: causal): local layers in chunks of 4 that see their chunk, the one before and the one
+    # after (causality hides it, except where the chunks wrap around: the last chunk's next is the first, whose keys
+    # come before it), an LSH layer between (no positional score), axial positions 4 x 8 (widths 12 + 20); a fixed
+    # hash seed makes its LSH layer repeatable
     "reformer": ("reformer", dict(_REFORMER, is_decoder=True, attn_layers=["local", "lsh", "local"]),
                  dict(own=True, boost=_REFORMER_QK)),
     # its masked LM (bidirectional): the chunk after too, the chunks wrapping around (chunk 0 sees the last one), a
