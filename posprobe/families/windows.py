@@ -8,7 +8,9 @@ Where layer types also carry their own rotary setting (Gemma 3, ModernBERT), `la
 `rope` names it. A rotary family's NoPE layers (`Family.nope`: SmolLM3, Cohere 2) apply no rotary embedding:
 `nope` marks them (SPEC §9: their content-free scores are the same for every pair). An indexed layer (DeepSeek
 Sparse Attention, `families.indexed`) attends the top-k keys its indexer picks for each query: `selected` holds
-them, as the indexer picks them on the content-free input.
+them, as the indexer picks them on the content-free input. A neighbour-chunk layer (Reformer's local attention)
+sees the keys of its query's chunk and of neighbouring chunks, wrapping around, after the model's own padding
+(`neighbour_chunk_pairs`).
 """
 
 from __future__ import annotations
