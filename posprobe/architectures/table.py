@@ -661,7 +661,7 @@ FAMILIES: tuple[Family, ...] = (
         pre_norm="encoder.layers.{l}.attention.layer_norm",  # reversible layers: layer 0's input is the embeddings
         sizes={"head_dim": ("attention_head_size",), "layers": ("attn_layers",)},  # one layer per attn_layers entry
         windows="neighbour_chunks",
-        hybrid="LSH attention (the pairs each query attends come from hashing the content with random rotations)",
+        hybrid="LSH attention (each head attends the pairs that hashing its content with random rotations picks)",
         tensors={
             "axial_factors": "embeddings.position_embeddings.weights.{a}",  # axial_pos_embds: factor tables
             "axial_switch": "axial_pos_embds",
@@ -671,8 +671,9 @@ FAMILIES: tuple[Family, ...] = (
             "causal_when": "is_decoder",
         },
         reads_padding=True,  # padding changes its chunks and buckets: texts run alone (their hidden states)
-        capture=REFUSED,
-        capture_note="chunked local and hashed (LSH) attention: no (queries x keys) softmax per layer",
+        capture=EAGER,
+        capture_note="local layers: their per-chunk attention rebuilt as (queries x keys) matrices (texts alone); LSH "
+        "layers listed, no positional score (their pairs, hashed per head, are no one set of pairs per layer)",
         description="learned absolute table, axial (factor tables concatenated per position) or plain; causal where "
         "is_decoder",
     ),
