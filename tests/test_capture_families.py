@@ -721,3 +721,37 @@ def test_reformer_profiles_read_its_local_layers_and_list_its_lsh_layers_without
     assert result.attention_layers == local and (p.pair_counts[lsh] == 0).all() and (p.pair_counts[local] > 0).any()
     assert np.isnan(p.mean_distance[lsh]).all() and np.isfinite(p.mean_distance[local]).all()
     assert [NO_SCORE in kind for kind in result.layer_kinds] == [False, True, False]
+
+
+@pytest.mark.slow
+def test_reformer_lsh_attention_of_a_run_is_rebuilt_exactly_but_is_no_one_set_of_pairs_per_layer():
+    """Why Reformer's LSH layers are listed, not recorded: from one run's buckets (hash rounds drawn afresh, no
+    hash seed) its per-chunk probabilities, put back at their (query, key) positions and added where a key recurs,
+    give that layer's output; but the pairs differ per head, and a key recurs up to 3 times over 2 hash rounds (the
+    chunk before a round's first is the previous round's last): no one set of pairs per layer, as the capture holds."""
+    from transformers.models.reformer.modeling_reformer import _stable_argsort
+
+    from posprobe.capture.chunks import _logsumexp_inputs
+
+    torch.manual_seed(0)
+    config = tf.ReformerConfig(**dict(CASES["reformer-masked"][1], num_hashes=2, hash_seed=None))
+    model = tf.ReformerModel(config).double().eval()
+    module, seen, dots = model.encoder.layers[0].attention.self_attention, {}, []
+    module.register_forward_hook(lambda m, args, kwargs, out: seen.update(x=kwargs["hidden_states"], out=out),
+                                 with_kwargs=True)  # fmt: skip
+    with torch.no_grad(), _logsumexp_inputs(dots.append):
+        model(input_ids=torch.arange(5, 37)[None])  # 32 tokens: four LSH chunks of 8 per round
+    x, out, heads, m = seen["x"], seen["out"], config.num_attention_heads, 32
+    order = _stable_argsort(out.buckets.reshape(1, heads, -1), -1) % m  # each round's positions, sorted by bucket
+    queries = order.view(1, heads, -1, config.lsh_attn_chunk_length)  # (1, H, rounds x chunks, chunk)
+    keys = torch.cat([queries.roll(1, 2), queries], dim=-1)  # the chunk before (lsh_num_chunks_before 1) and its own
+    d = dots[0]  # (1, H, rounds x chunks, chunk, 2 chunk): the layer's scores, the first logsumexp it takes
+    slots = (queries[..., None] * m + keys[:, :, :, None, :]).expand(d.shape).reshape(1, heads, -1)
+    a = torch.zeros(1, heads, m * m, dtype=torch.float64).scatter_add_(-1, slots, d.exp().reshape(1, heads, -1))
+    a = (a / a.view(1, heads, m, m).sum(-1).repeat_interleave(m, -1)).view(1, heads, m, m)
+    values = module.value(x).detach().view(1, m, heads, -1).transpose(1, 2)
+    np.testing.assert_allclose((a @ values).transpose(1, 2).reshape(1, m, -1), out.hidden_states, atol=1e-12)
+    pairs = a[0] > 0
+    assert not all(torch.equal(pairs[0], pairs[h]) for h in range(heads))  # each head its own pairs
+    recurs = torch.zeros(1, heads, m * m).scatter_add_(-1, slots, torch.ones(slots.shape))  # slots per pair
+    assert recurs.max() == 3

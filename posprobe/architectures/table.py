@@ -673,7 +673,8 @@ FAMILIES: tuple[Family, ...] = (
         reads_padding=True,  # padding changes its chunks and buckets: texts run alone (their hidden states)
         capture=EAGER,
         capture_note="local layers: their per-chunk attention rebuilt as (queries x keys) matrices (texts alone); LSH "
-        "layers listed, no positional score (their pairs, hashed per head, are no one set of pairs per layer)",
+        "layers listed, no positional score (pairs hashed per head, a key counted per sorted-chunk slot that pairs "
+        "it: no one set of pairs per layer)",
         description="learned absolute table, axial (factor tables concatenated per position) or plain; causal where "
         "is_decoder",
     ),
