@@ -449,10 +449,17 @@ def _check_hidden(model, hidden: tuple, length: int) -> None:
         )
     if all(h.shape[1] == length for h in hidden):
         return
+    kind = getattr(model.config, "model_type", "unknown")
+    padded = max(int(h.shape[1]) for h in hidden)
+    if padded > length:  # Reformer: padded to a multiple of its chunk lengths, which changes what its chunks see
+        raise PosprobeError(
+            f"'{kind}' gives hidden states of other lengths than its input: it pads its {length} positions to "
+            f"{padded} (a multiple of its chunk lengths), and that padding changes what the real positions see",
+            "run texts of a length it does not pad (a multiple of its chunk lengths, or at most its shortest chunk)",
+        )
     raise PosprobeError(
-        f"'{getattr(model.config, 'model_type', 'unknown')}' gives hidden states of other lengths than its input (it "
-        "pools the sequence between layers, or pads it to a multiple of a chunk length), so they cannot be recorded "
-        "per position",
+        f"'{kind}' gives hidden states of other lengths than its input (it pools the sequence between layers), so "
+        "they cannot be recorded per position",
         "this model's layout is not supported",
     )
 
