@@ -733,7 +733,7 @@ def test_reformer_lsh_attention_of_a_run_is_rebuilt_exactly_but_is_no_one_set_of
     chunk before a round's first is the previous round's last): no one set of pairs per layer, as the capture holds."""
     from transformers.models.reformer.modeling_reformer import _stable_argsort
 
-    from posprobe.capture.chunks import _logsumexp_inputs
+    from posprobe.capture.chunks import logsumexp_inputs
 
     torch.manual_seed(0)
     config = tf.ReformerConfig(**dict(CASES["reformer-masked"][1], num_hashes=2, hash_seed=None))
@@ -741,7 +741,7 @@ def test_reformer_lsh_attention_of_a_run_is_rebuilt_exactly_but_is_no_one_set_of
     module, seen, dots = model.encoder.layers[0].attention.self_attention, {}, []
     module.register_forward_hook(lambda m, args, kwargs, out: seen.update(x=kwargs["hidden_states"], out=out),
                                  with_kwargs=True)  # fmt: skip
-    with torch.no_grad(), _logsumexp_inputs(dots.append):
+    with torch.no_grad(), logsumexp_inputs(dots.append):
         model(input_ids=torch.arange(5, 37)[None])  # 32 tokens: four LSH chunks of 8 per round
     x, out, heads, m = seen["x"], seen["out"], config.num_attention_heads, 32
     order = _stable_argsort(out.buckets.reshape(1, heads, -1), -1) % m  # each round's positions, sorted by bucket

@@ -58,7 +58,13 @@ def rebuild_chunks(values, chunk: int, before: int, after: int, fill: float):
     if values.dim() == 4:
         return values
     batch, heads, chunks, _, width = values.shape
-    if chunks < before + 1 + after or width != (before + 1 + after) * chunk:
+    if width != (before + 1 + after) * chunk:
+        raise PosprobeError(
+            f"a neighbour-chunk layer computed {width} keys per chunk of {chunk}, not {(before + 1 + after) * chunk} "
+            f"(its chunk, {before} before and {after} after)",
+            "this family computes attention in a way posprobe attention does not record; please report it",
+        )
+    if chunks < before + 1 + after:
         raise PosprobeError(
             f"over {chunks * chunk} positions ({chunks} chunks of {chunk}) each local layer's chunk sees itself or a "
             f"neighbour twice (chunks before: {before}, after: {after}), counting those keys twice in its softmax",
@@ -71,7 +77,7 @@ def rebuild_chunks(values, chunk: int, before: int, after: int, fill: float):
     return out.view(batch, heads, chunks * chunk, chunks * chunk)
 
 
-def _logsumexp_inputs(record):
+def logsumexp_inputs(record):
     """A TorchFunctionMode calling `record(x)` with the (detached) input of every logsumexp while active."""
     import torch
     from torch.overrides import TorchFunctionMode
@@ -128,7 +134,7 @@ class NeighbourChunkRecorder(EagerRecorder):
                 hooks.append(module.register_forward_pre_hook(before(layer), with_kwargs=True))
                 hooks.append(module.register_forward_hook(after(layer), with_kwargs=True))
             record = lambda x: calls.setdefault(inside[-1], []).append(x) if inside else None  # noqa: E731
-            with _logsumexp_inputs(record):
+            with logsumexp_inputs(record):
                 output = model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
         finally:
             for hook in hooks:
