@@ -105,6 +105,7 @@ ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attenti
 # here). An encoder-decoder runs its encoder stack.
 INTERFACE = "interface"  # through transformers' AttentionInterface: posprobe's recording attention function
 EAGER = "eager"  # the family's own eager attention: its returned attentions and the inputs of its softmax
+# (neighbour-chunk layers, `windows` 'neighbour_chunks': their per-chunk attention rebuilt, posprobe.capture.chunks)
 REFUSED = "refused"  # no (queries x keys) softmax per layer to record; `capture_note` says why
 HYBRID_CAPTURE = "attention layers only; the others listed: no positional score"  # a hybrid's `capture_note`
 CAPTURES = (INTERFACE, EAGER, REFUSED)
