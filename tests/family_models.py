@@ -99,6 +99,13 @@ _GEMMA4 = dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=8, global_he
                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
                                                    "rope_theta": 10000.0}})  # fmt: skip
+# Reformer (issue 34): local chunks of 4 (LSH chunks of 8: sequences are padded to a multiple of 8 beyond 4), heads
+# of 6 (not hidden / heads), its query and key weights at unit scale (at 0.02 every score is within 0.05 of 0)
+_REFORMER_QK = ("self_attention.query.", "self_attention.key.")
+_REFORMER = dict(vocab_size=99, hidden_size=32, num_attention_heads=4, attention_head_size=6, feed_forward_size=37,
+                 max_position_embeddings=32, axial_pos_shape=[4, 8], axial_pos_embds_dim=[12, 20],
+                 local_attn_chunk_length=4, local_num_chunks_before=1, local_num_chunks_after=1,
+                 lsh_attn_chunk_length=8, num_buckets=4, hash_seed=0, pad_token_id=0)  # fmt: skip
 _MUSICGEN = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=37,
                  max_position_embeddings=64, num_codebooks=3, scale_embedding=True, pad_token_id=99,
                  bos_token_id=99)  # fmt: skip
@@ -825,6 +832,17 @@ CASES = {
                                         index_n_heads=2, index_head_dim=8, index_topk=2, max_position_embeddings=64,
                                         pad_token_id=0),
                     dict(boost=("self_attn.sinks",))),
+    # issue 34 (reformer)
+    # Reformer's LM (is_decoder: causal): local layers in chunks of 4 that see their chunk, the one before and the one
+    # after (causality hides it, except where the chunks wrap around: the last chunk's next is the first, whose keys
+    # come before it), an LSH layer between (no positional score), axial positions 4 x 8 (widths 12 + 20); a fixed
+    # hash seed makes its LSH layer repeatable
+    "reformer": ("reformer", dict(_REFORMER, is_decoder=True, attn_layers=["local", "lsh", "local"]),
+                 dict(own=True, boost=_REFORMER_QK)),
+    # its masked LM (bidirectional): the chunk after too, the chunks wrapping around (chunk 0 sees the last one), a
+    # plain learned table (axial_pos_embds off)
+    "reformer-masked": ("reformer", dict(_REFORMER, is_decoder=False, attn_layers=["lsh", "local"],
+                                         axial_pos_embds=False), dict(own=True, boost=_REFORMER_QK)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -880,6 +898,7 @@ ISSUE_34_CASES |= {"qwen4_exp_text", "qwen4_exp"}  # issue 34 (qwen4)
 _EAGER_EXPERTS += ("qwen4_exp_text", "qwen4_exp")  # issue 34 (qwen4)
 _EAGER_EXPERTS += ("deepseek_v4",)  # issue 34 (dsv4)
 ISSUE_34_CASES |= {"deepseek_v4"}  # issue 34 (dsv4)
+ISSUE_34_CASES |= {"reformer", "reformer-masked"}  # issue 34 (reformer)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
@@ -1081,11 +1100,69 @@ class _SoftmaxInputs:
 
         torch.nn.functional.softmax, torch.Tensor.softmax = patched_functional, patched_method
         torch.softmax = patched_torch
+        self.chunks = _NeighbourChunkInputs(n, inputs).__enter__()
         return self
 
     def __exit__(self, *exc):
         torch.nn.functional.softmax, torch.Tensor.softmax = self.functional, self.method
         torch.softmax = self.torch
+        self.chunks.__exit__(*exc)
+
+
+class _NeighbourChunkInputs:
+    """Records, into `inputs`, the (H, n, n) softmax inputs of Reformer's local layers, which take no softmax call:
+    exp(dots - logsumexp(dots)) over (chunks, chunk, keys of the chunk and its neighbours), the keys' positions the
+    ones the module gathers with `_look_adjacent`; pairs it does not compute, or masks (its -1e9), are -inf. The
+    module's padded sequence (a multiple of its chunk lengths) is cut to the first n positions."""
+
+    def __init__(self, n: int, inputs: list):
+        self.n, self.inputs = n, inputs
+
+    def __enter__(self):
+        from transformers.models.reformer import modeling_reformer as reformer
+
+        self.module, self.forward = reformer.LocalSelfAttention, reformer.LocalSelfAttention.forward
+        original, n, inputs, logsumexp = self.forward, self.n, self.inputs, torch.logsumexp
+
+        def forward(module, *args, **kwargs):
+            seen = {}
+            look = module._look_adjacent
+
+            def adjacent(vectors, before, after):
+                out = look(vectors, before, after)
+                if vectors.dtype == torch.long:  # the key positions of every chunk: (1, H, chunks, keys)
+                    seen["keys"] = out
+                return out
+
+            def record(x, *a, **k):
+                seen["dots"] = x
+                return logsumexp(x, *a, **k)
+
+            module._look_adjacent, torch.logsumexp = adjacent, record
+            try:
+                out = original(module, *args, **kwargs)
+            finally:
+                del module._look_adjacent
+                torch.logsumexp = logsumexp
+            dots = seen["dots"][0].detach().double()  # (H, N, N) or (H, chunks, chunk, keys)
+            dots = torch.where(dots == float(module.mask_value_float32), -torch.inf, dots)
+            if dots.ndim == 3:
+                full = dots
+            else:
+                heads, chunks, chunk, _ = dots.shape
+                full = torch.full((heads, chunks * chunk, chunks * chunk), -torch.inf, dtype=dots.dtype)
+                keys = seen["keys"][0]  # (H, chunks, keys)
+                for c in range(chunks):
+                    for q in range(chunk):
+                        full[:, c * chunk + q].scatter_(-1, keys[:, c], dots[:, c, q])
+            inputs.append(full[:, :n, :n].numpy())
+            return out
+
+        self.module.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        self.module.forward = self.forward
 
 
 class _SdpaInputs:

@@ -94,7 +94,10 @@ POOLED_KEYS = {"deepseek_v4"}
 RETURNS_SCORES = {"squeezebert", "prophetnet"}  # their `output_attentions` are the pre-softmax scores
 # models whose input is not one token sequence (MusicGen: one token of each codebook at every position): no capture
 NOT_TEXT = {"musicgen_decoder", "musicgen_melody_decoder"}
-ALL = sorted(set(CASES) - set(REFUSED) - NOT_TEXT) + sorted(set(EXTRA) - set(REFUSED))
+# attention rebuilt from neighbour chunks (Reformer's local layers; its LSH layers listed): texts of some lengths are
+# refused (a chunk its own neighbour), and its eager run returns per-chunk attentions: tested on their own below
+CHUNKED = ("reformer", "reformer-masked")
+ALL = sorted(set(CASES) - set(REFUSED) - NOT_TEXT - set(CHUNKED)) + sorted(set(EXTRA) - set(REFUSED))
 # learned sinks applied to the output: the eager attention returns the softmax over the real keys and scales its
 # output by sigmoid(logsumexp_j S(i, j) - s_h), the share a sink column s_h would leave them (gpt-oss's sinks, the
 # same weights on the values): the capture's A is those weights, as for gpt-oss
@@ -253,7 +256,9 @@ def test_capture_equals_each_text_run_alone(name):
 
 
 # ALBERT's one shared layer is not the per-layer list `reference_scores` feeds; a hybrid's layer 0 may not attend
-@pytest.mark.parametrize("name", _params([n for n in ALL if n != "albert" and n not in HYBRIDS], quick={"mpnet"}))
+# (Reformer's masked LM: an LSH layer 0; its LM's local layer 0 is read)
+@pytest.mark.parametrize("name", _params([n for n in ALL if n != "albert" and n not in HYBRIDS] + ["reformer"],
+                                          quick={"mpnet"}))  # fmt: skip
 def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
     """Every token the average word (`reference_scores` sets row 0 of the word table to the table's mean), no
     padding: layer 0's input is the embedding-level sequence, so its S is the model's own pre-softmax score of
@@ -262,7 +267,7 @@ def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
     n = 12
     word = case(name).word_id if name in CASES else 0  # CPM-Ant reads token 0 as padding
     ref = reference_scores(model, n, word)  # also sets the average word
-    keep = Keep(hidden=name not in STREAMS)
+    keep = Keep(hidden=name not in STREAMS | set(CHUNKED))  # Reformer pads 12 to 16: hidden states of 16
     capture(model, [keep], input_ids=[[word] * n], max_length=n)
     got = keep.texts[0]
     allowed = np.broadcast_to(ref.allowed[0][None], got["scores"][0].shape)
@@ -412,17 +417,21 @@ def test_families_the_capture_does_not_reproduce_are_refused(name):
 
 
 POOLED = ("funnel", "funnel-factorized")  # the sequence is pooled between blocks: no state per position at every depth
+PADDED = ("reformer", "reformer-masked")  # padded to a multiple of its chunk lengths, hidden states of that length
 
 
-@pytest.mark.parametrize("name", _params(POOLED))
+@pytest.mark.parametrize("name", _params(POOLED + PADDED))
 def test_hidden_states_of_a_model_that_pools_the_sequence_are_refused(name):
     hidden = Keep()
     hidden.needs = ("hidden_states",)
-    with pytest.raises(PosprobeError, match="hidden states of other lengths than its input"):
+    why = r"pads its \d+ positions to \d+ .a multiple of its chunk lengths" if name in PADDED else "pools the sequence"
+    with pytest.raises(PosprobeError, match=f"hidden states of other lengths than its input.*{why}") as err:
         capture(build(name).float(), [hidden], input_ids=texts(3), max_length=16)
+    assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("name", _params([n for n in [*sorted(set(REFUSED) - set(POOLED)), "t5", "bloom", *HYBRIDS]
+@pytest.mark.parametrize("name", _params([n for n in [*sorted(set(REFUSED) - set(POOLED + PADDED)), "t5", "bloom",
+                                                      *HYBRIDS]
                                           if n not in NO_HIDDEN_STATES | STREAMS], quick={"t5", "lfm2"}))  # fmt: skip
 def test_hidden_states_alone_for_refused_and_eager_families(name):
     """Without attention nothing is recorded: hidden states are the model's own (its default attention, whatever
@@ -594,3 +603,170 @@ def test_a_model_that_reads_padding_runs_texts_alone_and_refuses_padded_batches(
     same_length = pad_batch([(0, [5, 6, 7, 8], [0] * 4), (1, [9, 10, 11, 12], [0] * 4)], pad_id=0,
                             exclude_special=False)  # fmt: skip
     assert capture_batches(model, [same_length], [Keep()]).n_texts == 2
+
+
+@pytest.mark.slow
+def test_reformer_hidden_states_are_each_texts_own_where_it_does_not_pad():
+    """Padding changes which keys Reformer's chunks and buckets see, so its texts run alone: a text of 8 tokens (two
+    chunks of 4, each seeing the other as the chunk before and after it) next to texts of 16 (padded to 16 in a
+    batch: four chunks, the first and last wrapping to padding) gets the hidden states it gets alone. Both lengths
+    are multiples of its chunk lengths, so the model pads neither."""
+    model = make("reformer-masked")
+    rng = np.random.default_rng(0)
+    corpus = [rng.integers(4, 99, size=16).tolist(), rng.integers(4, 99, size=8).tolist()] * 2
+    got = {}
+
+    class Hidden:
+        needs = ("hidden_states",)
+
+        def add(self, batch):
+            for row, text in enumerate(batch.text_ids.tolist()):
+                got[text] = [h[row, : len(corpus[text])].double().numpy() for h in batch.hidden_states]
+
+        def result(self):
+            return None
+
+    capture(model, [Hidden()], input_ids=corpus, max_length=16, batch_size=4)
+    for index, ids in enumerate(corpus):
+        with torch.no_grad():
+            theirs = model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+        for ours, ref in zip(got[index], theirs, strict=True):
+            np.testing.assert_allclose(ours, ref[0].double().numpy(), rtol=1e-9, atol=1e-9)
+
+
+def neighbour_chunk_reference(model, ids: list[int]) -> dict:
+    """Each local layer of Reformer on one text alone, computed from its own queries and keys: S = q k / sqrt(d_h)
+    over the layer's padded length M (its input, hooked), on the pairs of query chunk a and key chunk b with b - a in
+    {-before .. after} modulo the M / c chunks (all pairs where M <= c), real keys only (j < n), j <= i where
+    is_decoder; A its softmax over them; both cut to the n real positions. Also each layer's output, and A V."""
+    cfg, n = model.config, len(ids)
+    c, before, after = cfg.local_attn_chunk_length, cfg.local_num_chunks_before, cfg.local_num_chunks_after
+    layers = [layer for layer, kind in enumerate(cfg.attn_layers) if kind == "local"]
+    seen, hooks = {}, []
+    for layer in layers:
+        module = model.get_submodule(f"encoder.layers.{layer}.attention.self_attention")
+        hooks.append(module.register_forward_hook(
+            lambda m, args, kwargs, out, layer=layer: seen.__setitem__(layer, (m, kwargs["hidden_states"], out)),
+            with_kwargs=True))  # fmt: skip
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.tensor([ids]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    out = dict(scores=[], probs=[], allowed=[], output=[], applied=[])
+    for layer in layers:
+        module, x, result = seen[layer]
+        x, big = x[0].double(), x.shape[1]
+        heads = cfg.num_attention_heads
+        q, k, v = (getattr(module, w).weight.detach().double() for w in ("query", "key", "value"))
+        q, k, v = ((x @ w.T).view(big, heads, -1).transpose(0, 1) for w in (q, k, v))  # (H, M, d_h)
+        dots = (q @ k.transpose(-1, -2) / cfg.attention_head_size**0.5).numpy()
+        i, j = np.arange(big)[:, None], np.arange(big)[None, :]
+        chunks = max(big // c, 1)  # one chunk: every pair
+        neighbours = [offset % chunks for offset in range(-before, after + 1)]  # chunk offsets, wrapping around
+        pairs = np.ones((big, big), bool) if big <= c else np.isin((j // c - i // c) % chunks, neighbours)
+        pairs &= j < n
+        if cfg.is_decoder:
+            pairs &= j <= i
+        s = np.where(pairs, dots, -np.inf)
+        a = np.exp(s - s.max(-1, keepdims=True))
+        a /= a.sum(-1, keepdims=True)
+        out["scores"].append(s[:, :n, :n])
+        out["probs"].append(a[:, :n, :n])
+        out["allowed"].append(pairs[:n, :n])
+        out["output"].append(result.hidden_states[0, :n].double().numpy())
+        applied = torch.from_numpy(a[:, :n, :n]) @ v[:, :n]  # (H, n, d_h)
+        out["applied"].append(applied.transpose(0, 1).reshape(n, -1).numpy())
+    return {key: np.stack(value) for key, value in out.items()} | {"layers": layers, "padded": big}
+
+
+# lengths: attended whole (<= 4: one chunk), padded to 16 (four chunks of 4, the last partly or wholly padding), 16
+CHUNKED_TEXTS = [[7, 8, 9], [5, 6, 7, 8], [9, 8, 7, 6, 5, 4, 9, 8, 7], [11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+                 [40 + t for t in range(13)], [60 + t for t in range(16)]]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CHUNKED)
+def test_neighbour_chunk_attention_is_each_layers_own_rebuilt_over_the_texts_positions(name):
+    """Reformer's local layers: the capture's (queries x keys) A, S and pairs equal each layer's softmax computed
+    from its own queries and keys over the pairs of its chunk and neighbours (wrapping around, over the length the
+    model pads to, real keys only, causal where is_decoder), each text alone; A times the layer's values is the
+    layer's own output; its LSH layers are not recorded (summary.attention_layers: the local ones)."""
+    model = make(name)
+    keep = Keep(hidden=False)
+    summary = capture(model, [keep], input_ids=CHUNKED_TEXTS, max_length=16, batch_size=3)
+    assert summary.n_batches == len(CHUNKED_TEXTS)  # texts alone
+    assert is_eager_route(model) and family_for_type(model.config.model_type).capture == EAGER  # as the table says
+    for index, ids in enumerate(CHUNKED_TEXTS):
+        got, ref = keep.texts[index], neighbour_chunk_reference(model, ids)
+        assert list(summary.attention_layers) == ref["layers"] and len(ref["layers"]) < len(model.config.attn_layers)
+        np.testing.assert_allclose(ref["applied"], ref["output"], rtol=1e-9, atol=1e-9)  # the reference is the layer
+        np.testing.assert_array_equal(got["allowed"], ref["allowed"])
+        np.testing.assert_allclose(got["probs"], ref["probs"], rtol=1e-9, atol=1e-9, err_msg=f"{name} text {index}")
+        allowed = np.broadcast_to(ref["allowed"][:, None], got["scores"].shape)
+        np.testing.assert_allclose(got["scores"][allowed], ref["scores"][allowed], rtol=1e-9, atol=1e-9)
+        assert (got["scores"][~allowed] < -1e30).all()
+        first = ref["allowed"][0][:4]  # the first chunk's queries: they see chunks 3 (wrapping around), 0 and 1
+        if len(ids) in (9, 10):  # padded to 16: chunk 3 is padding, and chunk 2 (keys 8 ..) is out of reach
+            assert not first[:, 8:].any() and (name == "reformer" or first[:, 4:8].all())
+        if len(ids) == 13:  # chunk 3 holds key 12: seen by the first chunk of the masked LM, hidden by causality
+            assert first[:, 12].all() == (name == "reformer-masked")
+
+
+@pytest.mark.slow
+def test_neighbour_chunk_lengths_that_count_keys_twice_are_refused():
+    """A text of 6 tokens is padded to 8: two chunks of 4, whose one chunk before is its chunk after, so the layer
+    counts those keys twice in its softmax: refused in one line, not rebuilt as a set of pairs."""
+    with pytest.raises(PosprobeError, match="twice") as err:
+        capture(make("reformer-masked"), [Keep(hidden=False)], input_ids=[[5, 6, 7, 8, 9, 10]], max_length=16)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_reformer_profiles_read_its_local_layers_and_list_its_lsh_layers_without_a_score():
+    """`posprobe attention` on Reformer: its local layers' profiles are those of the rebuilt matrices (finite), its
+    LSH layers hold NaN, count no pair and say why ('no positional score') in its layer kinds."""
+    from posprobe.families.windows import NO_SCORE
+
+    model = make("reformer")
+    result = attention_profiles(model, input_ids=CHUNKED_TEXTS, max_length=16, batch_size=3, weights_correlation=False)
+    local, lsh = [0, 2], [1]
+    p = result.profiles
+    assert result.attention_layers == local and (p.pair_counts[lsh] == 0).all() and (p.pair_counts[local] > 0).any()
+    assert np.isnan(p.mean_distance[lsh]).all() and np.isfinite(p.mean_distance[local]).all()
+    assert [NO_SCORE in kind for kind in result.layer_kinds] == [False, True, False]
+
+
+@pytest.mark.slow
+def test_reformer_lsh_attention_of_a_run_is_rebuilt_exactly_but_is_no_one_set_of_pairs_per_layer():
+    """Why Reformer's LSH layers are listed, not recorded: from one run's buckets (hash rounds drawn afresh, no
+    hash seed) its per-chunk probabilities, put back at their (query, key) positions and added where a key recurs,
+    give that layer's output; but the pairs differ per head, and a key recurs up to 3 times over 2 hash rounds (the
+    chunk before a round's first is the previous round's last): no one set of pairs per layer, as the capture holds."""
+    from transformers.models.reformer.modeling_reformer import _stable_argsort
+
+    from posprobe.capture.chunks import logsumexp_inputs
+
+    torch.manual_seed(0)
+    config = tf.ReformerConfig(**dict(CASES["reformer-masked"][1], num_hashes=2, hash_seed=None))
+    model = tf.ReformerModel(config).double().eval()
+    module, seen, dots = model.encoder.layers[0].attention.self_attention, {}, []
+    module.register_forward_hook(lambda m, args, kwargs, out: seen.update(x=kwargs["hidden_states"], out=out),
+                                 with_kwargs=True)  # fmt: skip
+    with torch.no_grad(), logsumexp_inputs(dots.append):
+        model(input_ids=torch.arange(5, 37)[None])  # 32 tokens: four LSH chunks of 8 per round
+    x, out, heads, m = seen["x"], seen["out"], config.num_attention_heads, 32
+    order = _stable_argsort(out.buckets.reshape(1, heads, -1), -1) % m  # each round's positions, sorted by bucket
+    queries = order.view(1, heads, -1, config.lsh_attn_chunk_length)  # (1, H, rounds x chunks, chunk)
+    keys = torch.cat([queries.roll(1, 2), queries], dim=-1)  # the chunk before (lsh_num_chunks_before 1) and its own
+    d = dots[0]  # (1, H, rounds x chunks, chunk, 2 chunk): the layer's scores, the first logsumexp it takes
+    slots = (queries[..., None] * m + keys[:, :, :, None, :]).expand(d.shape).reshape(1, heads, -1)
+    a = torch.zeros(1, heads, m * m, dtype=torch.float64).scatter_add_(-1, slots, d.exp().reshape(1, heads, -1))
+    a = (a / a.view(1, heads, m, m).sum(-1).repeat_interleave(m, -1)).view(1, heads, m, m)
+    values = module.value(x).detach().view(1, m, heads, -1).transpose(1, 2)
+    np.testing.assert_allclose((a @ values).transpose(1, 2).reshape(1, m, -1), out.hidden_states, atol=1e-12)
+    pairs = a[0] > 0
+    assert not all(torch.equal(pairs[0], pairs[h]) for h in range(heads))  # each head its own pairs
+    recurs = torch.zeros(1, heads, m * m).scatter_add_(-1, slots, torch.ones(slots.shape))  # slots per pair
+    assert recurs.max() == 3

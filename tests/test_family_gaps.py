@@ -23,8 +23,6 @@ NOT_YET = {
     # attention that needs new score code
     "blt": "byte latent transformer: byte-level local encoder/decoder layers (self-attention plus cross-attention "
     "to patches) around a global transformer over patches whose bounds an entropy model picks: no one layer order",
-    "reformer": "LSH layers bucket queries and keys by content (no fixed pairs to score); local layers attend "
-    "within chunks and their neighbour chunks (a logsumexp, no softmax call), over factorised axial position tables",
     # sparse / compressed attention
     # hybrids the table cannot describe yet
     "inkling2_text": "Inkling's relative logits with L2-clipped q/k, input-conditioned (dynamic) key convolutions "

@@ -246,3 +246,128 @@ def test_block_indexer_selection_per_group_at_other_lengths(n, tmp_path, monkeyp
         assert ours.shape == (4, n, n) and not (ours[0] == ours[2]).all()  # the two groups pick differently
         np.testing.assert_array_equal(ref.allowed[layer], ours)
         assert ours.sum() < 4 * n * (n + 1) // 2  # sparse: some causal pairs dropped
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["reformer", "reformer-masked"])
+@pytest.mark.parametrize("n", [10, 13, 24])
+def test_reformer_local_chunks_at_padded_lengths(name, n, tmp_path):
+    """Reformer pads a sequence longer than its shortest chunk to a multiple of its chunk lengths (8 here) and its
+    local layers see their chunk and its neighbours, wrapping around: at lengths the padding changes (10 -> 16: four
+    chunks of 4, not three), the pairs its softmax sees and their scores are those of posprobe's layer kinds; its
+    LSH layers have no positional score (NaN)."""
+    from family_models import build
+
+    model = build(name)
+    model.save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    ref = reference_scores(model, n)
+    attention = attention_layers(ctx)
+    ours = np.stack([content_free_scores(ctx, layer, n) for layer in range(ctx.layers())])
+    assert np.isnan(np.delete(ours, attention, axis=0)).all() and len(attention) == len(ref.scores)
+    k = np.arange(n)[None, :] - np.arange(n)[:, None]
+    for index, layer in enumerate(attention):
+        expected = ctx.layer_kinds(n)[layer].allowed(n) & ((k <= 0) if ctx.causal() else True)
+        np.testing.assert_array_equal(ref.allowed[index], expected)
+        assert not expected.all()  # chunks: some pairs unseen
+        diff = np.where(ref.allowed[index], ours[layer] - ref.scores[index], 0.0)
+        assert np.abs(diff).max() <= 1e-5 * max(1.0, np.abs(ours[layer]).max())
+    if name == "reformer-masked" and n == 10:  # chunk 0 wraps to the last (padding) chunk, not to keys 8 and 9
+        assert not ref.allowed[0][:4, 8:].any()
+
+
+@pytest.mark.slow
+def test_reformer_refuses_lengths_whose_chunks_see_a_neighbour_twice(tmp_path):
+    """Chunks of 4 seeing one chunk before and one after: a sequence padded to 8 has two chunks, so the chunk before
+    is the chunk after and the model counts its keys twice in the softmax: no set of pairs says that, refused."""
+    from family_models import build
+
+    from posprobe.errors import PosprobeError
+
+    build("reformer-masked").save_pretrained(tmp_path)
+    with pytest.raises(PosprobeError) as err:
+        posprobe.fhat(str(tmp_path), layer=1, positions=6)
+    assert "twice" in str(err.value) and "\n" not in str(err.value)
+    assert posprobe.fhat(str(tmp_path), layer=1, positions=4).matrices.shape[-1] == 4  # unchunked: all pairs
+
+
+def test_axial_position_rows_concatenate_each_axis_row():
+    """Axial tables (Reformer): position p = p_0 s_1 + p_1 reads [F_0[p_0] | F_1[p_1]], the last axis fastest."""
+    from posprobe.families.axial import axial_rows
+
+    rng = np.random.default_rng(0)
+    first, second = rng.normal(size=(3, 1, 2)), rng.normal(size=(1, 4, 5))
+    rows = axial_rows([first, second])
+    assert rows.shape == (12, 7)
+    for p in range(12):
+        np.testing.assert_array_equal(rows[p], np.concatenate([first[p // 4, 0], second[0, p % 4]]))
+    with pytest.raises(ValueError):
+        axial_rows([rng.normal(size=(3, 2, 2)), second])
+
+
+@pytest.mark.parametrize("name", ["reformer", "reformer-masked"])
+def test_reformer_position_table_and_its_parameter_count_are_the_models(name, tmp_path):
+    """E_P read from the checkpoint equals the model's own position embeddings of positions 0..n-1 (axial: factor
+    rows concatenated per position; plain: its table), and `params` counts the parameters that table really has."""
+    import torch
+    from family_models import build
+
+    from posprobe.analysis.params import positional_parameter_counts
+
+    model = build(name)
+    model.save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    table = ctx.position_table.table
+    assert table.shape == (32, 32)
+    with torch.no_grad():
+        theirs = model.embeddings.position_embeddings(torch.arange(32)[None])[0].double().numpy()
+    np.testing.assert_array_equal(table, theirs)
+    held = sum(p.numel() for p in model.embeddings.position_embeddings.parameters())
+    assert positional_parameter_counts(source.config).absolute == held == (208 if name == "reformer" else 1024)
+
+
+@pytest.mark.slow
+def test_reformer_per_position_inputs_equal_the_model():
+    """Reformer's reversible layers: the hidden state entering layer l (what transformers returns as hidden_states[l])
+    is the input its attention normalises and projects, so F̂ of per-position inputs (SPEC §13) equals its local
+    layer's scores on them."""
+    import torch
+    from family_models import _layers, _SoftmaxInputs, build
+
+    from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+
+    model = build("reformer")
+    ctx = ModelContext(source_from_model(model), StateDictReader(model), mode="faithful")
+    rows = np.random.default_rng(0).normal(size=(N, model.config.hidden_size))
+    layer = 2  # the second local layer
+    handle = _layers(model)[layer].register_forward_pre_hook(
+        lambda m, args, kwargs: (args, {**kwargs, "hidden_states": torch.from_numpy(rows)[None]}), with_kwargs=True
+    )
+    try:
+        with torch.no_grad(), _SoftmaxInputs(N) as seen:
+            model(input_ids=torch.zeros(1, N, dtype=torch.long))
+    finally:
+        handle.remove()
+    assert len(seen.inputs) == 2  # the two local layers' (the LSH layer's softmax is not recorded)
+    theirs = seen.inputs[-1]
+    ours = content_free_scores(ctx, layer, N, inputs=ctx.layer_inputs({layer: rows}))
+    allowed = np.isfinite(theirs)
+    assert 0 < allowed.mean() < 1
+    np.testing.assert_allclose(ours[allowed], theirs[allowed], rtol=1e-9, atol=1e-9 * np.abs(theirs[allowed]).max())
+
+
+def test_reformer_is_causal_where_it_is_a_decoder():
+    """Reformer's LM head needs is_decoder (causal); its masked LM (the config's default) attends both ways, so the
+    commands that need next-token predictions refuse it in one line."""
+    from posprobe.architectures.table import is_causal
+    from posprobe.errors import PosprobeError
+    from posprobe.pipelines.needle import _check_causal
+
+    family = family_for_type("reformer")
+    assert is_causal(family, {"model_type": "reformer", "is_decoder": True})
+    assert not is_causal(family, {"model_type": "reformer"})
+    with pytest.raises(PosprobeError) as err:
+        _check_causal({"model_type": "reformer", "is_decoder": False}, "masked")
+    assert "not a causal language model" in str(err.value) and "\n" not in str(err.value)

@@ -89,6 +89,11 @@ def has_learned_table(config: dict) -> bool:
     return T.has_learned_table(config)
 
 
+def _axial(family, config: dict) -> bool:
+    """True when the family builds its table from axial factor tables and `config` turns them on (Reformer)."""
+    return "axial_parameters" in family.tensors and T.config_flag(config, family.tensors["axial_switch"])
+
+
 def positional_parameter_counts(
     config: dict, radius: int = DEFAULT_RADIUS, kernels: tuple[int, ...] | list[int] = DEFAULT_KERNELS
 ) -> PositionalParams:
@@ -136,6 +141,11 @@ def positional_parameter_counts(
 
     mechanisms = {name: total(name) for name in CATALOGUE}
     absolute = n * table_width if learned else None
+    if learned and family is not None and _axial(family, config):  # Reformer: factor tables, concatenated per row
+        rows, widths = (
+            config.get(k) or T.config_default(config, (k,)) for k in family.tensors["axial_parameters"].split(",")
+        )
+        absolute = sum(int(r) * int(w) for r, w in zip(rows, widths, strict=True))
     return PositionalParams(
         model_type=model_type,
         position_encoding=encoding,

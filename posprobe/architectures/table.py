@@ -95,15 +95,19 @@ WINDOW_RULES = (
     "block_sparse",  # config.attention_type 'block_sparse': full attention up to (5 + 2 r) blocks, then sparse
     "local_radius",  # encoder stack: |j - i| <= config.local_radius (LongT5); decoder: full
     "per_layer_config",  # config.per_layer_config[l].sliding_window, when set: |j - i| <= it (NeoMME); else full
+    "neighbour_chunks",  # config.attn_layers[l] 'local': the query's chunk of local_attn_chunk_length and
+    # local_num_chunks_before / _after neighbour chunks, wrapping around, after padding (Reformer; windows)
 )
-# config.layer_types values of softmax-attention layers; a hybrid's other layers (`Family.hybrid`) have none.
+# config.layer_types values of softmax-attention layers ('local': Reformer's attn_layers); a hybrid's other layers
+# (`Family.hybrid`) have none.
 ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "attention", "hybrid",
-                         "indexed_attention")  # fmt: skip
+                         "indexed_attention", "local")  # fmt: skip
 # How `posprobe attention` records a family's attention (`Family.capture`; posprobe.capture picks the route from the
 # model class at run time, and tests/test_capture_families.py checks that each tested family takes the route named
 # here). An encoder-decoder runs its encoder stack.
 INTERFACE = "interface"  # through transformers' AttentionInterface: posprobe's recording attention function
 EAGER = "eager"  # the family's own eager attention: its returned attentions and the inputs of its softmax
+# (neighbour-chunk layers, `windows` 'neighbour_chunks': their per-chunk attention rebuilt, posprobe.capture.chunks)
 REFUSED = "refused"  # no (queries x keys) softmax per layer to record; `capture_note` says why
 HYBRID_CAPTURE = "attention layers only; the others listed: no positional score"  # a hybrid's `capture_note`
 CAPTURES = (INTERFACE, EAGER, REFUSED)
@@ -212,7 +216,12 @@ class Family:
     'indexer_blocks' 'mean' for an indexer that scores mean-pooled key blocks (`families.pooled_blocks`),
     'rope_types' the rope-parameter key each layer type reads, where they are not keyed by layer type (DeepSeek V4:
     'sliding_attention:main,*:compress'), 'pooled_keys' the config dict of the block sizes of layer types that append
-    entries pooled over blocks of tokens after their keys (DeepSeek V4's compress_rates: not in F̂, SPEC §9)).
+    entries pooled over blocks of tokens after their keys (DeepSeek V4's compress_rates: not in F̂, SPEC §9),
+    Reformer's 'axial_factors' its axial factor tables ('{a}' the axis) used where config 'axial_switch' is true,
+    'axial_parameters' the config lists of their rows and widths (its learned table holds sum rows x width),
+    'layer_types' the config list of its layer types, 'unscored_softmax_layers' those types whose softmax attends
+    pairs its input's content picks (no positional score), 'causal_when' the config key without which it is not
+    causal).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
@@ -674,6 +683,35 @@ FAMILIES: tuple[Family, ...] = (
         capture=REFUSED,
         capture_note="sliding-chunk attention",
         **_BERT,
+    ),
+    Family(  # issue 34 (reformer)
+        "reformer",
+        ("reformer",),
+        LEARNED,
+        causal=True,  # config.is_decoder decides (`tensors['causal_when']`): its LM head is causal, its masked LM not
+        word="embeddings.word_embeddings.weight",
+        position="embeddings.position_embeddings.embedding.weight",  # axial_pos_embds off: one learned table
+        query="encoder.layers.{l}.attention.self_attention.query",  # 'local' layers ('lsh' ones: query_key, unread)
+        key="encoder.layers.{l}.attention.self_attention.key",
+        pre_norm="encoder.layers.{l}.attention.layer_norm",  # reversible layers: layer 0's input is the embeddings
+        sizes={"head_dim": ("attention_head_size",), "layers": ("attn_layers",)},  # one layer per attn_layers entry
+        windows="neighbour_chunks",
+        hybrid="LSH attention (each head attends the pairs that hashing its content with random rotations picks)",
+        tensors={
+            "axial_factors": "embeddings.position_embeddings.weights.{a}",  # axial_pos_embds: factor tables
+            "axial_switch": "axial_pos_embds",
+            "axial_parameters": "axial_pos_shape,axial_pos_embds_dim",  # rows and widths of its factor tables
+            "layer_types": "attn_layers",
+            "unscored_softmax_layers": "lsh",
+            "causal_when": "is_decoder",
+        },
+        reads_padding=True,  # padding changes its chunks and buckets: texts run alone (their hidden states)
+        capture=EAGER,
+        capture_note="local layers: their per-chunk attention rebuilt as (queries x keys) matrices (texts alone); LSH "
+        "layers listed, no positional score (pairs hashed per head, a key counted per sorted-chunk slot that pairs "
+        "it: no one set of pairs per layer)",
+        description="learned absolute table, axial (factor tables concatenated per position) or plain; causal where "
+        "is_decoder",
     ),
     Family(
         "esm",
@@ -2587,7 +2625,6 @@ FAMILIES: tuple[Family, ...] = (
         description="no token-by-token softmax attention: a latent array cross-attends to the tokens (a learned "
         "absolute table feeds it)",
     ),
-    Family("reformer", ("reformer",), OTHER, description="axial position embeddings"),
 )
 
 FAMILIES = tuple(_read_as_language_model(f, FAMILIES) for f in FAMILIES)
@@ -2681,6 +2718,17 @@ def config_flag(config: dict, key: str) -> bool:
     return bool(value if value is not None else config_default(config, (key,)))
 
 
+def is_causal(family: Family, config: dict) -> bool:
+    """True when the model `config` describes lets query i see only keys j <= i (its one stack, or a decoder-only
+    model): the entry's `causal`, unless its `bidirectional` config switch is on (Gemma 3) or its
+    `tensors['causal_when']` switch is off (Reformer's is_decoder)."""
+    if family.causal and family.bidirectional and config_flag(config, family.bidirectional):
+        return False
+    if "causal_when" in family.tensors:
+        return config_flag(config, family.tensors["causal_when"])
+    return family.causal
+
+
 def switched_on(family: Family, config: dict, what: str) -> bool:
     """True when table field `what` applies to the model `config` describes (`Family.switches`)."""
     key = family.switches.get(what)
@@ -2745,12 +2793,13 @@ CROSS_ATTENTION = "cross_attention"  # the layer type of a hybrid's layers liste
 
 
 def layer_types(family: Family, config) -> list[str]:
-    """The layer types of the model a transformers `config` object describes: config.layer_types, or where the
-    family lists its other layers by index (`hybrid_layers`), `CROSS_ATTENTION` there and 'full_attention' elsewhere."""
+    """The layer types of the model a transformers `config` object describes: config.layer_types (or the config list
+    `Family.tensors['layer_types']` names: Reformer's attn_layers), or where the family lists its other layers by
+    index (`hybrid_layers`), `CROSS_ATTENTION` there and 'full_attention' elsewhere."""
     if family.hybrid_layers:
         others = set(getattr(config, family.hybrid_layers, None) or [])
         return [CROSS_ATTENTION if layer in others else "full_attention" for layer in range(config.num_hidden_layers)]
-    return list(getattr(config, "layer_types", None) or [])
+    return list(getattr(config, family.tensors.get("layer_types", "layer_types"), None) or [])
 
 
 def language_model_config(config: dict) -> dict:
@@ -2837,7 +2886,11 @@ def _layer_kind_words(f: Family) -> str:
         kinds.append("NoPE layers")
     if f.windows:
         kinds.append(
-            {"block_sparse": "block-sparse", "attention_window": "sliding chunks"}.get(f.windows, "local window")
+            {
+                "block_sparse": "block-sparse",
+                "attention_window": "sliding chunks",
+                "neighbour_chunks": "local chunks (own and neighbours)",
+            }.get(f.windows, "local window")
         )
     if f.sinks:
         kinds.append("learned sinks")

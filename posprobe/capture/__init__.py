@@ -11,6 +11,8 @@ is a reducer; none wires the model itself.
 - `eager.py`: the route for families outside AttentionInterface (T5, BLOOM, MPT, Falcon, DeBERTa, MPNet, BART's
   encoder, ...): their own eager attention with `output_attentions`, the softmax inputs observed on the way, and
   its first-batch checks;
+- `chunks.py`: the eager route of neighbour-chunk layers (Reformer's local layers), whose per-chunk attention is
+  rebuilt as (queries x keys) matrices;
 - `model.py`: loading, the checks a capturable model passes, the stack that runs (an encoder-decoder's encoder),
   device / max length / pad id;
 - `run.py`: `capture_batches`, `BatchCapture` (what one batch did) and the `Reducer` protocol;

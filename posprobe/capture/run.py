@@ -6,10 +6,11 @@ gets every batch once through `add(batch)` as a `BatchCapture`, keeps running su
 recorded by posprobe's attention function where the family's attention goes through transformers'
 AttentionInterface (`capture.recording`, checked against the model's own eager attention on the first batch), and
 on the model's own eager path otherwise (`capture.eager`: its returned attentions and the inputs of its softmax,
-checked on the first batch); hidden states are transformers' `output_hidden_states`. An encoder-decoder runs its
-encoder stack on the text. The attention implementation, the recorder and the model's train/eval mode are restored
-when the call ends, also on an error or Ctrl-C. Under torchrun (SPEC §19) each rank runs every world-th batch and
-the reducers' sums are added over the ranks once at the end (`posprobe.runtime.distributed`).
+checked on the first batch; `capture.chunks`: neighbour-chunk layers' per-chunk attention rebuilt); hidden states
+are transformers' `output_hidden_states`. An encoder-decoder runs its encoder stack on the text. The attention
+implementation, the recorder and the model's train/eval mode are restored when the call ends, also on an error or
+Ctrl-C. Under torchrun (SPEC §19) each rank runs every world-th batch and the reducers' sums are added over the ranks
+once at the end (`posprobe.runtime.distributed`).
 
 Dimensions: B texts in the batch, m its longest sequence, L layers, H query heads, d hidden size.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from posprobe.capture.batches import TokenBatch
+from posprobe.capture.chunks import chunk_recorder
 from posprobe.capture.eager import EagerRecorder, is_eager_route
 from posprobe.capture.memory import attention_batch_bytes, attention_block_bytes, check_fits
 from posprobe.capture.model import (
@@ -193,7 +195,7 @@ def capture_batches(
     net = stack_to_run(model)
     eager = attention and is_eager_route(model)
     recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending))
-    eager_recorder = EagerRecorder(len(attending), n_heads)
+    eager_recorder = chunk_recorder(net, list(attending), n_heads) or EagerRecorder(len(attending), n_heads)
     blockwise = (
         attention
         and not eager
@@ -436,9 +438,10 @@ def _batch_capture(
 
 def _check_hidden(model, hidden: tuple, length: int) -> None:
     """Every hidden state must hold one row per input position: a model that pools the sequence between layers
-    (Funnel's blocks) has no state per position at every depth, and is refused; so is one that returns several
-    streams per layer (Gemma 3n's AltUp stack, HY-V4's hyper-connection streams; Qwen4-Exp's side by side, a
-    width of several times the hidden size)."""
+    (Funnel's blocks) has no state per position at every depth, and is refused, as is one that pads it to a multiple
+    of its chunk lengths (Reformer: its padding changes which keys its chunks see); so is one that returns several
+    streams per layer (Gemma 3n's AltUp stack, HY-V4's hyper-connection streams; Qwen4-Exp's side by side, a width
+    of several times the hidden size)."""
     width = getattr(model.config.get_text_config(), "hidden_size", None)
     side_by_side = [h for h in hidden if width and h.shape[-1] != width and h.shape[-1] % width == 0]
     streams = [h for h in hidden if h.ndim != 3] + side_by_side  # Gemma 3n: a stack of AltUp streams per layer
@@ -451,9 +454,17 @@ def _check_hidden(model, hidden: tuple, length: int) -> None:
         )
     if all(h.shape[1] == length for h in hidden):
         return
+    kind = getattr(model.config, "model_type", "unknown")
+    padded = max(int(h.shape[1]) for h in hidden)
+    if padded > length:  # Reformer: padded to a multiple of its chunk lengths, which changes what its chunks see
+        raise PosprobeError(
+            f"'{kind}' gives hidden states of other lengths than its input: it pads its {length} positions to "
+            f"{padded} (a multiple of its chunk lengths), and that padding changes what the real positions see",
+            "run texts of a length it does not pad (a multiple of its chunk lengths, or at most its shortest chunk)",
+        )
     raise PosprobeError(
-        f"'{getattr(model.config, 'model_type', 'unknown')}' gives hidden states of other lengths than its input (it "
-        "pools the sequence between layers), so they cannot be recorded per position",
+        f"'{kind}' gives hidden states of other lengths than its input (it pools the sequence between layers), so "
+        "they cannot be recorded per position",
         "this model's layout is not supported",
     )
 

@@ -201,10 +201,7 @@ class ModelContext(EmbeddingReader):
 
     def causal(self, stack: str = "encoder") -> bool:
         """True when the model only lets query i see keys j <= i (k <= 0) in `stack`."""
-        f = self.family
-        if f.causal and f.bidirectional and T.config_flag(self.config, f.bidirectional):
-            return False
-        return f.causal or (f.encoder_decoder and stack == "decoder")
+        return T.is_causal(self.family, self.config) or (self.family.encoder_decoder and stack == "decoder")
 
     def switched_on(self, what: str) -> bool:
         """True when table field `what` applies to this checkpoint's config (`Family.switches`)."""

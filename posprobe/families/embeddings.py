@@ -188,6 +188,10 @@ class EmbeddingReader:
         f, cfg, name = self.family, self.config, self.source.name
         stored = self.key(f.position) if f.position else None
         built = any(k in f.tensors for k in ("positions_class", "positions_function", "positions_table"))
+        if "axial_factors" in f.tensors and T.config_flag(cfg, f.tensors["axial_switch"]):  # Reformer's axial table
+            from posprobe.families.axial import axial_table
+
+            return PositionTable(name, self.source.model_type, axial_table(self), 0)
         if stored is None and built:  # a sinusoidal table the model builds
             from posprobe.families.sinusoidal import build_table
 

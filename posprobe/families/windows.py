@@ -8,25 +8,31 @@ Where layer types also carry their own rotary setting (Gemma 3, ModernBERT), `la
 `rope` names it. A rotary family's NoPE layers (`Family.nope`: SmolLM3, Cohere 2) apply no rotary embedding:
 `nope` marks them (SPEC §9: their content-free scores are the same for every pair). An indexed layer (DeepSeek
 Sparse Attention, `families.indexed`) attends the top-k keys its indexer picks for each query: `selected` holds
-them, as the indexer picks them on the content-free input.
+them, as the indexer picks them on the content-free input. A neighbour-chunk layer (Reformer's local attention)
+sees the keys of its query's chunk and of neighbouring chunks, wrapping around, after the model's own padding
+(`neighbour_chunk_pairs`).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from posprobe.architectures import table as T
+from posprobe.errors import PosprobeError
 
 NOPE_WORDS = "NoPE (no positional term: F̂ is the same for every pair)"
 NO_ATTENTION = "none"  # a hybrid's layer without softmax attention (`LayerKind.attention`)
 NO_SCORE = "no positional score"
+NO_SOFTMAX = "no softmax attention"
 LATENT_WORDS = "MLA: F̂ = a position-free constant + the rotary part's score"
 POOLED_WORDS = "plus entries pooled over blocks of {} tokens (not positions; not in F̂)"
 INDEXED = "indexed"  # `LayerKind.attention` of a layer whose indexer picks each query's top-k keys
+NEIGHBOUR_CHUNKS = "neighbour-chunks"  # `LayerKind.attention` of a layer that attends its chunk and its neighbours
 
 
 @dataclass(frozen=True)
@@ -48,14 +54,20 @@ class LayerKind:
     chunk: int | None = None  # chunked attention (Llama 4): keys in the query's own chunk of this many positions
     selected: np.ndarray | None = field(default=None, compare=False, repr=False)  # an indexed layer's picks
     group: int = 1  # query heads per selection where `selected` holds one per key-head group
+    neighbours: tuple[int, int, int, int, int] | None = None  # neighbour-chunk attention (Reformer's local layers):
+    # (chunk, chunks before, chunks after, pad multiple, shortest padded length), `neighbour_chunk_pairs`
+    scored_elsewhere: bool = False  # a layer without a positional score that does attend by softmax, over pairs
+    # its input's content picks (Reformer's LSH layers): said so, not 'no softmax attention'
 
     def describe(self) -> str:
         """In words, for JSON and figure titles: 'global', 'local |k| <= 511, rope theta 10000', 'global, NoPE', ..."""
+        chunks = (self.neighbours or (0, 0, 0))[:3]  # Reformer's local layers: chunk, chunks before, after
         words = {
             "full": "global",
             "local": f"local |k| <= {self.window}",
-            NO_ATTENTION: "no softmax attention",
+            NO_ATTENTION: "softmax attention over content-picked pairs" if self.scored_elsewhere else NO_SOFTMAX,
             "chunked": f"chunks of {self.chunk} tokens",
+            NEIGHBOUR_CHUNKS: "local: its chunk of {} and {} before, {} after".format(*chunks),
             INDEXED: "indexed (top-k)",
         }.get(self.attention, self.attention)
         rope = NOPE_WORDS if self.nope else self.rope
@@ -76,6 +88,8 @@ class LayerKind:
                 raise ValueError(f"this layer's indexer selection was made for {made_for} positions, not {n}")
             picked = np.unpackbits(self.selected[..., :n, :], axis=-1, count=made_for)[..., :n].astype(bool)
             return np.repeat(picked, self.group, axis=0) if picked.ndim == 3 else picked
+        if self.neighbours is not None:  # Reformer's local layers: the query's chunk and its neighbours
+            return neighbour_chunk_pairs(n, *self.neighbours)
         i, j = np.arange(n)[:, None], np.arange(n)[None, :]
         seen = np.abs(j - i) <= (n if self.window is None else self.window)
         return seen & (i // self.chunk == j // self.chunk) if self.chunk else seen
@@ -108,9 +122,11 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
     if not ctx.family.hybrid:
         return kinds
     types = T.layer_types(ctx.family, ctx.transformers_config)
+    softmax = ctx.family.tensors.get("unscored_softmax_layers", "").split(",")  # Reformer's 'lsh'
     return [kind if layer >= len(types) or types[layer] in T.ATTENTION_LAYER_TYPES
             else LayerKind(NO_ATTENTION, layer_type=types[layer],
-                           note=f"{ctx.family.hybrid} (layer type '{types[layer]}'): {NO_SCORE}")
+                           note=f"{ctx.family.hybrid} (layer type '{types[layer]}'): {NO_SCORE}",
+                           scored_elsewhere=types[layer] in softmax)
             for layer, kind in enumerate(kinds)]  # fmt: skip
 
 
@@ -193,6 +209,11 @@ def _attention_kinds(ctx, n: int, stack: str) -> list[LayerKind]:
         windows = cfg.attention_window if isinstance(cfg.attention_window, (list, tuple)) else [cfg.attention_window]
         windows = list(windows) * count if len(windows) == 1 else list(windows)
         return [LayerKind("local", int(w) // 2) for w in windows[:count]]
+    if rule == "neighbour_chunks":  # Reformer: 'local' layers attend their chunk and its neighbours ('lsh': hashed)
+        neighbours = _neighbour_chunks(cfg)
+        neighbour_chunk_count(n, *neighbours)  # refused where a chunk would see a neighbour twice
+        return [LayerKind(NEIGHBOUR_CHUNKS, neighbours=neighbours) if kind == "local" else LayerKind()
+                for kind in cfg.attn_layers[:count]]  # fmt: skip
     if rule == "block_sparse":
         if getattr(cfg, "attention_type", "block_sparse") != "block_sparse":
             return [LayerKind() for _ in range(count)]
@@ -205,6 +226,48 @@ def _attention_kinds(ctx, n: int, stack: str) -> list[LayerKind]:
     tglobal = getattr(cfg, "encoder_attention_type", "local") == "transient-global"
     note = "plus transient-global side keys (block sums, not positions; not in F̂)" if tglobal else ""
     return [LayerKind("local", cfg.local_radius, note=note) for _ in range(count)]
+
+
+def _neighbour_chunks(cfg) -> tuple[int, int, int, int, int]:
+    """`LayerKind.neighbours` of Reformer's local layers from its transformers config: (chunk, chunks before, chunks
+    after, the multiple the model pads a sequence to, the longest sequence it does not pad): the multiple is the
+    least common multiple of the chunk lengths of the layer types it has, the unpadded length their shortest."""
+    lengths = {"local": cfg.local_attn_chunk_length, "lsh": cfg.lsh_attn_chunk_length}
+    used = [int(lengths[kind]) for kind in set(cfg.attn_layers)]
+    return (int(cfg.local_attn_chunk_length), int(cfg.local_num_chunks_before), int(cfg.local_num_chunks_after),
+            math.lcm(*used), min(used))  # fmt: skip
+
+
+def neighbour_chunk_pairs(n: int, chunk: int, before: int, after: int, multiple: int, shortest: int) -> np.ndarray:
+    """(n, n) bool: the pairs (query i, key j) of n positions that a layer attending its own chunk of `chunk`
+    positions and `before` / `after` neighbour chunks lets through (Reformer's local attention; causality is the
+    model's). The model first pads a sequence longer than `shortest` to a multiple of `multiple` (the padding is
+    masked); the chunks wrap around (the chunk before the first is the last one); a padded sequence of at most
+    `chunk` positions attends fully. Refused where a chunk would be its own neighbour (fewer chunks than
+    before + 1 + after): the model then counts those keys twice in its softmax, which no set of pairs says."""
+    count = neighbour_chunk_count(n, chunk, before, after, multiple, shortest)
+    if count is None:
+        return np.ones((n, n), dtype=bool)
+    offsets = [offset % count for offset in range(-before, after + 1)]
+    i, j = np.arange(n)[:, None] // chunk, np.arange(n)[None, :] // chunk
+    return np.isin((j - i) % count, offsets)
+
+
+def neighbour_chunk_count(n: int, chunk: int, before: int, after: int, multiple: int, shortest: int) -> int | None:
+    """The chunks a neighbour-chunk layer splits n positions into once the model has padded them (see
+    `neighbour_chunk_pairs`), or None where it attends fully (at most `chunk` positions after padding); PosprobeError
+    where a chunk would see itself or a neighbour twice."""
+    padded = n if n <= shortest or n % multiple == 0 else -(-n // multiple) * multiple
+    if padded <= chunk:
+        return None
+    count = padded // chunk
+    if before + 1 + after > count:
+        raise PosprobeError(
+            f"over {n} positions (padded to {padded}: {count} chunks of {chunk}) each local layer's chunk would see "
+            f"itself or a neighbour twice (chunks before: {before}, after: {after}), counting those keys twice",
+            f"use at most {min(chunk, shortest)} positions or at least {(before + 1 + after) * chunk} (--positions)",
+        )
+    return count
 
 
 def _layer_types(ctx, count: int) -> list[str | None]:

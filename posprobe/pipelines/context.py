@@ -56,7 +56,8 @@ def check_family(source, variants: list[R.RopeVariant], lengths: list[int]) -> s
     language model, a variant for a model without rotary embeddings, a length past a learned position table."""
     family = T.family_for_type(source.model_type)
     kind, mechanism = T.position_kind(source.config)
-    if family is None or not family.causal or source.config.get("is_encoder_decoder"):
+    causal = family is not None and T.is_causal(family, T.language_model_config(source.config))
+    if not causal or source.config.get("is_encoder_decoder"):
         raise PosprobeError(
             f"'{source.name}' ({source.model_type}) is not a causal language model posprobe reads: loss by position "
             "needs next-token predictions",

@@ -298,7 +298,7 @@ def _check_causal(config: dict, name: str) -> None:
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     family = T.family_for_type(kind) or T.family_for_type(str(text.get("model_type", kind)))
     if family is not None:
-        causal = family.causal and not (family.bidirectional and T.config_flag(text, family.bidirectional))
+        causal = T.is_causal(family, text)
     else:
         causal = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     if config.get("is_encoder_decoder") or not causal:

@@ -85,6 +85,7 @@ def model_facts(source) -> ModelFacts:
         TABLE_KINDS,
         family_for_type,
         has_learned_table,
+        is_causal,
         language_model_config,
         position_kind,
     )
@@ -92,7 +93,7 @@ def model_facts(source) -> ModelFacts:
     config = source.config
     kind, mechanism = position_kind(config)
     family = family_for_type(source.model_type)
-    causal = bool(family.causal) if family is not None else False
+    causal = is_causal(family, language_model_config(config)) if family is not None else False
     sizes = language_model_config(config)  # a multimodal wrapper: its language model's
     n_layers = _first_int(sizes, ("num_hidden_layers", "n_layer", "num_layers"))
     max_positions = _first_int(sizes, ("max_position_embeddings", "n_positions", "n_ctx"))
