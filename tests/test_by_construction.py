@@ -43,7 +43,8 @@ def _by_kind(name: str) -> bool:
     """Rotary, ALiBi, NoPE, bucket-bias (CPM-Ant) and sinusoidal relative test models (tests/family_models.py) are
     Toeplitz by construction; absolute tables are not."""
     c = case(name)
-    if c.config.get("attn_temperature_tuning"):  # Llama 4's NoPE layers scale each query by its position
+    if {**c.config, **c.config.get("text_config", {})}.get("attn_temperature_tuning"):  # Llama 4 (and its wrapper):
+        # its NoPE layers scale each query by its position
         return False
     if c.model_type.startswith("hunyuan_v1"):  # q/k norms with weights act on the rotated q and k
         return False
