@@ -75,8 +75,10 @@ REFUSED = {
     "funnel-factorized": "did not return one attention matrix per layer",
     "minimax_m3_vl_text": "masks keys per key-head group",  # a block indexer per group: one mask per group
     "laguna": "a query-head count per layer",  # issue 34 (heads): one head axis in the capture's per-layer arrays
+    "blt": "stacks over its bytes and over patches",  # issue 34 (blt): byte and patch stacks, cross-attention
 }
 NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention is checked with the hybrids
+STACKED = {"blt"}  # byte stacks around a stack over patches: hidden states refused with the attention (REFUSED)
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
 # and DeBERTa-v2 in the tests below; every other family, the AttentionInterface ones included (also covered by
 # tests/test_capture.py), runs in the slow tier
@@ -410,7 +412,7 @@ def test_hidden_states_of_a_model_that_pools_the_sequence_are_refused(name):
 
 
 @pytest.mark.parametrize("name", _params([n for n in [*sorted(set(REFUSED) - set(POOLED)), "t5", "bloom", *HYBRIDS]
-                                          if n not in NO_HIDDEN_STATES], quick={"t5", "lfm2"}))  # fmt: skip
+                                          if n not in NO_HIDDEN_STATES | STACKED], quick={"t5", "lfm2"}))  # fmt: skip
 def test_hidden_states_alone_for_refused_and_eager_families(name):
     """Without attention nothing is recorded: hidden states are the model's own (its default attention, whatever
     it is; an encoder-decoder's encoder; every layer of a hybrid), each text as if run alone."""
@@ -436,6 +438,14 @@ def test_hidden_states_alone_for_refused_and_eager_families(name):
         assert len(got[index]) == len(theirs) == model.config.get_text_config().num_hidden_layers + 1
         for ours, ref in zip(got[index], theirs, strict=True):
             np.testing.assert_allclose(ours, ref[0].double().numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", _params(sorted(STACKED)))
+def test_hidden_states_of_stacks_over_bytes_and_patches_are_refused(name):
+    hidden = Keep()
+    hidden.needs = ("hidden_states",)
+    with pytest.raises(PosprobeError, match=REFUSED[name]):
+        capture(make(name).float(), [hidden], input_ids=texts(3), max_length=16)
 
 
 @pytest.mark.parametrize("name", _params(sorted(NOT_TEXT)))

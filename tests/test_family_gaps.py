@@ -30,8 +30,6 @@ NOT_YET = {
     "llama4": "multimodal (llama4_text, read): transformers' Llama4ForConditionalGeneration.forward fails on text "
     "(it reads image_outputs from its language model's output), so no wrapper module checks a reading",
     # attention that needs new score code
-    "blt": "byte latent transformer: byte-level local encoder/decoder layers (self-attention plus cross-attention "
-    "to patches) around a global transformer over patches whose bounds an entropy model picks: no one layer order",
     "reformer": "LSH layers bucket queries and keys by content (no fixed pairs to score); local layers attend "
     "within chunks and their neighbour chunks (a logsumexp, no softmax call), over factorised axial position tables",
     # sparse / compressed attention

@@ -63,6 +63,13 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
             "texts cannot be run through it",
             "its content-free scores: `posprobe fhat` / `profiles` on the checkpoint",
         )
+    if family is not None and family.stacks:  # BLT: byte stacks around a stack over patches
+        raise PosprobeError(
+            f"'{kind}' runs a text through stacks over its bytes and over patches of them, with cross-attention "
+            "between them, so its layers are not one (queries x queries) softmax and one hidden state each over the "
+            "text's positions",
+            "its content-free scores: `posprobe fhat` / `profiles` on the checkpoint",
+        )
     if attention and family is not None and family.hybrid and not hybrid:
         raise PosprobeError(
             f"'{kind}' is a hybrid: softmax attention in some layers, {family.hybrid} in the others; this command "
