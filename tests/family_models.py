@@ -794,6 +794,7 @@ ISSUE_34_CASES |= {"gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "mode
                    "moss_transcribe_diarize", "emu3", "phi4_multimodal", "mllama", "gemma4",
                    "gemma4_unified"}  # issue 34 (mm)  # fmt: skip
 ISSUE_34_CASES |= {"laguna"}  # issue 34 (heads)
+ISSUE_34_CASES |= {"blt"}  # issue 34 (blt)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
