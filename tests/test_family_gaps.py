@@ -503,3 +503,33 @@ def test_trocr_checkpoint_loads_as_its_causal_lm(tmp_path):
     result = attention_profiles(str(tmp_path), input_ids=[[5, 6, 7, 8]], max_length=8, weights_correlation=False)
     assert (result.n_layers, result.n_heads, result.model_type) == (2, 4, "trocr")
     assert np.isfinite(result.profiles.prob_profiles[:, :, 7 - 3 : 8]).all()
+
+
+@pytest.mark.slow
+def test_blt_reads_its_causal_lm_and_refuses_byte_stacks_of_two_layouts(tmp_path):
+    """BLT's causal LM (tensors under model.) reads as its base model; a byte decoder with other heads than the byte
+    encoder is refused in one line (posprobe reads the byte stacks with one layout), as is a text run."""
+    import torch
+    from family_models import build
+    from transformers import AutoModelForCausalLM
+
+    from posprobe.pipelines.attention import attention_profiles
+
+    base = build("blt")
+    base.save_pretrained(tmp_path / "base")
+    torch.manual_seed(1)
+    lm = AutoModelForCausalLM.from_config(base.config).double().eval()
+    lm.model.load_state_dict(base.state_dict())
+    lm.save_pretrained(tmp_path / "lm")
+    ours = posprobe.fhat(str(tmp_path / "lm"), layer=4, positions=12).matrices
+    np.testing.assert_array_equal(ours, posprobe.fhat(str(tmp_path / "base"), layer=4, positions=12).matrices)
+    assert np.std(ours) > 0
+    with pytest.raises(PosprobeError, match="stacks over its bytes and over patches") as err:
+        attention_profiles(str(tmp_path / "lm"), input_ids=[[5, 6, 7, 8]], max_length=8)
+    assert "\n" not in str(err.value)
+    config = json.loads((tmp_path / "base" / "config.json").read_text())
+    config["decoder_config"]["num_attention_heads"] = 2
+    (tmp_path / "base" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PosprobeError, match="local_decoder other num_attention_heads than its local_encoder") as err:
+        posprobe.profiles(str(tmp_path / "base"))
+    assert "\n" not in str(err.value)
