@@ -75,10 +75,11 @@ REFUSED = {
     "funnel-factorized": "did not return one attention matrix per layer",
     "minimax_m3_vl_text": "masks keys per key-head group",  # a block indexer per group: one mask per group
     "laguna": "a query-head count per layer",  # issue 34 (heads): one head axis in the capture's per-layer arrays
-    "blt": "stacks over its bytes and over patches",  # issue 34 (blt): byte and patch stacks, cross-attention
 }
 NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention is checked with the hybrids
-STACKED = {"blt"}  # byte stacks around a stack over patches: hidden states refused with the attention (REFUSED)
+# stacks run one after another (BLT: byte encoder, global transformer over patches, byte decoder): its byte layers'
+# attention is recorded (the global layers are a hybrid's other layers), its hidden states are refused in one line
+STACKED = {"blt": "stacks over its bytes and over patches"}
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
 # and DeBERTa-v2 in the tests below; every other family, the AttentionInterface ones included (also covered by
 # tests/test_capture.py), runs in the slow tier
@@ -107,6 +108,9 @@ IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional", "l
 # transformers' float64 ProphetNet encoder builds its padding mask in float32 (0 x -inf: NaN on every real key)
 IN_FLOAT32 |= {"prophetnet"}
 IN_FLOAT32 |= {"gemma3", "gemma4", "gemma4_unified"}
+# transformers' float64 BLT masks its cross-attention in float64 and softmaxes in float32: a patch of no byte (the
+# one after the last) gets a row of -inf, NaN, and NaN reaches every byte through the global layers' values
+IN_FLOAT32 |= {"blt"}
 
 
 def tolerance(name: str) -> float:
@@ -178,6 +182,50 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
     )
 
 
+def alone_stacked(model, ids: list[int]) -> dict:
+    """`alone` for stacks run one after another (BLT, `STACKED`): its own eager run on one unpadded text, patches
+    as its config picks them; per self-attention layer of its byte stacks (encoder, then decoder) A as that module
+    returns it and S the input of the softmax made inside it (softmax patched, `_SoftmaxInputs`); `attending` their
+    layer numbers (the decoder's after the global transformer's); no hidden states. The decoder's A are also the
+    last attentions the model returns (its entropy model's layers, where it runs one, come first)."""
+    net = stack_to_run(model)
+    previous = net.config._attn_implementation
+    net.set_attn_implementation("eager")
+    modules = [layer.self_attn for layer in _layers(net)]
+    probs, made, hooks = [None] * len(modules), [[] for _ in modules], []
+    try:
+        with torch.no_grad(), _SoftmaxInputs(len(ids)) as softmax:
+
+            def ran(index):
+                def hook(module, args, out):
+                    probs[index] = out[1][0].double().numpy()
+                    made[index].extend(softmax.inputs[module._seen :])
+
+                return hook
+
+            for index, module in enumerate(modules):
+                before = module.register_forward_pre_hook(lambda *_, m=module: setattr(m, "_seen", len(softmax.inputs)))
+                hooks += [before, module.register_forward_hook(ran(index))]
+            out = net(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        net.set_attn_implementation(previous)
+    assert all(len(inputs) == 1 for inputs in made)  # one softmax in each byte layer's module
+    decoder = len(net.local_decoder.layers)
+    returned = np.stack([a[0].double().numpy() for a in out.attentions[-decoder:]])  # after its entropy model's
+    np.testing.assert_array_equal(returned, np.stack(probs[-decoder:]))
+    encoder, middle = len(net.local_encoder.layers), len(net.global_transformer.layers)
+    probs = np.stack(probs)
+    return dict(
+        probs=probs,
+        scores=np.stack([inputs[0] for inputs in made]),
+        allowed=probs[:, 0] > 0,
+        hidden=[],
+        attending=[*range(encoder), *range(encoder + middle, encoder + middle + decoder)],
+    )
+
+
 def _sink_scale(model, scores: np.ndarray) -> np.ndarray:
     """(L, H, n, 1) sigmoid(logsumexp_j S(i, j) - s_h): what a model with output-side sinks scales each row by."""
     sinks = np.stack([layer.self_attn.sinks.detach().double().numpy() for layer in _layers(stack_to_run(model))])
@@ -212,7 +260,7 @@ def test_capture_equals_each_text_run_alone(name):
     model = make(name)
     reference = copy.deepcopy(model)
     corpus = texts()
-    keep = Keep(hidden=name not in STREAMS)
+    keep = Keep(hidden=name not in STREAMS and name not in STACKED)
     if name in STREAMS:  # hidden states of several streams per layer: refused in one line
         with pytest.raises(PosprobeError, match="not \\(batch, tokens, width\\)"):
             capture(model, [Keep()], input_ids=corpus, max_length=16, batch_size=3)
@@ -223,10 +271,14 @@ def test_capture_equals_each_text_run_alone(name):
     batches = len(corpus) if family.reads_padding else 3  # ConvBERT's convolutions read padding: one text a batch
     assert summary.n_batches == batches and sorted(keep.texts) == list(range(len(corpus)))
     for index, ids in enumerate(corpus):
-        got, ref = keep.texts[index], alone(reference, ids, name in RETURNS_SCORES, per_layer=name in HYBRIDS)
+        got = keep.texts[index]
+        if name in STACKED:
+            ref = alone_stacked(reference, ids)
+        else:
+            ref = alone(reference, ids, name in RETURNS_SCORES, per_layer=name in HYBRIDS)
         if name in SINKS_ON_OUTPUT:
             ref["probs"] = ref["probs"] * _sink_scale(reference, ref["scores"])
-        if name in HYBRIDS:  # the attention layers only, and exactly those the model's own forward pass ran
+        if name in HYBRIDS or name in STACKED:  # the attention layers only, exactly those the model's own run ran
             assert list(summary.attention_layers) == ref["attending"] and 0 < len(ref["attending"]) < summary.n_layers
         np.testing.assert_allclose(got["probs"], ref["probs"], rtol=tol, atol=tol, err_msg=f"{name} text {index}")
         for ours, theirs in zip(got["hidden"], [] if name in STREAMS else ref["hidden"], strict=True):
@@ -241,8 +293,10 @@ def test_capture_equals_each_text_run_alone(name):
         assert spread.max() < 10 * tol, f"{name}: S is not the input of the softmax that gave A"
 
 
-# ALBERT's one shared layer is not the per-layer list `reference_scores` feeds; a hybrid's layer 0 may not attend
-@pytest.mark.parametrize("name", _params([n for n in ALL if n != "albert" and n not in HYBRIDS], quick={"mpnet"}))
+# ALBERT's one shared layer is not the per-layer list `reference_scores` feeds; a hybrid's layer 0 may not attend;
+# BLT's bytes add hashed n-gram rows picked by content, not the average rows `reference_scores` feeds
+@pytest.mark.parametrize("name", _params([n for n in ALL if n != "albert" and n not in HYBRIDS and n not in STACKED],
+                                         quick={"mpnet"}))  # fmt: skip
 def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
     """Every token the average word (`reference_scores` sets row 0 of the word table to the table's mean), no
     padding: layer 0's input is the embedding-level sequence, so its S is the model's own pre-softmax score of
@@ -412,7 +466,7 @@ def test_hidden_states_of_a_model_that_pools_the_sequence_are_refused(name):
 
 
 @pytest.mark.parametrize("name", _params([n for n in [*sorted(set(REFUSED) - set(POOLED)), "t5", "bloom", *HYBRIDS]
-                                          if n not in NO_HIDDEN_STATES | STACKED], quick={"t5", "lfm2"}))  # fmt: skip
+                                          if n not in NO_HIDDEN_STATES], quick={"t5", "lfm2"}))  # fmt: skip
 def test_hidden_states_alone_for_refused_and_eager_families(name):
     """Without attention nothing is recorded: hidden states are the model's own (its default attention, whatever
     it is; an encoder-decoder's encoder; every layer of a hybrid), each text as if run alone."""
@@ -444,8 +498,51 @@ def test_hidden_states_alone_for_refused_and_eager_families(name):
 def test_hidden_states_of_stacks_over_bytes_and_patches_are_refused(name):
     hidden = Keep()
     hidden.needs = ("hidden_states",)
-    with pytest.raises(PosprobeError, match=REFUSED[name]):
+    with pytest.raises(PosprobeError, match=STACKED[name]) as err:
         capture(make(name).float(), [hidden], input_ids=texts(3), max_length=16)
+    assert "\n" not in str(err.value)
+
+
+def _blt_with_entropy_patches():
+    """The BLT case with its entropy model in the forward pass (transformers' default, `patch_in_forward`), the
+    threshold at the median entropy of the test texts' bytes, so that its patches have several lengths."""
+    base = make("blt")
+    config = copy.deepcopy(base.config)
+    config.patch_in_forward, config.patching_mode = True, "entropy"
+    torch.manual_seed(2)
+    model = tf.BltModel._from_config(config, attn_implementation="eager").to(torch.float32).eval()
+    missing = model.load_state_dict(base.state_dict(), strict=False).missing_keys
+    assert missing and all(key.startswith("patcher.") for key in missing)
+    with torch.no_grad():
+        entropies = [model.patcher(torch.tensor([ids]))[0][0, 1:] for ids in texts()]
+    model.config.patching_threshold = float(torch.cat(entropies).median())
+    return model
+
+
+@pytest.mark.slow
+def test_blt_with_its_entropy_model_records_each_text_as_if_run_alone():
+    """BLT with its entropy model picking the patches: a padded batch's byte layers (the decoder's depend on the
+    patches, through its cross-attention) equal each text run alone; the patches have several lengths, and one patch
+    per byte gives the decoder other probabilities. In float64 transformers' eager BLT gives NaN: refused."""
+    model = _blt_with_entropy_patches()
+    reference = copy.deepcopy(model)
+    corpus = texts()
+    with torch.no_grad():
+        lengths = model.patcher(torch.tensor([corpus[0]]), patch_size=4, threshold=model.config.patching_threshold)[1]
+    assert (lengths > 1).any() and len(lengths[lengths > 0]) < len(corpus[0])  # patches of several bytes
+    keep = Keep(hidden=False)
+    summary = capture(model, [keep], input_ids=corpus, max_length=16, batch_size=3)
+    assert summary.attention_layers == (0, 1, 3, 4, 5) and summary.n_batches == 3
+    for index, ids in enumerate(corpus):
+        got, ref = keep.texts[index], alone_stacked(reference, ids)
+        np.testing.assert_allclose(got["probs"], ref["probs"], rtol=2e-5, atol=2e-5, err_msg=f"text {index}")
+        np.testing.assert_array_equal(got["allowed"], ref["allowed"])
+    one_per_byte = alone_stacked(make("blt"), corpus[0])["probs"]
+    assert np.abs(one_per_byte[2:] - alone_stacked(reference, corpus[0])["probs"][2:]).max() > 1e-3  # the decoder
+    np.testing.assert_array_equal(one_per_byte[:2], alone_stacked(reference, corpus[0])["probs"][:2])  # the encoder
+    with pytest.raises(PosprobeError, match="non-finite outputs on real tokens .* in float64") as err:
+        capture(model.double(), [Keep(hidden=False)], input_ids=corpus, max_length=16, batch_size=3)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("name", _params(sorted(NOT_TEXT)))

@@ -2443,9 +2443,9 @@ FAMILIES: tuple[Family, ...] = (
             "hash_words": "encoder_hash_tok_embedding.weight",
             "hash_vocab": "encoder_hash_byte_group_vocab",
         },
-        capture=REFUSED,
-        capture_note="its forward runs patching and cross-attention between byte and patch stacks: no one (queries x "
-        "queries) softmax per layer over the text's positions",
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE + " (its global layers over patches); its byte layers' own modules recorded, "
+        "patches as its config picks them (entropy model or one per byte); hidden states refused",
         description="rotary embeddings (RoPE, interleaved pairs) in a byte encoder and a byte decoder, a setting per "
         "stack, in a causal byte window, around a global transformer over patches (no positional score); "
         "cross-attention between bytes and patches has none; the average input adds each hashed n-gram table's "

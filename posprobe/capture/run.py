@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from posprobe.capture.batches import TokenBatch
-from posprobe.capture.eager import EagerRecorder, is_eager_route
+from posprobe.capture.eager import is_eager_route
 from posprobe.capture.memory import attention_batch_bytes, attention_block_bytes, check_fits
 from posprobe.capture.model import (
     attention_layers,
@@ -41,6 +41,7 @@ from posprobe.capture.recording import (
     register_recording_attention,
     verify_against_eager,
 )
+from posprobe.capture.stacks import eager_route_recorder
 from posprobe.errors import PosprobeError
 from posprobe.runtime import distributed
 from posprobe.validation import as_int
@@ -193,7 +194,7 @@ def capture_batches(
     net = stack_to_run(model)
     eager = attention and is_eager_route(model)
     recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending))
-    eager_recorder = EagerRecorder(len(attending), n_heads)
+    eager_recorder = eager_route_recorder(net, list(attending), n_heads)  # BLT: its byte layers' own modules
     blockwise = (
         attention
         and not eager
