@@ -314,13 +314,16 @@ def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
     np.testing.assert_array_equal(got["allowed"][0], ref.allowed[0])
 
 
-def brute_force(model, corpus, n: int, first_special: bool, n_layers: int | None = None) -> dict:
+def brute_force(
+    model, corpus, n: int, first_special: bool, n_layers: int | None = None, run=alone, heads: int | None = None
+) -> dict:
     """SPEC §10 profiles and SPEC §14 sinks by loops over each text alone: pairs (i, j) it attends, S and A from
     `alone`; the first token of every text marked special. The first-token mass and its uniform reference run over
     the queries i >= 1 that may see key 0 (a sliding window hides it from later ones); a(k) without the first token
-    over the pairs with i, j >= 1. `n_layers`: a hybrid's attention layers (those `alone` returns)."""
+    over the pairs with i, j >= 1. `n_layers`: a hybrid's attention layers (those `alone` returns); `run`: `alone`, or
+    `alone_stacked` (BLT) with the `heads` of its byte stacks (its config names no head count of its own)."""
     L = model.config.get_text_config().num_hidden_layers if n_layers is None else n_layers
-    H = model.config.get_text_config().num_attention_heads
+    H = heads or model.config.get_text_config().num_attention_heads
     s_sum, a_sum, c = np.zeros((L, H, 2 * n - 1)), np.zeros((L, H, 2 * n - 1)), np.zeros((L, 2 * n - 1))
     dist, queries = np.zeros((L, H)), np.zeros(L)
     first, special, later_dist, later_n, sink_queries = np.zeros((L, H)), np.zeros((L, H)), 0.0, 0, 0
@@ -328,7 +331,7 @@ def brute_force(model, corpus, n: int, first_special: bool, n_layers: int | None
     first_n, uniform_first = np.zeros(L), np.zeros(L)
     a_later, c_later = np.zeros((L, H, 2 * n - 1)), np.zeros((L, 2 * n - 1))
     for ids in corpus:
-        ref = alone(model, ids)
+        ref = run(model, ids)
         S, A, allowed = ref["scores"], ref["probs"], ref["allowed"]
         m = len(ids)
         for layer in range(L):
@@ -398,11 +401,11 @@ PROFILE_ARRAYS = ("score_profiles", "prob_profiles", "mean_distance", "prob_prof
 SINK_MEASURES = ("first_token_mass", "special_token_mass", "distance_without_first", "uniform_first_token_mass")
 
 
-@pytest.mark.parametrize("name", _params(HYBRIDS, quick={"jamba"}))
+@pytest.mark.parametrize("name", _params([*HYBRIDS, *sorted(STACKED)], quick={"jamba"}))
 def test_a_hybrids_attention_layers_equal_loops_over_each_text_and_its_other_layers_have_no_score(name):
     """Profiles and sinks of a hybrid's attention layers equal the loops over its own eager attention (each text
-    alone); its other layers (recurrent / state-space / convolution) hold NaN (counts 0) and say 'no positional
-    score' in `layer_kinds`, in the JSON record and in the figures."""
+    alone); its other layers (recurrent / state-space / convolution; BLT's global layers over patches) hold NaN
+    (counts 0) and say 'no positional score' in `layer_kinds`, in the JSON record and in the figures."""
     import json
 
     from posprobe.families.windows import NO_SCORE
@@ -410,11 +413,18 @@ def test_a_hybrids_attention_layers_equal_loops_over_each_text_and_its_other_lay
 
     model = make(name)
     corpus = [[5, *ids] for ids in texts(6, seed=7)]
-    n, L = 13, model.config.get_text_config().num_hidden_layers
-    attending = alone(copy.deepcopy(model), corpus[0], per_layer=True)["attending"]  # hooked: the layers that attend
+    if name in STACKED:  # its three stacks' layers; the byte stacks' modules hooked
+        n, L = 13, sum(len(getattr(model, s).layers) for s in ("local_encoder", "global_transformer", "local_decoder"))
+        attending = alone_stacked(copy.deepcopy(model), corpus[0])["attending"]
+    else:
+        n, L = 13, model.config.get_text_config().num_hidden_layers
+        attending = alone(copy.deepcopy(model), corpus[0], per_layer=True)[
+            "attending"
+        ]  # hooked: the layers that attend
     others = [layer for layer in range(L) if layer not in attending]
     assert attending and others
-    ref = brute_force(copy.deepcopy(model), corpus, n, first_special=True, n_layers=len(attending))
+    run, heads = (alone_stacked, model.config.encoder_config.num_attention_heads) if name in STACKED else (alone, None)
+    ref = brute_force(copy.deepcopy(model), corpus, n, True, n_layers=len(attending), run=run, heads=heads)
     result = attention_profiles(
         model, input_ids=corpus, special_ids=[5], max_length=n, batch_size=3, weights_correlation=False
     )
