@@ -511,6 +511,10 @@ def test_hidden_states_of_stacks_over_bytes_and_patches_are_refused(name):
     with pytest.raises(PosprobeError, match=STACKED[name]) as err:
         capture(make(name).float(), [hidden], input_ids=texts(3), max_length=16)
     assert "\n" not in str(err.value)
+    from posprobe.pipelines.states import states
+
+    with pytest.raises(PosprobeError, match=STACKED[name]):  # `posprobe states`, before it reads a hidden size
+        states(make(name).float(), input_ids=texts(3), max_length=16, min_texts=1)
 
 
 def _blt_with_entropy_patches():

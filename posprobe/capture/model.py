@@ -63,6 +63,8 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
             "texts cannot be run through it",
             "its content-free scores: `posprobe fhat` / `profiles` on the checkpoint",
         )
+    if not attention and family is not None and family.stacks:  # hidden states alone (BLT: none per layer)
+        check_hidden_states(model)
     if attention and family is not None and family.hybrid and not hybrid:
         raise PosprobeError(
             f"'{kind}' is a hybrid: softmax attention in some layers, {family.hybrid} in the others; this command "
