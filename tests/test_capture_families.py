@@ -547,6 +547,7 @@ def test_blt_with_its_entropy_model_records_each_text_as_if_run_alone():
     keep = Keep(hidden=False)
     summary = capture(model, [keep], input_ids=corpus, max_length=16, batch_size=3)
     assert summary.attention_layers == (0, 1, 3, 4, 5) and summary.n_batches == 3
+    assert model.config.use_cache is True  # off while it ran (its cache wants a layer count), restored
     for index, ids in enumerate(corpus):
         got, ref = keep.texts[index], alone_stacked(reference, ids)
         np.testing.assert_allclose(got["probs"], ref["probs"], rtol=2e-5, atol=2e-5, err_msg=f"text {index}")
@@ -556,6 +557,18 @@ def test_blt_with_its_entropy_model_records_each_text_as_if_run_alone():
     np.testing.assert_array_equal(one_per_byte[:2], alone_stacked(reference, corpus[0])["probs"][:2])  # the encoder
     with pytest.raises(PosprobeError, match="non-finite outputs on real tokens .* in float64") as err:
         capture(model.double(), [Keep(hidden=False)], input_ids=corpus, max_length=16, batch_size=3)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_blt_byte_stacks_of_two_head_counts_are_refused_in_one_line():
+    """The capture keeps one head count for every layer: a byte decoder of other heads than the byte encoder is
+    refused before any text runs."""
+    config = copy.deepcopy(make("blt").config)
+    config.decoder_config.num_attention_heads = 2
+    model = tf.BltModel(config).float().eval()
+    with pytest.raises(PosprobeError, match=r"other head counts \(\[2, 4\]\)") as err:
+        capture(model, [Keep(hidden=False)], input_ids=texts(3), max_length=16)
     assert "\n" not in str(err.value)
 
 
