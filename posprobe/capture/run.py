@@ -6,8 +6,9 @@ gets every batch once through `add(batch)` as a `BatchCapture`, keeps running su
 recorded by posprobe's attention function where the family's attention goes through transformers'
 AttentionInterface (`capture.recording`, checked against the model's own eager attention on the first batch), and
 on the model's own eager path otherwise (`capture.eager`: its returned attentions and the inputs of its softmax,
-checked on the first batch); hidden states are transformers' `output_hidden_states`. An encoder-decoder runs its
-encoder stack on the text. The attention implementation, the recorder and the model's train/eval mode are restored
+checked on the first batch; `capture.stacks` where stacks run one after another, BLT: its byte layers' own
+modules); hidden states are transformers' `output_hidden_states`. An encoder-decoder runs its encoder stack on the
+text. The attention implementation, the recorder and the model's train/eval mode are restored
 when the call ends, also on an error or Ctrl-C. Under torchrun (SPEC §19) each rank runs every world-th batch and
 the reducers' sums are added over the ranks once at the end (`posprobe.runtime.distributed`).
 

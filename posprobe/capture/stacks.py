@@ -3,13 +3,14 @@ positions, on the model's own eager path.
 
 BLT runs a text's bytes through a byte encoder, a global transformer over patches of them and a byte decoder, with
 cross-attention between bytes and patches; its entropy model (`patch_in_forward`) runs its own layers over the bytes
-to choose the patches. Its forward pass returns the attentions of its byte decoder only and makes softmax calls of
-other shapes (patches, cross-attention) and of the entropy model's layers, so the softmaxes of the forward pass are
-not one per layer. `StackRecorder` hooks the self-attention module of every recorded layer (`table.stack_depths`:
-a byte stack's layer; the global layers are a hybrid's other layers, `model.attention_layers`) and keeps, per layer,
-the probabilities A that module returns and the input S of the one (B, H, m, m) softmax made inside it; the
-first-batch checks are the eager route's (`EagerRecorder.verify`). The model runs as its config says: patches from
-its entropy model or one per byte, cross-attention included; nothing of it is recorded but the byte layers.
+to choose the patches. Its forward pass returns the attentions of its entropy model's layers and its byte decoder's
+only, and makes softmax calls of other shapes (patches, cross-attention), so neither its returned attentions nor the
+softmaxes of the forward pass are one per layer. `StackRecorder` hooks the self-attention module of every recorded
+layer (`table.stack_depths`: a byte stack's layer; the global layers are a hybrid's other layers,
+`model.attention_layers`) and keeps, per layer, the probabilities A that module returns and the input S of the one
+(B, H, m, m) softmax made inside it; the first-batch checks are the eager route's (`EagerRecorder.verify`). The model
+runs as its config says: patches from its entropy model or one per byte, cross-attention included; nothing of it is
+recorded but the byte layers.
 
 Dimensions: B batch, H heads, m sequence length.
 """
@@ -70,7 +71,7 @@ class StackRecorder(EagerRecorder):
 
     def __init__(self, net, depths: list[int], n_heads: int):
         super().__init__(len(depths), n_heads)
-        self.modules = stack_attention_modules(net, depths)
+        self.depths, self.modules = depths, stack_attention_modules(net, depths)
         self.use_cache: Any = None
 
     def start(self, model) -> None:
@@ -112,11 +113,11 @@ class StackRecorder(EagerRecorder):
             for hook in hooks:
                 hook.remove()
         kind = getattr(model.config, "model_type", "unknown")
-        for index, (calls, probs) in enumerate(zip(seen, returned)):
+        for depth, calls, probs in zip(self.depths, seen, returned):
             if len(calls) != 1 or probs is None or tuple(probs.shape) != (batch, self.n_heads, m, m):
                 raise PosprobeError(
-                    f"'{kind}' made {len(calls)} (queries x keys) softmax calls in its recorded attention layer "
-                    f"{index} and returned {'no' if probs is None else tuple(probs.shape)} attention for "
+                    f"'{kind}' made {len(calls)} (queries x keys) softmax calls in its layer {depth}'s self-attention "
+                    f"and returned {'no' if probs is None else tuple(probs.shape)} attention for "
                     f"(batch, heads, {m}, {m})",
                     "this family computes attention in a way posprobe attention does not record; please report it",
                 )
@@ -133,10 +134,15 @@ class StackRecorder(EagerRecorder):
         from posprobe.capture.recording import final_output
 
         if not bool(torch.isfinite(final_output(output)[tokens.real]).all()):
-            dtype = str(final_output(output).dtype).replace("torch.", "")
+            dtype = final_output(output).dtype
+            why = (
+                " (a patch that attends no byte: its cross-attention row softmaxes to NaN)"
+                if dtype == torch.float64
+                else ""
+            )
             raise PosprobeError(
                 f"'{getattr(model.config, 'model_type', 'unknown')}' gives non-finite outputs on real tokens with its "
-                f"eager attention in {dtype} (a patch that attends no byte: its cross-attention row softmaxes to NaN)",
+                f"eager attention in {str(dtype).replace('torch.', '')}{why}",
                 "load the model in float32 or bfloat16",
             )
         super().verify(model, tokens, output, scores, probs, allowed)
