@@ -136,6 +136,7 @@ _QWEN4_EXP_TEXT = dict(num_hidden_layers=4, num_key_value_heads=2, head_dim=16, 
                        ngram_vocab_size_base=101, indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=8,
                        indexer_budget=6, indexer_compress_ratio=3)  # fmt: skip
 _QWEN4_EXP_ROPE = dict(rope_type="default", rope_theta=100.0, partial_rotary_factor=0.5, mrope_section=[2, 1, 1])
+_BLT_BYTES = dict(SMALL, num_key_value_heads=2, hidden_size_global=48)  # BLT's byte stacks (issue 34)
 _ULTRABERT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                    "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}  # fmt: skip
 
@@ -843,6 +844,17 @@ CASES = {
     # plain learned table (axial_pos_embds off)
     "reformer-masked": ("reformer", dict(_REFORMER, is_decoder=False, attn_layers=["lsh", "local"],
                                          axial_pos_embds=False), dict(own=True, boost=_REFORMER_QK)),
+    # issue 34 (blt)
+    # BLT: a byte encoder (2 layers, rope base 100) and a byte decoder (3 layers, base 1000) of 2 key heads, causal
+    # byte window 5, around a global transformer over patches (1 layer: no positional score); two hashed n-gram tables
+    # of 11 rows; no entropy model (one patch per byte)
+    "blt": ("blt", dict(vocab_size=99, patch_in_forward=False, local_attention_window_len=5,
+                        encoder_hash_byte_group_size=[2, 3], encoder_hash_byte_group_vocab=11,
+                        encoder_config=dict(_BLT_BYTES, rope_parameters=dict(rope_type="default", rope_theta=100.0)),
+                        decoder_config=dict(_BLT_BYTES, num_hidden_layers=3,
+                                            rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+                        global_config=dict(SMALL, hidden_size=48, num_hidden_layers=1), patcher_config=SMALL),
+            dict(own=True)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -899,6 +911,7 @@ _EAGER_EXPERTS += ("qwen4_exp_text", "qwen4_exp")  # issue 34 (qwen4)
 _EAGER_EXPERTS += ("deepseek_v4",)  # issue 34 (dsv4)
 ISSUE_34_CASES |= {"deepseek_v4"}  # issue 34 (dsv4)
 ISSUE_34_CASES |= {"reformer", "reformer-masked"}  # issue 34 (reformer)
+ISSUE_34_CASES |= {"blt"}  # issue 34 (blt)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
@@ -982,6 +995,8 @@ def _layers(model) -> torch.nn.ModuleList | list:
     from posprobe.architectures.table import config_value, stack_sizes
     from posprobe.families import family_for_type
 
+    if hasattr(model, "local_encoder"):  # BLT: its byte stacks' layers (its global transformer runs over patches)
+        return [*model.local_encoder.layers, *model.local_decoder.layers]
     n = model.config.get_text_config().num_hidden_layers  # a multimodal wrapper: its language model's layers
     family = family_for_type(model.config.model_type)
     if family is not None and family.sizes:  # the stack read has a layer count of its own (Whisper's decoder)
@@ -1256,13 +1271,20 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
     implementation = model.config._attn_implementation
     exact = implementation == "eager" and bool(getattr(type(model), "_supports_attention_backend", False))
     ids = torch.full((len(tables), n), word_id, dtype=torch.long)  # MusicGen: one row per codebook
+    inputs = dict(input_ids=ids)
+    hashed = getattr(model, "encoder_hash_tok_embedding", None)
+    if hashed is not None:  # BLT: each byte adds one row of every hashed n-gram table; the average input, every slice's
+        rows = model.config.encoder_hash_byte_group_vocab  # average row (the hashes of a text pick rows by content)
+        with torch.no_grad():
+            x = tables[0].weight[word_id] + hashed.weight.reshape(-1, rows, hashed.weight.shape[-1]).mean(1).sum(0)
+        inputs = dict(inputs_embeds=x.expand(1, n, -1))
     try:
         _RECORDED.clear()
         _CALLERS.clear()
         with torch.no_grad():
             if exact:
                 model.set_attn_implementation(RECORD)
-                model(input_ids=ids, use_cache=False)
+                model(**inputs, use_cache=False)
                 scores = _on_one_head_axis([s for s, _ in _RECORDED])
                 masks = [np.zeros((n, n)) if m is None else m for _, m in _RECORDED]
                 if any(m.ndim == 3 for m in masks):  # a mask per head somewhere (a block indexer per group)
@@ -1270,7 +1292,7 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
                 allowed = np.stack([m > -1e30 for m in masks])
             else:
                 with _SoftmaxInputs(n) if implementation == "eager" else _SdpaInputs() as capture:
-                    model(input_ids=ids, use_cache=False)
+                    model(**inputs, use_cache=False)
                 scores = np.stack(capture.inputs[: len(layers)])
                 # masks add the dtype's minimum (or -inf); OpenAI GPT sets masked scores to -1e4 exactly
                 allowed = (scores[:, 0] > -1e30) & (scores[:, 0] != -1e4)

@@ -79,6 +79,9 @@ REFUSED = {
     "dots3_note_text-heads": "a query-head count per layer",  # issue 34 (dots3): sliding layers' own heads
 }
 NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention is checked with the hybrids
+# stacks run one after another (BLT: byte encoder, global transformer over patches, byte decoder): its byte layers'
+# attention is recorded (the global layers are a hybrid's other layers), its hidden states are refused in one line
+STACKED = {"blt": "stacks over its bytes and over patches"}
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
 # and DeBERTa-v2 in the tests below; every other family, the AttentionInterface ones included (also covered by
 # tests/test_capture.py), runs in the slow tier
@@ -119,6 +122,9 @@ IN_FLOAT32 |= {"gemma3n"}  # issue 34 (wrap)
 # float64 eager Dots3: a sliding row whose keys are all padding takes the float64 minimum, -inf in its float32
 # softmax (NaN), which its next indexed layer spreads to every token
 IN_FLOAT32 |= {"dots3_note_text", "dots3_note"}
+# transformers' float64 BLT masks its cross-attention in float64 and softmaxes in float32: a patch of no byte (the
+# one after the last) gets a row of -inf, NaN, and NaN reaches every byte through the global layers' values
+IN_FLOAT32 |= {"blt"}
 
 
 def tolerance(name: str) -> float:
@@ -192,6 +198,50 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
     )
 
 
+def alone_stacked(model, ids: list[int]) -> dict:
+    """`alone` for stacks run one after another (BLT, `STACKED`): its own eager run on one unpadded text, patches
+    as its config picks them; per self-attention layer of its byte stacks (encoder, then decoder) A as that module
+    returns it and S the input of the softmax made inside it (softmax patched, `_SoftmaxInputs`); `attending` their
+    layer numbers (the decoder's after the global transformer's); no hidden states. The decoder's A are also the
+    last attentions the model returns (its entropy model's layers, where it runs one, come first)."""
+    net = stack_to_run(model)
+    previous = net.config._attn_implementation
+    net.set_attn_implementation("eager")
+    modules = [layer.self_attn for layer in _layers(net)]
+    probs, made, hooks = [None] * len(modules), [[] for _ in modules], []
+    try:
+        with torch.no_grad(), _SoftmaxInputs(len(ids)) as softmax:
+
+            def ran(index):
+                def hook(module, args, out):
+                    probs[index] = out[1][0].double().numpy()
+                    made[index].extend(softmax.inputs[module._seen :])
+
+                return hook
+
+            for index, module in enumerate(modules):
+                before = module.register_forward_pre_hook(lambda *_, m=module: setattr(m, "_seen", len(softmax.inputs)))
+                hooks += [before, module.register_forward_hook(ran(index))]
+            out = net(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        net.set_attn_implementation(previous)
+    assert all(len(inputs) == 1 for inputs in made)  # one softmax in each byte layer's module
+    decoder = len(net.local_decoder.layers)
+    returned = np.stack([a[0].double().numpy() for a in out.attentions[-decoder:]])  # after its entropy model's
+    np.testing.assert_array_equal(returned, np.stack(probs[-decoder:]))
+    encoder, middle = len(net.local_encoder.layers), len(net.global_transformer.layers)
+    probs = np.stack(probs)
+    return dict(
+        probs=probs,
+        scores=np.stack([inputs[0] for inputs in made]),
+        allowed=probs[:, 0] > 0,
+        hidden=[],
+        attending=[*range(encoder), *range(encoder + middle, encoder + middle + decoder)],
+    )
+
+
 def _sink_scale(model, scores: np.ndarray) -> np.ndarray:
     """(L, H, n, 1) sigmoid(logsumexp_j S(i, j) - s_h): what a model with output-side sinks scales each row by."""
     sinks = np.stack([layer.self_attn.sinks.detach().double().numpy() for layer in _layers(stack_to_run(model))])
@@ -226,7 +276,7 @@ def test_capture_equals_each_text_run_alone(name):
     model = make(name)
     reference = copy.deepcopy(model)
     corpus = texts()
-    keep = Keep(hidden=name not in STREAMS)
+    keep = Keep(hidden=name not in STREAMS and name not in STACKED)
     if name in STREAMS:  # hidden states of several streams per layer: refused in one line
         with pytest.raises(PosprobeError, match="not \\(batch, tokens, width\\)"):
             capture(model, [Keep()], input_ids=corpus, max_length=16, batch_size=3)
@@ -237,10 +287,14 @@ def test_capture_equals_each_text_run_alone(name):
     batches = len(corpus) if family.reads_padding else 3  # ConvBERT's convolutions read padding: one text a batch
     assert summary.n_batches == batches and sorted(keep.texts) == list(range(len(corpus)))
     for index, ids in enumerate(corpus):
-        got, ref = keep.texts[index], alone(reference, ids, name in RETURNS_SCORES, per_layer=name in HYBRIDS)
+        got = keep.texts[index]
+        if name in STACKED:
+            ref = alone_stacked(reference, ids)
+        else:
+            ref = alone(reference, ids, name in RETURNS_SCORES, per_layer=name in HYBRIDS)
         if name in SINKS_ON_OUTPUT:
             ref["probs"] = ref["probs"] * _sink_scale(reference, ref["scores"])
-        if name in HYBRIDS:  # the attention layers only, and exactly those the model's own forward pass ran
+        if name in HYBRIDS or name in STACKED:  # the attention layers only, exactly those the model's own run ran
             assert list(summary.attention_layers) == ref["attending"] and 0 < len(ref["attending"]) < summary.n_layers
         np.testing.assert_allclose(got["probs"], ref["probs"], rtol=tol, atol=tol, err_msg=f"{name} text {index}")
         for ours, theirs in zip(got["hidden"], [] if name in STREAMS else ref["hidden"], strict=True):
@@ -256,9 +310,10 @@ def test_capture_equals_each_text_run_alone(name):
 
 
 # ALBERT's one shared layer is not the per-layer list `reference_scores` feeds; a hybrid's layer 0 may not attend
-# (Reformer's masked LM: an LSH layer 0; its LM's local layer 0 is read)
-@pytest.mark.parametrize("name", _params([n for n in ALL if n != "albert" and n not in HYBRIDS] + ["reformer"],
-                                          quick={"mpnet"}))  # fmt: skip
+# (Reformer's masked LM: an LSH layer 0; its LM's local layer 0 is read); BLT's bytes add hashed n-gram rows picked by
+# content, not the average rows `reference_scores` feeds
+@pytest.mark.parametrize("name", _params([n for n in ALL if n != "albert" and n not in HYBRIDS and n not in STACKED]
+                                         + ["reformer"], quick={"mpnet"}))  # fmt: skip
 def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
     """Every token the average word (`reference_scores` sets row 0 of the word table to the table's mean), no
     padding: layer 0's input is the embedding-level sequence, so its S is the model's own pre-softmax score of
@@ -276,13 +331,16 @@ def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
     np.testing.assert_array_equal(got["allowed"][0], ref.allowed[0])
 
 
-def brute_force(model, corpus, n: int, first_special: bool, n_layers: int | None = None) -> dict:
+def brute_force(
+    model, corpus, n: int, first_special: bool, n_layers: int | None = None, run=alone, heads: int | None = None
+) -> dict:
     """SPEC §10 profiles and SPEC §14 sinks by loops over each text alone: pairs (i, j) it attends, S and A from
     `alone`; the first token of every text marked special. The first-token mass and its uniform reference run over
     the queries i >= 1 that may see key 0 (a sliding window hides it from later ones); a(k) without the first token
-    over the pairs with i, j >= 1. `n_layers`: a hybrid's attention layers (those `alone` returns)."""
+    over the pairs with i, j >= 1. `n_layers`: a hybrid's attention layers (those `alone` returns); `run`: `alone`, or
+    `alone_stacked` (BLT) with the `heads` of its byte stacks (its config names no head count of its own)."""
     L = model.config.get_text_config().num_hidden_layers if n_layers is None else n_layers
-    H = model.config.get_text_config().num_attention_heads
+    H = heads or model.config.get_text_config().num_attention_heads
     s_sum, a_sum, c = np.zeros((L, H, 2 * n - 1)), np.zeros((L, H, 2 * n - 1)), np.zeros((L, 2 * n - 1))
     dist, queries = np.zeros((L, H)), np.zeros(L)
     first, special, later_dist, later_n, sink_queries = np.zeros((L, H)), np.zeros((L, H)), 0.0, 0, 0
@@ -290,7 +348,7 @@ def brute_force(model, corpus, n: int, first_special: bool, n_layers: int | None
     first_n, uniform_first = np.zeros(L), np.zeros(L)
     a_later, c_later = np.zeros((L, H, 2 * n - 1)), np.zeros((L, 2 * n - 1))
     for ids in corpus:
-        ref = alone(model, ids)
+        ref = run(model, ids)
         S, A, allowed = ref["scores"], ref["probs"], ref["allowed"]
         m = len(ids)
         for layer in range(L):
@@ -360,11 +418,11 @@ PROFILE_ARRAYS = ("score_profiles", "prob_profiles", "mean_distance", "prob_prof
 SINK_MEASURES = ("first_token_mass", "special_token_mass", "distance_without_first", "uniform_first_token_mass")
 
 
-@pytest.mark.parametrize("name", _params(HYBRIDS, quick={"jamba"}))
+@pytest.mark.parametrize("name", _params([*HYBRIDS, *sorted(STACKED)], quick={"jamba"}))
 def test_a_hybrids_attention_layers_equal_loops_over_each_text_and_its_other_layers_have_no_score(name):
     """Profiles and sinks of a hybrid's attention layers equal the loops over its own eager attention (each text
-    alone); its other layers (recurrent / state-space / convolution) hold NaN (counts 0) and say 'no positional
-    score' in `layer_kinds`, in the JSON record and in the figures."""
+    alone); its other layers (recurrent / state-space / convolution; BLT's global layers over patches) hold NaN
+    (counts 0) and say 'no positional score' in `layer_kinds`, in the JSON record and in the figures."""
     import json
 
     from posprobe.families.windows import NO_SCORE
@@ -372,11 +430,18 @@ def test_a_hybrids_attention_layers_equal_loops_over_each_text_and_its_other_lay
 
     model = make(name)
     corpus = [[5, *ids] for ids in texts(6, seed=7)]
-    n, L = 13, model.config.get_text_config().num_hidden_layers
-    attending = alone(copy.deepcopy(model), corpus[0], per_layer=True)["attending"]  # hooked: the layers that attend
+    if name in STACKED:  # its three stacks' layers; the byte stacks' modules hooked
+        n, L = 13, sum(len(getattr(model, s).layers) for s in ("local_encoder", "global_transformer", "local_decoder"))
+        attending = alone_stacked(copy.deepcopy(model), corpus[0])["attending"]
+    else:
+        n, L = 13, model.config.get_text_config().num_hidden_layers
+        attending = alone(copy.deepcopy(model), corpus[0], per_layer=True)[
+            "attending"
+        ]  # hooked: the layers that attend
     others = [layer for layer in range(L) if layer not in attending]
     assert attending and others
-    ref = brute_force(copy.deepcopy(model), corpus, n, first_special=True, n_layers=len(attending))
+    run, heads = (alone_stacked, model.config.encoder_config.num_attention_heads) if name in STACKED else (alone, None)
+    ref = brute_force(copy.deepcopy(model), corpus, n, True, n_layers=len(attending), run=run, heads=heads)
     result = attention_profiles(
         model, input_ids=corpus, special_ids=[5], max_length=n, batch_size=3, weights_correlation=False
     )
@@ -458,6 +523,74 @@ def test_hidden_states_alone_for_refused_and_eager_families(name):
         assert len(got[index]) == len(theirs) == model.config.get_text_config().num_hidden_layers + 1
         for ours, ref in zip(got[index], theirs, strict=True):
             np.testing.assert_allclose(ours, ref[0].double().numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", _params(sorted(STACKED)))
+def test_hidden_states_of_stacks_over_bytes_and_patches_are_refused(name):
+    hidden = Keep()
+    hidden.needs = ("hidden_states",)
+    with pytest.raises(PosprobeError, match=STACKED[name]) as err:
+        capture(make(name).float(), [hidden], input_ids=texts(3), max_length=16)
+    assert "\n" not in str(err.value)
+    from posprobe.pipelines.states import states
+
+    with pytest.raises(PosprobeError, match=STACKED[name]):  # `posprobe states`, before it reads a hidden size
+        states(make(name).float(), input_ids=texts(3), max_length=16, min_texts=1)
+
+
+def _blt_with_entropy_patches():
+    """The BLT case with its entropy model in the forward pass (transformers' default, `patch_in_forward`), the
+    threshold at the median entropy of the test texts' bytes, so that its patches have several lengths."""
+    base = make("blt")
+    config = copy.deepcopy(base.config)
+    config.patch_in_forward, config.patching_mode = True, "entropy"
+    torch.manual_seed(2)
+    model = tf.BltModel._from_config(config, attn_implementation="eager").to(torch.float32).eval()
+    missing = model.load_state_dict(base.state_dict(), strict=False).missing_keys
+    assert missing and all(key.startswith("patcher.") for key in missing)
+    with torch.no_grad():
+        entropies = [model.patcher(torch.tensor([ids]))[0][0, 1:] for ids in texts()]
+    model.config.patching_threshold = float(torch.cat(entropies).median())
+    return model
+
+
+@pytest.mark.slow
+def test_blt_with_its_entropy_model_records_each_text_as_if_run_alone():
+    """BLT with its entropy model picking the patches: a padded batch's byte layers (the decoder's depend on the
+    patches, through its cross-attention) equal each text run alone; the patches have several lengths, and one patch
+    per byte gives the decoder other probabilities. In float64 transformers' eager BLT gives NaN: refused."""
+    model = _blt_with_entropy_patches()
+    reference = copy.deepcopy(model)
+    corpus = texts()
+    with torch.no_grad():
+        lengths = model.patcher(torch.tensor([corpus[0]]), patch_size=4, threshold=model.config.patching_threshold)[1]
+    assert (lengths > 1).any() and len(lengths[lengths > 0]) < len(corpus[0])  # patches of several bytes
+    keep = Keep(hidden=False)
+    summary = capture(model, [keep], input_ids=corpus, max_length=16, batch_size=3)
+    assert summary.attention_layers == (0, 1, 3, 4, 5) and summary.n_batches == 3
+    assert model.config.use_cache is True  # off while it ran (its cache wants a layer count), restored
+    for index, ids in enumerate(corpus):
+        got, ref = keep.texts[index], alone_stacked(reference, ids)
+        np.testing.assert_allclose(got["probs"], ref["probs"], rtol=2e-5, atol=2e-5, err_msg=f"text {index}")
+        np.testing.assert_array_equal(got["allowed"], ref["allowed"])
+    one_per_byte = alone_stacked(make("blt"), corpus[0])["probs"]
+    assert np.abs(one_per_byte[2:] - alone_stacked(reference, corpus[0])["probs"][2:]).max() > 1e-3  # the decoder
+    np.testing.assert_array_equal(one_per_byte[:2], alone_stacked(reference, corpus[0])["probs"][:2])  # the encoder
+    with pytest.raises(PosprobeError, match="non-finite outputs on real tokens .* in float64") as err:
+        capture(model.double(), [Keep(hidden=False)], input_ids=corpus, max_length=16, batch_size=3)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_blt_byte_stacks_of_two_head_counts_are_refused_in_one_line():
+    """The capture keeps one head count for every layer: a byte decoder of other heads than the byte encoder is
+    refused before any text runs."""
+    config = copy.deepcopy(make("blt").config)
+    config.decoder_config.num_attention_heads = 2
+    model = tf.BltModel(config).float().eval()
+    with pytest.raises(PosprobeError, match=r"other head counts \(\[2, 4\]\)") as err:
+        capture(model, [Keep(hidden=False)], input_ids=texts(3), max_length=16)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("name", _params(sorted(NOT_TEXT)))

@@ -21,8 +21,6 @@ _WRAPS = "multimodal: read as its language model (text_config), but its language
 NOT_YET = {
     # multimodal wrappers (read as their language model once it is read: one `_wrapper` line in the table + a case)
     # attention that needs new score code
-    "blt": "byte latent transformer: byte-level local encoder/decoder layers (self-attention plus cross-attention "
-    "to patches) around a global transformer over patches whose bounds an entropy model picks: no one layer order",
     # sparse / compressed attention
     # hybrids the table cannot describe yet
     "inkling2_text": "Inkling's relative logits with L2-clipped q/k, input-conditioned (dynamic) key convolutions "
@@ -93,7 +91,7 @@ def test_exaone_reads_its_checkpoint_names_and_the_loaded_ones(tmp_path):
     torch.manual_seed(1)
     lm = AutoModelForCausalLM.from_config(base.config).double().eval()
     lm.model.load_state_dict(base.state_dict())
-    lm.save_pretrained(tmp_path / "lm")
+    lm.float().save_pretrained(tmp_path / "lm")  # float64: transformers' eager BLT gives NaN (test_capture_families)
     with safe_open(str(tmp_path / "lm" / "model.safetensors"), "np") as f:
         names = set(f.keys())
     assert {"transformer.wte.weight", "transformer.h.0.attn.attention.q_proj.weight"} <= names
@@ -559,3 +557,34 @@ def test_qwen4_exp_mixes_its_streams_as_its_module_and_keeps_ple_out_of_its_atte
     with pytest.raises(PosprobeError) as err:
         ctx.query_key_of(np.ones((3, ctx.shape.hidden)), 1)
     assert "hyper-connection streams" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_blt_reads_its_causal_lm_and_refuses_byte_stacks_of_two_layouts(tmp_path):
+    """BLT's causal LM (tensors under model.) reads as its base model, and a text runs through it (its byte layers'
+    attention; its global layer, 2, none); a byte decoder with other heads than the byte encoder is refused in one
+    line (posprobe reads the byte stacks with one layout)."""
+    import torch
+    from family_models import build
+    from transformers import AutoModelForCausalLM
+
+    from posprobe.pipelines.attention import attention_profiles
+
+    base = build("blt")
+    base.save_pretrained(tmp_path / "base")
+    torch.manual_seed(1)
+    lm = AutoModelForCausalLM.from_config(base.config).double().eval()
+    lm.model.load_state_dict(base.state_dict())
+    lm.save_pretrained(tmp_path / "lm")
+    ours = posprobe.fhat(str(tmp_path / "lm"), layer=4, positions=12).matrices
+    np.testing.assert_array_equal(ours, posprobe.fhat(str(tmp_path / "base"), layer=4, positions=12).matrices)
+    assert np.std(ours) > 0
+    lm.float().save_pretrained(tmp_path / "lm32")  # float64: transformers' eager BLT gives NaN (test_capture_families)
+    result = attention_profiles(str(tmp_path / "lm32"), input_ids=[[5, 6, 7, 8, 9]], max_length=8)
+    assert result.attention_layers == [0, 1, 3, 4, 5] and result.n_layers == 6
+    assert np.isnan(result.profiles.mean_distance[2]).all() and np.isfinite(result.profiles.mean_distance[[0, 5]]).all()
+    config = json.loads((tmp_path / "base" / "config.json").read_text())
+    config["decoder_config"]["num_attention_heads"] = 2
+    (tmp_path / "base" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PosprobeError, match="local_decoder other num_attention_heads than its local_encoder") as err:
+        posprobe.profiles(str(tmp_path / "base"))
+    assert "\n" not in str(err.value)

@@ -225,6 +225,18 @@ def test_layer_types_get_their_own_frequencies():
     np.testing.assert_allclose(result.frequencies[1], 10000.0 ** (-2 * f / 8) / 2, rtol=1e-6)
 
 
+@pytest.mark.slow
+def test_stacks_run_one_after_another_get_their_own_frequencies():
+    """BLT: its byte encoder (layers 0-1) rotates at base 100, its byte decoder (layers 3-5) at 1000, in interleaved
+    pairs; its global transformer over patches (layer 2) has no bands (no positional score)."""
+    result = posprobe.rotary(build("blt"), positions=16)
+    f = np.arange(4)  # head_dim 8: 4 bands
+    for layer, base in ((0, 100.0), (1, 100.0), (3, 1000.0), (5, 1000.0)):
+        np.testing.assert_allclose(result.frequencies[layer], base ** (-2 * f / 8), rtol=1e-6)
+        assert np.isfinite(result.q_band_norm[layer]).all()
+    assert np.isnan(result.q_band_norm[2]).all()
+
+
 def test_band_figure_has_one_legend_above_the_panels(llama_folder):
     """The legend sat inside layer 0's panel, over its lines: now one figure legend naming every line, the context
     lengths with their values, and no legend inside a panel."""

@@ -97,6 +97,8 @@ WINDOW_RULES = (
     "per_layer_config",  # config.per_layer_config[l].sliding_window, when set: |j - i| <= it (NeoMME); else full
     "neighbour_chunks",  # config.attn_layers[l] 'local': the query's chunk of local_attn_chunk_length and
     # local_num_chunks_before / _after neighbour chunks, wrapping around, after padding (Reformer; windows)
+    "stack_window",  # config[tensors['window']] (when set) in the stacks over the text's positions, causal: keys
+    # i - w < j <= i (BLT's byte encoder and decoder, `Family.stacks`)
 )
 # config.layer_types values of softmax-attention layers ('local': Reformer's attn_layers); a hybrid's other layers
 # (`Family.hybrid`) have none.
@@ -197,7 +199,11 @@ class Family:
     `qk_norm_after_rotary`: Hunyuan), `clip` (config key of a clamp of q and k: OLMo's clip_qkv, DBRX's
     attn_config.clip_qkv), `norm` (the kind of every norm above), `shared_layers` (ALBERT: one stored layer at
     every depth), `sublayers` (LongCat-Flash: two attention sublayers per stored layer, each a layer here), `cycles`
-    (HRM: stacks run in cycles, '{m}' names the stack a depth runs). A name
+    (HRM: stacks run in cycles, '{m}' names the stack a depth runs), `stacks` (BLT: stacks run one after another,
+    '{m}' the module of a depth's stack; `tensors['stack_rotary']` each stack's own rotary module class,
+    `tensors['window']` the config key of its byte stacks' causal window, `tensors['hash_words']` /
+    `['hash_vocab']` its hashed n-gram tables (one fused table of equal slices) and the config key of a slice's rows,
+    each slice's average row added to the average word). A name
     may hold groups of alternatives, 'a.(b|c).(d|e)': the first combination the checkpoint holds.
     `switches`: field -> config key; the field (one of `SWITCHABLE`) applies only when the key is true (XMOD's
     pre_norm, OPT's do_layer_norm_before, ESM's emb_layer_norm_before, DeBERTa's position_biased_input).
@@ -291,6 +297,10 @@ class Family:
     # in cycles, L_cycles low-stack passes then one high-stack pass, H_cycles times (HRM); depth l (the model's own
     # numbering: num_hidden_layers = layers per stack x H_cycles x (L_cycles + 1)) runs stored layer l % k of the
     # low stack ('{m}' = 'L') or the high one ('H')
+    stacks: tuple[tuple[str, str, bool], ...] = ()  # (module, config section, whether its positions are the text's)
+    # of stacks run one after another (BLT: byte encoder, global transformer over patches, byte decoder): depth l runs
+    # stored layer l - (the layers of the stacks before) of its stack ('{m}' its module), `stack_depths`; a stack over
+    # other positions (BLT's patches) is a hybrid's other layers, no positional score (`families.stacked`)
     sublayers: int = 1  # attention sublayers per stored layer (LongCat-Flash: 2; names hold '{s}'): posprobe's layer
     # l is sublayer l % sublayers of stored layer l // sublayers, as transformers numbers them; config.num_layers
     # counts the stored layers
@@ -2561,6 +2571,50 @@ FAMILIES: tuple[Family, ...] = (
             "pre_norm": "{m}_module.layers.{l}.input_layernorm",
         },
     ),
+    # issue 34 (blt): stacks run one after another (families.stacked)
+    Family(
+        "blt",
+        ("blt",),
+        ROTARY,
+        causal=True,
+        word="local_encoder.embed_tokens.weight",  # plus the average row of each hashed n-gram table (tensors)
+        query="{m}.layers.{l}.self_attn.q_proj",
+        key="{m}.layers.{l}.self_attn.k_proj",
+        value="{m}.layers.{l}.self_attn.v_proj",
+        pre_norm="{m}.layers.{l}.input_layernorm",
+        norm=RMSNORM,
+        rotary_class="posprobe.families.stacked:StackRotary",  # each stack's own module (tensors['stack_rotary'])
+        rotary_layout=INTERLEAVED,
+        stacks=(
+            ("local_encoder", "encoder_config", True),
+            ("global_transformer", "global_config", False),
+            ("local_decoder", "decoder_config", True),
+        ),
+        sizes={
+            "hidden": ("encoder_config.hidden_size",),
+            "heads": ("encoder_config.num_attention_heads",),
+            "kv_heads": ("encoder_config.num_key_value_heads",),
+            "eps": ("encoder_config.rms_norm_eps",),
+            "vocab": ("encoder_config.vocab_size",),
+            "positions": ("encoder_config.max_position_embeddings",),
+        },
+        windows="stack_window",
+        hybrid="global-transformer layers (softmax over patch positions, not the text's; their input is pooled from "
+        "the bytes: no content-free input)",
+        tensors={
+            "stack_rotary": _rotary("blt", "Blt"),
+            "window": "local_attention_window_len",
+            "hash_words": "encoder_hash_tok_embedding.weight",
+            "hash_vocab": "encoder_hash_byte_group_vocab",
+        },
+        capture=EAGER,
+        capture_note=HYBRID_CAPTURE + " (its global layers over patches); its byte layers' own modules recorded, "
+        "patches as its config picks them (entropy model or one per byte); hidden states refused",
+        description="rotary embeddings (RoPE, interleaved pairs) in a byte encoder and a byte decoder, a setting per "
+        "stack, in a causal byte window, around a global transformer over patches (no positional score); "
+        "cross-attention between bytes and patches has none; the average input adds each hashed n-gram table's "
+        "average row",
+    ),
     # -- no softmax attention in any layer: nothing for posprobe's scores to read (refused in one line)
     Family(
         "mamba",
@@ -2655,6 +2709,9 @@ def stack_sizes(family: Family, config: dict) -> dict:
     (`Family.sizes`: Whisper's decoder_layers, decoder_attention_heads, max_target_positions); `config` itself
     when the family names none or the config has none of them."""
     out = None
+    if family.stacks:  # stacks run one after another (BLT): posprobe's layers are all of theirs, in that order
+        out = {k: v for k, v in config.items() if k not in CONFIG_KEYS["layers"]}
+        out["num_hidden_layers"] = len(stack_depths(family, config))
     for what, keys in family.sizes.items():
         value = next((config_get(config, k) for k in keys if config_get(config, k) is not None), None)
         if value is not None:
@@ -2792,10 +2849,41 @@ def position_kind(config: dict) -> tuple[str, str]:
 CROSS_ATTENTION = "cross_attention"  # the layer type of a hybrid's layers listed by `Family.hybrid_layers`
 
 
+def stack_depths(family: Family, config: dict) -> list[tuple[str, bool, int]]:
+    """(module, whether its positions are the text's, stored layer) of every depth of a family whose stacks run one
+    after another (`Family.stacks`), in the order the model runs them; each stack's layer count is its config
+    section's num_hidden_layers (its config class's default where the section leaves it out)."""
+    depths = []
+    for module, section, read in family.stacks:
+        count = config_get(config, f"{section}.num_hidden_layers")
+        if count is None:
+            count = getattr(getattr(_default_config(config), section, None), "num_hidden_layers", 0)
+        depths += [(module, read, layer) for layer in range(int(count or 0))]
+    return depths
+
+
+def _default_config(config: dict):
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.for_model(str(config.get("model_type")))
+    except Exception:  # an unknown model type: no defaults to offer
+        return None
+
+
+STACK_PATCHES = "patches"  # the layer type of a stack over positions other than the text's (`Family.stacks`)
+
+
 def layer_types(family: Family, config) -> list[str]:
     """The layer types of the model a transformers `config` object describes: config.layer_types (or the config list
     `Family.tensors['layer_types']` names: Reformer's attn_layers), or where the family lists its other layers by
-    index (`hybrid_layers`), `CROSS_ATTENTION` there and 'full_attention' elsewhere."""
+    index (`hybrid_layers`), `CROSS_ATTENTION` there and 'full_attention' elsewhere; a family of stacks run one after
+    another (`stacks`): 'sliding_attention' in its stacks over the text's positions (BLT's byte stacks, windowed),
+    `STACK_PATCHES` in the others."""
+    if family.stacks:
+        settings = {**config.to_dict(), "model_type": config.model_type}
+        local = "sliding_attention" if config_get(settings, family.tensors["window"]) else "full_attention"
+        return [local if read else STACK_PATCHES for _, read, _ in stack_depths(family, settings)]
     if family.hybrid_layers:
         others = set(getattr(config, family.hybrid_layers, None) or [])
         return [CROSS_ATTENTION if layer in others else "full_attention" for layer in range(config.num_hidden_layers)]

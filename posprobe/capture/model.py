@@ -65,6 +65,8 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
             "texts cannot be run through it",
             "its content-free scores: `posprobe fhat` / `profiles` on the checkpoint",
         )
+    if not attention and family is not None and family.stacks:  # hidden states alone (BLT: none per layer)
+        check_hidden_states(model)
     if attention and family is not None and family.hybrid and not hybrid:
         raise PosprobeError(
             f"'{kind}' is a hybrid: softmax attention in some layers, {family.hybrid} in the others; this command "
@@ -154,12 +156,20 @@ def run_stack(model) -> str | None:
 def check_hidden_states(model) -> None:
     """Refuse the hidden states of a model that skips layers on text (`Family.hybrid_layers` that its config lists:
     Mllama's cross-attention layers run only with an image): transformers returns none entering them, so
-    hidden_states[l] would not be layer l's input past the first of them."""
+    hidden_states[l] would not be layer l's input past the first of them; and of a model whose stacks run one after
+    another over other positions (`Family.stacks`, BLT's bytes and patches)."""
     from posprobe.architectures.table import CROSS_ATTENTION, layer_types
     from posprobe.families import family_for_type
 
     kind = str(getattr(model.config, "model_type", "unknown"))
     family = family_for_type(kind)
+    if family is not None and family.stacks:  # BLT: byte stacks around a stack over patches
+        raise PosprobeError(
+            f"'{kind}' runs a text through stacks over its bytes and over patches of them (its global layers have no "
+            "state per byte, and its byte decoder's first input adds cross-attention to the patches), so it has no one "
+            "hidden state per layer over the text's positions",
+            "its attention on text (`posprobe attention`) and its content-free scores (`posprobe fhat`) are read",
+        )
     if family is None or not family.hybrid_layers:
         return
     skipped = [layer for layer, t in enumerate(layer_types(family, text_config(model))) if t == CROSS_ATTENTION]

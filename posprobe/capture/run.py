@@ -6,11 +6,12 @@ gets every batch once through `add(batch)` as a `BatchCapture`, keeps running su
 recorded by posprobe's attention function where the family's attention goes through transformers'
 AttentionInterface (`capture.recording`, checked against the model's own eager attention on the first batch), and
 on the model's own eager path otherwise (`capture.eager`: its returned attentions and the inputs of its softmax,
-checked on the first batch; `capture.chunks`: neighbour-chunk layers' per-chunk attention rebuilt); hidden states
-are transformers' `output_hidden_states`. An encoder-decoder runs its encoder stack on the text. The attention
-implementation, the recorder and the model's train/eval mode are restored when the call ends, also on an error or
-Ctrl-C. Under torchrun (SPEC §19) each rank runs every world-th batch and the reducers' sums are added over the ranks
-once at the end (`posprobe.runtime.distributed`).
+checked on the first batch; `capture.chunks`: neighbour-chunk layers' per-chunk attention rebuilt; `capture.stacks`
+where stacks run one after another, BLT: its byte layers' own modules); hidden states are transformers'
+`output_hidden_states`. An encoder-decoder runs its encoder stack on the text. The attention implementation, the
+recorder and the model's train/eval mode are restored when the call ends, also on an error or Ctrl-C. Under torchrun
+(SPEC §19) each rank runs every world-th batch and the reducers' sums are added over the ranks once at the end
+(`posprobe.runtime.distributed`).
 
 Dimensions: B texts in the batch, m its longest sequence, L layers, H query heads, d hidden size.
 """
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from posprobe.capture.batches import TokenBatch
 from posprobe.capture.chunks import chunk_recorder
-from posprobe.capture.eager import EagerRecorder, is_eager_route
+from posprobe.capture.eager import is_eager_route
 from posprobe.capture.memory import attention_batch_bytes, attention_block_bytes, check_fits
 from posprobe.capture.model import (
     attention_layers,
@@ -43,6 +44,7 @@ from posprobe.capture.recording import (
     register_recording_attention,
     verify_against_eager,
 )
+from posprobe.capture.stacks import eager_route_recorder
 from posprobe.errors import PosprobeError
 from posprobe.runtime import distributed
 from posprobe.validation import as_int
@@ -195,7 +197,9 @@ def capture_batches(
     net = stack_to_run(model)
     eager = attention and is_eager_route(model)
     recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending))
-    eager_recorder = chunk_recorder(net, list(attending), n_heads) or EagerRecorder(len(attending), n_heads)
+    eager_recorder = chunk_recorder(net, list(attending), n_heads) or eager_route_recorder(
+        net, list(attending), n_heads
+    )
     blockwise = (
         attention
         and not eager

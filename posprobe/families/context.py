@@ -267,7 +267,11 @@ class ModelContext(EmbeddingReader):
 
     def _layer_names(self, layer: int | None) -> dict:
         """What `{l}` (and `{s}`, the attention sublayer: `Family.sublayers`; `{m}`, the stack a cycle runs:
-        `Family.cycles`) stand for at depth `layer`."""
+        `Family.cycles`; the module of the depth's stack where stacks run one after another: `Family.stacks`) stand for
+        at depth `layer`."""
+        if self.family.stacks and layer is not None:  # BLT: encoder, global and decoder layers in turn
+            module, _, stored = T.stack_depths(self.family, self.config)[layer]
+            return {"l": stored, "m": module}
         if self.family.cycles and layer is not None:
             per_stack, low = (int(self.config[key]) for key in self.family.cycles)
             block, stored = divmod(layer, per_stack)
@@ -704,7 +708,8 @@ def require_hidden_layer_inputs(ctx: ModelContext) -> None:
     with several attention sublayers per layer (`Family.sublayers`, LongCat-Flash) has hidden states only where its
     layers begin, not before each sublayer; one whose layers mix in the embedding output (NeoMME's lambdas) or whose
     stacks run in cycles (HRM: one stack's state added to the other's input) reads more than the hidden state; one
-    whose q and k are mixed along the sequence (ZAYA) needs the sequence, not a mean."""
+    whose q and k are mixed along the sequence (ZAYA) needs the sequence, not a mean; one whose stacks run over bytes
+    and over patches (BLT) has no one hidden state per layer over the text's positions."""
     if "input_mix" in ctx.family.tensors:
         raise PosprobeError(
             f"'{ctx.source.name}' ({ctx.source.model_type}) mixes each layer's input with the embedding output "
@@ -715,6 +720,12 @@ def require_hidden_layer_inputs(ctx: ModelContext) -> None:
         raise PosprobeError(
             f"'{ctx.source.name}' ({ctx.source.model_type}) mixes its queries and keys along the sequence "
             "(convolutions), so a mean of hidden states from text does not give them",
+            "drop --text (texts=) for its content-free scores (SPEC §9)",
+        )
+    if ctx.family.stacks:  # BLT: byte stacks around a stack over patches
+        raise PosprobeError(
+            f"'{ctx.source.name}' ({ctx.source.model_type}) runs stacks over its bytes and over patches of them, whose "
+            "hidden states are not one per layer over the text's positions, so its layers cannot read inputs from text",
             "drop --text (texts=) for its content-free scores (SPEC §9)",
         )
     if ctx.family.cycles:

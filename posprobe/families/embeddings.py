@@ -85,6 +85,10 @@ class EmbeddingReader:
             raise mixed_checkpoint(self.source.name, "vocab_size =", said, f"a word table of {shape[0]} rows")
         if extra:  # rows after the vocabulary are no words (CPM-Ant's prompts): the vocabulary's mean alone
             return self.reader.get(key)[: shape[0] - extra].mean(axis=0)
+        if "hash_words" in self.family.tensors:  # BLT: the byte's embedding plus one row of each hashed n-gram table
+            from posprobe.families.stacked import hashed_ngram_mean
+
+            return self.reader.row_mean(key) + hashed_ngram_mean(self)
         return self.reader.row_mean(key)
 
     def codebook_word_mean(self, pattern: str) -> np.ndarray:

@@ -176,6 +176,14 @@ def layer_thetas(ctx, count: int) -> list[float]:
 
 def _attention_kinds(ctx, n: int, stack: str) -> list[LayerKind]:
     rule, count = ctx.family.windows, ctx.layers(stack)
+    if rule == "stack_window":  # stacks run one after another (BLT): each depth's own stack (families.stacked)
+        from posprobe.families.stacked import stack_layers
+
+        layers = stack_layers(ctx)  # a stack over other positions (no rope parameters): the hybrid's note below
+        ropes = {module: _rope_words(params) for module, _, params in layers if params is not None}
+        words = ropes if len(set(ropes.values())) > 1 else {}
+        return [LayerKind("local" if reach is not None else "full", reach, module, words.get(module))
+                for module, reach, _ in layers]  # fmt: skip
     types = _layer_types(ctx, count)
     ropes = _ropes(ctx, types)
     if rule is None or (rule == "local_radius" and stack == "decoder"):

@@ -80,7 +80,11 @@ def rotary(
 
     n = max(reader.n, 2)
     # one rotary setting per layer type (Gemma 3, ModernBERT: local / global) or per layer (Granite SWA's bases)
-    types = [layer_rotary(ctx, layer, n) for layer in layers]
+    # a hybrid's layer without attention has no rotary setting of its own: the first attention layer's (its bands
+    # are NaN; LFM3's convolutions, BLT's patch stack)
+    kinds = ctx.layer_kinds(n)
+    first = next((layer for layer, kind in enumerate(kinds) if kind.attention != "none"), 0)
+    types = [layer_rotary(ctx, layer if kinds[layer].attention != "none" else first, n) for layer in layers]
     windows = [ctx.layer_kinds(n)[layer].window for layer in layers]  # the largest |j - i| a layer attends
     angles = {t: rotary_angles(ctx, n, *t) for t in dict.fromkeys(types)}
     cos, sin = angles[types[0]]
