@@ -5,6 +5,7 @@ embedding-level input (SPEC §9), with the pairs its softmax lets through (masks
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -734,6 +735,22 @@ CASES = {
                                                                   "partial_rotary_factor": 0.5}},
                               num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
                               shared_expert_intermediate_size=16)),
+    # issue 34 (inkling2)
+    # Inkling 2: blocks of 2 layers (layer 2 mixes its input over block 0 and its own; layer 3 over blocks 0, 1);
+    # sliding layers with a window of 5, log-scaled full layers from position 2 with input-conditioned key taps;
+    # projections, taps and sinks drawn at unit scale, L2 clips (q/k 10, relative states 7) that bind some heads and
+    # not others; a large norm epsilon, so that the depth mix's unweighted norm of the input shows in the scores
+    "inkling2_text": ("inkling2_text", dict(_KV2, num_hidden_layers=4, head_dim=8, swa_num_attention_heads=4,
+                                            swa_num_key_value_heads=2, swa_head_dim=8, sliding_window_size=5, d_rel=3,
+                                            rel_extent=12, log_scaling_n_floor=2, conv_kernel_size=3,
+                                            layer_types=["hybrid_sliding", "hybrid"] * 2,
+                                            n_layers_per_attn_res_block=2, n_routed_experts=2, num_experts_per_tok=1,
+                                            moe_intermediate_size=16, unpadded_vocab_size=99, bos_token_id=1,
+                                            eos_token_id=2, rms_norm_eps=0.3, qk_l2_clip_threshold=10.0,
+                                            rel_l2_clip_threshold=7.0),
+                      dict(boost=("embed_tokens.weight", "q_proj.linear", "k_proj.linear", "sconv.static_weight",
+                                  "sconv.weight_proj", "attention_input.query", "relative_position_bias.linear",
+                                  "sink_proj"))),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -747,6 +764,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text",
            "qwen3_5_moe"}  # fmt: skip
+FLOAT32 |= {"inkling2_text"}  # issue 34 (inkling2): its router's float32 weight meets its input in float32
 
 
 # Cases added for issue 34 (the newest position designs and the further families). Tests over every case keep them
@@ -782,6 +800,7 @@ ISSUE_34_CASES |= {"gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "mode
                    "moss_transcribe_diarize", "emu3", "phi4_multimodal", "mllama", "gemma4",
                    "gemma4_unified"}  # issue 34 (mm)  # fmt: skip
 ISSUE_34_CASES |= {"laguna"}  # issue 34 (heads)
+ISSUE_34_CASES |= {"inkling2_text"}  # issue 34 (inkling2)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
@@ -911,16 +930,22 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
 
 class _SoftmaxInputs:
     """Records every softmax input of shape (1, H, n, n) or (H, n, n) while active (models outside the
-    AttentionInterface)."""
+    AttentionInterface); where `model` is given, none inside its modules whose softmax runs over depth, not
+    positions (Inkling 2's attention over blocks of layers: `capture.eager.depth_attention_modules`)."""
 
-    def __init__(self, n: int):
-        self.n, self.inputs = n, []
+    def __init__(self, n: int, model=None):
+        self.n, self.inputs, self.model, self.hooks = n, [], model, []
 
     def __enter__(self):
         self.functional, self.method, self.torch = torch.nn.functional.softmax, torch.Tensor.softmax, torch.softmax
         functional, method, inputs, n = self.functional, self.method, self.inputs, self.n
         torch_softmax = self.torch  # Funnel calls torch.softmax
         inside = []  # functional softmax calls the method: record each call once
+        from posprobe.capture.eager import depth_attention_modules
+
+        for module in [] if self.model is None else depth_attention_modules(self.model):
+            self.hooks.append(module.register_forward_pre_hook(lambda *_: inside.append(1)))
+            self.hooks.append(module.register_forward_hook(lambda *_: inside.pop() and None))  # returns None
 
         def keep(x):
             if inside:
@@ -956,6 +981,8 @@ class _SoftmaxInputs:
     def __exit__(self, *exc):
         torch.nn.functional.softmax, torch.Tensor.softmax = self.functional, self.method
         torch.softmax = self.torch
+        for hook in self.hooks:
+            hook.remove()
 
 
 class _SdpaInputs:
@@ -1031,6 +1058,10 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
                 args = tuple(first["x"] if a is hidden else a for a in args)
             else:
                 kwargs["hidden_states"] = first["x"]
+            if len(args) > 1 and "block_states" in inspect.signature(original).parameters:
+                # earlier blocks' states (Inkling 2's depth-wise attention): each the embedding-level input too
+                blocks = args[1].shape[-2]
+                args = (args[0], first["x"].unsqueeze(-2).repeat(1, 1, blocks, 1), *args[2:])
             return original(*args, **kwargs)
 
         return forward
@@ -1062,7 +1093,7 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
                     masks = [np.broadcast_to(m, scores.shape[1:]) for m in masks]
                 allowed = np.stack([m > -1e30 for m in masks])
             else:
-                with _SoftmaxInputs(n) if implementation == "eager" else _SdpaInputs() as capture:
+                with _SoftmaxInputs(n, model) if implementation == "eager" else _SdpaInputs() as capture:
                     model(input_ids=ids, use_cache=False)
                 scores = np.stack(capture.inputs[: len(layers)])
                 # masks add the dtype's minimum (or -inf); OpenAI GPT sets masked scores to -1e4 exactly

@@ -145,7 +145,7 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
     n = len(ids)
     attending, hooks = [], []
     try:
-        with torch.no_grad(), _SoftmaxInputs(n) as softmax:
+        with torch.no_grad(), _SoftmaxInputs(n, net) as softmax:
             for layer, module in enumerate(_layers(net) if per_layer else []):
                 before = module.register_forward_pre_hook(lambda *_, m=module: setattr(m, "_seen", len(softmax.inputs)))
                 after = module.register_forward_hook(
