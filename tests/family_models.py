@@ -5,7 +5,6 @@ embedding-level input (SPEC §9), with the pairs its softmax lets through (masks
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -751,6 +750,22 @@ CASES = {
                       dict(boost=("embed_tokens.weight", "q_proj.linear", "k_proj.linear", "sconv.static_weight",
                                   "sconv.weight_proj", "attention_input.query", "relative_position_bias.linear",
                                   "sink_proj"))),
+    # Inkling 2 Loop: layers 2 and 3 run twice (depths 2, 3, then 4, 5 with message gates of rank 4, their down
+    # projections drawn at unit scale), then layers 4 and 5 (depths 6, 7); clips at 3 soften the softmax, so that
+    # float32 batches of texts stay within the capture test's tolerance through the 8 depths
+    "inkling2_loop_text": ("inkling2_loop_text", dict(_KV2, num_hidden_layers=6, head_dim=8, swa_num_attention_heads=4,
+                                                      swa_num_key_value_heads=2, swa_head_dim=8, sliding_window_size=5,
+                                                      d_rel=3, rel_extent=12, log_scaling_n_floor=2,
+                                                      conv_kernel_size=3, layer_types=["hybrid_sliding", "hybrid"] * 3,
+                                                      n_layers_per_attn_res_block=2, n_routed_experts=2,
+                                                      num_experts_per_tok=1, moe_intermediate_size=16,
+                                                      unpadded_vocab_size=99, bos_token_id=1, eos_token_id=2,
+                                                      rms_norm_eps=0.3, qk_l2_clip_threshold=3.0,
+                                                      rel_l2_clip_threshold=3.0, loop_layer_index_start=2,
+                                                      loop_layer_index_end=4, loop_num_passes=2, loop_gate_rank=4),
+                           dict(boost=("embed_tokens.weight", "q_proj.linear", "k_proj.linear", "sconv.static_weight",
+                                       "sconv.weight_proj", "attention_input.query", "relative_position_bias.linear",
+                                       "sink_proj", "message_gate.down_proj", "message_input.query"))),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -764,7 +779,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text",
            "qwen3_5_moe"}  # fmt: skip
-FLOAT32 |= {"inkling2_text"}  # issue 34 (inkling2): its router's float32 weight meets its input in float32
+FLOAT32 |= {"inkling2_text", "inkling2_loop_text"}  # issue 34 (inkling2): a float32 router weight
 
 
 # Cases added for issue 34 (the newest position designs and the further families). Tests over every case keep them
@@ -800,7 +815,7 @@ ISSUE_34_CASES |= {"gemma3", "qwen3_5", "qwen3_5_moe", "got_ocr2", "fuyu", "mode
                    "moss_transcribe_diarize", "emu3", "phi4_multimodal", "mllama", "gemma4",
                    "gemma4_unified"}  # issue 34 (mm)  # fmt: skip
 ISSUE_34_CASES |= {"laguna"}  # issue 34 (heads)
-ISSUE_34_CASES |= {"inkling2_text"}  # issue 34 (inkling2)
+ISSUE_34_CASES |= {"inkling2_text", "inkling2_loop_text"}  # issue 34 (inkling2)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
@@ -873,6 +888,18 @@ def _layers(model) -> torch.nn.ModuleList | list:
     if hasattr(model, "L_module"):  # HRM: two stacks run in cycles, every stored layer at several depths
         return [*model.L_module.layers, *model.H_module.layers]
     return model.encoder.blocks[0] if hasattr(model, "encoder") else model.layers
+
+
+def _depths(model, layers: int) -> int:
+    """The attention calls of one forward pass: one per layer, or per depth where a block of layers runs several
+    times (Inkling 2 Loop: posprobe's layer count)."""
+    from posprobe.architectures.config import config_shape
+    from posprobe.families import family_for_type
+
+    family = family_for_type(model.config.model_type)
+    if family is None or "loop" not in family.tensors:
+        return layers
+    return config_shape(model.config.to_dict(), model.config.model_type, family).layers
 
 
 @dataclass(frozen=True)
@@ -1058,10 +1085,6 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
                 args = tuple(first["x"] if a is hidden else a for a in args)
             else:
                 kwargs["hidden_states"] = first["x"]
-            if len(args) > 1 and "block_states" in inspect.signature(original).parameters:
-                # earlier blocks' states (Inkling 2's depth-wise attention): each the embedding-level input too
-                blocks = args[1].shape[-2]
-                args = (args[0], first["x"].unsqueeze(-2).repeat(1, 1, blocks, 1), *args[2:])
             return original(*args, **kwargs)
 
         return forward
@@ -1077,6 +1100,14 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
         for norm in layer.input_layernorm[1:]
     ]
     hooks = [norm.register_forward_pre_hook(lambda module, args: (first["x"], *args[1:])) for norm in sublayer_norms]
+    # attention over depth (Inkling 2's over earlier blocks' states and its own input, its loop's over the earlier
+    # pass's): each state it reads is the embedding-level input too
+    from posprobe.capture.eager import depth_attention_modules
+
+    def blocks_of_first(module, args):
+        return (first["x"].unsqueeze(-2).repeat(1, 1, args[0].shape[-2], 1), first["x"], *args[2:])
+
+    hooks += [module.register_forward_pre_hook(blocks_of_first) for module in depth_attention_modules(model)]
     implementation = model.config._attn_implementation
     exact = implementation == "eager" and bool(getattr(type(model), "_supports_attention_backend", False))
     ids = torch.full((len(tables), n), word_id, dtype=torch.long)  # MusicGen: one row per codebook
@@ -1095,7 +1126,7 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
             else:
                 with _SoftmaxInputs(n, model) if implementation == "eager" else _SdpaInputs() as capture:
                     model(input_ids=ids, use_cache=False)
-                scores = np.stack(capture.inputs[: len(layers)])
+                scores = np.stack(capture.inputs[: _depths(model, len(layers))])
                 # masks add the dtype's minimum (or -inf); OpenAI GPT sets masked scores to -1e4 exactly
                 allowed = (scores[:, 0] > -1e30) & (scores[:, 0] != -1e4)
         return Reference(scores, allowed, exact)

@@ -27,6 +27,7 @@ import numpy as np
 
 from posprobe.errors import PosprobeError
 from posprobe.families.context import head_products
+from posprobe.families.loops import loop_depth
 
 SLIDING = "hybrid_sliding"  # the config's layer type of a sliding-window layer
 
@@ -66,8 +67,8 @@ def log_scale(ctx, layer: int, n: int) -> np.ndarray | None:
 
 
 def _sliding(ctx, layer: int) -> bool:
-    types = list(getattr(ctx.transformers_config, "layer_types", None) or [])
-    return layer < len(types) and types[layer] == SLIDING
+    types, stored = list(getattr(ctx.transformers_config, "layer_types", None) or []), ctx.stored_layer(layer)
+    return stored < len(types) and types[stored] == SLIDING
 
 
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=None) -> np.ndarray:
@@ -137,9 +138,22 @@ def depth_mixed_input(ctx, layer: int) -> np.ndarray:
     return x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6)
 
 
+def message_gated(ctx, u: np.ndarray, gate: str, stored: int, stack: str = "encoder") -> np.ndarray:
+    """Rows u (m, d) through a looped layer's message gate (prefix `gate`) whose message is u as well, as on the
+    content-free input: (1 - tanh(z W_F^T) + tanh(z W_M^T)) * u with z = [n(u); n(u)] W_down^T, n an unweighted RMS
+    norm with the config's epsilon."""
+    normed = u / np.sqrt((u**2).mean(-1, keepdims=True) + ctx.shape.eps)
+    z = np.concatenate([normed, normed], -1) @ ctx.tensor(gate + ".(down_proj.weight|down_weight)", stored, stack).T
+    forget = np.tanh(z @ ctx.tensor(gate + ".(forget_gate_proj.weight|forget_weight)", stored, stack).T)
+    message = np.tanh(z @ ctx.tensor(gate + ".(message_gate_proj.weight|gain_weight)", stored, stack).T)
+    return (1 - forget) * u + message * u
+
+
 def _clipped_inputs(ctx, layer: int, stack: str, inputs) -> tuple[np.ndarray, np.ndarray]:
-    """(query rows, key rows), each (1, d): the depth-mixed input through the layer's query norm (`pre_norm`) and
-    its key norm (`tensors['key_norm']`, full layers; sliding layers have one norm)."""
+    """(query rows, key rows), each (1, d): the depth-mixed input, in a looped layer's later passes through its
+    query and key message gates (`tensors['query_message_gate']`, `['key_message_gate']`: the earlier pass's message
+    is that input too), through the layer's query norm (`pre_norm`) and its key norm (`tensors['key_norm']`, full
+    layers; sliding layers have one norm)."""
     if inputs is not None:
         raise PosprobeError(
             f"'{ctx.source.name}' ({ctx.source.model_type}) feeds each layer an attention mix over earlier blocks' "
@@ -147,10 +161,12 @@ def _clipped_inputs(ctx, layer: int, stack: str, inputs) -> tuple[np.ndarray, np
             "drop --text (texts=) for its content-free scores (SPEC §9)",
         )
     f, stored = ctx.family, ctx.stored_layer(layer)
-    x = depth_mixed_input(ctx, layer)
-    query_rows = ctx.norm(x, f.pre_norm, stored, stack)
-    key_norm = None if _sliding(ctx, layer) else ctx.key(f.tensors["key_norm"] + ".weight", stored, stack)
-    return query_rows, query_rows if key_norm is None else ctx.norm(x, f.tensors["key_norm"], stored, stack)
+    x_q = x_k = depth_mixed_input(ctx, layer)
+    if "loop" in f.tensors and loop_depth(ctx, layer)[1] > 0:
+        x_q = message_gated(ctx, x_q, f.tensors["query_message_gate"], stored, stack)
+        x_k = message_gated(ctx, x_k, f.tensors["key_message_gate"], stored, stack)
+    key_norm = f.pre_norm if _sliding(ctx, layer) else f.tensors["key_norm"]
+    return ctx.norm(x_q, f.pre_norm, stored, stack), ctx.norm(x_k, key_norm, stored, stack)
 
 
 def clipped_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=None) -> np.ndarray:
