@@ -7,7 +7,9 @@ returned attentions, and the pre-softmax scores S are the input of the softmax t
 through, and changes nothing). S is therefore what the model itself feeds its softmax: q·k scaled as the family
 scales it, plus its relative bias, ALiBi or disentangled terms, plus its additive mask (masked pairs hold the
 dtype's minimum or -inf). The softmax calls kept are those over the key axis of a (B, H, m, m) tensor, in depth
-order; every batch must give exactly one per layer.
+order (or of a (B, H, m, m + 1) one whose last column is a sink logit per query, kept without it: Inkling 2), none
+inside the modules whose softmax runs over depth (`depth_attention_modules`); every batch must give exactly one per
+layer.
 
 Every batch: exactly one such softmax per layer, and one returned attention per layer of shape (B, H, m, m) (a
 family whose attention is computed in sliding chunks or blocks, Longformer or LongT5, is refused). Two families

@@ -133,7 +133,7 @@ def depth_mixed_input(ctx, layer: int) -> np.ndarray:
     content-free run (every layer reads x, SPEC §9), so softmax weights summing to 1 give x / sqrt(mean(x^2) +
     1e-6), whatever the mix's learned queries."""
     x = ctx.embedding_rows()
-    if layer == 0 or "depth_mix" not in ctx.family.tensors:
+    if ctx.stored_layer(layer) == 0 or "depth_mix" not in ctx.family.tensors:
         return x
     return x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-6)
 
