@@ -855,6 +855,38 @@ CASES = {
                                             rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
                         global_config=dict(SMALL, hidden_size=48, num_hidden_layers=1), patcher_config=SMALL),
             dict(own=True)),
+    # issue 34 (inkling2)
+    # Inkling 2: blocks of 2 layers (layer 2 mixes its input over block 0 and its own; layer 3 over blocks 0, 1);
+    # sliding layers with a window of 5, log-scaled full layers from position 2 with input-conditioned key taps;
+    # projections, taps and sinks drawn at unit scale, L2 clips (q/k 10, relative states 7) that bind some heads and
+    # not others; a large norm epsilon, so that the depth mix's unweighted norm of the input shows in the scores
+    "inkling2_text": ("inkling2_text", dict(_KV2, num_hidden_layers=4, head_dim=8, swa_num_attention_heads=4,
+                                            swa_num_key_value_heads=2, swa_head_dim=8, sliding_window_size=5, d_rel=3,
+                                            rel_extent=12, log_scaling_n_floor=2, conv_kernel_size=3,
+                                            layer_types=["hybrid_sliding", "hybrid"] * 2,
+                                            n_layers_per_attn_res_block=2, n_routed_experts=2, num_experts_per_tok=1,
+                                            moe_intermediate_size=16, unpadded_vocab_size=99, bos_token_id=1,
+                                            eos_token_id=2, rms_norm_eps=0.3, qk_l2_clip_threshold=10.0,
+                                            rel_l2_clip_threshold=7.0),
+                      dict(boost=("embed_tokens.weight", "q_proj.linear", "k_proj.linear", "sconv.static_weight",
+                                  "sconv.weight_proj", "attention_input.query", "relative_position_bias.linear",
+                                  "sink_proj"))),
+    # Inkling 2 Loop: layers 2 and 3 run twice (depths 2, 3, then 4, 5 with message gates of rank 4, their down
+    # projections drawn at unit scale), then layers 4 and 5 (depths 6, 7); clips at 3 soften the softmax, so that
+    # float32 batches of texts stay within the capture test's tolerance through the 8 depths
+    "inkling2_loop_text": ("inkling2_loop_text", dict(_KV2, num_hidden_layers=6, head_dim=8, swa_num_attention_heads=4,
+                                                      swa_num_key_value_heads=2, swa_head_dim=8, sliding_window_size=5,
+                                                      d_rel=3, rel_extent=12, log_scaling_n_floor=2,
+                                                      conv_kernel_size=3, layer_types=["hybrid_sliding", "hybrid"] * 3,
+                                                      n_layers_per_attn_res_block=2, n_routed_experts=2,
+                                                      num_experts_per_tok=1, moe_intermediate_size=16,
+                                                      unpadded_vocab_size=99, bos_token_id=1, eos_token_id=2,
+                                                      rms_norm_eps=0.3, qk_l2_clip_threshold=3.0,
+                                                      rel_l2_clip_threshold=3.0, loop_layer_index_start=2,
+                                                      loop_layer_index_end=4, loop_num_passes=2, loop_gate_rank=4),
+                           dict(boost=("embed_tokens.weight", "q_proj.linear", "k_proj.linear", "sconv.static_weight",
+                                       "sconv.weight_proj", "attention_input.query", "relative_position_bias.linear",
+                                       "sink_proj", "message_gate.down_proj", "message_input.query"))),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -868,6 +900,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
 # MiniMax use grouped matmuls that take no float64: they cannot run in float64
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text",
            "qwen3_5_moe"}  # fmt: skip
+FLOAT32 |= {"inkling2_text", "inkling2_loop_text"}  # issue 34 (inkling2): a float32 router weight
 
 
 # Cases added for issue 34 (the newest position designs and the further families). Tests over every case keep them
@@ -912,6 +945,7 @@ _EAGER_EXPERTS += ("deepseek_v4",)  # issue 34 (dsv4)
 ISSUE_34_CASES |= {"deepseek_v4"}  # issue 34 (dsv4)
 ISSUE_34_CASES |= {"reformer", "reformer-masked"}  # issue 34 (reformer)
 ISSUE_34_CASES |= {"blt"}  # issue 34 (blt)
+ISSUE_34_CASES |= {"inkling2_text", "inkling2_loop_text"}  # issue 34 (inkling2)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
@@ -1009,6 +1043,18 @@ def _layers(model) -> torch.nn.ModuleList | list:
     return model.encoder.blocks[0] if hasattr(model, "encoder") else model.layers
 
 
+def _depths(model, layers: int) -> int:
+    """The attention calls of one forward pass: one per layer, or per depth where a block of layers runs several
+    times (Inkling 2 Loop: posprobe's layer count)."""
+    from posprobe.architectures.config import config_shape
+    from posprobe.families import family_for_type
+
+    family = family_for_type(model.config.model_type)
+    if family is None or "loop" not in family.tensors:
+        return layers
+    return config_shape(model.config.to_dict(), model.config.model_type, family).layers
+
+
 @dataclass(frozen=True)
 class Reference:
     """The model's scores (L, H, n, n) and the pairs its softmax sees (L, n, n; (L, H, n, n) where a layer's mask
@@ -1070,16 +1116,23 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
 class _SoftmaxInputs:
     """Records every softmax input of shape (1, H, n, n) or (H, n, n) while active (models outside the
     AttentionInterface). `pooled_heads`: a family whose keys are followed by pooled entries (DeepSeek V4): only
-    (1, H, n, n + extra) inputs of its H heads are kept, their first n columns (the sequence's keys)."""
+    (1, H, n, n + extra) inputs of its H heads are kept, their first n columns (the sequence's keys). Where `model`
+    is given, none inside its modules whose softmax runs over depth, not positions (Inkling 2's attention over blocks
+    of layers: `capture.eager.depth_attention_modules`)."""
 
-    def __init__(self, n: int, pooled_heads: int | None = None):
-        self.n, self.inputs, self.pooled_heads = n, [], pooled_heads
+    def __init__(self, n: int, pooled_heads: int | None = None, model=None):
+        self.n, self.inputs, self.pooled_heads, self.model, self.hooks = n, [], pooled_heads, model, []
 
     def __enter__(self):
         self.functional, self.method, self.torch = torch.nn.functional.softmax, torch.Tensor.softmax, torch.softmax
         functional, method, inputs, n = self.functional, self.method, self.inputs, self.n
         torch_softmax = self.torch  # Funnel calls torch.softmax
         inside = []  # functional softmax calls the method: record each call once
+        from posprobe.capture.eager import depth_attention_modules
+
+        for module in [] if self.model is None else depth_attention_modules(self.model):
+            self.hooks.append(module.register_forward_pre_hook(lambda *_: inside.append(1)))
+            self.hooks.append(module.register_forward_hook(lambda *_: inside.pop() and None))  # returns None
 
         pooled_heads = self.pooled_heads
 
@@ -1122,6 +1175,8 @@ class _SoftmaxInputs:
         torch.nn.functional.softmax, torch.Tensor.softmax = self.functional, self.method
         torch.softmax = self.torch
         self.chunks.__exit__(*exc)
+        for hook in self.hooks:
+            hook.remove()
 
 
 class _NeighbourChunkInputs:
@@ -1268,6 +1323,14 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
         for norm in layer.input_layernorm[1:]
     ]
     hooks = [norm.register_forward_pre_hook(lambda module, args: (first["x"], *args[1:])) for norm in sublayer_norms]
+    # attention over depth (Inkling 2's over earlier blocks' states and its own input, its loop's over the earlier
+    # pass's): each state it reads is the embedding-level input too
+    from posprobe.capture.eager import depth_attention_modules
+
+    def blocks_of_first(module, args):
+        return (first["x"].unsqueeze(-2).repeat(1, 1, args[0].shape[-2], 1), first["x"], *args[2:])
+
+    hooks += [module.register_forward_pre_hook(blocks_of_first) for module in depth_attention_modules(model)]
     implementation = model.config._attn_implementation
     exact = implementation == "eager" and bool(getattr(type(model), "_supports_attention_backend", False))
     ids = torch.full((len(tables), n), word_id, dtype=torch.long)  # MusicGen: one row per codebook
@@ -1291,9 +1354,9 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
                     masks = [np.broadcast_to(m, scores.shape[1:]) for m in masks]
                 allowed = np.stack([m > -1e30 for m in masks])
             else:
-                with _SoftmaxInputs(n) if implementation == "eager" else _SdpaInputs() as capture:
+                with _SoftmaxInputs(n, model=model) if implementation == "eager" else _SdpaInputs() as capture:
                     model(**inputs, use_cache=False)
-                scores = np.stack(capture.inputs[: len(layers)])
+                scores = np.stack(capture.inputs[: _depths(model, len(layers))])
                 # masks add the dtype's minimum (or -inf); OpenAI GPT sets masked scores to -1e4 exactly
                 allowed = (scores[:, 0] > -1e30) & (scores[:, 0] != -1e4)
         return Reference(scores, allowed, exact)

@@ -166,7 +166,7 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
     attending, hooks = [], []
     pooled = net.config.num_attention_heads if net.config.model_type in POOLED_KEYS else None
     try:
-        with torch.no_grad(), _SoftmaxInputs(n, pooled) as softmax:
+        with torch.no_grad(), _SoftmaxInputs(n, pooled, net) as softmax:
             for layer, module in enumerate(_layers(net) if per_layer else []):
                 before = module.register_forward_pre_hook(lambda *_, m=module: setattr(m, "_seen", len(softmax.inputs)))
                 after = module.register_forward_hook(

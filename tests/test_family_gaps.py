@@ -23,10 +23,6 @@ NOT_YET = {
     # attention that needs new score code
     # sparse / compressed attention
     # hybrids the table cannot describe yet
-    "inkling2_text": "Inkling's relative logits with L2-clipped q/k, input-conditioned (dynamic) key convolutions "
-    "in full layers, q/k/v inputs drawn by attention over earlier blocks' states, input-dependent sinks: new code",
-    "inkling2_loop_text": "Inkling 2's attention (not read yet), with a block of layers run loop_num_passes times "
-    "(gated messages between passes): no one layer order",
 }  # fmt: skip
 
 
@@ -338,6 +334,78 @@ def test_inkling_with_other_heads_in_its_sliding_layers_is_refused_in_one_line()
     with pytest.raises(PosprobeError) as err:
         content_free_scores(ctx, 0, 8)  # the sliding layer
     assert "swa_num_attention_heads" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["inkling2_text", "inkling2_loop_text"])
+def test_inkling2_sinks_are_its_modules_own_on_the_content_free_input_and_texts_are_refused(name):
+    """Inkling 2's sink logits depend on the layer input (s_h = (y W_S)_h): on the content-free input (each layer
+    and each earlier block's state the embedding-level input, as `reference_scores` feeds them) posprobe's are the
+    module's own at every depth (the loop's later passes: through its message gates), and profiles report the share
+    they take (SPEC §9, §14); its layers read an attention mix over earlier blocks' states, which one mean hidden
+    state does not give: text-conditioned scores are refused."""
+    import copy
+
+    from family_models import build, reference_scores
+
+    from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+    from posprobe.families.context import ModelContext
+    from posprobe.families.relative_logits import sink_logits
+
+    model = build(name)
+    recorded = []  # (n, H) per call: one per depth, in depth order
+
+    def keep(module, args, out):  # returns None: the output goes on unchanged
+        recorded.append(out[0].double().numpy())
+
+    ours = copy.deepcopy(model)  # reference_scores sets the word table's row 0 to its mean: the mean moves
+    ctx = ModelContext(source_from_model(ours), StateDictReader(ours))
+    hooks = [layer.self_attn.sink_proj.register_forward_hook(keep) for layer in model.layers]
+    ref = reference_scores(model, 8)
+    for hook in hooks:
+        hook.remove()
+    depths = ctx.layers()
+    assert len(recorded) == depths == (8 if "loop" in name else 4)
+    for layer, theirs in enumerate(recorded):  # the same at every position
+        np.testing.assert_allclose(sink_logits(ctx, layer), theirs[3], rtol=1e-4, atol=1e-4 * np.abs(theirs).max())
+    assert np.ptp(np.stack([sink_logits(ctx, layer) for layer in range(depths)])) > 1  # they differ per depth
+    shares = posprobe.profiles(ours, positions=8).learned_sink_share  # (L, H): the sink's mean share of a query's
+    scores = np.where(ref.allowed[:, None], ref.scores, -np.inf)  # attention, from the module's scores and sinks
+    sinks = np.exp(np.stack([logits[0] for logits in recorded]))[..., None]  # (L, H, 1)
+    expected = (sinks / (sinks + np.exp(scores).sum(-1))).mean(-1)
+    np.testing.assert_allclose(shares, expected, rtol=1e-3, atol=1e-5)
+    assert shares.min() < 0.05 and shares.max() > 0.95  # some heads' sinks take almost nothing, some almost all
+    with pytest.raises(PosprobeError) as err:
+        posprobe.fhat(ours, layer=1, positions=6, input_ids=[[4, 5, 6, 7, 8, 9], [9, 8, 7, 6, 5, 4]])
+    assert "cannot read inputs from text" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["inkling2_text", "inkling2_loop_text"])
+def test_inkling2_attention_on_texts_reports_the_share_its_input_conditioned_sinks_take(name):
+    """On texts `posprobe attention` records Inkling 2's own eager attention, whose softmax runs over one more
+    column per query (the sink logit of that query's input): A over the real keys sums to one less the sink's
+    share, reported per layer and head as learned sinks are (SPEC §14)."""
+    import copy
+
+    import torch
+    from family_models import build
+
+    from posprobe.pipelines.attention import attention_profiles
+
+    model = build(name)
+    corpus = [[4, 5, 6, 7, 8, 9, 10], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26, 27, 28]]
+    result = attention_profiles(copy.deepcopy(model), input_ids=corpus, max_length=12, batch_size=2,
+                                weights_correlation=False)  # fmt: skip
+    real = []
+    with torch.no_grad():
+        for ids in corpus:  # each text alone, unpadded: the share of each query's attention left to real tokens
+            probs = model(input_ids=torch.tensor([ids]), output_attentions=True).attentions
+            real.append(np.stack([a[0].double().numpy().sum(-1) for a in probs]))  # (L, H, n)
+    expected = 1 - np.concatenate(real, -1).mean(-1)
+    assert expected.shape == (8 if "loop" in name else 4, 4)  # every depth (the loop's layers once per pass)
+    np.testing.assert_allclose(result.learned_sinks.learned_sink_share, expected, atol=1e-5)
+    assert expected.max() > 0.1
 
 
 @pytest.mark.slow

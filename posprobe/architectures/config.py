@@ -307,6 +307,9 @@ def config_shape(config: dict, name: str, family: T.Family) -> Shape:
         layers = len(types) - types.count("mlp")  # Dory's config.json lists each layer's attention and mlp apart
     if family.sublayers > 1:  # LongCat-Flash: num_layers stored layers, each with `sublayers` attention sublayers
         layers = config_int(config, name, "num_layers") * family.sublayers
+    if "loop" in family.tensors:  # Inkling 2 Loop: stored layers start..end-1 run `passes` times, each a depth
+        start, end, passes = (config_int(config, name, key, minimum=0) for key in family.tensors["loop"].split(","))
+        layers += (passes - 1) * (end - start)
     if family.shared_layers and config_int(config, name, "num_hidden_groups", default=1) != 1:
         raise PosprobeError(
             f"'{name}' is an ALBERT with {config.get('num_hidden_groups')} layer groups",

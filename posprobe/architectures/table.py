@@ -566,6 +566,40 @@ def _read_as_language_model(family: Family, families: tuple[Family, ...]) -> Fam
                    description=f"{inner.mechanism}; {note}")  # fmt: skip
 
 
+# Inkling 2 (families.relative_logits.clipped_scores); names: as transformers loads them | as the files hold them
+_INKLING2 = dict(
+    causal=True,
+    word="(embed_tokens|embed).weight",
+    embedding_norm="(embed_tokens.embed_norm|embed_norm)",
+    query="layers.{l}.(self_attn.q_proj.linear|attn.wq_du)",
+    key="layers.{l}.(self_attn.k_proj.linear|attn.wk_dv)",
+    value="layers.{l}.(self_attn.v_proj.linear|attn.wv_dv)",
+    # sliding layers: one norm; full layers: one each for q, k and v
+    pre_norm="layers.{l}.(input_layernorm|q_input_layernorm|attn_norm|q_input_norm)",
+    norm=RMSNORM,
+    windows="layer_types",  # 'hybrid_sliding' layers
+    sinks="layers.{l}.(self_attn.sink_proj|attn.attn_sink_proj).weight",  # input-conditioned: s_h = (y W_S)_h
+    tensors={
+        "qk_clip": "qk_l2_clip_threshold",  # config keys of the L2 clips
+        "relative_clip": "rel_l2_clip_threshold",
+        "query_scale": "layers.{l}.(self_attn.q_proj.norm|attn.q_l2_clip).scale",
+        "key_norm": "layers.{l}.(k_input_layernorm|k_input_norm)",
+        "key_convolution": "layers.{l}.(self_attn.k_proj.sconv.conv1d.weight|attn.k_sconv.weight)",  # sliding
+        "key_static_taps": "layers.{l}.(self_attn.k_proj.sconv.static_weight|attn.k_sconv.static_w)",  # full
+        "key_dynamic_taps": "layers.{l}.(self_attn.k_proj.sconv.weight_proj.weight|attn.k_sconv.weight_proj)",
+        "relative_states": "layers.{l}.(self_attn.relative_position_bias.linear|attn.wr_du).weight",
+        "relative_scale": "layers.{l}.(self_attn.relative_position_bias.norm|attn.rel_l2_clip).scale",
+        "relative_profiles": "layers.{l}.(self_attn.relative_position_bias|attn.rel_logits_proj).proj",
+        "sink_projection": "layers.{l}.(self_attn.sink_proj|attn.attn_sink_proj).weight",
+        "depth_mix": "n_layers_per_attn_res_block",  # config key: layers after the first attend over blocks
+        "depth_attention": "attention_input,mlp_input,final_input,message_input",  # its modules: softmaxes over depth
+    },
+    capture=EAGER,
+    description="relative logits conditioned on the hidden state (families.relative_logits) with L2-clipped q/k, keys "
+    "through a short causal convolution (input-conditioned taps in full layers), input-conditioned sinks, layer "
+    "inputs mixed over earlier blocks; no rotary; sliding-window and log-scaled full layers",
+)
+
 FAMILIES: tuple[Family, ...] = (
     # -- learned absolute tables (SPEC §1-3)
     Family("bert", ("bert",), LEARNED, retrofit=True, **_BERT),
@@ -1671,6 +1705,24 @@ FAMILIES: tuple[Family, ...] = (
         capture=EAGER,
         description="relative logits conditioned on the hidden state (families.relative_logits) over keys through a "
         "short causal convolution; no rotary; sliding-window and log-scaled full layers",
+    ),
+    Family("inkling2_text", ("inkling2_text",), RELATIVE_LOGITS, **_INKLING2),
+    Family(
+        "inkling2_loop_text",
+        ("inkling2_loop_text",),
+        RELATIVE_LOGITS,
+        **{
+            **_INKLING2,
+            "tensors": {
+                **_INKLING2["tensors"],
+                # layers start..end-1 run loop_num_passes times in a row: each call a depth (posprobe's layers)
+                "loop": "loop_layer_index_start,loop_layer_index_end,loop_num_passes",
+                "query_message_gate": "layers.{l}.(q_message_gate|controllers.attn)",  # in the passes after the first
+                "key_message_gate": "layers.{l}.(k_message_gate|controllers.k)",
+            },
+            "description": _INKLING2["description"] + "; a block of layers run several times, with gated messages "
+            "from the earlier pass (each pass's layers read as depths of their own)",
+        },
     ),
     Family(
         "recurrent_gemma",

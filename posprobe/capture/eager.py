@@ -7,7 +7,9 @@ returned attentions, and the pre-softmax scores S are the input of the softmax t
 through, and changes nothing). S is therefore what the model itself feeds its softmax: q·k scaled as the family
 scales it, plus its relative bias, ALiBi or disentangled terms, plus its additive mask (masked pairs hold the
 dtype's minimum or -inf). The softmax calls kept are those over the key axis of a (B, H, m, m) tensor, in depth
-order; every batch must give exactly one per layer.
+order (or of a (B, H, m, m + 1) one whose last column is a sink logit per query, kept without it: Inkling 2), none
+inside the modules whose softmax runs over depth (`depth_attention_modules`); every batch must give exactly one per
+layer.
 
 Every batch: exactly one such softmax per layer, and one returned attention per layer of shape (B, H, m, m) (a
 family whose attention is computed in sliding chunks or blocks, Longformer or LongT5, is refused). Two families
@@ -39,38 +41,70 @@ def _softmax_functions() -> tuple:
     return (torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax)
 
 
-def observe_attention_softmaxes(batch: int, heads: int, m: int, seen):
+def observe_attention_softmaxes(batch: int, heads: int, m: int, seen, outside=()):
     """A context manager that, while active, calls `seen(x, out)` for every softmax over the last axis of a
     (batch, *, m, m) tensor, or of a (batch * heads, m, m) one (heads folded into the batch, XGLM), with input and
-    output detached and seen as (batch, H, m, m) (a TorchFunctionMode: it observes, it changes nothing)."""
+    output detached and seen as (batch, H, m, m) (a TorchFunctionMode: it observes, it changes nothing). A softmax
+    over m + 1 columns, the keys and a last one with no key (a sink logit per query: Inkling 2's input-conditioned
+    sinks), is seen without that column: the keys' scores, and probabilities summing to one less the sink's share;
+    the mode's `sink_columns` says, per call seen, whether it had one. Softmaxes inside the modules `outside`
+    (`depth_attention_modules`) are not seen."""
     from torch.overrides import TorchFunctionMode
 
     functions = _softmax_functions()
 
     class AttentionSoftmaxes(TorchFunctionMode):
+        def __enter__(self):
+            self.inside, self.hooks = [], []
+            for module in outside:
+                self.hooks.append(module.register_forward_pre_hook(lambda *_: self.inside.append(1)))
+                self.hooks.append(module.register_forward_hook(lambda *_: self.inside.pop() and None))  # None
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            for hook in self.hooks:
+                hook.remove()
+            return super().__exit__(*exc)
+
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
-            if func in functions and args:
+            if func in functions and args and not self.inside:
                 x = args[0]
                 dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
-                if x.dim() < 3 or tuple(x.shape[-2:]) != (m, m) or dim not in (-1, x.dim() - 1):
+                sink = x.dim() >= 3 and tuple(x.shape[-2:]) == (m, m + 1)
+                if x.dim() < 3 or (tuple(x.shape[-2:]) != (m, m) and not sink) or dim not in (-1, x.dim() - 1):
                     return out
+                x, y = (x[..., :m], out[..., :m]) if sink else (x, out)  # the model gets `out`, unchanged
                 if x.dim() == 4 and x.shape[0] == batch:
-                    seen(x.detach(), out.detach())
+                    self.sink_columns.append(sink)
+                    seen(x.detach(), y.detach())
                 elif x.dim() == 3 and x.shape[0] == batch * heads:
-                    seen(x.detach().view(batch, heads, m, m), out.detach().view(batch, heads, m, m))
+                    self.sink_columns.append(sink)
+                    seen(x.detach().reshape(batch, heads, m, m), y.detach().reshape(batch, heads, m, m))
             return out
 
-    return AttentionSoftmaxes()
+    mode = AttentionSoftmaxes()
+    mode.sink_columns = []
+    return mode
 
 
-def softmax_inputs(batch: int, heads: int, m: int):
+def softmax_inputs(batch: int, heads: int, m: int, outside=()):
     """`observe_attention_softmaxes` keeping every (input, output) pair, (batch, H, m, m) each, in its `calls`."""
     calls: list[tuple[torch.Tensor, torch.Tensor]] = []
-    mode = observe_attention_softmaxes(batch, heads, m, lambda x, out: calls.append((x, out)))
+    mode = observe_attention_softmaxes(batch, heads, m, lambda x, out: calls.append((x, out)), outside)
     mode.calls = calls
     return mode
+
+
+def depth_attention_modules(model) -> list:
+    """The modules of `model` whose softmax runs over depth, not positions (module names in its family's
+    `tensors['depth_attention']`: Inkling 2's attention over blocks of layers): no attention to record."""
+    from posprobe.families import family_for_type
+
+    family = family_for_type(str(getattr(model.config, "model_type", "")))
+    names = set(family.tensors.get("depth_attention", "").split(",")) - {""} if family else set()
+    return [module for name, module in model.named_modules() if name.rsplit(".", 1)[-1] in names]
 
 
 MASKED_BELOW = -1e30  # no real score comes near; masks add a dtype's minimum (-3.4e38 in float32) or -inf
@@ -108,7 +142,7 @@ class EagerRecorder:
         model lets query i see key j, (B, m, m) bool (layers with equal masks share one tensor). PosprobeError
         when the forward pass did not give one (queries x keys) softmax and one returned attention per layer."""
         batch, m = tokens.input_ids.shape
-        with softmax_inputs(batch, self.n_heads, m) as seen:
+        with softmax_inputs(batch, self.n_heads, m, depth_attention_modules(model)) as seen:
             output = model(
                 input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, output_attentions=True, **kwargs
             )
@@ -132,6 +166,8 @@ class EagerRecorder:
             )
         if not returned:  # transformers' BigBird returns none once it has swapped its attention modules
             returned = [out for _, out in seen.calls]
+        # softmaxes with a sink column: their output on the keys is what `verify` checks the returned A against
+        self.sink_outputs = [out if sink else None for (_, out), sink in zip(seen.calls, seen.sink_columns)]
         scores = [s for s, _ in seen.calls]
         # A is what the model returns, except where it returns the very tensor it fed its softmax (SqueezeBERT
         # returns its scores as "attentions"): then A is that softmax's output
@@ -146,8 +182,10 @@ class EagerRecorder:
         kind = getattr(model.config, "model_type", "unknown")
         real = tokens.attention_mask.bool()  # (B, m)
         rows = real[:, None, :, None]  # real query rows, (B, 1, m, 1)
-        for layer, (s, a) in enumerate(zip(scores, probs)):
-            ours = torch.softmax(s.double(), dim=-1)
+        sink_outputs = getattr(self, "sink_outputs", [None] * len(scores))
+        for layer, (s, a, sunk) in enumerate(zip(scores, probs, sink_outputs)):
+            # the softmax of S, or where it ran over a sink column too, its output on the keys
+            ours = torch.softmax(s.double(), dim=-1) if sunk is None else sunk.double()
             gap = torch.where(rows, (ours - a.double()).abs(), 0.0).max()
             tol = 1e-4 if a.dtype in (torch.float32, torch.float64) else 2e-2
             if not torch.isfinite(gap) or gap > tol:

@@ -98,6 +98,10 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
 
         sizes = stack_sizes(family, cfg.to_dict())
         layers, heads = config_value(sizes, "layers"), config_value(sizes, "heads")
+    if family is not None and "loop" in family.tensors:  # a block of layers run several times: a call per depth
+        from posprobe.architectures.config import config_shape
+
+        layers = config_shape(cfg.to_dict(), kind, family).layers
     if not layers or not heads:
         raise PosprobeError(f"cannot read the number of layers and heads of '{kind}'", "use a standard config")
     if family is not None and family.head_ratio:  # mixed attention (ConvBERT): its softmax heads

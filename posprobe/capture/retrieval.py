@@ -137,12 +137,14 @@ def register_retrieval_attention() -> None:
     AttentionMaskInterface.register(RETRIEVAL_NAME, sdpa_mask)
 
 
-def eager_softmax_rows(reader: SpanAttention, batch: int, heads: int, m: int):
+def eager_softmax_rows(reader: SpanAttention, batch: int, heads: int, m: int, outside=()):
     """A TorchFunctionMode that hands `reader` row `reader.row` of every softmax over the keys of a (batch, H, m, m)
-    tensor (or a (batch * H, m, m) one) made while it is active; it changes nothing."""
+    tensor (or a (batch * H, m, m) one) made while it is active, none inside the modules `outside` (softmaxes over
+    depth: `eager.depth_attention_modules`); it changes nothing."""
     from posprobe.capture.eager import observe_attention_softmaxes
 
-    return observe_attention_softmaxes(batch, heads, m, lambda x, out: reader.add_row(out[:, :, reader.row, :]))
+    return observe_attention_softmaxes(batch, heads, m, lambda x, out: reader.add_row(out[:, :, reader.row, :]),
+                                       outside)  # fmt: skip
 
 
 class RetrievalRun:
@@ -178,11 +180,13 @@ class RetrievalRun:
 
     def forward(self, input_ids, row: int, spans: list[tuple[int, int]], **kwargs):
         """The model's output on `input_ids` (B, m) and the (B, L, H) attention of query `row` on each span."""
+        from posprobe.capture.eager import depth_attention_modules
+
         reader = SpanAttention(row, spans, self.n_layers)
         with reader:
             if self.eager:
                 batch, m = input_ids.shape
-                with eager_softmax_rows(reader, batch, self.n_heads, m):
+                with eager_softmax_rows(reader, batch, self.n_heads, m, depth_attention_modules(self.model)):
                     output = self.model(input_ids=input_ids, **kwargs)
             else:
                 output = self.model(input_ids=input_ids, **kwargs)

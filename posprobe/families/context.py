@@ -243,6 +243,10 @@ class ModelContext(EmbeddingReader):
             from posprobe.families.shared_blocks import stored_block_layer
 
             return stored_block_layer(self, layer)
+        if "loop" in self.family.tensors:  # a block of layers run several times (Inkling 2 Loop)
+            from posprobe.families.loops import loop_depth
+
+            return loop_depth(self, layer)[0]
         return 0 if self.family.shared_layers else layer
 
     @property

@@ -283,6 +283,8 @@ def _layer_types(ctx, count: int) -> list[str | None]:
     if not (ctx.family.windows or "").startswith("layer_types") and not takes_layer_type(ctx):
         return [None] * count
     types = getattr(ctx.transformers_config, "layer_types", None)
+    if types and "loop" in ctx.family.tensors:  # Inkling 2 Loop: each depth its stored layer's type
+        return [types[ctx.stored_layer(layer)] for layer in range(count)]
     return list(types[:count]) if types else [None] * count
 
 

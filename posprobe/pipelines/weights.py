@@ -318,6 +318,10 @@ def _content_free_sink_share(reader: ScoreReader, layer: int, matrices: np.ndarr
     ctx = reader.ctx
     k = np.arange(reader.n)[None, :] - np.arange(reader.n)[:, None]
     allowed = ctx.layer_kinds(reader.n, reader.stack)[layer].allowed(reader.n) & ((k <= 0) if reader.causal else True)
+    if "sink_projection" in reader.family.tensors:  # input-conditioned sinks (Inkling 2): of the content-free input
+        from posprobe.families.relative_logits import sink_logits
+
+        return content_free_sink_share(matrices, sink_logits(ctx, layer, reader.stack), allowed).mean(-1)
     logits = ctx.optional(reader.family.sinks, ctx.stored_layer(layer), reader.stack)
     if logits is None:  # a layer without sinks (MiMo-V2-Flash's global layers): the sink takes nothing
         return np.zeros(matrices.shape[0])
