@@ -74,7 +74,6 @@ REFUSED = {
     "funnel": "did not return one attention matrix per layer",  # pooled blocks, an upsampling decoder
     "funnel-factorized": "did not return one attention matrix per layer",
     "minimax_m3_vl_text": "masks keys per key-head group",  # a block indexer per group: one mask per group
-    "laguna": "a query-head count per layer",  # issue 34 (heads): one head axis in the capture's per-layer arrays
 }
 NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention is checked with the hybrids
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
@@ -105,6 +104,7 @@ IN_FLOAT32 = FLOAT32 | {"gemma2", "gemma3_text", "gemma3_text-bidirectional", "l
 # transformers' float64 ProphetNet encoder builds its padding mask in float32 (0 x -inf: NaN on every real key)
 IN_FLOAT32 |= {"prophetnet"}
 IN_FLOAT32 |= {"gemma3", "gemma4", "gemma4_unified"}
+IN_FLOAT32 |= {"laguna"}  # its float64 eager attention gives NaN on real tokens beside padding in a window, as above
 
 
 def tolerance(name: str) -> float:
@@ -161,12 +161,12 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
     layers = net.config.get_text_config().num_hidden_layers  # a multimodal wrapper: its language model's
     if len(returned) == layers > len(softmax.inputs):  # MiniMax also returns its linear layers' decay: keep the
         returned = [returned[layer] for layer in attention_layers(net)]  # attention layers
-    returned = np.stack([a[0].double().numpy() for a in returned])
+    returned = _heads_padded([a[0].double().numpy() for a in returned])
     if returns_scores:
         scores = returned
         probs = torch.softmax(torch.from_numpy(returned), -1).numpy()
     else:
-        scores, probs = np.stack(softmax.inputs), returned
+        scores, probs = _heads_padded(softmax.inputs), returned
     return dict(
         probs=probs,
         scores=scores,
@@ -174,6 +174,13 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
         hidden=[h[0].double().numpy() for h in out.hidden_states],
         attending=attending,
     )
+
+
+def _heads_padded(layers: list) -> np.ndarray:
+    """(L, H, n, n) of per-layer (H_l, n, n) arrays, H the most heads of any layer: a layer's heads H_l..H-1 NaN
+    (Laguna's query-head count per layer, SPEC §9); a plain stack where every layer has H."""
+    heads = max(x.shape[0] for x in layers)
+    return np.stack([np.concatenate([x, np.full((heads - len(x), *x.shape[1:]), np.nan)]) for x in layers])
 
 
 def _sink_scale(model, scores: np.ndarray) -> np.ndarray:
@@ -230,11 +237,13 @@ def test_capture_equals_each_text_run_alone(name):
         for ours, theirs in zip(got["hidden"], [] if name in STREAMS else ref["hidden"], strict=True):
             np.testing.assert_allclose(ours, theirs, rtol=tol * 100, atol=tol * 100)
         np.testing.assert_array_equal(got["allowed"], ref["allowed"])  # masks: padding, causality, windows
+        present = ~np.isnan(ref["scores"]).all((-2, -1))  # (L, H): heads a layer lacks (Laguna, SPEC §9) are NaN
+        assert np.isnan(got["scores"][~present]).all() and np.isnan(got["probs"][~present]).all()
         allowed = np.broadcast_to(ref["allowed"][:, None], got["scores"].shape)
-        masked = got["scores"][~allowed]
+        masked = got["scores"][~allowed & present[..., None, None]]
         assert ((masked < -1e30) | (masked == MASKED_EXACTLY)).all()  # OpenAI GPT: -1e4 exactly
         with np.errstate(divide="ignore", invalid="ignore"):  # masked pairs: -inf - log 0
-            shift = np.where(allowed, got["scores"] - np.log(ref["probs"]), np.nan)  # log-sum-exp of each row
+            shift = np.where(allowed, got["scores"] - np.log(ref["probs"]), np.nan)[present]  # log-sum-exp of a row
         spread = np.nanmax(shift, -1) - np.nanmin(shift, -1)
         assert spread.max() < 10 * tol, f"{name}: S is not the input of the softmax that gave A"
 
@@ -385,6 +394,60 @@ def test_a_hybrids_attention_layers_equal_loops_over_each_text_and_its_other_lay
     for chart in (mean_distance_chart(result), sink_chart(result)):  # the other layers' columns say why blank
         words = [t.get_text() for ax in chart.axes for t in ax.texts]
         assert sum(NO_SCORE in w for w in words) == len(others)
+
+
+def test_a_query_head_count_per_layer_leaves_the_heads_a_layer_lacks_out_everywhere(capsys):
+    """Laguna (2, 4, 2, 4 query heads): profiles and sinks of the heads each layer has equal the loops over its own
+    eager attention (each text alone); the heads a layer lacks are NaN in every per-head array (SPEC §9, as in F̂),
+    and the JSON record, the figures and the text table leave them out or say 'no such head'."""
+    import json
+
+    from posprobe.cli.attention import _print
+    from posprobe.plotting.attention import mean_distance_chart, profile_grid, sink_chart
+
+    model = make("laguna")
+    corpus = [[5, *ids] for ids in texts(6, seed=7)]
+    n = 13
+    ref = brute_force(copy.deepcopy(model), corpus, n, first_special=True)
+    result = attention_profiles(
+        model, input_ids=corpus, special_ids=[5], max_length=n, batch_size=3, weights_correlation=False
+    )
+    counts = np.array(model.config.num_attention_heads_per_layer)
+    present = np.arange(result.n_heads)[None] < counts[:, None]  # (L, H)
+    assert result.n_heads == counts.max() and not present.all()
+    np.testing.assert_array_equal(result.present_heads, present)
+    tol = tolerance("laguna")
+    p, sinks = result.profiles, result.sinks
+    for what in PROFILE_ARRAYS:  # NaN where the loops give NaN: the missing heads (equal_nan)
+        np.testing.assert_allclose(getattr(p, what), ref[what], rtol=tol, atol=tol, err_msg=what)
+        values = getattr(p, what)
+        assert np.isnan(values[~present]).all()
+        assert np.isfinite(values[present]).reshape(present.sum(), -1).any(-1).all()
+    for what in SINK_MEASURES:
+        np.testing.assert_allclose(getattr(sinks, what), ref[what], rtol=tol, atol=tol, err_msg=what)
+    assert np.isnan(sinks.first_token_mass[~present]).all() and np.isfinite(sinks.first_token_mass[present]).all()
+    assert np.isnan(p.toeplitz_r2[~present]).all() and np.isfinite(p.toeplitz_r2[present]).all()
+    expected = [(ref["first_token_mass"][layer, :c] > sinks.threshold).mean() for layer, c in enumerate(counts)]
+    np.testing.assert_allclose(sinks.sink_rate, expected)  # over the heads the layer has
+    record = json.loads(json.dumps(result.to_dict()))
+    for name in ("mean_distance", "toeplitz_r2", "first_token_mass", "distance_without_first", "first_token_ratio"):
+        assert [len(row) for row in record[name]] == counts.tolist(), name
+        assert all(v is not None for row in record[name] for v in row), name
+    words = [t.get_text() for ax in profile_grid(result, 0).axes for t in ax.texts]
+    assert sum("no such head" in w for w in words) == result.n_heads - counts[0]
+    for chart in (mean_distance_chart(result), sink_chart(result)):
+        assert sum(t.get_text() == "—" for ax in chart.axes for t in ax.texts) == (~present).sum()
+    capsys.readouterr()
+    _print(result, {"npz": "attention.npz"})
+    assert "no such head" in capsys.readouterr().out
+
+
+def test_the_sink_rate_is_the_share_of_the_heads_a_layer_has():
+    from posprobe.analysis.sinks import sink_rate
+
+    nan = np.nan
+    mass = np.array([[0.5, 0.1, nan, nan], [0.5, 0.1, 0.4, 0.2], [nan] * 4, [0.5, nan, 0.4, 0.2]])
+    np.testing.assert_array_equal(sink_rate(mass, 0.3), [0.5, 0.5, nan, 2 / 3])
 
 
 @pytest.mark.parametrize("name", _params(sorted(REFUSED), quick={"falcon-alibi", "longformer"}))

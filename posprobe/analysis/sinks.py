@@ -213,7 +213,7 @@ def sink_measures(
     per_query = lambda total, count: total / np.where(count > 0, count, np.nan)  # noqa: E731
     first_count = np.float64(sink_queries) if first_queries is None else np.asarray(first_queries, np.float64)
     first_mass = per_query(first, first_count if np.ndim(first_count) == 0 else first_count[:, None])
-    rate = np.where(np.isfinite(first_mass).all(-1), (first_mass > threshold).mean(-1), np.nan)
+    rate = sink_rate(first_mass, threshold)
     return SinkMeasures(
         first_mass,
         per_query(special, np.float64(sink_queries)) if n_special_tokens != 0 else np.full_like(first, np.nan),
@@ -227,3 +227,15 @@ def sink_measures(
         None if uniform_first is None else per_query(np.asarray(uniform_first, np.float64), first_count),
         None if first_queries is None else np.asarray(first_queries, np.int64),
     )
+
+
+def sink_rate(first_mass: np.ndarray, threshold: float = SINK_THRESHOLD) -> np.ndarray:
+    """(L,) share of each layer's heads whose first-token mass (L, H) exceeds `threshold`, over the heads the layer
+    has (`fhat.present_heads`: a head NaN where another head of its layer has a mass is absent, SPEC §9, Laguna);
+    NaN where a present head has no mass (no query saw the first token, or a hybrid's layer without attention)."""
+    from posprobe.analysis.fhat import present_heads
+
+    present = present_heads(first_mass, 0)
+    defined = np.where(present, np.isfinite(first_mass), True).all(-1)
+    share = ((first_mass > threshold) & present).sum(-1) / present.sum(-1)
+    return np.where(defined, share, np.nan)

@@ -1228,9 +1228,7 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=_QK_NORM,
         windows="layer_types",
         tensors={"query_heads_per_layer": "num_attention_heads_per_layer"},
-        capture=REFUSED,
-        capture_note="its layers have query-head counts of their own (num_attention_heads_per_layer), which the "
-        "capture's per-layer arrays (one head axis) do not hold; its hidden states are read",
+        capture_note="a layer's missing query heads (num_attention_heads_per_layer) are NaN, no such head",
         description="rotary embeddings (RoPE) with a setting per layer type, in sliding-window and global layers; "
         "a query-head count per layer (F̂'s head axis holds the most heads; a layer's missing heads are NaN); "
         "a softplus output gate (after the softmax)",

@@ -78,14 +78,6 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
             "attention is not one softmax over the text's keys",
             "its content-free scores (`posprobe fhat`, `profiles`) read the text's pairs",
         )
-    per_layer = family.tensors.get("query_heads_per_layer") if family is not None else None
-    if attention and per_layer and len(set(getattr(cfg, per_layer, None) or [0])) > 1:  # Laguna
-        raise PosprobeError(
-            f"'{kind}' has a query-head count per layer ({per_layer} = {getattr(cfg, per_layer)}), and the capture "
-            "records one head count for every layer, so its attention on text is not recorded",
-            "its content-free scores (`posprobe fhat`, `profiles`, `fit-tisa`) read every layer's own heads; "
-            "`posprobe states` reads its hidden states",
-        )
     layers, heads = getattr(cfg, "num_hidden_layers", None), getattr(cfg, "num_attention_heads", None)
     if family is not None and family.sizes:  # the stack it reads has sizes of its own (Whisper's decoder)
         from posprobe.architectures.table import config_value, stack_sizes
@@ -98,6 +90,9 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
         from posprobe.architectures.table import softmax_heads
 
         heads = softmax_heads(family, cfg.to_dict(), int(heads))
+    per_layer = family.tensors.get("query_heads_per_layer") if family is not None else None
+    if per_layer and getattr(cfg, per_layer, None):  # Laguna: H = the most of any layer, a layer's others NaN (SPEC §9)
+        heads = max(getattr(cfg, per_layer))
     return int(layers), int(heads)
 
 

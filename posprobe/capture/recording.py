@@ -41,10 +41,12 @@ def _check_call(call: int, n_layers: int) -> None:
 
 class LayerRecorder:
     """Collects one forward pass's attention calls: per layer S and A (B, H, m, m) when asked for, and the pairs
-    the model's mask lets query i see key j, `allowed` (B, m, m) bool (shared between layers with the same mask)."""
+    the model's mask lets query i see key j, `allowed` (B, m, m) bool (shared between layers with the same mask).
+    `heads`: the model's H, where a layer may have fewer query heads (SPEC §9, Laguna): its S and A get NaN heads
+    H_l..H-1 (`absent_heads_as_nan`)."""
 
-    def __init__(self, keep_scores: bool, keep_probs: bool, n_layers: int):
-        self.keep_scores, self.keep_probs, self.n_layers = keep_scores, keep_probs, n_layers
+    def __init__(self, keep_scores: bool, keep_probs: bool, n_layers: int, heads: int | None = None):
+        self.keep_scores, self.keep_probs, self.n_layers, self.heads = keep_scores, keep_probs, n_layers, heads
         self.m = 0
         self.scores: list = []
         self.probs: list = []
@@ -95,9 +97,21 @@ class LayerRecorder:
         allowed = self._allowed(mask, scores.device)
         self.allowed.append(allowed if selected is None else allowed & selected)  # an indexed layer's top-k keys
         if self.keep_scores:
-            self.scores.append(scores.detach())
+            self.scores.append(absent_heads_as_nan(scores.detach(), self.heads))
         if self.keep_probs:
-            self.probs.append(probs.detach())
+            self.probs.append(absent_heads_as_nan(probs.detach(), self.heads))
+
+
+def absent_heads_as_nan(values: torch.Tensor, heads: int | None) -> torch.Tensor:
+    """A layer's S or A (B, H_l, ...) on the model's head axis of `heads` H >= H_l (SPEC §9: a layer with fewer
+    query heads than the model's most, Laguna): heads H_l..H-1 are NaN, no such head, as in the content-free
+    scores; `values` itself where H_l = H or `heads` is None."""
+    import torch
+
+    if heads is None or values.shape[1] == heads:
+        return values
+    missing = values.new_full((values.shape[0], heads - values.shape[1], *values.shape[2:]), float("nan"))
+    return torch.cat([values, missing], dim=1)
 
 
 def recording_attention(
@@ -301,10 +315,11 @@ class BlockRecorder:
     """While active, receives every block `block_attention` computes: `hand(layer, start, S, A, allowed)` with S
     and A (B, H, b, m) of query rows start..start+b-1 and allowed (B, b, m) bool; counts the layers (`calls`).
     `rows`: query rows per block, or None for about `BLOCK_ELEMENTS` scores per block. `hand` None: nothing is
-    recorded (the first batch's check runs this way)."""
+    recorded (the first batch's check runs this way). `heads`: as `LayerRecorder`'s (S and A of a layer with fewer
+    query heads get NaN heads up to H)."""
 
-    def __init__(self, n_layers: int, hand=None, rows: int | None = None):
-        self.n_layers, self.hand, self.fixed_rows = n_layers, hand, rows
+    def __init__(self, n_layers: int, hand=None, rows: int | None = None, heads: int | None = None):
+        self.n_layers, self.hand, self.fixed_rows, self.heads = n_layers, hand, rows, heads
         self.m, self.calls = 0, 0
 
     def begin(self, m: int) -> None:
@@ -407,7 +422,8 @@ def block_attention(
         dropped = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
         out[:, :, start:stop] = torch.matmul(dropped, value)
         if recorder is not None and recorder.hand is not None:
-            recorder.hand(recorder.calls, start, scores, probs, allowed)
+            padded = (absent_heads_as_nan(x, recorder.heads) for x in (scores, probs))
+            recorder.hand(recorder.calls, start, *padded, allowed)
         del scores, probs, dropped, mask, allowed
     if recorder is not None:
         recorder.calls += 1

@@ -192,7 +192,7 @@ def capture_batches(
         distributed.check_mergeable(reducers)
     net = stack_to_run(model)
     eager = attention and is_eager_route(model)
-    recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending))
+    recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending), n_heads)
     eager_recorder = EagerRecorder(len(attending), n_heads)
     blockwise = (
         attention
@@ -250,7 +250,7 @@ def capture_batches(
                     net.set_attn_implementation(BLOCK_NAME)
                     try:
                         output = _run_blocks(
-                            net, index, tokens, block_readers, len(attending), block_size or None, kwargs
+                            net, index, tokens, block_readers, len(attending), block_size or None, kwargs, n_heads
                         )
                         if verify and "blocks" not in checked:  # the first batch run in blocks
                             _verify_blocks(net, tokens, len(attending))
@@ -354,9 +354,11 @@ def _check_attention_fits(
         )
 
 
-def _run_blocks(net, index: int, tokens: TokenBatch, readers: list, n_layers: int, rows: int | None, kwargs: dict):
+def _run_blocks(
+    net, index: int, tokens: TokenBatch, readers: list, n_layers: int, rows: int | None, kwargs: dict, heads: int
+):
     """Run one batch on the blockwise route, handing every block of every layer to `readers` (`BlockCapture`s on
-    the inputs' device); returns the model's output."""
+    the inputs' device, `heads` H heads each); returns the model's output."""
     here = tokens.input_ids.device
     counted = tokens.counted
 
@@ -368,7 +370,7 @@ def _run_blocks(net, index: int, tokens: TokenBatch, readers: list, n_layers: in
         for reader in readers:
             reader.add_block(block)
 
-    recorder = BlockRecorder(n_layers, hand, rows)
+    recorder = BlockRecorder(n_layers, hand, rows, heads)
     recorder.begin(int(tokens.input_ids.shape[1]))
     with recorder:
         output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)

@@ -188,6 +188,8 @@ def _print(result, written) -> None:
         f"{result.min_pairs} pairs[/dim]"
     )
     _print_layer_kinds(result)
+    if not result.present_heads.all():  # SPEC §9: Laguna's layers of fewer query heads
+        console.print("[dim]—: no such head (the layer has fewer query heads than the model's most)[/dim]")
     _print_sinks(result)
     _print_learned_sinks(result)
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
