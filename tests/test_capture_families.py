@@ -396,6 +396,7 @@ def test_a_hybrids_attention_layers_equal_loops_over_each_text_and_its_other_lay
         assert sum(NO_SCORE in w for w in words) == len(others)
 
 
+@pytest.mark.slow
 def test_a_query_head_count_per_layer_leaves_the_heads_a_layer_lacks_out_everywhere(capsys):
     """Laguna (2, 4, 2, 4 query heads): profiles and sinks of the heads each layer has equal the loops over its own
     eager attention (each text alone); the heads a layer lacks are NaN in every per-head array (SPEC §9, as in F̂),
@@ -429,6 +430,12 @@ def test_a_query_head_count_per_layer_leaves_the_heads_a_layer_lacks_out_everywh
     assert np.isnan(p.toeplitz_r2[~present]).all() and np.isfinite(p.toeplitz_r2[present]).all()
     expected = [(ref["first_token_mass"][layer, :c] > sinks.threshold).mean() for layer, c in enumerate(counts)]
     np.testing.assert_allclose(sinks.sink_rate, expected)  # over the heads the layer has
+    blocks = attention_profiles(  # the blockwise route (SPEC §19) pads each block's heads the same way
+        model, input_ids=corpus, special_ids=[5], max_length=n, batch_size=3, weights_correlation=False, block_size=4
+    )
+    for what in PROFILE_ARRAYS:
+        np.testing.assert_allclose(getattr(blocks.profiles, what), getattr(p, what), rtol=tol, atol=tol)
+    np.testing.assert_allclose(blocks.sinks.first_token_mass, sinks.first_token_mass, rtol=tol, atol=tol)
     record = json.loads(json.dumps(result.to_dict()))
     for name in ("mean_distance", "toeplitz_r2", "first_token_mass", "distance_without_first", "first_token_ratio"):
         assert [len(row) for row in record[name]] == counts.tolist(), name
