@@ -69,7 +69,6 @@ REFUSED = {
     "longformer": "not one softmax over all keys",  # sliding chunks
     "longt5": "not one softmax over all keys",  # blockwise local attention
     "deberta-talking-heads": "does not give its returned attention",  # heads mixed after the softmax
-    "diffllama": "more attention calls .* than it has layers",  # two softmax calls per layer (differential)
     "mllama": r"skips its layers \[1\] on text",  # hidden states: none enters its skipped cross-attention layer
     "funnel": "did not return one attention matrix per layer",  # pooled blocks, an upsampling decoder
     "funnel-factorized": "did not return one attention matrix per layer",
@@ -166,7 +165,7 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
         scores = returned
         probs = torch.softmax(torch.from_numpy(returned), -1).numpy()
     else:
-        scores, probs = _heads_padded(softmax.inputs), returned
+        scores, probs = _heads_padded(_once(softmax.inputs, len(returned))), returned
     return dict(
         probs=probs,
         scores=scores,
@@ -174,6 +173,16 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
         hidden=[h[0].double().numpy() for h in out.hidden_states],
         attending=attending,
     )
+
+
+def _once(inputs: list, layers: int) -> list:
+    """The softmax inputs of each layer once: where a model ran two identical softmaxes per layer (DiffLlama's
+    differential attention: one call per half of its values), the second of each pair, checked equal, is dropped."""
+    if len(inputs) != 2 * layers or layers == 0:
+        return inputs
+    for first, second in zip(inputs[::2], inputs[1::2], strict=True):
+        np.testing.assert_array_equal(first, second)
+    return inputs[::2]
 
 
 def _heads_padded(layers: list) -> np.ndarray:
@@ -325,7 +334,7 @@ def brute_force(model, corpus, n: int, first_special: bool, n_layers: int | None
 
 
 @pytest.mark.parametrize("name", _params(["t5", "bloom", "deberta-v2", "mpnet", "marian", "megatron-bert", "falcon",
-                                          "gpt_neo", "xglm", "big_bird", "llama", "gemma3_text"],
+                                          "gpt_neo", "xglm", "big_bird", "llama", "gemma3_text", "diffllama"],
                                          quick={"deberta-v2"}))  # fmt: skip
 def test_attention_profiles_and_sinks_equal_loops_over_each_text(name):
     model = make(name)
@@ -447,6 +456,23 @@ def test_a_query_head_count_per_layer_leaves_the_heads_a_layer_lacks_out_everywh
     capsys.readouterr()
     _print(result, {"npz": "attention.npz"})
     assert "no such head" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_differential_attention_is_recorded_once_per_layer_in_blocks_too():
+    """DiffLlama runs its H softmax heads twice per layer (the same queries, keys and mask, one call per half of its
+    values): both routes record each layer once, and blocks of query rows give the whole matrices' numbers."""
+    model = make("diffllama")
+    corpus = [[5, *ids] for ids in texts(6, seed=7)]
+    runs = [
+        attention_profiles(model, input_ids=corpus, special_ids=[5], max_length=13, batch_size=3,
+                           weights_correlation=False, block_size=size)
+        for size in (0, 4)
+    ]  # fmt: skip
+    for what in PROFILE_ARRAYS:
+        np.testing.assert_allclose(getattr(runs[1].profiles, what), getattr(runs[0].profiles, what), atol=1e-9)
+    np.testing.assert_allclose(runs[1].sinks.first_token_mass, runs[0].sinks.first_token_mass, atol=1e-9)
+    assert np.isfinite(runs[0].profiles.mean_distance).all()
 
 
 def test_the_sink_rate_is_the_share_of_the_heads_a_layer_has():

@@ -1840,8 +1840,8 @@ FAMILIES: tuple[Family, ...] = (
         "diffllama",
         ("diffllama",),
         rotary_class=_rotary("diffllama", "DiffLlama"),
-        capture=REFUSED,
-        capture_note="two softmax calls per layer (differential attention): refused",
+        capture_note="its softmax heads, recorded once (its second call per layer repeats them on the other half "
+        "of its values)",
         description="rotary embeddings (RoPE); differential attention: output head p is softmax head p minus a "
         "learned lambda times softmax head p + H/2 (F̂ per softmax head)",
         **_LLAMA,

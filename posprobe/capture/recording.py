@@ -34,8 +34,8 @@ def _check_call(call: int, n_layers: int) -> None:
     if call >= n_layers:
         raise PosprobeError(
             f"the model ran more attention calls ({call + 1}) than it has layers ({n_layers})",
-            "models with several attention stacks (encoder-decoder, vision towers), several softmax calls per "
-            "layer (differential attention) or layers run more than once (loops) are not supported",
+            "models with several attention stacks (encoder-decoder, vision towers), several different softmax "
+            "calls per layer or layers run more than once (loops) are not supported",
         )
 
 
@@ -56,6 +56,7 @@ class LayerRecorder:
     def begin(self, batch: int, m: int) -> None:
         self.batch, self.m = batch, m
         self.scores, self.probs, self.allowed, self._cache = [], [], [], None
+        self._last: tuple | None = None
 
     @property
     def calls(self) -> int:
@@ -85,7 +86,12 @@ class LayerRecorder:
         self._cache = (key, allowed)
         return allowed
 
-    def record(self, scores, probs, mask, selected=None) -> None:
+    def record(self, scores, probs, mask, selected=None, call: tuple | None = None) -> None:
+        """Keep one attention call's S and A (B, H_l, m, m), its mask and an indexer's `selected` keys; `call`
+        (module, query, key, mask) of the call: a call that repeats the last one (`repeats`) is not recorded."""
+        if repeats(call, self._last):
+            return
+        self._last = call
         layer = self.calls
         if scores.shape[-2] != self.m or scores.shape[-1] != self.m:
             raise PosprobeError(
@@ -100,6 +106,13 @@ class LayerRecorder:
             self.scores.append(absent_heads_as_nan(scores.detach(), self.heads))
         if self.keep_probs:
             self.probs.append(absent_heads_as_nan(probs.detach(), self.heads))
+
+
+def repeats(call: tuple | None, last: tuple | None) -> bool:
+    """True when attention call `call` (module, query, key, mask) is the same module on the same query, key and
+    mask tensors as the `last` call: the same softmax, A applied to other values (DiffLlama's differential
+    attention runs its H softmax heads once for each half of its values), so one layer's S and A, recorded once."""
+    return call is not None and last is not None and all(a is b for a, b in zip(call, last, strict=True))
 
 
 def absent_heads_as_nan(values: torch.Tensor, heads: int | None) -> torch.Tensor:
@@ -138,6 +151,7 @@ def recording_attention(
     import torch
 
     refuse_group_selection(module, kwargs)
+    call = (module, query, key, attention_mask)  # a repeated call (the same tensors) is recorded once (`repeats`)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     groups = query.shape[1] // key.shape[1]
@@ -166,7 +180,7 @@ def recording_attention(
     dropped = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
     out = torch.matmul(dropped, value).transpose(1, 2).contiguous()
     if _ACTIVE:
-        _ACTIVE[-1].record(scores, probs, attention_mask, selected)
+        _ACTIVE[-1].record(scores, probs, attention_mask, selected, call)
     return out, probs
 
 
@@ -320,10 +334,10 @@ class BlockRecorder:
 
     def __init__(self, n_layers: int, hand=None, rows: int | None = None, heads: int | None = None):
         self.n_layers, self.hand, self.fixed_rows, self.heads = n_layers, hand, rows, heads
-        self.m, self.calls = 0, 0
+        self.m, self.calls, self.last = 0, 0, None
 
     def begin(self, m: int) -> None:
-        self.m, self.calls = m, 0
+        self.m, self.calls, self.last = m, 0, None
 
     def rows(self, batch: int, heads: int, keys: int) -> int:
         if self.fixed_rows is not None:
@@ -376,6 +390,12 @@ def block_attention(
     import torch
 
     refuse_group_selection(module, kwargs)
+    recorder = _BLOCKS[-1] if _BLOCKS else None
+    call = (module, query, key, attention_mask)
+    if recorder is not None and repeats(call, recorder.last):  # the last call again: computed, not recorded
+        recorder = None
+    elif recorder is not None:
+        recorder.last = call
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     groups = query.shape[1] // key.shape[1]
@@ -384,7 +404,6 @@ def block_attention(
         value = value.repeat_interleave(groups, dim=1)
     batch, heads, m, _ = query.shape
     keys = key.shape[-2]
-    recorder = _BLOCKS[-1] if _BLOCKS else None
     if recorder is not None:
         recorder.check(m, keys)
     size = (
