@@ -548,6 +548,29 @@ def test_models_without_one_token_sequence_are_refused(name):
     assert family_for_type(model.config.model_type).capture == REFUSED_ROUTE
 
 
+@pytest.mark.slow
+def test_a_wrapper_whose_forward_fails_on_text_is_refused_in_one_line():
+    """Llama 4's multimodal wrapper (model_type llama4) runs a text through transformers' own forward pass, which
+    failed there (it read image outputs its language model does not return): no traceback, one line naming the
+    model type; or, where transformers runs it, the capture records its language model's attention layers."""
+    text = dict(case("llama4_text").config)
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37, image_size=28,
+                  patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32)  # fmt: skip
+    torch.manual_seed(0)
+    config = tf.Llama4Config(text_config=text, vision_config=vision)
+    model = tf.AutoModel.from_config(config, attn_implementation="eager").float().eval()
+    assert model.config.model_type == "llama4"
+    for needs in (("scores", "probs"), ("hidden_states",)):
+        reducer = Keep()
+        reducer.needs = needs
+        try:
+            summary = capture(model, [reducer], input_ids=texts(3), max_length=16)
+        except PosprobeError as err:
+            assert "\n" not in str(err) and "'llama4' fails in its own forward pass on text" in str(err)
+        else:
+            assert summary.n_texts == 3
+
+
 def test_routes():
     assert is_eager_route(make("t5")) and is_eager_route(build("bloom"))
     assert not is_eager_route(build("llama"))

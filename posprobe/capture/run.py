@@ -269,7 +269,7 @@ def capture_batches(
                 elif attention:
                     recorder.begin(len(tokens), tokens.input_ids.shape[1])
                     with recorder:
-                        output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+                        output = _forward(net, tokens, kwargs)
                     _check_calls(net, recorder.calls, len(attending))
                     if verify and "whole" not in checked:  # the first batch recorded as whole matrices
                         verify_against_eager(net, tokens.input_ids, tokens.attention_mask, output)
@@ -280,7 +280,7 @@ def capture_batches(
                         recorder.allowed,
                     )
                 else:
-                    output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+                    output = _forward(net, tokens, kwargs)
                     recorded = None
                 if hidden:
                     _check_hidden(net, output.hidden_states, int(tokens.input_ids.shape[1]))
@@ -434,6 +434,20 @@ def _batch_capture(
         hidden_states=hidden,
         attention_layers=attending,
     )
+
+
+def _forward(net, tokens: TokenBatch, kwargs: dict):
+    """The model's forward pass on one batch; PosprobeError in one line where transformers' own code fails on a
+    text alone (a multimodal wrapper whose forward reads outputs its language model does not return: Llama 4's)."""
+    try:
+        return net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError) as err:
+        kind = getattr(net.config, "model_type", "unknown")
+        what = (str(err).strip().splitlines() or [""])[0]
+        raise PosprobeError(
+            f"'{kind}' fails in its own forward pass on text ({type(err).__name__}: {what})",
+            "run its language model alone (a checkpoint of its text stack); please report it",
+        ) from err
 
 
 def _check_hidden(model, hidden: tuple, length: int) -> None:
