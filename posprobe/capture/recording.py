@@ -190,7 +190,8 @@ def refuse_group_selection(module, kwargs) -> None:
     if kwargs.get("block_indices") is not None:
         raise PosprobeError(
             f"'{getattr(module.config, 'model_type', 'unknown')}' masks keys per key-head group in its sparse layers "
-            "(an indexer picks key blocks for each group): posprobe attention keeps one mask per layer",
+            "(an indexer picks key blocks for each group): posprobe attention keeps one mask per layer (its pair, "
+            "query and uniform-attention counts are per layer, the same for every head)",
             "read its content-free scores (posprobe fhat / profiles), whose layer kinds hold each group's selection",
         )
 
