@@ -235,3 +235,7 @@ def test_a_query_head_count_per_layer_through_every_command(tmp_path, capsys):
         assert np.isnan(npz["mean_distance"][[0, 2], 2:]).all() and np.isfinite(npz["mean_distance"][[1, 3]]).all()
     fitted = run_json(["fit-tisa", attention["npz"], "--kernels", "1", "--out", str(tmp_path / "ta"), "--json"])
     assert len(fitted["heads"]) == 12  # the heads each layer has, none of the missing ones
+    report = run_json(["report", str(folder), "--text", str(texts), "--only", "rotary", "--out", str(tmp_path / "rp"),
+                       "--json"])  # fmt: skip
+    rotary = report["sections"]["rotary"]  # rotary bands of layer 0's head shape: its layers 0 and 2
+    assert rotary["status"] == "ok" and "--layers 0,2" in rotary["command"], rotary

@@ -160,6 +160,22 @@ def rotary(
     )
 
 
+def rotary_layer_groups(ctx, n: int = 2) -> list[list[int]]:
+    """The model's layers in groups that rotary bands read together: one head shape (query heads, head size, key
+    heads) and one rotated width each (Laguna: a query-head count per layer; MiMo-V2-Flash: a partial rotary factor
+    per layer type), in the order of each group's first layer; one group for most models."""
+    from posprobe.families.rotary import layer_rotary, rotary_angles
+
+    groups: dict[tuple, list[int]] = {}
+    widths: dict[tuple, int] = {}
+    for layer in range(ScoreReader(ctx, n).n_layers):
+        setting = layer_rotary(ctx, layer, n)
+        if setting not in widths:
+            widths[setting] = rotary_angles(ctx, n, *setting)[0].shape[-1]
+        groups.setdefault((ctx.layer_shape(ctx.stored_layer(layer)), widths[setting]), []).append(layer)
+    return list(groups.values())
+
+
 def budget_of(ctx, variants: list, layer_type: str | None = None) -> dict | None:
     """The rotary budget (SPEC §17) of a rotary model from its config alone (`ctx`: anything with `.config`,
     `.source` and `.family`): the base of its rope parameters (the full-attention setting of a model with one per
