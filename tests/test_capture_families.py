@@ -72,7 +72,6 @@ REFUSED = {
     "mllama": r"skips its layers \[1\] on text",  # hidden states: none enters its skipped cross-attention layer
     "funnel": "did not return one attention matrix per layer",  # pooled blocks, an upsampling decoder
     "funnel-factorized": "did not return one attention matrix per layer",
-    "minimax_m3_vl_text": "masks keys per key-head group",  # a block indexer per group: one mask per group
 }
 NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention is checked with the hybrids
 # in the default run (a few seconds in all): T5 (encoder stack, bucket bias) and BLOOM (ALiBi, causal) here, MPNet
@@ -90,6 +89,8 @@ ALL = sorted(set(CASES) - set(REFUSED) - NOT_TEXT) + sorted(set(EXTRA) - set(REF
 # output by sigmoid(logsumexp_j S(i, j) - s_h), the share a sink column s_h would leave them (gpt-oss's sinks, the
 # same weights on the values): the capture's A is those weights, as for gpt-oss
 SINKS_ON_OUTPUT = {"granite_swa", "granitemoe_swa"}
+# a block indexer per key-head group: each query head attends its group's key blocks (allowed pairs per head)
+GROUP_MASKS = {"minimax_m3_vl_text"}
 
 
 def _params(names, quick=QUICK):
@@ -131,11 +132,12 @@ def texts(count: int = 7, seed: int = 1) -> list[list[int]]:
     return [rng.integers(4, 99, size=int(rng.integers(2, 12))).tolist() for _ in range(count)]
 
 
-def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool = False) -> dict:
+def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool = False, per_head: bool = False) -> dict:
     """The model's own eager run on one unpadded text: probabilities A and hidden states from its outputs, the
     softmax inputs S recorded by patching softmax (A, H, n, n: its A attention layers, every layer but a hybrid's
     others); the pairs it attends, A > 0. `per_layer`: also `attending`, the layers (hooked one by one) whose
-    forward pass ran a (queries x keys) softmax: an oracle of which layers attend, independent of the config."""
+    forward pass ran a (queries x keys) softmax: an oracle of which layers attend, independent of the config.
+    `per_head`: `allowed` (A, H, n, n), each head's own pairs (a block indexer per key-head group)."""
     net = stack_to_run(model)
     previous = net.config._attn_implementation
     net.set_attn_implementation("eager")
@@ -169,7 +171,7 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
     return dict(
         probs=probs,
         scores=scores,
-        allowed=probs[:, 0] > 0,  # (L, n, n)
+        allowed=probs > 0 if per_head else probs[:, 0] > 0,  # (L, n, n), or (L, H, n, n) per head
         hidden=[h[0].double().numpy() for h in out.hidden_states],
         attending=attending,
     )
@@ -213,12 +215,20 @@ class Keep:
             self.texts[text] = dict(
                 scores=np.stack([s[row, :, :n, :n].double().numpy() for s in batch.scores]),
                 probs=np.stack([a[row, :, :n, :n].double().numpy() for a in batch.probs]),
-                allowed=np.stack([p[row, :n, :n].numpy() for p in batch.allowed]),
+                allowed=_allowed_of(batch, row, n),
                 hidden=[h[row, :n].double().numpy() for h in batch.hidden_states or ()],
             )
 
     def result(self):
         return self.texts
+
+
+def _allowed_of(batch, row: int, n: int) -> np.ndarray:
+    """(L, n, n) the allowed pairs of text `row` (its n real tokens) in every layer, or (L, H, n, n) where some
+    layer's heads have pairs of their own (the other layers' broadcast to every head)."""
+    layers = [p[row, ..., :n, :n].numpy() for p in batch.allowed]
+    heads = max((x.shape[0] for x in layers if x.ndim == 3), default=None)
+    return np.stack(layers if heads is None else [np.broadcast_to(x, (heads, n, n)) for x in layers])
 
 
 @pytest.mark.parametrize("name", _params(ALL))
@@ -237,7 +247,10 @@ def test_capture_equals_each_text_run_alone(name):
     batches = len(corpus) if family.reads_padding else 3  # ConvBERT's convolutions read padding: one text a batch
     assert summary.n_batches == batches and sorted(keep.texts) == list(range(len(corpus)))
     for index, ids in enumerate(corpus):
-        got, ref = keep.texts[index], alone(reference, ids, name in RETURNS_SCORES, per_layer=name in HYBRIDS)
+        got, ref = (
+            keep.texts[index],
+            alone(reference, ids, name in RETURNS_SCORES, name in HYBRIDS, name in GROUP_MASKS),
+        )
         if name in SINKS_ON_OUTPUT:
             ref["probs"] = ref["probs"] * _sink_scale(reference, ref["scores"])
         if name in HYBRIDS:  # the attention layers only, and exactly those the model's own forward pass ran
@@ -248,7 +261,9 @@ def test_capture_equals_each_text_run_alone(name):
         np.testing.assert_array_equal(got["allowed"], ref["allowed"])  # masks: padding, causality, windows
         present = ~np.isnan(ref["scores"]).all((-2, -1))  # (L, H): heads a layer lacks (Laguna, SPEC §9) are NaN
         assert np.isnan(got["scores"][~present]).all() and np.isnan(got["probs"][~present]).all()
-        allowed = np.broadcast_to(ref["allowed"][:, None], got["scores"].shape)
+        allowed = np.broadcast_to(
+            ref["allowed"] if name in GROUP_MASKS else ref["allowed"][:, None], got["scores"].shape
+        )
         masked = got["scores"][~allowed & present[..., None, None]]
         assert ((masked < -1e30) | (masked == MASKED_EXACTLY)).all()  # OpenAI GPT: -1e4 exactly
         with np.errstate(divide="ignore", invalid="ignore"):  # masked pairs: -inf - log 0
@@ -270,10 +285,11 @@ def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
     keep = Keep(hidden=name not in STREAMS)
     capture(model, [keep], input_ids=[[word] * n], max_length=n)
     got = keep.texts[0]
-    allowed = np.broadcast_to(ref.allowed[0][None], got["scores"][0].shape)
+    allowed = np.broadcast_to(ref.allowed[0], got["scores"][0].shape)  # (n, n) or (H, n, n)
     tol = 1e-4 if name in IN_FLOAT32 else 1e-9
     np.testing.assert_allclose(got["scores"][0][allowed], ref.scores[0][allowed], rtol=tol, atol=tol)
-    np.testing.assert_array_equal(got["allowed"][0], ref.allowed[0])
+    mine = got["allowed"][0]  # (n, n), or (H, n, n) where another layer's heads have pairs of their own
+    np.testing.assert_array_equal(mine, np.broadcast_to(ref.allowed[0], mine.shape))
 
 
 def brute_force(model, corpus, n: int, first_special: bool, n_layers: int | None = None) -> dict:
@@ -473,6 +489,102 @@ def test_differential_attention_is_recorded_once_per_layer_in_blocks_too():
         np.testing.assert_allclose(getattr(runs[1].profiles, what), getattr(runs[0].profiles, what), atol=1e-9)
     np.testing.assert_allclose(runs[1].sinks.first_token_mass, runs[0].sinks.first_token_mass, atol=1e-9)
     assert np.isfinite(runs[0].profiles.mean_distance).all()
+
+
+def brute_force_per_head(model, corpus, n: int) -> dict:
+    """SPEC §10 profiles and SPEC §14 sinks by loops over each text alone where every head has pairs of its own
+    (`alone(per_head=True)`): every count and reference per head, each head over the keys it may see; the first
+    token of every text special, every token counted."""
+    L, H = model.config.get_text_config().num_hidden_layers, model.config.get_text_config().num_attention_heads
+    z = lambda *shape: np.zeros(shape)  # noqa: E731
+    s_sum, a_sum, c, a_later, c_later = (z(L, H, 2 * n - 1) for _ in range(5))
+    union = z(L, 2 * n - 1)
+    dist, queries, first, first_n, uniform_first, special = z(L, H), z(L, H), z(L, H), z(L, H), z(L, H), z(L, H)
+    later_dist, later_n, uniform, uniform_n, uniform_later, uniform_later_n = (z(L, H) for _ in range(6))
+    sink_queries = 0
+    for ids in corpus:
+        ref = alone(model, ids, per_head=True)
+        S, A, allowed = ref["scores"], ref["probs"], ref["allowed"]  # allowed (L, H, m, m)
+        m = len(ids)
+        sink_queries += m - 1
+        for layer, h, i in np.ndindex(L, H, m):
+            keys = [j for j in range(m) if allowed[layer, h, i, j]]
+            for j in range(m):
+                if allowed[layer, :, i, j].any() and h == 0:
+                    union[layer, j - i + n - 1] += 1
+            if keys:
+                queries[layer, h] += 1
+                uniform[layer, h] += np.mean([abs(j - i) for j in keys])
+                uniform_n[layer, h] += 1
+            for j in keys:
+                c[layer, h, j - i + n - 1] += 1
+                s_sum[layer, h, j - i + n - 1] += S[layer, h, i, j]
+                a_sum[layer, h, j - i + n - 1] += A[layer, h, i, j]
+                dist[layer, h] += A[layer, h, i, j] * abs(j - i)
+            if i == 0:
+                continue
+            special[layer, h] += A[layer, h, i, 0]  # token 5 first: the one special token
+            later = [j for j in keys if j >= 1]
+            for j in later:
+                c_later[layer, h, j - i + n - 1] += 1
+                a_later[layer, h, j - i + n - 1] += A[layer, h, i, j]
+            if allowed[layer, h, i, 0]:
+                first[layer, h] += A[layer, h, i, 0]
+                first_n[layer, h] += 1
+                uniform_first[layer, h] += 1 / len(keys)
+            mass = sum(A[layer, h, i, j] for j in later)
+            if later and mass > 0:
+                later_dist[layer, h] += sum(A[layer, h, i, j] * abs(j - i) for j in later) / mass
+                later_n[layer, h] += 1
+            if later:
+                uniform_later[layer, h] += np.mean([abs(j - i) for j in later])
+                uniform_later_n[layer, h] += 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return dict(
+            score_profiles=s_sum / c, prob_profiles=a_sum / c, head_pair_counts=c, pair_counts=union,
+            mean_distance=dist / queries, prob_profiles_without_first=a_later / c_later,
+            first_token_mass=first / first_n, first_token_queries=first_n,
+            uniform_first_token_mass=uniform_first / first_n,
+            special_token_mass=special / sink_queries, distance_without_first=later_dist / later_n,
+            uniform_distance=uniform / uniform_n, uniform_distance_without_first=uniform_later / uniform_later_n,
+        )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_heads_with_key_blocks_of_their_own_equal_loops_over_each_text(capsys):
+    """MiniMax M3 (tiny): in its sparse layers each query head attends the key blocks its key-head group's indexer
+    picked. Profiles, distances, sinks and their uniform references, each head over its own pairs, equal loops over
+    the model's own eager attention (each text alone), on whole matrices and in blocks of query rows; the heads of a
+    sparse layer do attend different pairs; JSON, figures and the text table take the per-head references."""
+    import json
+
+    from posprobe.cli.attention import _print
+    from posprobe.plotting.attention import mean_distance_chart, sink_chart
+
+    model = make("minimax_m3_vl_text")
+    corpus = [[5, *ids] for ids in texts(6, seed=7)]
+    n = 13
+    ref = brute_force_per_head(copy.deepcopy(model), corpus, n)
+    c = ref["head_pair_counts"]
+    assert (c[1:] != c[1:, :1]).any() and (c[0] == c[0, :1]).all()  # sparse layers: pairs per head
+    tol = tolerance("minimax_m3_vl_text")
+    for size in (0, 5):
+        result = attention_profiles(model, input_ids=corpus, special_ids=[5], max_length=n, batch_size=3,
+                                    weights_correlation=False, block_size=size)  # fmt: skip
+        p, sinks = result.profiles, result.sinks
+        np.testing.assert_array_equal(p.head_pair_counts, ref["head_pair_counts"])
+        np.testing.assert_array_equal(p.pair_counts, ref["pair_counts"])
+        for what in ("score_profiles", "prob_profiles", "mean_distance", "prob_profiles_without_first"):
+            np.testing.assert_allclose(getattr(p, what), ref[what], rtol=tol, atol=tol, err_msg=what)
+        for what in ("first_token_mass", "special_token_mass", "distance_without_first", "uniform_first_token_mass",
+                     "first_token_queries", "uniform_distance", "uniform_distance_without_first"):  # fmt: skip
+            np.testing.assert_allclose(getattr(sinks, what), ref[what], rtol=tol, atol=tol, err_msg=what)
+    record = json.loads(json.dumps(result.to_dict()))
+    assert len(record["uniform_distance"][1]) == result.n_heads and None not in sum(record["mean_distance"], [])
+    mean_distance_chart(result), sink_chart(result)
+    capsys.readouterr()
+    _print(result, {"npz": "attention.npz"})
+    assert "L2" in capsys.readouterr().out
 
 
 def test_the_sink_rate_is_the_share_of_the_heads_a_layer_has():

@@ -1760,9 +1760,8 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=_QK_NORM,
         indexer="layers.{l}.self_attn.indexer",
         tensors={"indexed_layer_type": "minimax_m3_sparse"},  # config.layer_types entry of its sparse layers
-        capture=REFUSED,
-        capture_note="its sparse layers mask keys per key-head group; the capture's reducers keep one mask per "
-        "layer (pair, query and uniform-attention counts per layer, not per head)",
+        capture_note="each query head attends the key blocks its key-head group picked: masks, pair counts and "
+        "uniform references per head in its sparse layers",
         description="rotary embeddings (RoPE); in sparse layers each query head attends the key blocks its key-head "
         "group's indexer head picks (top-k max-pooled blocks plus local blocks)",
         **{**_LLAMA, "norm": RMSNORM_PLUS1},  # Gemma-style norms, the indexer's too

@@ -122,6 +122,16 @@ def attention_layers(model, n_layers: int | None = None) -> list[int]:
     return [layer for layer in range(layers) if types[layer] in ATTENTION_LAYER_TYPES]
 
 
+def picks_keys_per_head(model) -> bool:
+    """True where the model's layers may give each key-head group keys of its own (a block indexer per group:
+    `Family.indexer` with `Family.tensors['indexed_layer_type']`, MiniMax M3): the capture then hands over allowed
+    pairs per head in those layers (`recording.group_selected`), and reducers keep their counts per head."""
+    from posprobe.families import family_for_type
+
+    family = family_for_type(str(getattr(text_config(model), "model_type", "")))
+    return family is not None and bool(family.indexer) and "indexed_layer_type" in family.tensors
+
+
 def run_stack(model) -> str | None:
     """The stack of an encoder-decoder that `stack_to_run` gives ('encoder', or 'decoder' where the family's
     encoder reads no text: `Family.text_stack`); None for a model of one stack."""

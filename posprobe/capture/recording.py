@@ -41,7 +41,8 @@ def _check_call(call: int, n_layers: int) -> None:
 
 class LayerRecorder:
     """Collects one forward pass's attention calls: per layer S and A (B, H, m, m) when asked for, and the pairs
-    the model's mask lets query i see key j, `allowed` (B, m, m) bool (shared between layers with the same mask).
+    the model's mask lets query i see key j, `allowed` (B, m, m) bool (shared between layers with the same mask;
+    (B, H, m, m) in a layer whose heads pick keys of their own, `group_selected`).
     `heads`: the model's H, where a layer may have fewer query heads (SPEC §9, Laguna): its S and A get NaN heads
     H_l..H-1 (`absent_heads_as_nan`)."""
 
@@ -101,7 +102,9 @@ class LayerRecorder:
             )
         _check_call(layer, self.n_layers)
         allowed = self._allowed(mask, scores.device)
-        self.allowed.append(allowed if selected is None else allowed & selected)  # an indexed layer's top-k keys
+        if selected is not None:  # an indexed layer's top-k keys, (B, m, m), or each head's picked blocks
+            allowed = (allowed if selected.dim() == 3 else allowed[:, None]) & selected
+        self.allowed.append(allowed)
         if self.keep_scores:
             self.scores.append(absent_heads_as_nan(scores.detach(), self.heads))
         if self.keep_probs:
@@ -145,12 +148,12 @@ def recording_attention(
     softmax also runs over one sink logit per head and A keeps the real keys' columns: each row sums to one minus
     the sink's share. With top-k key indices (`indices` (B, m, k), DeepSeek Sparse Attention's indexer, passed to
     attention functions other than eager / sdpa instead of being folded into the mask) every other key is masked
-    as the eager path masks it (the dtype's minimum); key blocks picked per key-head group (`block_indices`,
-    MiniMax M3) are refused (`refuse_group_selection`). Returns ((B, m, H, d_h), A).
+    as the eager path masks it (the dtype's minimum); with key blocks picked per key-head group (`block_indices`,
+    MiniMax M3's block indexer) each query head's other keys are masked so, and the layer's allowed pairs are per
+    head (`group_selected`). Returns ((B, m, H, d_h), A).
     """
     import torch
 
-    refuse_group_selection(module, kwargs)
     call = (module, query, key, attention_mask)  # a repeated call (the same tensors) is recorded once (`repeats`)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
@@ -170,6 +173,10 @@ def recording_attention(
     selected = _selected(kwargs.get("indices"), scores.shape[-1])
     if selected is not None:
         scores = scores.masked_fill(~selected[:, None], torch.finfo(scores.dtype).min)
+    group = group_selected(module, kwargs.get("block_indices"), query.shape[1], scores.shape[-1])
+    if group is not None:  # (B, H, m, keys): each query head's own keys
+        scores = scores.masked_fill(~group, torch.finfo(scores.dtype).min)
+        selected = group if selected is None else selected[:, None] & group
     sinks = kwargs.get("s_aux")  # learned per-head sink logits (gpt-oss): one more softmax column, no value
     if sinks is not None:
         column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(scores.shape[0], -1, scores.shape[-2], 1)
@@ -184,16 +191,28 @@ def recording_attention(
     return out, probs
 
 
-def refuse_group_selection(module, kwargs) -> None:
-    """PosprobeError where an indexer picks keys per key-head group (`block_indices` (B, H_I, m, k), MiniMax M3's
-    sparse layers): the capture and its reducers keep one mask per layer, the same for every head."""
-    if kwargs.get("block_indices") is not None:
+def group_selected(module, block_indices, heads: int, keys: int):
+    """(B, H, m, keys) bool: the keys of the key blocks each query head's key-head group picked, or None where no
+    `block_indices` (B, H_I, m, k) are given (MiniMax M3's block indexer: block indices, -1 for an empty slot,
+    blocks of the module's `indexer.block_size` keys, the last one short; query head a reads indexer head
+    a // (H / H_I)). PosprobeError where the module names no block size."""
+    if block_indices is None:
+        return None
+    import torch
+
+    size = getattr(getattr(module, "indexer", None), "block_size", None)
+    if not isinstance(size, int) or size < 1 or heads % block_indices.shape[1]:
         raise PosprobeError(
-            f"'{getattr(module.config, 'model_type', 'unknown')}' masks keys per key-head group in its sparse layers "
-            "(an indexer picks key blocks for each group): posprobe attention keeps one mask per layer (its pair, "
-            "query and uniform-attention counts are per layer, the same for every head)",
-            "read its content-free scores (posprobe fhat / profiles), whose layer kinds hold each group's selection",
+            f"'{getattr(module.config, 'model_type', 'unknown')}' picks key blocks per key-head group, but its "
+            "attention module names no block size (indexer.block_size) or its heads do not split into the groups",
+            "read its content-free scores (posprobe fhat / profiles); please report it",
         )
+    blocks = -(-keys // size)
+    slots = block_indices.long().masked_fill(block_indices < 0, blocks)  # an empty slot: a column dropped below
+    picked = torch.zeros((*block_indices.shape[:-1], blocks + 1), dtype=torch.bool, device=block_indices.device)
+    picked = picked.scatter(-1, slots, True)[..., :blocks]  # (B, H_I, m, blocks)
+    selected = picked.repeat_interleave(size, dim=-1)[..., :keys]
+    return selected.repeat_interleave(heads // block_indices.shape[1], dim=1)
 
 
 def _selected(indices, keys: int):
@@ -328,7 +347,8 @@ def row_mask(
 
 class BlockRecorder:
     """While active, receives every block `block_attention` computes: `hand(layer, start, S, A, allowed)` with S
-    and A (B, H, b, m) of query rows start..start+b-1 and allowed (B, b, m) bool; counts the layers (`calls`).
+    and A (B, H, b, m) of query rows start..start+b-1 and allowed (B, b, m) bool ((B, H, b, m) where each head
+    picks keys of its own, `group_selected`); counts the layers (`calls`).
     `rows`: query rows per block, or None for about `BLOCK_ELEMENTS` scores per block. `hand` None: nothing is
     recorded (the first batch's check runs this way). `heads`: as `LayerRecorder`'s (S and A of a layer with fewer
     query heads get NaN heads up to H)."""
@@ -390,7 +410,6 @@ def block_attention(
     (B, H, b, m); an indexer's top-k `indices` mask the block's other keys. Returns ((B, m, H, d_h), None)."""
     import torch
 
-    refuse_group_selection(module, kwargs)
     recorder = _BLOCKS[-1] if _BLOCKS else None
     call = (module, query, key, attention_mask)
     if recorder is not None and repeats(call, recorder.last):  # the last call again: computed, not recorded
@@ -411,6 +430,7 @@ def block_attention(
         recorder.rows(batch, heads, keys) if recorder is not None else max(1, BLOCK_ELEMENTS // (batch * heads * keys))
     )
     softcap, sinks, indices = kwargs.get("softcap"), kwargs.get("s_aux"), kwargs.get("indices")
+    block_indices = kwargs.get("block_indices")
     out = query.new_empty(batch, heads, m, value.shape[-1])
     key_t = key.transpose(-1, -2)
     for start in range(0, m, size):
@@ -433,6 +453,10 @@ def block_attention(
             selected = _selected(indices[:, start:stop], keys)
             scores = scores.masked_fill(~selected[:, None], torch.finfo(scores.dtype).min)
             allowed = allowed & selected
+        if block_indices is not None:  # each query head's picked key blocks: allowed (B, H, b, keys)
+            group = group_selected(module, block_indices[:, :, start:stop], heads, keys)
+            scores = scores.masked_fill(~group, torch.finfo(scores.dtype).min)
+            allowed = allowed[:, None] & group
         if sinks is not None:
             column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(batch, -1, stop - start, 1)
             probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]

@@ -59,10 +59,11 @@ class BatchCapture:
     ids, input ids, real / special / counted masks, positions); per attention layer a = 0..A-1 (every layer, A = L,
     except in a hybrid: layer `attention_layers[a]` of the model): scores[a] S and probs[a] A (B, H, m, m),
     S pre-softmax with the model's mask/bias added (masked pairs hold -inf or the dtype's minimum, A = 0 there);
-    allowed[a] (B, m, m) bool, the pairs the model's mask lets query i see key j (padding, causality, windows);
-    counted_pairs[a] = allowed[a] & counted_i & counted_j; hidden_states (L+1 entries, (B, m, d)): transformers'
-    `output_hidden_states`, hidden_states[l] the input of layer l, [0] the embedding output, [L] the last output
-    (every layer, a hybrid's included).
+    allowed[a] (B, m, m) bool, the pairs the model's mask lets query i see key j (padding, causality, windows),
+    (B, H, m, m) in a layer whose heads pick keys of their own (MiniMax M3's block indexer per key-head group);
+    counted_pairs[a] = allowed[a] & counted_i & counted_j (with the same head axis where allowed[a] has one);
+    hidden_states (L+1 entries, (B, m, d)): transformers' `output_hidden_states`, hidden_states[l] the input of
+    layer l, [0] the embedding output, [L] the last output (every layer, a hybrid's included).
     """
 
     index: int
@@ -106,7 +107,8 @@ class BatchCapture:
 class BlockCapture:
     """One block of query rows of one layer of one batch, on the blockwise route (SPEC §19): rows start..start+b-1
     against every key. index and tokens as in `BatchCapture`; scores S and probs A (B, H, b, m), allowed and
-    counted_pairs (B, b, m) bool, the rows start..start+b-1 of `BatchCapture`'s tensors of that layer."""
+    counted_pairs (B, b, m) bool ((B, H, b, m) where the layer's heads pick keys of their own), the rows
+    start..start+b-1 of `BatchCapture`'s tensors of that layer."""
 
     index: int
     tokens: TokenBatch
@@ -365,7 +367,8 @@ def _run_blocks(
     def hand(layer: int, start: int, scores, probs, allowed) -> None:
         scores, probs, allowed = scores.to(here), probs.to(here), allowed.to(here)
         stop = start + scores.shape[-2]
-        pairs = allowed & counted[:, start:stop, None] & counted[:, None, :]
+        tokens_pairs = counted[:, start:stop, None] & counted[:, None, :]
+        pairs = allowed & (tokens_pairs if allowed.dim() == 3 else tokens_pairs[:, None])  # a head axis: per head
         block = BlockCapture(index, tokens, layer, start, scores, probs, allowed, pairs)
         for reader in readers:
             reader.add_block(block)
@@ -421,8 +424,8 @@ def _batch_capture(
     token_pairs = counted[:, :, None] & counted[:, None, :]
     pairs, seen = [], {}
     for allowed in allowed_per_layer:  # layers with the same mask share one tensor
-        if id(allowed) not in seen:
-            seen[id(allowed)] = token_pairs & allowed
+        if id(allowed) not in seen:  # (B, H, m, m) where the layer's heads pick keys of their own
+            seen[id(allowed)] = (token_pairs if allowed.dim() == 3 else token_pairs[:, None]) & allowed
         pairs.append(seen[id(allowed)])
     return BatchCapture(
         index,

@@ -173,6 +173,8 @@ class AttentionResult(ResultMixin, Saves):
         if p.prob_profiles_without_first is not None:
             out["prob_profiles_without_first"] = p.prob_profiles_without_first
             out["layer_pair_counts_without_first"] = p.pair_counts_without_first
+        if p.head_pair_counts is not None:  # layers whose heads pick keys of their own: each head's pair counts
+            out["head_pair_counts"] = p.head_pair_counts
         if self.weights_correlation is not None:
             out["weights_correlation"] = self.weights_correlation
             out["weights_profiles"] = self.weights_profiles

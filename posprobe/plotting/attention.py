@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from posprobe.analysis.sinks import per_layer
 from posprobe.plotting.base import _figure, layer_kind_note, quantization_note
 
 
@@ -96,7 +97,7 @@ def mean_distance_chart(result):
     sinks = getattr(result, "sinks", None)
     label = "layer"
     if sinks is not None:  # the uniform-attention reference: once if every layer has the same (a causal model's)
-        uniform = np.asarray(sinks.uniform_distance, dtype=float)
+        uniform = np.asarray(per_layer(sinks.uniform_distance), dtype=float)  # kept per head: the mean over heads
         if np.isfinite(uniform).all() and np.ptp(uniform) <= 1e-9 * max(1.0, abs(uniform[0])):
             label += f"  (uniform attention would give {_f(uniform[0])} in every layer)"
         else:
@@ -190,7 +191,7 @@ def sink_chart(result):
     ax.set_xticks(range(L))
     ax.set_yticks(range(H))
     label = "layer"
-    uniform = sinks.uniform_first_token_mass
+    uniform = per_layer(sinks.uniform_first_token_mass)  # kept per head: the mean over heads
     if uniform is not None:  # the reference: what uniform attention puts on the first token
         uniform = np.asarray(uniform, dtype=float)
         if np.isfinite(uniform).all() and np.ptp(uniform) <= 1e-9:

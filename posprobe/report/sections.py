@@ -124,6 +124,12 @@ def mean_defined(values) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
+def _layer_value(value):
+    """A layer's reference: the value, or the mean of a list kept per head (a layer whose heads pick keys of their
+    own)."""
+    return mean_defined(value) if isinstance(value, list) else value
+
+
 def headline(label: str, value, digits: int = 3) -> Headline:
     return Headline(label, value, number(value, digits))
 
@@ -347,7 +353,7 @@ def attention(record: dict, facts: ModelFacts) -> View:
         rows.append([
             str(layer),
             number(mean_defined(record["mean_distance"][li]), 2),
-            number(record["uniform_distance"][li], 2),
+            number(_layer_value(record["uniform_distance"][li]), 2),
             number(mean_defined(record["first_token_mass"][li])),
             number(record["sink_rate"][li], 2),
             number(mean_defined(record["toeplitz_r2"][li])),
@@ -357,7 +363,7 @@ def attention(record: dict, facts: ModelFacts) -> View:
     lines = [
         headline("sink rate (mean over layers)", mean_defined(record["sink_rate"]), 2),
         headline("mean attention distance, last layer", mean_defined(record["mean_distance"][last]), 2),
-        headline("uniform attention would give", record["uniform_distance"][last], 2),
+        headline("uniform attention would give", _layer_value(record["uniform_distance"][last]), 2),
     ]
     figures = [f for f in record["figures"] if f.endswith(("sinks.png", "mean_distance.png"))]
     notes = [f"{record['n_texts']} texts ({record['text']}), {record['n_queries']} queries; all means are over heads"]
