@@ -26,7 +26,9 @@ def reads_padding(model) -> bool:
 
 
 def check_model(model, attention: bool = True, encoder_decoder: bool = False, hybrid: bool = False) -> tuple[int, int]:
-    """(layers, heads) of the stack a capture runs; PosprobeError for a model that cannot be captured: with
+    """(layers, heads) of the stack a capture runs (heads: the most of any layer where the config gives a query-head
+    count per layer, Laguna; a layer's missing heads are NaN in the capture); PosprobeError for a model that
+    cannot be captured: with
     `attention` (scores or probabilities are recorded), a retrofitted model (its attention is a posprobe
     mechanism), a model without softmax attention, and a hybrid (softmax attention in some layers only) unless
     `hybrid` (the capture and `posprobe attention` record its attention layers, `attention_layers`; callers that

@@ -49,6 +49,7 @@ class LayerRecorder:
     def __init__(self, keep_scores: bool, keep_probs: bool, n_layers: int, heads: int | None = None):
         self.keep_scores, self.keep_probs, self.n_layers, self.heads = keep_scores, keep_probs, n_layers, heads
         self.m = 0
+        self._last: tuple | None = None  # the last call recorded (`repeats`)
         self.scores: list = []
         self.probs: list = []
         self.allowed: list = []
@@ -57,7 +58,7 @@ class LayerRecorder:
     def begin(self, batch: int, m: int) -> None:
         self.batch, self.m = batch, m
         self.scores, self.probs, self.allowed, self._cache = [], [], [], None
-        self._last: tuple | None = None
+        self._last = None
 
     @property
     def calls(self) -> int:
