@@ -21,13 +21,13 @@ from posprobe.analysis.sinks import SinkAccumulator
 from posprobe.capture import capture, is_eager_route
 from posprobe.capture import run as capture_run
 from posprobe.capture.memory import attention_batch_bytes, attention_block_bytes
-from posprobe.capture.model import attention_layers, check_model
+from posprobe.capture.model import attention_layers, check_model, picks_keys_per_head
 from posprobe.capture.recording import BLOCK_NAME, BlockRecorder, block_attention, recording_attention
 from posprobe.errors import PosprobeError
 from posprobe.pipelines.attention import attention_profiles
 
 PROFILE_FIELDS = ("score_profiles", "prob_profiles", "prob_profiles_without_first", "mean_distance")
-COUNT_FIELDS = ("pair_counts", "pair_counts_without_first", "n_queries")
+COUNT_FIELDS = ("pair_counts", "pair_counts_without_first", "n_queries", "head_pair_counts")
 SINK_FIELDS = (
     "first_token_mass",
     "special_token_mass",
@@ -99,9 +99,11 @@ def _texts(lengths, seed: int = 0) -> list[list[int]]:
 
 
 def _reducers(model, n: int, learned: bool = False):
-    """Reducers for every attention layer (a hybrid's attention layers only: what the capture records)."""
-    L, H = len(attention_layers(model)), model.config.get_text_config().num_attention_heads  # a wrapper: its LM
-    out = [EmpiricalAccumulator(L, H, n), SinkAccumulator(L, H)]
+    """Reducers for every attention layer (a hybrid's attention layers only: what the capture records); their
+    counts per head where a layer's heads pick keys of their own (MiniMax M3)."""
+    L, H = len(attention_layers(model)), check_model(model, hybrid=True)[1]  # the most heads of any layer
+    per_head = picks_keys_per_head(model)
+    out = [EmpiricalAccumulator(L, H, n, head_masks=per_head), SinkAccumulator(L, H, head_masks=per_head)]
     return out + ([LearnedSinkAccumulator(L, H)] if learned else [])
 
 
@@ -145,7 +147,7 @@ def test_blocks_equal_whole_matrices_on_the_family_matrix(name):
     learned = name == "gpt_oss"
     try:
         check_model(model, hybrid=True)
-    except PosprobeError as err:  # refused before any reducer (Dots3's query-head count per layer type)
+    except PosprobeError as err:  # refused before any reducer
         pytest.skip(err.message)
     whole = _reducers(model, n, learned)
     try:

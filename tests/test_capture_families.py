@@ -70,13 +70,9 @@ REFUSED = {
     "longformer": "not one softmax over all keys",  # sliding chunks
     "longt5": "not one softmax over all keys",  # blockwise local attention
     "deberta-talking-heads": "does not give its returned attention",  # heads mixed after the softmax
-    "diffllama": "more attention calls .* than it has layers",  # two softmax calls per layer (differential)
     "mllama": r"skips its layers \[1\] on text",  # hidden states: none enters its skipped cross-attention layer
     "funnel": "did not return one attention matrix per layer",  # pooled blocks, an upsampling decoder
     "funnel-factorized": "did not return one attention matrix per layer",
-    "minimax_m3_vl_text": "masks keys per key-head group",  # a block indexer per group: one mask per group
-    "laguna": "a query-head count per layer",  # issue 34 (heads): one head axis in the capture's per-layer arrays
-    "dots3_note_text-heads": "a query-head count per layer",  # issue 34 (dots3): sliding layers' own heads
 }
 NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention is checked with the hybrids
 # stacks run one after another (BLT: byte encoder, global transformer over patches, byte decoder): its byte layers'
@@ -105,6 +101,8 @@ ALL = sorted(set(CASES) - set(REFUSED) - NOT_TEXT - set(CHUNKED)) + sorted(set(E
 # output by sigmoid(logsumexp_j S(i, j) - s_h), the share a sink column s_h would leave them (gpt-oss's sinks, the
 # same weights on the values): the capture's A is those weights, as for gpt-oss
 SINKS_ON_OUTPUT = {"granite_swa", "granitemoe_swa"}
+# a block indexer per key-head group: each query head attends its group's key blocks (allowed pairs per head)
+GROUP_MASKS = {"minimax_m3_vl_text"}
 
 
 def _params(names, quick=QUICK):
@@ -121,10 +119,11 @@ IN_FLOAT32 |= {"gemma3", "gemma4", "gemma4_unified"}
 IN_FLOAT32 |= {"gemma3n"}  # issue 34 (wrap)
 # float64 eager Dots3: a sliding row whose keys are all padding takes the float64 minimum, -inf in its float32
 # softmax (NaN), which its next indexed layer spreads to every token
-IN_FLOAT32 |= {"dots3_note_text", "dots3_note"}
+IN_FLOAT32 |= {"dots3_note_text", "dots3_note_text-heads", "dots3_note"}
 # transformers' float64 BLT masks its cross-attention in float64 and softmaxes in float32: a patch of no byte (the
 # one after the last) gets a row of -inf, NaN, and NaN reaches every byte through the global layers' values
 IN_FLOAT32 |= {"blt"}
+IN_FLOAT32 |= {"laguna"}  # its float64 eager attention gives NaN on real tokens beside padding in a window, as above
 
 
 def tolerance(name: str) -> float:
@@ -152,11 +151,12 @@ def texts(count: int = 7, seed: int = 1) -> list[list[int]]:
     return [rng.integers(4, 99, size=int(rng.integers(2, 12))).tolist() for _ in range(count)]
 
 
-def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool = False) -> dict:
+def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool = False, per_head: bool = False) -> dict:
     """The model's own eager run on one unpadded text: probabilities A and hidden states from its outputs, the
     softmax inputs S recorded by patching softmax (A, H, n, n: its A attention layers, every layer but a hybrid's
     others); the pairs it attends, A > 0. `per_layer`: also `attending`, the layers (hooked one by one) whose
-    forward pass ran a (queries x keys) softmax: an oracle of which layers attend, independent of the config."""
+    forward pass ran a (queries x keys) softmax: an oracle of which layers attend, independent of the config.
+    `per_head`: `allowed` (A, H, n, n), each head's own pairs (a block indexer per key-head group)."""
     net = stack_to_run(model)
     previous = net.config._attn_implementation
     net.set_attn_implementation("eager")
@@ -183,16 +183,16 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
     if len(returned) == layers > len(softmax.inputs):  # MiniMax also returns its linear layers' decay: keep the
         returned = [returned[layer] for layer in attention_layers(net)]  # attention layers
     keys = n if pooled else None  # pooled entries after the sequence's keys: cut
-    returned = np.stack([a[0, ..., :keys].double().numpy() for a in returned])
+    returned = _heads_padded([a[0, ..., :keys].double().numpy() for a in returned])
     if returns_scores:
         scores = returned
         probs = torch.softmax(torch.from_numpy(returned), -1).numpy()
     else:
-        scores, probs = np.stack(softmax.inputs), returned
+        scores, probs = _heads_padded(_once(softmax.inputs, len(returned))), returned
     return dict(
         probs=probs,
         scores=scores,
-        allowed=probs[:, 0] > 0,  # (L, n, n)
+        allowed=probs > 0 if per_head else probs[:, 0] > 0,  # (L, n, n), or (L, H, n, n) per head
         hidden=[h[0].double().numpy() for h in out.hidden_states],
         attending=attending,
     )
@@ -242,6 +242,23 @@ def alone_stacked(model, ids: list[int]) -> dict:
     )
 
 
+def _once(inputs: list, layers: int) -> list:
+    """The softmax inputs of each layer once: where a model ran two identical softmaxes per layer (DiffLlama's
+    differential attention: one call per half of its values), the second of each pair, checked equal, is dropped."""
+    if len(inputs) != 2 * layers or layers == 0:
+        return inputs
+    for first, second in zip(inputs[::2], inputs[1::2], strict=True):
+        np.testing.assert_array_equal(first, second)
+    return inputs[::2]
+
+
+def _heads_padded(layers: list) -> np.ndarray:
+    """(L, H, n, n) of per-layer (H_l, n, n) arrays, H the most heads of any layer: a layer's heads H_l..H-1 NaN
+    (Laguna's query-head count per layer, SPEC §9); a plain stack where every layer has H."""
+    heads = max(x.shape[0] for x in layers)
+    return np.stack([np.concatenate([x, np.full((heads - len(x), *x.shape[1:]), np.nan)]) for x in layers])
+
+
 def _sink_scale(model, scores: np.ndarray) -> np.ndarray:
     """(L, H, n, 1) sigmoid(logsumexp_j S(i, j) - s_h): what a model with output-side sinks scales each row by."""
     sinks = np.stack([layer.self_attn.sinks.detach().double().numpy() for layer in _layers(stack_to_run(model))])
@@ -263,12 +280,20 @@ class Keep:
             self.texts[text] = dict(
                 scores=np.stack([s[row, :, :n, :n].double().numpy() for s in batch.scores]),
                 probs=np.stack([a[row, :, :n, :n].double().numpy() for a in batch.probs]),
-                allowed=np.stack([p[row, :n, :n].numpy() for p in batch.allowed]),
+                allowed=_allowed_of(batch, row, n),
                 hidden=[h[row, :n].double().numpy() for h in batch.hidden_states or ()],
             )
 
     def result(self):
         return self.texts
+
+
+def _allowed_of(batch, row: int, n: int) -> np.ndarray:
+    """(L, n, n) the allowed pairs of text `row` (its n real tokens) in every layer, or (L, H, n, n) where some
+    layer's heads have pairs of their own (the other layers' broadcast to every head)."""
+    layers = [p[row, ..., :n, :n].numpy() for p in batch.allowed]
+    heads = max((x.shape[0] for x in layers if x.ndim == 3), default=None)
+    return np.stack(layers if heads is None else [np.broadcast_to(x, (heads, n, n)) for x in layers])
 
 
 @pytest.mark.parametrize("name", _params(ALL))
@@ -291,7 +316,7 @@ def test_capture_equals_each_text_run_alone(name):
         if name in STACKED:
             ref = alone_stacked(reference, ids)
         else:
-            ref = alone(reference, ids, name in RETURNS_SCORES, per_layer=name in HYBRIDS)
+            ref = alone(reference, ids, name in RETURNS_SCORES, name in HYBRIDS, name in GROUP_MASKS)
         if name in SINKS_ON_OUTPUT:
             ref["probs"] = ref["probs"] * _sink_scale(reference, ref["scores"])
         if name in HYBRIDS or name in STACKED:  # the attention layers only, exactly those the model's own run ran
@@ -300,11 +325,15 @@ def test_capture_equals_each_text_run_alone(name):
         for ours, theirs in zip(got["hidden"], [] if name in STREAMS else ref["hidden"], strict=True):
             np.testing.assert_allclose(ours, theirs, rtol=tol * 100, atol=tol * 100)
         np.testing.assert_array_equal(got["allowed"], ref["allowed"])  # masks: padding, causality, windows
-        allowed = np.broadcast_to(ref["allowed"][:, None], got["scores"].shape)
-        masked = got["scores"][~allowed]
+        present = ~np.isnan(ref["scores"]).all((-2, -1))  # (L, H): heads a layer lacks (Laguna, SPEC §9) are NaN
+        assert np.isnan(got["scores"][~present]).all() and np.isnan(got["probs"][~present]).all()
+        allowed = np.broadcast_to(
+            ref["allowed"] if name in GROUP_MASKS else ref["allowed"][:, None], got["scores"].shape
+        )
+        masked = got["scores"][~allowed & present[..., None, None]]
         assert ((masked < -1e30) | (masked == MASKED_EXACTLY)).all()  # OpenAI GPT: -1e4 exactly
         with np.errstate(divide="ignore", invalid="ignore"):  # masked pairs: -inf - log 0
-            shift = np.where(allowed, got["scores"] - np.log(ref["probs"]), np.nan)  # log-sum-exp of each row
+            shift = np.where(allowed, got["scores"] - np.log(ref["probs"]), np.nan)[present]  # log-sum-exp of a row
         spread = np.nanmax(shift, -1) - np.nanmin(shift, -1)
         assert spread.max() < 10 * tol, f"{name}: S is not the input of the softmax that gave A"
 
@@ -325,10 +354,11 @@ def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
     keep = Keep(hidden=name not in STREAMS | set(CHUNKED))  # Reformer pads 12 to 16: hidden states of 16
     capture(model, [keep], input_ids=[[word] * n], max_length=n)
     got = keep.texts[0]
-    allowed = np.broadcast_to(ref.allowed[0][None], got["scores"][0].shape)
+    allowed = np.broadcast_to(ref.allowed[0], got["scores"][0].shape)  # (n, n) or (H, n, n)
     tol = 1e-4 if name in IN_FLOAT32 else 1e-9
     np.testing.assert_allclose(got["scores"][0][allowed], ref.scores[0][allowed], rtol=tol, atol=tol)
-    np.testing.assert_array_equal(got["allowed"][0], ref.allowed[0])
+    mine = got["allowed"][0]  # (n, n), or (H, n, n) where another layer's heads have pairs of their own
+    np.testing.assert_array_equal(mine, np.broadcast_to(ref.allowed[0], mine.shape))
 
 
 def brute_force(
@@ -392,7 +422,7 @@ def brute_force(
 
 
 @pytest.mark.parametrize("name", _params(["t5", "bloom", "deberta-v2", "mpnet", "marian", "megatron-bert", "falcon",
-                                          "gpt_neo", "xglm", "big_bird", "llama", "gemma3_text"],
+                                          "gpt_neo", "xglm", "big_bird", "llama", "gemma3_text", "diffllama"],
                                          quick={"deberta-v2"}))  # fmt: skip
 def test_attention_profiles_and_sinks_equal_loops_over_each_text(name):
     model = make(name)
@@ -468,6 +498,180 @@ def test_a_hybrids_attention_layers_equal_loops_over_each_text_and_its_other_lay
     for chart in (mean_distance_chart(result), sink_chart(result)):  # the other layers' columns say why blank
         words = [t.get_text() for ax in chart.axes for t in ax.texts]
         assert sum(NO_SCORE in w for w in words) == len(others)
+
+
+@pytest.mark.slow
+def test_a_query_head_count_per_layer_leaves_the_heads_a_layer_lacks_out_everywhere(capsys):
+    """Laguna (2, 4, 2, 4 query heads): profiles and sinks of the heads each layer has equal the loops over its own
+    eager attention (each text alone); the heads a layer lacks are NaN in every per-head array (SPEC §9, as in F̂),
+    and the JSON record, the figures and the text table leave them out or say 'no such head'."""
+    import json
+
+    from posprobe.cli.attention import _print
+    from posprobe.plotting.attention import mean_distance_chart, profile_grid, sink_chart
+
+    model = make("laguna")
+    corpus = [[5, *ids] for ids in texts(6, seed=7)]
+    n = 13
+    ref = brute_force(copy.deepcopy(model), corpus, n, first_special=True)
+    result = attention_profiles(
+        model, input_ids=corpus, special_ids=[5], max_length=n, batch_size=3, weights_correlation=False
+    )
+    counts = np.array(model.config.num_attention_heads_per_layer)
+    present = np.arange(result.n_heads)[None] < counts[:, None]  # (L, H)
+    assert result.n_heads == counts.max() and not present.all()
+    np.testing.assert_array_equal(result.present_heads, present)
+    tol = tolerance("laguna")
+    p, sinks = result.profiles, result.sinks
+    for what in PROFILE_ARRAYS:  # NaN where the loops give NaN: the missing heads (equal_nan)
+        np.testing.assert_allclose(getattr(p, what), ref[what], rtol=tol, atol=tol, err_msg=what)
+        values = getattr(p, what)
+        assert np.isnan(values[~present]).all()
+        assert np.isfinite(values[present]).reshape(present.sum(), -1).any(-1).all()
+    for what in SINK_MEASURES:
+        np.testing.assert_allclose(getattr(sinks, what), ref[what], rtol=tol, atol=tol, err_msg=what)
+    assert np.isnan(sinks.first_token_mass[~present]).all() and np.isfinite(sinks.first_token_mass[present]).all()
+    assert np.isnan(p.toeplitz_r2[~present]).all() and np.isfinite(p.toeplitz_r2[present]).all()
+    expected = [(ref["first_token_mass"][layer, :c] > sinks.threshold).mean() for layer, c in enumerate(counts)]
+    np.testing.assert_allclose(sinks.sink_rate, expected)  # over the heads the layer has
+    blocks = attention_profiles(  # the blockwise route (SPEC §19) pads each block's heads the same way
+        model, input_ids=corpus, special_ids=[5], max_length=n, batch_size=3, weights_correlation=False, block_size=4
+    )
+    for what in PROFILE_ARRAYS:
+        np.testing.assert_allclose(getattr(blocks.profiles, what), getattr(p, what), rtol=tol, atol=tol)
+    np.testing.assert_allclose(blocks.sinks.first_token_mass, sinks.first_token_mass, rtol=tol, atol=tol)
+    record = json.loads(json.dumps(result.to_dict()))
+    for name in ("mean_distance", "toeplitz_r2", "first_token_mass", "distance_without_first", "first_token_ratio"):
+        assert [len(row) for row in record[name]] == counts.tolist(), name
+        assert all(v is not None for row in record[name] for v in row), name
+    words = [t.get_text() for ax in profile_grid(result, 0).axes for t in ax.texts]
+    assert sum("no such head" in w for w in words) == result.n_heads - counts[0]
+    for chart in (mean_distance_chart(result), sink_chart(result)):
+        assert sum(t.get_text() == "—" for ax in chart.axes for t in ax.texts) == (~present).sum()
+    capsys.readouterr()
+    _print(result, {"npz": "attention.npz"})
+    assert "no such head" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_differential_attention_is_recorded_once_per_layer_in_blocks_too():
+    """DiffLlama runs its H softmax heads twice per layer (the same queries, keys and mask, one call per half of its
+    values): both routes record each layer once, and blocks of query rows give the whole matrices' numbers."""
+    model = make("diffllama")
+    corpus = [[5, *ids] for ids in texts(6, seed=7)]
+    runs = [
+        attention_profiles(model, input_ids=corpus, special_ids=[5], max_length=13, batch_size=3,
+                           weights_correlation=False, block_size=size)
+        for size in (0, 4)
+    ]  # fmt: skip
+    for what in PROFILE_ARRAYS:
+        np.testing.assert_allclose(getattr(runs[1].profiles, what), getattr(runs[0].profiles, what), atol=1e-9)
+    np.testing.assert_allclose(runs[1].sinks.first_token_mass, runs[0].sinks.first_token_mass, atol=1e-9)
+    assert np.isfinite(runs[0].profiles.mean_distance).all()
+
+
+def brute_force_per_head(model, corpus, n: int) -> dict:
+    """SPEC §10 profiles and SPEC §14 sinks by loops over each text alone where every head has pairs of its own
+    (`alone(per_head=True)`): every count and reference per head, each head over the keys it may see; the first
+    token of every text special, every token counted."""
+    L, H = model.config.get_text_config().num_hidden_layers, model.config.get_text_config().num_attention_heads
+    z = lambda *shape: np.zeros(shape)  # noqa: E731
+    s_sum, a_sum, c, a_later, c_later = (z(L, H, 2 * n - 1) for _ in range(5))
+    union = z(L, 2 * n - 1)
+    dist, queries, first, first_n, uniform_first, special = z(L, H), z(L, H), z(L, H), z(L, H), z(L, H), z(L, H)
+    later_dist, later_n, uniform, uniform_n, uniform_later, uniform_later_n = (z(L, H) for _ in range(6))
+    sink_queries = 0
+    for ids in corpus:
+        ref = alone(model, ids, per_head=True)
+        S, A, allowed = ref["scores"], ref["probs"], ref["allowed"]  # allowed (L, H, m, m)
+        m = len(ids)
+        sink_queries += m - 1
+        for layer, h, i in np.ndindex(L, H, m):
+            keys = [j for j in range(m) if allowed[layer, h, i, j]]
+            for j in range(m):
+                if allowed[layer, :, i, j].any() and h == 0:
+                    union[layer, j - i + n - 1] += 1
+            if keys:
+                queries[layer, h] += 1
+                uniform[layer, h] += np.mean([abs(j - i) for j in keys])
+                uniform_n[layer, h] += 1
+            for j in keys:
+                c[layer, h, j - i + n - 1] += 1
+                s_sum[layer, h, j - i + n - 1] += S[layer, h, i, j]
+                a_sum[layer, h, j - i + n - 1] += A[layer, h, i, j]
+                dist[layer, h] += A[layer, h, i, j] * abs(j - i)
+            if i == 0:
+                continue
+            special[layer, h] += A[layer, h, i, 0]  # token 5 first: the one special token
+            later = [j for j in keys if j >= 1]
+            for j in later:
+                c_later[layer, h, j - i + n - 1] += 1
+                a_later[layer, h, j - i + n - 1] += A[layer, h, i, j]
+            if allowed[layer, h, i, 0]:
+                first[layer, h] += A[layer, h, i, 0]
+                first_n[layer, h] += 1
+                uniform_first[layer, h] += 1 / len(keys)
+            mass = sum(A[layer, h, i, j] for j in later)
+            if later and mass > 0:
+                later_dist[layer, h] += sum(A[layer, h, i, j] * abs(j - i) for j in later) / mass
+                later_n[layer, h] += 1
+            if later:
+                uniform_later[layer, h] += np.mean([abs(j - i) for j in later])
+                uniform_later_n[layer, h] += 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return dict(
+            score_profiles=s_sum / c, prob_profiles=a_sum / c, head_pair_counts=c, pair_counts=union,
+            mean_distance=dist / queries, prob_profiles_without_first=a_later / c_later,
+            first_token_mass=first / first_n, first_token_queries=first_n,
+            uniform_first_token_mass=uniform_first / first_n,
+            special_token_mass=special / sink_queries, distance_without_first=later_dist / later_n,
+            uniform_distance=uniform / uniform_n, uniform_distance_without_first=uniform_later / uniform_later_n,
+        )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_heads_with_key_blocks_of_their_own_equal_loops_over_each_text(capsys):
+    """MiniMax M3 (tiny): in its sparse layers each query head attends the key blocks its key-head group's indexer
+    picked. Profiles, distances, sinks and their uniform references, each head over its own pairs, equal loops over
+    the model's own eager attention (each text alone), on whole matrices and in blocks of query rows; the heads of a
+    sparse layer do attend different pairs; JSON, figures and the text table take the per-head references."""
+    import json
+
+    from posprobe.cli.attention import _print
+    from posprobe.plotting.attention import mean_distance_chart, sink_chart
+
+    model = make("minimax_m3_vl_text")
+    corpus = [[5, *ids] for ids in texts(6, seed=7)]
+    n = 13
+    ref = brute_force_per_head(copy.deepcopy(model), corpus, n)
+    c = ref["head_pair_counts"]
+    assert (c[1:] != c[1:, :1]).any() and (c[0] == c[0, :1]).all()  # sparse layers: pairs per head
+    tol = tolerance("minimax_m3_vl_text")
+    for size in (0, 5):
+        result = attention_profiles(model, input_ids=corpus, special_ids=[5], max_length=n, batch_size=3,
+                                    weights_correlation=False, block_size=size)  # fmt: skip
+        p, sinks = result.profiles, result.sinks
+        np.testing.assert_array_equal(p.head_pair_counts, ref["head_pair_counts"])
+        np.testing.assert_array_equal(p.pair_counts, ref["pair_counts"])
+        for what in ("score_profiles", "prob_profiles", "mean_distance", "prob_profiles_without_first"):
+            np.testing.assert_allclose(getattr(p, what), ref[what], rtol=tol, atol=tol, err_msg=what)
+        for what in ("first_token_mass", "special_token_mass", "distance_without_first", "uniform_first_token_mass",
+                     "first_token_queries", "uniform_distance", "uniform_distance_without_first"):  # fmt: skip
+            np.testing.assert_allclose(getattr(sinks, what), ref[what], rtol=tol, atol=tol, err_msg=what)
+    record = json.loads(json.dumps(result.to_dict()))
+    assert len(record["uniform_distance"][1]) == result.n_heads and None not in sum(record["mean_distance"], [])
+    mean_distance_chart(result), sink_chart(result)
+    capsys.readouterr()
+    _print(result, {"npz": "attention.npz"})
+    assert "L2" in capsys.readouterr().out
+
+
+def test_the_sink_rate_is_the_share_of_the_heads_a_layer_has():
+    from posprobe.analysis.sinks import sink_rate
+
+    nan = np.nan
+    mass = np.array([[0.5, 0.1, nan, nan], [0.5, 0.1, 0.4, 0.2], [nan] * 4, [0.5, nan, 0.4, 0.2]])
+    np.testing.assert_array_equal(sink_rate(mass, 0.3), [0.5, 0.5, nan, 2 / 3])
 
 
 @pytest.mark.parametrize("name", _params(sorted(REFUSED), quick={"falcon-alibi", "longformer"}))
@@ -605,6 +809,29 @@ def test_models_without_one_token_sequence_are_refused(name):
             capture(model, [reducer], input_ids=texts(3), max_length=16)
         assert "\n" not in str(err.value)
     assert family_for_type(model.config.model_type).capture == REFUSED_ROUTE
+
+
+@pytest.mark.slow
+def test_a_wrapper_whose_forward_fails_on_text_is_refused_in_one_line():
+    """Llama 4's multimodal wrapper (model_type llama4) runs a text through transformers' own forward pass, which
+    failed there (it read image outputs its language model does not return): no traceback, one line naming the
+    model type; or, where transformers runs it, the capture records its language model's attention layers."""
+    text = dict(case("llama4_text").config)
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37, image_size=28,
+                  patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32)  # fmt: skip
+    torch.manual_seed(0)
+    config = tf.Llama4Config(text_config=text, vision_config=vision)
+    model = tf.AutoModel.from_config(config, attn_implementation="eager").float().eval()
+    assert model.config.model_type == "llama4"
+    for needs in (("scores", "probs"), ("hidden_states",)):
+        reducer = Keep()
+        reducer.needs = needs
+        try:
+            summary = capture(model, [reducer], input_ids=texts(3), max_length=16)
+        except PosprobeError as err:
+            assert "\n" not in str(err) and "'llama4' fails in its own forward pass on text" in str(err)
+        else:
+            assert summary.n_texts == 3
 
 
 def test_routes():

@@ -181,7 +181,8 @@ def test_a_query_head_count_per_layer_through_every_command(tmp_path, capsys):
     """Laguna (2 query heads in layers 0 and 2, 4 in layers 1 and 3; SPEC §9): F̂ and profiles hold 4 heads per
     layer, a layer's missing heads NaN and left out of the JSON, named in the text table and figures; fit-tisa fits
     each layer's own heads; rotary bands read layers of one head count; states reads every layer; attention on text
-    is refused in one line; a model with one head count is unchanged (every head listed)."""
+    gives each layer's own heads (the others NaN, left out of the JSON), which fit-tisa fits; a model with one head
+    count is unchanged (every head listed)."""
     import torch
     from tiny_tokenizer import word_tokenizer
 
@@ -226,6 +227,15 @@ def test_a_query_head_count_per_layer_through_every_command(tmp_path, capsys):
     states = runner.invoke(app, ["states", str(folder), "--text", str(texts), "--max-length", "12", "--min-texts",
                                  "2", "--out", str(tmp_path / "s")])  # fmt: skip
     assert states.exit_code == 0, states.output
-    refused = runner.invoke(app, ["attention", str(folder), "--text", str(texts), "--out", str(tmp_path / "a")])
-    assert "has a query-head count per layer" in str(refused.exception)
-    assert not (tmp_path / "a").exists()
+    attention = run_json(["attention", str(folder), "--text", str(texts), "--max-length", "12", "--min-pairs", "1",
+                          "--out", str(tmp_path / "a"), "--json"])  # fmt: skip
+    assert [len(row) for row in attention["mean_distance"]] == [2, 4, 2, 4]  # a layer's own heads, every one finite
+    assert None not in sum(attention["mean_distance"], []) and None not in sum(attention["weights_correlation"], [])
+    with np.load(attention["npz"]) as npz:
+        assert np.isnan(npz["mean_distance"][[0, 2], 2:]).all() and np.isfinite(npz["mean_distance"][[1, 3]]).all()
+    fitted = run_json(["fit-tisa", attention["npz"], "--kernels", "1", "--out", str(tmp_path / "ta"), "--json"])
+    assert len(fitted["heads"]) == 12  # the heads each layer has, none of the missing ones
+    report = run_json(["report", str(folder), "--text", str(texts), "--only", "rotary", "--out", str(tmp_path / "rp"),
+                       "--json"])  # fmt: skip
+    rotary = report["sections"]["rotary"]  # rotary bands of layer 0's head shape: its layers 0 and 2
+    assert rotary["status"] == "ok" and "--layers 0,2" in rotary["command"], rotary

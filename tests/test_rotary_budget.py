@@ -55,6 +55,27 @@ def test_budget_in_rotary_equals_the_closed_form():
     np.testing.assert_allclose(linear, 2 * default, rtol=1e-6)
 
 
+def test_budget_of_layers_of_one_type_reads_that_types_rope_setting():
+    """Laguna (tiny): sliding layers 0 and 2 rotate all 8 dims at base 100, global layers 1 and 3 half of them at
+    base 1000. The budget of the sliding layers reads their own setting (base, rotated dims, the wavelengths the
+    bands use); that of the global layers the global setting, as before; a variant changes the global setting
+    only."""
+    import torch
+
+    model = build("laguna", torch.float32)
+    params = model.config.rope_parameters
+    for layers, kind, dims in (([0, 2], "sliding_attention", 8), ([1, 3], "full_attention", 4)):
+        result = posprobe.rotary(model, layers=layers, rope_scaling="none,linear:2")
+        b = result.budget
+        theta = params[kind]["rope_theta"]
+        assert b["layer_type"] == kind and b["rope_theta"] == theta and b["rotated_dims"] == dims
+        closed = rotary_budget(dims, theta, b["trained_length"])
+        assert b["critical_dimension"] == closed["critical_dimension"]
+        none, linear = (np.asarray(v["wavelengths"]) for v in b["variants"])
+        np.testing.assert_allclose(none, result.wavelengths[0], rtol=1e-5)  # the wavelengths the bands use
+        np.testing.assert_allclose(linear, none * (2 if kind == "full_attention" else 1), rtol=1e-6)
+
+
 @pytest.fixture
 def llama2_config_folder(tmp_path):
     """Llama-2-7B's config (d_h 128, theta 10000, 4096 positions), saved without weights."""

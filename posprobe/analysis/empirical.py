@@ -20,6 +20,10 @@ matrices; an offset sum is a sum over diagonals, and a block holds a piece of ea
   sums; without them memory is linear in n, and M, the count matrix and M's Toeplitz R^2 are not produced.
 A pair (b, i, j) is counted when the model lets query i see key j (its mask: padding, causality, windows) and both
 tokens are real (and not special tokens, when excluded). Every pair weighs the same (pooled means).
+Where a layer's heads pick keys of their own (`head_masks`: MiniMax M3's block indexer per key-head group; counted
+pairs (B, H, b, m)), the counts are also kept per head, `head_pair_sum` and `head_pair_without_first_sum` (L, H,
+2n-1), `head_queries` (L, H) and, with `mean_scores`, `head_count` (L, H, n, n), and each head's means divide by
+its own; the per-layer counts are then those of the pairs some head of the layer attends.
 """
 
 from __future__ import annotations
@@ -88,7 +92,8 @@ class EmpiricalAccumulator:
     rows of one layer; `result` at the end).
 
     n_layers, n_heads, max_length n; `device` where the sums live (the model's device); `mean_scores`: keep the
-    n x n sums of the mean score matrix M (memory quadratic in n) or not (memory linear in n).
+    n x n sums of the mean score matrix M (memory quadratic in n) or not (memory linear in n); `head_masks`: keep
+    the counts per head too (a model whose layers may have a mask per head, module docstring).
     """
 
     needs = ("scores", "probs")
@@ -100,11 +105,12 @@ class EmpiricalAccumulator:
         max_length: int,
         device: str | torch.device = "cpu",
         mean_scores: bool = True,
+        head_masks: bool = False,
     ):
         import torch
 
         self.n_layers, self.n_heads, self.n = int(n_layers), int(n_heads), int(max_length)
-        self.mean_scores = bool(mean_scores)
+        self.mean_scores, self.head_masks = bool(mean_scores), bool(head_masks)
         n, L, H = self.n, self.n_layers, self.n_heads
         zeros = lambda *shape, dtype=torch.float64: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
         self.score_offset_sum = zeros(L, H, 2 * n - 1)
@@ -115,16 +121,28 @@ class EmpiricalAccumulator:
         self.queries = zeros(L, dtype=torch.int64)
         self.score_sum = zeros(L, H, n, n) if self.mean_scores else None
         self.count = zeros(L, n, n, dtype=torch.int64) if self.mean_scores else None
+        heads = self.head_masks
+        self.head_pair_sum = zeros(L, H, 2 * n - 1, dtype=torch.int64) if heads else None
+        self.head_pair_without_first_sum = zeros(L, H, 2 * n - 1, dtype=torch.int64) if heads else None
+        self.head_queries = zeros(L, H, dtype=torch.int64) if heads else None
+        self.head_count = zeros(L, H, n, n, dtype=torch.int64) if heads and self.mean_scores else None
         # added over torchrun ranks (SPEC §19)
         self.rank_sums = ("score_offset_sum", "prob_sum", "prob_without_first_sum", "pair_sum")
         self.rank_sums += ("pair_without_first_sum", "queries") + (("score_sum", "count") if self.mean_scores else ())
+        if heads:
+            self.rank_sums += ("head_pair_sum", "head_pair_without_first_sum", "head_queries")
+            self.rank_sums += ("head_count",) if self.mean_scores else ()
 
     @staticmethod
-    def nbytes(n_layers: int, n_heads: int, max_length: int, mean_scores: bool = True) -> int:
+    def nbytes(n_layers: int, n_heads: int, max_length: int, mean_scores: bool = True, head_masks: bool = False) -> int:
         """Memory the accumulators take (bytes)."""
         n = max_length
         linear = 8 * (3 * n_layers * n_heads * (2 * n - 1) + n_layers * (2 * (2 * n - 1) + 1))
-        return linear + (8 * (n_layers * n_heads + n_layers) * n * n if mean_scores else 0)
+        square = 8 * (n_layers * n_heads + n_layers) * n * n if mean_scores else 0
+        if head_masks:  # the counts per head
+            linear += 8 * n_layers * n_heads * (2 * (2 * n - 1) + 1)
+            square += 8 * n_layers * n_heads * n * n if mean_scores else 0
+        return linear + square
 
     def add(self, batch) -> None:
         """Add every layer of one batch (a `posprobe.capture.BatchCapture`: scores, probs, counted_pairs), as one
@@ -146,7 +164,7 @@ class EmpiricalAccumulator:
         self, layer: int, start: int, scores: torch.Tensor, probs: torch.Tensor, counted: torch.Tensor
     ) -> None:
         """Add query rows start..start+b-1 of one layer against every key: `scores` S and `probs` A (B, H, b, m),
-        `counted` (B, b, m) bool."""
+        `counted` (B, b, m) bool, or (B, H, b, m) where the layer's heads pick keys of their own (`head_masks`)."""
         import torch
 
         b, m = scores.shape[-2], scores.shape[-1]
@@ -154,12 +172,15 @@ class EmpiricalAccumulator:
             raise ValueError(
                 f"rows {start}..{start + b - 1} of scores {tuple(scores.shape)} do not fit max_length {self.n}"
             )
+        if counted.dim() == 4 and not self.head_masks:
+            raise ValueError("counted pairs per head need EmpiricalAccumulator(head_masks=True)")
         n = self.n
-        weight = counted.to(scores.dtype)[:, None]  # (B, 1, b, m)
+        per_head = counted if counted.dim() == 4 else counted[:, None]  # (B, H or 1, b, m)
+        weight = per_head.to(scores.dtype)
         # where() rather than a product: masked scores may be -inf or the dtype's minimum
-        s = torch.where(counted[:, None], scores, 0).sum(0, dtype=torch.float64)  # (H, b, m)
+        s = torch.where(per_head, scores, 0).sum(0, dtype=torch.float64)  # (H, b, m)
         a = (probs * weight).sum(0, dtype=torch.float64)  # (H, b, m)
-        c = counted.sum(0)  # (b, m) int64
+        c = (per_head.any(1) if counted.dim() == 4 else counted).sum(0)  # (b, m) int64: pairs some head counts
         self.score_offset_sum[layer] += block_offset_sums(s, start, 0, n)
         self.prob_sum[layer] += block_offset_sums(a, start, 0, n)
         self.pair_sum[layer] += block_offset_sums(c, start, 0, n)
@@ -167,7 +188,15 @@ class EmpiricalAccumulator:
         if b > skip and m > 1:
             self.prob_without_first_sum[layer] += block_offset_sums(a[:, skip:, 1:], start + skip, 1, n)
             self.pair_without_first_sum[layer] += block_offset_sums(c[skip:, 1:], start + skip, 1, n)
-        self.queries[layer] += counted.any(-1).sum()
+        self.queries[layer] += per_head.any(1).any(-1).sum()
+        if self.head_masks:  # each head's own counts ((1, ...) broadcast where the layer has one mask)
+            c_head = per_head.sum(0)  # (H or 1, b, m)
+            self.head_pair_sum[layer] += block_offset_sums(c_head, start, 0, n)
+            if b > skip and m > 1:
+                self.head_pair_without_first_sum[layer] += block_offset_sums(c_head[:, skip:, 1:], start + skip, 1, n)
+            self.head_queries[layer] += per_head.any(-1).sum((0, 2))
+            if self.mean_scores:
+                self.head_count[layer, :, start : start + b, :m] += c_head
         if self.mean_scores:
             self.score_sum[layer, :, start : start + b, :m] += s
             self.count[layer, start : start + b, :m] += c
@@ -183,6 +212,14 @@ class EmpiricalAccumulator:
             score_offset_sum=self.score_offset_sum.cpu().numpy(),
             pair_sum=self.pair_sum.cpu().numpy(),
             pair_without_first_sum=self.pair_without_first_sum.cpu().numpy(),
+            head_counts=None
+            if not self.head_masks
+            else (
+                self.head_pair_sum.cpu().numpy(),
+                self.head_pair_without_first_sum.cpu().numpy(),
+                self.head_queries.cpu().numpy(),
+                numpy(self.head_count),
+            ),
         )
 
 
@@ -197,6 +234,9 @@ class EmpiricalProfiles:
     mean_distance (L, H): mean over counted queries of sum_j A(i, j)|j - i|; mean_scores M (L, H, n, n);
     count_matrix (L, n, n); toeplitz_r2 (L, H): R^2 of M over the entries with data (NaN when undefined); these
     three are None when the n x n sums were not kept (`EmpiricalAccumulator(mean_scores=False)`); n_queries (L,).
+    head_pair_counts (L, H, 2n-1): each head's own pair counts, for a model whose layers may pick keys per head
+    (`EmpiricalAccumulator(head_masks=True)`: its profiles, distances and M divide by each head's own counts;
+    pair_counts, count_matrix and n_queries are then those of the pairs some head attends), else None.
     """
 
     offsets: np.ndarray
@@ -210,6 +250,7 @@ class EmpiricalProfiles:
     n_queries: np.ndarray
     prob_profiles_without_first: np.ndarray | None = None
     pair_counts_without_first: np.ndarray | None = None
+    head_pair_counts: np.ndarray | None = None  # (L, H, 2n-1) where a layer's heads pick keys of their own
 
 
 def empirical_profiles(
@@ -222,11 +263,14 @@ def empirical_profiles(
     score_offset_sum: np.ndarray | None = None,
     pair_sum: np.ndarray | None = None,
     pair_without_first_sum: np.ndarray | None = None,
+    head_counts: tuple | None = None,
 ) -> EmpiricalProfiles:
     """The SPEC §10 quantities from the accumulated sums (shapes as in `EmpiricalAccumulator`). The per-offset sums
     (`score_offset_sum`, `pair_sum`, `pair_without_first_sum`) are the diagonal sums of `score_sum` / `count` when
     those are given (and taken from them when the offset sums are not); without `score_sum` and `count` (no n x n
-    sums kept) mean_scores, count_matrix and toeplitz_r2 are None."""
+    sums kept) mean_scores, count_matrix and toeplitz_r2 are None. `head_counts`: (pairs (L, H, 2n-1), pairs
+    without the first token (L, H, 2n-1), queries (L, H), count (L, H, n, n) or None), each head's own, which then
+    divide each head's sums."""
     if count is not None:
         later = np.zeros_like(count)
         later[:, 1:, 1:] = count[:, 1:, 1:]
@@ -236,20 +280,27 @@ def empirical_profiles(
         pair_counts, pair_counts_later = pair_sum, pair_without_first_sum
     score_diag = offset_sums(score_sum) if score_offset_sum is None else score_offset_sum  # (L, H, 2n-1)
     n = (prob_sum.shape[-1] + 1) // 2
+    # the counts each head's sums divide by: the layer's, or each head's own
+    pairs, pairs_later, head_queries, head_count = (
+        (pair_counts[:, None], None if pair_counts_later is None else pair_counts_later[:, None],
+         np.asarray(queries)[:, None], None if count is None else count[:, None])
+        if head_counts is None
+        else head_counts
+    )  # fmt: skip
     with np.errstate(invalid="ignore", divide="ignore"):
-        denom = np.where(pair_counts > 0, pair_counts, np.nan)[:, None, :]
+        denom = np.where(pairs > 0, pairs, np.nan)
         score_profiles = score_diag / denom
         prob_profiles = prob_sum / denom
         prob_later = None
         if prob_without_first_sum is not None:
-            prob_later = prob_without_first_sum / np.where(pair_counts_later > 0, pair_counts_later, np.nan)[:, None]
+            prob_later = prob_without_first_sum / np.where(pairs_later > 0, pairs_later, np.nan)
         k = np.abs(np.arange(-(n - 1), n))
-        q = np.where(queries > 0, queries, np.nan).astype(np.float64)
-        mean_distance = (prob_sum * k).sum(-1) / q[:, None]
-        mean_scores = None if score_sum is None else score_sum / np.where(count > 0, count, np.nan)[:, None]
+        q = np.where(head_queries > 0, head_queries, np.nan).astype(np.float64)
+        mean_distance = (prob_sum * k).sum(-1) / q
+        mean_scores = None if score_sum is None else score_sum / np.where(head_count > 0, head_count, np.nan)
     r2 = None
     if mean_scores is not None:
-        has_data = np.broadcast_to((count > 0)[:, None], mean_scores.shape)
+        has_data = np.broadcast_to(head_count > 0, mean_scores.shape)
         r2 = masked_toeplitz_r2(np.nan_to_num(mean_scores), has_data)
     return EmpiricalProfiles(
         np.arange(-(n - 1), n),
@@ -263,6 +314,7 @@ def empirical_profiles(
         np.asarray(queries),
         prob_later,
         pair_counts_later,
+        None if head_counts is None else head_counts[0],
     )
 
 
@@ -323,5 +375,6 @@ def correlation_with_weights(profiles: EmpiricalProfiles, weights_profiles: np.n
     """(L, H) Pearson r between the score profile s(k) and the weights-based profile (L, H, 2n-1) of each head, over
     the offsets whose pair count c(k) in that layer is at least `min_pairs` (an offset resting on a few pairs would
     otherwise weigh as much as one resting on thousands). NaN where fewer than 3 offsets qualify."""
-    enough = profiles.pair_counts[:, None, :] >= min_pairs  # (L, 1, 2n-1)
+    counts = profiles.pair_counts[:, None, :] if profiles.head_pair_counts is None else profiles.head_pair_counts
+    enough = counts >= min_pairs  # (L, 1 or H, 2n-1)
     return profile_correlation(np.where(enough, profiles.score_profiles, np.nan), weights_profiles)

@@ -25,6 +25,9 @@ would have if every query attended uniformly over the keys it may see (its count
   pair, position 0 included) of mean_j |j - i| — what `mean_distance` equals for uniform attention;
 - `uniform_distance_without_first`: mean over sink queries of mean_{j>=1} |j - i| — the reference for
   `distance_without_first`.
+Where a layer's heads pick keys of their own (`head_masks`: MiniMax M3's block indexer per key-head group; allowed
+and counted pairs (B, H, b, m)), "the keys the query may see" are the head's: the per-layer references and query
+counts (first-token queries, uniform masses and distances) are then kept per head, (L, H).
 """
 
 from __future__ import annotations
@@ -60,25 +63,32 @@ class SinkAccumulator:
     )
 
     def __init__(
-        self, n_layers: int, n_heads: int, device: str | torch.device = "cpu", threshold: float = SINK_THRESHOLD
+        self,
+        n_layers: int,
+        n_heads: int,
+        device: str | torch.device = "cpu",
+        threshold: float = SINK_THRESHOLD,
+        head_masks: bool = False,
     ):
         import torch
 
         self.n_layers, self.n_heads, self.threshold = int(n_layers), int(n_heads), float(threshold)
+        self.head_masks = bool(head_masks)
         L, H = self.n_layers, self.n_heads
         zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
+        layer = (L, H) if self.head_masks else (L,)  # a reference per layer, or per head (module docstring)
         self.first = zeros(L, H)  # sum over sink queries that may see key 0 of A(i, 0)
-        self.first_queries = zeros(L)  # sink queries that may see key 0
-        self.uniform_first = zeros(L)  # sum over them of 1 / (keys the query may see)
+        self.first_queries = zeros(*layer)  # sink queries that may see key 0
+        self.uniform_first = zeros(*layer)  # sum over them of 1 / (keys the query may see)
         self.special = zeros(L, H)  # ... of sum_{j special} A(i, j)
         self.without_first = zeros(L, H)  # ... of the distance without the first token
         self.without_first_queries = zeros(L, H)
         self.sink_queries = 0
         self.special_tokens = 0  # special tokens among the real tokens
-        self.uniform = zeros(L)  # sum over §10 queries of mean_j |j - i|
-        self.uniform_queries = zeros(L)
-        self.uniform_without_first = zeros(L)  # sum over sink queries of mean_{j>=1} |j - i|
-        self.uniform_without_first_queries = zeros(L)
+        self.uniform = zeros(*layer)  # sum over §10 queries of mean_j |j - i|
+        self.uniform_queries = zeros(*layer)
+        self.uniform_without_first = zeros(*layer)  # sum over sink queries of mean_{j>=1} |j - i|
+        self.uniform_without_first_queries = zeros(*layer)
 
     def add(self, batch) -> None:
         """Add every layer of one batch (a BatchCapture: probs, counted_pairs, allowed, counted, special,
@@ -92,11 +102,16 @@ class SinkAccumulator:
 
     def add_rows(self, layer: int, start: int, probs, allowed, pairs, tokens) -> None:
         """Add query rows start..start+b-1 of one layer: probs (B, H, b, m), allowed and pairs (counted pairs)
-        (B, b, m) bool, `tokens` the batch's `TokenBatch` (counted, special, real, positions (B, m)). The batch's
-        query and special-token counts are added with layer 0."""
+        (B, b, m) bool, or (B, H, b, m) where the layer's heads pick keys of their own (`head_masks`), `tokens` the
+        batch's `TokenBatch` (counted, special, real, positions (B, m)). The batch's query and special-token counts
+        are added with layer 0."""
         import torch
 
         b, m = probs.shape[-2], probs.shape[-1]
+        if allowed.dim() == 4 and not self.head_masks:
+            raise ValueError("allowed pairs per head need SinkAccumulator(head_masks=True)")
+        if allowed.dim() == 3:  # one mask for every head: a head axis of 1
+            allowed, pairs = allowed[:, None], pairs[:, None]
         rows = slice(start, start + b)
         queries = tokens.counted[:, rows] & (tokens.positions[:, rows] >= 1)  # (B, b) sink queries
         if layer == 0:
@@ -107,26 +122,25 @@ class SinkAccumulator:
         distance = (at[None, :] - at[start : start + b, None]).abs()  # (b, m) |j - i|
         later = at >= 1  # keys j >= 1
         special = tokens.special.to(probs.dtype)[:, None, :, None]  # (B, 1, m, 1)
-        sees_first = queries & allowed[:, :, 0]  # (B, b)
-        self.first[layer] += (probs[..., 0] * sees_first[:, None]).sum((0, 2), dtype=torch.float64)
+        sees_first = queries[:, None] & allowed[..., 0]  # (B, H or 1, b)
+        self.first[layer] += (probs[..., 0] * sees_first).sum((0, 2), dtype=torch.float64)
         on_special = torch.matmul(probs, special)[..., 0]  # (B, H, b)
         self.special[layer] += (on_special * queries[:, None]).sum((0, 2), dtype=torch.float64)
-        pairs_later = pairs & later  # (B, b, m)
-        weight = pairs_later.to(probs.dtype)[:, None]  # (B, 1, b, m)
+        pairs_later = pairs & later  # (B, H or 1, b, m)
+        weight = pairs_later.to(probs.dtype)
         mass = (probs * weight).sum(-1, dtype=torch.float64)  # (B, H, b)
         moment = (probs * (weight * distance)).sum(-1, dtype=torch.float64)
         ok = queries[:, None] & (mass > 0)
         self.without_first[layer] += torch.where(ok, moment / torch.where(ok, mass, 1.0), 0.0).sum((0, 2))
         self.without_first_queries[layer] += ok.sum((0, 2))
-        keys = (allowed & tokens.real[:, None, :]).sum(-1)  # (B, b) keys each query may see
+        keys = (allowed & tokens.real[:, None, None, :]).sum(-1)  # (B, H or 1, b) keys each query may see
         total, count = _uniform(pairs, distance, None)
-        total_later, count_later = _uniform(pairs_later, distance, queries)
-        self.uniform_first[layer] += torch.where(sees_first, 1.0 / keys.clamp(min=1).to(torch.float64), 0.0).sum()
-        self.first_queries[layer] += sees_first.sum()
-        self.uniform[layer] += total
-        self.uniform_queries[layer] += count
-        self.uniform_without_first[layer] += total_later
-        self.uniform_without_first_queries[layer] += count_later
+        total_later, count_later = _uniform(pairs_later, distance, queries[:, None])
+        first = torch.where(sees_first, 1.0 / keys.clamp(min=1).to(torch.float64), 0.0).sum((0, 2))
+        for name, value in (("uniform_first", first), ("first_queries", sees_first.sum((0, 2))), ("uniform", total),
+                            ("uniform_queries", count), ("uniform_without_first", total_later),
+                            ("uniform_without_first_queries", count_later)):  # fmt: skip
+            getattr(self, name)[layer] += value if self.head_masks else value.sum()  # (H or 1,): per head, or one
 
     def result(self) -> SinkMeasures:
         return sink_measures(
@@ -147,15 +161,16 @@ class SinkAccumulator:
 
 
 def _uniform(pairs: torch.Tensor, distance: torch.Tensor, queries: torch.Tensor | None):
-    """(sum over queries of mean_j |j - i| over the pairs, number of queries): queries with at least one pair
-    (and among `queries` when given). pairs (B, b, m) bool, distance (b, m), queries (B, b)."""
+    """Per head, (sum over queries of mean_j |j - i| over the pairs, number of queries) (H or 1,) each: queries
+    with at least one pair (and among `queries` when given). pairs (B, H or 1, b, m) bool, distance (b, m),
+    queries (B, 1, b)."""
     import torch
 
-    keys = pairs.sum(-1)  # (B, m)
-    spread = (pairs * distance).sum(-1)  # (B, m)
+    keys = pairs.sum(-1)  # (B, H, b)
+    spread = (pairs * distance).sum(-1)  # (B, H, b)
     ok = keys > 0 if queries is None else queries & (keys > 0)
     mean = spread.to(torch.float64) / torch.where(ok, keys, 1)
-    return torch.where(ok, mean, 0.0).sum(), ok.sum()
+    return torch.where(ok, mean, 0.0).sum((0, 2)), ok.sum((0, 2))
 
 
 @dataclass(frozen=True)
@@ -168,7 +183,9 @@ class SinkMeasures:
     n_special_tokens: special tokens among the real tokens (none: special_token_mass is NaN, not measured);
     uniform_first_token_mass (L,): the first-token mass of uniform attention over the same queries (the reference
     for first_token_mass and the threshold); first_token_queries (L,): the sink queries that may see key 0, over
-    which first_token_mass is taken (fewer than n_queries in sliding-window or chunked layers).
+    which first_token_mass is taken (fewer than n_queries in sliding-window or chunked layers). The four (L,)
+    references (uniform distances, uniform first-token mass, first-token queries) are (L, H), each head's, where a
+    layer's heads pick keys of their own (`SinkAccumulator(head_masks=True)`).
     """
 
     first_token_mass: np.ndarray
@@ -188,8 +205,9 @@ class SinkMeasures:
         """(L, H) first-token mass / the uniform first-token mass of its layer (1: no more than uniform)."""
         if self.uniform_first_token_mass is None:
             return None
+        uniform = self.uniform_first_token_mass
         with np.errstate(invalid="ignore", divide="ignore"):
-            return self.first_token_mass / self.uniform_first_token_mass[:, None]
+            return self.first_token_mass / (uniform[:, None] if uniform.ndim == 1 else uniform)
 
 
 def sink_measures(
@@ -212,8 +230,8 @@ def sink_measures(
     mass is taken over all sink queries (every query may see key 0)."""
     per_query = lambda total, count: total / np.where(count > 0, count, np.nan)  # noqa: E731
     first_count = np.float64(sink_queries) if first_queries is None else np.asarray(first_queries, np.float64)
-    first_mass = per_query(first, first_count if np.ndim(first_count) == 0 else first_count[:, None])
-    rate = np.where(np.isfinite(first_mass).all(-1), (first_mass > threshold).mean(-1), np.nan)
+    first_mass = per_query(first, first_count[:, None] if np.ndim(first_count) == 1 else first_count)  # (L, H)
+    rate = sink_rate(first_mass, threshold)
     return SinkMeasures(
         first_mass,
         per_query(special, np.float64(sink_queries)) if n_special_tokens != 0 else np.full_like(first, np.nan),
@@ -227,3 +245,26 @@ def sink_measures(
         None if uniform_first is None else per_query(np.asarray(uniform_first, np.float64), first_count),
         None if first_queries is None else np.asarray(first_queries, np.int64),
     )
+
+
+def per_layer(values: np.ndarray | None) -> np.ndarray | None:
+    """A reference kept per layer (L,) as it is; one kept per head ((L, H): a layer whose heads pick keys of their
+    own, `SinkAccumulator(head_masks=True)`) as the mean over the heads that have one (NaN where none has)."""
+    if values is None or np.ndim(values) == 1:
+        return values
+    values = np.asarray(values, dtype=np.float64)
+    counted = np.isfinite(values).sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counted > 0, np.nansum(values, -1) / counted, np.nan)
+
+
+def sink_rate(first_mass: np.ndarray, threshold: float = SINK_THRESHOLD) -> np.ndarray:
+    """(L,) share of each layer's heads whose first-token mass (L, H) exceeds `threshold`, over the heads the layer
+    has (`fhat.present_heads`: a head NaN where another head of its layer has a mass is absent, SPEC §9, Laguna);
+    NaN where a present head has no mass (no query saw the first token, or a hybrid's layer without attention)."""
+    from posprobe.analysis.fhat import present_heads
+
+    present = present_heads(first_mass, 0)
+    defined = np.where(present, np.isfinite(first_mass), True).all(-1)
+    share = ((first_mass > threshold) & present).sum(-1) / present.sum(-1)
+    return np.where(defined, share, np.nan)

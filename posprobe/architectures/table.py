@@ -1355,9 +1355,7 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=_QK_NORM,
         windows="layer_types",
         tensors={"query_heads_per_layer": "num_attention_heads_per_layer"},
-        capture=REFUSED,
-        capture_note="its layers have query-head counts of their own (num_attention_heads_per_layer), which the "
-        "capture's per-layer arrays (one head axis) do not hold; its hidden states are read",
+        capture_note="a layer's missing query heads (num_attention_heads_per_layer) are NaN, no such head",
         description="rotary embeddings (RoPE) with a setting per layer type, in sliding-window and global layers; "
         "a query-head count per layer (F̂'s head axis holds the most heads; a layer's missing heads are NaN); "
         "a softplus output gate (after the softmax)",
@@ -1888,9 +1886,8 @@ FAMILIES: tuple[Family, ...] = (
         description="rotary embeddings (RoPE) on the rotary part of each head (MLA), a setting and head sizes per "
         "layer type; the rest position-free; indexed layers attend the top-k keys their indexer picks, sliding "
         "layers a local window",
-        capture_note="refused where its layer types have query-head counts of their own (per_layer_config; the "
-        "release: 64 in sliding layers, 128 in the others), which the capture's per-layer arrays (one head axis) do "
-        "not hold; its hidden states are read",
+        capture_note="a layer type's missing query heads (per_layer_config; the release: 64 in sliding layers, 128 in "
+        "the others) are NaN, no such head",
         **{
             **_LLAMA,
             "query": "layers.{l}.self_attn.q_a_proj",
@@ -1988,8 +1985,8 @@ FAMILIES: tuple[Family, ...] = (
         qk_norm=_QK_NORM,
         indexer="layers.{l}.self_attn.indexer",
         tensors={"indexed_layer_type": "minimax_m3_sparse"},  # config.layer_types entry of its sparse layers
-        capture=REFUSED,
-        capture_note="its sparse layers mask keys per key-head group; the capture keeps one mask per layer",
+        capture_note="each query head attends the key blocks its key-head group picked: masks, pair counts and "
+        "uniform references per head in its sparse layers",
         description="rotary embeddings (RoPE); in sparse layers each query head attends the key blocks its key-head "
         "group's indexer head picks (top-k max-pooled blocks plus local blocks)",
         **{**_LLAMA, "norm": RMSNORM_PLUS1},  # Gemma-style norms, the indexer's too
@@ -2068,8 +2065,8 @@ FAMILIES: tuple[Family, ...] = (
         "diffllama",
         ("diffllama",),
         rotary_class=_rotary("diffllama", "DiffLlama"),
-        capture=REFUSED,
-        capture_note="two softmax calls per layer (differential attention): refused",
+        capture_note="its softmax heads, recorded once (its second call per layer repeats them on the other half "
+        "of its values)",
         description="rotary embeddings (RoPE); differential attention: output head p is softmax head p minus a "
         "learned lambda times softmax head p + H/2 (F̂ per softmax head)",
         **_LLAMA,

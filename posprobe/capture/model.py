@@ -26,8 +26,9 @@ def reads_padding(model) -> bool:
 
 
 def check_model(model, attention: bool = True, encoder_decoder: bool = False, hybrid: bool = False) -> tuple[int, int]:
-    """(layers, heads) of the stack a capture runs; PosprobeError for a model that cannot be captured: with
-    `attention` (scores or probabilities are recorded), a retrofitted model (its attention is a posprobe
+    """(layers, heads) of the stack a capture runs (heads: the most of any layer where the config gives a query-head
+    count per layer, Laguna, Dots3; a layer's missing heads are NaN in the capture); PosprobeError for a model that
+    cannot be captured: with `attention` (scores or probabilities are recorded), a retrofitted model (its attention is a posprobe
     mechanism), a model without softmax attention, and a hybrid (softmax attention in some layers only) unless
     `hybrid` (the capture and `posprobe attention` record its attention layers, `attention_layers`; callers that
     read every layer's attention keep the refusal); an encoder-decoder unless `encoder_decoder` (then its encoder
@@ -82,15 +83,7 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
             "attention is not one softmax over the text's keys",
             "its content-free scores (`posprobe fhat`, `profiles`) read the text's pairs",
         )
-    per_layer = family.tensors.get("query_heads_per_layer") if family is not None else None
-    counts = getattr(cfg, per_layer, None) if per_layer else _per_layer_config_heads(family, cfg)
-    if attention and len(set(counts or [0])) > 1:  # Laguna; Dots3's sliding layers (per_layer_config)
-        raise PosprobeError(
-            f"'{kind}' has a query-head count per layer ({per_layer or 'per_layer_config'}: {counts}), and the "
-            "capture records one head count for every layer, so its attention on text is not recorded",
-            "its content-free scores (`posprobe fhat`, `profiles`, `fit-tisa`) read every layer's own heads; "
-            "`posprobe states` reads its hidden states",
-        )
+    counts = _per_layer_config_heads(family, cfg)  # Dots3: its sliding layers' own heads (per_layer_config)
     layers = getattr(cfg, "num_hidden_layers", None)
     heads = max(counts) if counts else getattr(cfg, "num_attention_heads", None)
     if family is not None and family.sizes:  # the stack it reads has sizes of its own (Whisper's decoder)
@@ -108,6 +101,9 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
         from posprobe.architectures.table import softmax_heads
 
         heads = softmax_heads(family, cfg.to_dict(), int(heads))
+    per_layer = family.tensors.get("query_heads_per_layer") if family is not None else None
+    if per_layer and getattr(cfg, per_layer, None):  # Laguna: H = the most of any layer, a layer's others NaN (SPEC §9)
+        heads = max(getattr(cfg, per_layer))
     return int(layers), int(heads)
 
 
@@ -144,6 +140,16 @@ def attention_layers(model, n_layers: int | None = None) -> list[int]:
             "use a config that sets layer_types (or its family's layer pattern) for every layer",
         )
     return [layer for layer in range(layers) if types[layer] in ATTENTION_LAYER_TYPES]
+
+
+def picks_keys_per_head(model) -> bool:
+    """True where the model's layers may give each key-head group keys of its own (a block indexer per group:
+    `Family.indexer` with `Family.tensors['indexed_layer_type']`, MiniMax M3): the capture then hands over allowed
+    pairs per head in those layers (`recording.group_selected`), and reducers keep their counts per head."""
+    from posprobe.families import family_for_type
+
+    family = family_for_type(str(getattr(text_config(model), "model_type", "")))
+    return family is not None and bool(family.indexer) and "indexed_layer_type" in family.tensors
 
 
 def run_stack(model) -> str | None:

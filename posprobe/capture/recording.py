@@ -34,18 +34,22 @@ def _check_call(call: int, n_layers: int) -> None:
     if call >= n_layers:
         raise PosprobeError(
             f"the model ran more attention calls ({call + 1}) than it has layers ({n_layers})",
-            "models with several attention stacks (encoder-decoder, vision towers), several softmax calls per "
-            "layer (differential attention) or layers run more than once (loops) are not supported",
+            "models with several attention stacks (encoder-decoder, vision towers), several different softmax "
+            "calls per layer or layers run more than once (loops) are not supported",
         )
 
 
 class LayerRecorder:
     """Collects one forward pass's attention calls: per layer S and A (B, H, m, m) when asked for, and the pairs
-    the model's mask lets query i see key j, `allowed` (B, m, m) bool (shared between layers with the same mask)."""
+    the model's mask lets query i see key j, `allowed` (B, m, m) bool (shared between layers with the same mask;
+    (B, H, m, m) in a layer whose heads pick keys of their own, `group_selected`).
+    `heads`: the model's H, where a layer may have fewer query heads (SPEC §9, Laguna): its S and A get NaN heads
+    H_l..H-1 (`absent_heads_as_nan`)."""
 
-    def __init__(self, keep_scores: bool, keep_probs: bool, n_layers: int):
-        self.keep_scores, self.keep_probs, self.n_layers = keep_scores, keep_probs, n_layers
+    def __init__(self, keep_scores: bool, keep_probs: bool, n_layers: int, heads: int | None = None):
+        self.keep_scores, self.keep_probs, self.n_layers, self.heads = keep_scores, keep_probs, n_layers, heads
         self.m = 0
+        self._last: tuple | None = None  # the last call recorded (`repeats`)
         self.scores: list = []
         self.probs: list = []
         self.allowed: list = []
@@ -54,6 +58,7 @@ class LayerRecorder:
     def begin(self, batch: int, m: int) -> None:
         self.batch, self.m = batch, m
         self.scores, self.probs, self.allowed, self._cache = [], [], [], None
+        self._last = None
 
     @property
     def calls(self) -> int:
@@ -83,7 +88,12 @@ class LayerRecorder:
         self._cache = (key, allowed)
         return allowed
 
-    def record(self, scores, probs, mask, selected=None) -> None:
+    def record(self, scores, probs, mask, selected=None, call: tuple | None = None) -> None:
+        """Keep one attention call's S and A (B, H_l, m, m), its mask and an indexer's `selected` keys; `call`
+        (module, query, key, mask) of the call: a call that repeats the last one (`repeats`) is not recorded."""
+        if repeats(call, self._last):
+            return
+        self._last = call
         layer = self.calls
         if scores.shape[-2] != self.m or scores.shape[-1] != self.m:
             raise PosprobeError(
@@ -93,11 +103,32 @@ class LayerRecorder:
             )
         _check_call(layer, self.n_layers)
         allowed = self._allowed(mask, scores.device)
-        self.allowed.append(allowed if selected is None else allowed & selected)  # an indexed layer's top-k keys
+        if selected is not None:  # an indexed layer's top-k keys, (B, m, m), or each head's picked blocks
+            allowed = (allowed if selected.dim() == 3 else allowed[:, None]) & selected
+        self.allowed.append(allowed)
         if self.keep_scores:
-            self.scores.append(scores.detach())
+            self.scores.append(absent_heads_as_nan(scores.detach(), self.heads))
         if self.keep_probs:
-            self.probs.append(probs.detach())
+            self.probs.append(absent_heads_as_nan(probs.detach(), self.heads))
+
+
+def repeats(call: tuple | None, last: tuple | None) -> bool:
+    """True when attention call `call` (module, query, key, mask) is the same module on the same query, key and
+    mask tensors as the `last` call: the same softmax, A applied to other values (DiffLlama's differential
+    attention runs its H softmax heads once for each half of its values), so one layer's S and A, recorded once."""
+    return call is not None and last is not None and all(a is b for a, b in zip(call, last, strict=True))
+
+
+def absent_heads_as_nan(values: torch.Tensor, heads: int | None) -> torch.Tensor:
+    """A layer's S or A (B, H_l, ...) on the model's head axis of `heads` H >= H_l (SPEC §9: a layer with fewer
+    query heads than the model's most, Laguna): heads H_l..H-1 are NaN, no such head, as in the content-free
+    scores; `values` itself where H_l = H or `heads` is None."""
+    import torch
+
+    if heads is None or values.shape[1] == heads:
+        return values
+    missing = values.new_full((values.shape[0], heads - values.shape[1], *values.shape[2:]), float("nan"))
+    return torch.cat([values, missing], dim=1)
 
 
 def recording_attention(
@@ -119,12 +150,13 @@ def recording_attention(
     the sink's share (and, where pooled entries follow the keys, `own_keys`, minus theirs: S and A are recorded
     over the sequence's keys). With top-k key indices (`indices` (B, m, k), DeepSeek Sparse Attention's indexer,
     passed to attention functions other than eager / sdpa instead of being folded into the mask) every other key is
-    masked as the eager path masks it (the dtype's minimum); key blocks picked per key-head group (`block_indices`,
-    MiniMax M3) are refused (`refuse_group_selection`). Returns ((B, m, H, d_h), A).
+    masked as the eager path masks it (the dtype's minimum); with key blocks picked per key-head group
+    (`block_indices`, MiniMax M3's block indexer) each query head's other keys are masked so, and the layer's
+    allowed pairs are per head (`group_selected`). Returns ((B, m, H, d_h), A).
     """
     import torch
 
-    refuse_group_selection(module, kwargs)
+    call = (module, query, key, attention_mask)  # a repeated call (the same tensors) is recorded once (`repeats`)
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     groups = query.shape[1] // key.shape[1]
@@ -143,6 +175,10 @@ def recording_attention(
     selected = _selected(kwargs.get("indices"), scores.shape[-1])
     if selected is not None:
         scores = scores.masked_fill(~selected[:, None], torch.finfo(scores.dtype).min)
+    group = group_selected(module, kwargs.get("block_indices"), query.shape[1], scores.shape[-1])
+    if group is not None:  # (B, H, m, keys): each query head's own keys
+        scores = scores.masked_fill(~group, torch.finfo(scores.dtype).min)
+        selected = group if selected is None else selected[:, None] & group
     sinks = kwargs.get("s_aux")  # learned per-head sink logits (gpt-oss): one more softmax column, no value
     if sinks is not None:
         column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(scores.shape[0], -1, scores.shape[-2], 1)
@@ -155,7 +191,7 @@ def recording_attention(
     if _ACTIVE:
         own = own_keys(module, query, key)  # the sequence's keys: pooled entries after them are no tokens
         picked = None if selected is None else selected[..., :own]
-        _ACTIVE[-1].record(scores[..., :own], probs[..., :own], attention_mask, picked)
+        _ACTIVE[-1].record(scores[..., :own], probs[..., :own], attention_mask, picked, call)
     return out, probs
 
 
@@ -172,15 +208,28 @@ def own_keys(module, query, key) -> int:
     return m if family is not None and "pooled_keys" in family.tensors else keys
 
 
-def refuse_group_selection(module, kwargs) -> None:
-    """PosprobeError where an indexer picks keys per key-head group (`block_indices` (B, H_I, m, k), MiniMax M3's
-    sparse layers): the capture and its reducers keep one mask per layer, the same for every head."""
-    if kwargs.get("block_indices") is not None:
+def group_selected(module, block_indices, heads: int, keys: int):
+    """(B, H, m, keys) bool: the keys of the key blocks each query head's key-head group picked, or None where no
+    `block_indices` (B, H_I, m, k) are given (MiniMax M3's block indexer: block indices, -1 for an empty slot,
+    blocks of the module's `indexer.block_size` keys, the last one short; query head a reads indexer head
+    a // (H / H_I)). PosprobeError where the module names no block size."""
+    if block_indices is None:
+        return None
+    import torch
+
+    size = getattr(getattr(module, "indexer", None), "block_size", None)
+    if not isinstance(size, int) or size < 1 or heads % block_indices.shape[1]:
         raise PosprobeError(
-            f"'{getattr(module.config, 'model_type', 'unknown')}' masks keys per key-head group in its sparse layers "
-            "(an indexer picks key blocks for each group): posprobe attention keeps one mask per layer",
-            "read its content-free scores (posprobe fhat / profiles), whose layer kinds hold each group's selection",
+            f"'{getattr(module.config, 'model_type', 'unknown')}' picks key blocks per key-head group, but its "
+            "attention module names no block size (indexer.block_size) or its heads do not split into the groups",
+            "read its content-free scores (posprobe fhat / profiles); please report it",
         )
+    blocks = -(-keys // size)
+    slots = block_indices.long().masked_fill(block_indices < 0, blocks)  # an empty slot: a column dropped below
+    picked = torch.zeros((*block_indices.shape[:-1], blocks + 1), dtype=torch.bool, device=block_indices.device)
+    picked = picked.scatter(-1, slots, True)[..., :blocks]  # (B, H_I, m, blocks)
+    selected = picked.repeat_interleave(size, dim=-1)[..., :keys]
+    return selected.repeat_interleave(heads // block_indices.shape[1], dim=1)
 
 
 def _selected(indices, keys: int):
@@ -315,16 +364,18 @@ def row_mask(
 
 class BlockRecorder:
     """While active, receives every block `block_attention` computes: `hand(layer, start, S, A, allowed)` with S
-    and A (B, H, b, m) of query rows start..start+b-1 and allowed (B, b, m) bool; counts the layers (`calls`).
+    and A (B, H, b, m) of query rows start..start+b-1 and allowed (B, b, m) bool ((B, H, b, m) where each head
+    picks keys of its own, `group_selected`); counts the layers (`calls`).
     `rows`: query rows per block, or None for about `BLOCK_ELEMENTS` scores per block. `hand` None: nothing is
-    recorded (the first batch's check runs this way)."""
+    recorded (the first batch's check runs this way). `heads`: as `LayerRecorder`'s (S and A of a layer with fewer
+    query heads get NaN heads up to H)."""
 
-    def __init__(self, n_layers: int, hand=None, rows: int | None = None):
-        self.n_layers, self.hand, self.fixed_rows = n_layers, hand, rows
-        self.m, self.calls = 0, 0
+    def __init__(self, n_layers: int, hand=None, rows: int | None = None, heads: int | None = None):
+        self.n_layers, self.hand, self.fixed_rows, self.heads = n_layers, hand, rows, heads
+        self.m, self.calls, self.last = 0, 0, None
 
     def begin(self, m: int) -> None:
-        self.m, self.calls = m, 0
+        self.m, self.calls, self.last = m, 0, None
 
     def rows(self, batch: int, heads: int, keys: int) -> int:
         if self.fixed_rows is not None:
@@ -376,7 +427,12 @@ def block_attention(
     (B, H, b, m); an indexer's top-k `indices` mask the block's other keys. Returns ((B, m, H, d_h), None)."""
     import torch
 
-    refuse_group_selection(module, kwargs)
+    recorder = _BLOCKS[-1] if _BLOCKS else None
+    call = (module, query, key, attention_mask)
+    if recorder is not None and repeats(call, recorder.last):  # the last call again: computed, not recorded
+        recorder = None
+    elif recorder is not None:
+        recorder.last = call
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     groups = query.shape[1] // key.shape[1]
@@ -385,13 +441,13 @@ def block_attention(
         value = value.repeat_interleave(groups, dim=1)
     batch, heads, m, _ = query.shape
     keys = key.shape[-2]
-    recorder = _BLOCKS[-1] if _BLOCKS else None
     if recorder is not None:
         recorder.check(m, keys)
     size = (
         recorder.rows(batch, heads, keys) if recorder is not None else max(1, BLOCK_ELEMENTS // (batch * heads * keys))
     )
     softcap, sinks, indices = kwargs.get("softcap"), kwargs.get("s_aux"), kwargs.get("indices")
+    block_indices = kwargs.get("block_indices")
     out = query.new_empty(batch, heads, m, value.shape[-1])
     key_t = key.transpose(-1, -2)
     for start in range(0, m, size):
@@ -414,6 +470,10 @@ def block_attention(
             selected = _selected(indices[:, start:stop], keys)
             scores = scores.masked_fill(~selected[:, None], torch.finfo(scores.dtype).min)
             allowed = allowed & selected
+        if block_indices is not None:  # each query head's picked key blocks: allowed (B, H, b, keys)
+            group = group_selected(module, block_indices[:, :, start:stop], heads, keys)
+            scores = scores.masked_fill(~group, torch.finfo(scores.dtype).min)
+            allowed = allowed[:, None] & group
         if sinks is not None:
             column = sinks.reshape(1, -1, 1, 1).to(scores.dtype).expand(batch, -1, stop - start, 1)
             probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
@@ -423,7 +483,8 @@ def block_attention(
         dropped = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
         out[:, :, start:stop] = torch.matmul(dropped, value)
         if recorder is not None and recorder.hand is not None:
-            recorder.hand(recorder.calls, start, scores, probs, allowed)
+            padded = (absent_heads_as_nan(x, recorder.heads) for x in (scores, probs))
+            recorder.hand(recorder.calls, start, *padded, allowed)
         del scores, probs, dropped, mask, allowed
     if recorder is not None:
         recorder.calls += 1

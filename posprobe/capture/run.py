@@ -63,10 +63,11 @@ class BatchCapture:
     ids, input ids, real / special / counted masks, positions); per attention layer a = 0..A-1 (every layer, A = L,
     except in a hybrid: layer `attention_layers[a]` of the model): scores[a] S and probs[a] A (B, H, m, m),
     S pre-softmax with the model's mask/bias added (masked pairs hold -inf or the dtype's minimum, A = 0 there);
-    allowed[a] (B, m, m) bool, the pairs the model's mask lets query i see key j (padding, causality, windows);
-    counted_pairs[a] = allowed[a] & counted_i & counted_j; hidden_states (L+1 entries, (B, m, d)): transformers'
-    `output_hidden_states`, hidden_states[l] the input of layer l, [0] the embedding output, [L] the last output
-    (every layer, a hybrid's included).
+    allowed[a] (B, m, m) bool, the pairs the model's mask lets query i see key j (padding, causality, windows),
+    (B, H, m, m) in a layer whose heads pick keys of their own (MiniMax M3's block indexer per key-head group);
+    counted_pairs[a] = allowed[a] & counted_i & counted_j (with the same head axis where allowed[a] has one);
+    hidden_states (L+1 entries, (B, m, d)): transformers' `output_hidden_states`, hidden_states[l] the input of
+    layer l, [0] the embedding output, [L] the last output (every layer, a hybrid's included).
     """
 
     index: int
@@ -110,7 +111,8 @@ class BatchCapture:
 class BlockCapture:
     """One block of query rows of one layer of one batch, on the blockwise route (SPEC §19): rows start..start+b-1
     against every key. index and tokens as in `BatchCapture`; scores S and probs A (B, H, b, m), allowed and
-    counted_pairs (B, b, m) bool, the rows start..start+b-1 of `BatchCapture`'s tensors of that layer."""
+    counted_pairs (B, b, m) bool ((B, H, b, m) where the layer's heads pick keys of their own), the rows
+    start..start+b-1 of `BatchCapture`'s tensors of that layer."""
 
     index: int
     tokens: TokenBatch
@@ -196,7 +198,7 @@ def capture_batches(
         distributed.check_mergeable(reducers)
     net = stack_to_run(model)
     eager = attention and is_eager_route(model)
-    recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending))
+    recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending), n_heads)
     eager_recorder = chunk_recorder(net, list(attending), n_heads) or eager_route_recorder(
         net, list(attending), n_heads
     )
@@ -256,7 +258,7 @@ def capture_batches(
                     net.set_attn_implementation(BLOCK_NAME)
                     try:
                         output = _run_blocks(
-                            net, index, tokens, block_readers, len(attending), block_size or None, kwargs
+                            net, index, tokens, block_readers, len(attending), block_size or None, kwargs, n_heads
                         )
                         if verify and "blocks" not in checked:  # the first batch run in blocks
                             _verify_blocks(net, tokens, len(attending))
@@ -275,7 +277,7 @@ def capture_batches(
                 elif attention:
                     recorder.begin(len(tokens), tokens.input_ids.shape[1])
                     with recorder:
-                        output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+                        output = _forward(net, tokens, kwargs)
                     _check_calls(net, recorder.calls, len(attending))
                     if verify and "whole" not in checked:  # the first batch recorded as whole matrices
                         verify_against_eager(net, tokens.input_ids, tokens.attention_mask, output)
@@ -286,7 +288,7 @@ def capture_batches(
                         recorder.allowed,
                     )
                 else:
-                    output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+                    output = _forward(net, tokens, kwargs)
                     recorded = None
                 if hidden:
                     _check_hidden(net, output.hidden_states, int(tokens.input_ids.shape[1]))
@@ -360,21 +362,24 @@ def _check_attention_fits(
         )
 
 
-def _run_blocks(net, index: int, tokens: TokenBatch, readers: list, n_layers: int, rows: int | None, kwargs: dict):
+def _run_blocks(
+    net, index: int, tokens: TokenBatch, readers: list, n_layers: int, rows: int | None, kwargs: dict, heads: int
+):
     """Run one batch on the blockwise route, handing every block of every layer to `readers` (`BlockCapture`s on
-    the inputs' device); returns the model's output."""
+    the inputs' device, `heads` H heads each); returns the model's output."""
     here = tokens.input_ids.device
     counted = tokens.counted
 
     def hand(layer: int, start: int, scores, probs, allowed) -> None:
         scores, probs, allowed = scores.to(here), probs.to(here), allowed.to(here)
         stop = start + scores.shape[-2]
-        pairs = allowed & counted[:, start:stop, None] & counted[:, None, :]
+        tokens_pairs = counted[:, start:stop, None] & counted[:, None, :]
+        pairs = allowed & (tokens_pairs if allowed.dim() == 3 else tokens_pairs[:, None])  # a head axis: per head
         block = BlockCapture(index, tokens, layer, start, scores, probs, allowed, pairs)
         for reader in readers:
             reader.add_block(block)
 
-    recorder = BlockRecorder(n_layers, hand, rows)
+    recorder = BlockRecorder(n_layers, hand, rows, heads)
     recorder.begin(int(tokens.input_ids.shape[1]))
     with recorder:
         output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
@@ -425,8 +430,8 @@ def _batch_capture(
     token_pairs = counted[:, :, None] & counted[:, None, :]
     pairs, seen = [], {}
     for allowed in allowed_per_layer:  # layers with the same mask share one tensor
-        if id(allowed) not in seen:
-            seen[id(allowed)] = token_pairs & allowed
+        if id(allowed) not in seen:  # (B, H, m, m) where the layer's heads pick keys of their own
+            seen[id(allowed)] = (token_pairs if allowed.dim() == 3 else token_pairs[:, None]) & allowed
         pairs.append(seen[id(allowed)])
     return BatchCapture(
         index,
@@ -438,6 +443,20 @@ def _batch_capture(
         hidden_states=hidden,
         attention_layers=attending,
     )
+
+
+def _forward(net, tokens: TokenBatch, kwargs: dict):
+    """The model's forward pass on one batch; PosprobeError in one line where transformers' own code fails on a
+    text alone (a multimodal wrapper whose forward reads outputs its language model does not return: Llama 4's)."""
+    try:
+        return net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError) as err:
+        kind = getattr(net.config, "model_type", "unknown")
+        what = (str(err).strip().splitlines() or [""])[0]
+        raise PosprobeError(
+            f"'{kind}' fails in its own forward pass on text ({type(err).__name__}: {what})",
+            "run its language model alone (a checkpoint of its text stack); please report it",
+        ) from err
 
 
 def _check_hidden(model, hidden: tuple, length: int) -> None:

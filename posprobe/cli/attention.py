@@ -189,6 +189,8 @@ def _print(result, written) -> None:
         f"{result.min_pairs} pairs[/dim]"
     )
     _print_layer_kinds(result)
+    if not result.present_heads.all():  # SPEC §9: Laguna's layers of fewer query heads
+        console.print("[dim]—: no such head (the layer has fewer query heads than the model's most)[/dim]")
     _print_sinks(result)
     _print_learned_sinks(result)
     console.print(f"arrays:  {written['npz']}\nfigures: {Path(written['npz']).parent}")
@@ -271,16 +273,19 @@ def _print_sinks(result) -> None:
     names = ("layer", "dist", "uniform", "dist w/o 1st", "uniform w/o 1st", "1st mass", "uniform 1st", "special")
     for name in (*names, "sink rate"):
         table.add_column(name, justify="right")
-    uniform_first = s.uniform_first_token_mass
+    from posprobe.analysis.sinks import per_layer  # references kept per head: their means over heads
+
+    uniform_first = per_layer(s.uniform_first_token_mass)
     if uniform_first is None:
         uniform_first = np.full(result.n_layers, np.nan)
+    uniform, uniform_later = per_layer(s.uniform_distance), per_layer(s.uniform_distance_without_first)
     for layer in range(result.n_layers):
         table.add_row(
             f"L{layer}",
             _num(_over_heads(np.nanmean, p.mean_distance[layer])),
-            _num(s.uniform_distance[layer]),
+            _num(uniform[layer]),
             _num(_over_heads(np.nanmean, s.distance_without_first[layer])),
-            _num(s.uniform_distance_without_first[layer]),
+            _num(uniform_later[layer]),
             _num(_over_heads(np.nanmean, s.first_token_mass[layer])),
             _num(uniform_first[layer]),
             _num(_over_heads(np.nanmean, s.special_token_mass[layer])),

@@ -151,8 +151,13 @@ def _budget_line(budget: dict) -> str:
         f"rotary budget (Liu et al. 2023): critical dimension {budget['critical_dimension']} of "
         f"{budget['rotated_dims']} rotated dims (pairs below it complete a period within the trained length "
         f"{budget['trained_length']:,}), extrapolation limit {budget['extrapolation_limit']:,.0f} tokens (theta "
-        f"{budget['rope_theta']:g}); wavelengths past the trained length — {variants}"
+        f"{budget['rope_theta']:g}{_setting(budget)}); wavelengths past the trained length — {variants}"
     )
+
+
+def _setting(budget: dict) -> str:
+    """', the <layer type> setting' where the config has a rope setting per layer type, else ''."""
+    return f", the {budget['layer_type']} setting" if budget.get("layer_type") else ""
 
 
 def _config_only(model) -> bool:

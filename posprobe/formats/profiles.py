@@ -108,7 +108,8 @@ def read_profile_file(path: Path, layers: list[int] | None = None, profile: str 
 def _empirical_profiles(path: Path, arrays: dict, profile: str | None, causal: bool = False) -> dict | None:
     """For a `posprobe attention` file: its score (default) or probability profiles as `profiles`, cut to the
     widest window -K..K in which every head has data (offsets no text reached are NaN; a hybrid's layers without
-    attention, NaN throughout, do not narrow it); for a causal model, which has data at k <= 0 only, to -K..0.
+    attention and the heads a layer does not have, NaN throughout, do not narrow it); for a causal model, which has
+    data at k <= 0 only, to -K..0.
     None for other files."""
     if "score_profiles" not in arrays:
         if profile is not None:
@@ -123,7 +124,9 @@ def _empirical_profiles(path: Path, arrays: dict, profile: str | None, causal: b
     attending = np.asarray(counts).sum(-1) > 0 if counts is not None and np.ndim(counts) == 2 else None
     if attending is None or attending.shape[0] != values.shape[0] or not attending.any():
         attending = np.ones(values.shape[0], dtype=bool)
-    finite = np.isfinite(values[attending]).all(axis=(0, 1))  # offsets every head of every attention layer reached
+    scored = ~np.isnan(values[attending]).all(-1)  # (layers, H): a head NaN throughout where another has data is
+    lacking = (~scored & scored.any(-1, keepdims=True))[..., None]  # one its layer does not have (SPEC §9)
+    finite = (np.isfinite(values[attending]) | lacking).all(axis=(0, 1))  # offsets every head reached
     reach = 0
     while (
         centre - reach - 1 >= 0

@@ -21,7 +21,7 @@ from posprobe.analysis.learned_sinks import LearnedSinkAccumulator
 from posprobe.analysis.sinks import SinkAccumulator
 from posprobe.capture import RECORD_NAME, check_model, register_recording_attention
 from posprobe.capture.memory import check_fits
-from posprobe.capture.model import attention_layers, layer_kind_words, run_stack
+from posprobe.capture.model import attention_layers, layer_kind_words, picks_keys_per_head, run_stack
 from posprobe.capture.textrun import TextModel, run_texts, text_run
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.attention_result import AttentionResult, write_attention
@@ -107,8 +107,10 @@ def attention_profiles(
     def reducers(loaded: TextModel) -> list:
         (n_layers, n_heads), n = loaded.checked, loaded.max_length
         n_acc = len(attention_layers(loaded.net, n_layers))  # a hybrid's attention layers; every layer otherwise
-        keep = _square_bytes(n_acc, n_heads, n) <= MEAN_SCORES_AUTO_BYTES if mean_scores is None else mean_scores
-        need = EmpiricalAccumulator.nbytes(n_acc, n_heads, n, mean_scores=keep)
+        per_head = picks_keys_per_head(loaded.net)  # MiniMax M3: counts per head too
+        square = _square_bytes(n_acc, n_heads, n, per_head)
+        keep = square <= MEAN_SCORES_AUTO_BYTES if mean_scores is None else mean_scores
+        need = EmpiricalAccumulator.nbytes(n_acc, n_heads, n, mean_scores=keep, head_masks=per_head)
         if need > MAX_ACCUMULATOR_BYTES:
             raise PosprobeError(
                 f"max_length {n} needs {need / 2**30:.1f} GiB of accumulators for the mean score matrix ({n_acc} "
@@ -121,8 +123,8 @@ def attention_profiles(
         hint = "leave out the mean score matrix (--mean-scores no), or use a smaller --max-length"
         check_fits(need, loaded.device, what, hint if keep else "use a smaller --max-length")
         made = [
-            EmpiricalAccumulator(n_acc, n_heads, n, loaded.device, mean_scores=keep),
-            SinkAccumulator(n_acc, n_heads, loaded.device),
+            EmpiricalAccumulator(n_acc, n_heads, n, loaded.device, mean_scores=keep, head_masks=per_head),
+            SinkAccumulator(n_acc, n_heads, loaded.device, head_masks=per_head),
         ]
         if has_learned_sinks(loaded.net):
             made.append(LearnedSinkAccumulator(n_acc, n_heads, loaded.device))
@@ -170,14 +172,14 @@ def attention_profiles(
         layer_kinds=kinds,
         mean_scores_note="kept"
         if profiles.mean_scores is not None
-        else _not_kept(mean_scores, _square_bytes(len(attending), n_heads, max_length)),
+        else _not_kept(mean_scores, _square_bytes(len(attending), n_heads, max_length, picks_keys_per_head(net))),
     )
 
 
-def _square_bytes(n_layers: int, n_heads: int, n: int) -> int:
+def _square_bytes(n_layers: int, n_heads: int, n: int, head_masks: bool = False) -> int:
     """Bytes of the accumulators' n x n sums (the mean score matrix and its counts), kept or not (`mean_scores`)."""
-    full = EmpiricalAccumulator.nbytes(n_layers, n_heads, n)
-    return full - EmpiricalAccumulator.nbytes(n_layers, n_heads, n, mean_scores=False)
+    full = EmpiricalAccumulator.nbytes(n_layers, n_heads, n, head_masks=head_masks)
+    return full - EmpiricalAccumulator.nbytes(n_layers, n_heads, n, mean_scores=False, head_masks=head_masks)
 
 
 def _not_kept(asked: bool | None, square: int) -> str:
@@ -195,9 +197,10 @@ _PER_LAYER = frozenset({
     "score_profiles", "prob_profiles", "pair_counts", "mean_distance", "mean_scores", "count_matrix", "toeplitz_r2",
     "n_queries", "prob_profiles_without_first", "pair_counts_without_first", "first_token_mass",
     "special_token_mass", "distance_without_first", "sink_rate", "uniform_distance", "uniform_distance_without_first",
-    "uniform_first_token_mass", "first_token_queries", "learned_sink_share", "real_token_share",
+    "uniform_first_token_mass", "first_token_queries", "learned_sink_share", "real_token_share", "head_pair_counts",
 })  # fmt: skip
-_COUNTS = frozenset({"pair_counts", "count_matrix", "n_queries", "pair_counts_without_first", "first_token_queries"})
+_COUNTS = frozenset({"pair_counts", "count_matrix", "n_queries", "pair_counts_without_first", "first_token_queries",
+                     "head_pair_counts"})  # fmt: skip
 
 
 def every_layer(part, attending: list[int], n_layers: int):

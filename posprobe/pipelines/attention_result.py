@@ -173,6 +173,8 @@ class AttentionResult(ResultMixin, Saves):
         if p.prob_profiles_without_first is not None:
             out["prob_profiles_without_first"] = p.prob_profiles_without_first
             out["layer_pair_counts_without_first"] = p.pair_counts_without_first
+        if p.head_pair_counts is not None:  # layers whose heads pick keys of their own: each head's pair counts
+            out["head_pair_counts"] = p.head_pair_counts
         if self.weights_correlation is not None:
             out["weights_correlation"] = self.weights_correlation
             out["weights_profiles"] = self.weights_profiles
@@ -182,21 +184,30 @@ class AttentionResult(ResultMixin, Saves):
             out |= {name: getattr(self.learned_sinks, name) for name in LEARNED_SINK_ARRAYS}
         return out
 
+    @property
+    def present_heads(self) -> np.ndarray:
+        """(L, H) bool: False for a head its layer does not have (SPEC §9: fewer query heads than the model's most,
+        Laguna; NaN throughout where another head of the layer has pairs), True otherwise."""
+        from posprobe.analysis.fhat import present_heads
+
+        return present_heads(self.profiles.prob_profiles, 1)
+
     def to_dict(self) -> dict:
-        """The `--json` record without the output paths (NaN as None)."""
+        """The `--json` record without the output paths (NaN as None); a per-head (L, H) list leaves out the heads
+        a layer does not have (`present_heads`), so layer l's list has its own H_l entries."""
+        present = self.present_heads
+        heads = lambda a: _nulls(np.asarray(a, dtype=np.float64), present)  # noqa: E731
         out = self.metadata() | {
-            "mean_distance": _nulls(self.profiles.mean_distance),
-            "toeplitz_r2": _nulls(self.toeplitz_r2),
-            "weights_correlation": None if self.weights_correlation is None else _nulls(self.weights_correlation),
+            "mean_distance": heads(self.profiles.mean_distance),
+            "toeplitz_r2": heads(self.toeplitz_r2),
+            "weights_correlation": None if self.weights_correlation is None else heads(self.weights_correlation),
         }
         if self.sinks is not None:
             out |= {
-                name: _nulls(np.asarray(getattr(self.sinks, name), dtype=np.float64))
-                for name in SINK_ARRAYS
-                if getattr(self.sinks, name) is not None
+                name: heads(getattr(self.sinks, name)) for name in SINK_ARRAYS if getattr(self.sinks, name) is not None
             }
         if self.learned_sinks is not None:
-            out |= {name: _nulls(getattr(self.learned_sinks, name)) for name in LEARNED_SINK_ARRAYS}
+            out |= {name: heads(getattr(self.learned_sinks, name)) for name in LEARNED_SINK_ARRAYS}
             out["learned_sink_queries"] = self.learned_sinks.n_queries
         return out | {"seconds": round(self.seconds, 3)}
 
@@ -239,8 +250,11 @@ class AttentionResult(ResultMixin, Saves):
         return plots.profile_grid(self, as_index(layer, "layer", self.n_layers))
 
 
-def _nulls(a: np.ndarray) -> list:
-    """Nested lists with NaN as None (JSON null)."""
+def _nulls(a: np.ndarray, present: np.ndarray | None = None) -> list:
+    """Nested lists with NaN as None (JSON null); with `present` (L, H) bool, an (L, H) array's row l keeps only
+    the heads present in layer l (arrays of other shapes are unchanged)."""
+    if present is not None and np.shape(a) == present.shape:
+        return [_nulls(row[here]) for row, here in zip(a, present, strict=True)]
     return [_nulls(x) for x in a] if np.ndim(a) > 1 else [None if not np.isfinite(v) else float(v) for v in a]
 
 

@@ -153,7 +153,7 @@ def rotary(
         texts=texts_record,
         quantization=ctx.source.quantization,
         layer_windows=[None if w is None else int(w) + 1 for w in windows],
-        budget=budget_of(ctx, variants),
+        budget=budget_of(ctx, variants, types[0][0] if len({t[0] for t in types}) == 1 else None),
         layer_kinds=[ctx.layer_kinds(n)[layer].describe() for layer in layers],
         latent_split=(
             f"multi-head latent attention: the bands are each head's rotary part ({rotated} dims); its other "
@@ -164,12 +164,31 @@ def rotary(
     )
 
 
-def budget_of(ctx, variants: list) -> dict | None:
+def rotary_layer_groups(ctx, n: int = 2) -> list[list[int]]:
+    """The model's layers in groups that rotary bands read together: one head shape (query heads, head size, key
+    heads) and one rotated width each (Laguna: a query-head count per layer; MiMo-V2-Flash: a partial rotary factor
+    per layer type), in the order of each group's first layer; one group for most models."""
+    from posprobe.families.rotary import layer_rotary, rotary_angles
+
+    groups: dict[tuple, list[int]] = {}
+    widths: dict[tuple, int] = {}
+    for layer in range(ScoreReader(ctx, n).n_layers):
+        setting = layer_rotary(ctx, layer, n)
+        if setting not in widths:
+            widths[setting] = rotary_angles(ctx, n, *setting)[0].shape[-1]
+        groups.setdefault((ctx.layer_shape(ctx.stored_layer(layer)), widths[setting]), []).append(layer)
+    return list(groups.values())
+
+
+def budget_of(ctx, variants: list, layer_type: str | None = None) -> dict | None:
     """The rotary budget (SPEC §17) of a rotary model from its config alone (`ctx`: anything with `.config`,
     `.source` and `.family`): the base of its rope parameters (the full-attention setting of a model with one per
-    layer type), the trained length, and each variant's inverse frequencies as the family's own rotary module
-    builds them. None for a family whose rotary module is not built from rope parameters (GPT-J's rotary_dim,
-    RoFormer's table)."""
+    layer type, or the setting of `layer_type` where given and the config has one for it: the layers read are all
+    of that type, Laguna's sliding layers), the trained length, and each variant's inverse frequencies as the
+    family's own rotary module builds them (a variant changes the full-attention setting only, so another type's
+    are its own in every variant); `layer_type` in the result names the setting read, where the config has one per
+    type. None for a family whose rotary module is not built from rope parameters (GPT-J's rotary_dim, RoFormer's
+    table)."""
     from posprobe.families import rope_variants as R
     from posprobe.families.rotary import transformers_config
 
@@ -182,8 +201,10 @@ def budget_of(ctx, variants: list) -> dict | None:
     module_name, class_name = f.rotary_class.split(":")
     rotary_class = getattr(importlib.import_module(module_name), class_name)
     try:
-        base = R.base_parameters(config)
-        theta, key = float(base["rope_theta"]), R.variant_key(config)
+        base, key = R.base_parameters(config), R.variant_key(config)
+        if key is not None and layer_type in config.rope_parameters:  # the layers read are all of one type
+            base, key = config.rope_parameters[layer_type], layer_type
+        theta = float(base["rope_theta"])
         freqs = {}
         for variant in variants:
             module = rotary_class(config=R.variant_config(config, variant))
@@ -195,7 +216,8 @@ def budget_of(ctx, variants: list) -> dict | None:
     trained = R.trained_length(config)
     if trained is None:
         return None
-    return rotary_budget(2 * len(next(iter(freqs.values()))), theta, trained, freqs)
+    budget = rotary_budget(2 * len(next(iter(freqs.values()))), theta, trained, freqs)
+    return budget if key is None else budget | {"layer_type": key}
 
 
 def _require_rotary(ctx) -> None:

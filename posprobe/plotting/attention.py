@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from posprobe.analysis.sinks import per_layer
 from posprobe.plotting.base import _figure, layer_kind_note, quantization_note
 
 
@@ -36,10 +37,13 @@ def attention_pages(result, window: int = 20):
             ok = np.isfinite(s) & np.isfinite(f)
             if ok.sum() > 1 and np.std(f[ok]) > 0:
                 guides[layer, h] = (f - f[ok].mean()) / np.std(f[ok]) * np.std(s[ok]) + s[ok].mean()
+    present = _present(result)
     titles = [
         [
             f"head {h}: dist {_f(p.mean_distance[layer, h])}"
             + ("" if result.weights_correlation is None else _r(result.weights_correlation[layer, h]))
+            if present[layer, h]
+            else f"head {h}: no such head"  # the layer has fewer query heads than the model's most (SPEC §9)
             for h in range(result.n_heads)
         ]
         for layer in range(result.n_layers)
@@ -93,7 +97,7 @@ def mean_distance_chart(result):
     sinks = getattr(result, "sinks", None)
     label = "layer"
     if sinks is not None:  # the uniform-attention reference: once if every layer has the same (a causal model's)
-        uniform = np.asarray(sinks.uniform_distance, dtype=float)
+        uniform = np.asarray(per_layer(sinks.uniform_distance), dtype=float)  # kept per head: the mean over heads
         if np.isfinite(uniform).all() and np.ptp(uniform) <= 1e-9 * max(1.0, abs(uniform[0])):
             label += f"  (uniform attention would give {_f(uniform[0])} in every layer)"
         else:
@@ -120,13 +124,27 @@ def other_layers(result) -> list[int]:
     return [layer for layer, kind in enumerate(getattr(result, "layer_kinds", None) or []) if NO_SCORE in kind]
 
 
+def _present(result) -> np.ndarray:
+    """(L, H) bool: the heads each layer has (`AttentionResult.present_heads`; every head for results without it)."""
+    present = getattr(result, "present_heads", None)
+    return np.ones((result.n_layers, result.n_heads), dtype=bool) if present is None else present
+
+
 def _cells(ax, result, values: np.ndarray, cmap: str, vmax: float):
     """A heads x layers chart's image: `values` (H, L) on 0..`vmax` (NaN drawn as 0), each cell labelled with its
-    value (white on the dark lower part of the scale), a hybrid's layers without attention greyed out instead."""
+    value (white on the dark lower part of the scale), a hybrid's layers without attention greyed out instead, and
+    a head its layer does not have (SPEC §9, Laguna) greyed and labelled '—' (no such head)."""
+    from matplotlib.patches import Rectangle
+
     image = ax.imshow(np.nan_to_num(values), cmap=cmap, vmin=0, vmax=vmax or 1.0, aspect="auto")
     others = _mark_other_layers(ax, result)
+    present = _present(result)
     for (h, layer), value in np.ndenumerate(values):
         if layer in others:
+            continue
+        if not present[layer, h]:
+            ax.add_patch(Rectangle((layer - 0.5, h - 0.5), 1, 1, color="0.85", zorder=2))
+            ax.text(layer, h, "—", ha="center", va="center", fontsize=6, color="0.25", zorder=3)
             continue
         colour = "white" if np.isfinite(value) and value < 0.6 * vmax else "black"
         ax.text(layer, h, _f(value), ha="center", va="center", fontsize=6, color=colour)
@@ -173,7 +191,7 @@ def sink_chart(result):
     ax.set_xticks(range(L))
     ax.set_yticks(range(H))
     label = "layer"
-    uniform = sinks.uniform_first_token_mass
+    uniform = per_layer(sinks.uniform_first_token_mass)  # kept per head: the mean over heads
     if uniform is not None:  # the reference: what uniform attention puts on the first token
         uniform = np.asarray(uniform, dtype=float)
         if np.isfinite(uniform).all() and np.ptp(uniform) <= 1e-9:

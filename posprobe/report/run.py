@@ -98,7 +98,21 @@ def model_facts(source) -> ModelFacts:
     n_layers = _first_int(sizes, ("num_hidden_layers", "n_layer", "num_layers"))
     max_positions = _first_int(sizes, ("max_position_embeddings", "n_positions", "n_ctx"))
     return ModelFacts(source.label, source.model_type, kind, mechanism, causal,
-                      kind in TABLE_KINDS or has_learned_table(config), n_layers, max_positions)  # fmt: skip
+                      kind in TABLE_KINDS or has_learned_table(config), n_layers, max_positions,
+                      _rotary_layers(source) if kind == "rotary" else None)  # fmt: skip
+
+
+def _rotary_layers(source) -> tuple[int, ...] | None:
+    """Layer 0's group of `pipelines.rotary.rotary_layer_groups` where the model's layers form several, else None
+    (also where the model cannot be read: the rotary section then says why itself)."""
+    from posprobe.pipelines.rotary import rotary_layer_groups
+    from posprobe.pipelines.score_reader import open_model
+
+    try:
+        groups = rotary_layer_groups(open_model(source=source))
+    except PosprobeError:
+        return None
+    return tuple(groups[0]) if len(groups) > 1 else None
 
 
 def _first_int(config: dict, keys: tuple[str, ...]) -> int | None:

@@ -38,6 +38,9 @@ class ModelFacts:
     has_table: bool  # an absolute position table E_P exists (learned or sinusoidal)
     n_layers: int | None
     max_positions: int | None = None  # trained positions from the config (max_position_embeddings, n_positions)
+    # where rotary bands cannot read every layer together (head shapes or rotated widths that differ: Laguna,
+    # MiMo-V2-Flash), the layers of layer 0's shape and width, which the rotary section reads; else None
+    rotary_layers: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,12 @@ def mean_defined(values) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
+def _layer_value(value):
+    """A layer's reference: the value, or the mean of a list kept per head (a layer whose heads pick keys of their
+    own)."""
+    return mean_defined(value) if isinstance(value, list) else value
+
+
 def headline(label: str, value, digits: int = 3) -> Headline:
     return Headline(label, value, number(value, digits))
 
@@ -153,6 +162,16 @@ def _profile_layers(facts: ModelFacts, n_texts: int) -> list[str]:
     if n is None or n <= 12:
         return ["--layers", "all"]
     return ["--layers", ",".join(str(i) for i in sorted({0, n // 2, n - 1}))]
+
+
+def _rotary_layers(facts: ModelFacts, n_texts: int) -> list[str]:
+    """`_profile_layers`, or where rotary bands read layers of one shape and width only (`facts.rotary_layers`),
+    those of layer 0 (every one up to 12, else the first, middle and last of them)."""
+    group = facts.rotary_layers
+    if not group:
+        return _profile_layers(facts, n_texts)
+    chosen = group if len(group) <= 12 else sorted({group[0], group[len(group) // 2], group[-1]})
+    return ["--layers", ",".join(str(i) for i in chosen)]
 
 
 def _first_and_last(paths: Sequence[str]) -> list[str]:
@@ -282,7 +301,7 @@ def _median(values) -> float | None:
     "rotary",
     "Rotary frequency bands",
     reason=_needs_rotary,
-    args=_profile_layers,
+    args=_rotary_layers,
     how_to_read="""The share of each head's query and key norm in each rotary band, against the band's wavelength.
     Norm in bands longer than the context (they barely rotate within it) means the head uses those dimensions for
     content, not position; 'equal' is that share if every band had the same norm, the baseline to compare with.
@@ -302,6 +321,11 @@ def rotary(record: dict, facts: ModelFacts) -> View:
         headline("the same for equal band norms", mean_defined(r["long_band_fraction"] for r in summary), 2),
     ]  # fmt: skip
     notes = [f"context: {record['context']} tokens; λ in tokens"]
+    if facts.rotary_layers:
+        notes.append(
+            "the layers of layer 0's head shape and rotated width: the model's other layers have others, read with "
+            "`posprobe rotary --layers`"
+        )
     budget = record.get("budget")  # the rotary budget (SPEC §17), where the rotary module is built from rope parameters
     if budget:
         lines.append(headline("rotary budget: extrapolation limit (tokens)", budget["extrapolation_limit"], 0))
@@ -329,7 +353,7 @@ def attention(record: dict, facts: ModelFacts) -> View:
         rows.append([
             str(layer),
             number(mean_defined(record["mean_distance"][li]), 2),
-            number(record["uniform_distance"][li], 2),
+            number(_layer_value(record["uniform_distance"][li]), 2),
             number(mean_defined(record["first_token_mass"][li])),
             number(record["sink_rate"][li], 2),
             number(mean_defined(record["toeplitz_r2"][li])),
@@ -339,7 +363,7 @@ def attention(record: dict, facts: ModelFacts) -> View:
     lines = [
         headline("sink rate (mean over layers)", mean_defined(record["sink_rate"]), 2),
         headline("mean attention distance, last layer", mean_defined(record["mean_distance"][last]), 2),
-        headline("uniform attention would give", record["uniform_distance"][last], 2),
+        headline("uniform attention would give", _layer_value(record["uniform_distance"][last]), 2),
     ]
     figures = [f for f in record["figures"] if f.endswith(("sinks.png", "mean_distance.png"))]
     notes = [f"{record['n_texts']} texts ({record['text']}), {record['n_queries']} queries; all means are over heads"]
