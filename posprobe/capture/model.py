@@ -28,12 +28,12 @@ def reads_padding(model) -> bool:
 def check_model(model, attention: bool = True, encoder_decoder: bool = False, hybrid: bool = False) -> tuple[int, int]:
     """(layers, heads) of the stack a capture runs (heads: the most of any layer where the config gives a query-head
     count per layer, Laguna, Dots3; a layer's missing heads are NaN in the capture); PosprobeError for a model that
-    cannot be captured: with `attention` (scores or probabilities are recorded), a retrofitted model (its attention is a posprobe
-    mechanism), a model without softmax attention, and a hybrid (softmax attention in some layers only) unless
-    `hybrid` (the capture and `posprobe attention` record its attention layers, `attention_layers`; callers that
-    read every layer's attention keep the refusal); an encoder-decoder unless `encoder_decoder` (then its encoder
-    stack runs, or its decoder where the encoder reads no text, `Family.text_stack`, `stack_to_run`: the capture
-    and `posprobe attention` pass it; callers that measure one stack of a model with one keep the refusal).
+    cannot be captured: with `attention` (scores or probabilities are recorded), a retrofitted model (its attention is a
+    posprobe mechanism), a model without softmax attention, and a hybrid (softmax attention in some layers only) unless
+    `hybrid` (the capture and `posprobe attention` record its attention layers, `attention_layers`; callers that read
+    every layer's attention keep the refusal); an encoder-decoder unless `encoder_decoder` (then its encoder stack runs,
+    or its decoder where the encoder reads no text, `Family.text_stack`, `stack_to_run`: the capture and `posprobe
+    attention` pass it; callers that measure one stack of a model with one keep the refusal).
     Families whose attention goes through transformers' AttentionInterface are recorded there
     (`capture.recording`), the others on their eager path (`capture.eager`); whether a family's attention really
     is reproduced is checked on the first batch, and input lengths by `check_length`."""
