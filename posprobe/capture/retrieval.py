@@ -4,9 +4,11 @@ head, read during an ordinary forward pass without keeping any layer's (queries 
 Two routes, like the rest of the capture layer:
 - families whose attention goes through transformers' AttentionInterface run `retrieval_attention`, registered as
   `RETRIEVAL_NAME` with the masks that sdpa gets: the layer's output is transformers' own sdpa attention (or the
-  eager computation of `capture.recording` where the family softcaps its scores), and beside it the one query row
-  `row` is recomputed from the layer's query and keys, softmax(q_row K^T * scaling + mask_row) in float32, and
-  summed over the span: memory per layer is one (B, H, keys) row;
+  eager computation of `capture.recording` where the family softcaps its scores, has learned sinks or an indexer's
+  top-k keys), and beside it the one query row `row` is recomputed from the layer's query and keys,
+  softmax(q_row K^T * scaling + mask_row) in float32 (softcapped, over one more sink column, top-k keys only where
+  the family's are), and summed over the span: the row holds the probabilities the model uses on the sequence's
+  keys, a sink's share in none of them; memory per layer is one (B, H, keys) row;
 - the other causal families (BLOOM, Falcon, MPT, GPT-Neo, XGLM) run their own eager attention, and a
   `TorchFunctionMode` reads row `row` off each (B, H, m, m) softmax output as it is made (the matrix is the
   model's own, freed by the layer as usual; only the row is kept).
@@ -66,12 +68,19 @@ class SpanAttention:
         return torch.stack(self.per_layer, dim=1)
 
 
-def row_probabilities(query, key, attention_mask, row: int, scaling: float, softcap: float | None = None):
-    """(B, H, keys) float32: softmax over keys of query row `row`, as eager attention computes it.
+def row_probabilities(
+    query, key, attention_mask, row: int, scaling: float, softcap: float | None = None, sinks=None, indices=None
+):
+    """(B, H, keys) float32: the probabilities query row `row` gives the keys, as eager attention computes them.
 
     query (B, H, m, d_h), key (B, H_kv, keys, d_h); attention_mask None (sdpa's causal shortcut: query i sees keys
-    0..i), bool (B or 1, 1, m, keys) (True = attend), or additive float of that shape."""
+    0..i), bool (B or 1, 1, m, keys) (True = attend), or additive float of that shape. sinks: learned per-head sink
+    logits (H,) (gpt-oss's `s_aux`): one more softmax column with no key, left out of the row, which then sums to
+    one less the sink's share. indices (B, m, k): an indexer's top-k keys per query (DeepSeek Sparse Attention),
+    every other key masked."""
     import torch
+
+    from posprobe.capture.recording import _selected
 
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
@@ -90,7 +99,13 @@ def row_probabilities(query, key, attention_mask, row: int, scaling: float, soft
             scores = scores.masked_fill(~mask_row, float("-inf"))
         else:
             scores = scores + mask_row.float()
-    return torch.softmax(scores, dim=-1)
+    if indices is not None:
+        selected = _selected(indices[:, row : row + 1], keys)  # (B, 1, keys)
+        scores = scores.masked_fill(~selected, float("-inf"))
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    column = sinks.reshape(1, -1, 1).float().expand(scores.shape[0], -1, 1)
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
 
 
 def retrieval_attention(
@@ -112,8 +127,10 @@ def retrieval_attention(
 
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    softcap = kwargs.get("softcap")
-    if softcap is not None or kwargs.get("s_aux") is not None:  # sdpa has neither; recording refuses sinks
+    softcap, sinks, indices = kwargs.get("softcap"), kwargs.get("s_aux"), kwargs.get("indices")
+    # sdpa has none of these (it would drop them); recording computes them as eager attention does and refuses key
+    # blocks picked per key-head group
+    if softcap is not None or sinks is not None or indices is not None or kwargs.get("block_indices") is not None:
         mask = attention_mask
         if mask is None:  # sdpa's causal shortcut: the eager computation needs the causal mask written out
             queries, keys = query.shape[-2], key.shape[-2]
@@ -124,7 +141,7 @@ def retrieval_attention(
                                         **kwargs)  # fmt: skip
     if _ACTIVE:
         reader = _ACTIVE[-1]
-        reader.add_row(row_probabilities(query, key, attention_mask, reader.row, scaling, softcap))
+        reader.add_row(row_probabilities(query, key, attention_mask, reader.row, scaling, softcap, sinks, indices))
     return out, None
 
 
