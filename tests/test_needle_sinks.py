@@ -79,3 +79,26 @@ def test_retrieval_rows_are_the_probabilities_the_model_uses(name):
     if name == "gpt_oss":  # and its own eager attentions (the real keys' columns) say the same
         own = torch.stack([a[0, :, ROW, :].double() for a in eager.attentions])
         torch.testing.assert_close(attention[0], own[..., 5:20].sum(-1), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "layers, words",
+    [
+        (["local", "lsh", "local"], "its 'lsh' layers attend the pairs a random hash draw picks, per head and hash "
+         "round; its 'local' layers attend within chunks of keys"),
+        (["local", "local"], "sequence's keys: its 'local' layers attend within chunks of keys"),
+    ],
+)  # fmt: skip
+def test_reformer_is_refused_saying_why(layers, words):
+    """Reformer's LM is refused before any prompt is built, in one line naming its layers and why neither kind gives
+    a query one row over the sequence's keys."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import posprobe
+    from posprobe.errors import PosprobeError
+
+    settings = {**case("reformer").config, "attn_layers": layers, "local_num_chunks_after": 0}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("reformer", **settings)).eval()
+    with pytest.raises(PosprobeError) as error:
+        posprobe.needle(model, tokenizer=object())
+    assert words in str(error.value) and "\n" not in str(error.value) and "hybrid" not in str(error.value)
