@@ -21,6 +21,7 @@ M, ROW = 40, 30  # tokens; the query row read (sliding layers of 6 or 12 keys se
 SPANS = [(5, 20), (24, 29), (0, M)]
 SINKS = ("gpt_oss", "flint", "granite_swa", "granitemoe_swa", "mimo_v2_flash")
 INDEXED = ("deepseek_v32", "glm_moe_dsa", "hy_v4")  # top-k keys per query (HY-V4: and learned sinks)
+POOLED = ("deepseek_v4",)  # learned sinks and, in compressed layers, entries pooled over blocks after the keys
 
 
 def causal_lm(name: str):
@@ -58,7 +59,7 @@ def recorded_rows(model, ids, n_layers: int):
     return rows, eager
 
 
-@pytest.mark.parametrize("name", SINKS + INDEXED)
+@pytest.mark.parametrize("name", SINKS + INDEXED + POOLED)
 def test_retrieval_rows_are_the_probabilities_the_model_uses(name):
     model = causal_lm(name)
     n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
@@ -75,7 +76,7 @@ def test_retrieval_rows_are_the_probabilities_the_model_uses(name):
             assert float(attention[2, layer].max()) < 1 - 1e-3, layer
         else:  # MiMo-V2-Flash's full layers, DeepSeek Sparse Attention
             torch.testing.assert_close(attention[2, layer], torch.ones(n_heads).double(), atol=1e-6, rtol=0)
-    assert (name in SINKS or name == "hy_v4") == any(hasattr(m.self_attn, "sinks") for m in model.model.layers)
+    assert (name in SINKS + POOLED or name == "hy_v4") == any(hasattr(m.self_attn, "sinks") for m in model.model.layers)
     if name == "gpt_oss":  # and its own eager attentions (the real keys' columns) say the same
         own = torch.stack([a[0, :, ROW, :].double() for a in eager.attentions])
         torch.testing.assert_close(attention[0], own[..., 5:20].sum(-1), atol=1e-6, rtol=1e-6)

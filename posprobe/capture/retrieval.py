@@ -8,7 +8,9 @@ Two routes, like the rest of the capture layer:
   top-k keys), and beside it the one query row `row` is recomputed from the layer's query and keys,
   softmax(q_row K^T * scaling + mask_row) in float32 (softcapped, over one more sink column, top-k keys only where
   the family's are), and summed over the span: the row holds the probabilities the model uses on the sequence's
-  keys, a sink's share in none of them; memory per layer is one (B, H, keys) row;
+  keys, a sink's share in none of them (nor pooled entries', DeepSeek V4: run with the eager path's additive
+  masks, `RETRIEVAL_ADDITIVE_NAME`, which its layers extend with those entries' bias); memory per layer is one
+  (B, H, keys) row;
 - the other causal families (BLOOM, Falcon, MPT, GPT-Neo, XGLM) run their own eager attention, and a
   `TorchFunctionMode` reads row `row` off each (B, H, m, m) softmax output as it is made (the matrix is the
   model's own, freed by the layer as usual; only the row is kept).
@@ -26,6 +28,9 @@ if TYPE_CHECKING:
     import torch
 
 RETRIEVAL_NAME = "posprobe-retrieval"
+# the same function with the eager path's additive masks: for families that append pooled entries to a layer's keys
+# (DeepSeek V4), whose layers extend a tensor mask with the entries' own bias (sdpa's masks may be None or bool)
+RETRIEVAL_ADDITIVE_NAME = "posprobe-retrieval-additive"
 _ACTIVE: list[SpanAttention] = []  # the reader of the forward pass running now (at most one)
 
 
@@ -123,7 +128,7 @@ def retrieval_attention(
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from posprobe.capture.recording import recording_attention
+    from posprobe.capture.recording import own_keys, recording_attention
 
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
@@ -141,17 +146,31 @@ def retrieval_attention(
                                         **kwargs)  # fmt: skip
     if _ACTIVE:
         reader = _ACTIVE[-1]
-        reader.add_row(row_probabilities(query, key, attention_mask, reader.row, scaling, softcap, sinks, indices))
+        row = row_probabilities(query, key, attention_mask, reader.row, scaling, softcap, sinks, indices)
+        reader.add_row(row[..., : own_keys(module, query, key)])  # pooled entries after the keys are no tokens
     return out, None
 
 
 def register_retrieval_attention() -> None:
-    """Register `retrieval_attention` (with sdpa's masks) under `RETRIEVAL_NAME`; idempotent."""
+    """Register `retrieval_attention` under `RETRIEVAL_NAME` (with sdpa's masks) and `RETRIEVAL_ADDITIVE_NAME` (with
+    the eager path's additive masks); idempotent."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
     AttentionInterface.register(RETRIEVAL_NAME, retrieval_attention)
     AttentionMaskInterface.register(RETRIEVAL_NAME, sdpa_mask)
+    AttentionInterface.register(RETRIEVAL_ADDITIVE_NAME, retrieval_attention)
+    AttentionMaskInterface.register(RETRIEVAL_ADDITIVE_NAME, eager_mask)
+
+
+def retrieval_route(model) -> str:
+    """The attention implementation a retrieval run sets: `RETRIEVAL_ADDITIVE_NAME` for a family that appends
+    entries pooled over blocks of tokens to its keys (`Family.tensors['pooled_keys']`: their bias joins the mask
+    only where it is an additive tensor), else `RETRIEVAL_NAME`."""
+    from posprobe.families import family_for_type
+
+    family = family_for_type(str(getattr(model.config, "model_type", "")))
+    return RETRIEVAL_ADDITIVE_NAME if family is not None and "pooled_keys" in family.tensors else RETRIEVAL_NAME
 
 
 def eager_softmax_rows(reader: SpanAttention, batch: int, heads: int, m: int):
@@ -186,7 +205,7 @@ class RetrievalRun:
                 )
         else:
             register_retrieval_attention()
-            self.model.set_attn_implementation(RETRIEVAL_NAME)
+            self.model.set_attn_implementation(retrieval_route(self.model))
         return self
 
     def __exit__(self, *exc) -> None:

@@ -143,7 +143,6 @@ def needle(
         source = source or resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
         config, name, quantization = source.config, source.label, source.quantization
     _check_causal(config, name)
-    _check_own_keys(config, name)
     _check_one_row(config, name)
     window = _window(config)
     _check_window(grid.lengths, 0, window, grid.beyond_window)
@@ -307,21 +306,6 @@ def _check_causal(config: dict, name: str) -> None:
             f"'{name}' ({kind}) is not a causal language model: posprobe needle asks for the answer as the model's "
             "continuation",
             "pass a decoder (GPT-like) model, e.g. SmolLM2-135M-Instruct",
-        )
-
-
-def _check_own_keys(config: dict, name: str) -> None:
-    """Refuse a family whose layers add entries pooled over blocks of tokens to their keys (`Family.tensors
-    ['pooled_keys']`: DeepSeek V4): the retrieval route's masks and recomputed rows cover the sequence's keys only."""
-    from posprobe.architectures import table as T
-
-    kind = str(config.get("model_type", "unknown"))
-    family = T.family_for_type(kind)
-    if family is not None and "pooled_keys" in family.tensors:
-        raise PosprobeError(
-            f"'{name}' ({kind}) adds entries pooled over blocks of tokens to its keys, which posprobe needle's "
-            "retrieval route neither masks as the model does nor counts in a query's row",
-            "read its attention on text with `posprobe attention` (SPEC §9, §14)",
         )
 
 
