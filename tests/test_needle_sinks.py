@@ -1,10 +1,12 @@
 """`posprobe needle`'s retrieval rows (SPEC §18) for families whose softmax holds more than the sequence's keys or
 whose keys are picked per query: learned sinks (gpt-oss's sink column, Granite SWA's sinks on the output, Flint,
-MiMo-V2-Flash's sliding layers), an indexer's top-k keys (DeepSeek Sparse Attention), both (HY-V4).
+MiMo-V2-Flash's sliding layers), an indexer's top-k keys (DeepSeek Sparse Attention), both (HY-V4), key blocks
+picked per key-head group (MiniMax M3), pooled entries after the keys (DeepSeek V4).
 
 The retrieval row must be the row of the probabilities the model uses on the sequence's keys: equal to the row that
 `posprobe attention` records (`capture.recording`, itself checked against each family's own eager attention in
-tests/test_capture_families.py) and, for gpt-oss, to the model's own eager attentions; the sink's share is left out
+tests/test_capture_families.py; MiniMax M3, which it does not record: the model's own eager attentions) and, for
+gpt-oss, to the model's own eager attentions too; the sink's share is left out
 of every span, so a span over all keys sums to one less the sink's share; the model's logits are unchanged.
 """
 
@@ -21,6 +23,7 @@ M, ROW = 40, 30  # tokens; the query row read (sliding layers of 6 or 12 keys se
 SPANS = [(5, 20), (24, 29), (0, M)]
 SINKS = ("gpt_oss", "flint", "granite_swa", "granitemoe_swa", "mimo_v2_flash")
 INDEXED = ("deepseek_v32", "glm_moe_dsa", "hy_v4")  # top-k keys per query (HY-V4: and learned sinks)
+GROUPS = ("minimax_m3_vl_text",)  # key blocks picked per key-head group (not recorded: its own eager rows instead)
 POOLED = ("deepseek_v4",)  # learned sinks and, in compressed layers, entries pooled over blocks after the keys
 
 
@@ -59,13 +62,20 @@ def recorded_rows(model, ids, n_layers: int):
     return rows, eager
 
 
-@pytest.mark.parametrize("name", SINKS + INDEXED + POOLED)
+def eager_rows(model, ids):
+    """(L, H, keys) float64: row ROW of the model's own eager attentions, and the eager output."""
+    with torch.no_grad():
+        eager = model(input_ids=ids, use_cache=False, output_attentions=True)
+    return torch.stack([a[0, :, ROW, :].double() for a in eager.attentions]), eager
+
+
+@pytest.mark.parametrize("name", SINKS + INDEXED + POOLED + GROUPS)
 def test_retrieval_rows_are_the_probabilities_the_model_uses(name):
     model = causal_lm(name)
     n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
     torch.manual_seed(1)
     ids = torch.randint(3, 99, (1, M))
-    expected, eager = recorded_rows(model, ids, n_layers)
+    expected, eager = recorded_rows(model, ids, n_layers) if name not in GROUPS else eager_rows(model, ids)
     with RetrievalRun(model, n_layers, n_heads) as run, torch.no_grad():
         output, attention = run.forward(ids.repeat(len(SPANS), 1), ROW, SPANS, use_cache=False)
     torch.testing.assert_close(output.logits, eager.logits.repeat(len(SPANS), 1, 1), atol=1e-6, rtol=1e-6)

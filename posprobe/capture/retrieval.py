@@ -4,13 +4,13 @@ head, read during an ordinary forward pass without keeping any layer's (queries 
 Two routes, like the rest of the capture layer:
 - families whose attention goes through transformers' AttentionInterface run `retrieval_attention`, registered as
   `RETRIEVAL_NAME` with the masks that sdpa gets: the layer's output is transformers' own sdpa attention (or the
-  eager computation of `capture.recording` where the family softcaps its scores, has learned sinks or an indexer's
-  top-k keys), and beside it the one query row `row` is recomputed from the layer's query and keys,
-  softmax(q_row K^T * scaling + mask_row) in float32 (softcapped, over one more sink column, top-k keys only where
-  the family's are), and summed over the span: the row holds the probabilities the model uses on the sequence's
-  keys, a sink's share in none of them (nor pooled entries', DeepSeek V4: run with the eager path's additive
-  masks, `RETRIEVAL_ADDITIVE_NAME`, which its layers extend with those entries' bias); memory per layer is one
-  (B, H, keys) row;
+  eager computation of `capture.recording` where the family softcaps its scores, has learned sinks, an indexer's
+  top-k keys or key blocks per key-head group, those folded into a per-head mask), and beside it the one query
+  row `row` is recomputed from the layer's query and keys, softmax(q_row K^T * scaling + mask_row) in float32
+  (softcapped, over one more sink column, top-k keys only where the family's are), and summed over the span: the
+  row holds the probabilities the model uses on the sequence's keys, a sink's share in none of them (nor pooled
+  entries', DeepSeek V4: run with the eager path's additive masks, `RETRIEVAL_ADDITIVE_NAME`, which its layers
+  extend with those entries' bias); memory per layer is one (B, H, keys) row;
 - the other causal families (BLOOM, Falcon, MPT, GPT-Neo, XGLM) run their own eager attention, and a
   `TorchFunctionMode` reads row `row` off each (B, H, m, m) softmax output as it is made (the matrix is the
   model's own, freed by the layer as usual; only the row is kept).
@@ -132,10 +132,13 @@ def retrieval_attention(
 
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    kwargs = dict(kwargs)
+    blocks = kwargs.pop("block_indices", None)
+    if blocks is not None:  # key blocks picked per key-head group: folded into a per-head mask
+        attention_mask = _with_group_blocks(module, query, key, attention_mask, blocks)
     softcap, sinks, indices = kwargs.get("softcap"), kwargs.get("s_aux"), kwargs.get("indices")
-    # sdpa has none of these (it would drop them); recording computes them as eager attention does and refuses key
-    # blocks picked per key-head group
-    if softcap is not None or sinks is not None or indices is not None or kwargs.get("block_indices") is not None:
+    # sdpa has none of these (it would drop them): recording computes them as eager attention does
+    if softcap is not None or sinks is not None or indices is not None or blocks is not None:
         mask = attention_mask
         if mask is None:  # sdpa's causal shortcut: the eager computation needs the causal mask written out
             queries, keys = query.shape[-2], key.shape[-2]
@@ -149,6 +152,43 @@ def retrieval_attention(
         row = row_probabilities(query, key, attention_mask, reader.row, scaling, softcap, sinks, indices)
         reader.add_row(row[..., : own_keys(module, query, key)])  # pooled entries after the keys are no tokens
     return out, None
+
+
+def group_block_keys(block_indices, block_size: int, heads: int, keys: int):
+    """(B, H, m, keys) bool: the keys in the key blocks an indexer picked for each query and key-head group.
+
+    block_indices (B, H_I, m, k): block numbers (key j is in block j // block_size), -1 for none (MiniMax M3's
+    sparse layers); each group's pick holds for its H / H_I consecutive query heads."""
+    import torch
+
+    batch, groups, m, _ = block_indices.shape
+    blocks = -(-keys // block_size)
+    picked = torch.zeros((batch, groups, m, blocks + 1), dtype=torch.bool, device=block_indices.device)
+    picked.scatter_(-1, block_indices.long().masked_fill(block_indices < 0, blocks), True)  # -1: a spare column
+    keep = picked[..., :blocks].repeat_interleave(block_size, dim=-1)[..., :keys]
+    return keep.repeat_interleave(heads // groups, dim=1)
+
+
+def _with_group_blocks(module, query, key, attention_mask, block_indices):
+    """The layer's mask with the key blocks its indexer picked per key-head group folded in: additive (B, H, m,
+    keys) in the query's dtype (the dtype's minimum where masked), from a bool, additive or None (causal) mask. The
+    block size is the indexer's (`module.indexer.block_size`); a layer without one is refused."""
+    import torch
+
+    from posprobe.capture.recording import refuse_group_selection
+
+    size = getattr(getattr(module, "indexer", None), "block_size", None)
+    if not isinstance(size, int):
+        refuse_group_selection(module, {"block_indices": block_indices})
+    queries, keys = query.shape[-2], key.shape[-2]
+    if attention_mask is None:  # sdpa's causal shortcut
+        attention_mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
+        attention_mask = attention_mask[None, None]
+    allowed = attention_mask[..., :keys] if attention_mask.dtype == torch.bool else attention_mask[..., :keys] == 0
+    keep = allowed & group_block_keys(block_indices, size, query.shape[1], keys)
+    return torch.zeros(keep.shape, dtype=query.dtype, device=query.device).masked_fill(
+        ~keep, torch.finfo(query.dtype).min
+    )
 
 
 def register_retrieval_attention() -> None:
