@@ -98,6 +98,8 @@ def test_retrieval_rows_are_the_probabilities_the_model_uses(name):
         (["local", "lsh", "local"], "its 'lsh' layers attend the pairs a random hash draw picks, per head and hash "
          "round; its 'local' layers attend within chunks of keys"),
         (["local", "local"], "sequence's keys: its 'local' layers attend within chunks of keys"),
+        (["lsh", "lsh"], "keys: its 'lsh' layers attend the pairs a random hash draw picks, per head and hash round "
+         "— `posprobe states`"),
     ],
 )  # fmt: skip
 def test_reformer_is_refused_saying_why(layers, words):

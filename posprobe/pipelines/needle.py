@@ -327,12 +327,17 @@ def _check_one_row(config: dict, name: str) -> None:
     if hashed and (hashed in kinds or not kinds):
         reasons.append(f"its '{hashed}' layers attend the pairs a random hash draw picks, per head and hash round")
     others = sorted(kinds - {hashed}) if kinds else []
-    if chunked and (others or not kinds):
+    chunks = chunked and bool(others or not kinds)
+    if chunks:
         named = "/".join(f"'{k}'" for k in others) or "local"
         reasons.append(f"its {named} layers attend within chunks of keys (a chunk and its neighbours)")
+    if not reasons:
+        return
     raise PosprobeError(
         f"'{name}' ({kind}) gives a query no one attention row over the sequence's keys: " + "; ".join(reasons),
-        "read its chunked layers' attention on text with `posprobe attention`",
+        "read its chunked layers' attention on text with `posprobe attention`"
+        if chunks
+        else "`posprobe states` reads its hidden states",
     )
 
 
