@@ -161,6 +161,30 @@ def test_layer_type_configs_scale_only_their_full_attention_setting():
     assert R.variant_key(scaled) == "full_attention"
 
 
+def test_rope_type_keyed_configs_scale_their_compressed_layers_rope():
+    """DeepSeek V4 keys its rope settings by rope type: 'main' (plain, its sliding layers) and 'compress' (YaRN, its
+    compressed layers, which see past the window): the base setting, the trained length and a variant are the
+    'compress' one's, the sliding layers' rope is left as it is, and the rebuilt rotary module says so."""
+    from family_models import case
+    from transformers import AutoConfig
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RotaryEmbedding
+
+    yarn = dict(rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0, original_max_position_embeddings=16)
+    config = AutoConfig.for_model("deepseek_v4", **{**case("deepseek_v4").config, "rope_parameters": yarn})
+    assert list(config.rope_parameters) == ["main", "compress"]  # the sliding layers' setting comes first
+    assert R.variant_key(config) == "compress"
+    assert R.base_parameters(config)["rope_theta"] == 1000.0 and R.base_parameters(config)["rope_type"] == "yarn"
+    assert R.trained_length(config) == 16  # the compressed layers' YaRN length, not max_position_embeddings
+    scaled = R.variant_config(config, R.RopeVariant("linear:2", "linear", 2.0))
+    assert scaled.rope_parameters["main"] == config.rope_parameters["main"]
+    assert scaled.rope_parameters["compress"]["rope_type"] == "linear"
+    assert scaled.rope_parameters["compress"]["rope_theta"] == 1000.0
+    before, after = DeepseekV4RotaryEmbedding(config), DeepseekV4RotaryEmbedding(scaled)
+    torch.testing.assert_close(R.inv_freq_of(after, "main")[0], R.inv_freq_of(before, "main")[0])
+    plain = 1.0 / 1000.0 ** (torch.arange(0, 4, 2).float() / 4)  # rope on 4 of 8 dims, base 1000, halved by linear:2
+    torch.testing.assert_close(R.inv_freq_of(after, "compress")[0], plain / 2)
+
+
 @pytest.mark.parametrize(
     "d, theta, trained",
     [(128, 1e4, 4096), (64, 1e4, 2048), (64, 1e5, 8192), (128, 5e5, 8192), (8, 10.0, 64), (32, 1e4, 4)],

@@ -16,7 +16,6 @@ import posprobe
 from posprobe.analysis.learned_sinks import LearnedSinkAccumulator
 from posprobe.capture import capture
 from posprobe.checkpoint import WeightReader, resolve_model
-from posprobe.errors import PosprobeError
 from posprobe.families.context import ModelContext
 
 
@@ -95,10 +94,22 @@ def test_the_content_free_sink_share_is_given_only_without_pooled_entries(tmp_pa
             np.testing.assert_allclose(result.learned_sink_share[0], _layer_zero_sink_share(model, 16), atol=1e-6)
 
 
-def test_needle_refuses_pooled_entries():
-    """The retrieval route's masks and rows cover the sequence's keys only: refused in one line."""
-    with pytest.raises(PosprobeError, match="adds entries pooled over blocks of tokens to its keys"):
-        posprobe.needle(build("deepseek_v4"), tokenizer=object())
+def test_needle_reads_the_raw_keys_rows():
+    """`posprobe needle` runs the layers with their own masks over the pooled entries (the eager path's additive
+    masks, which each compressed layer extends with the entries' bias) and reads the raw keys' share of the last
+    prompt token's row (rows against the recorded attention: tests/test_needle_sinks.py)."""
+    from test_needle import HAYSTACK, char_tokenizer
+    from test_needle_sinks import causal_lm
+
+    from posprobe.pipelines.needle import NeedleGrid
+    from posprobe.pipelines.needle_prompts import NeedleTask
+
+    model = causal_lm("deepseek_v4")
+    task = NeedleTask(intro="", needle=" K{answer}.", question=" K", answer="7")
+    grid = NeedleGrid(lengths=(40,), depths=(0.0, 1.0), trials=1)
+    result = posprobe.needle(model, tokenizer=char_tokenizer(), haystack=HAYSTACK, grid=grid, task=task)
+    attention = result.needle_attention  # (lengths, depths, trials, L, H)
+    assert attention.shape[-2:] == (3, 4) and np.isfinite(attention).all() and (attention > 0).any()
 
 
 @pytest.mark.slow

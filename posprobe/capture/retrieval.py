@@ -4,9 +4,13 @@ head, read during an ordinary forward pass without keeping any layer's (queries 
 Two routes, like the rest of the capture layer:
 - families whose attention goes through transformers' AttentionInterface run `retrieval_attention`, registered as
   `RETRIEVAL_NAME` with the masks that sdpa gets: the layer's output is transformers' own sdpa attention (or the
-  eager computation of `capture.recording` where the family softcaps its scores), and beside it the one query row
-  `row` is recomputed from the layer's query and keys, softmax(q_row K^T * scaling + mask_row) in float32, and
-  summed over the span: memory per layer is one (B, H, keys) row;
+  eager computation of `capture.recording` where the family softcaps its scores, has learned sinks, an indexer's
+  top-k keys or key blocks per key-head group, those folded into a per-head mask), and beside it the one query
+  row `row` is recomputed from the layer's query and keys, softmax(q_row K^T * scaling + mask_row) in float32
+  (softcapped, over one more sink column, top-k keys only where the family's are), and summed over the span: the
+  row holds the probabilities the model uses on the sequence's keys, a sink's share in none of them (nor pooled
+  entries', DeepSeek V4: run with the eager path's additive masks, `RETRIEVAL_ADDITIVE_NAME`, which its layers
+  extend with those entries' bias); memory per layer is one (B, H, keys) row;
 - the other causal families (BLOOM, Falcon, MPT, GPT-Neo, XGLM) run their own eager attention, and a
   `TorchFunctionMode` reads row `row` off each (B, H, m, m) softmax output as it is made (the matrix is the
   model's own, freed by the layer as usual; only the row is kept).
@@ -24,6 +28,9 @@ if TYPE_CHECKING:
     import torch
 
 RETRIEVAL_NAME = "posprobe-retrieval"
+# the same function with the eager path's additive masks: for families that append pooled entries to a layer's keys
+# (DeepSeek V4), whose layers extend a tensor mask with the entries' own bias (sdpa's masks may be None or bool)
+RETRIEVAL_ADDITIVE_NAME = "posprobe-retrieval-additive"
 _ACTIVE: list[SpanAttention] = []  # the reader of the forward pass running now (at most one)
 
 
@@ -66,12 +73,19 @@ class SpanAttention:
         return torch.stack(self.per_layer, dim=1)
 
 
-def row_probabilities(query, key, attention_mask, row: int, scaling: float, softcap: float | None = None):
-    """(B, H, keys) float32: softmax over keys of query row `row`, as eager attention computes it.
+def row_probabilities(
+    query, key, attention_mask, row: int, scaling: float, softcap: float | None = None, sinks=None, indices=None
+):
+    """(B, H, keys) float32: the probabilities query row `row` gives the keys, as eager attention computes them.
 
     query (B, H, m, d_h), key (B, H_kv, keys, d_h); attention_mask None (sdpa's causal shortcut: query i sees keys
-    0..i), bool (B or 1, 1, m, keys) (True = attend), or additive float of that shape."""
+    0..i), bool (B or 1, 1, m, keys) (True = attend), or additive float of that shape. sinks: learned per-head sink
+    logits (H,) (gpt-oss's `s_aux`): one more softmax column with no key, left out of the row, which then sums to
+    one less the sink's share. indices (B, m, k): an indexer's top-k keys per query (DeepSeek Sparse Attention),
+    every other key masked."""
     import torch
+
+    from posprobe.capture.recording import _selected
 
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
@@ -90,7 +104,13 @@ def row_probabilities(query, key, attention_mask, row: int, scaling: float, soft
             scores = scores.masked_fill(~mask_row, float("-inf"))
         else:
             scores = scores + mask_row.float()
-    return torch.softmax(scores, dim=-1)
+    if indices is not None:
+        selected = _selected(indices[:, row : row + 1], keys)  # (B, 1, keys)
+        scores = scores.masked_fill(~selected, float("-inf"))
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    column = sinks.reshape(1, -1, 1).float().expand(scores.shape[0], -1, 1)
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
 
 
 def retrieval_attention(
@@ -108,12 +128,17 @@ def retrieval_attention(
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from posprobe.capture.recording import recording_attention
+    from posprobe.capture.recording import own_keys, recording_attention
 
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    softcap = kwargs.get("softcap")
-    if softcap is not None or kwargs.get("s_aux") is not None:  # sdpa has neither; recording refuses sinks
+    kwargs = dict(kwargs)
+    blocks = kwargs.pop("block_indices", None)
+    if blocks is not None:  # key blocks picked per key-head group: folded into a per-head mask
+        attention_mask = _with_group_blocks(module, query, key, attention_mask, blocks)
+    softcap, sinks, indices = kwargs.get("softcap"), kwargs.get("s_aux"), kwargs.get("indices")
+    # sdpa has none of these (it would drop them): recording computes them as eager attention does
+    if softcap is not None or sinks is not None or indices is not None or blocks is not None:
         mask = attention_mask
         if mask is None:  # sdpa's causal shortcut: the eager computation needs the causal mask written out
             queries, keys = query.shape[-2], key.shape[-2]
@@ -124,17 +149,68 @@ def retrieval_attention(
                                         **kwargs)  # fmt: skip
     if _ACTIVE:
         reader = _ACTIVE[-1]
-        reader.add_row(row_probabilities(query, key, attention_mask, reader.row, scaling, softcap))
+        row = row_probabilities(query, key, attention_mask, reader.row, scaling, softcap, sinks, indices)
+        reader.add_row(row[..., : own_keys(module, query, key)])  # pooled entries after the keys are no tokens
     return out, None
 
 
+def group_block_keys(block_indices, block_size: int, heads: int, keys: int):
+    """(B, H, m, keys) bool: the keys in the key blocks an indexer picked for each query and key-head group.
+
+    block_indices (B, H_I, m, k): block numbers (key j is in block j // block_size), -1 for none (MiniMax M3's
+    sparse layers); each group's pick holds for its H / H_I consecutive query heads."""
+    import torch
+
+    batch, groups, m, _ = block_indices.shape
+    blocks = -(-keys // block_size)
+    picked = torch.zeros((batch, groups, m, blocks + 1), dtype=torch.bool, device=block_indices.device)
+    picked.scatter_(-1, block_indices.long().masked_fill(block_indices < 0, blocks), True)  # -1: a spare column
+    keep = picked[..., :blocks].repeat_interleave(block_size, dim=-1)[..., :keys]
+    return keep.repeat_interleave(heads // groups, dim=1)
+
+
+def _with_group_blocks(module, query, key, attention_mask, block_indices):
+    """The layer's mask with the key blocks its indexer picked per key-head group folded in: additive (B, H, m,
+    keys) in the query's dtype (the dtype's minimum where masked), from a bool, additive or None (causal) mask. The
+    block size is the indexer's (`module.indexer.block_size`); a layer without one is refused."""
+    import torch
+
+    from posprobe.capture.recording import refuse_group_selection
+
+    size = getattr(getattr(module, "indexer", None), "block_size", None)
+    if not isinstance(size, int):
+        refuse_group_selection(module, {"block_indices": block_indices})
+    queries, keys = query.shape[-2], key.shape[-2]
+    if attention_mask is None:  # sdpa's causal shortcut
+        attention_mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
+        attention_mask = attention_mask[None, None]
+    allowed = attention_mask[..., :keys] if attention_mask.dtype == torch.bool else attention_mask[..., :keys] == 0
+    keep = allowed & group_block_keys(block_indices, size, query.shape[1], keys)
+    return torch.zeros(keep.shape, dtype=query.dtype, device=query.device).masked_fill(
+        ~keep, torch.finfo(query.dtype).min
+    )
+
+
 def register_retrieval_attention() -> None:
-    """Register `retrieval_attention` (with sdpa's masks) under `RETRIEVAL_NAME`; idempotent."""
+    """Register `retrieval_attention` under `RETRIEVAL_NAME` (with sdpa's masks) and `RETRIEVAL_ADDITIVE_NAME` (with
+    the eager path's additive masks); idempotent."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
     AttentionInterface.register(RETRIEVAL_NAME, retrieval_attention)
     AttentionMaskInterface.register(RETRIEVAL_NAME, sdpa_mask)
+    AttentionInterface.register(RETRIEVAL_ADDITIVE_NAME, retrieval_attention)
+    AttentionMaskInterface.register(RETRIEVAL_ADDITIVE_NAME, eager_mask)
+
+
+def retrieval_route(model) -> str:
+    """The attention implementation a retrieval run sets: `RETRIEVAL_ADDITIVE_NAME` for a family that appends
+    entries pooled over blocks of tokens to its keys (`Family.tensors['pooled_keys']`: their bias joins the mask
+    only where it is an additive tensor), else `RETRIEVAL_NAME`."""
+    from posprobe.families import family_for_type
+
+    family = family_for_type(str(getattr(model.config, "model_type", "")))
+    return RETRIEVAL_ADDITIVE_NAME if family is not None and "pooled_keys" in family.tensors else RETRIEVAL_NAME
 
 
 def eager_softmax_rows(reader: SpanAttention, batch: int, heads: int, m: int, outside=()):
@@ -171,7 +247,7 @@ class RetrievalRun:
                 )
         else:
             register_retrieval_attention()
-            self.model.set_attn_implementation(RETRIEVAL_NAME)
+            self.model.set_attn_implementation(retrieval_route(self.model))
         return self
 
     def __exit__(self, *exc) -> None:

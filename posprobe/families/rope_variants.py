@@ -4,7 +4,8 @@ the model's rotary module is rebuilt from it (its class's own `__init__`, which 
 frequency is derived here. Also the trained length of a config and its base rotary setting (for the budget).
 
 Configs with one rotary setting per layer type (Gemma 3: sliding / full attention) get the variant on their
-full-attention setting only: the sliding layers never see farther than their window.
+full-attention setting only: the sliding layers never see farther than their window. Configs keyed by rope type
+(DeepSeek V4: 'main', 'compress') get it on the setting of the layers other than sliding ones.
 """
 
 from __future__ import annotations
@@ -80,12 +81,12 @@ def _nested(parameters) -> bool:
 
 
 def base_parameters(config) -> dict:
-    """The rotary setting the variants change (a transformers config): `rope_parameters`, or its full-attention
-    entry where it has one per layer type."""
+    """The rotary setting the variants change (a transformers config): `rope_parameters`, or where it has one per
+    layer type (or rope type) the entry `variant_key` names."""
     config.standardize_rope_params()
     parameters = config.rope_parameters
     if _nested(parameters):
-        return parameters.get(FULL_ATTENTION) or next(iter(parameters.values()))
+        return parameters[variant_key(config)]
     return parameters
 
 
@@ -139,19 +140,32 @@ def variant_config(config, variant: RopeVariant):
     config.standardize_rope_params()
     parameters = variant_parameters(config, variant)
     if _nested(config.rope_parameters):
-        key = FULL_ATTENTION if FULL_ATTENTION in config.rope_parameters else next(iter(config.rope_parameters))
-        config.rope_parameters = {**config.rope_parameters, key: parameters}
+        config.rope_parameters = {**config.rope_parameters, variant_key(config): parameters}
     else:
         config.rope_parameters = parameters
     return config
 
 
 def variant_key(config) -> str | None:
-    """The layer type whose rotary setting a variant changes (None when the config has one setting)."""
+    """The key of the rotary setting a variant changes (None when the config has one setting): the full-attention
+    layers' ('full_attention'; where the family keys its settings by rope type, `Family.tensors['rope_types']`, the
+    key its layers other than sliding ones read: DeepSeek V4's 'compress', the YaRN rope of its compressed layers,
+    not its sliding layers' 'main'), else the first."""
     parameters = config.rope_parameters
     if not _nested(parameters):
         return None
-    return FULL_ATTENTION if FULL_ATTENTION in parameters else next(iter(parameters))
+    if FULL_ATTENTION in parameters:
+        return FULL_ATTENTION
+    from posprobe.architectures.table import family_for_type
+
+    family = family_for_type(str(getattr(config, "model_type", "")))
+    rule = family.tensors.get("rope_types") if family is not None else None
+    if rule:
+        keys = dict(pair.split(":") for pair in rule.split(","))
+        key = keys.get(FULL_ATTENTION, keys.get("*"))
+        if key in parameters:
+            return key
+    return next(iter(parameters))
 
 
 def rotary_modules(model) -> list[tuple[object, str, object]]:

@@ -143,7 +143,7 @@ def needle(
         source = source or resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
         config, name, quantization = source.config, source.label, source.quantization
     _check_causal(config, name)
-    _check_own_keys(config, name)
+    _check_one_row(config, name)
     window = _window(config)
     _check_window(grid.lengths, 0, window, grid.beyond_window)
     if tokenizer is None:
@@ -309,19 +309,36 @@ def _check_causal(config: dict, name: str) -> None:
         )
 
 
-def _check_own_keys(config: dict, name: str) -> None:
-    """Refuse a family whose layers add entries pooled over blocks of tokens to their keys (`Family.tensors
-    ['pooled_keys']`: DeepSeek V4): the retrieval route's masks and recomputed rows cover the sequence's keys only."""
+def _check_one_row(config: dict, name: str) -> None:
+    """Refuse a family whose layers give a query no one softmax row over the sequence's keys, saying which layers
+    and why: layers whose pairs a hash draw picks (`Family.tensors['unscored_softmax_layers']`: Reformer's LSH
+    layers, per head and hash round) and layers that attend within chunks (`Family.windows` 'neighbour_chunks')."""
     from posprobe.architectures import table as T
 
     kind = str(config.get("model_type", "unknown"))
     family = T.family_for_type(kind)
-    if family is not None and "pooled_keys" in family.tensors:
-        raise PosprobeError(
-            f"'{name}' ({kind}) adds entries pooled over blocks of tokens to its keys, which posprobe needle's "
-            "retrieval route neither masks as the model does nor counts in a query's row",
-            "read its attention on text with `posprobe attention` (SPEC §9, §14)",
-        )
+    if family is None:
+        return
+    hashed, chunked = family.tensors.get("unscored_softmax_layers"), family.windows == "neighbour_chunks"
+    if not hashed and not chunked:
+        return
+    kinds = set(config.get(family.tensors.get("layer_types", ""), None) or ())
+    reasons = []
+    if hashed and (hashed in kinds or not kinds):
+        reasons.append(f"its '{hashed}' layers attend the pairs a random hash draw picks, per head and hash round")
+    others = sorted(kinds - {hashed}) if kinds else []
+    chunks = chunked and bool(others or not kinds)
+    if chunks:
+        named = "/".join(f"'{k}'" for k in others) or "local"
+        reasons.append(f"its {named} layers attend within chunks of keys (a chunk and its neighbours)")
+    if not reasons:
+        return
+    raise PosprobeError(
+        f"'{name}' ({kind}) gives a query no one attention row over the sequence's keys: " + "; ".join(reasons),
+        "read its chunked layers' attention on text with `posprobe attention`"
+        if chunks
+        else "`posprobe states` reads its hidden states",
+    )
 
 
 def _window(config: dict) -> int | None:
