@@ -154,41 +154,23 @@ def retrieval_attention(
     return out, None
 
 
-def group_block_keys(block_indices, block_size: int, heads: int, keys: int):
-    """(B, H, m, keys) bool: the keys in the key blocks an indexer picked for each query and key-head group.
-
-    block_indices (B, H_I, m, k): block numbers (key j is in block j // block_size), -1 for none (MiniMax M3's
-    sparse layers); each group's pick holds for its H / H_I consecutive query heads."""
-    import torch
-
-    batch, groups, m, _ = block_indices.shape
-    blocks = -(-keys // block_size)
-    picked = torch.zeros((batch, groups, m, blocks + 1), dtype=torch.bool, device=block_indices.device)
-    picked.scatter_(-1, block_indices.long().masked_fill(block_indices < 0, blocks), True)  # -1: a spare column
-    keep = picked[..., :blocks].repeat_interleave(block_size, dim=-1)[..., :keys]
-    return keep.repeat_interleave(heads // groups, dim=1)
-
-
 def _with_group_blocks(module, query, key, attention_mask, block_indices):
     """The layer's mask with the key blocks its indexer picked per key-head group folded in: additive (B, H, m,
-    keys) in the query's dtype (the dtype's minimum where masked), from a bool, additive or None (causal) mask. The
-    block size is the indexer's (`module.indexer.block_size`); a layer without one is refused."""
+    keys) in the query's dtype (the dtype's minimum where masked), from a bool, additive or None (causal) mask; the
+    picked keys are `recording.group_selected`'s, which refuses a layer that names no block size."""
     import torch
 
-    from posprobe.capture.recording import refuse_group_selection
+    from posprobe.capture.recording import group_selected
 
-    size = getattr(getattr(module, "indexer", None), "block_size", None)
-    if not isinstance(size, int):
-        refuse_group_selection(module, {"block_indices": block_indices})
     queries, keys = query.shape[-2], key.shape[-2]
     if attention_mask is None:  # sdpa's causal shortcut
         attention_mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)
         attention_mask = attention_mask[None, None]
-    allowed = attention_mask[..., :keys] if attention_mask.dtype == torch.bool else attention_mask[..., :keys] == 0
-    keep = allowed & group_block_keys(block_indices, size, query.shape[1], keys)
-    return torch.zeros(keep.shape, dtype=query.dtype, device=query.device).masked_fill(
-        ~keep, torch.finfo(query.dtype).min
-    )
+    picked = group_selected(module, block_indices, query.shape[1], keys)
+    lowest = torch.tensor(torch.finfo(query.dtype).min, dtype=query.dtype, device=query.device)
+    mask = attention_mask[..., :keys]
+    additive = torch.where(mask, torch.zeros_like(lowest), lowest) if mask.dtype == torch.bool else mask.to(query.dtype)
+    return torch.where(picked, additive, lowest)
 
 
 def register_retrieval_attention() -> None:
