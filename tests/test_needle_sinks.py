@@ -5,9 +5,9 @@ picked per key-head group (MiniMax M3), pooled entries after the keys (DeepSeek 
 
 The retrieval row must be the row of the probabilities the model uses on the sequence's keys: equal to the row that
 `posprobe attention` records (`capture.recording`, itself checked against each family's own eager attention in
-tests/test_capture_families.py; MiniMax M3, which it does not record: the model's own eager attentions) and, for
-gpt-oss, to the model's own eager attentions too; the sink's share is left out
-of every span, so a span over all keys sums to one less the sink's share; the model's logits are unchanged.
+tests/test_capture_families.py) and, for gpt-oss and MiniMax M3, to the model's own eager attentions too; the
+sink's share is left out of every span, so a span over all keys sums to one less the sink's share; the model's
+logits are unchanged.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ M, ROW = 40, 30  # tokens; the query row read (sliding layers of 6 or 12 keys se
 SPANS = [(5, 20), (24, 29), (0, M)]
 SINKS = ("gpt_oss", "flint", "granite_swa", "granitemoe_swa", "mimo_v2_flash")
 INDEXED = ("deepseek_v32", "glm_moe_dsa", "hy_v4")  # top-k keys per query (HY-V4: and learned sinks)
-GROUPS = ("minimax_m3_vl_text",)  # key blocks picked per key-head group (not recorded: its own eager rows instead)
+GROUPS = ("minimax_m3_vl_text",)  # key blocks picked per key-head group
 POOLED = ("deepseek_v4",)  # learned sinks and, in compressed layers, entries pooled over blocks after the keys
 
 
@@ -75,7 +75,7 @@ def test_retrieval_rows_are_the_probabilities_the_model_uses(name):
     n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
     torch.manual_seed(1)
     ids = torch.randint(3, 99, (1, M))
-    expected, eager = recorded_rows(model, ids, n_layers) if name not in GROUPS else eager_rows(model, ids)
+    expected, eager = recorded_rows(model, ids, n_layers)
     with RetrievalRun(model, n_layers, n_heads) as run, torch.no_grad():
         output, attention = run.forward(ids.repeat(len(SPANS), 1), ROW, SPANS, use_cache=False)
     torch.testing.assert_close(output.logits, eager.logits.repeat(len(SPANS), 1, 1), atol=1e-6, rtol=1e-6)
@@ -87,8 +87,8 @@ def test_retrieval_rows_are_the_probabilities_the_model_uses(name):
         else:  # MiMo-V2-Flash's full layers, DeepSeek Sparse Attention
             torch.testing.assert_close(attention[2, layer], torch.ones(n_heads).double(), atol=1e-6, rtol=0)
     assert (name in SINKS + POOLED or name == "hy_v4") == any(hasattr(m.self_attn, "sinks") for m in model.model.layers)
-    if name == "gpt_oss":  # and its own eager attentions (the real keys' columns) say the same
-        own = torch.stack([a[0, :, ROW, :].double() for a in eager.attentions])
+    if name in ("gpt_oss", *GROUPS):  # and its own eager attentions (the real keys' columns) say the same
+        own = eager_rows(model, ids)[0]
         torch.testing.assert_close(attention[0], own[..., 5:20].sum(-1), atol=1e-6, rtol=1e-6)
 
 
