@@ -115,3 +115,34 @@ def test_reformer_is_refused_saying_why(layers, words):
     with pytest.raises(PosprobeError) as error:
         posprobe.needle(model, tokenizer=object())
     assert words in str(error.value) and "\n" not in str(error.value) and "hybrid" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["laguna", "dots3_note_text-heads"])
+def test_a_layer_with_fewer_query_heads_gives_nan_in_the_heads_it_lacks(name):
+    """Laguna's query-head count per layer, Dots3's per layer type (SPEC §9): the retrieval rows hold the most heads
+    of any layer, a layer's own heads equal to its eager attentions and NaN in the others; the heads' means and
+    their ranking leave those out."""
+    import numpy as np
+
+    from posprobe.analysis.needle import head_means, ranked_heads
+    from posprobe.capture.model import check_model
+
+    model = causal_lm(name)
+    n_layers, n_heads = check_model(model, hybrid=True)
+    torch.manual_seed(1)
+    ids = torch.randint(3, 99, (1, M))
+    with torch.no_grad():
+        eager = model(input_ids=ids, use_cache=False, output_attentions=True)
+    with RetrievalRun(model, n_layers, n_heads) as run, torch.no_grad():
+        output, attention = run.forward(ids.repeat(len(SPANS), 1), ROW, SPANS, use_cache=False)
+    counts = [a.shape[1] for a in eager.attentions]
+    assert len(set(counts)) > 1 and max(counts) == n_heads == attention.shape[-1]
+    for layer, probs in enumerate(eager.attentions):
+        heads = probs.shape[1]
+        for b, (start, end) in enumerate(SPANS):
+            expected = probs[0, :, ROW, start:end].double().sum(-1)
+            torch.testing.assert_close(attention[b, layer, :heads], expected, atol=1e-6, rtol=1e-6)
+        assert torch.isnan(attention[:, layer, heads:]).all()
+    means = head_means(attention.numpy()[None, None])
+    assert np.isfinite(means).sum() == sum(counts)  # every head a layer has; none it lacks
+    assert len(ranked_heads(means)) == sum(counts)

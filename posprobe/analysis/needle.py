@@ -56,16 +56,23 @@ def position_gaps(curve: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def head_means(needle_attention: np.ndarray) -> np.ndarray:
-    """(layers, heads): the mean over all prompts of the retrieval attention (lengths, depths, trials, L, H)."""
+    """(layers, heads): the mean over all prompts of the retrieval attention (lengths, depths, trials, L, H), over
+    the prompts read in every head that some prompt has; NaN for a head no prompt has (a layer with fewer query
+    heads, SPEC §9) and everywhere when no prompt was read."""
     attention = np.asarray(needle_attention, dtype=np.float64)
     flat = attention.reshape(-1, *attention.shape[-2:])
-    keep = np.isfinite(flat).all(axis=(1, 2))
-    return flat[keep].mean(0) if keep.any() else np.full(attention.shape[-2:], np.nan)
+    present = np.isfinite(flat).any(axis=0)
+    keep = np.isfinite(flat[:, present]).all(axis=1) if present.any() else np.zeros(len(flat), dtype=bool)
+    if not keep.any():
+        return np.full(attention.shape[-2:], np.nan)
+    return np.where(present, flat[keep].mean(0), np.nan)
 
 
 def ranked_heads(mean_attention: np.ndarray, top: int | None = None) -> list[tuple[int, int, float]]:
-    """(layer, head, mean retrieval attention) of every head, the largest first (`top` of them)."""
+    """(layer, head, mean retrieval attention) of every head with a value (NaN: no such head, or no prompt read),
+    the largest first (`top` of them)."""
     order = np.argsort(-np.nan_to_num(mean_attention, nan=-np.inf), axis=None, kind="stable")
     layers, heads = np.unravel_index(order, mean_attention.shape)
     rows = [(int(layer), int(head), float(mean_attention[layer, head])) for layer, head in zip(layers, heads)]
+    rows = [row for row in rows if row[2] == row[2]]
     return rows if top is None else rows[:top]

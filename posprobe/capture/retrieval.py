@@ -36,10 +36,11 @@ _ACTIVE: list[SpanAttention] = []  # the reader of the forward pass running now 
 
 class SpanAttention:
     """Collects, for one forward pass, the attention of query `row` on keys [start, end) of each example:
-    `spans` one (start, end) per batch row. `per_layer` gets one (B, H) float64 tensor per layer, in depth order."""
+    `spans` one (start, end) per batch row. `per_layer` gets one (B, H) float64 tensor per layer, in depth order;
+    with `n_heads` H, a layer with fewer query heads has NaN in the heads it lacks (Laguna, Dots3: SPEC §9)."""
 
-    def __init__(self, row: int, spans: list[tuple[int, int]], n_layers: int):
-        self.row, self.spans, self.n_layers = row, spans, n_layers
+    def __init__(self, row: int, spans: list[tuple[int, int]], n_layers: int, n_heads: int | None = None):
+        self.row, self.spans, self.n_layers, self.n_heads = row, spans, n_layers, n_heads
         self.per_layer: list[torch.Tensor] = []
 
     def __enter__(self) -> SpanAttention:
@@ -58,8 +59,10 @@ class SpanAttention:
             )
         import torch
 
+        from posprobe.capture.recording import absent_heads_as_nan
+
         sums = [probs_row[b, :, start:end].double().sum(-1) for b, (start, end) in enumerate(self.spans)]
-        self.per_layer.append(torch.stack(sums))
+        self.per_layer.append(absent_heads_as_nan(torch.stack(sums), self.n_heads))
 
     def result(self) -> torch.Tensor:
         """(B, L, H) float64: attention of query `row` on each example's span, per layer and head."""
@@ -240,7 +243,7 @@ class RetrievalRun:
         """The model's output on `input_ids` (B, m) and the (B, L, H) attention of query `row` on each span."""
         from posprobe.capture.eager import depth_attention_modules
 
-        reader = SpanAttention(row, spans, self.n_layers)
+        reader = SpanAttention(row, spans, self.n_layers, self.n_heads)
         with reader:
             if self.eager:
                 batch, m = input_ids.shape
