@@ -314,6 +314,9 @@ class Family:
     # for first: the stack posprobe reads has sizes of its own (Whisper's decoder_layers, decoder_attention_heads)
     text_stack: str = "encoder"  # the stack of an encoder-decoder that reads text and that a capture runs: 'decoder'
     # where the encoder reads other inputs (Whisper's audio features); the entry then names the decoder's tensors
+    decoder_stack: dict = field(default_factory=dict)  # an encoder-decoder whose decoder differs from its encoder
+    # in names, sizes or mechanism (BigBird-Pegasus, ProphetNet): the fields the entry takes for `--stack decoder`
+    # (`stack_family`; the decoder is causal, and reads its own position table where it names one)
     hybrid: str = ""  # what the layers without softmax attention are, in words (config.layer_types names them;
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
@@ -881,10 +884,20 @@ FAMILIES: tuple[Family, ...] = (
         key="encoder.layers.{l}.self_attn.self.key",
         pre_norm="encoder.layers.{l}.self_attn_layer_norm",
         windows="block_sparse",
+        encoder_decoder=True,
+        decoder_stack=dict(  # full causal self-attention over a learned table of its own (BART's attention)
+            position="decoder.embed_positions.weight",
+            query="decoder.layers.{l}.self_attn.q_proj",
+            key="decoder.layers.{l}.self_attn.k_proj",
+            pre_norm="decoder.layers.{l}.self_attn_layer_norm",
+            windows=None,
+            sizes={"layers": ("decoder_layers",), "heads": ("decoder_attention_heads",)},
+        ),
         capture=EAGER,
         capture_note="encoder stack, up to (5 + 2 random blocks) x block size tokens, where it attends fully",
-        description="learned absolute table (encoder stack, block-sparse beyond (5 + 2 random blocks) x block size; "
-        "the decoder attends fully, its cross-attention has no positional score)",
+        description="learned absolute tables (encoder: block-sparse beyond (5 + 2 random blocks) x block size; "
+        "decoder, --stack decoder: full causal self-attention over its own table; cross-attention has no "
+        "positional score)",
     ),
     Family(
         "prophetnet",
@@ -2648,6 +2661,14 @@ def model_types(kind: str | None = None, analysable: bool | None = None, retrofi
         and (retrofit is None or f.retrofit == retrofit)
         for t in f.model_types
     )
+
+
+def stack_family(family: Family, stack: str) -> Family:
+    """The entry as it reads `stack`: for the decoder of an encoder-decoder whose decoder has fields of its own
+    (`Family.decoder_stack`), the entry with them, causal; else the entry itself."""
+    if stack != "decoder" or not family.decoder_stack:
+        return family
+    return replace(family, causal=True, decoder_stack={}, **family.decoder_stack)
 
 
 def stack_sizes(family: Family, config: dict) -> dict:

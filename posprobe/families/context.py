@@ -181,6 +181,31 @@ class ModelContext(EmbeddingReader):
             config_hint(self.source.name, MIXED_HINT),
         )
 
+    def for_stack(self, stack: str) -> ModelContext:
+        """The reader of `stack`: this one, or where the entry reads an encoder-decoder's decoder through fields of
+        its own (`Family.decoder_stack`: other names, sizes, position table, mechanism), a reader of the same
+        checkpoint through the entry as it reads that stack (`table.stack_family`); made once."""
+        family = T.stack_family(self.family, stack)
+        if family is self.family:
+            return self
+        key = ("stack", stack)
+        if key not in self.cache:
+            view = object.__new__(ModelContext)
+            view.source, view.reader, view.mode, view.family, view.kind = (
+                self.source,
+                self.reader,
+                self.mode,
+                family,
+                family.kind,
+            )
+            view.config = T.stack_sizes(family, self.source.config)
+            view.shape = config_shape(view.config, self.source.name, family)
+            view.qkv = T.qkv_layout(family, view.config)[0]
+            view.cache = {}
+            view._check_layer_count()
+            self.cache[key] = view
+        return self.cache[key]
+
     # -- what the model is --------------------------------------------------------------------------
     @property
     def has_table(self) -> bool:
@@ -820,6 +845,7 @@ def content_free_scores(
             "posprobe reads that pick on the content-free input only, not on data-conditioned inputs",
             "use the content-free scores (no --text) or `posprobe attention` on the texts",
         )
+    ctx = ctx.for_stack(stack)  # a decoder read through fields of its own (`Family.decoder_stack`)
     if ctx.family.hybrid and ctx.layer_kinds(n, stack)[layer].attention == "none":
         return np.full((ctx.shape.heads, n, n), np.nan)  # a recurrent / convolution layer: no positional score
     scores = importlib.import_module(SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack, inputs)
@@ -854,4 +880,5 @@ def toeplitz_by_construction(
         raise ValueError(f"input_mode must be {SAME_INPUT!r} or {PER_POSITION_INPUT!r}, got {input_mode!r}")
     if input_mode != SAME_INPUT:
         return False
+    ctx = ctx.for_stack(stack)
     return bool(importlib.import_module(SCORE_MODULES[ctx.kind]).toeplitz_by_construction(ctx, stack, conditioned))

@@ -93,6 +93,7 @@ class ScoreReader:
 
     def __init__(self, ctx: ModelContext, positions=None, stack: str = "encoder", inputs: LayerInputs | None = None):
         stack = as_choice(stack, "stack", STACKS)
+        ctx = ctx.for_stack(stack)  # a decoder read through fields of its own (`Family.decoder_stack`)
         positions = None if positions is None else as_int(positions, "positions", minimum=MIN_POSITIONS)
         self.ctx, self.source, self.family, self.stack = ctx, ctx.source, ctx.family, stack
         one_of_two = self.family.text_stack if ctx.source.config.get("is_encoder_decoder") else None  # the one read
