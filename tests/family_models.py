@@ -849,6 +849,15 @@ CASES = {
     "bigbird_pegasus-decoder": ("bigbird_pegasus", dict(_SEQ2SEQ, block_size=4, num_random_blocks=1, use_bias=True,
                                                         decoder_layers=3, decoder_attention_heads=2),
                                 dict(own=True, stack="decoder")),
+    # ProphetNet's decoder main stream (--stack decoder): causal, its own table numbered from padding_idx + 1 behind
+    # its own embedding norm, plus a bias per bucket (8 buckets, exact up to 4) from each query's input; 2 layers of
+    # 2 heads beside the encoder's 3 of 4; the relative projection boosted so that its bias outweighs rounding
+    "prophetnet-decoder": ("prophetnet", dict(vocab_size=99, hidden_size=32, num_encoder_layers=3,
+                                              num_decoder_layers=2, num_encoder_attention_heads=4,
+                                              num_decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37,
+                                              max_position_embeddings=66, pad_token_id=1, ngram=2, num_buckets=8,
+                                              relative_max_distance=16),
+                           dict(own=True, stack="decoder", boost=("relative_pos_embeddings",))),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -905,7 +914,7 @@ _EAGER_EXPERTS += ("qwen4_exp_text", "qwen4_exp")  # issue 34 (qwen4)
 _EAGER_EXPERTS += ("deepseek_v4",)  # issue 34 (dsv4)
 ISSUE_34_CASES |= {"deepseek_v4"}  # issue 34 (dsv4)
 ISSUE_34_CASES |= {"reformer", "reformer-masked"}  # issue 34 (reformer)
-ISSUE_34_CASES |= {"bigbird_pegasus-decoder"}  # issue 34 (stacks)
+ISSUE_34_CASES |= {"bigbird_pegasus-decoder", "prophetnet-decoder"}  # issue 34 (stacks)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 

@@ -911,10 +911,26 @@ FAMILIES: tuple[Family, ...] = (
         query="encoder.layers.{l}.self_attn.query_proj",  # post-LN
         key="encoder.layers.{l}.self_attn.key_proj",
         sizes={"layers": ("num_encoder_layers",), "heads": ("num_encoder_attention_heads",)},
+        encoder_decoder=True,
+        decoder_stack=dict(  # its main stream: causal, a table of its own plus a bias per bucket from each query
+            kind=BUCKET_BIAS,
+            position="decoder.position_embeddings.weight",
+            embedding_norm="decoder.embeddings_layer_norm",
+            query="decoder.layers.{l}.self_attn.query_proj",  # post-LN
+            key="decoder.layers.{l}.self_attn.key_proj",
+            sizes={"layers": ("num_decoder_layers",), "heads": ("num_decoder_attention_heads",)},
+            tensors={
+                "relative_bias_projection": "decoder.layers.{l}.self_attn.relative_pos_embeddings",  # (B H, d)
+                "num_buckets": "num_buckets",
+                "max_distance": "relative_max_distance",
+            },
+        ),
         capture=EAGER,
         capture_note="encoder stack",
-        description="learned absolute table (encoder stack; the decoder's n-stream self-attention, a learned table "
-        "plus query-dependent relative bucket biases, is not read)",
+        description="learned absolute table (encoder stack); --stack decoder: the decoder's main stream, causal, "
+        "its own learned table plus a relative bucket bias that each query's input gives (a Linear per layer); its "
+        "ngram predict streams are not read (their inputs are ngram embeddings, not the text's tokens, and each "
+        "attends the main stream's keys beside its own position)",
     ),
     Family("musicgen", ("musicgen", "musicgen_decoder"), SINUSOIDAL, **_musicgen("musicgen", "Musicgen")),
     Family(
