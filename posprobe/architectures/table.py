@@ -2509,8 +2509,11 @@ FAMILIES: tuple[Family, ...] = (
             "cls_apart": "separate_cls",  # no position or segment term in the <cls> row and column (position 0)
             "encodings": "float64",  # built in the model's dtype (XLNet: float32)
         },
-        description="sinusoidal relative positions; the sequence is pooled between blocks (stride 2): the first "
-        "block's layers are read, later blocks attend over pooled positions and are not",
+        description="sinusoidal relative positions; the sequence is pooled by 2 between blocks: the first block's "
+        "layers are read; a later block b is not: its queries sit on pooled positions of their own (every 2^b-th, "
+        "<cls> moved to 1 - 2^b with separate_cls) and its first layer attends them to the previous block's keys "
+        "(pool_q_only): matrices of other shapes and positions than the n x n over positions 0..n-1 of posprobe's "
+        "per-layer results",
         capture=REFUSED,
         capture_note="pooled blocks and upsampling decoder: no one (queries x keys) softmax per layer",
     ),
