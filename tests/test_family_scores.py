@@ -372,3 +372,43 @@ def test_reformer_is_causal_where_it_is_a_decoder():
     with pytest.raises(PosprobeError) as err:
         _check_causal({"model_type": "reformer", "is_decoder": False}, "masked")
     assert "not a causal language model" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_funnel_decoder_scores_equal_its_upsampling_layers(tmp_path):
+    """FunnelModel's upsampling decoder (`--stack decoder`, issue 34 stacks) attends at full length with the first
+    block's relative positions, <cls> apart, one segment, both ways: F̂ of each of its layers equals the layer's
+    softmax input on the embedding output of the average word (SPEC §9: every layer reads the embedding level)."""
+    import torch
+    from family_models import build
+
+    model = build("funnel")
+    model.save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful").for_stack("decoder")
+    assert ctx.layers() == model.config.num_decoder_layers and not ctx.causal()
+    ours = np.stack([content_free_scores(ctx, layer, N) for layer in range(ctx.layers())])
+    inputs, softmax = [], torch.softmax
+
+    def record(x, *args, **kwargs):
+        inputs.append(x[0].detach().double().numpy())
+        return softmax(x, *args, **kwargs)
+
+    ids = torch.zeros(1, N, dtype=torch.long)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[0] = model.get_input_embeddings().weight.mean(0)
+        x = model.embeddings(ids)
+        structure = model.decoder.attention_structure  # the decoder's own inputs: positions 0..N-1, token type 0
+        attention_inputs = structure.init_attention_inputs(x, token_type_ids=torch.zeros_like(ids))
+        torch.softmax = record
+        try:
+            for layer in model.decoder.layers:
+                layer(x, x, x, attention_inputs)
+        finally:
+            torch.softmax = softmax
+    ref = np.stack(inputs)
+    assert ref.shape == ours.shape == (ctx.layers(), 4, N, N)
+    # its softmax input is cast to float32 (transformers' Funnel), as the parity test above allows
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-5 * max(1.0, np.abs(ref).max()))
+    assert np.std(ours[..., N // 2, 1:]) > 0  # positions matter (column 0: <cls>, kept apart)
+    assert posprobe.fhat(str(tmp_path), layer=0, stack="decoder", positions=N).to_dict()["stack"] == "decoder"

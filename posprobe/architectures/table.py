@@ -314,9 +314,9 @@ class Family:
     # for first: the stack posprobe reads has sizes of its own (Whisper's decoder_layers, decoder_attention_heads)
     text_stack: str = "encoder"  # the stack of an encoder-decoder that reads text and that a capture runs: 'decoder'
     # where the encoder reads other inputs (Whisper's audio features); the entry then names the decoder's tensors
-    decoder_stack: dict = field(default_factory=dict)  # an encoder-decoder whose decoder differs from its encoder
-    # in names, sizes or mechanism (BigBird-Pegasus, ProphetNet): the fields the entry takes for `--stack decoder`
-    # (`stack_family`; the decoder is causal, and reads its own position table where it names one)
+    decoder_stack: dict = field(default_factory=dict)  # a model whose decoder differs from its encoder in names,
+    # sizes or mechanism (BigBird-Pegasus, ProphetNet; Funnel's upsampling decoder): the fields the entry takes for
+    # `--stack decoder` (`stack_family`; causal unless they say otherwise, its own position table where named)
     hybrid: str = ""  # what the layers without softmax attention are, in words (config.layer_types names them;
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
@@ -2509,11 +2509,29 @@ FAMILIES: tuple[Family, ...] = (
             "cls_apart": "separate_cls",  # no position or segment term in the <cls> row and column (position 0)
             "encodings": "float64",  # built in the model's dtype (XLNet: float32)
         },
+        decoder_stack=dict(  # FunnelModel's upsampling decoder: full length again, the first block's positions
+            causal=False,
+            query="decoder.layers.{l}.attention.q_head",
+            key="decoder.layers.{l}.attention.k_head",
+            value="decoder.layers.{l}.attention.v_head",
+            sizes={"layers": ("num_decoder_layers",)},
+            tensors={
+                "position_projection": "decoder.layers.{l}.attention.r_kernel",
+                "content_bias": "decoder.layers.{l}.attention.r_w_bias",
+                "position_bias": "decoder.layers.{l}.attention.r_r_bias",
+                "segment_bias": "decoder.layers.{l}.attention.r_s_bias",
+                "segment_embedding": "decoder.layers.{l}.attention.seg_embed",
+                "same_segment": "1",
+                "cls_apart": "separate_cls",
+                "encodings": "float64",
+            },
+        ),
         description="sinusoidal relative positions; the sequence is pooled by 2 between blocks: the first block's "
         "layers are read; a later block b is not: its queries sit on pooled positions of their own (every 2^b-th, "
         "<cls> moved to 1 - 2^b with separate_cls) and its first layer attends them to the previous block's keys "
         "(pool_q_only): matrices of other shapes and positions than the n x n over positions 0..n-1 of posprobe's "
-        "per-layer results",
+        "per-layer results; --stack decoder: FunnelModel's upsampling decoder layers, at full length, read as the "
+        "first block's",
         capture=REFUSED,
         capture_note="pooled blocks and upsampling decoder: no one (queries x keys) softmax per layer",
     ),
@@ -2683,11 +2701,12 @@ def model_types(kind: str | None = None, analysable: bool | None = None, retrofi
 
 
 def stack_family(family: Family, stack: str) -> Family:
-    """The entry as it reads `stack`: for the decoder of an encoder-decoder whose decoder has fields of its own
-    (`Family.decoder_stack`), the entry with them, causal; else the entry itself."""
+    """The entry as it reads `stack`: for the decoder of a model whose decoder has fields of its own
+    (`Family.decoder_stack`), the entry with them, read as one stack, causal unless they say otherwise (Funnel's
+    upsampling decoder); else the entry itself."""
     if stack != "decoder" or not family.decoder_stack:
         return family
-    return replace(family, causal=True, decoder_stack={}, **family.decoder_stack)
+    return replace(family, **{"causal": True, **family.decoder_stack, "encoder_decoder": False, "decoder_stack": {}})
 
 
 def stack_sizes(family: Family, config: dict) -> dict:

@@ -202,6 +202,12 @@ class ModelContext(EmbeddingReader):
             view.shape = config_shape(view.config, self.source.name, family)
             view.qkv = T.qkv_layout(family, view.config)[0]
             view.cache = {}
+            if view.key(family.query + ".weight", 0) is None:  # Funnel's base model: no upsampling decoder
+                raise PosprobeError(
+                    f"'{self.source.name}' ({self.source.model_type}) holds no {stack} weights ({family.query} of "
+                    "layer 0)",
+                    f"drop --stack {stack}",
+                )
             view._check_layer_count()
             self.cache[key] = view
         return self.cache[key]
