@@ -221,7 +221,8 @@ class Family:
     'axial_parameters' the config lists of their rows and widths (its learned table holds sum rows x width),
     'layer_types' the config list of its layer types, 'unscored_softmax_layers' those types whose softmax attends
     pairs its input's content picks (no positional score), 'causal_when' the config key without which it is not
-    causal).
+    causal; 'relative_bias_projection' a Linear per layer whose output on a query's input is its bias per bucket,
+    'num_buckets' / 'max_distance' the config keys of its buckets: ProphetNet's decoder).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
@@ -243,7 +244,9 @@ class Family:
     `tensors['indexer_rotary']`); `sizes` config keys of the read stack's sizes, looked for first (Whisper's
     decoder_layers), `text_stack` the stack of an encoder-decoder that reads text ('decoder' where
     the encoder reads audio: the entry names the decoder's tensors, and captures run it);
-    `tensors['codebook_words']` one word table per codebook ('{c}'), summed (MusicGen).
+    `tensors['codebook_words']` one word table per codebook ('{c}'), summed (MusicGen); `decoder_stack` the fields
+    a decoder whose names, sizes or mechanism differ from the encoder's is read with (`--stack decoder`:
+    BigBird-Pegasus, ProphetNet's main stream, Funnel's upsampling decoder; `stack_family`).
     A multimodal wrapper (`language_model`, made by `_wrapper`) is read as its language model: (the config key of
     the nested config, the module name its tensors are under, the model type that nested config has); its entry is
     that language model's entry under the wrapper's name and types (`posprobe.families.language_model`); with
@@ -364,6 +367,8 @@ class Family:
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"family '{self.name}': {name} {value!r} is not one of {allowed}")
+        if self.decoder_stack:  # the decoder's fields are checked as the entry they make (`stack_family`)
+            replace(self, **{**self.decoder_stack, "decoder_stack": {}})
         if not (
             self.scaling in ("head_dim", "half_head_dim", "none", "disentangled", "latent")
             or self.scaling.startswith(("rsqrt:", "value:", "head_dim_if:"))
