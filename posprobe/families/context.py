@@ -149,11 +149,12 @@ class ModelContext(EmbeddingReader):
     Creating one refuses, with one clear line, a model posprobe cannot analyse. Its embedding level (what the first
     layer receives) comes from `posprobe.families.embeddings.EmbeddingReader`."""
 
-    def __init__(self, source: ModelSource, reader, mode: str = "paper"):
+    def __init__(self, source: ModelSource, reader, mode: str = "paper", stack: str = "encoder"):
         source, reader = language_model_view(source, reader)  # a multimodal wrapper: its language model alone
         self.source, self.reader, self.mode = source, reader, mode
-        self.family = check_analysable(source)
-        self.kind = T.position_kind(source.config)[0]
+        family = check_analysable(source)
+        self.family = T.stack_family(family, stack)  # `for_stack`: a decoder read through fields of its own
+        self.kind = T.position_kind(source.config)[0] if self.family is family else self.family.kind
         self.config = T.stack_sizes(self.family, source.config)  # the read stack's sizes first (Whisper's decoder)
         self.shape = config_shape(self.config, source.name, self.family)
         self.qkv = T.qkv_layout(self.family, self.config)[0]
@@ -190,26 +191,13 @@ class ModelContext(EmbeddingReader):
             return self
         key = ("stack", stack)
         if key not in self.cache:
-            view = object.__new__(ModelContext)
-            view.source, view.reader, view.mode, view.family, view.kind = (
-                self.source,
-                self.reader,
-                self.mode,
-                family,
-                family.kind,
-            )
-            view.config = T.stack_sizes(family, self.source.config)
-            view.shape = config_shape(view.config, self.source.name, family)
-            view.qkv = T.qkv_layout(family, view.config)[0]
-            view.cache = {}
-            if view.key(family.query + ".weight", 0) is None:  # Funnel's base model: no upsampling decoder
+            if self.key(family.query + ".weight", 0) is None:  # Funnel's base model: no upsampling decoder
                 raise PosprobeError(
                     f"'{self.source.name}' ({self.source.model_type}) holds no {stack} weights ({family.query} of "
                     "layer 0)",
                     f"drop --stack {stack}",
                 )
-            view._check_layer_count()
-            self.cache[key] = view
+            self.cache[key] = ModelContext(self.source, self.reader, self.mode, stack)
         return self.cache[key]
 
     # -- what the model is --------------------------------------------------------------------------
