@@ -412,3 +412,18 @@ def test_funnel_decoder_scores_equal_its_upsampling_layers(tmp_path):
     np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-5 * max(1.0, np.abs(ref).max()))
     assert np.std(ours[..., N // 2, 1:]) > 0  # positions matter (column 0: <cls>, kept apart)
     assert posprobe.fhat(str(tmp_path), layer=0, stack="decoder", positions=N).to_dict()["stack"] == "decoder"
+
+
+@pytest.mark.slow
+def test_a_funnel_without_its_decoder_refuses_the_decoder_stack_in_one_line(tmp_path):
+    """FunnelBaseModel has no upsampling decoder: `--stack decoder` names the missing weights, in one line."""
+    import transformers as tf
+    from family_models import case
+
+    from posprobe.errors import PosprobeError
+
+    tf.FunnelBaseModel(tf.FunnelConfig(**case("funnel").config)).save_pretrained(tmp_path)
+    with pytest.raises(PosprobeError, match="holds no decoder weights") as err:
+        posprobe.fhat(str(tmp_path), layer=0, stack="decoder", positions=8)
+    assert "\n" not in str(err.value)
+    assert posprobe.fhat(str(tmp_path), layer=0, positions=8).to_dict()["stack"] == "encoder"  # its encoder: read

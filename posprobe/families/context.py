@@ -193,8 +193,8 @@ class ModelContext(EmbeddingReader):
         if key not in self.cache:
             if self.key(family.query + ".weight", 0) is None:  # Funnel's base model: no upsampling decoder
                 raise PosprobeError(
-                    f"'{self.source.name}' ({self.source.model_type}) holds no {stack} weights ({family.query} of "
-                    "layer 0)",
+                    f"'{self.source.name}' ({self.source.model_type}) holds no {stack} weights (no "
+                    f"{family.query.replace('{l}', '0')}.weight)",
                     f"drop --stack {stack}",
                 )
             self.cache[key] = ModelContext(self.source, self.reader, self.mode, stack)
