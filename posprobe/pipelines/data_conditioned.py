@@ -124,7 +124,7 @@ def condition_reader(
         raise PosprobeError(
             f"'{source.name}' ({source.model_type}): posprobe reads text's hidden states entering its encoder layers, "
             "not its decoder's",
-            "drop --text (texts=) for its content-free scores (SPEC §9), or --stack decoder",
+            "drop --text (texts=) for its content-free scores (SPEC §9), or drop --stack decoder",
         )
     require_hidden_layer_inputs(ctx)
     # a layer that reuses an earlier layer's keys (Gemma 4) needs that layer's input too (families.kv_sharing)
