@@ -887,6 +887,21 @@ CASES = {
                            dict(boost=("embed_tokens.weight", "q_proj.linear", "k_proj.linear", "sconv.static_weight",
                                        "sconv.weight_proj", "attention_input.query", "relative_position_bias.linear",
                                        "sink_proj", "message_gate.down_proj", "message_input.query"))),
+    # issue 34 (stacks)
+    # BigBird-Pegasus's decoder (--stack decoder): full causal self-attention (never block-sparse) over its own
+    # learned table, with sizes of its own (3 layers of 2 heads beside the encoder's 2 of 4)
+    "bigbird_pegasus-decoder": ("bigbird_pegasus", dict(_SEQ2SEQ, block_size=4, num_random_blocks=1, use_bias=True,
+                                                        decoder_layers=3, decoder_attention_heads=2),
+                                dict(own=True, stack="decoder")),
+    # ProphetNet's decoder main stream (--stack decoder): causal, its own table numbered from padding_idx + 1 behind
+    # its own embedding norm, plus a bias per bucket (8 buckets, exact up to 4) from each query's input; 2 layers of
+    # 2 heads beside the encoder's 3 of 4; the relative projection boosted so that its bias outweighs rounding
+    "prophetnet-decoder": ("prophetnet", dict(vocab_size=99, hidden_size=32, num_encoder_layers=3,
+                                              num_decoder_layers=2, num_encoder_attention_heads=4,
+                                              num_decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37,
+                                              max_position_embeddings=66, pad_token_id=1, ngram=2, num_buckets=8,
+                                              relative_max_distance=16),
+                           dict(own=True, stack="decoder", boost=("relative_pos_embeddings",))),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -946,6 +961,7 @@ ISSUE_34_CASES |= {"deepseek_v4"}  # issue 34 (dsv4)
 ISSUE_34_CASES |= {"reformer", "reformer-masked"}  # issue 34 (reformer)
 ISSUE_34_CASES |= {"blt"}  # issue 34 (blt)
 ISSUE_34_CASES |= {"inkling2_text", "inkling2_loop_text"}  # issue 34 (inkling2)
+ISSUE_34_CASES |= {"bigbird_pegasus-decoder", "prophetnet-decoder"}  # issue 34 (stacks)
 DESIGNS_QUICK = frozenset({"smollm3", "deepseek_v3", "lfm2"})  # NoPE layers, latent attention, a hybrid
 
 
@@ -962,6 +978,7 @@ class Case:
     cls: str | None = None  # the transformers class it is built as (a type no auto class maps: MusicGen's decoder)
     left_out: tuple[str, ...] = ()  # sub-config model types whose modules are built empty (Gemma 3n's timm vision
     # tower, which transformers builds only with timm installed: it never runs on text)
+    stack: str = "encoder"  # the stack of an encoder-decoder its parity test reads ('decoder': --stack decoder)
 
 
 def case(name: str) -> Case:
@@ -970,7 +987,7 @@ def case(name: str) -> Case:
     config = dict(config) if options.get("own") else {**SMALL, **config}
     return Case(name, model_type, config, options.get("compare", "exact"), options.get("attention", "eager"),
                 options.get("word_id", 0), options.get("boost", ()), options.get("lm", False),
-                options.get("cls"), options.get("left_out", ()))  # fmt: skip
+                options.get("cls"), options.get("left_out", ()), options.get("stack", "encoder"))  # fmt: skip
 
 
 @contextmanager
@@ -1280,9 +1297,10 @@ def _on_one_head_axis(layers: list[np.ndarray]) -> np.ndarray:
     return np.stack([np.concatenate([s, np.full((heads - s.shape[0], *s.shape[1:]), np.nan)]) for s in layers])
 
 
-def reference_scores(model, n: int, word_id: int = 0) -> Reference:
+def reference_scores(model, n: int, word_id: int = 0, stack: str = "encoder") -> Reference:
     """The model's scores of every layer on n copies of the average word (token `word_id`), each layer fed the
-    embedding-level input."""
+    embedding-level input; of an encoder-decoder's decoder where `stack` is 'decoder' (run without encoder
+    states)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 
@@ -1290,7 +1308,8 @@ def reference_scores(model, n: int, word_id: int = 0) -> Reference:
     ALL_MASK_ATTENTION_FUNCTIONS.register(RECORD, eager_mask)  # the masks eager attention gets, windows included
     from posprobe.capture.model import stack_to_run
 
-    model = stack_to_run(model)  # an encoder-decoder's encoder, or its decoder where the encoder reads no text
+    # an encoder-decoder's encoder, or its decoder where the encoder reads no text or the test reads the decoder
+    model = model.get_decoder() if stack == "decoder" else stack_to_run(model)
     embeddings = model.get_input_embeddings()
     tables = list(embeddings) if isinstance(embeddings, torch.nn.ModuleList) else [embeddings]  # one per codebook
     with torch.no_grad():

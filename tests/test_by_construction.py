@@ -63,7 +63,7 @@ def _by_kind(name: str) -> bool:
 # family -> (how to build it, stacks, Toeplitz by construction?): every case of the family test matrix, and the
 # bucket-bias and disentangled models of test_families_bias
 CASES = {
-    **{name: (lambda f=name: build(f), ("encoder",), _by_kind(name)) for name in FAMILY_CASES},
+    **{name: (lambda f=name: build(f), (case(name).stack,), _by_kind(name)) for name in FAMILY_CASES},
     "bert": (lambda: build_bert(), ("encoder",), False),
     "t5": (lambda: _bias_model("t5"), ("encoder", "decoder"), True),
     "umt5": (lambda: _bias_model("umt5"), ("encoder",), True),

@@ -96,7 +96,9 @@ NOT_TEXT = {"musicgen_decoder", "musicgen_melody_decoder"}
 # attention rebuilt from neighbour chunks (Reformer's local layers; its LSH layers listed): texts of some lengths are
 # refused (a chunk its own neighbour), and its eager run returns per-chunk attentions: tested on their own below
 CHUNKED = ("reformer", "reformer-masked")
-ALL = sorted(set(CASES) - set(REFUSED) - NOT_TEXT - set(CHUNKED)) + sorted(set(EXTRA) - set(REFUSED))
+# cases of an encoder-decoder's decoder (--stack decoder): `attention` runs the encoder, its case's own
+DECODER_STACK = {name for name in CASES if case(name).stack == "decoder"}  # issue 34 (stacks)
+ALL = sorted(set(CASES) - set(REFUSED) - NOT_TEXT - set(CHUNKED) - DECODER_STACK) + sorted(set(EXTRA) - set(REFUSED))
 # learned sinks applied to the output: the eager attention returns the softmax over the real keys and scales its
 # output by sigmoid(logsumexp_j S(i, j) - s_h), the share a sink column s_h would leave them (gpt-oss's sinks, the
 # same weights on the values): the capture's A is those weights, as for gpt-oss

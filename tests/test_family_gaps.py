@@ -586,6 +586,7 @@ def test_gemma4_draft_models_attend_their_backbones_keys_and_are_refused_in_one_
         assert "\n" not in message
 
 
+@pytest.mark.slow
 def test_qwen4_exp_mixes_its_streams_as_its_module_and_keeps_ple_out_of_its_attention_layers():
     """Qwen4-Exp (issue 34, qwen4): an indexed layer reads the gated mix of its streams, each holding the
     embedding-level input, exactly as its hyper-connection module computes it; its PLE (hashed n-gram embeddings) is
@@ -622,6 +623,7 @@ def test_qwen4_exp_mixes_its_streams_as_its_module_and_keeps_ple_out_of_its_atte
     assert "hyper-connection streams" in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_blt_reads_its_causal_lm_and_refuses_byte_stacks_of_two_layouts(tmp_path):
     """BLT's causal LM (tensors under model.) reads as its base model, and a text runs through it (its byte layers'
     attention; its global layer, 2, none); a byte decoder with other heads than the byte encoder is refused in one
@@ -651,3 +653,39 @@ def test_blt_reads_its_causal_lm_and_refuses_byte_stacks_of_two_layouts(tmp_path
     with pytest.raises(PosprobeError, match="local_decoder other num_attention_heads than its local_encoder") as err:
         posprobe.profiles(str(tmp_path / "base"))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_funnel_later_blocks_attend_on_pooled_grids_as_its_entry_says():
+    """Funnel's entry reads its first block only, and says why (issue 34, stacks): a later block's queries sit on
+    pooled positions of their own, its first layer attends them to the previous block's n keys, its other layers
+    the pooled ones. The module does exactly that (n = 16, blocks of 3 and 2 layers): were it to attend n x n over
+    positions 0..n-1 in every layer, its later blocks could be read as the first one is."""
+    import torch
+    from family_models import build
+
+    from posprobe.architectures.table import config_value
+    from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
+    from posprobe.families.context import ModelContext
+
+    model = build("funnel")
+    model.config.block_sizes = [3, 2]
+    model = type(model)(model.config).double().eval()  # blocks of 3 and 2 layers, the case's other settings
+    shapes, softmax = [], torch.softmax
+
+    def record(x, *args, **kwargs):
+        shapes.append(tuple(x.shape[-2:]))
+        return softmax(x, *args, **kwargs)
+
+    torch.softmax = record
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, 16, dtype=torch.long))
+    finally:
+        torch.softmax = softmax
+    assert shapes[:5] == [(16, 16)] * 3 + [(8, 16), (8, 8)]  # block 0, then block 1: pooled queries, then both
+    structure = model.encoder.attention_structure
+    assert structure.stride_pool_pos(list(range(16)), 1) == [-1, 1, 3, 5, 7, 9, 11, 13]  # <cls> at 1 - 2
+    ctx = ModelContext(source_from_model(model), StateDictReader(model))
+    assert ctx.layers() == 3 == config_value(model.config.to_dict(), "layers")
+    assert "pool_q_only" in ctx.family.description and "1 - 2^b" in ctx.family.description

@@ -44,8 +44,9 @@ def test_content_free_scores_equal_the_model(name, tmp_path):
     model.save_pretrained(tmp_path)
     source = resolve_model(str(tmp_path))
     ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful")
+    ctx = ctx.for_stack(c.stack)  # an encoder-decoder's decoder read through fields of its own (BigBird-Pegasus)
     ours = np.stack([content_free_scores(ctx, layer, N) for layer in range(ctx.layers())])
-    ref = reference_scores(model, N, c.word_id)
+    ref = reference_scores(model, N, c.word_id, c.stack)
     attention = attention_layers(ctx)  # a hybrid's other layers (Mamba, convolutions) have no score: NaN
     assert np.isnan(np.delete(ours, attention, axis=0)).all()
     ours = ours[attention]
@@ -371,3 +372,58 @@ def test_reformer_is_causal_where_it_is_a_decoder():
     with pytest.raises(PosprobeError) as err:
         _check_causal({"model_type": "reformer", "is_decoder": False}, "masked")
     assert "not a causal language model" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_funnel_decoder_scores_equal_its_upsampling_layers(tmp_path):
+    """FunnelModel's upsampling decoder (`--stack decoder`, issue 34 stacks) attends at full length with the first
+    block's relative positions, <cls> apart, one segment, both ways: F̂ of each of its layers equals the layer's
+    softmax input on the embedding output of the average word (SPEC §9: every layer reads the embedding level)."""
+    import torch
+    from family_models import build
+
+    model = build("funnel")
+    model.save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    ctx = ModelContext(source, WeightReader(source.path, source.weight_format), mode="faithful").for_stack("decoder")
+    assert ctx.layers() == model.config.num_decoder_layers and not ctx.causal()
+    ours = np.stack([content_free_scores(ctx, layer, N) for layer in range(ctx.layers())])
+    inputs, softmax = [], torch.softmax
+
+    def record(x, *args, **kwargs):
+        inputs.append(x[0].detach().double().numpy())
+        return softmax(x, *args, **kwargs)
+
+    ids = torch.zeros(1, N, dtype=torch.long)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[0] = model.get_input_embeddings().weight.mean(0)
+        x = model.embeddings(ids)
+        structure = model.decoder.attention_structure  # the decoder's own inputs: positions 0..N-1, token type 0
+        attention_inputs = structure.init_attention_inputs(x, token_type_ids=torch.zeros_like(ids))
+        torch.softmax = record
+        try:
+            for layer in model.decoder.layers:
+                layer(x, x, x, attention_inputs)
+        finally:
+            torch.softmax = softmax
+    ref = np.stack(inputs)
+    assert ref.shape == ours.shape == (ctx.layers(), 4, N, N)
+    # its softmax input is cast to float32 (transformers' Funnel), as the parity test above allows
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-5 * max(1.0, np.abs(ref).max()))
+    assert np.std(ours[..., N // 2, 1:]) > 0  # positions matter (column 0: <cls>, kept apart)
+    assert posprobe.fhat(str(tmp_path), layer=0, stack="decoder", positions=N).to_dict()["stack"] == "decoder"
+
+
+@pytest.mark.slow
+def test_a_funnel_without_its_decoder_refuses_the_decoder_stack_in_one_line(tmp_path):
+    """FunnelBaseModel has no upsampling decoder: `--stack decoder` names the missing weights, in one line."""
+    import transformers as tf
+    from family_models import case
+
+    from posprobe.errors import PosprobeError
+
+    tf.FunnelBaseModel(tf.FunnelConfig(**case("funnel").config)).save_pretrained(tmp_path)
+    with pytest.raises(PosprobeError, match="holds no decoder weights") as err:
+        posprobe.fhat(str(tmp_path), layer=0, stack="decoder", positions=8)
+    assert "\n" not in str(err.value)
+    assert posprobe.fhat(str(tmp_path), layer=0, positions=8).to_dict()["stack"] == "encoder"  # its encoder: read

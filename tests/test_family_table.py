@@ -135,6 +135,8 @@ def test_a_typo_in_a_family_entry_fails_at_once(field, value):
 
     with pytest.raises(ValueError, match=f"{field} '{value}' is not one of"):
         Family("x", ("x",), **({"kind": ROTARY} | {field: value}))
+    with pytest.raises(ValueError, match=f"{field} '{value}' is not one of"):  # in the fields a decoder is read with
+        Family("x", ("x",), ROTARY, decoder_stack={field: value})
 
 
 def test_fields_a_hand_written_config_leaves_out_take_the_models_own_defaults():

@@ -227,7 +227,8 @@ class Family:
     'axial_parameters' the config lists of their rows and widths (its learned table holds sum rows x width),
     'layer_types' the config list of its layer types, 'unscored_softmax_layers' those types whose softmax attends
     pairs its input's content picks (no positional score), 'causal_when' the config key without which it is not
-    causal).
+    causal; 'relative_bias_projection' a Linear per layer whose output on a query's input is its bias per bucket,
+    'num_buckets' / 'max_distance' the config keys of its buckets: ProphetNet's decoder).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
@@ -249,7 +250,9 @@ class Family:
     `tensors['indexer_rotary']`); `sizes` config keys of the read stack's sizes, looked for first (Whisper's
     decoder_layers), `text_stack` the stack of an encoder-decoder that reads text ('decoder' where
     the encoder reads audio: the entry names the decoder's tensors, and captures run it);
-    `tensors['codebook_words']` one word table per codebook ('{c}'), summed (MusicGen).
+    `tensors['codebook_words']` one word table per codebook ('{c}'), summed (MusicGen); `decoder_stack` the fields
+    a decoder whose names, sizes or mechanism differ from the encoder's is read with (`--stack decoder`:
+    BigBird-Pegasus, ProphetNet's main stream, Funnel's upsampling decoder; `stack_family`).
     A multimodal wrapper (`language_model`, made by `_wrapper`) is read as its language model: (the config key of
     the nested config, the module name its tensors are under, the model type that nested config has); its entry is
     that language model's entry under the wrapper's name and types (`posprobe.families.language_model`); with
@@ -324,6 +327,9 @@ class Family:
     # for first: the stack posprobe reads has sizes of its own (Whisper's decoder_layers, decoder_attention_heads)
     text_stack: str = "encoder"  # the stack of an encoder-decoder that reads text and that a capture runs: 'decoder'
     # where the encoder reads other inputs (Whisper's audio features); the entry then names the decoder's tensors
+    decoder_stack: dict = field(default_factory=dict)  # a model whose decoder differs from its encoder in names,
+    # sizes or mechanism (BigBird-Pegasus, ProphetNet; Funnel's upsampling decoder): the fields the entry takes for
+    # `--stack decoder` (`stack_family`; causal unless they say otherwise, its own position table where named)
     hybrid: str = ""  # what the layers without softmax attention are, in words (config.layer_types names them;
     # `ATTENTION_LAYER_TYPES` are the attention layers): Jamba's Mamba, LFM2's short convolutions, ...
     bidirectional: str | None = None
@@ -371,6 +377,8 @@ class Family:
         for name, (value, allowed) in checks.items():
             if value not in allowed:
                 raise ValueError(f"family '{self.name}': {name} {value!r} is not one of {allowed}")
+        if self.decoder_stack:  # the decoder's fields are checked as the entry they make (`stack_family`)
+            replace(self, **{**self.decoder_stack, "decoder_stack": {}})
         if not (
             self.scaling in ("head_dim", "half_head_dim", "none", "disentangled", "latent")
             or self.scaling.startswith(("rsqrt:", "value:", "head_dim_if:"))
@@ -925,10 +933,20 @@ FAMILIES: tuple[Family, ...] = (
         key="encoder.layers.{l}.self_attn.self.key",
         pre_norm="encoder.layers.{l}.self_attn_layer_norm",
         windows="block_sparse",
+        encoder_decoder=True,
+        decoder_stack=dict(  # full causal self-attention over a learned table of its own (BART's attention)
+            position="decoder.embed_positions.weight",
+            query="decoder.layers.{l}.self_attn.q_proj",
+            key="decoder.layers.{l}.self_attn.k_proj",
+            pre_norm="decoder.layers.{l}.self_attn_layer_norm",
+            windows=None,
+            sizes={"layers": ("decoder_layers",), "heads": ("decoder_attention_heads",)},
+        ),
         capture=EAGER,
         capture_note="encoder stack, up to (5 + 2 random blocks) x block size tokens, where it attends fully",
-        description="learned absolute table (encoder stack, block-sparse beyond (5 + 2 random blocks) x block size; "
-        "the decoder attends fully, its cross-attention has no positional score)",
+        description="learned absolute tables (encoder: block-sparse beyond (5 + 2 random blocks) x block size; "
+        "decoder, --stack decoder: full causal self-attention over its own table; cross-attention has no "
+        "positional score)",
     ),
     Family(
         "prophetnet",
@@ -942,10 +960,26 @@ FAMILIES: tuple[Family, ...] = (
         query="encoder.layers.{l}.self_attn.query_proj",  # post-LN
         key="encoder.layers.{l}.self_attn.key_proj",
         sizes={"layers": ("num_encoder_layers",), "heads": ("num_encoder_attention_heads",)},
+        encoder_decoder=True,
+        decoder_stack=dict(  # its main stream: causal, a table of its own plus a bias per bucket from each query
+            kind=BUCKET_BIAS,
+            position="decoder.position_embeddings.weight",
+            embedding_norm="decoder.embeddings_layer_norm",
+            query="decoder.layers.{l}.self_attn.query_proj",  # post-LN
+            key="decoder.layers.{l}.self_attn.key_proj",
+            sizes={"layers": ("num_decoder_layers",), "heads": ("num_decoder_attention_heads",)},
+            tensors={
+                "relative_bias_projection": "decoder.layers.{l}.self_attn.relative_pos_embeddings",  # (B H, d)
+                "num_buckets": "num_buckets",
+                "max_distance": "relative_max_distance",
+            },
+        ),
         capture=EAGER,
         capture_note="encoder stack",
-        description="learned absolute table (encoder stack; the decoder's n-stream self-attention, a learned table "
-        "plus query-dependent relative bucket biases, is not read)",
+        description="learned absolute table (encoder stack); --stack decoder: the decoder's main stream, causal, "
+        "its own learned table plus a relative bucket bias that each query's input gives (a Linear per layer); its "
+        "ngram predict streams are not read (their inputs are ngram embeddings, not the text's tokens, and each "
+        "attends the main stream's keys beside its own position)",
     ),
     Family("musicgen", ("musicgen", "musicgen_decoder"), SINUSOIDAL, **_musicgen("musicgen", "Musicgen")),
     Family(
@@ -2539,8 +2573,29 @@ FAMILIES: tuple[Family, ...] = (
             "cls_apart": "separate_cls",  # no position or segment term in the <cls> row and column (position 0)
             "encodings": "float64",  # built in the model's dtype (XLNet: float32)
         },
-        description="sinusoidal relative positions; the sequence is pooled between blocks (stride 2): the first "
-        "block's layers are read, later blocks attend over pooled positions and are not",
+        decoder_stack=dict(  # FunnelModel's upsampling decoder: full length again, the first block's positions
+            causal=False,
+            query="decoder.layers.{l}.attention.q_head",
+            key="decoder.layers.{l}.attention.k_head",
+            value="decoder.layers.{l}.attention.v_head",
+            sizes={"layers": ("num_decoder_layers",)},
+            tensors={
+                "position_projection": "decoder.layers.{l}.attention.r_kernel",
+                "content_bias": "decoder.layers.{l}.attention.r_w_bias",
+                "position_bias": "decoder.layers.{l}.attention.r_r_bias",
+                "segment_bias": "decoder.layers.{l}.attention.r_s_bias",
+                "segment_embedding": "decoder.layers.{l}.attention.seg_embed",
+                "same_segment": "1",
+                "cls_apart": "separate_cls",
+                "encodings": "float64",
+            },
+        ),
+        description="sinusoidal relative positions; the sequence is pooled by 2 between blocks: the first block's "
+        "layers are read; a later block b is not: its queries sit on pooled positions of their own (every 2^b-th, "
+        "<cls> moved to 1 - 2^b with separate_cls) and its first layer attends them to the previous block's keys "
+        "(pool_q_only): matrices of other shapes and positions than the n x n over positions 0..n-1 of posprobe's "
+        "per-layer results; --stack decoder: FunnelModel's upsampling decoder layers, at full length, read as the "
+        "first block's",
         capture=REFUSED,
         capture_note="pooled blocks and upsampling decoder: no one (queries x keys) softmax per layer",
     ),
@@ -2751,6 +2806,15 @@ def model_types(kind: str | None = None, analysable: bool | None = None, retrofi
         and (retrofit is None or f.retrofit == retrofit)
         for t in f.model_types
     )
+
+
+def stack_family(family: Family, stack: str) -> Family:
+    """The entry as it reads `stack`: for the decoder of a model whose decoder has fields of its own
+    (`Family.decoder_stack`), the entry with them, read as one stack, causal unless they say otherwise (Funnel's
+    upsampling decoder); else the entry itself."""
+    if stack != "decoder" or not family.decoder_stack:
+        return family
+    return replace(family, **{"causal": True, **family.decoder_stack, "encoder_decoder": False, "decoder_stack": {}})
 
 
 def stack_sizes(family: Family, config: dict) -> dict:

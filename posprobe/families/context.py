@@ -149,11 +149,12 @@ class ModelContext(EmbeddingReader):
     Creating one refuses, with one clear line, a model posprobe cannot analyse. Its embedding level (what the first
     layer receives) comes from `posprobe.families.embeddings.EmbeddingReader`."""
 
-    def __init__(self, source: ModelSource, reader, mode: str = "paper"):
+    def __init__(self, source: ModelSource, reader, mode: str = "paper", stack: str = "encoder"):
         source, reader = language_model_view(source, reader)  # a multimodal wrapper: its language model alone
         self.source, self.reader, self.mode = source, reader, mode
-        self.family = check_analysable(source)
-        self.kind = T.position_kind(source.config)[0]
+        family = check_analysable(source)
+        self.family = T.stack_family(family, stack)  # `for_stack`: a decoder read through fields of its own
+        self.kind = T.position_kind(source.config)[0] if self.family is family else self.family.kind
         self.config = T.stack_sizes(self.family, source.config)  # the read stack's sizes first (Whisper's decoder)
         self.shape = config_shape(self.config, source.name, self.family)
         self.qkv = T.qkv_layout(self.family, self.config)[0]
@@ -180,6 +181,24 @@ class ModelContext(EmbeddingReader):
             f"weights of layers 0..{held - 1} only",
             config_hint(self.source.name, MIXED_HINT),
         )
+
+    def for_stack(self, stack: str) -> ModelContext:
+        """The reader of `stack`: this one, or where the entry reads an encoder-decoder's decoder through fields of
+        its own (`Family.decoder_stack`: other names, sizes, position table, mechanism), a reader of the same
+        checkpoint through the entry as it reads that stack (`table.stack_family`); made once."""
+        family = T.stack_family(self.family, stack)
+        if family is self.family:
+            return self
+        key = ("stack", stack)
+        if key not in self.cache:
+            if self.key(family.query + ".weight", 0) is None:  # Funnel's base model: no upsampling decoder
+                raise PosprobeError(
+                    f"'{self.source.name}' ({self.source.model_type}) holds no {stack} weights (no "
+                    f"{family.query.replace('{l}', '0')}.weight)",
+                    f"drop --stack {stack}",
+                )
+            self.cache[key] = ModelContext(self.source, self.reader, self.mode, stack)
+        return self.cache[key]
 
     # -- what the model is --------------------------------------------------------------------------
     @property
@@ -835,6 +854,7 @@ def content_free_scores(
             "posprobe reads that pick on the content-free input only, not on data-conditioned inputs",
             "use the content-free scores (no --text) or `posprobe attention` on the texts",
         )
+    ctx = ctx.for_stack(stack)  # a decoder read through fields of its own (`Family.decoder_stack`)
     if ctx.family.hybrid and ctx.layer_kinds(n, stack)[layer].attention == "none":
         return np.full((ctx.shape.heads, n, n), np.nan)  # a recurrent / convolution layer: no positional score
     scores = importlib.import_module(SCORE_MODULES[ctx.kind]).content_free_scores(ctx, layer, n, stack, inputs)
@@ -869,4 +889,5 @@ def toeplitz_by_construction(
         raise ValueError(f"input_mode must be {SAME_INPUT!r} or {PER_POSITION_INPUT!r}, got {input_mode!r}")
     if input_mode != SAME_INPUT:
         return False
+    ctx = ctx.for_stack(stack)
     return bool(importlib.import_module(SCORE_MODULES[ctx.kind]).toeplitz_by_construction(ctx, stack, conditioned))

@@ -13,6 +13,9 @@ T5     F[h, i, j] = q_h . k_h + bias[bucket(j - i), h],   q = Wq rms(e_w), k = W
 CPM-Ant F[h, i, j] = q_h . k_h / sqrt(d_h) + bias[bucket(j - i), h] for pairs within one segment (text is one: its
        segment 2), q = Wq rms(e_w + segment_2); the table (B + S², H) holds a bias per segment pair after its B
        buckets (pairs across segments: text and the prompt tokens before it, which are further keys, not scored).
+ProphetNet's decoder (main stream) F[h, i, j] = q_i . k_j / sqrt(d_kv) + (W_r x_i + b_r)[bucket(j - i) * H + h],
+       x = LayerNorm(e_w + E_P[i + pad + 1]) (its own table): the bias of each bucket is read from the query's own
+       input by a Linear (B H, d) per layer; causal buckets.
 MPNet  F[h, i, j] = (x_i Wq_h^T + bq_h) . (x_j Wk_h^T + bk_h) / sqrt(d_kv) + bias[bucket(j - i), h],
        x = LayerNorm(e_w + E_P[i + 2]) (faithful mode of SPEC §3: MPNet's position ids start at padding_idx + 1 = 2),
        one bias table (32, H) for the whole encoder, buckets always 32 and max distance 128 (the module's defaults,
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from posprobe.architectures.config import config_int
@@ -86,6 +90,17 @@ def t5_scores(content: torch.Tensor, bias_table: torch.Tensor, n: int, *, causal
     return content + bucket_bias(bias_table, n, not causal, num_buckets, max_distance)
 
 
+def query_bucket_bias(rows, weight, bias, n: int, num_buckets: int, max_distance: int) -> np.ndarray:
+    """The bias (H, n, n) that each query's own input picks per causal bucket (ProphetNet's decoder): entry
+    [h, i, j] = (W x_i + b)[bucket(j - i) * H + h], `rows` (n, d) the query inputs x_i (or (1, d), the same at every
+    position), `weight` (B H, d) and `bias` (B H,) the layer's Linear, H = B H / `num_buckets`."""
+    per_query = rows @ weight.T + (0.0 if bias is None else bias)  # (m, B H)
+    per_query = per_query.reshape(len(rows), num_buckets, -1)  # (m, B, H): features bucket-major
+    buckets = t5_bucket(relative_offsets(n), False, num_buckets, max_distance).numpy()  # (n, n)
+    queries = np.arange(n)[:, None] if len(rows) == n else np.zeros((n, 1), dtype=int)
+    return per_query[queries, buckets].transpose(2, 0, 1)
+
+
 # ------------------------------------------------------------------ checkpoint access (through the family table)
 def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=None):
     """F_hat (H, n, n) float64 numpy of `layer` of `stack` (`ModelContext`, SPEC §9): T5 family or MPNet.
@@ -96,6 +111,8 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
     `inputs`: data-conditioned layer inputs (`LayerInputs`, SPEC §13) or None.
     """
     f, cfg, name = ctx.family, ctx.config, ctx.source.name
+    if "relative_bias_projection" in f.tensors:  # ProphetNet's decoder: each query's input gives its biases
+        return _query_bucket_scores(ctx, layer, n, stack, inputs)
     table = _t(ctx.tensor(f.tensors["relative_bias"], layer, stack))
     if table.ndim != 2 or table.shape[1] != ctx.shape.heads:
         raise _malformed(ctx, f"relative attention bias of shape {tuple(table.shape)}, expected (buckets, heads)")
@@ -129,6 +146,24 @@ def content_free_scores(ctx, layer: int, n: int, stack: str = "encoder", inputs=
     content = torch.from_numpy(head_products(q, k) * ctx.scaling)  # (H, 1, 1) or (H, n, n)
     scores = t5_scores(content, table, n, causal=ctx.causal(stack), num_buckets=buckets, max_distance=max_distance)
     return scores.numpy()
+
+
+def _query_bucket_scores(ctx, layer: int, n: int, stack: str, inputs) -> np.ndarray:
+    """ProphetNet's decoder main stream: the faithful scores of its own table (`position`, after the reserved rows,
+    through the embedding norm) plus the bias each query's input picks per bucket (`query_bucket_bias`)."""
+    f, cfg, name = ctx.family, ctx.config, ctx.source.name
+    x = ctx.layer_rows(layer, stack, ctx.position_table.table[:n], inputs)  # (n, d); (1, d): a data-conditioned mean
+    weights = ctx.attention(layer, stack)
+    content = weights.queries(x) @ weights.keys(x).transpose(0, 2, 1) * ctx.scaling  # (H, n, n) or (H, 1, 1)
+    buckets = config_int(cfg, name, f.tensors["num_buckets"], default=_default(cfg, f.tensors["num_buckets"], 32),
+                         minimum=2)  # fmt: skip
+    distance_key = f.tensors["max_distance"]
+    max_distance = config_int(cfg, name, distance_key, default=_default(cfg, distance_key, 128), minimum=2)
+    w, b = ctx.linear(f.tensors["relative_bias_projection"], ctx.stored_layer(layer), stack)
+    if w.shape[0] != buckets * ctx.shape.heads:
+        raise _malformed(ctx, f"relative position projection of shape {w.shape}, expected ({buckets} buckets x "
+                              f"{ctx.shape.heads} heads, width)")  # fmt: skip
+    return content + query_bucket_bias(x, w, b, n, buckets, max_distance)
 
 
 def _default(config: dict, key: str, fallback: int) -> int:

@@ -120,6 +120,12 @@ def condition_reader(
             "decoders only, so its scores cannot be conditioned on text",
             "drop --text (texts=) for its content-free scores (SPEC §9)",
         )
+    if reader.stack == "decoder":  # Funnel's upsampling decoder: texts give the hidden states entering its encoder
+        raise PosprobeError(
+            f"'{source.name}' ({source.model_type}): posprobe reads text's hidden states entering its encoder layers, "
+            "not its decoder's",
+            "drop --text (texts=) for its content-free scores (SPEC §9), or drop --stack decoder",
+        )
     require_hidden_layer_inputs(ctx)
     # a layer that reuses an earlier layer's keys (Gemma 4) needs that layer's input too (families.kv_sharing)
     needed = list(dict.fromkeys([*layers, *(key_source(ctx, layer) for layer in layers)]))

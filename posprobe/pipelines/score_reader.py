@@ -93,10 +93,12 @@ class ScoreReader:
 
     def __init__(self, ctx: ModelContext, positions=None, stack: str = "encoder", inputs: LayerInputs | None = None):
         stack = as_choice(stack, "stack", STACKS)
+        self.two_stacks = ctx.family.encoder_decoder or bool(ctx.family.decoder_stack)  # both stacks read
+        ctx = ctx.for_stack(stack)  # a decoder read through fields of its own (`Family.decoder_stack`)
         positions = None if positions is None else as_int(positions, "positions", minimum=MIN_POSITIONS)
         self.ctx, self.source, self.family, self.stack = ctx, ctx.source, ctx.family, stack
         one_of_two = self.family.text_stack if ctx.source.config.get("is_encoder_decoder") else None  # the one read
-        if stack == "decoder" and not self.family.encoder_decoder and one_of_two != "decoder":
+        if stack == "decoder" and not self.two_stacks and one_of_two != "decoder":
             source = ctx.source
             what = f"its {one_of_two} stack only" if one_of_two else "one stack, no decoder"
             raise ArgumentValueError(
@@ -121,7 +123,7 @@ class ScoreReader:
     def reported_stack(self) -> str | None:
         """The stack results name: 'encoder'/'decoder' for an encoder-decoder model (of one whose entry reads one
         stack, that one: Whisper's decoder), None for one stack."""
-        if self.family.encoder_decoder:
+        if self.two_stacks:
             return self.stack
         return self.family.text_stack if self.source.config.get("is_encoder_decoder") else None
 
