@@ -47,7 +47,10 @@ def drop_timings(record):
     return record
 
 
-@pytest.mark.parametrize("sections", ["fhat,profiles," + TEXT_SECTIONS + ",context"])
+@pytest.mark.parametrize(
+    "sections",
+    ["fhat,profiles," + TEXT_SECTIONS + ",context", pytest.param("fhat,attention,needle", marks=pytest.mark.slow)],
+)
 def test_a_causal_report_loads_once_and_each_record_equals_its_command_alone(
     causal_folder, texts_file, tmp_path, monkeypatch, capsys, sections
 ):
@@ -62,7 +65,7 @@ def test_a_causal_report_loads_once_and_each_record_equals_its_command_alone(
     builds.clear()
     for name in sections.split(","):
         assert drop_timings(alone(summary, name, capsys)) == drop_timings(record_of(out, name)), name
-    assert len(builds) == len(TEXT_SECTIONS.split(",")) + 1  # alone: each command loads for itself
+    assert len(builds) == len(set(sections.split(",")) - {"fhat", "profiles"})  # alone: each command loads itself
 
 
 def test_an_encoder_report_loads_its_base_model_once(tiny_bert_folder, texts_file, tmp_path, monkeypatch, capsys):
@@ -93,3 +96,27 @@ def test_nothing_is_shared_outside_a_report_and_attention_is_set_per_request(cau
         assert causal_lm.config._attn_implementation == default  # a request without one: the default again
         assert weights.open_weights(source) is weights.open_weights(source)
     assert shared._active is None
+
+
+def test_a_model_that_cannot_switch_its_attention_is_built_apart(tmp_path, monkeypatch):
+    """Falcon is built with its attention implementation and cannot switch it afterwards: a request for another one
+    gets its own load (as without sharing), never the shared model with the wrong implementation."""
+    from test_needle import tiny_causal_lm
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    from posprobe.checkpoint import resolve_model
+
+    tiny_causal_lm("falcon").save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    builds = counted(monkeypatch, loading, "_build_model")
+    with shared.shared_loads(causal=True):
+        causal_lm = loading.build_model(source, AutoModelForCausalLM)
+        default = causal_lm.config._attn_implementation
+        assert default != "eager"
+        base = loading.build_model(source, AutoModel, attn_implementation="eager")
+        assert base is not causal_lm.base_model and base.config._attn_implementation == "eager"
+        assert causal_lm.config._attn_implementation == default
+        eager = loading.build_model(source, AutoModelForCausalLM, attn_implementation="eager")
+        assert eager is not causal_lm and eager.config._attn_implementation == "eager"
+        assert loading.build_model(source, AutoModelForCausalLM) is causal_lm
+    assert len(builds) == 3

@@ -102,6 +102,9 @@ def _switch_attention(model, implementation: str) -> bool:
     """Set `implementation` on a shared model (as a fresh load with it would have it); False when it cannot."""
     if getattr(model.config, "_attn_implementation", None) == implementation:
         return True
+    can_switch = getattr(model, "_can_set_attn_implementation", None)  # False outside AttentionInterface (Falcon)
+    if callable(can_switch) and not can_switch():
+        return False  # asked anyway, transformers would warn and still switch the sub-configs
     try:
         model.set_attn_implementation(implementation)
     except Exception:  # noqa: BLE001 - transformers refuses a switch in several ways (Falcon: built with it only)
