@@ -8,9 +8,9 @@ What a fresh load would give is kept exact: a request's `attn_implementation` (N
 with by default) is set on the shared model before it is handed out; a request for the base model (`AutoModel`) is
 answered with the causal LM's own base model when `causal=True` said that a causal LM will be wanted too (one load
 for both), and only when that base model is of the class `AutoModel` builds (not for a multimodal wrapper read as
-its language model). A retrofitted checkpoint (its
-mechanism is installed on the built model afterwards), a model that cannot switch its attention, or a request with
-other keywords (a device map) is built apart, as without sharing.
+its language model). A retrofitted checkpoint (its mechanism is installed on the built model afterwards), a model
+that cannot switch its attention, or a request with other keywords (a device map) is built apart, as without
+sharing.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ RETROFIT_KEY = "posprobe"  # config.json key of a retrofitted checkpoint (`retro
 @dataclass
 class _Shared:
     causal: bool
-    models: dict = field(default_factory=dict)  # (path, format, class name, keywords) -> (model, default attention)
+    models: dict = field(default_factory=dict)  # (path, format, class name) -> (model, its default attention)
     readers: dict = field(default_factory=dict)  # (path, format, name) -> lazy reader
 
 
@@ -65,28 +65,21 @@ def shared_model(source, model_class, kwargs: dict, build):
         return build(model_class, kwargs)
     name = getattr(model_class, "__name__", "")
     base = name == "AutoModel" and _active.causal and source.wrapper is None
+    shared_class = model_class
     if base:
         from transformers import AutoModelForCausalLM
 
-        model_class, name = AutoModelForCausalLM, "AutoModelForCausalLM"
+        shared_class, name = AutoModelForCausalLM, "AutoModelForCausalLM"
     key = (str(source.path), source.weight_format, name)
     if key not in _active.models:
-        model = build(model_class, {})
+        model = build(shared_class, {})
         _active.models[key] = (model, model.config._attn_implementation)
     model, default = _active.models[key]
     if base:
         model = _base_model_as_built(model, source)
-        if model is None:
-            return build(*_unshared_base(kwargs))
-    if not _switch_attention(model, wanted or default):
-        return build(*_unshared_base(kwargs)) if base else build(model_class, kwargs)
+    if model is None or not _switch_attention(model, wanted or default):
+        return build(model_class, kwargs)
     return model
-
-
-def _unshared_base(kwargs: dict):
-    from transformers import AutoModel
-
-    return AutoModel, kwargs
 
 
 def _base_model_as_built(causal_lm, source):
@@ -105,8 +98,11 @@ def _switch_attention(model, implementation: str) -> bool:
     can_switch = getattr(model, "_can_set_attn_implementation", None)  # False outside AttentionInterface (Falcon)
     if callable(can_switch) and not can_switch():
         return False  # asked anyway, transformers would warn and still switch the sub-configs
+    previous = model.config._attn_implementation
     try:
         model.set_attn_implementation(implementation)
-    except Exception:  # noqa: BLE001 - transformers refuses a switch in several ways (Falcon: built with it only)
+    except Exception:  # noqa: BLE001 - transformers refuses a switch in several ways
+        with contextlib.suppress(Exception):
+            model.set_attn_implementation(previous)  # as it was for the requests that get it
         return False
     return getattr(model.config, "_attn_implementation", None) == implementation
