@@ -375,3 +375,25 @@ def test_arguments_are_refused_before_any_gguf_weight_is_opened(tiny_ggufs, tiny
     with reporting_phases(said.append), pytest.raises(AssertionError, match="the weights were opened"):
         posprobe.fhat(file, layer=0, positions=24)  # a valid call reaches the patch, and says it reads the weights
     assert said[-1].startswith("reading the weights of ") and said[-1].endswith(file.name), said
+
+
+def test_name_map_is_built_once_per_architecture_and_config_and_gives_the_same_names(tiny_ggufs, monkeypatch):
+    """The GGUF -> transformers name map is cached in the process (`gguf_weights._NAME_MAPS`): a second reader of
+    the same architecture and config (another quantisation of the same model) does not build it again, another
+    architecture does, and the cached map is the one built anew."""
+    from posprobe.checkpoint import gguf_weights
+
+    built, build = [], gguf_weights._build_name_map
+    monkeypatch.setattr(gguf_weights, "_NAME_MAPS", {})
+    monkeypatch.setattr(gguf_weights, "_build_name_map", lambda h, c: built.append(h.architecture) or build(h, c))
+    files = [tiny_ggufs["llama", q] for q in ("F32", "F16", "Q8_0")] + [tiny_ggufs["qwen2", "F16"]]
+    for file in files + files:
+        source = resolve_model(file)
+        reader = GGUFWeightReader(file, source.config)
+        assert reader.keys() == GGUFWeightReader(file, source.config)._names  # two readers, one map
+        header = read_gguf_header(file)
+        assert hf_name_map(header, source.config) == build(header, source.config)
+    assert built == ["llama", "qwen2"]
+    mapped = hf_name_map(read_gguf_header(files[0]), resolve_model(files[0]).config)
+    mapped.clear()  # a caller's copy: the cache keeps its map
+    assert hf_name_map(read_gguf_header(files[0]), resolve_model(files[0]).config)

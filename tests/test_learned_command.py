@@ -5,6 +5,7 @@ the JSON contract and clean errors."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -213,7 +214,7 @@ def test_old_spelling_kernels_is_a_hidden_alias(tmp_path, capsys):
         result = runner.invoke(app, [name, str(folder), "--out", str(tmp_path / name), "--json"])
         assert result.exit_code == 0, result.output
         record = json.loads(result.stdout)
-        assert record.pop("npz") == str(tmp_path / name / "kernels.npz")
+        assert record.pop("npz") == str(tmp_path / name / "learned_functions.npz")
         record["figures"] = [p.replace(str(tmp_path / name), "OUT") for p in record["figures"]]
         records.append(record)
     assert records[0] == records[1] and records[0]["mechanism"] == "fixed"
@@ -467,5 +468,20 @@ def test_albert_text_and_base_model_profiles_human_output(tmp_path, tiny_checkpo
     args = ["learned", str(folder), "--profiles", str(tiny_checkpoints["albert"]), "--out", str(out)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert (out / "kernels.npz").is_file() and (out / "functions_heads.png").is_file()
+    assert (out / "learned_functions.npz").is_file() and (out / "functions_heads.png").is_file()
     assert "functions" in result.output and "dynamic_norms" in result.output
+
+
+def test_outputs_are_named_for_the_learned_functions_they_hold(tmp_path, monkeypatch):
+    """The npz and the default folder are named for what they hold (learned functions of k, not TISA's kernels):
+    `posprobe-out/learned/<folder>/learned_functions.npz`, whichever spelling of the command ran."""
+    folder = _retrofitted(tmp_path, "fixed")
+    monkeypatch.chdir(tmp_path)
+    for name in ("learned", "kernels"):
+        result = runner.invoke(app, [name, str(folder), "--json"])
+        assert result.exit_code == 0, result.output
+        npz = Path(json.loads(result.stdout)["npz"])
+        assert npz == Path("posprobe-out") / "learned" / folder.name / "learned_functions.npz" and npz.is_file()
+        with np.load(npz) as arrays:
+            assert {"offsets", "functions", "initial"} <= set(arrays.files)
+    assert not (tmp_path / "posprobe-out" / "kernels").exists()

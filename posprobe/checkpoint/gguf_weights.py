@@ -18,6 +18,7 @@ order, GPT-2's transposed projections, Gemma's norm offsets. So each tensor equa
 
 from __future__ import annotations
 
+import json
 from functools import cached_property
 from pathlib import Path
 
@@ -226,10 +227,26 @@ class GGUFWeightReader:
             ) from err
 
 
+_NAME_MAPS: dict[tuple[str, str], dict[str, str]] = {}  # (architecture, config's JSON) -> `hf_name_map`
+
+
 def hf_name_map(header: GGUFHeader, config: dict) -> dict[str, str]:
     """GGUF tensor name -> transformers state-dict name, as transformers' GGUF loader maps them: gguf's
     `TensorNameMap` of the file's architecture applied to the names of the model class transformers builds for
-    the config (and, with a module prefix, of its submodules, for files converted from a base model)."""
+    the config (and, with a module prefix, of its submodules, for files converted from a base model).
+
+    Built once per architecture and config in a process (the config without `_name_or_path`, which names the file
+    and not the model; a copy is returned): building it imports transformers' GGUF loader and builds the model
+    class on the meta device, which every read and every command of a report would repeat."""
+    shape = {k: v for k, v in config.items() if k != "_name_or_path"}
+    key = (str(header.architecture), json.dumps(shape, sort_keys=True, default=str))
+    if key not in _NAME_MAPS:
+        _NAME_MAPS[key] = _build_name_map(header, config)
+    return dict(_NAME_MAPS[key])
+
+
+def _build_name_map(header: GGUFHeader, config: dict) -> dict[str, str]:
+    """`hf_name_map`, built anew."""
     from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 

@@ -131,11 +131,19 @@ def check_finite(model, name: str) -> None:
 def build_model(source: ModelSource, model_class=None, *, verbose: bool = False, **kwargs):
     """The transformers model of a resolved checkpoint as `model_class` (default `AutoModel`) builds it, with the
     checks above; extra `kwargs` go to `from_pretrained`. A retrofitted mechanism is not installed here (that is
-    `posprobe.load_model`)."""
+    `posprobe.load_model`). Inside `shared.shared_loads()` (a report) a checkpoint is built once."""
+    from posprobe.checkpoint.shared import shared_model
+
     if model_class is None:
         from transformers import AutoModel
 
         model_class = AutoModel
+    return shared_model(source, model_class, kwargs, lambda cls, kw: _build_model(source, cls, verbose, kw))
+
+
+def _build_model(source: ModelSource, model_class, verbose: bool, kwargs: dict):
+    """`build_model`'s one load: `model_class.from_pretrained` with the checks around it."""
+    kwargs = dict(kwargs)
     folder = source.path
     if source.weight_format == "gguf":
         folder, kwargs["gguf_file"] = source.path.parent, source.path.name

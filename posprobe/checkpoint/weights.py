@@ -203,7 +203,15 @@ def _read_index(file: Path) -> dict[str, str]:
 
 def open_weights(source):
     """The lazy tensor reader of a resolved checkpoint (`ModelSource`): a `WeightReader` for safetensors and
-    pickle weights, a `GGUFWeightReader` (same interface, transformers' names) for a GGUF file."""
+    pickle weights, a `GGUFWeightReader` (same interface, transformers' names) for a GGUF file. Inside
+    `shared.shared_loads()` (a report) each checkpoint's reader is opened once."""
+    from posprobe.checkpoint.shared import shared_reader
+
+    return shared_reader(source, _open_weights)
+
+
+def _open_weights(source):
+    """`open_weights`' reader, opened anew."""
     from posprobe.runtime.phases import phase
 
     if source.weight_format == "gguf":  # says its phase when a tensor is first asked for (its name map costs seconds)

@@ -5,7 +5,9 @@ old spelling `posprobe kernels` still works, a hidden alias.
 "initial_known", "text_tokens", "compare", "profiles", "npz", "figures", "notes",
 "arrays": {name: {"shape", "max_abs", "max_abs_change", ["profile_correlation" (L x H)],
 ["compare_correlation" (L x H)]}}}. The npz holds `offsets` (K,) and every array (see
-`posprobe.analysis.learned`: `functions` / `initial` `(L, H, K)` for score-bias mechanisms).
+`posprobe.analysis.learned`: `functions` / `initial` `(L, H, K)` for score-bias mechanisms): `learned_functions.npz`
+in `--out` (default `posprobe-out/learned/<folder>`; named `kernels.npz` in `posprobe-out/kernels/` before: the
+learned functions are not TISA's kernels except for TISA).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def learned(
 
     check_window(window)
     path, _ = _check_folder(folder)
-    out_dir = out if out is not None else default_out("kernels", path.resolve().name)
+    out_dir = out if out is not None else default_out("learned", path.resolve().name)
     with log_console.status(f"reading {folder}"):
         report = read_learned(
             folder, window=window, text=text, compare=compare, profiles=profiles, allow_pickle=allow_pickle
@@ -99,7 +101,7 @@ def learned(
 
 def _print_correlations(rows: dict) -> None:
     """The correlations asked for (--profiles, --compare) as a table: per array, median, min and max over layers and
-    heads (per layer and head: --json, kernels.npz)."""
+    heads (per layer and head: --json, learned_functions.npz)."""
     import numpy as np
     from rich.table import Table
 
@@ -119,5 +121,5 @@ def _print_correlations(rows: dict) -> None:
     console.print(table)
     console.print(
         "[dim]profiles: with the base model's profiles (--profiles); compared: with the model of --compare; over "
-        "layers and heads (per layer and head: --json and kernels.npz)[/dim]"
+        "layers and heads (per layer and head: --json and learned_functions.npz)[/dim]"
     )

@@ -17,6 +17,7 @@ from posprobe.mechanisms.catalogue import mechanism_info
 from posprobe.validation import as_int, as_path
 
 MAX_WINDOW = 4096
+LEARNED_FILE = "learned_functions.npz"  # what `write_learned` writes (`kernels.npz` before: not TISA's kernels)
 TEXT_MAX_LENGTH = 128
 TEXT_BATCH = 16
 
@@ -259,7 +260,7 @@ def _profile_correlations(learned: LearnedFunctions, profiles, allow_pickle: boo
 
 # ------------------------------------------------------------------------------------------- outputs
 def write_learned(report: LearnedReport, out_dir, fmt: str = "png") -> dict:
-    """Write `kernels.npz` (every array, `offsets`, metadata) and the figures into `out_dir` as one unit
+    """Write `LEARNED_FILE` (every array, `offsets`, metadata) and the figures into `out_dir` as one unit
     (`formats.save`), after all computing succeeded; returns {"npz": path, "figures": [paths]}."""
     from posprobe.formats.save import arrays_file, figure_file, save_files
     from posprobe.plotting import learned as pk
@@ -273,7 +274,7 @@ def write_learned(report: LearnedReport, out_dir, fmt: str = "png") -> dict:
             arrays[f"compare_{key}"] = value
         for key, r in report.with_other.items():
             arrays[f"{key}_compare_correlation"] = r
-    files = [arrays_file("kernels.npz", metadata(report), arrays)]
+    files = [arrays_file(LEARNED_FILE, metadata(report), arrays)]
     files += [figure_file(f"{stem}.{fmt}", lambda fig=fig: fig) for stem, fig in pk.learned_figures(report)]
     return save_files(out_dir, files)
 

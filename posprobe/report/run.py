@@ -9,7 +9,8 @@ Layout of the output folder `out`::
 
 A section is run by calling the posprobe command line in this process (`posprobe <command> ... --json --out
 out/<section>`) and reading the one JSON object it prints: the record, figures and files are exactly the command's,
-and the page shows the command that reproduces them. A finished section (its section.json with the same arguments
+and the page shows the command that reproduces them. The model is loaded once for all sections (`checkpoint.shared`:
+the commands' own loads, shared while the report runs). A finished section (its section.json with the same arguments
 and its figures present) is reused on the next run unless `force`.
 """
 
@@ -31,6 +32,7 @@ from posprobe.report.sections import SECTIONS, ModelFacts, Section, View
 DEFAULT_TEXT = "builtin:sentences"
 DEFAULT_MAX_TEXTS = 32  # a few dozen: every text section of MiniLM in under a minute on two loaded CPU cores
 SECTION_RECORD = "section.json"
+CAUSAL_LM_COMMANDS = ("context", "needle")  # the commands that load the model as its causal LM
 
 
 @dataclass(frozen=True)
@@ -220,6 +222,7 @@ def build_report(
     Every argument is checked, and the texts read once, before any model is run. `text` defaults to the packaged
     `builtin:sentences`, `max_texts` to 32."""
     from posprobe.checkpoint import resolve_model
+    from posprobe.checkpoint.shared import shared_loads
     from posprobe.formats.writing import default_out, keep_written, prepare_out_dir
     from posprobe.texts.reading import check_texts
     from posprobe.validation import as_int
@@ -240,17 +243,22 @@ def build_report(
     text_args = ["--text", text, *(["--column", column] if column else []), "--max-texts", str(max_texts)]
 
     outcomes = []
-    for i, name in enumerate(SECTIONS, start=1):
-        section = SECTIONS[name]
-        if name not in chosen:
-            outcomes.append(SectionOutcome(section, "left out", reason="left out by --only / --skip"))
-            continue
-        step = f"[{i}/{len(SECTIONS)}] {name}"
-        outcome = run_section(section, facts, model_args, text_args, n_texts, out_dir, force, run_command,
-                              on_start=lambda line, step=step: say(f"{step}: {line} …"))  # fmt: skip
-        say(f"{step}: {_outcome_words(outcome)}")
-        keep_written()  # a later failure or Ctrl-C keeps the finished sections, for the next run to reuse
-        outcomes.append(outcome)
+    # the model is loaded (and a GGUF file de-quantised) once, by the first section that needs it, and handed to
+    # the others (`checkpoint.shared`); as the causal LM when a causal section will run, whose base model the
+    # text sections read
+    causal = facts.causal and any(SECTIONS[name].command in CAUSAL_LM_COMMANDS for name in chosen)
+    with shared_loads(causal=causal):
+        for i, name in enumerate(SECTIONS, start=1):
+            section = SECTIONS[name]
+            if name not in chosen:
+                outcomes.append(SectionOutcome(section, "left out", reason="left out by --only / --skip"))
+                continue
+            step = f"[{i}/{len(SECTIONS)}] {name}"
+            outcome = run_section(section, facts, model_args, text_args, n_texts, out_dir, force, run_command,
+                                  on_start=lambda line, step=step: say(f"{step}: {line} …"))  # fmt: skip
+            say(f"{step}: {_outcome_words(outcome)}")
+            keep_written()  # a later failure or Ctrl-C keeps the finished sections, for the next run to reuse
+            outcomes.append(outcome)
     return write_report(out_dir, facts, outcomes, text if wants_text else None)
 
 
