@@ -23,7 +23,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from posprobe.errors import ArgumentValueError, PosprobeError
@@ -100,8 +100,7 @@ def model_facts(source) -> ModelFacts:
     n_layers = _first_int(sizes, ("num_hidden_layers", "n_layer", "num_layers"))
     max_positions = _first_int(sizes, ("max_position_embeddings", "n_positions", "n_ctx"))
     return ModelFacts(source.label, source.model_type, kind, mechanism, causal,
-                      kind in TABLE_KINDS or has_learned_table(config), n_layers, max_positions,
-                      _rotary_layers(source) if kind == "rotary" else None)  # fmt: skip
+                      kind in TABLE_KINDS or has_learned_table(config), n_layers, max_positions)  # fmt: skip
 
 
 def _rotary_layers(source) -> tuple[int, ...] | None:
@@ -248,6 +247,8 @@ def build_report(
     # text sections read
     causal = facts.causal and any(SECTIONS[name].command in CAUSAL_LM_COMMANDS for name in chosen)
     with shared_loads(causal=causal):
+        if facts.kind == "rotary":  # from the weights, through the reader the sections share
+            facts = replace(facts, rotary_layers=_rotary_layers(source))
         for i, name in enumerate(SECTIONS, start=1):
             section = SECTIONS[name]
             if name not in chosen:
