@@ -751,6 +751,22 @@ def test_hidden_states_of_a_model_that_pools_the_sequence_are_refused(name):
     assert "\n" not in str(err.value)
 
 
+def test_a_funnel_batch_too_short_for_its_pooled_blocks_is_refused_in_one_line():
+    """transformers' Funnel (separate_cls) fails on 2 tokens; a batch of 2 is refused in one line, while the same
+    text padded beside a longer one is recorded (its first block attends the text's own keys only)."""
+    model = build("funnel")
+    with pytest.raises(PosprobeError, match="fails in its own forward pass on a batch of 2 tokens") as err:
+        capture(model, [Keep(hidden=False)], input_ids=[[7, 8]], max_length=16)
+    assert "\n" not in str(err.value)
+    kept = []
+    for other in ([9, 10, 11, 12], [13, 14, 15, 16, 17, 18, 19]):  # padded to 4, then to 7
+        keep = Keep(hidden=False)
+        capture(model, [keep], input_ids=[[7, 8], other], max_length=16, batch_size=2)
+        kept.append(keep.texts[0]["probs"])
+    assert kept[0].shape == (3, 4, 2, 2) and np.allclose(kept[0].sum(-1), 1)
+    np.testing.assert_allclose(kept[0], kept[1], rtol=1e-9, atol=1e-9)  # the padding beside it changes nothing
+
+
 @pytest.mark.slow
 def test_a_funnel_without_its_decoder_lists_its_later_blocks_and_reads_its_first_blocks_weights(tmp_path):
     """FunnelBaseModel (no upsampling decoder): posprobe's layers are its blocks' layers, no decoder's; the first

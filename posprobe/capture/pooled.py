@@ -106,7 +106,7 @@ class PooledRecorder(EagerRecorder):
         """(output, scores, probs, allowed) of one `TokenBatch`, as `EagerRecorder.forward`: per recorded layer S
         and A (B, H, m, m) from its own module; the allowed pairs (B, m, m) the real keys of every query row.
         PosprobeError where a module did not make exactly one (queries x keys) softmax or returned no attention of
-        that shape."""
+        that shape, or where the model fails on a batch this short."""
         batch, m = tokens.input_ids.shape
         running: list[int] = []  # the recorded layer whose module is running now
         seen: list[list] = [[] for _ in self.modules]
@@ -134,6 +134,13 @@ class PooledRecorder(EagerRecorder):
                 output = model(
                     input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, output_attentions=True, **kwargs
                 )
+        except RuntimeError as err:  # transformers' Funnel on a few tokens (separate_cls: 1 or 2; more with 3 blocks)
+            what = (str(err).strip().splitlines() or [""])[0]
+            raise PosprobeError(
+                f"'{model.config.model_type}' fails in its own forward pass on a batch of {m} tokens ({what}): its "
+                "pooled blocks need a longer sequence",
+                "run longer texts, or batch short texts with longer ones (a batch runs at its longest text's length)",
+            ) from err
         finally:
             for hook in hooks:
                 hook.remove()
