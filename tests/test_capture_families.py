@@ -71,9 +71,10 @@ REFUSED = {
     "longt5": "not one softmax over all keys",  # blockwise local attention
     "deberta-talking-heads": "does not give its returned attention",  # heads mixed after the softmax
     "mllama": r"skips its layers \[1\] on text",  # hidden states: none enters its skipped cross-attention layer
-    "funnel": "did not return one attention matrix per layer",  # pooled blocks, an upsampling decoder
-    "funnel-factorized": "did not return one attention matrix per layer",
 }
+# the sequence pooled between blocks (Funnel): its first block's layers recorded from their own modules, its later
+# blocks' and upsampling decoder's listed (no positional score); hidden states refused (no state per position)
+POOLED = ("funnel", "funnel-factorized")
 NO_HIDDEN_STATES = {"mllama"}  # refused for hidden states only: its attention is checked with the hybrids
 # stacks run one after another (BLT: byte encoder, global transformer over patches, byte decoder): its byte layers'
 # attention is recorded (the global layers are a hybrid's other layers), its hidden states are refused in one line
@@ -244,6 +245,46 @@ def alone_stacked(model, ids: list[int]) -> dict:
     )
 
 
+def alone_pooled(model, ids: list[int]) -> dict:
+    """`alone` for a model that pools the sequence between blocks (Funnel, `POOLED`): its own eager run on one
+    unpadded text; per layer of its first block (`attending`: the layers at the text's positions) A as its attention
+    module returns it and S the input of the softmax made inside it (softmax patched, `_SoftmaxInputs`); `layers`
+    the attentions it returns, one per layer run (later blocks and decoder included); no hidden states."""
+    net = stack_to_run(model)
+    modules = [layer.attention for layer in net.encoder.blocks[0]]
+    probs, made, hooks = [None] * len(modules), [[] for _ in modules], []
+    try:
+        with torch.no_grad(), _SoftmaxInputs(len(ids)) as softmax:
+
+            def ran(index):
+                def hook(module, args, out):
+                    probs[index] = out[1][0].double().numpy()
+                    made[index].extend(softmax.inputs[module._seen :])
+
+                return hook
+
+            for index, module in enumerate(modules):
+                before = module.register_forward_pre_hook(lambda *_, m=module: setattr(m, "_seen", len(softmax.inputs)))
+                hooks += [before, module.register_forward_hook(ran(index))]
+            out = net(input_ids=torch.tensor([ids]), output_attentions=True)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert all(len(inputs) == 1 for inputs in made)  # one softmax in each first-block layer's module
+    returned = [a[0].double().numpy() for a in out.attentions]
+    for got, theirs in zip(probs, returned, strict=False):  # the first block's come first
+        np.testing.assert_array_equal(got, theirs)
+    probs = np.stack(probs)
+    return dict(
+        probs=probs,
+        scores=np.stack([inputs[0] for inputs in made]),
+        allowed=probs[:, 0] > 0,
+        hidden=[],
+        attending=list(range(len(modules))),
+        layers=len(returned),
+    )
+
+
 def _once(inputs: list, layers: int) -> list:
     """The softmax inputs of each layer once: where a model ran two identical softmaxes per layer (DiffLlama's
     differential attention: one call per half of its values), the second of each pair, checked equal, is dropped."""
@@ -303,7 +344,9 @@ def test_capture_equals_each_text_run_alone(name):
     model = make(name)
     reference = copy.deepcopy(model)
     corpus = texts()
-    keep = Keep(hidden=name not in STREAMS and name not in STACKED)
+    if name in POOLED:  # transformers' Funnel fails on 2 tokens (separate_cls): batches of 3 tokens or more
+        corpus = [ids for ids in corpus if len(ids) > 2]
+    keep = Keep(hidden=name not in STREAMS and name not in STACKED and name not in POOLED)
     if name in STREAMS:  # hidden states of several streams per layer: refused in one line
         with pytest.raises(PosprobeError, match="not \\(batch, tokens, width\\)"):
             capture(model, [Keep()], input_ids=corpus, max_length=16, batch_size=3)
@@ -311,12 +354,16 @@ def test_capture_equals_each_text_run_alone(name):
     tol = tolerance(name)
     family = family_for_type(model.config.model_type)
     assert is_eager_route(model) == (family.capture == EAGER)  # the route the family table names
-    batches = len(corpus) if family.reads_padding else 3  # ConvBERT's convolutions read padding: one text a batch
+    batches = len(corpus) if family.reads_padding else -(-len(corpus) // 3)  # ConvBERT's convolutions read padding
     assert summary.n_batches == batches and sorted(keep.texts) == list(range(len(corpus)))
     for index, ids in enumerate(corpus):
         got = keep.texts[index]
         if name in STACKED:
             ref = alone_stacked(reference, ids)
+        elif name in POOLED:
+            ref = alone_pooled(reference, ids)
+            assert list(summary.attention_layers) == ref["attending"] and summary.n_layers == ref["layers"]
+            assert 0 < len(ref["attending"]) < ref["layers"]
         else:
             ref = alone(reference, ids, name in RETURNS_SCORES, name in HYBRIDS, name in GROUP_MASKS)
         if name in SINKS_ON_OUTPUT:
@@ -353,7 +400,7 @@ def test_layer_zero_scores_on_the_average_word_are_the_models_own(name):
     n = 12
     word = case(name).word_id if name in CASES else 0  # CPM-Ant reads token 0 as padding
     ref = reference_scores(model, n, word)  # also sets the average word
-    keep = Keep(hidden=name not in STREAMS | set(CHUNKED))  # Reformer pads 12 to 16: hidden states of 16
+    keep = Keep(hidden=name not in STREAMS | set(CHUNKED) | set(POOLED))  # Reformer pads 12 to 16: hidden states of 16
     capture(model, [keep], input_ids=[[word] * n], max_length=n)
     got = keep.texts[0]
     allowed = np.broadcast_to(ref.allowed[0], got["scores"][0].shape)  # (n, n) or (H, n, n)
@@ -450,7 +497,7 @@ PROFILE_ARRAYS = ("score_profiles", "prob_profiles", "mean_distance", "prob_prof
 SINK_MEASURES = ("first_token_mass", "special_token_mass", "distance_without_first", "uniform_first_token_mass")
 
 
-@pytest.mark.parametrize("name", _params([*HYBRIDS, *sorted(STACKED)], quick={"jamba"}))
+@pytest.mark.parametrize("name", _params([*HYBRIDS, *sorted(STACKED), *POOLED], quick={"jamba"}))
 def test_a_hybrids_attention_layers_equal_loops_over_each_text_and_its_other_layers_have_no_score(name):
     """Profiles and sinks of a hybrid's attention layers equal the loops over its own eager attention (each text
     alone); its other layers (recurrent / state-space / convolution; BLT's global layers over patches) hold NaN
@@ -465,6 +512,9 @@ def test_a_hybrids_attention_layers_equal_loops_over_each_text_and_its_other_lay
     if name in STACKED:  # its three stacks' layers; the byte stacks' modules hooked
         n, L = 13, sum(len(getattr(model, s).layers) for s in ("local_encoder", "global_transformer", "local_decoder"))
         attending = alone_stacked(copy.deepcopy(model), corpus[0])["attending"]
+    elif name in POOLED:  # every layer it runs, its decoder's too; the first block's modules hooked
+        first = alone_pooled(copy.deepcopy(model), corpus[0])
+        n, L, attending = 13, first["layers"], first["attending"]
     else:
         n, L = 13, model.config.get_text_config().num_hidden_layers
         attending = alone(copy.deepcopy(model), corpus[0], per_layer=True)[
@@ -473,6 +523,7 @@ def test_a_hybrids_attention_layers_equal_loops_over_each_text_and_its_other_lay
     others = [layer for layer in range(L) if layer not in attending]
     assert attending and others
     run, heads = (alone_stacked, model.config.encoder_config.num_attention_heads) if name in STACKED else (alone, None)
+    run = alone_pooled if name in POOLED else run
     ref = brute_force(copy.deepcopy(model), corpus, n, True, n_layers=len(attending), run=run, heads=heads)
     result = attention_profiles(
         model, input_ids=corpus, special_ids=[5], max_length=n, batch_size=3, weights_correlation=False
@@ -687,7 +738,6 @@ def test_families_the_capture_does_not_reproduce_are_refused(name):
     assert family.capture == REFUSED_ROUTE or "refused" in family.capture_note  # as the family table says
 
 
-POOLED = ("funnel", "funnel-factorized")  # the sequence is pooled between blocks: no state per position at every depth
 PADDED = ("reformer", "reformer-masked")  # padded to a multiple of its chunk lengths, hidden states of that length
 
 
@@ -699,6 +749,50 @@ def test_hidden_states_of_a_model_that_pools_the_sequence_are_refused(name):
     with pytest.raises(PosprobeError, match=f"hidden states of other lengths than its input.*{why}") as err:
         capture(build(name).float(), [hidden], input_ids=texts(3), max_length=16)
     assert "\n" not in str(err.value)
+
+
+def test_a_funnel_batch_too_short_for_its_pooled_blocks_is_refused_in_one_line():
+    """transformers' Funnel (separate_cls) fails on 2 tokens; a batch of 2 is refused in one line, while the same
+    text padded beside a longer one is recorded (its first block attends the text's own keys only)."""
+    model = build("funnel")
+    with pytest.raises(PosprobeError, match="fails in its own forward pass on a batch of 2 tokens") as err:
+        capture(model, [Keep(hidden=False)], input_ids=[[7, 8]], max_length=16)
+    assert "\n" not in str(err.value)
+    kept = []
+    for other in ([9, 10, 11, 12], [13, 14, 15, 16, 17, 18, 19]):  # padded to 4, then to 7
+        keep = Keep(hidden=False)
+        capture(model, [keep], input_ids=[[7, 8], other], max_length=16, batch_size=2)
+        kept.append(keep.texts[0]["probs"])
+    assert kept[0].shape == (3, 4, 2, 2) and np.allclose(kept[0].sum(-1), 1)
+    np.testing.assert_allclose(kept[0], kept[1], rtol=1e-9, atol=1e-9)  # the padding beside it changes nothing
+
+
+@pytest.mark.slow
+def test_a_funnel_without_its_decoder_lists_its_later_blocks_and_reads_its_first_blocks_weights(tmp_path):
+    """FunnelBaseModel (no upsampling decoder): posprobe's layers are its blocks' layers, no decoder's; the first
+    block's probabilities equal its own eager run on each text alone; `layer_kind_words` says why the later ones have
+    no score; from a checkpoint, the weights-based profiles are the first block's content-free scores, NaN after it."""
+    from posprobe.capture.model import layer_kind_words
+    from posprobe.families.windows import NO_SCORE
+
+    torch.manual_seed(0)
+    config = tf.FunnelConfig(**case("funnel").config)  # block_sizes [3, 1]
+    model = tf.FunnelBaseModel(config).double().eval()
+    corpus = [ids for ids in texts() if len(ids) > 2]  # transformers' Funnel fails on 2 tokens
+    keep = Keep(hidden=False)
+    summary = capture(model, [keep], input_ids=corpus, max_length=16, batch_size=3)
+    assert summary.n_layers == sum(config.block_sizes) == 4 and list(summary.attention_layers) == [0, 1, 2]
+    for index, ids in enumerate(corpus):
+        ref = alone_pooled(copy.deepcopy(model), ids)
+        assert ref["layers"] == summary.n_layers
+        np.testing.assert_allclose(keep.texts[index]["probs"], ref["probs"], rtol=1e-6, atol=1e-6)
+    words = layer_kind_words(model, 16)
+    assert [NO_SCORE in w for w in words] == [False, False, False, True] and "decoder" not in words[-1]
+    model.float().save_pretrained(tmp_path)
+    result = attention_profiles(str(tmp_path), input_ids=[[5, *ids] for ids in corpus], max_length=13, batch_size=3)
+    w = result.weights_profiles  # (L, H, 2n - 1)
+    assert w.shape[0] == 4 and np.isfinite(w[:3]).all() and np.isnan(w[3]).all()
+    assert result.layer_kinds == layer_kind_words(model, 13) and result.attention_layers == [0, 1, 2]
 
 
 @pytest.mark.parametrize("name", _params([n for n in [*sorted(set(REFUSED) - set(POOLED + PADDED)), "t5", "bloom",

@@ -2572,6 +2572,8 @@ FAMILIES: tuple[Family, ...] = (
             "same_segment": "1",  # token types default to zeros: one segment, always added
             "cls_apart": "separate_cls",  # no position or segment term in the <cls> row and column (position 0)
             "encodings": "float64",  # built in the model's dtype (XLNet: float32)
+            "pooled_blocks": "block_sizes",  # layers per block, the sequence pooled by 2 before each later one
+            "block_repeats": "block_repeats",  # runs of each layer of a block (capture.pooled)
         },
         decoder_stack=dict(  # FunnelModel's upsampling decoder: full length again, the first block's positions
             causal=False,
@@ -2596,8 +2598,9 @@ FAMILIES: tuple[Family, ...] = (
         "(pool_q_only): matrices of other shapes and positions than the n x n over positions 0..n-1 of posprobe's "
         "per-layer results; --stack decoder: FunnelModel's upsampling decoder layers, at full length, read as the "
         "first block's",
-        capture=REFUSED,
-        capture_note="pooled blocks and upsampling decoder: no one (queries x keys) softmax per layer",
+        capture=EAGER,
+        capture_note="its first block's layers, each module's own softmax; later blocks and the upsampling decoder "
+        "listed: no positional score; hidden states refused (pooled lengths)",
     ),
     # -- rotary / latent designs of their own (issue 34): attention sublayers, mixed layer inputs, convolutional q/k,
     # stacks run in cycles

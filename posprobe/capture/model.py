@@ -95,6 +95,11 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
         from posprobe.architectures.config import config_shape
 
         layers = config_shape(cfg.to_dict(), kind, family).layers
+    if family is not None and "pooled_blocks" in family.tensors:  # Funnel: every layer run, its decoder's too
+        from posprobe.capture.pooled import pooled_layers
+
+        first, later, decoder = pooled_layers(model)
+        layers = first + sum(later) + decoder
     if not layers or not heads:
         raise PosprobeError(f"cannot read the number of layers and heads of '{kind}'", "use a standard config")
     if family is not None and family.head_ratio:  # mixed attention (ConvBERT): its softmax heads
@@ -130,6 +135,10 @@ def attention_layers(model, n_layers: int | None = None) -> list[int]:
     layers = int(n_layers if n_layers is not None else getattr(cfg, "num_hidden_layers", 0) or 0)
     kind = str(getattr(net.config, "model_type", "unknown"))
     family = family_for_type(kind)
+    if family is not None and "pooled_blocks" in family.tensors:  # Funnel: its first block, at the text's positions
+        from posprobe.capture.pooled import pooled_layers
+
+        return list(range(pooled_layers(net)[0]))
     if family is None or not family.hybrid:
         return list(range(layers))
     types = layer_types(family, cfg)
@@ -442,12 +451,18 @@ def _model_class(model_type: str):
 def layer_kind_words(model, n: int, stack: str = "encoder") -> list[str] | None:
     """How each layer of `stack` attends over `n` positions, in words (`families.windows.LayerKind.describe`:
     'global', 'local |k| <= 511, rope theta 10000', 'global, NoPE ...', a hybrid's 'no softmax attention, ...: no
-    positional score'), read from the loaded model's config; None for a model outside the family table."""
+    positional score'; a pooled model's layers past its first block, `capture.pooled`), read from the loaded model's
+    config; None for a model outside the family table."""
     from posprobe.checkpoint.in_memory import StateDictReader, source_from_model
     from posprobe.families.context import ModelContext
 
     try:
         ctx = ModelContext(source_from_model(model), StateDictReader(model))
-        return [kind.describe() for kind in ctx.layer_kinds(n, stack)]
+        words = [kind.describe() for kind in ctx.layer_kinds(n, stack)]
     except PosprobeError:
         return None
+    if stack == "encoder" and "pooled_blocks" in ctx.family.tensors:  # Funnel: its later blocks and its decoder
+        from posprobe.capture.pooled import pooled_layer_words
+
+        words += pooled_layer_words(model)
+    return words

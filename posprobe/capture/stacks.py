@@ -154,8 +154,12 @@ def _keep(seen: list[list], running: list[int], x) -> None:
 
 
 def eager_route_recorder(net, depths: list[int], n_heads: int) -> EagerRecorder:
-    """The recorder of the eager route for `net`: a `StackRecorder` where its stacks run one after another, else
-    the `EagerRecorder` of every layer."""
+    """The recorder of the eager route for `net`: a `StackRecorder` where its stacks run one after another, a
+    `PooledRecorder` where it pools the sequence between blocks (Funnel), else the `EagerRecorder` of every layer."""
+    from posprobe.capture.pooled import PooledRecorder, pooled_family
+
+    if pooled_family(net) is not None:
+        return PooledRecorder(net, depths, n_heads)
     if stacked_family(net) is not None:
         return StackRecorder(net, depths, n_heads)
     return EagerRecorder(len(depths), n_heads)

@@ -239,7 +239,8 @@ def weights_positions(n: int, n_heads: int) -> int:
 def _weights_profiles(source, n: int, n_layers: int, n_heads: int) -> tuple[np.ndarray | None, str]:
     """Faithful-mode F̂_P profiles (L, H, 2n-1) over the leading positions, or None and why not: one model reader
     over n' = `weights_positions(n, H)` positions (the weights read once), each layer's scores reduced to their
-    diagonal means; with n' < n the offsets |k| >= n' are NaN (the correlation uses the offsets both profiles have)."""
+    diagonal means; with n' < n the offsets |k| >= n' are NaN (the correlation uses the offsets both profiles have);
+    the layers past the reader's (a pooled model's past its first block) NaN."""
     if source is None:
         return None, "unavailable: model passed as an object (no checkpoint to read weights from)"
     from posprobe.analysis.empirical import centre_offsets
@@ -249,11 +250,12 @@ def _weights_profiles(source, n: int, n_layers: int, n_heads: int) -> tuple[np.n
     positions = weights_positions(n, n_heads)
     try:
         reader = ScoreReader(open_model(source=source, mode="faithful"), positions=positions)
-        rows = [diagonal_means(reader.scores(layer)) for layer in range(n_layers)]
+        rows = [diagonal_means(reader.scores(layer)) for layer in range(min(n_layers, reader.n_layers))]
     except PosprobeError as err:
         return None, f"unavailable: {err.message}"
     what = "faithful-mode F̂_P (SPEC §3)" if reader.mode == "faithful" else "content-free scores (SPEC §9)"
-    profiles = np.stack(rows)
+    # layers past those the reader has (Funnel's later blocks and upsampling decoder, `capture.pooled`): NaN
+    profiles = np.stack(rows + [np.full_like(rows[0], np.nan)] * (n_layers - len(rows)))
     if positions == n:
         return profiles, f"{what} diagonal means over positions 0..n-1"
     import torch
