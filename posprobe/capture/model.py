@@ -83,7 +83,7 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
             "attention is not one softmax over the text's keys",
             "its content-free scores (`posprobe fhat`, `profiles`) read the text's pairs",
         )
-    counts = _per_layer_config_heads(family, cfg)  # Dots3: its sliding layers' own heads (per_layer_config)
+    counts = _query_heads_per_layer(family, cfg)  # Laguna, Dots3: H the most of any layer, the others NaN (SPEC §9)
     layers = getattr(cfg, "num_hidden_layers", None)
     heads = max(counts) if counts else getattr(cfg, "num_attention_heads", None)
     if family is not None and family.sizes:  # the stack it reads has sizes of its own (Whisper's decoder)
@@ -106,17 +106,20 @@ def check_model(model, attention: bool = True, encoder_decoder: bool = False, hy
         from posprobe.architectures.table import softmax_heads
 
         heads = softmax_heads(family, cfg.to_dict(), int(heads))
-    per_layer = family.tensors.get("query_heads_per_layer") if family is not None else None
-    if per_layer and getattr(cfg, per_layer, None):  # Laguna: H = the most of any layer, a layer's others NaN (SPEC §9)
-        heads = max(getattr(cfg, per_layer))
     return int(layers), int(heads)
 
 
-def _per_layer_config_heads(family, cfg) -> list[int] | None:
-    """Each layer's query-head count where the family reads MLA sizes per layer from transformers' per_layer_config
-    (`Family.tensors['latent_sizes']`: Dots3), else None (transformers refuses config.num_attention_heads there
-    when the counts differ)."""
-    if family is None or family.tensors.get("latent_sizes") != "per_layer_config":
+def _query_heads_per_layer(family, cfg) -> list[int] | None:
+    """Each layer's query-head count where the family's layers have their own: a config list
+    (`Family.tensors['query_heads_per_layer']`: Laguna), or MLA sizes per layer from transformers' per_layer_config
+    (`Family.tensors['latent_sizes']`: Dots3, where transformers refuses config.num_attention_heads when the counts
+    differ); else None."""
+    if family is None:
+        return None
+    per_layer = family.tensors.get("query_heads_per_layer")
+    if per_layer and getattr(cfg, per_layer, None):
+        return [int(count) for count in getattr(cfg, per_layer)]
+    if family.tensors.get("latent_sizes") != "per_layer_config":
         return None
     return [int(cfg.per_layer_config[layer].num_attention_heads) for layer in range(cfg.num_hidden_layers)]
 

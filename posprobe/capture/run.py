@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from posprobe.capture.batches import TokenBatch
-from posprobe.capture.chunks import chunk_recorder
 from posprobe.capture.eager import is_eager_route
 from posprobe.capture.memory import attention_batch_bytes, attention_block_bytes, check_fits
 from posprobe.capture.model import (
@@ -199,9 +198,7 @@ def capture_batches(
     net = stack_to_run(model)
     eager = attention and is_eager_route(model)
     recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending), n_heads)
-    eager_recorder = chunk_recorder(net, list(attending), n_heads) or eager_route_recorder(
-        net, list(attending), n_heads
-    )
+    eager_recorder = eager_route_recorder(net, list(attending), n_heads)
     blockwise = (
         attention
         and not eager
@@ -447,7 +444,8 @@ def _batch_capture(
 
 def _forward(net, tokens: TokenBatch, kwargs: dict):
     """The model's forward pass on one batch; PosprobeError in one line where transformers' own code fails on a
-    text alone (a multimodal wrapper whose forward reads outputs its language model does not return: Llama 4's)."""
+    text alone (a multimodal wrapper whose forward reads outputs its language model does not return, as Llama 4's
+    did before posprobe ran its language model alone: `Family.language_model_alone`)."""
     try:
         return net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
     except (AttributeError, TypeError, KeyError, IndexError, ValueError) as err:

@@ -154,10 +154,15 @@ def _keep(seen: list[list], running: list[int], x) -> None:
 
 
 def eager_route_recorder(net, depths: list[int], n_heads: int) -> EagerRecorder:
-    """The recorder of the eager route for `net`: a `StackRecorder` where its stacks run one after another, a
-    `PooledRecorder` where it pools the sequence between blocks (Funnel), else the `EagerRecorder` of every layer."""
+    """The recorder of the eager route for `net`: a `StackRecorder` where its stacks run one after another (BLT), a
+    `PooledRecorder` where it pools the sequence between blocks (Funnel), a `NeighbourChunkRecorder` where its
+    layers attend neighbour chunks (Reformer: `capture.chunks`), else the `EagerRecorder` of every layer."""
+    from posprobe.capture.chunks import chunk_recorder
     from posprobe.capture.pooled import PooledRecorder, pooled_family
 
+    chunks = chunk_recorder(net, depths, n_heads)
+    if chunks is not None:
+        return chunks
     if pooled_family(net) is not None:
         return PooledRecorder(net, depths, n_heads)
     if stacked_family(net) is not None:
