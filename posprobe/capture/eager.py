@@ -41,6 +41,50 @@ def _softmax_functions() -> tuple:
     return (torch.nn.functional.softmax, torch.softmax, torch.Tensor.softmax, torch.special.softmax)
 
 
+def module_attentions(model, modules: list, depths: list[int], n_heads: int, batch: int, m: int, run) -> tuple:
+    """(output, scores, probs) of `run()`, the model's forward pass on a batch of `batch` rows of `m` tokens, with
+    each of `modules` (the attention modules of the recorded layers `depths`) hooked: per module, the input S of
+    the one (queries x keys) softmax made inside it, and the attention A it returns, each (B, H, m, m). For models
+    whose forward pass makes softmaxes of other shapes beside them (BLT's patches, Funnel's pooled blocks).
+    PosprobeError where a module made other than one such softmax or returned no attention of that shape."""
+    running: list[int] = []  # the recorded layer whose module is running now
+    seen: list[list] = [[] for _ in modules]
+    returned: list = [None] * len(modules)
+
+    def enter(index):
+        return lambda *_: running.append(index)
+
+    def leave(index):
+        def hook(module, args, out):
+            running.pop()
+            returned[index] = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+
+        return hook
+
+    def keep(x, out) -> None:
+        if running:
+            seen[running[-1]].append(x)
+
+    hooks = []
+    try:
+        for index, module in enumerate(modules):
+            hooks += [module.register_forward_pre_hook(enter(index)), module.register_forward_hook(leave(index))]
+        with observe_attention_softmaxes(batch, n_heads, m, keep):
+            output = run()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    kind = getattr(model.config, "model_type", "unknown")
+    for depth, calls, probs in zip(depths, seen, returned, strict=True):
+        if len(calls) != 1 or probs is None or tuple(probs.shape) != (batch, n_heads, m, m):
+            raise PosprobeError(
+                f"'{kind}' made {len(calls)} (queries x keys) softmax calls in its layer {depth}'s attention and "
+                f"returned {'no' if probs is None else tuple(probs.shape)} attention for (batch, heads, {m}, {m})",
+                "this family computes attention in a way posprobe attention does not record; please report it",
+            )
+    return output, [calls[0] for calls in seen], tuple(p.detach() for p in returned)
+
+
 def observe_attention_softmaxes(batch: int, heads: int, m: int, seen, outside=()):
     """A context manager that, while active, calls `seen(x, out)` for every softmax over the last axis of a
     (batch, *, m, m) tensor, or of a (batch * heads, m, m) one (heads folded into the batch, XGLM), with input and

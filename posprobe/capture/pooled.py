@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posprobe.capture.eager import EagerRecorder, observe_attention_softmaxes
+from posprobe.capture.eager import EagerRecorder, module_attentions
 from posprobe.errors import PosprobeError
 
 
@@ -108,50 +108,23 @@ class PooledRecorder(EagerRecorder):
         PosprobeError where a module did not make exactly one (queries x keys) softmax or returned no attention of
         that shape, or where the model fails on a batch this short."""
         batch, m = tokens.input_ids.shape
-        running: list[int] = []  # the recorded layer whose module is running now
-        seen: list[list] = [[] for _ in self.modules]
-        returned: list = [None] * len(self.modules)
 
-        def enter(index):
-            return lambda *_: running.append(index)
-
-        def leave(index):
-            def hook(module, args, out):
-                running.pop()
-                returned[index] = out[1] if isinstance(out, tuple) and len(out) > 1 else None
-
-            return hook
-
-        def keep(x, out) -> None:
-            if running:
-                seen[running[-1]].append(x)
-
-        hooks = []
-        try:
-            for index, module in enumerate(self.modules):
-                hooks += [module.register_forward_pre_hook(enter(index)), module.register_forward_hook(leave(index))]
-            with observe_attention_softmaxes(batch, self.n_heads, m, keep):
-                output = model(
+        def run():
+            try:
+                return model(
                     input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, output_attentions=True, **kwargs
                 )
-        except RuntimeError as err:  # transformers' Funnel on a few tokens (separate_cls: 1 or 2; more with 3 blocks)
-            what = (str(err).strip().splitlines() or [""])[0]
-            raise PosprobeError(
-                f"'{model.config.model_type}' fails in its own forward pass on a batch of {m} tokens ({what}): its "
-                "pooled blocks need a longer sequence",
-                "run longer texts, or batch short texts with longer ones (a batch runs at its longest text's length)",
-            ) from err
-        finally:
-            for hook in hooks:
-                hook.remove()
-        kind = getattr(model.config, "model_type", "unknown")
-        for depth, calls, probs in zip(self.depths, seen, returned, strict=True):
-            if len(calls) != 1 or probs is None or tuple(probs.shape) != (batch, self.n_heads, m, m):
+            except (
+                RuntimeError
+            ) as err:  # transformers' Funnel on a few tokens (separate_cls: 1 or 2; more with 3 blocks)
+                what = (str(err).strip().splitlines() or [""])[0]
                 raise PosprobeError(
-                    f"'{kind}' made {len(calls)} (queries x keys) softmax calls in its layer {depth}'s attention and "
-                    f"returned {'no' if probs is None else tuple(probs.shape)} attention for (batch, heads, {m}, {m})",
-                    "this family computes attention in a way posprobe attention does not record; please report it",
-                )
-        scores = [calls[0] for calls in seen]
+                    f"'{model.config.model_type}' fails in its own forward pass on a batch of {m} tokens ({what}): "
+                    "its pooled blocks need a longer sequence",
+                    "run longer texts, or batch short texts with longer ones (a batch runs at its longest text's "
+                    "length)",
+                ) from err
+
+        output, scores, probs = module_attentions(model, self.modules, self.depths, self.n_heads, batch, m, run)
         keys = tokens.attention_mask.bool()[:, None, :].expand(batch, m, m).contiguous()  # padding keys, every row
-        return output, scores, tuple(p.detach() for p in returned), [keys] * len(scores)
+        return output, scores, probs, [keys] * len(scores)

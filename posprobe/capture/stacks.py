@@ -24,7 +24,7 @@ from posprobe.capture.eager import (
     EagerRecorder,
     _share_equal,
     masked_below,
-    observe_attention_softmaxes,
+    module_attentions,
 )
 from posprobe.errors import PosprobeError
 
@@ -88,42 +88,13 @@ class StackRecorder(EagerRecorder):
         and A (B, H, m, m) from its own module. PosprobeError where a module did not make exactly one (queries x
         keys) softmax or returned no attention of that shape."""
         batch, m = tokens.input_ids.shape
-        running: list[int] = []  # the recorded layer whose module is running now
-        seen: list[list] = [[] for _ in self.modules]
-        returned: list = [None] * len(self.modules)
 
-        def enter(index):
-            return lambda *_: running.append(index)
+        def run():
+            return model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
 
-        def leave(index):
-            def hook(module, args, out):
-                running.pop()
-                returned[index] = out[1] if isinstance(out, tuple) and len(out) > 1 else None
-
-            return hook
-
-        hooks = []
-        try:
-            for index, module in enumerate(self.modules):
-                hooks += [module.register_forward_pre_hook(enter(index)), module.register_forward_hook(leave(index))]
-            softmaxes = observe_attention_softmaxes(batch, self.n_heads, m, lambda x, out: _keep(seen, running, x))
-            with softmaxes:
-                output = model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
-        finally:
-            for hook in hooks:
-                hook.remove()
-        kind = getattr(model.config, "model_type", "unknown")
-        for depth, calls, probs in zip(self.depths, seen, returned):
-            if len(calls) != 1 or probs is None or tuple(probs.shape) != (batch, self.n_heads, m, m):
-                raise PosprobeError(
-                    f"'{kind}' made {len(calls)} (queries x keys) softmax calls in its layer {depth}'s self-attention "
-                    f"and returned {'no' if probs is None else tuple(probs.shape)} attention for "
-                    f"(batch, heads, {m}, {m})",
-                    "this family computes attention in a way posprobe attention does not record; please report it",
-                )
-        scores = [calls[0] for calls in seen]
+        output, scores, probs = module_attentions(model, self.modules, self.depths, self.n_heads, batch, m, run)
         allowed = _share_equal([(s[:, 0] > masked_below(s)) & (s[:, 0] != MASKED_EXACTLY) for s in scores])
-        return output, scores, tuple(p.detach() for p in returned), allowed
+        return output, scores, probs, allowed
 
     def verify(self, model, tokens, output, scores, probs, allowed) -> None:
         """The eager route's first-batch checks, after one of its own: the model's outputs on real tokens are finite
@@ -146,11 +117,6 @@ class StackRecorder(EagerRecorder):
                 "load the model in float32 or bfloat16",
             )
         super().verify(model, tokens, output, scores, probs, allowed)
-
-
-def _keep(seen: list[list], running: list[int], x) -> None:
-    if running:
-        seen[running[-1]].append(x)
 
 
 def eager_route_recorder(net, depths: list[int], n_heads: int) -> EagerRecorder:
