@@ -201,16 +201,9 @@ def alone(model, ids: list[int], returns_scores: bool = False, per_layer: bool =
     )
 
 
-def alone_stacked(model, ids: list[int]) -> dict:
-    """`alone` for stacks run one after another (BLT, `STACKED`): its own eager run on one unpadded text, patches
-    as its config picks them; per self-attention layer of its byte stacks (encoder, then decoder) A as that module
-    returns it and S the input of the softmax made inside it (softmax patched, `_SoftmaxInputs`); `attending` their
-    layer numbers (the decoder's after the global transformer's); no hidden states. The decoder's A are also the
-    last attentions the model returns (its entropy model's layers, where it runs one, come first)."""
-    net = stack_to_run(model)
-    previous = net.config._attn_implementation
-    net.set_attn_implementation("eager")
-    modules = [layer.self_attn for layer in _layers(net)]
+def _module_runs(net, modules: list, ids: list[int], **kwargs) -> tuple:
+    """(output, A, S) of `net`'s own run on one unpadded text with each of `modules` hooked: per module the attention
+    it returns and the inputs of the softmaxes made inside it (softmax patched, `_SoftmaxInputs`), one each."""
     probs, made, hooks = [None] * len(modules), [[] for _ in modules], []
     try:
         with torch.no_grad(), _SoftmaxInputs(len(ids)) as softmax:
@@ -225,12 +218,28 @@ def alone_stacked(model, ids: list[int]) -> dict:
             for index, module in enumerate(modules):
                 before = module.register_forward_pre_hook(lambda *_, m=module: setattr(m, "_seen", len(softmax.inputs)))
                 hooks += [before, module.register_forward_hook(ran(index))]
-            out = net(input_ids=torch.tensor([ids]), output_attentions=True, use_cache=False)
+            out = net(input_ids=torch.tensor([ids]), output_attentions=True, **kwargs)
     finally:
         for hook in hooks:
             hook.remove()
+    assert all(len(inputs) == 1 for inputs in made)  # one softmax in each hooked module
+    return out, probs, made
+
+
+def alone_stacked(model, ids: list[int]) -> dict:
+    """`alone` for stacks run one after another (BLT, `STACKED`): its own eager run on one unpadded text, patches
+    as its config picks them; per self-attention layer of its byte stacks (encoder, then decoder) A as that module
+    returns it and S the input of the softmax made inside it (softmax patched, `_SoftmaxInputs`); `attending` their
+    layer numbers (the decoder's after the global transformer's); no hidden states. The decoder's A are also the
+    last attentions the model returns (its entropy model's layers, where it runs one, come first)."""
+    net = stack_to_run(model)
+    previous = net.config._attn_implementation
+    net.set_attn_implementation("eager")
+    modules = [layer.self_attn for layer in _layers(net)]
+    try:
+        out, probs, made = _module_runs(net, modules, ids, use_cache=False)
+    finally:
         net.set_attn_implementation(previous)
-    assert all(len(inputs) == 1 for inputs in made)  # one softmax in each byte layer's module
     decoder = len(net.local_decoder.layers)
     returned = np.stack([a[0].double().numpy() for a in out.attentions[-decoder:]])  # after its entropy model's
     np.testing.assert_array_equal(returned, np.stack(probs[-decoder:]))
@@ -252,25 +261,7 @@ def alone_pooled(model, ids: list[int]) -> dict:
     the attentions it returns, one per layer run (later blocks and decoder included); no hidden states."""
     net = stack_to_run(model)
     modules = [layer.attention for layer in net.encoder.blocks[0]]
-    probs, made, hooks = [None] * len(modules), [[] for _ in modules], []
-    try:
-        with torch.no_grad(), _SoftmaxInputs(len(ids)) as softmax:
-
-            def ran(index):
-                def hook(module, args, out):
-                    probs[index] = out[1][0].double().numpy()
-                    made[index].extend(softmax.inputs[module._seen :])
-
-                return hook
-
-            for index, module in enumerate(modules):
-                before = module.register_forward_pre_hook(lambda *_, m=module: setattr(m, "_seen", len(softmax.inputs)))
-                hooks += [before, module.register_forward_hook(ran(index))]
-            out = net(input_ids=torch.tensor([ids]), output_attentions=True)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    assert all(len(inputs) == 1 for inputs in made)  # one softmax in each first-block layer's module
+    out, probs, made = _module_runs(net, modules, ids)
     returned = [a[0].double().numpy() for a in out.attentions]
     for got, theirs in zip(probs, returned, strict=False):  # the first block's come first
         np.testing.assert_array_equal(got, theirs)
