@@ -779,14 +779,9 @@ def test_a_funnel_without_its_decoder_lists_its_later_blocks_and_reads_its_first
     assert result.layer_kinds == layer_kind_words(model, 13) and result.attention_layers == [0, 1, 2]
 
 
-@pytest.mark.parametrize("name", _params([n for n in [*sorted(set(REFUSED) - set(POOLED + PADDED)), "t5", "bloom",
-                                                      *HYBRIDS]
-                                          if n not in NO_HIDDEN_STATES | STREAMS], quick={"t5", "lfm2"}))  # fmt: skip
-def test_hidden_states_alone_for_refused_and_eager_families(name):
-    """Without attention nothing is recorded: hidden states are the model's own (its default attention, whatever
-    it is; an encoder-decoder's encoder; every layer of a hybrid), each text as if run alone."""
-    model = make(name).float()
-    corpus = texts(4)
+def hidden_states_per_text(model, corpus: list[list[int]], batch_size: int) -> dict:
+    """{text index: its hidden states (L + 1 arrays (n, d), its real positions)} of a capture that records hidden
+    states alone, in batches of `batch_size` of at most 16 tokens."""
     got = {}
 
     class Hidden:
@@ -799,7 +794,19 @@ def test_hidden_states_alone_for_refused_and_eager_families(name):
         def result(self):
             return None
 
-    capture(model, [Hidden()], input_ids=corpus, max_length=16, batch_size=2)
+    capture(model, [Hidden()], input_ids=corpus, max_length=16, batch_size=batch_size)
+    return got
+
+
+@pytest.mark.parametrize("name", _params([n for n in [*sorted(set(REFUSED) - set(POOLED + PADDED)), "t5", "bloom",
+                                                      *HYBRIDS]
+                                          if n not in NO_HIDDEN_STATES | STREAMS], quick={"t5", "lfm2"}))  # fmt: skip
+def test_hidden_states_alone_for_refused_and_eager_families(name):
+    """Without attention nothing is recorded: hidden states are the model's own (its default attention, whatever
+    it is; an encoder-decoder's encoder; every layer of a hybrid), each text as if run alone."""
+    model = make(name).float()
+    corpus = texts(4)
+    got = hidden_states_per_text(model, corpus, batch_size=2)
     net = stack_to_run(model)
     for index, ids in enumerate(corpus):
         with torch.no_grad():
@@ -1049,19 +1056,7 @@ def test_reformer_hidden_states_are_each_texts_own_where_it_does_not_pad():
     model = make("reformer-masked")
     rng = np.random.default_rng(0)
     corpus = [rng.integers(4, 99, size=16).tolist(), rng.integers(4, 99, size=8).tolist()] * 2
-    got = {}
-
-    class Hidden:
-        needs = ("hidden_states",)
-
-        def add(self, batch):
-            for row, text in enumerate(batch.text_ids.tolist()):
-                got[text] = [h[row, : len(corpus[text])].double().numpy() for h in batch.hidden_states]
-
-        def result(self):
-            return None
-
-    capture(model, [Hidden()], input_ids=corpus, max_length=16, batch_size=4)
+    got = hidden_states_per_text(model, corpus, batch_size=4)
     for index, ids in enumerate(corpus):
         with torch.no_grad():
             theirs = model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
