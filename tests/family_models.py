@@ -400,8 +400,8 @@ CASES = {
     "bloom": ("bloom", dict(vocab_size=99, hidden_size=32, n_layer=2, n_head=4), dict(own=True, compare="row")),
     "mpt": ("mpt", dict(vocab_size=99, d_model=32, n_layers=2, n_heads=4, max_seq_len=64, expansion_ratio=2),
             dict(own=True, compare="row")),
-    # transformers' eager Falcon-ALiBi adds the bias twice (in its scores and again in its mask); sdpa, the default,
-    # once: posprobe reads the model as sdpa runs it
+    # before transformers 5.25 its eager Falcon-ALiBi added the bias twice (in its scores and again in its mask);
+    # sdpa, the default, once: posprobe reads the model as sdpa runs it
     "falcon-alibi": ("falcon", dict(_FALCON, alibi=True, multi_query=False),
                      dict(own=True, compare="row", attention="sdpa")),
     # learned absolute tables (faithful mode)

@@ -357,9 +357,13 @@ def test_a_model_offloaded_to_disk_gives_the_same_blocks(tmp_path):
     settings = dict(input_ids=_texts([14, 9, 11]), max_length=14, batch_size=2, weights_correlation=False)
     a = attention_profiles(offloaded, block_size=4, **settings)
     b = attention_profiles(load_model(str(folder)), block_size=0, **settings)
+    # float32 sums in two orders: relative agreement, and an absolute floor for entries near 0 (a score profile entry
+    # of ~1e-4 differs by 1.4e-9 under accelerate 1.16's offload hooks, 1.4e-5 relative)
     for name in ("score_profiles", "prob_profiles", "mean_distance", "mean_scores", "count_matrix"):
-        np.testing.assert_allclose(getattr(a.profiles, name), getattr(b.profiles, name), rtol=1e-5, equal_nan=True)
-    np.testing.assert_allclose(a.sinks.first_token_mass, b.sinks.first_token_mass, rtol=1e-5)
+        np.testing.assert_allclose(
+            getattr(a.profiles, name), getattr(b.profiles, name), rtol=1e-5, atol=1e-7, equal_nan=True
+        )
+    np.testing.assert_allclose(a.sinks.first_token_mass, b.sinks.first_token_mass, rtol=1e-5, atol=1e-7)
 
 
 def test_each_route_checks_its_first_batch_against_eager_attention(monkeypatch):

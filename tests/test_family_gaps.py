@@ -7,6 +7,7 @@ read, refused or listed."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,17 +18,29 @@ from posprobe.errors import PosprobeError
 from posprobe.families import family_for_type
 
 # model type -> why posprobe does not read it yet (none of these has an analysable entry): empty since every type of
-# transformers 5.24 is read or refused; a newer transformers' new types land here, each with its reason, until read
+# transformers 5.25 is read or refused; a newer release's new types land here, each with its reason, until read
 NOT_YET: dict[str, str] = {}
 
+# The causal-LM and masked-LM model types of the transformers release posprobe is tested with (TESTED_TRANSFORMERS,
+# pinned in constraints/tested.txt), one a line. The gap is judged against this list, so a newer transformers' new
+# types fail no test here: `.ci/newest` lists them. Written by `python tests/test_family_gaps.py` under the pinned
+# release; test_the_recorded_types_are_the_installed_ones keeps it true.
+TESTED_TYPES_FILE = Path(__file__).resolve().parent / "data" / "transformers_lm_types.txt"
 
-def _lm_types() -> set[str]:
+
+def installed_lm_types() -> set[str]:
+    """The causal-LM and masked-LM model types of the installed transformers."""
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
     )
 
     return set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+
+def _lm_types() -> set[str]:
+    """The language-model types of the tested transformers release (`TESTED_TYPES_FILE`)."""
+    return set(TESTED_TYPES_FILE.read_text(encoding="utf-8").split())
 
 
 def _unread(model_type: str) -> bool:
@@ -42,6 +55,18 @@ def test_every_language_model_type_is_read_refused_or_listed_as_not_yet():
     assert sorted(gap - set(NOT_YET)) == [], "read, refuse or list these model types"
     assert sorted(set(NOT_YET) - gap) == [], "these are read or refused now (or left transformers): drop their line"
     assert all(reason and "\n" not in reason for reason in NOT_YET.values())
+
+
+def test_the_recorded_types_are_the_installed_ones():
+    """Under the tested transformers release the recorded list is exactly its types (else: regenerate it, see
+    `TESTED_TYPES_FILE`); under another release there is nothing to compare, and `.ci/newest` reports the new ones."""
+    from importlib.metadata import version
+
+    from posprobe.version import TESTED_TRANSFORMERS
+
+    if version("transformers") != TESTED_TRANSFORMERS:
+        pytest.skip(f"transformers {version('transformers')} is not the tested {TESTED_TRANSFORMERS}")
+    assert sorted(installed_lm_types() ^ _lm_types()) == []
 
 
 def test_every_read_language_model_type_has_its_parity_case():
@@ -689,3 +714,7 @@ def test_funnel_later_blocks_attend_on_pooled_grids_as_its_entry_says():
     ctx = ModelContext(source_from_model(model), StateDictReader(model))
     assert ctx.layers() == 3 == config_value(model.config.to_dict(), "layers")
     assert "pool_q_only" in ctx.family.description and "1 - 2^b" in ctx.family.description
+
+
+if __name__ == "__main__":  # regenerate the recorded list under the pinned transformers
+    TESTED_TYPES_FILE.write_text("".join(f"{t}\n" for t in sorted(installed_lm_types())), encoding="utf-8")

@@ -53,7 +53,7 @@ def tiny_causal_lm(kind: str = "llama", **overrides):
     if kind == "bloom":
         config = tf.BloomConfig(vocab_size=98, hidden_size=32, n_layer=2, n_head=4, eos_token_id=1, bos_token_id=1)
         return tf.BloomForCausalLM(config).eval()
-    if kind == "falcon":  # cannot switch to eager after loading: built with it
+    if kind == "falcon":  # built eager (before transformers 5.25 Falcon could not switch to it after loading)
         config = tf.FalconConfig(**size, max_position_embeddings=512, eos_token_id=1, bos_token_id=1)
         return tf.FalconForCausalLM._from_config(config, attn_implementation="eager").eval()
     cls_config, cls_model = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
@@ -301,16 +301,35 @@ def test_encoder_is_refused(capsys, tmp_path):
     assert not out.exists()
 
 
-def test_a_model_that_cannot_switch_to_eager_is_refused():
+def fixed_attention(model_class):
+    """A subclass of `model_class` that transformers says cannot switch its attention after loading, as it says of a
+    class whose attention does not go through AttentionInterface (Falcon before transformers 5.25): its cached answer
+    to `_can_set_attn_implementation`. Whether a real family can switch is decided by asking transformers."""
+    return type(f"Fixed{model_class.__name__}", (model_class,), {"_can_set_attn_implementation_cached_value": False})
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("llama", "cannot switch to posprobe's row-reading attention.*a transformers version"),
+        ("falcon", "cannot switch to its eager attention.*attn_implementation='eager'"),  # an eager-route family
+    ],
+)
+def test_a_model_that_cannot_switch_its_attention_is_refused(kind, message):
     import transformers as tf
 
     from posprobe.errors import PosprobeError
 
-    config = tf.FalconConfig(vocab_size=98, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
-    model = tf.FalconForCausalLM._from_config(config, attn_implementation="sdpa").eval()
+    config_class, model_class = {"llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+                                 "falcon": (tf.FalconConfig, tf.FalconForCausalLM)}[kind]  # fmt: skip
+    config = config_class(vocab_size=98, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+    model = fixed_attention(model_class)._from_config(config, attn_implementation="sdpa").eval()
+    assert not model._can_set_attn_implementation()
     grid = NeedleGrid(lengths=(150,), depths=(0.5,), trials=1)
-    with pytest.raises(PosprobeError, match="attn_implementation='eager'"):
+    with pytest.raises(PosprobeError, match=message) as err:
         needle(model, tokenizer=char_tokenizer(), haystack=HAYSTACK, grid=grid, task=TASK)
+    assert "\n" not in str(err.value)
+    assert model.config._attn_implementation == "sdpa"
 
 
 @pytest.mark.slow

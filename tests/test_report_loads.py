@@ -99,18 +99,23 @@ def test_nothing_is_shared_outside_a_report_and_attention_is_set_per_request(cau
 
 
 def test_a_model_that_cannot_switch_its_attention_is_built_apart(tmp_path, monkeypatch):
-    """Falcon is built with its attention implementation and cannot switch it afterwards: a request for another one
-    gets its own load (as without sharing), never the shared model with the wrong implementation."""
+    """A model that transformers says cannot switch its attention after loading (a class outside AttentionInterface,
+    as Falcon was before transformers 5.25) is built with its implementation: a request for another one gets its own
+    load (as without sharing), never the shared model with the wrong implementation."""
+    import transformers as tf
     from test_needle import tiny_causal_lm
     from transformers import AutoModel, AutoModelForCausalLM
 
     from posprobe.checkpoint import resolve_model
 
-    tiny_causal_lm("falcon").save_pretrained(tmp_path)
+    tiny_causal_lm("llama").save_pretrained(tmp_path)
+    for cls in (tf.LlamaForCausalLM, tf.LlamaModel):  # what the auto classes build here, as transformers' cached answer
+        monkeypatch.setattr(cls, "_can_set_attn_implementation_cached_value", False, raising=False)
     source = resolve_model(str(tmp_path))
     builds = counted(monkeypatch, loading, "_build_model")
     with shared.shared_loads(causal=True):
         causal_lm = loading.build_model(source, AutoModelForCausalLM)
+        assert not causal_lm._can_set_attn_implementation()
         default = causal_lm.config._attn_implementation
         assert default != "eager"
         base = loading.build_model(source, AutoModel, attn_implementation="eager")
@@ -120,3 +125,22 @@ def test_a_model_that_cannot_switch_its_attention_is_built_apart(tmp_path, monke
         assert eager is not causal_lm and eager.config._attn_implementation == "eager"
         assert loading.build_model(source, AutoModelForCausalLM) is causal_lm
     assert len(builds) == 3
+
+
+def test_whether_falcon_switches_is_asked_of_the_installed_transformers(tmp_path, monkeypatch):
+    """Falcon's attention switch is what the installed transformers says (`_can_set_attn_implementation`): from 5.25
+    on it can switch, and a request for eager gets the shared model switched; before, its own load."""
+    from test_needle import tiny_causal_lm
+    from transformers import AutoModelForCausalLM
+
+    from posprobe.checkpoint import resolve_model
+
+    tiny_causal_lm("falcon").save_pretrained(tmp_path)
+    source = resolve_model(str(tmp_path))
+    builds = counted(monkeypatch, loading, "_build_model")
+    with shared.shared_loads(causal=True):
+        causal_lm = loading.build_model(source, AutoModelForCausalLM, attn_implementation="sdpa")
+        eager = loading.build_model(source, AutoModelForCausalLM, attn_implementation="eager")
+        assert eager.config._attn_implementation == "eager"
+        assert (eager is causal_lm) == causal_lm._can_set_attn_implementation()
+    assert len(builds) == (1 if causal_lm._can_set_attn_implementation() else 2)

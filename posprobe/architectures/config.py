@@ -141,6 +141,37 @@ def validate_config(config, name: str) -> dict:
     return config
 
 
+def refuse_unlisted_type(config: dict, name: str) -> None:
+    """One line for a config whose `model_type` the family table does not list (a type a newer transformers added, a
+    custom one): it names the type, the transformers release the table answers for and, where it differs, the one
+    installed. A config without a `model_type` is left to transformers."""
+    model_type = config.get("model_type")
+    if model_type is None or T.family_for_type(model_type) is not None:
+        return
+    raise unlisted_type_error(name, str(model_type))
+
+
+def unlisted_type_error(name: str, model_type: str) -> PosprobeError:
+    """The refusal of a model type the family table does not list (see `refuse_unlisted_type`)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from posprobe.version import TESTED_TRANSFORMERS, __version__
+
+    try:
+        installed = version("transformers")
+    except PackageNotFoundError:
+        installed = None
+    covered = f"posprobe {__version__} reads the model types of transformers {TESTED_TRANSFORMERS}"
+    covered += ", the release it is tested with"
+    if installed and installed != TESTED_TRANSFORMERS:
+        covered += f"; yours is {installed}, which may have added '{model_type}'"
+    return PosprobeError(
+        f"'{name}' has model type '{model_type}', which posprobe's family table does not list ({covered})",
+        "use a model of a listed type (the README's table of families)"
+        + (f", or install transformers=={TESTED_TRANSFORMERS}" if installed != TESTED_TRANSFORMERS else ""),
+    )
+
+
 def _check_sizes(config: dict, name: str, model_type: str) -> None:
     for key in _SIZES:
         config_int(config, name, key, default=0)

@@ -2238,7 +2238,8 @@ FAMILIES: tuple[Family, ...] = (
         rotary_class=_rotary("falcon", "Falcon"),
         tensors={"alibi": "transformers.models.falcon.modeling_falcon:build_alibi_tensor", "alibi_scaled": "yes"},
         capture=EAGER,
-        capture_note="ALiBi configs refused: transformers' eager Falcon adds the bias twice, unlike its sdpa",
+        capture_note="ALiBi configs read from transformers 5.25 on; before, its eager Falcon added the bias twice, "
+        "unlike its sdpa, and the first-batch check refuses them",
         description="rotary embeddings or ALiBi (config.alibi)",
     ),
     Family(

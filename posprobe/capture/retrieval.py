@@ -220,19 +220,22 @@ class RetrievalRun:
         self.previous = getattr(model.config, "_attn_implementation", None)
 
     def __enter__(self) -> RetrievalRun:
-        if self.eager:
-            if self.previous != "eager":
-                self.model.set_attn_implementation("eager")
-            if getattr(self.model.config, "_attn_implementation", None) != "eager":  # some cannot switch (Falcon)
-                kind = getattr(self.model.config, "model_type", "unknown")
-                raise PosprobeError(
-                    f"'{kind}' was loaded with {self.previous} attention and cannot switch to its eager attention, "
-                    "the only path whose attention rows can be read",
-                    "load it with attn_implementation='eager'",
-                )
-        else:
+        if not self.eager:
             register_retrieval_attention()
-            self.model.set_attn_implementation(retrieval_route(self.model))
+        wanted = "eager" if self.eager else retrieval_route(self.model)
+        if self.previous != wanted:
+            self.model.set_attn_implementation(wanted)
+        if getattr(self.model.config, "_attn_implementation", None) != wanted:  # transformers says it cannot switch
+            kind = getattr(self.model.config, "model_type", "unknown")
+            where = "its eager attention" if self.eager else "posprobe's row-reading attention"
+            raise PosprobeError(
+                f"'{kind}' was loaded with {self.previous} attention and cannot switch to {where}, the only path whose "
+                "attention rows can be read (its class does not run attention through transformers' "
+                "AttentionInterface)",
+                "load it with attn_implementation='eager'"
+                if self.eager
+                else "load it with a transformers version whose class for it switches attention",
+            )
         return self
 
     def __exit__(self, *exc) -> None:

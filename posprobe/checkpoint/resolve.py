@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from posprobe.architectures.config import validate_config
+from posprobe.architectures.config import refuse_unlisted_type, validate_config
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError, first_line
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -239,6 +239,7 @@ def _inspect_gguf(name: str, file: Path, require_weights: bool = True) -> ModelS
     if require_weights and not header.tensors:
         raise PosprobeError(f"'{file}' holds no tensors (a vocabulary-only GGUF file)", "pass a GGUF file of a model")
     config = validate_config(gguf_config(header, name), name)
+    refuse_unlisted_type(config, name)
     check_block_count(header, config, name)
     return ModelSource(name, file, config, "gguf", quantization(header))
 
@@ -282,6 +283,7 @@ def _inspect_folder(name: str, path: Path, allow_pickle: bool, require_weights: 
     except OSError as err:
         raise PosprobeError(f"cannot read '{config_file}': {err.strerror or err}", "check the file") from err
     validate_config(config, name)
+    refuse_unlisted_type(config, name)
     if not require_weights:
         return ModelSource(name, path, config, "none")
     has_safetensors = any(path.glob("*.safetensors")) or any(path.glob("*.safetensors.index.json"))

@@ -34,6 +34,7 @@ from posprobe.architectures.config import (
     mixed_checkpoint,
     query_heads_per_layer,
     reserved_rows,
+    unlisted_type_error,
 )
 from posprobe.architectures.table import config_default
 from posprobe.errors import PosprobeError
@@ -813,11 +814,8 @@ def check_analysable(source: ModelSource, table: bool = False) -> T.Family:
 def _analysable_family(source: ModelSource) -> T.Family:
     model_type, cfg = source.model_type, source.config
     family = T.family_for_type(model_type)
-    if family is None:
-        raise PosprobeError(
-            f"'{source.name}' has unsupported architecture '{model_type}'",
-            f"supported: {', '.join(T.model_types(analysable=True))}",
-        )
+    if family is None:  # an in-memory model (a resolved checkpoint of such a type was refused already)
+        raise unlisted_type_error(source.name, model_type)
     if not family.softmax_attention:
         raise PosprobeError(
             f"'{source.name}' ({model_type}) has {family.mechanism}, so there are no attention scores or positional "
