@@ -229,7 +229,10 @@ class Family:
     pairs its input's content picks (no positional score), 'causal_when' the config key without which it is not
     causal; 'relative_bias_projection' a Linear per layer whose output on a query's input is its bias per bucket,
     'num_buckets' / 'max_distance' the config keys of its buckets: ProphetNet's decoder; issue 44: 'global_scale'
-    the config key of a factor on the logits of its layers other than sliding ones (Ergo's global_attention_scale)).
+    the config key of a factor on the logits of its layers other than sliding ones (Ergo's global_attention_scale);
+    Kolibri 1.1's 'indexer_picks' 'sinks_local_topk' (a weightless indexer: `families.sink_local`), 'key_rounding'
+    the family's function rounding the keys its indexed layers attend, 'kv_sources' the config list of each layer's
+    key-value source layer (`families.kv_sharing`)).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
@@ -2752,6 +2755,24 @@ FAMILIES: tuple[Family, ...] = (
             "qkv": STACKED,
         },
     ),  # fmt: skip
+    Family(
+        "kolibri1_1",
+        ("kolibri1_1",),
+        rotary_class=_rotary("kolibri1_1", "Kolibri1_1"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers_by_type",  # its indexed layers
+        indexer="layers.{l}.self_attn.indexer",  # no weights: it scores keys with the layer's own query heads
+        tensors={
+            "indexer_picks": "sinks_local_topk",
+            "key_rounding": "transformers.models.kolibri1_1.modeling_kolibri1_1:nvfp4_fake_quantize",
+            "kv_sharing": "kv_sharing_modes",
+            "kv_sources": "kv_source_layers",
+        },
+        description="rotary embeddings (RoPE) in sliding-window layers; NoPE indexed layers that attend sink, local "
+        "and top-k keys (NVFP4-rounded), some reading an earlier indexed layer's keys and values",
+        **_LLAMA,
+    ),
     # -- no softmax attention in any layer: nothing for posprobe's scores to read (refused in one line)
     Family(
         "mamba",

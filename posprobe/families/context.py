@@ -523,7 +523,8 @@ class ModelContext(EmbeddingReader):
         """Query (H, d_h) and key (H_kv, d_h) of the input at `layer` (`word_input`), biases, clamps and q/k norms
         applied (unless the family norms the rotated q and k: `qk_norm_after_rotary`), before any positional
         mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input. A layer that reuses an earlier
-        layer's keys (`kv_sharing.key_source`) gets that layer's keys of that layer's own input."""
+        layer's keys (`kv_sharing.key_source`) gets that layer's keys of that layer's own input; keys a layer's
+        softmax reads rounded (`sink_local.rounded_keys`) are so rounded."""
         q, k = self._query_key(layer, stack, inputs)
         source = key_source(self, layer)
         if source != layer:
@@ -534,6 +535,10 @@ class ModelContext(EmbeddingReader):
                     f"give the hidden states entering layer {source} as well",
                 )
             k = self._query_key(source, stack, inputs)[1]
+        if "key_rounding" in self.family.tensors:  # Kolibri 1.1: its indexed layers attend NVFP4 keys
+            from posprobe.families.sink_local import rounded_keys
+
+            k = rounded_keys(self, layer, k)
         return q, k
 
     def _query_key(
