@@ -56,8 +56,8 @@ def sink_local_kinds(ctx, kinds: list[LayerKind], n: int) -> list[LayerKind]:
     """`kinds` (`windows.layer_kinds`) with each indexed layer's selection over n positions (one for every such
     layer: the rule does not depend on the layer's weights)."""
     cfg = ctx.transformers_config
-    words = (f"the indexer keeps {int(cfg.index_num_sink_tokens)} sink keys, the last {int(cfg.index_num_local_tokens)} "
-             f"and {int(cfg.index_topk)} more per query")  # fmt: skip
+    sinks, local, topk = int(cfg.index_num_sink_tokens), int(cfg.index_num_local_tokens), int(cfg.index_topk)
+    words = f"the indexer keeps {sinks} sink keys, the last {local} and {topk} more per query"
     types = T.layer_types(ctx.family, cfg)
     picked = np.packbits(selection(ctx, n), axis=-1)
     out = []
