@@ -25,14 +25,10 @@ Shapes: n positions; `ctx` a `posprobe.families.context.ModelContext`.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from posprobe.architectures import table as T
-from posprobe.families.windows import INDEXED, LayerKind
-
-INDEXED_LAYER_TYPE = "indexed_attention"
+from posprobe.families.windows import INDEXED_LAYER_TYPE, LayerKind, with_indexed_selections
 
 
 def selection(ctx, n: int) -> np.ndarray:
@@ -58,16 +54,8 @@ def sink_local_kinds(ctx, kinds: list[LayerKind], n: int) -> list[LayerKind]:
     cfg = ctx.transformers_config
     sinks, local, topk = int(cfg.index_num_sink_tokens), int(cfg.index_num_local_tokens), int(cfg.index_topk)
     words = f"the indexer keeps {sinks} sink keys, the last {local} and {topk} more per query"
-    types = T.layer_types(ctx.family, cfg)
-    picked = np.packbits(selection(ctx, n), axis=-1)
-    out = []
-    for layer, kind in enumerate(kinds):
-        if layer >= len(types) or types[layer] != INDEXED_LAYER_TYPE:
-            out.append(kind)
-            continue
-        note = ", ".join(x for x in (words, kind.note) if x)
-        out.append(replace(kind, attention=INDEXED, note=note, selected=picked))
-    return out
+    picked = selection(ctx, n)
+    return with_indexed_selections(ctx, kinds, words, lambda layer: picked)
 
 
 def rounded_keys(ctx, layer: int, k: np.ndarray) -> np.ndarray:
