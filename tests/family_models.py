@@ -140,6 +140,15 @@ _BLT_BYTES = dict(SMALL, num_key_value_heads=2, hidden_size_global=48)  # BLT's 
 _ULTRABERT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
                    "full_attention": {"rope_type": "default", "rope_theta": 10000.0}}  # fmt: skip
 
+# issue 44 (Kolibri 1.1): heads of 16 dims (its NVFP4 rounding takes blocks of 16), 2 of each key head's 2 query heads
+# scoring keys for its indexer; dense MLP in layer 0
+_KOLIBRI1_1 = dict(_KV2, num_hidden_layers=5, head_dim=16, sliding_window=5, num_local_experts=2,
+                   num_experts_per_tok=1, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                   mlp_only_layers=[0], mlp_only_intermediate_size=48,
+                   layer_types=["sliding_attention"] + ["indexed_attention"] * 4, index_layers=[1, 3],
+                   kv_source_layers=[0, 1, 2, 2, 1], index_topk=4, index_num_local_tokens=3, index_num_sink_tokens=1,
+                   index_compression=2, index_num_heads=2,
+                   rope_parameters=dict(rope_type="default", rope_theta=100.0))  # fmt: skip
 # case -> (model_type, config[, options]): options `own` (the config is complete; else SMALL + it), `compare` ('exact'
 # pre-softmax scores, or 'row': equal up to a constant per query row on the pairs the model attends), `attention`
 # (the implementation whose scores are the reference: 'eager', or 'sdpa' where eager differs from the default),
@@ -902,6 +911,29 @@ CASES = {
                                               max_position_embeddings=66, pad_token_id=1, ngram=2, num_buckets=8,
                                               relative_max_distance=16),
                            dict(own=True, stack="decoder", boost=("relative_pos_embeddings",))),
+    # issue 44: transformers 5.25's new types
+    # Param2-MoE: transformers' GLM-4-MoE classes, its own config (rotary over whole heads, not GLM-4-MoE's half)
+    "param2moe": ("param2moe", dict(_KV2, head_dim=8, n_routed_experts=2, num_experts_per_tok=1,
+                                    moe_intermediate_size=16, first_k_dense_replace=1, n_shared_experts=1,
+                                    attention_bias=True, rope_parameters=dict(rope_type="default",
+                                                                              rope_theta=100.0))),
+    # MiniCPM5-MoE: the query Linear's rows per head [q_h; gate_h] (a sigmoid output gate)
+    "minicpm5_moe": ("minicpm5_moe", dict(_KV2, head_dim=8, n_routed_experts=2, num_experts_per_tok=1,
+                                          moe_intermediate_size=16, first_k_dense_replace=1,
+                                          rope_parameters=dict(rope_type="default", rope_theta=100.0))),
+    # Ergo: sliding layers (a window of 5, interleaved rope at base 100) and NoPE global layers whose logits are
+    # scaled by global_attention_scale; one fused [q; k; v] Linear, q/k norms, gated residuals (drawn off 0)
+    "ergo": ("ergo", dict(_KV2, num_hidden_layers=4, global_attention_every_n_layers=2, sliding_window=5,
+                          global_attention_scale=1.7, first_dense_intermediate_size=48, num_dense_blocks=1,
+                          moe_intermediate_size=16, shared_intermediate_size=16, num_experts=2, num_experts_per_tok=1,
+                          rope_parameters=dict(rope_type="default", rope_theta=100.0)),
+             dict(boost=("residual_gate",))),
+    # Kolibri 1.1: a rotary sliding layer (a window of 5), then NoPE indexed layers (1 and 3 pick pools, 2 and 4 reuse
+    # them; 3 reads the keys and values of 2, 4 those of 1, not of the last layer that stores some); beyond 8 visible
+    # keys a query keeps 1 sink, the last 3 and 4 more: from a pool of the first 8 keys where it sees more than 8 (the
+    # top-k binds), or of the first 4 ("-pool": the pool binds)
+    "kolibri1_1": ("kolibri1_1", dict(_KOLIBRI1_1, index_pool_size=8)),
+    "kolibri1_1-pool": ("kolibri1_1", dict(_KOLIBRI1_1, index_pool_size=4)),
 }  # fmt: skip
 # MoE families built with transformers' eager experts (its grouped kernels take no float64)
 _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2", "qwen2_moe", "phimoe", "olmoe",
@@ -957,6 +989,7 @@ ISSUE_34_CASES |= {"gemma3n", "llama4"}  # issue 34 (wrap)
 ISSUE_34_CASES |= {"qwen4_exp_text", "qwen4_exp"}  # issue 34 (qwen4)
 _EAGER_EXPERTS += ("qwen4_exp_text", "qwen4_exp")  # issue 34 (qwen4)
 _EAGER_EXPERTS += ("deepseek_v4",)  # issue 34 (dsv4)
+_EAGER_EXPERTS += ("param2moe", "minicpm5_moe", "ergo", "kolibri1_1")  # issue 44
 ISSUE_34_CASES |= {"deepseek_v4"}  # issue 34 (dsv4)
 ISSUE_34_CASES |= {"reformer", "reformer-masked"}  # issue 34 (reformer)
 ISSUE_34_CASES |= {"blt"}  # issue 34 (blt)

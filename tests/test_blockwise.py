@@ -129,6 +129,7 @@ QUICK = ["mistral", "gemma2", "gpt_oss"]  # sliding window; softcapping + window
 # block's mask is no tensor, so running in blocks is refused in one line
 MASK_IN_MODULE = {"doge"}
 MASK_IN_MODULE |= {"deepseek_v4"}  # issue 34 (dsv4): its compressed layers extend a tensor mask to their pooled entries
+MASK_IN_MODULE |= {"kolibri1_1", "kolibri1_1-pool"}  # issue 44: its indexer overlays its pick on a tensor mask
 SLOW = [name for name in CASES if name not in QUICK]  # eager-route families and refused hybrids are skipped
 
 

@@ -147,6 +147,7 @@ IN_FLOAT32 |= {"dots3_note_text", "dots3_note_text-heads", "dots3_note"}
 # one after the last) gets a row of -inf, NaN, and NaN reaches every byte through the global layers' values
 IN_FLOAT32 |= {"blt"}
 IN_FLOAT32 |= {"laguna"}  # its float64 eager attention gives NaN on real tokens beside padding in a window, as above
+IN_FLOAT32 |= {"ergo", "kolibri1_1", "kolibri1_1-pool"}  # issue 44: the same
 
 
 def tolerance(name: str) -> float:

@@ -20,6 +20,7 @@ N = 16
 # Kept in the default run: one case of each reading path; the rest run in the slow tier (CI).
 QUICK = {"llama", "gemma3_text", "codegen", "falcon-new", "bloom", "opt", "mobilebert", "longformer",
          "deberta-absolute", "marian"}  # fmt: skip
+QUICK |= {"ergo", "kolibri1_1"}  # issue 44: new score code (a global logit scale; a weightless indexer, NVFP4 keys)
 TESTED_ELSEWHERE = {"t5", "umt5", "longt5", "mpnet", "deberta-v2", "deberta"}  # tests/test_families_bias.py
 
 

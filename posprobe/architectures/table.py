@@ -228,7 +228,11 @@ class Family:
     'layer_types' the config list of its layer types, 'unscored_softmax_layers' those types whose softmax attends
     pairs its input's content picks (no positional score), 'causal_when' the config key without which it is not
     causal; 'relative_bias_projection' a Linear per layer whose output on a query's input is its bias per bucket,
-    'num_buckets' / 'max_distance' the config keys of its buckets: ProphetNet's decoder).
+    'num_buckets' / 'max_distance' the config keys of its buckets: ProphetNet's decoder; issue 44: 'global_scale'
+    the config key of a factor on the logits of its layers other than sliding ones (Ergo's global_attention_scale);
+    Kolibri 1.1's 'indexer_picks' 'sinks_local_topk' (a weightless indexer: `families.sink_local`), 'key_rounding'
+    the family's function rounding the keys its indexed layers attend, 'kv_sources' the config list of each layer's
+    key-value source layer (`families.kv_sharing`)).
     `retrofit`: posprobe.retrofitting.install can install mechanisms into it, at the attention module that owns
     `query`, `key` and `value` (the value projection, named for retrofit alone); with `shared_layers`,
     `layer_groups` = (the attention module of group `{g}`, inner layer `{j}`; the config keys of the group count
@@ -2297,8 +2301,9 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family(
         "sarvam_moe",
-        ("sarvam_moe",),
-        rotary_class=_rotary("glm4_moe", "Glm4Moe"),  # transformers runs it as GLM-4-MoE
+        ("sarvam_moe", "param2moe"),  # Param2-MoE (issue 44): Sarvam-MoE's file names, its own config class (rotary
+        # over whole heads); transformers runs both as GLM-4-MoE
+        rotary_class=_rotary("glm4_moe", "Glm4Moe"),
         qk_norm=(
             "layers.{l}.(self_attn.q_norm|attention.query_layernorm)",
             "layers.{l}.(self_attn.k_norm|attention.key_layernorm)",
@@ -2723,6 +2728,52 @@ FAMILIES: tuple[Family, ...] = (
         "cross-attention between bytes and patches has none; the average input adds each hashed n-gram table's "
         "average row",
     ),
+    # -- transformers 5.25's new types (issue 44)
+    Family(
+        "minicpm5_moe",
+        ("minicpm5_moe",),
+        rotary_class=_rotary("minicpm5_moe", "MiniCPM5Moe"),
+        description="rotary embeddings (RoPE); a sigmoid output gate per head from the query projection",
+        **{**_LLAMA, "query": "layers.{l}.self_attn.(q_proj|q_gate_proj)", "qkv": GATED_QUERY},  # files: q_proj
+    ),
+    Family(
+        "ergo",
+        ("ergo",),
+        rotary_class=_rotary("ergo", "Ergo"),  # a rope setting per layer type; none for its full layers
+        rotary_layout=INTERLEAVED,
+        qk_norm=("layers.{l}.(self_attn|attention).q_norm", "layers.{l}.(self_attn|attention).k_norm"),
+        windows="layer_types",
+        nope="untyped_rope",
+        tensors={"global_scale": "global_attention_scale"},
+        description="rotary embeddings (RoPE, interleaved pairs) in sliding-window layers; global layers NoPE, "
+        "their logits times global_attention_scale where the config sets one",
+        **{
+            **_LLAMA,
+            "word": "(embed_tokens|tok_embeddings).weight",  # files: tok_embeddings, attention.wqkv, attention_norm
+            "query": "layers.{l}.(self_attn.qkv_proj|attention.wqkv)",  # one Linear [q; k; v]
+            "key": "layers.{l}.(self_attn.qkv_proj|attention.wqkv)",
+            "pre_norm": "layers.{l}.(input_layernorm|attention_norm)",
+            "qkv": STACKED,
+        },
+    ),  # fmt: skip
+    Family(
+        "kolibri1_1",
+        ("kolibri1_1",),
+        rotary_class=_rotary("kolibri1_1", "Kolibri1_1"),
+        qk_norm=_QK_NORM,
+        windows="layer_types",
+        nope="global_layers_by_type",  # its indexed layers
+        indexer="layers.{l}.self_attn.indexer",  # no weights: it scores keys with the layer's own query heads
+        tensors={
+            "indexer_picks": "sinks_local_topk",
+            "key_rounding": "transformers.models.kolibri1_1.modeling_kolibri1_1:nvfp4_fake_quantize",
+            "kv_sharing": "kv_sharing_modes",
+            "kv_sources": "kv_source_layers",
+        },
+        description="rotary embeddings (RoPE) in sliding-window layers; NoPE indexed layers that attend sink, local "
+        "and top-k keys (NVFP4-rounded), some reading an earlier indexed layer's keys and values",
+        **_LLAMA,
+    ),
     # -- no softmax attention in any layer: nothing for posprobe's scores to read (refused in one line)
     Family(
         "mamba",
@@ -3060,6 +3111,7 @@ _PER_TYPE_ROPE = ("gemma3_text", "modernbert", "olmo3", "mellum", "ultrabert", "
 _PER_TYPE_ROPE += ("gemma3n_text", "gemma4_text", "gemma4_unified_text")
 _PER_TYPE_ROPE += ("laguna",)  # issue 34 (heads)
 _PER_TYPE_ROPE += ("deepseek_v4",)  # issue 34 (dsv4): a setting per rope type
+_PER_TYPE_ROPE += ("ergo",)  # issue 44
 _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather than sliding windows
 
 

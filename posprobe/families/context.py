@@ -524,7 +524,8 @@ class ModelContext(EmbeddingReader):
         """Query (H, d_h) and key (H_kv, d_h) of the input at `layer` (`word_input`), biases, clamps and q/k norms
         applied (unless the family norms the rotated q and k: `qk_norm_after_rotary`), before any positional
         mechanism; (H, n, d_h) and (H_kv, n, d_h) for a per-position input. A layer that reuses an earlier
-        layer's keys (`kv_sharing.key_source`) gets that layer's keys of that layer's own input."""
+        layer's keys (`kv_sharing.key_source`) gets that layer's keys of that layer's own input; keys a layer's
+        softmax reads rounded (`sink_local.rounded_keys`) are so rounded."""
         q, k = self._query_key(layer, stack, inputs)
         source = key_source(self, layer)
         if source != layer:
@@ -535,6 +536,10 @@ class ModelContext(EmbeddingReader):
                     f"give the hidden states entering layer {source} as well",
                 )
             k = self._query_key(source, stack, inputs)[1]
+        if "key_rounding" in self.family.tensors:  # Kolibri 1.1: its indexed layers attend NVFP4 keys
+            from posprobe.families.sink_local import rounded_keys
+
+            k = rounded_keys(self, layer, k)
         return q, k
 
     def _query_key(
@@ -659,12 +664,28 @@ class ModelContext(EmbeddingReader):
 
     def layer_scaling(self, layer: int) -> float:
         """`scaling` at depth `layer`: the same at every depth, except an MLA whose head sizes are set per layer
-        (`families.latent.layer_sizes`: Dots3's sliding layers)."""
+        (`families.latent.layer_sizes`: Dots3's sliding layers), and the layers other than sliding ones of a family
+        whose config scales their logits (`Family.tensors['global_scale']`: Ergo's global_attention_scale)."""
         if self.family.scaling == "latent":
             from posprobe.families.latent import latent_scaling
 
             return latent_scaling(self, self.stored_layer(layer))
-        return self.scaling
+        return self.scaling * self._global_scale(layer)
+
+    def _global_scale(self, layer: int) -> float:
+        """The factor s of config[tensors['global_scale']] on a layer that is not a sliding one (or on every layer
+        where no window is set), 1 elsewhere or where the config sets none. Ergo multiplies q and k each by
+        sqrt(s), held as a float32 buffer: s is that root, rounded to float32, squared."""
+        key = self.family.tensors.get("global_scale")
+        value = self.config.get(key) if key else None
+        if value is None:
+            return 1.0
+        cfg = self.transformers_config
+        types = list(getattr(cfg, "layer_types", None) or [])
+        if getattr(cfg, "sliding_window", None) is not None and layer < len(types):
+            if types[layer] == "sliding_attention":
+                return 1.0
+        return float(np.float32(float(value) ** 0.5)) ** 2
 
     def softcap(self, scores: np.ndarray) -> np.ndarray:
         """The family's logit soft cap `cap * tanh(scores / cap)` where its config sets one; else `scores`."""

@@ -112,7 +112,8 @@ def indexed_kinds(ctx, kinds: list[LayerKind], n: int) -> list[LayerKind]:
     """`kinds` (`windows.layer_kinds`) with each indexed layer's selection over n positions: the top
     config.index_topk keys per query, picked by its own indexer or by the one it shares; block indexers that pick
     per key-head group (`Family.tensors['indexed_layer_type']`) as `block_indexed` reads them, and those that
-    score mean-pooled key blocks (`tensors['indexer_blocks']` 'mean') as `pooled_blocks` does."""
+    score mean-pooled key blocks (`tensors['indexer_blocks']` 'mean') as `pooled_blocks` does, and weightless ones
+    that keep sinks, local keys and a top-k from a pool (`tensors['indexer_picks']`) as `sink_local` does."""
     if "indexed_layer_type" in ctx.family.tensors:
         from posprobe.families.block_indexed import block_indexed_kinds
 
@@ -121,6 +122,10 @@ def indexed_kinds(ctx, kinds: list[LayerKind], n: int) -> list[LayerKind]:
         from posprobe.families.pooled_blocks import pooled_block_kinds
 
         return pooled_block_kinds(ctx, kinds, n)
+    if ctx.family.tensors.get("indexer_picks") == "sinks_local_topk":  # weightless (Kolibri 1.1: families.sink_local)
+        from posprobe.families.sink_local import sink_local_kinds
+
+        return sink_local_kinds(ctx, kinds, n)
     topk = int(ctx.transformers_config.index_topk)
     owners = indexer_layers(ctx, len(kinds))
     picks = {owner: np.packbits(selection(ctx, owner, n, topk), axis=1) for owner in set(owners) - {None}}

@@ -2,7 +2,8 @@
 
 The config's `kv_sharing_modes` (a property of its transformers config class; `tensors['kv_sharing']` names it)
 marks each layer: 'reuse' layers have no key projection and read the keys and values stored by the last earlier
-layer of their own layer type that computes them ('store'). In the content-free reading (SPEC §9) every layer
+layer of their own layer type that computes them ('store'), or by the layer a config list names for each layer
+(`tensors['kv_sources']`: Kolibri 1.1's kv_source_layers). In the content-free reading (SPEC §9) every layer
 gets the embedding-level input, so a reusing layer's keys are its source layer's keys of that input (the source
 layer's own input, pre-attention norm, key projection and key norm); its queries are its own.
 """
@@ -25,6 +26,9 @@ def key_source(ctx, layer: int) -> int:
 
 def _sources(ctx, name: str) -> list[int]:
     cfg = ctx.transformers_config
+    listed = ctx.family.tensors.get("kv_sources")
+    if listed:  # each layer's source named in the config (Kolibri 1.1's kv_source_layers; its class validates them)
+        return [int(source) for source in getattr(cfg, listed)]
     try:
         modes, types = list(getattr(cfg, name)), list(cfg.layer_types)
     except ValueError as err:  # the config class refuses a sharing its layer types cannot serve

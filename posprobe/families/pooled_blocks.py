@@ -23,15 +23,10 @@ Shapes: n positions, H_I indexer heads, d_I indexer head size; `ctx` a `posprobe
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
-from posprobe.architectures import table as T
 from posprobe.families.embeddings import apply_norm
-from posprobe.families.windows import INDEXED, LayerKind
-
-INDEXED_LAYER_TYPE = "indexed_attention"
+from posprobe.families.windows import LayerKind, with_indexed_selections
 
 
 def block_scores(ctx, layer: int, n: int) -> np.ndarray:
@@ -80,12 +75,4 @@ def pooled_block_kinds(ctx, kinds: list[LayerKind], n: int) -> list[LayerKind]:
     size = int(cfg.indexer_compress_ratio)
     words = (f"the indexer keeps {int(cfg.indexer_budget) // size} mean-pooled blocks of {size} keys per query, "
              "and its partial block")  # fmt: skip
-    types = T.layer_types(ctx.family, cfg)
-    out = []
-    for layer, kind in enumerate(kinds):
-        if layer >= len(types) or types[layer] != INDEXED_LAYER_TYPE:
-            out.append(kind)
-            continue
-        note = ", ".join(x for x in (words, kind.note) if x)
-        out.append(replace(kind, attention=INDEXED, note=note, selected=np.packbits(selection(ctx, layer, n), axis=-1)))
-    return out
+    return with_indexed_selections(ctx, kinds, words, lambda layer: selection(ctx, layer, n))

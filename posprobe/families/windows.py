@@ -32,6 +32,7 @@ NO_SOFTMAX = "no softmax attention"
 LATENT_WORDS = "MLA: F̂ = a position-free constant + the rotary part's score"
 POOLED_WORDS = "plus entries pooled over blocks of {} tokens (not positions; not in F̂)"
 INDEXED = "indexed"  # `LayerKind.attention` of a layer whose indexer picks each query's top-k keys
+INDEXED_LAYER_TYPE = "indexed_attention"  # config.layer_types entry of such a layer (Qwen4-Exp, Kolibri 1.1)
 NEIGHBOUR_CHUNKS = "neighbour-chunks"  # `LayerKind.attention` of a layer that attends its chunk and its neighbours
 
 
@@ -128,6 +129,20 @@ def layer_kinds(ctx, n: int, stack: str = "encoder") -> list[LayerKind]:
                            note=f"{ctx.family.hybrid} (layer type '{types[layer]}'): {NO_SCORE}",
                            scored_elsewhere=types[layer] in softmax)
             for layer, kind in enumerate(kinds)]  # fmt: skip
+
+
+def with_indexed_selections(ctx, kinds: list[LayerKind], words: str, pick) -> list[LayerKind]:
+    """`kinds` with each layer whose config.layer_types entry is `INDEXED_LAYER_TYPE` made an indexed layer: `words`
+    (what its indexer keeps) in its note, `pick(layer)` ((n, n) bool, the keys each query keeps) its selection."""
+    types = T.layer_types(ctx.family, ctx.transformers_config)
+    out = []
+    for layer, kind in enumerate(kinds):
+        if layer >= len(types) or types[layer] != INDEXED_LAYER_TYPE:
+            out.append(kind)
+            continue
+        note = ", ".join(x for x in (words, kind.note) if x)
+        out.append(replace(kind, attention=INDEXED, note=note, selected=np.packbits(pick(layer), axis=-1)))
+    return out
 
 
 def attention_layers(ctx, stack: str = "encoder") -> list[int]:
