@@ -266,6 +266,24 @@ def slug(name: str) -> str:
     return keep
 
 
+def json_standard(obj: Any) -> Any:
+    """`obj` with numpy values as Python ones, paths as strings, and every non-finite float (NaN, Infinity, which
+    standard JSON has no word for) as None; dicts, lists and tuples walked."""
+    import math
+
+    import numpy as np
+
+    if isinstance(obj, dict):
+        return {k: json_standard(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_standard(v) for v in obj]
+    if isinstance(obj, (np.ndarray, np.generic, Path)):
+        return json_standard(_json_default(obj))
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
 def _json_default(obj: Any):
     import numpy as np
 
