@@ -45,6 +45,14 @@ def discard_run() -> None:
     """Undo a failed run: remove the files it wrote into folders it created, then those folders if empty.
 
     Files written into folders that existed before the run are complete (atomic) and are kept."""
+    discard_unkept()
+    _RUN.active = False
+
+
+def discard_unkept() -> None:
+    """Undo what the current run wrote since `keep_written` (a failed step of a run that goes on, `posprobe
+    report`'s section, or the whole run): files in folders it created, then those folders if empty. The run keeps
+    recording."""
     created = {folder.resolve() for folder in _RUN.folders}
     for file in _RUN.files:
         if any(parent in created for parent in file.resolve().parents):
@@ -54,7 +62,7 @@ def discard_run() -> None:
             folder.rmdir()
         except OSError:
             pass  # not empty (someone else's files) or already gone
-    _RUN.active, _RUN.folders, _RUN.files = False, [], []
+    _RUN.folders, _RUN.files = [], []
 
 
 def _make_dirs(path: Path) -> None:
