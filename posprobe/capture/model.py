@@ -427,7 +427,8 @@ def _memory_bytes(value: Any, size: Any) -> int:
             raise ArgumentValueError(
                 "max_memory", f"{{arg}} '{value}': size '{size}' is not a number of bytes or a size", _MEMORY_HINT
             )
-        number = float(match.group(1))
+        text = match.group(1)
+        number = int(text) if text.lstrip("+-").isdigit() else float(text)  # a count of bytes exact
     if not math.isfinite(number) or number * scale > MAX_MEMORY_BYTES:
         raise ArgumentValueError(
             "max_memory", f"{{arg}} '{value}': size '{size}' is more than any machine's memory", _MEMORY_HINT
