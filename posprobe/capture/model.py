@@ -387,7 +387,8 @@ def parse_max_memory(value: Any) -> dict | None:
     ArgumentValueError that names the value (checked here, before any weight is read, not by accelerate)."""
     if value is None:
         return None
-    entries = list(value.items()) if isinstance(value, dict) else [_memory_entry(value, p) for p in str(value).split(",")]
+    parts = str(value).split(",")
+    entries = list(value.items()) if isinstance(value, dict) else [_memory_entry(value, part) for part in parts]
     out: dict = {}
     for device, size in entries:
         key = int(device) if isinstance(device, str) and device.isdigit() else device
