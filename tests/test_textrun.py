@@ -65,7 +65,7 @@ def test_the_bounds_are_written_once_and_every_entry_point_uses_them():
         text_run("a text")
     with pytest.raises(ArgumentValueError, match="only with --device auto"):
         text_run(["a"], max_memory="cpu=1GiB")
-    assert text_run(["a"], device="auto", max_memory="cpu=1GiB,0=2GiB").max_memory == {"cpu": "1GiB", 0: "2GiB"}
+    assert text_run(["a"], device="auto", max_memory="cpu=1GiB,0=2GiB").max_memory == {"cpu": 2**30, 0: 2 * 2**30}
 
 
 def test_the_cli_shows_the_library_default_batch_size():

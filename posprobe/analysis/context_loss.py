@@ -4,7 +4,8 @@
 - `PositionLoss`: float64 sums of -log p(x[t+1] | x[0..t]) per position t = 0..L-2 and an integer count of windows,
   so that sums from several batches, processes or machines add (SPEC §19); `mean` is loss(t), `perplexity` exp of
   the mean over t and windows.
-- `token_nll`: that loss per position from one batch of logits (float64 out).
+- `token_nll` / `position_nll`: that loss per position from one batch of logits, or from the logits of a block of
+  positions and the tokens they predict (float64 out).
 - `rotary_budget`: Liu et al. 2023's critical dimension and extrapolation limit, and each pair's wavelength
   against the trained length.
 - `octave_means` / `log_smooth`: the loss curve summarised by octaves of position, and smoothed for a log-x figure.
@@ -42,17 +43,22 @@ def windows_available(stream_length: int, length: int, with_bos: bool) -> int:
 
 def token_nll(logits, input_ids) -> np.ndarray:
     """(B, L-1) float64: -log p(x[t+1] | x[0..t]) = logsumexp(logits[t]) - logits[t, x[t+1]] from logits (B, L, V)
-    (torch) and input_ids (B, L), as (max - logits[t, x[t+1]]) + log sum exp(logits[t] - max): the first term exact
-    in float64, the second (between 0 and log V) in the logits' own precision, so the error stays below 1e-6 nats
+    (torch) and input_ids (B, L): `position_nll` of the logits at positions 0..L-2 and the tokens 1..L-1."""
+    return position_nll(logits[:, :-1], input_ids[:, 1:])
+
+
+def position_nll(scores, targets) -> np.ndarray:
+    """(B, T) float64: logsumexp(scores[b, t]) - scores[b, t, targets[b, t]] from logits (B, T, V) (torch) and the
+    tokens they predict (B, T), as (max - scores[t, target]) + log sum exp(scores[t] - max): the first term exact in
+    float64, the second (between 0 and log V) in the logits' own precision, so the error stays below 1e-6 nats
     whatever the logits' size (tested against float64); no float64 copy of the logits is made (a float64
     log-softmax cost 3x the time of this, and more than 10 % of a forward pass)."""
     import torch
 
-    targets = input_ids[:, 1:].to(logits.device)
-    scores = logits[:, :-1]  # (B, L-1, V)
+    targets = targets.to(scores.device)
     picked = scores.gather(-1, targets[..., None])[..., 0]
     peak = scores.max(-1).values  # exact in any precision
-    spread = torch.empty(picked.shape, dtype=torch.float64, device=logits.device)
+    spread = torch.empty(picked.shape, dtype=torch.float64, device=scores.device)
     chunk = max(16, scores.shape[1] // 8)  # the temporary below: an eighth of the logits
     for start in range(0, scores.shape[1], chunk):
         part = scores[:, start : start + chunk]

@@ -136,6 +136,7 @@ def validate_config(config, name: str) -> dict:
     if model_type is not None and (not isinstance(model_type, str) or not model_type):
         raise PosprobeError(f"{config_where(name)} has model_type = {model_type!r}, expected a name", config_hint(name))
     _check_names(config, name)
+    check_rope_types(config, name)
     if model_type in CHECKED_FAMILIES:
         _check_sizes(config, name, model_type)
     return config
@@ -235,6 +236,46 @@ def _check_rope(config: dict, name: str) -> None:
                 config_float(where, name, "partial_rotary_factor", positive=True, maximum=1.0)
             if where.get("factor") is not None:
                 config_float(where, name, "factor", positive=True)
+
+
+# rope types transformers' config classes rename to one of their own before validating (Phi-3's 'su', Qwen2-VL's
+# 'mrope', HunYuan-VL's 'xdrope'); the rest are the types with a validation function (`known_rope_types`)
+_ROPE_ALIASES = ("su", "mrope", "xdrope")
+
+
+def known_rope_types() -> tuple[str, ...]:
+    """The rope types transformers builds a rotary module for: those its `RotaryEmbeddingConfigMixin` validates
+    ('default', 'linear', 'dynamic', 'yarn', 'longrope', 'llama3', ...), and the aliases its config classes rename."""
+    from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
+
+    prefix, suffix = "_validate_", "_rope_parameters"
+    methods = [n for n in dir(RotaryEmbeddingConfigMixin) if n.startswith(prefix) and n.endswith(suffix)]
+    return tuple(sorted({n[len(prefix) : -len(suffix)] for n in methods} | set(_ROPE_ALIASES)))
+
+
+def check_rope_types(config: dict, name: str) -> None:
+    """Every rope type the config names (`rope_scaling` / `rope_parameters`, flat or one entry per layer type, in
+    the config or its `text_config`) is one transformers knows (`known_rope_types`): an unknown one ('warp9') made
+    transformers log "Missing validation function" and fail with a KeyError where the rotary module is built."""
+    for where in (config, config.get("text_config")):
+        if not isinstance(where, dict):
+            continue
+        for key in ("rope_scaling", "rope_parameters"):
+            settings = where.get(key)
+            if not isinstance(settings, dict):
+                continue
+            nested = [v for v in settings.values() if isinstance(v, dict)]
+            for entry in nested if nested and not ({"rope_type", "type"} & set(settings)) else [settings]:
+                kind = entry.get("rope_type", entry.get("type"))
+                if kind is None or kind == "default":
+                    continue
+                known = known_rope_types()
+                if kind not in known:
+                    raise PosprobeError(
+                        f"{config_where(name)} has {key} with rope_type {kind!r}, which transformers does not know "
+                        f"(known: {', '.join(known)})",
+                        config_hint(name, "set rope_type in config.json to one of these"),
+                    )
 
 
 def _check_names(config: dict, name: str) -> None:

@@ -285,20 +285,47 @@ def resolve_max_length(model, max_length: int | None) -> int:
 
 
 def resolve_device(name: str | None):
-    """A torch device from a name (None: cuda when available, else cpu; 'cuda' under torchrun: cuda:LOCAL_RANK)."""
+    """A torch device from a name (None: cuda when available, else cpu; 'cuda' under torchrun: cuda:LOCAL_RANK),
+    checked by `check_device` (only a device this machine can run a model on)."""
     import torch
 
     from posprobe.runtime.distributed import local_cuda_device
 
     if name is None:
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    check_device(name)
+    return torch.device(local_cuda_device() if name == "cuda" else name)  # under torchrun: one GPU per rank
+
+
+_DEVICE_HINT = "use cpu, cuda, cuda:N, mps or auto"
+
+
+def check_device(name: Any) -> Any:
+    """`name` unchanged when it names a device this machine can run a model on: None (the default), 'auto', 'cpu',
+    'cuda' / 'cuda:N' with that GPU present, 'mps' / 'xpu' where available; ArgumentValueError otherwise ('meta'
+    holds no values, an unknown or absent device cannot run), before any weight is read."""
+    if name is None or name == "auto":
+        return name
+    import torch
+
     try:
-        device = torch.device(local_cuda_device() if name == "cuda" else name)  # under torchrun: one GPU per rank
-    except (RuntimeError, TypeError) as err:
-        raise ArgumentValueError("device", f"unknown {{arg}} '{name}'", "use cpu, cuda, cuda:N or auto") from err
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ArgumentValueError("device", f"{{arg}} {name}: no CUDA device is available", "use {arg} cpu")
-    return device
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise ArgumentValueError("device", f"unknown {{arg}} '{name}'", _DEVICE_HINT) from err
+    if device.type == "cpu":
+        return name
+    if device.type not in ("cuda", "mps", "xpu"):
+        why = "it holds shapes, no values" if device.type == "meta" else "posprobe runs models on cpu, cuda or mps"
+        raise ArgumentValueError("device", f"{{arg}} {name} cannot run a model ({why})", _DEVICE_HINT)
+    backend = getattr(torch, device.type, None) if device.type != "mps" else getattr(torch.backends, "mps", None)
+    if backend is None or not backend.is_available():
+        raise ArgumentValueError("device", f"{{arg}} {name}: no {device.type} device is available", "use {arg} cpu")
+    count = torch.cuda.device_count() if device.type == "cuda" else getattr(backend, "device_count", lambda: 1)()
+    if device.index is not None and device.index >= count:
+        raise ArgumentValueError(
+            "device", f"{{arg}} {name}: this machine has {count} {device.type} device(s)", f"use an index below {count}"
+        )
+    return name
 
 
 def place_on(model, device):
@@ -347,28 +374,76 @@ def pad_token_id(model, tokenizer=None) -> int:
     return 0
 
 
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+MAX_MEMORY_BYTES = 2**60  # 1 EiB: past any machine's memory, so a larger size is a typo
+_MEMORY_HINT = "e.g. {arg} cpu=8GiB,0=20GiB (sizes: a number of bytes, or with KB, MB, GB, KiB, MiB or GiB)"
+
+
 def parse_max_memory(value: Any) -> dict | None:
     """accelerate's `max_memory` from 'cpu=2GiB,0=20GiB' (device=size; a GPU by its index) or a dict; None stays
-    None. Sizes as accelerate reads them: '500MB', '2GiB', or a number of bytes."""
-    if value is None or isinstance(value, dict):
-        return value
+    None. Each size ('500MB', '2GiB', '1.5GB', or a number of bytes; units in any case, all of bytes) becomes a
+    whole number of bytes in 1..`MAX_MEMORY_BYTES`; a bad device or size, or a device named twice, is an
+    ArgumentValueError that names the value (checked here, before any weight is read, not by accelerate)."""
+    if value is None:
+        return None
+    parts = str(value).split(",")
+    entries = list(value.items()) if isinstance(value, dict) else [_memory_entry(value, part) for part in parts]
     out: dict = {}
-    for part in str(value).split(","):
-        device, _, size = part.strip().partition("=")
-        device, size = device.strip(), size.strip()
-        if not device or not size or not (device in ("cpu", "mps") or device.isdigit()):
+    for device, size in entries:
+        key = int(device) if isinstance(device, str) and device.isdigit() else device
+        if not (key in ("cpu", "mps") or (isinstance(key, int) and not isinstance(key, bool) and key >= 0)):
             raise ArgumentValueError(
-                "max_memory",
-                f"{{arg}} '{value}': each entry is DEVICE=SIZE with DEVICE cpu or a GPU index",
-                "e.g. {arg} cpu=8GiB,0=20GiB",
+                "max_memory", f"{{arg}} '{value}': device {device!r} is not cpu or a GPU index", _MEMORY_HINT
             )
-        out[int(device) if device.isdigit() else device] = int(size) if size.isdigit() else size
+        if key in out:
+            raise ArgumentValueError("max_memory", f"{{arg}} '{value}' names {device} twice", _MEMORY_HINT)
+        out[key] = _memory_bytes(value, size)
+    if not out:
+        raise ArgumentValueError("max_memory", "{arg} is empty", _MEMORY_HINT)
     return out
 
 
+def _memory_entry(value: Any, part: str) -> tuple[str, str]:
+    """(device, size) of one 'DEVICE=SIZE' entry of `value`."""
+    device, _, size = part.strip().partition("=")
+    if not device.strip() or not size.strip():
+        raise ArgumentValueError(
+            "max_memory", f"{{arg}} '{value}': each entry is DEVICE=SIZE with DEVICE cpu or a GPU index", _MEMORY_HINT
+        )
+    return device.strip(), size.strip()
+
+
+def _memory_bytes(value: Any, size: Any) -> int:
+    """`size` (an int of bytes or a string with a unit) as a whole number of bytes in 1..`MAX_MEMORY_BYTES`."""
+    import math
+    import re
+
+    if isinstance(size, int) and not isinstance(size, bool):
+        number, scale = size, 1
+    else:
+        match = re.fullmatch(r"([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)", str(size).strip())
+        scale = _SIZE_UNITS.get(match.group(2).upper()) if match else None
+        if scale is None:
+            raise ArgumentValueError(
+                "max_memory", f"{{arg}} '{value}': size '{size}' is not a number of bytes or a size", _MEMORY_HINT
+            )
+        text = match.group(1)
+        number = int(text) if text.lstrip("+-").isdigit() else float(text)  # a count of bytes exact
+    if not math.isfinite(number) or number * scale > MAX_MEMORY_BYTES:
+        raise ArgumentValueError(
+            "max_memory", f"{{arg}} '{value}': size '{size}' is more than any machine's memory", _MEMORY_HINT
+        )
+    if int(number * scale) < 1:
+        raise ArgumentValueError("max_memory", f"{{arg}} '{value}': size '{size}' is not positive", _MEMORY_HINT)
+    return int(number * scale)
+
+
 def check_max_memory(device: Any, max_memory: Any) -> dict | None:
-    """`parse_max_memory(max_memory)`, refused in one line without `device` 'auto' (the check a command makes before
-    any folder is created or weight read; `dispatch_settings` makes it again)."""
+    """`parse_max_memory(max_memory)` with `device` checked (`check_device`), refused in one line without `device`
+    'auto' (the check a command makes before any folder is created or weight read; `dispatch_settings` makes it
+    again)."""
+    check_device(device)
     max_memory = parse_max_memory(max_memory)
     if max_memory is not None and device != "auto":
         raise ArgumentValueError("max_memory", "{arg} applies only with --device auto", "add --device auto")

@@ -12,6 +12,7 @@ de-quantises every tensor to float32 (posprobe's analyses read the same values l
 from __future__ import annotations
 
 import contextlib
+import logging
 import pickle
 import re
 import warnings
@@ -67,8 +68,9 @@ def _check_layer_bound(source: ModelSource, n_tensors: int) -> None:
 
 @contextlib.contextmanager
 def quiet_libraries(verbose: bool = False):
-    """Silence transformers' and huggingface_hub's logging and progress bars and Python warnings (unless
-    `verbose`); the previous settings are restored afterwards."""
+    """Silence transformers' and huggingface_hub's logging and progress bars, accelerate's logging (its "Some
+    parameters are on the meta device" line under `--device auto`) and Python warnings (unless `verbose`); the
+    previous settings are restored afterwards."""
     if verbose:
         yield
         return
@@ -78,14 +80,18 @@ def quiet_libraries(verbose: bool = False):
     verbosity = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
     hub_bars_off = are_progress_bars_disabled()
+    accelerate = logging.getLogger("accelerate")  # a plain Python logger, outside transformers' verbosity
+    accelerate_level = accelerate.level
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     disable_progress_bars()
+    accelerate.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
+        accelerate.setLevel(accelerate_level)
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()

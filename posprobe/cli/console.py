@@ -66,12 +66,13 @@ def rank_prefix() -> str:
 
 
 def emit_json(obj: Any) -> None:
-    from posprobe.formats.writing import _json_default
+    """`obj` as one line of standard JSON on stdout: a non-finite float (NaN, Infinity) is written null."""
+    from posprobe.formats.writing import json_standard
 
     if console.quiet:
         return
 
-    sys.stdout.write(json.dumps(obj, default=_json_default) + "\n")
+    sys.stdout.write(json.dumps(json_standard(obj), allow_nan=False) + "\n")
     sys.stdout.flush()
 
 

@@ -23,6 +23,7 @@ NONE = "none"
 # transformers requires these for llama3 and has no default: the values of Llama 3.1's release.
 LLAMA3_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
 FULL_ATTENTION = "full_attention"
+MAX_FACTOR = 1e6  # a context a million times the trained one: past it (1e308) wavelengths and scales overflow
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,8 @@ class RopeVariant:
 
 def parse_variants(spec: str | Sequence[str] | None) -> list[RopeVariant]:
     """'none,linear:2,yarn:4' (or a list of such names) -> variants in the order given, duplicates dropped.
-    Refused in one line: an unknown type, a missing or non-numeric factor, a factor below 1, longrope."""
+    Refused in one line: an unknown type, a missing or non-numeric factor, a factor outside 1..`MAX_FACTOR`,
+    longrope."""
     items = spec.split(",") if isinstance(spec, str) else list(spec or [NONE])
     variants: dict[str, RopeVariant] = {}
     for raw in items:
@@ -64,9 +66,11 @@ def parse_variants(spec: str | Sequence[str] | None) -> list[RopeVariant]:
             factor = float(value)
         except ValueError:
             factor = float("nan")
-        if not math.isfinite(factor) or factor < 1:
+        if not math.isfinite(factor) or not 1 <= factor <= MAX_FACTOR:
             raise ArgumentValueError(
-                "rope_scaling", f"{{arg}} '{raw}' needs a factor >= 1", f"e.g. {kind}:2 (a number after the colon)"
+                "rope_scaling",
+                f"{{arg}} '{raw}' needs a factor from 1 to {MAX_FACTOR:g}",
+                f"e.g. {kind}:2 (a number after the colon; past {MAX_FACTOR:g} the wavelengths leave float range)",
             )
         name = f"{kind}:{factor:g}"
         variants[name] = RopeVariant(name, kind, factor)

@@ -45,6 +45,14 @@ def discard_run() -> None:
     """Undo a failed run: remove the files it wrote into folders it created, then those folders if empty.
 
     Files written into folders that existed before the run are complete (atomic) and are kept."""
+    discard_unkept()
+    _RUN.active = False
+
+
+def discard_unkept() -> None:
+    """Undo what the current run wrote since `keep_written` (a failed step of a run that goes on, `posprobe
+    report`'s section, or the whole run): files in folders it created, then those folders if empty. The run keeps
+    recording."""
     created = {folder.resolve() for folder in _RUN.folders}
     for file in _RUN.files:
         if any(parent in created for parent in file.resolve().parents):
@@ -54,7 +62,7 @@ def discard_run() -> None:
             folder.rmdir()
         except OSError:
             pass  # not empty (someone else's files) or already gone
-    _RUN.active, _RUN.folders, _RUN.files = False, [], []
+    _RUN.folders, _RUN.files = [], []
 
 
 def _make_dirs(path: Path) -> None:
@@ -264,6 +272,24 @@ def slug(name: str) -> str:
         digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:10]
         keep = keep[: SLUG_MAX - len(digest) - 1].rstrip("-.") + "-" + digest
     return keep
+
+
+def json_standard(obj: Any) -> Any:
+    """`obj` with numpy values as Python ones, paths as strings, and every non-finite float (NaN, Infinity, which
+    standard JSON has no word for) as None; dicts, lists and tuples walked."""
+    import math
+
+    import numpy as np
+
+    if isinstance(obj, dict):
+        return {k: json_standard(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_standard(v) for v in obj]
+    if isinstance(obj, (np.ndarray, np.generic, Path)):
+        return json_standard(_json_default(obj))
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
 
 
 def _json_default(obj: Any):

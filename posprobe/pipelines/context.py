@@ -4,10 +4,12 @@ variant, with the rotary budget.
 Cheap checks come first (arguments, the config: a causal family, variants only for rotary embeddings, lengths
 within a learned table), then the texts are tokenized (only as many documents as the windows need), then the
 model is loaded once and run: for each variant, for each length, windows in batches; each batch's logits are
-reduced at once to float64 losses per position (`token_nll`) and added into float64 sums with a window count
-(`PositionLoss`), so no batch's logits are kept. Under torchrun (SPEC §19) the batches are shared out by rank
-(`posprobe.runtime.distributed`: batch k, counted over every variant and length, is rank k % world's) and the sums and
-window counts are all-reduced once after the last batch, so every rank returns the result of all windows.
+reduced to float64 losses per position (`token_nll`), in blocks of positions where they would not fit at once
+(`context_blocks`), and added into float64 sums with a window count (`PositionLoss`), so no batch's logits are kept;
+a batch that cannot fit even so is refused before the model is loaded. Under torchrun (SPEC §19) the batches are
+shared out by rank (`posprobe.runtime.distributed`: batch k, counted over every variant and length, is rank k %
+world's) and the sums and window counts are all-reduced once after the last batch, so every rank returns the result
+of all windows.
 
 The result type is in `context_result.py`; the pure computations in `posprobe.analysis.context_loss`; the
 variants in `posprobe.families.rope_variants`.
@@ -21,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from posprobe.analysis.context_loss import PositionLoss, cut_windows, rotary_budget, token_nll, windows_available
+from posprobe.analysis.context_loss import PositionLoss, cut_windows, rotary_budget, windows_available
 from posprobe.architectures import table as T
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.families import rope_variants as R
+from posprobe.pipelines.context_blocks import context_batch_bytes, window_loss
 from posprobe.pipelines.context_result import ContextResult
 from posprobe.validation import as_int
 
@@ -161,6 +164,7 @@ def context(
     needed = windows * (lengths[-1] - with_bos)
     stream, used = token_stream(texts if texts is not None else documents, needed, encode, eos_id)
     _check_enough(stream, used, lengths, windows, with_bos)
+    _check_memory(source, batch_size, lengths[-1], device)
     if net is None:
         net = _load(source, allow_pickle, dispatch_settings(device, max_memory))
     dev = capture_device(net, device)
@@ -185,7 +189,7 @@ def context(
                     index += 1
                     if parallel and not distributed.mine(index):
                         continue
-                    nll = _window_loss(net, batches[start : start + batch_size], dev)
+                    nll = window_loss(net, batches[start : start + batch_size], dev)
                     _check_finite(nll, variant.name, length, start)
                     sums.add(nll)
                     if progress is not None:
@@ -291,6 +295,21 @@ def _check_finite(nll: np.ndarray, variant: str, length: int, start: int) -> Non
         )
 
 
+def _check_memory(source, batch_size: int, length: int, device) -> None:
+    """Refuse, before the model is loaded, a batch of windows whose logits block and activations
+    (`context_blocks.context_batch_bytes`) pass the free memory of `device` (not checked for 'auto': accelerate
+    places the layers)."""
+    if device == "auto":
+        return
+    from posprobe.capture.memory import check_fits
+    from posprobe.capture.model import resolve_device
+
+    need = context_batch_bytes(T.language_model_config(source.config), batch_size, length)
+    what = f"a batch of {batch_size} window(s) of {length} tokens does not fit in memory"
+    hint = "use a smaller --batch-size" if batch_size > 1 else "use shorter --lengths"
+    check_fits(need, resolve_device(device), what, hint)
+
+
 def _text_config(net):
     config = net.config
     return config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -319,13 +338,3 @@ def _check_enough(stream: list, used: int, lengths: list[int], windows: int, wit
         f"{longest} tokens, and {{arg={windows}}} were asked for",
         hint,
     )
-
-
-def _window_loss(net, ids: np.ndarray, device) -> np.ndarray:
-    """(B, L-1) float64 losses of one batch of windows (B, L): one forward pass, logits reduced at once."""
-    import torch
-
-    with torch.inference_mode():
-        batch = torch.as_tensor(ids, device=device)
-        logits = net(input_ids=batch, use_cache=False).logits  # (B, L, V)
-        return token_nll(logits, batch)

@@ -187,12 +187,27 @@ class PromptBuilder:
         self.task, self.haystack, self.seed = task, haystack, seed
         self.encode = haystack.encode
         self.decode = lambda ids: tokenizer.decode(list(ids))
+        self.unknown = getattr(tokenizer, "unk_token_id", None)
         self.prefix = leading_special_ids(tokenizer) + self.encode(task.intro)
         self.question = self.encode(task.question)
 
     def _needle(self, trial: int) -> tuple[list[int], str]:
         answer = self.task.answer_for(self.seed, trial)
         return self.encode(self.task.needle.replace(ANSWER_FIELD, answer)), answer
+
+    def _answer_ids(self, answer: str) -> list[int]:
+        """The token ids of " " + `answer`, refused where they do not read back as the answer (white space aside):
+        characters the tokenizer maps to its unknown token, or normalises (case, accents), would score another
+        answer than the one asked for."""
+        ids = self.encode(" " + answer)
+        back = self.decode(ids)
+        if (self.unknown is not None and self.unknown in ids) or "".join(back.split()) != "".join(answer.split()):
+            raise ArgumentValueError(
+                "answer",
+                f"the answer '{answer}' does not survive the model's tokenizer: it reads back as '{back.strip()}'",
+                "pass {arg} with characters the tokenizer knows (e.g. digits or plain words)",
+            )
+        return ids
 
     def build(self, length: int, depth: float, trial: int) -> NeedlePrompt:
         """The prompt of exactly `length` tokens with the needle at the sentence boundary nearest `depth`."""
@@ -216,7 +231,7 @@ class PromptBuilder:
         at = min(boundaries, key=lambda b: (abs(b - depth * budget), b))
         start = len(self.prefix)
         ids = self.prefix + hay[:at] + needle + hay[at:] + self.question
-        answer_ids = self.encode(" " + answer)
+        answer_ids = self._answer_ids(answer)
         return NeedlePrompt(
             length=length,
             depth=depth,

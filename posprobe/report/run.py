@@ -172,9 +172,10 @@ def run_section(
     run_command: Callable[[list[str]], dict],
     on_start: Callable[[str], None] = lambda command_line: None,
 ) -> SectionOutcome:
-    """Run (or reuse) one section; a command that refuses the model becomes a 'failed' outcome with its one line.
-    `on_start(command line)` is called when the command really runs (not when reused)."""
-    from posprobe.formats.writing import json_writer, write_files
+    """Run (or reuse) one section; a command that refuses the model becomes a 'failed' outcome with its one line
+    (what it wrote removed); a full disk is raised, as the whole run's error. `on_start(command line)` is called when
+    the command really runs (not when reused)."""
+    from posprobe.formats.writing import discard_unkept, disk_full, json_writer, write_files
 
     reason = section.reason(facts)
     if reason is not None:
@@ -192,6 +193,9 @@ def run_section(
     try:
         record = run_command(argv)
     except PosprobeError as err:
+        discard_unkept()  # the failed command's files and folders (an empty section folder), not the others'
+        if disk_full(err):  # an error of the run, not of the section: the previous page stays
+            raise
         return SectionOutcome(section, "failed", argv, reason=err.render(cli=True))
     seconds = round(time.perf_counter() - start, 2)
     view = section.view(record, facts)

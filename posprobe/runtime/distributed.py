@@ -149,7 +149,7 @@ def check_mergeable(reducers: Sequence[Any]) -> None:
 def _peer_lost(function):
     """`function`, a collective, with a failure of the process group (a rank that stopped on its own error closes
     its connections: gloo and NCCL raise a RuntimeError in the ranks waiting for it) said in one line, not as a bug
-    of posprobe: the rank that stopped printed why."""
+    of posprobe: the rank that stopped printed why, unless a signal killed it (then torchrun's summary says so)."""
     import functools
 
     @functools.wraps(function)
@@ -158,7 +158,8 @@ def _peer_lost(function):
             return function(*args, **kwargs)
         except RuntimeError as err:
             raise PosprobeError(
-                "another torchrun rank stopped before the ranks' results were combined (its error line says why)",
+                "another torchrun rank stopped before the ranks' results were combined (its error line says why; "
+                "a rank killed by a signal, or out of memory, prints none: torchrun's summary names its exit)",
                 "fix what it reports and run again; nothing was written",
             ) from err
 

@@ -162,13 +162,37 @@ def _encodable(text: str, where: str) -> str:
     return text
 
 
+_PIPE_HINT = " (texts from a pipe or a device: save them to a file first, as they are read twice)"
+
+
+def not_a_file(path: Path) -> str:
+    """What `path`, which is not a regular file, is, in words: 'does not exist', 'is a folder', 'is a named pipe
+    (FIFO)', ... (read from its own status, so a pipe or device is never opened and nothing blocks)."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "is a link to a missing file" if path.is_symlink() else "does not exist"
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO), not a file"),
+             (stat.S_ISSOCK, "a socket, not a file"), (stat.S_ISCHR, "a character device, not a file"),
+             (stat.S_ISBLK, "a block device, not a file"))  # fmt: skip
+    return "is " + next((word for test, word in kinds if test(mode)), "not a regular file")
+
+
 def check_texts(path: str | Path, column: str | None = None, max_texts: int | None = None) -> int:
     """Validate the text file before any work (exists, readable, right column, not empty); return the number
     of texts that will be used (at most `max_texts`)."""
     if is_builtin(path):
         builtin_name(path)
     elif parse_hub_texts(str(path)) is None and not Path(path).expanduser().is_file():
-        raise PosprobeError(f"text file '{path}' does not exist", "pass a .txt, .jsonl or .csv file with --text")
+        what = not_a_file(Path(path).expanduser())
+        raise PosprobeError(
+            f"text file '{path}' {what}",
+            "pass a .txt, .jsonl or .csv file with --text" + ("" if what == "does not exist" else _PIPE_HINT),
+        )
     count = 0
     for _ in iter_texts(path, column):
         count += 1
