@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -262,6 +263,7 @@ def test_cli_context_contract(llama_folder, tmp_path):
         np.testing.assert_allclose(z["position_loss"], library.position_loss, rtol=1e-12)
     text = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "t")])
     assert text.exit_code == 0 and "past the trained length" in text.output and "critical dimension" in text.output
+    assert re.search(r"tokens scored\s+│?\s*94\s+│?\s*94", text.output), text.output  # the table's own row
 
 
 @pytest.fixture(scope="module")

@@ -57,8 +57,11 @@ class ContextResult(ResultMixin, Saves):
     def scored_words(self) -> str:
         """Which tokens each perplexity is over, in words."""
         covered, left = self.text.get("scored_stream_tokens"), self.text.get("window_starts_left_out") or 0
-        same = "the same" if len(set(int(x) for x in self.tokens)) == 1 else "per length"
-        words = f"perplexity over {same} {int(self.tokens[-1]):,} tokens at every length"
+        if len({int(x) for x in self.tokens}) > 1:  # a result from before issue 47's same-token scoring
+            return "tokens scored per length: " + ", ".join(
+                f"{n:,}: {int(x):,}" for n, x in zip(self.lengths, self.tokens)
+            )
+        words = f"perplexity over the same {int(self.tokens[-1]):,} tokens at every length"
         if covered is None:
             return words
         words += f" (stream tokens 0..{covered - 1:,}"

@@ -427,8 +427,10 @@ def profiles_text(record: dict, facts: ModelFacts) -> View:
     args=lambda facts, n_texts: ["--min-texts", str(min(16, n_texts))],  # 16: the command's default
     how_to_read="""For every hidden state (0 = the embedding output): a ridge probe's held-out R² for the token's
     position (beside a permuted-position control, near 0 by construction), the Toeplitz R² of the positional
-    vectors' Gram matrix, and the largest activation over its median (a 'massive activation'). A probe R² that
-    falls with depth says later layers keep less absolute position.""",
+    vectors' Gram matrix, and the largest activation over its median (a 'massive activation'). Read the probe
+    against the no-hidden-state baseline: what the first-token flag (and, where the model attends both ways, the
+    text's length) gives with no hidden state; a causal position cannot see the length, so its baseline has only
+    the flag. A probe R² that falls with depth says later layers keep less absolute position.""",
 )
 def states(record: dict, facts: ModelFacts) -> View:
     rows = []
