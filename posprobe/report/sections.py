@@ -535,10 +535,10 @@ def context(record: dict, facts: ModelFacts) -> View:
     ]  # fmt: skip
     plateau = loss_plateau(record, variant)
     if plateau is not None:
-        octaves = record["loss_by_octave"]
-        lines.append(headline("loss stops falling by position t ≈", plateau, octaves[variant][0],
-                              "the loss at t = 0, nats; later position bins stay within 0.1 nats of it or above",
-                              0))  # fmt: skip
+        first = record["loss_by_octave"][variant][0]
+        lines.append(Headline("loss stops falling by position t ≈", plateau, str(plateau), first,
+                              f"{number(first, 2)} nats at t = 0; from t ≈ {plateau} on, no position bin's loss is "
+                              "more than 0.1 nats lower"))  # fmt: skip
     notes = [record["note"]] if record.get("note") else []
     return View(lines, Table(["window length", "perplexity", "tokens scored"], rows), list(record["figures"]), notes)
 
