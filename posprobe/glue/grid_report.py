@@ -135,10 +135,11 @@ def zero_runs(result: dict[str, Any]) -> dict[tuple[str, str], tuple[int, int]]:
     """(task, mechanism) -> (runs whose main metric is exactly 0, runs with the metric defined), from `runs`; for
     Matthews correlation, 0 exactly is a constant prediction (the majority class). Input: `GridResult.to_dict()`."""
     counts = {}
+    runs = result.get("runs") or []  # a summary-only record has none
     for task in result["tasks"]:
         metric = result["main_metrics"][task]
         for mechanism in result["mechanisms"]:
-            values = [v for v in seed_values(result["runs"], task, mechanism, metric, result["seeds"]) if v is not None]
+            values = [v for v in seed_values(runs, task, mechanism, metric, result["seeds"]) if v is not None]
             counts[(task, mechanism)] = (sum(1 for v in values if v == 0), len(values))
     return counts
 
@@ -147,7 +148,7 @@ def cell_differences(result: dict[str, Any]) -> list[str]:
     """'init (none, composite: zero; tisa: fit)'-style phrases, one per setting the cells do not share (from each run's
     own `settings`); empty when the runs carry none or all agree."""
     per_cell: dict[str, dict[str, Any]] = {}
-    for run in result["runs"]:
+    for run in result.get("runs") or []:
         per_cell.setdefault(run["mechanism"], run.get("settings") or {})
     keys = sorted({k for s in per_cell.values() for k in s})
     phrases = []
