@@ -472,10 +472,11 @@ def states(record: dict, facts: ModelFacts) -> View:
 def baseline_inputs_words(record: dict) -> str:
     """What the states record's no-hidden-state baseline used, in words (`baseline_inputs`; an older record's
     `probe_baseline_features`)."""
+    from posprobe.analysis.position_probe import baseline_words
+
     inputs = record.get("baseline_inputs")
     if inputs:
-        words = {"first_token": "first-token flag", "text_length": "text length"}
-        return " + ".join(words.get(x, x) for x in inputs)
+        return baseline_words(inputs)
     return str(record.get("probe_baseline_features") or "first-token flag + text length").split(" (")[0]
 
 
