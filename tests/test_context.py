@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -253,13 +254,16 @@ def test_cli_context_contract(llama_folder, tmp_path):
     with np.load(record["npz"]) as z:
         assert z["position_loss"].shape == (2, 47) and z["perplexity"].shape == (2, 2)
         assert z["inv_freq"].shape == (2, 4) and z["variants"].tolist() == ["none", "yarn:2"]
-        # the same 94 stream tokens at both lengths: 2 windows of 1 + 47, 6 of 1 + 15 (the BOS takes one of L)
-        assert z["windows"].tolist() == [6, 2] and z["tokens"].tolist() == [6 * 15, 2 * 47]
+        # the same 94 stream tokens at both lengths: 2 windows of 1 + 47, 7 of 1 + 15 (the BOS takes one of L; the
+        # 7th window scores its first 4 tokens only)
+        assert z["windows"].tolist() == [7, 2] and z["tokens"].tolist() == [94, 94]
+        assert record["scored_tokens"] == {"16": 94, "48": 94}
         library = posprobe.context(str(folder), [16, 48], texts=texts.read_text().splitlines(), windows=2,
                                    rope_scaling="none,yarn:2")  # fmt: skip
         np.testing.assert_allclose(z["position_loss"], library.position_loss, rtol=1e-12)
     text = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "t")])
     assert text.exit_code == 0 and "past the trained length" in text.output and "critical dimension" in text.output
+    assert re.search(r"tokens scored\s+│?\s*94\s+│?\s*94", text.output), text.output  # the table's own row
 
 
 @pytest.fixture(scope="module")
@@ -351,3 +355,72 @@ def test_alibi_runs_without_variants_and_refuses_them():
     assert np.isfinite(result.position_loss).all() and result.windows.tolist() == [10, 2]
     with pytest.raises(PosprobeError, match="ALiBi attention biases, not rotary embeddings"):
         posprobe.context(model, [8], documents=documents(), rope_scaling="none,yarn:2")
+
+
+def _stream_losses(model, stream, length, bos_id, covered):
+    """{stream index s: -log p(stream[s] | what precedes it in its window)} for the windows of `length` that cover
+    stream tokens 0..covered-1, each window run alone (an independent cut: window w holds stream tokens from
+    w (L - b), after a BOS where there is one)."""
+    b = int(bos_id is not None)
+    losses, start = {}, 0
+    with torch.no_grad():
+        while start < covered:
+            body = stream[start : start + length - b]
+            ids = ([bos_id] if b else []) + body
+            logp = torch.log_softmax(model(torch.as_tensor(ids)[None]).logits[0].double(), -1)
+            for t in range(len(ids) - 1):  # logits at t predict ids[t + 1], stream token start + t + 1 - b
+                losses[start + t + 1 - b] = -logp[t, ids[t + 1]].item()
+            start += length - b
+    return {s: v for s, v in losses.items() if s < covered}
+
+
+@pytest.mark.parametrize("bos_id", [2, None], ids=["bos", "no-bos"])
+def test_lengths_that_do_not_divide_the_longest_score_the_same_tokens(bos_id):
+    """Issue 47: --lengths 384,1024 used to score 766 tokens at 384 against 1,023 at 1,024 (and, without a BOS,
+    different tokens even where lengths divide). Now both perplexities are over exactly the same stream tokens:
+    those every length predicts, brute-forced here from windows run one by one."""
+    model, docs = tiny_llama(), documents(count=140, seed=3)
+    lengths, windows = [384, 1024], 1
+    result = posprobe.context(model, lengths, documents=docs, windows=windows, bos_id=bos_id)
+    stream = [x for i, d in enumerate(docs) for x in ([3] if i else []) + d]
+    covered = windows * (1024 - (bos_id is not None))
+    per_length = [_stream_losses(model, stream, n, bos_id, covered) for n in lengths]
+    common = sorted(set.intersection(*(set(x) for x in per_length)))
+    expected = 1023 if bos_id is not None else 1024 - len({0, 384, 768})  # stream tokens 0..covered-1, less starts
+    assert len(common) == expected and result.tokens.tolist() == [expected, expected]
+    assert result.to_dict()["scored_tokens"] == {"384": expected, "1024": expected}
+    for k, losses in enumerate(per_length):
+        assert result.perplexity[0, k] == pytest.approx(math.exp(np.mean([losses[s] for s in common])), rel=1e-6)
+    assert result.windows.tolist() == [3, 1]
+    title = result.plot_perplexity()._suptitle.get_text()
+    assert f"the same {expected:,} tokens scored at every length" in title and "3 of 384, 1 of 1,024" in title
+    assert (bos_id is None) == ("window starts left out" in title) == ("less the" in result.note())
+
+
+def test_without_a_bos_each_length_leaves_out_every_window_start():
+    """No BOS, lengths 512/1024/2048 over 4,096 stream tokens: the 8 tokens at multiples of 512 start a window at
+    some length, so no length scores them: 4,088 tokens at every length (not 4,096)."""
+    from posprobe.analysis.context_loss import common_targets, target_mask
+
+    common = common_targets(4096, [512, 1024, 2048], with_bos=False)
+    assert common.sum() == 4088 and not common[::512].any()
+    for n, count in ((512, 8), (1024, 4), (2048, 2)):
+        mask = target_mask(common, n, count, with_bos=False)
+        assert mask.sum() == 4088 and mask.shape == (count, n - 1)
+    assert common_targets(4095, [512, 2048], with_bos=True).all()
+    with_bos = target_mask(np.ones(10, dtype=bool), 4, 4, with_bos=True)  # windows of 1 + 3: the last holds 1
+    assert with_bos.sum(1).tolist() == [3, 3, 3, 1]
+
+
+def test_the_loss_figure_says_how_many_dots_lie_outside_its_axis():
+    """The y axis follows the smoothed curves; every per-position dot outside it is counted in the title."""
+    model, docs = tiny_llama(), documents()
+    result = posprobe.context(model, [200], documents=docs, windows=2, bos_id=2)
+    loss = result.position_loss.copy()
+    loss[0, [150, 170]] = [50.0, -1.0]  # two dots that a smoothing bin of ~20 positions dilutes: outside the axis
+    from dataclasses import replace
+
+    figure = replace(result, position_loss=loss).plot()
+    low, high = figure.axes[0].get_ylim()
+    outside = int(((loss < low) | (loss > high)).sum())
+    assert outside >= 2 and f"{outside:,} of {loss.size:,} dots lie outside the y axis" in figure._suptitle.get_text()

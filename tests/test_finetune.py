@@ -877,7 +877,11 @@ def test_cli_grid_json_layout_and_paired_cells(tiny_model, sst2_dir, tmp_path, c
         ("none", 0),
         ("none", 1),
     ]
-    assert all(set(r) == {"task", "mechanism", "seed", "metrics"} for r in result["runs"])
+    assert all(set(r) == {"task", "mechanism", "seed", "metrics", "settings"} for r in result["runs"])
+    for r in result["runs"]:  # each run states its own cell's settings, as its cell's run.json has them
+        saved = json.loads((out / f"sst2-{r['mechanism']}" / "run.json").read_text())
+        assert r["settings"] == {k: v for k, v in saved.items() if k in r["settings"]}
+        assert r["settings"]["init"] == "zero" and "out" not in r["settings"] and "model_path" not in r["settings"]
     rows = {r["mechanism"]: r for r in result["summary"]}
     assert all(
         set(r) == {"task", "mechanism", "metric", "median", "mean", "stderr", "n", "delta"} for r in rows.values()
@@ -930,6 +934,23 @@ def test_grid_resume_after_a_kill_does_not_redo_finished_cells(tiny_model, sst2_
     assert json.loads((out / "results.json").read_text())["runs"] == result.runs
     with pytest.raises(PosprobeError, match="different settings .*max_steps"):  # all cells finished: still checked
         finetune_grid(["sst2"], ["none", "tisa"], out=out, resume=True, **{**settings, "max_steps": 3})
+
+
+def test_grid_cells_keep_their_own_settings(tmp_path):
+    """`--init fit` applies to TISA only: the tisa cell's settings say `fit`, the others `zero`, and the grid's
+    shared settings hold no `init` (they used to hold the first cell's, `zero`, for every cell)."""
+    from posprobe.glue.grid import _shared, cell_settings, grid_configs
+
+    configs = grid_configs(["sst2"], ["none", "tisa", "fixed"], tmp_path, [0], init="fit", lr=1e-4)
+    own = {m: cell_settings(c) for (_, m), c in configs.items()}
+    assert {m: s["init"] for m, s in own.items()} == {"none": "zero", "tisa": "fit", "fixed": "zero"}
+    shared = _shared(configs)
+    assert "init" not in shared and shared["lr"] == 1e-4
+    assert all(s[k] == v for s in own.values() for k, v in shared.items())
+    folder = configs[("sst2", "tisa")].out  # a cell's run.json (written by its run) wins: it names the kernels file
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({**configs[("sst2", "tisa")].settings(), "fitted_kernels": "k.json"}))
+    assert cell_settings(configs[("sst2", "tisa")])["fitted_kernels"] == "k.json"
 
 
 def test_grid_refuses_bad_lists_before_any_work(tmp_path, capsys):

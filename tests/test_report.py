@@ -57,6 +57,16 @@ def summary_rows(page: str) -> dict[tuple[str, str], str]:
     return {(name, html.unescape(label)): html.unescape(value) for name, label, value in rows}
 
 
+def summary_references(page: str) -> dict[tuple[str, str], str]:
+    """(section, headline label) -> the 'read against' cell of the page's summary table."""
+    rows = re.findall(
+        r'<td class="label"><a href="#([^"]+)">(.*?)</a></td><td class="value">.*?</td>'
+        r'<td class="label reference">(.*?)</td>',
+        page,
+    )
+    return {(name, html.unescape(label)): html.unescape(ref) for name, label, ref in rows}
+
+
 def section_html(page: str, name: str) -> str:
     return re.search(rf'<section id="{re.escape(name)}">(.*?)</section>', page, re.S).group(1)
 
@@ -95,7 +105,6 @@ def test_every_headline_equals_its_record(bert_report):
     assert shown["attention", "sink rate (mean over layers)"] == f"{np.mean(attention['sink_rate']):.2f}"
     last = np.mean(attention["mean_distance"][-1])
     assert shown["attention", "mean attention distance, last layer"] == f"{last:.2f}"
-    assert shown["attention", "uniform attention would give"] == f"{attention['uniform_distance'][-1]:.2f}"
     states = record_of(out, "states")
     assert shown["states", "position probe R², embedding output"] == f3(states["probe_r2"][0])
     assert shown["states", "position probe R², last hidden state"] == f3(states["probe_r2"][-1])
@@ -104,6 +113,52 @@ def test_every_headline_equals_its_record(bert_report):
     assert values["toeplitz", "Toeplitz R² of P"] == toeplitz["toeplitz_r2"]
     assert values["states", "position probe R², last hidden state"] == states["probe_r2"][-1]
     assert values["fit-tisa", "TISA fit median R² (S = 5)"] == fit["median_r2"]
+
+
+def test_every_headline_carries_its_reference_in_the_same_row(bert_report):
+    """Issue 47: every headline number, on the page and in report.json, has its reference (a number or a short text
+    saying why there is none), equal to the record's: the no-hidden-state baseline, uniform attention's
+    first-token mass and distance, the Gram null, the noise floor's count, held-out R²'s 0."""
+    summary, out, _ = bert_report
+    page = Path(summary["html"]).read_text()
+    shown, refs = summary_rows(page), summary_references(page)
+    assert set(refs) == set(shown) and all(text.strip() for text in refs.values())
+    entries = {(h["section"], h["label"]): h for h in summary["headline"]}
+    assert set(entries) == set(shown)
+    for key, entry in entries.items():
+        assert entry["reference"] is not None and entry["reference_text"] == refs[key], key
+        section = section_html(page, key[0])
+        assert html.escape(entry["reference_text"]) in section  # the section's own headline list says it too
+    states, attention, fit = record_of(out, "states"), record_of(out, "attention"), record_of(out, "fit-tisa")
+    for label in ("position probe R², embedding output", "position probe R², last hidden state"):
+        assert entries["states", label]["reference"] == states["probe_r2_baseline"]
+        assert (
+            refs["states", label]
+            == f"{f3(states['probe_r2_baseline'])} (no hidden state: first-token flag + text length)"
+        )
+    gram = entries["states", "positional Gram Toeplitz R² over i ≥ 1, last hidden state"]
+    assert gram["value"] == states["positional_toeplitz_r2_without_first"][-1]
+    assert gram["reference"] == states["positional_toeplitz_r2_without_first_null_mean"][-1]
+    noise = entries["states", "positions i ≥ 1 whose vector is within twice the noise floor, last hidden state"]
+    assert noise["value"] == states["positional_positions_within_noise_without_first"][-1]
+    assert noise["reference"] == states["n_positions_kept"] - 1
+    mass = entries["attention", "first-token mass (mean over layers and heads)"]
+    assert mass["value"] == pytest.approx(np.mean([np.mean(row) for row in attention["first_token_mass"]]))
+    assert mass["reference"] == pytest.approx(np.mean(attention["uniform_first_token_mass"]))
+    distance = entries["attention", "mean attention distance, last layer"]
+    assert distance["reference"] == attention["uniform_distance"][-1]
+    assert entries["fit-tisa", "TISA held-out median R²"]["reference"] == 0.0
+    assert "by construction" in entries["fit-tisa", "TISA fit median R² (S = 5)"]["reference"]
+    assert (
+        f"{fit['parameters']} parameters for {fit['points']} points" in refs["fit-tisa", "TISA fit median R² (S = 5)"]
+    )
+    assert isinstance(entries["toeplitz", "Toeplitz R² of P"]["reference"], str)  # no null: it says why
+    story = summary["story"]
+    assert story and all(c["section"] in SECTIONS for c in story)
+    opening = re.search(r'<p class="story">(.*?)</p>', page, re.S).group(1)
+    links = re.findall(r'<a href="#([^"]+)">(.*?)</a>', opening)
+    assert [(name, html.unescape(text)) for name, text in links] == [(c["section"], c["text"]) for c in story]
+    assert all(f'<section id="{c["section"]}">' in page for c in story)
 
 
 def test_section_tables_equal_their_records(bert_report):
@@ -185,9 +240,13 @@ def test_context_section_equals_its_record_and_encoders_say_why_not(bert_report,
     assert record["lengths"] == [256, 512] and record["variants"] == ["none"]
     page = Path(summary["html"]).read_text()
     assert summary_rows(page)["context", "perplexity at 512 tokens"] == f"{record['perplexity']['none']['512']:.2f}"
+    assert summary_references(page)["context", "perplexity at 512 tokens"] == (
+        f"{record['perplexity']['none']['256']:.2f} (at 256 tokens, the same tokens scored)"
+    )
     rows = table_rows(section_html(page, "context"))
-    assert rows == [[str(n), f"{record['perplexity']['none'][str(n)]:.2f}", str(t)]
-                    for n, t in zip(record["lengths"], record["tokens"])]  # fmt: skip
+    assert rows == [[str(n), f"{record['perplexity']['none'][str(n)]:.2f}", str(record["scored_tokens"][str(n)])]
+                    for n in record["lengths"]]  # fmt: skip
+    assert len(set(record["scored_tokens"].values())) == 1
 
 
 @pytest.mark.slow

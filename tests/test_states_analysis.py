@@ -440,3 +440,30 @@ def test_delimiters():
         assert is_delimiter(token), token
     for token in ("the", "Ġthe", "##s", "[CLS]", "", "1", "<s>"):
         assert not is_delimiter(token), token
+
+
+def test_a_causal_models_baseline_uses_what_a_position_sees():
+    """Issue 47: on a causal model (GPT-2) the no-hidden-state baseline is the first-token flag alone — position i
+    cannot see the text's length, and its one other count, i + 1 tokens so far, is the target — equal to
+    scikit-learn's probe on that flag; on a model that attends both ways (BERT) it is the flag and the length."""
+    from posprobe.analysis.position_probe import baseline_inputs
+    from posprobe.pipelines.states import is_causal, states
+
+    texts = random_texts(26, seed=6, low=2, high=14)
+    ids = np.concatenate([[t] * len(x) for t, x in enumerate(texts)])
+    y = np.concatenate([np.arange(len(x)) for x in texts]).astype(float)
+    flag = (y == 0).astype(float)[:, None]
+    baselines = {}
+    length = np.concatenate([[len(x)] * len(x) for x in texts]).astype(float)[:, None]
+    for kind, causal, features in (("gpt2", True, flag), ("bert", False, np.concatenate([flag, length], 1))):
+        model = tiny_model(kind)
+        assert is_causal(model) is causal and baseline_inputs(causal) == (
+            ("first_token",) if causal else ("first_token", "text_length")
+        )
+        result = states(model, input_ids=texts, max_length=16, min_texts=3, probe_layers=[0], mae_sample=10_000)
+        record = result.to_dict()
+        assert record["baseline_inputs"] == list(baseline_inputs(causal))
+        pred, _ = sklearn_probe(features, y, ids)
+        assert result.probes.r2_baseline == pytest.approx(r2_score(y, pred), abs=1e-9), kind
+        baselines[kind] = result.probes.r2_baseline
+    assert baselines["gpt2"] < baselines["bert"] - 0.05  # the length is worth something: the causal model lacks it

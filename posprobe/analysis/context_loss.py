@@ -1,9 +1,11 @@
 """Loss across the context and the rotary budget (SPEC §17): pure numpy, no model.
 
 - `cut_windows`: a token stream cut into consecutive non-overlapping windows of L tokens (a BOS first in each).
-- `PositionLoss`: float64 sums of -log p(x[t+1] | x[0..t]) per position t = 0..L-2 and an integer count of windows,
-  so that sums from several batches, processes or machines add (SPEC §19); `mean` is loss(t), `perplexity` exp of
-  the mean over t and windows.
+- `common_targets` / `target_mask`: which stream tokens every length predicts, and where they sit in each length's
+  windows, so that every length's perplexity is over exactly the same tokens (SPEC §17).
+- `PositionLoss`: float64 sums of -log p(x[t+1] | x[0..t]) per position t = 0..L-2 and integer counts per position
+  (the windows that scored it), so that sums from several batches, processes or machines add (SPEC §19); `mean`
+  is loss(t), `perplexity` exp of the mean over the scored tokens.
 - `token_nll` / `position_nll`: that loss per position from one batch of logits, or from the logits of a block of
   positions and the tokens they predict (float64 out).
 - `rotary_budget`: Liu et al. 2023's critical dimension and extrapolation limit, and each pair's wavelength
@@ -34,6 +36,29 @@ def cut_windows(stream: Sequence[int], length: int, count: int, bos_id: int | No
     if bos_id is None:
         return tokens
     return np.concatenate([np.full((count, 1), bos_id, dtype=np.int64), tokens], axis=1)
+
+
+def common_targets(covered: int, lengths: Sequence[int], with_bos: bool) -> np.ndarray:
+    """(covered,) bool over stream tokens s = 0..covered-1: those that every length's windows predict. With a BOS
+    each window's BOS predicts its first stream token, so every s is predicted at every length; without one, a
+    window's first token is never predicted, so s that starts a window at some length L (s % L == 0) is left out
+    at every length."""
+    keep = np.ones(int(covered), dtype=bool)
+    if not with_bos:
+        s = np.arange(int(covered))
+        for length in lengths:
+            keep &= s % int(length) != 0
+    return keep
+
+
+def target_mask(common: np.ndarray, length: int, count: int, with_bos: bool) -> np.ndarray:
+    """(count, length-1) bool: whether loss position t of window w predicts a token of `common`, i.e. stream token
+    s = w (L - b) + t + 1 - b (b = 1 with a BOS) with s < len(common) and common[s]. Windows reaching past the
+    common tokens score only their part before it."""
+    b = int(with_bos)
+    s = np.arange(count)[:, None] * (length - b) + np.arange(length - 1)[None, :] + 1 - b  # (count, L-1)
+    inside = s < len(common)
+    return inside & common[np.minimum(s, len(common) - 1)]
 
 
 def windows_available(stream_length: int, length: int, with_bos: bool) -> int:
@@ -67,40 +92,55 @@ def position_nll(scores, targets) -> np.ndarray:
 
 
 class PositionLoss:
-    """Running float64 sums of the loss at each position t = 0..L-2 over windows, and the number of windows.
+    """Running float64 sums of the loss at each position t = 0..L-2 over windows, the count of losses summed at each
+    position, and the number of windows.
 
-    `add(nll)` takes (B, L-1) losses; `merge` adds another PositionLoss (or all-reduced arrays) of the same L."""
+    `add(nll, mask)` takes (B, L-1) losses and optionally which of them to score (B, L-1) bool (default all);
+    `merge` adds another PositionLoss (or all-reduced arrays) of the same L."""
 
     def __init__(self, length: int):
         self.length = int(length)
         self.sums = np.zeros(self.length - 1, dtype=np.float64)  # (L-1,)
+        self.counts = np.zeros(self.length - 1, dtype=np.int64)  # (L-1,) losses summed at each t
         self.windows = 0
 
-    def add(self, nll: np.ndarray) -> None:
+    def add(self, nll: np.ndarray, mask: np.ndarray | None = None) -> None:
         nll = np.asarray(nll, dtype=np.float64)
         if nll.ndim != 2 or nll.shape[1] != self.length - 1:
             raise ValueError(f"expected losses (B, {self.length - 1}), got {nll.shape}")
-        self.sums += nll.sum(0)
+        mask = np.ones(nll.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+        if mask.shape != nll.shape:
+            raise ValueError(f"the mask {mask.shape} does not match the losses {nll.shape}")
+        self.sums += np.where(mask, nll, 0.0).sum(0)
+        self.counts += mask.sum(0)
         self.windows += nll.shape[0]
 
     def merge(self, other: PositionLoss) -> PositionLoss:
         if other.length != self.length:
             raise ValueError("position losses of different lengths do not add")
         self.sums += other.sums
+        self.counts += other.counts
         self.windows += other.windows
         return self
 
     @property
+    def scored(self) -> int:
+        """How many losses were summed (tokens scored)."""
+        return int(self.counts.sum())
+
+    @property
     def mean(self) -> np.ndarray:
-        """loss(t) (L-1,): the mean over windows."""
+        """loss(t) (L-1,): the mean over the windows that scored t (NaN where none did)."""
         if self.windows == 0:
             raise ValueError("no window was added")
-        return self.sums / self.windows
+        return np.divide(self.sums, self.counts, out=np.full(self.sums.shape, np.nan), where=self.counts > 0)
 
     @property
     def perplexity(self) -> float:
-        """exp of the mean loss over positions and windows."""
-        return float(np.exp(self.sums.sum() / (self.windows * (self.length - 1))))
+        """exp of the mean loss over the scored tokens."""
+        if self.scored == 0:
+            raise ValueError("no token was scored")
+        return float(np.exp(self.sums.sum() / self.scored))
 
 
 def critical_dimension(rotated_dims: int, theta: float, trained_length: float) -> int:

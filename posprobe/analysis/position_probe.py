@@ -2,8 +2,10 @@
 5 folds split by text, the penalty chosen inside the training folds, held-out R² pooled over the folds and the
 mean absolute error; the same probe on positions permuted within each text as the control, over `N_CONTROLS`
 permutation draws (mean and spread: one draw moves by a few hundredths); and a baseline from features that need no
-hidden state (the first-token flag and the text's length; same folds, same fit), the R² any hidden state gets for
-free from knowing where a text starts and how long it is.
+hidden state (same folds, same fit), the R² any hidden state gets for free from what its position can see
+(`baseline_inputs`): in a model that attends both ways, the first-token flag and the text's length; in a causal
+model, the first-token flag alone — position i sees tokens 0..i only, so the text's length is hidden from it, and
+the one other count it sees, i + 1 tokens so far, is the target itself.
 
 Why sums and not scikit-learn on the tokens: scikit-learn's `Ridge` needs every hidden state in memory (tokens x d
 per layer), so memory would grow with the corpus. Every number below is a function of per-fold sufficient statistics
@@ -60,7 +62,15 @@ N_FOLDS = 5
 ALPHA_GRID = 10.0 ** np.arange(-6, 3)  # times tr(C)/d
 DEFAULT_SAMPLE = 2048
 N_CONTROLS = 5  # control permutation draws
-BASELINE_FEATURES = ("first_token", "text_length")
+BASELINE_FEATURES = ("first_token", "text_length")  # every input a baseline may use, in this order
+
+
+def baseline_inputs(causal: bool) -> tuple[str, ...]:
+    """What the no-hidden-state baseline may use: what a token's position can see without a hidden state. Both ways:
+    the first-token flag and the text's length. Causal: the flag alone (the length is not visible to position i;
+    the count of tokens so far, i + 1, is the position itself: posprobe's positions count every real token,
+    special ones included, from 0 at the first, so no count differs from it)."""
+    return ("first_token",) if causal else BASELINE_FEATURES
 
 
 def control_positions(text_id: int, length: int, seed: int = 0, draw: int = 0) -> np.ndarray:
@@ -70,11 +80,26 @@ def control_positions(text_id: int, length: int, seed: int = 0, draw: int = 0) -
     return np.random.default_rng(key).permutation(int(length))
 
 
-def baseline_features(positions: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """(N, 2) float64 features of tokens that need no hidden state: 1 at a text's first token, the text's length."""
+BASELINE_WORDS = {"first_token": "first-token flag", "text_length": "text length"}
+
+
+def baseline_words(inputs: tuple[str, ...] | list[str]) -> str:
+    """The baseline's inputs in words, e.g. 'first-token flag + text length'."""
+    return " + ".join(BASELINE_WORDS.get(name, name) for name in inputs)
+
+
+def baseline_features(
+    positions: torch.Tensor, lengths: torch.Tensor, inputs: tuple[str, ...] = BASELINE_FEATURES
+) -> torch.Tensor:
+    """(N, len(inputs)) float64 features of tokens that need no hidden state, in the order of `inputs`:
+    `first_token` 1 at a text's first token, `text_length` the text's length."""
     import torch
 
-    return torch.stack([(positions == 0).to(torch.float64), lengths.to(torch.float64)], dim=1)
+    columns = {"first_token": lambda: positions == 0, "text_length": lambda: lengths}
+    unknown = [name for name in inputs if name not in columns]
+    if unknown or not inputs:
+        raise ValueError(f"baseline inputs must be among {BASELINE_FEATURES}, got {inputs}")
+    return torch.stack([columns[name]().to(torch.float64) for name in inputs], dim=1)
 
 
 class TokenReservoir:
@@ -116,17 +141,19 @@ class PositionProbeAccumulator:
         sample: int = DEFAULT_SAMPLE,
         seed: int = 0,
         controls: int = N_CONTROLS,
+        baseline: tuple[str, ...] = BASELINE_FEATURES,
     ):
         import torch
 
         self.n_states, self.layers, self.seed = int(n_states), [int(x) for x in layers], int(seed)
+        self.baseline = tuple(baseline)  # the baseline's inputs (`baseline_inputs`)
         self.controls = int(controls)
         P, F, d, T = len(self.layers), N_FOLDS, int(hidden_size), 1 + self.controls
         zeros = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
         self.shift = None  # (P, d): the first batch's mean hidden state
         self.gram, self.first, self.cross = zeros(P, F, d, d), zeros(P, F, d), zeros(P, F, d, T)
         self.count, self.ysum, self.ysq = zeros(F), zeros(F, T), zeros(F, T)
-        B = len(BASELINE_FEATURES)  # the baseline: the same statistics of features that need no hidden state
+        B = len(self.baseline)  # the baseline: the same statistics of features that need no hidden state
         self.base_gram, self.base_first, self.base_cross = zeros(F, B, B), zeros(F, B), zeros(F, B, T)
         self.reservoir = TokenReservoir(sample, seed)
         self.sample_x = None  # (sample, P, d) in the hidden states' dtype, allocated on the first batch
@@ -140,7 +167,7 @@ class PositionProbeAccumulator:
 
     def targets(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(b, i) of the batch's real tokens (row-major), their targets Y (N, 1 + controls): position, then each
-        control draw, and their baseline features (N, 2)."""
+        control draw, and their baseline features (N, len(baseline))."""
         import torch
 
         real = batch.real
@@ -152,7 +179,7 @@ class PositionProbeAccumulator:
                 drawn = control_positions(text, length, self.seed, r).astype(np.float64)
                 control[r, row, :length] = torch.from_numpy(drawn)
         y = torch.cat([i.to(torch.float64)[:, None], control.to(real.device)[:, b, i].T], dim=1)
-        return b, i, y, baseline_features(i, lengths[b])
+        return b, i, y, baseline_features(i, lengths[b], self.baseline)
 
     def add(self, batch) -> None:
         """Add one batch (a BatchCapture: hidden_states, real, text ids)."""
@@ -303,6 +330,7 @@ class PositionProbeAccumulator:
             r2_baseline=float(base.r2[0]),
             r2_baseline_control=float(np.mean(base.r2[1:])),
             mae_baseline=float(base_mae[0]),
+            baseline_inputs=self.baseline,
         )
 
 
@@ -504,8 +532,8 @@ class PositionProbes:
     MAE is over (all of them when n_sample == n_tokens); fold_tokens (F,): tokens per fold; seed: the control
     permutations' and the sample's seed. The control is over `N_CONTROLS` permutation draws: r2_control and
     mae_control are their means, r2_control_std (L+1,) their standard deviation, r2_controls (L+1, draws) each;
-    alpha_control is draw 0's. The baseline (no hidden state: first-token flag and text length, same folds):
-    r2_baseline (position), r2_baseline_control (mean over the control draws), mae_baseline."""
+    alpha_control is draw 0's. The baseline (no hidden state, same folds; its inputs `baseline_inputs`, see
+    `baseline_inputs()`): r2_baseline (position), r2_baseline_control (mean over the control draws), mae_baseline."""
 
     layers: np.ndarray
     r2: np.ndarray
@@ -523,3 +551,4 @@ class PositionProbes:
     r2_baseline: float = float("nan")
     r2_baseline_control: float = float("nan")
     mae_baseline: float = float("nan")
+    baseline_inputs: tuple[str, ...] = BASELINE_FEATURES

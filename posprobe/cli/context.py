@@ -4,7 +4,9 @@ with the rotary budget (SPEC §17).
 `context --json` prints one object: `model`, `model_type`, `position_kind`, `variants`, `lengths`,
 `trained_length`, `max_positions`, `beyond_trained_length`, `text` (`source`, `documents_used`, `stream_tokens`,
 `bos_id`, `eos_id`), `windows`, `tokens` (per length), `perplexity` (variant -> length -> value), `loss_by_octave`
-(`position_bins` and variant -> mean loss per bin), `budget` (null without rotary embeddings), `note`, `npz`
+(`position_bins` and variant -> mean loss per bin), `scored_tokens` (length -> the tokens its perplexity is over:
+the same tokens at every length; `text.scored_stream_tokens` and `text.window_starts_left_out` say which), `budget`
+(null without rotary embeddings), `note`, `npz`
 (`position_loss` (V, L-1), `perplexity` (V, n), `inv_freq` (V, d/2), `attention_scaling` (V,), `variants`,
 `lengths`, `windows`, `tokens`) and `figures`.
 """
@@ -134,6 +136,8 @@ def _print(result) -> None:
         table.add_column(f"{n:,}{past}", justify="right")
     for name in result.variants:
         table.add_row(name, *(f"{record['perplexity'][name][str(n)]:.3f}" for n in result.lengths))
+    scored = record["scored_tokens"]
+    table.add_row("[dim]tokens scored[/dim]", *(f"[dim]{scored[str(n)]:,}[/dim]" for n in result.lengths))
     console.print(table)
     octaves = record["loss_by_octave"]
     bins = Table(title=f"Mean loss (nats) by position t, windows of {result.lengths[-1]:,}", title_justify="left")

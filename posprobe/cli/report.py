@@ -1,10 +1,13 @@
 """Command `report`: every analysis that applies to a model on one self-contained page (`report.html`).
 
 `report --json` prints one object: `html` (the page), `model`, `model_type`, `position_kind`, `causal`, `text`,
-`headline` (list of {`section`, `label`, `value`, `text`}: the page's summary numbers, each read from its command's
-record; `text` as the page prints it)
-and `sections` (name -> `status` ('ok', 'not applicable', 'failed', 'left out'), `title`, `command` (the command
-that reproduces it), and `headline`, `folder`, `reused`, `seconds` when it ran, or `reason`).
+`story` (list of {`text`, `section`}: the sentences that open the page's summary, generated from the numbers and
+their references, each naming the section it links to), `headline` (list of {`section`, `label`, `value`, `text`,
+`reference`, `reference_text`}: the page's summary numbers, each read from its command's record; `text` as the page
+prints it; `reference` what to read it against: a number, or a short text saying why there is none;
+`reference_text` as the page prints it) and `sections` (name -> `status` ('ok', 'not applicable', 'failed', 'left
+out'), `title`, `command` (the command that reproduces it), and `headline`, `reference`, `folder`, `reused`,
+`seconds` when it ran, or `reason`).
 """
 
 from __future__ import annotations
@@ -69,8 +72,11 @@ def report(
     if json_out:
         emit_json(summary)
         return
+    for claim in summary["story"]:
+        console.print(claim["text"], markup=False)
     for item in summary["headline"]:
-        console.print(f"{item['section']:>14}  {item['label']}: {item['text']}", markup=False)
+        console.print(f"{item['section']:>14}  {item['label']}: {item['text']} (against {item['reference_text']})",
+                      markup=False)  # fmt: skip
     console.print(f"page: {summary['html']}", markup=False)
 
 

@@ -6,7 +6,9 @@
 the per-hidden-state lists `probe_r2`, `probe_r2_control`, `probe_mae`, `probe_mae_control`,
 `positional_toeplitz_r2`, `positional_norm_mean` (and both `..._without_first`: over positions i >= 1, recentred
 there), the references `probe_r2_control_std`, `positional_toeplitz_r2[_without_first]_null_mean` / `_null_std`,
-`positional_positions_within_noise` and the scalars `probe_r2_baseline`, `probe_mae_baseline`, `massive_max`,
+`positional_positions_within_noise` and the scalars `probe_r2_baseline`, `probe_mae_baseline` (with
+`baseline_inputs`: what the no-hidden-state baseline uses, ["first_token"] on a causal model, ["first_token",
+"text_length"] on one that attends both ways), `massive_max`,
 `massive_position`, `massive_channel`,
 `massive_median`, `massive_ratio`, `massive_first_share`, `massive_special_share`, `massive_delimiter_share`
 (null where undefined), `massive_top` (per hidden state, its top tokens), the settings (`min_texts`,
@@ -192,7 +194,7 @@ def _fmt(value, digits: int = 2) -> str:
 def _print(result, written) -> None:
     from rich.table import Table
 
-    from posprobe.analysis.position_probe import N_FOLDS
+    from posprobe.analysis.position_probe import N_FOLDS, baseline_words
 
     numbers = result.per_layer()
     m, p, v = result.massive, result.probes, result.vectors
@@ -232,8 +234,13 @@ def _print(result, written) -> None:
         "noise: positions i ≥ 1 whose |v| (centred over i ≥ 1) is within 2 noise floors (sampling alone)[/dim]"
     )
     console.print(
-        f"baseline (no hidden state: first-token flag + text length, same folds): R² {_fmt(p.r2_baseline, 3)}, "
-        f"MAE {_fmt(p.mae_baseline)}; a probe R² at or below it reads nothing the text's shape does not give"
+        f"baseline (no hidden state: {baseline_words(p.baseline_inputs)}, same folds): R² "
+        f"{_fmt(p.r2_baseline, 3)}, MAE {_fmt(p.mae_baseline)}; a probe R² at or below it reads nothing that "
+        + (
+            "the first-token flag (all a causal position sees without a hidden state: not the text's length) gives"
+            if tuple(p.baseline_inputs) == ("first_token",)
+            else "the text's shape gives"
+        )
     )
     massive = Table(title="Massive activations", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False)
     for name in ("l", "max|h|", "i,c", "token", "ratio", "|v| mean"):

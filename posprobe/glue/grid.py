@@ -13,7 +13,9 @@ initialisation and data order (`data_seed = seed`): differences are paired. `res
 kill: finished (cell, seed) pairs are read back, not redone; an interrupted one continues from its checkpoint.
 
 Per-cell options: `none` cells are the plain model (no `init`, no `drop_position_embeddings`); `init="fit"`
-or `fit:PATH` applies to TISA cells, the other mechanisms start from zero.
+or `fit:PATH` applies to TISA cells, the other mechanisms start from zero. So cells may differ in settings:
+results.json's `settings` holds only what every cell shares, and each entry of `runs` its own cell's `settings`
+(`init` included; read from the cell's run.json, which also names the kernels file a fitted init used).
 """
 
 from __future__ import annotations
@@ -175,9 +177,30 @@ def _init_fields(config: FinetuneConfig) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in fields(config) if f.init}
 
 
+_NOT_SETTINGS = ("task", "mechanism", "out", "seeds", "resume", "posprobe_run", "model_path")
+
+
+def cell_settings(config: FinetuneConfig) -> dict[str, Any]:
+    """The settings one cell ran with: its run.json (written by the cell's own run, so a fitted init's kernels
+    file is named) where readable, else its config; without the keys a run entry already states or that name
+    folders (task, mechanism, out, seeds, resume, model_path)."""
+    from posprobe.glue.run import RUN_FILE
+
+    settings = config.settings()
+    try:
+        saved = json.loads((config.out / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        saved = None
+    if isinstance(saved, dict):
+        settings = {k: saved.get(k, v) for k, v in settings.items()}
+    return {k: v for k, v in settings.items() if k not in _NOT_SETTINGS}
+
+
 def _shared(configs: dict[tuple[str, str], FinetuneConfig]) -> dict[str, Any]:
-    first = next(iter(configs.values())).settings()
-    return {k: v for k, v in first.items() if k not in ("task", "mechanism", "out", "seeds", "resume")}
+    """The settings every cell has in common (a setting some cells differ in, such as `init`, is left out: each
+    run entry states its cell's own)."""
+    cells = [{k: v for k, v in c.settings().items() if k not in _NOT_SETTINGS} for c in configs.values()]
+    return {k: v for k, v in cells[0].items() if all(cell.get(k) == v for cell in cells[1:])}
 
 
 def _check_grid_folder(folder: Path, record: dict[str, Any], resume: bool) -> None:
@@ -225,7 +248,8 @@ def _collect(
             if (config.out / f"seed-{seed}" / "metrics.json").is_file():
                 metrics, elapsed = _read_finished(config.out, seed)
                 run_seconds += elapsed
-                runs.append({"task": task, "mechanism": mechanism, "seed": seed, "metrics": metrics})
+                runs.append({"task": task, "mechanism": mechanism, "seed": seed, "metrics": metrics,
+                             "settings": cell_settings(config)})  # fmt: skip
     metric_names = {t: get_task(t).metric_names() for t in tasks}
     summary = grid_summary(runs, tasks, mechanisms, metric_names, all_seeds)
     model_name = _model_name(configs, model)

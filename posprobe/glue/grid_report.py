@@ -131,6 +131,38 @@ def summary_tables(result: dict[str, Any]) -> list[tuple[str, list[str], list[li
     ]
 
 
+def zero_runs(result: dict[str, Any]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(task, mechanism) -> (runs whose main metric is exactly 0, runs with the metric defined), from `runs`; for
+    Matthews correlation, 0 exactly is a constant prediction (the majority class). Input: `GridResult.to_dict()`."""
+    counts = {}
+    runs = result.get("runs") or []  # a summary-only record has none
+    for task in result["tasks"]:
+        metric = result["main_metrics"][task]
+        for mechanism in result["mechanisms"]:
+            values = [v for v in seed_values(runs, task, mechanism, metric, result["seeds"]) if v is not None]
+            counts[(task, mechanism)] = (sum(1 for v in values if v == 0), len(values))
+    return counts
+
+
+def cell_differences(result: dict[str, Any]) -> list[str]:
+    """'init (none, composite: zero; tisa: fit)'-style phrases, one per setting the cells do not share (from each run's
+    own `settings`); empty when the runs carry none or all agree."""
+    per_cell: dict[str, dict[str, Any]] = {}
+    for run in result.get("runs") or []:
+        per_cell.setdefault(run["mechanism"], run.get("settings") or {})
+    keys = sorted({k for s in per_cell.values() for k in s})
+    phrases = []
+    for key in keys:
+        values = {m: s.get(key) for m, s in per_cell.items()}
+        if len({repr(v) for v in values.values()}) < 2:
+            continue
+        groups: dict[str, list[str]] = {}
+        for mechanism, value in values.items():
+            groups.setdefault("unset" if value is None else str(value), []).append(mechanism)
+        phrases.append(f"{key} (" + "; ".join(f"{', '.join(ms)}: {v}" for v, ms in groups.items()) + ")")
+    return phrases
+
+
 def _median_mean(row: dict | None) -> str:
     if row is None:
         return "n/a"
@@ -148,6 +180,17 @@ def grid_markdown(result: dict[str, Any]) -> str:
         "are fractions (x100 for the usual percentages). Baseline: the first mechanism. p: exact two-sided "
         "sign-flip test of the mean paired difference (SPEC §12).",
     ]
+    differences = cell_differences(result)
+    if differences:
+        lines += ["", f"Cells differ in {', '.join(differences)} (each run's `settings` in results.json)."]
+    zeros = {cell: z for cell, z in zero_runs(result).items() if z[0]}
+    if zeros:
+        lines += [
+            "",
+            "Runs whose main metric is exactly 0 (for MCC a constant prediction, the majority class): "
+            + ", ".join(f"{t} × {m} {k} of {n}" for (t, m), (k, n) in zero_runs(result).items())
+            + ".",
+        ]
     for title, header, rows in summary_tables(result):
         lines += ["", f"## {title}", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
         lines += ["| " + " | ".join(row) + " |" for row in rows]

@@ -5,7 +5,7 @@ Cheap checks come first (arguments, the config: a causal family, variants only f
 within a learned table), then the texts are tokenized (only as many documents as the windows need), then the
 model is loaded once and run: for each variant, for each length, windows in batches; each batch's logits are
 reduced to float64 losses per position (`token_nll`), in blocks of positions where they would not fit at once
-(`context_blocks`), and added into float64 sums with a window count (`PositionLoss`), so no batch's logits are kept;
+(`context_blocks`), and added into float64 sums with counts per position (`PositionLoss`), so no batch's logits are kept;
 a batch that cannot fit even so is refused before the model is loaded. Under torchrun (SPEC §19) the batches are
 shared out by rank (`posprobe.runtime.distributed`: batch k, counted over every variant and length, is rank k %
 world's) and the sums and window counts are all-reduced once after the last batch, so every rank returns the result
@@ -23,7 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from posprobe.analysis.context_loss import PositionLoss, cut_windows, rotary_budget, windows_available
+from posprobe.analysis.context_loss import (
+    PositionLoss,
+    common_targets,
+    cut_windows,
+    rotary_budget,
+    target_mask,
+    windows_available,
+)
 from posprobe.architectures import table as T
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.families import rope_variants as R
@@ -137,8 +144,12 @@ def context(
     llama3:8' or a list; batch_size: windows per forward pass; progress(done, total) after each forward pass
     (under torchrun: every rank's passes counted); device: cpu, cuda, ... or 'auto' (accelerate's big-model
     inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk).
-    `windows` windows of the longest length are scored; a shorter length L scores the same tokens, in
-    windows x (L_max - b) // (L - b) windows (b = 1 with a BOS, else 0), so perplexities differ by context alone.
+    `windows` windows of the longest length cover C = windows x (L_max - b) stream tokens (b = 1 with a BOS, else
+    0); every length's perplexity is over exactly the same tokens of them (`common_targets`: all C with a BOS; without
+    one, all but those that start a window at some length, which no window there predicts), each length in
+    ceil(C / (L - b)) windows (a last window reaching past C scores only its part before it), so perplexities differ
+    by context alone (lengths need not divide each other). `tokens` holds that count per length; the loss by
+    position is over every position of the longest length's windows.
     """
     from posprobe.capture.model import capture_device, dispatch_settings, place_on
     from posprobe.capture.textrun import check_run_settings
@@ -161,10 +172,17 @@ def context(
         eos_id = eos_id if eos_id is not None else _config_eos(source.config)
         encode = None
     with_bos = bos_id is not None
-    needed = windows * (lengths[-1] - with_bos)
+    covered = windows * (lengths[-1] - with_bos)  # the stream tokens the longest length's windows hold
+    counts = [-(-covered // (n - with_bos)) for n in lengths]  # windows per length: each covers them all
+    needed = max(count * (n - with_bos) for count, n in zip(counts, lengths))
     stream, used = token_stream(texts if texts is not None else documents, needed, encode, eos_id)
     _check_enough(stream, used, lengths, windows, with_bos)
     _check_memory(source, batch_size, lengths[-1], device)
+    common = common_targets(covered, lengths, with_bos)  # (C,) the tokens every length scores
+    # past C no token is scored, and a causal model's loss at t never reads later tokens: where the text ends
+    # before the last window of a shorter length does, that window is filled out with EOS (or 0)
+    read = len(stream)
+    stream = list(stream) + [eos_id if eos_id is not None else 0] * max(0, needed - read)
     if net is None:
         net = _load(source, allow_pickle, dispatch_settings(device, max_memory))
     dev = capture_device(net, device)
@@ -175,36 +193,41 @@ def context(
     config = _text_config(net)
     rotary = kind == T.ROTARY and bool(R.rotary_modules(net))
     key = R.variant_key(config) if rotary else None
-    # every length covers the same tokens as the longest's windows, so perplexities differ by context alone
-    counts = [windows * (lengths[-1] - with_bos) // (n - with_bos) for n in lengths]
     total = len(variants) * sum(-(-count // batch_size) for count in counts)
     index = -1  # batch number over every variant and length: batch k is rank k % world's under torchrun
-    all_sums, inv_freq, scaling = [], [], []
+    all_sums, curves, inv_freq, scaling = [], [], [], []
     for variant in variants:
         with R.applied(net, variant) as modules:
             for length, count in zip(lengths, counts):
-                sums = PositionLoss(length)
+                sums = PositionLoss(length)  # the common tokens: the perplexity
+                curve = PositionLoss(length) if length == lengths[-1] else None  # every position: loss(t)
                 batches = cut_windows(stream, length, count, bos_id)
+                masks = target_mask(common, length, count, with_bos)
                 for start in range(0, count, batch_size):
                     index += 1
                     if parallel and not distributed.mine(index):
                         continue
                     nll = window_loss(net, batches[start : start + batch_size], dev)
-                    _check_finite(nll, variant.name, length, start)
-                    sums.add(nll)
+                    mask = masks[start : start + batch_size]
+                    _check_finite(np.where(mask, nll, 0.0) if curve is None else nll, variant.name, length, start)
+                    sums.add(nll, mask)
+                    if curve is not None:
+                        curve.add(nll)
                     if progress is not None:
                         progress(distributed.done_by_all(index, total), total)
                 all_sums.append(sums)
+                if curve is not None:
+                    curves.append(curve)
             if rotary:
                 freq, scale = R.inv_freq_of(modules[0], key)
                 inv_freq.append(freq.detach().double().cpu().numpy())
                 scaling.append(scale)
     if parallel:
-        _merge_ranks(all_sums)
+        _merge_ranks(all_sums + curves)
     if progress is not None:
         progress(total, total)  # the last rounds may have run on other ranks
     per_variant = [all_sums[v * len(lengths) : (v + 1) * len(lengths)] for v in range(len(variants))]
-    position_loss = [row[-1].mean for row in per_variant]  # the longest length's loss by position
+    position_loss = [curve.mean for curve in curves]  # the longest length's loss by position
     perplexity = [[sums.perplexity for sums in row] for row in per_variant]
     trained = R.trained_length(config, rotary)
     budget = None
@@ -222,10 +245,17 @@ def context(
         inv_freq=np.stack(inv_freq) if rotary else np.zeros((len(variants), 0)),
         attention_scaling=np.asarray(scaling if rotary else [1.0] * len(variants), dtype=np.float64),
         windows=np.asarray(counts, dtype=np.int64),
-        tokens=np.asarray([count * (n - 1) for count, n in zip(counts, lengths)], dtype=np.int64),
+        tokens=np.asarray([sums.scored for sums in per_variant[0]], dtype=np.int64),
         trained_length=trained,
         max_positions=R.max_positions(config),
-        text={"documents_used": used, "stream_tokens": len(stream), "bos_id": bos_id, "eos_id": eos_id},
+        text={
+            "documents_used": used,
+            "stream_tokens": read,
+            "bos_id": bos_id,
+            "eos_id": eos_id,
+            "scored_stream_tokens": covered,
+            "window_starts_left_out": int(covered - common.sum()),
+        },  # fmt: skip
         budget=budget,
         quantization=source.quantization,
     )
@@ -271,16 +301,19 @@ def _load(source, allow_pickle: bool, dispatch: dict):
 
 
 def _merge_ranks(all_sums: list[PositionLoss]) -> None:
-    """Every rank's loss sums and window counts added over the ranks in place (SPEC §19), in two all-reduces: one of
-    the float64 sums of every (variant, length) laid end to end, one of the int64 window counts."""
+    """Every rank's loss sums and counts added over the ranks in place (SPEC §19), in two all-reduces: one of the
+    float64 sums of every accumulator laid end to end, one of the int64 per-position counts and window counts."""
     from posprobe.runtime import distributed
 
     sums = distributed.all_reduce_sum(np.concatenate([s.sums for s in all_sums]))
-    windows = distributed.all_reduce_sum(np.asarray([s.windows for s in all_sums], dtype=np.int64))
+    counts = distributed.all_reduce_sum(np.concatenate([np.append(s.counts, s.windows) for s in all_sums]))
     start = 0
-    for part, count in zip(all_sums, windows):
-        part.sums, part.windows = sums[start : start + part.length - 1], int(count)
-        start += part.length - 1
+    for k, part in enumerate(all_sums):  # part k: sums[start : start + L-1], counts[start + k : start + k + L]
+        end = start + part.length - 1
+        part.sums = sums[start:end]
+        part.counts = np.asarray(counts[start + k : end + k], dtype=np.int64)
+        part.windows = int(counts[end + k])
+        start = end
 
 
 def _check_finite(nll: np.ndarray, variant: str, length: int, start: int) -> None:

@@ -25,7 +25,8 @@ class ContextResult(ResultMixin, Saves):
     `inv_freq` (V, F): each variant's inverse frequencies as its rotary module used them at the longest length
     (dynamic: recomputed for it), empty (V, 0) for a family without rotary embeddings; `attention_scaling` (V,)
     the factor the module multiplies cos and sin by; `windows` (n,) windows per length (each length covers the
-    same stream prefix as the longest's windows); `tokens` (n,) tokens scored per length (windows x (L-1)).
+    stream tokens of the longest's windows); `tokens` (n,) tokens scored per length: the same tokens at every length
+    (`text['scored_stream_tokens']` of the stream, less `text['window_starts_left_out']` without a BOS).
     `trained_length`: the length the model was trained on (SPEC §17); `budget`: the rotary budget (None without
     rotary embeddings)."""
 
@@ -53,6 +54,23 @@ class ContextResult(ResultMixin, Saves):
         """The lengths longer than the trained length."""
         return [n for n in self.lengths if self.trained_length is not None and n > self.trained_length]
 
+    def scored_words(self) -> str:
+        """Which tokens each perplexity is over, in words."""
+        covered, left = self.text.get("scored_stream_tokens"), self.text.get("window_starts_left_out") or 0
+        if len({int(x) for x in self.tokens}) > 1:  # a result from before issue 47's same-token scoring
+            return "tokens scored per length: " + ", ".join(
+                f"{n:,}: {int(x):,}" for n, x in zip(self.lengths, self.tokens)
+            )
+        words = f"perplexity over the same {int(self.tokens[-1]):,} tokens at every length"
+        if covered is None:
+            return words
+        words += f" (stream tokens 0..{covered - 1:,}"
+        if left:
+            words += (
+                f", less the {left:,} that start a window at some length: without a BOS no window predicts its first"
+            )
+        return words + ")"
+
     def note(self) -> str:
         """What the numbers are, in words."""
         with_bos = self.text.get("bos_id") is not None
@@ -67,8 +85,8 @@ class ContextResult(ResultMixin, Saves):
         return (
             f"loss in nats from the model's logits (each token's within 1e-6 of float64, sums in float64); "
             f"documents{where} joined with "
-            f"{'EOS' if self.text.get('eos_id') is not None else 'nothing'}, cut into consecutive windows, {bos}"
-            f"{past}"
+            f"{'EOS' if self.text.get('eos_id') is not None else 'nothing'}, cut into consecutive windows, {bos}; "
+            f"{self.scored_words()}{past}"
         )
 
     def octaves(self) -> tuple[np.ndarray, np.ndarray]:
@@ -109,6 +127,7 @@ class ContextResult(ResultMixin, Saves):
             | {
                 "windows": [int(x) for x in self.windows],
                 "tokens": [int(x) for x in self.tokens],
+                "scored_tokens": {str(n): int(x) for n, x in zip(self.lengths, self.tokens)},
                 "perplexity": {
                     v: {str(n): _number(p) for n, p in zip(self.lengths, row)}
                     for v, row in zip(self.variants, self.perplexity)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from posprobe.analysis.massive import MassiveActivationAccumulator, is_delimiter
-from posprobe.analysis.position_probe import DEFAULT_SAMPLE, N_CONTROLS, PositionProbeAccumulator
+from posprobe.analysis.position_probe import DEFAULT_SAMPLE, N_CONTROLS, PositionProbeAccumulator, baseline_inputs
 from posprobe.analysis.positional_vectors import (
     DEFAULT_MIN_TEXTS,
     NULL_DRAWS,
@@ -103,8 +103,9 @@ def states(
     5·d² float64 of memory; `mae_sample`: tokens the MAE is measured on (reservoir sample; all when fewer);
     `seed`: the control permutations', the null's and the sample's seed; `controls`: control permutation draws
     (mean and spread reported); `null_draws`: permutation-null draws of the positional Gram R² (0: none; each
-    costs the positional sums' memory again). The probe's baseline (first-token flag and text length) comes
-    with every run. `progress(k)` is called after each batch with the number of texts it held.
+    costs the positional sums' memory again). The probe's baseline (no hidden state: the first-token flag, plus the
+    text length where the model attends both ways; `is_causal`) comes with every run. `progress(k)` is called after
+    each batch with the number of texts it held.
     """
     run = text_run(texts, input_ids, special_ids=special_ids, max_length=max_length, max_texts=max_texts,
                    batch_size=batch_size, device=device, max_memory=max_memory, progress=progress,
@@ -146,7 +147,7 @@ def states(
             PositionalVectorAccumulator(n_states, n, hidden_size, device),
             PermutedPositionAccumulator(n_states, n, hidden_size, device, draws=null_draws, seed=seed),
             PositionProbeAccumulator(n_states, layers, hidden_size, device, sample=mae_sample, seed=seed,
-                                     controls=controls),
+                                     controls=controls, baseline=baseline_inputs(is_causal(loaded.net))),
             MassiveActivationAccumulator(n_states, device),
         ]  # fmt: skip
 
@@ -193,6 +194,20 @@ def states(
         null_r2_without_first=null_r2_without_first,
         layer_kinds=kinds,
     )
+
+
+def is_causal(net) -> bool:
+    """Whether the loaded model's position i sees only tokens 0..i: the family table's word (its config switches
+    included: a Gemma 3 set to attend both ways is not causal); for a type the table lacks, its config's
+    `is_decoder` or a `...ForCausalLM` class."""
+    from posprobe.architectures import table as T
+
+    config = net.config.to_dict() if hasattr(net.config, "to_dict") else dict(net.config)
+    text = T.language_model_config(config)
+    family = T.family_for_type(str(config.get("model_type"))) or T.family_for_type(str(text.get("model_type")))
+    if family is not None:
+        return T.is_causal(family, text)
+    return bool(text.get("is_decoder")) or type(net).__name__.endswith("ForCausalLM")
 
 
 def _probe_layers(value, n_states: int) -> list[int]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from posprobe.analysis.massive import BINS_PER_OCTAVE, MEDIAN_RELATIVE_ERROR, MassiveActivations
-from posprobe.analysis.position_probe import ALPHA_GRID, N_FOLDS, PositionProbes
+from posprobe.analysis.position_probe import ALPHA_GRID, N_FOLDS, PositionProbes, baseline_words
 from posprobe.analysis.positional_vectors import NOISE_MARGIN, PositionalVectors
 from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, save
 from posprobe.results import ResultMixin
@@ -180,7 +180,9 @@ class StatesResult(ResultMixin, Saves):
             "probe_r2_baseline": _number(self.probes.r2_baseline),
             "probe_r2_baseline_control": _number(self.probes.r2_baseline_control),
             "probe_mae_baseline": _number(self.probes.mae_baseline),
-            "probe_baseline_features": "first-token flag, text length (no hidden state; same folds and fit)",
+            "baseline_inputs": list(self.probes.baseline_inputs),
+            "probe_baseline_features": f"{baseline_words(self.probes.baseline_inputs)} (no hidden state; same folds "
+            "and fit; a causal model's position cannot see the text's length)",
             "probe_control_draws": None if self.probes.r2_controls is None else int(self.probes.r2_controls.shape[1]),
             "positional_null_draws": None if self.null_r2 is None else int(self.null_r2.shape[0]),
             "positional_null": "positions 1..len-1 permuted within each text (the first token stays at 0)",
@@ -213,6 +215,7 @@ class StatesResult(ResultMixin, Saves):
             "probe_r2_baseline": np.float64(p.r2_baseline),
             "probe_r2_baseline_control": np.float64(p.r2_baseline_control),
             "probe_mae_baseline": np.float64(p.mae_baseline),
+            "probe_baseline_inputs": np.asarray(p.baseline_inputs),
             "massive_max": m.max,
             "massive_position": m.position,
             "massive_channel": m.channel,

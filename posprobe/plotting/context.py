@@ -38,7 +38,9 @@ def position_loss_figure(result):
     ax.set_xlim(0.9, length * 1.1)
     _mark_trained(ax, result, length)
     curves = np.concatenate([log_smooth(loss)[1] for loss in result.position_loss])
-    ax.set_ylim(max(0.0, curves.min() - 0.5), curves.max() + 0.5)
+    low, high = max(0.0, curves.min() - 0.5), curves.max() + 0.5
+    ax.set_ylim(low, high)
+    outside = dots_outside(result.position_loss, low, high)
     ax.set_xlabel("position t + 1 (tokens seen when predicting token t + 1)", fontsize=8)
     ax.set_ylabel("loss at position t (nats)", fontsize=8)
     ax.tick_params(labelsize=7)
@@ -47,11 +49,33 @@ def position_loss_figure(result):
     fig.suptitle(
         f"{result.model}{quantization_note(result)}: loss by position, {windows} windows of {length + 1:,} tokens "
         f"({result.text.get('source') or 'documents'})\n"
-        "dots: each position (mean over windows); lines: mean over geometric position bins",
+        "dots: each position (mean over windows); lines: mean over geometric position bins"
+        + (f"\n{outside[0]:,} of {outside[1]:,} dots lie outside the y axis (not drawn)" if outside[0] else ""),
         fontsize=9,
     )
-    fig.subplots_adjust(left=0.09, right=0.98, bottom=0.12, top=0.86)
+    fig.subplots_adjust(left=0.09, right=0.98, bottom=0.12, top=0.82 if outside[0] else 0.86)
     return fig
+
+
+def dots_outside(loss: np.ndarray, low: float, high: float) -> tuple[int, int]:
+    """(dots outside [low, high], dots) of the per-position losses (V, L-1) the figure draws."""
+    values = np.asarray(loss, dtype=np.float64)
+    return int(((values < low) | (values > high)).sum()), int(values.size)
+
+
+def _scored_line(result) -> str:
+    """The perplexity figure's subtitle: which tokens were scored, and the windows per length."""
+    counts = sorted({int(x) for x in result.tokens})
+    scored = (
+        f"the same {counts[0]:,} tokens scored at every length"
+        if len(counts) == 1
+        else "tokens scored: " + ", ".join(f"{n:,}: {int(x):,}" for n, x in zip(result.lengths, result.tokens))
+    )
+    left = result.text.get("window_starts_left_out") or 0
+    if left:
+        scored += f" ({left:,} window starts left out: no BOS)"
+    windows = ", ".join(f"{int(w)} of {n:,}" for n, w in zip(result.lengths, result.windows))
+    return f"{scored}\nwindows per length: {windows}"
 
 
 def perplexity_figure(result):
@@ -71,10 +95,8 @@ def perplexity_figure(result):
     ax.tick_params(labelsize=7)
     ax.legend(fontsize=7, frameon=False)
     fig.suptitle(
-        f"{result.model}{quantization_note(result)}: perplexity by window length\n"
-        f"the same {int(result.tokens[-1]) + int(result.windows[-1]):,} tokens at every length "
-        f"({int(result.windows[-1])} windows of {result.lengths[-1]:,})",
+        f"{result.model}{quantization_note(result)}: perplexity by window length\n{_scored_line(result)}",
         fontsize=9,
     )
-    fig.subplots_adjust(left=0.11, right=0.97, bottom=0.13, top=0.86)
+    fig.subplots_adjust(left=0.11, right=0.97, bottom=0.13, top=0.82)
     return fig

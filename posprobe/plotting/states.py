@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from posprobe.analysis.position_probe import baseline_words
 from posprobe.analysis.toeplitz import format_r2
 from posprobe.plotting.base import _figure, _matrix_panel, _symmetric_limit, layer_kinds_line, quantization_note
 
@@ -49,7 +50,8 @@ def states_summary(result):
             ax.fill_between(layers, lo, hi, color="tab:orange", alpha=0.2, lw=0, label="control ± 2 sd")
         if np.isfinite(p.r2_baseline):
             ax.axhline(p.r2_baseline, color="tab:green", lw=1.0, ls="-.",
-                       label=f"baseline, no hidden state: first token + length ({p.r2_baseline:.2f})")  # fmt: skip
+                       label=f"baseline, no hidden state: {baseline_words(p.baseline_inputs)} "
+                             f"({p.r2_baseline:.2f})")  # fmt: skip
         _r2_axis(ax, p.r2, p.r2_control, np.array([p.r2_baseline]))
         twin = ax.twinx()
         twin.plot(layers, p.mae, ":", color="tab:blue", lw=1.0, label="MAE (positions)")

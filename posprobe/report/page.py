@@ -28,7 +28,8 @@ section { border-top: 1px solid var(--line); padding: 1.25rem 0; }
 table { border-collapse: collapse; font-size: 0.88rem; font-variant-numeric: tabular-nums; }
 th, td { border-bottom: 1px solid var(--line); padding: 0.2rem 0.5rem; text-align: right; white-space: nowrap; }
 th:first-child, td:first-child { text-align: left; }
-table.summary td.label { white-space: normal; }
+table.summary td.label { white-space: normal; } table.summary td.reference { color: var(--dim); text-align: left; }
+p.story a { color: var(--ink); text-decoration-color: var(--line); }
 thead th { background: var(--soft); }
 ul.headline { padding-left: 1.2rem; } ul.headline b { font-variant-numeric: tabular-nums; }
 figure { margin: 0.75rem 0; } img { display: block; max-width: 100%; height: auto; border: 1px solid var(--line); }
@@ -66,26 +67,35 @@ def table_html(table: Table) -> str:
     return f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
 
 
-def _summary(outcomes) -> str:
+def _story(claims) -> str:
+    """The summary's opening sentences, each a link to the section it comes from."""
+    if not claims:
+        return ""
+    sentences = " ".join(f'<a href="#{html.escape(c.section)}">{html.escape(c.text)}</a>' for c in claims)
+    return f'<p class="story">{sentences}</p>'
+
+
+def _summary(outcomes, claims=()) -> str:
     rows, lines = [], []
     for o in outcomes:
         name, title = html.escape(o.section.name), html.escape(o.section.title)
         if o.view is not None:
             for h in o.view.headline:
                 rows.append(f'<tr><td class="label"><a href="#{name}">{html.escape(h.label)}</a></td>'
-                            f'<td class="value">{html.escape(h.text)}</td></tr>')  # fmt: skip
+                            f'<td class="value">{html.escape(h.text)}</td>'
+                            f'<td class="label reference">{html.escape(h.reference_text)}</td></tr>')  # fmt: skip
         else:
             lines.append(
                 f'<li><a href="#{name}">{title}</a>: {html.escape(o.status)} — {html.escape(str(o.reason))}</li>'
             )
     table = (
-        '<div class="table-wrap"><table class="summary"><thead><tr><th>headline</th><th>value</th></tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table></div>"
+        '<div class="table-wrap"><table class="summary"><thead><tr><th>headline</th><th>value</th>'
+        f"<th>read against</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
         if rows
         else '<p class="note">no section ran</p>'
     )
     others = f'<ul class="note">{"".join(lines)}</ul>' if lines else ""
-    return f'<section id="summary"><h2>Summary</h2>{table}{others}</section>'
+    return f'<section id="summary"><h2>Summary</h2>{_story(claims)}{table}{others}</section>'
 
 
 def _section(o) -> str:
@@ -97,7 +107,8 @@ def _section(o) -> str:
         if o.command_line:
             parts.append(f"<h3>Command</h3><pre><code>{html.escape(o.command_line)}</code></pre>")
         return "".join(parts) + "</section>"
-    items = "".join(f"<li>{html.escape(h.label)}: <b>{html.escape(h.text)}</b></li>" for h in o.view.headline)
+    items = "".join(f"<li>{html.escape(h.label)}: <b>{html.escape(h.text)}</b> — read against "
+                    f"{html.escape(h.reference_text)}</li>" for h in o.view.headline)  # fmt: skip
     parts.append(f'<ul class="headline">{items}</ul>')
     parts.extend(figure_html(f) for f in o.view.figures)
     if o.view.table is not None:
@@ -111,8 +122,8 @@ def _section(o) -> str:
     return "".join(parts) + "</section>"
 
 
-def render_page(facts: ModelFacts, outcomes, text: str | None) -> str:
-    """The whole page as one string."""
+def render_page(facts: ModelFacts, outcomes, text: str | None, claims=()) -> str:
+    """The whole page as one string; `claims` (`story.Claim`) open the summary."""
     from posprobe.version import __version__
 
     label = html.escape(facts.label)
@@ -125,7 +136,7 @@ def render_page(facts: ModelFacts, outcomes, text: str | None) -> str:
         f"{causal}{texts}. Conventions: query i attends to key j, offset k = j − i. "
         f"Made by posprobe {html.escape(__version__)} on {stamp}.</p></header>"
     )
-    body = header + _summary(outcomes) + "".join(_section(o) for o in outcomes)
+    body = header + _summary(outcomes, claims) + "".join(_section(o) for o in outcomes)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

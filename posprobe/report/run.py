@@ -59,6 +59,7 @@ class SectionOutcome:
             out["reason"] = self.reason
         if self.view is not None:
             out["headline"] = {h.label: h.value for h in self.view.headline}
+            out["reference"] = {h.label: h.reference for h in self.view.headline}
             out["folder"] = self.argv[self.argv.index("--out") + 1]
             out["reused"] = self.reused
             out["seconds"] = self.seconds
@@ -277,8 +278,11 @@ def write_report(out_dir: Path, facts: ModelFacts, outcomes: list[SectionOutcome
     """Write report.html and report.json into `out_dir` (together, atomically); the summary dict."""
     from posprobe.formats.writing import json_writer, write_files
     from posprobe.report.page import render_page
+    from posprobe.report.story import story
 
     html_path = out_dir / "report.html"
+    claims = story(facts, {o.section.name: o.record for o in outcomes if o.view is not None and o.record is not None},
+                   {o.section.name: o.status for o in outcomes})  # fmt: skip
     summary = {
         "html": str(html_path),
         "model": facts.label,
@@ -286,15 +290,23 @@ def write_report(out_dir: Path, facts: ModelFacts, outcomes: list[SectionOutcome
         "position_kind": facts.kind,
         "causal": facts.causal,
         "text": text,
+        "story": [claim.to_dict() for claim in claims],
         "headline": [
-            {"section": o.section.name, "label": h.label, "value": h.value, "text": h.text}
+            {
+                "section": o.section.name,
+                "label": h.label,
+                "value": h.value,
+                "text": h.text,
+                "reference": h.reference,
+                "reference_text": h.reference_text,
+            }
             for o in outcomes
             if o.view is not None
             for h in o.view.headline
-        ],
+        ],  # fmt: skip
         "sections": {o.section.name: o.summary() for o in outcomes},
     }
-    page = render_page(facts, outcomes, text)
+    page = render_page(facts, outcomes, text, claims)
     write_files(
         out_dir,
         {"report.html": lambda p: p.write_text(page, encoding="utf-8"), "report.json": json_writer(summary)},

@@ -45,11 +45,15 @@ class ModelFacts:
 
 @dataclass(frozen=True)
 class Headline:
-    """One headline number: `value` is what the record holds (None: undefined), `text` how the page prints it."""
+    """One headline number: `value` is what the record holds (None: undefined), `text` how the page prints it;
+    `reference` what to read it against (a number: chance, construction or a baseline; or a short text saying why
+    there is none) and `reference_text` how the page prints that, with what it is. Every headline has one."""
 
     label: str
     value: float | int | str | None
     text: str
+    reference: float | int | str | None
+    reference_text: str
 
 
 @dataclass(frozen=True)
@@ -130,8 +134,14 @@ def _layer_value(value):
     return mean_defined(value) if isinstance(value, list) else value
 
 
-def headline(label: str, value, digits: int = 3) -> Headline:
-    return Headline(label, value, number(value, digits))
+def headline(label: str, value, reference, what: str, digits: int = 3) -> Headline:
+    """A headline number with its reference: `reference` a number (printed with the same digits, then `what` says
+    what it is) or a short text saying why there is none (then `what` may add to it)."""
+    if isinstance(reference, str):
+        text = reference + (f" ({what})" if what else "")
+    else:
+        text = f"{number(reference, digits)} ({what})" if what else number(reference, digits)
+    return Headline(label, value, number(value, digits), reference, text)
 
 
 def _unknown_kind(facts: ModelFacts) -> str | None:
@@ -194,13 +204,14 @@ def _peaks_view(record: dict, facts: ModelFacts, what: str) -> View:
     side = f"−{window} ≤ k ≤ 0 (causal: k > 0 is never used)" if record["causal"] else f"|k| ≤ {window}"
     flat = len(peaks) - len(defined)
     value = f"{at_zero} / {len(defined)}" if defined else "none (all flat)"
+    why = "none: a count of heads (a peak at k = 0 is a self-attending head; −1 a previous-token head)"
     notes = [f"peak offset k = j − i of each head's {what} profile, within {side}; — = flat up to round-off"]
     if flat:
         notes.append(f"{flat} of {len(peaks)} profiles are flat (no peak)")
     if record.get("toeplitz_by_construction"):
         notes.append("Toeplitz by construction here: the scores depend on k alone, whatever the weights")
-    return View([Headline(f"heads peaking at k = 0 ({what})", value, value)], table, _first_and_last(record["figures"]),
-                notes)  # fmt: skip
+    return View([Headline(f"heads peaking at k = 0 ({what})", value, value, why, why)], table,
+                _first_and_last(record["figures"]), notes)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -221,7 +232,10 @@ def toeplitz(record: dict, facts: ModelFacts) -> View:
     columns = ["positions", "R² whole", *[f"R² first {b}" for b in blocks]]
     rows = [[str(record["n_positions"]), number(record["toeplitz_r2"]), *[number(v) for v in blocks.values()]]]
     notes = [f"{record['dropped_rows']} reserved leading rows dropped"] if record.get("dropped_rows") else []
-    return View([headline("Toeplitz R² of P", record["toeplitz_r2"])], Table(columns, rows), [record["figure"]], notes)
+    line = headline("Toeplitz R² of P", record["toeplitz_r2"],
+                    "no null: 1 is a table of relative position alone, and a learned table is not Toeplitz by "
+                    "construction", "")  # fmt: skip
+    return View([line], Table(columns, rows), [record["figure"]], notes)
 
 
 @section(
@@ -238,10 +252,11 @@ def fhat(record: dict, facts: ModelFacts) -> View:
     rows = [
         [str(h["head"]), "by construction" if by_construction else number(h["toeplitz_r2"])] for h in record["heads"]
     ]
+    label = "mean F̂_P Toeplitz R², layer 0"
     value = (
-        Headline("mean F̂_P Toeplitz R², layer 0", None, "by construction")
+        Headline(label, None, "by construction", 1.0, "1 by construction (the scores depend on j − i alone)")
         if by_construction
-        else headline("mean F̂_P Toeplitz R², layer 0", record["mean_toeplitz_r2"])
+        else headline(label, record["mean_toeplitz_r2"], "no null: 1 is scoring by relative offset alone", "")
     )
     notes = ["causal: only k ≤ 0 is ever used"] if record["causal"] else []
     if by_construction:  # no per-head number to show: every head's R² is 1 whatever the weights
@@ -281,9 +296,17 @@ def fit_tisa(record: dict, facts: ModelFacts) -> View:
         lowest = min(r2) if r2 else None
         rows.append([str(layer), number(_median(r2)), number(lowest), number(_median([h["holdout_r2"] for h in mine]))])
     table = Table(["layer", "median R²", "min R²", "median held-out R²"], rows)
+    points, parameters = record.get("points"), record.get("parameters")
+    fit_why = (
+        f"none: high almost by construction ({parameters} parameters for {points} points)"
+        if points and parameters
+        else "none: high almost by construction (a fit in the window it was fitted to)"
+    )
     lines = [
-        headline(f"TISA fit median R² (S = {record['kernels']})", record["median_r2"]),
-        headline("TISA held-out median R²", record["median_holdout_r2"]),
+        headline(f"TISA fit median R² (S = {record['kernels']})", record["median_r2"], fit_why, ""),
+        headline(
+            "TISA held-out median R²", record["median_holdout_r2"], 0.0, "predicting the held-out offsets by their mean"
+        ),  # fmt: skip
     ]
     notes = list(record.get("warnings") or [])
     return View(lines, table, [record["figure"]], notes)
@@ -317,8 +340,8 @@ def rotary(record: dict, facts: ModelFacts) -> View:
     table = Table(["layer", "q long", "k long", "equal", "q peak λ", "k peak λ"], rows)
     lines = [
         headline("query norm in bands longer than the context (mean over layers)",
-                 mean_defined(r["q_long_band_share"] for r in summary), 2),
-        headline("the same for equal band norms", mean_defined(r["long_band_fraction"] for r in summary), 2),
+                 mean_defined(r["q_long_band_share"] for r in summary),
+                 mean_defined(r["long_band_fraction"] for r in summary), "equal band norms", 2),
     ]  # fmt: skip
     notes = [f"context: {record['context']} tokens; λ in tokens"]
     if facts.rotary_layers:
@@ -328,7 +351,8 @@ def rotary(record: dict, facts: ModelFacts) -> View:
         )
     budget = record.get("budget")  # the rotary budget (SPEC §17), where the rotary module is built from rope parameters
     if budget:
-        lines.append(headline("rotary budget: extrapolation limit (tokens)", budget["extrapolation_limit"], 0))
+        lines.append(headline("rotary budget: extrapolation limit (tokens)", budget["extrapolation_limit"],
+                              budget["trained_length"], "the trained length", 0))  # fmt: skip
         notes.append(
             f"rotary budget (Liu et al. 2023): critical dimension {budget['critical_dimension']} of "
             f"{budget['rotated_dims']} rotated dims ({budget['pairs_with_full_period']} of {budget['pairs']} pairs "
@@ -360,11 +384,19 @@ def attention(record: dict, facts: ModelFacts) -> View:
         ])  # fmt: skip
     table = Table(["layer", "mean distance", "uniform", "first-token mass", "sink rate", "score Toeplitz R²"], rows)
     last = len(record["layers"]) - 1
+    uniform_mass = mean_defined(_layer_value(v) for v in record["uniform_first_token_mass"])
+    threshold = record.get("sink_threshold")
+    uniform_rate = None if uniform_mass is None or threshold is None else float(uniform_mass >= threshold)
     lines = [
-        headline("sink rate (mean over layers)", mean_defined(record["sink_rate"]), 2),
-        headline("mean attention distance, last layer", mean_defined(record["mean_distance"][last]), 2),
-        headline("uniform attention would give", _layer_value(record["uniform_distance"][last]), 2),
-    ]
+        headline("sink rate (mean over layers)", mean_defined(record["sink_rate"]), uniform_rate,
+                 f"uniform attention: its first-token mass {number(uniform_mass)} against the sink threshold "
+                 f"{number(threshold, 2)}", 2),
+        headline("first-token mass (mean over layers and heads)",
+                 mean_defined(mean_defined(row) for row in record["first_token_mass"]), uniform_mass,
+                 "uniform attention over the keys each query sees"),
+        headline("mean attention distance, last layer", mean_defined(record["mean_distance"][last]),
+                 _layer_value(record["uniform_distance"][last]), "uniform attention over the same keys", 2),
+    ]  # fmt: skip
     figures = [f for f in record["figures"] if f.endswith(("sinks.png", "mean_distance.png"))]
     notes = [f"{record['n_texts']} texts ({record['text']}), {record['n_queries']} queries; all means are over heads"]
     return View(lines, table, figures, notes)
@@ -395,8 +427,10 @@ def profiles_text(record: dict, facts: ModelFacts) -> View:
     args=lambda facts, n_texts: ["--min-texts", str(min(16, n_texts))],  # 16: the command's default
     how_to_read="""For every hidden state (0 = the embedding output): a ridge probe's held-out R² for the token's
     position (beside a permuted-position control, near 0 by construction), the Toeplitz R² of the positional
-    vectors' Gram matrix, and the largest activation over its median (a 'massive activation'). A probe R² that
-    falls with depth says later layers keep less absolute position.""",
+    vectors' Gram matrix, and the largest activation over its median (a 'massive activation'). Read the probe
+    against the no-hidden-state baseline: what the first-token flag (and, where the model attends both ways, the
+    text's length) gives with no hidden state; a causal position cannot see the length, so its baseline has only
+    the flag. A probe R² that falls with depth says later layers keep less absolute position.""",
 )
 def states(record: dict, facts: ModelFacts) -> View:
     rows = []
@@ -410,12 +444,54 @@ def states(record: dict, facts: ModelFacts) -> View:
             number(record["massive_ratio"][s], 1),
         ])  # fmt: skip
     table = Table(["state", "probe R²", "control R²", "probe MAE", "Gram Toeplitz R²", "massive ratio"], rows)
+    baseline, inputs = record.get("probe_r2_baseline"), baseline_inputs_words(record)
     lines = [
-        headline("position probe R², embedding output", record["probe_r2"][0]),
-        headline("position probe R², last hidden state", record["probe_r2"][-1]),
-    ]
+        headline("position probe R², embedding output", record["probe_r2"][0], baseline,
+                 f"no hidden state: {inputs}"),
+        headline("position probe R², last hidden state", record["probe_r2"][-1], baseline,
+                 f"no hidden state: {inputs}"),
+    ]  # fmt: skip
+    gram, null = (
+        record.get("positional_toeplitz_r2_without_first"),
+        record.get("positional_toeplitz_r2_without_first_null_mean"),
+    )
+    if gram and null:
+        spread = (record.get("positional_toeplitz_r2_without_first_null_std") or [None])[-1]
+        lines.append(headline("positional Gram Toeplitz R² over i ≥ 1, last hidden state", gram[-1], null[-1],
+                              f"permutation null, mean{'' if spread is None else f' ± {number(spread)}'}"))  # fmt: skip
+    within = record.get("positional_positions_within_noise_without_first")
+    if within:
+        kept = max(int(record["n_positions_kept"]) - 1, 0)
+        value = None if within[-1] is None else int(within[-1])
+        lines.append(headline("positions i ≥ 1 whose vector is within twice the noise floor, last hidden state",
+                              value, kept, "positions kept: all of them within it = sampling alone", 0))  # fmt: skip
     notes = [f"{record['n_texts']} texts ({record['text']}), {record['n_positions_kept']} positions kept"]
     return View(lines, table, list(record["figures"]), notes)
+
+
+def baseline_inputs_words(record: dict) -> str:
+    """What the states record's no-hidden-state baseline used, in words (`baseline_inputs`; an older record's
+    `probe_baseline_features`)."""
+    from posprobe.analysis.position_probe import baseline_words
+
+    inputs = record.get("baseline_inputs")
+    if inputs:
+        return baseline_words(inputs)
+    return str(record.get("probe_baseline_features") or "first-token flag + text length").split(" (")[0]
+
+
+def loss_plateau(record: dict, variant: str | None = None, tolerance: float = 0.1) -> int | None:
+    """The first position t (a bin start of `loss_by_octave`, t >= 1) from which the loss stops falling: no later
+    bin's mean is more than `tolerance` nats below that bin's. None when there are no bins."""
+    octaves = record.get("loss_by_octave") or {}
+    bins, means = octaves.get("position_bins"), octaves.get(variant or record["variants"][0])
+    if not bins or not means:
+        return None
+    for k in range(1, len(bins)):
+        later = [m for m in means[k + 1 :] if m is not None]
+        if means[k] is not None and all(m >= means[k] - tolerance for m in later):
+            return int(bins[k][0])
+    return None
 
 
 def _long_lengths(facts: ModelFacts, room: int = 0) -> str:
@@ -447,12 +523,25 @@ def _needs_causal(facts: ModelFacts) -> str | None:
 def context(record: dict, facts: ModelFacts) -> View:
     variant = record["variants"][0]
     perplexity = record["perplexity"][variant]
-    rows = [[str(n), number(perplexity[str(n)], 2), str(t)] for n, t in zip(record["lengths"], record["tokens"])]
-    longest = record["lengths"][-1]
+    scored = record.get("scored_tokens") or dict(zip(map(str, record["lengths"]), record["tokens"]))
+    rows = [[str(n), number(perplexity[str(n)], 2), str(scored[str(n)])] for n in record["lengths"]]
+    longest, shortest = record["lengths"][-1], record["lengths"][0]
     scaled = "" if variant == "none" else f" ({variant})"  # 'none': the model's own rotary setting, unscaled
-    lines = [headline(f"perplexity at {longest} tokens{scaled}", perplexity[str(longest)], 2)]
+    same = len({scored[str(n)] for n in record["lengths"]}) == 1
+    lines = [
+        headline(f"perplexity at {longest} tokens{scaled}", perplexity[str(longest)],
+                 perplexity[str(shortest)] if shortest != longest else "none: one length only",
+                 (f"at {shortest} tokens, {'the same' if same else 'other'} tokens scored" if shortest != longest
+                  else ""), 2),
+    ]  # fmt: skip
+    plateau = loss_plateau(record, variant)
+    if plateau is not None:
+        first = record["loss_by_octave"][variant][0]
+        lines.append(Headline("loss stops falling by position t ≈", plateau, str(plateau), first,
+                              f"{number(first, 2)} nats at t = 0; from t ≈ {plateau} on, no position bin's loss is "
+                              "more than 0.1 nats lower"))  # fmt: skip
     notes = [record["note"]] if record.get("note") else []
-    return View(lines, Table(["window length", "perplexity", "tokens"], rows), list(record["figures"]), notes)
+    return View(lines, Table(["window length", "perplexity", "tokens scored"], rows), list(record["figures"]), notes)
 
 
 @section(
@@ -468,7 +557,13 @@ def context(record: dict, facts: ModelFacts) -> View:
 def needle(record: dict, facts: ModelFacts) -> View:
     depths = record["depths"]
     rows = [[str(g["length"]), *[number(a, 2) for a in g["accuracy"]]] for g in record["grid"]]
-    lines = [headline("needle retrieval accuracy (all prompts)", record["overall_accuracy"], 2)]
+    digits = (record.get("task") or {}).get("digits") if isinstance(record.get("task"), dict) else None
+    chance = 10.0**-digits if isinstance(digits, int) and not (record.get("task") or {}).get("answer") else None
+    lines = [
+        headline("needle retrieval accuracy (all prompts)", record["overall_accuracy"],
+                 "≈ 0: guessing a random pass key" if chance is None else chance,
+                 "" if chance is None else f"guessing a random {digits}-digit pass key", 2),
+    ]  # fmt: skip
     figures = [record["files"][name] for name in ("needle_grid", "needle_heads") if name in record["files"]]
     heads = ", ".join(f"L{h['layer']}.H{h['head']}" for h in record["top_heads"][:5])
     notes = [f"{record['n_prompts']} prompts; heads attending most to the needle: {heads}"] if heads else []
