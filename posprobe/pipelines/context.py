@@ -5,7 +5,7 @@ Cheap checks come first (arguments, the config: a causal family, variants only f
 within a learned table), then the texts are tokenized (only as many documents as the windows need), then the
 model is loaded once and run: for each variant, for each length, windows in batches; each batch's logits are
 reduced to float64 losses per position (`token_nll`), in blocks of positions where they would not fit at once
-(`context_blocks`), and added into float64 sums with counts per position (`PositionLoss`), so no batch's logits are kept;
+(`context_blocks`), and added into float64 sums with counts per position (`PositionLoss`), so no logits are kept;
 a batch that cannot fit even so is refused before the model is loaded. Under torchrun (SPEC §19) the batches are
 shared out by rank (`posprobe.runtime.distributed`: batch k, counted over every variant and length, is rank k %
 world's) and the sums and window counts are all-reduced once after the last batch, so every rank returns the result
