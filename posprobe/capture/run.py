@@ -34,17 +34,10 @@ from posprobe.capture.model import (
     reads_padding,
     stack_to_run,
 )
-from posprobe.capture.recording import (
-    BLOCK_NAME,
-    RECORD_NAME,
-    BlockRecorder,
-    LayerRecorder,
-    register_block_attention,
-    register_recording_attention,
-    verify_against_eager,
-)
+from posprobe.capture.recording import BLOCK_NAME, RECORD_NAME, BlockRecorder, LayerRecorder
 from posprobe.capture.stacks import eager_route_recorder
 from posprobe.errors import PosprobeError
+from posprobe.kernel import register, verify_against_eager
 from posprobe.runtime import distributed
 from posprobe.validation import as_int
 
@@ -169,11 +162,11 @@ def capture_batches(
     torchrun: after each of this rank's batches, with the texts of that round of batches over all ranks), and the
     summary counts every rank's texts.
     Blockwise route (SPEC §19): where the family's attention goes through AttentionInterface and every reducer of
-    attention has `add_block`, a batch is run with `recording.block_attention` and its reducers get blocks of
-    `block_size` query rows (`BlockCapture`) instead of whole matrices: `block_size` None (the default) does this for
-    the batches whose whole matrices would take at least 256 MiB (blocks of about `recording.BLOCK_ELEMENTS`
-    scores), 0 never, a positive number for every batch. The first batch run in blocks is checked too, on its first
-    256 tokens, in blocks of a quarter of them.
+    attention has `add_block`, a batch is run on the kernel's blockwise route (`kernel.BLOCKS`) and its reducers
+    get blocks of `block_size` query rows (`BlockCapture`) instead of whole matrices: `block_size` None (the
+    default) does this for the batches whose whole matrices would take at least 256 MiB (blocks of about
+    `kernel.routes.BLOCK_ELEMENTS` scores), 0 never, a positive number for every batch. The first batch run in
+    blocks is checked too, on its first 256 tokens, in blocks of a quarter of them.
     Raises PosprobeError for a model that cannot be captured, or when there is no batch."""
     import torch
 
@@ -224,9 +217,7 @@ def capture_batches(
         if eager:
             eager_recorder.start(net)
         elif attention:
-            register_recording_attention()
-            if blockwise:
-                register_block_attention()
+            register()
             net.set_attn_implementation(RECORD_NAME)
         with torch.inference_mode():
             for index, tokens in enumerate(batches):
@@ -273,8 +264,7 @@ def capture_batches(
                     del scores, probs
                 elif attention:
                     recorder.begin(len(tokens), tokens.input_ids.shape[1])
-                    with recorder:
-                        output = _forward(net, tokens, kwargs)
+                    output = _forward(net, tokens, kwargs, recorder.taps())
                     _check_calls(net, recorder.calls, len(attending))
                     if verify and "whole" not in checked:  # the first batch recorded as whole matrices
                         verify_against_eager(net, tokens.input_ids, tokens.attention_mask, output)
@@ -334,7 +324,8 @@ def _check_attention_fits(
     model, needs: set, n_layers: int, n_heads: int, tokens: TokenBatch, rows: int | None = None
 ) -> None:
     """Refuse in one line a batch whose recorded attention cannot fit in the free memory (`capture.memory`):
-    whole matrices when `rows` is None, else blocks of `rows` query rows (0: `recording.BLOCK_ELEMENTS` scores)."""
+    whole matrices when `rows` is None, else blocks of `rows` query rows (0: about `kernel.routes.BLOCK_ELEMENTS`
+    scores)."""
     batch, length = tokens.input_ids.shape
     if rows is not None:
         element = next((p.element_size() for p in model.parameters()), 4)
@@ -378,8 +369,7 @@ def _run_blocks(
 
     recorder = BlockRecorder(n_layers, hand, rows, heads)
     recorder.begin(int(tokens.input_ids.shape[1]))
-    with recorder:
-        output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+    output = recorder.taps().forward(net, input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
     _check_calls(net, recorder.calls, n_layers)
     return output
 
@@ -405,8 +395,7 @@ def _verify_blocks(net, tokens: TokenBatch, n_layers: int) -> None:
     ids, mask = tokens.input_ids[:, :p], tokens.attention_mask[:, :p]
     recorder = BlockRecorder(n_layers, None, max(1, p // 4))
     recorder.begin(p)
-    with recorder:
-        output = net(input_ids=ids, attention_mask=mask)
+    output = recorder.taps().forward(net, input_ids=ids, attention_mask=mask)
     _check_calls(net, recorder.calls, n_layers)
     verify_against_eager(net, ids, mask, output, restore=BLOCK_NAME)
 
@@ -442,12 +431,14 @@ def _batch_capture(
     )
 
 
-def _forward(net, tokens: TokenBatch, kwargs: dict):
-    """The model's forward pass on one batch; PosprobeError in one line where transformers' own code fails on a
-    text alone (a multimodal wrapper whose forward reads outputs its language model does not return, as Llama 4's
-    did before posprobe ran its language model alone: `Family.language_model_alone`)."""
+def _forward(net, tokens: TokenBatch, kwargs: dict, taps=None):
+    """The model's forward pass on one batch (with `taps` on the attention kernel where given); PosprobeError in one
+    line where transformers' own code fails on a text alone (a multimodal wrapper whose forward reads outputs its
+    language model does not return, as Llama 4's did before posprobe ran its language model alone:
+    `Family.language_model_alone`)."""
+    inputs = dict(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
     try:
-        return net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+        return net(**inputs) if taps is None else taps.forward(net, **inputs)
     except (AttributeError, TypeError, KeyError, IndexError, ValueError) as err:
         kind = getattr(net.config, "model_type", "unknown")
         what = (str(err).strip().splitlines() or [""])[0]
