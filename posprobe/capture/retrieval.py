@@ -122,15 +122,24 @@ class RetrievalRun:
         if self.previous is not None and self.previous != getattr(self.model.config, "_attn_implementation", None):
             self.model.set_attn_implementation(self.previous)
 
-    def forward(self, input_ids, row: int, spans: list[tuple[int, int]], **kwargs):
-        """The model's output on `input_ids` (B, m) and the (B, L, H) attention of query `row` on each span."""
+    def forward(self, input_ids, row: int, spans: list[tuple[int, int]], taps: Taps | None = None, **kwargs):
+        """The model's output on `input_ids` (B, m) and the (B, L, H) attention of query `row` on each span; `taps`:
+        edits on the attention kernel, applied before the row is read (refused on the eager route)."""
         from posprobe.capture.eager import depth_attention_modules
 
         reader = SpanAttention(row, spans, self.n_layers, self.n_heads)
+        if self.eager and taps is not None:
+            raise PosprobeError(
+                f"'{getattr(self.model.config, 'model_type', 'unknown')}' computes attention outside transformers' "
+                "AttentionInterface, so posprobe cannot edit it",
+                "use a family whose attention goes through AttentionInterface",
+            )
         if self.eager:
             batch, m = input_ids.shape
             with eager_softmax_rows(reader, batch, self.n_heads, m, depth_attention_modules(self.model)):
                 output = self.model(input_ids=input_ids, **kwargs)
         else:
-            output = reader.taps().forward(self.model, input_ids=input_ids, **kwargs)
+            output = (taps.joined(reader.taps()) if taps is not None else reader.taps()).forward(
+                self.model, input_ids=input_ids, **kwargs
+            )
         return output, reader.result()

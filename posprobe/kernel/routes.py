@@ -128,6 +128,7 @@ def _whole(module, query, key, value, attention_mask, scaling, dropout, kwargs, 
     probs = _with_sinks(scores, kwargs.get("s_aux"), query.dtype)
     if call is not None:
         probs = taps.apply("pattern", probs, call)
+        call.pattern = probs
     dropped = torch.nn.functional.dropout(probs, p=dropout, training=module.training)
     return torch.matmul(dropped, value).transpose(1, 2).contiguous(), probs
 
@@ -135,7 +136,8 @@ def _whole(module, query, key, value, attention_mask, scaling, dropout, kwargs, 
 def _sdpa(module, query, key, value, attention_mask, scaling, dropout, kwargs, taps, call):
     """transformers' sdpa attention (or `_whole` where the family softcaps, has sinks, top-k indices or key blocks,
     which sdpa would drop, or a tap reads or edits scores or the pattern; key blocks folded into a per-head mask);
-    the "row" taps get query row `taps.row`'s probabilities (`row_probabilities`) on the sequence's keys."""
+    the "row" taps get query row `taps.row`'s probabilities on the sequence's keys (`row_probabilities`, or the
+    row of the pattern computed with edits)."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -155,8 +157,12 @@ def _sdpa(module, query, key, value, attention_mask, scaling, dropout, kwargs, t
         out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                         **kwargs)  # fmt: skip
     if call is not None and taps.wants("row"):
-        row = row_probabilities(query, key, attention_mask, taps.row, scaling, softcap, sinks, indices)
+        if edits:  # the pattern the call computed, its edits included
+            row = call.pattern[:, :, taps.row].float()
+        else:
+            row = row_probabilities(query, key, attention_mask, taps.row, scaling, softcap, sinks, indices)
         taps.apply("row", row[..., : call.own], call)  # pooled entries after the keys are no tokens
+        call.pattern = None
     return out
 
 

@@ -12,8 +12,9 @@ the kernel calls them at each attention call of the layers they address, in the 
   set to the dtype's minimum, ...). On the sdpa routes a tap here makes the call compute its softmax itself;
 - "pattern": (B, H, q, keys), the softmax of the scores (learned sink columns left out: rows sum to one less the
   sink's share), before dropout and A·V; `call.scores` holds the scores it came from;
-- "row": (B, H, own) float32, the probabilities the query row `Taps.row` gives the sequence's keys, recomputed
-  beside the sdpa routes' output (read-only);
+- "row": (B, H, own) float32, the probabilities the query row `Taps.row` gives the sequence's keys on the sdpa
+  routes (read-only): recomputed beside sdpa's output, or, where a "scores" or "pattern" tap made the call compute
+  its pattern, that pattern's row (edits included);
 - "head_output": (B, m, H, d_h), each head's output before the layers' output projection.
 
 q = m, or on the blockwise route the rows `call.rows` of one block (the "scores" and "pattern" taps run once per
@@ -53,6 +54,7 @@ class Call:
     allowed: Any = None
     scores: Any = None
     queries: int = 0  # the call's query rows (m)
+    pattern: Any = None  # the pattern after its taps, where the kernel computed one (read by the "row" site)
 
 
 @dataclass
@@ -74,6 +76,17 @@ class Taps:
             raise ValueError("a 'row' tap needs Taps(row=...): the query row to read")
         self._sites[site].append((None if layers is None else frozenset(int(x) for x in layers), fn))
         return self
+
+    def joined(self, other: Taps | None) -> Taps:
+        """New taps: this one's functions at each site, then `other`'s (edits first, then what reads their effect);
+        the `row` and `block_rows` of whichever sets them (this one's first)."""
+        if other is None:
+            return self
+        taps = Taps(self.row if self.row is not None else other.row,
+                    self.block_rows if self.block_rows is not None else other.block_rows)  # fmt: skip
+        for site in SITES:
+            taps._sites[site] = self._sites[site] + other._sites[site]
+        return taps
 
     def wants(self, site: str) -> bool:
         return bool(self._sites[site])

@@ -3,11 +3,12 @@ variant, with the rotary budget.
 
 Cheap checks come first (arguments, the config: a causal family, variants only for rotary embeddings, lengths
 within a learned table), then the texts are tokenized (only as many documents as the windows need), then the
-model is loaded once and run: for each variant, for each length, windows in batches; each batch's logits are
-reduced at once to float64 losses per position (`token_nll`) and added into float64 sums with a window count
-(`PositionLoss`), so no batch's logits are kept. Under torchrun (SPEC §19) the batches are shared out by rank
-(`posprobe.runtime.distributed`: batch k, counted over every variant and length, is rank k % world's) and the sums and
-window counts are all-reduced once after the last batch, so every rank returns the result of all windows.
+model is loaded once and run on the run loop (`capture.loop.run`, with `edits` on the attention kernel where
+given): for each variant, for each length, windows in batches, one step each; each step's logits are reduced at
+once to float64 losses per position (`token_nll`) and added into float64 sums with a window count (`WindowLoss`),
+so no batch's logits are kept. Under torchrun (SPEC §19) the steps are shared out by rank (step k, counted over
+every variant and length, is rank k % world's) and the sums and window counts are all-reduced by the loop after
+each length's last step, so every rank returns the result of all windows.
 
 The result type is in `context_result.py`; the pure computations in `posprobe.analysis.context_loss`; the
 variants in `posprobe.families.rope_variants`.
@@ -21,15 +22,32 @@ from typing import Any
 
 import numpy as np
 
-from posprobe.analysis.context_loss import PositionLoss, cut_windows, rotary_budget, token_nll, windows_available
+from posprobe.analysis.context_loss import PositionLoss, cut_windows, rotary_budget, windows_available
 from posprobe.architectures import table as T
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.families import rope_variants as R
+from posprobe.kernel import Taps
 from posprobe.pipelines.context_result import ContextResult
 from posprobe.validation import as_int
 
 DEFAULT_LENGTHS = (512, 1024, 2048)
 DEFAULT_WINDOWS = 4
+
+
+class WindowLoss(PositionLoss):
+    """The step reducer of one (variant, length): each step's per-token losses (B, L-1) added into the running
+    float64 sums and window count, a step whose losses are not finite refused; added over torchrun ranks."""
+
+    needs = ("loss",)
+    rank_sums = ("sums", "windows")
+
+    def __init__(self, length: int, variant: str):
+        super().__init__(length)
+        self.variant = variant
+
+    def add_output(self, out) -> None:
+        _check_finite(out.loss, self.variant, self.length, out.step.meta)
+        self.add(out.loss)
 
 
 def check_lengths(lengths: Sequence[int] | str | None) -> list[int]:
@@ -124,6 +142,7 @@ def context(
     allow_pickle: bool = False,
     source=None,
     max_memory: dict | str | None = None,
+    edits: Taps | None = None,
 ) -> ContextResult:
     """Loss by position and perplexity per length for each rotary variant (SPEC §17).
 
@@ -133,13 +152,14 @@ def context(
     (default 512, 1024, 2048); windows: windows per length; rope_scaling: 'none,linear:2,dynamic:2,yarn:4,
     llama3:8' or a list; batch_size: windows per forward pass; progress(done, total) after each forward pass
     (under torchrun: every rank's passes counted); device: cpu, cuda, ... or 'auto' (accelerate's big-model
-    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk).
+    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk). edits: taps on the
+    attention kernel applied in every forward pass (`posprobe.kernel.Taps`; None: the model as it is).
     `windows` windows of the longest length are scored; a shorter length L scores the same tokens, in
     windows x (L_max - b) // (L - b) windows (b = 1 with a BOS, else 0), so perplexities differ by context alone.
     """
+    from posprobe.capture.loop import Step, run
     from posprobe.capture.model import capture_device, dispatch_settings, place_on
     from posprobe.capture.textrun import check_run_settings
-    from posprobe.runtime import distributed
 
     lengths = check_lengths(lengths)
     windows = as_int(windows, "windows", minimum=1)
@@ -165,7 +185,6 @@ def context(
         net = _load(source, allow_pickle, dispatch_settings(device, max_memory))
     dev = capture_device(net, device)
     net = place_on(net, dev).eval()
-    parallel = distributed.join_process_group(dev)
     if any(v.rope_type for v in variants):
         R.require_rotary_module(net, source.name)
     config = _text_config(net)
@@ -174,29 +193,23 @@ def context(
     # every length covers the same tokens as the longest's windows, so perplexities differ by context alone
     counts = [windows * (lengths[-1] - with_bos) // (n - with_bos) for n in lengths]
     total = len(variants) * sum(-(-count // batch_size) for count in counts)
-    index = -1  # batch number over every variant and length: batch k is rank k % world's under torchrun
+    index = 0  # step number over every variant and length: step k is rank k % world's under torchrun
     all_sums, inv_freq, scaling = [], [], []
     for variant in variants:
         with R.applied(net, variant) as modules:
             for length, count in zip(lengths, counts):
-                sums = PositionLoss(length)
+                sums = WindowLoss(length, variant.name)
                 batches = cut_windows(stream, length, count, bos_id)
-                for start in range(0, count, batch_size):
-                    index += 1
-                    if parallel and not distributed.mine(index):
-                        continue
-                    nll = _window_loss(net, batches[start : start + batch_size], dev)
-                    _check_finite(nll, variant.name, length, start)
-                    sums.add(nll)
-                    if progress is not None:
-                        progress(distributed.done_by_all(index, total), total)
+                steps = (
+                    Step(batches[start : start + batch_size], kwargs={"use_cache": False}, meta=start)
+                    for start in range(0, count, batch_size)
+                )
+                index = run(net, steps, [sums], edits, start=index, total=total, progress=progress)
                 all_sums.append(sums)
             if rotary:
                 freq, scale = R.inv_freq_of(modules[0], key)
                 inv_freq.append(freq.detach().double().cpu().numpy())
                 scaling.append(scale)
-    if parallel:
-        _merge_ranks(all_sums)
     if progress is not None:
         progress(total, total)  # the last rounds may have run on other ranks
     per_variant = [all_sums[v * len(lengths) : (v + 1) * len(lengths)] for v in range(len(variants))]
@@ -266,19 +279,6 @@ def _load(source, allow_pickle: bool, dispatch: dict):
     return load_model(str(source.path), AutoModelForCausalLM, allow_pickle=allow_pickle, **dispatch)
 
 
-def _merge_ranks(all_sums: list[PositionLoss]) -> None:
-    """Every rank's loss sums and window counts added over the ranks in place (SPEC §19), in two all-reduces: one of
-    the float64 sums of every (variant, length) laid end to end, one of the int64 window counts."""
-    from posprobe.runtime import distributed
-
-    sums = distributed.all_reduce_sum(np.concatenate([s.sums for s in all_sums]))
-    windows = distributed.all_reduce_sum(np.asarray([s.windows for s in all_sums], dtype=np.int64))
-    start = 0
-    for part, count in zip(all_sums, windows):
-        part.sums, part.windows = sums[start : start + part.length - 1], int(count)
-        start += part.length - 1
-
-
 def _check_finite(nll: np.ndarray, variant: str, length: int, start: int) -> None:
     """Refuse a batch whose losses hold NaN or infinity (a broken or overflowing model): a perplexity would be NaN."""
     bad = ~np.isfinite(nll).all(axis=1)
@@ -319,13 +319,3 @@ def _check_enough(stream: list, used: int, lengths: list[int], windows: int, wit
         f"{longest} tokens, and {{arg={windows}}} were asked for",
         hint,
     )
-
-
-def _window_loss(net, ids: np.ndarray, device) -> np.ndarray:
-    """(B, L-1) float64 losses of one batch of windows (B, L): one forward pass, logits reduced at once."""
-    import torch
-
-    with torch.inference_mode():
-        batch = torch.as_tensor(ids, device=device)
-        logits = net(input_ids=batch, use_cache=False).logits  # (B, L, V)
-        return token_nll(logits, batch)
