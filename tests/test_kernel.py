@@ -120,3 +120,25 @@ def test_the_row_site_is_the_patterns_row():
     assert len(rows) == len(patterns) == 3
     for row, pattern in zip(rows, patterns, strict=True):
         torch.testing.assert_close(row.double(), pattern, rtol=1e-5, atol=1e-6)
+
+
+def test_text_analyses_read_the_edited_attention():
+    """attention_profiles with a key masked by an edit: the masked key gets no attention in the recorded
+    probabilities, and without edits the records equal a run with no edits argument (the same numbers)."""
+    import numpy as np
+
+    from posprobe.pipelines.attention import attention_profiles
+
+    model = tiny_llama().float()
+    texts = [list(range(3, 15)), list(range(20, 30))]
+
+    def first_key_cut(scores, call):
+        return scores.index_fill(-1, torch.tensor([0]), torch.finfo(scores.dtype).min)
+
+    plain = attention_profiles(model, input_ids=texts, max_length=12, weights_correlation=False)
+    same = attention_profiles(model, input_ids=texts, max_length=12, weights_correlation=False, edits=Taps())
+    cut = attention_profiles(model, input_ids=texts, max_length=12, weights_correlation=False,
+                             edits=Taps().on("scores", first_key_cut, layers=[1]))  # fmt: skip
+    np.testing.assert_array_equal(same.sinks.first_token_mass, plain.sinks.first_token_mass)
+    assert (plain.sinks.first_token_mass > 0.01).all()
+    assert np.abs(cut.sinks.first_token_mass[1]).max() < 1e-6 and (cut.sinks.first_token_mass[0] > 0.01).all()

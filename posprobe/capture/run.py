@@ -37,7 +37,7 @@ from posprobe.capture.model import (
 from posprobe.capture.recording import BLOCK_NAME, RECORD_NAME, BlockRecorder, LayerRecorder
 from posprobe.capture.stacks import eager_route_recorder
 from posprobe.errors import PosprobeError
-from posprobe.kernel import register, verify_against_eager
+from posprobe.kernel import Taps, register, verify_against_eager
 from posprobe.runtime import distributed
 from posprobe.validation import as_int
 
@@ -150,6 +150,7 @@ def capture_batches(
     verify: bool = True,
     progress: Callable[[int], None] | None = None,
     block_size: int | None = None,
+    edits: Taps | None = None,
 ) -> CaptureSummary:
     """Run `model` once per batch (inference mode, eval mode) and hand each `BatchCapture` to every reducer.
 
@@ -167,6 +168,10 @@ def capture_batches(
     default) does this for the batches whose whole matrices would take at least 256 MiB (blocks of about
     `kernel.routes.BLOCK_ELEMENTS` scores), 0 never, a positive number for every batch. The first batch run in
     blocks is checked too, on its first 256 tokens, in blocks of a quarter of them.
+    `edits`: taps on the attention kernel (`posprobe.kernel.Taps`) applied in every forward pass, before the
+    recorders read the attention (a run with no attention reducer runs on the kernel's eager route then, whose
+    outputs are the eager path's); refused for a family outside AttentionInterface. The first-batch check compares
+    the kernel without the edits with the model's eager attention.
     Raises PosprobeError for a model that cannot be captured, or when there is no batch."""
     import torch
 
@@ -189,6 +194,13 @@ def capture_batches(
     if parallel:
         distributed.check_mergeable(reducers)
     net = stack_to_run(model)
+    if edits is not None and is_eager_route(model):
+        raise PosprobeError(
+            f"'{net.config.model_type}' computes attention in its own code, outside transformers' AttentionInterface, "
+            "so posprobe cannot edit it",
+            "use a family whose attention goes through AttentionInterface (Llama, Qwen, Gemma, GPT-2, BERT, ...)",
+        )
+    kernel = attention or edits is not None  # the run goes through the attention kernel
     eager = attention and is_eager_route(model)
     recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending), n_heads)
     eager_recorder = eager_route_recorder(net, list(attending), n_heads)
@@ -216,7 +228,7 @@ def capture_batches(
             base.set_attention_type("original_full")  # what BigBird does itself on the lengths check_length allows
         if eager:
             eager_recorder.start(net)
-        elif attention:
+        elif kernel:
             register()
             net.set_attn_implementation(RECORD_NAME)
         with torch.inference_mode():
@@ -246,8 +258,9 @@ def capture_batches(
                     net.set_attn_implementation(BLOCK_NAME)
                     try:
                         output = _run_blocks(
-                            net, index, tokens, block_readers, len(attending), block_size or None, kwargs, n_heads
-                        )
+                            net, index, tokens, block_readers, len(attending), block_size or None, kwargs, n_heads,
+                            edits,
+                        )  # fmt: skip
                         if verify and "blocks" not in checked:  # the first batch run in blocks
                             _verify_blocks(net, tokens, len(attending))
                             checked.add("blocks")
@@ -264,10 +277,11 @@ def capture_batches(
                     del scores, probs
                 elif attention:
                     recorder.begin(len(tokens), tokens.input_ids.shape[1])
-                    output = _forward(net, tokens, kwargs, recorder.taps())
+                    output = _forward(net, tokens, kwargs, _joined(edits, recorder.taps()))
                     _check_calls(net, recorder.calls, len(attending))
                     if verify and "whole" not in checked:  # the first batch recorded as whole matrices
-                        verify_against_eager(net, tokens.input_ids, tokens.attention_mask, output)
+                        plain = output if edits is None else _forward(net, tokens, {}, Taps())
+                        verify_against_eager(net, tokens.input_ids, tokens.attention_mask, plain)
                         checked.add("whole")
                     recorded = (
                         recorder.scores if recorder.keep_scores else None,
@@ -275,7 +289,7 @@ def capture_batches(
                         recorder.allowed,
                     )
                 else:
-                    output = _forward(net, tokens, kwargs)
+                    output = _forward(net, tokens, kwargs, edits)
                     recorded = None
                 if hidden:
                     _check_hidden(net, output.hidden_states, int(tokens.input_ids.shape[1]))
@@ -295,7 +309,7 @@ def capture_batches(
         recorder.begin(0, 0)
         if eager:
             eager_recorder.stop(net)
-        elif attention:
+        elif kernel:
             net.set_attn_implementation(previous if previous != RECORD_NAME else "eager")
         if sparse is not None and getattr(base, "attention_type", sparse) != sparse:
             base.set_attention_type(sparse)
@@ -351,10 +365,18 @@ def _check_attention_fits(
 
 
 def _run_blocks(
-    net, index: int, tokens: TokenBatch, readers: list, n_layers: int, rows: int | None, kwargs: dict, heads: int
+    net,
+    index: int,
+    tokens: TokenBatch,
+    readers: list,
+    n_layers: int,
+    rows: int | None,
+    kwargs: dict,
+    heads: int,
+    edits: Taps | None = None,
 ):
-    """Run one batch on the blockwise route, handing every block of every layer to `readers` (`BlockCapture`s on
-    the inputs' device, `heads` H heads each); returns the model's output."""
+    """Run one batch on the blockwise route (with `edits` first), handing every block of every layer to `readers`
+    (`BlockCapture`s on the inputs' device, `heads` H heads each); returns the model's output."""
     here = tokens.input_ids.device
     counted = tokens.counted
 
@@ -369,9 +391,15 @@ def _run_blocks(
 
     recorder = BlockRecorder(n_layers, hand, rows, heads)
     recorder.begin(int(tokens.input_ids.shape[1]))
-    output = recorder.taps().forward(net, input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+    taps = _joined(edits, recorder.taps())
+    output = taps.forward(net, input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
     _check_calls(net, recorder.calls, n_layers)
     return output
+
+
+def _joined(edits: Taps | None, taps: Taps) -> Taps:
+    """`edits`, then `taps` (the recorders read the edited attention)."""
+    return taps if edits is None else edits.joined(taps)
 
 
 def _not_in_blocks(net, err: Exception) -> PosprobeError:

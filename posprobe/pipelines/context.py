@@ -276,7 +276,7 @@ def _load(source, allow_pickle: bool, dispatch: dict):
 
     from posprobe.retrofitting.loading import load_model
 
-    return load_model(str(source.path), AutoModelForCausalLM, allow_pickle=allow_pickle, **dispatch)
+    return load_model(source, AutoModelForCausalLM, allow_pickle=allow_pickle, **dispatch)  # resolved once already
 
 
 def _check_finite(nll: np.ndarray, variant: str, length: int, start: int) -> None:
