@@ -44,8 +44,22 @@ COMMANDS: list[list[str]] = [
     ["context", SMOL, "--lengths", "32,64", "--windows", "2"],
     ["context", SMOL, "--lengths", "32,64", "--windows", "2", "--rope-scaling", "none,linear:2", "--batch-size", "2"],
     ["needle", SMOL, "--lengths", "64,96", "--depths", "0,1", "--trials", "1"],
-    ["needle", SMOL, "--lengths", "64", "--depths", "0.5", "--trials", "2", "--needle", " The secret city is {answer}.",
-     "--answer", "Paris", "--question", " What is the secret city?"],  # fmt: skip
+    [
+        "needle",
+        SMOL,
+        "--lengths",
+        "64",
+        "--depths",
+        "0.5",
+        "--trials",
+        "2",
+        "--needle",
+        " The secret city is {answer}.",
+        "--answer",
+        "Paris",
+        "--question",
+        " What is the secret city?",
+    ],  # fmt: skip
 ]
 IGNORED = {"seconds", "npz", "figures", "out", "elapsed", "time", "files"}  # timings and where files went
 
@@ -101,40 +115,46 @@ def npz_diff(base: Path, head: Path) -> list[str]:
                 continue
             for key in a.files:
                 x, y = a[key], b[key]
-                same = x.shape == y.shape and x.dtype == y.dtype and np.array_equal(
-                    x, y, equal_nan=x.dtype.kind in "fc"
+                same = (
+                    x.shape == y.shape and x.dtype == y.dtype and np.array_equal(x, y, equal_nan=x.dtype.kind in "fc")
                 )
                 if not same:
                     out.append(f"{name}:{key}")
     return out
 
 
+def compare(args, index: int) -> tuple[bool, int, str]:
+    """(differs, arrays compared, the line to print) of command `index`, run in both trees."""
+    command = COMMANDS[index]
+    outs = {name: args.work / name / str(index) for name in ("base", "head")}
+    base = run(args.base, command, outs["base"])
+    head = run(args.head, command, outs["head"])
+    label = f"{index:2d} posprobe {' '.join(command)}"
+    if base[0] != head[0] or base[0] != 0:
+        return base[0] != head[0], 0, f"{label}: exit {base[0]} / {head[0]} ({base[2]} / {head[2]})"
+    diffs = json_diff(base[1], head[1]) + npz_diff(outs["base"], outs["head"])
+    count = sum(len(np.load(p).files) for p in outs["head"].rglob("*.npz"))
+    return bool(diffs), count, f"{label}: {'DIFFERENT ' + ', '.join(diffs[:8]) if diffs else f'same ({count} arrays)'}"
+
+
 def main() -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=Path, required=True)
     parser.add_argument("--head", type=Path, required=True)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--only", type=int, nargs="*", help="command numbers to run (default: all)")
+    parser.add_argument("--jobs", type=int, default=1, help="commands run at once (each runs base and head in turn)")
     args = parser.parse_args()
-    failures = 0
-    arrays = 0
-    for index, command in enumerate(COMMANDS):
-        if args.only and index not in args.only:
-            continue
-        outs = {name: args.work / name / str(index) for name in ("base", "head")}
-        base = run(args.base, command, outs["base"])
-        head = run(args.head, command, outs["head"])
-        label = f"{index:2d} posprobe {' '.join(command)}"
-        if base[0] != head[0] or base[0] != 0:
-            failures += base[0] != head[0]
-            print(f"{label}: exit {base[0]} / {head[0]} ({base[2]} / {head[2]})", flush=True)
-            continue
-        diffs = json_diff(base[1], head[1]) + npz_diff(outs["base"], outs["head"])
-        count = sum(len(np.load(p).files) for p in outs["head"].rglob("*.npz"))
-        arrays += count
-        failures += bool(diffs)
-        print(f"{label}: {'DIFFERENT ' + ', '.join(diffs[:8]) if diffs else f'same ({count} arrays)'}", flush=True)
-    print(f"{len(args.only or COMMANDS)} commands, {arrays} arrays compared, {failures} different")
+    indices = [i for i in range(len(COMMANDS)) if not args.only or i in args.only]
+    failures = arrays = 0
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for differs, count, line in pool.map(lambda i: compare(args, i), indices):
+            failures += differs
+            arrays += count
+            print(line, flush=True)
+    print(f"{len(indices)} commands, {arrays} arrays compared, {failures} different")
     return 1 if failures else 0
 
 

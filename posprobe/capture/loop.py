@@ -86,14 +86,10 @@ def run(
 
     from posprobe.analysis.context_loss import token_nll
     from posprobe.capture.model import model_device
+    from posprobe.capture.run import needs_of
     from posprobe.runtime import distributed
 
-    needs = set()
-    for reducer in reducers:
-        unknown = set(reducer.needs) - set(NEEDS)
-        if unknown:
-            raise ValueError(f"{type(reducer).__name__} needs {sorted(unknown)}; a step reducer may need {list(NEEDS)}")
-        needs |= set(reducer.needs)
+    needs = needs_of(reducers, NEEDS, "a step reducer")
     device = model_device(model)
     parallel = distributed.join_process_group(device)
     if parallel:

@@ -175,12 +175,7 @@ def capture_batches(
     Raises PosprobeError for a model that cannot be captured, or when there is no batch."""
     import torch
 
-    needs = set()
-    for reducer in reducers:
-        unknown = set(reducer.needs) - set(WHAT)
-        if unknown:
-            raise ValueError(f"{type(reducer).__name__} needs {sorted(unknown)}; a reducer may need {list(WHAT)}")
-        needs |= set(reducer.needs)
+    needs = needs_of(reducers, WHAT)
     attention = bool(needs & {"scores", "probs"})
     hidden = "hidden_states" in needs
     if block_size is not None:
@@ -322,6 +317,17 @@ def capture_batches(
     if n_texts == 0:
         raise PosprobeError("no texts to measure", "pass at least one non-empty text")
     return CaptureSummary(n_texts, n_batches, n_layers, n_heads, longest, attending)
+
+
+def needs_of(reducers: Sequence[Any], allowed: Sequence[str], kind: str = "a reducer") -> set[str]:
+    """What `reducers` need together; ValueError naming one that needs something outside `allowed`."""
+    needs: set[str] = set()
+    for reducer in reducers:
+        unknown = set(reducer.needs) - set(allowed)
+        if unknown:
+            raise ValueError(f"{type(reducer).__name__} needs {sorted(unknown)}; {kind} may need {list(allowed)}")
+        needs |= set(reducer.needs)
+    return needs
 
 
 _CHECKED_FROM = 256 * 2**20  # smaller batches are not checked against the free memory
