@@ -142,3 +142,27 @@ def test_text_analyses_read_the_edited_attention():
     np.testing.assert_array_equal(same.sinks.first_token_mass, plain.sinks.first_token_mass)
     assert (plain.sinks.first_token_mass > 0.01).all()
     assert np.abs(cut.sinks.first_token_mass[1]).max() < 1e-6 and (cut.sinks.first_token_mass[0] > 0.01).all()
+
+
+def test_needle_reads_retrieval_after_the_edits():
+    """needle with no edit (empty taps) equals needle without edits; with the needle's keys cut from every query in
+    every layer, the retrieval attention on the needle is zero and the answer's log-probability changes."""
+    import numpy as np
+    from test_needle import HAYSTACK, TASK, planted_llama
+
+    from posprobe.pipelines.needle import NeedleGrid, needle
+
+    model, tokenizer = planted_llama()
+    grid = NeedleGrid(lengths=(120,), depths=(0.5,), trials=1, seed=3)
+    run = lambda edits: needle(model, tokenizer=tokenizer, haystack=HAYSTACK, grid=grid, task=TASK, edits=edits)  # noqa: E731
+    plain, same = run(None), run(Taps())
+    span = plain.records[0]["needle_span"]
+
+    def cut(scores, call):
+        return scores.index_fill(-1, torch.arange(*span), torch.finfo(scores.dtype).min)
+
+    edited = run(Taps().on("scores", cut))
+    np.testing.assert_array_equal(same.needle_attention, plain.needle_attention)
+    np.testing.assert_array_equal(same.log_prob, plain.log_prob)
+    assert plain.needle_attention.max() > 0.1 and np.abs(edited.needle_attention).max() < 1e-6
+    assert not np.allclose(edited.log_prob, plain.log_prob)

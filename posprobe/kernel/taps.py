@@ -25,6 +25,7 @@ call's order in the forward pass).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,9 +120,16 @@ class Taps:
         """`model(**inputs)` with these taps: passed as the `posprobe_taps` keyword, and handed to every attention
         module whose layer did not pass it on (a family that drops a forward's extra keywords, Nemotron)."""
         self.start()
+        with self.handed(model):
+            return model(**inputs, **{TAPS_KEY: self})
+
+    @contextlib.contextmanager
+    def handed(self, model):
+        """While active, every attention module of `model` gets these taps where its caller did not pass them on
+        (also for calls that run the model themselves and take no extra keyword: transformers' `generate`)."""
         hooks = [m.register_forward_pre_hook(self._hand, with_kwargs=True) for m in attention_modules(model)]
         try:
-            return model(**inputs, **{TAPS_KEY: self})
+            yield self
         finally:
             for hook in hooks:
                 hook.remove()

@@ -169,7 +169,7 @@ def needle(
 
     eager = is_eager_route(net)
     keep = _takes(net, "logits_to_keep")
-    reducer = PromptScores(prompts, n_layers, n_heads)
+    reducer = PromptScores(prompts, n_layers, n_heads, edits)
     steps = (prompt_step(prompt, keep) for prompt in prompts)
     run(net, steps, [reducer], edits, total=len(prompts), progress=progress, shape=(n_layers, n_heads))
     scores = reducer.result()
@@ -203,16 +203,16 @@ def prompt_step(prompt: NeedlePrompt, keep: bool) -> Step:
                 prompt)  # fmt: skip
 
 
-def prompt_score(model, prompt: NeedlePrompt, logits, attention, device) -> PromptScore:
+def prompt_score(model, prompt: NeedlePrompt, logits, attention, device, edits=None) -> PromptScore:
     """One prompt's scores from its forward pass: `logits` (1, m or answer + 1, V), `attention` (1, L, H) of the last
     prompt token on the needle. Where greedy decoding departs from the answer, the rest of its continuation is
-    generated."""
+    generated (with `edits`, taps on the attention kernel, where given)."""
     prompt_len, answer_len = len(prompt.prompt_ids), len(prompt.answer_ids)
     keep = logits.shape[1] != prompt_len + answer_len
     logits = logits[0, -(answer_len + 1) : -1] if keep else logits[0, prompt_len - 1 : -1]
     token_log_probs, exact, greedy = answer_scores(logits, prompt.answer_ids)
     if not exact and len(greedy) < answer_len:
-        greedy = _continue_greedy(model, list(prompt.prompt_ids) + greedy, answer_len - len(greedy), device)[
+        greedy = _continue_greedy(model, list(prompt.prompt_ids) + greedy, answer_len - len(greedy), device, edits)[
             prompt_len:
         ]
     return PromptScore(math.fsum(token_log_probs), exact, greedy, attention[0].cpu().numpy(), token_log_probs)
@@ -234,13 +234,13 @@ class PromptScores:
 
     needs = ("logits", "rows")
 
-    def __init__(self, prompts: Sequence[NeedlePrompt], n_layers: int, n_heads: int):
-        self.prompts, self.n_layers, self.n_heads = prompts, n_layers, n_heads
+    def __init__(self, prompts: Sequence[NeedlePrompt], n_layers: int, n_heads: int, edits=None):
+        self.prompts, self.n_layers, self.n_heads, self.edits = prompts, n_layers, n_heads, edits
         self.mine: dict[int, PromptScore] = {}
 
     def add_output(self, out) -> None:
         prompt = out.step.meta
-        score = prompt_score(out.model, prompt, out.logits, out.rows, out.input_ids.device)
+        score = prompt_score(out.model, prompt, out.logits, out.rows, out.input_ids.device, self.edits)
         self.mine[out.index] = _finite_score(score, out.index, prompt)
 
     def merge_ranks(self) -> None:
@@ -295,8 +295,9 @@ def _merge_ranks(mine: dict[int, PromptScore], prompts: Sequence[NeedlePrompt], 
     ]
 
 
-def _continue_greedy(model, ids: list[int], new_tokens: int, device) -> list[int]:
-    """`ids` followed by `new_tokens` greedy tokens (transformers' generate, no sampling, no penalties)."""
+def _continue_greedy(model, ids: list[int], new_tokens: int, device, edits=None) -> list[int]:
+    """`ids` followed by `new_tokens` greedy tokens (transformers' generate, no sampling, no penalties; `edits` on
+    the attention kernel in every step where given)."""
     import torch
     from transformers import GenerationConfig
 
@@ -304,7 +305,12 @@ def _continue_greedy(model, ids: list[int], new_tokens: int, device) -> list[int
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     config.eos_token_id, config.pad_token_id = eos, eos if isinstance(eos, int) else None
     input_ids = torch.tensor([ids], device=device)
-    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
+    if edits is None:
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
+        return out[0].tolist()
+    edits.start()
+    with edits.handed(model):  # generate takes no extra keyword: the taps are handed to the attention modules
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
     return out[0].tolist()
 
 
