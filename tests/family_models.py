@@ -1126,7 +1126,7 @@ def _record(module, query, key, value, attention_mask, scaling=None, dropout=0.0
     to the pairs it lets through) and the mask, once per attention module call (DiffLlama calls it twice in a row
     with the same q and k tensors, for two halves of its values: recorded once; ALBERT's one shared module runs at
     every depth on new tensors: recorded at each)."""
-    from posprobe.capture.recording import own_keys
+    from posprobe.kernel.routes import own_keys
 
     groups = query.shape[1] // key.shape[1]
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)

@@ -1,5 +1,5 @@
 """Blockwise attention statistics (SPEC §19, issue 37): the SPEC §10 and §14 measures computed a block of query rows
-at a time (`capture.recording.block_attention`, row masks, reducers' `add_block`) equal those of eager attention:
+at a time (the attention kernel's blockwise route, row masks, reducers' `add_block`) equal those of eager attention:
 against the brute-force loop over the eager model's pairs, and against the whole-matrix route on the family matrix
 (sliding windows, softcapping, learned sinks, chunked and bidirectional masks, padding); ALiBi families
 (eager route) through the reducers' row blocks. Also: the block offset sums, the memory estimate and the optional
@@ -22,8 +22,9 @@ from posprobe.capture import capture, is_eager_route
 from posprobe.capture import run as capture_run
 from posprobe.capture.memory import attention_batch_bytes, attention_block_bytes
 from posprobe.capture.model import attention_layers, check_model, picks_keys_per_head
-from posprobe.capture.recording import BLOCK_NAME, BlockRecorder, block_attention, recording_attention
+from posprobe.capture.recording import BLOCK_NAME, BlockRecorder
 from posprobe.errors import PosprobeError
+from posprobe.kernel import BLOCKS, EAGER, Taps, attention
 from posprobe.pipelines.attention import attention_profiles
 
 PROFILE_FIELDS = ("score_profiles", "prob_profiles", "prob_profiles_without_first", "mean_distance")
@@ -205,9 +206,9 @@ def test_alibi_families_reduced_in_row_blocks_equal_whole_matrices(name):
     assert len(keep.batches) == 1 and block.start == 20  # the last of five blocks of rows
 
 
-def test_block_attention_equals_recording_attention_row_by_row():
-    """The attention function itself: masks as RowMask-free tensors (bool and additive), None, softcap, sinks,
-    grouped-query heads; output and recorded S, A equal the whole-matrix computation."""
+def test_the_kernels_blocks_equal_its_whole_matrices_row_by_row():
+    """The kernel itself, blockwise route against eager route: masks as RowMask-free tensors (bool and additive),
+    None, softcap, sinks, grouped-query heads; output and recorded S, A equal the whole-matrix computation."""
     torch.manual_seed(0)
     B, H, Hkv, m, d = 2, 4, 2, 11, 8
     q, k = torch.randn(B, H, m, d, dtype=torch.float64), torch.randn(B, Hkv, m, d, dtype=torch.float64)
@@ -223,9 +224,9 @@ def test_block_attention_equals_recording_attention_row_by_row():
                 1, lambda layer, start, s, a, ok, seen=seen: seen.append((start, s, a, ok)), rows=4
             )
             recorder.begin(m)
-            with recorder:
-                out, _ = block_attention(module, q, k, v, mask, 0.3, **extra)
-            ref_out, ref_probs = recording_attention(module, q, k, v, mask, 0.3, **extra)
+            taps = recorder.taps()
+            out, _ = attention(module, q, k, v, mask, 0.3, route=BLOCKS, posprobe_taps=taps, **extra)
+            ref_out, ref_probs = attention(module, q, k, v, mask, 0.3, route=EAGER, posprobe_taps=Taps(), **extra)
             torch.testing.assert_close(out, ref_out, rtol=1e-12, atol=1e-12)
             assert [start for start, *_ in seen] == [0, 4, 8] and recorder.calls == 1
             probs = torch.cat([a for _, _, a, _ in seen], dim=2)
@@ -242,18 +243,16 @@ def test_the_blockwise_route_is_taken_for_long_batches_and_makes_no_square_matri
     n = 40
     monkeypatch.setattr(capture_run, "_CHECKED_FROM", 0)
     seen_shapes = []
-    original = block_attention
+    from posprobe.kernel import routes as kernel
+
+    original = kernel._blocks
 
     def watching(module, query, key, value, attention_mask, *args, **kwargs):
         seen_shapes.append(type(attention_mask).__name__)
         return original(module, query, key, value, attention_mask, *args, **kwargs)
 
-    from transformers import AttentionInterface
-
-    from posprobe.capture import recording
-
-    monkeypatch.setattr(recording, "block_attention", watching)
-    monkeypatch.setattr(recording, "BLOCK_ELEMENTS", 4 * n * 5)  # blocks of 5 rows for 4 heads
+    monkeypatch.setattr(kernel, "_blocks", watching)
+    monkeypatch.setattr(kernel, "BLOCK_ELEMENTS", 4 * n * 5)  # blocks of 5 rows for 4 heads
     whole, blocks = _reducers(model, n), _reducers(model, n)
     texts = _texts([40, 33])
     capture(model, whole, input_ids=texts, max_length=n, block_size=0)
@@ -261,7 +260,6 @@ def test_the_blockwise_route_is_taken_for_long_batches_and_makes_no_square_matri
     assert seen_shapes and set(seen_shapes) == {"RowMask"}  # the mask was never a (B, 1, m, m) tensor
     assert model.config._attn_implementation != BLOCK_NAME
     _assert_same(whole, blocks, 1e-5)
-    AttentionInterface.register(BLOCK_NAME, original)
 
 
 def test_memory_estimate_of_the_blockwise_route_is_linear_in_the_length():

@@ -340,7 +340,7 @@ def test_blocked_loss_is_the_plain_loss_bit_for_bit():
     import torch
 
     from posprobe.analysis.context_loss import token_nll
-    from posprobe.pipelines.context_blocks import window_loss
+    from posprobe.capture.logit_blocks import window_loss
 
     ids = np.random.default_rng(0).integers(0, 99, size=(3, 40))
     for name, net in _causal_lms().items():
@@ -354,7 +354,7 @@ def test_blocked_loss_is_the_plain_loss_bit_for_bit():
 
 
 def test_block_positions_keep_the_logits_within_the_budget():
-    from posprobe.pipelines.context_blocks import LOGIT_BLOCK_BYTES, block_positions
+    from posprobe.capture.logit_blocks import LOGIT_BLOCK_BYTES, block_positions
 
     assert block_positions(1, 32767, 262144) == LOGIT_BLOCK_BYTES // (4 * 262144) == 256
     assert block_positions(1, 2047, 49152) == 1365  # SmolLM2 at 2048 tokens: 2 blocks

@@ -51,8 +51,8 @@ def recorded_rows(model, ids, n_layers: int):
     try:
         recorder = LayerRecorder(keep_scores=False, keep_probs=True, n_layers=n_layers)
         recorder.begin(1, ids.shape[1])
-        with recorder, torch.no_grad():
-            model(input_ids=ids, use_cache=False)
+        with torch.no_grad():
+            recorder.taps().forward(model, input_ids=ids, use_cache=False)
         model.set_attn_implementation("eager")
         with torch.no_grad():
             eager = model(input_ids=ids, use_cache=False, output_attentions=True)

@@ -23,6 +23,7 @@ LAYERS = (
     "posprobe.mechanisms",  # positional mechanisms to retrofit
     "posprobe.analysis",  # pure numpy analyses
     "posprobe.families",  # the model reader and score functions per position kind
+    "posprobe.kernel",  # the one attention function (AttentionInterface) and the taps that observe or edit it
     "posprobe.retrofitting",  # installing mechanisms, loading models
     "posprobe.corpora",  # texts in the box
     "posprobe.texts",  # reading texts

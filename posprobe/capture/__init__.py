@@ -5,8 +5,8 @@ reducers. Every analysis over text (`posprobe attention`'s profiles and sinks, .
 is a reducer; none wires the model itself.
 
 - `batches.py`: texts or token ids -> padded `TokenBatch`es (length-sorted chunks, right padding, masks);
-- `recording.py`: the recording attention function (transformers' AttentionInterface) and its check against the
-  model's own eager attention; its blockwise form for long texts (`block_attention`: blocks of query rows, handed
+- `recording.py`: the recorders, taps on the attention kernel (`posprobe.kernel`, transformers' AttentionInterface)
+  that keep each layer's scores and probabilities; its blockwise route for long texts (blocks of query rows, handed
   to reducers with `add_block` as `BlockCapture`s, memory linear in the length; SPEC §19);
 - `eager.py`: the route for families outside AttentionInterface (T5, BLOOM, MPT, Falcon, DeBERTa, MPNet, BART's
   encoder, ...): their own eager attention with `output_attentions`, the softmax inputs observed on the way, and
@@ -20,6 +20,12 @@ is a reducer; none wires the model itself.
   model, check it, resolve the max length and device, capture with a list of reducers) and `capture`.
 - `retrieval.py`: the attention one query row gives a span of keys, per layer and head, read during an ordinary
   forward pass without keeping any (queries x keys) matrix (`posprobe needle`'s retrieval attention).
+- `loop.py`: `run(model, steps, reducers, edits)`, the run loop of a causal LM over steps (`posprobe context`'s
+  windows, `posprobe needle`'s prompts): one forward pass per step with edits on the attention kernel, reducers of
+  per-token loss, logits or attention rows, the steps shared out over torchrun ranks and the reducers merged once.
+
+Edits (taps on the attention kernel, `posprobe.kernel.Taps`) reach every run: `capture_batches(..., edits=)`,
+`run_texts(..., edits=)`, `loop.run(..., edits)`.
 
 A reducer::
 
@@ -51,7 +57,7 @@ from posprobe.capture.model import (
     resolve_max_length,
     stack_to_run,
 )
-from posprobe.capture.recording import RECORD_NAME, recording_attention, register_recording_attention
+from posprobe.capture.recording import RECORD_NAME, register_recording_attention
 from posprobe.capture.run import BatchCapture, BlockCapture, CaptureSummary, Reducer, capture_batches
 from posprobe.capture.textrun import TextModel, TextRun, capture, run_texts, text_run
 
@@ -74,7 +80,6 @@ __all__ = [
     "pad_batch",
     "pad_token_id",
     "place_on",
-    "recording_attention",
     "register_recording_attention",
     "resolve_device",
     "resolve_max_length",

@@ -268,7 +268,7 @@ def _share_equal(masks: list) -> list:
 
 def _compare_with_sdpa(model, tokens, output) -> None:
     """Where the family also runs with sdpa (its usual default), the eager run must give the same outputs."""
-    from posprobe.capture.recording import relative_gap
+    from posprobe.kernel.routes import relative_gap
 
     if not getattr(type(model), "_supports_sdpa", False):
         return

@@ -60,7 +60,7 @@ def attention_block_bytes(n_heads: int, batch: int, length: int, rows: int, elem
     query rows (0: `recording.BLOCK_ELEMENTS` scores) against m keys: its scores and probabilities in the model's
     dtype plus six float64 temporaries of the reducers (B x H x rows x m each), and its masks (4 x B x rows x m
     bool); times `CALIBRATION`."""
-    from posprobe.capture.recording import BLOCK_ELEMENTS
+    from posprobe.kernel.routes import BLOCK_ELEMENTS
 
     if rows <= 0:
         rows = max(1, BLOCK_ELEMENTS // max(1, batch * n_heads * length))

@@ -481,8 +481,9 @@ def capture_device(model, device: Any):
 
 
 def load_for_capture(model: Any, allow_pickle: bool, need_tokenizer: bool, dispatch: dict | None = None):
-    """(ModelSource or None, model, tokenizer or None) for a hub id, folder, None (packaged MiniLM) or a loaded
-    model (which carries no tokenizer: pass token ids instead). Loaded with eager attention; `dispatch`: the
+    """(ModelSource or None, model, tokenizer or None) for a hub id, folder, None (packaged MiniLM), its
+    `ModelSource` (resolved by the command: not again), or a loaded model (which carries no tokenizer: pass token
+    ids instead). Loaded with eager attention; `dispatch`: the
     keywords of `dispatch_settings` (accelerate's device map)."""
     from torch import nn
 
@@ -506,7 +507,7 @@ def load_for_capture(model: Any, allow_pickle: bool, need_tokenizer: bool, dispa
     hf_logging.disable_progress_bar()  # the weight-loading bar would mix with the caller's progress bar
     try:
         net = load_model(
-            str(source.path), _model_class(source.model_type), allow_pickle=allow_pickle, attn_implementation="eager",
+            source, _model_class(source.model_type), allow_pickle=allow_pickle, attn_implementation="eager",
             **(dispatch or {}),
         )  # fmt: skip
     finally:

@@ -34,17 +34,10 @@ from posprobe.capture.model import (
     reads_padding,
     stack_to_run,
 )
-from posprobe.capture.recording import (
-    BLOCK_NAME,
-    RECORD_NAME,
-    BlockRecorder,
-    LayerRecorder,
-    register_block_attention,
-    register_recording_attention,
-    verify_against_eager,
-)
+from posprobe.capture.recording import BLOCK_NAME, RECORD_NAME, BlockRecorder, LayerRecorder
 from posprobe.capture.stacks import eager_route_recorder
 from posprobe.errors import PosprobeError
+from posprobe.kernel import Taps, register, verify_against_eager
 from posprobe.runtime import distributed
 from posprobe.validation import as_int
 
@@ -157,6 +150,7 @@ def capture_batches(
     verify: bool = True,
     progress: Callable[[int], None] | None = None,
     block_size: int | None = None,
+    edits: Taps | None = None,
 ) -> CaptureSummary:
     """Run `model` once per batch (inference mode, eval mode) and hand each `BatchCapture` to every reducer.
 
@@ -169,20 +163,19 @@ def capture_batches(
     torchrun: after each of this rank's batches, with the texts of that round of batches over all ranks), and the
     summary counts every rank's texts.
     Blockwise route (SPEC §19): where the family's attention goes through AttentionInterface and every reducer of
-    attention has `add_block`, a batch is run with `recording.block_attention` and its reducers get blocks of
-    `block_size` query rows (`BlockCapture`) instead of whole matrices: `block_size` None (the default) does this for
-    the batches whose whole matrices would take at least 256 MiB (blocks of about `recording.BLOCK_ELEMENTS`
-    scores), 0 never, a positive number for every batch. The first batch run in blocks is checked too, on its first
-    256 tokens, in blocks of a quarter of them.
+    attention has `add_block`, a batch is run on the kernel's blockwise route (`kernel.BLOCKS`) and its reducers
+    get blocks of `block_size` query rows (`BlockCapture`) instead of whole matrices: `block_size` None (the
+    default) does this for the batches whose whole matrices would take at least 256 MiB (blocks of about
+    `kernel.routes.BLOCK_ELEMENTS` scores), 0 never, a positive number for every batch. The first batch run in
+    blocks is checked too, on its first 256 tokens, in blocks of a quarter of them.
+    `edits`: taps on the attention kernel (`posprobe.kernel.Taps`) applied in every forward pass, before the
+    recorders read the attention (a run with no attention reducer runs on the kernel's eager route then, whose
+    outputs are the eager path's); refused for a family outside AttentionInterface. The first-batch check compares
+    the kernel without the edits with the model's eager attention.
     Raises PosprobeError for a model that cannot be captured, or when there is no batch."""
     import torch
 
-    needs = set()
-    for reducer in reducers:
-        unknown = set(reducer.needs) - set(WHAT)
-        if unknown:
-            raise ValueError(f"{type(reducer).__name__} needs {sorted(unknown)}; a reducer may need {list(WHAT)}")
-        needs |= set(reducer.needs)
+    needs = needs_of(reducers, WHAT)
     attention = bool(needs & {"scores", "probs"})
     hidden = "hidden_states" in needs
     if block_size is not None:
@@ -196,6 +189,13 @@ def capture_batches(
     if parallel:
         distributed.check_mergeable(reducers)
     net = stack_to_run(model)
+    if edits is not None and is_eager_route(model):
+        raise PosprobeError(
+            f"'{net.config.model_type}' computes attention in its own code, outside transformers' AttentionInterface, "
+            "so posprobe cannot edit it",
+            "use a family whose attention goes through AttentionInterface (Llama, Qwen, Gemma, GPT-2, BERT, ...)",
+        )
+    kernel = attention or edits is not None  # the run goes through the attention kernel
     eager = attention and is_eager_route(model)
     recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending), n_heads)
     eager_recorder = eager_route_recorder(net, list(attending), n_heads)
@@ -223,10 +223,8 @@ def capture_batches(
             base.set_attention_type("original_full")  # what BigBird does itself on the lengths check_length allows
         if eager:
             eager_recorder.start(net)
-        elif attention:
-            register_recording_attention()
-            if blockwise:
-                register_block_attention()
+        elif kernel:
+            register()
             net.set_attn_implementation(RECORD_NAME)
         with torch.inference_mode():
             for index, tokens in enumerate(batches):
@@ -255,8 +253,9 @@ def capture_batches(
                     net.set_attn_implementation(BLOCK_NAME)
                     try:
                         output = _run_blocks(
-                            net, index, tokens, block_readers, len(attending), block_size or None, kwargs, n_heads
-                        )
+                            net, index, tokens, block_readers, len(attending), block_size or None, kwargs, n_heads,
+                            edits,
+                        )  # fmt: skip
                         if verify and "blocks" not in checked:  # the first batch run in blocks
                             _verify_blocks(net, tokens, len(attending))
                             checked.add("blocks")
@@ -273,11 +272,11 @@ def capture_batches(
                     del scores, probs
                 elif attention:
                     recorder.begin(len(tokens), tokens.input_ids.shape[1])
-                    with recorder:
-                        output = _forward(net, tokens, kwargs)
+                    output = _forward(net, tokens, kwargs, _joined(edits, recorder.taps()))
                     _check_calls(net, recorder.calls, len(attending))
                     if verify and "whole" not in checked:  # the first batch recorded as whole matrices
-                        verify_against_eager(net, tokens.input_ids, tokens.attention_mask, output)
+                        plain = output if edits is None else _forward(net, tokens, {}, Taps())
+                        verify_against_eager(net, tokens.input_ids, tokens.attention_mask, plain)
                         checked.add("whole")
                     recorded = (
                         recorder.scores if recorder.keep_scores else None,
@@ -285,7 +284,7 @@ def capture_batches(
                         recorder.allowed,
                     )
                 else:
-                    output = _forward(net, tokens, kwargs)
+                    output = _forward(net, tokens, kwargs, edits)
                     recorded = None
                 if hidden:
                     _check_hidden(net, output.hidden_states, int(tokens.input_ids.shape[1]))
@@ -305,7 +304,7 @@ def capture_batches(
         recorder.begin(0, 0)
         if eager:
             eager_recorder.stop(net)
-        elif attention:
+        elif kernel:
             net.set_attn_implementation(previous if previous != RECORD_NAME else "eager")
         if sparse is not None and getattr(base, "attention_type", sparse) != sparse:
             base.set_attention_type(sparse)
@@ -318,6 +317,17 @@ def capture_batches(
     if n_texts == 0:
         raise PosprobeError("no texts to measure", "pass at least one non-empty text")
     return CaptureSummary(n_texts, n_batches, n_layers, n_heads, longest, attending)
+
+
+def needs_of(reducers: Sequence[Any], allowed: Sequence[str], kind: str = "a reducer") -> set[str]:
+    """What `reducers` need together; ValueError naming one that needs something outside `allowed`."""
+    needs: set[str] = set()
+    for reducer in reducers:
+        unknown = set(reducer.needs) - set(allowed)
+        if unknown:
+            raise ValueError(f"{type(reducer).__name__} needs {sorted(unknown)}; {kind} may need {list(allowed)}")
+        needs |= set(reducer.needs)
+    return needs
 
 
 _CHECKED_FROM = 256 * 2**20  # smaller batches are not checked against the free memory
@@ -334,7 +344,8 @@ def _check_attention_fits(
     model, needs: set, n_layers: int, n_heads: int, tokens: TokenBatch, rows: int | None = None
 ) -> None:
     """Refuse in one line a batch whose recorded attention cannot fit in the free memory (`capture.memory`):
-    whole matrices when `rows` is None, else blocks of `rows` query rows (0: `recording.BLOCK_ELEMENTS` scores)."""
+    whole matrices when `rows` is None, else blocks of `rows` query rows (0: about `kernel.routes.BLOCK_ELEMENTS`
+    scores)."""
     batch, length = tokens.input_ids.shape
     if rows is not None:
         element = next((p.element_size() for p in model.parameters()), 4)
@@ -360,10 +371,18 @@ def _check_attention_fits(
 
 
 def _run_blocks(
-    net, index: int, tokens: TokenBatch, readers: list, n_layers: int, rows: int | None, kwargs: dict, heads: int
+    net,
+    index: int,
+    tokens: TokenBatch,
+    readers: list,
+    n_layers: int,
+    rows: int | None,
+    kwargs: dict,
+    heads: int,
+    edits: Taps | None = None,
 ):
-    """Run one batch on the blockwise route, handing every block of every layer to `readers` (`BlockCapture`s on
-    the inputs' device, `heads` H heads each); returns the model's output."""
+    """Run one batch on the blockwise route (with `edits` first), handing every block of every layer to `readers`
+    (`BlockCapture`s on the inputs' device, `heads` H heads each); returns the model's output."""
     here = tokens.input_ids.device
     counted = tokens.counted
 
@@ -378,10 +397,15 @@ def _run_blocks(
 
     recorder = BlockRecorder(n_layers, hand, rows, heads)
     recorder.begin(int(tokens.input_ids.shape[1]))
-    with recorder:
-        output = net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+    taps = _joined(edits, recorder.taps())
+    output = taps.forward(net, input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
     _check_calls(net, recorder.calls, n_layers)
     return output
+
+
+def _joined(edits: Taps | None, taps: Taps) -> Taps:
+    """`edits`, then `taps` (the recorders read the edited attention)."""
+    return taps if edits is None else edits.joined(taps)
 
 
 def _not_in_blocks(net, err: Exception) -> PosprobeError:
@@ -405,8 +429,7 @@ def _verify_blocks(net, tokens: TokenBatch, n_layers: int) -> None:
     ids, mask = tokens.input_ids[:, :p], tokens.attention_mask[:, :p]
     recorder = BlockRecorder(n_layers, None, max(1, p // 4))
     recorder.begin(p)
-    with recorder:
-        output = net(input_ids=ids, attention_mask=mask)
+    output = recorder.taps().forward(net, input_ids=ids, attention_mask=mask)
     _check_calls(net, recorder.calls, n_layers)
     verify_against_eager(net, ids, mask, output, restore=BLOCK_NAME)
 
@@ -442,12 +465,14 @@ def _batch_capture(
     )
 
 
-def _forward(net, tokens: TokenBatch, kwargs: dict):
-    """The model's forward pass on one batch; PosprobeError in one line where transformers' own code fails on a
-    text alone (a multimodal wrapper whose forward reads outputs its language model does not return, as Llama 4's
-    did before posprobe ran its language model alone: `Family.language_model_alone`)."""
+def _forward(net, tokens: TokenBatch, kwargs: dict, taps=None):
+    """The model's forward pass on one batch (with `taps` on the attention kernel where given); PosprobeError in one
+    line where transformers' own code fails on a text alone (a multimodal wrapper whose forward reads outputs its
+    language model does not return, as Llama 4's did before posprobe ran its language model alone:
+    `Family.language_model_alone`)."""
+    inputs = dict(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
     try:
-        return net(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
+        return net(**inputs) if taps is None else taps.forward(net, **inputs)
     except (AttributeError, TypeError, KeyError, IndexError, ValueError) as err:
         kind = getattr(net.config, "model_type", "unknown")
         what = (str(err).strip().splitlines() or [""])[0]

@@ -102,7 +102,7 @@ class StackRecorder(EagerRecorder):
         the last byte attends no byte, a row of -inf, NaN, which the global layers' values carry to every byte)."""
         import torch
 
-        from posprobe.capture.recording import final_output
+        from posprobe.kernel.routes import final_output
 
         if not bool(torch.isfinite(final_output(output)[tokens.real]).all()):
             dtype = final_output(output).dtype

@@ -151,11 +151,13 @@ def run_texts(
     check: Callable[[Any], Any] | None = None,
     allow_pickle: bool = False,
     verify: bool = True,
+    edits: Any = None,
 ) -> TextRunOutput:
     """Run `model` (hub id, folder, None for the packaged MiniLM, or a loaded model) once over `run`'s texts: read it
     (eager attention; accelerate's device map for device 'auto'), `check(net)` (the caller's refusals, before
     anything else; its value is kept as `checked`), resolve the max length, pick the device, build the reducers
-    (`reducers(TextModel)`: where sums are sized and memory checked), move the model there and capture."""
+    (`reducers(TextModel)`: where sums are sized and memory checked), move the model there and capture (with
+    `edits`, taps on the attention kernel, in every forward pass: `capture_batches`)."""
     dispatch = dispatch_settings(run.device, run.max_memory)  # device 'auto': accelerate's big-model inference
     source, net, tokenizer = load_for_capture(
         model, allow_pickle, need_tokenizer=run.needs_tokenizer, dispatch=dispatch
@@ -167,12 +169,19 @@ def run_texts(
     made = list(reducers(loaded))
     net = place_on(net, device)
     loaded = TextModel(source, net, tokenizer, max_length, device, checked)
-    summary = capture_run(net, made, run, tokenizer=tokenizer, max_length=max_length, verify=verify)
+    summary = capture_run(net, made, run, tokenizer=tokenizer, max_length=max_length, verify=verify, edits=edits)
     return TextRunOutput(loaded, made, summary)
 
 
 def capture_run(
-    model, reducers: Sequence[Reducer], run: TextRun, *, tokenizer: Any = None, max_length: int, verify: bool = True
+    model,
+    reducers: Sequence[Reducer],
+    run: TextRun,
+    *,
+    tokenizer: Any = None,
+    max_length: int,
+    verify: bool = True,
+    edits: Any = None,
 ) -> CaptureSummary:
     """Feed every batch of `run` (on a loaded `model`, truncated to `max_length`) to `reducers` (see
     `capture_batches`): padded batches of `run.batch_size`, length-sorted within chunks of 16 batches; one text a
@@ -194,7 +203,8 @@ def capture_run(
         max_texts=run.max_texts,
         device=model_device(model),
     )
-    return capture_batches(model, batches, reducers, verify=verify, progress=run.progress, block_size=run.block_size)
+    return capture_batches(model, batches, reducers, verify=verify, progress=run.progress, block_size=run.block_size,
+                           edits=edits)  # fmt: skip
 
 
 def capture(

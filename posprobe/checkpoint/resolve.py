@@ -114,7 +114,10 @@ def resolve_model(
     """Find `model` (hub id, folder, .gguf file, a packaged name (`PACKAGED`), or None for the packaged default);
     check its config (config.json, or a GGUF file's header and metadata) and that it has usable weights
     (`require_weights=False`: config only, for commands that read nothing else). `revision`: a branch, tag or
-    commit of a hub id (as transformers' `revision`); refused for folders, files and the packaged models."""
+    commit of a hub id (as transformers' `revision`); refused for folders, files and the packaged models.
+    A `ModelSource` (resolved once, by the command) is returned as it is: nothing is read again."""
+    if isinstance(model, ModelSource):
+        return model
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise ArgumentTypeError(
             "model",

@@ -146,7 +146,7 @@ def attention(
 
     with text_progress(total) as advance:
         result = attention_profiles(
-            str(source.path) if model is not None else None,
+            source,  # resolved once, here: the pipeline loads it without resolving it again
             iter_texts(text, column),
             max_length=max_length,
             max_texts=max_texts,

@@ -147,9 +147,7 @@ def states(
     from posprobe.pipelines.states_result import write_states
 
     with text_progress(total) as advance:
-        result = run_states(
-            str(source.path) if model is not None else None, iter_texts(text, column), progress=advance, **settings
-        )
+        result = run_states(source, iter_texts(text, column), progress=advance, **settings)
     from dataclasses import replace
 
     result = replace(result, model=source.name, revision=revision)

@@ -55,6 +55,7 @@ def attention_profiles(
     stack: str = "encoder",
     mean_scores: bool | None = None,
     block_size: int | None = None,
+    edits: Any = None,
 ) -> AttentionResult:
     """Empirical score/probability profiles, mean attention distance and mean score matrix (SPEC §10), and the
     attention-sink measures (SPEC §14: first-token and special-token mass, sink rate, distance without the first
@@ -80,7 +81,9 @@ def attention_profiles(
     not. Without them `mean_scores`, `count_matrix` and `toeplitz_r2` are None (no array, null in JSON).
     `block_size`: query rows per block of the blockwise route (SPEC §19, `capture.capture_batches`): None (the
     default) computes in blocks the batches whose whole matrices would take 256 MiB or more, 0 never, a positive
-    number every batch.
+    number every batch. `edits`: taps on the attention kernel (`posprobe.kernel.Taps`: a head zeroed, keys masked,
+    ...) applied in every forward pass before the attention is recorded (a family outside AttentionInterface is
+    refused).
     """
     run = text_run(texts, input_ids, special_ids=special_ids, max_length=max_length, max_texts=max_texts,
                    batch_size=batch_size, exclude_special=exclude_special, device=device, max_memory=max_memory,
@@ -130,7 +133,7 @@ def attention_profiles(
             made.append(LearnedSinkAccumulator(n_acc, n_heads, loaded.device))
         return made
 
-    output = run_texts(model, run, reducers, check=check, allow_pickle=allow_pickle, verify=verify)
+    output = run_texts(model, run, reducers, check=check, allow_pickle=allow_pickle, verify=verify, edits=edits)
     source, net, max_length = output.model.source, output.model.net, output.model.max_length
     n_layers, n_heads = output.model.checked
     acc, sinks, *learned = output.reducers

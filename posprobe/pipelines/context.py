@@ -3,13 +3,13 @@ variant, with the rotary budget.
 
 Cheap checks come first (arguments, the config: a causal family, variants only for rotary embeddings, lengths
 within a learned table), then the texts are tokenized (only as many documents as the windows need), then the
-model is loaded once and run: for each variant, for each length, windows in batches; each batch's logits are
-reduced to float64 losses per position (`token_nll`), in blocks of positions where they would not fit at once
-(`context_blocks`), and added into float64 sums with counts per position (`PositionLoss`), so no logits are kept;
-a batch that cannot fit even so is refused before the model is loaded. Under torchrun (SPEC §19) the batches are
-shared out by rank (`posprobe.runtime.distributed`: batch k, counted over every variant and length, is rank k %
-world's) and the sums and window counts are all-reduced once after the last batch, so every rank returns the result
-of all windows.
+model is loaded once and run on the run loop (`capture.loop.run`, with `edits` on the attention kernel where
+given): for each variant, for each length, windows in batches, one step each; each step's logits are reduced to
+float64 losses per position (`token_nll`), in blocks of positions where they would not fit at once
+(`capture.logit_blocks`), and added into float64 sums with counts per position (`WindowLoss`), so no logits are
+kept; a batch that cannot fit even so is refused before the model is loaded. Under torchrun (SPEC §19) the steps
+are shared out by rank (step k, counted over every variant and length, is rank k % world's) and the sums and counts
+are all-reduced by the loop after each length's last step, so every rank returns the result of all windows.
 
 The result type is in `context_result.py`; the pure computations in `posprobe.analysis.context_loss`; the
 variants in `posprobe.families.rope_variants`.
@@ -34,12 +34,31 @@ from posprobe.analysis.context_loss import (
 from posprobe.architectures import table as T
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.families import rope_variants as R
-from posprobe.pipelines.context_blocks import context_batch_bytes, window_loss
+from posprobe.kernel import Taps
 from posprobe.pipelines.context_result import ContextResult
 from posprobe.validation import as_int
 
 DEFAULT_LENGTHS = (512, 1024, 2048)
 DEFAULT_WINDOWS = 4
+
+
+class WindowLoss(PositionLoss):
+    """The step reducer of one (variant, length): each step's per-token losses (B, L-1) added into float64 sums and
+    counts per position, over the positions `masks` (windows, L-1) bool marks for each window (None: every one), a
+    step whose scored losses are not finite refused; added over torchrun ranks."""
+
+    needs = ("loss",)
+    rank_sums = ("sums", "counts", "windows")
+
+    def __init__(self, length: int, variant: str, masks: np.ndarray | None = None):
+        super().__init__(length)
+        self.variant, self.masks = variant, masks
+
+    def add_output(self, out) -> None:
+        start = out.step.meta
+        mask = None if self.masks is None else self.masks[start : start + len(out.loss)]
+        _check_finite(out.loss if mask is None else np.where(mask, out.loss, 0.0), self.variant, self.length, start)
+        self.add(out.loss, mask)
 
 
 def check_lengths(lengths: Sequence[int] | str | None) -> list[int]:
@@ -134,6 +153,7 @@ def context(
     allow_pickle: bool = False,
     source=None,
     max_memory: dict | str | None = None,
+    edits: Taps | None = None,
 ) -> ContextResult:
     """Loss by position and perplexity per length for each rotary variant (SPEC §17).
 
@@ -143,7 +163,8 @@ def context(
     (default 512, 1024, 2048); windows: windows per length; rope_scaling: 'none,linear:2,dynamic:2,yarn:4,
     llama3:8' or a list; batch_size: windows per forward pass; progress(done, total) after each forward pass
     (under torchrun: every rank's passes counted); device: cpu, cuda, ... or 'auto' (accelerate's big-model
-    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk).
+    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk). edits: taps on the
+    attention kernel applied in every forward pass (`posprobe.kernel.Taps`; None: the model as it is).
     `windows` windows of the longest length cover C = windows x (L_max - b) stream tokens (b = 1 with a BOS, else
     0); every length's perplexity is over exactly the same tokens of them (`common_targets`: all C with a BOS; without
     one, all but those that start a window at some length, which no window there predicts), each length in
@@ -151,9 +172,9 @@ def context(
     by context alone (lengths need not divide each other). `tokens` holds that count per length; the loss by
     position is over every position of the longest length's windows.
     """
+    from posprobe.capture.loop import Step, run
     from posprobe.capture.model import capture_device, dispatch_settings, place_on
     from posprobe.capture.textrun import check_run_settings
-    from posprobe.runtime import distributed
 
     lengths = check_lengths(lengths)
     windows = as_int(windows, "windows", minimum=1)
@@ -187,43 +208,32 @@ def context(
         net = _load(source, allow_pickle, dispatch_settings(device, max_memory))
     dev = capture_device(net, device)
     net = place_on(net, dev).eval()
-    parallel = distributed.join_process_group(dev)
     if any(v.rope_type for v in variants):
         R.require_rotary_module(net, source.name)
     config = _text_config(net)
     rotary = kind == T.ROTARY and bool(R.rotary_modules(net))
     key = R.variant_key(config) if rotary else None
     total = len(variants) * sum(-(-count // batch_size) for count in counts)
-    index = -1  # batch number over every variant and length: batch k is rank k % world's under torchrun
+    index = 0  # step number over every variant and length: step k is rank k % world's under torchrun
     all_sums, curves, inv_freq, scaling = [], [], [], []
     for variant in variants:
         with R.applied(net, variant) as modules:
             for length, count in zip(lengths, counts):
-                sums = PositionLoss(length)  # the common tokens: the perplexity
-                curve = PositionLoss(length) if length == lengths[-1] else None  # every position: loss(t)
+                # the common tokens (the perplexity), and at the longest length every position (loss(t))
+                sums = WindowLoss(length, variant.name, target_mask(common, length, count, with_bos))
+                reducers = [sums] + ([WindowLoss(length, variant.name)] if length == lengths[-1] else [])
                 batches = cut_windows(stream, length, count, bos_id)
-                masks = target_mask(common, length, count, with_bos)
-                for start in range(0, count, batch_size):
-                    index += 1
-                    if parallel and not distributed.mine(index):
-                        continue
-                    nll = window_loss(net, batches[start : start + batch_size], dev)
-                    mask = masks[start : start + batch_size]
-                    _check_finite(np.where(mask, nll, 0.0) if curve is None else nll, variant.name, length, start)
-                    sums.add(nll, mask)
-                    if curve is not None:
-                        curve.add(nll)
-                    if progress is not None:
-                        progress(distributed.done_by_all(index, total), total)
+                steps = (
+                    Step(batches[start : start + batch_size], kwargs={"use_cache": False}, meta=start)
+                    for start in range(0, count, batch_size)
+                )
+                index = run(net, steps, reducers, edits, start=index, total=total, progress=progress)
                 all_sums.append(sums)
-                if curve is not None:
-                    curves.append(curve)
+                curves += reducers[1:]
             if rotary:
                 freq, scale = R.inv_freq_of(modules[0], key)
                 inv_freq.append(freq.detach().double().cpu().numpy())
                 scaling.append(scale)
-    if parallel:
-        _merge_ranks(all_sums + curves)
     if progress is not None:
         progress(total, total)  # the last rounds may have run on other ranks
     per_variant = [all_sums[v * len(lengths) : (v + 1) * len(lengths)] for v in range(len(variants))]
@@ -297,23 +307,7 @@ def _load(source, allow_pickle: bool, dispatch: dict):
 
     from posprobe.retrofitting.loading import load_model
 
-    return load_model(str(source.path), AutoModelForCausalLM, allow_pickle=allow_pickle, **dispatch)
-
-
-def _merge_ranks(all_sums: list[PositionLoss]) -> None:
-    """Every rank's loss sums and counts added over the ranks in place (SPEC §19), in two all-reduces: one of the
-    float64 sums of every accumulator laid end to end, one of the int64 per-position counts and window counts."""
-    from posprobe.runtime import distributed
-
-    sums = distributed.all_reduce_sum(np.concatenate([s.sums for s in all_sums]))
-    counts = distributed.all_reduce_sum(np.concatenate([np.append(s.counts, s.windows) for s in all_sums]))
-    start = 0
-    for k, part in enumerate(all_sums):  # part k: sums[start : start + L-1], counts[start + k : start + k + L]
-        end = start + part.length - 1
-        part.sums = sums[start:end]
-        part.counts = np.asarray(counts[start + k : end + k], dtype=np.int64)
-        part.windows = int(counts[end + k])
-        start = end
+    return load_model(source, AutoModelForCausalLM, allow_pickle=allow_pickle, **dispatch)  # resolved once already
 
 
 def _check_finite(nll: np.ndarray, variant: str, length: int, start: int) -> None:
@@ -330,10 +324,11 @@ def _check_finite(nll: np.ndarray, variant: str, length: int, start: int) -> Non
 
 def _check_memory(source, batch_size: int, length: int, device) -> None:
     """Refuse, before the model is loaded, a batch of windows whose logits block and activations
-    (`context_blocks.context_batch_bytes`) pass the free memory of `device` (not checked for 'auto': accelerate
+    (`capture.logit_blocks.context_batch_bytes`) pass the free memory of `device` (not checked for 'auto': accelerate
     places the layers)."""
     if device == "auto":
         return
+    from posprobe.capture.logit_blocks import context_batch_bytes
     from posprobe.capture.memory import check_fits
     from posprobe.capture.model import resolve_device
 

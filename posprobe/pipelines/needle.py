@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from posprobe.analysis.needle import answer_scores
+from posprobe.capture.loop import Step
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.pipelines.needle_prompts import Haystack, NeedlePrompt, NeedleTask, PromptBuilder
 from posprobe.pipelines.needle_result import NeedleResult
@@ -105,6 +106,7 @@ def needle(
     allow_pickle: bool = False,
     source: Any = None,
     max_memory: dict | str | None = None,
+    edits: Any = None,
 ) -> NeedleResult:
     """The needle grid of a causal language model (SPEC §18).
 
@@ -113,14 +115,13 @@ def needle(
     depths, trials, seed (`NeedleGrid`); task: intro, needle and question templates, answer (`NeedleTask`).
     progress(done, total) after each prompt (under torchrun: every rank's prompts counted). device: cpu, cuda, ...
     (None: cuda if available for a checkpoint; a model object stays where it is) or 'auto' (accelerate's big-model
-    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk). Returns a
+    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk). edits: taps on the
+    attention kernel (`posprobe.kernel.Taps`) applied in every forward pass, before the needle row is read. Returns a
     `NeedleResult` whose arrays are shaped (lengths, depths, trials[, layers, heads]).
     """
-    import torch
     from torch import nn
 
     from posprobe.capture.model import check_max_memory, dispatch_settings
-    from posprobe.runtime import distributed
 
     check_max_memory(device, max_memory)
     grid = NeedleGrid() if grid is None else grid
@@ -155,7 +156,7 @@ def needle(
     builder = PromptBuilder(task, Haystack(texts, encode, hay_name), tokenizer, grid.seed)
     prompts = [builder.build(grid.lengths[i], grid.depths[j], t) for i, j, t in grid.cells()]
     _check_window(grid.lengths, max(len(p.answer_ids) for p in prompts), window, grid.beyond_window)
-    from posprobe.capture.model import check_model, model_device, place_on, resolve_device
+    from posprobe.capture.model import check_model, place_on, resolve_device
 
     if net is None:
         net = _load_causal_lm(source, dispatch_settings(device, max_memory))
@@ -163,24 +164,15 @@ def needle(
     elif device is not None and device != "auto":
         net = net.to(resolve_device(device))
     n_layers, n_heads = check_model(net)
-    parallel = distributed.join_process_group(model_device(net))
-    was_training = net.training
-    net.eval()
-    mine: dict[int, PromptScore] = {}
-    try:
-        from posprobe.capture.retrieval import RetrievalRun
+    from posprobe.capture.eager import is_eager_route
+    from posprobe.capture.loop import run
 
-        with RetrievalRun(net, n_layers, n_heads) as run, torch.no_grad():
-            dev = model_device(net)
-            for index, prompt in enumerate(prompts):
-                if parallel and not distributed.mine(index):  # another rank's prompt
-                    continue
-                mine[index] = _finite_score(score_prompt(run, prompt, dev), index, prompt)
-                if progress is not None:
-                    progress(distributed.done_by_all(index, len(prompts)), len(prompts))
-    finally:
-        net.train(was_training)
-    scores = _merge_ranks(mine, prompts, n_layers, n_heads) if parallel else [mine[k] for k in range(len(prompts))]
+    eager = is_eager_route(net)
+    keep = _takes(net, "logits_to_keep")
+    reducer = PromptScores(prompts, n_layers, n_heads, edits)
+    steps = (prompt_step(prompt, keep) for prompt in prompts)
+    run(net, steps, [reducer], edits, total=len(prompts), progress=progress, shape=(n_layers, n_heads))
+    scores = reducer.result()
     if progress is not None:
         progress(len(prompts), len(prompts))  # the last prompts may have run on other ranks
     return NeedleResult.from_scores(
@@ -196,30 +188,67 @@ def needle(
         decode=lambda ids: tokenizer.decode(list(ids)),
         n_layers=n_layers,
         n_heads=n_heads,
-        route="eager (the model's own softmax rows)" if run.eager else "sdpa output + the last query row recomputed",
+        route="eager (the model's own softmax rows)" if eager else "sdpa output + the last query row recomputed",
     )
 
 
-def score_prompt(run, prompt: NeedlePrompt, device) -> PromptScore:
-    """One prompt's scores from one forward pass over prompt + answer (`run` a `capture.retrieval.RetrievalRun`):
-    the logits at the last prompt position and the answer's positions, and the last prompt token's attention on
-    the needle. Where greedy decoding departs from the answer, the rest of its continuation is generated."""
-    import torch
-
+def prompt_step(prompt: NeedlePrompt, keep: bool) -> Step:
+    """The run-loop step of one prompt: one forward pass over prompt + answer reading the last prompt token's
+    attention on the needle (`keep`: the model takes `logits_to_keep`, and only the answer's logits are made)."""
     prompt_len, answer_len = len(prompt.prompt_ids), len(prompt.answer_ids)
-    ids = torch.tensor([list(prompt.prompt_ids) + list(prompt.answer_ids)], device=device)
     kwargs: dict[str, Any] = {"use_cache": False}
-    keep = _takes(run.model, "logits_to_keep")
     if keep:
         kwargs["logits_to_keep"] = answer_len + 1
-    output, attention = run.forward(ids, prompt_len - 1, [prompt.needle_span], **kwargs)
-    logits = output.logits[0, -(answer_len + 1) : -1] if keep else output.logits[0, prompt_len - 1 : -1]
+    return Step([list(prompt.prompt_ids) + list(prompt.answer_ids)], prompt_len - 1, [prompt.needle_span], kwargs,
+                prompt)  # fmt: skip
+
+
+def prompt_score(model, prompt: NeedlePrompt, logits, attention, device, edits=None) -> PromptScore:
+    """One prompt's scores from its forward pass: `logits` (1, m or answer + 1, V), `attention` (1, L, H) of the last
+    prompt token on the needle. Where greedy decoding departs from the answer, the rest of its continuation is
+    generated (with `edits`, taps on the attention kernel, where given)."""
+    prompt_len, answer_len = len(prompt.prompt_ids), len(prompt.answer_ids)
+    keep = logits.shape[1] != prompt_len + answer_len
+    logits = logits[0, -(answer_len + 1) : -1] if keep else logits[0, prompt_len - 1 : -1]
     token_log_probs, exact, greedy = answer_scores(logits, prompt.answer_ids)
     if not exact and len(greedy) < answer_len:
-        greedy = _continue_greedy(run.model, list(prompt.prompt_ids) + greedy, answer_len - len(greedy), device)[
+        greedy = _continue_greedy(model, list(prompt.prompt_ids) + greedy, answer_len - len(greedy), device, edits)[
             prompt_len:
         ]
     return PromptScore(math.fsum(token_log_probs), exact, greedy, attention[0].cpu().numpy(), token_log_probs)
+
+
+def score_prompt(run, prompt: NeedlePrompt, device) -> PromptScore:
+    """One prompt's scores from one forward pass over prompt + answer (`run` a `capture.retrieval.RetrievalRun`)."""
+    import torch
+
+    step = prompt_step(prompt, _takes(run.model, "logits_to_keep"))
+    ids = torch.tensor(step.input_ids, device=device)
+    output, attention = run.forward(ids, step.row, step.spans, **step.kwargs)
+    return prompt_score(run.model, prompt, output.logits, attention, device)
+
+
+class PromptScores:
+    """The step reducer of a needle grid: each prompt's `PromptScore` (refused where not finite), every prompt's on
+    every rank once merged (`merge_ranks`); `result()` in prompt order."""
+
+    needs = ("logits", "rows")
+
+    def __init__(self, prompts: Sequence[NeedlePrompt], n_layers: int, n_heads: int, edits=None):
+        self.prompts, self.n_layers, self.n_heads, self.edits = prompts, n_layers, n_heads, edits
+        self.mine: dict[int, PromptScore] = {}
+
+    def add_output(self, out) -> None:
+        prompt = out.step.meta
+        score = prompt_score(out.model, prompt, out.logits, out.rows, out.input_ids.device, self.edits)
+        self.mine[out.index] = _finite_score(score, out.index, prompt)
+
+    def merge_ranks(self) -> None:
+        merged = _merge_ranks(self.mine, self.prompts, self.n_layers, self.n_heads)
+        self.mine = dict(enumerate(merged))
+
+    def result(self) -> list[PromptScore]:
+        return [self.mine[k] for k in range(len(self.prompts))]
 
 
 def _finite_score(score: PromptScore, index: int, prompt: NeedlePrompt) -> PromptScore:
@@ -266,8 +295,9 @@ def _merge_ranks(mine: dict[int, PromptScore], prompts: Sequence[NeedlePrompt], 
     ]
 
 
-def _continue_greedy(model, ids: list[int], new_tokens: int, device) -> list[int]:
-    """`ids` followed by `new_tokens` greedy tokens (transformers' generate, no sampling, no penalties)."""
+def _continue_greedy(model, ids: list[int], new_tokens: int, device, edits=None) -> list[int]:
+    """`ids` followed by `new_tokens` greedy tokens (transformers' generate, no sampling, no penalties; `edits` on
+    the attention kernel in every step where given)."""
     import torch
     from transformers import GenerationConfig
 
@@ -275,7 +305,12 @@ def _continue_greedy(model, ids: list[int], new_tokens: int, device) -> list[int
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     config.eos_token_id, config.pad_token_id = eos, eos if isinstance(eos, int) else None
     input_ids = torch.tensor([ids], device=device)
-    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
+    if edits is None:
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
+        return out[0].tolist()
+    edits.start()
+    with edits.handed(model):  # generate takes no extra keyword: the taps are handed to the attention modules
+        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
     return out[0].tolist()
 
 

@@ -121,7 +121,7 @@ def states(
         from posprobe.checkpoint import resolve_model
 
         resolved = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True, revision=revision)
-        model, name = str(resolved.path), resolved.name
+        model, name = resolved, resolved.name
 
     def check(net) -> tuple[int, str, int]:
         n_layers, _ = check_model(net, attention=False)

@@ -31,7 +31,7 @@ def load_model(
     **kwargs: Any,
 ) -> nn.Module:
     """Load a plain or a retrofitted checkpoint: a hub id, a folder, a .gguf file (or a folder holding one), a
-    packaged name ('SmolLM2-135M-Instruct'), or None (the packaged all-MiniLM-L6-v2).
+    packaged name ('SmolLM2-135M-Instruct'), None (the packaged all-MiniLM-L6-v2), or the `ModelSource` of one.
 
     model_class: a transformers auto/task class (default `AutoModel`), e.g. `AutoModelForSequenceClassification`;
     extra `kwargs` go to its `from_pretrained`. A retrofitted checkpoint (config.json has a `posprobe` key) gets
@@ -43,11 +43,11 @@ def load_model(
     Checked before transformers builds the model: the config (types, sizes, a model_type transformers knows)
     and every safetensors or GGUF header; after: all parameters finite. Each failure is one `PosprobeError`.
     """
-    from posprobe.checkpoint import resolve_model
+    from posprobe.checkpoint import ModelSource, resolve_model
     from posprobe.checkpoint.loading import build_model, check_before_load
     from posprobe.validation import as_bool
 
-    if path_or_id is not None and not isinstance(path_or_id, (str, os.PathLike)):
+    if path_or_id is not None and not isinstance(path_or_id, (str, os.PathLike, ModelSource)):
         raise ArgumentTypeError(
             "path_or_id",
             f"{{arg}} must be a hub id or a folder path (str or Path), got {type(path_or_id).__name__} {path_or_id!r}",
@@ -69,9 +69,9 @@ def load_model(
             f"{{arg}} must be a transformers model class with from_pretrained, got {model_class!r}",
             "e.g. transformers.AutoModelForSequenceClassification",
         )
-    source = resolve_model(
-        None if path_or_id is None else os.fspath(path_or_id), allow_pickle=allow_pickle, with_tokenizer=True
-    )
+    if not isinstance(path_or_id, ModelSource):  # a ModelSource: resolved once already, by the command
+        path_or_id = None if path_or_id is None else os.fspath(path_or_id)
+    source = resolve_model(path_or_id, allow_pickle=allow_pickle, with_tokenizer=True)
     check_before_load(source)
     spec = source.config.get(CONFIG_KEY)
     if spec:

@@ -1,4 +1,5 @@
-"""`posprobe context`'s loss of one batch of windows, with the logits computed in blocks of positions (SPEC §17).
+"""The loss of one batch of windows (`posprobe context`, the run loop's "loss"), with the logits computed in blocks
+of positions (SPEC §17).
 
 A causal LM's forward pass returns its logits for every position at once, B x L x V numbers: at 32,768 tokens and a
 262,144-token vocabulary, 32 GiB. Here the model runs once per batch as usual, but its output embedding (the LM head)
@@ -48,27 +49,29 @@ def context_batch_bytes(config: Any, batch: int, length: int) -> int:
     return int(CALIBRATION * 4 * batch * block * vocab + 4 * batch * length * (4 * hidden + 3 * inner))
 
 
-def window_loss(net, ids: np.ndarray, device, budget: int = LOGIT_BLOCK_BYTES) -> np.ndarray:
+def window_loss(net, ids, device, budget: int = LOGIT_BLOCK_BYTES, call=None) -> np.ndarray:
     """(B, L-1) float64 losses -log p(x[t+1] | x[0..t]) of one batch of windows `ids` (B, L) on `device`: one
-    forward pass; its logits reduced at once where they fit in `budget` bytes, else block by block of positions
-    (`block_positions`), the decoder run once."""
+    forward pass, `call(**inputs)` (default `net(**inputs)`; the run loop's passes its edits on); its logits reduced
+    at once where they fit in `budget` bytes, else block by block of positions (`block_positions`), the decoder run
+    once."""
     import torch
 
+    call = call if call is not None else net
     batch = torch.as_tensor(ids, device=device)
     vocab = _vocab(net)
     block = block_positions(batch.shape[0], batch.shape[1] - 1, vocab, budget) if vocab else batch.shape[1]
     with torch.inference_mode():
         if block >= batch.shape[1] - 1:
-            return token_nll(net(input_ids=batch, use_cache=False).logits, batch)
+            return token_nll(call(input_ids=batch, use_cache=False).logits, batch)
         try:
-            return _blocked_loss(net, batch, block)
+            return _blocked_loss(net, batch, block, call)
         except (AttributeError, TypeError, KeyError, IndexError) as err:  # an LM whose forward reads its base model
             raise _no_blocks(net) from err  # otherwise than through its output's first field
 
 
-def _blocked_loss(net, batch, block: int) -> np.ndarray:
-    """`window_loss` block by block of `block` positions: the decoder run once, the head once per block."""
-    hidden, base_name = _hidden_states(net, batch)
+def _blocked_loss(net, batch, block: int, call) -> np.ndarray:
+    """`window_loss` block by block of `block` positions: the decoder run once (by `call`), the head once per block."""
+    hidden, base_name = _hidden_states(net, batch, call)
     nll = np.empty((batch.shape[0], batch.shape[1] - 1), dtype=np.float64)
     for start in range(0, batch.shape[1] - 1, block):
         end = min(start + block, batch.shape[1] - 1)
@@ -104,7 +107,7 @@ def _no_blocks(net):
     )
 
 
-def _hidden_states(net, batch):
+def _hidden_states(net, batch, call):
     """(the base model's last hidden states (B, L, d), the base model's attribute name) from one forward pass of
     `net` in which the LM head is given no positions."""
     name = _base_name(net)
@@ -119,7 +122,7 @@ def _hidden_states(net, batch):
 
     hooks = [getattr(net, name).register_forward_hook(keep), head.register_forward_pre_hook(nothing)]
     try:
-        net(input_ids=batch, use_cache=False)
+        call(input_ids=batch, use_cache=False)
     finally:
         for hook in hooks:
             hook.remove()
