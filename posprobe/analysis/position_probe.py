@@ -40,7 +40,7 @@ memory is 5·d² floats per probed layer, whatever the number of texts.
   eigendecomposition (w = V diag(1/(s + λ)) V^T b); when the sample holds every token and a training set has
   fewer tokens than d, the same fit is solved in its dual form, w = Xc^T (Xc Xc^T + λI)^{-1} yc (an N x N
   eigendecomposition instead of d x d): short runs, where the d x d solves used to dominate, cost little
-  (benchmarks/RESULTS.md).
+  (benchmarks/RESULTS.md). The finish runs on one thread (`one_thread`: two threads spin at LAPACK's barriers).
 
 Dimensions: B batch, m its longest sequence, N real tokens of a batch, P probed hidden states, F = 5 folds,
 T = 2 targets (position, control), K candidate penalties, d hidden size.
