@@ -98,10 +98,12 @@ def rotary_angles(
 # 1 / theta^(2i/d) in float32, angles = position * inv_freq in float32, their cos and sin, attention scaling 1,
 # all of head_dim rotated): `default_rope_angles` gives their angles without importing torch or transformers;
 # tests/test_rotary_bands.py checks it against each module
-DEFAULT_ROPE_MODULES = frozenset(
-    f"transformers.models.{m}.modeling_{m}:{p}RotaryEmbedding"
-    for m, p in (("llama", "Llama"), ("mistral", "Mistral"), ("qwen2", "Qwen2"), ("qwen3", "Qwen3"))
-)
+DEFAULT_ROPE_MODULES = frozenset({
+    "transformers.models.llama.modeling_llama:LlamaRotaryEmbedding",
+    "transformers.models.mistral.modeling_mistral:MistralRotaryEmbedding",
+    "transformers.models.qwen2.modeling_qwen2:Qwen2RotaryEmbedding",
+    "transformers.models.qwen3.modeling_qwen3:Qwen3RotaryEmbedding",
+})  # fmt: skip
 
 
 def default_rope_angles(ctx, n: int, layer_type: str | None = None, theta: float | None = None):
