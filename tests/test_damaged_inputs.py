@@ -314,7 +314,11 @@ def test_hub_id_offline_fails_at_once(monkeypatch):
         ("SmolLM2-135M", "SmolLM2-135M-Instruct"),
         ("smollm2-135m-instruct", "SmolLM2-135M-Instruct"),
         ("all-minilm-l6-v2", "all-MiniLM-L6-v2"),
+        ("MiniLM", "all-MiniLM-L6-v2"),  # issue 49: the packaged default's family name
+        ("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"),  # its hub id, not in the cache
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct"),
         ("bert-base-uncased", None),
+        ("microsoft/MiniLM-L12-H384-uncased", None),  # another MiniLM: no packaged name is it
     ],
 )
 def test_a_mistyped_packaged_name_offline_names_the_packaged_model(typed, meant, monkeypatch):

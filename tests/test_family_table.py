@@ -211,3 +211,13 @@ def test_what_is_not_read_exactly_is_refused_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert info.value.code == 2 and err.count("\n") == 1 and "posprobe does not read this model yet" in err
         assert "no_norm" in err
+
+
+@pytest.mark.slow
+def test_the_rotary_modules_that_take_a_layer_type_are_listed():
+    """Issue 49: whether a family's rotary module takes a layer type is decided from `ROTARY_PER_LAYER_TYPE`, with no
+    import; the list equals what every rotary family's module says in its forward's signature (imports them all)."""
+    from posprobe.families.windows import ROTARY_PER_LAYER_TYPE, module_takes_layer_type
+
+    classes = {f.rotary_class for f in FAMILIES if f.kind == ROTARY and f.rotary_class}
+    assert {c for c in classes if module_takes_layer_type(c)} == set(ROTARY_PER_LAYER_TYPE)

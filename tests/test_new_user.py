@@ -158,7 +158,11 @@ def test_long_phases_say_what_they_do(tiny_bert_folder, monkeypatch):  # noqa: F
         posprobe.states(str(tiny_bert_folder), ["w1 w2 w3 w4"] * 6, max_length=8, min_texts=2)
     phase("outside the block: nobody listens")  # no listener: nothing happens
     assert said[0].startswith("reading the weights of ") and str(tiny_bert_folder) in said[0]
-    assert said[-1].startswith("fitting the position probes of 3 hidden states")
+    start = next(i for i, line in enumerate(said) if line.startswith("fitting the position probes of 3 hidden states"))
+    assert said[start + 1 :] == [  # issue 49: then each hidden state as it is fitted, and the baseline
+        *(f"fitting the position probes: hidden state {k} of 2 ({k + 1} of 3)" for k in range(3)),
+        "fitting the position probes: the baseline (first-token flag and text length)",
+    ]
     terminal = Console(file=io.StringIO(), force_terminal=True, width=200)
     monkeypatch.setattr(console, "log_console", terminal)
     console.show_phase("reading the weights of [model]")

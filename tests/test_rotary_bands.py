@@ -248,3 +248,40 @@ def test_band_figure_has_one_legend_above_the_panels(llama_folder):
     assert labels[:3] == ["each query head", "queries, mean over heads", "keys, mean over key heads"]
     assert labels[3:5] == [f"max positions ({result.max_positions:,})",
                           f"longest text ({result.texts['longest_text']:,} tokens)"]  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+def test_default_rope_in_numpy_equals_the_rotary_module(family, monkeypatch):
+    """Issue 49: the original RoPE of the Llama-like modules (`DEFAULT_ROPE_MODULES`) is computed in numpy, without
+    importing torch or transformers: the same angles as the family's own module to within a float32 unit, at the
+    config's base and at a layer's own base; configs that ask for anything else (scaling, partial rotary) still go
+    to the module."""
+    from transformers import AutoConfig
+
+    from posprobe.families import rotary as R
+    from posprobe.pipelines.score_reader import open_model
+
+    config = AutoConfig.for_model(
+        family, vocab_size=64, hidden_size=48, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=12, max_position_embeddings=4096, rope_parameters={"rope_type": "default",
+        "rope_theta": 50_000.0},
+    )  # fmt: skip
+    import transformers
+
+    model = getattr(transformers, type(config).__name__.replace("Config", "Model"))(config)
+    ctx = open_model(model)
+    assert ctx.family.rotary_class in R.DEFAULT_ROPE_MODULES
+    n = 3000
+    for theta in (None, 1234.5):
+        fast = R.default_rope_angles(ctx, n, None, theta)
+        assert fast is not None
+        with monkeypatch.context() as m:
+            m.setattr(R, "default_rope_angles", lambda *args: None)
+            slow = R.rotary_angles(ctx, n, None, theta)
+        for ours, theirs in zip(fast, slow):
+            assert ours.shape == theirs.shape == (n, 12)
+            np.testing.assert_allclose(ours, theirs, rtol=0, atol=2.0**-23)
+    ctx.config["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 50_000.0}
+    assert R.default_rope_angles(ctx, n) is None
+    ctx.config["rope_parameters"] = {"rope_type": "default", "rope_theta": 50_000.0, "partial_rotary_factor": 0.5}
+    assert R.default_rope_angles(ctx, n) is None

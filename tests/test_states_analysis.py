@@ -30,6 +30,7 @@ from posprobe.analysis.position_probe import (
     TokenReservoir,
     control_positions,
     cross_validated_ridge,
+    one_thread,
     ridge_solve,
 )
 from posprobe.analysis.positional_vectors import PositionalVectorAccumulator
@@ -162,6 +163,43 @@ def test_every_control_draw_and_the_baseline_equal_sklearn():
     assert probes.r2_baseline == pytest.approx(r2_score(y, pred), abs=1e-9)
     assert probes.mae_baseline == pytest.approx(mean_absolute_error(y, pred), abs=1e-9)
     assert 0.2 < probes.r2_baseline < 0.9  # the flag and the length alone say a good deal about the position
+
+
+def test_the_finish_runs_on_one_thread_and_gives_the_same_numbers():
+    """Issue 49: the probe's finish (hundreds of small d x d factorisations) runs with every BLAS / LAPACK / OpenMP
+    pool at one thread (two threads spin at LAPACK's barriers on a loaded machine: 30-50x the CPU), the pools are
+    restored after, large hidden sizes keep theirs, and the fits are those of the default threads to round-off.
+    The probe says which hidden state it fits, one phase each."""
+    from threadpoolctl import threadpool_info
+
+    from posprobe.runtime.phases import reporting_phases
+
+    rng = np.random.default_rng(3)
+    texts = np.repeat(np.arange(40), 30)
+    X = rng.normal(size=(len(texts), 48))
+    Y = np.stack([np.tile(np.arange(30.0), 40), rng.permutation(np.tile(np.arange(30.0), 40))], 1)
+    X[:, 0] += Y[:, 0] * 0.1
+    stats = fold_stats(X, Y, texts)
+    before = torch.get_num_threads(), [pool["num_threads"] for pool in threadpool_info()]
+    with one_thread(48):
+        assert torch.get_num_threads() == 1
+        assert {pool["num_threads"] for pool in threadpool_info()} == {1}
+        assert any(pool["prefix"].startswith("libscipy_openblas") for pool in threadpool_info())  # scipy's too
+        single = cross_validated_ridge(stats)
+    assert (torch.get_num_threads(), [pool["num_threads"] for pool in threadpool_info()]) == before
+    np.testing.assert_allclose(single.r2, cross_validated_ridge(stats).r2, rtol=0, atol=1e-12)
+    with one_thread(4096):
+        assert torch.get_num_threads() == before[0]
+    model = tiny_model("gpt2")
+    acc = PositionProbeAccumulator(3, [0, 2], 32, sample=100, seed=1, controls=2)
+    capture(model, [acc], input_ids=random_texts(12, seed=1), max_length=16, batch_size=4)
+    said = []
+    with reporting_phases(said.append):
+        acc.result()
+    assert said[:2] == [
+        "fitting the position probes: hidden state 0 of 2 (1 of 2)",
+        "fitting the position probes: hidden state 2 of 2 (2 of 2)",
+    ]
 
 
 def test_dual_form_with_fewer_tokens_than_dimensions_equals_sklearn():

@@ -42,7 +42,7 @@ memory is 5·d² floats per probed layer, whatever the number of texts.
   eigendecomposition (w = V diag(1/(s + λ)) V^T b); when the sample holds every token and a training set has
   fewer tokens than d, the same fit is solved in its dual form, w = Xc^T (Xc Xc^T + λI)^{-1} yc (an N x N
   eigendecomposition instead of d x d): short runs, where the d x d solves used to dominate, cost little
-  (benchmarks/RESULTS.md).
+  (benchmarks/RESULTS.md). The finish runs on one thread (`one_thread`: two threads spin at LAPACK's barriers).
 
 Dimensions: B batch, m its longest sequence, N real tokens of a batch, P probed hidden states, F = 5 folds,
 T = 2 targets (position, control), K candidate penalties, d hidden size.
@@ -50,10 +50,14 @@ T = 2 targets (position, control), K candidate penalties, d hidden size.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from posprobe.runtime.phases import phase
 
 if TYPE_CHECKING:
     import torch
@@ -63,6 +67,7 @@ ALPHA_GRID = 10.0 ** np.arange(-6, 3)  # times tr(C)/d
 DEFAULT_SAMPLE = 2048
 N_CONTROLS = 5  # control permutation draws
 BASELINE_FEATURES = ("first_token", "text_length")  # every input a baseline may use, in this order
+SINGLE_THREAD_SIZE = 1024  # hidden sizes up to this are fitted on one thread (`one_thread`)
 
 
 def baseline_inputs(causal: bool) -> tuple[str, ...]:
@@ -71,6 +76,30 @@ def baseline_inputs(causal: bool) -> tuple[str, ...]:
     the count of tokens so far, i + 1, is the position itself: posprobe's positions count every real token,
     special ones included, from 0 at the first, so no count differs from it)."""
     return ("first_token",) if causal else BASELINE_FEATURES
+
+
+@contextmanager
+def one_thread(hidden_size: int) -> Iterator[None]:
+    """Within the block, BLAS / LAPACK (numpy's and scipy's OpenBLAS, torch's) and OpenMP use one thread when
+    `hidden_size` <= `SINGLE_THREAD_SIZE`. The probe's finish is hundreds of small factorisations (d x d, d <= 1024):
+    on two threads, each of LAPACK's d reflector steps ends in a thread barrier, and a thread that waits for a busy
+    or preempted partner spins; on a loaded machine one tridiagonal reduction of d = 384 cost 0.16-0.34 s of CPU on
+    two threads against 0.006 s on one (issue 49, benchmarks/RESULTS.md §32). The results are the same numbers (the
+    same LAPACK routines, one thread)."""
+    import scipy.linalg.lapack  # noqa: F401  (loads scipy's own OpenBLAS, so that the limit reaches it)
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    if hidden_size > SINGLE_THREAD_SIZE:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(1):
+            yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def control_positions(text_id: int, length: int, seed: int = 0, draw: int = 0) -> np.ndarray:
@@ -299,15 +328,18 @@ class PositionProbeAccumulator:
         kept = min(self.reservoir.seen, self.reservoir.size)
         every_token = kept == int(self.count.sum())  # the sample holds every token: the dual form is available
         sample_y, sample_fold = self.sample_y[:kept], self.sample_fold[:kept]
-        for p, layer in enumerate(self.layers):
-            stats = FoldStats(self.gram[p], self.first[p], self.cross[p], self.count, self.ysum, self.ysq)
-            z = None if not kept else self.sample_x[:kept, p].to(torch.float64) - self.shift[p]
-            fit = cross_validated_ridge(stats, tokens=(z, sample_y, sample_fold) if every_token else None)
-            r2[layer], alpha[layer] = fit.r2, fit.alpha
-            if kept and fit.weights is not None:
-                mae[layer] = _mean_abs_error(fit, z, sample_y, sample_fold)
-        base_stats = FoldStats(self.base_gram, self.base_first, self.base_cross, self.count, self.ysum, self.ysq)
-        base = cross_validated_ridge(base_stats)
+        with one_thread(int(self.gram.shape[-1])):
+            for p, layer in enumerate(self.layers):
+                phase(f"fitting the position probes: hidden state {layer} of {L1 - 1} ({p + 1} of {len(self.layers)})")
+                stats = FoldStats(self.gram[p], self.first[p], self.cross[p], self.count, self.ysum, self.ysq)
+                z = None if not kept else self.sample_x[:kept, p].to(torch.float64) - self.shift[p]
+                fit = cross_validated_ridge(stats, tokens=(z, sample_y, sample_fold) if every_token else None)
+                r2[layer], alpha[layer] = fit.r2, fit.alpha
+                if kept and fit.weights is not None:
+                    mae[layer] = _mean_abs_error(fit, z, sample_y, sample_fold)
+            phase("fitting the position probes: the baseline (first-token flag and text length)")
+            base_stats = FoldStats(self.base_gram, self.base_first, self.base_cross, self.count, self.ysum, self.ysq)
+            base = cross_validated_ridge(base_stats)
         base_mae = np.full(T, np.nan)
         if kept and base.weights is not None:
             base_mae = _mean_abs_error(base, self.sample_base[:kept], sample_y, sample_fold)

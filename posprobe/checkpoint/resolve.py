@@ -219,16 +219,19 @@ def _download(
 
 def packaged_suggestion(name: str) -> str | None:
     """The packaged model a mistyped name most likely meant ('smollm2-135m-instruct', 'SmolLM2-135M',
-    'all-minilm-l6-v2'), or None: the same name in another case, a name it begins, or a close spelling."""
+    'all-minilm-l6-v2', 'MiniLM', 'sentence-transformers/all-MiniLM-L6-v2'), or None: the same name in another
+    case (after any 'owner/' of a hub id), a name it begins, a name one of whose '-' parts it is (at least 6
+    characters: 'minilm' in 'all-minilm-l6-v2'), or a close spelling."""
     import difflib
 
     lowered = {key.lower(): key for key in PACKAGED}
-    wanted = name.strip().lower()
+    wanted = name.strip().lower().rsplit("/", 1)[-1]
     if wanted in lowered:
         return lowered[wanted]
     starts = [key for low, key in lowered.items() if len(wanted) >= 6 and low.startswith(wanted)]
-    if starts:
-        return starts[0]
+    parts = [key for low, key in lowered.items() if len(wanted) >= 6 and wanted in low.split("-")]
+    if starts or parts:
+        return (starts or parts)[0]
     close = difflib.get_close_matches(wanted, list(lowered), n=1, cutoff=0.75)
     return lowered[close[0]] if close else None
 

@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from posprobe.cli.console import console, emit_json
+from posprobe.cli.console import console, emit_json, log_console
 from posprobe.cli.options import (
     AllowPickleOpt,
     ColumnOpt,
@@ -106,18 +106,19 @@ def context(
 
 
 def _progress():
-    """A progress bar over forward passes on stderr (only on a terminal), yielding `advance(done, total)`."""
+    """A progress bar over forward passes on stderr (only when stderr is a terminal: also under --json, and inside
+    `report`, whose sections print their JSON into a buffer), yielding `advance(done, total)`."""
     from contextlib import contextmanager
 
     @contextmanager
     def bar():
-        if not console.is_terminal:
+        if not log_console.is_terminal or log_console.quiet:
             yield None
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         with Progress(TextColumn("forward passes"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                      console=console, transient=True) as progress:  # fmt: skip
+                      console=log_console, transient=True) as progress:  # fmt: skip
             task = progress.add_task("forward", total=None)
             yield lambda done, total: progress.update(task, completed=done, total=total)
 

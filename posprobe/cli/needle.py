@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from posprobe.cli.console import console, emit_json
+from posprobe.cli.console import console, emit_json, log_console
 from posprobe.cli.options import AllowPickleOpt, DeviceOpt, FigureFormat, FormatOpt, JsonOpt, MaxMemoryOpt, OutOpt
 from posprobe.formats.writing import default_out
 
@@ -139,14 +139,20 @@ def _numbers(text: str, name: str, kind):
 
 @contextmanager
 def _prompt_progress():
-    """A progress bar over prompts on stderr (a terminal only), yielding `progress(done, total)`."""
-    if not console.is_terminal:
+    """A progress bar over prompts on stderr (when stderr is a terminal: also under --json and inside `report`),
+    yielding `progress(done, total)`."""
+    if not log_console.is_terminal or log_console.quiet:
         yield None
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     with Progress(
-        TextColumn("prompts"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console, transient=True
+        TextColumn("prompts"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=log_console,
+        transient=True,
     ) as bar:
         task = bar.add_task("prompts", total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)

@@ -57,6 +57,9 @@ def rotary_angles(
     `theta` a layer's own rope base, for families with one per layer: the module built at that base, as the
     model builds one per base), in rotate_half order: dims i and i + r/2 form a pair (interleaved layouts are
     reordered, see `pairing`)."""
+    plain = default_rope_angles(ctx, n, layer_type, theta)
+    if plain is not None:
+        return plain
     import torch
 
     f = ctx.family
@@ -89,6 +92,52 @@ def rotary_angles(
     else:  # HALF_INTERLEAVED: the first half of rotate_half-ordered angles, each repeated for a pair
         cos, sin = first[:, : first.shape[1] // 2], second[:, : second.shape[1] // 2]
     return np.concatenate([cos, cos], -1), np.concatenate([sin, sin], -1)
+
+
+# rotary modules that compute the original RoPE exactly as Llama's does for rope_type 'default' (inv_freq =
+# 1 / theta^(2i/d) in float32, angles = position * inv_freq in float32, their cos and sin, attention scaling 1,
+# all of head_dim rotated): `default_rope_angles` gives their angles without importing torch or transformers;
+# tests/test_rotary_bands.py checks it against each module
+DEFAULT_ROPE_MODULES = frozenset({
+    "transformers.models.llama.modeling_llama:LlamaRotaryEmbedding",
+    "transformers.models.mistral.modeling_mistral:MistralRotaryEmbedding",
+    "transformers.models.qwen2.modeling_qwen2:Qwen2RotaryEmbedding",
+    "transformers.models.qwen3.modeling_qwen3:Qwen3RotaryEmbedding",
+})  # fmt: skip
+
+
+def default_rope_angles(ctx, n: int, layer_type: str | None = None, theta: float | None = None):
+    """`rotary_angles` in numpy for the modules of `DEFAULT_ROPE_MODULES` when the checkpoint's own config.json asks
+    for the original RoPE (rope_type 'default' or no rope_scaling, its rope_theta stated, no partial rotary), else
+    None (the module is built). The float32 steps are the module's (inverse frequencies and angles equal to
+    torch's bit for bit); cos and sin are rounded to float32 from float64 (within one float32 unit of torch's)."""
+    config, f = ctx.config, ctx.family
+    if f.rotary_class not in DEFAULT_ROPE_MODULES or layer_type is not None:
+        return None
+    if T.rotary_layout(f, config) != T.ROTATE_HALF or config.get("partial_rotary_factor") not in (None, 1, 1.0):
+        return None
+    params = config.get("rope_parameters")
+    if params is not None:  # transformers 5's spelling: one flat dict
+        if not isinstance(params, dict) or any(isinstance(v, dict) for v in params.values()):
+            return None
+        if params.get("rope_type", "default") != "default" or params.get("partial_rotary_factor") not in (None, 1, 1.0):
+            return None
+        base = params.get("rope_theta", config.get("rope_theta"))
+    else:  # the older spelling: rope_theta, and rope_scaling null for the original RoPE
+        if config.get("rope_scaling") is not None:
+            return None
+        base = config.get("rope_theta")
+    base = theta if theta is not None else base
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    dim = config.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int) else None)
+    if not isinstance(base, (int, float)) or isinstance(base, bool) or base <= 0 or not isinstance(dim, int):
+        return None
+    exponent = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
+    # torch raises a Python float to a float32 tensor as float64 rounded to float32 (equal here bit for bit)
+    inv_freq = np.float32(1.0) / (np.float64(base) ** exponent.astype(np.float64)).astype(np.float32)  # (dim/2,)
+    freqs = np.arange(n, dtype=np.float32)[:, None] * inv_freq[None, :]  # (n, dim/2) float32
+    angles = np.concatenate([freqs, freqs], axis=-1).astype(np.float64)
+    return np.cos(angles).astype(np.float32).astype(np.float64), np.sin(angles).astype(np.float32).astype(np.float64)
 
 
 def _with_theta(ctx, theta: float):

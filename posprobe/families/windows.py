@@ -332,10 +332,42 @@ def _rope_words(params: dict) -> str:
     return ("" if kind == "default" else f"{kind} ") + f"rope theta {theta}"
 
 
+# the rotary modules whose forward takes a layer type (one rotary setting per type), read from their signatures
+# once and kept here, so that deciding it imports nothing (the modeling module cost seconds per command, issue 49);
+# tests/test_family_table.py checks the list against every family's module
+ROTARY_PER_LAYER_TYPE = frozenset({
+    "posprobe.families.stacked:StackRotary",
+    "transformers.models.beam.modeling_beam:BeamRotaryEmbedding",
+    "transformers.models.cohere_compass.modeling_cohere_compass:CohereCompassRotaryEmbedding",
+    "transformers.models.deepseek_v4.modeling_deepseek_v4:DeepseekV4RotaryEmbedding",
+    "transformers.models.dory.modeling_dory:DoryRotaryEmbedding",
+    "transformers.models.dots3_note.modeling_dots3_note:Dots3NoteTextRotaryEmbedding",
+    "transformers.models.gemma3.modeling_gemma3:Gemma3RotaryEmbedding",
+    "transformers.models.gemma3n.modeling_gemma3n:Gemma3nRotaryEmbedding",
+    "transformers.models.gemma4.modeling_gemma4:Gemma4TextRotaryEmbedding",
+    "transformers.models.gemma4_unified.modeling_gemma4_unified:Gemma4UnifiedTextRotaryEmbedding",
+    "transformers.models.laguna.modeling_laguna:LagunaRotaryEmbedding",
+    "transformers.models.lfm3.modeling_lfm3:Lfm3RotaryEmbedding",
+    "transformers.models.mellum.modeling_mellum:MellumRotaryEmbedding",
+    "transformers.models.mimo_v2_flash.modeling_mimo_v2_flash:MiMoV2FlashRotaryEmbedding",
+    "transformers.models.modernbert.modeling_modernbert:ModernBertRotaryEmbedding",
+    "transformers.models.modernbert_decoder.modeling_modernbert_decoder:ModernBertDecoderRotaryEmbedding",
+    "transformers.models.neomme.modeling_neomme:NeoMMERotaryEmbedding",
+    "transformers.models.olmo3.modeling_olmo3:Olmo3RotaryEmbedding",
+    "transformers.models.ultrabert.modeling_ultrabert:UltrabertRotaryEmbedding",
+    "transformers.models.zaya.modeling_zaya:ZayaRotaryEmbedding",
+})  # fmt: skip
+
+
 def takes_layer_type(ctx) -> bool:
-    """True when the family's rotary module takes a layer type (one rotary setting per type: Gemma 3, ModernBERT)."""
-    if ctx.kind != T.ROTARY or not ctx.family.rotary_class:
-        return False
-    module, name = ctx.family.rotary_class.split(":")
+    """True when the family's rotary module takes a layer type (one rotary setting per type: Gemma 3, ModernBERT):
+    `ROTARY_PER_LAYER_TYPE`, no import."""
+    return ctx.kind == T.ROTARY and ctx.family.rotary_class in ROTARY_PER_LAYER_TYPE
+
+
+def module_takes_layer_type(rotary_class: str) -> bool:
+    """Whether the rotary module 'module:Class' takes a layer type, read from its forward's signature (imports the
+    module: for the test that keeps `ROTARY_PER_LAYER_TYPE` true)."""
+    module, name = rotary_class.split(":")
     forward = getattr(getattr(importlib.import_module(module), name), "forward", None)
     return forward is not None and "layer_type" in inspect.signature(forward).parameters

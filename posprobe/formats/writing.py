@@ -15,13 +15,16 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from posprobe.errors import PosprobeError, first_line
+from posprobe.runtime.phases import phase
 
 FIGURE_FORMATS = ("png", "pdf", "svg")
+PHASE_EVERY = 2.0  # seconds: `write_files` names the file it writes at most this often (and always the first)
 
 
 class _RunLog:
@@ -154,7 +157,11 @@ def write_files(out_dir: str | Path, files: dict[str, Callable[[Path], None]]) -
     try:
         _make_dirs(out)
         staging = Path(tempfile.mkdtemp(dir=out, prefix=".posprobe-staging-"))
-        for name, write in files.items():
+        said = None
+        for k, (name, write) in enumerate(files.items()):
+            if said is None or time.monotonic() - said > PHASE_EVERY:  # figures take seconds each: say where it is
+                phase(f"writing {name} ({k + 1} of {len(files)} files) into {out}")
+                said = time.monotonic()
             write(staging / name)
             os.chmod(staging / name, 0o666 & ~_umask())
         for name in files:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.report.sections import SECTIONS, ModelFacts, Section, View
+from posprobe.runtime.phases import phase
 
 DEFAULT_TEXT = "builtin:sentences"
 DEFAULT_MAX_TEXTS = 32  # a few dozen: every text section of MiniLM in under a minute on two loaded CPU cores
@@ -232,6 +233,7 @@ def build_report(
     from posprobe.validation import as_int
 
     say = progress or (lambda line: print(line, file=sys.stderr, flush=True))
+    phase("checking the arguments, the texts and the model")  # seconds before the first section (on a terminal)
     chosen = select_sections(only, skip)
     max_texts = DEFAULT_MAX_TEXTS if max_texts is None else as_int(max_texts, "max_texts", minimum=1)
     if text is None and column is not None:
@@ -253,6 +255,7 @@ def build_report(
     causal = facts.causal and any(SECTIONS[name].command in CAUSAL_LM_COMMANDS for name in chosen)
     with shared_loads(causal=causal):
         if facts.kind == "rotary":  # from the weights, through the reader the sections share
+            phase("reading the rotary layers' widths from the weights")
             facts = replace(facts, rotary_layers=_rotary_layers(source))
         for i, name in enumerate(SECTIONS, start=1):
             section = SECTIONS[name]
