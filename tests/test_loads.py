@@ -30,8 +30,19 @@ def arguments(command: str, bert, texts, llama, planted) -> list[str]:
         "attention": ["attention", str(bert), *text],
         "states": ["states", str(bert), *text, "--min-texts", "4"],
         "context": ["context", str(llama[0]), "--text", str(llama[1]), "--lengths", "16", "--windows", "1"],
-        "needle": ["needle", str(planted), "--haystack", str(planted / "haystack.txt"), "--lengths", "150",
-                   "--depths", "0.5", "--trials", "1", *TASK_FLAGS],  # fmt: skip
+        "needle": [
+            "needle",
+            str(planted),
+            "--haystack",
+            str(planted / "haystack.txt"),
+            "--lengths",
+            "150",
+            "--depths",
+            "0.5",
+            "--trials",
+            "1",
+            *TASK_FLAGS,
+        ],  # fmt: skip
     }[command]
 
 
