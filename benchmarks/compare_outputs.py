@@ -29,7 +29,7 @@ COMMANDS: list[list[str]] = [
     ["attention", SMOL, "--max-texts", "4", "--max-length", "32", "--block-size", "8"],
     ["attention", "--max-texts", "6", "--max-length", "32", "--block-size", "8"],
     ["states", "--max-texts", "16", "--max-length", "32"],
-    ["states", SMOL, "--max-texts", "8", "--max-length", "32"],
+    ["states", SMOL, "--max-texts", "8", "--max-length", "32", "--min-texts", "8"],
     ["rotary", SMOL, "--positions", "32"],
     ["rotary", SMOL, "--text", "builtin:sentences", "--max-texts", "4", "--max-length", "32"],
     ["profiles", "--positions", "32"],
