@@ -171,7 +171,12 @@ def test_nan_weights_are_reported(tmp_path):
 
 @pytest.mark.parametrize(
     "model_type, words",
-    [("t5", "relative position buckets"), ("llama", "rotary"), ("bloom", "ALiBi"), ("whatever-new", "unsupported")],
+    [
+        ("t5", "relative position buckets"),
+        ("llama", "rotary"),
+        ("bloom", "ALiBi"),
+        ("whatever-new", "table does not list"),
+    ],
 )
 def test_models_without_learned_positions(tmp_path, model_type, words):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))

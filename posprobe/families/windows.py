@@ -342,6 +342,7 @@ ROTARY_PER_LAYER_TYPE = frozenset({
     "transformers.models.deepseek_v4.modeling_deepseek_v4:DeepseekV4RotaryEmbedding",
     "transformers.models.dory.modeling_dory:DoryRotaryEmbedding",
     "transformers.models.dots3_note.modeling_dots3_note:Dots3NoteTextRotaryEmbedding",
+    "transformers.models.ergo.modeling_ergo:ErgoRotaryEmbedding",
     "transformers.models.gemma3.modeling_gemma3:Gemma3RotaryEmbedding",
     "transformers.models.gemma3n.modeling_gemma3n:Gemma3nRotaryEmbedding",
     "transformers.models.gemma4.modeling_gemma4:Gemma4TextRotaryEmbedding",
