@@ -49,6 +49,7 @@ class WindowLoss(PositionLoss):
 
     needs = ("loss",)
     rank_sums = ("sums", "counts", "windows")
+    rank_kept = ("masks",)  # the same on every rank: which positions of each window are scored
 
     def __init__(self, length: int, variant: str, masks: np.ndarray | None = None):
         super().__init__(length)
