@@ -948,6 +948,7 @@ _EAGER_EXPERTS = ("mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3", "deepseek_v2
 FLOAT32 = {"xglm", "qwen3_next", "granitemoehybrid", "granitemoehybrid-nope", "minimax", "qwen3_5_moe_text",
            "qwen3_5_moe"}  # fmt: skip
 FLOAT32 |= {"inkling2_text", "inkling2_loop_text"}  # issue 34 (inkling2): a float32 router weight
+FLOAT32 |= {"longcat_flash"}  # transformers 5.25: its experts run a grouped matmul that refuses float64
 
 
 # Cases added for issue 34 (the newest position designs and the further families). Tests over every case keep them
