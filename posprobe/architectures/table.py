@@ -1622,8 +1622,7 @@ FAMILIES: tuple[Family, ...] = (
         scaling="half_head_dim",
         hybrid="Mamba state-space layers",
         tensors={"shared_blocks": "num_mem_blocks", "concatenated_input": "embeddings"},
-        capture=EAGER,
-        capture_note=HYBRID_CAPTURE,
+        capture_note=HYBRID_CAPTURE,  # through AttentionInterface from transformers 5.25 on (its eager path before)
         description="no positional encoding (NoPE) in one shared attention block over [hidden; embeddings], run "
         "between Mamba layers",
         **{
