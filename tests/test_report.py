@@ -450,3 +450,49 @@ def test_default_report_on_the_packaged_model_in_chromium(tmp_path):
     assert statuses == {name: "not applicable" if name in not_applicable else "ok" for name in SECTIONS}
     assert record_of(tmp_path / "report", "attention")["n_texts"] == 32
     _check_in_browser(Path(summary["html"]), tmp_path)
+
+
+def test_report_takes_lengths_rope_scaling_and_device_to_context_and_needle(causal_folder, tmp_path):
+    """`report --lengths --rope-scaling --device` (issue 49): the context section runs the lengths (past the
+    trained 512 too) with every variant, on the device, each variant's perplexity in its table equal to the
+    record's; the needle section gets the lengths and the device (and --beyond-window past the trained positions)."""
+    out = tmp_path / "r"
+    args = [str(causal_folder), "--only", "context", "--lengths", "64,600", "--rope-scaling", "none,yarn:2",
+            "--device", "cpu", "--out", str(out)]  # fmt: skip
+    summary = run_report(args)
+    record = record_of(out, "context")
+    assert record["lengths"] == [64, 600] and record["variants"] == ["none", "yarn:2"]
+    assert record["beyond_trained_length"] == [600]
+    argv = json.loads((out / "context" / "section.json").read_text())["argv"]
+    assert argv[argv.index("--rope-scaling") + 1] == "none,yarn:2" and argv[argv.index("--device") + 1] == "cpu"
+    assert summary["sections"]["context"]["command"] == shlex.join(["posprobe", *argv])
+    rows = table_rows(section_html(Path(summary["html"]).read_text(), "context"))
+    ppl = record["perplexity"]
+    assert rows == [[f"{n}{' *' if n == 600 else ''}", *[f"{ppl[v][str(n)]:.2f}" for v in ("none", "yarn:2")],
+                     str(record["scored_tokens"][str(n)])] for n in (64, 600)]  # fmt: skip
+    from posprobe.checkpoint import resolve_model
+    from posprobe.report.run import long_context_options, model_facts
+
+    facts = model_facts(resolve_model(str(causal_folder)))
+    options = long_context_options(facts, [64, 600], "yarn:2", "cpu")["needle"]
+    assert facts.max_positions == 512
+    assert options == {"--lengths": "64,600", "--device": "cpu", "--beyond-window": ""}
+    assert long_context_options(facts, [64, 480], None, None)["needle"]["--beyond-window"] is None
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--lengths", "1,x"], "--lengths '1,x' is not a list of whole numbers"),
+        (["--rope-scaling", "bogus:2"], "--rope-scaling 'bogus:2' is not a variant"),
+        (["--device", "nonsense"], "--device"),
+    ],
+)
+def test_report_long_context_options_refused_in_one_line(args, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as info:
+        main(["report", *args, "--out", str(out)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posprobe: error:") and "\n" not in err and message in err, err
+    assert not out.exists()

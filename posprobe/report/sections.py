@@ -494,6 +494,9 @@ def loss_plateau(record: dict, variant: str | None = None, tolerance: float = 0.
     return None
 
 
+NEEDLE_ROOM = 32  # tokens a needle prompt leaves for its answer within the trained positions
+
+
 def _long_lengths(facts: ModelFacts, room: int = 0) -> str:
     """Window / prompt lengths for `context` and `needle` that a laptop's CPU runs in a minute or two: 256 and 512
     tokens, within the trained positions less `room` (the needle's answer follows its prompt); for a model trained
@@ -524,7 +527,12 @@ def context(record: dict, facts: ModelFacts) -> View:
     variant = record["variants"][0]
     perplexity = record["perplexity"][variant]
     scored = record.get("scored_tokens") or dict(zip(map(str, record["lengths"]), record["tokens"]))
-    rows = [[str(n), number(perplexity[str(n)], 2), str(scored[str(n)])] for n in record["lengths"]]
+    # one perplexity column per variant (the report's --rope-scaling), a length past the trained one marked *
+    names = record["variants"]
+    past = set(record.get("beyond_trained_length") or [])
+    rows = [[f"{n}{' *' if n in past else ''}", *[number(record["perplexity"][v][str(n)], 2) for v in names],
+             str(scored[str(n)])] for n in record["lengths"]]  # fmt: skip
+    columns = ["perplexity"] if len(names) == 1 else [f"perplexity ({v})" for v in names]
     longest, shortest = record["lengths"][-1], record["lengths"][0]
     scaled = "" if variant == "none" else f" ({variant})"  # 'none': the model's own rotary setting, unscaled
     same = len({scored[str(n)] for n in record["lengths"]}) == 1
@@ -541,14 +549,23 @@ def context(record: dict, facts: ModelFacts) -> View:
                               f"{number(first, 2)} nats at t = 0; from t ≈ {plateau} on, no position bin's loss is "
                               "more than 0.1 nats lower"))  # fmt: skip
     notes = [record["note"]] if record.get("note") else []
-    return View(lines, Table(["window length", "perplexity", "tokens scored"], rows), list(record["figures"]), notes)
+    if past:
+        notes.append(f"* past the trained length ({record.get('trained_length')} tokens)")
+    return View(lines, Table(["window length", *columns, "tokens scored"], rows), list(record["figures"]), notes)
 
 
 @section(
     "needle",
     "Needle in a haystack: retrieval by length and depth",
     reason=_needs_causal,
-    args=lambda facts, n_texts: ["--lengths", _long_lengths(facts, room=32), "--depths", "0,0.5,1", "--trials", "2"],
+    args=lambda facts, n_texts: [
+        "--lengths",
+        _long_lengths(facts, NEEDLE_ROOM),
+        "--depths",
+        "0,0.5,1",
+        "--trials",
+        "2",
+    ],
     how_to_read="""A random pass key hidden at several depths of a King James haystack, asked for at the end (SPEC
     §18): the share of greedy continuations that are exactly the key, per prompt length and depth. Accuracy that
     drops in the middle depths is the 'lost in the middle' pattern; the note names the heads whose last-token
