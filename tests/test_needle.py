@@ -381,3 +381,78 @@ def test_task_answers_are_fixed_or_drawn_from_seed_and_trial():
         start, end = record["needle_span"]
         assert tokenizer.decode(record["prompt_ids"][start:end]) == " The city is Paris."
         assert tokenizer.decode(record["answer_ids"]) == " Paris"
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_folder(planted_folder, tmp_path_factory):
+    """The planted Llama with a ChatML chat template on its (character) tokenizer."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("chat-llama")
+    shutil.copytree(planted_folder, folder, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = CHATML
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_chat_prompts_are_the_tokenizers_own_template(chat_folder, tmp_path, capsys):
+    """`needle --chat` (issue 49): every prompt is the tokenizer's chat template applied to its recorded user
+    message, the generation prompt opened and the question's last words starting the reply
+    (`tokenizer.apply_chat_template`, here), token for token; the default for a tokenizer with a template;
+    --no-chat gives the plain prompts; --chat on a tokenizer without one is refused in one line."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_folder)
+    base = ["needle", chat_folder, "--haystack", chat_folder / "haystack.txt", "--lengths", "400", "--depths", "0,1",
+            "--trials", "1"]  # fmt: skip
+    records = {}
+    for flag in ("--chat", None, "--no-chat"):
+        out = tmp_path / str(flag)
+        code, stdout, err = run_cli([*base, *([flag] if flag else []), "--out", out, "--json"], capsys)
+        assert code == 0, err
+        assert json.loads(stdout)["task"]["chat"] is (flag != "--no-chat")
+        records[flag] = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
+    assert records["--chat"] == records[None]
+    for record in records["--chat"]:
+        assert record["format"] == "chat" and record["assistant_prefix"] == "The pass key is"
+        (message,) = record["messages"]
+        assert message["role"] == "user" and message["content"].endswith("\nWhat is the pass key?")
+        assert message["content"].startswith("A pass key is hidden somewhere in the long text below.")
+        expected = tokenizer.apply_chat_template(record["messages"], tokenize=False, add_generation_prompt=True)
+        assert expected.startswith("<|im_start|>user\n") and expected.endswith("<|im_end|>\n<|im_start|>assistant\n")
+        assert record["text"] == expected + "The pass key is"
+        assert record["prompt_ids"] == tokenizer(expected + "The pass key is", add_special_tokens=False)["input_ids"]
+        assert record["achieved_length"] == 400
+    for record in records["--no-chat"]:
+        assert record["format"] == "plain" and "messages" not in record and "<|im_start|>" not in record["text"]
+        assert record["text"].endswith("\nWhat is the pass key? The pass key is")
+    out = tmp_path / "refused"
+    code, stdout, err = run_cli(["needle", planted_folder_of(chat_folder), "--haystack", chat_folder / "haystack.txt",
+                                 "--lengths", "400", "--chat", "--out", out], capsys)  # fmt: skip
+    assert_one_line_error(code, stdout, err, "--chat", "no chat template")
+
+
+def planted_folder_of(chat_folder):
+    """A copy of the chat folder without its chat template."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    plain = chat_folder.parent / (chat_folder.name + "-plain")
+    if not plain.exists():
+        shutil.copytree(chat_folder, plain)
+        tokenizer = AutoTokenizer.from_pretrained(plain)
+        tokenizer.chat_template = None
+        for name in ("chat_template.jinja", "chat_template.json"):
+            (plain / name).unlink(missing_ok=True)
+        tokenizer.save_pretrained(plain)
+    return plain

@@ -62,6 +62,10 @@ def needle(
     beyond_window: Annotated[
         bool, typer.Option("--beyond-window", help="Allow lengths past the model's trained positions.")
     ] = False,
+    chat: Annotated[
+        bool | None,
+        typer.Option("--chat/--no-chat", help="The tokenizer's own chat template (default: where it ships one)."),
+    ] = None,
     device: DeviceOpt = None,
     max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
@@ -72,8 +76,9 @@ def needle(
     """A needle (by default a random 5-digit pass key) hidden in a haystack of real text (default: the King James
     Bible) at each prompt length and depth; per prompt the answer's teacher-forced log-probability, greedy exact
     match, and the attention the last prompt token gives the needle in every layer and head. Lengths and depths are
-    measured in tokens, never capped: a haystack too short for a length is refused. Plain continuation, no chat
-    template."""
+    measured in tokens, never capped: a haystack too short for a length is refused. A tokenizer that ships a chat
+    template gets its prompts in it (--no-chat: plain continuation): the intro, haystack and question as the
+    user's message, the question's last words ('The pass key is') opening the assistant's reply."""
     from posprobe.capture.model import check_max_memory
     from posprobe.checkpoint import resolve_model
     from posprobe.formats.save import save
@@ -95,6 +100,7 @@ def needle(
         question=DEFAULT_QUESTION if question is None else _newlines(question),
         answer=answer,
         digits=digits,
+        chat=chat,
     )
     check_max_memory(device, max_memory)
     source = resolve_model(model or _DEFAULT_MODEL, allow_pickle=allow_pickle, with_tokenizer=True)
