@@ -456,3 +456,51 @@ def planted_folder_of(chat_folder):
             (plain / name).unlink(missing_ok=True)
         tokenizer.save_pretrained(plain)
     return plain
+
+
+@pytest.mark.parametrize("k, n", [(0, 3), (1, 3), (3, 3), (7, 20), (0, 1)])
+def test_wilson_interval_equals_scipys(k, n):
+    from scipy.stats import binomtest
+
+    from posprobe.analysis.needle import wilson_interval
+
+    expected = binomtest(k, n).proportion_ci(0.95, method="wilson")
+    low, high = wilson_interval(np.array([k]), np.array([n]))
+    assert low[0] == pytest.approx(expected.low, abs=1e-12) and high[0] == pytest.approx(expected.high, abs=1e-12)
+
+
+def _contrast(a, b) -> float:
+    """WCAG contrast ratio of two sRGB colours."""
+
+    def lum(rgb):
+        lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb[:3]]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted([lum(a), lum(b)], reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_grid_cells_say_their_n_and_interval_and_read_on_their_colour(planted_result):
+    """Each accuracy cell of the grid: its value, its Wilson 95 % interval (scipy's, here) and its n (issue 49);
+    every cell's text contrasts with its colour by at least WCAG's 4.5 (black on dark green did not)."""
+    from matplotlib.colors import to_rgba
+    from scipy.stats import binomtest
+
+    from posprobe.plotting.needle import grid_figure
+
+    result = planted_result[0]
+    fig = grid_figure(result)
+    left, right = [ax for ax in fig.axes if ax.images]  # the colour bars hold no image
+    for ax in (left, right):
+        image = ax.images[0]
+        for text in ax.texts:
+            j, i = (round(v) for v in text.get_position())
+            cell = image.cmap(image.norm(image.get_array()[i, j]))
+            assert _contrast(to_rgba(text.get_color()), cell) >= 4.5, (text.get_text(), cell)
+    exact = result.exact.astype(int)
+    for text in left.texts:
+        j, i = (round(v) for v in text.get_position())
+        k, n = int(exact[i, j].sum()), exact.shape[2]
+        ci = binomtest(k, n).proportion_ci(0.95, method="wilson")
+        assert text.get_text() == f"{k / n:.0%}\n[{100 * ci.low:.0f}–{100 * ci.high:.0f}%]\nn={n}"
+    assert all(f"n={result.trials}" in text.get_text() for text in right.texts)
