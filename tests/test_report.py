@@ -178,8 +178,9 @@ def test_section_tables_equal_their_records(bert_report):
         assert row[3] == f3(np.mean(attention["first_token_mass"][layer]))
     profiles = record_of(out, "profiles")
     for layer, row in enumerate(table_rows(section_html(page, "profiles"))):
-        expected = [h["peak_offset"] for h in profiles["heads"] if h["layer"] == layer]
-        assert row == [str(layer), *["—" if p is None else f"{p:+d}" for p in expected]]
+        expected = [h for h in profiles["heads"] if h["layer"] == layer]
+        assert row == [str(layer), *["—" if h["peak_offset"] is None else "edge" if h["peak_at_edge"] else
+                                     f"{h['peak_offset']:+d}" for h in expected]]  # fmt: skip
 
 
 def test_reproducing_command_gives_the_same_record(bert_report, capsys):

@@ -189,16 +189,21 @@ def _first_and_last(paths: Sequence[str]) -> list[str]:
 
 
 def _peaks_view(record: dict, facts: ModelFacts, what: str) -> View:
-    """Profiles (weights or texts): per layer and head the peak offset k, and how many heads peak at k = 0."""
+    """Profiles (weights or texts): per layer and head the peak offset k ('edge' where the peak is the outermost
+    offset the layer covers: the profile rises to where the offsets stop), how many heads peak at k = 0, and the
+    reading built on the heads that peak inside (issue 49: a table of edge values read as a finding)."""
     heads = record["heads"]
+    edge = [bool(h.get("peak_at_edge")) for h in heads]
     peaks = [h["peak_offset"] for h in heads]
     defined = [p for p in peaks if p is not None]
+    inside = [p for p, at_edge in zip(peaks, edge) if p is not None and not at_edge]
     at_zero = sum(1 for p in defined if p == 0)
     n_heads = record["n_heads"]
     rows = []
     for layer in record["layers"]:
-        cells = [h["peak_offset"] for h in heads if h["layer"] == layer]
-        rows.append([str(layer), *["—" if p is None else f"{int(p):+d}" for p in cells]])
+        cells = ["—" if h["peak_offset"] is None else "edge" if h.get("peak_at_edge") else f"{int(h['peak_offset']):+d}"
+                 for h in heads if h["layer"] == layer]  # fmt: skip
+        rows.append([str(layer), *cells])
     table = Table(["layer", *[f"h{h}" for h in range(n_heads)]], rows)
     window = record["window"]
     side = f"−{window} ≤ k ≤ 0 (causal: k > 0 is never used)" if record["causal"] else f"|k| ≤ {window}"
@@ -206,6 +211,20 @@ def _peaks_view(record: dict, facts: ModelFacts, what: str) -> View:
     value = f"{at_zero} / {len(defined)}" if defined else "none (all flat)"
     why = "none: a count of heads (a peak at k = 0 is a self-attending head; −1 a previous-token head)"
     notes = [f"peak offset k = j − i of each head's {what} profile, within {side}; — = flat up to round-off"]
+    if sum(edge):
+        reach = record.get("n_positions")
+        notes.append(
+            f"edge: {sum(edge)} of {len(defined)} heads peak at the outermost offset they cover"
+            + (f" (±{reach - 1})" if isinstance(reach, int) else "")
+            + ": their profiles rise to where the offsets stop (the table's or the longest text's end), which is no "
+            "peak inside and not read as one"
+        )
+    if inside:
+        counts = sorted(((inside.count(k), k) for k in set(inside)), key=lambda c: (-c[0], abs(c[1])))
+        common = ", ".join(f"k = {k:+d} ({n} head{'s' if n != 1 else ''})" for n, k in counts[:4])
+        notes.append(f"{len(inside)} heads peak inside; most often at {common}")
+    elif defined:
+        notes.append("no head peaks inside: every defined peak is at the edge of the offsets")
     if flat:
         notes.append(f"{flat} of {len(peaks)} profiles are flat (no peak)")
     if record.get("toeplitz_by_construction"):
