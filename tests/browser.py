@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Chromium's own background traffic (network time, component updates, sign-in), made whatever the page holds.
-BROWSER_OWN_HOSTS = ("clients2.google.com", "update.googleapis.com", "redirector.gvt1.com", "accounts.google.com")
+# Chromium 150 also opens www.google.com:443 from a page of plain text (seen with no link or image on the page).
+BROWSER_OWN_HOSTS = ("clients2.google.com", "update.googleapis.com", "redirector.gvt1.com", "accounts.google.com",
+                     "www.google.com")  # fmt: skip
 
 QUIET = [
     "--headless",

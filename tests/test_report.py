@@ -20,6 +20,7 @@ from test_attention import texts_file, tiny_bert_folder, tiny_model  # noqa: F40
 from typer.testing import CliRunner
 
 from posprobe.cli import app, main
+from posprobe.report.page import LEGIBLE_SCALE
 from posprobe.report.sections import SECTIONS
 
 NO_CHROMIUM = "headless Chromium not installed (apt-get install chromium; .ci/run installs it)"
@@ -309,7 +310,11 @@ def test_the_page_is_self_contained(bert_report):
     assert "url(" not in page and "http://" not in page and "https://" not in page
     sources = re.findall(r'src="([^"]*)"', page)
     assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
-    assert all(h.startswith("#") for h in re.findall(r'href="([^"]*)"', page))
+    links = [h for h in re.findall(r'href="([^"]*)"', page) if not h.startswith("#")]
+    # beside each figure, a link to its full-resolution file in the report's folder (a link loads nothing)
+    assert len(links) == len(sources) and all(h.endswith(".png") and not h.startswith(("/", "..")) for h in links)
+    out = bert_report[1]
+    assert all((out / h).is_file() for h in links)
     assert "Content-Security-Policy" in page and 'name="viewport"' in page
     for width, height in re.findall(r'<img src="data:[^"]*" width="(\d+)" height="(\d+)"', page):
         assert int(width) > 100 and int(height) > 100
@@ -410,7 +415,11 @@ def _check_in_browser(page_path: Path, tmp_path: Path) -> None:
         assert len(sizes) == n_images > 0
         for natural_w, natural_h, drawn_w, drawn_h in sizes:
             assert natural_w > 100 and natural_h > 100  # decoded
-            assert min(natural_w, 0.6 * viewport) <= drawn_w + 2 <= viewport  # fills the column, never wider
+            assert min(natural_w, 0.6 * viewport) <= drawn_w + 2  # fills the column
+            if width >= 1280:  # legible (issue 49): never under 0.75 CSS px per pixel (a 7-pt label at 110 dpi: 8 px)
+                assert drawn_w >= LEGIBLE_SCALE * natural_w - 2 and drawn_w <= natural_w + 2
+            else:  # a phone: the figure fits the width (its full-resolution file is linked beside)
+                assert drawn_w <= viewport
             assert drawn_h == pytest.approx(drawn_w * natural_h / natural_w, rel=0.02, abs=2)  # aspect kept
     shot = tmp_path / "shot.png"
     visit(page_path, tmp_path, width=1280, height=1600, screenshot=shot)
@@ -450,6 +459,7 @@ def test_default_report_on_the_packaged_model_in_chromium(tmp_path):
     not_applicable = ("rotary", "context", "needle")  # a bidirectional BERT with a learned table
     assert statuses == {name: "not applicable" if name in not_applicable else "ok" for name in SECTIONS}
     assert record_of(tmp_path / "report", "attention")["n_texts"] == 32
+    assert Path(summary["html"]).stat().st_size <= 2.5e6  # issue 49: 4.7 MB, 2.1 MB of it F̂_P's image
     _check_in_browser(Path(summary["html"]), tmp_path)
 
 
@@ -497,3 +507,33 @@ def test_report_long_context_options_refused_in_one_line(args, message, tmp_path
     err = capsys.readouterr().err.strip()
     assert err.startswith("posprobe: error:") and "\n" not in err and message in err, err
     assert not out.exists()
+
+
+def test_embedded_figures_are_palette_pngs_of_the_same_picture(tmp_path):
+    """A noisy heatmap as the commands write it (110 dpi, viridis, labels): the page embeds it as a 256-colour
+    PNG (the full-resolution file linked beside), at most half the file's bytes, every pixel within 3 % of the
+    file's (read back with Pillow here)."""
+    import io
+
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    from posprobe.report.page import figure_html, page_png
+
+    fig = Figure(figsize=(8, 3), dpi=110)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.imshow(np.random.default_rng(0).normal(size=(256, 512)), cmap="viridis")
+    ax.set_title("F̂_P of head 0 — noisy", fontsize=9)
+    path = tmp_path / "fhat.png"
+    fig.savefig(path, dpi=110)
+    data = path.read_bytes()
+    small = page_png(data)
+    assert len(small) <= 0.5 * len(data)
+    with Image.open(io.BytesIO(small)) as embedded, Image.open(path) as original:
+        assert embedded.mode == "P" and embedded.size == original.size
+        a = np.asarray(embedded.convert("RGB"), dtype=float)
+        b = np.asarray(original.convert("RGB"), dtype=float)
+    assert np.abs(a - b).max() <= 0.03 * 255
+    fragment = figure_html(str(path), base=tmp_path)
+    assert '<a href="fhat.png">full resolution</a>' in fragment
+    assert f"--n: {a.shape[1]}px; --w: {round(a.shape[1] * LEGIBLE_SCALE)}px" in fragment

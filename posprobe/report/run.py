@@ -353,7 +353,7 @@ def write_report(out_dir: Path, facts: ModelFacts, outcomes: list[SectionOutcome
         ],  # fmt: skip
         "sections": {o.section.name: o.summary() for o in outcomes},
     }
-    page = render_page(facts, outcomes, text, claims)
+    page = render_page(facts, outcomes, text, claims, base=out_dir)
     write_files(
         out_dir,
         {"report.html": lambda p: p.write_text(page, encoding="utf-8"), "report.json": json_writer(summary)},
