@@ -246,8 +246,10 @@ def test_context_section_equals_its_record_and_encoders_say_why_not(bert_report,
         f"{record['perplexity']['none']['256']:.2f} (at 256 tokens, the same tokens scored)"
     )
     rows = table_rows(section_html(page, "context"))
-    assert rows == [[str(n), f"{record['perplexity']['none'][str(n)]:.2f}", str(record["scored_tokens"][str(n)])]
-                    for n in record["lengths"]]  # fmt: skip
+    interval = record["perplexity_interval"]["none"]
+    assert rows == [[str(n), f"{record['perplexity']['none'][str(n)]:.2f}",
+                     f"{interval[str(n)][0]:.2f}–{interval[str(n)][1]:.2f}" if interval[str(n)][0] else "—",
+                     str(record["scored_tokens"][str(n)])] for n in record["lengths"]]  # fmt: skip
     assert len(set(record["scored_tokens"].values())) == 1
 
 
@@ -478,8 +480,9 @@ def test_report_takes_lengths_rope_scaling_and_device_to_context_and_needle(caus
     assert argv[argv.index("--rope-scaling") + 1] == "none,yarn:2" and argv[argv.index("--device") + 1] == "cpu"
     assert summary["sections"]["context"]["command"] == shlex.join(["posprobe", *argv])
     rows = table_rows(section_html(Path(summary["html"]).read_text(), "context"))
-    ppl = record["perplexity"]
+    ppl, interval = record["perplexity"], record["perplexity_interval"]["none"]
     assert rows == [[f"{n}{' *' if n == 600 else ''}", *[f"{ppl[v][str(n)]:.2f}" for v in ("none", "yarn:2")],
+                     f"{interval[str(n)][0]:.2f}–{interval[str(n)][1]:.2f}" if interval[str(n)][0] else "—",
                      str(record["scored_tokens"][str(n)])] for n in (64, 600)]  # fmt: skip
     from posprobe.checkpoint import resolve_model
     from posprobe.report.run import long_context_options, model_facts

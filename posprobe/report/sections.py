@@ -526,6 +526,13 @@ def _long_lengths(facts: ModelFacts, room: int = 0) -> str:
     return f"{limit // 2},{limit}"
 
 
+def _interval(pair) -> str:
+    """'11.90–12.80', or '—' where there is none (one window, or a record from before issue 49)."""
+    if not pair or pair[0] is None or pair[1] is None:
+        return "—"
+    return f"{number(pair[0], 2)}–{number(pair[1], 2)}"
+
+
 def _needs_causal(facts: ModelFacts) -> str | None:
     if not facts.causal:
         return f"not a causal language model ({facts.mechanism}, attends both ways): there is no next-token loss"
@@ -549,9 +556,11 @@ def context(record: dict, facts: ModelFacts) -> View:
     # one perplexity column per variant (the report's --rope-scaling), a length past the trained one marked *
     names = record["variants"]
     past = set(record.get("beyond_trained_length") or [])
+    intervals = (record.get("perplexity_interval") or {}).get(variant) or {}
     rows = [[f"{n}{' *' if n in past else ''}", *[number(record["perplexity"][v][str(n)], 2) for v in names],
-             str(scored[str(n)])] for n in record["lengths"]]  # fmt: skip
+             _interval(intervals.get(str(n))), str(scored[str(n)])] for n in record["lengths"]]  # fmt: skip
     columns = ["perplexity"] if len(names) == 1 else [f"perplexity ({v})" for v in names]
+    columns.append("95 % interval over windows" + ("" if len(names) == 1 else f" ({variant})"))
     longest, shortest = record["lengths"][-1], record["lengths"][0]
     scaled = "" if variant == "none" else f" ({variant})"  # 'none': the model's own rotary setting, unscaled
     same = len({scored[str(n)] for n in record["lengths"]}) == 1
