@@ -596,8 +596,10 @@ def context(record: dict, facts: ModelFacts) -> View:
     ],
     how_to_read="""A random pass key hidden at several depths of a King James haystack, asked for at the end (SPEC
     §18): the share of greedy continuations that are exactly the key, per prompt length and depth. Accuracy that
-    drops in the middle depths is the 'lost in the middle' pattern; the note names the heads whose last-token
-    attention falls most on the needle. Nothing here is by construction: the model has to find the key.""",
+    drops in the middle depths is the 'lost in the middle' pattern; a drop at one end can be the prompt's format
+    (chat models get their tokenizer's chat template unless --no-chat: the note says which); the note names the
+    heads whose last-token attention falls most on the needle. Nothing here is by construction: the model has to
+    find the key.""",
 )
 def needle(record: dict, facts: ModelFacts) -> View:
     depths = record["depths"]
@@ -612,4 +614,7 @@ def needle(record: dict, facts: ModelFacts) -> View:
     figures = [record["files"][name] for name in ("needle_grid", "needle_heads") if name in record["files"]]
     heads = ", ".join(f"L{h['layer']}.H{h['head']}" for h in record["top_heads"][:5])
     notes = [f"{record['n_prompts']} prompts; heads attending most to the needle: {heads}"] if heads else []
+    chat = (record.get("task") or {}).get("chat") if isinstance(record.get("task"), dict) else None
+    if chat is not None:
+        notes.append("prompts in the tokenizer's own chat template" if chat else "prompts as plain continuation")
     return View(lines, Table(["length", *[f"depth {d:g}" for d in depths]], rows), figures, notes)
