@@ -63,9 +63,9 @@ def needle(
         bool, typer.Option("--beyond-window", help="Allow lengths past the model's trained positions.")
     ] = False,
     chat: Annotated[
-        bool | None,
-        typer.Option("--chat/--no-chat", help="The tokenizer's own chat template (default: where it ships one)."),
-    ] = None,
+        bool, typer.Option("--chat", help="The tokenizer's own chat template (default where it ships one).")
+    ] = False,
+    no_chat: Annotated[bool, typer.Option("--no-chat", help="Plain continuation, even for a chat model.")] = False,
     device: DeviceOpt = None,
     max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
@@ -81,12 +81,15 @@ def needle(
     user's message, the question's last words ('The pass key is') opening the assistant's reply."""
     from posprobe.capture.model import check_max_memory
     from posprobe.checkpoint import resolve_model
+    from posprobe.errors import ArgumentValueError
     from posprobe.formats.save import save
     from posprobe.formats.writing import prepare_out_dir
     from posprobe.pipelines.needle import NeedleGrid
     from posprobe.pipelines.needle import needle as run_needle
     from posprobe.pipelines.needle_prompts import DEFAULT_INTRO, DEFAULT_NEEDLE, DEFAULT_QUESTION, NeedleTask
 
+    if chat and no_chat:
+        raise ArgumentValueError("chat", "{arg} and --no-chat cannot be combined", "pass one of them, or neither")
     grid = NeedleGrid(
         lengths=_numbers(lengths, "lengths", int),
         depths=_numbers(depths, "depths", float),
@@ -100,7 +103,7 @@ def needle(
         question=DEFAULT_QUESTION if question is None else _newlines(question),
         answer=answer,
         digits=digits,
-        chat=chat,
+        chat=True if chat else False if no_chat else None,
     )
     check_max_memory(device, max_memory)
     source = resolve_model(model or _DEFAULT_MODEL, allow_pickle=allow_pickle, with_tokenizer=True)
