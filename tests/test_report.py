@@ -261,9 +261,15 @@ def test_needle_section_equals_its_record(causal_folder, tmp_path):
     page = Path(summary["html"]).read_text()
     exact = np.mean([[g["accuracy"] for g in record["grid"]]])
     assert summary_rows(page)["needle", "needle retrieval accuracy (all prompts)"] == f"{exact:.2f}"
-    assert table_rows(section_html(page, "needle")) == [
-        [str(g["length"]), *[f"{a:.2f}" for a in g["accuracy"]]] for g in record["grid"]
-    ]
+    from scipy.stats import binomtest
+
+    def cell(a):
+        ci = binomtest(round(a * 2), 2).proportion_ci(0.95, method="wilson")
+        return f"{a:.2f} ({ci.low:.2f}–{ci.high:.2f})"
+
+    assert record["trials"] == 2
+    assert table_rows(section_html(page, "needle")) == [[str(g["length"]), *map(cell, g["accuracy"])]
+                                                        for g in record["grid"]]  # fmt: skip
 
 
 def test_rerun_reuses_finished_sections_unless_force(bert_report, tiny_bert_folder, texts_file):

@@ -533,6 +533,16 @@ def _interval(pair) -> str:
     return f"{number(pair[0], 2)}–{number(pair[1], 2)}"
 
 
+def _accuracy_cell(accuracy, trials) -> str:
+    """'0.67 (0.21–0.94)': a needle cell's accuracy and its Wilson 95 % interval over `trials` prompts."""
+    if accuracy is None or not isinstance(trials, int) or trials < 1:
+        return number(accuracy, 2)
+    from posprobe.analysis.needle import wilson_interval
+
+    low, high = wilson_interval(round(accuracy * trials), trials)
+    return f"{number(accuracy, 2)} ({float(low):.2f}–{float(high):.2f})"
+
+
 def _needs_causal(facts: ModelFacts) -> str | None:
     if not facts.causal:
         return f"not a causal language model ({facts.mechanism}, attends both ways): there is no next-token loss"
@@ -603,7 +613,8 @@ def context(record: dict, facts: ModelFacts) -> View:
 )
 def needle(record: dict, facts: ModelFacts) -> View:
     depths = record["depths"]
-    rows = [[str(g["length"]), *[number(a, 2) for a in g["accuracy"]]] for g in record["grid"]]
+    trials = record.get("trials")
+    rows = [[str(g["length"]), *[_accuracy_cell(a, trials) for a in g["accuracy"]]] for g in record["grid"]]
     digits = (record.get("task") or {}).get("digits") if isinstance(record.get("task"), dict) else None
     chance = 10.0**-digits if isinstance(digits, int) and not (record.get("task") or {}).get("answer") else None
     lines = [
@@ -614,6 +625,8 @@ def needle(record: dict, facts: ModelFacts) -> View:
     figures = [record["files"][name] for name in ("needle_grid", "needle_heads") if name in record["files"]]
     heads = ", ".join(f"L{h['layer']}.H{h['head']}" for h in record["top_heads"][:5])
     notes = [f"{record['n_prompts']} prompts; heads attending most to the needle: {heads}"] if heads else []
+    if isinstance(trials, int):
+        notes.append(f"each cell: accuracy over its n = {trials} prompts, with its Wilson 95 % interval")
     chat = (record.get("task") or {}).get("chat") if isinstance(record.get("task"), dict) else None
     if chat is not None:
         notes.append("prompts in the tokenizer's own chat template" if chat else "prompts as plain continuation")
