@@ -3,12 +3,13 @@ with the rotary budget (SPEC §17).
 
 `context --json` prints one object: `model`, `model_type`, `position_kind`, `variants`, `lengths`,
 `trained_length`, `max_positions`, `beyond_trained_length`, `text` (`source`, `documents_used`, `stream_tokens`,
-`bos_id`, `eos_id`), `windows`, `tokens` (per length), `perplexity` (variant -> length -> value), `loss_by_octave`
+`bos_id`, `eos_id`), `windows`, `tokens` (per length), `perplexity` (variant -> length -> value),
+`perplexity_interval` (variant -> length -> [low, high]: 95 % over the windows; nulls with one window), `loss_by_octave`
 (`position_bins` and variant -> mean loss per bin), `scored_tokens` (length -> the tokens its perplexity is over:
 the same tokens at every length; `text.scored_stream_tokens` and `text.window_starts_left_out` say which), `budget`
 (null without rotary embeddings), `note`, `npz`
-(`position_loss` (V, L-1), `perplexity` (V, n), `inv_freq` (V, d/2), `attention_scaling` (V,), `variants`,
-`lengths`, `windows`, `tokens`) and `figures`.
+(`position_loss` (V, L-1), `perplexity` (V, n), `perplexity_interval` (V, n, 2), `inv_freq` (V, d/2),
+`attention_scaling` (V,), `variants`, `lengths`, `windows`, `tokens`) and `figures`.
 """
 
 from __future__ import annotations
