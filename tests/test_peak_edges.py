@@ -32,6 +32,10 @@ def test_edges_are_the_outermost_usable_offsets():
     local = hand_profiles(causal=False, layer_kinds=["local |k| <= 3", "global"])  # layer 0 sees |k| <= 3 only
     assert local.peak_offsets().tolist() == [[-3, -1, 3], [-7, -1, 7]]
     assert local.peak_at_edge().tolist() == [[True, False, True], [True, False, True]]
+    texts = hand_profiles(causal=False)  # from texts of 5 tokens: offsets past ±4 hold nothing (NaN)
+    texts.profiles[:, :, np.abs(np.arange(-7, 8)) > 4] = np.nan
+    assert texts.peak_offsets().tolist() == [[-4, -1, 4], [-4, -1, 4]]
+    assert texts.peak_at_edge().tolist() == [[True, False, True], [True, False, True]]
     record = both.to_dict()
     assert [h["peak_at_edge"] for h in record["heads"]] == [True, False, True] * 2
 
@@ -53,4 +57,4 @@ def test_profiles_table_says_edge(capsys):
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.strip()[:1] in "01" and "edge" in line]
     assert rows == [["0", "edge", "-1", "edge"], ["1", "edge", "-1", "edge"]]
-    assert "edge: 4 heads peak at the outermost offset their layer covers (k = ±7" in out.replace("\n", " ")
+    assert "edge: 4 heads peak at the outermost offset they cover (k = ±7)" in out.replace("\n", " ")

@@ -338,6 +338,7 @@ def compare(
 def _print_peaks(result, label: str) -> None:
     """The peak table of `profiles`: per layer and head the peak offset k, 'edge' where it is the outermost offset
     the layer covers, '*' beyond the figures' window."""
+    import numpy as np
     from rich import box
     from rich.table import Table
 
@@ -366,9 +367,9 @@ def _print_peaks(result, label: str) -> None:
     _print_position_free_layers(result)
     if edge.any():
         console.print(
-            f"[dim]edge: {int(edge.sum())} heads peak at the outermost offset their layer covers (k = "
-            f"±{result.n_positions - 1}, or a local layer's window): the profile rises to where the offsets stop, "
-            "not a peak inside[/dim]"
+            f"[dim]edge: {int(edge.sum())} heads peak at the outermost offset they cover (k = "
+            + ", ".join(f"±{int(k)}" for k in sorted(set(np.abs(peaks[edge]).tolist())))
+            + "): the profile rises to where the offsets stop, not a peak inside[/dim]"
         )
     beyond = int((result.peak_beyond_window() & ~edge).sum())
     if beyond:

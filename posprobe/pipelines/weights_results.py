@@ -303,10 +303,12 @@ class ProfileResult(ResultMixin, Saves):
             usable = (k <= 0) if self.causal else np.ones(k.shape, dtype=bool)
             if reach is not None:
                 usable &= np.abs(k) <= reach
-            ends = {int(k[usable].min()), int(k[usable].max())} if usable.any() else set()
-            if self.causal:
-                ends.discard(0)  # k = 0 is a causal layer's own token, not an end of what it covers
-            edge[li] = np.isin(np.nan_to_num(peaks[li], nan=np.inf), list(ends)) & np.isfinite(peaks[li])
+            for h in range(peaks.shape[1]):
+                covered = k[usable & np.isfinite(self.profiles[li, h])]  # texts: only the offsets they hold
+                if not np.isfinite(peaks[li, h]) or covered.size == 0:
+                    continue
+                ends = {int(covered.min()), int(covered.max())} - ({0} if self.causal else set())  # k = 0: its own
+                edge[li, h] = int(peaks[li, h]) in ends  # token, not an end of what a causal layer covers
         return edge
 
     def peak_beyond_window(self) -> np.ndarray:

@@ -212,12 +212,11 @@ def _peaks_view(record: dict, facts: ModelFacts, what: str) -> View:
     why = "none: a count of heads (a peak at k = 0 is a self-attending head; −1 a previous-token head)"
     notes = [f"peak offset k = j − i of each head's {what} profile, within {side}; — = flat up to round-off"]
     if sum(edge):
-        reach = record.get("n_positions")
+        ends = ", ".join(f"±{k}" for k in sorted({abs(p) for p, e in zip(peaks, edge) if e and p is not None}))
         notes.append(
-            f"edge: {sum(edge)} of {len(defined)} heads peak at the outermost offset they cover"
-            + (f" (±{reach - 1})" if isinstance(reach, int) else "")
-            + ": their profiles rise to where the offsets stop (the table's or the longest text's end), which is no "
-            "peak inside and not read as one"
+            f"edge: {sum(edge)} of {len(defined)} heads peak at the outermost offset they cover ({ends}): their "
+            "profiles rise to where the offsets stop (the table's or the longest text's end), which is no peak "
+            "inside and not read as one"
         )
     if inside:
         counts = sorted(((inside.count(k), k) for k in set(inside)), key=lambda c: (-c[0], abs(c[1])))
