@@ -77,7 +77,8 @@ def position_loss_figure(result):
         + (f"\n{outside[0]:,} of {outside[1]:,} dots lie outside the y axis (not drawn)" if outside[0] else ""),
         fontsize=9,
     )
-    fig.subplots_adjust(left=0.07 if past else 0.09, right=0.98, bottom=0.12, top=0.82 if outside[0] else 0.86)
+    top = (0.82 if outside[0] else 0.86) - (0.05 if past else 0.0)  # room for the second panel's title
+    fig.subplots_adjust(left=0.07 if past else 0.09, right=0.98, bottom=0.12, top=top)
     return fig
 
 
