@@ -1940,13 +1940,14 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "hy_v4",
         ("hy_v4",),
-        rotary_class=_rotary("hy_v4", "HYV4"),  # rotate_half on the attention's rotary part and the indexer's
-        scaling="latent",
+        rotary_class=_rotary("hy_v4", "HYV4"),
+        rotary_layout=HALF_INTERLEAVED,  # transformers 5.25: interleaved pairs, the attention's rotary part and the
+        scaling="latent",  # indexer's (apply_rotary_pos_emb_interleave; rotate_half before, on the same files)
         indexer="layers.{l}.self_attn.indexer",
         sinks="layers.{l}.self_attn.(sinks|learnable_sink_param)",  # loaded: sinks; files: learnable_sink_param
         tensors={
             "scaling_function": "transformers.models.hy_v4.modeling_hy_v4:yarn_apply_mscale",
-            "indexer_rotary": ROTATE_HALF,
+            "indexer_rotary": HALF_INTERLEAVED,
             "indexer_rope_dims": "last",  # its indexer rotates the last qk_rope_head_dim dims of each head
             "indexer_norm_eps": "config",
             # streams mixed before the input norm: loaded attn_hc.{fn, base, scale}, files hc_pre.hc_attn_layer.hc_*
