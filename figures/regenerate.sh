@@ -22,6 +22,7 @@ posprobe states --text "$COLA" --column sentence --out figures/states/all-MiniLM
 # SmolLM2-135M-Instruct, the packaged rotary causal LLM (Q4_1 GGUF): the README's "A real rotary LLM"
 posprobe profiles $SMOL --layers 0,15,29 --out figures/profiles/$SMOL
 posprobe fit-tisa $SMOL --layers 0,15,29 --out figures/fit-tisa/$SMOL
+posprobe compare all-MiniLM-L6-v2 $SMOL --out figures/compare/all-MiniLM-L6-v2-vs-$SMOL  # the docs' compare page
 posprobe profiles $SMOL --layers 0,15,29 --text "$COLA" --column sentence --max-texts 200 \
     --out figures/profiles/$SMOL-cola
 posprobe attention $SMOL --text "$COLA" --column sentence --max-texts 200 --out figures/attention/$SMOL-cola
