@@ -101,6 +101,15 @@ API_SECTIONS = {
 }
 
 
+def defined_at(module: str, name: str) -> str:
+    """Where `name` (exported by `module`) is defined: mkdocstrings reads the source, not re-exports."""
+    import importlib
+
+    obj = getattr(importlib.import_module(module), name)
+    where = getattr(obj, "__module__", None)
+    return f"{where}.{obj.__qualname__}" if where and hasattr(obj, "__qualname__") else f"{module}.{name}"
+
+
 def api_page() -> str:
     import posprobe
 
@@ -122,7 +131,7 @@ def api_page() -> str:
     for title, names in API_SECTIONS.items():
         parts += ["", f"## {title}"]
         for name in names:
-            parts += ["", f"::: {exports[name]}.{name}"]
+            parts += ["", f"::: {defined_at(exports[name], name)}"]
     return "\n".join(parts) + "\n"
 
 

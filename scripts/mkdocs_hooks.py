@@ -1,6 +1,7 @@
 """MkDocs hooks (mkdocs.yml `hooks:`): the site serves files that live outside docs/ at their repository paths.
 
-`figures/` (every figure, made by `figures/regenerate.sh`), `posprobe/SPEC.md` (the one source of formulas) and
+`figures/` (every figure, made by `figures/regenerate.sh`), the figures of committed benchmark runs
+(`benchmarks/results/`), `posprobe/SPEC.md` (the one source of formulas) and
 `benchmarks/RESULTS.md` are added to the build as they are, so a page links `../figures/toeplitz/...png` or
 `posprobe/SPEC.md#2-toeplitz-r2-...` and nothing is copied into docs/ by hand.
 """
@@ -18,7 +19,9 @@ FIGURE_SUFFIXES = (".png", ".svg")
 
 def on_files(files, config):
     paths = list(SHARED)
-    paths += sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "figures").rglob("*") if p.suffix in FIGURE_SUFFIXES)
+    for folder in ("figures", "benchmarks/results"):
+        found = (ROOT / folder).rglob("*")
+        paths += sorted(p.relative_to(ROOT).as_posix() for p in found if p.suffix in FIGURE_SUFFIXES)
     for path in paths:
         files.append(File(path, src_dir=str(ROOT), dest_dir=config["site_dir"], use_directory_urls=False))
     return files
