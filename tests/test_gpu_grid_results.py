@@ -69,7 +69,8 @@ def _zeros_from_runs(path):
 
 
 def test_the_sentences_on_collapsed_runs_match_the_records():
-    """The finetune page (docs/commands/finetune.md, once the README) and RESULTS §18 count the MCC-0 runs at 3e-4 per mechanism; the counts come from the records."""
+    """The finetune page (docs/commands/finetune.md, once the README) and RESULTS §18 count the MCC-0 runs at 3e-4
+    per mechanism; the counts come from the records."""
     import re
 
     zeros = _zeros_from_runs(GRID / "lr3e-4" / "results.json")
