@@ -51,8 +51,9 @@ def options_table(name: str, command) -> str:
         if record is None:
             continue
         usage, help_text = record
-        if param.param_type_name == "argument":
-            usage = usage.upper()
+        if param.param_type_name == "argument":  # `MODEL <str>`: the name as --help writes it
+            name_, _, rest = usage.partition(" ")
+            usage = f"{name_.upper()} {rest}".strip()
         rows.append(f"| `{usage}` | {_cell(help_text)} |")
     return "\n".join(rows)
 
