@@ -1,5 +1,5 @@
 #!/bin/sh
-# Regenerate the figures of the README and the docs site (docs/) (run from the repository root with the project's virtualenv active).
+# Regenerate the figures of the README and docs/ (run from the repository root with the project's virtualenv active).
 # These are the only commands that write into figures/; default runs write into the git-ignored posprobe-out/.
 # GLUE: the folder holding the GLUE tasks as .jsonl (default ../shared/data/glue, beside the repository).
 # Not here: figures/learned/ and figures/states/minilm-cola-series/ need a fine-tune first (figures/README.md).
