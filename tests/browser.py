@@ -91,5 +91,6 @@ def visit(page: Path, tmp: Path, *, width: int = 1280, height: int = 1000, scree
     finally:
         lines = proxy.close()
     console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
-    requests = [line for line in lines if not any(host in line for host in BROWSER_OWN_HOSTS)]
+    # a connection that sent nothing (Chromium's speculative pre-connects) is no request
+    requests = [line for line in lines if line and not any(host in line for host in BROWSER_OWN_HOSTS)]
     return Visit(console, requests, done.stdout)

@@ -419,7 +419,9 @@ def test_chat_prompts_are_the_tokenizers_own_template(chat_folder, tmp_path, cap
         out = tmp_path / str(flag)
         code, stdout, err = run_cli([*base, *([flag] if flag else []), "--out", out, "--json"], capsys)
         assert code == 0, err
-        assert json.loads(stdout)["task"]["chat"] is (flag != "--no-chat")
+        record = json.loads(stdout)
+        assert record["task"]["chat"] is (flag != "--no-chat")
+        assert record["prompt_format"].startswith("the tokenizer's chat template" if flag != "--no-chat" else "plain")
         records[flag] = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
     assert records["--chat"] == records[None]
     for record in records["--chat"]:
