@@ -30,7 +30,12 @@ SINK_ARRAYS = (
 )
 
 # the sinks' references: (L,), or (L, H) where a layer's heads pick keys of their own (`SinkMeasures`)
-SINK_REFERENCES = ("uniform_distance", "uniform_distance_without_first", "uniform_first_token_mass", "first_token_queries")
+SINK_REFERENCES = (
+    "uniform_distance",
+    "uniform_distance_without_first",
+    "uniform_first_token_mass",
+    "first_token_queries",
+)
 
 LEARNED_SINK_ARRAYS = ("learned_sink_share", "real_token_share")  # (L, H); only for models with learned sinks
 
