@@ -27,12 +27,15 @@ SINGLE_GROUPS = ("npz", "json")  # groups with one file: `Saved[group]` is its p
 class OutputFile:
     """One file of a result: its `name` in the output folder, its `group` ('npz', 'json', 'figures', ...: how `Saved`
     hands its path back), and either `write(path)` (writes the file at `path`) or `record(saved)` (a JSON record,
-    given the final paths of every file of the result, e.g. to name them inside it)."""
+    given the final paths of every file of the result, e.g. to name them inside it). A file of declared arrays
+    also keeps what it writes, `arrays` = (metadata, arrays, dims), so that another format can be written from
+    the same declaration here, without the result."""
 
     name: str
     group: str
     write: Callable[[Path], None] | None = None
     record: Callable[[Saved], Any] | None = None
+    arrays: tuple[dict, dict, dict] | None = None
 
 
 def arrays_file(name: str, result, group: str = "npz", **options) -> OutputFile:
@@ -45,7 +48,9 @@ def arrays_file(name: str, result, group: str = "npz", **options) -> OutputFile:
 def declared_file(name: str, metadata: dict, arrays: dict, declaration: dict, group: str = "npz") -> OutputFile:
     """`arrays_file` for arrays that are not one result object's: checked against `declaration` now."""
     dims = check_arrays(arrays, declaration, name)
-    return OutputFile(name, group, write=lambda p: write_arrays(p, metadata, arrays, dims))
+    return OutputFile(
+        name, group, write=lambda p: write_arrays(p, metadata, arrays, dims), arrays=(metadata, arrays, dims)
+    )
 
 
 def record_file(name: str, record: Any | Callable[[Saved], Any], group: str = "json") -> OutputFile:
