@@ -144,3 +144,17 @@ def test_whether_falcon_switches_is_asked_of_the_installed_transformers(tmp_path
         assert eager.config._attn_implementation == "eager"
         assert (eager is causal_lm) == causal_lm._can_set_attn_implementation()
     assert len(builds) == (1 if causal_lm._can_set_attn_implementation() else 2)
+
+
+def test_the_weight_sections_run_through_the_library_equal_their_commands_alone(causal_folder, tmp_path, capsys):
+    """rotary and fit-tisa (`report.library.RUNS`, no command line parsed): each record equals its reproducing
+    command's, run alone."""
+    from posprobe.report.library import RUNS
+
+    sections = ["rotary", "fit-tisa"]
+    assert set(sections) <= set(RUNS)
+    out = tmp_path / "r"
+    summary = run_report([str(causal_folder), "--only", ",".join(sections), "--out", str(out)])
+    for name in sections:
+        assert summary["sections"][name]["status"] == "ok", summary["sections"][name]
+        assert drop_timings(alone(summary, name, capsys)) == drop_timings(record_of(out, name)), name
