@@ -8,8 +8,8 @@ Layout of the output folder `out`::
     out/<section>/section.json   {"argv", "record" (the command's --json object), "seconds"}
 
 A section runs through the library (`report.library.RUNS`: the pipeline function its command calls, `result.save`
-into out/<section> and the record the command prints with `--json`, built the same way); a command not there yet
-runs as the posprobe command line in this process (`command_runner`: `posprobe <command> ... --json --out
+into out/<section> and the record the command prints with `--json`, built the same way); a command not there (none
+today) runs as the posprobe command line in this process (`command_runner`: `posprobe <command> ... --json --out
 out/<section>`, its one printed JSON object read). Either way the record, figures and files are exactly the
 command's, and the page shows the command that reproduces them (its arguments are also the reuse key). The model
 is loaded once for all sections (`checkpoint.shared`: the commands' own loads, shared while the report runs). A
