@@ -158,8 +158,6 @@ def tiny_ggufs(tmp_path_factory):
 KNOWN_FAILURES = {
     "tests/test_capture_families.py::test_blt_with_its_entropy_model_records_each_text_as_if_run_alone":
         "transformers 5.25: BLT's probabilities on text differ from posprobe's capture (issue 44 follow-up)",
-    "tests/test_distributed.py::test_two_ranks_equal_one_process[states]":
-        "the causal baseline's MAE differs in its last digit between two ranks and one process (issue 47 follow-up)",
 }  # fmt: skip
 
 
