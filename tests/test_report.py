@@ -287,27 +287,22 @@ def test_rerun_reuses_finished_sections_unless_force(bert_report, tiny_bert_fold
 def test_ctrl_c_keeps_finished_sections_for_the_next_run(tiny_bert_folder, tmp_path, monkeypatch, capsys):
     import posprobe.report.run as report_run
 
-    calls, real = [], report_run.command_runner
+    calls, real = [], report_run.run_through
 
-    def interrupted_second(root):
-        run = real(root)
+    def interrupted_second(section, argv, call, run_command):  # every section, through the library or its command
+        calls.append(argv[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(section, argv, call, run_command)
 
-        def runner(argv):
-            calls.append(argv[0])
-            if len(calls) == 2:
-                raise KeyboardInterrupt
-            return run(argv)
-
-        return runner
-
-    monkeypatch.setattr(report_run, "command_runner", interrupted_second)
+    monkeypatch.setattr(report_run, "run_through", interrupted_second)
     out = tmp_path / "r"
     with pytest.raises(SystemExit) as info:
         main(["report", str(tiny_bert_folder), "--only", "fhat,profiles", "--out", str(out)])
     assert info.value.code == 130 and calls == ["fhat", "profiles"]
     assert (out / "fhat" / "section.json").is_file() and not (out / "profiles").exists()
     assert not (out / "report.html").exists()
-    monkeypatch.setattr(report_run, "command_runner", real)
+    monkeypatch.setattr(report_run, "run_through", real)
     again = run_report([str(tiny_bert_folder), "--only", "fhat,profiles", "--out", str(out)])
     assert again["sections"]["fhat"]["reused"] and not again["sections"]["profiles"]["reused"]
 

@@ -144,3 +144,21 @@ def test_whether_falcon_switches_is_asked_of_the_installed_transformers(tmp_path
         assert eager.config._attn_implementation == "eager"
         assert (eager is causal_lm) == causal_lm._can_set_attn_implementation()
     assert len(builds) == (1 if causal_lm._can_set_attn_implementation() else 2)
+
+
+@pytest.mark.parametrize("model, sections", [("causal", ["rotary", "fit-tisa"]), ("bert", ["toeplitz", "profiles"])])
+def test_the_weight_sections_run_through_the_library_equal_their_commands_alone(
+    causal_folder, tiny_bert_folder, tmp_path, capsys, model, sections
+):
+    """Sections run through the library (`report.library.RUNS`, no command line parsed, no stdout read): each
+    record equals its reproducing command's, run alone (the text sections, context and needle: above)."""
+    from posprobe.report.library import RUNS
+    from posprobe.report.sections import SECTIONS
+
+    assert {s.command for s in SECTIONS.values()} <= set(RUNS)  # every section: none through the command line
+    out = tmp_path / "r"
+    folder = causal_folder if model == "causal" else tiny_bert_folder
+    summary = run_report([str(folder), "--only", ",".join(sections), "--out", str(out)])
+    for name in sections:
+        assert summary["sections"][name]["status"] == "ok", summary["sections"][name]
+        assert drop_timings(alone(summary, name, capsys)) == drop_timings(record_of(out, name)), name

@@ -15,7 +15,7 @@ from test_attention import sequences, tiny_model
 from posprobe.capture import capture, run_texts, text_run
 from posprobe.capture.textrun import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, MIN_MAX_LENGTH
 from posprobe.errors import ArgumentValueError, PosprobeError
-from posprobe.formats.save import OutputFile, Saves, arrays_file, record_file, save, text_file
+from posprobe.formats.save import OutputFile, Saves, declared_file, record_file, save, text_file
 from posprobe.formats.writing import load_npz
 
 PACKAGE = Path(__file__).resolve().parents[1] / "posprobe"
@@ -112,7 +112,7 @@ class Toy(Saves):
             return f"figure as {fmt}"
 
         return [
-            arrays_file("toy.npz", {"what": "toy"}, {"x": np.arange(3.0)}),
+            declared_file("toy.npz", {"what": "toy"}, {"x": np.arange(3.0)}, {"x": ("item",)}),
             record_file("toy.json", lambda saved: {"npz": str(saved["npz"]), "suffix": suffix}),
             text_file(f"toy{suffix}.{fmt}", text, "figures"),
         ]
@@ -123,7 +123,7 @@ def test_save_writes_every_stated_file_with_the_record_beside(tmp_path):
     assert list(saved.paths) == ["toy.npz", "toy.json", "toy_a.svg"]
     assert saved["npz"] == tmp_path / "out" / "toy.npz" and saved["figures"] == [tmp_path / "out" / "toy_a.svg"]
     metadata, arrays = load_npz(saved["npz"])
-    assert metadata == {"what": "toy"} and arrays["x"].tolist() == [0.0, 1.0, 2.0]
+    assert metadata == {"what": "toy", "dims": {"x": ["item"]}} and arrays["x"].tolist() == [0.0, 1.0, 2.0]
     assert json.loads(saved["json"].read_text()) == saved.record == {"npz": str(saved["npz"]), "suffix": "_a"}
     assert saved["figures"][0].read_text() == "figure as svg"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["toy.json", "toy.npz", "toy_a.svg"]

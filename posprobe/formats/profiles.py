@@ -1,7 +1,8 @@
 """Profile files: the `.npz` files `posprobe profiles` and `posprobe attention` write and `fit-tisa` reads.
 
-The one module that writes them (`write_profiles`, `write_attention_file`) and reads them (`read_profile_file`).
-Layout: arrays plus a JSON `metadata` entry (`outputs.save_npz`). A profiles file holds `profiles`
+The one module that reads them (`read_profile_file`); `ProfileResult` and `AttentionResult` write them through the
+one `.npz` writer (`formats.arrays`, from their declared `ARRAYS`): arrays plus a JSON `metadata` entry with the
+arrays' dimension names. A profiles file holds `profiles`
 (L_sel, H, 2n-1) over `offsets` (2n-1,) (k = j - i, increasing), `layers`, `fhat_r2`, `sections` and
 `section_rows`; an attention file holds `score_profiles` / `prob_profiles` (and `profiles`, a copy of the
 score profiles) over `offsets`, plus its counts (see `AttentionResult.arrays`).
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from posprobe.errors import PosprobeError
-from posprobe.formats.writing import load_npz, write_npz
+from posprobe.formats.writing import load_npz
 
 _HINT = "pass a .npz written by `posprobe profiles`"
 
@@ -36,25 +37,6 @@ class ProfileSet:
     causal: bool = False  # the model only uses k <= 0 (the profile at k > 0 is fitted too, but never used)
     stack: str | None = None  # of a T5-style encoder-decoder: which stack the profiles came from
     quantization: str | None = None  # a GGUF file's quantisation: the profiles came from de-quantised weights
-
-
-def write_profiles(path: Path, result) -> None:
-    """Write a `ProfileResult`'s arrays and metadata as a profiles file at `path` (a `write_files` writer)."""
-    write_npz(
-        path,
-        result.metadata(),
-        profiles=result.profiles,
-        offsets=result.offsets,
-        layers=np.asarray(result.layers),
-        fhat_r2=result.fhat_r2,
-        sections=result.sections,
-        section_rows=np.asarray(result.section_rows),
-    )
-
-
-def write_attention_file(path: Path, result, profile: str = "score") -> None:
-    """Write an `AttentionResult`'s arrays and metadata as an attention file at `path` (a `write_files` writer)."""
-    write_npz(path, result.metadata(), **result.arrays(profile))
 
 
 def read_profile_file(path: Path, layers: list[int] | None = None, profile: str | None = None) -> ProfileSet:

@@ -1,8 +1,9 @@
 """One save path: every result states the files it writes (its arrays with their metadata, its JSON records, its
-figures) as `OutputFile`s from `output_files(fmt, **options)`, and `save(result, out_dir, fmt)` writes them all as
-one unit (`writing.write_files`: staged in a hidden folder, moved into place only once every file succeeded, so a
-failed or interrupted run leaves nothing), JSON records beside the arrays where the result keeps one. The CLI
-commands and the library's `result.save(out_dir)` both go through `save`.
+figures) as `OutputFile`s from `output_files(fmt, **options)` (a `.npz` always through `arrays_file`, from the
+result's declared `ARRAYS`: `formats.arrays`), and `save(result, out_dir, fmt)` writes them all as one unit
+(`writing.write_files`: staged in a hidden folder, moved into place only once every file succeeded, so a failed or
+interrupted run leaves nothing), JSON records beside the arrays where the result keeps one. The CLI commands and
+the library's `result.save(out_dir)` both go through `save`.
 
 `save` returns a `Saved`: the final paths by group ('npz' and 'json': one path; 'figures' and any other group: a
 list, in the order the result gave), every path by file name (`paths`) and the JSON records as written (`records`).
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from posprobe.errors import PosprobeError
-from posprobe.formats.writing import FIGURE_FORMATS, figure_writer, json_writer, write_files, write_npz
+from posprobe.formats.arrays import check_arrays, write_arrays
+from posprobe.formats.writing import FIGURE_FORMATS, figure_writer, json_writer, write_files
 
 SINGLE_GROUPS = ("npz", "json")  # groups with one file: `Saved[group]` is its path
 
@@ -25,17 +27,30 @@ SINGLE_GROUPS = ("npz", "json")  # groups with one file: `Saved[group]` is its p
 class OutputFile:
     """One file of a result: its `name` in the output folder, its `group` ('npz', 'json', 'figures', ...: how `Saved`
     hands its path back), and either `write(path)` (writes the file at `path`) or `record(saved)` (a JSON record,
-    given the final paths of every file of the result, e.g. to name them inside it)."""
+    given the final paths of every file of the result, e.g. to name them inside it). A file of declared arrays
+    also keeps what it writes, `arrays` = (metadata, arrays, dims), so that another format can be written from
+    the same declaration here, without the result."""
 
     name: str
     group: str
     write: Callable[[Path], None] | None = None
     record: Callable[[Saved], Any] | None = None
+    arrays: tuple[dict, dict, dict] | None = None
 
 
-def arrays_file(name: str, metadata: dict, arrays: dict, group: str = "npz") -> OutputFile:
-    """A `.npz` of `arrays` with the JSON `metadata` entry (`writing.write_npz`; read back with `load_npz`)."""
-    return OutputFile(name, group, write=lambda p: write_npz(p, metadata, **arrays))
+def arrays_file(name: str, result, group: str = "npz", **options) -> OutputFile:
+    """A result's `.npz`: `result.arrays(**options)` checked against its class's `ARRAYS` declaration now (a mistake
+    is an `arrays.ArrayDeclarationError` before anything is written), with `result.metadata()` and the dimension
+    names (`formats.arrays.write_arrays`: the one `.npz` writer; read back with `load_npz` or `load_named`)."""
+    return declared_file(name, result.metadata(), result.arrays(**options), type(result).ARRAYS, group)
+
+
+def declared_file(name: str, metadata: dict, arrays: dict, declaration: dict, group: str = "npz") -> OutputFile:
+    """`arrays_file` for arrays that are not one result object's: checked against `declaration` now."""
+    dims = check_arrays(arrays, declaration, name)
+    return OutputFile(
+        name, group, write=lambda p: write_arrays(p, metadata, arrays, dims), arrays=(metadata, arrays, dims)
+    )
 
 
 def record_file(name: str, record: Any | Callable[[Saved], Any], group: str = "json") -> OutputFile:

@@ -223,7 +223,8 @@ def figure_writer(make_figure: Callable[[], Any]) -> Callable[[Path], None]:
 
 def write_npz(path: Path, metadata: dict, **arrays) -> None:
     """Write arrays plus a JSON `metadata` entry to `path` as it is (a `write_files` / `atomic_write` writer;
-    read back with `load_npz`)."""
+    read back with `load_npz`). Results never call it: their `.npz` goes through `formats.arrays.write_arrays`,
+    from their declared arrays."""
     import numpy as np
 
     with open(path, "wb") as fh:

@@ -13,7 +13,8 @@ import numpy as np
 from posprobe.analysis.empirical import EmpiricalProfiles
 from posprobe.analysis.learned_sinks import LearnedSinkShares
 from posprobe.analysis.sinks import SinkMeasures
-from posprobe.formats.save import OutputFile, Saves, figure_file, save
+from posprobe.formats.arrays import either, optional
+from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, save
 from posprobe.results import ResultMixin
 
 SINK_ARRAYS = (
@@ -26,6 +27,14 @@ SINK_ARRAYS = (
     "uniform_first_token_mass",
     "first_token_queries",
     "first_token_ratio",
+)
+
+# the sinks' references: (L,), or (L, H) where a layer's heads pick keys of their own (`SinkMeasures`)
+SINK_REFERENCES = (
+    "uniform_distance",
+    "uniform_distance_without_first",
+    "uniform_first_token_mass",
+    "first_token_queries",
 )
 
 LEARNED_SINK_ARRAYS = ("learned_sink_share", "real_token_share")  # (L, H); only for models with learned sinks
@@ -83,6 +92,30 @@ class AttentionResult(ResultMixin, Saves):
     mean_scores_note: str = "kept"  # whether the n x n mean score matrix was kept, and why not
 
     _repr_fields = ("model", "n_texts", "max_length", "n_layers", "n_heads", "causal", "mean_distance", "sink_rate")
+    # attention.npz (formats.arrays; `formats.profiles` reads its profiles): `offset` k = j - i, `query` / `key` the
+    # positions 0..n-1; the four references of the sinks are (layer, head) where a layer's heads pick their keys
+    ARRAYS = {
+        "score_profiles": ("layer", "head", "offset"),
+        "prob_profiles": ("layer", "head", "offset"),
+        "offsets": ("offset",),
+        "pair_counts": ("offset",),
+        "layer_pair_counts": ("layer", "offset"),
+        "mean_distance": ("layer", "head"),
+        "n_queries": ("layer",),
+        "layers": ("layer",),
+        "toeplitz_r2": optional("layer", "head"),
+        "mean_scores": optional("layer", "head", "query", "key"),
+        "count_matrix": optional("query", "key"),
+        "prob_profiles_without_first": optional("layer", "head", "offset"),
+        "layer_pair_counts_without_first": optional("layer", "offset"),
+        "head_pair_counts": optional("layer", "head", "offset"),
+        "weights_correlation": optional("layer", "head"),
+        "weights_profiles": optional("layer", "head", "offset"),
+        **{name: optional("layer", "head") for name in SINK_ARRAYS},
+        "sink_rate": optional("layer"),
+        **{name: either(("layer",), ("layer", "head"), optional=True) for name in SINK_REFERENCES},
+        **{name: optional("layer", "head") for name in LEARNED_SINK_ARRAYS},
+    }
 
     @property
     def mean_distance(self) -> np.ndarray:
@@ -219,13 +252,12 @@ class AttentionResult(ResultMixin, Saves):
         return out
 
     def output_files(self, fmt: str, window: int = 20) -> list[OutputFile]:
-        """`attention.npz` (`formats.profiles.write_attention_file`), one profile figure per layer (k = -window ..
+        """`attention.npz` (`arrays()`, declared in `ARRAYS`), one profile figure per layer (k = -window ..
         window), `mean_distance.<fmt>`, with sinks `sinks.<fmt>` and with learned sinks (gpt-oss)
         `learned_sinks.<fmt>`."""
-        from posprobe.formats.profiles import write_attention_file
         from posprobe.plotting import attention as plots
 
-        files = [OutputFile("attention.npz", "npz", write=lambda p: write_attention_file(p, self))]
+        files = [arrays_file("attention.npz", self)]
         pages = plots.attention_pages(self, min(window, self.max_length - 1))  # laid out once, redrawn per layer
         for layer in range(self.n_layers):
             files.append(

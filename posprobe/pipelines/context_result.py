@@ -51,6 +51,16 @@ class ContextResult(ResultMixin, Saves):
     perplexity_interval: np.ndarray | None = None
 
     _repr_fields = ("model", "variants", "lengths", "trained_length", "perplexity")
+    ARRAYS = {  # context.npz (formats.arrays)
+        "position_loss": ("variant", "position"),
+        "perplexity": ("variant", "length"),
+        "inv_freq": ("variant", "frequency"),
+        "attention_scaling": ("variant",),
+        "variants": ("variant",),
+        "lengths": ("length",),
+        "windows": ("length",),
+        "tokens": ("length",),
+    }
 
     @property
     def beyond_trained(self) -> list[int]:
@@ -153,7 +163,7 @@ class ContextResult(ResultMixin, Saves):
         """`context.npz` (arrays and JSON metadata), `context.json` (`to_dict()`), `context_loss_by_position.<fmt>`
         and `context_perplexity.<fmt>`."""
         return [
-            arrays_file("context.npz", self.metadata(), self.arrays()),
+            arrays_file("context.npz", self),
             record_file("context.json", self.to_dict()),
             figure_file(f"context_loss_by_position.{fmt}", self.plot),
             figure_file(f"context_perplexity.{fmt}", self.plot_perplexity),

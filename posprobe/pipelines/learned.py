@@ -21,6 +21,29 @@ LEARNED_FILE = "learned_functions.npz"  # what `write_learned` writes (`kernels.
 TEXT_MAX_LENGTH = 128
 TEXT_BATCH = 16
 
+# the dimensions of each kind of learned array (`mechanisms.reading.KINDS`, `analysis.learned`'s legend)
+KIND_DIMS = {
+    "head": ("layer", "head", "offset"),
+    "layer": ("layer", "offset"),
+    "channels": ("layer", "offset", "channel"),
+    "filters": ("layer", "role", "channel", "offset"),
+}
+
+
+def _learned_arrays() -> dict:
+    """`LEARNED_FILE`'s declaration (formats.arrays): every array of `mechanisms.reading.KINDS`, its initial twin
+    and both of the compared folder's (`compare_...`; the same shapes, `learned` checks it), each optional; a
+    part's own `{part}_functions`; the per-head correlations."""
+    from posprobe.analysis.learned import initial_name
+    from posprobe.formats.arrays import optional
+    from posprobe.mechanisms.reading import KINDS
+
+    out: dict = {"offsets": ("offset",)}
+    for name, kind in {**KINDS, "*_functions": "head"}.items():
+        for twin in (name, initial_name(name)):
+            out[twin] = out[f"compare_{twin}"] = optional(*KIND_DIMS[kind])
+    return out | {"*_profile_correlation": ("layer", "head"), "*_compare_correlation": ("layer", "head")}
+
 
 @dataclass(frozen=True)
 class LearnedReport:
@@ -262,7 +285,7 @@ def _profile_correlations(learned: LearnedFunctions, profiles, allow_pickle: boo
 def write_learned(report: LearnedReport, out_dir, fmt: str = "png") -> dict:
     """Write `LEARNED_FILE` (every array, `offsets`, metadata) and the figures into `out_dir` as one unit
     (`formats.save`), after all computing succeeded; returns {"npz": path, "figures": [paths]}."""
-    from posprobe.formats.save import arrays_file, figure_file, save_files
+    from posprobe.formats.save import declared_file, figure_file, save_files
     from posprobe.plotting import learned as pk
 
     learned = report.learned
@@ -274,7 +297,7 @@ def write_learned(report: LearnedReport, out_dir, fmt: str = "png") -> dict:
             arrays[f"compare_{key}"] = value
         for key, r in report.with_other.items():
             arrays[f"{key}_compare_correlation"] = r
-    files = [arrays_file(LEARNED_FILE, metadata(report), arrays)]
+    files = [declared_file(LEARNED_FILE, metadata(report), arrays, _learned_arrays())]
     files += [figure_file(f"{stem}.{fmt}", lambda fig=fig: fig) for stem, fig in pk.learned_figures(report)]
     return save_files(out_dir, files)
 

@@ -51,6 +51,19 @@ class NeedleResult(ResultMixin, Saves):
     quantization: str | None = None
 
     _repr_fields = ("model", "lengths", "depths", "trials", "accuracy", "mean_log_prob")
+    ARRAYS = {  # needle.npz (formats.arrays)
+        "log_prob": ("length", "depth", "trial"),
+        "exact": ("length", "depth", "trial"),
+        "needle_attention": ("length", "depth", "trial", "layer", "head"),
+        "lengths": ("length",),
+        "depths": ("depth",),
+        "achieved_length": ("length", "depth", "trial"),
+        "achieved_depth": ("length", "depth", "trial"),
+        "needle_tokens": ("length", "depth", "trial"),
+        "uniform_share": ("length", "depth", "trial"),
+        "accuracy": ("length", "depth"),
+        "mean_log_prob": ("length", "depth"),
+    }
 
     @classmethod
     def from_scores(cls, *, grid, task, prompts: Sequence, scores: Sequence, decode: Callable, **fields):
@@ -225,7 +238,7 @@ class NeedleResult(ResultMixin, Saves):
         """`needle.npz` (arrays and JSON metadata), `prompts.jsonl` (one line per prompt), `needle.txt` (the table),
         and the figures `needle_grid`, `needle_depth`, `needle_heads`."""
         return [
-            arrays_file("needle.npz", self.metadata(), self.arrays()),
+            arrays_file("needle.npz", self),
             text_file("prompts.jsonl", self.jsonl, "jsonl"),
             text_file("needle.txt", lambda: self.table() + "\n", "text"),
             figure_file(f"needle_grid.{fmt}", self.plot),

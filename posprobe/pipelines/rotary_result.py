@@ -55,6 +55,15 @@ class RotaryBandsResult(ResultMixin, Saves):
     latent_split: str = ""
 
     _repr_fields = ("model", "mode", "layers", "rotated_dims", "context", "q_band_norm", "k_band_norm", "wavelengths")
+    ARRAYS = {  # rotary.npz (formats.arrays); `layer` indexes `layers`, `band` the frequency bands
+        "q_band_norm": ("layer", "head", "band"),
+        "k_band_norm": ("layer", "kv_head", "band"),
+        "frequencies": ("layer", "band"),
+        "wavelengths": ("layer", "band"),
+        "q_unrotated_norm": ("layer", "head"),
+        "k_unrotated_norm": ("layer", "kv_head"),
+        "layers": ("layer",),
+    }
 
     @property
     def mode(self) -> str:
@@ -179,7 +188,7 @@ class RotaryBandsResult(ResultMixin, Saves):
     def output_files(self, fmt: str) -> list[OutputFile]:
         """`rotary.npz` (arrays and JSON metadata) and `rotary_bands.<fmt>`."""
         return [
-            arrays_file("rotary.npz", self.metadata(), self.arrays()),
+            arrays_file("rotary.npz", self),
             figure_file(f"rotary_bands.{fmt}", self.plot),
         ]
 

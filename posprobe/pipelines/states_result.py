@@ -13,6 +13,7 @@ import numpy as np
 from posprobe.analysis.massive import BINS_PER_OCTAVE, MEDIAN_RELATIVE_ERROR, MassiveActivations
 from posprobe.analysis.position_probe import ALPHA_GRID, N_FOLDS, PositionProbes, baseline_words
 from posprobe.analysis.positional_vectors import NOISE_MARGIN, PositionalVectors
+from posprobe.formats.arrays import optional
 from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, save
 from posprobe.results import ResultMixin
 
@@ -78,6 +79,37 @@ class StatesResult(ResultMixin, Saves):
     layer_kinds: list[str] | None = None  # (L,): layer l's kind; its output is hidden state l + 1
 
     _repr_fields = ("model", "n_texts", "max_length", "n_layers", "probe_r2", "probe_r2_control", "massive_ratio")
+    # states.npz (formats.arrays): `state` the hidden states 0..L, `position` the positions 0..n-1, `kept` those
+    # kept (`kept_without_first` less position 0), `top` the top activations, `fold` the probe's outer folds
+    ARRAYS = {
+        "positional_vectors": ("state", "position", "channel"),
+        "positional_norms": ("state", "position"),
+        "positional_gram": ("state", "kept", "kept"),
+        "positional_norms_without_first": ("state", "position"),
+        "positional_gram_without_first": ("state", "kept_without_first", "kept_without_first"),
+        "position_counts": ("position",),
+        "positions_kept": ("position",),
+        "probe_alpha": ("state", "fold"),
+        "probe_alpha_control": ("state", "fold"),
+        "probe_layers": ("probed_state",),
+        "probe_r2_baseline": (),
+        "probe_r2_baseline_control": (),
+        "probe_mae_baseline": (),
+        "probe_baseline_inputs": ("baseline_input",),
+        "massive_text": ("state",),
+        **{f"massive_top_{name}": ("state", "top") for name in ("value", "position", "channel", "text", "token")},
+        "massive_top_special": ("state", "top"),
+        "layers": ("state",),
+        "probe_r2_controls": optional("state", "control_draw"),
+        "positional_noise_floor": optional("state", "position"),
+        "positional_within_noise": optional("state", "position"),
+        "positional_within_noise_without_first": optional("state", "position"),
+        "positional_toeplitz_r2_null": optional("null_draw", "state"),
+        "positional_toeplitz_r2_without_first_null": optional("null_draw", "state"),
+        "massive_top_delimiter": optional("state", "top"),
+        **{name: ("state",) for name in PER_LAYER},
+        "massive_delimiter_share": optional("state"),
+    }
 
     @property
     def n_states(self) -> int:
@@ -283,7 +315,7 @@ class StatesResult(ResultMixin, Saves):
         from posprobe.plotting import states as plots
 
         return [
-            arrays_file("states.npz", self.metadata(), self.arrays()),
+            arrays_file("states.npz", self),
             figure_file(f"states.{fmt}", lambda: plots.states_summary(self)),
             figure_file(f"positional_gram.{fmt}", lambda: plots.gram_panels(self)),
         ]

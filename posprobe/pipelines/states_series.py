@@ -131,6 +131,11 @@ class StatesSeries(ResultMixin, Saves):
     seconds: float
 
     _repr_fields = ("title", "labels", "steps", "n_states")
+    ARRAYS = {  # states_series.npz (formats.arrays); each checkpoint's states_<label>.npz: StatesResult.ARRAYS
+        "steps": ("checkpoint",),
+        "labels": ("checkpoint",),
+        **{name: ("checkpoint", "state") for name in PER_LAYER},
+    }
 
     @property
     def labels(self) -> list[str]:
@@ -197,12 +202,11 @@ class StatesSeries(ResultMixin, Saves):
         from posprobe.plotting import states as plots
 
         files = [
-            arrays_file("states_series.npz", self.metadata(), self.arrays()),
+            arrays_file("states_series.npz", self),
             figure_file(f"states_series.{fmt}", lambda: plots.series_chart(self)),
         ]
         for checkpoint, result in zip(self.checkpoints, self.results):
-            files.append(arrays_file(f"states_{slug(checkpoint.label)}.npz", result.metadata(), result.arrays(),
-                                     group="checkpoint_npz"))  # fmt: skip
+            files.append(arrays_file(f"states_{slug(checkpoint.label)}.npz", result, group="checkpoint_npz"))
         return files
 
     def plot(self):

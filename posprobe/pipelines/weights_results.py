@@ -17,7 +17,7 @@ from posprobe.analysis.hidden_means import POSITION_MEAN
 from posprobe.analysis.toeplitz import is_flat
 from posprobe.architectures.table import LEARNED
 from posprobe.errors import ArgumentValueError
-from posprobe.formats.save import OutputFile, Saves, figure_file, record_file
+from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, record_file
 from posprobe.pipelines.score_reader import _layer_index
 from posprobe.results import ResultMixin, short
 from posprobe.validation import as_int
@@ -210,6 +210,25 @@ class ProfileResult(ResultMixin, Saves):
     language_model: str | None = None  # a multimodal checkpoint (model_type): the type of the language model read
 
     _repr_fields = ("model", "mode", "layers", "n_heads", "n_positions", "window", "causal", "profiles", "offsets")
+    ARRAYS = {  # profiles_<tag>.npz (formats.arrays; `formats.profiles` reads it); `layer` indexes `layers`
+        "profiles": ("layer", "head", "offset"),
+        "offsets": ("offset",),
+        "layers": ("layer",),
+        "fhat_r2": ("layer", "head"),
+        "sections": ("layer", "head", "section", "section_offset"),
+        "section_rows": ("section",),
+    }
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The .npz arrays (a profiles file: `formats.profiles.read_profile_file` reads it)."""
+        return {
+            "profiles": self.profiles,
+            "offsets": self.offsets,
+            "layers": np.asarray(self.layers),
+            "fhat_r2": self.fhat_r2,
+            "sections": self.sections,
+            "section_rows": np.asarray(self.section_rows),
+        }
 
     def layer_index(self, layer: int) -> int:
         """Position in `layers` (the first axis of the arrays) of model layer `layer` (-1 = the model's last)."""
@@ -339,11 +358,10 @@ class ProfileResult(ResultMixin, Saves):
 
     def output_files(self, fmt: str) -> list[OutputFile]:
         """`profiles_<tag>.npz` (a profiles file, `formats.profiles`) and one figure per computed layer."""
-        from posprobe.formats.profiles import write_profiles
         from posprobe.plotting.profiles import profile_pages
 
         tag = file_tag(self) + ("_decoder" if self.stack == "decoder" else "")
-        files = [OutputFile(f"profiles_{tag}.npz", "npz", write=lambda p: write_profiles(p, self))]
+        files = [arrays_file(f"profiles_{tag}.npz", self)]
         pages = profile_pages(self)  # one layout for every layer's page, drawn once
         for i, layer in enumerate(self.layers):
             files.append(OutputFile(f"profiles_layer{layer}_{tag}.{fmt}", "figures", write=pages.writer(i, fmt)))

@@ -7,11 +7,14 @@ Layout of the output folder `out`::
     out/<section>/            the command's own `--out` (its figures, arrays and files, as the command writes them)
     out/<section>/section.json   {"argv", "record" (the command's --json object), "seconds"}
 
-A section is run by calling the posprobe command line in this process (`posprobe <command> ... --json --out
-out/<section>`) and reading the one JSON object it prints: the record, figures and files are exactly the command's,
-and the page shows the command that reproduces them. The model is loaded once for all sections (`checkpoint.shared`:
-the commands' own loads, shared while the report runs). A finished section (its section.json with the same arguments
-and its figures present) is reused on the next run unless `force`.
+A section runs through the library (`report.library.RUNS`: the pipeline function its command calls, `result.save`
+into out/<section> and the record the command prints with `--json`, built the same way); a command not there (none
+today) runs as the posprobe command line in this process (`command_runner`: `posprobe <command> ... --json --out
+out/<section>`, its one printed JSON object read). Either way the record, figures and files are exactly the
+command's, and the page shows the command that reproduces them (its arguments are also the reuse key). The model
+is loaded once for all sections (`checkpoint.shared`: the commands' own loads, shared while the report runs). A
+finished section (its section.json with the same arguments and its figures present) is reused on the next run
+unless `force`.
 """
 
 from __future__ import annotations
@@ -143,6 +146,25 @@ def command_runner(root) -> Callable[[list[str]], dict]:
     return run
 
 
+def section_call(section: Section, facts: ModelFacts, model_args: list[str], text_args: list[str], n_texts: int,
+                 folder: Path):  # fmt: skip
+    """The `library.SectionCall` of a section: what its reproducing command names, as values."""
+    from posprobe.report.library import SectionCall, options_of
+
+    texts = options_of(text_args) if section.uses_text else {}
+    return SectionCall(model_args[0], "--allow-pickle" in model_args, options_of(section.args(facts, n_texts)), folder,
+                       texts.get("text"), texts.get("column"), int(texts["max_texts"]) if texts else None)  # fmt: skip
+
+
+def run_through(section: Section, argv: list[str], call, run_command: Callable[[list[str]], dict]) -> dict:
+    """A section's record: through the library where its command is in `library.RUNS`, else its command (`argv`)
+    through `run_command`."""
+    from posprobe.report.library import RUNS
+
+    run = RUNS.get(section.command)
+    return run(call) if run is not None else run_command(argv)
+
+
 def _figures_exist(view: View) -> bool:
     return all(Path(f).is_file() for f in view.figures)
 
@@ -195,7 +217,8 @@ def run_section(
     on_start(shlex.join(["posprobe", *argv]))
     start = time.perf_counter()
     try:
-        record = run_command(argv)
+        record = run_through(section, argv, section_call(section, facts, model_args, text_args, n_texts, folder),
+                             run_command)  # fmt: skip
     except PosprobeError as err:
         discard_unkept()  # the failed command's files and folders (an empty section folder), not the others'
         if disk_full(err):  # an error of the run, not of the section: the previous page stays
