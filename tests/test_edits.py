@@ -44,7 +44,7 @@ def tiny_gemma3():
 def _sharpen(model):
     """Larger random weights, so that every edit moves the loss well past the tolerance."""
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(4.0)
     return model
