@@ -332,6 +332,7 @@ def check_edits(edits: Sequence[Edit], model: EditModel, longest: int | None = N
                 raise refuse(edit.text, f"'{model.name}' uses {model.kind} positions, which read no position ids: a "
                              "shift changes nothing", "shift applies to rotary and absolute-table models")  # fmt: skip
             if model.max_positions is not None and longest is not None:
+                longest = min(longest, model.max_positions)  # no run is longer than the table
                 end = longest + edit.offset + model.offset
                 if end > model.max_positions + model.offset:
                     raise refuse(edit.text, f"positions up to {longest + edit.offset - 1} would index '{model.name}''s "
