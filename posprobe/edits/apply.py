@@ -116,7 +116,7 @@ class MeanPass:
     def __enter__(self) -> MeanPass:
         for layer in self.channel_layers:
             hook = lambda module, args, output, layer=layer: self._add(("channel", layer), _hidden(output))  # noqa: E731
-            self.hooks.append(self.blocks[layer].register_forward_hook(hook))
+            self.hooks.append(self.blocks[layer].register_forward_hook(hook, prepend=True))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -283,7 +283,7 @@ class EditRun:
             sin[..., cols] = 0
             return cos, sin
 
-        self.hooks.append(module.register_forward_hook(hook, with_kwargs=True))
+        self.hooks.append(module.register_forward_hook(hook, with_kwargs=True, prepend=True))
 
     # ---- position ids
     def _shift(self, edit: ShiftEdit) -> None:
@@ -301,7 +301,7 @@ class EditRun:
                 position_ids = torch.arange(past, past + m, device=device)[None].expand(ids.shape[0], m)
             return args, {**kwargs, "position_ids": position_ids + edit.offset}
 
-        self.hooks.append(self.model.register_forward_pre_hook(pre_hook, with_kwargs=True))
+        self.hooks.append(self.model.register_forward_pre_hook(pre_hook, with_kwargs=True, prepend=True))
 
     # ---- block outputs
     def _channels(self) -> None:
@@ -332,7 +332,7 @@ class EditRun:
                     hidden[..., mean] = values.to(hidden.device, hidden.dtype)
                 return _with_hidden(output, hidden)
 
-            self.hooks.append(blocks[layer].register_forward_hook(hook))
+            self.hooks.append(blocks[layer].register_forward_hook(hook, prepend=True))  # before recorders' hooks
 
     def __enter__(self) -> EditRun:
         from posprobe.families import rope_variants as R
