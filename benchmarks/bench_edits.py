@@ -4,7 +4,8 @@ packaged SmolLM2-135M-Instruct (converted once to a float32 folder under /tmp, `
 One process loads the model once, tokenizes the King James Bible once, then for each repeat runs the unedited
 `posprobe.context(model, [L], documents=..., windows=N)` and, right after it, the same call with one edit, for each
 edit in turn (A B A C A D ...): each edited run is paired with the unedited run just before it, and the ratio of
-their wall times is taken pair by pair; medians (and min-max) over the repeats are reported. One warm-up of every
+their wall times (and of their process CPU times: on a loaded shared machine the figure to read) is taken pair by
+pair; medians (and min-max) over the repeats are reported. One warm-up of every
 side first. `=mean` edits make a first pass over the same windows for their means (SPEC §20): their expected cost
 is about 2x; the others run in one pass.
 
@@ -51,25 +52,29 @@ def main() -> None:
     docs = documents(folder, args.windows * args.length + 64)
     edits = [e for e in args.edits.split(";") if e]
 
-    def timed(edit: str | None) -> tuple[float, float]:
-        start = time.perf_counter()
+    def timed(edit: str | None) -> tuple[float, float, float]:
+        start, cpu = time.perf_counter(), time.process_time()
         result = posprobe.context(model, [args.length], documents=docs, windows=args.windows, bos_id=None,
                                   edits=[edit] if edit else None)  # fmt: skip
         if args.device != "cpu":
             torch.cuda.synchronize()
-        return time.perf_counter() - start, float(result.perplexity[0, 0])
+        return time.perf_counter() - start, time.process_time() - cpu, float(result.perplexity[0, 0])
 
     for edit in [None, *edits]:  # warm-up
         timed(edit)
     ratios: dict[str, list[float]] = {e: [] for e in edits}
+    cpu_ratios: dict[str, list[float]] = {e: [] for e in edits}
     plain_times: list[float] = []
+    plain_cpu: list[float] = []
     perplexity: dict[str, float] = {}
     for _ in range(args.repeats):
         for edit in edits:
-            base, perplexity["none"] = timed(None)
-            edited, perplexity[edit] = timed(edit)
+            base, base_cpu, perplexity["none"] = timed(None)
+            edited, edited_cpu, perplexity[edit] = timed(edit)
             plain_times.append(base)
+            plain_cpu.append(base_cpu)
             ratios[edit].append(edited / base)
+            cpu_ratios[edit].append(edited_cpu / base_cpu)
     record = {
         "model": "SmolLM2-135M-Instruct (packaged GGUF as float32)",
         "device": args.device,
@@ -79,8 +84,12 @@ def main() -> None:
         "windows": args.windows,
         "repeats": args.repeats,
         "unedited_seconds_median": statistics.median(plain_times),
+        "unedited_cpu_seconds_median": statistics.median(plain_cpu),
         "ratio_edited_over_unedited": {
             e: {"median": statistics.median(r), "min": min(r), "max": max(r)} for e, r in ratios.items()
+        },
+        "cpu_ratio_edited_over_unedited": {
+            e: {"median": statistics.median(r), "min": min(r), "max": max(r)} for e, r in cpu_ratios.items()
         },
         "perplexity": perplexity,
     }
