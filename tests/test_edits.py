@@ -372,6 +372,13 @@ def test_needle_records_its_edits_and_head_edits_reach_the_greedy_continuation()
     start = len(record["prompt_ids"]) - 1
     lp = torch.log_softmax(logits[start : start + len(answer)], -1).gather(-1, torch.tensor(answer)[:, None]).sum()
     assert abs(float(lp) - float(result.log_prob.ravel()[0])) < TOL
+    windowed = needle(model, tokenizer=tokenizer, haystack=HAYSTACK, grid=grid, task=TASK, edits=["attend:2,6"])
+    mask = additive(attend_allowed(ids.shape[1], 2, 6))
+    with torch.no_grad():
+        logits = eager(model)(input_ids=ids, attention_mask=mask).logits.double()[0]
+    lp = torch.log_softmax(logits[start : start + len(answer)], -1).gather(-1, torch.tensor(answer)[:, None]).sum()
+    assert abs(float(lp) - float(windowed.log_prob.ravel()[0])) < TOL
+    assert np.abs(windowed.needle_attention).max() < 1e-6  # the last prompt token sees 6 keys, none of the needle
 
 
 # ---- hostile edits: one line, exit 2, nothing written

@@ -7,6 +7,11 @@ the kernel calls them at each attention call of the layers they address, in the 
 
 - "query", "key": (B, H, m, d_h) / (B, H_kv, keys, d_h), after the family applied positions (rotary, ...), before
   grouped-query heads are repeated;
+- "mask": the call's mask as its route made it (None: sdpa's causal shortcut, or no mask for a bidirectional
+  module; a bool (B or 1, 1, m, keys) tensor, True = attend; an additive float one; or the blockwise route's
+  `RowMask`), after the "query" and "key" taps (`call.own` set); an edit returns a new mask of the same kind (or a
+  tensor for None), which the call then uses in place of the model's: the sdpa routes stay on sdpa (a "scores" tap
+  makes them compute the softmax themselves);
 - "scores": (B, H, q, keys), QKᵀ·scaling (softcapped where the family softcaps) with the model's mask/bias added
   (masked pairs hold the dtype's minimum), before the softmax; an edit returns new scores (a mask added, pairs
   set to the dtype's minimum, ...). On the sdpa routes a tap here makes the call compute its softmax itself;
@@ -30,7 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-SITES = ("query", "key", "scores", "pattern", "row", "head_output")
+SITES = ("query", "key", "mask", "scores", "pattern", "row", "head_output")
 TAPS_KEY = "posprobe_taps"  # the forward keyword that carries a Taps object
 
 
