@@ -231,7 +231,7 @@ class EditRun:
             module_causal = getattr(call.module, "is_causal", True) and self.em.causal
             if mask is None:
                 keys = own
-                ok = allowed(call.queries, keys, offset, own, module_causal, self._device(call))
+                ok = allowed(call.queries, keys, offset, own, module_causal, call.device)
                 if module_causal:
                     ok = ok & (torch.arange(keys, device=ok.device)[None] <= offset + torch.arange(
                         call.queries, device=ok.device)[:, None])  # fmt: skip
@@ -252,12 +252,6 @@ class EditRun:
             return mask.masked_fill(~ok, torch.finfo(mask.dtype).min)
 
         return mask_edit
-
-    @staticmethod
-    def _device(call):
-        module = call.module
-        parameter = next(module.parameters(), None) if hasattr(module, "parameters") else None
-        return parameter.device if parameter is not None else "cpu"
 
     # ---- rotary pairs
     def pair_dims(self, pair: int) -> tuple[int, int]:

@@ -61,6 +61,7 @@ class Call:
     scores: Any = None
     queries: int = 0  # the call's query rows (m)
     pattern: Any = None  # the pattern after its taps, where the kernel computed one (read by the "row" site)
+    device: Any = None  # the device of the call's queries (where a mask made for it goes)
 
 
 @dataclass
@@ -108,7 +109,7 @@ class Taps:
         self._last = this
         layer = getattr(module, "layer_idx", None)
         call = Call(module, self._calls if not isinstance(layer, int) else layer, self._calls, mask, repeated)
-        call.queries = int(query.shape[-2])
+        call.queries, call.device = int(query.shape[-2]), query.device
         self._calls += 1
         return call
 
