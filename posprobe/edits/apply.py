@@ -96,6 +96,7 @@ class MeanPass:
                                  for layer, _ in e.channels for x in edit_layers(layer, em, False)})  # fmt: skip
         self.taps = Taps().on("head_output", self._head, head_layers) if head_layers else None
         self.channel_layers = channel_layers
+        self.keys = [("head", x) for x in head_layers] + [("channel", x) for x in channel_layers]
         self.blocks = block_modules(model, em.layers) if channel_layers else []
         self.hooks: list = []
 
@@ -130,11 +131,12 @@ class MeanPass:
         from posprobe.runtime import distributed
 
         out = {}
-        for key in sorted(self.sums, key=str):
-            total, count = self.sums[key], self.counts[key]
+        for key in self.keys:  # the same keys in the same order on every rank (one without a step sends None)
+            total, count = self.sums.get(key), self.counts.get(key, 0)
             if parallel:
                 total, count = distributed.all_reduce_sum(total), distributed.all_reduce_sum(count)
-            out[key] = total / max(count, 1)
+            if total is not None:
+                out[key] = total / max(count, 1)
         return out
 
 
