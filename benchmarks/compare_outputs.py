@@ -43,7 +43,7 @@ COMMANDS: list[list[str]] = [
     ["params"],
     ["context", SMOL, "--lengths", "32,64", "--windows", "2"],
     ["context", SMOL, "--lengths", "32,64", "--windows", "2", "--rope-scaling", "none,linear:2", "--batch-size", "2"],
-    ["needle", SMOL, "--lengths", "64,96", "--depths", "0,1", "--trials", "1"],
+    ["needle", SMOL, "--lengths", "160,200", "--depths", "0,1", "--trials", "1"],
     [
         "needle",
         SMOL,

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Regenerate the README's figures (run from the repository root with the project's virtualenv active).
+# Regenerate the figures of the README and docs/ (run from the repository root with the project's virtualenv active).
 # These are the only commands that write into figures/; default runs write into the git-ignored posprobe-out/.
 # GLUE: the folder holding the GLUE tasks as .jsonl (default ../shared/data/glue, beside the repository).
 # Not here: figures/learned/ and figures/states/minilm-cola-series/ need a fine-tune first (figures/README.md).
@@ -22,6 +22,7 @@ posprobe states --text "$COLA" --column sentence --out figures/states/all-MiniLM
 # SmolLM2-135M-Instruct, the packaged rotary causal LLM (Q4_1 GGUF): the README's "A real rotary LLM"
 posprobe profiles $SMOL --layers 0,15,29 --out figures/profiles/$SMOL
 posprobe fit-tisa $SMOL --layers 0,15,29 --out figures/fit-tisa/$SMOL
+posprobe compare all-MiniLM-L6-v2 $SMOL --out figures/compare/all-MiniLM-L6-v2-vs-$SMOL  # the docs' compare page
 posprobe profiles $SMOL --layers 0,15,29 --text "$COLA" --column sentence --max-texts 200 \
     --out figures/profiles/$SMOL-cola
 posprobe attention $SMOL --text "$COLA" --column sentence --max-texts 200 --out figures/attention/$SMOL-cola

@@ -158,12 +158,6 @@ def tiny_ggufs(tmp_path_factory):
 KNOWN_FAILURES = {
     "tests/test_capture_families.py::test_blt_with_its_entropy_model_records_each_text_as_if_run_alone":
         "transformers 5.25: BLT's probabilities on text differ from posprobe's capture (issue 44 follow-up)",
-    "tests/test_family_scores.py::test_content_free_scores_equal_the_model[hy_v4]":
-        "transformers 5.25: HY-V4's indexer picks other keys than posprobe's content-free reading (issue 44 follow-up)",
-    "tests/test_blockwise.py::test_blocks_equal_whole_matrices_on_the_family_matrix[deepseek_v4]":
-        "the kernel's blockwise route fails on DeepSeek V4's pooled entries (issue 45 follow-up)",
-    "tests/test_distributed.py::test_two_ranks_equal_one_process[states]":
-        "the causal baseline's MAE differs in its last digit between two ranks and one process (issue 47 follow-up)",
 }  # fmt: skip
 
 

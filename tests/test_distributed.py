@@ -225,8 +225,27 @@ def _same_arrays(one: Path, two: Path) -> None:
             x, y = a[name], b[name]
             if x.dtype.kind == "f":
                 np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-9, equal_nan=True, err_msg=name)
+            elif name == "metadata":  # a JSON object: its floats (the probe's baseline MAE) to the same summation order
+                _same_json(json.loads(str(x)), json.loads(str(y)), name)
             else:
                 np.testing.assert_array_equal(x, y, err_msg=name)
+
+
+def _same_json(x, y, where: str) -> None:
+    """Two parsed JSON values equal: keys, strings, integers and booleans exactly, floats to 1e-9 (`_same_arrays`)."""
+    assert type(x) is type(y) or {type(x), type(y)} <= {int, float}, (where, x, y)
+    if isinstance(x, dict):
+        assert list(x) == list(y), where
+        for key in x:
+            _same_json(x[key], y[key], f"{where}.{key}")
+    elif isinstance(x, list):
+        assert len(x) == len(y), where
+        for index, (a, b) in enumerate(zip(x, y)):
+            _same_json(a, b, f"{where}[{index}]")
+    elif isinstance(x, float) or isinstance(y, float):
+        np.testing.assert_allclose(x, y, rtol=1e-9, atol=1e-9, err_msg=where)
+    else:
+        assert x == y, (where, x, y)
 
 
 COMMANDS = {

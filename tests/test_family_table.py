@@ -119,12 +119,13 @@ def test_config_disagreeing_with_weights_is_refused(tiny_checkpoints, tmp_path, 
     assert "the folder mixes files from two checkpoints; re-download it" in err and err.count("\n") == 1
 
 
-def test_readme_table_is_the_family_table():
+def test_docs_family_table_is_the_family_table():
+    """The family table moved from the README to the docs' families page (scripts/docs_pages.py writes it)."""
     from pathlib import Path
 
     from posprobe.architectures.table import families_markdown
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "families.md").read_text(encoding="utf-8")
     block = readme.split("<!-- families:begin -->\n", 1)[1].split("\n<!-- families:end -->", 1)[0]
     assert block == families_markdown()
 

@@ -69,14 +69,15 @@ def _zeros_from_runs(path):
 
 
 def test_the_sentences_on_collapsed_runs_match_the_records():
-    """README and RESULTS §18 count the MCC-0 runs at 3e-4 per mechanism; the counts come from the records."""
+    """The finetune page (docs/commands/finetune.md, once the README) and RESULTS §18 count the MCC-0 runs at 3e-4
+    per mechanism; the counts come from the records."""
     import re
 
     zeros = _zeros_from_runs(GRID / "lr3e-4" / "results.json")
     assert zeros == {"none": 1, "tisa": 3, "composite": 1}  # also read by hand from the committed runs
     assert _zeros_from_runs(GRID / "lr1e-4" / "results.json") == {"none": 0, "tisa": 0, "composite": 0}
     root = GRID.parents[2]
-    for name in ("README.md", "benchmarks/RESULTS.md"):
+    for name in ("docs/commands/finetune.md", "benchmarks/RESULTS.md"):
         text = " ".join((root / name).read_text().split())
         assert "several runs of every mechanism" not in text, name
         found = dict((m, int(k)) for k, m in re.findall(r"(\d) of 5 (?:runs )?\((none|tisa|composite)\)", text))

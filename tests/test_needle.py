@@ -381,3 +381,128 @@ def test_task_answers_are_fixed_or_drawn_from_seed_and_trial():
         start, end = record["needle_span"]
         assert tokenizer.decode(record["prompt_ids"][start:end]) == " The city is Paris."
         assert tokenizer.decode(record["answer_ids"]) == " Paris"
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_folder(planted_folder, tmp_path_factory):
+    """The planted Llama with a ChatML chat template on its (character) tokenizer."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp("chat-llama")
+    shutil.copytree(planted_folder, folder, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = CHATML
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_chat_prompts_are_the_tokenizers_own_template(chat_folder, tmp_path, capsys):
+    """`needle --chat` (issue 49): every prompt is the tokenizer's chat template applied to its recorded user
+    message, the generation prompt opened and the question's last words starting the reply
+    (`tokenizer.apply_chat_template`, here), token for token; the default for a tokenizer with a template;
+    --no-chat gives the plain prompts; --chat on a tokenizer without one is refused in one line."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_folder)
+    base = ["needle", chat_folder, "--haystack", chat_folder / "haystack.txt", "--lengths", "400", "--depths", "0,1",
+            "--trials", "1"]  # fmt: skip
+    records = {}
+    for flag in ("--chat", None, "--no-chat"):
+        out = tmp_path / str(flag)
+        code, stdout, err = run_cli([*base, *([flag] if flag else []), "--out", out, "--json"], capsys)
+        assert code == 0, err
+        record = json.loads(stdout)
+        assert record["task"]["chat"] is (flag != "--no-chat")
+        assert record["prompt_format"].startswith("the tokenizer's chat template" if flag != "--no-chat" else "plain")
+        records[flag] = [json.loads(line) for line in (out / "prompts.jsonl").read_text().splitlines()]
+    assert records["--chat"] == records[None]
+    for record in records["--chat"]:
+        assert record["format"] == "chat" and record["assistant_prefix"] == "The pass key is"
+        (message,) = record["messages"]
+        assert message["role"] == "user" and message["content"].endswith("\nWhat is the pass key?")
+        assert message["content"].startswith("A pass key is hidden somewhere in the long text below.")
+        expected = tokenizer.apply_chat_template(record["messages"], tokenize=False, add_generation_prompt=True)
+        assert expected.startswith("<|im_start|>user\n") and expected.endswith("<|im_end|>\n<|im_start|>assistant\n")
+        assert record["text"] == expected + "The pass key is"
+        assert record["prompt_ids"] == tokenizer(expected + "The pass key is", add_special_tokens=False)["input_ids"]
+        assert record["achieved_length"] == 400
+    for record in records["--no-chat"]:
+        assert record["format"] == "plain" and "messages" not in record and "<|im_start|>" not in record["text"]
+        assert record["text"].endswith("\nWhat is the pass key? The pass key is")
+    out = tmp_path / "refused"
+    code, stdout, err = run_cli(["needle", planted_folder_of(chat_folder), "--haystack", chat_folder / "haystack.txt",
+                                 "--lengths", "400", "--chat", "--out", out], capsys)  # fmt: skip
+    assert_one_line_error(code, stdout, err, "--chat", "no chat template")
+
+
+def planted_folder_of(chat_folder):
+    """A copy of the chat folder without its chat template."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    plain = chat_folder.parent / (chat_folder.name + "-plain")
+    if not plain.exists():
+        shutil.copytree(chat_folder, plain)
+        tokenizer = AutoTokenizer.from_pretrained(plain)
+        tokenizer.chat_template = None
+        for name in ("chat_template.jinja", "chat_template.json"):
+            (plain / name).unlink(missing_ok=True)
+        tokenizer.save_pretrained(plain)
+    return plain
+
+
+@pytest.mark.parametrize("k, n", [(0, 3), (1, 3), (3, 3), (7, 20), (0, 1)])
+def test_wilson_interval_equals_scipys(k, n):
+    from scipy.stats import binomtest
+
+    from posprobe.analysis.needle import wilson_interval
+
+    expected = binomtest(k, n).proportion_ci(0.95, method="wilson")
+    low, high = wilson_interval(np.array([k]), np.array([n]))
+    assert low[0] == pytest.approx(expected.low, abs=1e-12) and high[0] == pytest.approx(expected.high, abs=1e-12)
+
+
+def _contrast(a, b) -> float:
+    """WCAG contrast ratio of two sRGB colours."""
+
+    def lum(rgb):
+        lin = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb[:3]]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted([lum(a), lum(b)], reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_grid_cells_say_their_n_and_interval_and_read_on_their_colour(planted_result):
+    """Each accuracy cell of the grid: its value, its Wilson 95 % interval (scipy's, here) and its n (issue 49);
+    every cell's text contrasts with its colour by at least WCAG's 4.5 (black on dark green did not)."""
+    from matplotlib.colors import to_rgba
+    from scipy.stats import binomtest
+
+    from posprobe.plotting.needle import grid_figure
+
+    result = planted_result[0]
+    fig = grid_figure(result)
+    left, right = [ax for ax in fig.axes if ax.images]  # the colour bars hold no image
+    for ax in (left, right):
+        image = ax.images[0]
+        for text in ax.texts:
+            j, i = (round(v) for v in text.get_position())
+            cell = image.cmap(image.norm(image.get_array()[i, j]))
+            assert _contrast(to_rgba(text.get_color()), cell) >= 4.5, (text.get_text(), cell)
+    exact = result.exact.astype(int)
+    for text in left.texts:
+        j, i = (round(v) for v in text.get_position())
+        k, n = int(exact[i, j].sum()), exact.shape[2]
+        ci = binomtest(k, n).proportion_ci(0.95, method="wilson")
+        assert text.get_text() == f"{k / n:.0%}\n[{100 * ci.low:.0f}–{100 * ci.high:.0f}%]\nn={n}"
+    assert all(f"n={result.trials}" in text.get_text() for text in right.texts)

@@ -254,3 +254,48 @@ def test_params_title_and_fit_tisa_sweep_fit_80_columns(tiny_checkpoints, tmp_pa
     names = [line for line in out.splitlines() if ".safetensors" in line]
     assert code == 0 and [line.split(": ")[0] for line in names] == ["S=1", "S=3"]
     assert all(line.endswith(".safetensors") and "tisa_kernels_S" in line for line in names)
+
+
+def test_tables_written_to_a_file_keep_every_header_whole(tiny_bert_folder, tmp_path):  # noqa: F811
+    """`posprobe attention > r.txt` printed 'unifo…' for three headers of the sinks table, and context's title
+    wrapped (issue 49): off a terminal a table keeps its natural width and its title one line. Run as a user
+    runs it, stdout redirected to a file."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_context import tiny_llama
+    from tiny_tokenizer import word_tokenizer
+
+    llama = tmp_path / "llama"
+    tokenizer = word_tokenizer(60)
+    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"
+    tokenizer.save_pretrained(llama)
+    tiny_llama().save_pretrained(llama)
+    texts = tmp_path / "docs.txt"
+    rng = np.random.default_rng(1)
+    texts.write_text("".join(" ".join(f"w{x}" for x in rng.integers(0, 60, size=30)) + "\n" for _ in range(20)))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), HF_HUB_OFFLINE="1", COLUMNS="80")
+    runs = {
+        "attention": ["attention", str(tiny_bert_folder), "--max-length", "12", "--max-texts", "8"],
+        "context": ["context", str(llama), "--text", str(texts), "--lengths", "16,48", "--rope-scaling", "none,yarn:2"],
+    }
+    for name, args in runs.items():
+        path = tmp_path / f"{name}.txt"
+        with path.open("w") as file:
+            done = subprocess.run([sys.executable, "-m", "posprobe", *args, "--out", str(tmp_path / name)],
+                                  stdout=file, stderr=subprocess.PIPE, text=True, env=env, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        text = path.read_text()
+        assert "…" not in text, [line for line in text.splitlines() if "…" in line]
+        if name == "attention":  # every header of the sinks table, whole, on the header line
+            table = text.split("Attention sinks per layer")[1]
+            cells = [line.split("┃")[1:-1] for line in table.splitlines() if line.startswith("┃")]
+            headers = [" ".join(part.strip() for part in column if part.strip()) for column in zip(*cells)]
+            assert headers == ["layer", "dist", "uniform", "dist w/o 1st", "uniform w/o 1st", "1st mass",
+                               "uniform 1st", "special", "sink rate"]  # fmt: skip
+            assert max(len(line) for line in table.splitlines() if line[:1] in "┏┃┡│└") <= 80
+        else:  # the title on one line
+            assert any(line.startswith("Perplexity by window length — ") and line.rstrip().endswith(")")
+                       for line in text.splitlines()), text  # fmt: skip

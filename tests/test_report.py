@@ -20,6 +20,7 @@ from test_attention import texts_file, tiny_bert_folder, tiny_model  # noqa: F40
 from typer.testing import CliRunner
 
 from posprobe.cli import app, main
+from posprobe.report.page import LEGIBLE_SCALE
 from posprobe.report.sections import SECTIONS
 
 NO_CHROMIUM = "headless Chromium not installed (apt-get install chromium; .ci/run installs it)"
@@ -178,8 +179,9 @@ def test_section_tables_equal_their_records(bert_report):
         assert row[3] == f3(np.mean(attention["first_token_mass"][layer]))
     profiles = record_of(out, "profiles")
     for layer, row in enumerate(table_rows(section_html(page, "profiles"))):
-        expected = [h["peak_offset"] for h in profiles["heads"] if h["layer"] == layer]
-        assert row == [str(layer), *["—" if p is None else f"{p:+d}" for p in expected]]
+        expected = [h for h in profiles["heads"] if h["layer"] == layer]
+        assert row == [str(layer), *["—" if h["peak_offset"] is None else "edge" if h["peak_at_edge"] else
+                                     f"{h['peak_offset']:+d}" for h in expected]]  # fmt: skip
 
 
 def test_reproducing_command_gives_the_same_record(bert_report, capsys):
@@ -244,8 +246,10 @@ def test_context_section_equals_its_record_and_encoders_say_why_not(bert_report,
         f"{record['perplexity']['none']['256']:.2f} (at 256 tokens, the same tokens scored)"
     )
     rows = table_rows(section_html(page, "context"))
-    assert rows == [[str(n), f"{record['perplexity']['none'][str(n)]:.2f}", str(record["scored_tokens"][str(n)])]
-                    for n in record["lengths"]]  # fmt: skip
+    interval = record["perplexity_interval"]["none"]
+    assert rows == [[str(n), f"{record['perplexity']['none'][str(n)]:.2f}",
+                     f"{interval[str(n)][0]:.2f}–{interval[str(n)][1]:.2f}" if interval[str(n)][0] else "—",
+                     str(record["scored_tokens"][str(n)])] for n in record["lengths"]]  # fmt: skip
     assert len(set(record["scored_tokens"].values())) == 1
 
 
@@ -257,9 +261,15 @@ def test_needle_section_equals_its_record(causal_folder, tmp_path):
     page = Path(summary["html"]).read_text()
     exact = np.mean([[g["accuracy"] for g in record["grid"]]])
     assert summary_rows(page)["needle", "needle retrieval accuracy (all prompts)"] == f"{exact:.2f}"
-    assert table_rows(section_html(page, "needle")) == [
-        [str(g["length"]), *[f"{a:.2f}" for a in g["accuracy"]]] for g in record["grid"]
-    ]
+    from scipy.stats import binomtest
+
+    def cell(a):
+        ci = binomtest(round(a * 2), 2).proportion_ci(0.95, method="wilson")
+        return f"{a:.2f} ({ci.low:.2f}–{ci.high:.2f})"
+
+    assert record["trials"] == 2
+    assert table_rows(section_html(page, "needle")) == [[str(g["length"]), *map(cell, g["accuracy"])]
+                                                        for g in record["grid"]]  # fmt: skip
 
 
 def test_rerun_reuses_finished_sections_unless_force(bert_report, tiny_bert_folder, texts_file):
@@ -308,7 +318,11 @@ def test_the_page_is_self_contained(bert_report):
     assert "url(" not in page and "http://" not in page and "https://" not in page
     sources = re.findall(r'src="([^"]*)"', page)
     assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
-    assert all(h.startswith("#") for h in re.findall(r'href="([^"]*)"', page))
+    links = [h for h in re.findall(r'href="([^"]*)"', page) if not h.startswith("#")]
+    # beside each figure, a link to its full-resolution file in the report's folder (a link loads nothing)
+    assert len(links) == len(sources) and all(h.endswith(".png") and not h.startswith(("/", "..")) for h in links)
+    out = bert_report[1]
+    assert all((out / h).is_file() for h in links)
     assert "Content-Security-Policy" in page and 'name="viewport"' in page
     for width, height in re.findall(r'<img src="data:[^"]*" width="(\d+)" height="(\d+)"', page):
         assert int(width) > 100 and int(height) > 100
@@ -409,7 +423,11 @@ def _check_in_browser(page_path: Path, tmp_path: Path) -> None:
         assert len(sizes) == n_images > 0
         for natural_w, natural_h, drawn_w, drawn_h in sizes:
             assert natural_w > 100 and natural_h > 100  # decoded
-            assert min(natural_w, 0.6 * viewport) <= drawn_w + 2 <= viewport  # fills the column, never wider
+            assert min(natural_w, 0.6 * viewport) <= drawn_w + 2  # fills the column
+            if width >= 1280:  # legible (issue 49): never under 0.75 CSS px per pixel (a 7-pt label at 110 dpi: 8 px)
+                assert drawn_w >= LEGIBLE_SCALE * natural_w - 2 and drawn_w <= natural_w + 2
+            else:  # a phone: the figure fits the width (its full-resolution file is linked beside)
+                assert drawn_w <= viewport
             assert drawn_h == pytest.approx(drawn_w * natural_h / natural_w, rel=0.02, abs=2)  # aspect kept
     shot = tmp_path / "shot.png"
     visit(page_path, tmp_path, width=1280, height=1600, screenshot=shot)
@@ -449,4 +467,82 @@ def test_default_report_on_the_packaged_model_in_chromium(tmp_path):
     not_applicable = ("rotary", "context", "needle")  # a bidirectional BERT with a learned table
     assert statuses == {name: "not applicable" if name in not_applicable else "ok" for name in SECTIONS}
     assert record_of(tmp_path / "report", "attention")["n_texts"] == 32
+    assert Path(summary["html"]).stat().st_size <= 2.5e6  # issue 49: 4.7 MB, 2.1 MB of it F̂_P's image
     _check_in_browser(Path(summary["html"]), tmp_path)
+
+
+def test_report_takes_lengths_rope_scaling_and_device_to_context_and_needle(causal_folder, tmp_path):
+    """`report --lengths --rope-scaling --device` (issue 49): the context section runs the lengths (past the
+    trained 512 too) with every variant, on the device, each variant's perplexity in its table equal to the
+    record's; the needle section gets the lengths and the device (and --beyond-window past the trained positions)."""
+    out = tmp_path / "r"
+    args = [str(causal_folder), "--only", "context", "--lengths", "64,600", "--rope-scaling", "none,yarn:2",
+            "--device", "cpu", "--out", str(out)]  # fmt: skip
+    summary = run_report(args)
+    record = record_of(out, "context")
+    assert record["lengths"] == [64, 600] and record["variants"] == ["none", "yarn:2"]
+    assert record["beyond_trained_length"] == [600]
+    argv = json.loads((out / "context" / "section.json").read_text())["argv"]
+    assert argv[argv.index("--rope-scaling") + 1] == "none,yarn:2" and argv[argv.index("--device") + 1] == "cpu"
+    assert summary["sections"]["context"]["command"] == shlex.join(["posprobe", *argv])
+    rows = table_rows(section_html(Path(summary["html"]).read_text(), "context"))
+    ppl, interval = record["perplexity"], record["perplexity_interval"]["none"]
+    assert rows == [[f"{n}{' *' if n == 600 else ''}", *[f"{ppl[v][str(n)]:.2f}" for v in ("none", "yarn:2")],
+                     f"{interval[str(n)][0]:.2f}–{interval[str(n)][1]:.2f}" if interval[str(n)][0] else "—",
+                     str(record["scored_tokens"][str(n)])] for n in (64, 600)]  # fmt: skip
+    from posprobe.checkpoint import resolve_model
+    from posprobe.report.run import long_context_options, model_facts
+
+    facts = model_facts(resolve_model(str(causal_folder)))
+    options = long_context_options(facts, [64, 600], "yarn:2", "cpu")["needle"]
+    assert facts.max_positions == 512
+    assert options == {"--lengths": "64,600", "--device": "cpu", "--beyond-window": ""}
+    assert long_context_options(facts, [64, 480], None, None)["needle"]["--beyond-window"] is None
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--lengths", "1,x"], "--lengths '1,x' is not a list of whole numbers"),
+        (["--rope-scaling", "bogus:2"], "--rope-scaling 'bogus:2' is not a variant"),
+        (["--device", "nonsense"], "--device"),
+    ],
+)
+def test_report_long_context_options_refused_in_one_line(args, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as info:
+        main(["report", *args, "--out", str(out)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posprobe: error:") and "\n" not in err and message in err, err
+    assert not out.exists()
+
+
+def test_embedded_figures_are_palette_pngs_of_the_same_picture(tmp_path):
+    """A noisy heatmap as the commands write it (110 dpi, viridis, labels): the page embeds it as a 256-colour
+    PNG (the full-resolution file linked beside), at most half the file's bytes, every pixel within 3 % of the
+    file's (read back with Pillow here)."""
+    import io
+
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    from posprobe.report.page import figure_html, page_png
+
+    fig = Figure(figsize=(8, 3), dpi=110)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.imshow(np.random.default_rng(0).normal(size=(256, 512)), cmap="viridis")
+    ax.set_title("F̂_P of head 0 — noisy", fontsize=9)
+    path = tmp_path / "fhat.png"
+    fig.savefig(path, dpi=110)
+    data = path.read_bytes()
+    small = page_png(data)
+    assert len(small) <= 0.5 * len(data)
+    with Image.open(io.BytesIO(small)) as embedded, Image.open(path) as original:
+        assert embedded.mode == "P" and embedded.size == original.size
+        a = np.asarray(embedded.convert("RGB"), dtype=float)
+        b = np.asarray(original.convert("RGB"), dtype=float)
+    assert np.abs(a - b).max() <= 0.03 * 255
+    fragment = figure_html(str(path), base=tmp_path)
+    assert '<a href="fhat.png">full resolution</a>' in fragment
+    assert f"--n: {a.shape[1]}px; --w: {round(a.shape[1] * LEGIBLE_SCALE)}px" in fragment

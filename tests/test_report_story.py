@@ -66,3 +66,11 @@ def test_loss_plateau_is_the_first_bin_no_later_bin_falls_below():
     record["loss_by_octave"]["none"][-1] = 1.3  # a fall of 0.18 after it: the plateau moves to the last bin
     assert loss_plateau(record) == 256
     assert loss_plateau({"variants": ["none"], "loss_by_octave": {}}) is None
+
+
+def test_the_needle_claim_names_its_prompt_format():
+    for chat, words in ((True, "(the tokenizer's chat template)"), (False, "(plain continuation)")):
+        given = records()
+        given["needle"]["task"] = {"chat": chat}
+        claims = {c.section: c.text for c in story(FACTS, given, {"needle": "ok"})}
+        assert claims["needle"].startswith(f"The needle is found except at depth 1 with this prompt format {words}")

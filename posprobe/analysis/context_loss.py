@@ -178,6 +178,27 @@ def rotary_budget(rotated_dims: int, theta: float, trained_length: int, inv_freq
     return budget
 
 
+def perplexity_interval(window_sums, window_counts, level: float = 0.95) -> tuple[float, float]:
+    """(low, high): a `level` interval of the perplexity exp(L), L = sum of the losses / tokens scored, over the
+    windows as independent units: L is a ratio of window sums, its standard error the cluster (ratio-estimator)
+    one, se² = n / (n - 1) * sum_w (s_w - L c_w)² / (sum_w c_w)², with Student's t at n - 1 degrees of freedom,
+    mapped through exp. `window_sums` (W,) each window's summed loss, `window_counts` (W,) its tokens scored;
+    windows that scored nothing are left out; (NaN, NaN) with fewer than two windows."""
+    from scipy import stats
+
+    sums, counts = np.asarray(window_sums, dtype=np.float64), np.asarray(window_counts, dtype=np.float64)
+    kept = counts > 0
+    sums, counts = sums[kept], counts[kept]
+    n = len(sums)
+    if n < 2:
+        return float("nan"), float("nan")
+    total = counts.sum()
+    mean = sums.sum() / total
+    se = math.sqrt(n / (n - 1) * float(((sums - mean * counts) ** 2).sum())) / total
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * se
+    return math.exp(mean - half), math.exp(mean + half)
+
+
 def octave_edges(length: int) -> np.ndarray:
     """Position bins [1, 2), [2, 4), ..., up to L-1 (t = 0 alone first): edges (K+1,) of t."""
     edges = [0, 1]

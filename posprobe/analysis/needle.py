@@ -40,6 +40,29 @@ def cell_means(values: np.ndarray) -> np.ndarray:
         return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
+Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile: two-sided 95 % intervals
+
+
+def wilson_interval(successes: np.ndarray, n: np.ndarray, z: float = Z95) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval (lower, upper) of a binomial proportion, elementwise: `successes` of `n` trials
+    (arrays of one shape); NaN where n = 0. It stays inside [0, 1] and is not empty at 0 or n successes, where the
+    normal interval collapses to a point."""
+    k, n = np.asarray(successes, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        p = k / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    low, high = np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)
+    return np.where(n > 0, low, np.nan), np.where(n > 0, high, np.nan)
+
+
+def cell_successes(exact: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(successes, trials) per cell (Lg, D) of greedy exact matches `exact` (Lg, D, T), NaN entries not counted."""
+    values = np.asarray(exact, dtype=np.float64)
+    seen = np.isfinite(values)
+    return np.where(seen, values, 0.0).sum(-1), seen.sum(-1)
+
+
 def position_gaps(curve: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Primacy and recency gaps of depth curves `curve` (lengths, depths), depths in increasing order: the first
     depth's value minus the mean of the middle depths (all but the first and last), and the last depth's value

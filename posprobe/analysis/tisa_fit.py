@@ -114,7 +114,7 @@ class TisaKernelFitter:
     profile's variance over the window explained by f + offset; ``holdout_r2_`` (...) the R² of f + offset on the
     held-out offsets ``holdout_offsets_`` (the next HOLDOUT_OFFSETS = 8 beyond the window on each side fitted,
     where the profiles reach) against the window's mean (NaN where undefined, see
-    `tisa_window.holdout_r2`); ``flags_`` list of str per head ('' when fine; nested [L][H] for a 3-D input);
+    `tisa_window.holdout_r2`); ``flags_`` list of str per head ('' when fine; nested ``[L][H]`` for a 3-D input);
     ``window_`` (the W used), ``fit_offsets_`` (the k values fitted), ``causal_``, ``n_points_`` and
     ``few_points_`` (fewer than twice as many points as parameters).
     """

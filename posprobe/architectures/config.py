@@ -168,7 +168,7 @@ def unlisted_type_error(name: str, model_type: str) -> PosprobeError:
         covered += f"; yours is {installed}, which may have added '{model_type}'"
     return PosprobeError(
         f"'{name}' has model type '{model_type}', which posprobe's family table does not list ({covered})",
-        "use a model of a listed type (the README's table of families)"
+        "use a model of a listed type (the table of families: docs/families.md)"
         + (f", or install transformers=={TESTED_TRANSFORMERS}" if installed != TESTED_TRANSFORMERS else ""),
     )
 

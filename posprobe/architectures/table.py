@@ -11,7 +11,7 @@ Who reads it: `posprobe.families.context` (the one model reader: tensors, layout
 with `embeddings`, `layouts` and `windows`) and the score modules (`context.SCORE_MODULES`, one per kind: SPEC
 §3, §9), `posprobe.analysis.params` (which families have a learned table), `posprobe.retrofitting.install`
 (`retrofit=True` entries), `posprobe.architectures.config` (which configs are checked in depth), the tests (one tiny
-config per entry) and the README's table of families.
+config per entry) and the docs' table of families (docs/families.md).
 """
 
 from __future__ import annotations
@@ -1940,13 +1940,14 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "hy_v4",
         ("hy_v4",),
-        rotary_class=_rotary("hy_v4", "HYV4"),  # rotate_half on the attention's rotary part and the indexer's
-        scaling="latent",
+        rotary_class=_rotary("hy_v4", "HYV4"),
+        rotary_layout=HALF_INTERLEAVED,  # transformers 5.25: interleaved pairs, the attention's rotary part and the
+        scaling="latent",  # indexer's (apply_rotary_pos_emb_interleave; rotate_half before, on the same files)
         indexer="layers.{l}.self_attn.indexer",
         sinks="layers.{l}.self_attn.(sinks|learnable_sink_param)",  # loaded: sinks; files: learnable_sink_param
         tensors={
             "scaling_function": "transformers.models.hy_v4.modeling_hy_v4:yarn_apply_mscale",
-            "indexer_rotary": ROTATE_HALF,
+            "indexer_rotary": HALF_INTERLEAVED,
             "indexer_rope_dims": "last",  # its indexer rotates the last qk_rope_head_dim dims of each head
             "indexer_norm_eps": "config",
             # streams mixed before the input norm: loaded attn_hc.{fn, base, scale}, files hc_pre.hc_attn_layer.hc_*
@@ -3115,7 +3116,7 @@ _CHUNKED = ("llama4_text",)  # layer_types 'chunked_attention': chunks rather th
 
 
 def _capture_words(f: Family) -> str:
-    """How `attention` records the family, for the README's table."""
+    """How `attention` records the family, for the table of families (docs/families.md)."""
     if not f.analysable:
         return "not tested"
     words = {INTERFACE: "AttentionInterface", EAGER: "eager path", REFUSED: "refused"}[f.capture]
@@ -3123,7 +3124,7 @@ def _capture_words(f: Family) -> str:
 
 
 def _layer_kind_words(f: Family) -> str:
-    """The kinds of layer the family can have, for the README's table (`windows.LayerKind` says them per layer)."""
+    """The kinds of layer the family can have, for the table of families (`windows.LayerKind` says them per layer)."""
     if not f.softmax_attention:
         return "no softmax attention (refused)"
     if f.draft_of:
@@ -3162,7 +3163,7 @@ def _layer_kind_words(f: Family) -> str:
 
 
 def families_markdown() -> str:
-    """The README's table of families (tests/test_family_table.py checks that the README holds exactly this)."""
+    """The table of families that scripts/docs_pages.py writes into docs/families.md (tests check the page is this)."""
     rows = [
         "| family | model types | positions | layer kinds | causal | posprobe computes | `attention` on text |",
         "|---|---|---|---|---|---|---|",

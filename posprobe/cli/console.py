@@ -15,7 +15,61 @@ from rich.console import Console
 
 from posprobe.results import middle_ellipsis  # noqa: F401  (re-exported for the commands)
 
-console = Console(highlight=False)  # results: stdout (sys.stdout at print time, so captured output sees it)
+
+class ResultConsole(Console):
+    """The results console: a table too wide for the console is narrowed column by column, never below its longest
+    word, so headers wrap at spaces instead of being cut ('unifo…' in three of the sinks table's headers, issue
+    49); where even that does not fit, off a terminal (a file, a pipe) it keeps the width its words need. Off a
+    terminal a table's title is a line of its own, whole (rich wrapped a title longer than its table)."""
+
+    def print(self, *objects, **kwargs) -> None:
+        from rich.table import Table
+
+        if len(objects) != 1 or not isinstance(objects[0], Table) or "width" in kwargs:
+            return super().print(*objects, **kwargs)
+        table, width = fitted_table(self, objects[0], split_title=not self.is_terminal)
+        if table.title is None and objects[0].title is not None:
+            super().print(objects[0].title, soft_wrap=True, style=objects[0].title_style or "table.title")
+        if width is None or self.is_terminal:
+            return super().print(table, **kwargs)
+        kept = self._width
+        self.width = width  # print() renders at most self.width
+        try:
+            return super().print(table, **kwargs)
+        finally:
+            self._width = kept
+
+
+def fitted_table(target: Console, table, split_title: bool = False):
+    """(a copy of `table` whose columns fit `target`'s width without cutting a word, the width it needs where its
+    words alone are wider than the console, else None). Each step narrows the column with the most room above its
+    longest word (rich's own narrowing cut headers below it); with `split_title` the copy has no title."""
+    from copy import copy
+
+    fitted = copy(table)
+    fitted.columns = [copy(column) for column in table.columns]
+    if split_title:
+        fitted.title = None
+    options = target.options
+    ranges = [fitted._measure_column(target, options.update_width(100_000), c) for c in fitted.columns]
+    widths, floors = [r.maximum for r in ranges], [r.minimum for r in ranges]
+    room = target.width - fitted._extra_width
+    excess = sum(widths) - room
+    if excess <= 0:
+        return fitted, None
+    while excess > 0:
+        slack, index = max((w - f, i) for i, (w, f) in enumerate(zip(widths, floors)))
+        if slack <= 0:
+            break
+        widths[index] -= 1
+        excess -= 1
+    for index, column in enumerate(fitted.columns):
+        if column.width is None:
+            column.width = widths[index] - fitted._get_padding_width(index)
+    return fitted, (sum(widths) + fitted._extra_width if excess > 0 else None)
+
+
+console = ResultConsole(highlight=False)  # results: stdout (sys.stdout at print time, so captured output sees it)
 log_console = Console(stderr=True, highlight=False)  # progress bars, status spinners, logs: stderr
 # Off a terminal (a pipe, a log file, CI) lines are not wrapped, so a long path stays one line a script can read.
 console.soft_wrap = not console.is_terminal

@@ -3,12 +3,13 @@ with the rotary budget (SPEC §17); `--edit` (repeatable) edits the model in eve
 
 `context --json` prints one object: `model`, `model_type`, `position_kind`, `variants`, `lengths`,
 `trained_length`, `max_positions`, `beyond_trained_length`, `text` (`source`, `documents_used`, `stream_tokens`,
-`bos_id`, `eos_id`), `windows`, `tokens` (per length), `perplexity` (variant -> length -> value), `loss_by_octave`
+`bos_id`, `eos_id`), `windows`, `tokens` (per length), `perplexity` (variant -> length -> value),
+`perplexity_interval` (variant -> length -> [low, high]: 95 % over the windows; nulls with one window), `loss_by_octave`
 (`position_bins` and variant -> mean loss per bin), `scored_tokens` (length -> the tokens its perplexity is over:
 the same tokens at every length; `text.scored_stream_tokens` and `text.window_starts_left_out` say which), `budget`
 (null without rotary embeddings), `edits` (as written), `note`, `npz`
-(`position_loss` (V, L-1), `perplexity` (V, n), `inv_freq` (V, d/2), `attention_scaling` (V,), `variants`,
-`lengths`, `windows`, `tokens`) and `figures`.
+(`position_loss` (V, L-1), `perplexity` (V, n), `perplexity_interval` (V, n, 2), `inv_freq` (V, d/2),
+`attention_scaling` (V,), `variants`, `lengths`, `windows`, `tokens`) and `figures`.
 """
 
 from __future__ import annotations
@@ -139,8 +140,14 @@ def _print(result) -> None:
     for n in result.lengths:
         past = " *" if n in result.beyond_trained else ""
         table.add_column(f"{n:,}{past}", justify="right")
+    intervals = record.get("perplexity_interval") or {}
     for name in result.variants:
-        table.add_row(name, *(f"{record['perplexity'][name][str(n)]:.3f}" for n in result.lengths))
+        cells = []
+        for n in result.lengths:
+            cell = f"{record['perplexity'][name][str(n)]:.3f}"
+            low, high = (intervals.get(name) or {}).get(str(n)) or (None, None)
+            cells.append(cell if low is None else f"{cell} [dim]({low:.2f}–{high:.2f})[/dim]")
+        table.add_row(name, *cells)
     scored = record["scored_tokens"]
     table.add_row("[dim]tokens scored[/dim]", *(f"[dim]{scored[str(n)]:,}[/dim]" for n in result.lengths))
     console.print(table)
@@ -153,6 +160,8 @@ def _print(result) -> None:
         bins.add_row(f"{a}" if b == a + 1 else f"{a}-{b - 1}", *(f"{octaves[name][k]:.3f}" for name in result.variants))
     console.print(bins)
     lines = [f"trained length: {result.trained_length:,}" if result.trained_length else "trained length: unknown"]
+    if intervals:
+        lines.append("(low–high): 95 % interval over the windows (Student's t on the windows' mean loss; none with 1)")
     if result.beyond_trained:
         lines.append(f"* past the trained length: {', '.join(map(str, result.beyond_trained))} (extrapolation)")
     if result.budget:

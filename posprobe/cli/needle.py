@@ -71,6 +71,10 @@ def needle(
     beyond_window: Annotated[
         bool, typer.Option("--beyond-window", help="Allow lengths past the model's trained positions.")
     ] = False,
+    chat: Annotated[
+        bool, typer.Option("--chat", help="The tokenizer's own chat template (default where it ships one).")
+    ] = False,
+    no_chat: Annotated[bool, typer.Option("--no-chat", help="Plain continuation, even for a chat model.")] = False,
     device: DeviceOpt = None,
     max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
@@ -82,17 +86,21 @@ def needle(
     """A needle (by default a random 5-digit pass key) hidden in a haystack of real text (default: the King James
     Bible) at each prompt length and depth; per prompt the answer's teacher-forced log-probability, greedy exact
     match, and the attention the last prompt token gives the needle in every layer and head. Lengths and depths are
-    measured in tokens, never capped: a haystack too short for a length is refused. Plain continuation, no chat
-    template."""
+    measured in tokens, never capped: a haystack too short for a length is refused. A tokenizer that ships a chat
+    template gets its prompts in it (--no-chat: plain continuation): the intro, haystack and question as the
+    user's message, the question's last words ('The pass key is') opening the assistant's reply."""
     from posprobe.capture.model import check_max_memory
     from posprobe.checkpoint import resolve_model
     from posprobe.edits import prepare_edits
+    from posprobe.errors import ArgumentValueError
     from posprobe.formats.save import save
     from posprobe.formats.writing import prepare_out_dir
     from posprobe.pipelines.needle import NeedleGrid
     from posprobe.pipelines.needle import needle as run_needle
     from posprobe.pipelines.needle_prompts import DEFAULT_INTRO, DEFAULT_NEEDLE, DEFAULT_QUESTION, NeedleTask
 
+    if chat and no_chat:
+        raise ArgumentValueError("chat", "{arg} and --no-chat cannot be combined", "pass one of them, or neither")
     grid = NeedleGrid(
         lengths=_numbers(lengths, "lengths", int),
         depths=_numbers(depths, "depths", float),
@@ -106,6 +114,7 @@ def needle(
         question=DEFAULT_QUESTION if question is None else _newlines(question),
         answer=answer,
         digits=digits,
+        chat=True if chat else False if no_chat else None,
     )
     check_max_memory(device, max_memory)
     source = resolve_model(model or _DEFAULT_MODEL, allow_pickle=allow_pickle, with_tokenizer=True)

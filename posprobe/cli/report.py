@@ -20,6 +20,7 @@ from posprobe.cli.console import console, emit_json, log_console
 from posprobe.cli.options import (
     AllowPickleOpt,
     ColumnOpt,
+    DeviceOpt,
     JsonOpt,
     ModelArg,
     OutOpt,
@@ -51,15 +52,24 @@ def report(
     force: Annotated[
         bool, typer.Option("--force", help="Run every section again instead of reusing finished ones.")
     ] = False,
+    lengths: Annotated[
+        str | None,
+        typer.Option("--lengths", help="Lengths for context and needle, e.g. 1024,2048 (past the trained one too)."),
+    ] = None,
+    rope_scaling: Annotated[
+        str | None,
+        typer.Option("--rope-scaling", help="Context's variants: none, linear:F, dynamic:F, yarn:F, llama3:F."),
+    ] = None,
+    device: DeviceOpt = None,
     out: OutOpt = None,
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
 ) -> None:
     """Run every analysis that applies to MODEL's family — each through its own command (toeplitz, fhat, profiles,
     fit-tisa, rotary; on texts: attention with sinks, data-conditioned profiles, states; causal models: context
-    and needle at 256 and 512 tokens) — and write report.html: one self-contained page with a summary, each
-    section's figure, key table, how to read it, and the command that reproduces it. Finished sections are reused
-    on a re-run unless --force."""
+    and needle at 256 and 512 tokens, or --lengths, with --rope-scaling's variants in context) — and write
+    report.html: one self-contained page with a summary, each section's figure, key table, how to read it, and the
+    command that reproduces it. Finished sections are reused on a re-run unless --force."""
     from posprobe.report import build_report
     from posprobe.report.run import command_runner
 
@@ -68,6 +78,7 @@ def report(
         run_command=command_runner(ctx.find_root().command),  # each section: its own command, in this process
         text=text, column=column, max_texts=max_texts, out=out, only=_names(only), skip=_names(skip),
         force=force, allow_pickle=allow_pickle, progress=lambda line: log_console.print(line, markup=False),
+        lengths=lengths, rope_scaling=rope_scaling, device=device,
     )  # fmt: skip
     if json_out:
         emit_json(summary)

@@ -263,32 +263,7 @@ def profiles(
     if json_out:
         emit_json(result.to_dict() | {"npz": str(npz), "figures": [str(f) for f in figures]})
         return
-    from rich import box
-    from rich.table import Table
-
-    causal = "; causal: only k ≤ 0 used, peaks over k ≤ 0" if result.causal else ""
-    window = result.window
-    console.print(
-        f"Head profiles — {source.label}, {result.mode} mode (peak k = j − i over every offset the layer uses"
-        f"{causal}; figures show ±{window})"
-    )
-    table = Table(  # borderless: 16 heads still fit in 80 columns
-        box=box.SIMPLE_HEAD,
-        padding=(0, 0),
-        show_edge=False,
-    )
-    table.add_column("layer", justify="right")
-    for h in range(result.n_heads):
-        table.add_column(f"h{h}", justify="right", min_width=3, no_wrap=True)
-    peaks = result.peak_offsets()
-    for li, l in enumerate(result.layers):
-        cells = ["—" if math.isnan(k) else f"{int(k):+d}" + ("*" if abs(k) > window else "") for k in peaks[li]]
-        table.add_row(str(l), *cells)
-    console.print(table)
-    _print_position_free_layers(result)
-    beyond = int(result.peak_beyond_window().sum())
-    if beyond:
-        console.print(f"[dim]*: {beyond} peaks lie beyond the figures' window ±{window} (--window to see them)[/dim]")
+    _print_peaks(result, source.label)
     for line in conditioning_lines(result):
         console.print(f"[dim]{line}[/dim]")
     if result.toeplitz_by_construction:
@@ -366,3 +341,44 @@ def compare(
             "at every position depend on k = j − i alone (R² = 1 whatever the weights)[/dim]"
         )
     console.print(f"figure: {figure}")
+
+
+def _print_peaks(result, label: str) -> None:
+    """The peak table of `profiles`: per layer and head the peak offset k, 'edge' where it is the outermost offset
+    the layer covers, '*' beyond the figures' window."""
+    import numpy as np
+    from rich import box
+    from rich.table import Table
+
+    causal = "; causal: only k ≤ 0 used, peaks over k ≤ 0" if result.causal else ""
+    window = result.window
+    console.print(
+        f"Head profiles — {label}, {result.mode} mode (peak k = j − i over every offset the layer uses"
+        f"{causal}; figures show ±{window})"
+    )
+    table = Table(  # borderless: 16 heads still fit in 80 columns
+        box=box.SIMPLE_HEAD,
+        padding=(0, 0),
+        show_edge=False,
+    )
+    table.add_column("layer", justify="right")
+    for h in range(result.n_heads):
+        table.add_column(f"h{h}", justify="right", min_width=3, no_wrap=True)
+    peaks, edge = result.peak_offsets(), result.peak_at_edge()
+    for li, l in enumerate(result.layers):
+        cells = [
+            "—" if math.isnan(k) else "edge" if at_edge else f"{int(k):+d}" + ("*" if abs(k) > window else "")
+            for k, at_edge in zip(peaks[li], edge[li])
+        ]
+        table.add_row(str(l), *cells)
+    console.print(table)
+    _print_position_free_layers(result)
+    if edge.any():
+        console.print(
+            f"[dim]edge: {int(edge.sum())} heads peak at the outermost offset they cover (k = "
+            + ", ".join(f"±{int(k)}" for k in sorted(set(np.abs(peaks[edge]).tolist())))
+            + "): the profile rises to where the offsets stop, not a peak inside[/dim]"
+        )
+    beyond = int((result.peak_beyond_window() & ~edge).sum())
+    if beyond:
+        console.print(f"[dim]*: {beyond} peaks lie beyond the figures' window ±{window} (--window to see them)[/dim]")

@@ -841,12 +841,12 @@ def _analysable_family(source: ModelSource) -> T.Family:
         raise PosprobeError(
             f"'{source.name}' ({model_type}) has {family.mechanism}, so there are no attention scores or positional "
             "terms for posprobe to analyse",
-            "posprobe reads models with softmax attention in at least one layer (the README's table of families)",
+            "posprobe reads models with softmax attention in at least one layer (docs/families.md)",
         )
     if family.draft_of:
         raise PosprobeError(
             f"'{source.name}' ({model_type}) is {family.mechanism}",
-            "a draft model is read through the model it drafts for (the README's table of families)",
+            "a draft model is read through the model it drafts for (the table of families: docs/families.md)",
         )
     kind, mechanism = T.position_kind(cfg)
     table = kind in T.TABLE_KINDS and any(k in T.TABLE_KINDS for k in family.kinds)
@@ -855,7 +855,7 @@ def _analysable_family(source: ModelSource) -> T.Family:
         return family
     raise PosprobeError(
         f"'{source.name}' ({model_type}) uses {mechanism}; posprobe does not read this model yet",
-        f"the README's table lists the families posprobe reads ({', '.join(T.model_types(analysable=True))})",
+        f"docs/families.md lists the families posprobe reads ({', '.join(T.model_types(analysable=True))})",
     )
 
 

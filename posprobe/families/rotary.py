@@ -111,6 +111,18 @@ def default_rope_angles(ctx, n: int, layer_type: str | None = None, theta: float
     for the original RoPE (rope_type 'default' or no rope_scaling, its rope_theta stated, no partial rotary), else
     None (the module is built). The float32 steps are the module's (inverse frequencies and angles equal to
     torch's bit for bit); cos and sin are rounded to float32 from float64 (within one float32 unit of torch's)."""
+    found = default_rope_inv_freq(ctx, layer_type, theta)
+    if found is None:
+        return None
+    inv_freq = found[1]
+    freqs = np.arange(n, dtype=np.float32)[:, None] * inv_freq[None, :]  # (n, dim/2) float32
+    angles = np.concatenate([freqs, freqs], axis=-1).astype(np.float64)
+    return np.cos(angles).astype(np.float32).astype(np.float64), np.sin(angles).astype(np.float32).astype(np.float64)
+
+
+def default_rope_inv_freq(ctx, layer_type: str | None = None, theta: float | None = None):
+    """(base, inv_freq (dim/2,) float32) of the original RoPE as a module of `DEFAULT_ROPE_MODULES` builds it from
+    the checkpoint's config.json (see `default_rope_angles`), or None where the module must be built."""
     config, f = ctx.config, ctx.family
     if f.rotary_class not in DEFAULT_ROPE_MODULES or layer_type is not None:
         return None
@@ -135,9 +147,7 @@ def default_rope_angles(ctx, n: int, layer_type: str | None = None, theta: float
     exponent = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
     # torch raises a Python float to a float32 tensor as float64 rounded to float32 (equal here bit for bit)
     inv_freq = np.float32(1.0) / (np.float64(base) ** exponent.astype(np.float64)).astype(np.float32)  # (dim/2,)
-    freqs = np.arange(n, dtype=np.float32)[:, None] * inv_freq[None, :]  # (n, dim/2) float32
-    angles = np.concatenate([freqs, freqs], axis=-1).astype(np.float64)
-    return np.cos(angles).astype(np.float32).astype(np.float64), np.sin(angles).astype(np.float32).astype(np.float64)
+    return float(base), inv_freq
 
 
 def _with_theta(ctx, theta: float):

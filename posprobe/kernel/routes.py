@@ -193,6 +193,7 @@ def _blocks(module, query, key, value, attention_mask, scaling, dropout, kwargs,
         mask = _mask_rows(attention_mask, start, stop, keys)
         if mask is not None:  # made beside the inputs; layers spread over devices (--device auto) run elsewhere
             mask = mask.to(scores.device)
+            _check_mask_columns(mask, keys)
         if mask is None:
             allowed = torch.ones((batch, stop - start, keys), dtype=torch.bool, device=scores.device)
         elif mask.dtype == torch.bool:
@@ -388,6 +389,16 @@ def row_mask(
     options = {key: kwargs[key] for key in ("use_vmap", "device") if key in kwargs}
     function = causal_mask_function if mask_function is None else mask_function
     return RowMask(batch_size, q_length, kv_length, q_offset, kv_offset, function, attention_mask, options)
+
+
+def _check_mask_columns(mask, keys: int) -> None:
+    """A row mask must cover every key. A family that appends entries to its keys and extends a tensor mask with
+    their bias in its own code (DeepSeek V4's pooled entries) cannot extend a `RowMask`: refused, not misread."""
+    if mask.shape[-1] < keys:
+        raise PosprobeError(
+            f"its layers append {keys - mask.shape[-1]} entries to the keys and extend a whole mask to them in the "
+            "model's own code, which a mask made a block of rows at a time cannot follow"
+        )
 
 
 def _mask_rows(attention_mask, start: int, stop: int, keys: int):

@@ -27,6 +27,7 @@ from posprobe.analysis.context_loss import (
     PositionLoss,
     common_targets,
     cut_windows,
+    perplexity_interval,
     rotary_budget,
     target_mask,
     windows_available,
@@ -49,18 +50,25 @@ class WindowLoss(PositionLoss):
     step whose scored losses are not finite refused; added over torchrun ranks."""
 
     needs = ("loss",)
-    rank_sums = ("sums", "counts", "windows")
+    rank_sums = ("sums", "counts", "windows", "window_sums", "window_counts")
     rank_kept = ("masks",)  # the same on every rank: which positions of each window are scored
 
     def __init__(self, length: int, variant: str, masks: np.ndarray | None = None):
         super().__init__(length)
         self.variant, self.masks = variant, masks
+        # each window's summed loss and tokens scored (the perplexity's interval over windows), with masks only
+        self.window_sums = np.zeros(0 if masks is None else len(masks), dtype=np.float64)
+        self.window_counts = np.zeros(0 if masks is None else len(masks), dtype=np.int64)
 
     def add_output(self, out) -> None:
         start = out.step.meta
         mask = None if self.masks is None else self.masks[start : start + len(out.loss)]
         _check_finite(out.loss if mask is None else np.where(mask, out.loss, 0.0), self.variant, self.length, start)
         self.add(out.loss, mask)
+        if mask is not None:
+            rows = slice(start, start + len(out.loss))
+            self.window_sums[rows] += np.where(mask, np.asarray(out.loss, dtype=np.float64), 0.0).sum(-1)
+            self.window_counts[rows] += mask.sum(-1)
 
 
 def check_lengths(lengths: Sequence[int] | str | None) -> list[int]:
@@ -246,6 +254,7 @@ def context(
     per_variant = [all_sums[v * len(lengths) : (v + 1) * len(lengths)] for v in range(len(variants))]
     position_loss = [curve.mean for curve in curves]  # the longest length's loss by position
     perplexity = [[sums.perplexity for sums in row] for row in per_variant]
+    intervals = [[perplexity_interval(sums.window_sums, sums.window_counts) for sums in row] for row in per_variant]
     trained = R.trained_length(config, rotary)
     budget = None
     if rotary:
@@ -259,6 +268,7 @@ def context(
         lengths=lengths,
         position_loss=np.stack(position_loss),
         perplexity=np.asarray(perplexity, dtype=np.float64),
+        perplexity_interval=np.asarray(intervals, dtype=np.float64),
         inv_freq=np.stack(inv_freq) if rotary else np.zeros((len(variants), 0)),
         attention_scaling=np.asarray(scaling if rotary else [1.0] * len(variants), dtype=np.float64),
         windows=np.asarray(counts, dtype=np.int64),

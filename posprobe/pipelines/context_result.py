@@ -46,6 +46,9 @@ class ContextResult(ResultMixin, Saves):
     text: dict = field(default_factory=dict)
     budget: dict | None = None
     quantization: str | None = None
+    # (V, n, 2): a 95 % interval of each perplexity over its windows (`analysis.context_loss.perplexity_interval`),
+    # NaN with one window; None in a result from before issue 49
+    perplexity_interval: np.ndarray | None = None
     edits: list[str] = field(default_factory=list)  # SPEC §20: the edits applied in every pass, as written
 
     _repr_fields = ("model", "variants", "lengths", "trained_length", "perplexity")
@@ -104,7 +107,7 @@ class ContextResult(ResultMixin, Saves):
             "lengths": np.asarray(self.lengths),
             "windows": self.windows,
             "tokens": self.tokens,
-        }
+        } | ({} if self.perplexity_interval is None else {"perplexity_interval": self.perplexity_interval})
 
     def metadata(self) -> dict:
         return {
@@ -134,6 +137,12 @@ class ContextResult(ResultMixin, Saves):
                     v: {str(n): _number(p) for n, p in zip(self.lengths, row)}
                     for v, row in zip(self.variants, self.perplexity)
                 },  # fmt: skip
+                "perplexity_interval": None
+                if self.perplexity_interval is None
+                else {
+                    v: {str(n): [_number(x) for x in pair] for n, pair in zip(self.lengths, rows)}
+                    for v, rows in zip(self.variants, self.perplexity_interval)
+                },
                 "loss_by_octave": {
                     "position_bins": [[int(a), int(b)] for a, b in zip(edges[:-1], edges[1:])],
                     **{v: [_number(x) for x in row] for v, row in zip(self.variants, means)},

@@ -17,7 +17,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from os import PathLike
 from typing import Any
 
@@ -157,6 +157,7 @@ def needle(
     hay_name, texts = _haystack_texts(haystack)
     encode = lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     builder = PromptBuilder(task, Haystack(texts, encode, hay_name), tokenizer, grid.seed)
+    task = replace(task, chat=builder.chat)  # the format the prompts have (None: the tokenizer's template, if any)
     prompts = [builder.build(grid.lengths[i], grid.depths[j], t) for i, j, t in grid.cells()]
     _check_window(grid.lengths, max(len(p.answer_ids) for p in prompts), window, grid.beyond_window)
     from posprobe.edits import describe, prepare_edits

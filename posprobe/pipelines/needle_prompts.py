@@ -42,6 +42,10 @@ class NeedleTask:
     question: str = DEFAULT_QUESTION
     answer: str | None = None
     digits: int = DEFAULT_DIGITS
+    # True: the prompt in the tokenizer's own chat template (the intro, haystack and the question's sentences as the
+    # user's message; the question's last words, after its last sentence end, open the assistant's reply); False:
+    # plain text; None: the chat template where the tokenizer ships one (resolved when the prompts are built)
+    chat: bool | None = None
 
     def __post_init__(self) -> None:
         if ANSWER_FIELD not in self.needle:
@@ -86,6 +90,7 @@ class NeedlePrompt:
     haystack_span: tuple[int, int]
     answer: str
     text: str
+    chat: dict | None = None  # chat format: {'messages': the user's message, 'assistant_prefix': the reply's start}
 
     @property
     def achieved_length(self) -> int:
@@ -111,6 +116,8 @@ class NeedlePrompt:
             "needle_span": list(self.needle_span),
             "haystack_span": list(self.haystack_span),
             "text": self.text,
+            "format": "plain" if self.chat is None else "chat",
+            **({} if self.chat is None else self.chat),
         }
 
 
@@ -188,8 +195,25 @@ class PromptBuilder:
         self.encode = haystack.encode
         self.decode = lambda ids: tokenizer.decode(list(ids))
         self.unknown = getattr(tokenizer, "unk_token_id", None)
-        self.prefix = leading_special_ids(tokenizer) + self.encode(task.intro)
-        self.question = self.encode(task.question)
+        self.chat = has_chat_template(tokenizer) if task.chat is None else bool(task.chat)
+        if not self.chat:
+            self.prefix = leading_special_ids(tokenizer) + self.encode(task.intro)
+            self.question = self.encode(task.question)
+            self.user_end, self.reply = 0, ""
+            return
+        if not has_chat_template(tokenizer):
+            raise ArgumentValueError(
+                "chat",
+                "{arg}: the model's tokenizer ships no chat template",
+                "drop {arg} (plain prompts), or use a chat model's folder",
+            )
+        before, after = chat_frame(tokenizer)
+        asked, self.reply = split_question(task.question)
+        self.prefix = self.encode(before) + self.encode(task.intro)
+        # the user's message ends with `asked`; the template's end of turn and start of the reply, then the reply
+        self.user_end = len(self.encode(after)) + len(self.encode(self.reply))
+        self.question = self.encode(asked) + self.encode(after) + self.encode(self.reply)
+        self.frame_start = len(self.encode(before))
 
     def _needle(self, trial: int) -> tuple[list[int], str]:
         answer = self.task.answer_for(self.seed, trial)
@@ -242,4 +266,42 @@ class PromptBuilder:
             haystack_span=(start, start + budget + len(needle)),
             answer=answer,
             text=self.decode(ids),
+            chat=None
+            if not self.chat
+            else {
+                "messages": [
+                    {"role": "user", "content": self.decode(ids[self.frame_start : len(ids) - self.user_end])}
+                ],
+                "assistant_prefix": self.reply,
+            },
         )
+
+
+CHAT_MARK = "\u2063posprobe-needle\u2063"  # stands for the user's message while the template is rendered
+
+
+def has_chat_template(tokenizer) -> bool:
+    """Whether the tokenizer ships a chat template."""
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def chat_frame(tokenizer) -> tuple[str, str]:
+    """(text before, text after) the user's message in the tokenizer's own chat template, for one user turn with
+    the generation prompt (the assistant's turn opened): the template rendered around a marker."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": CHAT_MARK}], tokenize=False,
+                                         add_generation_prompt=True)  # fmt: skip
+    if not isinstance(text, str) or text.count(CHAT_MARK) != 1:
+        raise PosprobeError(
+            "the tokenizer's chat template does not place a user's message once in its text",
+            "drop --chat (plain prompts)",
+        )
+    before, after = text.split(CHAT_MARK)
+    return before, after
+
+
+def split_question(question: str) -> tuple[str, str]:
+    """(the user's part, the reply's start) of a question template in chat format: the words after its last
+    sentence end ('.', '!', '?', a new line) open the assistant's reply ('The pass key is'); a question that ends
+    a sentence is the user's alone."""
+    cut = max((m.end() for m in re.finditer(r"[.!?\n]", question)), default=0)
+    return question[:cut], question[cut:].strip()

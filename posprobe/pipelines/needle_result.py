@@ -159,8 +159,14 @@ class NeedleResult(ResultMixin, Saves):
             "n_heads": self.n_heads,
             "route": self.route,
             "edits": list(self.edits),
-            "prompt_format": "plain continuation, no chat template: [BOS if the tokenizer adds one] intro, haystack "
-            "with the needle at a sentence boundary, question; the answer ' ' + answer follows",
+            "prompt_format": (
+                "the tokenizer's chat template: one user turn of intro, haystack with the needle at a sentence "
+                "boundary and the question's sentences, the assistant's turn opened with the question's last words; "
+                "the answer ' ' + answer follows"
+                if (self.task or {}).get("chat")
+                else "plain continuation, no chat template: [BOS if the tokenizer adds one] intro, haystack with the "
+                "needle at a sentence boundary, question; the answer ' ' + answer follows"
+            ),
         }
 
     def jsonl(self) -> str:

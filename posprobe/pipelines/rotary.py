@@ -197,6 +197,9 @@ def budget_of(ctx, variants: list, layer_type: str | None = None) -> dict | None
     f = ctx.family
     if not f.rotary_class or f.rotary_layout == T.SIN_COS_TABLE:
         return None
+    plain = _plain_budget(ctx, variants)
+    if plain is not None:
+        return plain
     config = transformers_config(ctx)
     if not getattr(config, "rope_parameters", None):  # GPT-J, CodeGen: a rotary_dim and no rope parameters
         return None
@@ -220,6 +223,28 @@ def budget_of(ctx, variants: list, layer_type: str | None = None) -> dict | None
         return None
     budget = rotary_budget(2 * len(next(iter(freqs.values()))), theta, trained, freqs)
     return budget if key is None else budget | {"layer_type": key}
+
+
+def _plain_budget(ctx, variants: list) -> dict | None:
+    """`budget_of` without torch or transformers (issue 49) for the original RoPE of a Llama-like module asked for
+    variant 'none' only: the inverse frequencies of `default_rope_inv_freq` (the module's, bit for bit), the
+    trained length from config.json (`original_max_position_embeddings` where set, else
+    `max_position_embeddings`); None where the rotary module must be built."""
+    from posprobe.families.rope_variants import NONE
+    from posprobe.families.rotary import default_rope_inv_freq
+
+    if [v.name for v in variants] != [NONE]:
+        return None
+    found = default_rope_inv_freq(ctx)
+    config = ctx.config
+    params = config.get("rope_parameters") or {}
+    trained = config.get("original_max_position_embeddings", params.get("original_max_position_embeddings"))
+    if not (isinstance(trained, int) and trained > 0):
+        trained = config.get("max_position_embeddings")
+    if found is None or not (isinstance(trained, int) and not isinstance(trained, bool) and trained > 0):
+        return None
+    base, inv_freq = found
+    return rotary_budget(2 * len(inv_freq), base, trained, {NONE: inv_freq.astype(np.float64)})
 
 
 def _require_rotary(ctx) -> None:

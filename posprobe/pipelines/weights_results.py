@@ -291,6 +291,26 @@ class ProfileResult(ResultMixin, Saves):
             peaks[li] = np.where(flat | ~finite.any(-1), np.nan, best)
         return peaks
 
+    def peak_at_edge(self) -> np.ndarray:
+        """(L_sel, H) bool: the peak is the outermost offset the layer can use (k = -(n-1) or n-1, only the first for a
+        causal model, ±its window for a local layer): the profile keeps rising to the end of the positions it
+        covers (the table's edge from the weights, the longest text's from texts), so its argmax is where the
+        offsets stop, not a peak (issue 49)."""
+        k = np.asarray(self.offsets)
+        peaks = self.peak_offsets()
+        edge = np.zeros(peaks.shape, dtype=bool)
+        for li, reach in enumerate(self.layer_reach()):
+            usable = (k <= 0) if self.causal else np.ones(k.shape, dtype=bool)
+            if reach is not None:
+                usable &= np.abs(k) <= reach
+            for h in range(peaks.shape[1]):
+                covered = k[usable & np.isfinite(self.profiles[li, h])]  # texts: only the offsets they hold
+                if not np.isfinite(peaks[li, h]) or covered.size == 0:
+                    continue
+                ends = {int(covered.min()), int(covered.max())} - ({0} if self.causal else set())  # k = 0: its own
+                edge[li, h] = int(peaks[li, h]) in ends  # token, not an end of what a causal layer covers
+        return edge
+
     def peak_beyond_window(self) -> np.ndarray:
         """(L_sel, H) bool: the peak lies outside the figure window -w..w (the figures and `profile_window` do not
         show it)."""
@@ -300,7 +320,7 @@ class ProfileResult(ResultMixin, Saves):
         w = self.window
         centre = self.n_positions - 1
         out = dict(self.metadata())
-        peaks, present = self.peak_offsets(), present_heads(self.profiles, 1)
+        peaks, present, edge = self.peak_offsets(), present_heads(self.profiles, 1), self.peak_at_edge()
         out["heads"] = [
             {
                 "layer": l,
@@ -308,6 +328,7 @@ class ProfileResult(ResultMixin, Saves):
                 "toeplitz_r2": _r2(self.fhat_r2[li, h]),
                 "peak_offset": None if np.isnan(peaks[li, h]) else int(peaks[li, h]),
                 "peak_beyond_window": bool(abs(np.nan_to_num(peaks[li, h])) > w),
+                "peak_at_edge": bool(edge[li, h]),
                 "profile_window": self.profiles[li, h, centre - w : centre + w + 1].tolist(),
             }
             for li, l in enumerate(self.layers)

@@ -18,30 +18,79 @@ def _title(result) -> str:
     return f"{result.model}{quantization_note(result)} — needle in {result.haystack}, {result.trials} trials per cell"
 
 
-def _cells(fig, ax, values: np.ndarray, result, cmap: str, label: str, limits, fmt: str) -> None:
+def text_colour(rgba) -> str:
+    """'white' or 'black', whichever reads better on a cell of colour `rgba`: black on a background whose relative
+    luminance (WCAG, sRGB linearised) is above 0.179 (where the two contrasts are equal), else white. Dark text on
+    the dark green and red ends of RdYlGn was hard to read (issue 49)."""
+    channels = []
+    for c in rgba[:3]:
+        channels.append(c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4)
+    luminance = 0.2126 * channels[0] + 0.7152 * channels[1] + 0.0722 * channels[2]
+    return "black" if luminance > 0.179 else "white"
+
+
+def _cells(fig, ax, values: np.ndarray, result, cmap: str, label: str, limits, fmt: str, notes=None) -> None:
+    """A heatmap of `values` (Lg, D) with each cell's number, and under it `notes[i][j]` (its interval and n)."""
+    import matplotlib
+
     image = ax.imshow(values, cmap=cmap, vmin=limits[0], vmax=limits[1], aspect="auto", origin="lower")
     ax.set_xticks(range(len(result.depths)), [f"{d:g}" for d in result.depths])
     ax.set_yticks(range(len(result.lengths)), [str(n) for n in result.lengths])
     ax.set_xlabel("depth (share of the haystack before the needle)")
     ax.set_ylabel("prompt length (tokens)")
     ax.set_title(label, fontsize=10)
-    middle = (limits[0] + limits[1]) / 2
+    colours = matplotlib.colormaps[cmap]
     for (i, j), value in np.ndenumerate(values):
         if np.isfinite(value):
-            dark = cmap == "viridis" and value < middle
-            ax.text(j, i, format(value, fmt), ha="center", va="center", fontsize=8, color="white" if dark else "black")
+            shade = colours((value - limits[0]) / (limits[1] - limits[0]))
+            words = format(value, fmt) + ("" if notes is None else "\n" + notes[i][j])
+            ax.text(j, i, words, ha="center", va="center", fontsize=8 if notes is None else 7,
+                    color=text_colour(shade), linespacing=1.1)  # fmt: skip
     fig.colorbar(image, ax=ax, fraction=0.05, pad=0.03)
 
 
+def accuracy_notes(result) -> list[list[str]]:
+    """Per cell: the Wilson 95 % interval of its accuracy and its number of prompts, e.g. '[21–94%] n=3'."""
+    from posprobe.analysis.needle import cell_successes, wilson_interval
+
+    successes, n = cell_successes(result.exact)
+    low, high = wilson_interval(successes, n)
+    return [[f"[{100 * low[i, j]:.0f}–{100 * high[i, j]:.0f}%]\nn={int(n[i, j])}" if n[i, j] else "n=0"
+             for j in range(n.shape[1])] for i in range(n.shape[0])]  # fmt: skip
+
+
+def log_prob_notes(result) -> list[list[str]]:
+    """Per cell: the 95 % t interval of its mean log-probability over trials and its n ('n=1' alone: no interval)."""
+    from scipy import stats
+
+    values = np.asarray(result.log_prob, dtype=np.float64)
+    notes = []
+    for i in range(values.shape[0]):
+        row = []
+        for j in range(values.shape[1]):
+            cell = values[i, j][np.isfinite(values[i, j])]
+            if len(cell) < 2:
+                row.append(f"n={len(cell)}")
+                continue
+            half = stats.t.ppf(0.975, len(cell) - 1) * cell.std(ddof=1) / np.sqrt(len(cell))
+            row.append(f"±{half:.2f}\nn={len(cell)}")
+        notes.append(row)
+    return notes
+
+
 def grid_figure(result):
-    """Accuracy (left) and mean log-probability of the answer (right) per (length, depth)."""
-    fig = _figure(10.0, 0.5 * len(result.lengths) + 2.6)
+    """Accuracy (left) and mean log-probability of the answer (right) per (length, depth), each cell with its 95 %
+    interval over trials (Wilson for the accuracy, t for the log-probability) and its n."""
+    fig = _figure(10.0, 0.75 * len(result.lengths) + 2.6)
     left, right = fig.subplots(1, 2, gridspec_kw=dict(left=0.09, right=0.95, bottom=0.2, top=0.8, wspace=0.3))
-    _cells(fig, left, result.accuracy, result, "RdYlGn", "accuracy (greedy exact match)", (0.0, 1.0), ".0%")
+    _cells(fig, left, result.accuracy, result, "RdYlGn", "accuracy (greedy exact match)", (0.0, 1.0), ".0%",
+           accuracy_notes(result))  # fmt: skip
     lp = result.mean_log_prob
     low = float(np.nanmin(lp)) if np.isfinite(lp).any() else -1.0
-    _cells(fig, right, lp, result, "viridis", "mean log p(answer) (nats)", (min(low, -1e-3), 0.0), ".2f")
-    fig.suptitle(_title(result), fontsize=10)
+    _cells(fig, right, lp, result, "viridis", "mean log p(answer) (nats)", (min(low, -1e-3), 0.0), ".2f",
+           log_prob_notes(result))  # fmt: skip
+    fig.suptitle(_title(result) + "\ncells: value, 95 % interval over trials (accuracy: Wilson), n prompts",
+                 fontsize=10)  # fmt: skip
     return fig
 
 

@@ -33,10 +33,15 @@ p.story a { color: var(--ink); text-decoration-color: var(--line); }
 thead th { background: var(--soft); }
 ul.headline { padding-left: 1.2rem; } ul.headline b { font-variant-numeric: tabular-nums; }
 figure { margin: 0.75rem 0; } img { display: block; max-width: 100%; height: auto; border: 1px solid var(--line); }
+figure.fig { width: clamp(100%, var(--w), calc(100vw - 2rem)); position: relative; left: 50%;
+  transform: translateX(-50%); }
+figure.fig .scroll { overflow-x: auto; }
+figure.fig img { max-width: none; width: max(min(100%, var(--n)), var(--w)); }
 figcaption { color: var(--dim); font-size: 0.85rem; }
 pre { background: var(--soft); padding: 0.6rem; overflow-x: auto; white-space: pre-wrap; word-break: break-all; }
 a { color: var(--accent); }
-@media (max-width: 40rem) { body { font-size: 15px; } main { padding: 0.6rem; } th, td { padding: 0.15rem 0.3rem; } }
+@media (max-width: 40rem) { body { font-size: 15px; } main { padding: 0.6rem; } th, td { padding: 0.15rem 0.3rem; }
+  figure.fig { width: 100%; left: 0; transform: none; } figure.fig img { width: auto; max-width: 100%; } }
 """
 
 
@@ -47,18 +52,62 @@ def png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def figure_html(path: str) -> str:
-    """An <img> holding the PNG at `path` as a data URI, with its pixel size (the page scales it to its width)."""
+# CSS pixels per image pixel at which a figure is drawn at least (where the page is wide enough): the figures are
+# written at 110 dpi, so a 7-pt label (10.7 image pixels) stays 8 CSS pixels tall; a wider figure than the page
+# scrolls sideways in its own box rather than shrinking its text (SmolLM2's 30-layer heatmaps, issue 49).
+LEGIBLE_SCALE = 0.75
+PALETTE_COLOURS = 256
+
+
+def page_png(data: bytes) -> bytes:
+    """The PNG embedded in the page: the figure's pixels in a 256-colour palette (a colour map has 256 colours, and
+    text its greys; Pillow's maximum-coverage quantiser keeps every pixel within a few levels of the file's, where
+    median cut moved rare colours by up to a third of the range), written optimised; the file itself where that is
+    not smaller or Pillow cannot read it. The full-resolution file is linked beside it (F̂_P's noisy heatmaps made
+    MiniLM's page 4.7 MB, issue 49)."""
+    import io
+
+    try:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+            rgb = image.convert("RGBA")
+            flat = Image.new("RGB", rgb.size, "white")
+            flat.paste(rgb, mask=rgb.getchannel("A"))
+            small = flat.quantize(PALETTE_COLOURS, method=Image.Quantize.MAXCOVERAGE, dither=Image.Dither.NONE)
+            buffer = io.BytesIO()
+            small.save(buffer, "PNG", optimize=True)
+    except Exception:  # noqa: BLE001 - any failure keeps the original bytes
+        return data
+    return buffer.getvalue() if len(buffer.getvalue()) < len(data) else data
+
+
+def figure_html(path: str, base: Path | None = None) -> str:
+    """An <img> holding the PNG at `path` as a data URI (`page_png`), with its pixel size, drawn at the column's
+    width or at least `LEGIBLE_SCALE` of its pixels (wider than the column up to the window, then scrolling in its
+    box), and a link to the full-resolution file (relative to `base`, the page's folder)."""
+    import os
+
     file = Path(path)
     try:
-        data = file.read_bytes()
+        data = page_png(file.read_bytes())
         width, height = png_size(data)
     except (OSError, ValueError):
         return f'<p class="note">figure {html.escape(file.name)} could not be read</p>'
     encoded = base64.b64encode(data).decode("ascii")
     name = html.escape(file.name)
-    return (f'<figure><img src="data:image/png;base64,{encoded}" width="{width}" height="{height}" alt="{name}">'
-            f"<figcaption>{name}</figcaption></figure>")  # fmt: skip
+    link = ""
+    if base is not None:
+        try:
+            href = Path(os.path.relpath(file.resolve(), Path(base).resolve())).as_posix()
+            link = f' — <a href="{html.escape(href)}">full resolution</a>'
+        except ValueError:  # another drive (Windows): no relative path
+            link = ""
+    style = f"--n: {width}px; --w: {round(width * LEGIBLE_SCALE)}px"
+    image = f'<img src="data:image/png;base64,{encoded}" width="{width}" height="{height}" alt="{name}">'
+    caption = f"<figcaption>{name}{link}</figcaption>"
+    return f'<figure class="fig" style="{style}"><div class="scroll">{image}</div>{caption}</figure>'
 
 
 def table_html(table: Table) -> str:
@@ -98,7 +147,7 @@ def _summary(outcomes, claims=()) -> str:
     return f'<section id="summary"><h2>Summary</h2>{_story(claims)}{table}{others}</section>'
 
 
-def _section(o) -> str:
+def _section(o, base: Path | None = None) -> str:
     name = html.escape(o.section.name)
     parts = [f'<section id="{name}"><h2>{html.escape(o.section.title)}</h2>']
     if o.view is None:
@@ -110,7 +159,7 @@ def _section(o) -> str:
     items = "".join(f"<li>{html.escape(h.label)}: <b>{html.escape(h.text)}</b> — read against "
                     f"{html.escape(h.reference_text)}</li>" for h in o.view.headline)  # fmt: skip
     parts.append(f'<ul class="headline">{items}</ul>')
-    parts.extend(figure_html(f) for f in o.view.figures)
+    parts.extend(figure_html(f, base) for f in o.view.figures)
     if o.view.table is not None:
         parts.append(table_html(o.view.table))
     parts.extend(f'<p class="note">{html.escape(n)}</p>' for n in o.view.notes)
@@ -122,8 +171,9 @@ def _section(o) -> str:
     return "".join(parts) + "</section>"
 
 
-def render_page(facts: ModelFacts, outcomes, text: str | None, claims=()) -> str:
-    """The whole page as one string; `claims` (`story.Claim`) open the summary."""
+def render_page(facts: ModelFacts, outcomes, text: str | None, claims=(), base: Path | None = None) -> str:
+    """The whole page as one string; `claims` (`story.Claim`) open the summary; `base` the page's folder (figures
+    link their full-resolution files relative to it)."""
     from posprobe.version import __version__
 
     label = html.escape(facts.label)
@@ -136,7 +186,7 @@ def render_page(facts: ModelFacts, outcomes, text: str | None, claims=()) -> str
         f"{causal}{texts}. Conventions: query i attends to key j, offset k = j − i. "
         f"Made by posprobe {html.escape(__version__)} on {stamp}.</p></header>"
     )
-    body = header + _summary(outcomes, claims) + "".join(_section(o) for o in outcomes)
+    body = header + _summary(outcomes, claims) + "".join(_section(o, base) for o in outcomes)
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

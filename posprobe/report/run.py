@@ -22,12 +22,12 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from posprobe.errors import ArgumentValueError, PosprobeError
-from posprobe.report.sections import SECTIONS, ModelFacts, Section, View
+from posprobe.report.sections import NEEDLE_ROOM, SECTIONS, ModelFacts, Section, View
 from posprobe.runtime.phases import phase
 
 DEFAULT_TEXT = "builtin:sentences"
@@ -173,6 +173,7 @@ def run_section(
     force: bool,
     run_command: Callable[[list[str]], dict],
     on_start: Callable[[str], None] = lambda command_line: None,
+    options: dict[str, str | None] | None = None,
 ) -> SectionOutcome:
     """Run (or reuse) one section; a command that refuses the model becomes a 'failed' outcome with its one line
     (what it wrote removed); a full disk is raised, as the whole run's error. `on_start(command line)` is called when
@@ -183,7 +184,8 @@ def run_section(
     if reason is not None:
         return SectionOutcome(section, "not applicable", reason=reason)
     folder = out / section.name
-    argv = [section.command, *model_args, *section.args(facts, n_texts), *(text_args if section.uses_text else []),
+    args = with_options(section.args(facts, n_texts), options or {})
+    argv = [section.command, *model_args, *args, *(text_args if section.uses_text else []),
             "--out", str(folder), "--json"]  # fmt: skip
     if not force:
         reused = _reusable(folder, argv, section, facts)
@@ -205,6 +207,34 @@ def run_section(
     return SectionOutcome(section, "ok", argv, record, view, seconds=seconds)
 
 
+def with_options(args: list[str], options: dict[str, str | None]) -> list[str]:
+    """A section's arguments with the report's own options for it: each flag's value replaced where the section
+    passes the flag, else the flag added (a value of '' adds a flag that takes none; None leaves the flag out)."""
+    args = list(args)
+    for flag, value in options.items():
+        if value is None:
+            continue
+        if flag in args and value != "":
+            args[args.index(flag) + 1] = value
+        elif flag not in args:
+            args += [flag] if value == "" else [flag, value]
+    return args
+
+
+def long_context_options(
+    facts: ModelFacts, lengths: list[int] | None, rope_scaling: str | None, device: str | None
+) -> dict[str, dict[str, str | None]]:
+    """The report's --lengths, --rope-scaling and --device for its `context` and `needle` sections (issue 49): the
+    lengths for both (the needle's prompts past the trained positions less its answer's room allowed, and said so
+    by the command), the scaling variants for `context` (needle runs the model as it is), the device for both."""
+    joined = None if lengths is None else ",".join(map(str, lengths))
+    past = lengths is not None and facts.max_positions is not None and lengths[-1] + NEEDLE_ROOM > facts.max_positions
+    return {
+        "context": {"--lengths": joined, "--rope-scaling": rope_scaling, "--device": device},
+        "needle": {"--lengths": joined, "--device": device, "--beyond-window": "" if past else None},
+    }
+
+
 def build_report(
     model: str | None = None,
     *,
@@ -218,6 +248,9 @@ def build_report(
     force: bool = False,
     allow_pickle: bool = False,
     progress: Callable[[str], None] | None = None,
+    lengths: str | Sequence[int] | None = None,
+    rope_scaling: str | None = None,
+    device: str | None = None,
 ) -> dict:
     """Run the sections that apply to `model` and write `report.html` into `out` (default
     `posprobe-out/report/<model>`). Returns the summary written to `report.json`: `html`, `model`, `headline` (list of
@@ -225,10 +258,15 @@ def build_report(
 
     `run_command(argv) -> record` runs one posprobe command (`command_runner` of the CLI's command; the CLI passes it).
     Every argument is checked, and the texts read once, before any model is run. `text` defaults to the packaged
-    `builtin:sentences`, `max_texts` to 32."""
+    `builtin:sentences`, `max_texts` to 32. `lengths`, `rope_scaling`, `device`: as for `context` (the lengths and
+    device also for `needle`); default the sections' own (256 and 512 tokens within the trained positions, the
+    model unscaled, cuda where available)."""
+    from posprobe.capture.textrun import check_run_settings
     from posprobe.checkpoint import resolve_model
     from posprobe.checkpoint.shared import shared_loads
+    from posprobe.families.rope_variants import parse_variants
     from posprobe.formats.writing import default_out, keep_written, prepare_out_dir
+    from posprobe.pipelines.context import check_lengths
     from posprobe.texts.reading import check_texts
     from posprobe.validation import as_int
 
@@ -239,10 +277,15 @@ def build_report(
     if text is None and column is not None:
         raise ArgumentValueError("column", "{arg} applies only with --text", "pass --text FILE, or drop {arg}")
     text = DEFAULT_TEXT if text is None else str(text)
+    length_list = None if lengths is None else check_lengths(lengths)
+    if rope_scaling is not None:
+        parse_variants(rope_scaling)
+    check_run_settings(device=device)
     wants_text = any(SECTIONS[name].uses_text for name in chosen)
     n_texts = check_texts(text, column, max_texts) if wants_text else 0
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=wants_text)
     facts = model_facts(source)
+    options = long_context_options(facts, length_list, rope_scaling, device)
     out_dir = prepare_out_dir(out if out is not None else default_out("report", source.label))
     # the model always named (the packaged default by its name), so that every reproducing command says which
     model_args = [source.name] + (["--allow-pickle"] if allow_pickle else [])
@@ -264,7 +307,8 @@ def build_report(
                 continue
             step = f"[{i}/{len(SECTIONS)}] {name}"
             outcome = run_section(section, facts, model_args, text_args, n_texts, out_dir, force, run_command,
-                                  on_start=lambda line, step=step: say(f"{step}: {line} …"))  # fmt: skip
+                                  on_start=lambda line, step=step: say(f"{step}: {line} …"),
+                                  options=options.get(name))  # fmt: skip
             say(f"{step}: {_outcome_words(outcome)}")
             keep_written()  # a later failure or Ctrl-C keeps the finished sections, for the next run to reuse
             outcomes.append(outcome)
@@ -309,7 +353,7 @@ def write_report(out_dir: Path, facts: ModelFacts, outcomes: list[SectionOutcome
         ],  # fmt: skip
         "sections": {o.section.name: o.summary() for o in outcomes},
     }
-    page = render_page(facts, outcomes, text, claims)
+    page = render_page(facts, outcomes, text, claims, base=out_dir)
     write_files(
         out_dir,
         {"report.html": lambda p: p.write_text(page, encoding="utf-8"), "report.json": json_writer(summary)},

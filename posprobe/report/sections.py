@@ -189,16 +189,21 @@ def _first_and_last(paths: Sequence[str]) -> list[str]:
 
 
 def _peaks_view(record: dict, facts: ModelFacts, what: str) -> View:
-    """Profiles (weights or texts): per layer and head the peak offset k, and how many heads peak at k = 0."""
+    """Profiles (weights or texts): per layer and head the peak offset k ('edge' where the peak is the outermost
+    offset the layer covers: the profile rises to where the offsets stop), how many heads peak at k = 0, and the
+    reading built on the heads that peak inside (issue 49: a table of edge values read as a finding)."""
     heads = record["heads"]
+    edge = [bool(h.get("peak_at_edge")) for h in heads]
     peaks = [h["peak_offset"] for h in heads]
     defined = [p for p in peaks if p is not None]
+    inside = [p for p, at_edge in zip(peaks, edge) if p is not None and not at_edge]
     at_zero = sum(1 for p in defined if p == 0)
     n_heads = record["n_heads"]
     rows = []
     for layer in record["layers"]:
-        cells = [h["peak_offset"] for h in heads if h["layer"] == layer]
-        rows.append([str(layer), *["—" if p is None else f"{int(p):+d}" for p in cells]])
+        cells = ["—" if h["peak_offset"] is None else "edge" if h.get("peak_at_edge") else f"{int(h['peak_offset']):+d}"
+                 for h in heads if h["layer"] == layer]  # fmt: skip
+        rows.append([str(layer), *cells])
     table = Table(["layer", *[f"h{h}" for h in range(n_heads)]], rows)
     window = record["window"]
     side = f"−{window} ≤ k ≤ 0 (causal: k > 0 is never used)" if record["causal"] else f"|k| ≤ {window}"
@@ -206,6 +211,19 @@ def _peaks_view(record: dict, facts: ModelFacts, what: str) -> View:
     value = f"{at_zero} / {len(defined)}" if defined else "none (all flat)"
     why = "none: a count of heads (a peak at k = 0 is a self-attending head; −1 a previous-token head)"
     notes = [f"peak offset k = j − i of each head's {what} profile, within {side}; — = flat up to round-off"]
+    if sum(edge):
+        ends = ", ".join(f"±{k}" for k in sorted({abs(p) for p, e in zip(peaks, edge) if e and p is not None}))
+        notes.append(
+            f"edge: {sum(edge)} of {len(defined)} heads peak at the outermost offset they cover ({ends}): their "
+            "profiles rise to where the offsets stop (the table's or the longest text's end), which is no peak "
+            "inside and not read as one"
+        )
+    if inside:
+        counts = sorted(((inside.count(k), k) for k in set(inside)), key=lambda c: (-c[0], abs(c[1])))
+        common = ", ".join(f"k = {k:+d} ({n} head{'s' if n != 1 else ''})" for n, k in counts[:4])
+        notes.append(f"{len(inside)} heads peak inside; most often at {common}")
+    elif defined:
+        notes.append("no head peaks inside: every defined peak is at the edge of the offsets")
     if flat:
         notes.append(f"{flat} of {len(peaks)} profiles are flat (no peak)")
     if record.get("toeplitz_by_construction"):
@@ -494,6 +512,9 @@ def loss_plateau(record: dict, variant: str | None = None, tolerance: float = 0.
     return None
 
 
+NEEDLE_ROOM = 32  # tokens a needle prompt leaves for its answer within the trained positions
+
+
 def _long_lengths(facts: ModelFacts, room: int = 0) -> str:
     """Window / prompt lengths for `context` and `needle` that a laptop's CPU runs in a minute or two: 256 and 512
     tokens, within the trained positions less `room` (the needle's answer follows its prompt); for a model trained
@@ -502,6 +523,23 @@ def _long_lengths(facts: ModelFacts, room: int = 0) -> str:
         return "256,512"
     limit = max(facts.max_positions - room, 2)
     return f"{limit // 2},{limit}"
+
+
+def _interval(pair) -> str:
+    """'11.90–12.80', or '—' where there is none (one window, or a record from before issue 49)."""
+    if not pair or pair[0] is None or pair[1] is None:
+        return "—"
+    return f"{number(pair[0], 2)}–{number(pair[1], 2)}"
+
+
+def _accuracy_cell(accuracy, trials) -> str:
+    """'0.67 (0.21–0.94)': a needle cell's accuracy and its Wilson 95 % interval over `trials` prompts."""
+    if accuracy is None or not isinstance(trials, int) or trials < 1:
+        return number(accuracy, 2)
+    from posprobe.analysis.needle import wilson_interval
+
+    low, high = wilson_interval(round(accuracy * trials), trials)
+    return f"{number(accuracy, 2)} ({float(low):.2f}–{float(high):.2f})"
 
 
 def _needs_causal(facts: ModelFacts) -> str | None:
@@ -524,7 +562,14 @@ def context(record: dict, facts: ModelFacts) -> View:
     variant = record["variants"][0]
     perplexity = record["perplexity"][variant]
     scored = record.get("scored_tokens") or dict(zip(map(str, record["lengths"]), record["tokens"]))
-    rows = [[str(n), number(perplexity[str(n)], 2), str(scored[str(n)])] for n in record["lengths"]]
+    # one perplexity column per variant (the report's --rope-scaling), a length past the trained one marked *
+    names = record["variants"]
+    past = set(record.get("beyond_trained_length") or [])
+    intervals = (record.get("perplexity_interval") or {}).get(variant) or {}
+    rows = [[f"{n}{' *' if n in past else ''}", *[number(record["perplexity"][v][str(n)], 2) for v in names],
+             _interval(intervals.get(str(n))), str(scored[str(n)])] for n in record["lengths"]]  # fmt: skip
+    columns = ["perplexity"] if len(names) == 1 else [f"perplexity ({v})" for v in names]
+    columns.append("95 % interval over windows" + ("" if len(names) == 1 else f" ({variant})"))
     longest, shortest = record["lengths"][-1], record["lengths"][0]
     scaled = "" if variant == "none" else f" ({variant})"  # 'none': the model's own rotary setting, unscaled
     same = len({scored[str(n)] for n in record["lengths"]}) == 1
@@ -541,22 +586,34 @@ def context(record: dict, facts: ModelFacts) -> View:
                               f"{number(first, 2)} nats at t = 0; from t ≈ {plateau} on, no position bin's loss is "
                               "more than 0.1 nats lower"))  # fmt: skip
     notes = [record["note"]] if record.get("note") else []
-    return View(lines, Table(["window length", "perplexity", "tokens scored"], rows), list(record["figures"]), notes)
+    if past:
+        notes.append(f"* past the trained length ({record.get('trained_length')} tokens)")
+    return View(lines, Table(["window length", *columns, "tokens scored"], rows), list(record["figures"]), notes)
 
 
 @section(
     "needle",
     "Needle in a haystack: retrieval by length and depth",
     reason=_needs_causal,
-    args=lambda facts, n_texts: ["--lengths", _long_lengths(facts, room=32), "--depths", "0,0.5,1", "--trials", "2"],
+    args=lambda facts, n_texts: [
+        "--lengths",
+        _long_lengths(facts, NEEDLE_ROOM),
+        "--depths",
+        "0,0.5,1",
+        "--trials",
+        "2",
+    ],
     how_to_read="""A random pass key hidden at several depths of a King James haystack, asked for at the end (SPEC
     §18): the share of greedy continuations that are exactly the key, per prompt length and depth. Accuracy that
-    drops in the middle depths is the 'lost in the middle' pattern; the note names the heads whose last-token
-    attention falls most on the needle. Nothing here is by construction: the model has to find the key.""",
+    drops in the middle depths is the 'lost in the middle' pattern; a drop at one end can be the prompt's format
+    (chat models get their tokenizer's chat template unless --no-chat: the note says which); the note names the
+    heads whose last-token attention falls most on the needle. Nothing here is by construction: the model has to
+    find the key.""",
 )
 def needle(record: dict, facts: ModelFacts) -> View:
     depths = record["depths"]
-    rows = [[str(g["length"]), *[number(a, 2) for a in g["accuracy"]]] for g in record["grid"]]
+    trials = record.get("trials")
+    rows = [[str(g["length"]), *[_accuracy_cell(a, trials) for a in g["accuracy"]]] for g in record["grid"]]
     digits = (record.get("task") or {}).get("digits") if isinstance(record.get("task"), dict) else None
     chance = 10.0**-digits if isinstance(digits, int) and not (record.get("task") or {}).get("answer") else None
     lines = [
@@ -567,4 +624,9 @@ def needle(record: dict, facts: ModelFacts) -> View:
     figures = [record["files"][name] for name in ("needle_grid", "needle_heads") if name in record["files"]]
     heads = ", ".join(f"L{h['layer']}.H{h['head']}" for h in record["top_heads"][:5])
     notes = [f"{record['n_prompts']} prompts; heads attending most to the needle: {heads}"] if heads else []
+    if isinstance(trials, int):
+        notes.append(f"each cell: accuracy over its n = {trials} prompts, with its Wilson 95 % interval")
+    chat = (record.get("task") or {}).get("chat") if isinstance(record.get("task"), dict) else None
+    if chat is not None:
+        notes.append("prompts in the tokenizer's own chat template" if chat else "prompts as plain continuation")
     return View(lines, Table(["length", *[f"depth {d:g}" for d in depths]], rows), figures, notes)

@@ -133,14 +133,16 @@ def _needle(records: dict) -> Claim | None:
     if record is None:
         return None
     depths, grid = record["depths"], record["grid"]
+    chat = (record.get("task") or {}).get("chat") if isinstance(record.get("task"), dict) else None
+    form = {True: " (the tokenizer's chat template)", False: " (plain continuation)"}.get(chat, "")
     per_depth = [mean_defined(g["accuracy"][k] for g in grid) for k in range(len(depths))]
     missed = [d for d, a in zip(depths, per_depth) if a is None or a < FOUND]
     if not missed:
         accuracy = number(record["overall_accuracy"], 2)
         return Claim(f"The needle is found at every depth and length tried (accuracy {accuracy}).", "needle")
     if len(missed) == len(depths):
-        return Claim(f"The needle is not found at any depth with this prompt format (accuracy "
+        return Claim(f"The needle is not found at any depth with this prompt format{form} (accuracy "
                      f"{number(record['overall_accuracy'], 2)}).", "needle")  # fmt: skip
     listed = ", ".join(f"{d:g}" for d in missed)
-    return Claim(f"The needle is found except at depth {listed} with this prompt format (accuracy below "
+    return Claim(f"The needle is found except at depth {listed} with this prompt format{form} (accuracy below "
                  f"{FOUND:g} there; {number(record['overall_accuracy'], 2)} over all prompts).", "needle")  # fmt: skip
