@@ -49,6 +49,7 @@ class ContextResult(ResultMixin, Saves):
     # (V, n, 2): a 95 % interval of each perplexity over its windows (`analysis.context_loss.perplexity_interval`),
     # NaN with one window; None in a result from before issue 49
     perplexity_interval: np.ndarray | None = None
+    edits: list[str] = field(default_factory=list)  # SPEC §20: the edits applied in every pass, as written
 
     _repr_fields = ("model", "variants", "lengths", "trained_length", "perplexity")
     ARRAYS = {  # context.npz (formats.arrays)
@@ -130,6 +131,7 @@ class ContextResult(ResultMixin, Saves):
             "beyond_trained_length": self.beyond_trained,
             "text": self.text,
             "quantization": self.quantization,
+            "edits": list(self.edits),
             "note": self.note(),
         }
 

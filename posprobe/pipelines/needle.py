@@ -106,7 +106,8 @@ def needle(
     allow_pickle: bool = False,
     source: Any = None,
     max_memory: dict | str | None = None,
-    edits: Any = None,
+    taps: Any = None,
+    edits: Iterable[str] | str | None = None,
 ) -> NeedleResult:
     """The needle grid of a causal language model (SPEC §18).
 
@@ -115,8 +116,10 @@ def needle(
     depths, trials, seed (`NeedleGrid`); task: intro, needle and question templates, answer (`NeedleTask`).
     progress(done, total) after each prompt (under torchrun: every rank's prompts counted). device: cpu, cuda, ...
     (None: cuda if available for a checkpoint; a model object stays where it is) or 'auto' (accelerate's big-model
-    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk). edits: taps on the
-    attention kernel (`posprobe.kernel.Taps`) applied in every forward pass, before the needle row is read. Returns a
+    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk). taps: taps on the
+    attention kernel (`posprobe.kernel.Taps`) applied in every forward pass, before the needle row is read. edits:
+    the user's edits (SPEC §20: strings such as 'head:18.6', or parsed `posprobe.edits` objects), checked against
+    the config before any weight is read and applied in every forward pass and greedy continuation. Returns a
     `NeedleResult` whose arrays are shaped (lengths, depths, trials[, layers, heads]).
     """
     from torch import nn
@@ -157,6 +160,9 @@ def needle(
     task = replace(task, chat=builder.chat)  # the format the prompts have (None: the tokenizer's template, if any)
     prompts = [builder.build(grid.lengths[i], grid.depths[j], t) for i, j, t in grid.cells()]
     _check_window(grid.lengths, max(len(p.answer_ids) for p in prompts), window, grid.beyond_window)
+    from posprobe.edits import describe, prepare_edits
+
+    edits = prepare_edits(edits, config, name, max(len(p.prompt_ids) + len(p.answer_ids) for p in prompts))
     from posprobe.capture.model import check_model, place_on, resolve_device
 
     if net is None:
@@ -170,9 +176,9 @@ def needle(
 
     eager = is_eager_route(net)
     keep = _takes(net, "logits_to_keep")
-    reducer = PromptScores(prompts, n_layers, n_heads, edits)
+    reducer = PromptScores(prompts, n_layers, n_heads)
     steps = (prompt_step(prompt, keep) for prompt in prompts)
-    run(net, steps, [reducer], edits, total=len(prompts), progress=progress, shape=(n_layers, n_heads))
+    run(net, steps, [reducer], taps, edits=edits, total=len(prompts), progress=progress, shape=(n_layers, n_heads))
     scores = reducer.result()
     if progress is not None:
         progress(len(prompts), len(prompts))  # the last prompts may have run on other ranks
@@ -190,6 +196,7 @@ def needle(
         n_layers=n_layers,
         n_heads=n_heads,
         route="eager (the model's own softmax rows)" if eager else "sdpa output + the last query row recomputed",
+        edits=describe(edits),
     )
 
 
@@ -204,16 +211,16 @@ def prompt_step(prompt: NeedlePrompt, keep: bool) -> Step:
                 prompt)  # fmt: skip
 
 
-def prompt_score(model, prompt: NeedlePrompt, logits, attention, device, edits=None) -> PromptScore:
+def prompt_score(model, prompt: NeedlePrompt, logits, attention, device, taps=None) -> PromptScore:
     """One prompt's scores from its forward pass: `logits` (1, m or answer + 1, V), `attention` (1, L, H) of the last
     prompt token on the needle. Where greedy decoding departs from the answer, the rest of its continuation is
-    generated (with `edits`, taps on the attention kernel, where given)."""
+    generated (with `taps` on the attention kernel, where given; the run's edit hooks stay installed meanwhile)."""
     prompt_len, answer_len = len(prompt.prompt_ids), len(prompt.answer_ids)
     keep = logits.shape[1] != prompt_len + answer_len
     logits = logits[0, -(answer_len + 1) : -1] if keep else logits[0, prompt_len - 1 : -1]
     token_log_probs, exact, greedy = answer_scores(logits, prompt.answer_ids)
     if not exact and len(greedy) < answer_len:
-        greedy = _continue_greedy(model, list(prompt.prompt_ids) + greedy, answer_len - len(greedy), device, edits)[
+        greedy = _continue_greedy(model, list(prompt.prompt_ids) + greedy, answer_len - len(greedy), device, taps)[
             prompt_len:
         ]
     return PromptScore(math.fsum(token_log_probs), exact, greedy, attention[0].cpu().numpy(), token_log_probs)
@@ -235,13 +242,13 @@ class PromptScores:
 
     needs = ("logits", "rows")
 
-    def __init__(self, prompts: Sequence[NeedlePrompt], n_layers: int, n_heads: int, edits=None):
-        self.prompts, self.n_layers, self.n_heads, self.edits = prompts, n_layers, n_heads, edits
+    def __init__(self, prompts: Sequence[NeedlePrompt], n_layers: int, n_heads: int):
+        self.prompts, self.n_layers, self.n_heads = prompts, n_layers, n_heads
         self.mine: dict[int, PromptScore] = {}
 
     def add_output(self, out) -> None:
         prompt = out.step.meta
-        score = prompt_score(out.model, prompt, out.logits, out.rows, out.input_ids.device, self.edits)
+        score = prompt_score(out.model, prompt, out.logits, out.rows, out.input_ids.device, out.taps)
         self.mine[out.index] = _finite_score(score, out.index, prompt)
 
     def merge_ranks(self) -> None:
@@ -296,8 +303,8 @@ def _merge_ranks(mine: dict[int, PromptScore], prompts: Sequence[NeedlePrompt], 
     ]
 
 
-def _continue_greedy(model, ids: list[int], new_tokens: int, device, edits=None) -> list[int]:
-    """`ids` followed by `new_tokens` greedy tokens (transformers' generate, no sampling, no penalties; `edits` on
+def _continue_greedy(model, ids: list[int], new_tokens: int, device, taps=None) -> list[int]:
+    """`ids` followed by `new_tokens` greedy tokens (transformers' generate, no sampling, no penalties; `taps` on
     the attention kernel in every step where given)."""
     import torch
     from transformers import GenerationConfig
@@ -306,11 +313,11 @@ def _continue_greedy(model, ids: list[int], new_tokens: int, device, edits=None)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     config.eos_token_id, config.pad_token_id = eos, eos if isinstance(eos, int) else None
     input_ids = torch.tensor([ids], device=device)
-    if edits is None:
+    if taps is None:
         out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
         return out[0].tolist()
-    edits.start()
-    with edits.handed(model):  # generate takes no extra keyword: the taps are handed to the attention modules
+    taps.start()
+    with taps.handed(model):  # generate takes no extra keyword: the taps are handed to the attention modules
         out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
     return out[0].tolist()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -49,6 +49,7 @@ class NeedleResult(ResultMixin, Saves):
     uniform_share: np.ndarray
     records: list
     quantization: str | None = None
+    edits: list = field(default_factory=list)  # SPEC §20: the edits applied in every pass, as written
 
     _repr_fields = ("model", "lengths", "depths", "trials", "accuracy", "mean_log_prob")
     ARRAYS = {  # needle.npz (formats.arrays)
@@ -104,7 +105,7 @@ class NeedleResult(ResultMixin, Saves):
         kept = {k: metadata[k] for k in ("model", "model_type", "quantization", "haystack", "task", "trials", "seed",
                                          "window", "n_layers", "n_heads", "route")}  # fmt: skip
         return cls(lengths=tuple(metadata["lengths"]), depths=tuple(metadata["depths"]), records=records,
-                   **{k: arrays[k] for k in names}, **kept)  # fmt: skip
+                   edits=list(metadata.get("edits") or []), **{k: arrays[k] for k in names}, **kept)  # fmt: skip
 
     @property
     def accuracy(self) -> np.ndarray:
@@ -170,6 +171,7 @@ class NeedleResult(ResultMixin, Saves):
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
             "route": self.route,
+            "edits": list(self.edits),
             "prompt_format": (
                 "the tokenizer's chat template: one user turn of intro, haystack with the needle at a sentence "
                 "boundary and the question's sentences, the assistant's turn opened with the question's last words; "
