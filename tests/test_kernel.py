@@ -154,7 +154,7 @@ def test_needle_reads_retrieval_after_the_edits():
 
     model, tokenizer = planted_llama()
     grid = NeedleGrid(lengths=(120,), depths=(0.5,), trials=1, seed=3)
-    run = lambda edits: needle(model, tokenizer=tokenizer, haystack=HAYSTACK, grid=grid, task=TASK, edits=edits)  # noqa: E731
+    run = lambda taps: needle(model, tokenizer=tokenizer, haystack=HAYSTACK, grid=grid, task=TASK, taps=taps)  # noqa: E731
     plain, same = run(None), run(Taps())
     span = plain.records[0]["needle_span"]
 

@@ -19,8 +19,10 @@ from posprobe.glue.stats import paired_delta
 def paired_effect(values, baseline) -> dict:
     """{'delta', 'stderr', 'interval' [lo, hi] (None for n < 2), 'p', 'p_exact', 'n'} of per-unit `values` against
     `baseline` (same units, same order), over the units where both are finite."""
-    found = paired_delta([float(v) for v in np.asarray(values, dtype=np.float64)],
-                         [float(b) for b in np.asarray(baseline, dtype=np.float64)])  # fmt: skip
+    found = paired_delta(
+        [float(v) for v in np.asarray(values, dtype=np.float64)],
+        [float(b) for b in np.asarray(baseline, dtype=np.float64)],
+    )
     if found is None:
         return {"delta": None, "stderr": None, "interval": None, "p": None, "p_exact": None, "n": 0}
     return {

@@ -1,6 +1,8 @@
-"""The run loop of a causal language model over steps: `run(model, steps, reducers, edits)` runs one forward pass
-per `Step` (a batch of token windows for `posprobe context`, a prompt for `posprobe needle`), with `edits` (taps on
-the attention kernel, `posprobe.kernel`) applied, and hands each `StepOutput` to every reducer (`add_output`).
+"""The run loop of a causal language model over steps: `run(model, steps, reducers, taps, edits=)` runs one forward
+pass per `Step` (a batch of token windows for `posprobe context`, a prompt for `posprobe needle`), with `taps` (on
+the attention kernel, `posprobe.kernel`) and the user's `edits` (SPEC §20, `posprobe.edits`: taps and hooks; with
+`=mean` edits, a first pass over the same steps collects the means) applied, and hands each `StepOutput` to every
+reducer (`add_output`).
 
 A reducer says what it `needs`: "logits" (the output's logits), "loss" (the per-token losses, (B, m-1) float64,
 `analysis.context_loss.token_nll`; where no reducer needs logits or rows, made block by block of positions,
@@ -10,16 +12,18 @@ torchrun (SPEC §19) step k is rank k % world's alone (`start` numbers a run's s
 the same command) and the reducers are merged over the ranks once, at the end (`runtime.distributed.merge_reducers`:
 their `rank_sums`, then `merge_ranks()`).
 
-Routes: with no edits and no rows the model runs with the attention it has (numbers as a plain forward pass). Rows
-run on the kernel's sdpa route (or the model's own eager softmax rows where its family is outside AttentionInterface,
-`capture.retrieval.RetrievalRun`); edits on the kernel's sdpa route too, and are refused in one line for a family
-outside AttentionInterface. The model's attention implementation and train/eval mode are restored afterwards.
+Routes: with no taps and no rows the model runs with the attention it has (numbers as a plain forward pass; edits
+that act by hooks alone, shift, rope-keep and channel, keep it). Rows run on the kernel's sdpa route (or the model's
+own eager softmax rows where its family is outside AttentionInterface, `capture.retrieval.RetrievalRun`); taps on
+the kernel's sdpa route too, and are refused in one line for a family outside AttentionInterface. The model's
+attention implementation and train/eval mode are restored afterwards.
 
 Dimensions: B rows of a step, m its tokens, L layers, H query heads.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -47,8 +51,8 @@ class Step:
 class StepOutput:
     """What one step gave: its `index` (among every rank's steps), the `step`, the `input_ids` tensor on the model's
     device, the model `output` (its `.logits`), `loss` (B, m-1) float64 numpy where a reducer needs it, `rows`
-    (B, L, H) float64 where the step reads rows, and the `model` (a reducer may run it again: needle's greedy
-    continuation)."""
+    (B, L, H) float64 where the step reads rows, the `model` (a reducer may run it again: needle's greedy
+    continuation) and the run's `taps` (its edits' and the caller's; None: none), for such a rerun."""
 
     index: int
     step: Step
@@ -57,6 +61,7 @@ class StepOutput:
     model: Any
     loss: Any = None
     rows: Any = None
+    taps: Taps | None = None
 
     @property
     def logits(self):
@@ -73,8 +78,9 @@ def run(
     model,
     steps: Iterable[Step],
     reducers: Sequence[StepReducer],
-    edits: Taps | None = None,
+    taps: Taps | None = None,
     *,
+    edits: Sequence = (),
     start: int = 0,
     total: int | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -83,7 +89,9 @@ def run(
     """Run `model` once per step and hand each `StepOutput` to `reducers`; returns the number of steps numbered
     (every rank's), so that a following run of the same command can `start` after them. `progress(done, total)`
     after each of this rank's steps (every rank's steps counted). `shape`: (L, H) of the rows read (default: the
-    model's, `capture.model.check_model`). Reducers are merged over torchrun ranks at the end."""
+    model's, `capture.model.check_model`). Reducers are merged over torchrun ranks at the end. `edits`: parsed
+    edits (`posprobe.edits.parse_edits`, checked by the caller against the config), applied in every pass; where one
+    asks for a mean, this rank's steps are run once more before, without edits, to collect it (SPEC §20)."""
     import torch
 
     from posprobe.analysis.context_loss import token_nll
@@ -99,7 +107,18 @@ def run(
         distributed.check_mergeable(reducers)
     blocked = "loss" in needs and not {"logits", "rows"} & set(needs)
     index = start - 1
-    with _Route(model, "rows" in needs, edits, shape) as route, torch.inference_mode():
+    applied = contextlib.nullcontext()
+    if edits:
+        from posprobe.edits.apply import EditRun
+        from posprobe.edits.spec import needs_means
+
+        means = None
+        if needs_means(edits):
+            steps = list(steps)
+            means = _means(model, steps, edits, device, parallel, start)
+        applied = EditRun(model, edits, means)
+        taps = applied.taps.joined(taps) if applied.taps is not None else taps
+    with applied, _Route(model, "rows" in needs, taps, shape) as route, torch.inference_mode():
         for index, step in enumerate(steps, start=start):
             if parallel and not distributed.mine(index):  # another rank's step (SPEC §19)
                 continue
@@ -109,7 +128,7 @@ def run(
             else:
                 output, rows = route.forward(ids, step)
                 loss = token_nll(output.logits, ids) if "loss" in needs else None
-            out = StepOutput(index, step, ids, output, model, loss, rows)
+            out = StepOutput(index, step, ids, output, model, loss, rows, taps)
             for reducer in reducers:
                 reducer.add_output(out)
             del output, out
@@ -120,16 +139,44 @@ def run(
     return index + 1
 
 
+def _means(model, steps: Sequence[Step], edits, device, parallel: bool, start: int) -> dict:
+    """The means `=mean` edits set (`edits.apply.MeanPass`): this rank's steps run once without edits, the sums
+    over their tokens added over the ranks (only the last position's logits made where the model allows)."""
+    import torch
+
+    from posprobe.edits.apply import MeanPass
+    from posprobe.runtime import distributed
+
+    keep = _takes(model, "logits_to_keep")
+    with MeanPass(model, edits) as collect, _Route(model, False, collect.taps, None) as route, torch.inference_mode():
+        for index, step in enumerate(steps, start=start):
+            if parallel and not distributed.mine(index):
+                continue
+            ids = torch.as_tensor(step.input_ids, device=device)
+            kwargs = {**step.kwargs, **({"logits_to_keep": 1} if keep else {})}
+            route.call(input_ids=ids, **kwargs)
+    return collect.means(parallel)
+
+
+def _takes(model, name: str) -> bool:
+    import inspect
+
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class _Route:
     """The attention a run's forward passes go through (see the module docstring), set on entry, restored on
     exit with the model's train/eval mode."""
 
-    def __init__(self, model, rows: bool, edits: Taps | None, shape: tuple[int, int] | None):
+    def __init__(self, model, rows: bool, taps: Taps | None, shape: tuple[int, int] | None):
         from posprobe.capture.eager import is_eager_route
 
-        self.model, self.rows, self.edits = model, rows, edits
+        self.model, self.rows, self.taps = model, rows, taps
         self.eager = is_eager_route(model)
-        if edits is not None and self.eager:
+        if taps is not None and self.eager:
             kind = getattr(model.config, "model_type", "unknown")
             raise PosprobeError(
                 f"'{kind}' computes attention in its own code, outside transformers' AttentionInterface, so posprobe "
@@ -153,7 +200,7 @@ class _Route:
         try:
             if self.rows:
                 self.retrieval = RetrievalRun(self.model, *self.shape).__enter__()
-            elif self.edits is not None:
+            elif self.taps is not None:
                 register()
                 self.model.set_attn_implementation(retrieval_route(self.model))
         except BaseException:
@@ -169,15 +216,15 @@ class _Route:
         self.model.train(self.was_training)
 
     def call(self, **inputs):
-        """The model's forward pass on `inputs` with this run's edits (no rows read)."""
-        if self.edits is not None:
-            return self.edits.forward(self.model, **inputs)
+        """The model's forward pass on `inputs` with this run's taps (no rows read)."""
+        if self.taps is not None:
+            return self.taps.forward(self.model, **inputs)
         return self.model(**inputs)
 
     def forward(self, ids, step: Step):
         """(model output, (B, L, H) rows or None) of one step."""
         if self.retrieval is not None:
-            return self.retrieval.forward(ids, step.row, step.spans, taps=self.edits, **step.kwargs)
-        if self.edits is not None:
-            return self.edits.forward(self.model, input_ids=ids, **step.kwargs), None
+            return self.retrieval.forward(ids, step.row, step.spans, taps=self.taps, **step.kwargs)
+        if self.taps is not None:
+            return self.taps.forward(self.model, input_ids=ids, **step.kwargs), None
         return self.model(input_ids=ids, **step.kwargs), None

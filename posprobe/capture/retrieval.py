@@ -168,6 +168,9 @@ class TopKeys:
         top = probs[..., :own].argmax(-1).cpu()  # (B, H, q)
         self.per_layer.setdefault(call.index, []).append(top)  # blocks of one call share its index
 
+    def reset(self) -> None:
+        self.per_layer = {}
+
     def take(self):
         import torch
 

@@ -1,12 +1,12 @@
 """Command `context`: loss by position across long windows and perplexity per length, per rotary scaling variant,
-with the rotary budget (SPEC §17).
+with the rotary budget (SPEC §17); `--edit` (repeatable) edits the model in every pass (SPEC §20).
 
 `context --json` prints one object: `model`, `model_type`, `position_kind`, `variants`, `lengths`,
 `trained_length`, `max_positions`, `beyond_trained_length`, `text` (`source`, `documents_used`, `stream_tokens`,
 `bos_id`, `eos_id`), `windows`, `tokens` (per length), `perplexity` (variant -> length -> value), `loss_by_octave`
 (`position_bins` and variant -> mean loss per bin), `scored_tokens` (length -> the tokens its perplexity is over:
 the same tokens at every length; `text.scored_stream_tokens` and `text.window_starts_left_out` say which), `budget`
-(null without rotary embeddings), `note`, `npz`
+(null without rotary embeddings), `edits` (as written), `note`, `npz`
 (`position_loss` (V, L-1), `perplexity` (V, n), `inv_freq` (V, d/2), `attention_scaling` (V,), `variants`,
 `lengths`, `windows`, `tokens`) and `figures`.
 """
@@ -22,6 +22,7 @@ from posprobe.cli.options import (
     AllowPickleOpt,
     ColumnOpt,
     DeviceOpt,
+    EditOpt,
     FigureFormat,
     FormatOpt,
     JsonOpt,
@@ -67,12 +68,14 @@ def context(
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
+    edit: EditOpt = None,
 ) -> None:
     """Loss at each position of long windows (documents joined with EOS, a BOS per window where the tokenizer adds
     one) and perplexity per window length, for the model as it is and for each rotary scaling variant (transformers'
     own rope initialisation), with the rotary budget. Lengths past the trained length are allowed and said so."""
     from posprobe.capture.textrun import check_run_settings
     from posprobe.checkpoint import resolve_model
+    from posprobe.edits import prepare_edits
     from posprobe.families.rope_variants import parse_variants
     from posprobe.formats.save import save
     from posprobe.formats.writing import prepare_out_dir
@@ -88,10 +91,11 @@ def context(
     check_texts(text, column, 1)
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
     check_family(source, variants, length_list)
+    edits = prepare_edits(edit, source.config, source.name, length_list[-1])
     with _progress() as advance:
         result = run_context(None, length_list, texts=iter_texts(text, column), windows=windows,
                              rope_scaling=rope_scaling, batch_size=batch_size, device=device, progress=advance,
-                             allow_pickle=allow_pickle, source=source, max_memory=max_memory)  # fmt: skip
+                             allow_pickle=allow_pickle, source=source, max_memory=max_memory, edits=edits)  # fmt: skip
     from dataclasses import replace
 
     result = replace(result, text={"source": text, **result.text})

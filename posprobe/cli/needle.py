@@ -15,7 +15,16 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.console import console, emit_json, log_console
-from posprobe.cli.options import AllowPickleOpt, DeviceOpt, FigureFormat, FormatOpt, JsonOpt, MaxMemoryOpt, OutOpt
+from posprobe.cli.options import (
+    AllowPickleOpt,
+    DeviceOpt,
+    EditOpt,
+    FigureFormat,
+    FormatOpt,
+    JsonOpt,
+    MaxMemoryOpt,
+    OutOpt,
+)
 from posprobe.formats.writing import default_out
 
 _DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -68,6 +77,7 @@ def needle(
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
+    edit: EditOpt = None,
 ) -> None:
     """A needle (by default a random 5-digit pass key) hidden in a haystack of real text (default: the King James
     Bible) at each prompt length and depth; per prompt the answer's teacher-forced log-probability, greedy exact
@@ -76,6 +86,7 @@ def needle(
     template."""
     from posprobe.capture.model import check_max_memory
     from posprobe.checkpoint import resolve_model
+    from posprobe.edits import prepare_edits
     from posprobe.formats.save import save
     from posprobe.formats.writing import prepare_out_dir
     from posprobe.pipelines.needle import NeedleGrid
@@ -98,10 +109,11 @@ def needle(
     )
     check_max_memory(device, max_memory)
     source = resolve_model(model or _DEFAULT_MODEL, allow_pickle=allow_pickle, with_tokenizer=True)
+    edits = prepare_edits(edit, source.config, source.name, max(grid.lengths))  # the exact check: in the pipeline
     out_dir = prepare_out_dir(out if out is not None else default_out("needle", source.label))
     with _prompt_progress() as progress:
         result = run_needle(None, haystack=haystack, grid=grid, task=task, device=device, progress=progress,
-                            allow_pickle=allow_pickle, source=source, max_memory=max_memory)  # fmt: skip
+                            allow_pickle=allow_pickle, source=source, max_memory=max_memory, edits=edits)  # fmt: skip
     written = save(result, out_dir, fmt)
     paths = {name.split(".")[0]: str(path) for name, path in written.paths.items()}
     if json_out:

@@ -110,3 +110,16 @@ def parse_int_list(text: str | None, what: str, allow_all: bool = True) -> list[
     if not values:
         raise PosprobeError(f"--{what} is empty", f"write e.g. --{what} 0,1,5")
     return values
+
+
+# SPEC §20: edits of a run (`posprobe.edits`), repeatable, all applied together
+EditOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--edit",
+        help="Edit the model in every pass (repeatable; SPEC §20): head:L.H[=zero|=mean] (L, H take * and comma "
+        "lists: head:21.8,18.6), attend:S,W (S sink tokens + a window of W), band:L.F (rotary pair F of layer L "
+        "zeroed; F a range 0-7), rope-keep:P, shift:N (position ids + N), channel:L.C[=zero|=mean].",
+        show_default=False,
+    ),
+]

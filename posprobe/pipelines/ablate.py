@@ -32,8 +32,11 @@ from posprobe.pipelines.ablate_result import AblateResult, Run
 from posprobe.validation import as_int
 
 READOUTS = ("context", "needle", "attention")
-METRICS = {"context": "mean loss (nats)", "needle": "mean answer log-probability (nats)",
-           "attention": "first-token mass"}  # fmt: skip
+METRICS = {
+    "context": "mean loss (nats)",
+    "needle": "mean answer log-probability (nats)",
+    "attention": "first-token mass",
+}
 SELECTIONS = {"retrieval": ("needle",), "sink": ("context", "attention")}
 _SELECT = re.compile(r"head:([a-z]+):(\d+)(=\w+)?")
 
@@ -50,8 +53,9 @@ def split_runs(edits: Sequence[str] | str) -> list[list[str]]:
             raise ArgumentValueError("edit", f"{{arg}} {text!r} is empty", "e.g. --edit attend:4,60")
         parts = [p.strip() for p in re.split(r"\+(?=\s*[a-z])", text.strip())]
         if any(not p for p in parts):
-            raise ArgumentValueError("edit", f"{{arg}} '{text}' has an empty part around '+'",
-                                     "join edits as KIND:ARGS+KIND:ARGS")  # fmt: skip
+            raise ArgumentValueError(
+                "edit", f"{{arg}} '{text}' has an empty part around '+'", "join edits as KIND:ARGS+KIND:ARGS"
+            )
         runs.append(parts)
     return runs
 
@@ -70,11 +74,17 @@ def check_runs(runs: list[list[str]], readout: str, config: dict, name: str, lon
                 continue
             kind = named.group(1)
             if kind not in SELECTIONS:
-                raise ArgumentValueError("edit", f"{{arg}} '{part}': no head selection '{kind}'",
-                                         "use head:retrieval:K (readout needle) or head:sink:K")  # fmt: skip
+                raise ArgumentValueError(
+                    "edit",
+                    f"{{arg}} '{part}': no head selection '{kind}'",
+                    "use head:retrieval:K (readout needle) or head:sink:K",
+                )
             if readout not in SELECTIONS[kind]:
-                raise ArgumentValueError("edit", f"{{arg}} '{part}' ranks heads by a measure --readout {readout} "
-                                         "does not make", f"use it with --readout {' or '.join(SELECTIONS[kind])}")  # fmt: skip
+                raise ArgumentValueError(
+                    "edit",
+                    f"{{arg}} '{part}' ranks heads by a measure --readout {readout} does not make",
+                    f"use it with --readout {' or '.join(SELECTIONS[kind])}",
+                )
             as_int(int(named.group(2)), "edit", minimum=1)
             fixed.append(f"head:0.0{named.group(3) or ''}")  # its kind and value are checked like any head edit
         prepare_edits(fixed, config, name, longest)
@@ -110,8 +120,9 @@ def ablate(
     from torch import nn
 
     if readout not in READOUTS:
-        raise ArgumentValueError("readout", f"{{arg}} '{readout}' is not one of {', '.join(READOUTS)}",
-                                 "e.g. --readout needle")  # fmt: skip
+        raise ArgumentValueError(
+            "readout", f"{{arg}} '{readout}' is not one of {', '.join(READOUTS)}", "e.g. --readout needle"
+        )
     runs = split_runs(edits)
     length = as_int(length, "length", minimum=8)
     windows = as_int(windows, "windows", minimum=2, hint="pairs need at least 2 windows, e.g. {arg} 8")
@@ -120,8 +131,11 @@ def ablate(
     if control is not None:
         control = as_int(control, "control", minimum=1)
         if not any(_acts_on(parts) for parts in runs):
-            raise ArgumentValueError("control", "{arg} needs an edit that acts on heads or rotary bands",
-                                     "e.g. --edit head:retrieval:10 --control random:10")  # fmt: skip
+            raise ArgumentValueError(
+                "control",
+                "{arg} needs an edit that acts on heads or rotary bands",
+                "e.g. --edit head:retrieval:10 --control random:10",
+            )
     net = model if isinstance(model, nn.Module) else None
     if net is None:
         from posprobe.checkpoint import resolve_model
@@ -178,10 +192,17 @@ def ablate(
     if control is not None:
         controls = _controls(target, control, seeds, n_layers, n_heads, config, name, measured)
     return AblateResult(
-        model=name, readout=readout, metric=METRICS[readout], n_layers=n_layers, n_heads=n_heads,
-        baseline=baseline, runs=results, controls=controls, control_of=None if target is None else target.label,
+        model=name,
+        readout=readout,
+        metric=METRICS[readout],
+        n_layers=n_layers,
+        n_heads=n_heads,
+        baseline=baseline,
+        runs=results,
+        controls=controls,
+        control_of=None if target is None else target.label,
         settings=reader.settings(length, windows, control, seeds),
-    )  # fmt: skip
+    )
 
 
 def _acts_on(parts: Sequence[str]) -> bool:
@@ -269,8 +290,11 @@ def _windows(texts, tokenizer, length: int, count: int) -> list[list[int]]:
     encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     stream, _ = token_stream(documents, body * count, encode, getattr(tokenizer, "eos_token_id", None))
     if len(stream) < body * count:
-        raise ArgumentValueError("windows", f"the texts hold {len(stream)} tokens, too few for {count} windows of "
-                                 f"{length}", "pass longer texts, or fewer --windows or a shorter --length")  # fmt: skip
+        raise ArgumentValueError(
+            "windows",
+            f"the texts hold {len(stream)} tokens, too few for {count} windows of {length}",
+            "pass longer texts, or fewer --windows or a shorter --length",
+        )
     return [([bos] if bos is not None else []) + list(stream[i * body : (i + 1) * body]) for i in range(count)]
 
 
@@ -336,11 +360,18 @@ class _Reader:
         self.prompts = None
 
     def settings(self, length: int, windows: int, control, seeds: int) -> dict:
-        common = {"control": None if control is None else f"random:{control}",
-                  "seeds": seeds if control is not None else 0}  # fmt: skip
+        common = {
+            "control": None if control is None else f"random:{control}",
+            "seeds": seeds if control is not None else 0,
+        }
         if self.readout == "needle":
-            return common | {"lengths": list(self.grid.lengths), "depths": list(self.grid.depths),
-                             "trials": self.grid.trials, "seed": self.grid.seed, "haystack": str(self.haystack)}  # fmt: skip
+            return common | {
+                "lengths": list(self.grid.lengths),
+                "depths": list(self.grid.depths),
+                "trials": self.grid.trials,
+                "seed": self.grid.seed,
+                "haystack": str(self.haystack),
+            }
         return common | {"length": length, "windows": windows, "from_position": self.from_position}
 
     def run(self, parts: list[str], heads, label: str) -> Run:
@@ -351,16 +382,28 @@ class _Reader:
     def _needle(self, parts, heads, label) -> Run:
         from posprobe.pipelines.needle import needle
 
-        result = needle(self.net, tokenizer=self.tokenizer, haystack=self.haystack, grid=self.grid, task=self.task,
-                        edits=list(parts) or None)  # fmt: skip
+        result = needle(
+            self.net,
+            tokenizer=self.tokenizer,
+            haystack=self.haystack,
+            grid=self.grid,
+            task=self.task,
+            edits=list(parts) or None,
+        )
         if self.prompts is None:
             self.prompts = result.records
         flat = result.log_prob.reshape(-1)
         retrieval = result.retrieval_score.reshape(-1, *result.retrieval_score.shape[-2:])
-        return Run(label=label, edits=list(parts), heads=heads, units=flat,
-                   exact=result.exact.reshape(-1).astype(np.float64), retrieval=retrieval,
-                   head_scores={"retrieval": result.head_retrieval, "attending": result.head_attention},
-                   grid=(result.mean_log_prob, result.accuracy))  # fmt: skip
+        return Run(
+            label=label,
+            edits=list(parts),
+            heads=heads,
+            units=flat,
+            exact=result.exact.reshape(-1).astype(np.float64),
+            retrieval=retrieval,
+            head_scores={"retrieval": result.head_retrieval, "attending": result.head_attention},
+            grid=(result.mean_log_prob, result.accuracy),
+        )
 
     def _windows(self, parts, heads, label) -> Run:
         from posprobe.capture.loop import Step, run
@@ -380,5 +423,12 @@ class _Reader:
         else:
             units = scored.mean(1)
         scores = {} if first is None else {"sink": np.nanmean(first, axis=0)}
-        return Run(label=label, edits=list(parts), heads=heads, units=units, position_loss=loss.mean(0),
-                   head_scores=scores, first_token_mass=None if first is None else np.nanmean(first, axis=0))  # fmt: skip
+        return Run(
+            label=label,
+            edits=list(parts),
+            heads=heads,
+            units=units,
+            position_loss=loss.mean(0),
+            head_scores=scores,
+            first_token_mass=None if first is None else np.nanmean(first, axis=0),
+        )

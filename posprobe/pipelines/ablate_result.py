@@ -105,14 +105,30 @@ class AblateResult(ResultMixin, Saves):
         runs = []
         for run in self.runs:
             effect = self.effect(run)
-            runs.append({"edit": run.label, "applied": list(run.edits), "heads": [list(h) for h in run.heads],
-                         "value": _number(run.value), **_effect(effect), **self._details(run)})  # fmt: skip
+            runs.append(
+                {
+                    "edit": run.label,
+                    "applied": list(run.edits),
+                    "heads": [list(h) for h in run.heads],
+                    "value": _number(run.value),
+                    **_effect(effect),
+                    **self._details(run),
+                }
+            )
         controls = []
         for run in self.controls:
             effect = self.effect(run)
             where = {"bands": list(run.bands)} if run.bands is not None else {"heads": [list(h) for h in run.heads]}
-            controls.append({"seed": run.seed, **where, "edit": run.edits[0] if len(run.edits) == 1 else run.edits,
-                             "value": _number(run.value), **_effect(effect), **self._details(run)})  # fmt: skip
+            controls.append(
+                {
+                    "seed": run.seed,
+                    **where,
+                    "edit": run.edits[0] if len(run.edits) == 1 else run.edits,
+                    "value": _number(run.value),
+                    **_effect(effect),
+                    **self._details(run),
+                }
+            )
         record = {
             "model": self.model,
             "readout": self.readout,
@@ -160,8 +176,14 @@ class AblateResult(ResultMixin, Saves):
         return arrays
 
     def metadata(self) -> dict:
-        return {"model": self.model, "readout": self.readout, "metric": self.metric, "settings": self.settings,
-                "labels": [r.label for r in self.all_runs], "edits": [list(r.edits) for r in self.all_runs]}  # fmt: skip
+        return {
+            "model": self.model,
+            "readout": self.readout,
+            "metric": self.metric,
+            "settings": self.settings,
+            "labels": [r.label for r in self.all_runs],
+            "edits": [list(r.edits) for r in self.all_runs],
+        }
 
     def jsonl(self) -> str:
         return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.unit_records())
@@ -169,15 +191,18 @@ class AblateResult(ResultMixin, Saves):
     def table(self) -> str:
         """The runs as plain text: value, delta [95% interval], p."""
         unit = "prompts" if self.readout == "needle" else "windows"
-        lines = [f"{self.readout}: {self.metric}, paired over {len(self.baseline.units)} {unit}",
-                 f"{'run':<44}{'value':>10}{'delta':>10}{'95% interval':>22}{'p':>8}  extra",
-                 f"{'baseline':<44}{self.baseline.value:>10.4f}{'':>40}  {_extra(self._details(self.baseline))}"]  # fmt: skip
+        lines = [
+            f"{self.readout}: {self.metric}, paired over {len(self.baseline.units)} {unit}",
+            f"{'run':<44}{'value':>10}{'delta':>10}{'95% interval':>22}{'p':>8}  extra",
+            f"{'baseline':<44}{self.baseline.value:>10.4f}{'':>40}  {_extra(self._details(self.baseline))}",
+        ]
         for run in [*self.runs, *self.controls]:
             e = self.effect(run)
             ci = "—" if e["interval"] is None else f"[{e['interval'][0]:+.4f}, {e['interval'][1]:+.4f}]"
             label = run.label if len(run.label) <= 43 else run.label[:40] + "..."
-            lines.append(f"{label:<44}{run.value:>10.4f}{e['delta']:>+10.4f}{ci:>22}{e['p']:>8.3f}  "
-                         f"{_extra(self._details(run))}")  # fmt: skip
+            lines.append(
+                f"{label:<44}{run.value:>10.4f}{e['delta']:>+10.4f}{ci:>22}{e['p']:>8.3f}  {_extra(self._details(run))}"
+            )
         versus = self.versus_controls()
         if versus is not None:
             paired = versus["paired"]
@@ -221,8 +246,13 @@ class AblateResult(ResultMixin, Saves):
 
 
 def _effect(effect: dict) -> dict:
-    return {"delta": _number(effect["delta"]), "interval": effect["interval"], "stderr": _number(effect["stderr"]),
-            "p": _number(effect["p"]), "p_exact": effect["p_exact"]}  # fmt: skip
+    return {
+        "delta": _number(effect["delta"]),
+        "interval": effect["interval"],
+        "stderr": _number(effect["stderr"]),
+        "p": _number(effect["p"]),
+        "p_exact": effect["p_exact"],
+    }
 
 
 def _extra(details: dict) -> str:

@@ -32,6 +32,7 @@ from posprobe.analysis.context_loss import (
     windows_available,
 )
 from posprobe.architectures import table as T
+from posprobe.edits import describe, prepare_edits
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.families import rope_variants as R
 from posprobe.kernel import Taps
@@ -154,7 +155,8 @@ def context(
     allow_pickle: bool = False,
     source=None,
     max_memory: dict | str | None = None,
-    edits: Taps | None = None,
+    taps: Taps | None = None,
+    edits: Iterable[str] | str | None = None,
 ) -> ContextResult:
     """Loss by position and perplexity per length for each rotary variant (SPEC §17).
 
@@ -164,8 +166,11 @@ def context(
     (default 512, 1024, 2048); windows: windows per length; rope_scaling: 'none,linear:2,dynamic:2,yarn:4,
     llama3:8' or a list; batch_size: windows per forward pass; progress(done, total) after each forward pass
     (under torchrun: every rank's passes counted); device: cpu, cuda, ... or 'auto' (accelerate's big-model
-    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk). edits: taps on the
-    attention kernel applied in every forward pass (`posprobe.kernel.Taps`; None: the model as it is).
+    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk). taps: taps on the
+    attention kernel applied in every forward pass (`posprobe.kernel.Taps`; None: the model as it is). edits: the
+    user's edits (SPEC §20: strings such as 'head:3.1=mean', 'attend:4,60', or parsed `posprobe.edits` objects),
+    checked against the config before any weight is read and applied in every forward pass; `=mean` edits run each
+    (variant, length)'s windows once more, before, without edits, for their means.
     `windows` windows of the longest length cover C = windows x (L_max - b) stream tokens (b = 1 with a BOS, else
     0); every length's perplexity is over exactly the same tokens of them (`common_targets`: all C with a BOS; without
     one, all but those that start a window at some length, which no window there predicts), each length in
@@ -186,6 +191,7 @@ def context(
                                  "e.g. context('SmolLM2-135M-Instruct', texts=open('book.txt'))")  # fmt: skip
     net, tokenizer, source = _open(model, texts is not None, allow_pickle, source)
     kind = check_family(source, variants, lengths)
+    edits = prepare_edits(edits, source.config, source.name, lengths[-1])
     if tokenizer is not None:
         bos_id = bos_of(tokenizer)
         eos_id = getattr(tokenizer, "eos_token_id", None)
@@ -228,7 +234,7 @@ def context(
                     Step(batches[start : start + batch_size], kwargs={"use_cache": False}, meta=start)
                     for start in range(0, count, batch_size)
                 )
-                index = run(net, steps, reducers, edits, start=index, total=total, progress=progress)
+                index = run(net, steps, reducers, taps, edits=edits, start=index, total=total, progress=progress)
                 all_sums.append(sums)
                 curves += reducers[1:]
             if rotary:
@@ -269,6 +275,7 @@ def context(
         },  # fmt: skip
         budget=budget,
         quantization=source.quantization,
+        edits=describe(edits),
     )
 
 

@@ -46,6 +46,7 @@ class ContextResult(ResultMixin, Saves):
     text: dict = field(default_factory=dict)
     budget: dict | None = None
     quantization: str | None = None
+    edits: list[str] = field(default_factory=list)  # SPEC §20: the edits applied in every pass, as written
 
     _repr_fields = ("model", "variants", "lengths", "trained_length", "perplexity")
 
@@ -117,6 +118,7 @@ class ContextResult(ResultMixin, Saves):
             "beyond_trained_length": self.beyond_trained,
             "text": self.text,
             "quantization": self.quantization,
+            "edits": list(self.edits),
             "note": self.note(),
         }
 

@@ -108,7 +108,8 @@ def needle(
     allow_pickle: bool = False,
     source: Any = None,
     max_memory: dict | str | None = None,
-    edits: Any = None,
+    taps: Any = None,
+    edits: Iterable[str] | str | None = None,
 ) -> NeedleResult:
     """The needle grid of a causal language model (SPEC §18).
 
@@ -117,8 +118,10 @@ def needle(
     depths, trials, seed (`NeedleGrid`); task: intro, needle and question templates, answer (`NeedleTask`).
     progress(done, total) after each prompt (under torchrun: every rank's prompts counted). device: cpu, cuda, ...
     (None: cuda if available for a checkpoint; a model object stays where it is) or 'auto' (accelerate's big-model
-    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk). edits: taps on the
-    attention kernel (`posprobe.kernel.Taps`) applied in every forward pass, before the needle row is read. Returns a
+    inference, with `max_memory` per device, e.g. {'cpu': '8GiB'}: past it, layers go to disk). taps: taps on the
+    attention kernel (`posprobe.kernel.Taps`) applied in every forward pass, before the needle row is read. edits:
+    the user's edits (SPEC §20: strings such as 'head:18.6', or parsed `posprobe.edits` objects), checked against
+    the config before any weight is read and applied in every forward pass and greedy continuation. Returns a
     `NeedleResult` whose arrays are shaped (lengths, depths, trials[, layers, heads]).
     """
     from torch import nn
@@ -158,6 +161,9 @@ def needle(
     builder = PromptBuilder(task, Haystack(texts, encode, hay_name), tokenizer, grid.seed)
     prompts = [builder.build(grid.lengths[i], grid.depths[j], t) for i, j, t in grid.cells()]
     _check_window(grid.lengths, max(len(p.answer_ids) for p in prompts), window, grid.beyond_window)
+    from posprobe.edits import describe, prepare_edits
+
+    edits = prepare_edits(edits, config, name, max(len(p.prompt_ids) + len(p.answer_ids) for p in prompts))
     from posprobe.capture.model import check_model, place_on, resolve_device
 
     if net is None:
@@ -174,10 +180,10 @@ def needle(
     from posprobe.capture.retrieval import TopKeys
 
     top_keys = None if eager else TopKeys(n_layers, n_heads)  # Wu's retrieval score: the kernel's pattern site
-    reducer = PromptScores(prompts, n_layers, n_heads, edits, top_keys)
-    taps = edits if top_keys is None else top_keys.taps() if edits is None else edits.joined(top_keys.taps())
+    reducer = PromptScores(prompts, n_layers, n_heads, top_keys)
+    taps = taps if top_keys is None else top_keys.taps() if taps is None else taps.joined(top_keys.taps())
     steps = (prompt_step(prompt, keep) for prompt in prompts)
-    run(net, steps, [reducer], taps, total=len(prompts), progress=progress, shape=(n_layers, n_heads))
+    run(net, steps, [reducer], taps, edits=edits, total=len(prompts), progress=progress, shape=(n_layers, n_heads))
     scores = reducer.result()
     if progress is not None:
         progress(len(prompts), len(prompts))  # the last prompts may have run on other ranks
@@ -195,6 +201,7 @@ def needle(
         n_layers=n_layers,
         n_heads=n_heads,
         route="eager (the model's own softmax rows)" if eager else "sdpa output + the last query row recomputed",
+        edits=describe(edits),
     )
 
 
@@ -209,16 +216,16 @@ def prompt_step(prompt: NeedlePrompt, keep: bool) -> Step:
                 prompt)  # fmt: skip
 
 
-def prompt_score(model, prompt: NeedlePrompt, logits, attention, device, edits=None) -> PromptScore:
+def prompt_score(model, prompt: NeedlePrompt, logits, attention, device, taps=None) -> PromptScore:
     """One prompt's scores from its forward pass: `logits` (1, m or answer + 1, V), `attention` (1, L, H) of the last
     prompt token on the needle. Where greedy decoding departs from the answer, the rest of its continuation is
-    generated (with `edits`, taps on the attention kernel, where given)."""
+    generated (with `taps` on the attention kernel, where given; the run's edit hooks stay installed meanwhile)."""
     prompt_len, answer_len = len(prompt.prompt_ids), len(prompt.answer_ids)
     keep = logits.shape[1] != prompt_len + answer_len
     logits = logits[0, -(answer_len + 1) : -1] if keep else logits[0, prompt_len - 1 : -1]
     token_log_probs, exact, greedy = answer_scores(logits, prompt.answer_ids)
     if not exact and len(greedy) < answer_len:
-        greedy = _continue_greedy(model, list(prompt.prompt_ids) + greedy, answer_len - len(greedy), device, edits)[
+        greedy = _continue_greedy(model, list(prompt.prompt_ids) + greedy, answer_len - len(greedy), device, taps)[
             prompt_len:
         ]
     return PromptScore(math.fsum(token_log_probs), exact, greedy, attention[0].cpu().numpy(), token_log_probs)
@@ -241,23 +248,23 @@ class PromptScores:
 
     needs = ("logits", "rows")
 
-    def __init__(self, prompts: Sequence[NeedlePrompt], n_layers: int, n_heads: int, edits=None, top_keys=None):
-        self.prompts, self.n_layers, self.n_heads, self.edits = prompts, n_layers, n_heads, edits
+    def __init__(self, prompts: Sequence[NeedlePrompt], n_layers: int, n_heads: int, top_keys=None):
+        self.prompts, self.n_layers, self.n_heads = prompts, n_layers, n_heads
         self.top_keys = top_keys
         self.mine: dict[int, PromptScore] = {}
 
     def add_output(self, out) -> None:
         prompt = out.step.meta
         top = self.top_keys.take()[0] if self.top_keys is not None else None  # (L, H, m)
-        score = prompt_score(out.model, prompt, out.logits, out.rows, out.input_ids.device, self.edits)
+        score = prompt_score(out.model, prompt, out.logits, out.rows, out.input_ids.device, out.taps)
         if top is not None:
-            score = replace(score, retrieval=self._retrieval(out.model, prompt, score, top, out.input_ids.device))
+            score = replace(score, retrieval=self._retrieval(out, prompt, score, top))
         self.mine[out.index] = _finite_score(score, out.index, prompt)
 
-    def _retrieval(self, model, prompt: NeedlePrompt, score: PromptScore, top, device) -> np.ndarray:
+    def _retrieval(self, out, prompt: NeedlePrompt, score: PromptScore, top) -> np.ndarray:
         """(L, H) Wu's retrieval score of one prompt: from the teacher-forced pass `top` where greedy decoding gives
         the answer, otherwise from the decoding steps, re-read in one pass over the prompt and the greedy
-        continuation (what decoding computes, step by step), with this run's edits."""
+        continuation (what decoding computes, step by step), with this run's taps (its edits' and the reader's)."""
         import torch
 
         from posprobe.analysis.needle import retrieval_hits, retrieval_score
@@ -267,8 +274,8 @@ class PromptScores:
         if not score.exact:
             generated = list(score.greedy_ids)
             ids = list(prompt.prompt_ids) + generated[:-1]
-            taps = self.top_keys.taps() if self.edits is None else self.edits.joined(self.top_keys.taps())
-            taps.forward(model, input_ids=torch.tensor([ids], device=device), use_cache=False)
+            self.top_keys.reset()  # what a greedy continuation's steps left there
+            out.taps.forward(out.model, input_ids=torch.tensor([ids], device=out.input_ids.device), use_cache=False)
             top = self.top_keys.take()[0]
         steps = top[:, :, p - 1 : p - 1 + len(generated)]
         return retrieval_score(retrieval_hits(steps, ids, prompt.needle_span, generated), len(answer))
@@ -327,8 +334,8 @@ def _merge_ranks(mine: dict[int, PromptScore], prompts: Sequence[NeedlePrompt], 
     ]
 
 
-def _continue_greedy(model, ids: list[int], new_tokens: int, device, edits=None) -> list[int]:
-    """`ids` followed by `new_tokens` greedy tokens (transformers' generate, no sampling, no penalties; `edits` on
+def _continue_greedy(model, ids: list[int], new_tokens: int, device, taps=None) -> list[int]:
+    """`ids` followed by `new_tokens` greedy tokens (transformers' generate, no sampling, no penalties; `taps` on
     the attention kernel in every step where given)."""
     import torch
     from transformers import GenerationConfig
@@ -337,11 +344,11 @@ def _continue_greedy(model, ids: list[int], new_tokens: int, device, edits=None)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     config.eos_token_id, config.pad_token_id = eos, eos if isinstance(eos, int) else None
     input_ids = torch.tensor([ids], device=device)
-    if edits is None:
+    if taps is None:
         out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
         return out[0].tolist()
-    edits.start()
-    with edits.handed(model):  # generate takes no extra keyword: the taps are handed to the attention modules
+    taps.start()
+    with taps.handed(model):  # generate takes no extra keyword: the taps are handed to the attention modules
         out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), generation_config=config)
     return out[0].tolist()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -55,6 +55,7 @@ class NeedleResult(ResultMixin, Saves):
     uniform_share: np.ndarray
     records: list
     quantization: str | None = None
+    edits: list = field(default_factory=list)  # SPEC §20: the edits applied in every pass, as written
     retrieval_score: np.ndarray | None = None
 
     _repr_fields = ("model", "lengths", "depths", "trials", "accuracy", "mean_log_prob")
@@ -104,7 +105,8 @@ class NeedleResult(ResultMixin, Saves):
         kept = {k: metadata[k] for k in ("model", "model_type", "quantization", "haystack", "task", "trials", "seed",
                                          "window", "n_layers", "n_heads", "route")}  # fmt: skip
         return cls(lengths=tuple(metadata["lengths"]), depths=tuple(metadata["depths"]), records=records,
-                   retrieval_score=arrays.get("retrieval_score"), **{k: arrays[k] for k in names}, **kept)  # fmt: skip
+                   edits=list(metadata.get("edits") or []), retrieval_score=arrays.get("retrieval_score"),
+                   **{k: arrays[k] for k in names}, **kept)  # fmt: skip
 
     @property
     def accuracy(self) -> np.ndarray:
@@ -192,6 +194,7 @@ class NeedleResult(ResultMixin, Saves):
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
             "route": self.route,
+            "edits": list(self.edits),
             "prompt_format": "plain continuation, no chat template: [BOS if the tokenizer adds one] intro, haystack "
             "with the needle at a sentence boundary, question; the answer ' ' + answer follows",
         }

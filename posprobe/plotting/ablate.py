@@ -27,8 +27,11 @@ def effects_figure(result):
     ax.set_ylabel(f"delta vs baseline\n({result.metric})", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     unit = "prompts" if result.readout == "needle" else "windows"
-    fig.suptitle(f"{result.model} — {result.readout}: edits (red) and random controls (gray); bars 95% interval "
-                 f"over {len(result.baseline.units)} {unit}", fontsize=8)  # fmt: skip
+    fig.suptitle(
+        f"{result.model} — {result.readout}: edits (red) and random controls (gray); bars 95% interval "
+        f"over {len(result.baseline.units)} {unit}",
+        fontsize=8,
+    )
     return fig
 
 
