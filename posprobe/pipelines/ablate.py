@@ -90,6 +90,46 @@ def check_runs(runs: list[list[str]], readout: str, config: dict, name: str, lon
         prepare_edits(fixed, config, name, longest)
 
 
+def check_options(
+    edits,
+    source,
+    *,
+    readout: str = "context",
+    control=None,
+    seeds: int = 5,
+    length: int = 512,
+    windows: int = 8,
+    from_position: int = 0,
+    **_,
+) -> None:
+    """The checks `ablate` makes before any weight is read (for a CLI that writes nothing until they pass): the
+    options, and every run's edits against the resolved checkpoint `source`'s config."""
+    runs, length, *_ = _checked(edits, readout, control, seeds, length, windows, from_position)
+    check_runs(runs, readout, source.config, source.label, None if readout == "needle" else length)
+
+
+def _checked(edits, readout, control, seeds, length, windows, from_position):
+    """(runs, length, windows, from_position, seeds, control) checked, one line for anything out of bounds."""
+    if readout not in READOUTS:
+        raise ArgumentValueError(
+            "readout", f"{{arg}} '{readout}' is not one of {', '.join(READOUTS)}", "e.g. --readout needle"
+        )
+    runs = split_runs(edits)
+    length = as_int(length, "length", minimum=8)
+    windows = as_int(windows, "windows", minimum=2, hint="pairs need at least 2 windows, e.g. {arg} 8")
+    from_position = as_int(from_position, "from_position", minimum=0, maximum=length - 2)
+    seeds = as_int(seeds, "seeds", minimum=1, maximum=1000)
+    if control is not None:
+        control = as_int(control, "control", minimum=1)
+        if not any(_acts_on(parts) for parts in runs):
+            raise ArgumentValueError(
+                "control",
+                "{arg} needs an edit that acts on heads or rotary bands",
+                "e.g. --edit head:retrieval:10 --control random:10",
+            )
+    return runs, length, windows, from_position, seeds, control
+
+
 def ablate(
     model: str | PathLike | Any = "SmolLM2-135M-Instruct",
     edits: Sequence[str] | str = (),
@@ -119,23 +159,9 @@ def ablate(
     run, `seeds` runs. progress(done, total) after each run."""
     from torch import nn
 
-    if readout not in READOUTS:
-        raise ArgumentValueError(
-            "readout", f"{{arg}} '{readout}' is not one of {', '.join(READOUTS)}", "e.g. --readout needle"
-        )
-    runs = split_runs(edits)
-    length = as_int(length, "length", minimum=8)
-    windows = as_int(windows, "windows", minimum=2, hint="pairs need at least 2 windows, e.g. {arg} 8")
-    from_position = as_int(from_position, "from_position", minimum=0, maximum=length - 2)
-    seeds = as_int(seeds, "seeds", minimum=1, maximum=1000)
-    if control is not None:
-        control = as_int(control, "control", minimum=1)
-        if not any(_acts_on(parts) for parts in runs):
-            raise ArgumentValueError(
-                "control",
-                "{arg} needs an edit that acts on heads or rotary bands",
-                "e.g. --edit head:retrieval:10 --control random:10",
-            )
+    runs, length, windows, from_position, seeds, control = _checked(
+        edits, readout, control, seeds, length, windows, from_position
+    )
     net = model if isinstance(model, nn.Module) else None
     if net is None:
         from posprobe.checkpoint import resolve_model
@@ -168,7 +194,8 @@ def ablate(
     from posprobe.capture.model import check_model
 
     n_layers, n_heads = check_model(net)
-    reader = _Reader(readout, net, tokenizer, windows_ids, from_position, haystack, grid, task)
+    sinks = any(p.startswith("head:sink:") for parts in runs for p in parts)
+    reader = _Reader(readout, net, tokenizer, windows_ids, from_position, haystack, grid, task, sinks)
     total = 1 + len(runs) + (seeds if control is not None else 0)
     done = [0]
 
@@ -202,6 +229,7 @@ def ablate(
         controls=controls,
         control_of=None if target is None else target.label,
         settings=reader.settings(length, windows, control, seeds),
+        records=reader.records(),
     )
 
 
@@ -353,8 +381,8 @@ class _Windows:
 class _Reader:
     """One readout over the same windows or prompts, run with any edits (`run`)."""
 
-    def __init__(self, readout, net, tokenizer, windows_ids, from_position, haystack, grid, task):
-        self.readout, self.net, self.tokenizer = readout, net, tokenizer
+    def __init__(self, readout, net, tokenizer, windows_ids, from_position, haystack, grid, task, sinks=False):
+        self.readout, self.net, self.tokenizer, self.sinks = readout, net, tokenizer, sinks
         self.windows, self.from_position = windows_ids, from_position
         self.haystack, self.grid, self.task = haystack, grid, task
         self.prompts = None
@@ -373,6 +401,13 @@ class _Reader:
                 "haystack": str(self.haystack),
             }
         return common | {"length": length, "windows": windows, "from_position": self.from_position}
+
+    def records(self) -> list[dict] | None:
+        """needle: each prompt's grid cell, answer and spans (the keys of prompts.jsonl before the runs' values)."""
+        if self.prompts is None:
+            return None
+        keys = ("length", "depth", "trial", "answer", "achieved_length", "achieved_depth", "needle_span")
+        return [{k: record[k] for k in keys} for record in self.prompts]
 
     def run(self, parts: list[str], heads, label: str) -> Run:
         if self.readout == "needle":
@@ -410,8 +445,8 @@ class _Reader:
         from posprobe.capture.model import check_model
         from posprobe.edits import parse_edits
 
-        baseline = not parts
-        mass = _FirstTokenMass(*check_model(self.net)) if self.readout == "attention" or baseline else None
+        wanted = self.readout == "attention" or (self.sinks and not parts)  # head:sink:K ranks the baseline's
+        mass = _FirstTokenMass(*check_model(self.net)) if wanted else None
         reducer = _Windows(mass)
         steps = (Step([w], kwargs={"use_cache": False}, meta=i) for i, w in enumerate(self.windows))
         run(self.net, steps, [reducer], None if mass is None else mass.taps(), edits=parse_edits(parts))
