@@ -136,9 +136,9 @@ def test_text_analyses_read_the_edited_attention():
         return scores.index_fill(-1, torch.tensor([0]), torch.finfo(scores.dtype).min)
 
     plain = attention_profiles(model, input_ids=texts, max_length=12, weights_correlation=False)
-    same = attention_profiles(model, input_ids=texts, max_length=12, weights_correlation=False, edits=Taps())
+    same = attention_profiles(model, input_ids=texts, max_length=12, weights_correlation=False, taps=Taps())
     cut = attention_profiles(model, input_ids=texts, max_length=12, weights_correlation=False,
-                             edits=Taps().on("scores", first_key_cut, layers=[1]))  # fmt: skip
+                             taps=Taps().on("scores", first_key_cut, layers=[1]))  # fmt: skip
     np.testing.assert_array_equal(same.sinks.first_token_mass, plain.sinks.first_token_mass)
     assert (plain.sinks.first_token_mass > 0.01).all()
     assert np.abs(cut.sinks.first_token_mass[1]).max() < 1e-6 and (cut.sinks.first_token_mass[0] > 0.01).all()

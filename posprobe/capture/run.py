@@ -18,6 +18,7 @@ Dimensions: B texts in the batch, m its longest sequence, L layers, H query head
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -150,7 +151,8 @@ def capture_batches(
     verify: bool = True,
     progress: Callable[[int], None] | None = None,
     block_size: int | None = None,
-    edits: Taps | None = None,
+    taps: Taps | None = None,
+    edits: Sequence = (),
 ) -> CaptureSummary:
     """Run `model` once per batch (inference mode, eval mode) and hand each `BatchCapture` to every reducer.
 
@@ -168,10 +170,12 @@ def capture_batches(
     default) does this for the batches whose whole matrices would take at least 256 MiB (blocks of about
     `kernel.routes.BLOCK_ELEMENTS` scores), 0 never, a positive number for every batch. The first batch run in
     blocks is checked too, on its first 256 tokens, in blocks of a quarter of them.
-    `edits`: taps on the attention kernel (`posprobe.kernel.Taps`) applied in every forward pass, before the
+    `taps`: taps on the attention kernel (`posprobe.kernel.Taps`) applied in every forward pass, before the
     recorders read the attention (a run with no attention reducer runs on the kernel's eager route then, whose
     outputs are the eager path's); refused for a family outside AttentionInterface. The first-batch check compares
-    the kernel without the edits with the model's eager attention.
+    the kernel without the taps with the model's eager attention. `edits`: parsed edits (SPEC §20, `posprobe.edits`,
+    checked by the caller against the config): their taps first, their hooks installed for the run; where one asks
+    for a mean, this rank's batches are run once before, without edits, for it (over real tokens).
     Raises PosprobeError for a model that cannot be captured, or when there is no batch."""
     import torch
 
@@ -189,13 +193,24 @@ def capture_batches(
     if parallel:
         distributed.check_mergeable(reducers)
     net = stack_to_run(model)
-    if edits is not None and is_eager_route(model):
+    applied = contextlib.nullcontext()
+    if edits:
+        from posprobe.edits.apply import EditRun
+        from posprobe.edits.spec import needs_means
+
+        means = None
+        if needs_means(edits):
+            batches = list(batches)
+            means = _edit_means(net, batches, edits, parallel)
+        applied = EditRun(net, edits, means)
+        taps = applied.taps.joined(taps) if applied.taps is not None else taps
+    if taps is not None and is_eager_route(model):
         raise PosprobeError(
             f"'{net.config.model_type}' computes attention in its own code, outside transformers' AttentionInterface, "
             "so posprobe cannot edit it",
             "use a family whose attention goes through AttentionInterface (Llama, Qwen, Gemma, GPT-2, BERT, ...)",
         )
-    kernel = attention or edits is not None  # the run goes through the attention kernel
+    kernel = attention or taps is not None  # the run goes through the attention kernel
     eager = attention and is_eager_route(model)
     recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending), n_heads)
     eager_recorder = eager_route_recorder(net, list(attending), n_heads)
@@ -218,6 +233,7 @@ def capture_batches(
     checked: set[str] = set()  # the routes whose first batch was checked against eager attention
     round_texts = 0  # texts of the current round of `world` batches, for a global progress count under torchrun
     try:
+        applied.__enter__()
         model.eval()
         if attention and sparse == "block_sparse" and hasattr(base, "set_attention_type"):
             base.set_attention_type("original_full")  # what BigBird does itself on the lengths check_length allows
@@ -254,7 +270,7 @@ def capture_batches(
                     try:
                         output = _run_blocks(
                             net, index, tokens, block_readers, len(attending), block_size or None, kwargs, n_heads,
-                            edits,
+                            taps,
                         )  # fmt: skip
                         if verify and "blocks" not in checked:  # the first batch run in blocks
                             _verify_blocks(net, tokens, len(attending))
@@ -272,10 +288,10 @@ def capture_batches(
                     del scores, probs
                 elif attention:
                     recorder.begin(len(tokens), tokens.input_ids.shape[1])
-                    output = _forward(net, tokens, kwargs, _joined(edits, recorder.taps()))
+                    output = _forward(net, tokens, kwargs, _joined(taps, recorder.taps()))
                     _check_calls(net, recorder.calls, len(attending))
                     if verify and "whole" not in checked:  # the first batch recorded as whole matrices
-                        plain = output if edits is None else _forward(net, tokens, {}, Taps())
+                        plain = output if taps is None else _forward(net, tokens, {}, Taps())
                         verify_against_eager(net, tokens.input_ids, tokens.attention_mask, plain)
                         checked.add("whole")
                     recorded = (
@@ -284,7 +300,7 @@ def capture_batches(
                         recorder.allowed,
                     )
                 else:
-                    output = _forward(net, tokens, kwargs, edits)
+                    output = _forward(net, tokens, kwargs, taps)
                     recorded = None
                 if hidden:
                     _check_hidden(net, output.hidden_states, int(tokens.input_ids.shape[1]))
@@ -301,6 +317,7 @@ def capture_batches(
             if progress is not None and round_texts:
                 progress(round_texts)
     finally:
+        applied.__exit__(None, None, None)
         recorder.begin(0, 0)
         if eager:
             eager_recorder.stop(net)
@@ -379,9 +396,9 @@ def _run_blocks(
     rows: int | None,
     kwargs: dict,
     heads: int,
-    edits: Taps | None = None,
+    taps: Taps | None = None,
 ):
-    """Run one batch on the blockwise route (with `edits` first), handing every block of every layer to `readers`
+    """Run one batch on the blockwise route (with `taps` first), handing every block of every layer to `readers`
     (`BlockCapture`s on the inputs' device, `heads` H heads each); returns the model's output."""
     here = tokens.input_ids.device
     counted = tokens.counted
@@ -397,15 +414,38 @@ def _run_blocks(
 
     recorder = BlockRecorder(n_layers, hand, rows, heads)
     recorder.begin(int(tokens.input_ids.shape[1]))
-    taps = _joined(edits, recorder.taps())
+    taps = _joined(taps, recorder.taps())
     output = taps.forward(net, input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, **kwargs)
     _check_calls(net, recorder.calls, n_layers)
     return output
 
 
 def _joined(edits: Taps | None, taps: Taps) -> Taps:
-    """`edits`, then `taps` (the recorders read the edited attention)."""
+    """The taps `edits`, then `taps` (the recorders read the edited attention)."""
     return taps if edits is None else edits.joined(taps)
+
+
+def _edit_means(net, batches: Sequence[TokenBatch], edits, parallel: bool) -> dict:
+    """The means `=mean` edits set (`edits.apply.MeanPass`): this rank's batches run once on the kernel without
+    edits, sums over their real tokens (attention_mask) added over the ranks."""
+    import torch
+
+    from posprobe.edits.apply import MeanPass
+
+    previous = net.config._attn_implementation
+    with MeanPass(net, edits) as collect, torch.inference_mode():
+        if collect.taps is not None:
+            register()
+            net.set_attn_implementation(RECORD_NAME)
+        try:
+            for index, tokens in enumerate(batches):
+                if parallel and not distributed.mine(index):
+                    continue
+                collect.real = tokens.attention_mask.bool()
+                _forward(net, tokens, {}, collect.taps)
+        finally:
+            net.set_attn_implementation(previous)
+    return collect.means(parallel)
 
 
 def _not_in_blocks(net, err: Exception) -> PosprobeError:

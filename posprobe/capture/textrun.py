@@ -151,14 +151,18 @@ def run_texts(
     check: Callable[[Any], Any] | None = None,
     allow_pickle: bool = False,
     verify: bool = True,
+    taps: Any = None,
     edits: Any = None,
 ) -> TextRunOutput:
     """Run `model` (hub id, folder, None for the packaged MiniLM, or a loaded model) once over `run`'s texts: read it
     (eager attention; accelerate's device map for device 'auto'), `check(net)` (the caller's refusals, before
     anything else; its value is kept as `checked`), resolve the max length, pick the device, build the reducers
     (`reducers(TextModel)`: where sums are sized and memory checked), move the model there and capture (with
-    `edits`, taps on the attention kernel, in every forward pass: `capture_batches`)."""
+    `taps` on the attention kernel in every forward pass: `capture_batches`). `edits`: the user's edits (SPEC §20:
+    strings or parsed), checked against the config before any weight is read, applied in every forward pass."""
     dispatch = dispatch_settings(run.device, run.max_memory)  # device 'auto': accelerate's big-model inference
+    if edits:
+        model, edits = _checked_edits(model, edits, allow_pickle, run.max_length)
     source, net, tokenizer = load_for_capture(
         model, allow_pickle, need_tokenizer=run.needs_tokenizer, dispatch=dispatch
     )
@@ -169,8 +173,27 @@ def run_texts(
     made = list(reducers(loaded))
     net = place_on(net, device)
     loaded = TextModel(source, net, tokenizer, max_length, device, checked)
-    summary = capture_run(net, made, run, tokenizer=tokenizer, max_length=max_length, verify=verify, edits=edits)
+    summary = capture_run(net, made, run, tokenizer=tokenizer, max_length=max_length, verify=verify, taps=taps,
+                          edits=edits)  # fmt: skip
     return TextRunOutput(loaded, made, summary)
+
+
+def _checked_edits(model, edits, allow_pickle: bool, max_length: int | None):
+    """(the model, resolved to its `ModelSource` where it is a name: not resolved again; the edits parsed and
+    checked against its config, before any weight is read)."""
+    from torch import nn
+
+    from posprobe.capture.model import DEFAULT_MAX_LENGTH
+    from posprobe.edits import prepare_edits
+
+    max_length = max_length or DEFAULT_MAX_LENGTH  # resolve_max_length's default (capped by a table: check_edits)
+    if isinstance(model, nn.Module):
+        config = model.config.to_dict()
+        return model, prepare_edits(edits, config, str(config.get("_name_or_path") or "model"), max_length)
+    from posprobe.checkpoint import resolve_model
+
+    source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
+    return source, prepare_edits(edits, source.config, source.name, max_length)
 
 
 def capture_run(
@@ -181,7 +204,8 @@ def capture_run(
     tokenizer: Any = None,
     max_length: int,
     verify: bool = True,
-    edits: Any = None,
+    taps: Any = None,
+    edits: Any = (),
 ) -> CaptureSummary:
     """Feed every batch of `run` (on a loaded `model`, truncated to `max_length`) to `reducers` (see
     `capture_batches`): padded batches of `run.batch_size`, length-sorted within chunks of 16 batches; one text a
@@ -204,7 +228,7 @@ def capture_run(
         device=model_device(model),
     )
     return capture_batches(model, batches, reducers, verify=verify, progress=run.progress, block_size=run.block_size,
-                           edits=edits)  # fmt: skip
+                           taps=taps, edits=edits or ())  # fmt: skip
 
 
 def capture(

@@ -35,6 +35,7 @@ from posprobe.cli.options import (
     ColumnOpt,
     DefaultTextOpt,
     DeviceOpt,
+    EditOpt,
     FigureFormat,
     FormatOpt,
     JsonOpt,
@@ -118,6 +119,7 @@ def attention(
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
+    edit: EditOpt = None,
 ) -> None:
     """Run MODEL on real texts and measure, per layer and head, the score and probability profiles over
     k = j − i, the mean attention distance (and what uniform attention would give), the mean score matrix's
@@ -139,6 +141,10 @@ def attention(
         block_size = as_int(block_size, "block_size", minimum=0, hint="e.g. --block-size 256, or 0 for whole matrices")
     total = check_texts(text, column, max_texts)
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True)
+    from posprobe.capture.model import DEFAULT_MAX_LENGTH
+    from posprobe.edits import prepare_edits
+
+    edits = prepare_edits(edit, source.config, source.name, max_length or DEFAULT_MAX_LENGTH)
     out_dir = Path(out if out is not None else default_out("attention", source.label)).expanduser()
     _check_writable(out_dir)
 
@@ -161,6 +167,7 @@ def attention(
             stack=stack.value,
             mean_scores={"auto": None, "yes": True, "no": False}[mean_scores.value],
             block_size=block_size,
+            edits=edits,
         )
     from dataclasses import replace
 

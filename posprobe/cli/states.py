@@ -33,6 +33,7 @@ from posprobe.cli.options import (
     ColumnOpt,
     DefaultTextOpt,
     DeviceOpt,
+    EditOpt,
     FigureFormat,
     FormatOpt,
     JsonOpt,
@@ -92,6 +93,7 @@ def states(
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
+    edit: EditOpt = None,
 ) -> None:
     """Run MODEL on real texts and measure, for every hidden state (0 = embedding output): the positional vectors
     (mean hidden state per position, centred) and the Toeplitz R² of their Gram matrix; a ridge probe of the
@@ -141,13 +143,17 @@ def states(
     from posprobe.cli.attention import _check_writable
 
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=True, revision=revision)
+    from posprobe.capture.model import DEFAULT_MAX_LENGTH
+    from posprobe.edits import prepare_edits
+
+    edits = prepare_edits(edit, source.config, source.name, max_length or DEFAULT_MAX_LENGTH)
     out_dir = Path(out if out is not None else default_out("states", source.label)).expanduser()
     _check_writable(out_dir)
     from posprobe.pipelines.states import states as run_states
     from posprobe.pipelines.states_result import write_states
 
     with text_progress(total) as advance:
-        result = run_states(source, iter_texts(text, column), progress=advance, **settings)
+        result = run_states(source, iter_texts(text, column), progress=advance, edits=edits, **settings)
     from dataclasses import replace
 
     result = replace(result, model=source.name, revision=revision)

@@ -160,9 +160,7 @@ def _number(text: str, word: str) -> float:
 
 def _whole(text: str, word: str, minimum: int = 0) -> int:
     word = word.strip()
-    if not re.fullmatch(r"[+-]?\d+", word):
-        if word.lower() in ("nan", "inf", "-inf", "+inf") or re.fullmatch(r"[+-]?[\d.eE+-]+", word):
-            raise refuse(text, f"'{word}' is not a whole number")
+    if not re.fullmatch(r"[+-]?\d+", word):  # NaN, inf, 1.5, words
         raise refuse(text, f"'{word}' is not a whole number")
     value = int(word)
     if value < minimum:
@@ -334,6 +332,7 @@ def check_edits(edits: Sequence[Edit], model: EditModel, longest: int | None = N
                 raise refuse(edit.text, f"'{model.name}' uses {model.kind} positions, which read no position ids: a "
                              "shift changes nothing", "shift applies to rotary and absolute-table models")  # fmt: skip
             if model.max_positions is not None and longest is not None:
+                longest = min(longest, model.max_positions)  # no run is longer than the table
                 end = longest + edit.offset + model.offset
                 if end > model.max_positions + model.offset:
                     raise refuse(edit.text, f"positions up to {longest + edit.offset - 1} would index '{model.name}''s "

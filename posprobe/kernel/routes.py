@@ -149,7 +149,8 @@ def _sdpa(module, query, key, value, attention_mask, scaling, dropout, kwargs, t
     edits = call is not None and (taps.wants("scores") or taps.wants("pattern"))
     if softcap is not None or sinks is not None or indices is not None or blocks is not None or edits:
         mask = attention_mask
-        if mask is None:  # sdpa's causal shortcut: the eager computation needs the causal mask written out
+        if mask is None and getattr(module, "is_causal", True):  # sdpa's causal shortcut: written out (a
+            # bidirectional module's None is no mask at all, as sdpa reads it)
             queries, keys = query.shape[-2], key.shape[-2]
             mask = torch.ones(queries, keys, dtype=torch.bool, device=query.device).tril(keys - queries)[None, None]
         out, _ = _whole(module, query, key, value, mask, scaling, dropout, kwargs, taps, call)

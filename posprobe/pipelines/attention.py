@@ -23,6 +23,7 @@ from posprobe.capture import RECORD_NAME, check_model, register_recording_attent
 from posprobe.capture.memory import check_fits
 from posprobe.capture.model import attention_layers, layer_kind_words, picks_keys_per_head, run_stack
 from posprobe.capture.textrun import TextModel, run_texts, text_run
+from posprobe.edits import describe, parse_edits
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.attention_result import AttentionResult, write_attention
 from posprobe.texts.reading import check_texts, iter_texts, parse_hub_texts
@@ -55,6 +56,7 @@ def attention_profiles(
     stack: str = "encoder",
     mean_scores: bool | None = None,
     block_size: int | None = None,
+    taps: Any = None,
     edits: Any = None,
 ) -> AttentionResult:
     """Empirical score/probability profiles, mean attention distance and mean score matrix (SPEC §10), and the
@@ -81,9 +83,11 @@ def attention_profiles(
     not. Without them `mean_scores`, `count_matrix` and `toeplitz_r2` are None (no array, null in JSON).
     `block_size`: query rows per block of the blockwise route (SPEC §19, `capture.capture_batches`): None (the
     default) computes in blocks the batches whose whole matrices would take 256 MiB or more, 0 never, a positive
-    number every batch. `edits`: taps on the attention kernel (`posprobe.kernel.Taps`: a head zeroed, keys masked,
+    number every batch. `taps`: taps on the attention kernel (`posprobe.kernel.Taps`: a head zeroed, keys masked,
     ...) applied in every forward pass before the attention is recorded (a family outside AttentionInterface is
-    refused).
+    refused). `edits`: the user's edits (SPEC §20: strings such as 'attend:4,60', or parsed), checked against the
+    config before any weight is read, applied in every forward pass before the attention is recorded; recorded in
+    the result's `edits`.
     """
     run = text_run(texts, input_ids, special_ids=special_ids, max_length=max_length, max_texts=max_texts,
                    batch_size=batch_size, exclude_special=exclude_special, device=device, max_memory=max_memory,
@@ -133,7 +137,8 @@ def attention_profiles(
             made.append(LearnedSinkAccumulator(n_acc, n_heads, loaded.device))
         return made
 
-    output = run_texts(model, run, reducers, check=check, allow_pickle=allow_pickle, verify=verify, edits=edits)
+    output = run_texts(model, run, reducers, check=check, allow_pickle=allow_pickle, verify=verify, taps=taps,
+                       edits=edits)  # fmt: skip
     source, net, max_length = output.model.source, output.model.net, output.model.max_length
     n_layers, n_heads = output.model.checked
     acc, sinks, *learned = output.reducers
@@ -173,6 +178,7 @@ def attention_profiles(
         quantization=None if source is None else source.quantization,
         stack=run_stack(net),
         layer_kinds=kinds,
+        edits=describe(parse_edits(edits)),
         mean_scores_note="kept"
         if profiles.mean_scores is not None
         else _not_kept(mean_scores, _square_bytes(len(attending), n_heads, max_length, picks_keys_per_head(net))),

@@ -71,6 +71,7 @@ class AttentionResult(ResultMixin, Saves):
     stack: str | None = None  # 'encoder' for an encoder-decoder (its encoder stack ran on the texts), else None
     learned_sinks: LearnedSinkShares | None = None  # learned per-head sink logits (gpt-oss), else None
     layer_kinds: list[str] | None = None
+    edits: list[str] = field(default_factory=list)  # SPEC §20: the edits applied in every pass, as written
 
     @property
     def attention_layers(self) -> list[int]:
@@ -132,6 +133,7 @@ class AttentionResult(ResultMixin, Saves):
             "attention_layers": self.attention_layers,
             "mode": "empirical",
             "quantization": self.quantization,
+            "edits": list(self.edits),
             "stack": self.stack,
             "mean_scores": self.mean_scores_note,
             "convention": "k = j - i (query i, key j); profiles over k = -(n-1)..n-1 increasing",

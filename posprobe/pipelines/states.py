@@ -24,6 +24,7 @@ from posprobe.analysis.positional_vectors import (
 from posprobe.capture import check_model
 from posprobe.capture.model import layer_kind_words, text_config
 from posprobe.capture.textrun import TextModel, run_texts, text_run
+from posprobe.edits import describe, parse_edits
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.states_result import StatesResult
 from posprobe.runtime.phases import phase
@@ -90,6 +91,7 @@ def states(
     max_memory: dict | str | None = None,
     progress: Callable[[int], None] | None = None,
     text_source: str | None = None,
+    edits: Any = None,
 ) -> StatesResult:
     """Position in the hidden states of `model` on `texts` (SPEC §16), every hidden state l = 0..L in one pass:
     positional vectors (positions with at least `min_texts` texts) and their Gram matrix's Toeplitz R², position
@@ -105,7 +107,9 @@ def states(
     (mean and spread reported); `null_draws`: permutation-null draws of the positional Gram R² (0: none; each
     costs the positional sums' memory again). The probe's baseline (no hidden state: the first-token flag, plus the
     text length where the model attends both ways; `is_causal`) comes with every run. `progress(k)` is called after
-    each batch with the number of texts it held.
+    each batch with the number of texts it held. `edits`: the user's edits (SPEC §20: strings such as
+    'channel:3.123=mean', or parsed), checked against the config before any weight is read, applied in every pass;
+    recorded in the result's `edits`.
     """
     run = text_run(texts, input_ids, special_ids=special_ids, max_length=max_length, max_texts=max_texts,
                    batch_size=batch_size, device=device, max_memory=max_memory, progress=progress,
@@ -151,7 +155,7 @@ def states(
             MassiveActivationAccumulator(n_states, device),
         ]  # fmt: skip
 
-    output = run_texts(model, run, reducers, check=check, allow_pickle=allow_pickle)
+    output = run_texts(model, run, reducers, check=check, allow_pickle=allow_pickle, edits=edits)
     source, net, tokenizer, max_length = (
         output.model.source,
         output.model.net,
@@ -193,6 +197,7 @@ def states(
         null_r2=null_r2,
         null_r2_without_first=null_r2_without_first,
         layer_kinds=kinds,
+        edits=describe(parse_edits(edits)),
     )
 
 

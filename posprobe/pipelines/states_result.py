@@ -5,7 +5,7 @@ massive activations of every hidden state, and the run's settings), its `.npz` c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +76,7 @@ class StatesResult(ResultMixin, Saves):
     null_r2: np.ndarray | None = None  # (draws, L+1): the Gram R² with positions 1.. permuted within each text
     null_r2_without_first: np.ndarray | None = None  # (draws, L+1): the same over positions i >= 1
     layer_kinds: list[str] | None = None  # (L,): layer l's kind; its output is hidden state l + 1
+    edits: list[str] = field(default_factory=list)  # SPEC §20: the edits applied in every pass, as written
 
     _repr_fields = ("model", "n_texts", "max_length", "n_layers", "probe_r2", "probe_r2_control", "massive_ratio")
 
@@ -160,6 +161,7 @@ class StatesResult(ResultMixin, Saves):
             "model_type": self.model_type,
             "revision": self.revision,
             "quantization": self.quantization,
+            "edits": list(self.edits),
             "n_texts": self.n_texts,
             "max_length": self.max_length,
             "n_layers": self.n_layers,
