@@ -11,28 +11,53 @@ as the target's (counting the target: (1 + k) / (1 + N)).
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import numpy as np
 
-from posprobe.glue.stats import paired_delta
+EXACT_MAX_N = 20  # sign patterns enumerated up to this many pairs; a Monte Carlo estimate past it
+MC_PATTERNS = 100_000
+
+
+def sign_flip_p(d) -> tuple[float, bool]:
+    """(two-sided sign-flip p of mean(d) = 0, exact): the share of sign patterns e in {-1, 1}^n with |sum(e d)| >=
+    |sum(d)| (ties count as extreme), by enumeration for n <= EXACT_MAX_N, else from MC_PATTERNS random patterns
+    (seed 0) plus the observed one."""
+    d = np.asarray(d, dtype=np.float64)
+    n = len(d)
+    observed = abs(float(d.sum()))
+    tol = 1e-12 * max(1.0, float(np.abs(d).sum()))
+    if n <= EXACT_MAX_N:
+        tail = min(n, 16)
+        tail_sums = np.array(list(itertools.product((1.0, -1.0), repeat=tail))) @ d[n - tail :]
+        count = 0
+        for head in itertools.product((1.0, -1.0), repeat=n - tail):
+            offset = float(np.dot(head, d[: n - tail])) if head else 0.0
+            count += int(np.count_nonzero(np.abs(offset + tail_sums) >= observed - tol))
+        return count / 2.0**n, True
+    signs = np.random.default_rng(0).choice((-1.0, 1.0), size=(MC_PATTERNS, n))
+    return (int(np.count_nonzero(np.abs(signs @ d) >= observed - tol)) + 1) / (MC_PATTERNS + 1), False
 
 
 def paired_effect(values, baseline) -> dict:
     """{'delta', 'stderr', 'interval' [lo, hi] (None for n < 2), 'p', 'p_exact', 'n'} of per-unit `values` against
     `baseline` (same units, same order), over the units where both are finite."""
-    found = paired_delta(
-        [float(v) for v in np.asarray(values, dtype=np.float64)],
-        [float(b) for b in np.asarray(baseline, dtype=np.float64)],
-    )
-    if found is None:
+    values, baseline = np.asarray(values, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
+    both = np.isfinite(values) & np.isfinite(baseline)
+    d = values[both] - baseline[both]
+    n = len(d)
+    if n == 0:
         return {"delta": None, "stderr": None, "interval": None, "p": None, "p_exact": None, "n": 0}
-    return {
-        "delta": found.mean,
-        "stderr": found.stderr,
-        "interval": None if found.ci95 is None else list(found.ci95),
-        "p": found.p_value,
-        "p_exact": found.p_exact,
-        "n": found.n,
-    }
+    mean, stderr, interval = float(d.mean()), None, None
+    if n > 1:
+        from scipy.stats import t
+
+        stderr = float(d.std(ddof=1)) / math.sqrt(n)
+        half = float(t.ppf(0.975, n - 1)) * stderr
+        interval = [mean - half, mean + half]
+    p, exact = sign_flip_p(d)
+    return {"delta": mean, "stderr": stderr, "interval": interval, "p": p, "p_exact": exact, "n": n}
 
 
 def against_controls(target, controls, baseline) -> dict:
