@@ -21,7 +21,9 @@ Dimensions: R runs (baseline first), n windows or prompts, m window length, L la
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from os import PathLike
 from typing import Any
 
@@ -200,7 +202,9 @@ def ablate(
     done = [0]
 
     def measured(parts: list[str], heads, label: str) -> Run:
+        start = time.perf_counter()
         run = reader.run(parts, heads, label)
+        run = replace(run, seconds=time.perf_counter() - start)
         done[0] += 1
         if progress is not None:
             progress(done[0], total)

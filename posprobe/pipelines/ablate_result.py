@@ -41,6 +41,7 @@ class Run:
     head_scores: dict = field(default_factory=dict)
     seed: int | None = None
     bands: list | None = None
+    seconds: float | None = None  # wall-clock seconds of the run (its readout with its edits)
 
     @property
     def value(self) -> float:
@@ -137,6 +138,7 @@ class AblateResult(ResultMixin, Saves):
             "n": len(self.baseline.units),
             "baseline": _number(self.baseline.value),
             "baseline_details": self._details(self.baseline),
+            "seconds": {run.label: _number(run.seconds) for run in self.all_runs if run.seconds is not None},
             "runs": runs,
             "controls": controls,
             "control_of": self.control_of,
