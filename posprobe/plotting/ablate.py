@@ -14,8 +14,8 @@ def effects_figure(result):
     """One bar per edit (its delta with the 95% interval) and one per control seed, the controls in gray."""
     runs = [*result.runs, *result.controls]
     effects = [result.effect(run) for run in runs]
-    fig = _figure(max(5.0, 0.45 * len(runs) + 3.0), 4.2)
-    ax = fig.add_axes([0.12, 0.32, 0.84, 0.56])
+    fig = _figure(max(7.0, 0.45 * len(runs) + 3.0), 4.4)
+    ax = fig.add_axes([0.16, 0.32, 0.8, 0.54])
     x = np.arange(len(runs))
     deltas = [e["delta"] if e["delta"] is not None else np.nan for e in effects]
     colors = ["tab:red" if run in result.runs else "tab:gray" for run in runs]
@@ -28,8 +28,8 @@ def effects_figure(result):
     ax.grid(axis="y", alpha=0.3)
     unit = "prompts" if result.readout == "needle" else "windows"
     fig.suptitle(
-        f"{result.model} — {result.readout}: edits (red) and random controls (gray); bars 95% interval "
-        f"over {len(result.baseline.units)} {unit}",
+        f"{result.model} — {result.readout}: edits (red), random controls (gray)\n"
+        f"bars: 95% interval over {len(result.baseline.units)} {unit}",
         fontsize=8,
     )
     return fig
