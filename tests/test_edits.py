@@ -372,6 +372,13 @@ def test_needle_records_its_edits_and_head_edits_reach_the_greedy_continuation()
     start = len(record["prompt_ids"]) - 1
     lp = torch.log_softmax(logits[start : start + len(answer)], -1).gather(-1, torch.tensor(answer)[:, None]).sum()
     assert abs(float(lp) - float(result.log_prob.ravel()[0])) < TOL
+    windowed = needle(model, tokenizer=tokenizer, haystack=HAYSTACK, grid=grid, task=TASK, edits=["attend:2,6"])
+    mask = additive(attend_allowed(ids.shape[1], 2, 6))
+    with torch.no_grad():
+        logits = eager(model)(input_ids=ids, attention_mask=mask).logits.double()[0]
+    lp = torch.log_softmax(logits[start : start + len(answer)], -1).gather(-1, torch.tensor(answer)[:, None]).sum()
+    assert abs(float(lp) - float(windowed.log_prob.ravel()[0])) < TOL
+    assert np.abs(windowed.needle_attention).max() < 1e-6  # the last prompt token sees 6 keys, none of the needle
 
 
 # ---- hostile edits: one line, exit 2, nothing written
@@ -489,3 +496,52 @@ def test_cli_json_and_npz_record_the_edits(llama_folder, tmp_path):
     assert record["edits"] == ["head:1.2=mean", "attend:2,4"]
     metadata, _ = load_npz(record["npz"])
     assert metadata["edits"] == ["head:1.2=mean", "attend:2,4"]
+
+
+# ---- the unedited run's properties: --device auto (layers offloaded to disk), torchrun, the blockwise route
+
+EDITED = ["--edit", "head:1.2=mean", "--edit", "attend:2,4", "--edit", "channel:0.3", "--edit", "shift:3"]
+
+
+def _npz_equal(one, two, rtol: float) -> None:
+    with np.load(one) as a, np.load(two) as b:
+        assert a.files == b.files
+        for name in a.files:
+            if a[name].dtype.kind == "f":
+                np.testing.assert_allclose(a[name], b[name], rtol=rtol, atol=1e-7, equal_nan=True, err_msg=name)
+            else:
+                np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_edited_context_with_device_auto_equals_the_plain_edited_run(llama_folder, tmp_path):
+    """`--device auto --max-memory cpu=20KB` (every layer to disk) with edits, =mean's first pass included, writes
+    the arrays of the edited run in memory."""
+    plain = _cli(llama_folder, *EDITED, out=tmp_path / "plain")
+    offloaded = _cli(llama_folder, *EDITED, "--device", "auto", "--max-memory", "cpu=20KB", out=tmp_path / "auto")
+    assert plain.returncode == 0 and offloaded.returncode == 0, plain.stderr + offloaded.stderr
+    _npz_equal(tmp_path / "plain" / "context.npz", tmp_path / "auto" / "context.npz", rtol=1e-5)
+
+
+def test_attend_in_blocks_equals_whole_matrices():
+    """On the blockwise route (blocks of 3 query rows), attend's query numbering follows each block's first row:
+    the recorded attention equals the whole-matrix route's."""
+    from test_edits_text import texts, tiny_base
+
+    model, ids = tiny_base(), texts()
+    runs = [posprobe.attention_profiles(model, input_ids=ids, max_length=16, batch_size=3, edits=["attend:2,3"],
+                                        weights_correlation=False, block_size=size) for size in (0, 3)]  # fmt: skip
+    np.testing.assert_allclose(runs[0].profiles.prob_profiles, runs[1].profiles.prob_profiles, atol=1e-6,
+                               equal_nan=True)  # fmt: skip
+    np.testing.assert_allclose(runs[0].profiles.mean_distance, runs[1].profiles.mean_distance, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_edited_context_on_two_ranks_equals_one_process(llama_folder, tmp_path):
+    """torchrun with 2 ranks (gloo): the windows shared out, =mean's sums added over the ranks, the same arrays."""
+    from test_distributed import _run
+
+    args = ["context", str(llama_folder), "--text", str(llama_folder / "docs.txt"), "--lengths", "16",
+            "--windows", "5", "--batch-size", "2", *EDITED]  # fmt: skip
+    one, two = _run([*args, "--out", str(tmp_path / "one")], 1), _run([*args, "--out", str(tmp_path / "two")], 2)
+    assert one.returncode == 0 and two.returncode == 0, one.stderr + two.stderr
+    _npz_equal(tmp_path / "one" / "context.npz", tmp_path / "two" / "context.npz", rtol=1e-9)

@@ -69,3 +69,20 @@ def test_states_channel_edits_and_the_mean_over_real_tokens():
         collect.real = real
         model(input_ids=padded, attention_mask=real.long())
     assert abs(float(collect.means()[("channel", 0)][7]) - float(reference)) < 1e-5
+
+
+def test_profiles_and_rotary_on_texts_take_edits():
+    """Data-conditioned profiles: a channel edit on block 0's output changes layer 1's input (its profiles move)
+    and not layer 0's (the embeddings); rotary --text's band norms likewise; the edits are recorded."""
+    model, ids = tiny_base(), texts(count=20)
+    kwargs = dict(input_ids=ids, max_length=16, batch_size=4, min_texts=2, positions=8)
+    plain = posprobe.profiles(model, [0, 1], **kwargs)
+    edited = posprobe.profiles(model, [0, 1], edits=["channel:0.3,4,5,6"], **kwargs)
+    assert edited.conditioning["edits"] == ["channel:0.3,4,5,6"] and plain.conditioning["edits"] == []
+    np.testing.assert_allclose(edited.profiles[0], plain.profiles[0], atol=1e-10, equal_nan=True)
+    assert np.nanmax(np.abs(edited.profiles[1] - plain.profiles[1])) > 1e-4
+    bands = posprobe.rotary(model, [0, 1], input_ids=ids, max_length=16, edits=["channel:0.3,4,5,6"])
+    plain_bands = posprobe.rotary(model, [0, 1], input_ids=ids, max_length=16)
+    assert bands.texts["edits"] == ["channel:0.3,4,5,6"]
+    np.testing.assert_allclose(bands.q_band_norm[0], plain_bands.q_band_norm[0], atol=1e-10)
+    assert np.abs(bands.q_band_norm[1] - plain_bands.q_band_norm[1]).max() > 1e-4

@@ -24,6 +24,7 @@ LAYERS = (
     "posprobe.analysis",  # pure numpy analyses
     "posprobe.families",  # the model reader and score functions per position kind
     "posprobe.kernel",  # the one attention function (AttentionInterface) and the taps that observe or edit it
+    "posprobe.edits",  # the user's edits of a run (SPEC §20): parsed, checked, applied as taps and hooks
     "posprobe.retrofitting",  # installing mechanisms, loading models
     "posprobe.corpora",  # texts in the box
     "posprobe.texts",  # reading texts

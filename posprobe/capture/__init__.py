@@ -20,12 +20,12 @@ is a reducer; none wires the model itself.
   model, check it, resolve the max length and device, capture with a list of reducers) and `capture`.
 - `retrieval.py`: the attention one query row gives a span of keys, per layer and head, read during an ordinary
   forward pass without keeping any (queries x keys) matrix (`posprobe needle`'s retrieval attention).
-- `loop.py`: `run(model, steps, reducers, edits)`, the run loop of a causal LM over steps (`posprobe context`'s
-  windows, `posprobe needle`'s prompts): one forward pass per step with edits on the attention kernel, reducers of
+- `loop.py`: `run(model, steps, reducers, taps, edits=)`, the run loop of a causal LM over steps (`posprobe
+  context`'s windows, `posprobe needle`'s prompts): one forward pass per step with taps and edits, reducers of
   per-token loss, logits or attention rows, the steps shared out over torchrun ranks and the reducers merged once.
 
-Edits (taps on the attention kernel, `posprobe.kernel.Taps`) reach every run: `capture_batches(..., edits=)`,
-`run_texts(..., edits=)`, `loop.run(..., edits)`.
+Taps on the attention kernel (`posprobe.kernel.Taps`) reach every run: `capture_batches(..., taps=)`,
+`run_texts(..., taps=)`, `loop.run(..., taps)`; so do the user's edits (SPEC §20, `posprobe.edits`), as `edits=`.
 
 A reducer::
 

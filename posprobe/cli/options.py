@@ -117,6 +117,7 @@ EditOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--edit",
+        metavar="KIND:ARGS",
         help="Edit the model in every pass (repeatable; SPEC §20): head:L.H[=zero|=mean] (L, H take * and comma "
         "lists: head:21.8,18.6), attend:S,W (S sink tokens + a window of W), band:L.F (rotary pair F of layer L "
         "zeroed; F a range 0-7), rope-keep:P, shift:N (position ids + N), channel:L.C[=zero|=mean].",

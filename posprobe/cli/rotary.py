@@ -26,6 +26,7 @@ from posprobe.cli.options import (
     BatchSizeOpt,
     ColumnOpt,
     DeviceOpt,
+    EditOpt,
     FigureFormat,
     FormatOpt,
     JsonOpt,
@@ -38,7 +39,7 @@ from posprobe.cli.options import (
     TextOpt,
     parse_int_list,
 )
-from posprobe.cli.text_input import check_text_options, text_run
+from posprobe.cli.text_input import check_edits, check_text_options, text_run
 from posprobe.errors import ArgumentValueError
 from posprobe.formats.writing import default_out
 
@@ -62,6 +63,7 @@ def rotary(
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
+    edit: EditOpt = None,
     rope_scaling: Annotated[
         str,
         typer.Option("--rope-scaling", help="Variants for the budget: none, linear:F, dynamic:F, yarn:F, llama3:F."),
@@ -83,7 +85,7 @@ def rotary(
 
     parse_variants(rope_scaling)
     options = dict(column=column, max_length=max_length, max_texts=max_texts, batch_size=batch_size, device=device,
-                   max_memory=max_memory)  # fmt: skip
+                   max_memory=max_memory, edit=edit)  # fmt: skip
     total = check_text_options(text, **options)
     if _config_only(model):
         if text is not None:
@@ -97,6 +99,7 @@ def rotary(
         console.print(f"[dim]{record['note']}[/dim]")
         return
     source = resolve_model(model, allow_pickle=allow_pickle, with_tokenizer=text is not None)
+    check_edits(edit, source, max_length)
     out_dir = prepare_out_dir(out if out is not None else default_out("rotary", source.label))
     with text_run(text, total, **options) as text_kwargs:
         result = rotary_bands(None, parse_int_list(layers, "layers"), positions=positions, source=source,

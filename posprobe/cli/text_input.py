@@ -90,10 +90,21 @@ def text_run(text: str | None, total: int | None, **options) -> Iterator[dict]:
 
     column = options.pop("column", None)
     kwargs = {name: value for name, value in options.items() if value is not None}
+    if "edit" in kwargs:  # --edit: the library's edits
+        kwargs["edits"] = kwargs.pop("edit")
     if isinstance(kwargs.get("input"), Enum):
         kwargs["input"] = kwargs["input"].value
     with text_progress(total) as advance:
         yield kwargs | {"texts": iter_texts(text, column), "progress": advance}
+
+
+def check_edits(edit: list[str] | None, source, max_length: int | None) -> None:
+    """Refuse, before any weight is read, `--edit`s that cannot apply to the resolved `source` (SPEC §20)."""
+    if edit:
+        from posprobe.capture.model import DEFAULT_MAX_LENGTH
+        from posprobe.edits import prepare_edits
+
+        prepare_edits(edit, source.config, source.name, max_length or DEFAULT_MAX_LENGTH)
 
 
 def with_text_source(result, text: str | None):

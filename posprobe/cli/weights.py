@@ -21,6 +21,7 @@ from posprobe.cli.options import (
     BatchSizeOpt,
     ColumnOpt,
     DeviceOpt,
+    EditOpt,
     FigureFormat,
     FormatOpt,
     JsonOpt,
@@ -41,6 +42,7 @@ from posprobe.cli.options import (
 from posprobe.cli.text_input import (
     InputOpt,
     MinTextsOpt,
+    check_edits,
     check_text_options,
     conditioning_lines,
     text_run,
@@ -148,6 +150,7 @@ def fhat(
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
+    edit: EditOpt = None,
 ) -> None:
     """F̂_P, the average positional contribution to every head's attention scores, and its Toeplitz R².
 
@@ -158,9 +161,11 @@ def fhat(
     from posprobe.pipelines import weights as pipeline
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
-                   max_texts=max_texts, batch_size=batch_size, device=device, max_memory=max_memory)  # fmt: skip
+                   max_texts=max_texts, batch_size=batch_size, device=device, max_memory=max_memory,
+                   edit=edit)  # fmt: skip
     total = check_text_options(text, **options)
     source = _resolve(model, allow_pickle, with_tokenizer=text is not None)
+    check_edits(edit, source, max_length)
     out_dir = _out_dir(out, "fhat", source.label)
     with text_run(text, total, **options) as text_kwargs:
         result = pipeline.fhat(
@@ -224,6 +229,7 @@ def profiles(
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,
     allow_pickle: AllowPickleOpt = False,
+    edit: EditOpt = None,
 ) -> None:
     """Each head's positional profile over k = j − i, with sections at five rows i; arrays saved as .npz.
 
@@ -234,9 +240,11 @@ def profiles(
     from posprobe.pipelines import weights as pipeline
 
     options = dict(column=column, input=text_input, min_texts=min_texts, max_length=max_length,
-                   max_texts=max_texts, batch_size=batch_size, device=device, max_memory=max_memory)  # fmt: skip
+                   max_texts=max_texts, batch_size=batch_size, device=device, max_memory=max_memory,
+                   edit=edit)  # fmt: skip
     total = check_text_options(text, **options)
     source = _resolve(model, allow_pickle, with_tokenizer=text is not None)
+    check_edits(edit, source, max_length)
     out_dir = _out_dir(out, "profiles", source.label)
     with text_run(text, total, **options) as text_kwargs:
         result = pipeline.profiles(

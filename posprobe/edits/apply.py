@@ -4,8 +4,9 @@ its rotary modules' (cos, sin), channel on block outputs), installed while the r
 even on error.
 
 - head L.H: the "head_output" site (B, m, H, d_h): head H multiplied by 0, plus its mean (`=mean`);
-- attend S,W: the "scores" site (B, H, q, keys): pairs outside j < S or i - W < j <= i (bidirectional: |i - j| < W)
-  set to the dtype's minimum; query i is the call's row, offset by the keys before the call's queries (a cache);
+- attend S,W: the "mask" site: pairs outside j < S or i - W < j <= i (bidirectional: |i - j| < W) masked in the
+  call's own mask (bool: False; additive: the dtype's minimum; the blockwise route's row masks block by block), so
+  the sdpa routes stay on sdpa; query i is the call's row, offset by the keys before the call's queries (a cache);
 - band L.F: the "query" and "key" sites (B, H, m, d_h), after rotation: the pair's two dims multiplied by 0 (dims F
   and F + r/2 rotate-half, 2F and 2F + 1 interleaved; r the rotated dims, the first of each head);
 - rope-keep P: a forward hook on each rotary module: on the columns of pairs outside the round(P n) highest
@@ -95,6 +96,7 @@ class MeanPass:
                                  for layer, _ in e.channels for x in edit_layers(layer, em, False)})  # fmt: skip
         self.taps = Taps().on("head_output", self._head, head_layers) if head_layers else None
         self.channel_layers = channel_layers
+        self.keys = [("head", x) for x in head_layers] + [("channel", x) for x in channel_layers]
         self.blocks = block_modules(model, em.layers) if channel_layers else []
         self.hooks: list = []
 
@@ -116,7 +118,7 @@ class MeanPass:
     def __enter__(self) -> MeanPass:
         for layer in self.channel_layers:
             hook = lambda module, args, output, layer=layer: self._add(("channel", layer), _hidden(output))  # noqa: E731
-            self.hooks.append(self.blocks[layer].register_forward_hook(hook))
+            self.hooks.append(self.blocks[layer].register_forward_hook(hook, prepend=True))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -129,11 +131,12 @@ class MeanPass:
         from posprobe.runtime import distributed
 
         out = {}
-        for key in sorted(self.sums, key=str):
-            total, count = self.sums[key], self.counts[key]
+        for key in self.keys:  # the same keys in the same order on every rank (one without a step sends None)
+            total, count = self.sums.get(key), self.counts.get(key, 0)
             if parallel:
                 total, count = distributed.all_reduce_sum(total), distributed.all_reduce_sum(count)
-            out[key] = total / max(count, 1)
+            if total is not None:
+                out[key] = total / max(count, 1)
         return out
 
 
@@ -154,7 +157,7 @@ class EditRun:
         self._head_taps(taps)
         for edit in self.edits:
             if isinstance(edit, AttendEdit):
-                taps.on("scores", self._attend(edit), self.em.attention_layers)
+                taps.on("mask", self._attend(edit), self.em.attention_layers)
         self._band_taps(taps)
         self.taps = taps if uses_kernel(self.edits) else None
 
@@ -204,22 +207,53 @@ class EditRun:
 
     # ---- attention window with sinks
     def _attend(self, edit: AttendEdit):
+        """A "mask" tap: the call's mask and the allowed pairs (j < S or i - W < j <= i; bidirectional |i - j| < W),
+        query i the call's row numbered after the keys before its queries (a cache). A tensor mask is edited (bool:
+        and; additive: the dtype's minimum), None (sdpa's causal shortcut, or none for a bidirectional module) made
+        a bool mask, a `RowMask` (blockwise route) edited block by block of rows."""
+        import copy
+
         import torch
 
-        sinks, window, causal = edit.sinks, edit.window, self.em.causal
+        sinks, window = edit.sinks, edit.window
+        cache: dict = {}
 
-        def scores_edit(scores, call):  # scores (B, H, q, keys)
-            q, keys = scores.shape[-2], scores.shape[-1]
-            own = call.own or keys
-            start = call.rows[0] if call.rows is not None else 0
-            offset = max(0, own - call.queries) + start  # keys before this call's queries (a cache), then the block
-            i = torch.arange(offset, offset + q, device=scores.device)[:, None]
-            j = torch.arange(keys, device=scores.device)[None, :]
-            near = (i - j).abs() < window if not causal else (j <= i) & (j > i - window)
-            allowed = near | (j < sinks) | (j >= own)  # pooled entries after the tokens: left as they are
-            return scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        def allowed(rows: int, keys: int, offset: int, own: int, causal: bool, device):  # (rows, keys) bool
+            key = (rows, keys, offset, own, causal, device)
+            if key not in cache:
+                i = torch.arange(offset, offset + rows, device=device)[:, None]
+                j = torch.arange(keys, device=device)[None, :]
+                near = (j <= i) & (j > i - window) if causal else (i - j).abs() < window
+                cache[key] = near | (j < sinks) | (j >= own)  # pooled entries after the tokens: as they are
+            return cache[key]
 
-        return scores_edit
+        def mask_edit(mask, call):
+            own = call.own
+            offset = max(0, own - call.queries)  # keys before this call's queries (a cache)
+            module_causal = getattr(call.module, "is_causal", True) and self.em.causal
+            if mask is None:
+                keys = own
+                ok = allowed(call.queries, keys, offset, own, module_causal, call.device)
+                if module_causal:
+                    ok = ok & (torch.arange(keys, device=ok.device)[None] <= offset + torch.arange(
+                        call.queries, device=ok.device)[:, None])  # fmt: skip
+                return ok[None, None]
+            if hasattr(mask, "rows") and not isinstance(mask, torch.Tensor):  # RowMask: edited per block of rows
+                edited, rows_of = copy.copy(mask), mask.rows
+
+                def rows(start: int, stop: int):
+                    block = rows_of(start, stop)
+                    ok = allowed(stop - start, block.shape[-1], offset + start, own, self.em.causal, block.device)
+                    return block & ok
+
+                edited.rows = rows
+                return edited
+            ok = allowed(mask.shape[-2], mask.shape[-1], offset, own, self.em.causal, mask.device)
+            if mask.dtype == torch.bool:
+                return mask & ok
+            return mask.masked_fill(~ok, torch.finfo(mask.dtype).min)
+
+        return mask_edit
 
     # ---- rotary pairs
     def pair_dims(self, pair: int) -> tuple[int, int]:
@@ -283,7 +317,7 @@ class EditRun:
             sin[..., cols] = 0
             return cos, sin
 
-        self.hooks.append(module.register_forward_hook(hook, with_kwargs=True))
+        self.hooks.append(module.register_forward_hook(hook, with_kwargs=True, prepend=True))
 
     # ---- position ids
     def _shift(self, edit: ShiftEdit) -> None:
@@ -301,7 +335,7 @@ class EditRun:
                 position_ids = torch.arange(past, past + m, device=device)[None].expand(ids.shape[0], m)
             return args, {**kwargs, "position_ids": position_ids + edit.offset}
 
-        self.hooks.append(self.model.register_forward_pre_hook(pre_hook, with_kwargs=True))
+        self.hooks.append(self.model.register_forward_pre_hook(pre_hook, with_kwargs=True, prepend=True))
 
     # ---- block outputs
     def _channels(self) -> None:
@@ -332,7 +366,7 @@ class EditRun:
                     hidden[..., mean] = values.to(hidden.device, hidden.dtype)
                 return _with_hidden(output, hidden)
 
-            self.hooks.append(blocks[layer].register_forward_hook(hook))
+            self.hooks.append(blocks[layer].register_forward_hook(hook, prepend=True))  # before recorders' hooks
 
     def __enter__(self) -> EditRun:
         from posprobe.families import rope_variants as R

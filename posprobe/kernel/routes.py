@@ -64,6 +64,8 @@ def attention(
         query = taps.apply("query", query, call)
         key = taps.apply("key", key, call)
         call.own = own_keys(module, query, key)
+        if taps.wants("mask"):
+            attention_mask = call.mask = taps.apply("mask", attention_mask, call)
     probs = None
     if route == BLOCKS or isinstance(attention_mask, RowMask):
         out = _blocks(module, query, key, value, attention_mask, scaling, dropout, kwargs, taps, call)

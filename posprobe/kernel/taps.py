@@ -7,6 +7,11 @@ the kernel calls them at each attention call of the layers they address, in the 
 
 - "query", "key": (B, H, m, d_h) / (B, H_kv, keys, d_h), after the family applied positions (rotary, ...), before
   grouped-query heads are repeated;
+- "mask": the call's mask as its route made it (None: sdpa's causal shortcut, or no mask for a bidirectional
+  module; a bool (B or 1, 1, m, keys) tensor, True = attend; an additive float one; or the blockwise route's
+  `RowMask`), after the "query" and "key" taps (`call.own` set); an edit returns a new mask of the same kind (or a
+  tensor for None), which the call then uses in place of the model's: the sdpa routes stay on sdpa (a "scores" tap
+  makes them compute the softmax themselves);
 - "scores": (B, H, q, keys), QKᵀ·scaling (softcapped where the family softcaps) with the model's mask/bias added
   (masked pairs hold the dtype's minimum), before the softmax; an edit returns new scores (a mask added, pairs
   set to the dtype's minimum, ...). On the sdpa routes a tap here makes the call compute its softmax itself;
@@ -30,7 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-SITES = ("query", "key", "scores", "pattern", "row", "head_output")
+SITES = ("query", "key", "mask", "scores", "pattern", "row", "head_output")
 TAPS_KEY = "posprobe_taps"  # the forward keyword that carries a Taps object
 
 
@@ -56,6 +61,7 @@ class Call:
     scores: Any = None
     queries: int = 0  # the call's query rows (m)
     pattern: Any = None  # the pattern after its taps, where the kernel computed one (read by the "row" site)
+    device: Any = None  # the device of the call's queries (where a mask made for it goes)
 
 
 @dataclass
@@ -103,7 +109,7 @@ class Taps:
         self._last = this
         layer = getattr(module, "layer_idx", None)
         call = Call(module, self._calls if not isinstance(layer, int) else layer, self._calls, mask, repeated)
-        call.queries = int(query.shape[-2])
+        call.queries, call.device = int(query.shape[-2]), query.device
         self._calls += 1
         return call
 

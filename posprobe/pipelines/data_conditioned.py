@@ -45,6 +45,7 @@ class TextSettings:
     run: TextRun
     input: str | None
     min_texts: int
+    edits: tuple = ()  # SPEC §20: parsed edits applied in every pass over the texts
 
     @property
     def per_position(self) -> bool:
@@ -64,9 +65,14 @@ def text_settings(
     progress: Callable[[int], None] | None = None,
     text_source: str | None = None,
     max_memory: dict | str | None = None,
+    edits: Iterable | str | None = None,
 ) -> TextSettings | None:
     """The checked settings, or None when neither `texts` nor `input_ids` is given (then every other setting must
-    keep its default: they only apply to texts). The run's max length is at least `MIN_POSITIONS`."""
+    keep its default: they only apply to texts). The run's max length is at least `MIN_POSITIONS`. `edits`
+    (SPEC §20) are parsed here and checked against the model's config before its weights are read (`run_texts`)."""
+    from posprobe.edits import parse_edits
+
+    edits = parse_edits(edits)
     if input is not None:  # None: chosen by the model (`default_input`)
         input = as_choice(input, "input", INPUTS)
     min_texts = as_int(min_texts, "min_texts", minimum=1)
@@ -82,6 +88,7 @@ def text_settings(
             "batch_size": batch_size != DEFAULT_BATCH_SIZE,
             "special_ids": bool(special_ids),
             "max_memory": max_memory is not None,
+            "edit": bool(edits),
         }
         for name, set_ in given.items():
             if set_:
@@ -92,7 +99,7 @@ def text_settings(
     run = text_run(texts, input_ids, special_ids=special_ids, max_length=max_length, max_texts=max_texts,
                    batch_size=batch_size, device=device, max_memory=max_memory, progress=progress,
                    text_source=text_source, min_length=MIN_POSITIONS)  # fmt: skip
-    return TextSettings(run, input, min_texts)
+    return TextSettings(run, input, min_texts, edits)
 
 
 def capture_target(model: Any, source) -> Any:
@@ -162,6 +169,7 @@ def condition_reader(
         "max_length": max_length,
         "longest_text": summary.longest,
         "layers": list(layers),
+        "edits": [e.text for e in settings.edits],
     }
     if settings.per_position:
         record |= {"min_texts": settings.min_texts, "texts_at": means.texts_at[: conditioned.n].tolist()}
@@ -198,7 +206,7 @@ def run_on_texts(model: Any, make_reducers: Callable, settings: TextSettings, al
     from posprobe.capture.textrun import run_texts
 
     make = lambda loaded: make_reducers(loaded.max_length, loaded.device)  # noqa: E731
-    output = run_texts(model, settings.run, make, allow_pickle=allow_pickle)
+    output = run_texts(model, settings.run, make, allow_pickle=allow_pickle, edits=settings.edits)
     return output.reducers, output.summary, output.model.max_length
 
 

@@ -47,6 +47,7 @@ def rotary(
     source: ModelSource | None = None,
     rope_scaling: str | Sequence[str] = "none",
     max_memory: dict | str | None = None,
+    edits: Any = None,
 ) -> RotaryBandsResult:
     """Rotary band norms of every head of `layers` (SPEC §15): `q_band_norm` (L_sel, H, r/2), `k_band_norm`
     (L_sel, H_kv, r/2), each band's `frequencies` and `wavelengths` (L_sel, r/2).
@@ -59,14 +60,15 @@ def rotary(
     mean over real tokens of each token's band norms; max_length, max_texts, batch_size, device, progress,
     max_memory as for `attention_profiles`. rope_scaling: the variants of the budget (SPEC §17), e.g.
     'none,yarn:4'. Each layer's bands are read against the context it sees: its sliding window where it has one,
-    else the model's.
+    else the model's. edits (with texts): SPEC §20's edits applied in every pass over the texts (recorded in
+    `texts['edits']`).
     """
     variants = parse_variants(rope_scaling)
     if not (isinstance(layers, str) and layers == "all"):
         layers = as_int_list(layers, "layers")
     settings = text_settings(texts, input_ids, special_ids, max_length=max_length, max_texts=max_texts,
                              batch_size=batch_size, device=device, progress=progress,
-                             max_memory=max_memory)  # fmt: skip
+                             max_memory=max_memory, edits=edits)  # fmt: skip
     ctx = open_model(model, allow_pickle, source)
     _require_rotary(ctx)
     reader = ScoreReader(ctx, positions)
@@ -133,7 +135,7 @@ def rotary(
         (accumulator,), summary, length = run_on_texts(capture_target(model, source), make, settings, allow_pickle)
         q_norm, k_norm, q_rest, k_rest, tokens = accumulator.result()
         texts_record = {"text": None, "n_texts": summary.n_texts, "n_tokens": tokens, "max_length": length,
-                        "longest_text": summary.longest}  # fmt: skip
+                        "longest_text": summary.longest, "edits": [e.text for e in settings.edits]}  # fmt: skip
     return RotaryBandsResult(
         model=name,
         model_type=ctx.source.model_type,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from os import PathLike
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -154,7 +154,8 @@ _TEXT_ARGUMENTS = """texts / input_ids (token id sequences; special_ids: which i
     for a model with an absolute position table (where 'mean' leaves every score of a head the same number), mean
     otherwise (`data_conditioned.default_input`). max_length (tokens per text), max_texts, batch_size, device,
     progress (called with the number of texts of each batch), max_memory (with device 'auto': memory per device,
-    past it layers go to disk): the run on text, as for `attention_profiles`."""
+    past it layers go to disk): the run on text, as for `attention_profiles`. edits: SPEC §20's edits (strings
+    such as 'head:3.1', or parsed) applied in every pass over the texts; recorded in `conditioning['edits']`."""
 
 
 def _conditioned(reader: ScoreReader, layers: list[int], settings, model, source, allow_pickle, positions):
@@ -186,6 +187,7 @@ def fhat(
     device: str | None = None,
     progress: Callable[[int], None] | None = None,
     max_memory: dict | str | None = None,
+    edits: Any = None,
 ) -> FhatResult:
     """F_hat_P (H, n, n) for every head of `layer` (SPEC §3, §9) and each head's Toeplitz R^2.
 
@@ -199,7 +201,7 @@ def fhat(
     mode = as_choice(mode, "mode", MODES)
     as_int(layer, "layer")
     settings = text_settings(texts, input_ids, special_ids, input, min_texts, max_length, max_texts, batch_size,
-                             device, progress, max_memory=max_memory)  # fmt: skip
+                             device, progress, max_memory=max_memory, edits=edits)  # fmt: skip
     reader = ScoreReader(open_model(model, allow_pickle, source, mode), positions, stack)
     layer = _layer_index(layer, reader.n_layers, reader.source.name)
     reader, conditioning = _conditioned(reader, [layer], settings, model, source, allow_pickle, positions)
@@ -227,6 +229,7 @@ def profiles(
     device: str | None = None,
     progress: Callable[[int], None] | None = None,
     max_memory: dict | str | None = None,
+    edits: Any = None,
 ) -> ProfileResult:
     """Profiles (diagonal means of F_hat_P over k = j - i) of every head of `layers`, plus 5 sections each.
 
@@ -242,7 +245,7 @@ def profiles(
         layers = as_int_list(layers, "layers")
     window = None if window is None else as_int(window, "window", minimum=1)
     settings = text_settings(texts, input_ids, special_ids, input, min_texts, max_length, max_texts, batch_size,
-                             device, progress, max_memory=max_memory)  # fmt: skip
+                             device, progress, max_memory=max_memory, edits=edits)  # fmt: skip
     reader = ScoreReader(open_model(model, allow_pickle, source, mode), positions, stack)
     layers = _layer_list(layers, reader)
     reader, conditioning = _conditioned(reader, layers, settings, model, source, allow_pickle, positions)
