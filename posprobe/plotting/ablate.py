@@ -63,7 +63,7 @@ def grid_figure(result):
     lengths, depths = result.settings["lengths"], result.settings["depths"]
     image = None
     for k, (run, grid) in enumerate(zip(runs, grids)):
-        ax = fig.add_axes([0.06 + k * (0.86 / len(runs)), 0.18, 0.86 / len(runs) - 0.05, 0.62])
+        ax = fig.add_axes([0.1 + k * (0.76 / len(runs)), 0.18, 0.76 / len(runs) - 0.05, 0.62])
         image = ax.imshow(grid, cmap="viridis", vmin=low, vmax=0.0, aspect="auto", origin="lower")
         ax.set_xticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
         ax.set_yticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
@@ -73,7 +73,7 @@ def grid_figure(result):
         ax.set_title(_short(run.label), fontsize=8)
         for (i, j), v in np.ndenumerate(grid):
             ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=6, color="white" if v < low / 2 else "black")
-    cax = fig.add_axes([0.94, 0.18, 0.015, 0.62])
+    cax = fig.add_axes([0.88, 0.18, 0.015, 0.62])
     fig.colorbar(image, cax=cax)
     fig.suptitle(f"{result.model} — mean log p(answer), nats: baseline beside each edit", fontsize=9)
     return fig
