@@ -236,7 +236,7 @@ def test_cli_writes_the_grid(planted_folder, tmp_path, capsys):
     code, stdout, err = run_cli(args, capsys)
     assert code == 0, err
     record = json.loads(stdout)
-    assert (record["top_heads"][0]["layer"], record["top_heads"][0]["head"]) in PLANTED
+    assert (record["needle_attending_heads"][0]["layer"], record["needle_attending_heads"][0]["head"]) in PLANTED
     from posprobe.formats.writing import load_npz
 
     metadata, arrays = load_npz(out / "needle.npz")

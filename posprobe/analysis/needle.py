@@ -99,3 +99,33 @@ def ranked_heads(mean_attention: np.ndarray, top: int | None = None) -> list[tup
     rows = [(int(layer), int(head), float(mean_attention[layer, head])) for layer, head in zip(layers, heads)]
     rows = [row for row in rows if row[2] == row[2]]
     return rows if top is None else rows[:top]
+
+
+def retrieval_hits(top_keys, key_ids, span: tuple[int, int], generated) -> np.ndarray:
+    """(L, H) float64: Wu et al. 2024's copy count of one prompt, the steps at which a head retrieves.
+
+    top_keys (L, H, S) ints: at each of the S decoding steps, the key each head attends most (-1: a head the layer
+    lacks); key_ids (keys,): the token at each key position; span: the needle's keys [start, end); generated (S,):
+    the token each step generates. A head scores at a step when its most-attended key lies in the needle and holds
+    the generated token. The retrieval score is this count over the answer's length (`retrieval_score`)."""
+    top = np.asarray(top_keys, dtype=np.int64)
+    ids = np.asarray(key_ids, dtype=np.int64)
+    new = np.asarray(generated, dtype=np.int64)[: top.shape[-1]]
+    top = top[..., : len(new)]
+    start, end = span
+    inside = (top >= start) & (top < end)
+    held = np.where(top >= 0, ids[np.clip(top, 0, len(ids) - 1)], -1)
+    hits = (inside & (held == new[None, None, :])).sum(-1).astype(np.float64)
+    return np.where((top < 0).all(-1) & (top.shape[-1] > 0), np.nan, hits)
+
+
+def retrieval_score(hits: np.ndarray, answer_length: int) -> np.ndarray:
+    """(L, H): a prompt's retrieval score, its copy count (`retrieval_hits`) over the answer's length in tokens."""
+    return np.asarray(hits, dtype=np.float64) / max(1, int(answer_length))
+
+
+def top_overlap(first: np.ndarray, second: np.ndarray, top: int = 10) -> int:
+    """How many heads the top `top` of two (L, H) rankings share."""
+    a = {(layer, head) for layer, head, _ in ranked_heads(first, top)}
+    b = {(layer, head) for layer, head, _ in ranked_heads(second, top)}
+    return len(a & b)

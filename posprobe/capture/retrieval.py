@@ -146,3 +146,43 @@ class RetrievalRun:
                 self.model, input_ids=input_ids, **kwargs
             )
         return output, reader.result()
+
+
+class TopKeys:
+    """Wu et al. 2024's retrieval reading: for one forward pass, the key each query row attends most, per layer and
+    head, read on the kernel's "pattern" site (after any edit) over the sequence's own keys. `take()` returns
+    (B, L, H, m) int64 (-1 for heads a layer lacks) and starts over for the next pass."""
+
+    def __init__(self, n_layers: int, n_heads: int):
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.per_layer: dict[int, list] = {}
+
+    def taps(self) -> Taps:
+        return Taps().on("pattern", self.add_pattern)
+
+    def add_pattern(self, probs, call) -> None:
+        """probs (B, H, q, keys) of one call (a block of rows `call.rows` on the blockwise route)."""
+        if call.repeated:  # the same softmax read twice (DiffLlama's second use): keep the first
+            return
+        own = call.own or probs.shape[-1]
+        top = probs[..., :own].argmax(-1).cpu()  # (B, H, q)
+        self.per_layer.setdefault(call.index, []).append(top)  # blocks of one call share its index
+
+    def reset(self) -> None:
+        self.per_layer = {}
+
+    def take(self):
+        import torch
+
+        layers = [torch.cat(blocks, dim=-1) for _, blocks in sorted(self.per_layer.items())]
+        self.per_layer = {}
+        if len(layers) != self.n_layers:
+            raise PosprobeError(
+                f"the forward pass made {len(layers)} attention calls for {self.n_layers} layers",
+                "this family computes attention in a way posprobe needle does not read; please report it",
+            )
+        batch, _, m = layers[0].shape
+        out = torch.full((batch, self.n_layers, self.n_heads, m), -1, dtype=torch.int64)
+        for i, top in enumerate(layers):
+            out[:, i, : top.shape[1]] = top
+        return out.numpy()

@@ -80,6 +80,7 @@ def _flags_show_no_type() -> None:
 
 def _register_commands() -> None:
     from posprobe.cli import (
+        ablate,
         attention,
         context,
         finetune,
@@ -92,7 +93,7 @@ def _register_commands() -> None:
         weights,
     )
 
-    for module in (weights, fitting, retrofit, finetune, learned, attention, rotary, states, context, needle):
+    for module in (weights, fitting, retrofit, finetune, learned, attention, rotary, states, context, needle, ablate):
         module.register(app)
     from posprobe.cli import report  # `posprobe report` (issue 35), registered on its own line
 

@@ -85,13 +85,15 @@ def _as_list(values, name: str) -> list:
 class PromptScore:
     """What one prompt gave: `log_prob` of the answer (float64), `exact` greedy match, `greedy_ids` the greedy
     continuation (len(answer) tokens, fewer where it ended at an end-of-text token), `needle_attention` (L, H),
-    `token_log_probs` log p of each answer token (they sum to `log_prob`)."""
+    `token_log_probs` log p of each answer token (they sum to `log_prob`), `retrieval` (L, H) Wu et al. 2024's
+    retrieval score of each head on this prompt (NaN where not read: families outside AttentionInterface)."""
 
     log_prob: float
     exact: bool
     greedy_ids: list[int]
     needle_attention: np.ndarray
     token_log_probs: list[float]
+    retrieval: np.ndarray | None = None
 
 
 def needle(
@@ -176,7 +178,11 @@ def needle(
 
     eager = is_eager_route(net)
     keep = _takes(net, "logits_to_keep")
-    reducer = PromptScores(prompts, n_layers, n_heads)
+    from posprobe.capture.retrieval import TopKeys
+
+    top_keys = None if eager else TopKeys(n_layers, n_heads)  # Wu's retrieval score: the kernel's pattern site
+    reducer = PromptScores(prompts, n_layers, n_heads, top_keys)
+    taps = taps if top_keys is None else top_keys.taps() if taps is None else taps.joined(top_keys.taps())
     steps = (prompt_step(prompt, keep) for prompt in prompts)
     run(net, steps, [reducer], taps, edits=edits, total=len(prompts), progress=progress, shape=(n_layers, n_heads))
     scores = reducer.result()
@@ -238,18 +244,42 @@ def score_prompt(run, prompt: NeedlePrompt, device) -> PromptScore:
 
 class PromptScores:
     """The step reducer of a needle grid: each prompt's `PromptScore` (refused where not finite), every prompt's on
-    every rank once merged (`merge_ranks`); `result()` in prompt order."""
+    every rank once merged (`merge_ranks`); `result()` in prompt order. With `top_keys` (a `TopKeys` whose taps run
+    in the same forward passes) each score carries Wu et al. 2024's retrieval score per head."""
 
     needs = ("logits", "rows")
 
-    def __init__(self, prompts: Sequence[NeedlePrompt], n_layers: int, n_heads: int):
+    def __init__(self, prompts: Sequence[NeedlePrompt], n_layers: int, n_heads: int, top_keys=None):
         self.prompts, self.n_layers, self.n_heads = prompts, n_layers, n_heads
+        self.top_keys = top_keys
         self.mine: dict[int, PromptScore] = {}
 
     def add_output(self, out) -> None:
         prompt = out.step.meta
+        top = self.top_keys.take()[0] if self.top_keys is not None else None  # (L, H, m)
         score = prompt_score(out.model, prompt, out.logits, out.rows, out.input_ids.device, out.taps)
+        if top is not None:
+            score = replace(score, retrieval=self._retrieval(out, prompt, score, top))
         self.mine[out.index] = _finite_score(score, out.index, prompt)
+
+    def _retrieval(self, out, prompt: NeedlePrompt, score: PromptScore, top) -> np.ndarray:
+        """(L, H) Wu's retrieval score of one prompt: from the teacher-forced pass `top` where greedy decoding gives
+        the answer, otherwise from the decoding steps, re-read in one pass over the prompt and the greedy
+        continuation (what decoding computes, step by step), with this run's taps (its edits' and the reader's)."""
+        import torch
+
+        from posprobe.analysis.needle import retrieval_hits, retrieval_score
+
+        p, answer = len(prompt.prompt_ids), list(prompt.answer_ids)
+        ids, generated = list(prompt.prompt_ids) + answer, answer
+        if not score.exact:
+            generated = list(score.greedy_ids)
+            ids = list(prompt.prompt_ids) + generated[:-1]
+            self.top_keys.reset()  # what a greedy continuation's steps left there
+            out.taps.forward(out.model, input_ids=torch.tensor([ids], device=out.input_ids.device), use_cache=False)
+            top = self.top_keys.take()[0]
+        steps = top[:, :, p - 1 : p - 1 + len(generated)]
+        return retrieval_score(retrieval_hits(steps, ids, prompt.needle_span, generated), len(answer))
 
     def merge_ranks(self) -> None:
         merged = _merge_ranks(self.mine, self.prompts, self.n_layers, self.n_heads)
@@ -280,7 +310,7 @@ def _merge_ranks(mine: dict[int, PromptScore], prompts: Sequence[NeedlePrompt], 
     n, width = len(prompts), max(len(p.answer_ids) for p in prompts)
     log_prob, exact = np.zeros(n), np.zeros(n, dtype=np.int64)
     greedy, token_lp = np.zeros((n, width), dtype=np.int64), np.zeros((n, width))
-    attention = np.zeros((n, n_layers, n_heads))
+    attention, retrieval = np.zeros((n, n_layers, n_heads)), np.zeros((n, n_layers, n_heads))
     for k, score in mine.items():
         log_prob[k], exact[k] = score.log_prob, int(score.exact)
         greedy[k] = -1
@@ -288,8 +318,9 @@ def _merge_ranks(mine: dict[int, PromptScore], prompts: Sequence[NeedlePrompt], 
         token_lp[k] = np.nan
         token_lp[k, : len(score.token_log_probs)] = score.token_log_probs
         attention[k] = score.needle_attention
-    log_prob, exact, greedy, token_lp, attention = (
-        distributed.all_reduce_sum(a) for a in (log_prob, exact, greedy, token_lp, attention)
+        retrieval[k] = np.nan if score.retrieval is None else score.retrieval
+    log_prob, exact, greedy, token_lp, attention, retrieval = (
+        distributed.all_reduce_sum(a) for a in (log_prob, exact, greedy, token_lp, attention, retrieval)
     )
     return [
         PromptScore(
@@ -298,6 +329,7 @@ def _merge_ranks(mine: dict[int, PromptScore], prompts: Sequence[NeedlePrompt], 
             [int(x) for x in greedy[k] if x >= 0],
             attention[k],
             [float(x) for x in token_lp[k, : len(prompts[k].answer_ids)]],
+            retrieval[k],
         )
         for k in range(n)
     ]

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from posprobe.analysis.needle import cell_means, head_means, position_gaps, ranked_heads
+from posprobe.analysis.needle import cell_means, head_means, position_gaps, ranked_heads, top_overlap
 from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, text_file
 from posprobe.results import ResultMixin
 
@@ -26,7 +26,13 @@ class NeedleResult(ResultMixin, Saves):
     (nats, float64); `exact` (Lg, D, T) greedy exact match; `needle_attention` (Lg, D, T, L, H) the attention the
     last prompt token gives the needle's tokens; `achieved_length` / `achieved_depth` / `needle_tokens` (Lg, D, T)
     as measured in tokens; `uniform_share` (Lg, D, T) needle tokens / prompt tokens, what a query attending
-    uniformly would give the needle. `records`: one dict per prompt (prompts.jsonl), in grid order."""
+    uniformly would give the needle; `retrieval_score` (Lg, D, T, L, H) Wu et al. 2024's retrieval score (the share
+    of the answer's decoding steps at which the head's most-attended key is a needle token equal to the token
+    generated; NaN where not read). `records`: one dict per prompt (prompts.jsonl), in grid order.
+
+    Two head rankings: "needle-attending heads" (`needle_attending_heads`, the attention the last prompt token
+    gives the needle) and "retrieval heads" (`retrieval_heads`, Wu's score: heads that copy the answer from the
+    needle while it is generated)."""
 
     model: str
     model_type: str
@@ -50,6 +56,7 @@ class NeedleResult(ResultMixin, Saves):
     records: list
     quantization: str | None = None
     edits: list = field(default_factory=list)  # SPEC §20: the edits applied in every pass, as written
+    retrieval_score: np.ndarray | None = None
 
     _repr_fields = ("model", "lengths", "depths", "trials", "accuracy", "mean_log_prob")
     ARRAYS = {  # needle.npz (formats.arrays)
@@ -74,6 +81,7 @@ class NeedleResult(ResultMixin, Saves):
         exact = np.zeros(shape, dtype=bool)
         lengths, needles = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
         attention = np.full((*shape, fields["n_layers"], fields["n_heads"]), np.nan)
+        retrieval = attention.copy()
         records = []
         for (i, j, t), prompt, score in zip(grid.cells(), prompts, scores):
             arrays["log_prob"][i, j, t] = score.log_prob
@@ -82,12 +90,17 @@ class NeedleResult(ResultMixin, Saves):
             arrays["uniform_share"][i, j, t] = span / prompt.achieved_length
             exact[i, j, t], lengths[i, j, t], needles[i, j, t] = score.exact, prompt.achieved_length, span
             attention[i, j, t] = score.needle_attention
+            if score.retrieval is not None:
+                retrieval[i, j, t] = score.retrieval
             greedy = {"greedy_ids": list(score.greedy_ids), "greedy": decode(score.greedy_ids)}
             scored = {"log_prob": score.log_prob, "answer_token_log_probs": list(score.token_log_probs)}
-            records.append(prompt.record() | scored | {"exact": bool(score.exact)} | greedy)
+            copying = [[int(a), int(b), float(retrieval[i, j, t, a, b])]
+                       for a, b in zip(*np.nonzero(np.nan_to_num(retrieval[i, j, t]) > 0))]  # fmt: skip
+            records.append(prompt.record() | scored | {"exact": bool(score.exact)} | greedy
+                           | {"retrieval_heads": copying})  # fmt: skip
         return cls(task=asdict(task), lengths=grid.lengths, depths=grid.depths, trials=grid.trials, seed=grid.seed,
                    exact=exact, needle_attention=attention, achieved_length=lengths, needle_tokens=needles,
-                   records=records, **arrays, **fields)  # fmt: skip
+                   records=records, retrieval_score=retrieval, **arrays, **fields)  # fmt: skip
 
     @classmethod
     def load(cls, folder) -> NeedleResult:
@@ -105,7 +118,8 @@ class NeedleResult(ResultMixin, Saves):
         kept = {k: metadata[k] for k in ("model", "model_type", "quantization", "haystack", "task", "trials", "seed",
                                          "window", "n_layers", "n_heads", "route")}  # fmt: skip
         return cls(lengths=tuple(metadata["lengths"]), depths=tuple(metadata["depths"]), records=records,
-                   edits=list(metadata.get("edits") or []), **{k: arrays[k] for k in names}, **kept)  # fmt: skip
+                   edits=list(metadata.get("edits") or []), retrieval_score=arrays.get("retrieval_score"),
+                   **{k: arrays[k] for k in names}, **kept)  # fmt: skip
 
     @property
     def accuracy(self) -> np.ndarray:
@@ -123,10 +137,29 @@ class NeedleResult(ResultMixin, Saves):
 
     @property
     def head_attention(self) -> np.ndarray:
-        """(L, H): retrieval attention of each head, mean over all prompts."""
+        """(L, H): attention of the last prompt token on the needle, per head, mean over all prompts."""
         return head_means(self.needle_attention)
 
+    @property
+    def head_retrieval(self) -> np.ndarray:
+        """(L, H): Wu et al. 2024's retrieval score of each head, mean over all prompts (NaN where not read)."""
+        if self.retrieval_score is None:
+            return np.full((self.n_layers, self.n_heads), np.nan)
+        return head_means(self.retrieval_score)
+
+    def retrieval_heads(self, top: int | None = TOP_HEADS) -> list[dict]:
+        """The heads with the highest retrieval score (Wu et al. 2024), largest first."""
+        return [
+            {"layer": layer, "head": head, "retrieval_score": _number(value)}
+            for layer, head, value in ranked_heads(self.head_retrieval, top)
+        ]
+
     def top_heads(self, top: int | None = TOP_HEADS) -> list[dict]:
+        """The needle-attending heads: those that attend most to the needle from the last prompt token, largest
+        first, with the ratio to what uniform attention would give it (`needle_attending_heads`)."""
+        return self.needle_attending_heads(top)
+
+    def needle_attending_heads(self, top: int | None = TOP_HEADS) -> list[dict]:
         """The heads that attend most to the needle from the last prompt token, largest first, with the ratio to
         what uniform attention would give it."""
         uniform = float(np.nanmean(self.uniform_share))
@@ -152,6 +185,9 @@ class NeedleResult(ResultMixin, Saves):
             "achieved_depth": self.achieved_depth,
             "needle_tokens": self.needle_tokens,
             "uniform_share": self.uniform_share,
+            "retrieval_score": self.retrieval_score
+            if self.retrieval_score is not None
+            else np.full(self.needle_attention.shape, np.nan),
             "accuracy": self.accuracy,
             "mean_log_prob": self.mean_log_prob,
         }
@@ -207,7 +243,10 @@ class NeedleResult(ResultMixin, Saves):
             "n_prompts": len(self.records),
             "overall_accuracy": _number(self.exact.mean()),
             "grid": per_length,
-            "top_heads": self.top_heads(),
+            "needle_attending_heads": self.needle_attending_heads(),
+            "retrieval_heads": self.retrieval_heads(),
+            "retrieval_heads_above_0.1": int(np.sum(np.nan_to_num(self.head_retrieval) > 0.1)),
+            "top_overlap": top_overlap(self.head_attention, self.head_retrieval, TOP_HEADS),
         }
 
     def table(self) -> str:
@@ -233,7 +272,12 @@ class NeedleResult(ResultMixin, Saves):
             f"L{h['layer']}.H{h['head']} {h['needle_attention']:.2f} ({h['times_uniform']:.0f}x)"
             for h in self.top_heads(5)
         )
-        lines.append(f"top retrieval heads (mean attention of the last prompt token on the needle): {heads}")
+        lines.append(f"needle-attending heads (mean attention of the last prompt token on the needle): {heads}")
+        wu = ", ".join(f"L{h['layer']}.H{h['head']} {h['retrieval_score']:.2f}" for h in self.retrieval_heads(5))
+        if wu:
+            lines.append(f"retrieval heads (Wu et al. 2024: share of answer steps copied from the needle): {wu}; "
+                         f"{top_overlap(self.head_attention, self.head_retrieval, TOP_HEADS)} of the top "
+                         f"{TOP_HEADS} in both rankings")  # fmt: skip
         return "\n".join(lines)
 
     def output_files(self, fmt: str) -> list[OutputFile]:

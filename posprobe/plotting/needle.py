@@ -142,7 +142,7 @@ def heads_figure(result, top: int = 10):
     uniform = float(np.nanmean(result.uniform_share))
     right.axvline(uniform, color="gray", linestyle=":", label=f"uniform attention ({uniform:.3f})")
     right.set_xlabel("mean attention on the needle")
-    right.set_title(f"top {len(heads)} retrieval heads", fontsize=9)
+    right.set_title(f"top {len(heads)} needle-attending heads", fontsize=9)
     right.legend(fontsize=7, loc="lower right")
     right.tick_params(axis="y", labelsize=7)
     fig.suptitle(_title(result), fontsize=10)

@@ -622,8 +622,14 @@ def needle(record: dict, facts: ModelFacts) -> View:
                  "" if chance is None else f"guessing a random {digits}-digit pass key", 2),
     ]  # fmt: skip
     figures = [record["files"][name] for name in ("needle_grid", "needle_heads") if name in record["files"]]
-    heads = ", ".join(f"L{h['layer']}.H{h['head']}" for h in record["top_heads"][:5])
-    notes = [f"{record['n_prompts']} prompts; heads attending most to the needle: {heads}"] if heads else []
+    attending = record.get("needle_attending_heads", record.get("top_heads", []))
+    heads = ", ".join(f"L{h['layer']}.H{h['head']}" for h in attending[:5])
+    notes = (
+        [f"{record['n_prompts']} prompts; needle-attending heads (attention on the needle): {heads}"] if heads else []
+    )
+    copying = ", ".join(f"L{h['layer']}.H{h['head']}" for h in record.get("retrieval_heads", [])[:5])
+    if copying:
+        notes.append(f"retrieval heads (Wu et al. 2024, copying the answer from the needle): {copying}")
     if isinstance(trials, int):
         notes.append(f"each cell: accuracy over its n = {trials} prompts, with its Wilson 95 % interval")
     chat = (record.get("task") or {}).get("chat") if isinstance(record.get("task"), dict) else None
