@@ -3,7 +3,7 @@
 - `grid_figure`: length x depth heatmaps of accuracy (greedy exact match) and mean answer log-probability;
 - `depth_figure`: accuracy and log-probability against the measured depth, one line per length, with the
   primacy / recency gaps in the legend;
-- `heads_figure`: retrieval attention per layer and head (mean over prompts), and the top heads against the
+- `heads_figure`: needle attention per layer and head (needle-attending heads) (mean over prompts), and the top heads against the
   uniform reference.
 """
 
@@ -119,7 +119,7 @@ def depth_figure(result):
 
 
 def heads_figure(result, top: int = 10):
-    """Mean retrieval attention per layer and head (left), and the `top` heads as bars with the uniform reference
+    """Mean needle attention per layer and head (left), and the `top` heads as bars with the uniform reference
     (right)."""
     attention = result.head_attention  # (L, H)
     fig = _figure(10.0, max(3.2, 0.16 * attention.shape[0] + 1.4))

@@ -102,7 +102,8 @@ def _context(call: SectionCall) -> dict:
     source = call.source(with_tokenizer=True)
     check_family(source, variants, lengths)
     result = context(None, lengths, texts=iter_texts(text, None), windows=int(call.options.get("windows", 4)),
-                     rope_scaling=rope_scaling, allow_pickle=call.allow_pickle, source=source)  # fmt: skip
+                     rope_scaling=rope_scaling, allow_pickle=call.allow_pickle, source=source,
+                     device=call.options.get("device"))  # fmt: skip
     result = replace(result, text={"source": text, **result.text})
     saved = result.save(call.out_dir())
     paths = {"npz": str(saved["npz"]), "json": str(saved["json"]), "figures": _paths(saved["figures"])}
@@ -114,11 +115,12 @@ def _needle(call: SectionCall) -> dict:
 
     o = call.options
     grid = NeedleGrid(lengths=[int(x) for x in o["lengths"].split(",")],
-                      depths=[float(x) for x in o["depths"].split(",")], trials=int(o.get("trials", 3)))  # fmt: skip
+                      depths=[float(x) for x in o["depths"].split(",")], trials=int(o.get("trials", 3)),
+                      beyond_window=bool(o.get("beyond_window", False)))  # fmt: skip
     source = call.source(with_tokenizer=True)
     out_dir = call.out_dir()
     result = needle(None, haystack=o.get("haystack", "builtin:kjv"), grid=grid, allow_pickle=call.allow_pickle,
-                    source=source)  # fmt: skip
+                    source=source, device=o.get("device"))  # fmt: skip
     saved = result.save(out_dir)
     return result.to_dict() | {"files": {name.split(".")[0]: str(path) for name, path in saved.paths.items()}}
 
