@@ -1,5 +1,6 @@
 """Command `needle`: retrieval by length and depth — a pass key (or any needle) in a haystack of real text, scored
-per prompt by log-probability, greedy exact match and needle attention per head (needle-attending heads) and Wu et al.'s retrieval score (SPEC §18).
+per prompt by log-probability, greedy exact match and needle attention per head (needle-attending heads) and Wu et
+al.'s retrieval score (SPEC §18).
 
 Writes needle.npz (`log_prob`, `exact`, `needle_attention` shaped (lengths, depths, trials[, layers, heads]),
 `lengths`, `depths`, `achieved_length`, `achieved_depth`, `needle_tokens`, `uniform_share`, `accuracy`,

@@ -3,8 +3,8 @@
 - `grid_figure`: length x depth heatmaps of accuracy (greedy exact match) and mean answer log-probability;
 - `depth_figure`: accuracy and log-probability against the measured depth, one line per length, with the
   primacy / recency gaps in the legend;
-- `heads_figure`: needle attention per layer and head (needle-attending heads) (mean over prompts), and the top heads against the
-  uniform reference.
+- `heads_figure`: needle attention per layer and head (mean over prompts; the needle-attending heads), and the
+  top heads against the uniform reference.
 """
 
 from __future__ import annotations
