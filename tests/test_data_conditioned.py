@@ -162,6 +162,36 @@ def test_position_mean_scores_equal_the_model_and_are_not_toeplitz(family):
         assert fhat.conditioning["n_tokens"] == result.conditioning["n_tokens"]
 
 
+def test_float64_throughout_but_for_the_models_float32_softmax(monkeypatch):
+    """posprobe keeps float64 from the model's hidden states to F̂: with the model's one batching-dependent float32
+    step (transformers' eager softmax, `dtype=torch.float32`) run in float64, the means posprobe averages equal the
+    brute-force ones (every text alone) to float64 precision, and two batchings give the same scores (as they are,
+    ~1e-8 relative apart: see the position-mean test). Qwen3, the family it moved most."""
+    from posprobe.pipelines.data_conditioned import hidden_means, text_settings
+
+    softmax = torch.nn.functional.softmax
+
+    def float64_softmax(x, dim=None, _stacklevel=3, dtype=None):
+        return softmax(x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", float64_softmax)
+    model, texts = build("qwen3"), token_texts(seed=1)
+    assert model.dtype == torch.float64
+    for input in ("mean", "position-mean"):
+        per_position = input == "position-mean"
+        x = reference_means(model, texts, 1, per_position=per_position, min_texts=5)
+        for size in (4, 32):
+            settings = text_settings(input_ids=texts, input=input, min_texts=5, batch_size=size)
+            ours = hidden_means(model, [1], settings, allow_pickle=False)[0].layer(1)
+            ours = ours[: len(x)] if per_position else ours
+            np.testing.assert_allclose(ours, x, rtol=0, atol=1e-13 * np.abs(x).max())
+        one, other = (
+            posprobe.fhat(model, layer=1, positions=8, input_ids=texts, input=input, min_texts=5, batch_size=size)
+            for size in (4, 32)
+        )
+        np.testing.assert_allclose(one.matrices, other.matrices, rtol=0, atol=1e-13 * np.abs(one.matrices).max())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["mpnet", "deberta-v3", "deberta-v2"])
 def test_bucket_bias_and_disentangled_families(name):
