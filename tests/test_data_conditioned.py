@@ -142,16 +142,54 @@ def test_position_mean_scores_equal_the_model_and_are_not_toeplitz(family):
         n = x.shape[0]
         assert result.n_positions == n and result.conditioning["texts_at"][-1] >= 5
         theirs, exact = scores_with_input(model, layer, x, n)
-        fhat = posprobe.fhat(model, layer=layer, input_ids=texts, input="position-mean", min_texts=5)
+        # the batching of `profiles`: the same captured hidden states, so its profile is F̂'s diagonal means exactly
+        fhat = posprobe.fhat(model, layer=layer, input_ids=texts, input="position-mean", min_texts=5, batch_size=4)
         assert_scores_equal(fhat.matrices, theirs, exact)
         from posprobe.analysis.toeplitz import diagonal_means
 
         np.testing.assert_allclose(result.profile(layer, 0), diagonal_means(fhat.matrices)[0], rtol=1e-12)
+        # Another batching changes x_l (l >= 1) by float32 rounding, not float64: transformers' eager attention
+        # (and BLOOM's) takes softmax in float32 even for a float64 model, and its rounding depends on the padded
+        # row length (torch on AVX2: rows shorter than 8 take another kernel path, 1 float32 ulp apart), so layer
+        # 0's output moves by ~1e-8 relative (Qwen3 on an AMD EPYC: 3e-9 of max |F̂|; 4e-16 with the softmax in
+        # float64). Bounded as the oracle is: float32 precision of the matrices' scale.
+        other = posprobe.fhat(model, layer=layer, input_ids=texts, input="position-mean", min_texts=5)
+        np.testing.assert_allclose(other.matrices, fhat.matrices, rtol=0, atol=1e-6 * np.abs(fhat.matrices).max())
         r2 = result.fhat_r2[result.layer_index(layer)]
         assert np.isfinite(r2).all() and r2.max() < 1 - 1e-6  # measured, and not Toeplitz
         # the tokens averaged into x_l(0..n-1): those of the analysed positions, not every real token
         assert result.conditioning["n_tokens"] == sum(min(len(t), n) for t in texts) < sum(len(t) for t in texts)
         assert fhat.conditioning["n_tokens"] == result.conditioning["n_tokens"]
+
+
+def test_float64_throughout_but_for_the_models_float32_softmax(monkeypatch):
+    """posprobe keeps float64 from the model's hidden states to F̂: with the model's one batching-dependent float32
+    step (transformers' eager softmax, `dtype=torch.float32`) run in float64, the means posprobe averages equal the
+    brute-force ones (every text alone) to float64 precision, and two batchings give the same scores (as they are,
+    ~1e-8 relative apart: see the position-mean test). Qwen3, the family it moved most."""
+    from posprobe.pipelines.data_conditioned import hidden_means, text_settings
+
+    softmax = torch.nn.functional.softmax
+
+    def float64_softmax(x, dim=None, _stacklevel=3, dtype=None):
+        return softmax(x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", float64_softmax)
+    model, texts = build("qwen3"), token_texts(seed=1)
+    assert model.dtype == torch.float64
+    for input in ("mean", "position-mean"):
+        per_position = input == "position-mean"
+        x = reference_means(model, texts, 1, per_position=per_position, min_texts=5)
+        for size in (4, 32):
+            settings = text_settings(input_ids=texts, input=input, min_texts=5, batch_size=size)
+            ours = hidden_means(model, [1], settings, allow_pickle=False)[0].layer(1)
+            ours = ours[: len(x)] if per_position else ours
+            np.testing.assert_allclose(ours, x, rtol=0, atol=1e-13 * np.abs(x).max())
+        one, other = (
+            posprobe.fhat(model, layer=1, positions=8, input_ids=texts, input=input, min_texts=5, batch_size=size)
+            for size in (4, 32)
+        )
+        np.testing.assert_allclose(one.matrices, other.matrices, rtol=0, atol=1e-13 * np.abs(one.matrices).max())
 
 
 @pytest.mark.slow
