@@ -106,16 +106,18 @@ def test_merged_prompt_scores_are_each_ranks_own(monkeypatch):
     scores = [N.PromptScore(-0.5 * k - 0.25, k % 2 == 0, list(range(k % 3 + 1)), np.full((2, 3), k / 7.0),
                             [-0.1 * (k + 1)] * len(prompts[k].answer_ids)) for k in range(4)]  # fmt: skip
     ranks = [{k: s for k, s in enumerate(scores) if k % 2 == r} for r in (0, 1)]
-    other = {}
-
-    def fake_sum(array):  # what rank 1 sends, computed with the same function
-        return array + other[array.dtype.kind, array.shape]
-
     calls = []
     monkeypatch.setattr(distributed, "all_reduce_sum", lambda a: calls.append(a) or a)
     N._merge_ranks(ranks[1], prompts, 2, 3)
-    other.update({(a.dtype.kind, a.shape): a.copy() for a in calls})
-    assert len(other) == len(calls) == 5  # log_prob, exact, greedy, token log-probs, attention: distinct keys
+    # log_prob, exact, greedy, token log-probs, attention, Wu's retrieval score: summed in this order on every rank
+    assert len(calls) == 6
+    sent = iter([a.copy() for a in calls])
+
+    def fake_sum(array):  # what rank 1 sends (its sums in the same order), computed with the same function
+        theirs = next(sent)
+        assert theirs.shape == array.shape and theirs.dtype == array.dtype
+        return array + theirs
+
     monkeypatch.setattr(distributed, "all_reduce_sum", fake_sum)
     merged = N._merge_ranks(ranks[0], prompts, 2, 3)
     for got, want in zip(merged, scores):

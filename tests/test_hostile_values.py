@@ -334,9 +334,12 @@ def _causal_lms():
     }
 
 
-def test_blocked_loss_is_the_plain_loss_bit_for_bit():
-    """The loss block by block of positions equals the loss of the plain forward pass exactly (the LM's own code
-    after its decoder runs on each block), for every block size; sizes whose logits fit run the plain pass."""
+def test_blocked_loss_is_the_plain_loss_to_float32_round_off():
+    """The loss block by block of positions equals the loss of the plain forward pass (the LM's own code after its
+    decoder runs on each block), for every block size, to the float32 logits' round-off: the output projection of a
+    block of rows is a matrix product of another shape, which the CPU's BLAS may sum in another order (on an AVX2
+    machine blocks of 1-3 positions differ by up to 5e-7 nats; on others they were bit-identical). Sizes whose
+    logits fit run the plain pass itself: bit for bit."""
     import torch
 
     from posprobe.analysis.context_loss import token_nll
@@ -350,7 +353,8 @@ def test_blocked_loss_is_the_plain_loss_bit_for_bit():
         assert np.array_equal(window_loss(net, ids, "cpu"), plain), name
         for positions in (1, 7, 38, 39):
             blocked = window_loss(net, ids, "cpu", budget=4 * 3 * 99 * positions)
-            assert np.array_equal(blocked, plain), (name, positions)
+            # float32 logits of magnitude ~10: a few units in their last place, far below any reading (1e-4 nats)
+            np.testing.assert_allclose(blocked, plain, rtol=0, atol=2e-6, err_msg=f"{name}, {positions}")
 
 
 def test_block_positions_keep_the_logits_within_the_budget():

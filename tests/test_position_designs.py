@@ -151,14 +151,17 @@ def test_a_learned_sink_scales_first_token_mass_by_the_share_left_to_real_tokens
     model = _gpt_oss([3.0, 1.0, -1.0, -30.0])
     with_sinks = _eager_probs(model, ids[0])[0]
     real_share = with_sinks.sum(-1)  # (H, n)
-    np.testing.assert_allclose(with_sinks[..., 0], without[..., 0] * real_share, atol=1e-9)
+    # 1e-7: transformers' eager softmax runs in float32 even in float64 models, and the CPU's float32 kernel may
+    # round the two softmaxes (one column more with sinks) apart by a few units in their last place (AVX2: 1.2e-8)
+    np.testing.assert_allclose(with_sinks[..., 0], without[..., 0] * real_share, atol=1e-7)
     result = posprobe.attention_profiles(model, input_ids=ids, max_length=8, weights_correlation=False)
     first = with_sinks[:, 1:, 0].mean(-1)  # SPEC §14: queries i >= 1
     np.testing.assert_allclose(result.first_token_mass[0], first, atol=1e-6)
     np.testing.assert_allclose(result.learned_sinks.real_token_share[0], real_share.mean(-1), atol=1e-6)
     record = result.to_dict()
     assert len(record["learned_sink_share"]) == 2 and record["learned_sink_queries"] == 8
-    assert record["learned_sink_share"][0][3] < 1e-9 < record["learned_sink_share"][0][0]
+    # a sink logit of -30 leaves e^-30 ≈ 1e-13; the share is read from float32 probabilities (1 - their sum): < 1e-6
+    assert record["learned_sink_share"][0][3] < 1e-6 < record["learned_sink_share"][0][0]
     from posprobe.plotting.attention import learned_sink_chart
 
     cells = [t.get_text() for t in learned_sink_chart(result).axes[0].texts]  # heads x layers, row by row

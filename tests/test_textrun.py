@@ -79,8 +79,8 @@ def test_the_run_options_are_defined_once():
     and nowhere else among the commands that run a model over texts through `run_texts`."""
     shared = ('"--text"', '"--column"', '"--max-texts"', '"--device"', '"--max-memory"')
     for path in (PACKAGE / "cli").glob("*.py"):
-        if path.name in ("options.py", "report.py", "learned.py", "context.py", "finetune.py"):
-            continue  # report / learned / context / finetune: their --text and --batch-size mean other things
+        if path.name in ("options.py", "report.py", "learned.py", "context.py", "finetune.py", "ablate.py"):
+            continue  # report / learned / context / finetune / ablate: their --text and --batch-size mean other things
         text = path.read_text(encoding="utf-8")
         assert not [flag for flag in shared if flag in text], path.name
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from posprobe.analysis.ablate import against_controls, paired_effect, top_heads
+from posprobe.formats.arrays import optional
 from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, text_file
 from posprobe.results import ResultMixin
 
@@ -164,6 +165,16 @@ class AblateResult(ResultMixin, Saves):
             out.append(base)
         return out
 
+    ARRAYS = {  # ablate.npz (formats.arrays): one row per run (baseline, the edits, the controls)
+        "units": ("run", "unit"),
+        "position_loss": optional("run", "position"),  # context
+        "exact": optional("run", "unit"),  # needle
+        "retrieval_score": optional("run", "unit", "layer", "head"),
+        "mean_log_prob": optional("run", "length", "depth"),
+        "accuracy": optional("run", "length", "depth"),
+        "baseline_first_token_mass": optional("layer", "head"),  # where the baseline read it
+    }
+
     def arrays(self) -> dict[str, np.ndarray]:
         arrays = {"units": np.stack([r.units for r in self.all_runs])}
         if self.readout == "context":
@@ -219,7 +230,7 @@ class AblateResult(ResultMixin, Saves):
     def output_files(self, fmt: str) -> list[OutputFile]:
         """ablate.npz, prompts.jsonl (needle) or windows.jsonl, ablate.txt, ablate.json and the figures."""
         files = [
-            arrays_file("ablate.npz", self.metadata(), self.arrays()),
+            arrays_file("ablate.npz", self),
             text_file("prompts.jsonl" if self.readout == "needle" else "windows.jsonl", self.jsonl, "jsonl"),
             text_file("ablate.txt", lambda: self.table() + "\n", "text"),
             text_file("ablate.json", lambda: json.dumps(self.to_dict(), indent=2) + "\n", "json"),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from posprobe.analysis.context_loss import octave_means
+from posprobe.formats.arrays import optional
 from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, record_file
 from posprobe.results import ResultMixin
 
@@ -61,6 +62,7 @@ class ContextResult(ResultMixin, Saves):
         "lengths": ("length",),
         "windows": ("length",),
         "tokens": ("length",),
+        "perplexity_interval": optional("variant", "length", "bound"),  # None in a result from before issue 49
     }
 
     @property

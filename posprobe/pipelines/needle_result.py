@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from posprobe.analysis.needle import cell_means, head_means, position_gaps, ranked_heads, top_overlap
+from posprobe.formats.arrays import optional
 from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, text_file
 from posprobe.results import ResultMixin
 
@@ -71,6 +72,7 @@ class NeedleResult(ResultMixin, Saves):
         "uniform_share": ("length", "depth", "trial"),
         "accuracy": ("length", "depth"),
         "mean_log_prob": ("length", "depth"),
+        "retrieval_score": optional("length", "depth", "trial", "layer", "head"),  # Wu et al.'s (issue 46)
     }
 
     @classmethod

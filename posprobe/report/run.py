@@ -146,13 +146,13 @@ def command_runner(root) -> Callable[[list[str]], dict]:
     return run
 
 
-def section_call(section: Section, facts: ModelFacts, model_args: list[str], text_args: list[str], n_texts: int,
-                 folder: Path):  # fmt: skip
-    """The `library.SectionCall` of a section: what its reproducing command names, as values."""
+def section_call(section: Section, args: list[str], model_args: list[str], text_args: list[str], folder: Path):
+    """The `library.SectionCall` of a section: what its reproducing command names (`args`: the section's own
+    arguments with the report's options for it, `with_options`), as values."""
     from posprobe.report.library import SectionCall, options_of
 
     texts = options_of(text_args) if section.uses_text else {}
-    return SectionCall(model_args[0], "--allow-pickle" in model_args, options_of(section.args(facts, n_texts)), folder,
+    return SectionCall(model_args[0], "--allow-pickle" in model_args, options_of(args), folder,
                        texts.get("text"), texts.get("column"), int(texts["max_texts"]) if texts else None)  # fmt: skip
 
 
@@ -217,8 +217,7 @@ def run_section(
     on_start(shlex.join(["posprobe", *argv]))
     start = time.perf_counter()
     try:
-        record = run_through(section, argv, section_call(section, facts, model_args, text_args, n_texts, folder),
-                             run_command)  # fmt: skip
+        record = run_through(section, argv, section_call(section, args, model_args, text_args, folder), run_command)
     except PosprobeError as err:
         discard_unkept()  # the failed command's files and folders (an empty section folder), not the others'
         if disk_full(err):  # an error of the run, not of the section: the previous page stays
