@@ -153,12 +153,9 @@ def tiny_ggufs(tmp_path_factory):
 
 
 # Known defects, each an open issue's to fix, marked strict: a test here that starts to pass fails the run, so the
-# line must go. Found at the stop that pinned transformers 5.25 (issue 44): the first two fail at 5.25 on the commit
-# before that stop too; the other two came with that stop's merges.
-KNOWN_FAILURES = {
-    "tests/test_capture_families.py::test_blt_with_its_entropy_model_records_each_text_as_if_run_alone":
-        "transformers 5.25: BLT's probabilities on text differ from posprobe's capture (issue 44 follow-up)",
-}  # fmt: skip
+# line must go. Empty since the four of issue 44's stop were fixed (HY-V4's interleaved rotary pairs, DeepSeek V4's
+# blockwise refusal, BLT's threshold off its texts' entropies, the rank merge's metadata compared as JSON).
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def pytest_collection_modifyitems(config, items):
