@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 def commands(root: Path) -> list[list[str]]:
     from test_attention import tiny_model
     from test_needle import HAYSTACK, TASK_FLAGS, planted_llama
-    from tiny_tokenizer import word_tokenizer
+    from tiny_tokenizer import causal_folder, word_tokenizer
 
     bert = root / "bert"
     word_tokenizer(60).save_pretrained(bert)
@@ -37,10 +37,7 @@ def commands(root: Path) -> list[list[str]]:
     from test_context import tiny_llama
 
     llama = root / "llama"
-    tokenizer = word_tokenizer(60)
-    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"
-    tokenizer.save_pretrained(llama)
-    tiny_llama().save_pretrained(llama)
+    causal_folder(llama, tiny_llama())
     docs = root / "docs.txt"
     docs.write_text("".join(" ".join(f"w{x}" for x in rng.integers(0, 60, size=rng.integers(5, 40))) + "\n"
                             for _ in range(40)))  # fmt: skip

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from tiny_tokenizer import word_tokenizer
+from tiny_tokenizer import causal_folder, word_tokenizer
 
 import posprobe
 from posprobe.analysis.context_loss import (
@@ -49,10 +49,7 @@ def llama_folder(tmp_path_factory):
     """A tiny Llama (trained length 32) with a WordPiece tokenizer whose [CLS] is its BOS and [SEP] its EOS, and a
     text file of 40 random documents."""
     folder = tmp_path_factory.mktemp("ctx-llama")
-    tokenizer = word_tokenizer(60)
-    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"
-    tokenizer.save_pretrained(folder)
-    tiny_llama().save_pretrained(folder)
+    causal_folder(folder, tiny_llama())
     rng = np.random.default_rng(1)
     texts = folder / "docs.txt"
     texts.write_text("".join(" ".join(f"w{x}" for x in rng.integers(0, 60, size=rng.integers(5, 40))) + "\n"

@@ -18,7 +18,7 @@ import torch
 from test_context import tiny_llama
 from test_distributed import _env, _run, _same_arrays
 from test_needle import TASK_FLAGS, char_tokenizer, tiny_causal_lm
-from tiny_tokenizer import word_tokenizer
+from tiny_tokenizer import causal_folder
 
 import posprobe
 from posprobe.runtime import distributed
@@ -43,11 +43,7 @@ def spiked(model, token: int):
 
 def context_folder(path, model):
     """A folder with a tiny Llama causal LM and a word tokenizer whose [CLS] is its BOS and [SEP] its EOS."""
-    tokenizer = word_tokenizer(60)
-    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"
-    tokenizer.save_pretrained(path)
-    model.save_pretrained(path)
-    return path
+    return causal_folder(path, model)
 
 
 def needle_folder(path, model):

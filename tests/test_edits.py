@@ -386,13 +386,10 @@ def test_needle_records_its_edits_and_head_edits_reach_the_greedy_continuation()
 
 @pytest.fixture(scope="module")
 def llama_folder(tmp_path_factory):
-    from tiny_tokenizer import word_tokenizer
+    from tiny_tokenizer import causal_folder
 
     folder = tmp_path_factory.mktemp("edits-llama")
-    tokenizer = word_tokenizer(60)
-    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"
-    tokenizer.save_pretrained(folder)
-    tiny_llama().save_pretrained(folder)
+    causal_folder(folder, tiny_llama())
     rng = np.random.default_rng(1)
     (folder / "docs.txt").write_text("".join(" ".join(f"w{x}" for x in rng.integers(0, 60, size=30)) + "\n"
                                              for _ in range(20)))  # fmt: skip

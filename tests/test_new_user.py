@@ -266,13 +266,10 @@ def test_tables_written_to_a_file_keep_every_header_whole(tiny_bert_folder, tmp_
     from pathlib import Path
 
     from test_context import tiny_llama
-    from tiny_tokenizer import word_tokenizer
+    from tiny_tokenizer import causal_folder
 
     llama = tmp_path / "llama"
-    tokenizer = word_tokenizer(60)
-    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"
-    tokenizer.save_pretrained(llama)
-    tiny_llama().save_pretrained(llama)
+    causal_folder(llama, tiny_llama())
     texts = tmp_path / "docs.txt"
     rng = np.random.default_rng(1)
     texts.write_text("".join(" ".join(f"w{x}" for x in rng.integers(0, 60, size=30)) + "\n" for _ in range(20)))

@@ -16,3 +16,12 @@ def word_tokenizer(n_words: int = 60):
 
     words = SPECIALS + [f"w{i}" for i in range(n_words)]
     return BertTokenizerFast(vocab={w: i for i, w in enumerate(words)})
+
+
+def causal_folder(path, model):
+    """`path` holding `model` (a tiny causal LM) and a word tokenizer whose [CLS] is its BOS and [SEP] its EOS."""
+    tokenizer = word_tokenizer(60)
+    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"
+    tokenizer.save_pretrained(path)
+    model.save_pretrained(path)
+    return path
