@@ -15,14 +15,17 @@ is a reducer; none wires the model itself.
   rebuilt as (queries x keys) matrices;
 - `model.py`: loading, the checks a capturable model passes, the stack that runs (an encoder-decoder's encoder),
   device / max length / pad id;
-- `run.py`: `capture_batches`, `BatchCapture` (what one batch did) and the `Reducer` protocol;
+- `loop.py`: the one run loop, `drive(net, items, reducers, make_route, taps=, edits=)`: one forward pass per item,
+  taps and edits applied (an `=mean` edit's first pass included), the items shared out over torchrun ranks and the
+  reducers merged once; what a pass is belongs to its route. `run(model, steps, reducers, taps, edits=)` drives
+  `Step`s (`posprobe context`'s windows, `posprobe needle`'s prompts: reducers of per-token loss, logits or
+  attention rows) on a `StepRoute`;
+- `run.py`: `capture_batches` (text batches driven on a `BatchRoute`), `BatchCapture` (what one batch did) and the
+  `Reducer` protocol;
 - `textrun.py`: one run over texts: its checked description (`TextRun`, built by `text_run`), `run_texts` (read the
   model, check it, resolve the max length and device, capture with a list of reducers) and `capture`.
 - `retrieval.py`: the attention one query row gives a span of keys, per layer and head, read during an ordinary
   forward pass without keeping any (queries x keys) matrix (`posprobe needle`'s retrieval attention).
-- `loop.py`: `run(model, steps, reducers, taps, edits=)`, the run loop of a causal LM over steps (`posprobe
-  context`'s windows, `posprobe needle`'s prompts): one forward pass per step with taps and edits, reducers of
-  per-token loss, logits or attention rows, the steps shared out over torchrun ranks and the reducers merged once.
 
 Taps on the attention kernel (`posprobe.kernel.Taps`) reach every run: `capture_batches(..., taps=)`,
 `run_texts(..., taps=)`, `loop.run(..., taps)`; so do the user's edits (SPEC §20, `posprobe.edits`), as `edits=`.

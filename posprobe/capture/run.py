@@ -1,4 +1,5 @@
-"""Run a model on token batches once each and hand what it did to reducers: the one place that runs a model on text.
+"""Run a model on token batches once each and hand what it did to reducers: the route of text batches on the one
+run loop (`capture.loop.drive`, which also runs `context`'s windows and `needle`'s prompts).
 
 Every analysis over text is a reducer (`Reducer`): it says what it `needs` ("scores", "probs", "hidden_states"),
 gets every batch once through `add(batch)` as a `BatchCapture`, keeps running sums, and returns its answer from
@@ -9,16 +10,15 @@ on the model's own eager path otherwise (`capture.eager`: its returned attention
 checked on the first batch; `capture.chunks`: neighbour-chunk layers' per-chunk attention rebuilt; `capture.stacks`
 where stacks run one after another, BLT: its byte layers' own modules); hidden states are transformers'
 `output_hidden_states`. An encoder-decoder runs its encoder stack on the text. The attention implementation, the
-recorder and the model's train/eval mode are restored when the call ends, also on an error or Ctrl-C. Under torchrun
-(SPEC §19) each rank runs every world-th batch and the reducers' sums are added over the ranks once at the end
-(`posprobe.runtime.distributed`).
+recorder and the model's train/eval mode are restored when the call ends, also on an error or Ctrl-C (`BatchRoute`).
+Under torchrun (SPEC §19) each rank runs every world-th batch and the reducers' sums are added over the ranks once at
+the end (the loop's, `posprobe.runtime.distributed`).
 
 Dimensions: B texts in the batch, m its longest sequence, L layers, H query heads, d hidden size.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -154,7 +154,8 @@ def capture_batches(
     taps: Taps | None = None,
     edits: Sequence = (),
 ) -> CaptureSummary:
-    """Run `model` once per batch (inference mode, eval mode) and hand each `BatchCapture` to every reducer.
+    """Run `model` once per batch (inference mode, eval mode) and hand each `BatchCapture` to every reducer: the run
+    loop (`capture.loop.drive`) on a `BatchRoute`.
 
     Encoder-decoders run their encoder stack, or their decoder where the family's encoder reads no text
     (`Family.text_stack`: Whisper; `stack_to_run`). Batches must be on the model's device. `verify`:
@@ -177,163 +178,207 @@ def capture_batches(
     checked by the caller against the config): their taps first, their hooks installed for the run; where one asks
     for a mean, this rank's batches are run once before, without edits, for it (over real tokens).
     Raises PosprobeError for a model that cannot be captured, or when there is no batch."""
-    import torch
+    from posprobe.capture.loop import drive
 
     needs = needs_of(reducers, WHAT)
-    attention = bool(needs & {"scores", "probs"})
-    hidden = "hidden_states" in needs
     if block_size is not None:
         block_size = as_int(block_size, "block_size", minimum=0)
+    attention = bool(needs & {"scores", "probs"})
     n_layers, n_heads = check_model(model, attention=attention, encoder_decoder=True, hybrid=True)
-    unpadded = reads_padding(model)  # ConvBERT, CPM-Ant: padding changes their real tokens' outputs
-    if hidden:
+    if "hidden_states" in needs:
         check_hidden_states(model)  # a model that skips layers on text has no hidden state entering them
     attending = tuple(attention_layers(model, n_layers)) if attention else ()  # a hybrid's attention layers only
-    parallel = distributed.join_process_group(model_device(model))
-    if parallel:
-        distributed.check_mergeable(reducers)
-    net = stack_to_run(model)
-    applied = contextlib.nullcontext()
-    if edits:
-        from posprobe.edits.apply import EditRun
-        from posprobe.edits.spec import needs_means
+    tally = Tally()
 
-        means = None
-        if needs_means(edits):
-            batches = list(batches)
-            means = _edit_means(net, batches, edits, parallel)
-        applied = EditRun(net, edits, means)
-        taps = applied.taps.joined(taps) if applied.taps is not None else taps
-    if taps is not None and is_eager_route(model):
-        raise PosprobeError(
-            f"'{net.config.model_type}' computes attention in its own code, outside transformers' AttentionInterface, "
-            "so posprobe cannot edit it",
-            "use a family whose attention goes through AttentionInterface (Llama, Qwen, Gemma, GPT-2, BERT, ...)",
-        )
-    kernel = attention or taps is not None  # the run goes through the attention kernel
-    eager = attention and is_eager_route(model)
-    recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending), n_heads)
-    eager_recorder = eager_route_recorder(net, list(attending), n_heads)
-    blockwise = (
-        attention
-        and not eager
-        and block_size != 0
-        and all(
-            hasattr(r, "add_block") and not (set(r.needs) - {"scores", "probs"})
-            for r in reducers
-            if set(r.needs) & {"scores", "probs"}
-        )
-    )
-    block_readers = [r for r in reducers if set(r.needs) & {"scores", "probs"}] if blockwise else []
-    previous = net.config._attn_implementation
-    base = getattr(net, "base_model", net)
-    sparse = getattr(base, "attention_type", None)  # BigBird switches itself to full attention on short inputs
-    was_training = model.training
-    n_texts = n_batches = longest = 0
-    checked: set[str] = set()  # the routes whose first batch was checked against eager attention
-    round_texts = 0  # texts of the current round of `world` batches, for a global progress count under torchrun
-    try:
-        applied.__enter__()
-        model.eval()
-        if attention and sparse == "block_sparse" and hasattr(base, "set_attention_type"):
-            base.set_attention_type("original_full")  # what BigBird does itself on the lengths check_length allows
-        if eager:
-            eager_recorder.start(net)
-        elif kernel:
-            register()
-            net.set_attn_implementation(RECORD_NAME)
-        with torch.inference_mode():
-            for index, tokens in enumerate(batches):
-                if parallel and not distributed.mine(index):  # another rank's batch (SPEC §19)
-                    round_texts += len(tokens)
-                    continue
-                if progress is not None and round_texts:
-                    progress(round_texts)  # the other ranks' batches of the last round, run beside this rank's
-                round_texts = 0
-                kwargs = {"output_hidden_states": True} if hidden else {}
-                in_blocks = blockwise and (
-                    block_size or _full_bytes(model, needs, len(attending), n_heads, tokens) >= _CHECKED_FROM
-                )
-                if unpadded and not bool(tokens.real.all()):
-                    raise PosprobeError(
-                        f"'{net.config.model_type}' gives real tokens outputs that depend on the padding beside them, "
-                        "so a padded batch is not its texts alone",
-                        "run its texts one at a time (batches of one text)",
-                    )
-                if attention:
-                    check_length(net, int(tokens.input_ids.shape[1]))
-                    _check_attention_fits(
-                        model, needs, len(attending), n_heads, tokens, (block_size or 0) if in_blocks else None
-                    )
-                if in_blocks:
-                    net.set_attn_implementation(BLOCK_NAME)
-                    try:
-                        output = _run_blocks(
-                            net, index, tokens, block_readers, len(attending), block_size or None, kwargs, n_heads,
-                            taps,
-                        )  # fmt: skip
-                        if verify and "blocks" not in checked:  # the first batch run in blocks
-                            _verify_blocks(net, tokens, len(attending))
-                            checked.add("blocks")
-                    except (AttributeError, TypeError, PosprobeError) as err:
-                        raise _not_in_blocks(net, err) from err
-                    finally:
-                        net.set_attn_implementation(RECORD_NAME)
-                    recorded = None
-                elif eager:
-                    output, scores, probs, allowed = eager_recorder.forward(net, tokens, **kwargs)
-                    if verify and n_batches == 0:
-                        eager_recorder.verify(net, tokens, output, scores, probs, allowed)
-                    recorded = (scores if "scores" in needs else None, probs if "probs" in needs else None, allowed)
-                    del scores, probs
-                elif attention:
-                    recorder.begin(len(tokens), tokens.input_ids.shape[1])
-                    output = _forward(net, tokens, kwargs, _joined(taps, recorder.taps()))
-                    _check_calls(net, recorder.calls, len(attending))
-                    if verify and "whole" not in checked:  # the first batch recorded as whole matrices
-                        plain = output if taps is None else _forward(net, tokens, {}, Taps())
-                        verify_against_eager(net, tokens.input_ids, tokens.attention_mask, plain)
-                        checked.add("whole")
-                    recorded = (
-                        recorder.scores if recorder.keep_scores else None,
-                        recorder.probs if recorder.keep_probs else None,
-                        recorder.allowed,
-                    )
-                else:
-                    output = _forward(net, tokens, kwargs, taps)
-                    recorded = None
-                if hidden:
-                    _check_hidden(net, output.hidden_states, int(tokens.input_ids.shape[1]))
-                batch = _batch_capture(index, tokens, recorded, output if hidden else None, attending)
-                del output, recorded
-                for reducer in reducers:
-                    if not (in_blocks and reducer in block_readers):
-                        reducer.add(batch)
-                n_texts += len(tokens)
-                n_batches += 1
-                longest = max(longest, int(tokens.input_ids.shape[1]))
-                if progress is not None:
-                    progress(len(tokens))
-            if progress is not None and round_texts:
-                progress(round_texts)
-    finally:
-        applied.__exit__(None, None, None)
-        recorder.begin(0, 0)
-        if eager:
-            eager_recorder.stop(net)
-        elif kernel:
-            net.set_attn_implementation(previous if previous != RECORD_NAME else "eager")
-        if sparse is not None and getattr(base, "attention_type", sparse) != sparse:
-            base.set_attention_type(sparse)
-        model.train(was_training)
-    if parallel:  # once, after the last batch: every rank then holds the sums of all texts
-        n_texts, n_batches = distributed.reduce_counts([n_texts, n_batches])
-        (longest,) = distributed.reduce_counts([longest], op="max")
-        if n_texts:
-            distributed.merge_reducers(reducers)
-    if n_texts == 0:
+    def make_route(taps: Taps | None, collect=None) -> BatchRoute:
+        if collect is not None:  # an `=mean` edit's first pass: plain forward passes over the real tokens
+            return BatchRoute(model, (), set(), n_heads, (), Tally(), taps, collect=collect)
+        return BatchRoute(model, reducers, needs, n_heads, attending, tally, taps, verify=verify, progress=progress,
+                          block_size=block_size)  # fmt: skip
+
+    drive(stack_to_run(model), batches, reducers, make_route, taps=taps, edits=edits)
+    if tally.n_texts == 0:
         raise PosprobeError("no texts to measure", "pass at least one non-empty text")
-    return CaptureSummary(n_texts, n_batches, n_layers, n_heads, longest, attending)
+    return CaptureSummary(tally.n_texts, tally.n_batches, n_layers, n_heads, tally.longest, attending)
+
+
+@dataclass
+class Tally:
+    """What a capture ran so far: texts, batches, the longest batch; `round_texts` the texts of the current round
+    of `world` batches run by the other ranks (for a progress count over every rank's texts under torchrun)."""
+
+    n_texts: int = 0
+    n_batches: int = 0
+    longest: int = 0
+    round_texts: int = 0
+
+
+class BatchRoute:
+    """The route of padded text batches (`TokenBatch`es; see `capture_batches`): on entry the model in eval mode,
+    attention recorded through the kernel (whole matrices, or blocks where `block_size` says) or on the family's
+    eager path where it is outside AttentionInterface, BigBird on full attention; on exit every setting restored.
+    `step` runs one batch and hands its `BatchCapture` (or its blocks) to the reducers, counting it in `tally`.
+    With `collect` (an `edits.apply.MeanPass`): the plain passes of an `=mean` edit's first pass, over real tokens."""
+
+    def __init__(
+        self,
+        model,
+        reducers: Sequence[Reducer],
+        needs: set[str],
+        n_heads: int,
+        attending: tuple[int, ...],
+        tally: Tally,
+        taps: Taps | None,
+        *,
+        verify: bool = True,
+        progress: Callable[[int], None] | None = None,
+        block_size: int | None = None,
+        collect: Any = None,
+    ):
+        from posprobe.capture.loop import refuse_taps
+
+        refuse_taps(model, taps)
+        self.model, self.net, self.reducers, self.needs = model, stack_to_run(model), reducers, needs
+        self.n_heads, self.attending, self.tally, self.taps = n_heads, attending, tally, taps
+        self.verify, self.progress, self.block_size, self.collect = verify, progress, block_size, collect
+        self.attention = bool(needs & {"scores", "probs"})
+        self.hidden = "hidden_states" in needs
+        self.unpadded = reads_padding(model)  # ConvBERT, CPM-Ant: padding changes their real tokens' outputs
+        self.kernel = self.attention or taps is not None  # the run goes through the attention kernel
+        self.eager = self.attention and is_eager_route(model)
+        self.recorder = LayerRecorder("scores" in needs, "probs" in needs, len(attending), n_heads)
+        self.eager_recorder = eager_route_recorder(self.net, list(attending), n_heads) if self.eager else None
+        self.blockwise = (
+            self.attention
+            and not self.eager
+            and block_size != 0
+            and all(
+                hasattr(r, "add_block") and not (set(r.needs) - {"scores", "probs"})
+                for r in reducers
+                if set(r.needs) & {"scores", "probs"}
+            )
+        )
+        self.block_readers = [r for r in reducers if set(r.needs) & {"scores", "probs"}] if self.blockwise else []
+        self.previous = self.net.config._attn_implementation
+        self.base = getattr(self.net, "base_model", self.net)
+        self.sparse = getattr(self.base, "attention_type", None)  # BigBird: full attention on short inputs
+        self.checked: set[str] = set()  # the routes whose first batch was checked against eager attention
+
+    def __enter__(self) -> BatchRoute:
+        self.was_training = self.model.training
+        try:
+            self.model.eval()
+            if self.attention and self.sparse == "block_sparse" and hasattr(self.base, "set_attention_type"):
+                self.base.set_attention_type("original_full")  # what BigBird does itself on the lengths allowed
+            if self.eager:
+                self.eager_recorder.start(self.net)
+            elif self.kernel:
+                register()
+                self.net.set_attn_implementation(RECORD_NAME)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        net = self.net
+        self.recorder.begin(0, 0)
+        if self.eager:
+            self.eager_recorder.stop(net)
+        elif self.kernel:
+            net.set_attn_implementation(self.previous if self.previous != RECORD_NAME else "eager")
+        if self.sparse is not None and getattr(self.base, "attention_type", self.sparse) != self.sparse:
+            self.base.set_attention_type(self.sparse)
+        self.model.train(self.was_training)
+
+    def other(self, index: int, tokens: TokenBatch) -> None:
+        self.tally.round_texts += len(tokens)
+
+    def finish(self, parallel: bool) -> bool:
+        tally = self.tally
+        if self.progress is not None and tally.round_texts:
+            self.progress(tally.round_texts)
+        if parallel:  # every rank's texts and batches
+            tally.n_texts, tally.n_batches = distributed.reduce_counts([tally.n_texts, tally.n_batches])
+            (tally.longest,) = distributed.reduce_counts([tally.longest], op="max")
+        return tally.n_texts > 0
+
+    def step(self, index: int, tokens: TokenBatch) -> None:
+        net, tally = self.net, self.tally
+        if self.collect is not None:  # the means pass: sums over the real tokens
+            self.collect.real = tokens.attention_mask.bool()
+            _forward(net, tokens, {}, self.taps)
+            return
+        if self.progress is not None and tally.round_texts:
+            self.progress(tally.round_texts)  # the other ranks' batches of the last round, run beside this rank's
+        tally.round_texts = 0
+        if self.unpadded and not bool(tokens.real.all()):
+            raise PosprobeError(
+                f"'{net.config.model_type}' gives real tokens outputs that depend on the padding beside them, "
+                "so a padded batch is not its texts alone",
+                "run its texts one at a time (batches of one text)",
+            )
+        output, recorded, in_blocks = self._run(index, tokens)
+        if self.hidden:
+            _check_hidden(net, output.hidden_states, int(tokens.input_ids.shape[1]))
+        batch = _batch_capture(index, tokens, recorded, output if self.hidden else None, self.attending)
+        del output, recorded
+        for reducer in self.reducers:
+            if not (in_blocks and reducer in self.block_readers):
+                reducer.add(batch)
+        tally.n_texts += len(tokens)
+        tally.n_batches += 1
+        tally.longest = max(tally.longest, int(tokens.input_ids.shape[1]))
+        if self.progress is not None:
+            self.progress(len(tokens))
+
+    def _run(self, index: int, tokens: TokenBatch):
+        """(the model's output, the recorded (scores, probs, allowed) or None, whether it ran in blocks)."""
+        net, needs, taps, layers = self.net, self.needs, self.taps, len(self.attending)
+        kwargs = {"output_hidden_states": True} if self.hidden else {}
+        in_blocks = self.blockwise and (
+            self.block_size or _full_bytes(self.model, needs, layers, self.n_heads, tokens) >= _CHECKED_FROM
+        )
+        if self.attention:
+            check_length(net, int(tokens.input_ids.shape[1]))
+            rows = (self.block_size or 0) if in_blocks else None
+            _check_attention_fits(self.model, needs, layers, self.n_heads, tokens, rows)
+        if in_blocks:
+            net.set_attn_implementation(BLOCK_NAME)
+            try:
+                output = _run_blocks(net, index, tokens, self.block_readers, layers, self.block_size or None, kwargs,
+                                     self.n_heads, taps)  # fmt: skip
+                if self.verify and "blocks" not in self.checked:  # the first batch run in blocks
+                    _verify_blocks(net, tokens, layers)
+                    self.checked.add("blocks")
+            except (AttributeError, TypeError, PosprobeError) as err:
+                raise _not_in_blocks(net, err) from err
+            finally:
+                net.set_attn_implementation(RECORD_NAME)
+            return output, None, True
+        if self.eager:
+            output, scores, probs, allowed = self.eager_recorder.forward(net, tokens, **kwargs)
+            if self.verify and "eager" not in self.checked:
+                self.eager_recorder.verify(net, tokens, output, scores, probs, allowed)
+                self.checked.add("eager")
+            recorded = (scores if "scores" in needs else None, probs if "probs" in needs else None, allowed)
+            return output, recorded, False
+        if self.attention:
+            recorder = self.recorder
+            recorder.begin(len(tokens), tokens.input_ids.shape[1])
+            output = _forward(net, tokens, kwargs, _joined(taps, recorder.taps()))
+            _check_calls(net, recorder.calls, layers)
+            if self.verify and "whole" not in self.checked:  # the first batch recorded as whole matrices
+                plain = output if taps is None else _forward(net, tokens, {}, Taps())
+                verify_against_eager(net, tokens.input_ids, tokens.attention_mask, plain)
+                self.checked.add("whole")
+            recorded = (
+                recorder.scores if recorder.keep_scores else None,
+                recorder.probs if recorder.keep_probs else None,
+                recorder.allowed,
+            )
+            return output, recorded, False
+        return _forward(net, tokens, kwargs, taps), None, False
 
 
 def needs_of(reducers: Sequence[Any], allowed: Sequence[str], kind: str = "a reducer") -> set[str]:
@@ -423,29 +468,6 @@ def _run_blocks(
 def _joined(edits: Taps | None, taps: Taps) -> Taps:
     """The taps `edits`, then `taps` (the recorders read the edited attention)."""
     return taps if edits is None else edits.joined(taps)
-
-
-def _edit_means(net, batches: Sequence[TokenBatch], edits, parallel: bool) -> dict:
-    """The means `=mean` edits set (`edits.apply.MeanPass`): this rank's batches run once on the kernel without
-    edits, sums over their real tokens (attention_mask) added over the ranks."""
-    import torch
-
-    from posprobe.edits.apply import MeanPass
-
-    previous = net.config._attn_implementation
-    with MeanPass(net, edits) as collect, torch.inference_mode():
-        if collect.taps is not None:
-            register()
-            net.set_attn_implementation(RECORD_NAME)
-        try:
-            for index, tokens in enumerate(batches):
-                if parallel and not distributed.mine(index):
-                    continue
-                collect.real = tokens.attention_mask.bool()
-                _forward(net, tokens, {}, collect.taps)
-        finally:
-            net.set_attn_implementation(previous)
-    return collect.means(parallel)
 
 
 def _not_in_blocks(net, err: Exception) -> PosprobeError:

@@ -18,12 +18,11 @@ The contract, the same code path with a world size of 1:
 
 N ranks give the same sums as one process up to float64 summation order; integer counts are equal.
 
-A loop that runs the model outside `capture.capture_batches` (windows of a long text, prompts) adopts the same
-contract in a few lines: `parallel = join_process_group(device)`; skip item k where `not mine(k)` (progress:
-`done_by_all(k, total)` after item k); after the loop, `merge_reducers([sums])` for running sums, or, for one
-result per item, fill a zero array at the items this rank ran and `all_reduce_sum` it (every item was run by
-exactly one rank); write and print only where `is_main_process()`. `posprobe context` (windows) and `posprobe
-needle` (prompts) do so.
+The one run loop (`capture.loop.drive`) keeps this contract for every command that runs a model on text (text
+batches, `context`'s windows, `needle`'s prompts): `parallel = join_process_group(device)`; skip item k where `not
+mine(k)` (progress: `done_by_all(k, total)` after item k); after the loop, `merge_reducers(reducers)`. A reducer
+with one result per item fills a zero array at the items this rank ran and adds it over the ranks in its
+`merge_ranks` (every item was run by exactly one rank). Commands write and print only where `is_main_process()`.
 """
 
 from __future__ import annotations
