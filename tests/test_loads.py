@@ -58,3 +58,58 @@ def test_a_command_resolves_and_loads_its_model_once(
     except SystemExit as stop:
         assert stop.code in (0, None), capsys.readouterr().err
     assert (len(resolved), len(built)) == (1, 1)
+
+
+def text_commands(command: str, bert, texts, llama, planted) -> list[str]:
+    """The commands of `arguments`, and the other analyses of text: profiles, fhat and rotary with --text."""
+    text = ["--text", str(texts), "--column", "sentence", "--max-length", "12"]
+    more = {
+        "profiles --text": ["profiles", str(bert), *text, "--min-texts", "4"],
+        "fhat --text": ["fhat", str(bert), *text, "--min-texts", "4"],
+        "rotary --text": ["rotary", str(llama[0]), "--text", str(llama[1]), "--max-length", "16", "--max-texts", "8"],
+        "attention --edit": ["attention", str(llama[0]), "--text", str(llama[1]), "--max-length", "16",
+                             "--max-texts", "8", "--edit", "head:0.1=mean"],
+    }  # fmt: skip
+    return more[command] if command in more else arguments(command, bert, texts, llama, planted)
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["attention", "states", "context", "needle", "profiles --text", "fhat --text", "rotary --text", "attention --edit"],
+)
+def test_every_forward_pass_on_text_runs_inside_the_one_run_loop(
+    command, tiny_bert_folder, texts_file, llama_folder, planted_folder, tmp_path, monkeypatch, capsys
+):
+    """Issue 45's "one loop": each analysis of text drives its forward passes through `capture.loop.drive`, and the
+    model (any transformers model, its inner stacks included) is never called outside it — the first-batch check
+    against eager attention, an edit's mean pass and needle's greedy answers included."""
+    import torch
+    from transformers import PreTrainedModel
+
+    from posprobe.capture import loop
+
+    inside, drives, outside = [False], [], []
+    original = loop.drive
+
+    def drive(*args, **kwargs):
+        drives.append(type(args[0]).__name__)
+        inside[0] = True
+        try:
+            return original(*args, **kwargs)
+        finally:
+            inside[0] = False
+
+    def called(module, args):
+        if isinstance(module, PreTrainedModel) and not inside[0]:
+            outside.append(type(module).__name__)
+
+    monkeypatch.setattr(loop, "drive", drive)
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(called)
+    try:
+        main([*text_commands(command, tiny_bert_folder, texts_file, llama_folder, planted_folder),
+              "--out", str(tmp_path / "o"), "--json"])  # fmt: skip
+    except SystemExit as stop:
+        assert stop.code in (0, None), capsys.readouterr().err
+    finally:
+        hook.remove()
+    assert drives and not outside, (drives, outside)

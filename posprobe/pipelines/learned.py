@@ -117,47 +117,64 @@ def read_texts(path) -> list[str]:
 
 def mean_vectors(model, tokenizer, texts: list[str]) -> tuple[dict[str, np.ndarray], int]:
     """Mean query, key and value `(L, H, d_h)` over every real token of `texts` at each attention depth (the
-    projection outputs the attention sees, after any mechanism rewrote them), and the token count."""
-    import torch
+    projection outputs the attention sees, after any mechanism rewrote them), and the token count. The texts run in
+    batches of `TEXT_BATCH` on the run loop (`capture.loop.run`), the projections read by forward hooks."""
 
+    from posprobe.capture.loop import Step, run
     from posprobe.retrofitting.attention import depth_slots, layer_shape, projection
 
     slots = depth_slots(model)
     modules = list({id(m): m for m, _ in slots}.values())
-    calls: dict[str, list] = {role: [] for role in ROLES}
+    shape = layer_shape(model, slots[0][0])
+    H, dh = shape.num_heads, shape.head_dim
+    means = _ProjectionMeans(len(slots), H * dh)
     hooks = [
         projection(model, m, role).register_forward_hook(
-            lambda _mod, _args, out, role=role: calls[role].append(out.detach())
+            lambda _mod, _args, out, role=role: means.calls[role].append(out.detach())
         )
         for m in modules
         for role in ROLES
     ]
-    shape = layer_shape(model, slots[0][0])
-    H, dh = shape.num_heads, shape.head_dim
-    sums = {role: torch.zeros(len(slots), H * dh, dtype=torch.float64) for role in ROLES}
-    tokens = 0
+
+    def steps():
+        for start in range(0, len(texts), TEXT_BATCH):
+            batch = tokenizer(texts[start : start + TEXT_BATCH], truncation=True, max_length=TEXT_MAX_LENGTH,
+                              padding=True, return_tensors="pt")  # fmt: skip
+            yield Step(batch["input_ids"], kwargs={k: v for k, v in batch.items() if k != "input_ids"})
+
     try:
-        with torch.no_grad():
-            for start in range(0, len(texts), TEXT_BATCH):
-                batch = tokenizer(
-                    texts[start : start + TEXT_BATCH],
-                    truncation=True,
-                    max_length=TEXT_MAX_LENGTH,
-                    padding=True,
-                    return_tensors="pt",
-                )
-                for role in ROLES:
-                    calls[role].clear()
-                model(**batch)
-                mask = batch["attention_mask"].to(torch.float64)[..., None]  # (B, n, 1)
-                tokens += int(mask.sum())
-                for role in ROLES:
-                    for depth, out in enumerate(calls[role]):  # one call per depth, in forward order
-                        sums[role][depth] += (out.to(torch.float64) * mask).sum((0, 1))
+        run(model, steps(), [means])
     finally:
         for hook in hooks:
             hook.remove()
-    return {role: (sums[role] / max(tokens, 1)).view(len(slots), H, dh).numpy() for role in ROLES}, tokens
+    sums = {role: means.sums[r] / max(means.tokens, 1) for r, role in enumerate(ROLES)}
+    return {role: sums[role].view(len(slots), H, dh).numpy() for role in ROLES}, means.tokens
+
+
+class _ProjectionMeans:
+    """A step reducer of `mean_vectors`: `sums` (roles, depths, H·d_h) float64, per role and attention depth the sum
+    over real tokens (the step's attention mask) of the projection outputs the hooks put in `calls` (one call per
+    depth, in forward order); `tokens` the real tokens counted."""
+
+    needs = ()
+    rank_sums = ("sums", "tokens")
+
+    def __init__(self, depths: int, width: int):
+        import torch
+
+        self.calls: dict[str, list] = {role: [] for role in ROLES}
+        self.sums = torch.zeros(len(ROLES), depths, width, dtype=torch.float64)
+        self.tokens = 0
+
+    def add_output(self, out) -> None:
+        import torch
+
+        mask = out.step.kwargs["attention_mask"].to(torch.float64)[..., None]  # (B, n, 1)
+        self.tokens += int(mask.sum())
+        for r, role in enumerate(ROLES):
+            for depth, projected in enumerate(self.calls[role]):
+                self.sums[r, depth] += (projected.to(torch.float64) * mask).sum((0, 1))
+            self.calls[role].clear()
 
 
 def check_window(window) -> int | None:
