@@ -3,6 +3,12 @@ attention modules the family table names, and the hooks that hand each mechanism
 mask and (CAT, conv-qkv) the inputs or outputs of the Q/K/V projections. `posprobe.retrofitting.install` installs
 mechanisms with these pieces; the module docstring there says what retrofitting does to a model.
 
+Its softmax stays apart from the observing kernel's (`posprobe.kernel`, the one that records, reads rows and edits):
+this one trains. It runs under autograd with attention dropout, takes FlexAttention or SDPA with the bias as a mask
+where those are faster, and computes the softmax in the model's dtype (the kernel's is float32, as transformers'
+eager path), and the numbers of every fine-tuned model (RESULTS §3, §9, §18) rest on it. To observe a retrofitted
+model, its mechanism's score bias would join the kernel as a tap.
+
 Shapes: B batch, H heads, m sequence length, d_h head size; scores (B, H, m, m), row i = query, column j = key.
 """
 
