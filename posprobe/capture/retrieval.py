@@ -149,24 +149,23 @@ class RetrievalRun:
 
 
 class TopKeys:
-    """Wu et al. 2024's retrieval reading: for one forward pass, the key each query row attends most, per layer and
-    head, read on the kernel's "pattern" site (after any edit) over the sequence's own keys. `take()` returns
-    (B, L, H, m) int64 (-1 for heads a layer lacks) and starts over for the next pass."""
+    """Wu et al. 2024's retrieval reading: for one forward pass, the key each query row from `Taps.row` on attends
+    most, per layer and head, read on the kernel's "rows" site (after any edit; beside sdpa's output, whose numbers
+    stay those of a plain run) over the sequence's own keys. `take()` returns (B, L, H, m - row) int64 (-1 for
+    heads a layer lacks) and starts over for the next pass."""
 
     def __init__(self, n_layers: int, n_heads: int):
         self.n_layers, self.n_heads = n_layers, n_heads
         self.per_layer: dict[int, list] = {}
 
     def taps(self) -> Taps:
-        return Taps().on("pattern", self.add_pattern)
+        return Taps().on("rows", self.add_rows)
 
-    def add_pattern(self, probs, call) -> None:
-        """probs (B, H, q, keys) of one call (a block of rows `call.rows` on the blockwise route)."""
+    def add_rows(self, probs, call) -> None:
+        """probs (B, H, r, own) of one call's query rows from `Taps.row` on."""
         if call.repeated:  # the same softmax read twice (DiffLlama's second use): keep the first
             return
-        own = call.own or probs.shape[-1]
-        top = probs[..., :own].argmax(-1).cpu()  # (B, H, q)
-        self.per_layer.setdefault(call.index, []).append(top)  # blocks of one call share its index
+        self.per_layer.setdefault(call.index, []).append(probs.argmax(-1).cpu())  # (B, H, r)
 
     def reset(self) -> None:
         self.per_layer = {}

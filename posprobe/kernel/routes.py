@@ -138,8 +138,8 @@ def _whole(module, query, key, value, attention_mask, scaling, dropout, kwargs, 
 def _sdpa(module, query, key, value, attention_mask, scaling, dropout, kwargs, taps, call):
     """transformers' sdpa attention (or `_whole` where the family softcaps, has sinks, top-k indices or key blocks,
     which sdpa would drop, or a tap reads or edits scores or the pattern; key blocks folded into a per-head mask);
-    the "row" taps get query row `taps.row`'s probabilities on the sequence's keys (`row_probabilities`, or the
-    row of the pattern computed with edits)."""
+    the "row" taps get query row `taps.row`'s probabilities on the sequence's keys, the "rows" taps those of the
+    rows from `taps.row` to the last (`row_probabilities`, or the rows of the pattern computed with edits)."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -165,6 +165,14 @@ def _sdpa(module, query, key, value, attention_mask, scaling, dropout, kwargs, t
         else:
             row = row_probabilities(query, key, attention_mask, taps.row, scaling, softcap, sinks, indices)
         taps.apply("row", row[..., : call.own], call)  # pooled entries after the keys are no tokens
+    if call is not None and taps.wants("rows") and taps.row is not None:
+        if edits:
+            rows = call.pattern[:, :, taps.row :].float()
+        else:
+            rows = row_probabilities(query, key, attention_mask, taps.row, scaling, softcap, sinks, indices,
+                                     stop=query.shape[-2])  # fmt: skip
+        taps.apply("rows", rows[..., : call.own], call)
+    if call is not None:
         call.pattern = None
     return out
 
@@ -225,9 +233,18 @@ def _blocks(module, query, key, value, attention_mask, scaling, dropout, kwargs,
 
 
 def row_probabilities(
-    query, key, attention_mask, row: int, scaling: float, softcap: float | None = None, sinks=None, indices=None
+    query,
+    key,
+    attention_mask,
+    row: int,
+    scaling: float,
+    softcap: float | None = None,
+    sinks=None,
+    indices=None,
+    stop: int | None = None,
 ):
-    """(B, H, keys) float32: the probabilities query row `row` gives the keys, as eager attention computes them.
+    """(B, H, keys) float32: the probabilities query row `row` gives the keys, as eager attention computes them;
+    with `stop`, those of the query rows row..stop-1, (B, H, stop - row, keys).
 
     query (B, H, m, d_h), key (B, H_kv, keys, d_h); attention_mask None (sdpa's causal shortcut: query i sees keys
     0..i), bool (B or 1, 1, m, keys) (True = attend), or additive float of that shape. sinks: learned per-head sink
@@ -239,27 +256,32 @@ def row_probabilities(
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)
-    q = query[:, :, row : row + 1, :]  # (B, H, 1, d_h)
-    scores = torch.matmul(q.float(), key.float().transpose(-1, -2))[:, :, 0, :] * scaling  # (B, H, keys)
+    last = row + 1 if stop is None else stop
+    q = query[:, :, row:last, :]  # (B, H, r, d_h)
+    scores = torch.matmul(q.float(), key.float().transpose(-1, -2)) * scaling  # (B, H, r, keys)
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     keys = key.shape[-2]
     if attention_mask is None:
-        allowed = torch.arange(keys, device=scores.device) <= row
+        allowed = (
+            torch.arange(keys, device=scores.device)[None, :] <= torch.arange(row, last, device=scores.device)[:, None]
+        )
         scores = scores.masked_fill(~allowed, float("-inf"))
     else:
-        mask_row = attention_mask[:, :, row, :keys]  # (B or 1, 1, keys)
-        if mask_row.dtype == torch.bool:
-            scores = scores.masked_fill(~mask_row, float("-inf"))
+        mask_rows = attention_mask[:, :, row:last, :keys]  # (B or 1, 1, r, keys)
+        if mask_rows.dtype == torch.bool:
+            scores = scores.masked_fill(~mask_rows, float("-inf"))
         else:
-            scores = scores + mask_row.float()
+            scores = scores + mask_rows.float()
     if indices is not None:
-        selected = _selected(indices[:, row : row + 1], keys)  # (B, 1, keys)
-        scores = scores.masked_fill(~selected, float("-inf"))
+        selected = _selected(indices[:, row:last], keys)  # (B, r, keys)
+        scores = scores.masked_fill(~selected[:, None], float("-inf"))
     if sinks is None:
-        return torch.softmax(scores, dim=-1)
-    column = sinks.reshape(1, -1, 1).float().expand(scores.shape[0], -1, 1)
-    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        column = sinks.reshape(1, -1, 1, 1).float().expand(scores.shape[0], -1, scores.shape[2], 1)
+        probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    return probs[:, :, 0] if stop is None else probs
 
 
 def own_keys(module, query, key) -> int:

@@ -20,6 +20,8 @@ the kernel calls them at each attention call of the layers they address, in the 
 - "row": (B, H, own) float32, the probabilities the query row `Taps.row` gives the sequence's keys on the sdpa
   routes (read-only): recomputed beside sdpa's output, or, where a "scores" or "pattern" tap made the call compute
   its pattern, that pattern's row (edits included);
+- "rows": (B, H, m - row, own) float32, the same for every query row from `Taps.row` to the last (read-only; not read
+  where no row is set, as in `generate`'s cached steps): a few rows' patterns without the (m x m) matrix;
 - "head_output": (B, m, H, d_h), each head's output before the layers' output projection.
 
 q = m, or on the blockwise route the rows `call.rows` of one block (the "scores" and "pattern" taps run once per
@@ -35,7 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-SITES = ("query", "key", "mask", "scores", "pattern", "row", "head_output")
+SITES = ("query", "key", "mask", "scores", "pattern", "row", "rows", "head_output")
 TAPS_KEY = "posprobe_taps"  # the forward keyword that carries a Taps object
 
 

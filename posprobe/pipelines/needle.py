@@ -180,7 +180,7 @@ def needle(
     keep = _takes(net, "logits_to_keep")
     from posprobe.capture.retrieval import TopKeys
 
-    top_keys = None if eager else TopKeys(n_layers, n_heads)  # Wu's retrieval score: the kernel's pattern site
+    top_keys = None if eager else TopKeys(n_layers, n_heads)  # Wu's retrieval score: the kernel's "rows" site
     reducer = PromptScores(prompts, n_layers, n_heads, top_keys)
     taps = taps if top_keys is None else top_keys.taps() if taps is None else taps.joined(top_keys.taps())
     steps = (prompt_step(prompt, keep) for prompt in prompts)
@@ -269,16 +269,18 @@ class PromptScores:
         import torch
 
         from posprobe.analysis.needle import retrieval_hits, retrieval_score
+        from posprobe.kernel import Taps
 
         p, answer = len(prompt.prompt_ids), list(prompt.answer_ids)
         ids, generated = list(prompt.prompt_ids) + answer, answer
         if not score.exact:
             generated = list(score.greedy_ids)
             ids = list(prompt.prompt_ids) + generated[:-1]
-            self.top_keys.reset()  # what a greedy continuation's steps left there
-            out.taps.forward(out.model, input_ids=torch.tensor([ids], device=out.input_ids.device), use_cache=False)
+            self.top_keys.reset()
+            rows = out.taps.joined(Taps(row=p - 1))  # the rows from the last prompt token on
+            rows.forward(out.model, input_ids=torch.tensor([ids], device=out.input_ids.device), use_cache=False)
             top = self.top_keys.take()[0]
-        steps = top[:, :, p - 1 : p - 1 + len(generated)]
+        steps = top[:, :, : len(generated)]  # (L, H, steps): rows p - 1 .. p - 2 + len(generated)
         return retrieval_score(retrieval_hits(steps, ids, prompt.needle_span, generated), len(answer))
 
     def merge_ranks(self) -> None:
