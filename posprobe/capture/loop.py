@@ -123,6 +123,17 @@ def _means(net, items: Sequence[Any], edits, make_route: RouteMaker, parallel: b
     return collect.means(parallel)
 
 
+def needs_of(reducers: Sequence[Any], allowed: Sequence[str], kind: str = "a reducer") -> set[str]:
+    """What `reducers` need together; ValueError naming one that needs something outside `allowed`."""
+    needs: set[str] = set()
+    for reducer in reducers:
+        unknown = set(reducer.needs) - set(allowed)
+        if unknown:
+            raise ValueError(f"{type(reducer).__name__} needs {sorted(unknown)}; {kind} may need {list(allowed)}")
+        needs |= set(reducer.needs)
+    return needs
+
+
 def refuse_taps(model, taps: Taps | None) -> None:
     """PosprobeError in one line where `taps` would need the attention kernel and the model's family computes its
     attention outside transformers' AttentionInterface (`capture.eager.is_eager_route`)."""
@@ -194,8 +205,6 @@ def run(
     `progress(done, total)` after each of this rank's steps (every rank's steps counted). `shape`: (L, H) of the
     rows read (default: the model's, `capture.model.check_model`). `edits` as `drive` takes them (the means pass
     makes only the last position's logits where the model allows)."""
-    from posprobe.capture.run import needs_of
-
     needs = needs_of(reducers, NEEDS, "a step reducer")
 
     def make_route(taps: Taps | None, collect=None) -> StepRoute:

@@ -178,7 +178,7 @@ def capture_batches(
     checked by the caller against the config): their taps first, their hooks installed for the run; where one asks
     for a mean, this rank's batches are run once before, without edits, for it (over real tokens).
     Raises PosprobeError for a model that cannot be captured, or when there is no batch."""
-    from posprobe.capture.loop import drive
+    from posprobe.capture.loop import drive, needs_of
 
     needs = needs_of(reducers, WHAT)
     if block_size is not None:
@@ -379,17 +379,6 @@ class BatchRoute:
             )
             return output, recorded, False
         return _forward(net, tokens, kwargs, taps), None, False
-
-
-def needs_of(reducers: Sequence[Any], allowed: Sequence[str], kind: str = "a reducer") -> set[str]:
-    """What `reducers` need together; ValueError naming one that needs something outside `allowed`."""
-    needs: set[str] = set()
-    for reducer in reducers:
-        unknown = set(reducer.needs) - set(allowed)
-        if unknown:
-            raise ValueError(f"{type(reducer).__name__} needs {sorted(unknown)}; {kind} may need {list(allowed)}")
-        needs |= set(reducer.needs)
-    return needs
 
 
 _CHECKED_FROM = 256 * 2**20  # smaller batches are not checked against the free memory
