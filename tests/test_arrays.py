@@ -172,6 +172,7 @@ def test_the_needle_npz_carries_its_dims(tmp_path):
     assert dims["needle_attention"] == ["length", "depth", "trial", "layer", "head"]
 
 
+@pytest.mark.slow
 def test_the_series_and_learned_npz_carry_their_dims(tmp_path, tiny_checkpoints, ids):
     from typer.testing import CliRunner
 

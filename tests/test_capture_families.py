@@ -1031,6 +1031,7 @@ def test_cli_runs_an_encoder_decoders_encoder_and_refuses_its_decoder(checkpoint
     assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.slow
 def test_cli_attention_on_a_hybrid_lists_its_other_layers(checkpoint_folder, tmp_path, capsys):
     """`posprobe attention` on a saved LFM2 (attention, convolution, attention): the table's convolution column is
     empty and a line names its kind; --json and the .npz metadata carry every layer's kind."""

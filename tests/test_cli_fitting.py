@@ -218,6 +218,7 @@ def test_cli_module_import_is_light():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 def test_progress_chunks_give_the_same_fit():
     """With a progress callback the heads are fitted in chunks; each head's fit is independent of its
     batch, so the numbers are identical, and progress reaches the total."""

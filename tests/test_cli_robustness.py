@@ -59,6 +59,7 @@ def interrupt_when_folder_appears(cmd: list[str], out: Path, delay: float) -> su
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
+@pytest.mark.slow  # a real process, Ctrl-C'd
 def test_ctrl_c_during_fit_tisa_exits_130_with_one_line_and_no_files(tmp_path):
     out = tmp_path / "fit"
     done = interrupt_when_folder_appears(
@@ -167,6 +168,7 @@ def _widest_table_line(stdout: str, tmp_path: Path) -> int:
     return max(cell_len(line) for line in stdout.splitlines() if str(tmp_path) not in line)
 
 
+@pytest.mark.slow
 def test_tables_fit_80_columns_without_ansi_codes(tmp_path):
     """Piped stdout (not a terminal) at COLUMNS=80: no escape codes, no table line over 80, R² values whole,
     and paths whole on one line."""
@@ -338,6 +340,7 @@ def test_an_out_of_range_number_says_what_to_do(capsys):
     )
 
 
+@pytest.mark.slow  # a real process, SIGTERM'd
 def test_sigterm_while_a_file_is_written_leaves_no_hidden_temporary_file(tmp_path):
     """Issue 23: a real SIGTERM (kill, a scheduler) arriving while a result file is being written: the run
     cleans up as for Ctrl-C (exit 143, one line, no staged or temporary file, no folder it created)."""
@@ -389,7 +392,8 @@ def test_help_text_wraps_at_the_terminal_not_at_the_source(capsys, monkeypatch):
         assert not short, (command.name, short)
 
 
-@pytest.mark.parametrize("n_layers", [pytest.param(3, marks=pytest.mark.slow), 12])
+@pytest.mark.slow
+@pytest.mark.parametrize("n_layers", [3, 12])
 def test_attention_tables_fit_80_columns_with_many_layers(n_layers, tmp_path, capsys, monkeypatch):
     """`attention` at COLUMNS=80 off a terminal: a 30-layer model's heads x layers table came out as 30 columns of
     empty cells; with more layers than fit, the distances are summarised per layer (median, min, max over heads),

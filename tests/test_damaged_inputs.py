@@ -171,7 +171,10 @@ def _model(name: str, family: str, broken, tiny_checkpoints, tmp_path: Path) -> 
     return folder
 
 
-@pytest.mark.parametrize("command", list(COMMANDS))
+# every case through toeplitz in the default run; through fhat and retrofit too in the slow tier (CI)
+@pytest.mark.parametrize(
+    "command", [c if c == "toeplitz" else pytest.param(c, marks=pytest.mark.slow) for c in COMMANDS]
+)
 @pytest.mark.parametrize("name, family, broken, flags", CASES, ids=[c[0] for c in CASES])
 def test_damaged_input_is_one_clean_line(name, family, broken, flags, command, tiny_checkpoints, tmp_path, capfd):
     folder = _model(name, family, broken, tiny_checkpoints, tmp_path)

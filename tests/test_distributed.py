@@ -338,6 +338,7 @@ def test_a_model_offloaded_to_disk_gives_the_plain_models_results(tmp_path):
     np.testing.assert_allclose(s1.vectors.norms, s2.vectors.norms, rtol=1e-5, equal_nan=True)
 
 
+@pytest.mark.slow  # every layer read from disk (test_distributed_windows.py keeps one such run in the default tier)
 def test_cli_device_auto_with_max_memory_offloads_to_disk_and_equals_the_plain_run(tmp_path, capsys):
     """`attention --device auto --max-memory cpu=20KB` (every layer to disk) writes the same arrays as the plain
     run; --max-memory without --device auto, or malformed, is one line and exit 2."""

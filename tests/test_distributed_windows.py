@@ -122,7 +122,14 @@ def test_merged_prompt_scores_are_each_ranks_own(monkeypatch):
         np.testing.assert_array_equal(got.needle_attention, want.needle_attention)
 
 
-@pytest.mark.parametrize("command", ["profiles", "fhat", "rotary", "context", "needle"])
+# the default run keeps one command (rotary, the quickest); the slow tier (CI) runs the five
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(c, marks=() if c == "rotary" else pytest.mark.slow)
+        for c in ("profiles", "fhat", "rotary", "context", "needle")
+    ],
+)
 def test_max_memory_offloads_to_disk_and_equals_the_plain_run(folders, tmp_path, capsys, caplog, command):
     """`--device auto --max-memory cpu=20KB` (every layer to disk, loaded by accelerate's hooks as it runs) writes
     the same arrays as the plain run; --max-memory without --device auto, or malformed, is one line and exit 2,

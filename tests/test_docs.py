@@ -228,6 +228,7 @@ def _dom(page: Path, tmp: Path, own_requests: set[str]) -> _Links:
     return parsed
 
 
+@pytest.mark.slow  # the whole site built, then headless Chromium
 def test_a_new_user_finds_every_commands_options_and_json_contract_in_two_clicks(tmp_path):
     """In headless Chromium, from the site's home page: one click on the command's name reaches its page, a second
     on "Options" or "JSON contract" in its table of contents reaches the section, which holds the options table

@@ -434,6 +434,9 @@ HOSTILE = [
     ("channel:0.32", "channel 32 is out of range"),
     ("channel:2.1", "layer 2 is out of range"),
 ]
+# each case is a fresh `posprobe context` process (1-2 s): the default run keeps one parse refusal and one range
+# refusal, the slow tier (CI) runs them all
+HOSTILE_QUICK = {"bogus:1", "head:9.1"}
 
 
 def _cli(folder, *args, out):
@@ -442,7 +445,9 @@ def _cli(folder, *args, out):
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
-@pytest.mark.parametrize("edit, words", HOSTILE)
+@pytest.mark.parametrize(
+    "edit, words", [pytest.param(*case, marks=() if case[0] in HOSTILE_QUICK else pytest.mark.slow) for case in HOSTILE]
+)
 def test_hostile_edits_are_refused_in_one_line(edit, words, llama_folder, tmp_path):
     out = tmp_path / "out"
     done = _cli(llama_folder, "--edit", edit, out=out)
@@ -452,6 +457,7 @@ def test_hostile_edits_are_refused_in_one_line(edit, words, llama_folder, tmp_pa
     assert not out.exists()
 
 
+@pytest.mark.slow  # four fresh processes
 def test_edits_on_the_wrong_family_are_refused(gpt2_folder, tmp_path):
     """GPT-2 has a learned table of 40 positions and no rotary embeddings: band, rope-keep and a shift past the
     table's end are refused in one line, before its weights are read; a shift within it runs."""
@@ -483,6 +489,7 @@ def test_hybrid_refusal_names_the_other_layers():
     check_edits(parse_edits(["head:*.1", "head:3.0", "channel:0.5"]), model)
 
 
+@pytest.mark.slow
 def test_cli_json_and_npz_record_the_edits(llama_folder, tmp_path):
     from posprobe.formats.writing import load_npz
 
@@ -510,6 +517,7 @@ def _npz_equal(one, two, rtol: float) -> None:
                 np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+@pytest.mark.slow  # two processes, every layer read from disk
 def test_edited_context_with_device_auto_equals_the_plain_edited_run(llama_folder, tmp_path):
     """`--device auto --max-memory cpu=20KB` (every layer to disk) with edits, =mean's first pass included, writes
     the arrays of the edited run in memory."""

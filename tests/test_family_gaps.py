@@ -555,6 +555,7 @@ def test_moshi_reads_the_temporal_layers_of_a_full_checkpoint(tmp_path):
     assert np.std(ours) > 0
 
 
+@pytest.mark.slow
 def test_trocr_checkpoint_loads_as_its_causal_lm(tmp_path):
     """TrOCR has no base model class: `attention` on its folder loads its causal LM (the decoder) instead."""
     from family_models import build

@@ -50,6 +50,7 @@ def test_params_and_analyses_read_the_same_table():
     assert llama.absolute is None and position_kind({"model_type": "llama"})[0] == ROTARY
 
 
+@pytest.mark.slow  # every model type's default config
 def test_params_reads_each_familys_own_config():
     """`params` on a family's own default config (its own key names: BLOOM `n_head`, T5 `d_kv`/`num_layers`, no
     position limit for ALiBi and bucket models) counts every mechanism; it failed on BLOOM, MPT and T5."""

@@ -179,6 +179,7 @@ def test_cli_finetune_json_results_and_evaluate(tiny_model, sst2_dir, tmp_path, 
         assert after["accuracy"] == pytest.approx(before["accuracy"])
 
 
+@pytest.mark.slow
 def test_pair_regression_from_tsv(tiny_model, tmp_path):
     from posprobe.glue import finetune
 
@@ -348,6 +349,7 @@ def test_unknown_mechanism_and_bad_init(tiny_model, sst2_dir, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_init_fit_fits_the_models_own_profiles(tiny_model, sst2_dir, tmp_path):
     """`--init fit` is the TISA paper's initialisation: kernels regressed onto the model's F̂_P profiles."""
     from posprobe.formats.tisa_kernels import load_tisa_kernels
@@ -364,6 +366,7 @@ def test_init_fit_fits_the_models_own_profiles(tiny_model, sst2_dir, tmp_path):
     assert model.config.posprobe["mechanism"] == "tisa"
 
 
+@pytest.mark.slow
 def test_finetuning_a_retrofitted_checkpoint_keeps_its_mechanism(tiny_model, sst2_dir, tmp_path):
     from posprobe.glue import finetune
     from posprobe.retrofitting.install import retrofit, save_retrofitted
@@ -610,6 +613,7 @@ def test_cli_model_argument_default_out_and_json_matches_library(tiny_model, sst
 # one run per folder, full disks, no empty folders
 
 
+@pytest.mark.slow
 def test_second_run_into_a_locked_folder_refuses_at_once_or_waits(tiny_model, sst2_dir, tmp_path):
     import fcntl
     import threading
@@ -777,6 +781,7 @@ def test_library_default_out_is_the_clis(tiny_model):
 # reviewer defects: resume with a new seed, --wait --resume, progress only on a terminal
 
 
+@pytest.mark.slow
 def test_resume_with_a_new_seed_keeps_the_finished_seeds(tiny_model, sst2_dir, tmp_path):
     """`--seed 0`, then `--seed 1 --resume` into the same folder: results hold both seeds (seed 0 reused)."""
     from posprobe.glue import finetune
@@ -793,6 +798,7 @@ def test_resume_with_a_new_seed_keeps_the_finished_seeds(tiny_model, sst2_dir, t
         finetune(_config(tiny_model, sst2_dir, out, max_steps=3, seeds=[2], resume=True))
 
 
+@pytest.mark.slow
 def test_plain_wait_into_a_folder_holding_a_run_refuses_before_waiting(tiny_model, sst2_dir, tmp_path):
     """A run is in progress in `out` (lock held, run.json written): `wait=True` without `resume` would only be
     refused once the lock is free, so it is refused at once; with `resume` it queues and adds its seed."""
@@ -823,6 +829,7 @@ def test_plain_wait_into_a_folder_holding_a_run_refuses_before_waiting(tiny_mode
     assert queued.seeds == [0, 1]
 
 
+@pytest.mark.slow
 def test_cli_progress_stays_off_when_stderr_is_not_a_terminal(tiny_model, sst2_dir, tmp_path, capsys):
     """Piped / CI output: no progress bars and no `{'train_runtime': ...}` dicts on stderr."""
     code, stdout, stderr = _run_cli(
@@ -857,6 +864,7 @@ def test_wait_resume_queues_a_second_seed_behind_a_running_run(tiny_model, sst2_
 # the grid: tasks x mechanisms x seeds in one folder, paired statistics
 
 
+@pytest.mark.slow
 def test_cli_grid_json_layout_and_paired_cells(tiny_model, sst2_dir, tmp_path, capsys):
     """`--mechanism none,fixed --seeds 2`: one cell folder per mechanism, `--json` with `runs` and `summary`
     (SPEC §12), results.md / .png; the `none` cell's seed equals a plain single run with that seed (same
@@ -905,6 +913,7 @@ def test_cli_grid_json_layout_and_paired_cells(tiny_model, sst2_dir, tmp_path, c
     assert code == 2 and "already holds a fine-tuning grid" in stderr and "--resume" in stderr
 
 
+@pytest.mark.slow
 def test_grid_resume_after_a_kill_does_not_redo_finished_cells(tiny_model, sst2_dir, tmp_path):
     from transformers import TrainerCallback
 

@@ -106,6 +106,7 @@ def _advice(err: PosprobeError) -> tuple[int | None, int | None, int | None]:
     return number(r"at most (\d+) kernel"), number(r"a window of at least (\d+)"), None
 
 
+@pytest.mark.slow  # a grid of fits per direction
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "two-sided"])
 def test_every_piece_of_advice_is_accepted_when_followed(causal, fast_fits):
     fast = FAST

@@ -95,7 +95,17 @@ def _damaged(tiny_ggufs, tmp_path, edit, qtype="Q8_0"):
     return file
 
 
-@pytest.mark.parametrize("name, edit", CASES, ids=[c[0] for c in CASES])
+# the default run: one case of each part of the file (header, metadata, tensor infos, data); the slow tier (CI): all
+QUICK = {"truncated-in-the-data", "wrong-magic", "version-4", "impossible-tensor-count", "unknown-value-type",
+         "key-not-utf8", "unknown-architecture", "tensor-offset-past-the-end", "unknown-quant-type", "huge-dimensions",
+         "shape-disagrees-with-config", "duplicate-tensor-name"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name, edit",
+    [pytest.param(*c, marks=() if c[0] in QUICK else pytest.mark.slow) for c in CASES],
+    ids=[c[0] for c in CASES],
+)
 def test_damaged_gguf_is_one_clean_line(name, edit, tiny_ggufs, tmp_path, capfd):
     file = _damaged(tiny_ggufs, tmp_path, edit)
     out = tmp_path / "out"
@@ -157,6 +167,7 @@ def smollm2_offsets(smollm2_gguf, smollm2_reader):
     return byte_offsets(smollm2_gguf, smollm2_reader)
 
 
+@pytest.mark.slow  # gguf's own reader parses the real file's 98k tokenizer strings first (smollm2_offsets)
 @pytest.mark.integration
 @pytest.mark.parametrize("cut", ["start", "metadata", "tensor-infos", "data-start", "half", "last-byte"])
 def test_truncated_smollm2_is_refused(cut, smollm2_gguf, smollm2_offsets, tmp_path):

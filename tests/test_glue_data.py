@@ -282,6 +282,7 @@ def test_missing_files_and_folder(tmp_path):
         load_glue("rte", tmp_path, splits=["test"])
 
 
+@pytest.mark.slow  # a child process importing datasets
 def test_offline_without_data_dir_says_how_to_pass_data(tmp_path):
     env = {
         **os.environ,
@@ -412,6 +413,7 @@ def test_damaged_data_files_name_file_line_and_fix(tmp_path, task, name, content
     assert "\n" not in err.value.render()
 
 
+@pytest.mark.slow  # a fresh posprobe process
 def test_cli_reports_non_utf8_data_as_one_line(tmp_path):
     """Was `internal error: UnicodeDecodeError` (exit 1)."""
     write_jsonl(tmp_path / "glue" / "sst2" / "validation.jsonl", [{"sentence": "ok", "label": 1}])

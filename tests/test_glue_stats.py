@@ -32,7 +32,7 @@ def test_sign_flip_known_answers():
     assert sign_flip_p_value([1.0, 1.0, 1.0, -1.0])[0] == 10 / 16
 
 
-@pytest.mark.parametrize("n", [1, 2, 5, 8, 11, 17])
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 11, pytest.param(17, marks=pytest.mark.slow)])  # 2^17 sign patterns: slow
 def test_sign_flip_matches_brute_force(n):
     rng = random.Random(n)
     for _ in range(3):

@@ -56,7 +56,7 @@ def tiny_llama_folder(tiny_bert_folder, tmp_path_factory):
 @pytest.mark.parametrize(
     "command",
     [
-        "states",
+        pytest.param("states", marks=pytest.mark.slow),
         "rotary",
         pytest.param("attention", marks=pytest.mark.slow),
         pytest.param("profiles", marks=pytest.mark.slow),

@@ -188,7 +188,9 @@ def test_known_rope_types_are_transformers_own():
 
 
 # -- C. devices that cannot run, rope factors, needle answers, texts that are not files ----------------------------
-@pytest.mark.parametrize("device", ["meta", "hpu", "cuda:7", "nonsense"])
+# the default run: meta and an unknown name for every command; the slow tier (CI) adds hpu and cuda:7
+@pytest.mark.parametrize("device", ["meta", pytest.param("hpu", marks=pytest.mark.slow),
+                                    pytest.param("cuda:7", marks=pytest.mark.slow), "nonsense"])  # fmt: skip
 @pytest.mark.parametrize("command", ["attention", "context", "needle", "rotary", "states"])
 def test_a_device_that_cannot_run_is_refused_before_loading(
     command, device, causal_llama_folder, texts_file, long_text, no_loading, tmp_path, capsys
@@ -402,7 +404,8 @@ def test_context_with_a_262k_vocabulary_at_32k_tokens_runs_within_2_gb():
 
 
 # -- F. library logging under --device auto ----------------------------------------------------------------------------
-@pytest.mark.parametrize("command", ["attention", pytest.param("context", marks=pytest.mark.slow)])
+@pytest.mark.slow  # a child process loading every layer from disk
+@pytest.mark.parametrize("command", ["attention", "context"])
 def test_device_auto_loads_in_silence(command, causal_llama_folder, texts_file, long_text, tmp_path):
     """accelerate's "Some parameters are on the meta device" line reached stderr (a child process: pytest's log
     capture would hide it in this one)."""

@@ -48,6 +48,7 @@ def test_minilm_profiles_all_layers():
     assert res.profiles.shape == (6, 12, 1023) and res.offsets[0] == -511
 
 
+@pytest.mark.slow
 def test_minilm_tisa_fit_known_median():
     """The default S = 5 fit of every head (window k = -16..16): median R² 0.9915 (benchmarks/RESULTS.md §2)."""
     from posprobe.pipelines.fitting import fit_tisa

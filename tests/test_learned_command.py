@@ -138,6 +138,7 @@ def test_mean_vectors_match_the_layer_inputs(tmp_path):
                 np.testing.assert_allclose(means[role][depth], want, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_tisa_from_kernels_file_reproduced_exactly(tmp_path, tiny_checkpoints):
     rng = np.random.default_rng(3)
     arrays = {
@@ -184,6 +185,7 @@ def _name_comparisons(tree) -> set[int]:
     return {c.lineno for c in compares if any(names(x) & set(MECHANISM_NAMES) for x in [c.left, *c.comparators])}
 
 
+@pytest.mark.slow
 def test_each_mechanism_owns_its_reading_over_k():
     """How a mechanism's parameters read over k is its catalogue entry's (`read_over_k`), and no code outside
     `posprobe/mechanisms/` branches on a mechanism's name (the if-chain over names in analysis/learned.py is gone);
@@ -205,6 +207,7 @@ def test_each_mechanism_owns_its_reading_over_k():
     assert found == {}
 
 
+@pytest.mark.slow
 def test_old_spelling_kernels_is_a_hidden_alias(tmp_path, capsys):
     """`posprobe kernels DIR` (the command's old name) still runs the same command with the same record; `--help`
     lists `learned` only ("kernels" alone names TISA's Gaussian kernels)."""
@@ -239,6 +242,7 @@ def test_initial_values_survive_training_and_saving(tmp_path):
     assert any("initial values unknown" in note for note in report.notes)
 
 
+@pytest.mark.slow
 def test_compare_and_profiles_json(tmp_path):
     one, two = _retrofitted(tmp_path, "composite", "one", 0), _retrofitted(tmp_path, "composite", "two", 1)
     lf = read_learned(one).learned
@@ -312,6 +316,7 @@ def test_bad_input_is_one_line_and_leaves_nothing(tmp_path, tiny_checkpoints, ca
 
 
 # ------------------------------------------------------------------------------- fit-tisa --orientation official
+@pytest.mark.slow
 def test_fit_tisa_official_orientation_brute_force(tmp_path, tiny_checkpoints):
     """The official TISA code scores pair (i, j) with f'(i - j - 1) from (S, H) arrays: the exported file must
     give exactly posprobe's f(j - i) for every pair; posprobe itself refuses to read it as its own."""
@@ -413,6 +418,7 @@ def test_combined_zero_init_unchanged_and_counts(name, family):
     assert added_parameters(base) == expected_parameters(base) == L * per_depth
 
 
+@pytest.mark.slow
 def test_combined_round_trip_and_kernels_per_part(tmp_path):
     folder = _retrofitted(tmp_path, "composite+key-dynamic")
     model = load_model(folder)
@@ -449,6 +455,7 @@ def test_combined_bad_names(tmp_path, capsys):
             retrofit(build_tiny("bert"), bad)
 
 
+@pytest.mark.slow
 def test_albert_text_and_base_model_profiles_human_output(tmp_path, tiny_checkpoints):
     """ALBERT's shared layer has one mechanism per depth; --profiles takes the base model itself."""
     model = retrofit(build_tiny("albert"), "composite", radius=R, init="random", seed=3)
@@ -472,6 +479,7 @@ def test_albert_text_and_base_model_profiles_human_output(tmp_path, tiny_checkpo
     assert "functions" in result.output and "dynamic_norms" in result.output
 
 
+@pytest.mark.slow
 def test_outputs_are_named_for_the_learned_functions_they_hold(tmp_path, monkeypatch):
     """The npz and the default folder are named for what they hold (learned functions of k, not TISA's kernels):
     `posprobe-out/learned/<folder>/learned_functions.npz`, whichever spelling of the command ran."""

@@ -149,6 +149,7 @@ def _cli_json(args):
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_to_dict_equals_the_cli_json_minus_paths(tiny_checkpoints, tmp_path):
     folder = str(tiny_checkpoints["roberta"])
     paths = ("figure", "record", "figures", "npz")
@@ -299,6 +300,7 @@ def test_fitter_follows_the_estimator_contract():
     assert fitter.score(profiles, k) > 0.99
 
 
+@pytest.mark.slow
 def test_fitter_accepts_layer_head_profiles_as_flat_rows():
     profiles, k = _heads()
     cube = posprobe.TisaKernelFitter(2, window=6).fit(profiles, k)

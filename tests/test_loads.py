@@ -46,7 +46,14 @@ def arguments(command: str, bert, texts, llama, planted) -> list[str]:
     }[command]
 
 
-@pytest.mark.parametrize("command", ["attention", "states", "context", "needle"])
+# the default run keeps one command; the slow tier (CI) runs the four
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(c, marks=() if c == "context" else pytest.mark.slow)
+        for c in ("attention", "states", "context", "needle")
+    ],
+)
 def test_a_command_resolves_and_loads_its_model_once(
     command, tiny_bert_folder, texts_file, llama_folder, planted_folder, tmp_path, monkeypatch, capsys
 ):

@@ -404,6 +404,7 @@ def chat_folder(planted_folder, tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_chat_prompts_are_the_tokenizers_own_template(chat_folder, tmp_path, capsys):
     """`needle --chat` (issue 49): every prompt is the tokenizer's chat template applied to its recorded user
     message, the generation prompt opened and the question's last words starting the reply

@@ -74,6 +74,7 @@ def test_a_failure_under_json_prints_one_error_object(args, error, hint, tmp_pat
     assert code == 2 and out == "" and error in err
 
 
+@pytest.mark.slow
 def test_attention_and_states_read_the_packaged_sentences_without_text(tiny_bert_folder, tmp_path, capsys):  # noqa: F811
     """`posprobe attention` said "Missing option '--text'"; now it reads builtin:sentences (144 texts)."""
     from posprobe.corpora import SENTENCES, iter_builtin
@@ -88,6 +89,7 @@ def test_attention_and_states_read_the_packaged_sentences_without_text(tiny_bert
         assert record.get("text", SENTENCES) == SENTENCES
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_attention_runs_on_the_packaged_model_with_no_argument_at_all(tmp_path, capsys, monkeypatch):
     """The README's Quick start text command, as a new user types it: `posprobe attention` (MiniLM, the packaged
@@ -243,6 +245,7 @@ def test_grid_table_of_every_metric_keeps_each_row_on_one_line_at_80_columns():
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
 
 
+@pytest.mark.slow
 def test_params_title_and_fit_tisa_sweep_fit_80_columns(tiny_checkpoints, tmp_path, capsys, monkeypatch):
     """`params`' title was 85–92 columns; `fit-tisa --kernels 1,3,5` folded a kernels file name over two lines."""
     monkeypatch.setenv("COLUMNS", "80")
@@ -256,6 +259,7 @@ def test_params_title_and_fit_tisa_sweep_fit_80_columns(tiny_checkpoints, tmp_pa
     assert all(line.endswith(".safetensors") and "tisa_kernels_S" in line for line in names)
 
 
+@pytest.mark.slow  # two fresh processes
 def test_tables_written_to_a_file_keep_every_header_whole(tiny_bert_folder, tmp_path):  # noqa: F811
     """`posprobe attention > r.txt` printed 'unifo…' for three headers of the sinks table, and context's title
     wrapped (issue 49): off a terminal a table keeps its natural width and its title one line. Run as a user

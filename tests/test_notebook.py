@@ -22,6 +22,7 @@ def folder(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow  # every capability in one session: each is tested on its own in the default run
 def test_a_notebook_session(folder, tmp_path):
     import torch
     from matplotlib.figure import Figure

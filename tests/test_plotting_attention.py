@@ -76,6 +76,7 @@ def test_profile_pages_carry_each_layers_numbers(results):
     assert float(pages._overlay_scale[0].get_text()) > float(pages._overlay_scale[1].get_text())
 
 
+@pytest.mark.slow
 def test_attention_pages_png_equals_the_figure(results, tmp_path):
     """The fast path (kept background, changing artists redrawn) draws what the plain Figure draws, page by page."""
     from PIL import Image

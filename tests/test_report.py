@@ -83,6 +83,7 @@ def f3(x) -> str:
     return "—" if x is None else f"{x:.3f}"
 
 
+@pytest.mark.slow  # the whole report of a tiny BERT (bert_report): ~10 s, shared by the tests below
 def test_every_headline_equals_its_record(bert_report):
     summary, out, _ = bert_report
     page = Path(summary["html"]).read_text()
@@ -116,6 +117,7 @@ def test_every_headline_equals_its_record(bert_report):
     assert values["fit-tisa", "TISA fit median R² (S = 5)"] == fit["median_r2"]
 
 
+@pytest.mark.slow
 def test_every_headline_carries_its_reference_in_the_same_row(bert_report):
     """Issue 47: every headline number, on the page and in report.json, has its reference (a number or a short text
     saying why there is none), equal to the record's: the no-hidden-state baseline, uniform attention's
@@ -162,6 +164,7 @@ def test_every_headline_carries_its_reference_in_the_same_row(bert_report):
     assert all(f'<section id="{c["section"]}">' in page for c in story)
 
 
+@pytest.mark.slow
 def test_section_tables_equal_their_records(bert_report):
     summary, out, _ = bert_report
     page = Path(summary["html"]).read_text()
@@ -184,6 +187,7 @@ def test_section_tables_equal_their_records(bert_report):
                                      f"{h['peak_offset']:+d}" for h in expected]]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_reproducing_command_gives_the_same_record(bert_report, capsys):
     summary, out, _ = bert_report
     page = Path(summary["html"]).read_text()
@@ -198,6 +202,7 @@ def test_reproducing_command_gives_the_same_record(bert_report, capsys):
     assert json.loads(capsys.readouterr().out) == record_of(out, "fhat")
 
 
+@pytest.mark.slow
 def test_section_that_does_not_apply_says_why_in_one_line(bert_report, llama_folder, tmp_path):
     summary, _, _ = bert_report
     rotary = summary["sections"]["rotary"]
@@ -233,6 +238,7 @@ def causal_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_context_section_equals_its_record_and_encoders_say_why_not(bert_report, causal_folder, tmp_path):
     for name in ("context", "needle"):
         section = bert_report[0]["sections"][name]
@@ -272,6 +278,7 @@ def test_needle_section_equals_its_record(causal_folder, tmp_path):
                                                         for g in record["grid"]]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_rerun_reuses_finished_sections_unless_force(bert_report, tiny_bert_folder, texts_file):
     summary, out, args = bert_report
     again = run_report(args)
@@ -284,6 +291,7 @@ def test_rerun_reuses_finished_sections_unless_force(bert_report, tiny_bert_fold
     assert forced["sections"]["fhat"]["reused"] is False
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_finished_sections_for_the_next_run(tiny_bert_folder, tmp_path, monkeypatch, capsys):
     import posprobe.report.run as report_run
 
@@ -307,6 +315,7 @@ def test_ctrl_c_keeps_finished_sections_for_the_next_run(tiny_bert_folder, tmp_p
     assert again["sections"]["fhat"]["reused"] and not again["sections"]["profiles"]["reused"]
 
 
+@pytest.mark.slow
 def test_the_page_is_self_contained(bert_report):
     page = Path(bert_report[0]["html"]).read_text()
     assert "<script" not in page.lower() and "<link" not in page.lower() and "@import" not in page
@@ -466,6 +475,7 @@ def test_default_report_on_the_packaged_model_in_chromium(tmp_path):
     _check_in_browser(Path(summary["html"]), tmp_path)
 
 
+@pytest.mark.slow
 def test_report_takes_lengths_rope_scaling_and_device_to_context_and_needle(causal_folder, tmp_path):
     """`report --lengths --rope-scaling --device` (issue 49): the context section runs the lengths (past the
     trained 512 too) with every variant, on the device, each variant's perplexity in its table equal to the

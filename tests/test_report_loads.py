@@ -47,9 +47,10 @@ def drop_timings(record):
     return record
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "sections",
-    ["fhat,profiles," + TEXT_SECTIONS + ",context", pytest.param("fhat,attention,needle", marks=pytest.mark.slow)],
+    ["fhat,profiles," + TEXT_SECTIONS + ",context", "fhat,attention,needle"],
 )
 def test_a_causal_report_loads_once_and_each_record_equals_its_command_alone(
     causal_folder, texts_file, tmp_path, monkeypatch, capsys, sections
@@ -68,6 +69,7 @@ def test_a_causal_report_loads_once_and_each_record_equals_its_command_alone(
     assert len(builds) == len(set(sections.split(",")) - {"fhat", "profiles"})  # alone: each command loads itself
 
 
+@pytest.mark.slow
 def test_an_encoder_report_loads_its_base_model_once(tiny_bert_folder, texts_file, tmp_path, monkeypatch, capsys):
     builds = counted(monkeypatch, loading, "_build_model")
     out = tmp_path / "r"
@@ -146,6 +148,7 @@ def test_whether_falcon_switches_is_asked_of_the_installed_transformers(tmp_path
     assert len(builds) == (1 if causal_lm._can_set_attn_implementation() else 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model, sections", [("causal", ["rotary", "fit-tisa"]), ("bert", ["toeplitz", "profiles"])])
 def test_the_weight_sections_run_through_the_library_equal_their_commands_alone(
     causal_folder, tiny_bert_folder, tmp_path, capsys, model, sections

@@ -65,6 +65,7 @@ def brute_force_scores(model, prompt_ids, answer_ids, span) -> np.ndarray:
     return counts / len(answer_ids)
 
 
+@pytest.mark.slow  # the model run at every depth and length, brute force
 @pytest.mark.parametrize("answer", ["7777", "7787"], ids=["greedy-is-the-answer", "greedy-departs"])
 def test_retrieval_score_equals_brute_force(answer):
     """'7777': greedy decoding gives the answer (read from the teacher-forced pass); '7787': it departs at the

@@ -131,6 +131,7 @@ def test_flipped_bytes(flips):
     check(bytes(data))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.integers(0, len(BASE) - 1))
 def test_truncated(length):

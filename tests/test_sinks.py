@@ -140,6 +140,7 @@ def test_sink_rate_is_the_share_of_heads_above_the_threshold():
     np.testing.assert_array_equal(s.sink_rate, [0.5, 1.0])  # 0.3 itself is not above the threshold
 
 
+@pytest.mark.slow
 def test_cli_prints_the_per_layer_sink_summary(tiny_bert_folder, texts_file, tmp_path):  # noqa: F811
     args = ["attention", str(tiny_bert_folder), "--text", str(texts_file), "--column", "sentence"]
     result = CliRunner().invoke(app, [*args, "--max-length", "16", "--out", str(tmp_path / "a")])
@@ -149,6 +150,7 @@ def test_cli_prints_the_per_layer_sink_summary(tiny_bert_folder, texts_file, tmp
 
 
 # -- weights_correlation over offsets with at least --min-pairs pairs (issue 20, item 4) ---------------------------
+@pytest.mark.slow
 def test_weights_correlation_uses_only_offsets_with_enough_pairs(tiny_bert_folder, texts_file, tmp_path):  # noqa: F811
     from posprobe.texts.reading import iter_texts
 

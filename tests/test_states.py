@@ -91,7 +91,7 @@ def _hidden_states_only_models():
     }
 
 
-@pytest.mark.parametrize("family", ["bloom", "mpnet", "deberta-v2", "t5-encoder"])
+@pytest.mark.parametrize("family", ["bloom", "mpnet", pytest.param("deberta-v2", marks=pytest.mark.slow), "t5-encoder"])
 def test_families_without_an_attention_interface_work(family):
     """Hidden states only: families whose attention posprobe cannot record still give every number, and the
     positional vectors equal the per-position means of `output_hidden_states`."""
@@ -191,6 +191,7 @@ def training_run(tiny_bert_folder, tmp_path):
     return run
 
 
+@pytest.mark.slow  # three checkpoints, each run
 def test_cli_series_of_a_training_run(training_run, texts_file, tmp_path):
     out = tmp_path / "series"
     record = run_json(
@@ -238,6 +239,7 @@ def test_checkpoint_steps_from_names_and_order_given(training_run, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_series_in_the_order_given_uses_positions_on_the_x_axis(training_run, tmp_path):
     a, b = tmp_path / "early", tmp_path / "late"
     shutil.copytree(training_run / "checkpoint-20", a)
@@ -280,6 +282,7 @@ def test_series_bad_input_is_one_line(training_run, texts_file, tmp_path, capsys
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("min_texts", [100, 7])  # no position kept; one position kept (none after the first)
 def test_few_kept_positions_still_give_files_and_nulls(tmp_path, min_texts):
     from posprobe.pipelines.states_result import write_states

@@ -108,6 +108,7 @@ def test_ridge_from_fold_statistics_equals_sklearn():
     assert len(set(fit.alpha[:, 0])) > 1  # the penalty really is chosen per outer fold here
 
 
+@pytest.mark.slow
 def test_probe_streamed_through_a_padded_capture_equals_sklearn_on_each_text_alone():
     """GPT-2 (causal) in padded batches of 4; the first and last hidden states; MAE exact (the sample holds every
     token)."""
@@ -135,6 +136,7 @@ def test_probe_streamed_through_a_padded_capture_equals_sklearn_on_each_text_alo
     assert probes.r2[0] > 0.5 > probes.r2_control[0]  # GPT-2 adds its learned table at the embedding output
 
 
+@pytest.mark.slow
 def test_every_control_draw_and_the_baseline_equal_sklearn():
     """Three control draws, each its own permutation per text (`control_positions(t, n, seed, r)`), each equal to
     scikit-learn's nested probe; their mean and standard deviation are what is reported. The baseline is the same
@@ -202,6 +204,7 @@ def test_the_finish_runs_on_one_thread_and_gives_the_same_numbers():
     ]
 
 
+@pytest.mark.slow
 def test_dual_form_with_fewer_tokens_than_dimensions_equals_sklearn():
     """With every token at hand and fewer training tokens than dimensions (d = 150, about 110 tokens), the fits
     are solved in the dual form: still scikit-learn's nested probe."""
@@ -334,6 +337,7 @@ def test_control_permutations_and_folds():
     assert not (perm == control_positions(5, 9, seed=1)).all()
 
 
+@pytest.mark.slow  # many draws
 def test_reservoir_keeps_each_token_with_probability_size_over_n():
     """Algorithm R in batches equals one token at a time (later tokens win a slot drawn twice) and keeps each of
     N tokens with probability size / N."""
@@ -480,6 +484,7 @@ def test_delimiters():
         assert not is_delimiter(token), token
 
 
+@pytest.mark.slow
 def test_a_causal_models_baseline_uses_what_a_position_sees():
     """Issue 47: on a causal model (GPT-2) the no-hidden-state baseline is the first-token flag alone — position i
     cannot see the text's length, and its one other count, i + 1 tokens so far, is the target — equal to

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "posprobe"
 
 # The layers, lowest first: a package (or root module) may import only what is listed before it. The root face
@@ -138,6 +140,7 @@ def test_the_module_import_graph_has_no_cycle():
     assert cycles(import_graph(strings=False)) == []
 
 
+@pytest.mark.slow
 def test_the_package_import_graph_has_no_cycle():
     assert cycles(package_graph(import_graph())) == []
 

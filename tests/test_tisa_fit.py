@@ -104,6 +104,7 @@ def test_offset_and_scale_equivariance():
     np.testing.assert_allclose(spare_shifted.r2_, spare.r2_, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_deterministic_and_independent_of_batch():
     rng = np.random.default_rng(4)
     profiles = rng.normal(size=(6, OFFSETS.size)).cumsum(axis=1)  # rough random-walk profiles
@@ -141,6 +142,7 @@ def test_r2_definition_and_local_optimality_against_scipy():
         assert r2_scipy - fit.r2_[h] < 1e-3
 
 
+@pytest.mark.slow
 def test_exhaustive_agrees_on_median():
     rng = np.random.default_rng(12)
     profiles, *_ = known_heads(rng, 10, 4)

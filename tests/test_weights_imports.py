@@ -47,6 +47,7 @@ def test_rotary_weights_commands_import_neither_torch_nor_transformers(command, 
     assert json.loads(line[len("IMPORTED ") :]) == []
 
 
+@pytest.mark.slow  # a fresh process, as the test above
 def test_rotary_budget_without_transformers_is_the_modules(llama_folder, tmp_path):
     """The budget read from config.json alone (issue 49) equals the one from Llama's own rotary module: its
     wavelengths are 2 pi / the module's inv_freq, and the trained length is max_position_embeddings."""
