@@ -144,6 +144,7 @@ def ids():
     return [list(rng.integers(5, 99, size=n)) for n in (12, 9, 14, 7, 12, 10)]
 
 
+@pytest.mark.slow
 def test_every_text_result_npz_carries_its_dims(tmp_path, ids):
     bert = tiny_model("bert")
     saved = posprobe.attention_profiles(bert, input_ids=ids, special_ids=[0]).save(tmp_path / "attention")

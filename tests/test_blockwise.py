@@ -307,6 +307,7 @@ def test_weights_profile_of_long_texts_reads_fewer_positions(tmp_path, monkeypat
     assert "positions 0..9" in short.weights_note and np.isfinite(short.weights_correlation).all()
 
 
+@pytest.mark.slow
 def test_cli_blocks_without_the_mean_score_matrix(tmp_path, capsys):
     """`--block-size 3 --mean-scores no`: the same profiles as the default run, no n x n arrays in the .npz, the
     JSON says why; a bad --block-size is one line, exit 2, nothing written."""

@@ -151,6 +151,7 @@ def test_fit_tisa_cli_json_contract(tiny_checkpoints, tmp_path):
     assert (tmp_path / "tisa_fit_S3.png").is_file()
 
 
+@pytest.mark.slow
 def test_fit_tisa_cli_sweep_albert_and_human_output(tiny_checkpoints, tmp_path):
     record = run_json(
         [

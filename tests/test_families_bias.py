@@ -475,6 +475,7 @@ def test_fit_tisa_runs_on_t5_and_deberta(bias_checkpoints, tmp_path, name, stack
     assert Path(record["kernels_file"]).name == f"tisa_kernels_S2{suffix}_layers0.safetensors"
 
 
+@pytest.mark.slow
 def test_stack_and_positions_do_not_apply_to_a_profiles_file(bias_checkpoints, tmp_path):
     out = tmp_path / "p"
     _json(["profiles", str(bias_checkpoints["t5"]), "--positions", "24", "--out", str(out), "--json"])

@@ -198,6 +198,7 @@ def test_constant_position_table_gives_undefined_r2_not_a_number():
     assert isinstance(t.plot(), object) and "undefined" in t.plot().axes[0].get_title()
 
 
+@pytest.mark.slow
 def test_constant_position_table_through_the_cli(tmp_path):
     # the reproduction of issue 8 #3 as a user ran it: retrofit --drop-position-embeddings, save, then analyse
     model = posprobe.retrofit(build_tiny("bert"), "tisa", drop_position_embeddings=True)

@@ -25,6 +25,7 @@ def not_blank(image: Image.Image) -> bool:
     return pixels.std() > 5 and (pixels < 128).any()
 
 
+@pytest.mark.slow
 def test_fhat_grid_displays_and_saves_like_the_cli(tmp_path):
     from posprobe.formats.writing import save_figure
 

@@ -355,6 +355,7 @@ def test_hostile_input_is_one_line_and_writes_nothing(args, message, tmp_path, c
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_pickle_only_checkpoint_refused_unless_allowed_and_passed_on(tiny_models, tmp_path, capsys):
     """As for every command: pickle weights are refused in one line before anything is written; --allow-pickle is
     passed on to each section's command (and shown in the command that reproduces it)."""
@@ -523,6 +524,7 @@ def test_report_long_context_options_refused_in_one_line(args, message, tmp_path
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_embedded_figures_are_palette_pngs_of_the_same_picture(tmp_path):
     """A noisy heatmap as the commands write it (110 dpi, viridis, labels): the page embeds it as a 256-colour
     PNG (the full-resolution file linked beside), at most half the file's bytes, every pixel within 3 % of the

@@ -299,6 +299,7 @@ def test_few_kept_positions_still_give_files_and_nulls(tmp_path, min_texts):
     assert all(p.is_file() for p in [written["npz"], *written["figures"]])
 
 
+@pytest.mark.slow
 def test_position_axes_have_whole_number_ticks():
     """Positions and hidden states are whole numbers: no tick reads 2.5 (matplotlib's default locator put one at
     every half position on MiniLM's 20 kept positions)."""

@@ -87,6 +87,7 @@ def test_orientation_k_equals_j_minus_i_by_brute_force():
     assert mirrored.c_[0, 0] == pytest.approx(-fit.c_[0, 0], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_offset_and_scale_equivariance():
     rng = np.random.default_rng(3)
     profiles, *_ = known_heads(rng, 4, 2)
