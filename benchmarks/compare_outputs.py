@@ -62,6 +62,8 @@ COMMANDS: list[list[str]] = [
     ],  # fmt: skip
 ]
 IGNORED = {"seconds", "npz", "figures", "out", "elapsed", "time", "files"}  # timings and where files went
+ALLOW_ADDED = False  # --allow-added: keys and arrays only in the head are listed apart, not counted as differences
+ADDED: set[str] = set()
 
 
 def run(tree: Path, command: list[str], out: Path) -> tuple[int, dict | None, str]:
@@ -87,7 +89,9 @@ def json_diff(a, b, where: str = "") -> list[str]:
         for key in sorted(set(a) | set(b)):
             if key in IGNORED:
                 continue
-            if key not in a or key not in b:
+            if key not in a and ALLOW_ADDED:
+                ADDED.add(f"{where}.{key}")  # a value the head added (a later issue's), not a changed one
+            elif key not in a or key not in b:
                 out.append(f"{where}.{key} (only in {'head' if key in b else 'base'})")
             else:
                 out += json_diff(a[key], b[key], f"{where}.{key}")
@@ -110,16 +114,18 @@ def npz_diff(base: Path, head: Path) -> list[str]:
         return [f"npz files {files} / {others}"]
     for name in files:
         with np.load(base / name, allow_pickle=False) as a, np.load(head / name, allow_pickle=False) as b:
-            if set(a.files) != set(b.files):
+            only_head = set(b.files) - set(a.files)
+            if ALLOW_ADDED:
+                ADDED.update(f"{name}:{key}" for key in only_head)
+            if set(a.files) - set(b.files) or (only_head and not ALLOW_ADDED):
                 out.append(f"{name}: arrays {sorted(set(a.files) ^ set(b.files))}")
                 continue
             for key in a.files:
                 x, y = a[key], b[key]
                 if key == "metadata":  # the JSON metadata, less the arrays' dimension names (`formats.arrays`)
-                    x, y = (
-                        np.array(json.dumps({k: v for k, v in json.loads(str(m)).items() if k != "dims"}))
-                        for m in (x, y)
-                    )
+                    meta = [{k: v for k, v in json.loads(str(m)).items() if k != "dims"} for m in (x, y)]
+                    out += [f"{name}:metadata{d}" for d in json_diff(*meta)]
+                    continue
                 same = (
                     x.shape == y.shape and x.dtype == y.dtype and np.array_equal(x, y, equal_nan=x.dtype.kind in "fc")
                 )
@@ -151,7 +157,14 @@ def main() -> int:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--only", type=int, nargs="*", help="command numbers to run (default: all)")
     parser.add_argument("--jobs", type=int, default=1, help="commands run at once (each runs base and head in turn)")
+    parser.add_argument(
+        "--allow-added",
+        action="store_true",
+        help="keys and arrays only in the head (added by later work) are listed, not differences",
+    )
     args = parser.parse_args()
+    global ALLOW_ADDED
+    ALLOW_ADDED = args.allow_added
     indices = [i for i in range(len(COMMANDS)) if not args.only or i in args.only]
     failures = arrays = 0
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
@@ -160,6 +173,8 @@ def main() -> int:
             arrays += count
             print(line, flush=True)
     print(f"{len(indices)} commands, {arrays} arrays compared, {failures} different")
+    if ADDED:
+        print(f"only in the head (added, not compared): {', '.join(sorted(ADDED))}")
     return 1 if failures else 0
 
 

@@ -80,9 +80,14 @@ def text_commands(command: str, bert, texts, llama, planted) -> list[str]:
     return more[command] if command in more else arguments(command, bert, texts, llama, planted)
 
 
+# the default run keeps two commands (text batches with an =mean edit's first pass, and context's windows)
 @pytest.mark.parametrize(
     "command",
-    ["attention", "states", "context", "needle", "profiles --text", "fhat --text", "rotary --text", "attention --edit"],
+    [
+        pytest.param(c, marks=() if c in ("attention --edit", "context") else pytest.mark.slow)
+        for c in ("attention", "states", "context", "needle", "profiles --text", "fhat --text", "rotary --text",
+                  "attention --edit")
+    ],  # fmt: skip
 )
 def test_every_forward_pass_on_text_runs_inside_the_one_run_loop(
     command, tiny_bert_folder, texts_file, llama_folder, planted_folder, tmp_path, monkeypatch, capsys
