@@ -85,8 +85,16 @@ def text_commands(command: str, bert, texts, llama, planted) -> list[str]:
     "command",
     [
         pytest.param(c, marks=() if c in ("attention --edit", "context") else pytest.mark.slow)
-        for c in ("attention", "states", "context", "needle", "profiles --text", "fhat --text", "rotary --text",
-                  "attention --edit")
+        for c in (
+            "attention",
+            "states",
+            "context",
+            "needle",
+            "profiles --text",
+            "fhat --text",
+            "rotary --text",
+            "attention --edit",
+        )
     ],  # fmt: skip
 )
 def test_every_forward_pass_on_text_runs_inside_the_one_run_loop(
