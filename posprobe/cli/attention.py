@@ -47,6 +47,7 @@ from posprobe.cli.options import (
     StackOpt,
 )
 from posprobe.formats.writing import default_out
+from posprobe.pipelines.defaults import ATTENTION_MIN_PAIRS, ATTENTION_WINDOW
 
 
 class MeanScores(str, Enum):
@@ -94,8 +95,10 @@ def attention(
     min_pairs: Annotated[
         int,
         typer.Option("--min-pairs", help="Offsets with fewer pairs are left out of the weights correlation."),
-    ] = 100,
-    window: Annotated[int, typer.Option("--window", help="Figures show k = -W..W (a causal model: -W..0).")] = 20,
+    ] = ATTENTION_MIN_PAIRS,
+    window: Annotated[
+        int, typer.Option("--window", help="Figures show k = -W..W (a causal model: -W..0).")
+    ] = ATTENTION_WINDOW,
     mean_scores: Annotated[
         MeanScores,
         typer.Option(

@@ -15,6 +15,7 @@ from posprobe.analysis.learned_sinks import LearnedSinkShares
 from posprobe.analysis.sinks import SinkMeasures
 from posprobe.formats.arrays import either, optional
 from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, save
+from posprobe.pipelines.defaults import ATTENTION_WINDOW
 from posprobe.results import ResultMixin
 
 SINK_ARRAYS = (
@@ -292,7 +293,9 @@ def _nulls(a: np.ndarray, present: np.ndarray | None = None) -> list:
     return [_nulls(x) for x in a] if np.ndim(a) > 1 else [None if not np.isfinite(v) else float(v) for v in a]
 
 
-def write_attention(result: AttentionResult, out_dir: str | Path, fmt: str = "png", window: int = 20) -> dict:
+def write_attention(
+    result: AttentionResult, out_dir: str | Path, fmt: str = "png", window: int = ATTENTION_WINDOW
+) -> dict:
     """Write `attention.npz`, one profile figure per layer, the mean-distance chart, the sink chart and (learned
     sinks) the learned-sink chart into `out_dir`, as one unit (`formats.save.save`: an interrupted or failed run
     leaves nothing, not even an `out_dir` it created). Returns the paths ({"npz": path, "figures": [paths]})."""
