@@ -118,7 +118,7 @@ def context(
 
 def _progress():
     """A progress bar over forward passes on stderr (only when stderr is a terminal: also under --json, and inside
-    `report`, whose sections print their JSON into a buffer), yielding `advance(done, total)`."""
+    `report`), yielding `advance(done, total)`."""
     from contextlib import contextmanager
 
     @contextmanager
