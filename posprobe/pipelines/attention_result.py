@@ -254,7 +254,7 @@ class AttentionResult(ResultMixin, Saves):
             out["figures"] = [str(f) for f in figures]
         return out
 
-    def output_files(self, fmt: str, window: int = 20) -> list[OutputFile]:
+    def output_files(self, fmt: str, window: int = ATTENTION_WINDOW) -> list[OutputFile]:
         """`attention.npz` (`arrays()`, declared in `ARRAYS`), one profile figure per layer (k = -window ..
         window), `mean_distance.<fmt>`, with sinks `sinks.<fmt>` and with learned sinks (gpt-oss)
         `learned_sinks.<fmt>`."""

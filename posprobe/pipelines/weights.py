@@ -24,7 +24,7 @@ from posprobe.checkpoint import ModelSource
 from posprobe.checkpoint.in_memory import is_model_object
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from posprobe.pipelines.data_conditioned import text_settings
-from posprobe.pipelines.defaults import FHAT_LAYER, MODE
+from posprobe.pipelines.defaults import FHAT_LAYER, MIN_TEXTS, MODE
 from posprobe.pipelines.score_reader import (
     DEFAULT_POSITIONS,
     MIN_POSITIONS,
@@ -181,7 +181,7 @@ def fhat(
     input_ids: Iterable[list[int]] | None = None,
     special_ids: Iterable[int] | None = None,
     input: str | None = None,
-    min_texts: int = 16,
+    min_texts: int = MIN_TEXTS,
     max_length: int | None = None,
     max_texts: int | None = None,
     batch_size: int = 32,
@@ -223,7 +223,7 @@ def profiles(
     input_ids: Iterable[list[int]] | None = None,
     special_ids: Iterable[int] | None = None,
     input: str | None = None,
-    min_texts: int = 16,
+    min_texts: int = MIN_TEXTS,
     max_length: int | None = None,
     max_texts: int | None = None,
     batch_size: int = 32,
