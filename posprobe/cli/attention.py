@@ -175,9 +175,9 @@ def attention(
     from dataclasses import replace
 
     result = replace(result, model=source.name)
-    written = write_attention(result, out_dir, fmt.value, window=min(window, result.max_length - 1))
+    written = write_attention(result, out_dir, fmt.value, window=window)
     if json_out:
-        emit_json(result.record(written["npz"], written["figures"]))
+        emit_json(result.command_record(written))
         return
     _print(result, written)
 

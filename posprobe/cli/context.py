@@ -110,7 +110,7 @@ def context(
     written = save(result, out_dir, fmt)
     npz, record, figures = written["npz"], written["json"], written["figures"]
     if json_out:
-        emit_json(result.to_dict() | {"npz": str(npz), "json": str(record), "figures": [str(f) for f in figures]})
+        emit_json(result.command_record(written))
         return
     _print(result)
     console.print(f"arrays: {npz}\njson: {record}\nfigures: {', '.join(str(f) for f in figures)}")

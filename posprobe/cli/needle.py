@@ -135,10 +135,10 @@ def needle(
         result = run_needle(None, haystack=haystack, grid=grid, task=task, device=device, progress=progress,
                             allow_pickle=allow_pickle, source=source, max_memory=max_memory, edits=edits)  # fmt: skip
     written = save(result, out_dir, fmt)
-    paths = {name.split(".")[0]: str(path) for name, path in written.paths.items()}
     if json_out:
-        emit_json(result.to_dict() | {"files": paths})
+        emit_json(result.command_record(written))
         return
+    paths = result.command_record(written)["files"]
     console.print(f"Needle — {result.model}, haystack {result.haystack}, {len(result.records)} prompts")
     console.print(result.table(), markup=False)
     console.print(

@@ -110,7 +110,7 @@ def rotary(
     written = save(result, out_dir, fmt)
     npz, figure = written["npz"], written["figures"][0]
     if json_out:
-        emit_json(result.to_dict() | {"npz": str(npz), "figure": str(figure)})
+        emit_json(result.command_record(written))
         return
     _print(result)
     console.print(f"arrays: {npz}\nfigure: {figure}")

@@ -162,7 +162,7 @@ def states(
     result = replace(result, model=source.name, revision=revision)
     written = write_states(result, out_dir, fmt.value)
     if json_out:
-        emit_json(result.record(written["npz"], written["figures"]))
+        emit_json(result.command_record(written))
         return
     _print(result, written)
 

@@ -260,9 +260,9 @@ def profiles(
         )
     result = with_text_source(result, text)
     written = save(result, out_dir, fmt)
-    npz, figures = written["npz"], written["figures"]
+    npz = written["npz"]
     if json_out:
-        emit_json(result.to_dict() | {"npz": str(npz), "figures": [str(f) for f in figures]})
+        emit_json(result.command_record(written))
         return
     _print_peaks(result, source.label)
     for line in conditioning_lines(result):

@@ -247,6 +247,10 @@ class AttentionResult(ResultMixin, Saves):
             out["learned_sink_queries"] = self.learned_sinks.n_queries
         return out | {"seconds": round(self.seconds, 3)}
 
+    def command_record(self, saved) -> dict:
+        """The command's `--json` record once `saved` is written (`record` of its paths)."""
+        return self.record(saved["npz"], saved["figures"])
+
     def record(self, npz: str | Path | None = None, figures: list | None = None) -> dict:
         """The CLI's `--json` record: `to_dict()` with the `.npz` path and the figure paths."""
         out = {"npz": None if npz is None else str(npz)} | self.to_dict()
@@ -298,5 +302,6 @@ def write_attention(
 ) -> dict:
     """Write `attention.npz`, one profile figure per layer, the mean-distance chart, the sink chart and (learned
     sinks) the learned-sink chart into `out_dir`, as one unit (`formats.save.save`: an interrupted or failed run
-    leaves nothing, not even an `out_dir` it created). Returns the paths ({"npz": path, "figures": [paths]})."""
-    return save(result, out_dir, fmt, window=window)
+    leaves nothing, not even an `out_dir` it created); the profile figures show k = -W..W, W = `window` at most
+    n - 1. Returns the paths ({"npz": path, "figures": [paths]})."""
+    return save(result, out_dir, fmt, window=min(window, result.max_length - 1))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from posprobe.pipelines.defaults import ALL_LAYERS, ATTENTION_WINDOW, CONTEXT_TEXT, ROPE_SCALING
+from posprobe.pipelines.defaults import ALL_LAYERS, CONTEXT_TEXT, ROPE_SCALING
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,6 @@ def _numbers(kind):
     return lambda value: [kind(part) for part in value.split(",")]
 
 
-def _paths(paths) -> list[str]:
-    return [str(p) for p in paths]
-
-
 def _toeplitz(call: SectionCall) -> dict:
     from posprobe.pipelines.weights import toeplitz
 
@@ -99,8 +95,7 @@ def _rotary(call: SectionCall) -> dict:
     out_dir = call.out_dir()
     result = rotary(None, _layers(call.options.get("layers")), source=source,
                     **_given(call.options, rope_scaling=str))  # fmt: skip
-    saved = result.save(out_dir)
-    return result.to_dict() | {"npz": str(saved["npz"]), "figure": str(saved["figures"][0])}
+    return result.command_record(result.save(out_dir))
 
 
 def _context(call: SectionCall) -> dict:
@@ -119,9 +114,7 @@ def _context(call: SectionCall) -> dict:
     result = context(None, lengths, texts=iter_texts(text, None), rope_scaling=rope_scaling,
                      allow_pickle=call.allow_pickle, source=source, **_given(o, windows=int, device=str))  # fmt: skip
     result = replace(result, text={"source": text, **result.text})
-    saved = result.save(call.out_dir())
-    paths = {"npz": str(saved["npz"]), "json": str(saved["json"]), "figures": _paths(saved["figures"])}
-    return result.to_dict() | paths
+    return result.command_record(result.save(call.out_dir()))
 
 
 def _needle(call: SectionCall) -> dict:
@@ -133,8 +126,7 @@ def _needle(call: SectionCall) -> dict:
     out_dir = call.out_dir()
     result = needle(None, grid=grid, allow_pickle=call.allow_pickle, source=source,
                     **_given(o, haystack=str, device=str))  # fmt: skip
-    saved = result.save(out_dir)
-    return result.to_dict() | {"files": {name.split(".")[0]: str(path) for name, path in saved.paths.items()}}
+    return result.command_record(result.save(out_dir))
 
 
 def _texts(call: SectionCall):
@@ -153,8 +145,7 @@ def _profiles(call: SectionCall) -> dict:
     result = profiles(None, _layers(call.options.get("layers")), source=source, **text_kwargs)
     if call.text is not None and result.conditioning is not None:
         result = replace(result, conditioning={**result.conditioning, "text": str(call.text)})
-    saved = result.save(out_dir)
-    return result.to_dict() | {"npz": str(saved["npz"]), "figures": _paths(saved["figures"])}
+    return result.command_record(result.save(out_dir))
 
 
 def _fit_tisa(call: SectionCall) -> dict:
@@ -175,9 +166,7 @@ def _attention(call: SectionCall) -> dict:
     result = attention_profiles(source, _texts(call), max_length=max_length, max_texts=max_texts, batch_size=batch_size,
                                 allow_pickle=call.allow_pickle, text_source=str(call.text))  # fmt: skip
     result = replace(result, model=source.name)
-    window = int(call.options.get("window", ATTENTION_WINDOW))
-    written = write_attention(result, out_dir, "png", window=min(window, result.max_length - 1))
-    return result.record(written["npz"], written["figures"])
+    return result.command_record(write_attention(result, out_dir, "png", **_given(call.options, window=int)))
 
 
 def _states(call: SectionCall) -> dict:
@@ -192,8 +181,7 @@ def _states(call: SectionCall) -> dict:
                     allow_pickle=call.allow_pickle, text_source=str(call.text),
                     **_given(call.options, min_texts=int))  # fmt: skip
     result = replace(result, model=source.name, revision=None)
-    written = write_states(result, out_dir, "png")
-    return result.record(written["npz"], written["figures"])
+    return result.command_record(write_states(result, out_dir, "png"))
 
 
 #: command -> its run through the library (every command a section runs)
