@@ -9,12 +9,11 @@ Layout of the output folder `out`::
 
 Every section runs through the library (`report.library.RUNS`: the pipeline function its command calls, with the
 command's defaults (`pipelines.defaults`), `result.save` into out/<section> and the record the command prints with
-`--json`, built the same way); no command line is run and no stdout parsed. The record, figures and files are
-exactly the command's, and the page shows the command that reproduces them (its arguments are also the reuse
-key). The model
-is loaded once for all sections (`checkpoint.shared`: the commands' own loads, shared while the report runs). A
-finished section (its section.json with the same arguments and its figures present) is reused on the next run
-unless `force`.
+`--json`, `result.command_record`); no command line is run and no stdout parsed. The record, figures and files are
+exactly the command's, and the page shows the command that reproduces them (its arguments are also the reuse key).
+The model is loaded once for all sections (`checkpoint.shared`: the commands' own loads, shared while the report
+runs). A finished section (its section.json with the same arguments and its figures present) is reused on the next
+run unless `force`.
 """
 
 from __future__ import annotations
