@@ -297,11 +297,11 @@ def test_ctrl_c_keeps_finished_sections_for_the_next_run(tiny_bert_folder, tmp_p
 
     calls, real = [], report_run.run_through
 
-    def interrupted_second(section, argv, call, run_command):  # every section, through the library or its command
-        calls.append(argv[0])
+    def interrupted_second(section, call):  # every section, through the library
+        calls.append(section.command)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real(section, argv, call, run_command)
+        return real(section, call)
 
     monkeypatch.setattr(report_run, "run_through", interrupted_second)
     out = tmp_path / "r"

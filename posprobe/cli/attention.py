@@ -47,6 +47,7 @@ from posprobe.cli.options import (
     StackOpt,
 )
 from posprobe.formats.writing import default_out
+from posprobe.pipelines.defaults import ATTENTION_MIN_PAIRS, ATTENTION_WINDOW
 
 
 class MeanScores(str, Enum):
@@ -94,8 +95,10 @@ def attention(
     min_pairs: Annotated[
         int,
         typer.Option("--min-pairs", help="Offsets with fewer pairs are left out of the weights correlation."),
-    ] = 100,
-    window: Annotated[int, typer.Option("--window", help="Figures show k = -W..W (a causal model: -W..0).")] = 20,
+    ] = ATTENTION_MIN_PAIRS,
+    window: Annotated[
+        int, typer.Option("--window", help="Figures show k = -W..W (a causal model: -W..0).")
+    ] = ATTENTION_WINDOW,
     mean_scores: Annotated[
         MeanScores,
         typer.Option(
@@ -172,9 +175,9 @@ def attention(
     from dataclasses import replace
 
     result = replace(result, model=source.name)
-    written = write_attention(result, out_dir, fmt.value, window=min(window, result.max_length - 1))
+    written = write_attention(result, out_dir, fmt.value, window=window)
     if json_out:
-        emit_json(result.record(written["npz"], written["figures"]))
+        emit_json(result.command_record(written))
         return
     _print(result, written)
 

@@ -31,8 +31,14 @@ from posprobe.cli.options import (
     OutOpt,
 )
 from posprobe.formats.writing import default_out
-
-DEFAULT_TEXT = "builtin:kjv"
+from posprobe.pipelines.defaults import (
+    CONTEXT_BATCH_SIZE,
+    CONTEXT_LENGTHS,
+    CONTEXT_TEXT,
+    CONTEXT_WINDOWS,
+    ROPE_SCALING,
+    joined,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -49,20 +55,20 @@ def context(
     text: Annotated[
         str,
         typer.Option("--text", help="Long texts (documents): a file as for other commands, or builtin:kjv (default)."),
-    ] = DEFAULT_TEXT,
+    ] = CONTEXT_TEXT,
     column: ColumnOpt = None,
     lengths: Annotated[
         str,
         typer.Option("--lengths", help="Window lengths in tokens, e.g. 512,1024,2048 (past the trained length too)."),
-    ] = "512,1024,2048",
+    ] = joined(CONTEXT_LENGTHS),
     windows: Annotated[
         int, typer.Option("--windows", help="Windows of the longest length; shorter ones score the same tokens.")
-    ] = 4,
+    ] = CONTEXT_WINDOWS,
     rope_scaling: Annotated[
         str,
         typer.Option("--rope-scaling", help="Variants: none, linear:F, dynamic:F, yarn:F, llama3:F (comma list)."),
-    ] = "none",
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Windows per forward pass.")] = 1,
+    ] = ROPE_SCALING,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Windows per forward pass.")] = CONTEXT_BATCH_SIZE,
     device: DeviceOpt = None,
     max_memory: MaxMemoryOpt = None,
     out: OutOpt = None,
@@ -104,7 +110,7 @@ def context(
     written = save(result, out_dir, fmt)
     npz, record, figures = written["npz"], written["json"], written["figures"]
     if json_out:
-        emit_json(result.to_dict() | {"npz": str(npz), "json": str(record), "figures": [str(f) for f in figures]})
+        emit_json(result.command_record(written))
         return
     _print(result)
     console.print(f"arrays: {npz}\njson: {record}\nfigures: {', '.join(str(f) for f in figures)}")
@@ -112,7 +118,7 @@ def context(
 
 def _progress():
     """A progress bar over forward passes on stderr (only when stderr is a terminal: also under --json, and inside
-    `report`, whose sections print their JSON into a buffer), yielding `advance(done, total)`."""
+    `report`), yielding `advance(done, total)`."""
     from contextlib import contextmanager
 
     @contextmanager

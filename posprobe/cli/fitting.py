@@ -36,6 +36,7 @@ from posprobe.cli.options import (
     StackOpt,
 )
 from posprobe.formats.writing import default_out
+from posprobe.pipelines.defaults import ALL_LAYERS, FIT_TISA_KERNELS, FIT_TISA_ORIENTATION, FIT_TISA_SEED, MODE, joined
 
 
 def register(app: typer.Typer) -> None:
@@ -72,7 +73,9 @@ def _model_name(model: str | None) -> str:
 
 def fit_tisa(
     model: ModelArg = None,
-    kernels: Annotated[str, typer.Option("--kernels", help="Kernels per head S, or a sweep like '1,3,5'.")] = "5",
+    kernels: Annotated[str, typer.Option("--kernels", help="Kernels per head S, or a sweep like '1,3,5'.")] = joined(
+        FIT_TISA_KERNELS
+    ),
     window: Annotated[
         int | None,
         typer.Option(
@@ -81,9 +84,9 @@ def fit_tisa(
             "31 for S = 5; clipped to the offsets).",
         ),
     ] = None,
-    layers: Annotated[str | None, typer.Option("--layers", help="Layers, e.g. '0,1,5' or 'all'.")] = "all",
-    mode: ModeOpt = Mode.paper,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the random restarts.")] = 0,
+    layers: Annotated[str | None, typer.Option("--layers", help="Layers, e.g. '0,1,5' or 'all'.")] = ALL_LAYERS,
+    mode: ModeOpt = Mode(MODE),
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the random restarts.")] = FIT_TISA_SEED,
     orientation: Annotated[
         str,
         typer.Option(
@@ -91,7 +94,7 @@ def fit_tisa(
             help="posprobe: k = j − i, (L, H, S) (what retrofit reads); official: the official TISA code's "
             "f(i − j − 1), c → −c − 1, arrays (L, S, H).",
         ),
-    ] = "posprobe",
+    ] = FIT_TISA_ORIENTATION,
     out: OutOpt = None,
     fmt: FormatOpt = FigureFormat.png,
     json_out: JsonOpt = False,

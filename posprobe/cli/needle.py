@@ -27,8 +27,16 @@ from posprobe.cli.options import (
     OutOpt,
 )
 from posprobe.formats.writing import default_out
-
-_DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+from posprobe.pipelines.defaults import (
+    NEEDLE_DEPTHS,
+    NEEDLE_DIGITS,
+    NEEDLE_HAYSTACK,
+    NEEDLE_LENGTHS,
+    NEEDLE_MODEL,
+    NEEDLE_SEED,
+    NEEDLE_TRIALS,
+    joined,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -41,20 +49,22 @@ def needle(
     model: Annotated[
         str | None,
         typer.Argument(
-            help=f"Causal LM: hub id, folder or .gguf file (default: the packaged {_DEFAULT_MODEL}).",
+            help=f"Causal LM: hub id, folder or .gguf file (default: the packaged {NEEDLE_MODEL}).",
             show_default=False,
         ),
     ] = None,  # fmt: skip
     haystack: Annotated[
         str, typer.Option("--haystack", help="Text file (one text per line) or builtin:kjv / builtin:sentences.")
-    ] = "builtin:kjv",
-    lengths: Annotated[str, typer.Option("--lengths", help="Prompt lengths in tokens, e.g. 256,512,1024.")] = (
-        "256,512,1024"
+    ] = NEEDLE_HAYSTACK,
+    lengths: Annotated[str, typer.Option("--lengths", help="Prompt lengths in tokens, e.g. 256,512,1024.")] = joined(
+        NEEDLE_LENGTHS
     ),
-    depths: Annotated[str, typer.Option("--depths", help="Needle depths (0..1), e.g. 0,0.25,0.5,0.75,1.")] = (
-        "0,0.25,0.5,0.75,1"
+    depths: Annotated[str, typer.Option("--depths", help="Needle depths (0..1), e.g. 0,0.25,0.5,0.75,1.")] = joined(
+        NEEDLE_DEPTHS
     ),
-    trials: Annotated[int, typer.Option("--trials", help="Prompts per (length, depth), each its own key.")] = 3,
+    trials: Annotated[
+        int, typer.Option("--trials", help="Prompts per (length, depth), each its own key.")
+    ] = NEEDLE_TRIALS,
     needle_template: Annotated[
         str | None, typer.Option("--needle", help="Needle sentence with {answer}, e.g. ' The secret word is {answer}.'")
     ] = None,
@@ -67,8 +77,8 @@ def needle(
     answer: Annotated[
         str | None, typer.Option("--answer", help="A fixed answer (default: a random pass key per trial).")
     ] = None,
-    digits: Annotated[int, typer.Option("--digits", help="Digits of the random pass key.")] = 5,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the pass keys.")] = 0,
+    digits: Annotated[int, typer.Option("--digits", help="Digits of the random pass key.")] = NEEDLE_DIGITS,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the pass keys.")] = NEEDLE_SEED,
     beyond_window: Annotated[
         bool, typer.Option("--beyond-window", help="Allow lengths past the model's trained positions.")
     ] = False,
@@ -118,17 +128,17 @@ def needle(
         chat=True if chat else False if no_chat else None,
     )
     check_max_memory(device, max_memory)
-    source = resolve_model(model or _DEFAULT_MODEL, allow_pickle=allow_pickle, with_tokenizer=True)
+    source = resolve_model(model or NEEDLE_MODEL, allow_pickle=allow_pickle, with_tokenizer=True)
     edits = prepare_edits(edit, source.config, source.name, max(grid.lengths))  # the exact check: in the pipeline
     out_dir = prepare_out_dir(out if out is not None else default_out("needle", source.label))
     with _prompt_progress() as progress:
         result = run_needle(None, haystack=haystack, grid=grid, task=task, device=device, progress=progress,
                             allow_pickle=allow_pickle, source=source, max_memory=max_memory, edits=edits)  # fmt: skip
     written = save(result, out_dir, fmt)
-    paths = {name.split(".")[0]: str(path) for name, path in written.paths.items()}
     if json_out:
-        emit_json(result.to_dict() | {"files": paths})
+        emit_json(result.command_record(written))
         return
+    paths = result.command_record(written)["files"]
     console.print(f"Needle — {result.model}, haystack {result.haystack}, {len(result.records)} prompts")
     console.print(result.table(), markup=False)
     console.print(

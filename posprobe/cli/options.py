@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from posprobe.pipelines.defaults import TEXT
+
 
 class FigureFormat(str, Enum):
     png = "png"
@@ -71,7 +73,7 @@ _TEXT_HELP = (
     "in the box)."
 )
 TextOpt = Annotated[str | None, typer.Option("--text", help=_TEXT_HELP)]
-DEFAULT_TEXT = "builtin:sentences"  # posprobe.corpora.SENTENCES: what `attention` and `states` read without --text
+DEFAULT_TEXT = TEXT  # what `attention` and `states` read without --text: the 144 packaged sentences
 # attention, states: they need texts, so without --text they read the 144 packaged sentences
 DefaultTextOpt = Annotated[str, typer.Option("--text", help=_TEXT_HELP + " Default: the 144 packaged sentences.")]
 ColumnOpt = Annotated[str | None, typer.Option("--column", help="Column of a .jsonl/.csv file with the texts.")]

@@ -35,7 +35,6 @@ def register(app: typer.Typer) -> None:
 
 
 def report(
-    ctx: typer.Context,
     model: ModelArg = None,
     text: Annotated[
         str | None,
@@ -71,11 +70,9 @@ def report(
     report.html: one self-contained page with a summary, each section's figure, key table, how to read it, and the
     command that reproduces it. Finished sections are reused on a re-run unless --force."""
     from posprobe.report import build_report
-    from posprobe.report.run import command_runner
 
     summary = build_report(
         model,
-        run_command=command_runner(ctx.find_root().command),  # each section: its own command, in this process
         text=text, column=column, max_texts=max_texts, out=out, only=_names(only), skip=_names(skip),
         force=force, allow_pickle=allow_pickle, progress=lambda line: log_console.print(line, markup=False),
         lengths=lengths, rope_scaling=rope_scaling, device=device,

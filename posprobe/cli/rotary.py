@@ -42,6 +42,7 @@ from posprobe.cli.options import (
 from posprobe.cli.text_input import check_edits, check_text_options, text_run
 from posprobe.errors import ArgumentValueError
 from posprobe.formats.writing import default_out
+from posprobe.pipelines.defaults import ALL_LAYERS, ROPE_SCALING
 
 
 def register(app: typer.Typer) -> None:
@@ -50,7 +51,7 @@ def register(app: typer.Typer) -> None:
 
 def rotary(
     model: ModelArg = None,
-    layers: Annotated[str | None, typer.Option("--layers", help="Layers, e.g. '0,15,29' or 'all'.")] = "all",
+    layers: Annotated[str | None, typer.Option("--layers", help="Layers, e.g. '0,15,29' or 'all'.")] = ALL_LAYERS,
     positions: PositionsOpt = None,
     text: TextOpt = None,
     column: ColumnOpt = None,
@@ -67,7 +68,7 @@ def rotary(
     rope_scaling: Annotated[
         str,
         typer.Option("--rope-scaling", help="Variants for the budget: none, linear:F, dynamic:F, yarn:F, llama3:F."),
-    ] = "none",
+    ] = ROPE_SCALING,
 ) -> None:
     """Per layer and head, the norm of the queries and keys in each rotary frequency band, with the band's
     wavelength in tokens (rope scaling included): of the content-free input, or averaged over real tokens with
@@ -109,7 +110,7 @@ def rotary(
     written = save(result, out_dir, fmt)
     npz, figure = written["npz"], written["figures"][0]
     if json_out:
-        emit_json(result.to_dict() | {"npz": str(npz), "figure": str(figure)})
+        emit_json(result.command_record(written))
         return
     _print(result)
     console.print(f"arrays: {npz}\nfigure: {figure}")

@@ -45,6 +45,7 @@ from posprobe.cli.options import (
     parse_int_list,
 )
 from posprobe.formats.writing import default_out
+from posprobe.pipelines.defaults import MIN_TEXTS, STATES_CONTROLS, STATES_MAE_SAMPLE, STATES_NULL_DRAWS, STATES_SEED
 
 
 def register(app: typer.Typer) -> None:
@@ -63,21 +64,23 @@ def states(
     batch_size: BatchSizeOpt = DEFAULT_BATCH_SIZE,
     min_texts: Annotated[
         int, typer.Option("--min-texts", help="Positional vectors at positions reached by at least this many texts.")
-    ] = 16,
+    ] = MIN_TEXTS,
     probe_layers: Annotated[
         str | None,
         typer.Option("--probe-layers", help="Hidden states to probe, e.g. 0,6,12 (default: all; -1 is the last)."),
     ] = None,
     mae_sample: Annotated[
         int, typer.Option("--mae-sample", help="Tokens the probe's mean absolute error is measured on (sampled).")
-    ] = 2048,
+    ] = STATES_MAE_SAMPLE,
     seed: Annotated[
         int, typer.Option("--seed", help="Seed of the control permutations, the null and the MAE sample.")
-    ] = 0,
+    ] = STATES_SEED,
     null_draws: Annotated[
         int, typer.Option("--null-draws", help="Permutation-null draws of the Gram R² (0: none).")
-    ] = 8,
-    controls: Annotated[int, typer.Option("--controls", help="Control permutation draws of the probe.")] = 5,
+    ] = STATES_NULL_DRAWS,
+    controls: Annotated[
+        int, typer.Option("--controls", help="Control permutation draws of the probe.")
+    ] = STATES_CONTROLS,
     checkpoints: Annotated[
         str | None,
         typer.Option(
@@ -159,7 +162,7 @@ def states(
     result = replace(result, model=source.name, revision=revision)
     written = write_states(result, out_dir, fmt.value)
     if json_out:
-        emit_json(result.record(written["npz"], written["figures"]))
+        emit_json(result.command_record(written))
         return
     _print(result, written)
 

@@ -14,8 +14,7 @@ from typing import Annotated
 import typer
 
 from posprobe.cli.options import DEFAULT_BATCH_SIZE
-
-DEFAULT_MIN_TEXTS = 16
+from posprobe.pipelines.defaults import MIN_TEXTS
 
 
 class TextInput(str, Enum):
@@ -33,7 +32,8 @@ InputOpt = Annotated[
     ),
 ]
 MinTextsOpt = Annotated[
-    int | None, typer.Option("--min-texts", help="position-mean: positions need this many texts (default 16).")
+    int | None,
+    typer.Option("--min-texts", help=f"position-mean: positions need this many texts (default {MIN_TEXTS})."),
 ]
 
 
@@ -61,7 +61,7 @@ def check_text_options(text: str | None, **options) -> int | None:
         as_int(options["min_texts"], "min_texts", minimum=1)
     total = check_texts(text, options.get("column"), options.get("max_texts"))
     if options.get("input") == TextInput.position_mean:
-        check_min_texts(options.get("min_texts") or DEFAULT_MIN_TEXTS, total, text, "position-mean")
+        check_min_texts(options.get("min_texts") or MIN_TEXTS, total, text, "position-mean")
     return total
 
 

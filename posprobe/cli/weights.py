@@ -49,6 +49,7 @@ from posprobe.cli.text_input import (
     with_text_source,
 )
 from posprobe.formats.writing import default_out
+from posprobe.pipelines.defaults import ALL_LAYERS, FHAT_LAYER, MODE
 
 BY_CONSTRUCTION_MARK = "by constr."
 
@@ -125,8 +126,8 @@ def toeplitz(
 
 def fhat(
     model: ModelArg = None,
-    layer: Annotated[int, typer.Option("--layer", help="Layer whose Q/K weights are used (0 = first).")] = 0,
-    mode: ModeOpt = Mode.paper,
+    layer: Annotated[int, typer.Option("--layer", help="Layer whose Q/K weights are used (0 = first).")] = FHAT_LAYER,
+    mode: ModeOpt = Mode(MODE),
     scale: Annotated[
         Scale,
         typer.Option(
@@ -209,11 +210,11 @@ def fhat(
 
 def profiles(
     model: ModelArg = None,
-    layers: Annotated[str | None, typer.Option("--layers", help="Layers, e.g. '0,3' or 'all'.")] = "all",
+    layers: Annotated[str | None, typer.Option("--layers", help="Layers, e.g. '0,3' or 'all'.")] = ALL_LAYERS,
     window: Annotated[
         int | None, typer.Option("--window", help="Plot and summarise k = -K..K (default 20, at most n − 1).")
     ] = None,
-    mode: ModeOpt = Mode.paper,
+    mode: ModeOpt = Mode(MODE),
     positions: PositionsOpt = None,
     stack: StackOpt = Stack.encoder,
     text: TextOpt = None,
@@ -259,9 +260,9 @@ def profiles(
         )
     result = with_text_source(result, text)
     written = save(result, out_dir, fmt)
-    npz, figures = written["npz"], written["figures"]
+    npz = written["npz"]
     if json_out:
-        emit_json(result.to_dict() | {"npz": str(npz), "figures": [str(f) for f in figures]})
+        emit_json(result.command_record(written))
         return
     _print_peaks(result, source.label)
     for line in conditioning_lines(result):
@@ -285,7 +286,7 @@ def compare(
     models: Annotated[
         list[str], typer.Argument(help="Two or more hub ids, folders or .gguf files ('all-MiniLM-L6-v2' = packaged).")
     ],
-    mode: ModeOpt = Mode.paper,
+    mode: ModeOpt = Mode(MODE),
     cosine: Annotated[bool, typer.Option("--cosine", help="Cosine similarities instead of inner products.")] = False,
     positions: PositionsOpt = None,
     out: OutOpt = None,

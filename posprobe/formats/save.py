@@ -128,3 +128,8 @@ class Saves:
     def save(self, out_dir: str | Path, fmt: str = "png", **options) -> Saved:
         """Write this result's files (arrays, records, figures) into `out_dir` as one unit; returns their paths."""
         return save(self, out_dir, fmt, **options)
+
+    def command_record(self, saved: Saved) -> Any:
+        """The record its command prints with `--json` (and `posprobe report` keeps), once `saved` is written: the
+        JSON record written beside the figures, or, for a result without one, `to_dict()` with the saved paths."""
+        return saved.record

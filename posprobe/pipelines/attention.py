@@ -26,13 +26,13 @@ from posprobe.capture.textrun import TextModel, run_texts, text_run
 from posprobe.edits import describe, parse_edits
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.pipelines.attention_result import AttentionResult, write_attention
+from posprobe.pipelines.defaults import ATTENTION_MIN_PAIRS
 from posprobe.texts.reading import check_texts, iter_texts, parse_hub_texts
 from posprobe.validation import as_bool, as_choice, as_int
 
 MAX_ACCUMULATOR_BYTES = 16 * 2**30
 WEIGHTS_MATRIX_BYTES = 64 * 2**20  # one layer's H x n² float64 weights-based scores: longer n read fewer positions
 MEAN_SCORES_AUTO_BYTES = 2**29  # mean_scores None keeps the n x n sums (M, count matrix) when they take at most this
-DEFAULT_MIN_PAIRS = 100  # offsets with fewer pairs do not enter weights_correlation
 
 
 def attention_profiles(
@@ -49,7 +49,7 @@ def attention_profiles(
     allow_pickle: bool = False,
     max_memory: dict | str | None = None,
     weights_correlation: bool = True,
-    min_pairs: int = DEFAULT_MIN_PAIRS,
+    min_pairs: int = ATTENTION_MIN_PAIRS,
     verify: bool = True,
     progress: Callable[[int], None] | None = None,
     text_source: str | None = None,

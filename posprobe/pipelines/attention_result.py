@@ -15,6 +15,7 @@ from posprobe.analysis.learned_sinks import LearnedSinkShares
 from posprobe.analysis.sinks import SinkMeasures
 from posprobe.formats.arrays import either, optional
 from posprobe.formats.save import OutputFile, Saves, arrays_file, figure_file, save
+from posprobe.pipelines.defaults import ATTENTION_WINDOW
 from posprobe.results import ResultMixin
 
 SINK_ARRAYS = (
@@ -246,6 +247,10 @@ class AttentionResult(ResultMixin, Saves):
             out["learned_sink_queries"] = self.learned_sinks.n_queries
         return out | {"seconds": round(self.seconds, 3)}
 
+    def command_record(self, saved) -> dict:
+        """The command's `--json` record once `saved` is written (`record` of its paths)."""
+        return self.record(saved["npz"], saved["figures"])
+
     def record(self, npz: str | Path | None = None, figures: list | None = None) -> dict:
         """The CLI's `--json` record: `to_dict()` with the `.npz` path and the figure paths."""
         out = {"npz": None if npz is None else str(npz)} | self.to_dict()
@@ -253,7 +258,7 @@ class AttentionResult(ResultMixin, Saves):
             out["figures"] = [str(f) for f in figures]
         return out
 
-    def output_files(self, fmt: str, window: int = 20) -> list[OutputFile]:
+    def output_files(self, fmt: str, window: int = ATTENTION_WINDOW) -> list[OutputFile]:
         """`attention.npz` (`arrays()`, declared in `ARRAYS`), one profile figure per layer (k = -window ..
         window), `mean_distance.<fmt>`, with sinks `sinks.<fmt>` and with learned sinks (gpt-oss)
         `learned_sinks.<fmt>`."""
@@ -292,8 +297,11 @@ def _nulls(a: np.ndarray, present: np.ndarray | None = None) -> list:
     return [_nulls(x) for x in a] if np.ndim(a) > 1 else [None if not np.isfinite(v) else float(v) for v in a]
 
 
-def write_attention(result: AttentionResult, out_dir: str | Path, fmt: str = "png", window: int = 20) -> dict:
+def write_attention(
+    result: AttentionResult, out_dir: str | Path, fmt: str = "png", window: int = ATTENTION_WINDOW
+) -> dict:
     """Write `attention.npz`, one profile figure per layer, the mean-distance chart, the sink chart and (learned
     sinks) the learned-sink chart into `out_dir`, as one unit (`formats.save.save`: an interrupted or failed run
-    leaves nothing, not even an `out_dir` it created). Returns the paths ({"npz": path, "figures": [paths]})."""
-    return save(result, out_dir, fmt, window=window)
+    leaves nothing, not even an `out_dir` it created); the profile figures show k = -W..W, W = `window` at most
+    n - 1. Returns the paths ({"npz": path, "figures": [paths]})."""
+    return save(result, out_dir, fmt, window=min(window, result.max_length - 1))

@@ -38,10 +38,8 @@ from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
 from posprobe.families import rope_variants as R
 from posprobe.kernel import Taps
 from posprobe.pipelines.context_result import ContextResult
+from posprobe.pipelines.defaults import CONTEXT_BATCH_SIZE, CONTEXT_LENGTHS, CONTEXT_WINDOWS, ROPE_SCALING
 from posprobe.validation import as_int
-
-DEFAULT_LENGTHS = (512, 1024, 2048)
-DEFAULT_WINDOWS = 4
 
 
 class WindowLoss(PositionLoss):
@@ -72,9 +70,9 @@ class WindowLoss(PositionLoss):
 
 
 def check_lengths(lengths: Sequence[int] | str | None) -> list[int]:
-    """Window lengths, each >= 2, sorted, duplicates dropped (default `DEFAULT_LENGTHS`)."""
+    """Window lengths, each >= 2, sorted, duplicates dropped (default `CONTEXT_LENGTHS`)."""
     if lengths is None:
-        return list(DEFAULT_LENGTHS)
+        return list(CONTEXT_LENGTHS)
     if isinstance(lengths, str):
         parts = [x.strip() for x in lengths.split(",") if x.strip()]
         try:
@@ -153,9 +151,9 @@ def context(
     *,
     texts: Iterable[str] | None = None,
     documents: Iterable[Sequence[int]] | None = None,
-    windows: int = DEFAULT_WINDOWS,
-    rope_scaling: str | Sequence[str] = "none",
-    batch_size: int = 1,
+    windows: int = CONTEXT_WINDOWS,
+    rope_scaling: str | Sequence[str] = ROPE_SCALING,
+    batch_size: int = CONTEXT_BATCH_SIZE,
     device: str | None = None,
     bos_id: int | None = None,
     eos_id: int | None = None,

@@ -137,6 +137,11 @@ class ContextResult(ResultMixin, Saves):
             "note": self.note(),
         }
 
+    def command_record(self, saved) -> dict:
+        """`context --json`: `to_dict()` with the paths of the `.npz`, the JSON record and the figures."""
+        paths = {"npz": str(saved["npz"]), "json": str(saved["json"]), "figures": [str(f) for f in saved["figures"]]}
+        return self.to_dict() | paths
+
     def to_dict(self) -> dict:
         edges, means = self.octaves()
         return (

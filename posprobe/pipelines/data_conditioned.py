@@ -29,10 +29,11 @@ from posprobe.checkpoint.in_memory import is_model_object
 from posprobe.errors import ArgumentValueError, PosprobeError
 from posprobe.families.context import require_hidden_layer_inputs
 from posprobe.families.kv_sharing import key_source
+from posprobe.pipelines.defaults import MIN_TEXTS
 from posprobe.pipelines.score_reader import MIN_POSITIONS, ScoreReader
 from posprobe.validation import as_choice, as_int
 
-DEFAULT_MIN_TEXTS = 16
+DEFAULT_MIN_TEXTS = MIN_TEXTS
 
 
 @dataclass(frozen=True)

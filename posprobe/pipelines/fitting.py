@@ -32,6 +32,7 @@ from posprobe.analysis.tisa_window import check_points, default_window, holdout_
 from posprobe.errors import ArgumentError, ArgumentValueError, PosprobeError
 from posprobe.formats.profiles import ProfileSet, read_profile_file
 from posprobe.formats.tisa_kernels import ORIENTATIONS
+from posprobe.pipelines.defaults import FIT_TISA_KERNELS, FIT_TISA_ORIENTATION, FIT_TISA_SEED, MODE
 from posprobe.pipelines.fitting_results import NO_SUCH_HEAD, TisaFit, TisaFitResult, figure_file_name
 from posprobe.validation import as_bool, as_int, as_int_list
 
@@ -46,16 +47,16 @@ Progress = Callable[[str, int, int], None]
 
 def fit_tisa(
     model: str | PathLike | PreTrainedModel | None = None,
-    kernels: int | Sequence[int] = (5,),
+    kernels: int | Sequence[int] = FIT_TISA_KERNELS,
     window: int | None = None,
     layers: list[int] | None = None,
-    mode: str = "paper",
-    seed: int = 0,
+    mode: str = MODE,
+    seed: int = FIT_TISA_SEED,
     allow_pickle: bool = False,
     exhaustive: bool = False,
     profiles: ProfileSet | None = None,
     progress: Progress | None = None,
-    orientation: str = "posprobe",
+    orientation: str = FIT_TISA_ORIENTATION,
     positions: int | None = None,
     stack: str = "encoder",
 ) -> TisaFitResult:
@@ -149,7 +150,7 @@ class PlannedProfiles:
 def plan_profiles(
     model,
     layers: list[int] | None = None,
-    mode: str = "paper",
+    mode: str = MODE,
     allow_pickle: bool = False,
     positions: int | None = None,
     stack: str = "encoder",
@@ -172,7 +173,7 @@ def plan_profiles(
 def load_profiles(
     model: str | None,
     layers: list[int] | None = None,
-    mode: str = "paper",
+    mode: str = MODE,
     allow_pickle: bool = False,
     profile: str | None = None,
     positions: int | None = None,

@@ -26,14 +26,17 @@ import numpy as np
 from posprobe.analysis.needle import answer_scores
 from posprobe.capture.loop import Step
 from posprobe.errors import ArgumentTypeError, ArgumentValueError, PosprobeError
+from posprobe.pipelines.defaults import (
+    NEEDLE_DEPTHS,
+    NEEDLE_HAYSTACK,
+    NEEDLE_LENGTHS,
+    NEEDLE_MODEL,
+    NEEDLE_SEED,
+    NEEDLE_TRIALS,
+)
 from posprobe.pipelines.needle_prompts import Haystack, NeedlePrompt, NeedleTask, PromptBuilder
 from posprobe.pipelines.needle_result import NeedleResult
 from posprobe.validation import as_bool, as_int
-
-DEFAULT_LENGTHS = (256, 512, 1024)
-DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
-DEFAULT_TRIALS = 3
-DEFAULT_HAYSTACK = "builtin:kjv"
 
 
 @dataclass(frozen=True)
@@ -41,10 +44,10 @@ class NeedleGrid:
     """The grid of a run, validated once: `lengths` (tokens, increasing), `depths` (0..1, increasing), `trials`,
     `seed`, and `beyond_window` (lengths past the model's positions allowed)."""
 
-    lengths: tuple[int, ...] = DEFAULT_LENGTHS
-    depths: tuple[float, ...] = DEFAULT_DEPTHS
-    trials: int = DEFAULT_TRIALS
-    seed: int = 0
+    lengths: tuple[int, ...] = NEEDLE_LENGTHS
+    depths: tuple[float, ...] = NEEDLE_DEPTHS
+    trials: int = NEEDLE_TRIALS
+    seed: int = NEEDLE_SEED
     beyond_window: bool = False
 
     def __post_init__(self) -> None:
@@ -97,10 +100,10 @@ class PromptScore:
 
 
 def needle(
-    model: str | PathLike | Any | None = "SmolLM2-135M-Instruct",
+    model: str | PathLike | Any | None = NEEDLE_MODEL,
     *,
     tokenizer: Any = None,
-    haystack: str | PathLike | Iterable[str] = DEFAULT_HAYSTACK,
+    haystack: str | PathLike | Iterable[str] = NEEDLE_HAYSTACK,
     grid: NeedleGrid | None = None,
     task: NeedleTask | None = None,
     device: str | None = None,

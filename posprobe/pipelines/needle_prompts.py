@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.pipelines.defaults import NEEDLE_DIGITS
 
 ANSWER_FIELD = "{answer}"
 DEFAULT_INTRO = (
@@ -28,7 +29,7 @@ DEFAULT_INTRO = (
 )
 DEFAULT_NEEDLE = " The pass key is {answer}. Remember it. {answer} is the pass key."
 DEFAULT_QUESTION = "\nWhat is the pass key? The pass key is"
-DEFAULT_DIGITS = 5
+DEFAULT_DIGITS = NEEDLE_DIGITS
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 

@@ -224,6 +224,10 @@ class NeedleResult(ResultMixin, Saves):
         """prompts.jsonl: one JSON record per prompt."""
         return "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in self.records)
 
+    def command_record(self, saved) -> dict:
+        """`needle --json`: `to_dict()` with `files` (each file's name without its extension -> its path)."""
+        return self.to_dict() | {"files": {name.split(".")[0]: str(path) for name, path in saved.paths.items()}}
+
     def to_dict(self) -> dict:
         acc_first, acc_last = self.gaps("accuracy")
         lp_first, lp_last = self.gaps("log_prob")

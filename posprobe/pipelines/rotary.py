@@ -25,6 +25,7 @@ from posprobe.errors import PosprobeError
 from posprobe.families.context import require_hidden_layer_inputs
 from posprobe.families.rope_variants import parse_variants
 from posprobe.pipelines.data_conditioned import capture_target, run_on_texts, text_settings
+from posprobe.pipelines.defaults import ROPE_SCALING
 from posprobe.pipelines.rotary_result import RotaryBandsResult
 from posprobe.pipelines.score_reader import ScoreReader, _layer_index, open_model
 from posprobe.validation import as_int_list
@@ -45,7 +46,7 @@ def rotary(
     progress: Callable[[int], None] | None = None,
     allow_pickle: bool = False,
     source: ModelSource | None = None,
-    rope_scaling: str | Sequence[str] = "none",
+    rope_scaling: str | Sequence[str] = ROPE_SCALING,
     max_memory: dict | str | None = None,
     edits: Any = None,
 ) -> RotaryBandsResult:
@@ -263,7 +264,7 @@ def _require_rotary(ctx) -> None:
 CONFIG_ONLY_NOTE = "config only: band norms need the weights; the budget needs only the config"
 
 
-def config_budget(source: ModelSource, rope_scaling: str | Sequence[str] = "none") -> dict:
+def config_budget(source: ModelSource, rope_scaling: str | Sequence[str] = ROPE_SCALING) -> dict:
     """The rotary budget (SPEC §17) of a checkpoint read from its config alone (a folder with a config.json and no
     weights): {model, model_type, mode 'config-only', budget, note}. Refused in one line for a family without
     rotary embeddings."""

@@ -164,6 +164,10 @@ class RotaryBandsResult(ResultMixin, Saves):
             "budget": self.budget,
         }
 
+    def command_record(self, saved) -> dict:
+        """`rotary --json`: `to_dict()` with the `.npz` path and the figure's."""
+        return self.to_dict() | {"npz": str(saved["npz"]), "figure": str(saved["figures"][0])}
+
     def to_dict(self) -> dict:
         q_share, k_share = self.long_band_share("q"), self.long_band_share("k")
         fraction = self.long_band_fraction()

@@ -14,9 +14,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from posprobe.analysis.massive import MassiveActivationAccumulator, is_delimiter
-from posprobe.analysis.position_probe import DEFAULT_SAMPLE, N_CONTROLS, PositionProbeAccumulator, baseline_inputs
+from posprobe.analysis.position_probe import PositionProbeAccumulator, baseline_inputs
 from posprobe.analysis.positional_vectors import (
-    DEFAULT_MIN_TEXTS,
     NULL_DRAWS,
     PermutedPositionAccumulator,
     PositionalVectorAccumulator,
@@ -26,6 +25,7 @@ from posprobe.capture.model import layer_kind_words, text_config
 from posprobe.capture.textrun import TextModel, run_texts, text_run
 from posprobe.edits import describe, parse_edits
 from posprobe.errors import ArgumentValueError, PosprobeError
+from posprobe.pipelines.defaults import MIN_TEXTS, STATES_CONTROLS, STATES_MAE_SAMPLE, STATES_NULL_DRAWS, STATES_SEED
 from posprobe.pipelines.states_result import StatesResult
 from posprobe.runtime.phases import phase
 from posprobe.validation import as_int, as_int_list
@@ -79,12 +79,12 @@ def states(
     max_length: int | None = None,
     max_texts: int | None = None,
     batch_size: int = 32,
-    min_texts: int = DEFAULT_MIN_TEXTS,
+    min_texts: int = MIN_TEXTS,
     probe_layers: Sequence[int] | None = None,
-    mae_sample: int = DEFAULT_SAMPLE,
-    seed: int = 0,
-    null_draws: int = NULL_DRAWS,
-    controls: int = N_CONTROLS,
+    mae_sample: int = STATES_MAE_SAMPLE,
+    seed: int = STATES_SEED,
+    null_draws: int = STATES_NULL_DRAWS,
+    controls: int = STATES_CONTROLS,
     device: str | None = None,
     allow_pickle: bool = False,
     revision: str | None = None,

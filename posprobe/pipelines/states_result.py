@@ -305,6 +305,10 @@ class StatesResult(ResultMixin, Saves):
         numbers = {name: _nulls(values) for name, values in self.per_layer().items()}
         return self.metadata() | numbers | {"massive_top": self.top_activations(), "seconds": round(self.seconds, 3)}
 
+    def command_record(self, saved) -> dict:
+        """The command's `--json` record once `saved` is written (`record` of its paths)."""
+        return self.record(saved["npz"], saved["figures"])
+
     def record(self, npz: str | Path | None = None, figures: list | None = None) -> dict:
         """The CLI's `--json` record: `to_dict()` with the `.npz` path and the figure paths."""
         out = {"npz": None if npz is None else str(npz)} | self.to_dict()

@@ -24,6 +24,7 @@ from posprobe.checkpoint import ModelSource
 from posprobe.checkpoint.in_memory import is_model_object
 from posprobe.errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from posprobe.pipelines.data_conditioned import text_settings
+from posprobe.pipelines.defaults import FHAT_LAYER, MIN_TEXTS, MODE
 from posprobe.pipelines.score_reader import (
     DEFAULT_POSITIONS,
     MIN_POSITIONS,
@@ -169,8 +170,8 @@ def _conditioned(reader: ScoreReader, layers: list[int], settings, model, source
 
 def fhat(
     model: str | PathLike | PreTrainedModel | None = None,
-    layer: int = 0,
-    mode: str = "paper",
+    layer: int = FHAT_LAYER,
+    mode: str = MODE,
     allow_pickle: bool = False,
     source: ModelSource | None = None,
     positions: int | None = None,
@@ -180,7 +181,7 @@ def fhat(
     input_ids: Iterable[list[int]] | None = None,
     special_ids: Iterable[int] | None = None,
     input: str | None = None,
-    min_texts: int = 16,
+    min_texts: int = MIN_TEXTS,
     max_length: int | None = None,
     max_texts: int | None = None,
     batch_size: int = 32,
@@ -211,7 +212,7 @@ def fhat(
 def profiles(
     model: str | PathLike | PreTrainedModel | None = None,
     layers: list[int] | str | None = None,
-    mode: str = "paper",
+    mode: str = MODE,
     allow_pickle: bool = False,
     window: int | None = None,
     source: ModelSource | None = None,
@@ -222,7 +223,7 @@ def profiles(
     input_ids: Iterable[list[int]] | None = None,
     special_ids: Iterable[int] | None = None,
     input: str | None = None,
-    min_texts: int = 16,
+    min_texts: int = MIN_TEXTS,
     max_length: int | None = None,
     max_texts: int | None = None,
     batch_size: int = 32,
@@ -348,7 +349,7 @@ def section_rows(n: int, window: int, count: int = 5) -> list[int]:
 
 def compare(
     models: list[str | PathLike | PreTrainedModel | None],
-    mode: str = "paper",
+    mode: str = MODE,
     cosine: bool = False,
     allow_pickle: bool = False,
     positions: int | None = None,

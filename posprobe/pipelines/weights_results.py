@@ -335,6 +335,10 @@ class ProfileResult(ResultMixin, Saves):
         show it)."""
         return np.abs(np.nan_to_num(self.peak_offsets())) > self.window
 
+    def command_record(self, saved) -> dict:
+        """`profiles --json`: `to_dict()` with the `.npz` path and the figure paths."""
+        return self.to_dict() | {"npz": str(saved["npz"]), "figures": [str(f) for f in saved["figures"]]}
+
     def to_dict(self) -> dict:
         w = self.window
         centre = self.n_positions - 1

@@ -4,9 +4,10 @@ no command line parsed and no stdout read.
 
 `RUNS[command](call) -> record` where `call` (`SectionCall`) holds the model, the section's own arguments as the
 reproducing command spells them (`options`: '--lengths 256,512' -> {'lengths': '256,512'}), the report's texts
-and the section's folder. A command that is not in `RUNS` runs through `run.command_runner` (the CLI's own
-command, in this process), as every section did before; tests/test_report_loads.py checks that each section's
-record equals its reproducing command's, run alone.
+and the section's folder. Only the arguments the section's command line names are passed: every other one falls to
+the pipeline function's own default, the command's (`pipelines.defaults`, which the command's options show), so
+that the report and the command cannot drift apart; tests/test_report_loads.py checks that each section's record
+equals its reproducing command's, run alone.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from posprobe.pipelines.defaults import ALL_LAYERS, CONTEXT_TEXT, ROPE_SCALING
 
 
 @dataclass(frozen=True)
@@ -53,13 +56,20 @@ def options_of(args: list[str]) -> dict:
     return out
 
 
+def _given(options: dict, **kinds) -> dict:
+    """The keyword arguments the section's command line names (`kinds`: option name -> its type), as values; the
+    options it does not name are left out, so that the pipeline function's defaults (the command's) apply."""
+    return {name: kind(options[name]) for name, kind in kinds.items() if name in options}
+
+
 def _layers(value: str | None):
-    """A `--layers` value as the pipelines take it: 'all' (or None) as it is, else the list of ints."""
-    return value if value in (None, "all") else [int(part) for part in value.split(",")]
+    """A `--layers` value as the command parses it: 'all' (or None) -> None (every layer), else the list of ints."""
+    return None if value in (None, ALL_LAYERS) else [int(part) for part in value.split(",")]
 
 
-def _paths(paths) -> list[str]:
-    return [str(p) for p in paths]
+def _numbers(kind):
+    """'256,512' -> [256, 512] (`kind` int or float)."""
+    return lambda value: [kind(part) for part in value.split(",")]
 
 
 def _toeplitz(call: SectionCall) -> dict:
@@ -67,7 +77,7 @@ def _toeplitz(call: SectionCall) -> dict:
 
     source = call.source()
     out_dir = call.out_dir()
-    return toeplitz(None, blocks=None, cosine=False, source=source).save(out_dir).record
+    return toeplitz(source=source).save(out_dir).record
 
 
 def _fhat(call: SectionCall) -> dict:
@@ -75,18 +85,17 @@ def _fhat(call: SectionCall) -> dict:
 
     source = call.source()
     out_dir = call.out_dir()
-    return fhat(None, int(call.options.get("layer", 0)), "paper", source=source).save(out_dir).record
+    return fhat(source=source, **_given(call.options, layer=int)).save(out_dir).record
 
 
 def _rotary(call: SectionCall) -> dict:
     from posprobe.pipelines.rotary import rotary
 
-    rope_scaling = call.options.get("rope_scaling", "none")
     source = call.source()
     out_dir = call.out_dir()
-    result = rotary(None, _layers(call.options.get("layers", "all")), source=source, rope_scaling=rope_scaling)
-    saved = result.save(out_dir)
-    return result.to_dict() | {"npz": str(saved["npz"]), "figure": str(saved["figures"][0])}
+    result = rotary(None, _layers(call.options.get("layers")), source=source,
+                    **_given(call.options, rope_scaling=str))  # fmt: skip
+    return result.command_record(result.save(out_dir))
 
 
 def _context(call: SectionCall) -> dict:
@@ -94,35 +103,30 @@ def _context(call: SectionCall) -> dict:
     from posprobe.pipelines.context import check_family, check_lengths, context
     from posprobe.texts.reading import check_texts, iter_texts
 
-    lengths = check_lengths(call.options["lengths"])
-    rope_scaling = call.options.get("rope_scaling", "none")
+    o = call.options
+    lengths = check_lengths(o["lengths"])
+    rope_scaling = o.get("rope_scaling", ROPE_SCALING)
     variants = parse_variants(rope_scaling)
-    text = call.options.get("text", "builtin:kjv")  # the command's default
+    text = o.get("text", CONTEXT_TEXT)
     check_texts(text, None, 1)
     source = call.source(with_tokenizer=True)
     check_family(source, variants, lengths)
-    result = context(None, lengths, texts=iter_texts(text, None), windows=int(call.options.get("windows", 4)),
-                     rope_scaling=rope_scaling, allow_pickle=call.allow_pickle, source=source,
-                     device=call.options.get("device"))  # fmt: skip
+    result = context(None, lengths, texts=iter_texts(text, None), rope_scaling=rope_scaling,
+                     allow_pickle=call.allow_pickle, source=source, **_given(o, windows=int, device=str))  # fmt: skip
     result = replace(result, text={"source": text, **result.text})
-    saved = result.save(call.out_dir())
-    paths = {"npz": str(saved["npz"]), "json": str(saved["json"]), "figures": _paths(saved["figures"])}
-    return result.to_dict() | paths
+    return result.command_record(result.save(call.out_dir()))
 
 
 def _needle(call: SectionCall) -> dict:
     from posprobe.pipelines.needle import NeedleGrid, needle
 
     o = call.options
-    grid = NeedleGrid(lengths=[int(x) for x in o["lengths"].split(",")],
-                      depths=[float(x) for x in o["depths"].split(",")], trials=int(o.get("trials", 3)),
-                      beyond_window=bool(o.get("beyond_window", False)))  # fmt: skip
+    grid = NeedleGrid(**_given(o, lengths=_numbers(int), depths=_numbers(float), trials=int, beyond_window=bool))
     source = call.source(with_tokenizer=True)
     out_dir = call.out_dir()
-    result = needle(None, haystack=o.get("haystack", "builtin:kjv"), grid=grid, allow_pickle=call.allow_pickle,
-                    source=source, device=o.get("device"))  # fmt: skip
-    saved = result.save(out_dir)
-    return result.to_dict() | {"files": {name.split(".")[0]: str(path) for name, path in saved.paths.items()}}
+    result = needle(None, grid=grid, allow_pickle=call.allow_pickle, source=source,
+                    **_given(o, haystack=str, device=str))  # fmt: skip
+    return result.command_record(result.save(out_dir))
 
 
 def _texts(call: SectionCall):
@@ -138,24 +142,17 @@ def _profiles(call: SectionCall) -> dict:
     text_kwargs = {} if call.text is None else {"texts": _texts(call), "max_texts": call.max_texts}
     source = call.source(with_tokenizer=call.text is not None)
     out_dir = call.out_dir()
-    result = profiles(None, _all_is_none(call.options.get("layers", "all")), "paper", source=source, **text_kwargs)
+    result = profiles(None, _layers(call.options.get("layers")), source=source, **text_kwargs)
     if call.text is not None and result.conditioning is not None:
         result = replace(result, conditioning={**result.conditioning, "text": str(call.text)})
-    saved = result.save(out_dir)
-    return result.to_dict() | {"npz": str(saved["npz"]), "figures": _paths(saved["figures"])}
-
-
-def _all_is_none(value: str | None):
-    """`--layers` as `fit-tisa` and `profiles` take it: 'all' (or None) -> None, else the list of ints."""
-    return None if value in (None, "all") else _layers(value)
+    return result.command_record(result.save(out_dir))
 
 
 def _fit_tisa(call: SectionCall) -> dict:
     from posprobe.pipelines.fitting import fit_tisa
 
     out_dir = call.out_dir()
-    layers = _all_is_none(call.options.get("layers", "all"))
-    result = fit_tisa(call.model, [5], layers=layers, allow_pickle=call.allow_pickle)  # the command's default S = 5
+    result = fit_tisa(call.model, layers=_layers(call.options.get("layers")), allow_pickle=call.allow_pickle)
     return result.save(out_dir).to_dict()
 
 
@@ -169,8 +166,7 @@ def _attention(call: SectionCall) -> dict:
     result = attention_profiles(source, _texts(call), max_length=max_length, max_texts=max_texts, batch_size=batch_size,
                                 allow_pickle=call.allow_pickle, text_source=str(call.text))  # fmt: skip
     result = replace(result, model=source.name)
-    written = write_attention(result, out_dir, "png", window=min(20, result.max_length - 1))  # the command's W = 20
-    return result.record(written["npz"], written["figures"])
+    return result.command_record(write_attention(result, out_dir, "png", **_given(call.options, window=int)))
 
 
 def _states(call: SectionCall) -> dict:
@@ -181,16 +177,14 @@ def _states(call: SectionCall) -> dict:
     max_length, max_texts, batch_size, _ = check_run_settings(None, call.max_texts, DEFAULT_BATCH_SIZE)
     source = call.source(with_tokenizer=True)
     out_dir = call.folder.expanduser()
-    # the command's defaults: probe every state, a sample of 2048 tokens, seed 0, 8 null draws, 5 controls
     result = states(source, _texts(call), max_length=max_length, max_texts=max_texts, batch_size=batch_size,
-                    min_texts=int(call.options.get("min_texts", 16)), probe_layers=None, mae_sample=2048, seed=0,
-                    null_draws=8, controls=5, allow_pickle=call.allow_pickle, text_source=str(call.text))  # fmt: skip
+                    allow_pickle=call.allow_pickle, text_source=str(call.text),
+                    **_given(call.options, min_texts=int))  # fmt: skip
     result = replace(result, model=source.name, revision=None)
-    written = write_states(result, out_dir, "png")
-    return result.record(written["npz"], written["figures"])
+    return result.command_record(write_states(result, out_dir, "png"))
 
 
-#: command -> its run through the library (the commands not here run as commands: `run.command_runner`)
+#: command -> its run through the library (every command a section runs)
 RUNS: dict[str, Callable[[SectionCall], dict]] = {
     "toeplitz": _toeplitz,
     "fhat": _fhat,

@@ -7,20 +7,17 @@ Layout of the output folder `out`::
     out/<section>/            the command's own `--out` (its figures, arrays and files, as the command writes them)
     out/<section>/section.json   {"argv", "record" (the command's --json object), "seconds"}
 
-A section runs through the library (`report.library.RUNS`: the pipeline function its command calls, `result.save`
-into out/<section> and the record the command prints with `--json`, built the same way); a command not there (none
-today) runs as the posprobe command line in this process (`command_runner`: `posprobe <command> ... --json --out
-out/<section>`, its one printed JSON object read). Either way the record, figures and files are exactly the
-command's, and the page shows the command that reproduces them (its arguments are also the reuse key). The model
-is loaded once for all sections (`checkpoint.shared`: the commands' own loads, shared while the report runs). A
-finished section (its section.json with the same arguments and its figures present) is reused on the next run
-unless `force`.
+Every section runs through the library (`report.library.RUNS`: the pipeline function its command calls, with the
+command's defaults (`pipelines.defaults`), `result.save` into out/<section> and the record the command prints with
+`--json`, `result.command_record`); no command line is run and no stdout parsed. The record, figures and files are
+exactly the command's, and the page shows the command that reproduces them (its arguments are also the reuse key).
+The model is loaded once for all sections (`checkpoint.shared`: the commands' own loads, shared while the report
+runs). A finished section (its section.json with the same arguments and its figures present) is reused on the next
+run unless `force`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shlex
 import sys
@@ -126,26 +123,6 @@ def _first_int(config: dict, keys: tuple[str, ...]) -> int | None:
     return next((config[k] for k in keys if isinstance(config.get(k), int) and not isinstance(config[k], bool)), None)
 
 
-def command_runner(root) -> Callable[[list[str]], dict]:
-    """`run(argv)`: run `posprobe <argv>` (argv ends in --json) in this process on `root`, the CLI's click command
-    (the CLI passes its own, so this layer never imports the CLI), and return the one JSON object it prints.
-
-    A `PosprobeError` (the command refusing this model or input) propagates; so does Ctrl-C."""
-
-    def run(argv: list[str]) -> dict:
-        buffer = io.StringIO()
-        with contextlib.redirect_stdout(buffer):
-            code = root.main(args=argv, prog_name="posprobe", standalone_mode=False)
-        if code == 130:
-            raise KeyboardInterrupt
-        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
-            raise PosprobeError(f"`posprobe {argv[0]}` exited with code {code}")
-        lines = [line for line in buffer.getvalue().splitlines() if line.strip()]
-        return json.loads(lines[-1])
-
-    return run
-
-
 def section_call(section: Section, args: list[str], model_args: list[str], text_args: list[str], folder: Path):
     """The `library.SectionCall` of a section: what its reproducing command names (`args`: the section's own
     arguments with the report's options for it, `with_options`), as values."""
@@ -156,13 +133,11 @@ def section_call(section: Section, args: list[str], model_args: list[str], text_
                        texts.get("text"), texts.get("column"), int(texts["max_texts"]) if texts else None)  # fmt: skip
 
 
-def run_through(section: Section, argv: list[str], call, run_command: Callable[[list[str]], dict]) -> dict:
-    """A section's record: through the library where its command is in `library.RUNS`, else its command (`argv`)
-    through `run_command`."""
+def run_through(section: Section, call) -> dict:
+    """A section's record: its command's run through the library (`library.RUNS`) on `call`."""
     from posprobe.report.library import RUNS
 
-    run = RUNS.get(section.command)
-    return run(call) if run is not None else run_command(argv)
+    return RUNS[section.command](call)
 
 
 def _figures_exist(view: View) -> bool:
@@ -193,7 +168,6 @@ def run_section(
     n_texts: int,
     out: Path,
     force: bool,
-    run_command: Callable[[list[str]], dict],
     on_start: Callable[[str], None] = lambda command_line: None,
     options: dict[str, str | None] | None = None,
 ) -> SectionOutcome:
@@ -217,7 +191,7 @@ def run_section(
     on_start(shlex.join(["posprobe", *argv]))
     start = time.perf_counter()
     try:
-        record = run_through(section, argv, section_call(section, args, model_args, text_args, folder), run_command)
+        record = run_through(section, section_call(section, args, model_args, text_args, folder))
     except PosprobeError as err:
         discard_unkept()  # the failed command's files and folders (an empty section folder), not the others'
         if disk_full(err):  # an error of the run, not of the section: the previous page stays
@@ -260,7 +234,6 @@ def long_context_options(
 def build_report(
     model: str | None = None,
     *,
-    run_command: Callable[[list[str]], dict],
     text: str | None = None,
     column: str | None = None,
     max_texts: int | None = None,
@@ -278,7 +251,6 @@ def build_report(
     `posprobe-out/report/<model>`). Returns the summary written to `report.json`: `html`, `model`, `headline` (list of
     {section, label, value, text}) and `sections` (name -> status, command, headline or reason).
 
-    `run_command(argv) -> record` runs one posprobe command (`command_runner` of the CLI's command; the CLI passes it).
     Every argument is checked, and the texts read once, before any model is run. `text` defaults to the packaged
     `builtin:sentences`, `max_texts` to 32. `lengths`, `rope_scaling`, `device`: as for `context` (the lengths and
     device also for `needle`); default the sections' own (256 and 512 tokens within the trained positions, the
@@ -328,7 +300,7 @@ def build_report(
                 outcomes.append(SectionOutcome(section, "left out", reason="left out by --only / --skip"))
                 continue
             step = f"[{i}/{len(SECTIONS)}] {name}"
-            outcome = run_section(section, facts, model_args, text_args, n_texts, out_dir, force, run_command,
+            outcome = run_section(section, facts, model_args, text_args, n_texts, out_dir, force,
                                   on_start=lambda line, step=step: say(f"{step}: {line} …"),
                                   options=options.get(name))  # fmt: skip
             say(f"{step}: {_outcome_words(outcome)}")

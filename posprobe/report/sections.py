@@ -23,6 +23,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from posprobe.pipelines.defaults import MIN_TEXTS
+
 
 @dataclass(frozen=True)
 class ModelFacts:
@@ -442,7 +444,7 @@ def profiles_text(record: dict, facts: ModelFacts) -> View:
     "states",
     "Position in the hidden states",
     uses_text=True,
-    args=lambda facts, n_texts: ["--min-texts", str(min(16, n_texts))],  # 16: the command's default
+    args=lambda facts, n_texts: ["--min-texts", str(min(MIN_TEXTS, n_texts))],  # the command's default, or fewer
     how_to_read="""For every hidden state (0 = the embedding output): a ridge probe's held-out R² for the token's
     position (beside a permuted-position control, near 0 by construction), the Toeplitz R² of the positional
     vectors' Gram matrix, and the largest activation over its median (a 'massive activation'). Read the probe
