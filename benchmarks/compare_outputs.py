@@ -48,7 +48,7 @@ COMMANDS: list[list[str]] = [
         "needle",
         SMOL,
         "--lengths",
-        "64",
+        "160",
         "--depths",
         "0.5",
         "--trials",
