@@ -102,7 +102,8 @@ def test_every_forward_pass_on_text_runs_inside_the_one_run_loop(
 ):
     """Issue 45's "one loop": each analysis of text drives its forward passes through `capture.loop.drive`, and the
     model (any transformers model, its inner stacks included) is never called outside it — the first-batch check
-    against eager attention, an edit's mean pass and needle's greedy answers included."""
+    against eager attention, an edit's mean pass and needle's greedy answers included; the model is resolved and
+    built once."""
     import torch
     from transformers import PreTrainedModel
 
@@ -124,6 +125,8 @@ def test_every_forward_pass_on_text_runs_inside_the_one_run_loop(
             outside.append(type(module).__name__)
 
     monkeypatch.setattr(loop, "drive", drive)
+    resolved = counted(monkeypatch, resolve, "_inspect_folder")  # and, as above, one resolution and one load
+    built = counted(monkeypatch, loading, "_build_model")
     hook = torch.nn.modules.module.register_module_forward_pre_hook(called)
     try:
         main([*text_commands(command, tiny_bert_folder, texts_file, llama_folder, planted_folder),
@@ -133,3 +136,4 @@ def test_every_forward_pass_on_text_runs_inside_the_one_run_loop(
     finally:
         hook.remove()
     assert drives and not outside, (drives, outside)
+    assert (len(resolved), len(built)) == (1, 1)

@@ -104,10 +104,10 @@ def text_settings(
 
 
 def capture_target(model: Any, source) -> Any:
-    """What to load for the run on text: the caller's model (hub id, folder, None or a loaded model), or the folder
-    of an already resolved `source`."""
+    """What to load for the run on text: the caller's model (hub id, folder, None or a loaded model), or an already
+    resolved `source` itself (`capture.model.load_for_capture` does not resolve it again)."""
     if source is not None:
-        return str(source.path)
+        return source
     return os.fspath(model) if isinstance(model, PathLike) and not is_model_object(model) else model
 
 
