@@ -76,6 +76,8 @@ def text_commands(command: str, bert, texts, llama, planted) -> list[str]:
         "rotary --text": ["rotary", str(llama[0]), "--text", str(llama[1]), "--max-length", "16", "--max-texts", "8"],
         "attention --edit": ["attention", str(llama[0]), "--text", str(llama[1]), "--max-length", "16",
                              "--max-texts", "8", "--edit", "head:0.1=mean"],
+        "ablate": ["ablate", str(llama[0]), "--text", str(llama[1]), "--edit", "head:0.1", "--length", "16",
+                   "--windows", "2", "--control", "random:1", "--seeds", "1"],
     }  # fmt: skip
     return more[command] if command in more else arguments(command, bert, texts, llama, planted)
 
@@ -94,6 +96,7 @@ def text_commands(command: str, bert, texts, llama, planted) -> list[str]:
             "fhat --text",
             "rotary --text",
             "attention --edit",
+            "ablate",
         )
     ],  # fmt: skip
 )
