@@ -98,3 +98,25 @@ def test_the_report_names_no_default_of_its_own():
     constants = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and not isinstance(n.value, bool)}
     for value in ("builtin:kjv", "builtin:sentences", "paper", "none", "all", 2048, 16, 20, 5, 4, 3, 8):
         assert value not in constants, value
+
+
+def test_the_defaults_module_loads_no_analysis_and_agrees_with_it():
+    """defaults.py imports nothing (so every command and `--help` read it without scipy or torch), and its states
+    values are the constants the analyses use."""
+    import subprocess
+    import sys
+
+    heavy = "('scipy', 'torch', 'posprobe.analysis')"
+    code = f"import sys, posprobe.pipelines.defaults; print(sorted(m for m in sys.modules if m.startswith({heavy})))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"
+    from posprobe.analysis.position_probe import DEFAULT_SAMPLE, N_CONTROLS
+    from posprobe.analysis.positional_vectors import DEFAULT_MIN_TEXTS, NULL_DRAWS
+    from posprobe.pipelines import defaults
+
+    assert (defaults.MIN_TEXTS, defaults.STATES_MAE_SAMPLE, defaults.STATES_NULL_DRAWS, defaults.STATES_CONTROLS) == (
+        DEFAULT_MIN_TEXTS,
+        DEFAULT_SAMPLE,
+        NULL_DRAWS,
+        N_CONTROLS,
+    )

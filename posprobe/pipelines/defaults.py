@@ -3,20 +3,18 @@
 runs its sections with them (`report/library.py` passes only what a section's command line names, the rest falls
 to these). Change a default here and the command, the library and the report change together.
 
-Plain values (the states' four come from the analysis that owns them: numpy only), so that `posprobe --help` reads
-this module without loading torch. Lists are tuples; the command line shows them comma-joined (`joined`).
+Plain values, importing nothing, so that `posprobe --help` and every command read this module without loading torch
+or scipy (the states' four equal the constants of the analyses that use them: tests/test_defaults.py). Lists are
+tuples; the command line shows them comma-joined (`joined`).
 """
 
 from __future__ import annotations
-
-from posprobe.analysis.position_probe import DEFAULT_SAMPLE, N_CONTROLS
-from posprobe.analysis.positional_vectors import DEFAULT_MIN_TEXTS, NULL_DRAWS
 
 # ---- shared by several commands
 MODE = "paper"  # fhat, profiles, fit-tisa, compare: SPEC §3's formula (faithful: the real first-layer input)
 ALL_LAYERS = "all"  # --layers of profiles, fit-tisa, rotary: every layer (the pipelines' None)
 ROPE_SCALING = "none"  # rotary, context: the model as it is (no rotary scaling variant)
-MIN_TEXTS = DEFAULT_MIN_TEXTS  # 16: states' positional vectors, fhat/profiles --input position-mean
+MIN_TEXTS = 16  # states' positional vectors, fhat/profiles --input position-mean
 TEXT = "builtin:sentences"  # attention, states (they need texts): the 144 packaged sentences (posprobe.corpora)
 LONG_TEXT = "builtin:kjv"  # context's --text and needle's --haystack: the King James Bible, long documents
 
@@ -33,10 +31,10 @@ ATTENTION_WINDOW = 20  # the figures show k = -W..W (at most n - 1)
 ATTENTION_MIN_PAIRS = 100  # offsets with fewer pairs do not enter weights_correlation
 
 # ---- states
-STATES_MAE_SAMPLE = DEFAULT_SAMPLE  # 2048 tokens the probe's MAE is measured on
+STATES_MAE_SAMPLE = 2048  # tokens the probe's MAE is measured on
 STATES_SEED = 0
-STATES_NULL_DRAWS = NULL_DRAWS  # 8 permutation-null draws of the Gram R²
-STATES_CONTROLS = N_CONTROLS  # 5 control permutations of the probe
+STATES_NULL_DRAWS = 8  # permutation-null draws of the Gram R²
+STATES_CONTROLS = 5  # control permutations of the probe
 
 # ---- context (SPEC §17)
 CONTEXT_TEXT = LONG_TEXT
