@@ -416,3 +416,16 @@ def test_attention_tables_fit_80_columns_with_many_layers(n_layers, tmp_path, ca
     for row in rows:
         cells = [c.strip() for c in row.strip("│| ").split("│")]
         assert all(re.fullmatch(r"-?\d+\.\d\d|—", c) for c in cells[1:]) and len(cells) > 3, row
+
+
+def test_a_json_run_hands_the_console_back_to_stdout(tmp_path, capsys):
+    """`--json` moves results printed through the console to stderr for that run only: a later call in the same
+    process (a notebook cell, a test that runs the app without `main`) prints its results on stdout again."""
+    from posprobe.cli import console, main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["toeplitz", str(tmp_path / "no-such-model"), "--json"])
+    assert stop.value.code == 2
+    capsys.readouterr()
+    console.console.print("a result line")
+    assert "a result line" in capsys.readouterr().out

@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
 
     global _json_mode
     _json_mode = console.json_requested(sys.argv[1:] if argv is None else list(argv))
-    console.use_json_mode(_json_mode)
+    printed_to_stderr = console.console.stderr  # restored when the run ends: a later call in this process (a
+    console.use_json_mode(_json_mode)  # notebook, a test) without --json prints its results on stdout again
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(code)
     finally:
         outputs.end_run()
+        console.use_json_mode(printed_to_stderr)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
