@@ -493,3 +493,25 @@ def test_outputs_are_named_for_the_learned_functions_they_hold(tmp_path, monkeyp
         with np.load(npz) as arrays:
             assert {"offsets", "functions", "initial"} <= set(arrays.files)
     assert not (tmp_path / "posprobe-out" / "kernels").exists()
+
+
+@pytest.mark.parametrize("mechanism", ["composite", "shaw-values"])
+def test_a_model_trains_after_its_means_were_read_on_the_run_loop(tmp_path, mechanism):
+    """`mean_vectors` runs on the run loop, in inference mode: the index tensors the mechanisms cache by length
+    (`mechanisms.base`) must still serve autograd afterwards, at the same length, in the same process (a notebook
+    that reads `learned --text` and then fine-tunes)."""
+    from posprobe.mechanisms import base
+
+    for cached in (base._offset_index, base._clipped, base._offset_range):
+        cached.cache_clear()  # made afresh here, first inside inference mode
+    folder = _retrofitted(tmp_path, mechanism)
+    model = load_model(folder).eval()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    texts = ["w1 w2 w3", "w5 w6 w7 w8 w9 w10 w11"]
+    mean_vectors(model, tok, texts)
+    batch = tok(texts, padding=True, return_tensors="pt")
+    loss = model(**batch).last_hidden_state.pow(2).mean()
+    loss.backward()  # before the fix: "Inference tensors cannot be saved for backward"
+    assert any(p.grad is not None for p in model.parameters())

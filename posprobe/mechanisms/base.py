@@ -200,11 +200,14 @@ def get_mechanism(name: str) -> type[PositionalMechanism]:
     return mechanism_info(name).load()
 
 
-# -- shared index helpers (cached by size; tiny long tensors, never B x H x n x n) -----------------------
+# -- shared index helpers (cached by size; tiny long tensors, never B x H x n x n). Each is made outside inference
+# mode even when first asked for inside it (a run on the run loop, `capture.loop`): the same cached tensor later
+# serves training, and autograd refuses to save an inference tensor.
 @lru_cache(maxsize=8)
 def _offset_index(n_q: int, n_k: int, device_str: str) -> torch.Tensor:
     device = torch.device(device_str)
-    return torch.arange(n_k, device=device)[None, :] - torch.arange(n_q, device=device)[:, None]
+    with torch.inference_mode(False):
+        return torch.arange(n_k, device=device)[None, :] - torch.arange(n_q, device=device)[:, None]
 
 
 def offsets(n_q: int, n_k: int, device: torch.device) -> torch.Tensor:
@@ -214,7 +217,8 @@ def offsets(n_q: int, n_k: int, device: torch.device) -> torch.Tensor:
 
 @lru_cache(maxsize=8)
 def _clipped(n_q: int, n_k: int, radius: int, device_str: str) -> torch.Tensor:
-    return _offset_index(n_q, n_k, device_str).clamp(-radius, radius) + radius
+    with torch.inference_mode(False):
+        return _offset_index(n_q, n_k, device_str).clamp(-radius, radius) + radius
 
 
 def clipped_index(n_q: int, n_k: int, radius: int, device: torch.device) -> torch.Tensor:
@@ -237,7 +241,8 @@ def offset_range(n_q: int, n_k: int, device: torch.device) -> torch.Tensor:
 
 @lru_cache(maxsize=8)
 def _offset_range(n_q: int, n_k: int, device_str: str) -> torch.Tensor:
-    return torch.arange(-(n_q - 1), n_k, device=torch.device(device_str))
+    with torch.inference_mode(False):
+        return torch.arange(-(n_q - 1), n_k, device=torch.device(device_str))
 
 
 def toeplitz(profile: torch.Tensor, n_q: int, n_k: int) -> torch.Tensor:
