@@ -147,8 +147,8 @@ def mean_vectors(model, tokenizer, texts: list[str]) -> tuple[dict[str, np.ndarr
     finally:
         for hook in hooks:
             hook.remove()
-    sums = {role: means.sums[r] / max(means.tokens, 1) for r, role in enumerate(ROLES)}
-    return {role: sums[role].view(len(slots), H, dh).numpy() for role in ROLES}, means.tokens
+    mean = means.sums / max(means.tokens, 1)  # (roles, depths, H·d_h)
+    return {role: mean[r].view(len(slots), H, dh).numpy() for r, role in enumerate(ROLES)}, means.tokens
 
 
 class _ProjectionMeans:
